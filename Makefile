@@ -1,0 +1,83 @@
+# memlan - a plain Makefile.  Out of tree: make BUILD=/some/dir.  Sanitizers: make SAN=1.
+#   make            libmemlan (shared and static), the memlan CLI, tests and examples
+#   make test       install test dependencies, run every test, then again under ASan+UBSan
+#   make demo       build and run `memlan bench --quick`
+#   make install    PREFIX=/usr/local
+CC      ?= cc
+BUILD   ?= build
+PREFIX  ?= /usr/local
+SAN     ?= 0
+WERROR  ?= $(if $(CI),-Werror,)
+
+CFLAGS_BASE = -std=c11 -D_GNU_SOURCE -Wall -Wextra -Wshadow -Wno-unused-parameter $(WERROR) \
+              -Iinclude -Isrc -fvisibility=hidden -pthread
+ifeq ($(SAN),1)
+OPT     = -O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=undefined
+LDSAN   = -fsanitize=address,undefined
+else
+OPT     = -O2 -g
+LDSAN   =
+endif
+CFLAGS  += $(CFLAGS_BASE) $(OPT)
+LDFLAGS += $(LDSAN) -pthread
+
+CORE_SRC = src/sys/sys.c src/fabric.c src/segment.c src/spin.c src/channel.c src/evq.c
+CORE_OBJ = $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
+HDRS     = $(wildcard include/*.h include/memlan/*.h src/*.h src/sys/*.h)
+
+LIB_SO   = $(BUILD)/lib/libmemlan.so
+LIB_A    = $(BUILD)/lib/libmemlan.a
+CLI      = $(BUILD)/bin/memlan
+CLI_SRC  = tools/memlan.c bench/bench.c bench/floors.c bench/plot.c
+TESTS    = $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/*.c))
+EXAMPLES = $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
+
+all: $(LIB_SO) $(LIB_A) $(CLI) $(TESTS) $(EXAMPLES)
+
+$(BUILD)/obj/%.o: %.c $(HDRS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -fPIC -c $< -o $@
+
+$(LIB_SO): $(CORE_OBJ) src/libmemlan.map
+	@mkdir -p $(dir $@)
+	$(CC) -shared -Wl,--version-script=src/libmemlan.map -Wl,-soname,libmemlan.so.0 \
+	    -o $@ $(CORE_OBJ) $(LDFLAGS)
+
+$(LIB_A): $(CORE_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+# The CLI and the tests link the static library: the tests reach internal symbols.
+$(CLI): $(CLI_SRC) $(LIB_A) $(HDRS) bench/bench.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Ibench -o $@ $(CLI_SRC) $(LIB_A) $(LDFLAGS) -lm
+
+$(BUILD)/tests/%: tests/c/%.c tests/c/test.h $(LIB_A)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/c -o $@ $< $(LIB_A) $(LDFLAGS)
+
+# Examples use only the public header and the shared library.
+$(BUILD)/examples/%: examples/%.c include/memlan.h $(LIB_SO)
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) $(OPT) -Iinclude -o $@ $< \
+	    -L$(BUILD)/lib -Wl,-rpath,'$$ORIGIN/../lib' -lmemlan $(LDFLAGS)
+
+test: all
+	./scripts/test.sh
+
+demo: all
+	$(CLI) bench --quick
+
+install: $(LIB_SO) $(LIB_A) $(CLI)
+	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/memlan
+	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/libmemlan.so.0
+	ln -sf libmemlan.so.0 $(DESTDIR)$(PREFIX)/lib/libmemlan.so
+	install -m 644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
+	install -m 644 include/memlan.h $(DESTDIR)$(PREFIX)/include/
+	install -m 644 include/memlan/layout.h $(DESTDIR)$(PREFIX)/include/memlan/
+
+clean:
+	rm -rf $(BUILD) build-asan
+
+.PHONY: all test demo install clean

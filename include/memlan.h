@@ -1,0 +1,265 @@
+/*
+ * memlan.h - the public API of libmemlan, memlan's native shared-memory communication library.
+ *
+ * The model is SHRIMP's and CLAN's memory-mapped communication on today's Linux:
+ *
+ *   fabric   a directory that the processes of one fabric share (default /dev/shm/memlan-UID)
+ *   segment  shared memory exported with an unguessable token and a mode, imported with the
+ *            token, revocable by its exporter
+ *   channel  a bidirectional connection: two single-producer single-consumer rings (a byte
+ *            stream or a message ring), their tripwires and their state
+ *   evq      an event queue that many channels post "ready" into, with one waiter
+ *
+ * Conventions.  Every function that returns int or ssize_t returns a non-negative value on
+ * success and a negative errno on failure; none reads or changes errno.  Objects are not
+ * thread-safe unless the function says so: a channel may be used by one sending thread and one
+ * receiving thread at once (the two directions are independent); anything more needs the
+ * caller's lock.  Reference pages are in docs/api/.
+ */
+#ifndef MEMLAN_H
+#define MEMLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MEMLAN_VERSION_MAJOR 0
+#define MEMLAN_VERSION_MINOR 1
+
+/* A token: 32 lowercase hex characters (128 random bits) and a NUL. */
+#define MEMLAN_TOKEN_LEN 32
+
+/* ---- fabric ------------------------------------------------------------------------------ */
+
+typedef struct memlan_fabric memlan_fabric_t;
+
+/*
+ * memlan_fabric_open - open (creating it if needed) a fabric directory.
+ * path: NULL for $MEMLAN_FABRIC, or when that is unset /dev/shm/memlan-UID (mode 0700).
+ * Returns 0 and *out, or -EINVAL (NULL out, path too long), -ENOTDIR, -EACCES (the directory is
+ * another user's or open to others without MEMLAN_FABRIC naming it), or an errno from the kernel.
+ * Thread-safe: a fabric may be shared by all threads of a process.
+ */
+int memlan_fabric_open(const char *path, memlan_fabric_t **out);
+
+/* memlan_fabric_close - release the fabric handle (not the objects created through it). */
+void memlan_fabric_close(memlan_fabric_t *fab);
+
+/* memlan_fabric_path - the directory's path; valid until memlan_fabric_close(). */
+const char *memlan_fabric_path(const memlan_fabric_t *fab);
+
+/*
+ * memlan_fabric_clean - reclaim the files of owners that are dead.  Never touches a file whose
+ * owner lives.  Returns the number of files removed, or a negative errno.  Thread-safe.
+ */
+int memlan_fabric_clean(memlan_fabric_t *fab);
+
+/* ---- segments ---------------------------------------------------------------------------- */
+
+typedef struct memlan_segment memlan_segment_t;
+
+#define MEMLAN_MODE_RO 1 /* importers may only read */
+#define MEMLAN_MODE_RW 3 /* importers may read and write */
+
+/*
+ * memlan_segment_export - create size bytes of zeroed shared memory that others may import with
+ * the token (memlan_segment_token()) in at most the given mode.
+ * Returns 0 and *out; -EINVAL for NULL arguments, size 0 or above 1 TiB, or an unknown mode;
+ * -ENOSPC or -ENOMEM when the fabric is full.
+ */
+int memlan_segment_export(memlan_fabric_t *fab, size_t size, int mode, memlan_segment_t **out);
+
+/*
+ * memlan_segment_import - map the segment named by token.  mode is MEMLAN_MODE_RO or
+ * MEMLAN_MODE_RW.  Returns 0 and *out; -EINVAL for a NULL or malformed token; -ENOENT when no
+ * segment has that token (never existed, revoked, or its owner died and it was reclaimed);
+ * -EACCES when RW is asked of a read-only export; -EPROTO for a malformed header or a wrong kind;
+ * -EPROTONOSUPPORT for an unknown layout version.
+ */
+int memlan_segment_import(memlan_fabric_t *fab, const char *token, int mode,
+                          memlan_segment_t **out);
+
+/* memlan_segment_token - the token (NUL-terminated), valid while the handle lives. */
+const char *memlan_segment_token(const memlan_segment_t *seg);
+
+/* memlan_segment_ptr / memlan_segment_size - the user region.  The pointer stays valid until
+ * memlan_segment_close(), even after a revoke (then it holds stale data). */
+void *memlan_segment_ptr(const memlan_segment_t *seg);
+size_t memlan_segment_size(const memlan_segment_t *seg);
+
+/*
+ * memlan_segment_check - 0 while the segment is live, -ECONNABORTED once its exporter revoked it,
+ * -EOWNERDEAD when its exporter died.  Importers call it before trusting the contents.
+ */
+int memlan_segment_check(const memlan_segment_t *seg);
+
+/*
+ * memlan_segment_revoke - exporter only (-EPERM otherwise): no new imports, and importers see
+ * -ECONNABORTED from memlan_segment_check().  Existing mappings stay valid memory.
+ */
+int memlan_segment_revoke(memlan_segment_t *seg);
+
+/* memlan_segment_close - unmap; an exporter's close also revokes and removes the file. */
+void memlan_segment_close(memlan_segment_t *seg);
+
+/* ---- channels ---------------------------------------------------------------------------- */
+
+typedef struct memlan_channel memlan_channel_t;
+
+#define MEMLAN_STREAM 1 /* a byte stream, like TCP */
+#define MEMLAN_MSG    2 /* variable-size messages whose boundaries are kept */
+
+struct memlan_channel_opts {
+    int kind;          /* MEMLAN_STREAM (default when 0) or MEMLAN_MSG */
+    size_t ring_size;  /* bytes per direction, rounded up to a power of two; 0 = 256 KiB */
+};
+
+/* Flags for send, recv, reserve and peek. */
+#define MEMLAN_DONTWAIT 0x1 /* never block: -EAGAIN instead */
+#define MEMLAN_WAITALL  0x2 /* stream recv: block until len bytes, EOF or an error */
+
+/*
+ * memlan_channel_create - create a channel; hand memlan_channel_token() to the one peer that may
+ * attach.  opts may be NULL.  Returns 0 and *out, -EINVAL for bad options (ring_size below 4 KiB
+ * or above 1 GiB, unknown kind), or an errno from the fabric.
+ */
+int memlan_channel_create(memlan_fabric_t *fab, const struct memlan_channel_opts *opts,
+                          memlan_channel_t **out);
+
+/*
+ * memlan_channel_attach - attach to a channel created by another process (or thread).
+ * Returns 0 and *out; -EINVAL, -ENOENT, -EPROTO, -EPROTONOSUPPORT as for segment import;
+ * -EBUSY when another side has already attached; -ECONNREFUSED when the creator closed it.
+ */
+int memlan_channel_attach(memlan_fabric_t *fab, const char *token, memlan_channel_t **out);
+
+const char *memlan_channel_token(const memlan_channel_t *ch);
+
+/*
+ * memlan_channel_wait_peer - creator: wait up to timeout_ms (-1 = forever) for the peer to
+ * attach.  0 when attached, -ETIMEDOUT, -ECONNRESET if the channel was revoked.
+ */
+int memlan_channel_wait_peer(memlan_channel_t *ch, int timeout_ms);
+
+/*
+ * memlan_send - copy len bytes into the ring.  Stream: blocks until all are sent unless
+ * MEMLAN_DONTWAIT, then returns what fitted (-EAGAIN if nothing).  Message: sends one message,
+ * whole or not at all; -EMSGSIZE if len exceeds memlan_channel_max_msg().
+ * Errors: -EPIPE after the peer closed or after our own shutdown; -ECONNRESET when the peer died
+ * or the channel was revoked; -EPROTO when the shared indices are corrupt.
+ */
+ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags);
+
+/*
+ * memlan_recv - copy out up to len bytes (stream) or one message (message; a message longer than
+ * len is truncated to len and the rest dropped, like a datagram).  Returns the count, 0 at end of
+ * stream (the peer shut down or closed and everything it sent has been read), -EAGAIN with
+ * MEMLAN_DONTWAIT when nothing is there, -ECONNRESET when the peer died with nothing left to
+ * read, -EPROTO on corrupt indices or records.
+ */
+ssize_t memlan_recv(memlan_channel_t *ch, void *buf, size_t len, int flags);
+
+/*
+ * memlan_reserve / memlan_commit - zero-copy send.  reserve gives *ptr to at least min bytes of
+ * contiguous free space in the ring (blocking unless MEMLAN_DONTWAIT) and returns how many bytes
+ * may be written there; commit(len) publishes the first len of them (stream) or one message of
+ * len bytes (message).  A message channel's reserve returns exactly room for one message.
+ * min larger than the ring can ever hold contiguously gives -EMSGSIZE.
+ */
+ssize_t memlan_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flags);
+int memlan_commit(memlan_channel_t *ch, size_t len);
+
+/*
+ * memlan_peek / memlan_release - zero-copy receive.  peek gives *ptr to the contiguous bytes that
+ * are readable (stream) or to the next message (message), blocking unless MEMLAN_DONTWAIT, and
+ * returns their count (0 at end of stream); release(len) consumes len bytes (stream) or the
+ * message (message; len is ignored).  The bytes stay valid until release.
+ */
+ssize_t memlan_peek(memlan_channel_t *ch, const void **ptr, int flags);
+int memlan_release(memlan_channel_t *ch, size_t len);
+
+#define MEMLAN_SHUT_RD 1
+#define MEMLAN_SHUT_WR 2
+#define MEMLAN_SHUT_RDWR 3
+/* memlan_shutdown - stop sending (the peer reads the rest, then EOF) and/or receiving. */
+int memlan_shutdown(memlan_channel_t *ch, int how);
+
+/* Readiness bits, as memlan_channel_poll() and events report them. */
+#define MEMLAN_EV_READ  0x1 /* recv would not block (data, EOF or error) */
+#define MEMLAN_EV_WRITE 0x2 /* send would not block */
+#define MEMLAN_EV_HUP   0x4 /* the peer closed, shut down its sending side, or died */
+#define MEMLAN_EV_ERR   0x8 /* the peer died, the channel was revoked or is corrupt */
+
+/* memlan_channel_poll - the channel's readiness now, without blocking. */
+int memlan_channel_poll(memlan_channel_t *ch);
+
+/* memlan_channel_max_msg - the largest message a message channel carries. */
+size_t memlan_channel_max_msg(const memlan_channel_t *ch);
+
+/* memlan_channel_close - close our side: the peer reads what we sent, then EOF. */
+void memlan_channel_close(memlan_channel_t *ch);
+
+/* ---- event queues ------------------------------------------------------------------------ */
+
+typedef struct memlan_evq memlan_evq_t;
+
+struct memlan_event {
+    void *udata;       /* what memlan_evq_add() was given */
+    uint32_t events;   /* MEMLAN_EV_* bits that are true now */
+};
+
+/*
+ * memlan_evq_create - an event queue for up to capacity channels (0 = 4096).
+ * Returns 0 and *out, -EINVAL, or an errno from the fabric.
+ */
+int memlan_evq_create(memlan_fabric_t *fab, unsigned capacity, memlan_evq_t **out);
+
+/*
+ * memlan_evq_add - report ch's readiness (MEMLAN_EV_READ and/or MEMLAN_EV_WRITE; HUP and ERR are
+ * always reported) through this queue, edge-triggered: an event comes when the channel becomes
+ * ready; drain it (recv or send until -EAGAIN) to get the next.  A channel already ready when
+ * added gives an event at once.  -EEXIST if ch is in a queue, -ENOSPC when the queue is full.
+ */
+int memlan_evq_add(memlan_evq_t *q, memlan_channel_t *ch, uint32_t events, void *udata);
+
+/* memlan_evq_del - stop reporting ch. -ENOENT if it is not in q. */
+int memlan_evq_del(memlan_evq_t *q, memlan_channel_t *ch);
+
+/*
+ * memlan_evq_wait - up to max events, waiting up to timeout_ms (0 = poll, -1 = forever): spin
+ * for the spin budget, then sleep until a sender rings.  Returns the number of events (0 on
+ * timeout) or a negative errno.
+ */
+int memlan_evq_wait(memlan_evq_t *q, struct memlan_event *ev, int max, int timeout_ms);
+
+/*
+ * memlan_evq_fd - a file descriptor that becomes readable when events may be waiting, for the
+ * application's own poll/epoll loop.  Before sleeping on it call memlan_evq_arm(); after it
+ * wakes, call memlan_evq_wait(q, ev, max, 0).  The fd belongs to q.
+ */
+int memlan_evq_fd(memlan_evq_t *q);
+
+/* memlan_evq_arm - arm the fd doorbell; returns 0 when armed (sleep), 1 when events are already
+ * waiting (do not sleep: call memlan_evq_wait with timeout 0). */
+int memlan_evq_arm(memlan_evq_t *q);
+
+void memlan_evq_close(memlan_evq_t *q);
+
+/* ---- tuning ------------------------------------------------------------------------------ */
+
+/*
+ * The spin budget, in microseconds, that blocking calls spend polling before they sleep.
+ * MEMLAN_SPIN_US in the environment sets it; 0 never spins.  Unset: adaptive (about one
+ * cross-core wake-up, skipped when the peer last ran on our own core or we may only run on one).
+ */
+int memlan_spin_us(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,154 @@
+/*
+ * memlan/layout.h - the bytes memlan keeps in shared memory: its ABI between processes.
+ *
+ * Everything that two processes read and write in common is declared here and nowhere else.
+ * Fields have fixed widths; positions are offsets from the start of the segment, never
+ * pointers; each hot index sits alone on a 64-byte line.  A process never trusts a value it reads
+ * from here: the peer may be buggy or hostile, so every index, length and offset is checked
+ * against the private copy of the geometry taken when the segment was mapped.  Bump
+ * ML_LAYOUT_VERSION on any change; a reader refuses a version it does not know.
+ *
+ * This header is not part of the public API (include <memlan.h> for that); it is shipped so that
+ * tools and other implementations can read a fabric.
+ */
+#ifndef MEMLAN_LAYOUT_H
+#define MEMLAN_LAYOUT_H
+
+#include <stdint.h>
+#include <stddef.h>
+
+#define ML_SEG_MAGIC       0x47534e414c4d454dull /* "MEMLANSG" little-endian */
+#define ML_LAYOUT_VERSION  1u
+#define ML_CACHELINE       64
+#define ML_TOKEN_HEX       32 /* a token is 128 random bits written as lowercase hex */
+
+/* Segment kinds. */
+#define ML_KIND_RAW     1u /* memlan_segment_export(): a user region */
+#define ML_KIND_CHANNEL 2u /* two rings and their tripwires */
+#define ML_KIND_EVQ     3u /* an event queue */
+
+/* Segment states (ml_seg_hdr.state). */
+#define ML_SEG_LIVE    1u
+#define ML_SEG_REVOKED 2u
+
+/* Liveness bytes: each live user of a file holds an OFD write lock on its byte. */
+#define ML_LOCK_OWNER    0 /* the process that created the file */
+#define ML_LOCK_ATTACHER 1 /* a channel's second side */
+
+/* Every fabric file starts with this header: 128 bytes. */
+struct ml_seg_hdr {
+    uint64_t magic;            /* ML_SEG_MAGIC */
+    uint32_t version;          /* ML_LAYOUT_VERSION */
+    uint32_t hdr_size;         /* sizeof(struct ml_seg_hdr) */
+    uint64_t total_size;       /* size of the file, bytes */
+    uint32_t kind;             /* ML_KIND_* */
+    uint32_t mode;             /* MEMLAN_MODE_RO or MEMLAN_MODE_RW */
+    uint64_t body_off;         /* offset of the kind's body */
+    uint64_t body_size;        /* bytes of body */
+    int32_t owner_pid;         /* informational: the owner's liveness is its lock, not this */
+    uint32_t owner_uid;
+    uint64_t created_ns;       /* CLOCK_REALTIME at creation, informational */
+    _Atomic uint32_t state;    /* ML_SEG_LIVE / ML_SEG_REVOKED */
+    _Atomic uint32_t ready;    /* 1 once the creator finished the header (release) */
+    uint8_t reserved[128 - 72];
+};
+
+/*
+ * One direction of a channel: a single-producer single-consumer ring.
+ *
+ * head and tail are free-running 64-bit byte counts; the data index is count & (size - 1).  The
+ * producer alone stores head, the consumer alone stores tail; each keeps its own copy privately
+ * and reads the other's only when the ring looks full (producer) or empty (consumer).
+ *
+ * rx_wait is the consumer's tripwire (it waits for data), tx_wait the producer's (it waits for
+ * space).  0 = not armed, ML_WAIT_FUTEX = a thread sleeps on the word, ML_WAIT_EVQ = post to the
+ * event queue named by the matching ml_evq_ref.  Only the side that waits arms a word; only the
+ * other side (or the waiter itself, when it stops waiting) clears it, with an exchange.
+ */
+#define ML_WAIT_FUTEX 1u
+#define ML_WAIT_EVQ   2u
+
+struct ml_evq_ref {
+    char token[ML_TOKEN_HEX];  /* the event queue segment */
+    uint32_t index;            /* the endpoint's bit in it */
+    uint32_t valid;            /* 1 when set */
+};
+
+struct ml_ring_ctl {
+    _Alignas(ML_CACHELINE) _Atomic uint64_t head;     /* producer's line */
+    _Alignas(ML_CACHELINE) _Atomic uint64_t tail;     /* consumer's line */
+    _Alignas(ML_CACHELINE) _Atomic uint32_t rx_wait;  /* consumer's tripwire */
+    _Atomic uint32_t rx_cpu;                          /* consumer's cpu when it last waited */
+    struct ml_evq_ref rx_ref;                         /* where to post when rx_wait == EVQ */
+    _Alignas(ML_CACHELINE) _Atomic uint32_t tx_wait;  /* producer's tripwire */
+    _Atomic uint32_t tx_cpu;                          /* producer's cpu when it last waited */
+    struct ml_evq_ref tx_ref;
+    /* Counters, written only by their own side; for memlan stat. */
+    _Alignas(ML_CACHELINE) _Atomic uint64_t wakeups;  /* system calls made to wake the consumer */
+    _Atomic uint64_t sleeps;                          /* times the consumer went to sleep */
+};
+
+/* Channel side states (ml_chan_hdr.side_state[]); side 0 created the channel, side 1 attached. */
+#define ML_SIDE_OPEN     0u
+#define ML_SIDE_SHUT_WR  1u /* will send no more: the peer reads what is left, then EOF */
+#define ML_SIDE_CLOSED   2u /* gone: sends to it fail with EPIPE */
+
+#define ML_CHAN_STREAM 1u
+#define ML_CHAN_MSG    2u
+
+struct ml_chan_hdr {
+    uint32_t chan_kind;        /* ML_CHAN_STREAM or ML_CHAN_MSG */
+    uint32_t ring_size;        /* bytes in each ring's data area, a power of two */
+    uint64_t ctl_off[2];       /* ring 0 carries side 0 -> side 1, ring 1 the reverse */
+    uint64_t data_off[2];
+    _Atomic uint32_t attached; /* 0 -> 1 by the one process allowed to attach (CAS) */
+    _Atomic uint32_t side_state[2];
+    int32_t side_pid[2];
+    uint8_t reserved[4];
+};
+
+/*
+ * Message ring records: an 8-byte header then the payload, padded to 8 bytes.  A record never
+ * wraps: when one does not fit before the end of the data area the producer writes a PAD record
+ * that fills the rest and starts the message at offset 0.
+ */
+struct ml_msg_hdr {
+    uint32_t len;              /* payload bytes */
+    uint32_t flags;            /* ML_MSG_PAD */
+};
+#define ML_MSG_PAD 1u
+#define ML_MSG_ALIGN 8u
+
+/*
+ * Event queue: a two-level bitmap.  Endpoint i posts by setting bit i of the leaf words, then bit
+ * i/64 of the summary words, then checking waiter.  The consumer exchanges summary words with 0,
+ * then the leaf words they name with 0.  Many posts before the consumer looks give one event; no
+ * post is ever lost and none can overflow the queue.
+ */
+#define ML_EVQ_WAIT_FUTEX 1u
+#define ML_EVQ_WAIT_FD    2u
+
+struct ml_evq_hdr {
+    uint32_t capacity;         /* endpoints, a multiple of 64 */
+    uint32_t leaf_words;       /* capacity / 64 */
+    uint32_t sum_words;        /* ceil(leaf_words / 64) */
+    uint32_t pad0;
+    uint64_t leaf_off;         /* from the segment start */
+    uint64_t sum_off;
+    _Alignas(ML_CACHELINE) _Atomic uint32_t waiter;   /* ML_EVQ_WAIT_* bits */
+    _Atomic uint32_t pad1;
+    _Atomic uint64_t posts;    /* counters for memlan stat */
+    _Atomic uint64_t wakeups;
+};
+
+_Static_assert(sizeof(struct ml_seg_hdr) == 128, "segment header is 128 bytes");
+_Static_assert(offsetof(struct ml_seg_hdr, state) == 64, "state offset");
+_Static_assert(offsetof(struct ml_ring_ctl, tail) == 64, "tail on its own line");
+_Static_assert(offsetof(struct ml_ring_ctl, rx_wait) == 128, "rx tripwire on its own line");
+_Static_assert(offsetof(struct ml_ring_ctl, tx_wait) == 192, "tx tripwire on its own line");
+_Static_assert(sizeof(struct ml_ring_ctl) == 320, "ring control is five lines");
+_Static_assert(sizeof(struct ml_chan_hdr) == 64, "channel header is one line");
+_Static_assert(sizeof(struct ml_msg_hdr) == ML_MSG_ALIGN, "message header");
+_Static_assert(offsetof(struct ml_evq_hdr, waiter) == 64, "evq waiter on its own line");
+
+#endif

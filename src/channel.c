@@ -1,0 +1,685 @@
+/*
+ * channel.c - a bidirectional connection: two rings, their tripwires, and both sides' state.
+ *
+ * Side 0 creates the channel's segment and hands its token to side 1, which attaches.  Ring 0
+ * carries side 0's bytes to side 1, ring 1 the reverse.  Each side's liveness is an OFD lock on
+ * its own byte of the segment file (see fabric.c), which the kernel drops when it dies; a side
+ * blocked on the channel looks at its peer's byte every ML_LIVENESS_NS, so a peer killed with
+ * SIGKILL is noticed within that bound.
+ *
+ * Tripwires (SCILAN's interrupt flag, CLAN's tripwire).  A waiter spins for its budget, then
+ * stores its mode into the ring's wait word, issues a full fence, checks the ring once more, and
+ * only then sleeps.  The other side, after publishing, issues a full fence and reads the word; it
+ * makes a system call only if the word is armed, and clears it with an exchange so that however
+ * many sends follow, the sleeper is woken once.  The two fences make the store-then-load pairs of
+ * the two sides a Dekker handshake: at least one side sees the other's store, so no wake-up is
+ * lost.
+ *
+ * Threads: one sending thread and one receiving thread may use a channel at once.
+ */
+#include "channel.h"
+#include "sys/sys.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ML_DEFAULT_RING (256u * 1024u)
+#define ML_MIN_RING     ML_PAGE
+#define ML_MAX_RING     (1u << 30)
+
+static uint64_t ml_pow2_up(uint64_t v)
+{
+    uint64_t p = ML_MIN_RING;
+    while (p < v)
+        p <<= 1;
+    return p;
+}
+
+static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, int side)
+{
+    struct ml_chan_hdr *c = (struct ml_chan_hdr *)(seg->base + seg->body_off);
+    ch->seg = seg;
+    ch->hdr = c;
+    ch->side = side;
+    ch->size = seg->mirror;
+    struct ml_ring_ctl *ctl[2] = {
+        (struct ml_ring_ctl *)(seg->base + ML_CHAN_CTL0_OFF),
+        (struct ml_ring_ctl *)(seg->base + ML_CHAN_CTL1_OFF),
+    };
+    uint8_t *data[2] = {seg->base + ML_PAGE, seg->base + ML_PAGE + 2 * seg->mirror};
+    struct ml_ring *rings[2] = {&ch->tx, &ch->rx};
+    for (int i = 0; i < 2; i++) {
+        int idx = i == 0 ? side : 1 - side; /* tx is ring[side] */
+        struct ml_ring *r = rings[i];
+        r->ctl = ctl[idx];
+        r->data = data[idx];
+        r->size = seg->mirror;
+        r->mask = seg->mirror - 1;
+        r->corrupt = false;
+    }
+    /* Our private indices start from what the shared memory says now (zero for a new channel);
+     * they are the only values we trust from here on. */
+    ch->tx.pos = ml_load_acquire(&ch->tx.ctl->head);
+    ch->tx.other = ml_load_acquire(&ch->tx.ctl->tail);
+    ch->rx.pos = ml_load_acquire(&ch->rx.ctl->tail);
+    ch->rx.other = ch->rx.pos;
+    if (ch->tx.pos - ch->tx.other > ch->size)
+        ch->tx.corrupt = true;
+}
+
+int memlan_channel_create(memlan_fabric_t *fab, const struct memlan_channel_opts *opts,
+                          memlan_channel_t **out)
+{
+    if (!fab || !out)
+        return -EINVAL;
+    *out = NULL;
+    int kind = opts && opts->kind ? opts->kind : MEMLAN_STREAM;
+    size_t want = opts && opts->ring_size ? opts->ring_size : ML_DEFAULT_RING;
+    if ((kind != MEMLAN_STREAM && kind != MEMLAN_MSG) || want < ML_MIN_RING ||
+        want > ML_MAX_RING)
+        return -EINVAL;
+    uint64_t rs = ml_pow2_up(want);
+    struct memlan_channel *ch = calloc(1, sizeof *ch);
+    if (!ch)
+        return -ENOMEM;
+    struct memlan_segment *seg;
+    int r = __ml_seg_create(fab, ML_KIND_CHANNEL, MEMLAN_MODE_RW, sizeof(struct ml_seg_hdr),
+                            ML_PAGE - sizeof(struct ml_seg_hdr) + 2 * rs, rs, &seg);
+    if (r < 0) {
+        free(ch);
+        return r;
+    }
+    struct ml_chan_hdr *c = (struct ml_chan_hdr *)(seg->base + seg->body_off);
+    c->chan_kind = kind == MEMLAN_MSG ? ML_CHAN_MSG : ML_CHAN_STREAM;
+    c->ring_size = (uint32_t)rs;
+    c->ctl_off[0] = ML_CHAN_CTL0_OFF;
+    c->ctl_off[1] = ML_CHAN_CTL1_OFF;
+    c->data_off[0] = ML_PAGE;
+    c->data_off[1] = ML_PAGE + rs;
+    c->side_pid[0] = (int32_t)__ml_sys_getpid();
+    ml_chan_bind(ch, seg, 0);
+    ch->kind = (uint32_t)kind;
+    __ml_seg_publish(seg);
+    *out = ch;
+    return 0;
+}
+
+int memlan_channel_attach(memlan_fabric_t *fab, const char *token, memlan_channel_t **out)
+{
+    if (!fab || !out)
+        return -EINVAL;
+    *out = NULL;
+    struct memlan_segment *seg;
+    int r = __ml_seg_import(fab, token, ML_KIND_CHANNEL, true, &seg);
+    if (r < 0)
+        return r;
+    struct ml_chan_hdr *c = (struct ml_chan_hdr *)(seg->base + seg->body_off);
+    /* The geometry was validated by the import; the kind is read once, here. */
+    uint32_t kind = c->chan_kind;
+    if ((kind != ML_CHAN_STREAM && kind != ML_CHAN_MSG) || c->ring_size != seg->mirror) {
+        __ml_seg_destroy(seg);
+        return -EPROTO;
+    }
+    /* Only one process may be side 1: the lock byte settles races between processes, the flag
+     * the (rarer) race between two threads of one process that opened the file twice. */
+    if (__ml_sys_lock_byte(seg->fd, ML_LOCK_ATTACHER, 0) < 0) {
+        __ml_seg_destroy(seg);
+        return -EBUSY;
+    }
+    uint32_t zero = 0;
+    if (!ml_cas(&c->attached, &zero, 1u)) {
+        __ml_seg_destroy(seg);
+        return -EBUSY;
+    }
+    if (ml_load_acquire(&c->side_state[0]) == ML_SIDE_CLOSED) {
+        __ml_seg_destroy(seg);
+        return -ECONNREFUSED;
+    }
+    struct memlan_channel *ch = calloc(1, sizeof *ch);
+    if (!ch) {
+        __ml_seg_destroy(seg);
+        return -ENOMEM;
+    }
+    c->side_pid[1] = (int32_t)__ml_sys_getpid();
+    ml_chan_bind(ch, seg, 1);
+    ch->kind = kind == ML_CHAN_MSG ? MEMLAN_MSG : MEMLAN_STREAM;
+    /* Tell a creator that may be waiting in memlan_channel_wait_peer(). */
+    __ml_chan_wake(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_ref);
+    *out = ch;
+    return 0;
+}
+
+const char *memlan_channel_token(const memlan_channel_t *ch) { return ch ? ch->seg->token : NULL; }
+
+size_t memlan_channel_max_msg(const memlan_channel_t *ch)
+{
+    if (!ch)
+        return 0;
+    return ch->kind == MEMLAN_MSG ? ch->size - sizeof(struct ml_msg_hdr) : ch->size;
+}
+
+/* ---- liveness and state ------------------------------------------------------------------ */
+
+static uint32_t ml_peer_state(const struct memlan_channel *ch)
+{
+    /* SYNC: pairs with the release store of side_state in ml_set_state(): every byte the peer
+     * produced before it shut down is visible once we see the state. */
+    return ml_load_acquire(&ch->hdr->side_state[1 - ch->side]);
+}
+
+/* Is the peer gone (died, or the segment was torn down)?  Makes a system call: slow path only. */
+static bool ml_peer_dead(struct memlan_channel *ch)
+{
+    if (ch->peer_dead)
+        return true;
+    if (ml_load_acquire(&ch->seg->hdr->state) != ML_SEG_LIVE) {
+        ch->peer_dead = true;
+        return true;
+    }
+    if (ch->side == 0 && ml_load_acquire(&ch->hdr->attached) == 0)
+        return false; /* nobody attached yet: nothing to be dead */
+    int alive = __ml_seg_alive(ch->seg, ch->side == 0 ? ML_LOCK_ATTACHER : ML_LOCK_OWNER);
+    if (alive == 0 && ml_peer_state(ch) != ML_SIDE_CLOSED)
+        ch->peer_dead = true;
+    return ch->peer_dead;
+}
+
+void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
+                         const struct ml_evq_ref *ref)
+{
+    uint32_t w = ml_xchg(word, 0u);
+    if (w == ML_WAIT_FUTEX) {
+        __ml_sys_futex_wake(word, 1);
+        ch->wakeups++;
+    } else if (w == ML_WAIT_EVQ) {
+        __ml_evq_post_ref(ch->seg->fab, ref);
+        ch->wakeups++;
+    }
+}
+
+static void ml_set_state(struct memlan_channel *ch, uint32_t st)
+{
+    /* SYNC: pairs with the acquire load in ml_peer_state(). */
+    ml_store_release(&ch->hdr->side_state[ch->side], st);
+    /* Wake the peer whichever way it waits: for data on our tx ring, for space on our rx ring. */
+    __ml_chan_wake(ch, &ch->tx.ctl->rx_wait, &ch->tx.ctl->rx_ref);
+    __ml_chan_wake(ch, &ch->rx.ctl->tx_wait, &ch->rx.ctl->tx_ref);
+}
+
+/* ---- waiting ----------------------------------------------------------------------------- */
+
+/*
+ * Wait until ready(ch) or the deadline (ns, 0 = none).  word is our tripwire on ring r; cpu is where
+ * we publish the cpu we wait on; peer_cpu where the peer publishes its own.  Returns 0 when ready,
+ * -ETIMEDOUT, or -ECONNRESET when the peer died (the caller still takes what is left first).
+ */
+static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic uint32_t *cpu,
+                   _Atomic uint32_t *peer_cpu, struct ml_spin *sp,
+                   bool (*ready)(struct memlan_channel *), uint64_t deadline)
+{
+    int me = __ml_getcpu();
+    ml_store_relaxed(cpu, (uint32_t)(me + 1));
+    uint64_t budget = __ml_spin_budget_ns(sp, ml_load_relaxed(peer_cpu));
+    if (budget) {
+        uint64_t start = __ml_now_ns(), end = start + budget;
+        for (unsigned i = 1;; i++) {
+            if (ready(ch)) {
+                __ml_spin_result(sp, true);
+                ch->spin_hits++;
+                return 0;
+            }
+            ml_cpu_relax();
+            if ((i & 31) == 0 && __ml_now_ns() >= end)
+                break;
+        }
+        __ml_spin_result(sp, false);
+    }
+    for (;;) {
+        /* Arm, fence, re-check: see the header comment. */
+        ml_store_relaxed(word, ML_WAIT_FUTEX);
+        ml_fence(); /* SYNC: pairs with the fence in __ml_chan_wake() */
+        if (ready(ch)) {
+            ml_xchg(word, 0u);
+            return 0;
+        }
+        uint64_t now = __ml_now_ns();
+        int64_t tmo = ML_LIVENESS_NS;
+        if (deadline) {
+            if (now >= deadline) {
+                ml_xchg(word, 0u);
+                return -ETIMEDOUT;
+            }
+            if (deadline - now < (uint64_t)tmo)
+                tmo = (int64_t)(deadline - now);
+        }
+        ch->sleeps++;
+        int r = __ml_sys_futex_wait(word, ML_WAIT_FUTEX, tmo);
+        if (r == -ETIMEDOUT && ml_peer_dead(ch)) {
+            ml_xchg(word, 0u);
+            return ready(ch) ? 0 : -ECONNRESET;
+        }
+    }
+}
+
+static uint64_t ml_deadline(int timeout_ms)
+{
+    return timeout_ms < 0 ? 0 : __ml_now_ns() + (uint64_t)timeout_ms * 1000000u + 1;
+}
+
+static bool ml_rx_ready(struct memlan_channel *ch)
+{
+    if (ml_ring_avail(&ch->rx, 1) != 0) /* data, or corrupt (-1): either way, go and look */
+        return true;
+    return ml_peer_state(ch) != ML_SIDE_OPEN || ch->peer_dead ||
+           ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE;
+}
+
+static bool ml_tx_ready(struct memlan_channel *ch)
+{
+    int64_t f = ml_ring_free(&ch->tx, ch->tx_want);
+    if (f < 0 || (uint64_t)f >= ch->tx_want)
+        return true;
+    return ml_peer_state(ch) == ML_SIDE_CLOSED || ch->peer_dead ||
+           ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE;
+}
+
+static bool ml_attached(struct memlan_channel *ch)
+{
+    return ml_load_acquire(&ch->hdr->attached) != 0 ||
+           ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE;
+}
+
+int memlan_channel_wait_peer(memlan_channel_t *ch, int timeout_ms)
+{
+    if (!ch)
+        return -EINVAL;
+    if (ch->side == 1)
+        return 0;
+    /* The attacher wakes our tx_wait word when it arrives. */
+    struct ml_spin sp = {0};
+    int r = ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->tx.ctl->rx_cpu, &sp,
+                    ml_attached, ml_deadline(timeout_ms));
+    if (r < 0)
+        return r;
+    return ml_load_relaxed(&ch->seg->hdr->state) == ML_SEG_LIVE ? 0 : -ECONNRESET;
+}
+
+int __ml_chan_wait_rx(struct memlan_channel *ch, int flags)
+{
+    (void)flags;
+    return ml_wait(ch, &ch->rx.ctl->rx_wait, &ch->rx.ctl->rx_cpu, &ch->tx.ctl->rx_cpu,
+                   &ch->spin_rx, ml_rx_ready, 0);
+}
+
+int __ml_chan_wait_tx(struct memlan_channel *ch, uint64_t want)
+{
+    ch->tx_want = want;
+    return ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->rx.ctl->tx_cpu,
+                   &ch->spin_tx, ml_tx_ready, 0);
+}
+
+/* Arm the tripwires in event-queue mode after an -EAGAIN (see evq.c); returns true if the
+ * channel became ready meanwhile and the caller must post the event itself. */
+bool __ml_chan_arm_evq(struct memlan_channel *ch, uint32_t events)
+{
+    if (!ch->evq)
+        return false;
+    if (events & MEMLAN_EV_READ)
+        ml_store_relaxed(&ch->rx.ctl->rx_wait, ML_WAIT_EVQ);
+    if (events & MEMLAN_EV_WRITE) {
+        ch->tx_want = 1;
+        ml_store_relaxed(&ch->tx.ctl->tx_wait, ML_WAIT_EVQ);
+    }
+    ml_fence(); /* SYNC: pairs with the fence in __ml_chan_wake() */
+    return ((events & MEMLAN_EV_READ) && ml_rx_ready(ch)) ||
+           ((events & MEMLAN_EV_WRITE) && ml_tx_ready(ch));
+}
+
+static void ml_eagain(struct memlan_channel *ch, uint32_t ev)
+{
+    if (ch->evq && (ch->evq_events & ev) && __ml_chan_arm_evq(ch, ev))
+        __ml_evq_post_local(ch->evq, ch->evq_index);
+}
+
+/* ---- send -------------------------------------------------------------------------------- */
+
+/* Why can we not send?  0 if we can. */
+static int ml_tx_error(struct memlan_channel *ch)
+{
+    if (ml_unlikely(ch->tx.corrupt))
+        return -EPROTO;
+    if (ch->shut_wr)
+        return -EPIPE;
+    if (ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE)
+        return -ECONNRESET;
+    uint32_t ps = ml_peer_state(ch);
+    if (ps == ML_SIDE_CLOSED)
+        return -EPIPE;
+    if (ch->peer_dead)
+        return -ECONNRESET;
+    return 0;
+}
+
+static inline void ml_tx_publish(struct memlan_channel *ch, uint64_t n)
+{
+    ml_ring_produce(&ch->tx, n);
+    ch->bytes_tx += n;
+    __ml_chan_wake(ch, &ch->tx.ctl->rx_wait, &ch->tx.ctl->rx_ref);
+}
+
+ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags)
+{
+    if (!ch || (!buf && len))
+        return -EINVAL;
+    int e = ml_tx_error(ch);
+    if (e)
+        return e;
+    if (ch->kind == MEMLAN_MSG) {
+        if (len > memlan_channel_max_msg(ch))
+            return -EMSGSIZE;
+        void *p;
+        ssize_t r = memlan_reserve(ch, &p, len, flags);
+        if (r < 0)
+            return r;
+        memcpy(p, buf, len);
+        r = memlan_commit(ch, len);
+        return r < 0 ? r : (ssize_t)len;
+    }
+    size_t done = 0;
+    const uint8_t *src = buf;
+    while (done < len) {
+        int64_t fr = ml_ring_free(&ch->tx, 1);
+        if (ml_unlikely(fr < 0))
+            return done ? (ssize_t)done : -EPROTO;
+        if (fr == 0) {
+            if (done && (flags & MEMLAN_DONTWAIT))
+                break;
+            if ((e = ml_tx_error(ch)))
+                return done ? (ssize_t)done : e;
+            if (flags & MEMLAN_DONTWAIT) {
+                ml_eagain(ch, MEMLAN_EV_WRITE);
+                return -EAGAIN;
+            }
+            int r = __ml_chan_wait_tx(ch, 1);
+            if (r < 0 || (e = ml_tx_error(ch)))
+                return done ? (ssize_t)done : (e ? e : r);
+            continue;
+        }
+        size_t n = len - done < (uint64_t)fr ? len - done : (size_t)fr;
+        memcpy(ml_ring_at(&ch->tx, ch->tx.pos), src + done, n);
+        ml_tx_publish(ch, n);
+        done += n;
+    }
+    return (ssize_t)done;
+}
+
+ssize_t memlan_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flags)
+{
+    if (!ch || !ptr)
+        return -EINVAL;
+    *ptr = NULL;
+    uint64_t need = min ? min : 1;
+    if (ch->kind == MEMLAN_MSG) {
+        if (min > memlan_channel_max_msg(ch))
+            return -EMSGSIZE;
+        need = sizeof(struct ml_msg_hdr) + ((min + ML_MSG_ALIGN - 1) & ~(uint64_t)(ML_MSG_ALIGN - 1));
+    } else if (min > ch->size) {
+        return -EMSGSIZE;
+    }
+    for (;;) {
+        int e = ml_tx_error(ch);
+        if (e)
+            return e;
+        int64_t fr = ml_ring_free(&ch->tx, need);
+        if (ml_unlikely(fr < 0))
+            return -EPROTO;
+        if ((uint64_t)fr >= need) {
+            uint8_t *p = ml_ring_at(&ch->tx, ch->tx.pos);
+            if (ch->kind == MEMLAN_MSG) {
+                ch->reserved = min;
+                *ptr = p + sizeof(struct ml_msg_hdr);
+                return (ssize_t)min;
+            }
+            ch->reserved = (uint64_t)fr;
+            *ptr = p;
+            return (ssize_t)fr;
+        }
+        if (flags & MEMLAN_DONTWAIT) {
+            ml_eagain(ch, MEMLAN_EV_WRITE);
+            return -EAGAIN;
+        }
+        int r = __ml_chan_wait_tx(ch, need);
+        if (r < 0 && (e = ml_tx_error(ch)))
+            return e;
+        if (r < 0)
+            return r;
+    }
+}
+
+int memlan_commit(memlan_channel_t *ch, size_t len)
+{
+    if (!ch)
+        return -EINVAL;
+    if (len > ch->reserved)
+        return -EINVAL;
+    ch->reserved = 0;
+    if (ch->kind == MEMLAN_MSG) {
+        struct ml_msg_hdr *h = (struct ml_msg_hdr *)ml_ring_at(&ch->tx, ch->tx.pos);
+        h->len = (uint32_t)len;
+        h->flags = 0;
+        uint64_t rec = sizeof *h + ((len + ML_MSG_ALIGN - 1) & ~(uint64_t)(ML_MSG_ALIGN - 1));
+        ml_tx_publish(ch, rec);
+        ch->msgs_tx++;
+        return 0;
+    }
+    if (len)
+        ml_tx_publish(ch, len);
+    return 0;
+}
+
+/* ---- receive ----------------------------------------------------------------------------- */
+
+/* Nothing to read: EOF, an error, -EAGAIN, or 1 = wait and try again. */
+static int ml_rx_empty(struct memlan_channel *ch, int flags)
+{
+    if (ch->shut_rd)
+        return 0;
+    uint32_t ps = ml_peer_state(ch);
+    if (ps != ML_SIDE_OPEN) {
+        /* The peer's data happened before its state change: look once more. */
+        int64_t a = ml_ring_avail(&ch->rx, 1);
+        if (a < 0)
+            return -EPROTO;
+        return a > 0 ? 1 : 0;
+    }
+    if (ch->peer_dead || ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE) {
+        int64_t a = ml_ring_avail(&ch->rx, 1);
+        return a > 0 ? 1 : -ECONNRESET;
+    }
+    if (flags & MEMLAN_DONTWAIT) {
+        ml_eagain(ch, MEMLAN_EV_READ);
+        return -EAGAIN;
+    }
+    int r = __ml_chan_wait_rx(ch, flags);
+    if (r == -ECONNRESET) {
+        int64_t a = ml_ring_avail(&ch->rx, 1);
+        return a > 0 ? 1 : -ECONNRESET;
+    }
+    return 1;
+}
+
+static inline void ml_rx_release(struct memlan_channel *ch, uint64_t n)
+{
+    ml_ring_consume(&ch->rx, n);
+    ch->bytes_rx += n;
+    __ml_chan_wake(ch, &ch->rx.ctl->tx_wait, &ch->rx.ctl->tx_ref);
+}
+
+/*
+ * The next message, validated: *len its payload length, return the record length, 0 if none,
+ * -EPROTO if the record is malformed.  The length is read from shared memory exactly once.
+ */
+static int64_t ml_msg_next(struct memlan_channel *ch, uint64_t avail, const uint8_t **payload,
+                           uint64_t *len)
+{
+    if (avail == 0)
+        return 0;
+    const struct ml_msg_hdr *h = (const struct ml_msg_hdr *)ml_ring_at(&ch->rx, ch->rx.pos);
+    uint32_t l = __atomic_load_n(&h->len, __ATOMIC_RELAXED);
+    uint64_t rec = sizeof *h + (((uint64_t)l + ML_MSG_ALIGN - 1) & ~(uint64_t)(ML_MSG_ALIGN - 1));
+    if (avail < sizeof *h || rec > avail || (ch->rx.pos & (ML_MSG_ALIGN - 1))) {
+        ch->rx.corrupt = true;
+        return -EPROTO;
+    }
+    *payload = (const uint8_t *)(h + 1);
+    *len = l;
+    return (int64_t)rec;
+}
+
+ssize_t memlan_recv(memlan_channel_t *ch, void *buf, size_t len, int flags)
+{
+    if (!ch || (!buf && len))
+        return -EINVAL;
+    uint8_t *dst = buf;
+    size_t done = 0;
+    for (;;) {
+        if (ml_unlikely(ch->rx.corrupt))
+            return done ? (ssize_t)done : -EPROTO;
+        if (ch->shut_rd)
+            return (ssize_t)done;
+        int64_t a = ml_ring_avail(&ch->rx, 1);
+        if (ml_unlikely(a < 0))
+            return done ? (ssize_t)done : -EPROTO;
+        if (a > 0) {
+            if (ch->kind == MEMLAN_MSG) {
+                const uint8_t *p;
+                uint64_t l;
+                int64_t rec = ml_msg_next(ch, (uint64_t)a, &p, &l);
+                if (rec < 0)
+                    return rec;
+                size_t n = l < len ? (size_t)l : len;
+                memcpy(dst, p, n);
+                ml_rx_release(ch, (uint64_t)rec);
+                ch->msgs_rx++;
+                return (ssize_t)n;
+            }
+            size_t n = len - done < (uint64_t)a ? len - done : (size_t)a;
+            memcpy(dst + done, ml_ring_at(&ch->rx, ch->rx.pos), n);
+            ml_rx_release(ch, n);
+            done += n;
+            if (done == len || !(flags & MEMLAN_WAITALL))
+                return (ssize_t)done;
+            continue;
+        }
+        if (len == 0)
+            return 0;
+        int r = ml_rx_empty(ch, done ? (flags & ~MEMLAN_DONTWAIT) : flags);
+        if (r <= 0)
+            return done ? (ssize_t)done : r;
+    }
+}
+
+ssize_t memlan_peek(memlan_channel_t *ch, const void **ptr, int flags)
+{
+    if (!ch || !ptr)
+        return -EINVAL;
+    *ptr = NULL;
+    for (;;) {
+        if (ml_unlikely(ch->rx.corrupt))
+            return -EPROTO;
+        if (ch->shut_rd)
+            return 0;
+        int64_t a = ml_ring_avail(&ch->rx, 1);
+        if (ml_unlikely(a < 0))
+            return -EPROTO;
+        if (a > 0) {
+            if (ch->kind == MEMLAN_MSG) {
+                const uint8_t *p;
+                uint64_t l;
+                int64_t rec = ml_msg_next(ch, (uint64_t)a, &p, &l);
+                if (rec < 0)
+                    return rec;
+                ch->peeked = (uint64_t)rec;
+                *ptr = p;
+                return (ssize_t)l;
+            }
+            ch->peeked = (uint64_t)a;
+            *ptr = ml_ring_at(&ch->rx, ch->rx.pos);
+            return (ssize_t)a;
+        }
+        int r = ml_rx_empty(ch, flags);
+        if (r <= 0)
+            return r;
+    }
+}
+
+int memlan_release(memlan_channel_t *ch, size_t len)
+{
+    if (!ch)
+        return -EINVAL;
+    if (ch->kind == MEMLAN_MSG) {
+        if (!ch->peeked)
+            return -EINVAL;
+        ml_rx_release(ch, ch->peeked);
+        ch->msgs_rx++;
+    } else {
+        if (len > ch->peeked)
+            return -EINVAL;
+        if (len)
+            ml_rx_release(ch, len);
+    }
+    ch->peeked = 0;
+    return 0;
+}
+
+/* ---- state ------------------------------------------------------------------------------- */
+
+int memlan_shutdown(memlan_channel_t *ch, int how)
+{
+    if (!ch || how < MEMLAN_SHUT_RD || how > MEMLAN_SHUT_RDWR)
+        return -EINVAL;
+    if (how & MEMLAN_SHUT_RD)
+        ch->shut_rd = true;
+    if ((how & MEMLAN_SHUT_WR) && !ch->shut_wr) {
+        ch->shut_wr = true;
+        ml_set_state(ch, ML_SIDE_SHUT_WR);
+    }
+    return 0;
+}
+
+int memlan_channel_poll(memlan_channel_t *ch)
+{
+    if (!ch)
+        return -EINVAL;
+    int ev = 0;
+    if (ch->rx.corrupt || ch->tx.corrupt)
+        return MEMLAN_EV_READ | MEMLAN_EV_WRITE | MEMLAN_EV_ERR;
+    if (ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE || ch->peer_dead)
+        ev |= MEMLAN_EV_ERR | MEMLAN_EV_HUP | MEMLAN_EV_READ | MEMLAN_EV_WRITE;
+    uint32_t ps = ml_peer_state(ch);
+    int64_t a = ml_ring_avail(&ch->rx, 1);
+    if (a != 0 || ps != ML_SIDE_OPEN || ch->shut_rd)
+        ev |= MEMLAN_EV_READ;
+    if (ps != ML_SIDE_OPEN)
+        ev |= MEMLAN_EV_HUP;
+    uint64_t w = ch->kind == MEMLAN_MSG ? 2 * sizeof(struct ml_msg_hdr) : 1;
+    if (ml_ring_free(&ch->tx, w) >= (int64_t)w || ps == ML_SIDE_CLOSED || ch->shut_wr)
+        ev |= MEMLAN_EV_WRITE;
+    if (ch->rx.corrupt || ch->tx.corrupt)
+        ev |= MEMLAN_EV_ERR;
+    return ev;
+}
+
+void memlan_channel_close(memlan_channel_t *ch)
+{
+    if (!ch)
+        return;
+    if (ch->evq)
+        (void)memlan_evq_del(ch->evq, ch);
+    ml_set_state(ch, ML_SIDE_CLOSED);
+    __ml_seg_destroy(ch->seg);
+    free(ch);
+}
+
+int __ml_chan_check_peer(struct memlan_channel *ch) { return ml_peer_dead(ch); }

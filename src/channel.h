@@ -1,0 +1,55 @@
+/*
+ * channel.h - the private view of a channel, shared by channel.c and evq.c.
+ */
+#ifndef MEMLAN_CHANNEL_H
+#define MEMLAN_CHANNEL_H
+
+#include "internal.h"
+#include "ring.h"
+
+/* Where the two ring control blocks sit in a channel segment's first page. */
+#define ML_CHAN_CTL0_OFF 256u
+#define ML_CHAN_CTL1_OFF 640u
+_Static_assert(ML_CHAN_CTL0_OFF >= sizeof(struct ml_seg_hdr) + sizeof(struct ml_chan_hdr),
+               "ring 0 control after the headers");
+_Static_assert(ML_CHAN_CTL1_OFF >= ML_CHAN_CTL0_OFF + sizeof(struct ml_ring_ctl),
+               "ring 1 control after ring 0's");
+_Static_assert(ML_CHAN_CTL1_OFF + sizeof(struct ml_ring_ctl) <= ML_PAGE, "controls in page 0");
+
+struct memlan_channel {
+    struct memlan_segment *seg;
+    struct ml_chan_hdr *hdr;
+    int side;                 /* 0 created, 1 attached */
+    uint32_t kind;            /* MEMLAN_STREAM or MEMLAN_MSG, private copy */
+    uint64_t size;            /* ring size, private copy */
+    struct ml_ring tx, rx;
+    struct ml_spin spin_rx, spin_tx;
+    uint64_t tx_want;         /* free bytes the sender waits for */
+    uint64_t reserved;        /* bytes given by the last reserve */
+    uint64_t peeked;          /* bytes (record) given by the last peek */
+    bool shut_rd, shut_wr, peer_dead;
+    /* Event queue registration (evq.c). */
+    struct memlan_evq *evq;
+    uint32_t evq_index, evq_events;
+    void *udata;
+    /* Counters for memlan stat and the bench. */
+    uint64_t bytes_tx, bytes_rx, msgs_tx, msgs_rx, wakeups, sleeps, spin_hits;
+};
+
+void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
+                         const struct ml_evq_ref *ref);
+
+/* After publishing: wake the other side if, and only if, it armed its tripwire. */
+static inline void __ml_chan_wake(struct memlan_channel *ch, _Atomic uint32_t *word,
+                                  const struct ml_evq_ref *ref)
+{
+    ml_fence(); /* SYNC: pairs with the fence after arming in ml_wait() and __ml_chan_arm_evq() */
+    if (ml_unlikely(ml_load_relaxed(word) != 0))
+        __ml_chan_wake_slow(ch, word, ref);
+}
+
+bool __ml_chan_arm_evq(struct memlan_channel *ch, uint32_t events);
+int __ml_chan_check_peer(struct memlan_channel *ch);
+void __ml_evq_post_local(struct memlan_evq *q, uint32_t index);
+
+#endif

@@ -1,0 +1,429 @@
+/*
+ * evq.c - event queues (CLAN's asynchronous event queue).
+ *
+ * Many channels post "ready" into one queue, and one waiter blocks once for all of them.  The
+ * queue is a segment holding a two-level bitmap (see layout.h): endpoint i posts by setting bit i
+ * of a leaf word and then bit i/64 of a summary word, then rings the waiter if it is armed.  The
+ * consumer exchanges each non-zero summary word with zero, then each leaf word that it names, and
+ * turns the bits into events.  Costs are O(1) per event (plus one summary word per 4096
+ * endpoints); posts to an endpoint that is already pending merge into one event; nothing can
+ * overflow, so nothing is lost.
+ *
+ * A channel's tripwire in ML_WAIT_EVQ mode names the queue's token and the endpoint's index (an
+ * ml_evq_ref in the ring control).  The sender that trips it imports the queue (once; imports are
+ * cached per process) and posts.  The queue's waiter sleeps on a futex (memlan_evq_wait) or on a
+ * FIFO doorbell in the fabric (memlan_evq_fd), which any process of the fabric can open and write
+ * without passing file descriptors around.
+ *
+ * Events are edge-triggered, as CLAN's tripwires are: after an event, the next one for that
+ * channel comes once the application has seen -EAGAIN from it (which re-arms the tripwire).
+ */
+#include "channel.h"
+#include "sys/sys.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+struct ml_evq_slot {
+    struct memlan_channel *ch;
+    void *udata;
+    uint32_t events;
+    uint32_t next_free;
+};
+
+struct memlan_evq {
+    struct memlan_segment *seg;
+    struct ml_evq_hdr *h;
+    _Atomic uint64_t *leaf, *sum;
+    uint32_t capacity;
+    int bell;                 /* FIFO read end (opened O_RDWR so it always has a writer) */
+    struct ml_evq_slot *slots;
+    uint32_t free_head, used;
+    uint32_t sweep;           /* next slot whose peer's liveness the idle sweep checks */
+    struct ml_spin spin;
+};
+
+#define ML_EVQ_NONE UINT32_MAX
+#define ML_EVQ_SWEEP 64u
+
+/* ---- posting ----------------------------------------------------------------------------- */
+
+static void ml_evq_set(_Atomic uint64_t *leaf, _Atomic uint64_t *sum, uint32_t index)
+{
+    /* Leaf first, then summary: a consumer that clears the summary between the two finds the
+     * leaf bit on its next pass, because our summary store comes after. */
+    ml_fetch_or(&leaf[index / 64], 1ull << (index % 64));
+    ml_fetch_or(&sum[index / 4096], 1ull << ((index / 64) % 64));
+}
+
+static void ml_evq_ring(struct ml_evq_hdr *h, int bellfd)
+{
+    ml_fence(); /* SYNC: pairs with the fence after arming in memlan_evq_wait/memlan_evq_arm */
+    if (ml_load_relaxed(&h->waiter) == 0)
+        return;
+    uint32_t w = ml_xchg(&h->waiter, 0u);
+    if (w & ML_EVQ_WAIT_FUTEX)
+        __ml_sys_futex_wake(&h->waiter, 1);
+    if ((w & ML_EVQ_WAIT_FD) && bellfd >= 0) {
+        char b = 1;
+        (void)__ml_sys_write(bellfd, &b, 1); /* EAGAIN: the pipe is full, it rings already */
+    }
+    if (w)
+        ml_fetch_add(&h->wakeups, 1u);
+}
+
+void __ml_evq_post_local(struct memlan_evq *q, uint32_t index)
+{
+    ml_evq_set(q->leaf, q->sum, index);
+    ml_fetch_add(&q->h->posts, 1u);
+    /* We are the queue's own process: its read end of the doorbell can ring it too. */
+    ml_evq_ring(q->h, q->bell);
+}
+
+/* A per-process cache of imported queues: a sender imports each queue it posts to once. */
+struct ml_evq_import {
+    char token[MEMLAN_TOKEN_LEN + 1];
+    struct memlan_segment *seg;
+    int bell;
+};
+#define ML_EVQ_CACHE 256
+static struct ml_evq_import ml_evq_cache[ML_EVQ_CACHE];
+static unsigned ml_evq_cache_n, ml_evq_cache_next;
+static pthread_mutex_t ml_evq_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static bool ml_evq_geometry_ok(const struct memlan_segment *seg, const struct ml_evq_hdr *c)
+{
+    uint64_t cap = c->capacity, lw = c->leaf_words, sw = c->sum_words;
+    if (cap == 0 || cap % 64 || lw != cap / 64 || sw != (lw + 63) / 64)
+        return false;
+    uint64_t end = seg->body_off + seg->body_size;
+    return c->leaf_off % 8 == 0 && c->sum_off % 8 == 0 && c->leaf_off >= seg->body_off &&
+           c->sum_off >= seg->body_off && c->leaf_off + lw * 8 <= end &&
+           c->sum_off + sw * 8 <= end;
+}
+
+void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared)
+{
+    /* Copy the reference out of shared memory once, then check it: the peer may write it. */
+    struct ml_evq_ref ref;
+    memcpy(&ref, shared, sizeof ref);
+    char tok[MEMLAN_TOKEN_LEN + 1];
+    memcpy(tok, ref.token, MEMLAN_TOKEN_LEN);
+    tok[MEMLAN_TOKEN_LEN] = '\0';
+    if (ref.valid != 1 || !__ml_token_valid(tok))
+        return;
+    pthread_mutex_lock(&ml_evq_cache_lock);
+    struct ml_evq_import *e = NULL;
+    for (unsigned i = 0; i < ml_evq_cache_n; i++)
+        if (memcmp(ml_evq_cache[i].token, tok, MEMLAN_TOKEN_LEN) == 0) {
+            e = &ml_evq_cache[i];
+            break;
+        }
+    if (!e) {
+        struct memlan_segment *seg;
+        if (__ml_seg_import(fab, tok, ML_KIND_EVQ, true, &seg) < 0)
+            goto out;
+        struct ml_evq_hdr *c = (struct ml_evq_hdr *)(seg->base + seg->body_off);
+        if (!ml_evq_geometry_ok(seg, c)) {
+            __ml_seg_destroy(seg);
+            goto out;
+        }
+        if (ml_evq_cache_n < ML_EVQ_CACHE) {
+            e = &ml_evq_cache[ml_evq_cache_n++];
+        } else { /* evict round-robin */
+            e = &ml_evq_cache[ml_evq_cache_next++ % ML_EVQ_CACHE];
+            __ml_seg_destroy(e->seg);
+            if (e->bell >= 0)
+                __ml_sys_close(e->bell);
+        }
+        memcpy(e->token, tok, sizeof e->token);
+        e->seg = seg;
+        char name[80];
+        __ml_fabric_name(name, sizeof name, "bell", tok);
+        long fd = __ml_sys_open(fab->dirfd, name, O_WRONLY | O_NONBLOCK | O_NOFOLLOW, 0);
+        e->bell = fd >= 0 ? (int)fd : -1;
+    }
+    struct ml_evq_hdr *h = (struct ml_evq_hdr *)(e->seg->base + e->seg->body_off);
+    /* Geometry was checked at import; the peer may have changed the shared copy since, so use
+     * the values re-validated now, read once each. */
+    uint32_t cap = __atomic_load_n(&h->capacity, __ATOMIC_RELAXED);
+    uint64_t lo = __atomic_load_n(&h->leaf_off, __ATOMIC_RELAXED);
+    uint64_t so = __atomic_load_n(&h->sum_off, __ATOMIC_RELAXED);
+    uint64_t end = e->seg->body_off + e->seg->body_size;
+    if (ref.index < cap && cap % 64 == 0 && lo % 8 == 0 && so % 8 == 0 &&
+        lo >= e->seg->body_off && so >= e->seg->body_off && lo + (uint64_t)cap / 8 <= end &&
+        so + ((uint64_t)cap / 4096 + 1) * 8 <= end) {
+        ml_evq_set((_Atomic uint64_t *)(e->seg->base + lo), (_Atomic uint64_t *)(e->seg->base + so),
+                   ref.index);
+        ml_fetch_add(&h->posts, 1u);
+        ml_evq_ring(h, e->bell);
+    }
+out:
+    pthread_mutex_unlock(&ml_evq_cache_lock);
+}
+
+/* ---- the queue's owner ------------------------------------------------------------------- */
+
+int memlan_evq_create(memlan_fabric_t *fab, unsigned capacity, memlan_evq_t **out)
+{
+    if (!fab || !out || capacity > (1u << 24))
+        return -EINVAL;
+    *out = NULL;
+    if (capacity == 0)
+        capacity = 4096;
+    capacity = (capacity + 63) & ~63u;
+    uint32_t lw = capacity / 64, sw = (lw + 63) / 64;
+    uint64_t body_off = sizeof(struct ml_seg_hdr);
+    uint64_t leaf_off = body_off + sizeof(struct ml_evq_hdr);
+    uint64_t sum_off = leaf_off + (uint64_t)lw * 8;
+    uint64_t body_size = sum_off + (uint64_t)sw * 8 - body_off;
+    struct memlan_evq *q = calloc(1, sizeof *q);
+    if (!q)
+        return -ENOMEM;
+    q->slots = calloc(capacity, sizeof *q->slots);
+    if (!q->slots) {
+        free(q);
+        return -ENOMEM;
+    }
+    int r = __ml_seg_create(fab, ML_KIND_EVQ, MEMLAN_MODE_RW, body_off, body_size, 0, &q->seg);
+    if (r < 0)
+        goto fail;
+    char name[80];
+    __ml_fabric_name(name, sizeof name, "bell", q->seg->token);
+    r = __ml_sys_mknodat(fab->dirfd, name, S_IFIFO | (fab->shared ? 0622 : 0600));
+    if (r < 0)
+        goto fail_seg;
+    long fd = __ml_sys_open(fab->dirfd, name, O_RDWR | O_NONBLOCK | O_NOFOLLOW, 0);
+    if (fd < 0) {
+        r = (int)fd;
+        __ml_sys_unlinkat(fab->dirfd, name, 0);
+        goto fail_seg;
+    }
+    q->bell = (int)fd;
+    q->h = (struct ml_evq_hdr *)(q->seg->base + body_off);
+    q->h->capacity = capacity;
+    q->h->leaf_words = lw;
+    q->h->sum_words = sw;
+    q->h->leaf_off = leaf_off;
+    q->h->sum_off = sum_off;
+    q->leaf = (_Atomic uint64_t *)(q->seg->base + leaf_off);
+    q->sum = (_Atomic uint64_t *)(q->seg->base + sum_off);
+    q->capacity = capacity;
+    for (uint32_t i = 0; i < capacity; i++)
+        q->slots[i].next_free = i + 1 < capacity ? i + 1 : ML_EVQ_NONE;
+    q->free_head = 0;
+    __ml_seg_publish(q->seg);
+    *out = q;
+    return 0;
+fail_seg:
+    __ml_seg_destroy(q->seg);
+fail:
+    free(q->slots);
+    free(q);
+    return r;
+}
+
+int memlan_evq_add(memlan_evq_t *q, memlan_channel_t *ch, uint32_t events, void *udata)
+{
+    if (!q || !ch || !(events & (MEMLAN_EV_READ | MEMLAN_EV_WRITE)) ||
+        (events & ~(uint32_t)(MEMLAN_EV_READ | MEMLAN_EV_WRITE)))
+        return -EINVAL;
+    if (ch->evq)
+        return -EEXIST;
+    if (q->free_head == ML_EVQ_NONE)
+        return -ENOSPC;
+    uint32_t i = q->free_head;
+    q->free_head = q->slots[i].next_free;
+    q->slots[i] = (struct ml_evq_slot){.ch = ch, .udata = udata, .events = events};
+    q->used++;
+    ch->evq = q;
+    ch->evq_index = i;
+    ch->evq_events = events;
+    ch->udata = udata;
+    /* The references must be in place before the tripwires are armed in EVQ mode: the arming
+     * store and fence in __ml_chan_arm_evq() publish them to the peer's waker. */
+    struct ml_evq_ref ref = {.index = i, .valid = 1};
+    memcpy(ref.token, q->seg->token, MEMLAN_TOKEN_LEN);
+    memcpy(&ch->rx.ctl->rx_ref, &ref, sizeof ref);
+    memcpy(&ch->tx.ctl->tx_ref, &ref, sizeof ref);
+    /* Always watch the receive side: HUP and ERR come that way. */
+    if (__ml_chan_arm_evq(ch, events | MEMLAN_EV_READ))
+        __ml_evq_post_local(q, i);
+    return 0;
+}
+
+int memlan_evq_del(memlan_evq_t *q, memlan_channel_t *ch)
+{
+    if (!q || !ch)
+        return -EINVAL;
+    if (ch->evq != q)
+        return -ENOENT;
+    uint32_t i = ch->evq_index;
+    /* Disarm first so the peer stops posting, then forget the reference. */
+    uint32_t w = ML_WAIT_EVQ;
+    ml_cas(&ch->rx.ctl->rx_wait, &w, 0u);
+    w = ML_WAIT_EVQ;
+    ml_cas(&ch->tx.ctl->tx_wait, &w, 0u);
+    ch->rx.ctl->rx_ref.valid = 0;
+    ch->tx.ctl->tx_ref.valid = 0;
+    q->slots[i] = (struct ml_evq_slot){.next_free = q->free_head};
+    q->free_head = i;
+    q->used--;
+    ch->evq = NULL;
+    return 0;
+}
+
+/* Turn pending bits into events, at most max.  Bits beyond max are put back. */
+static int ml_evq_collect(struct memlan_evq *q, struct memlan_event *ev, int max)
+{
+    int n = 0;
+    uint32_t sw = (q->capacity / 64 + 63) / 64;
+    for (uint32_t s = 0; s < sw; s++) {
+        if (ml_load_relaxed(&q->sum[s]) == 0)
+            continue;
+        uint64_t sbits = ml_xchg(&q->sum[s], 0ull);
+        while (sbits) {
+            uint32_t lw = s * 64 + (uint32_t)__builtin_ctzll(sbits);
+            sbits &= sbits - 1;
+            if (n >= max) { /* no room: put the summary bit back for the next call */
+                ml_fetch_or(&q->sum[s], 1ull << (lw % 64));
+                continue;
+            }
+            uint64_t bits = ml_xchg(&q->leaf[lw], 0ull);
+            while (bits) {
+                uint32_t i = lw * 64 + (uint32_t)__builtin_ctzll(bits);
+                bits &= bits - 1;
+                if (n >= max) {
+                    ml_evq_set(q->leaf, q->sum, i);
+                    continue;
+                }
+                struct ml_evq_slot *sl = &q->slots[i];
+                if (!sl->ch)
+                    continue; /* deleted since it posted */
+                uint32_t want = sl->events | MEMLAN_EV_HUP | MEMLAN_EV_ERR;
+                int st = memlan_channel_poll(sl->ch);
+                uint32_t got = (uint32_t)(st > 0 ? st : 0) & want;
+                if (!got) {
+                    /* Spurious (already drained): re-arm, and if it became ready meanwhile
+                     * report it now rather than lose it. */
+                    if (!__ml_chan_arm_evq(sl->ch, sl->events | MEMLAN_EV_READ))
+                        continue;
+                    st = memlan_channel_poll(sl->ch);
+                    got = (uint32_t)(st > 0 ? st : 0) & want;
+                    if (!got) {
+                        ml_evq_set(q->leaf, q->sum, i);
+                        continue;
+                    }
+                }
+                ev[n].udata = sl->udata;
+                ev[n].events = got;
+                n++;
+            }
+        }
+    }
+    return n;
+}
+
+/* Idle sweep: look at a few peers' liveness, so that a dead peer is reported in bounded time. */
+static void ml_evq_sweep(struct memlan_evq *q)
+{
+    if (!q->used)
+        return;
+    for (uint32_t k = 0; k < ML_EVQ_SWEEP && k < q->capacity; k++) {
+        uint32_t i = q->sweep++ % q->capacity;
+        struct memlan_channel *ch = q->slots[i].ch;
+        if (ch && !ch->peer_dead && __ml_chan_check_peer(ch))
+            ml_evq_set(q->leaf, q->sum, i);
+    }
+}
+
+static bool ml_evq_pending(struct memlan_evq *q)
+{
+    uint32_t sw = (q->capacity / 64 + 63) / 64;
+    for (uint32_t s = 0; s < sw; s++)
+        if (ml_load_relaxed(&q->sum[s]))
+            return true;
+    return false;
+}
+
+int memlan_evq_wait(memlan_evq_t *q, struct memlan_event *ev, int max, int timeout_ms)
+{
+    if (!q || !ev || max <= 0)
+        return -EINVAL;
+    int n = ml_evq_collect(q, ev, max);
+    if (n || timeout_ms == 0)
+        return n;
+    uint64_t deadline = timeout_ms < 0 ? 0 : __ml_now_ns() + (uint64_t)timeout_ms * 1000000u;
+    uint64_t budget = __ml_spin_budget_ns(&q->spin, 0);
+    if (budget) {
+        uint64_t end = __ml_now_ns() + budget;
+        for (unsigned i = 1;; i++) {
+            if (ml_evq_pending(q) && (n = ml_evq_collect(q, ev, max))) {
+                __ml_spin_result(&q->spin, true);
+                return n;
+            }
+            ml_cpu_relax();
+            if ((i & 31) == 0 && __ml_now_ns() >= end)
+                break;
+        }
+        __ml_spin_result(&q->spin, false);
+    }
+    for (;;) {
+        ml_fetch_or(&q->h->waiter, ML_EVQ_WAIT_FUTEX);
+        ml_fence(); /* SYNC: pairs with the fence in ml_evq_ring() */
+        if (ml_evq_pending(q)) {
+            ml_xchg(&q->h->waiter, 0u);
+            if ((n = ml_evq_collect(q, ev, max)))
+                return n;
+            continue;
+        }
+        int64_t tmo = ML_LIVENESS_NS;
+        uint64_t now = __ml_now_ns();
+        if (deadline) {
+            if (now >= deadline) {
+                ml_xchg(&q->h->waiter, 0u);
+                return 0;
+            }
+            if (deadline - now < (uint64_t)tmo)
+                tmo = (int64_t)(deadline - now);
+        }
+        uint32_t w = ml_load_relaxed(&q->h->waiter);
+        int r = w ? __ml_sys_futex_wait(&q->h->waiter, w, tmo) : 0;
+        if (r == -ETIMEDOUT)
+            ml_evq_sweep(q);
+    }
+}
+
+int memlan_evq_fd(memlan_evq_t *q) { return q ? q->bell : -EINVAL; }
+
+int memlan_evq_arm(memlan_evq_t *q)
+{
+    if (!q)
+        return -EINVAL;
+    char buf[64];
+    while (__ml_sys_read(q->bell, buf, sizeof buf) > 0)
+        ;
+    ml_fetch_or(&q->h->waiter, ML_EVQ_WAIT_FD);
+    ml_fence(); /* SYNC: pairs with the fence in ml_evq_ring() */
+    return ml_evq_pending(q) ? 1 : 0;
+}
+
+void memlan_evq_close(memlan_evq_t *q)
+{
+    if (!q)
+        return;
+    for (uint32_t i = 0; i < q->capacity; i++)
+        if (q->slots[i].ch)
+            memlan_evq_del(q, q->slots[i].ch);
+    char name[80];
+    __ml_fabric_name(name, sizeof name, "bell", q->seg->token);
+    __ml_sys_unlinkat(q->seg->fab->dirfd, name, 0);
+    __ml_sys_close(q->bell);
+    ml_store_release(&q->seg->hdr->state, ML_SEG_REVOKED);
+    __ml_seg_destroy(q->seg);
+    free(q->slots);
+    free(q);
+}

@@ -1,0 +1,172 @@
+/*
+ * fabric.c - the directory that the processes of one fabric share.
+ *
+ * A fabric is a directory, by default /dev/shm/memlan-UID with mode 0700.  Its files are named
+ * for their tokens: seg-TOKEN is a segment (raw, channel or event queue) and bell-TOKEN the FIFO
+ * doorbell of an event queue.  Every segment file carries its owner's liveness as an OFD lock on
+ * byte 0 that the kernel drops when the owner's last descriptor closes, which includes death by
+ * SIGKILL; so a file whose byte 0 can be locked by anyone else is an orphan and may be removed.
+ * That check is the only reclaim rule: we never judge liveness by pid, which the kernel reuses.
+ */
+#include "internal.h"
+#include "sys/sys.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int __ml_token_valid(const char *token)
+{
+    if (!token)
+        return 0;
+    for (int i = 0; i < MEMLAN_TOKEN_LEN; i++) {
+        char c = token[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f')))
+            return 0;
+    }
+    return token[MEMLAN_TOKEN_LEN] == '\0';
+}
+
+int __ml_token_new(char out[MEMLAN_TOKEN_LEN + 1])
+{
+    static const char hex[] = "0123456789abcdef";
+    uint8_t raw[MEMLAN_TOKEN_LEN / 2];
+    int r = __ml_sys_getrandom(raw, sizeof raw);
+    if (r < 0)
+        return r;
+    for (size_t i = 0; i < sizeof raw; i++) {
+        out[2 * i] = hex[raw[i] >> 4];
+        out[2 * i + 1] = hex[raw[i] & 15];
+    }
+    out[MEMLAN_TOKEN_LEN] = '\0';
+    return 0;
+}
+
+void __ml_fabric_name(char *buf, size_t len, const char *prefix, const char *token)
+{
+    snprintf(buf, len, "%s-%s", prefix, token);
+}
+
+int memlan_fabric_open(const char *path, memlan_fabric_t **out)
+{
+    if (!out)
+        return -EINVAL;
+    *out = NULL;
+    char def[64];
+    bool explicit_path = true;
+    if (!path)
+        path = getenv("MEMLAN_FABRIC");
+    if (!path || !*path) {
+        snprintf(def, sizeof def, "/dev/shm/memlan-%u", (unsigned)getuid());
+        path = def;
+        explicit_path = false;
+    }
+    if (strlen(path) >= PATH_MAX - 64)
+        return -EINVAL;
+
+    int r = __ml_sys_mkdir(path, 0700);
+    if (r < 0 && r != -EEXIST)
+        return r;
+    long fd = __ml_sys_open(AT_FDCWD, path, O_RDONLY | O_DIRECTORY, 0);
+    if (fd < 0)
+        return (int)fd;
+    struct stat st;
+    r = __ml_sys_fstat((int)fd, &st);
+    if (r < 0)
+        goto fail;
+    r = -EACCES;
+    /* The default directory must be ours alone: anyone able to write into it could plant files
+     * that we would map.  A fabric shared on purpose is named explicitly. */
+    if (!explicit_path && (st.st_uid != getuid() || (st.st_mode & 077)))
+        goto fail;
+    memlan_fabric_t *fab = calloc(1, sizeof *fab);
+    r = -ENOMEM;
+    if (!fab)
+        goto fail;
+    fab->dirfd = (int)fd;
+    fab->uid = getuid();
+    fab->shared = (st.st_mode & 077) != 0;
+    snprintf(fab->path, sizeof fab->path, "%s", path);
+    /* Lazy reclaim: whoever opens a fabric sweeps the orphans of dead processes. */
+    (void)__ml_fabric_reclaim(fab);
+    *out = fab;
+    return 0;
+fail:
+    __ml_sys_close((int)fd);
+    return r;
+}
+
+void memlan_fabric_close(memlan_fabric_t *fab)
+{
+    if (!fab)
+        return;
+    __ml_sys_close(fab->dirfd);
+    free(fab);
+}
+
+const char *memlan_fabric_path(const memlan_fabric_t *fab) { return fab ? fab->path : NULL; }
+
+/* Remove seg-TOKEN if its owner's lock byte is free; 1 if removed. */
+static int ml_reclaim_seg(memlan_fabric_t *fab, const char *name)
+{
+    long fd = __ml_sys_open(fab->dirfd, name, O_RDWR | O_NOFOLLOW | O_NONBLOCK, 0);
+    if (fd < 0)
+        return 0;
+    int removed = 0;
+    struct stat a, b;
+    if (__ml_sys_fstat((int)fd, &a) == 0 && S_ISREG(a.st_mode) &&
+        __ml_sys_lock_byte((int)fd, ML_LOCK_OWNER, 0) == 0) {
+        /* We hold the owner's byte: the owner is gone (or is between creating the file and
+         * locking it; its nlink check after locking makes it start again).  Remove the name only
+         * if it still names the inode we locked. */
+        if (__ml_sys_fstatat(fab->dirfd, name, &b, AT_SYMLINK_NOFOLLOW) == 0 &&
+            a.st_ino == b.st_ino && a.st_dev == b.st_dev &&
+            __ml_sys_unlinkat(fab->dirfd, name, 0) == 0)
+            removed = 1;
+    }
+    __ml_sys_close((int)fd);
+    return removed;
+}
+
+int __ml_fabric_reclaim(memlan_fabric_t *fab)
+{
+    long dfd = __ml_sys_open(fab->dirfd, ".", O_RDONLY | O_DIRECTORY, 0);
+    if (dfd < 0)
+        return (int)dfd;
+    int removed = 0;
+    char buf[8192];
+    for (;;) {
+        int n = __ml_sys_getdents((int)dfd, buf, sizeof buf);
+        if (n <= 0)
+            break;
+        for (int off = 0; off < n;) {
+            struct dirent64 *d = (struct dirent64 *)(buf + off);
+            off += d->d_reclen;
+            const char *nm = d->d_name;
+            if (strncmp(nm, "seg-", 4) == 0 && __ml_token_valid(nm + 4)) {
+                removed += ml_reclaim_seg(fab, nm);
+            } else if (strncmp(nm, "bell-", 5) == 0 && __ml_token_valid(nm + 5)) {
+                /* A doorbell outlives nothing: remove it once its queue's segment is gone. */
+                char seg[80];
+                struct stat st;
+                __ml_fabric_name(seg, sizeof seg, "seg", nm + 5);
+                if (__ml_sys_fstatat(fab->dirfd, seg, &st, AT_SYMLINK_NOFOLLOW) == -ENOENT &&
+                    __ml_sys_unlinkat(fab->dirfd, nm, 0) == 0)
+                    removed++;
+            }
+        }
+    }
+    __ml_sys_close((int)dfd);
+    return removed;
+}
+
+int memlan_fabric_clean(memlan_fabric_t *fab)
+{
+    if (!fab)
+        return -EINVAL;
+    return __ml_fabric_reclaim(fab);
+}

@@ -1,0 +1,79 @@
+/*
+ * internal.h - private types and functions shared by the core's files.
+ *
+ * Names: the public API is memlan_*; internal non-static symbols are __ml_*; file-local helpers
+ * are static ml_*.  Nothing here is exported from the shared library (see libmemlan.map).
+ */
+#ifndef MEMLAN_INTERNAL_H
+#define MEMLAN_INTERNAL_H
+
+#include <limits.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "memlan.h"
+#include "memlan/layout.h"
+#include "atomics.h"
+
+#define ML_PAGE 4096u
+#define ML_MAX_SEG_SIZE (1ull << 40)
+
+#define ml_likely(x)   __builtin_expect(!!(x), 1)
+#define ml_unlikely(x) __builtin_expect(!!(x), 0)
+
+struct memlan_fabric {
+    int dirfd;
+    bool shared;              /* the directory is open to group or others */
+    uid_t uid;
+    char path[PATH_MAX];
+};
+
+struct memlan_segment {
+    memlan_fabric_t *fab;
+    int fd;                   /* kept open: it carries our liveness lock */
+    uint8_t *base;
+    size_t map_size;          /* private copy of the geometry, trusted */
+    struct ml_seg_hdr *hdr;
+    uint32_t kind;
+    uint64_t body_off, body_size;
+    uint64_t mirror;          /* a channel's ring size: each ring's data is mapped twice */
+    bool owner;               /* we created it */
+    bool writable;
+    char token[MEMLAN_TOKEN_LEN + 1];
+};
+
+/* fabric.c */
+int __ml_token_valid(const char *token);
+int __ml_token_new(char out[MEMLAN_TOKEN_LEN + 1]);
+void __ml_fabric_name(char *buf, size_t len, const char *prefix, const char *token);
+int __ml_fabric_reclaim(memlan_fabric_t *fab);
+
+/* segment.c: segments of any kind.  create() returns a zeroed, mapped, locked segment whose
+ * header is complete but whose body the caller fills; import() validates the header first. */
+int __ml_seg_create(memlan_fabric_t *fab, uint32_t kind, int mode, uint64_t body_off,
+                    uint64_t body_size, uint64_t mirror, struct memlan_segment **out);
+int __ml_seg_import(memlan_fabric_t *fab, const char *token, uint32_t kind, bool writable,
+                    struct memlan_segment **out);
+void __ml_seg_destroy(struct memlan_segment *seg);
+void __ml_seg_publish(struct memlan_segment *seg);
+/* 1 when the byte's holder lives, 0 when dead, negative errno on error. */
+int __ml_seg_alive(const struct memlan_segment *seg, int lock_byte);
+
+/* spin.c: the spin-then-sleep policy. */
+struct ml_spin {
+    uint32_t budget_ns;       /* current adaptive budget */
+    uint32_t fails;           /* consecutive spins that ended in sleep */
+};
+uint64_t __ml_spin_budget_ns(struct ml_spin *sp, uint32_t peer_cpu);
+void __ml_spin_result(struct ml_spin *sp, bool success);
+
+/* evq.c: post endpoint `index` of the queue named by ref (a sender's wake-up path). */
+void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *ref);
+
+/* How often a side blocked on a channel checks that its peer still lives. */
+#define ML_LIVENESS_NS (100u * 1000000u)
+
+#endif

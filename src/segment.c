@@ -1,0 +1,350 @@
+/*
+ * segment.c - shared memory exported with a token and imported with it (SHRIMP's VMMC
+ * import/export mappings on a fabric directory).
+ *
+ * The token is 128 random bits and names the file, so importing needs the token: a fabric
+ * directory shared between users is made searchable but not readable (mode 0733 or 1733), and
+ * then nobody can list it to learn the names.  An export's mode is enforced twice: the header says
+ * whether importers may write, and a read-only import maps the file without PROT_WRITE.
+ * Revocation marks the header and removes the name: no new imports, and every importer's next
+ * check or channel operation sees the segment closed.  Mappings are never pulled from under an
+ * importer, so revocation can never make it fault.
+ */
+#include "internal.h"
+#include "sys/sys.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+static uint64_t ml_round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+/*
+ * Map a segment.  With mirror == 0 the file is mapped once.  A channel (mirror == R, the ring
+ * size) has the file layout [header page][ring 0 data][ring 1 data], and is mapped as
+ * [header page][ring 0][ring 0 again][ring 1][ring 1 again] so that each ring's data is followed
+ * by a second view of itself: see ring.h.
+ */
+static int ml_seg_map(int fd, uint64_t total, int prot, uint64_t mirror, uint8_t **base,
+                      size_t *vsize)
+{
+    void *p;
+    int r;
+    if (!mirror) {
+        if ((r = __ml_sys_mmap(&p, NULL, total, prot, MAP_SHARED, fd, 0)) < 0)
+            return r;
+        *base = p;
+        *vsize = total;
+        return 0;
+    }
+    if (total != ML_PAGE + 2 * mirror)
+        return -EPROTO;
+    size_t vs = ML_PAGE + 4 * mirror;
+    if ((r = __ml_sys_mmap(&p, NULL, vs, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
+                           0)) < 0)
+        return r;
+    uint8_t *b = p;
+    struct { uint64_t va, off, len; } part[5] = {
+        {0, 0, ML_PAGE},
+        {ML_PAGE, ML_PAGE, mirror},
+        {ML_PAGE + mirror, ML_PAGE, mirror},
+        {ML_PAGE + 2 * mirror, ML_PAGE + mirror, mirror},
+        {ML_PAGE + 3 * mirror, ML_PAGE + mirror, mirror},
+    };
+    for (int i = 0; i < 5; i++) {
+        void *q;
+        r = __ml_sys_mmap(&q, b + part[i].va, part[i].len, prot, MAP_SHARED | MAP_FIXED, fd,
+                          (off_t)part[i].off);
+        /* MAP_FIXED over our own reservation cannot move; check anyway. */
+        if (r < 0 || q != b + part[i].va) {
+            __ml_sys_munmap(b, vs);
+            return r < 0 ? r : -ENOMEM;
+        }
+    }
+    *base = b;
+    *vsize = vs;
+    return 0;
+}
+
+int __ml_seg_create(memlan_fabric_t *fab, uint32_t kind, int mode, uint64_t body_off,
+                    uint64_t body_size, uint64_t mirror, struct memlan_segment **out)
+{
+    if (!fab || !out || (mode != MEMLAN_MODE_RO && mode != MEMLAN_MODE_RW))
+        return -EINVAL;
+    if (body_off < sizeof(struct ml_seg_hdr) || body_size > ML_MAX_SEG_SIZE)
+        return -EINVAL;
+    uint64_t total = ml_round_up(body_off + body_size, ML_PAGE);
+    struct memlan_segment *seg = calloc(1, sizeof *seg);
+    if (!seg)
+        return -ENOMEM;
+    char name[80];
+    long fd;
+    int r;
+    for (int attempt = 0;; attempt++) {
+        if (attempt == 8) {
+            r = -EAGAIN;
+            goto fail_free;
+        }
+        if ((r = __ml_token_new(seg->token)) < 0)
+            goto fail_free;
+        __ml_fabric_name(name, sizeof name, "seg", seg->token);
+        fd = __ml_sys_open(fab->dirfd, name, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW, 0600);
+        if (fd == -EEXIST)
+            continue;
+        if (fd < 0) {
+            r = (int)fd;
+            goto fail_free;
+        }
+        /* Take the owner's liveness byte.  A reclaimer may have locked the empty file first and
+         * removed it; then nlink is 0 and we start again with a new token. */
+        struct stat st;
+        if ((r = __ml_sys_lock_byte((int)fd, ML_LOCK_OWNER, 1)) < 0 ||
+            (r = __ml_sys_fstat((int)fd, &st)) < 0) {
+            __ml_sys_unlinkat(fab->dirfd, name, 0);
+            __ml_sys_close((int)fd);
+            goto fail_free;
+        }
+        if (st.st_nlink > 0)
+            break;
+        __ml_sys_close((int)fd);
+    }
+    if (fab->shared)
+        (void)__ml_sys_fchmod((int)fd, mode == MEMLAN_MODE_RW ? 0666 : 0644);
+    if ((r = __ml_sys_ftruncate((int)fd, (off_t)total)) < 0)
+        goto fail_unlink;
+    uint8_t *p;
+    size_t vsize;
+    if ((r = ml_seg_map((int)fd, total, PROT_READ | PROT_WRITE, mirror, &p, &vsize)) < 0)
+        goto fail_unlink;
+    seg->fab = fab;
+    seg->fd = (int)fd;
+    seg->base = p;
+    seg->map_size = vsize;
+    seg->mirror = mirror;
+    seg->hdr = (struct ml_seg_hdr *)p;
+    seg->kind = kind;
+    seg->body_off = body_off;
+    seg->body_size = body_size;
+    seg->owner = true;
+    seg->writable = true;
+
+    struct ml_seg_hdr *h = seg->hdr;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    h->magic = ML_SEG_MAGIC;
+    h->version = ML_LAYOUT_VERSION;
+    h->hdr_size = sizeof *h;
+    h->total_size = total;
+    h->kind = kind;
+    h->mode = (uint32_t)mode;
+    h->body_off = body_off;
+    h->body_size = body_size;
+    h->owner_pid = (int32_t)__ml_sys_getpid();
+    h->owner_uid = (uint32_t)getuid();
+    h->created_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+    ml_store_relaxed(&h->state, ML_SEG_LIVE);
+    /* ready is stored by __ml_seg_publish() once the body is initialised too. */
+    *out = seg;
+    return 0;
+
+fail_unlink:
+    __ml_sys_unlinkat(fab->dirfd, name, 0);
+    __ml_sys_close((int)fd);
+fail_free:
+    free(seg);
+    return r;
+}
+
+void __ml_seg_publish(struct memlan_segment *seg)
+{
+    /* SYNC: pairs with the acquire load of ready in __ml_seg_import(); everything the creator
+     * wrote to the header and body before this is visible to an importer that sees ready. */
+    ml_store_release(&seg->hdr->ready, 1u);
+}
+
+int __ml_seg_import(memlan_fabric_t *fab, const char *token, uint32_t kind, bool writable,
+                    struct memlan_segment **out)
+{
+    if (!fab || !out)
+        return -EINVAL;
+    *out = NULL;
+    if (!__ml_token_valid(token))
+        return -EINVAL;
+    char name[80];
+    __ml_fabric_name(name, sizeof name, "seg", token);
+    /* A channel's attacher needs write access for its lock byte even on its own segment. */
+    long fd = __ml_sys_open(fab->dirfd, name, (writable ? O_RDWR : O_RDONLY) | O_NOFOLLOW, 0);
+    if (fd < 0)
+        return fd == -ELOOP ? -EPROTO : (int)fd;
+    struct stat st;
+    struct ml_seg_hdr h;
+    int r = __ml_sys_fstat((int)fd, &st);
+    if (r < 0)
+        goto fail;
+    r = -EPROTO;
+    if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < sizeof h ||
+        (uint64_t)st.st_size > ML_MAX_SEG_SIZE + ML_PAGE)
+        goto fail;
+    if (__ml_sys_pread((int)fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
+        goto fail;
+    if (h.magic != ML_SEG_MAGIC)
+        goto fail;
+    if (h.version != ML_LAYOUT_VERSION) {
+        r = -EPROTONOSUPPORT;
+        goto fail;
+    }
+    if (h.hdr_size != sizeof h || h.total_size != (uint64_t)st.st_size ||
+        h.total_size % ML_PAGE || h.body_off < sizeof h || h.body_off > h.total_size ||
+        h.body_size > h.total_size - h.body_off || h.kind != kind ||
+        (h.mode != MEMLAN_MODE_RO && h.mode != MEMLAN_MODE_RW))
+        goto fail;
+    if (h.state != ML_SEG_LIVE || h.ready != 1) {
+        r = h.state == ML_SEG_REVOKED ? -ENOENT : -EPROTO;
+        goto fail;
+    }
+    if (writable && h.mode != MEMLAN_MODE_RW) {
+        r = -EACCES;
+        goto fail;
+    }
+    /* A channel's geometry decides how it is mapped: read it (once, privately) first. */
+    uint64_t mirror = 0;
+    if (kind == ML_KIND_CHANNEL) {
+        struct ml_chan_hdr c;
+        if (h.body_off != sizeof h || h.body_size < sizeof c ||
+            __ml_sys_pread((int)fd, &c, sizeof c, (off_t)h.body_off) != (ssize_t)sizeof c)
+            goto fail;
+        mirror = c.ring_size;
+        if (mirror < ML_PAGE || (mirror & (mirror - 1)) || h.total_size != ML_PAGE + 2 * mirror)
+            goto fail;
+    }
+    uint8_t *p;
+    size_t vsize;
+    int prot = PROT_READ | (writable ? PROT_WRITE : 0);
+    if ((r = ml_seg_map((int)fd, h.total_size, prot, mirror, &p, &vsize)) < 0)
+        goto fail;
+    struct memlan_segment *seg = calloc(1, sizeof *seg);
+    if (!seg) {
+        __ml_sys_munmap(p, vsize);
+        r = -ENOMEM;
+        goto fail;
+    }
+    seg->fab = fab;
+    seg->fd = (int)fd;
+    seg->base = p;
+    seg->map_size = vsize;
+    seg->mirror = mirror;
+    seg->hdr = (struct ml_seg_hdr *)p;
+    seg->kind = kind;
+    seg->body_off = h.body_off;
+    seg->body_size = h.body_size;
+    seg->owner = false;
+    seg->writable = writable;
+    memcpy(seg->token, token, MEMLAN_TOKEN_LEN + 1);
+    /* SYNC: pairs with the release store of ready in __ml_seg_publish(). */
+    if (ml_load_acquire(&seg->hdr->ready) != 1) {
+        __ml_seg_destroy(seg);
+        return -EPROTO;
+    }
+    *out = seg;
+    return 0;
+fail:
+    __ml_sys_close((int)fd);
+    return r;
+}
+
+int __ml_seg_alive(const struct memlan_segment *seg, int lock_byte)
+{
+    return __ml_sys_byte_held(seg->fd, lock_byte);
+}
+
+static void ml_seg_unlink(struct memlan_segment *seg)
+{
+    char name[80];
+    __ml_fabric_name(name, sizeof name, "seg", seg->token);
+    struct stat a, b;
+    /* Remove the name only if it is still our file. */
+    if (__ml_sys_fstat(seg->fd, &a) == 0 && a.st_nlink > 0 &&
+        __ml_sys_fstatat(seg->fab->dirfd, name, &b, AT_SYMLINK_NOFOLLOW) == 0 &&
+        a.st_ino == b.st_ino && a.st_dev == b.st_dev)
+        __ml_sys_unlinkat(seg->fab->dirfd, name, 0);
+}
+
+void __ml_seg_destroy(struct memlan_segment *seg)
+{
+    if (!seg)
+        return;
+    if (seg->owner)
+        ml_seg_unlink(seg);
+    __ml_sys_munmap(seg->base, seg->map_size);
+    __ml_sys_close(seg->fd);
+    free(seg);
+}
+
+/* ---- the public raw-segment API ---------------------------------------------------------- */
+
+int memlan_segment_export(memlan_fabric_t *fab, size_t size, int mode, memlan_segment_t **out)
+{
+    if (!fab || !out || size == 0 || size > ML_MAX_SEG_SIZE)
+        return -EINVAL;
+    *out = NULL;
+    struct memlan_segment *seg;
+    /* The user's region starts on its own page. */
+    int r = __ml_seg_create(fab, ML_KIND_RAW, mode, ML_PAGE, size, 0, &seg);
+    if (r < 0)
+        return r;
+    __ml_seg_publish(seg);
+    *out = seg;
+    return 0;
+}
+
+int memlan_segment_import(memlan_fabric_t *fab, const char *token, int mode,
+                          memlan_segment_t **out)
+{
+    if (!out || (mode != MEMLAN_MODE_RO && mode != MEMLAN_MODE_RW))
+        return -EINVAL;
+    return __ml_seg_import(fab, token, ML_KIND_RAW, mode == MEMLAN_MODE_RW, out);
+}
+
+const char *memlan_segment_token(const memlan_segment_t *seg) { return seg ? seg->token : NULL; }
+
+void *memlan_segment_ptr(const memlan_segment_t *seg)
+{
+    return seg ? seg->base + seg->body_off : NULL;
+}
+
+size_t memlan_segment_size(const memlan_segment_t *seg) { return seg ? seg->body_size : 0; }
+
+int memlan_segment_check(const memlan_segment_t *seg)
+{
+    if (!seg)
+        return -EINVAL;
+    if (ml_load_acquire(&seg->hdr->state) != ML_SEG_LIVE)
+        return -ECONNABORTED;
+    if (!seg->owner && __ml_seg_alive(seg, ML_LOCK_OWNER) == 0)
+        return -EOWNERDEAD;
+    return 0;
+}
+
+int memlan_segment_revoke(memlan_segment_t *seg)
+{
+    if (!seg)
+        return -EINVAL;
+    if (!seg->owner)
+        return -EPERM;
+    /* SYNC: pairs with the acquire load of state in memlan_segment_check() and the channel
+     * operations; the name goes after the flag so an import racing us sees one or the other. */
+    ml_store_release(&seg->hdr->state, ML_SEG_REVOKED);
+    ml_seg_unlink(seg);
+    return 0;
+}
+
+void memlan_segment_close(memlan_segment_t *seg)
+{
+    if (seg && seg->owner)
+        (void)memlan_segment_revoke(seg);
+    __ml_seg_destroy(seg);
+}

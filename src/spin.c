@@ -1,0 +1,96 @@
+/*
+ * spin.c - the spin-then-sleep policy (Damianakis et al.; ORL's "poll, then one interrupt").
+ *
+ * A waiter first polls for about the cost of one wake-up, then arms its tripwire and sleeps.  On
+ * this kind of machine a cross-core futex wake costs tens of microseconds, so spinning that long
+ * before sleeping at most doubles the cost of a wait that would have slept anyway, and saves the
+ * whole wake-up whenever the peer answers in time.
+ *
+ * MEMLAN_SPIN_US fixes the budget (0 = never spin).  Unset, the policy adapts:
+ *  - it never spins when this thread may run on one cpu only, or when the peer last waited on
+ *    the cpu we are on now: the peer cannot make progress while we hold its core;
+ *  - after a run of spins that ended in sleep anyway it cuts the budget to an eighth, probing
+ *    with the full budget every 32nd wait, and restores it on the first spin that succeeds.
+ */
+#include "internal.h"
+#include "sys/sys.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdlib.h>
+
+#define ML_SPIN_DEFAULT_NS (50u * 1000u)
+#define ML_SPIN_FAILS_BEFORE_CUT 8u
+
+static _Atomic int ml_spin_fixed_us = -2; /* -2 unread, -1 adaptive, >= 0 fixed */
+static _Atomic int ml_single_cpu = -1;
+static _Atomic unsigned ml_single_cpu_age;
+
+/* A child (a bench's pinned side, a prefork server's worker) asks again. */
+static void ml_spin_atfork_child(void) { ml_store_relaxed(&ml_single_cpu, -1); }
+
+__attribute__((constructor)) static void ml_spin_init(void)
+{
+    pthread_atfork(NULL, NULL, ml_spin_atfork_child);
+}
+
+static int ml_spin_config(void)
+{
+    int v = ml_load_relaxed(&ml_spin_fixed_us);
+    if (ml_likely(v != -2))
+        return v;
+    const char *s = getenv("MEMLAN_SPIN_US");
+    v = -1;
+    if (s && *s) {
+        char *end;
+        long l = strtol(s, &end, 10);
+        if (*end == '\0' && l >= 0 && l <= 1000000)
+            v = (int)l;
+    }
+    ml_store_relaxed(&ml_spin_fixed_us, v);
+    return v;
+}
+
+int memlan_spin_us(void)
+{
+    int v = ml_spin_config();
+    return v >= 0 ? v : (int)(ML_SPIN_DEFAULT_NS / 1000);
+}
+
+static int ml_may_run_on_one_cpu(void)
+{
+    /* Affinity rarely changes, so the answer is cached; it is asked again after a fork and every
+     * 4096 waits. */
+    int v = ml_load_relaxed(&ml_single_cpu);
+    unsigned age = ml_fetch_add(&ml_single_cpu_age, 1u);
+    if (ml_likely(v >= 0 && (age & 4095) != 0))
+        return v;
+    cpu_set_t set;
+    v = 0;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) == 1)
+        v = 1;
+    ml_store_relaxed(&ml_single_cpu, v);
+    return v;
+}
+
+uint64_t __ml_spin_budget_ns(struct ml_spin *sp, uint32_t peer_cpu)
+{
+    int fixed = ml_spin_config();
+    if (fixed >= 0)
+        return (uint64_t)fixed * 1000u;
+    if (ml_may_run_on_one_cpu())
+        return 0;
+    if (peer_cpu != 0 && (int)peer_cpu - 1 == __ml_getcpu())
+        return 0;
+    if (sp->fails >= ML_SPIN_FAILS_BEFORE_CUT && (sp->fails & 31) != 0)
+        return ML_SPIN_DEFAULT_NS / 8;
+    return ML_SPIN_DEFAULT_NS;
+}
+
+void __ml_spin_result(struct ml_spin *sp, bool success)
+{
+    if (success)
+        sp->fails = 0;
+    else if (sp->fails < UINT32_MAX)
+        sp->fails++;
+}

@@ -1,0 +1,169 @@
+/*
+ * sys.c - raw system call wrappers (see sys.h for the convention).
+ *
+ * Each wrapper saves errno, makes the call, turns a failure into -errno and puts errno back, so
+ * code above this file never reads or writes errno.
+ */
+#include "sys.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+static long ml_syscall_ret(long r, int saved)
+{
+    if (r < 0)
+        r = -errno;
+    errno = saved;
+    return r;
+}
+
+#define SYS_CALL(...)                                                                          \
+    ({                                                                                         \
+        int saved__ = errno;                                                                   \
+        long r__ = syscall(__VA_ARGS__);                                                       \
+        ml_syscall_ret(r__, saved__);                                                          \
+    })
+
+long __ml_sys_open(int dirfd, const char *path, int flags, mode_t mode)
+{
+    return SYS_CALL(SYS_openat, dirfd, path, flags | O_CLOEXEC, mode);
+}
+
+int __ml_sys_close(int fd) { return (int)SYS_CALL(SYS_close, fd); }
+
+ssize_t __ml_sys_read(int fd, void *buf, size_t len) { return SYS_CALL(SYS_read, fd, buf, len); }
+
+ssize_t __ml_sys_write(int fd, const void *buf, size_t len)
+{
+    return SYS_CALL(SYS_write, fd, buf, len);
+}
+
+ssize_t __ml_sys_pread(int fd, void *buf, size_t len, off_t off)
+{
+    return SYS_CALL(SYS_pread64, fd, buf, len, off);
+}
+
+int __ml_sys_ftruncate(int fd, off_t len) { return (int)SYS_CALL(SYS_ftruncate, fd, len); }
+
+int __ml_sys_fchmod(int fd, mode_t mode) { return (int)SYS_CALL(SYS_fchmod, fd, mode); }
+
+int __ml_sys_fstat(int fd, struct stat *st) { return (int)SYS_CALL(SYS_fstat, fd, st); }
+
+int __ml_sys_fstatat(int dirfd, const char *path, struct stat *st, int flags)
+{
+    return (int)SYS_CALL(SYS_newfstatat, dirfd, path, st, flags);
+}
+
+int __ml_sys_unlinkat(int dirfd, const char *path, int flags)
+{
+    return (int)SYS_CALL(SYS_unlinkat, dirfd, path, flags);
+}
+
+int __ml_sys_mkdir(const char *path, mode_t mode)
+{
+    return (int)SYS_CALL(SYS_mkdirat, AT_FDCWD, path, mode);
+}
+
+int __ml_sys_mknodat(int dirfd, const char *path, mode_t mode)
+{
+    return (int)SYS_CALL(SYS_mknodat, dirfd, path, mode, 0);
+}
+
+int __ml_sys_mmap(void **out, void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+    int saved = errno;
+    void *p = (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
+    if (p == MAP_FAILED) {
+        int e = errno;
+        errno = saved;
+        return -e;
+    }
+    errno = saved;
+    *out = p;
+    return 0;
+}
+
+int __ml_sys_munmap(void *p, size_t len) { return (int)SYS_CALL(SYS_munmap, p, len); }
+
+int __ml_sys_getrandom(void *buf, size_t len)
+{
+    size_t got = 0;
+    while (got < len) {
+        long r = SYS_CALL(SYS_getrandom, (char *)buf + got, len - got, 0);
+        if (r == -EINTR)
+            continue;
+        if (r < 0)
+            return (int)r;
+        got += (size_t)r;
+    }
+    return 0;
+}
+
+int __ml_sys_lock_byte(int fd, off_t byte, int wait)
+{
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = byte, .l_len = 1};
+    for (;;) {
+        long r = SYS_CALL(SYS_fcntl, fd, wait ? F_OFD_SETLKW : F_OFD_SETLK, &fl);
+        if (r == -EINTR)
+            continue;
+        if (r == -EACCES)
+            r = -EAGAIN;
+        return (int)r;
+    }
+}
+
+int __ml_sys_byte_held(int fd, off_t byte)
+{
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = byte, .l_len = 1};
+    long r = SYS_CALL(SYS_fcntl, fd, F_OFD_GETLK, &fl);
+    if (r < 0)
+        return (int)r;
+    return fl.l_type != F_UNLCK;
+}
+
+int __ml_sys_futex_wait(_Atomic uint32_t *word, uint32_t expect, int64_t timeout_ns)
+{
+    struct timespec ts, *tsp = NULL;
+    if (timeout_ns >= 0) {
+        ts.tv_sec = timeout_ns / 1000000000;
+        ts.tv_nsec = timeout_ns % 1000000000;
+        tsp = &ts;
+    }
+    long r = SYS_CALL(SYS_futex, (uint32_t *)word, FUTEX_WAIT, expect, tsp, NULL, 0);
+    return (int)r;
+}
+
+int __ml_sys_futex_wake(_Atomic uint32_t *word, int n)
+{
+    return (int)SYS_CALL(SYS_futex, (uint32_t *)word, FUTEX_WAKE, n, NULL, NULL, 0);
+}
+
+int __ml_sys_getdents(int fd, void *buf, size_t len)
+{
+    return (int)SYS_CALL(SYS_getdents64, fd, buf, len);
+}
+
+int __ml_sys_sched_yield(void) { return (int)SYS_CALL(SYS_sched_yield); }
+
+pid_t __ml_sys_getpid(void) { return (pid_t)syscall(SYS_getpid); }
+
+uint64_t __ml_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* vDSO: no system call, never fails for MONOTONIC */
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+int __ml_getcpu(void)
+{
+    int saved = errno;
+    int c = sched_getcpu(); /* vDSO on x86_64 and arm64 */
+    errno = saved;
+    return c < 0 ? -1 : c;
+}

@@ -1,0 +1,45 @@
+/*
+ * sys.h - the only code in memlan that makes system calls.
+ *
+ * Every wrapper returns a non-negative result or a negative errno and leaves the caller's errno
+ * exactly as it found it.  The wrappers go through syscall(2) rather than the libc entry points so
+ * that, once the preload library interposes on open(), close() or write(), the core can never
+ * re-enter the interposer by accident.
+ */
+#ifndef MEMLAN_SYS_H
+#define MEMLAN_SYS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <sys/stat.h>
+
+long __ml_sys_open(int dirfd, const char *path, int flags, mode_t mode);
+int __ml_sys_close(int fd);
+ssize_t __ml_sys_read(int fd, void *buf, size_t len);
+ssize_t __ml_sys_write(int fd, const void *buf, size_t len);
+ssize_t __ml_sys_pread(int fd, void *buf, size_t len, off_t off);
+int __ml_sys_ftruncate(int fd, off_t len);
+int __ml_sys_fchmod(int fd, mode_t mode);
+int __ml_sys_fstat(int fd, struct stat *st);
+int __ml_sys_fstatat(int dirfd, const char *path, struct stat *st, int flags);
+int __ml_sys_unlinkat(int dirfd, const char *path, int flags);
+int __ml_sys_mkdir(const char *path, mode_t mode);
+int __ml_sys_mknodat(int dirfd, const char *path, mode_t mode);
+int __ml_sys_mmap(void **out, void *addr, size_t len, int prot, int flags, int fd, off_t off);
+int __ml_sys_munmap(void *p, size_t len);
+int __ml_sys_getrandom(void *buf, size_t len);
+/* OFD byte locks: the liveness of a fabric file's owner.  lock() with wait=0 gives -EAGAIN when
+ * another open file description holds the byte; held() answers 1 when someone else holds it. */
+int __ml_sys_lock_byte(int fd, off_t byte, int wait);
+int __ml_sys_byte_held(int fd, off_t byte);
+/* futex on a word in shared memory (never FUTEX_PRIVATE: the waker is another process). */
+int __ml_sys_futex_wait(_Atomic uint32_t *word, uint32_t expect, int64_t timeout_ns);
+int __ml_sys_futex_wake(_Atomic uint32_t *word, int n);
+int __ml_sys_getdents(int fd, void *buf, size_t len);
+int __ml_sys_sched_yield(void);
+pid_t __ml_sys_getpid(void);
+uint64_t __ml_now_ns(void);
+int __ml_getcpu(void);
+
+#endif
