@@ -1,0 +1,75 @@
+/* tripwire-lost-wakeup: with spinning off every wait sleeps, so every exchange goes through the
+ * arm / re-check / sleep / wake handshake; 100,000 ping-pongs between two processes must finish
+ * (a lost wake-up hangs, and the watchdog fails the test).  Then the coalescing rule: a sleeping
+ * receiver is woken once however many sends arrive before it runs, and a sender whose receiver
+ * is not asleep makes no wake-up call at all. */
+#include "test.h"
+#include "channel.h"
+
+static void pingpong(memlan_fabric_t *fab, int n)
+{
+    memlan_channel_t *ch;
+    struct memlan_channel_opts o = {.kind = MEMLAN_MSG, .ring_size = 4096};
+    ASSERT_OK(memlan_channel_create(fab, &o, &ch));
+    char tok[MEMLAN_TOKEN_LEN + 1];
+    strcpy(tok, memlan_channel_token(ch));
+    pid_t pid = fork();
+    if (pid == 0) {
+        memlan_channel_t *c;
+        ASSERT_OK(memlan_channel_attach(fab, tok, &c));
+        uint32_t v;
+        for (int i = 0; i < n; i++) {
+            ASSERT_EQ(memlan_recv(c, &v, sizeof v, 0), 4);
+            ASSERT_EQ(v, (uint32_t)i);
+            v++;
+            ASSERT_EQ(memlan_send(c, &v, sizeof v, 0), 4);
+        }
+        memlan_channel_close(c);
+        _exit(0);
+    }
+    ASSERT_OK(memlan_channel_wait_peer(ch, 10000));
+    for (uint32_t i = 0; i < (uint32_t)n; i++) {
+        uint32_t v = i;
+        ASSERT_EQ(memlan_send(ch, &v, sizeof v, 0), 4);
+        ASSERT_EQ(memlan_recv(ch, &v, sizeof v, 0), 4);
+        ASSERT_EQ(v, i + 1);
+    }
+    /* Spinning off: the waits really slept. */
+    ASSERT_GE(ch->sleeps, 1);
+    ASSERT_EQ(ml_test_wait_child(pid), 0);
+    memlan_channel_close(ch);
+}
+
+static void coalesce(memlan_fabric_t *fab)
+{
+    memlan_channel_t *a, *b;
+    ASSERT_OK(memlan_channel_create(fab, NULL, &a));
+    ASSERT_OK(memlan_channel_attach(fab, memlan_channel_token(a), &b));
+    /* No one asleep: sends make no wake-up call. */
+    for (int i = 0; i < 100; i++)
+        ASSERT_EQ(memlan_send(a, "x", 1, 0), 1);
+    ASSERT_EQ(a->wakeups, 0);
+    char buf[256];
+    ASSERT_EQ(memlan_recv(b, buf, sizeof buf, 0), 100);
+    /* The receiver arms its tripwire as it would before sleeping; 1000 sends trip it once. */
+    ml_store_relaxed(&b->rx.ctl->rx_wait, ML_WAIT_FUTEX);
+    for (int i = 0; i < 1000; i++)
+        ASSERT_EQ(memlan_send(a, "y", 1, 0), 1);
+    ASSERT_EQ(a->wakeups, 1);
+    ASSERT_EQ(ml_load_relaxed(&b->rx.ctl->rx_wait), 0);
+    memlan_channel_close(a);
+    memlan_channel_close(b);
+}
+
+int main(void)
+{
+    setenv("MEMLAN_SPIN_US", "0", 1);
+    ml_test_watchdog(120);
+    memlan_fabric_t *fab = ml_test_fabric();
+    uint64_t t0 = ml_test_now_ns();
+    pingpong(fab, 100000);
+    coalesce(fab);
+    ml_test_fabric_empty(fab);
+    printf("tripwire-lost-wakeup: ok (%.1f s)\n", (double)(ml_test_now_ns() - t0) / 1e9);
+    return 0;
+}
