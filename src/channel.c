@@ -401,7 +401,10 @@ ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags
                 ml_eagain(ch, MEMLAN_EV_WRITE);
                 return -EAGAIN;
             }
-            int r = __ml_chan_wait_tx(ch, 1);
+            /* Wait for half the ring (or what is left to send), not for one byte: the
+             * consumer then wakes us once per batch rather than once per release. */
+            uint64_t want = len - done < ch->size / 2 ? len - done : ch->size / 2;
+            int r = __ml_chan_wait_tx(ch, want);
             if (r < 0 || (e = ml_tx_error(ch)))
                 return done ? (ssize_t)done : (e ? e : r);
             continue;

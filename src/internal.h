@@ -69,6 +69,7 @@ struct ml_spin {
 };
 uint64_t __ml_spin_budget_ns(struct ml_spin *sp, uint32_t peer_cpu);
 void __ml_spin_result(struct ml_spin *sp, bool success);
+void __ml_spin_set_us(int us);
 
 /* evq.c: post endpoint `index` of the queue named by ref (a sender's wake-up path). */
 void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *ref);

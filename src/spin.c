@@ -7,32 +7,22 @@
  * whole wake-up whenever the peer answers in time.
  *
  * MEMLAN_SPIN_US fixes the budget (0 = never spin).  Unset, the policy adapts:
- *  - it never spins when this thread may run on one cpu only, or when the peer last waited on
- *    the cpu we are on now: the peer cannot make progress while we hold its core;
+ *  - it never spins on a machine with one cpu online, or when the peer last waited on the cpu
+ *    we are on now: the peer cannot make progress while we hold its core;
  *  - after a run of spins that ended in sleep anyway it cuts the budget to an eighth, probing
  *    with the full budget every 32nd wait, and restores it on the first spin that succeeds.
  */
 #include "internal.h"
 #include "sys/sys.h"
 
-#include <pthread.h>
-#include <sched.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #define ML_SPIN_DEFAULT_NS (50u * 1000u)
 #define ML_SPIN_FAILS_BEFORE_CUT 8u
 
 static _Atomic int ml_spin_fixed_us = -2; /* -2 unread, -1 adaptive, >= 0 fixed */
-static _Atomic int ml_single_cpu = -1;
-static _Atomic unsigned ml_single_cpu_age;
-
-/* A child (a bench's pinned side, a prefork server's worker) asks again. */
-static void ml_spin_atfork_child(void) { ml_store_relaxed(&ml_single_cpu, -1); }
-
-__attribute__((constructor)) static void ml_spin_init(void)
-{
-    pthread_atfork(NULL, NULL, ml_spin_atfork_child);
-}
+static _Atomic int ml_ncpu;
 
 static int ml_spin_config(void)
 {
@@ -57,20 +47,16 @@ int memlan_spin_us(void)
     return v >= 0 ? v : (int)(ML_SPIN_DEFAULT_NS / 1000);
 }
 
-static int ml_may_run_on_one_cpu(void)
+/* The cpus online; a machine with one never spins. */
+static int ml_online_cpus(void)
 {
-    /* Affinity rarely changes, so the answer is cached; it is asked again after a fork and every
-     * 4096 waits. */
-    int v = ml_load_relaxed(&ml_single_cpu);
-    unsigned age = ml_fetch_add(&ml_single_cpu_age, 1u);
-    if (ml_likely(v >= 0 && (age & 4095) != 0))
-        return v;
-    cpu_set_t set;
-    v = 0;
-    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) == 1)
-        v = 1;
-    ml_store_relaxed(&ml_single_cpu, v);
-    return v;
+    int n = ml_load_relaxed(&ml_ncpu);
+    if (ml_unlikely(n == 0)) {
+        long l = sysconf(_SC_NPROCESSORS_ONLN);
+        n = l > 0 ? (int)l : 1;
+        ml_store_relaxed(&ml_ncpu, n);
+    }
+    return n;
 }
 
 uint64_t __ml_spin_budget_ns(struct ml_spin *sp, uint32_t peer_cpu)
@@ -78,7 +64,7 @@ uint64_t __ml_spin_budget_ns(struct ml_spin *sp, uint32_t peer_cpu)
     int fixed = ml_spin_config();
     if (fixed >= 0)
         return (uint64_t)fixed * 1000u;
-    if (ml_may_run_on_one_cpu())
+    if (ml_online_cpus() < 2)
         return 0;
     if (peer_cpu != 0 && (int)peer_cpu - 1 == __ml_getcpu())
         return 0;
@@ -94,3 +80,6 @@ void __ml_spin_result(struct ml_spin *sp, bool success)
     else if (sp->fails < UINT32_MAX)
         sp->fails++;
 }
+
+/* For memlan bench: change the policy within one process (-1 = adaptive). */
+void __ml_spin_set_us(int us) { ml_store_relaxed(&ml_spin_fixed_us, us < 0 ? -1 : us); }

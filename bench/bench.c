@@ -1,0 +1,462 @@
+/*
+ * bench.c - `memlan bench`: how close memlan comes to the hardware, as ratios to floors and to
+ * the kernel's transports measured in the same run.
+ *
+ * For each placement (split: two cores; same: one core) it measures
+ *   floors   bare cache-line ping-pong, bare futex ping-pong, memcpy Xt/Xr and X_max
+ *   memlan   64 B ping-pong round trip with the default spin policy and with spinning off;
+ *            stream bandwidth from 64 B to 1 MB messages; 64 B message rate
+ *   kernel   TCP loopback, Unix socket and pipe ping-pong; TCP bandwidth and message rate
+ * and once, the CPU that an idle receiver burns once its spin budget is spent.
+ * Round trips are full round trips (sockperf prints half of one).
+ */
+#include "bench.h"
+#include "internal.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* ---- the two-process runs ---------------------------------------------------------------- */
+
+struct shared_result {
+    double MBps, Mps;
+    int err;
+};
+
+int run_pingpong(struct pair *p, const char *placement, size_t size, double seconds, int spin_us,
+                 struct lat *out)
+{
+    memset(out, 0, sizeof *out);
+    pid_t pid = fork();
+    if (pid < 0)
+        return -errno;
+    if (pid == 0) {
+        bench_pin(placement, 1);
+        __ml_spin_set_us(spin_us);
+        struct ep e;
+        if (pair_child(p, &e) < 0)
+            _exit(2);
+        char *buf = calloc(1, size);
+        for (;;) {
+            if (ep_recv_all(&e, buf, size) != (ssize_t)size)
+                _exit(3);
+            if (ep_send_all(&e, buf, size) != (ssize_t)size)
+                _exit(4);
+            if (buf[0] == 0)
+                break;
+        }
+        pair_close(p, &e, 0);
+        _exit(0);
+    }
+    bench_pin(placement, 0);
+    __ml_spin_set_us(spin_us);
+    struct ep e;
+    int r = pair_parent(p, &e);
+    if (r < 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return r;
+    }
+    char *buf = calloc(1, size);
+    long cap = 1000000, n = 0;
+    double *us = malloc((size_t)cap * sizeof *us);
+    uint64_t end = bench_now_ns() + (uint64_t)(seconds * 1e9);
+    for (long i = 0;; i++) {
+        uint64_t t0 = bench_now_ns();
+        int last = t0 >= end || n + 1 >= cap;
+        buf[0] = last ? 0 : 1;
+        if (ep_send_all(&e, buf, size) != (ssize_t)size ||
+            ep_recv_all(&e, buf, size) != (ssize_t)size) {
+            r = -EIO;
+            break;
+        }
+        uint64_t t1 = bench_now_ns();
+        if (i >= 200)
+            us[n++] = (double)(t1 - t0) / 1e3;
+        if (last)
+            break;
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        r = -EIO;
+    pair_close(p, &e, 1);
+    lat_from_samples(out, us, n);
+    free(us);
+    free(buf);
+    bench_pin("none", 0);
+    __ml_spin_set_us(-1);
+    return r;
+}
+
+int run_stream(struct pair *p, const char *placement, size_t size, double seconds, double *MBps,
+               double *Mps)
+{
+    struct shared_result *res = mmap(NULL, sizeof *res, PROT_READ | PROT_WRITE,
+                                     MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (res == MAP_FAILED)
+        return -ENOMEM;
+    res->err = -EIO;
+    pid_t pid = fork();
+    if (pid == 0) {
+        bench_pin(placement, 1);
+        struct ep e;
+        if (pair_child(p, &e) < 0)
+            _exit(2);
+        char *buf = malloc(size);
+        uint64_t bytes = 0, msgs = 0, t0 = 0, t1 = 0;
+        for (;;) {
+            ssize_t r = ep_recv(&e, buf, size);
+            if (r <= 0)
+                break;
+            if (!t0)
+                t0 = bench_now_ns();
+            t1 = bench_now_ns();
+            bytes += (uint64_t)r;
+            msgs++;
+        }
+        double secs = (double)(t1 - t0) / 1e9;
+        if (secs > 0) {
+            res->MBps = (double)bytes / secs / 1e6;
+            /* A kernel stream may merge writes: count messages as bytes / size. */
+            res->Mps = (double)(e.kind == EP_MEMLAN && p->memlan_msg ? msgs : bytes / size) /
+                       secs / 1e6;
+            res->err = 0;
+        }
+        pair_close(p, &e, 0);
+        _exit(0);
+    }
+    bench_pin(placement, 0);
+    struct ep e;
+    int r = pair_parent(p, &e);
+    if (r == 0) {
+        char *buf = malloc(size);
+        memset(buf, 7, size);
+        uint64_t end = bench_now_ns() + (uint64_t)(seconds * 1e9);
+        for (unsigned i = 0;; i++) {
+            if (ep_send_all(&e, buf, size) != (ssize_t)size) {
+                r = -EIO;
+                break;
+            }
+            if ((i & 63) == 0 && bench_now_ns() >= end)
+                break;
+        }
+        ep_shutdown(&e);
+        free(buf);
+    } else {
+        kill(pid, SIGKILL);
+    }
+    waitpid(pid, NULL, 0);
+    if (r == 0 && res->err)
+        r = res->err;
+    *MBps = res->MBps;
+    *Mps = res->Mps;
+    if (r == 0)
+        pair_close(p, &e, 1);
+    munmap(res, sizeof *res);
+    bench_pin("none", 0);
+    return r;
+}
+
+/* CPU a receiver blocked in recv uses over a window that starts after its spin budget. */
+static double idle_cpu_pct(memlan_fabric_t *fab, double window)
+{
+    struct pair p;
+    if (pair_make(&p, EP_MEMLAN, fab, 1, 0) < 0)
+        return -1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        struct ep e;
+        if (pair_child(&p, &e) < 0)
+            _exit(2);
+        char b[64];
+        (void)ep_recv(&e, b, sizeof b);
+        pair_close(&p, &e, 0);
+        _exit(0);
+    }
+    struct ep e;
+    pair_parent(&p, &e);
+    usleep(300 * 1000); /* well past any spin budget */
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/schedstat", (int)pid);
+    unsigned long long c0 = 0, c1 = 0;
+    FILE *f = fopen(path, "r");
+    if (f) {
+        if (fscanf(f, "%llu", &c0) != 1)
+            c0 = 0;
+        fclose(f);
+    }
+    uint64_t t0 = bench_now_ns();
+    usleep((useconds_t)(window * 1e6));
+    f = fopen(path, "r");
+    if (f) {
+        if (fscanf(f, "%llu", &c1) != 1)
+            c1 = c0;
+        fclose(f);
+    }
+    uint64_t t1 = bench_now_ns();
+    ep_send_all(&e, "q", 1);
+    waitpid(pid, NULL, 0);
+    pair_close(&p, &e, 1);
+    return 100.0 * (double)(c1 - c0) / (double)(t1 - t0);
+}
+
+/* ---- the report -------------------------------------------------------------------------- */
+
+#define NSIZES 8
+static const size_t bw_sizes[NSIZES] = {64, 256, 1024, 4096, 16384, 65536, 262144, 1048576};
+
+struct placement_result {
+    const char *name;
+    struct lat floor_spin, floor_futex, rtt_spin, rtt_sleep, tcp, unx, pipe_;
+    double xt, xr, xmax;
+    double bw[NSIZES], tcp_bw[NSIZES];
+    double rate, tcp_rate;
+    int errors;
+};
+
+static void measure_placement(memlan_fabric_t *fab, struct placement_result *R, int quick)
+{
+    const char *pl = R->name;
+    double lat_s = quick ? 0.4 : 2.0, bw_s = quick ? 0.15 : 1.0;
+    struct pair p;
+#define CHECK(x)                                                                                \
+    do {                                                                                        \
+        int r_ = (x);                                                                           \
+        if (r_ < 0) {                                                                           \
+            fprintf(stderr, "memlan bench: %s (%s): %s\n", #x, pl, strerror(-r_));              \
+            R->errors++;                                                                        \
+        }                                                                                       \
+    } while (0)
+    fprintf(stderr, "[%s] floors...\n", pl);
+    CHECK(floor_cacheline(pl, lat_s, &R->floor_spin));
+    CHECK(floor_futex(pl, lat_s, &R->floor_futex));
+    floor_memcpy(&R->xt, &R->xr, 65536);
+    R->xmax = R->xt * R->xr / (R->xt + R->xr);
+
+    fprintf(stderr, "[%s] round trips...\n", pl);
+    CHECK(pair_make(&p, EP_MEMLAN, fab, 1, 0));
+    CHECK(run_pingpong(&p, pl, 64, lat_s, -1, &R->rtt_spin));
+    CHECK(pair_make(&p, EP_MEMLAN, fab, 1, 0));
+    CHECK(run_pingpong(&p, pl, 64, lat_s, 0, &R->rtt_sleep));
+    CHECK(pair_make(&p, EP_TCP, fab, 0, 0));
+    CHECK(run_pingpong(&p, pl, 64, lat_s, -1, &R->tcp));
+    CHECK(pair_make(&p, EP_UNIX, fab, 0, 0));
+    CHECK(run_pingpong(&p, pl, 64, lat_s, -1, &R->unx));
+    CHECK(pair_make(&p, EP_PIPE, fab, 0, 0));
+    CHECK(run_pingpong(&p, pl, 64, lat_s, -1, &R->pipe_));
+
+    fprintf(stderr, "[%s] bandwidth and message rate...\n", pl);
+    double mps;
+    for (int i = 0; i < NSIZES; i++) {
+        CHECK(pair_make(&p, EP_MEMLAN, fab, 0, 0));
+        CHECK(run_stream(&p, pl, bw_sizes[i], bw_s, &R->bw[i], &mps));
+        if (quick && bw_sizes[i] != 65536)
+            continue;
+        CHECK(pair_make(&p, EP_TCP, fab, 0, 0));
+        CHECK(run_stream(&p, pl, bw_sizes[i], bw_s, &R->tcp_bw[i], &mps));
+    }
+    double mb;
+    CHECK(pair_make(&p, EP_MEMLAN, fab, 1, 0));
+    CHECK(run_stream(&p, pl, 64, bw_s * 2, &mb, &R->rate));
+    CHECK(pair_make(&p, EP_TCP, fab, 0, 0));
+    CHECK(run_stream(&p, pl, 64, bw_s * 2, &mb, &R->tcp_rate));
+#undef CHECK
+}
+
+static double ratio(double a, double b) { return b > 0 ? a / b : NAN; }
+
+static void print_json(struct placement_result *R, int n, double idle, int quick)
+{
+    printf("{\"tool\":\"memlan bench\",\"version\":\"%d.%d\",\"quick\":%s,\"cpus\":%ld,"
+           "\"rtt\":\"full round trip\",\"units\":{\"latency\":\"us\",\"bandwidth\":\"MB/s\","
+           "\"rate\":\"M messages/s\"},\"idle_cpu_pct\":%.4f",
+           MEMLAN_VERSION_MAJOR, MEMLAN_VERSION_MINOR, quick ? "true" : "false",
+           sysconf(_SC_NPROCESSORS_ONLN), idle);
+    for (int k = 0; k < n; k++) {
+        struct placement_result *r = &R[k];
+        printf(",\"%s\":{", r->name);
+        printf("\"rtt_spin_us\":%.3f,\"rtt_spin_p99_us\":%.3f,\"rtt_spin_p999_us\":%.3f,",
+               r->rtt_spin.med, r->rtt_spin.p99, r->rtt_spin.p999);
+        printf("\"rtt_sleep_us\":%.3f,\"rtt_sleep_p99_us\":%.3f,\"rtt_sleep_p999_us\":%.3f,",
+               r->rtt_sleep.med, r->rtt_sleep.p99, r->rtt_sleep.p999);
+        printf("\"floor_spin_us\":%.3f,\"floor_futex_us\":%.3f,", r->floor_spin.med,
+               r->floor_futex.med);
+        printf("\"tcp_rtt_us\":%.3f,\"tcp_rtt_p99_us\":%.3f,\"unix_rtt_us\":%.3f,"
+               "\"pipe_rtt_us\":%.3f,",
+               r->tcp.med, r->tcp.p99, r->unx.med, r->pipe_.med);
+        printf("\"xt_MBps\":%.1f,\"xr_MBps\":%.1f,\"xmax_64k_MBps\":%.1f,", r->xt, r->xr,
+               r->xmax);
+        printf("\"bw_64k_MBps\":%.1f,\"tcp_bw_64k_MBps\":%.1f,", r->bw[5], r->tcp_bw[5]);
+        printf("\"bw_by_size_MBps\":{");
+        for (int i = 0; i < NSIZES; i++)
+            printf("%s\"%zu\":%.1f", i ? "," : "", bw_sizes[i], r->bw[i]);
+        printf("},\"tcp_bw_by_size_MBps\":{");
+        for (int i = 0, first = 1; i < NSIZES; i++)
+            if (r->tcp_bw[i] > 0) {
+                printf("%s\"%zu\":%.1f", first ? "" : ",", bw_sizes[i], r->tcp_bw[i]);
+                first = 0;
+            }
+        printf("},\"rate_64_Mps\":%.4f,\"tcp_rate_64_Mps\":%.4f,\"errors\":%d}", r->rate,
+               r->tcp_rate, r->errors);
+    }
+    printf("}\n");
+}
+
+static void target(const char *what, double v, const char *op, double limit)
+{
+    int ok = strcmp(op, "<=") == 0 ? v <= limit : v >= limit;
+    printf("    %-52s %8.3f %s %-6.2f %s\n", what, v, op, limit, isnan(v) ? "n/a" : ok ? "met" : "MISSED");
+}
+
+static void print_table(struct placement_result *R, int n, double idle)
+{
+    for (int k = 0; k < n; k++) {
+        struct placement_result *r = &R[k];
+        printf("\n== placement %s (%s) ==\n", r->name,
+               strcmp(r->name, "split") == 0 ? "two processes on cpus 0 and 1"
+                                              : "both processes on cpu 0");
+        printf("  round trip, 64 B (us)         median      p99    p99.9\n");
+        struct { const char *n; struct lat *l; } rows[] = {
+            {"memlan, default spin policy", &r->rtt_spin}, {"memlan, spinning off", &r->rtt_sleep},
+            {"floor: bare cache line", &r->floor_spin},   {"floor: bare futex", &r->floor_futex},
+            {"kernel TCP loopback", &r->tcp},             {"Unix socket", &r->unx},
+            {"pipe", &r->pipe_},
+        };
+        for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
+            printf("  %-28s %9.2f %8.2f %8.2f\n", rows[i].n, rows[i].l->med, rows[i].l->p99,
+                   rows[i].l->p999);
+        printf("  stream bandwidth (MB/s)    memlan   kernel TCP\n");
+        for (int i = 0; i < NSIZES; i++) {
+            printf("  %9zu B            %10.0f", bw_sizes[i], r->bw[i]);
+            if (r->tcp_bw[i] > 0)
+                printf("   %10.0f", r->tcp_bw[i]);
+            printf("\n");
+        }
+        printf("  memcpy Xt %.0f MB/s, Xr %.0f MB/s, X_max = Xt*Xr/(Xt+Xr) = %.0f MB/s\n", r->xt,
+               r->xr, r->xmax);
+        printf("  64 B messages: memlan %.2f M/s, kernel TCP %.3f M/s\n", r->rate, r->tcp_rate);
+        printf("  targets (ratios from this run):\n");
+        if (strcmp(r->name, "split") == 0) {
+            target("rtt default / bare cache line", ratio(r->rtt_spin.med, r->floor_spin.med), "<=", 1.5);
+            target("rtt default / kernel TCP", ratio(r->rtt_spin.med, r->tcp.med), "<=", 0.25);
+            target("rtt spinning off / bare futex", ratio(r->rtt_sleep.med, r->floor_futex.med), "<=", 1.3);
+        } else {
+            target("rtt default / kernel TCP", ratio(r->rtt_spin.med, r->tcp.med), "<=", 0.8);
+            target("rtt spinning off / bare futex", ratio(r->rtt_sleep.med, r->floor_futex.med), "<=", 1.3);
+        }
+        target("bandwidth 64 KB / X_max", ratio(r->bw[5], r->xmax), ">=", 0.8);
+        target("bandwidth 64 KB / kernel TCP", ratio(r->bw[5], r->tcp_bw[5]), ">=", 3);
+        target("64 B message rate / kernel TCP", ratio(r->rate, r->tcp_rate), ">=", 10);
+        if (r->errors)
+            printf("  %d measurement(s) failed: see the messages above\n", r->errors);
+    }
+    printf("\nidle receiver past its spin budget: %.3f%% of a core (target < 1%%)\n", idle);
+}
+
+static int write_plot(const char *path, struct placement_result *R, int n)
+{
+    double x[NSIZES], y[4][NSIZES];
+    struct plot_series s[4];
+    int ns = 0;
+    for (int i = 0; i < NSIZES; i++)
+        x[i] = (double)bw_sizes[i];
+    for (int k = 0; k < n && k < 2; k++) {
+        static char names[4][48];
+        for (int i = 0; i < NSIZES; i++)
+            y[ns][i] = R[k].bw[i];
+        snprintf(names[ns], sizeof names[ns], "memlan (%s)", R[k].name);
+        s[ns] = (struct plot_series){names[ns], NSIZES, x, y[ns]};
+        ns++;
+        int m = 0;
+        static double tx[2][NSIZES];
+        for (int i = 0; i < NSIZES; i++)
+            if (R[k].tcp_bw[i] > 0) {
+                tx[k][m] = x[i];
+                y[ns][m++] = R[k].tcp_bw[i];
+            }
+        snprintf(names[ns], sizeof names[ns], "kernel TCP (%s)", R[k].name);
+        s[ns] = (struct plot_series){names[ns], m, tx[k], y[ns]};
+        ns++;
+    }
+    return plot_svg(path, "memlan bench: stream bandwidth", "message size (bytes)", "MB/s", s, ns,
+                    1, 1);
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: memlan bench [--quick] [--json] [--plot FILE.svg] "
+                    "[--placement split|same|both]\n");
+}
+
+int bench_main(int argc, char **argv)
+{
+    int quick = 0, json = 0;
+    const char *plot = NULL, *placement = "both";
+    static struct option opts[] = {{"quick", no_argument, 0, 'q'},
+                                   {"json", no_argument, 0, 'j'},
+                                   {"plot", required_argument, 0, 'p'},
+                                   {"placement", required_argument, 0, 'P'},
+                                   {"help", no_argument, 0, 'h'},
+                                   {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "qjp:P:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'q': quick = 1; break;
+        case 'j': json = 1; break;
+        case 'p': plot = optarg; break;
+        case 'P': placement = optarg; break;
+        default: usage(); return c == 'h' ? 0 : 2;
+        }
+    }
+    if (strcmp(placement, "both") && strcmp(placement, "split") && strcmp(placement, "same")) {
+        usage();
+        return 2;
+    }
+    if (plot) {
+        size_t l = strlen(plot);
+        if (l < 4 || strcmp(plot + l - 4, ".svg") != 0) {
+            fprintf(stderr, "memlan bench: --plot writes SVG; name the file *.svg "
+                            "(convert to PNG with rsvg-convert or a browser)\n");
+            return 2;
+        }
+    }
+    if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
+        fprintf(stderr, "memlan bench: one cpu online: 'split' runs on one core too\n");
+    memlan_fabric_t *fab;
+    int r = memlan_fabric_open(NULL, &fab);
+    if (r < 0) {
+        fprintf(stderr, "memlan bench: cannot open the fabric: %s\n", strerror(-r));
+        return 1;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    struct placement_result R[2] = {{.name = "split"}, {.name = "same"}};
+    int first = strcmp(placement, "same") == 0 ? 1 : 0;
+    int last = strcmp(placement, "split") == 0 ? 0 : 1;
+    for (int k = first; k <= last; k++)
+        measure_placement(fab, &R[k], quick);
+    fprintf(stderr, "idle receiver...\n");
+    double idle = idle_cpu_pct(fab, quick ? 2.0 : 4.0);
+    int errors = 0;
+    for (int k = first; k <= last; k++)
+        errors += R[k].errors;
+    if (json)
+        print_json(&R[first], last - first + 1, idle, quick);
+    else
+        print_table(&R[first], last - first + 1, idle);
+    if (plot && write_plot(plot, &R[first], last - first + 1) < 0) {
+        fprintf(stderr, "memlan bench: cannot write %s\n", plot);
+        errors++;
+    }
+    memlan_fabric_close(fab);
+    return errors ? 1 : 0;
+}

@@ -1,0 +1,365 @@
+/*
+ * floors.c - the floors every memlan figure is compared with, measured in the same run:
+ *
+ *   cache line  two processes bounce one shared 64-byte line: the least a round trip through
+ *               shared memory can cost (on one core each side yields while it waits, since
+ *               spinning there only burns the slice the other side needs)
+ *   futex       the same with FUTEX_WAIT/FUTEX_WAKE each way: the least a sleeping round trip
+ *               costs, two wake-ups
+ *   memcpy      Xt, copying 64 KB blocks from private memory into a shared ring-sized region,
+ *               and Xr, out of it; SCILAN's bound X_max = Xt*Xr/(Xt+Xr) follows
+ * and the kernel's transports (TCP loopback, Unix socket, pipe) as endpoints for bench.c.
+ */
+#include "bench.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <linux/futex.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t bench_now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+void bench_pin(const char *placement, int child)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (strcmp(placement, "split") == 0)
+        CPU_SET(child && ncpu > 1 ? 1 : 0, &set);
+    else if (strcmp(placement, "same") == 0)
+        CPU_SET(0, &set);
+    else
+        return; /* unpinned */
+    sched_setaffinity(0, sizeof set, &set);
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+void lat_from_samples(struct lat *l, double *us, long n)
+{
+    memset(l, 0, sizeof *l);
+    if (n <= 0)
+        return;
+    qsort(us, (size_t)n, sizeof *us, cmp_double);
+    l->n = n;
+    l->med = us[n / 2];
+    l->p99 = us[(long)((double)n * 0.99)];
+    l->p999 = us[(long)((double)n * 0.999) < n ? (long)((double)n * 0.999) : n - 1];
+}
+
+/* ---- shared-memory floors ---------------------------------------------------------------- */
+
+struct floor_shm {
+    _Alignas(64) _Atomic uint32_t ping;
+    _Alignas(64) _Atomic uint32_t pong;
+    _Alignas(64) _Atomic uint32_t stop;
+};
+
+static void *shared_page(size_t n)
+{
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static long fut(_Atomic uint32_t *w, int op, uint32_t v)
+{
+    struct timespec ts = {0, 100 * 1000 * 1000};
+    return syscall(SYS_futex, (uint32_t *)w, op, v, op == FUTEX_WAIT ? &ts : NULL, NULL, 0);
+}
+
+static int floor_run(const char *placement, double seconds, int futex_mode, struct lat *out)
+{
+    struct floor_shm *s = shared_page(sizeof *s);
+    if (!s)
+        return -ENOMEM;
+    int yield = strcmp(placement, "same") == 0;
+    pid_t pid = fork();
+    if (pid == 0) {
+        bench_pin(placement, 1);
+        for (uint32_t i = 1;; i++) {
+            while (atomic_load_explicit(&s->ping, memory_order_acquire) != i) {
+                if (atomic_load_explicit(&s->stop, memory_order_relaxed))
+                    _exit(0);
+                if (futex_mode)
+                    fut(&s->ping, FUTEX_WAIT, i - 1);
+                else if (yield)
+                    sched_yield();
+                else
+                    __builtin_ia32_pause();
+            }
+            atomic_store_explicit(&s->pong, i, memory_order_release);
+            if (futex_mode)
+                fut(&s->pong, FUTEX_WAKE, 1);
+        }
+    }
+    bench_pin(placement, 0);
+    long cap = 2000000;
+    double *us = malloc((size_t)cap * sizeof *us);
+    long n = 0;
+    uint64_t end = bench_now_ns() + (uint64_t)(seconds * 1e9);
+    for (uint32_t i = 1; n < cap; i++) {
+        uint64_t t0 = bench_now_ns();
+        atomic_store_explicit(&s->ping, i, memory_order_release);
+        if (futex_mode)
+            fut(&s->ping, FUTEX_WAKE, 1);
+        while (atomic_load_explicit(&s->pong, memory_order_acquire) != i) {
+            if (futex_mode)
+                fut(&s->pong, FUTEX_WAIT, i - 1);
+            else if (yield)
+                sched_yield();
+            else
+                __builtin_ia32_pause();
+        }
+        uint64_t t1 = bench_now_ns();
+        if (i > 100) /* warm-up */
+            us[n++] = (double)(t1 - t0) / 1e3;
+        if (t1 >= end)
+            break;
+    }
+    atomic_store(&s->stop, 1);
+    atomic_store(&s->ping, 0);
+    fut(&s->ping, FUTEX_WAKE, 1);
+    waitpid(pid, NULL, 0);
+    lat_from_samples(out, us, n);
+    free(us);
+    munmap(s, sizeof *s);
+    bench_pin("none", 0);
+    return 0;
+}
+
+int floor_cacheline(const char *placement, double seconds, struct lat *out)
+{
+    return floor_run(placement, seconds, 0, out);
+}
+
+int floor_futex(const char *placement, double seconds, struct lat *out)
+{
+    return floor_run(placement, seconds, 1, out);
+}
+
+void floor_memcpy(double *xt, double *xr, size_t block)
+{
+    size_t region = 256 * 1024;
+    uint8_t *shm = shared_page(region), *priv = malloc(block);
+    memset(priv, 1, block);
+    memset(shm, 2, region);
+    double best_t = 0, best_r = 0;
+    for (int rep = 0; rep < 5; rep++) {
+        size_t bytes = 0, off = 0;
+        uint64_t t0 = bench_now_ns();
+        while (bytes < (64u << 20)) {
+            memcpy(shm + off, priv, block);
+            off = (off + block) % region;
+            bytes += block;
+        }
+        double t = (double)bytes / ((double)(bench_now_ns() - t0) / 1e9) / 1e6;
+        bytes = off = 0;
+        t0 = bench_now_ns();
+        while (bytes < (64u << 20)) {
+            memcpy(priv, shm + off, block);
+            off = (off + block) % region;
+            bytes += block;
+        }
+        double r = (double)bytes / ((double)(bench_now_ns() - t0) / 1e9) / 1e6;
+        if (t > best_t)
+            best_t = t;
+        if (r > best_r)
+            best_r = r;
+    }
+    *xt = best_t;
+    *xr = best_r;
+    free(priv);
+    munmap(shm, region);
+}
+
+/* ---- kernel transports as endpoints ------------------------------------------------------ */
+
+int pair_make(struct pair *p, enum ep_kind kind, memlan_fabric_t *fab, int msg, size_t ring)
+{
+    memset(p, 0, sizeof *p);
+    p->kind = kind;
+    p->fab = fab;
+    p->memlan_msg = msg;
+    p->ring = ring;
+    p->lfd = -1;
+    switch (kind) {
+    case EP_MEMLAN: {
+        struct memlan_channel_opts o = {.kind = msg ? MEMLAN_MSG : MEMLAN_STREAM,
+                                        .ring_size = ring};
+        int r = memlan_channel_create(fab, &o, &p->creator);
+        if (r < 0)
+            return r;
+        strcpy(p->token, memlan_channel_token(p->creator));
+        return 0;
+    }
+    case EP_TCP: {
+        p->lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        socklen_t al = sizeof a;
+        if (p->lfd < 0 || bind(p->lfd, (struct sockaddr *)&a, sizeof a) < 0 ||
+            listen(p->lfd, 1) < 0 || getsockname(p->lfd, (struct sockaddr *)&a, &al) < 0)
+            return -errno;
+        p->port = ntohs(a.sin_port);
+        return 0;
+    }
+    case EP_UNIX:
+        return socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p->sv) < 0 ? -errno : 0;
+    case EP_PIPE:
+        if (pipe(p->p1) < 0 || pipe(p->p2) < 0)
+            return -errno;
+        return 0;
+    }
+    return -EINVAL;
+}
+
+static void tcp_tune(int fd)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+int pair_parent(struct pair *p, struct ep *e)
+{
+    memset(e, 0, sizeof *e);
+    e->kind = p->kind;
+    switch (p->kind) {
+    case EP_MEMLAN:
+        e->ch = p->creator;
+        return memlan_channel_wait_peer(e->ch, 10000);
+    case EP_TCP:
+        e->rfd = e->wfd = accept(p->lfd, NULL, NULL);
+        if (e->rfd < 0)
+            return -errno;
+        tcp_tune(e->rfd);
+        close(p->lfd);
+        return 0;
+    case EP_UNIX:
+        close(p->sv[1]);
+        e->rfd = e->wfd = p->sv[0];
+        return 0;
+    case EP_PIPE:
+        close(p->p1[0]);
+        close(p->p2[1]);
+        e->wfd = p->p1[1];
+        e->rfd = p->p2[0];
+        return 0;
+    }
+    return -EINVAL;
+}
+
+int pair_child(struct pair *p, struct ep *e)
+{
+    memset(e, 0, sizeof *e);
+    e->kind = p->kind;
+    switch (p->kind) {
+    case EP_MEMLAN:
+        return memlan_channel_attach(p->fab, p->token, &e->ch);
+    case EP_TCP: {
+        close(p->lfd);
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)p->port),
+                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+        if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a) < 0)
+            return -errno;
+        tcp_tune(fd);
+        e->rfd = e->wfd = fd;
+        return 0;
+    }
+    case EP_UNIX:
+        close(p->sv[0]);
+        e->rfd = e->wfd = p->sv[1];
+        return 0;
+    case EP_PIPE:
+        close(p->p1[1]);
+        close(p->p2[0]);
+        e->rfd = p->p1[0];
+        e->wfd = p->p2[1];
+        return 0;
+    }
+    return -EINVAL;
+}
+
+void pair_close(struct pair *p, struct ep *e, int parent)
+{
+    (void)p;
+    (void)parent;
+    if (e->kind == EP_MEMLAN) {
+        memlan_channel_close(e->ch);
+        return;
+    }
+    close(e->rfd);
+    if (e->wfd != e->rfd)
+        close(e->wfd);
+}
+
+ssize_t ep_send_all(struct ep *e, const void *buf, size_t n)
+{
+    if (e->kind == EP_MEMLAN)
+        return memlan_send(e->ch, buf, n, 0);
+    size_t done = 0;
+    while (done < n) {
+        ssize_t r = write(e->wfd, (const char *)buf + done, n - done);
+        if (r < 0) {
+            if (errno == EINTR)
+                continue;
+            return -errno;
+        }
+        done += (size_t)r;
+    }
+    return (ssize_t)done;
+}
+
+ssize_t ep_recv(struct ep *e, void *buf, size_t n)
+{
+    if (e->kind == EP_MEMLAN)
+        return memlan_recv(e->ch, buf, n, 0);
+    ssize_t r;
+    do
+        r = read(e->rfd, buf, n);
+    while (r < 0 && errno == EINTR);
+    return r < 0 ? -errno : r;
+}
+
+ssize_t ep_recv_all(struct ep *e, void *buf, size_t n)
+{
+    size_t done = 0;
+    while (done < n) {
+        ssize_t r = ep_recv(e, (char *)buf + done, n - done);
+        if (r <= 0)
+            return r;
+        done += (size_t)r;
+    }
+    return (ssize_t)done;
+}
+
+void ep_shutdown(struct ep *e)
+{
+    if (e->kind == EP_MEMLAN)
+        memlan_shutdown(e->ch, MEMLAN_SHUT_WR);
+    else if (e->kind == EP_PIPE)
+        close(e->wfd), e->wfd = -1;
+    else
+        shutdown(e->wfd, SHUT_WR);
+}

@@ -1,0 +1,176 @@
+/*
+ * memlan - the command-line tool.
+ *
+ *   memlan bench [--quick] [--json] [--plot FILE.svg] [--placement split|same|both]
+ *   memlan stat  [--json]     the fabric's live segments, channels and event queues
+ *   memlan clean              reclaim the files of dead processes
+ *   memlan version
+ */
+#include "bench.h"
+#include "memlan.h"
+#include "memlan/layout.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: memlan COMMAND [ARGS]\n"
+               "  bench [--quick] [--json] [--plot FILE.svg] [--placement split|same|both]\n"
+               "                 measure latency, bandwidth and message rate against floors and\n"
+               "                 kernel TCP, Unix sockets and pipes in the same run\n"
+               "  stat [--json]  list the fabric's segments, channels and event queues\n"
+               "  clean          remove the fabric files of processes that have died\n"
+               "  version        print the version\n"
+               "environment: MEMLAN_FABRIC (fabric directory), MEMLAN_SPIN_US (spin budget)\n");
+}
+
+static const char *kind_name(uint32_t k)
+{
+    return k == ML_KIND_RAW ? "segment" : k == ML_KIND_CHANNEL ? "channel" : k == ML_KIND_EVQ ? "evq" : "?";
+}
+
+static int held(int fd, int byte)
+{
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = byte, .l_len = 1};
+    if (fcntl(fd, F_OFD_GETLK, &fl) < 0)
+        return -1;
+    return fl.l_type != F_UNLCK;
+}
+
+static const char *side_state(uint32_t s)
+{
+    return s == ML_SIDE_OPEN ? "open" : s == ML_SIDE_SHUT_WR ? "shut-wr" : s == ML_SIDE_CLOSED ? "closed" : "?";
+}
+
+static int cmd_stat(int json)
+{
+    memlan_fabric_t *fab;
+    int r = memlan_fabric_open(NULL, &fab);
+    if (r < 0) {
+        fprintf(stderr, "memlan stat: %s\n", strerror(-r));
+        return 1;
+    }
+    const char *dir = memlan_fabric_path(fab);
+    DIR *d = opendir(dir);
+    if (!d) {
+        perror(dir);
+        return 1;
+    }
+    int n = 0;
+    if (json)
+        printf("{\"fabric\":\"%s\",\"objects\":[", dir);
+    else
+        printf("fabric %s\n%-8s %-32s %7s %-5s %s\n", dir, "KIND", "TOKEN", "PID", "LIVE", "DETAIL");
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, "seg-", 4) != 0)
+            continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        if (fd < 0)
+            continue;
+        struct ml_seg_hdr h;
+        if (pread(fd, &h, sizeof h, 0) != sizeof h || h.magic != ML_SEG_MAGIC) {
+            close(fd);
+            continue;
+        }
+        int live = held(fd, ML_LOCK_OWNER);
+        char detail[512] = "";
+        if (h.version != ML_LAYOUT_VERSION) {
+            snprintf(detail, sizeof detail, "unknown layout version %u", h.version);
+        } else if (h.kind == ML_KIND_CHANNEL) {
+            struct ml_chan_hdr c;
+            struct ml_ring_ctl r0, r1;
+            if (pread(fd, &c, sizeof c, (off_t)h.body_off) == sizeof c &&
+                c.ctl_off[0] < 4096 && c.ctl_off[1] < 4096 &&
+                pread(fd, &r0, sizeof r0, (off_t)c.ctl_off[0]) == sizeof r0 &&
+                pread(fd, &r1, sizeof r1, (off_t)c.ctl_off[1]) == sizeof r1)
+                snprintf(detail, sizeof detail,
+                         "%s ring %u B; pids %d/%d; state %s/%s; attacher %s; "
+                         "bytes 0->1 %llu, 1->0 %llu",
+                         c.chan_kind == ML_CHAN_MSG ? "message" : "stream", c.ring_size,
+                         c.side_pid[0], c.side_pid[1], side_state(c.side_state[0]),
+                         side_state(c.side_state[1]),
+                         c.attached ? (held(fd, ML_LOCK_ATTACHER) == 1 ? "live" : "gone") : "none",
+                         (unsigned long long)r0.head, (unsigned long long)r1.head);
+        } else if (h.kind == ML_KIND_EVQ) {
+            struct ml_evq_hdr q;
+            if (pread(fd, &q, sizeof q, (off_t)h.body_off) == sizeof q)
+                snprintf(detail, sizeof detail, "capacity %u; posts %llu; wake-ups %llu",
+                         q.capacity, (unsigned long long)q.posts, (unsigned long long)q.wakeups);
+        } else {
+            snprintf(detail, sizeof detail, "%llu bytes, %s%s", (unsigned long long)h.body_size,
+                     h.mode == MEMLAN_MODE_RO ? "read-only" : "read-write",
+                     h.state == ML_SEG_REVOKED ? ", revoked" : "");
+        }
+        if (json)
+            printf("%s{\"kind\":\"%s\",\"token\":\"%s\",\"pid\":%d,\"live\":%s,\"detail\":\"%s\"}",
+                   n ? "," : "", kind_name(h.kind), e->d_name + 4, h.owner_pid,
+                   live == 1 ? "true" : "false", detail);
+        else
+            printf("%-8s %-32s %7d %-5s %s\n", kind_name(h.kind), e->d_name + 4, h.owner_pid,
+                   live == 1 ? "yes" : "DEAD", detail);
+        n++;
+        close(fd);
+    }
+    closedir(d);
+    if (json)
+        printf("]}\n");
+    else if (!n)
+        printf("(empty)\n");
+    memlan_fabric_close(fab);
+    return 0;
+}
+
+static int cmd_clean(void)
+{
+    memlan_fabric_t *fab;
+    int r = memlan_fabric_open(NULL, &fab);
+    if (r < 0) {
+        fprintf(stderr, "memlan clean: %s\n", strerror(-r));
+        return 1;
+    }
+    r = memlan_fabric_clean(fab);
+    if (r < 0) {
+        fprintf(stderr, "memlan clean: %s\n", strerror(-r));
+        memlan_fabric_close(fab);
+        return 1;
+    }
+    printf("memlan clean: removed %d file(s) of dead processes from %s\n", r,
+           memlan_fabric_path(fab));
+    memlan_fabric_close(fab);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "bench") == 0)
+        return bench_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "stat") == 0)
+        return cmd_stat(argc > 2 && strcmp(argv[2], "--json") == 0);
+    if (strcmp(cmd, "clean") == 0)
+        return cmd_clean();
+    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+        printf("memlan %d.%d\n", MEMLAN_VERSION_MAJOR, MEMLAN_VERSION_MINOR);
+        return 0;
+    }
+    if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    fprintf(stderr, "memlan: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}
