@@ -41,7 +41,8 @@ $(BUILD)/obj/%.o: %.c $(HDRS)
 $(LIB_SO): $(CORE_OBJ) src/libmemlan.map
 	@mkdir -p $(dir $@)
 	$(CC) -shared -Wl,--version-script=src/libmemlan.map -Wl,-soname,libmemlan.so.0 \
-	    -o $@ $(CORE_OBJ) $(LDFLAGS)
+	    -o $@.0 $(CORE_OBJ) $(LDFLAGS)
+	ln -sf libmemlan.so.0 $@
 
 $(LIB_A): $(CORE_OBJ)
 	@mkdir -p $(dir $@)
@@ -70,7 +71,7 @@ demo: all
 
 install: $(LIB_SO) $(LIB_A) $(CLI)
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/memlan
-	install -m 755 $(LIB_SO) $(DESTDIR)$(PREFIX)/lib/libmemlan.so.0
+	install -m 755 $(LIB_SO).0 $(DESTDIR)$(PREFIX)/lib/libmemlan.so.0
 	ln -sf libmemlan.so.0 $(DESTDIR)$(PREFIX)/lib/libmemlan.so
 	install -m 644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
 	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/

@@ -27,6 +27,9 @@
 extern "C" {
 #endif
 
+/* libmemlan is built with -fvisibility=hidden; what this header declares is its exported API. */
+#pragma GCC visibility push(default)
+
 #define MEMLAN_VERSION_MAJOR 0
 #define MEMLAN_VERSION_MINOR 1
 
@@ -257,6 +260,8 @@ void memlan_evq_close(memlan_evq_t *q);
  * cross-core wake-up, skipped when the peer last ran on our own core or we may only run on one).
  */
 int memlan_spin_us(void);
+
+#pragma GCC visibility pop
 
 #ifdef __cplusplus
 }

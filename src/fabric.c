@@ -91,8 +91,6 @@ int memlan_fabric_open(const char *path, memlan_fabric_t **out)
     fab->uid = getuid();
     fab->shared = (st.st_mode & 077) != 0;
     snprintf(fab->path, sizeof fab->path, "%s", path);
-    /* Lazy reclaim: whoever opens a fabric sweeps the orphans of dead processes. */
-    (void)__ml_fabric_reclaim(fab);
     *out = fab;
     return 0;
 fail:

@@ -27,6 +27,7 @@
 struct memlan_fabric {
     int dirfd;
     bool shared;              /* the directory is open to group or others */
+    _Atomic bool swept;       /* lazy reclaim done (the first time we create a file) */
     uid_t uid;
     char path[PATH_MAX];
 };

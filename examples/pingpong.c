@@ -1,0 +1,75 @@
+/* pingpong: two processes bounce a 64-byte message over a memlan channel and print the median
+ * round trip.  Uses only <memlan.h>.  Usage: pingpong [round trips] */
+#include <memlan.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
+}
+
+static int cmp(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+int main(int argc, char **argv)
+{
+    int n = argc > 1 ? atoi(argv[1]) : 10000;
+    if (n < 1)
+        n = 1;
+    memlan_fabric_t *fab;
+    memlan_channel_t *ch;
+    struct memlan_channel_opts opts = {.kind = MEMLAN_MSG};
+    int r = memlan_fabric_open(NULL, &fab);
+    if (r < 0 || (r = memlan_channel_create(fab, &opts, &ch)) < 0) {
+        fprintf(stderr, "pingpong: %s\n", strerror(-r));
+        return 1;
+    }
+    pid_t pid = fork();
+    if (pid == 0) { /* the echo side: attach with the token */
+        memlan_channel_t *peer;
+        if (memlan_channel_attach(fab, memlan_channel_token(ch), &peer) < 0)
+            _exit(1);
+        char msg[64];
+        ssize_t got;
+        while ((got = memlan_recv(peer, msg, sizeof msg, 0)) > 0)
+            if (memlan_send(peer, msg, (size_t)got, 0) != got)
+                _exit(1);
+        memlan_channel_close(peer);
+        _exit(got == 0 ? 0 : 1);
+    }
+    if ((r = memlan_channel_wait_peer(ch, 5000)) < 0) {
+        fprintf(stderr, "pingpong: no peer: %s\n", strerror(-r));
+        return 1;
+    }
+    double *rtt = malloc(sizeof *rtt * (size_t)n);
+    char msg[64] = "ping";
+    for (int i = 0; i < n; i++) {
+        double t0 = now_us();
+        if (memlan_send(ch, msg, sizeof msg, 0) != sizeof msg ||
+            memlan_recv(ch, msg, sizeof msg, 0) != sizeof msg) {
+            fprintf(stderr, "pingpong: exchange %d failed\n", i);
+            return 1;
+        }
+        rtt[i] = now_us() - t0;
+    }
+    memlan_channel_close(ch); /* the peer sees EOF and exits */
+    int st;
+    waitpid(pid, &st, 0);
+    qsort(rtt, (size_t)n, sizeof *rtt, cmp);
+    printf("pingpong: %d round trips of 64 B, median %.2f us, p99 %.2f us\n", n, rtt[n / 2],
+           rtt[(int)(n * 0.99)]);
+    free(rtt);
+    memlan_fabric_close(fab);
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
+}

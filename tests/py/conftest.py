@@ -1,0 +1,75 @@
+"""Integration-test fixtures: each test gets a fabric directory of its own, and fails if it
+leaves a file behind in it."""
+import ctypes
+import os
+import pathlib
+import shutil
+import subprocess
+import tempfile
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+BUILD = pathlib.Path(os.environ.get("BUILD", ROOT / "build"))
+MEMLAN = BUILD / "bin" / "memlan"
+LIB = BUILD / "lib" / "libmemlan.so"
+
+
+@pytest.fixture
+def fabric(monkeypatch):
+    d = tempfile.mkdtemp(prefix="memlan-py-", dir="/dev/shm")
+    monkeypatch.setenv("MEMLAN_FABRIC", d)
+    yield pathlib.Path(d)
+    left = sorted(os.listdir(d))
+    shutil.rmtree(d, ignore_errors=True)
+    assert left == [], f"fabric files left behind: {left}"
+
+
+def memlan(*args, timeout=120, check=True):
+    """Run the memlan CLI and return the CompletedProcess."""
+    p = subprocess.run([str(MEMLAN), *args], capture_output=True, text=True, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"memlan {' '.join(args)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+# A child process that creates fabric objects through the real library (ctypes), prints their
+# tokens, and then waits to be told to exit or killed.
+HOLDER = r"""
+import ctypes, os, sys
+lib = ctypes.CDLL(sys.argv[1])
+fab = ctypes.c_void_p()
+assert lib.memlan_fabric_open(None, ctypes.byref(fab)) == 0
+lib.memlan_segment_token.restype = ctypes.c_char_p
+lib.memlan_channel_token.restype = ctypes.c_char_p
+seg = ctypes.c_void_p()
+assert lib.memlan_segment_export(fab, ctypes.c_size_t(4096), 3, ctypes.byref(seg)) == 0
+ch = ctypes.c_void_p()
+assert lib.memlan_channel_create(fab, None, ctypes.byref(ch)) == 0
+print(lib.memlan_segment_token(seg).decode(), lib.memlan_channel_token(ch).decode(), flush=True)
+if sys.stdin.readline().strip() == "close":
+    lib.memlan_channel_close(ch)
+    lib.memlan_segment_close(seg)
+    lib.memlan_fabric_close(fab)
+    print("closed", flush=True)
+"""
+
+
+@pytest.fixture
+def holder(fabric):
+    """Start a process that owns a segment and a channel; yields (proc, seg_token, chan_token)."""
+    procs = []
+
+    def start():
+        p = subprocess.Popen(["python3", "-c", HOLDER, str(LIB)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+        procs.append(p)
+        seg, ch = p.stdout.readline().split()
+        return p, seg, ch
+
+    yield start
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    memlan("clean")
