@@ -140,6 +140,7 @@ int memlan_channel_create(memlan_fabric_t *fab, const struct memlan_channel_opts
  */
 int memlan_channel_attach(memlan_fabric_t *fab, const char *token, memlan_channel_t **out);
 
+/* memlan_channel_token - the token to hand to the peer (NUL-terminated), or NULL for NULL. */
 const char *memlan_channel_token(const memlan_channel_t *ch);
 
 /*
@@ -250,6 +251,7 @@ int memlan_evq_fd(memlan_evq_t *q);
  * waiting (do not sleep: call memlan_evq_wait with timeout 0). */
 int memlan_evq_arm(memlan_evq_t *q);
 
+/* memlan_evq_close - remove every channel from q, close its fd and free it. */
 void memlan_evq_close(memlan_evq_t *q);
 
 /* ---- tuning ------------------------------------------------------------------------------ */

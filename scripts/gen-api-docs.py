@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Write docs/api/FUNCTION.md for every function that include/memlan.h declares, from the
+comment above its declaration, and docs/api/README.md as the index.  Run after editing the header;
+tests/py/test_docs.py fails if a page is missing or stale."""
+import pathlib
+import re
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+HEADER = ROOT / "include" / "memlan.h"
+OUT = ROOT / "docs" / "api"
+
+DECL = re.compile(r"^(?P<ret>[a-z_ ]+?[ *]+)(?P<name>memlan_[a-z_]+)\((?P<args>[^;]*)\);", re.S)
+
+
+def pages():
+    text = HEADER.read_text()
+    out = {}
+    section = ""
+    comment = ""
+    for chunk in re.split(r"\n(?=/\*|[a-z])", text):
+        chunk = chunk.strip()
+        m = re.match(r"/\* -+ (.+?) -+ \*/", chunk)
+        if m:
+            section = m.group(1)
+            continue
+        if chunk.startswith("/*"):
+            end = chunk.find("*/")
+            comment = chunk[: end + 2]
+            rest = chunk[end + 2 :].strip()
+            if not rest:
+                continue
+            chunk = rest
+        d = DECL.match(chunk)
+        if d:
+            name = d.group("name")
+            proto = " ".join((d.group("ret") + name + "(" + d.group("args") + ");").split())
+            body = re.sub(r"^/\*+ ?|\*/$", "", comment, flags=re.M)
+            body = "\n".join(l.strip().lstrip("* ").rstrip() if l.strip().startswith("*") else l.strip()
+                             for l in body.splitlines()).strip()
+            out[name] = (section, proto, body)
+            # A declaration right after another shares its comment (reserve/commit, peek/release).
+            comment = comment
+        elif not chunk.startswith("#") or chunk.startswith("#define"):
+            comment = ""
+    return out
+
+
+def render(name, section, proto, body):
+    return (f"# {name}\n\n*{section}* (`#include <memlan.h>`, link with `-lmemlan`)\n\n"
+            f"```c\n{proto}\n```\n\n{body}\n\n"
+            "Return convention: non-negative on success, a negative errno on failure; errno is "
+            "never read or changed. See the header comment in `include/memlan.h` for thread "
+            "safety.\n")
+
+
+def main():
+    p = pages()
+    check = "--check" in sys.argv
+    stale = []
+    want = {f"{n}.md": render(n, *v) for n, v in p.items()}
+    index = "# libmemlan API reference\n\n" + "".join(
+        f"- [`{n}`]({n}.md): {v[0]}\n" for n, v in sorted(p.items()))
+    want["README.md"] = index
+    for fn, content in want.items():
+        path = OUT / fn
+        if check:
+            if not path.exists() or path.read_text() != content:
+                stale.append(fn)
+        else:
+            OUT.mkdir(parents=True, exist_ok=True)
+            path.write_text(content)
+    if check and stale:
+        print("stale or missing API pages:", ", ".join(stale))
+        return 1
+    print(f"{len(p)} functions documented")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
