@@ -365,7 +365,7 @@ static inline void ml_tx_publish(struct memlan_channel *ch, uint64_t n)
 {
     ml_ring_produce(&ch->tx, n);
     ch->bytes_tx += n;
-    __ml_chan_wake(ch, &ch->tx.ctl->rx_wait, &ch->tx.ctl->rx_ref);
+    __ml_chan_wake_rmw(ch, &ch->tx.ctl->rx_wait, &ch->tx.ctl->rx_ref);
 }
 
 ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags)
@@ -516,7 +516,7 @@ static inline void ml_rx_release(struct memlan_channel *ch, uint64_t n)
 {
     ml_ring_consume(&ch->rx, n);
     ch->bytes_rx += n;
-    __ml_chan_wake(ch, &ch->rx.ctl->tx_wait, &ch->rx.ctl->tx_ref);
+    __ml_chan_wake_rmw(ch, &ch->rx.ctl->tx_wait, &ch->rx.ctl->tx_ref);
 }
 
 /*

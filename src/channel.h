@@ -48,6 +48,16 @@ static inline void __ml_chan_wake(struct memlan_channel *ch, _Atomic uint32_t *w
         __ml_chan_wake_slow(ch, word, ref);
 }
 
+/* The same, right after a seq_cst exchange (ring produce/consume), which is already the full
+ * barrier the handshake needs. */
+static inline void __ml_chan_wake_rmw(struct memlan_channel *ch, _Atomic uint32_t *word,
+                                      const struct ml_evq_ref *ref)
+{
+    /* SYNC: F1; pairs with the fence after arming in ml_wait() and __ml_chan_arm_evq() */
+    if (ml_unlikely(atomic_load_explicit(word, memory_order_seq_cst) != 0))
+        __ml_chan_wake_slow(ch, word, ref);
+}
+
 bool __ml_chan_arm_evq(struct memlan_channel *ch, uint32_t events);
 int __ml_chan_check_peer(struct memlan_channel *ch);
 void __ml_evq_post_local(struct memlan_evq *q, uint32_t index);

@@ -55,8 +55,11 @@ static inline void ml_ring_produce(struct ml_ring *r, uint64_t n)
 {
     r->pos += n;
     /* SYNC: pairs with the acquire load of head in ml_ring_avail(): the bytes written below the
-     * new head are visible to the consumer before the head that covers them. */
-    ml_store_release(&r->ctl->head, r->pos);
+     * new head are visible to the consumer before the head that covers them.  The store is a
+     * seq_cst exchange, a full barrier, so that the load of the consumer's tripwire that follows
+     * in __ml_chan_wake_rmw() cannot pass it (the Dekker handshake F1): on x86 one locked
+     * instruction instead of a store and an mfence. */
+    (void)atomic_exchange_explicit(&r->ctl->head, r->pos, memory_order_seq_cst);
 }
 
 /* Consumer: readable bytes, reloading head only when fewer than want are known.  -1 if corrupt. */
@@ -79,8 +82,9 @@ static inline int64_t ml_ring_avail(struct ml_ring *r, uint64_t want)
 static inline void ml_ring_consume(struct ml_ring *r, uint64_t n)
 {
     r->pos += n;
-    /* SYNC: pairs with the acquire load of tail in ml_ring_free(). */
-    ml_store_release(&r->ctl->tail, r->pos);
+    /* SYNC: pairs with the acquire load of tail in ml_ring_free(); a full barrier too, for the
+     * producer's tripwire (see ml_ring_produce()). */
+    (void)atomic_exchange_explicit(&r->ctl->tail, r->pos, memory_order_seq_cst);
 }
 
 static inline uint8_t *ml_ring_at(const struct ml_ring *r, uint64_t idx)
