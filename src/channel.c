@@ -144,8 +144,9 @@ int memlan_channel_attach(memlan_fabric_t *fab, const char *token, memlan_channe
     c->side_pid[1] = (int32_t)__ml_sys_getpid();
     ml_chan_bind(ch, seg, 1);
     ch->kind = kind == ML_CHAN_MSG ? MEMLAN_MSG : MEMLAN_STREAM;
-    /* Tell a creator that may be waiting in memlan_channel_wait_peer(). */
-    __ml_chan_wake(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_ref);
+    /* Tell a creator that may be waiting in memlan_channel_wait_peer(): it waits on the producer
+     * tripwire of its own sending ring, which is our receiving ring. */
+    __ml_chan_wake(ch, &ch->rx.ctl->tx_wait, &ch->rx.ctl->tx_ref);
     *out = ch;
     return 0;
 }
