@@ -307,16 +307,17 @@ static int ml_evq_collect(struct memlan_evq *q, struct memlan_event *ev, int max
                 int st = memlan_channel_poll(sl->ch);
                 uint32_t got = (uint32_t)(st > 0 ? st : 0) & want;
                 if (!got) {
-                    /* Spurious (already drained): re-arm, and if it became ready meanwhile
-                     * report it now rather than lose it. */
+                    /* Spurious (already drained, or ready only in a way the caller did not ask
+                     * for): re-arm, then look again, so that a change that raced the re-arm is
+                     * reported now rather than lost.  If there is still nothing wanted, the
+                     * armed tripwires report the next change; re-posting the bit here would
+                     * make the waiter spin on it for ever. */
                     if (!__ml_chan_arm_evq(sl->ch, sl->events | MEMLAN_EV_READ))
                         continue;
                     st = memlan_channel_poll(sl->ch);
                     got = (uint32_t)(st > 0 ? st : 0) & want;
-                    if (!got) {
-                        ml_evq_set(q->leaf, q->sum, i);
+                    if (!got)
                         continue;
-                    }
                 }
                 ev[n].udata = sl->udata;
                 ev[n].events = got;
