@@ -63,6 +63,7 @@ int run_pingpong(struct pair *p, const char *placement, size_t size, double seco
     if (r < 0) {
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
+        pair_close(p, &e, 1); /* the channel's fabric file, the listener */
         return r;
     }
     char *buf = calloc(1, size);
@@ -159,8 +160,7 @@ int run_stream(struct pair *p, const char *placement, size_t size, double second
         r = res->err;
     *MBps = res->MBps;
     *Mps = res->Mps;
-    if (r == 0)
-        pair_close(p, &e, 1);
+    pair_close(p, &e, 1);
     munmap(res, sizeof *res);
     bench_pin("none", 0);
     return r;
@@ -183,29 +183,36 @@ static double idle_cpu_pct(memlan_fabric_t *fab, double window)
         _exit(0);
     }
     struct ep e;
-    pair_parent(&p, &e);
+    if (pair_parent(&p, &e) < 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        pair_close(&p, &e, 1);
+        return -1;
+    }
     usleep(300 * 1000); /* well past any spin budget */
     char path[64];
     snprintf(path, sizeof path, "/proc/%d/schedstat", (int)pid);
     unsigned long long c0 = 0, c1 = 0;
+    int ok = 0;
     FILE *f = fopen(path, "r");
     if (f) {
-        if (fscanf(f, "%llu", &c0) != 1)
-            c0 = 0;
+        ok += fscanf(f, "%llu", &c0) == 1;
         fclose(f);
     }
     uint64_t t0 = bench_now_ns();
     usleep((useconds_t)(window * 1e6));
     f = fopen(path, "r");
     if (f) {
-        if (fscanf(f, "%llu", &c1) != 1)
-            c1 = c0;
+        ok += fscanf(f, "%llu", &c1) == 1;
         fclose(f);
     }
     uint64_t t1 = bench_now_ns();
     ep_send_all(&e, "q", 1);
     waitpid(pid, NULL, 0);
     pair_close(&p, &e, 1);
+    /* No reading, no figure: never report a CPU use that was not measured. */
+    if (ok != 2 || c1 < c0)
+        return -1;
     return 100.0 * (double)(c1 - c0) / (double)(t1 - t0);
 }
 
@@ -447,6 +454,10 @@ int bench_main(int argc, char **argv)
     fprintf(stderr, "idle receiver...\n");
     double idle = idle_cpu_pct(fab, quick ? 2.0 : 4.0);
     int errors = 0;
+    if (idle < 0) {
+        fprintf(stderr, "memlan bench: the idle receiver could not be measured\n");
+        errors++;
+    }
     for (int k = first; k <= last; k++)
         errors += R[k].errors;
     if (json)

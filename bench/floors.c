@@ -250,10 +250,11 @@ int pair_parent(struct pair *p, struct ep *e)
         return memlan_channel_wait_peer(e->ch, 10000);
     case EP_TCP:
         e->rfd = e->wfd = accept(p->lfd, NULL, NULL);
-        if (e->rfd < 0)
-            return -errno;
-        tcp_tune(e->rfd);
+        int err = errno;
         close(p->lfd);
+        if (e->rfd < 0)
+            return -err;
+        tcp_tune(e->rfd);
         return 0;
     case EP_UNIX:
         close(p->sv[1]);
@@ -309,8 +310,9 @@ void pair_close(struct pair *p, struct ep *e, int parent)
         memlan_channel_close(e->ch);
         return;
     }
-    close(e->rfd);
-    if (e->wfd != e->rfd)
+    if (e->rfd >= 0)
+        close(e->rfd);
+    if (e->wfd >= 0 && e->wfd != e->rfd)
         close(e->wfd);
 }
 
