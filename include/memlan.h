@@ -163,7 +163,9 @@ ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags
  * len is truncated to len and the rest dropped, like a datagram).  Returns the count, 0 at end of
  * stream (the peer shut down or closed and everything it sent has been read), -EAGAIN with
  * MEMLAN_DONTWAIT when nothing is there, -ECONNRESET when the peer died with nothing left to
- * read, -EPROTO on corrupt indices or records.
+ * read, -EPROTO on corrupt indices or records.  On a message channel a zero-length message also
+ * returns 0: when that matters, tell it from end of stream with memlan_channel_poll(), which
+ * reports MEMLAN_EV_HUP once the peer is done.
  */
 ssize_t memlan_recv(memlan_channel_t *ch, void *buf, size_t len, int flags);
 

@@ -65,7 +65,6 @@ int __ml_seg_alive(const struct memlan_segment *seg, int lock_byte);
 
 /* spin.c: the spin-then-sleep policy. */
 struct ml_spin {
-    uint32_t budget_ns;       /* current adaptive budget */
     uint32_t fails;           /* consecutive spins that ended in sleep */
 };
 uint64_t __ml_spin_budget_ns(struct ml_spin *sp, uint32_t peer_cpu);
