@@ -82,12 +82,8 @@ int main(void)
     memlan_channel_close(c);
 
     /* 3. A blocked sender (ring full, peer not reading) also gets -ECONNRESET in time. */
-    ASSERT_OK(memlan_channel_create(fab, NULL, &c));
-    strcpy(tok, memlan_channel_token(c));
-    pid = fork();
-    if (pid == 0) {
-        memlan_channel_t *d;
-        ASSERT_OK(memlan_channel_attach(fab, tok, &d));
+    pid = ml_test_fork_peer(fab, NULL, &c);
+    if (pid == 0) { /* attached, and never reads */
         pause();
         _exit(0);
     }

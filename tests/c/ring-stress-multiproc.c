@@ -116,13 +116,9 @@ static void run(memlan_fabric_t *fab, int kind)
 {
     memlan_channel_t *ch;
     struct memlan_channel_opts o = {.kind = kind, .ring_size = 16384};
-    ASSERT_OK(memlan_channel_create(fab, &o, &ch));
-    char tok[MEMLAN_TOKEN_LEN + 1];
-    strcpy(tok, memlan_channel_token(ch));
-    pid_t pid = fork();
+    pid_t pid = ml_test_fork_peer(fab, &o, &ch);
     if (pid == 0) {
-        memlan_channel_t *c;
-        ASSERT_OK(memlan_channel_attach(fab, tok, &c));
+        memlan_channel_t *c = ch;
         pthread_t t;
         pthread_create(&t, NULL, kind == MEMLAN_MSG ? msg_sender : stream_sender, c);
         if (kind == MEMLAN_MSG)

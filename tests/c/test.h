@@ -130,6 +130,26 @@ static inline uint64_t ml_test_rand(uint64_t *s)
 /* Fail the test (not hang it) if it runs past its time. */
 static inline void ml_test_watchdog(unsigned seconds) { alarm(seconds); }
 
+/*
+ * Create a channel and fork.  The parent gets the child's pid and, in *ch, the channel it created;
+ * the child gets 0 and, in *ch, the channel attached from its side (the test fails if it cannot
+ * attach).  The parent still calls memlan_channel_wait_peer() if it must know the child is there.
+ */
+static inline pid_t ml_test_fork_peer(memlan_fabric_t *fab, const struct memlan_channel_opts *o,
+                                      memlan_channel_t **ch)
+{
+    memlan_channel_t *created;
+    ASSERT_OK(memlan_channel_create(fab, o, &created));
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        ASSERT_OK(memlan_channel_attach(fab, memlan_channel_token(created), ch));
+        return 0;
+    }
+    *ch = created;
+    return pid;
+}
+
 static inline int ml_test_wait_child(pid_t pid)
 {
     int st;

@@ -10,13 +10,9 @@ static void pingpong(memlan_fabric_t *fab, int n)
 {
     memlan_channel_t *ch;
     struct memlan_channel_opts o = {.kind = MEMLAN_MSG, .ring_size = 4096};
-    ASSERT_OK(memlan_channel_create(fab, &o, &ch));
-    char tok[MEMLAN_TOKEN_LEN + 1];
-    strcpy(tok, memlan_channel_token(ch));
-    pid_t pid = fork();
+    pid_t pid = ml_test_fork_peer(fab, &o, &ch);
     if (pid == 0) {
-        memlan_channel_t *c;
-        ASSERT_OK(memlan_channel_attach(fab, tok, &c));
+        memlan_channel_t *c = ch;
         uint32_t v;
         for (int i = 0; i < n; i++) {
             ASSERT_EQ(memlan_recv(c, &v, sizeof v, 0), 4);
