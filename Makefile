@@ -23,8 +23,11 @@ LDFLAGS += $(LDSAN) -pthread
 
 CORE_SRC = src/sys/sys.c src/fabric.c src/segment.c src/spin.c src/channel.c src/evq.c
 CORE_OBJ = $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
-HDRS     = $(wildcard include/*.h include/memlan/*.h src/*.h src/sys/*.h)
+HDRS     = $(wildcard include/*.h include/memlan/*.h src/*.h src/sys/*.h src/preload/*.h)
 
+PRELOAD_SRC = $(wildcard src/preload/*.c)
+PRELOAD_OBJ = $(PRELOAD_SRC:%.c=$(BUILD)/obj/%.o)
+PRELOAD_SO  = $(BUILD)/lib/libmemlan-preload.so
 LIB_SO   = $(BUILD)/lib/libmemlan.so
 LIB_A    = $(BUILD)/lib/libmemlan.a
 CLI      = $(BUILD)/bin/memlan
@@ -32,7 +35,7 @@ CLI_SRC  = tools/memlan.c bench/bench.c bench/floors.c bench/plot.c
 TESTS    = $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/*.c))
 EXAMPLES = $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
 
-all: $(LIB_SO) $(LIB_A) $(CLI) $(TESTS) $(EXAMPLES)
+all: $(LIB_SO) $(LIB_A) $(PRELOAD_SO) $(CLI) $(TESTS) $(EXAMPLES)
 
 $(BUILD)/obj/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
@@ -43,6 +46,16 @@ $(LIB_SO): $(CORE_OBJ) src/libmemlan.map
 	$(CC) -shared -Wl,--version-script=src/libmemlan.map -Wl,-soname,libmemlan.so.0 \
 	    -o $@.0 $(CORE_OBJ) $(LDFLAGS)
 	ln -sf libmemlan.so.0 $@
+
+# The preload library: the core and the interposers, exporting only the interposers.
+$(BUILD)/preload.map: src/preload/exports.map.in src/preload/calls.h
+	@mkdir -p $(dir $@)
+	$(CC) -E -P -x c -Isrc/preload $< -o $@
+
+$(PRELOAD_SO): $(CORE_OBJ) $(PRELOAD_OBJ) $(BUILD)/preload.map
+	@mkdir -p $(dir $@)
+	$(CC) -shared -Wl,--version-script=$(BUILD)/preload.map -Wl,-soname,libmemlan-preload.so \
+	    -o $@ $(CORE_OBJ) $(PRELOAD_OBJ) $(LDFLAGS) -ldl
 
 $(LIB_A): $(CORE_OBJ)
 	@mkdir -p $(dir $@)
@@ -69,11 +82,12 @@ test: all
 demo: all
 	$(CLI) bench --quick
 
-install: $(LIB_SO) $(LIB_A) $(CLI)
+install: $(LIB_SO) $(LIB_A) $(PRELOAD_SO) $(CLI)
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/memlan
 	install -m 755 $(LIB_SO).0 $(DESTDIR)$(PREFIX)/lib/libmemlan.so.0
 	ln -sf libmemlan.so.0 $(DESTDIR)$(PREFIX)/lib/libmemlan.so
 	install -m 644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(PRELOAD_SO) $(DESTDIR)$(PREFIX)/lib/
 	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 include/memlan.h $(DESTDIR)$(PREFIX)/include/
 	install -m 644 include/memlan/layout.h $(DESTDIR)$(PREFIX)/include/memlan/

@@ -228,6 +228,8 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
             if (ready(ch)) {
                 __ml_spin_result(sp, true);
                 ch->spin_hits++;
+                if (word == &ch->rx.ctl->rx_wait)
+                    ml_store_relaxed(&ch->rx.ctl->spin_hits, ch->spin_hits);
                 return 0;
             }
             ml_cpu_relax();
@@ -260,6 +262,12 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
             ml_xchg(word, 0u);
             return ready(ch) ? 0 : -ECONNRESET;
         }
+        if (r == -EINTR) {
+            /* The kernel restarts FUTEX_WAIT itself after a handler installed with SA_RESTART,
+             * so -EINTR reaches us exactly when a blocking socket call would fail with EINTR. */
+            ml_xchg(word, 0u);
+            return ready(ch) ? 0 : -EINTR;
+        }
     }
 }
 
@@ -272,7 +280,8 @@ static bool ml_rx_ready(struct memlan_channel *ch)
 {
     if (ml_ring_avail(&ch->rx, 1) != 0) /* data, or corrupt (-1): either way, go and look */
         return true;
-    return ml_peer_state(ch) != ML_SIDE_OPEN || ch->peer_dead ||
+    return ml_peer_state(ch) != ML_SIDE_OPEN || ch->peer_dead || ch->shut_rd ||
+           ch->rd_eof_when_empty ||
            ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE;
 }
 
@@ -306,18 +315,25 @@ int memlan_channel_wait_peer(memlan_channel_t *ch, int timeout_ms)
     return ml_load_relaxed(&ch->seg->hdr->state) == ML_SEG_LIVE ? 0 : -ECONNRESET;
 }
 
+static uint64_t ml_deadline_ns(uint64_t tmo_ns)
+{
+    return tmo_ns ? __ml_now_ns() + tmo_ns : 0;
+}
+
 int __ml_chan_wait_rx(struct memlan_channel *ch, int flags)
 {
     (void)flags;
-    return ml_wait(ch, &ch->rx.ctl->rx_wait, &ch->rx.ctl->rx_cpu, &ch->tx.ctl->rx_cpu,
-                   &ch->spin_rx, ml_rx_ready, 0);
+    int r = ml_wait(ch, &ch->rx.ctl->rx_wait, &ch->rx.ctl->rx_cpu, &ch->tx.ctl->rx_cpu,
+                    &ch->spin_rx, ml_rx_ready, ml_deadline_ns(ch->rx_tmo_ns));
+    return r == -ETIMEDOUT ? -EAGAIN : r; /* SO_RCVTIMEO's convention */
 }
 
 int __ml_chan_wait_tx(struct memlan_channel *ch, uint64_t want)
 {
     ch->tx_want = want;
-    return ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->rx.ctl->tx_cpu,
-                   &ch->spin_tx, ml_tx_ready, 0);
+    int r = ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->rx.ctl->tx_cpu,
+                    &ch->spin_tx, ml_tx_ready, ml_deadline_ns(ch->tx_tmo_ns));
+    return r == -ETIMEDOUT ? -EAGAIN : r;
 }
 
 /* Arm the tripwires in event-queue mode after an -EAGAIN (see evq.c); returns true if the
@@ -487,7 +503,7 @@ int memlan_commit(memlan_channel_t *ch, size_t len)
 /* Nothing to read: EOF, an error, -EAGAIN, or 1 = wait and try again. */
 static int ml_rx_empty(struct memlan_channel *ch, int flags)
 {
-    if (ch->shut_rd)
+    if (ch->shut_rd || ch->rd_eof_when_empty)
         return 0;
     uint32_t ps = ml_peer_state(ch);
     if (ps != ML_SIDE_OPEN) {
@@ -510,6 +526,8 @@ static int ml_rx_empty(struct memlan_channel *ch, int flags)
         int64_t a = ml_ring_avail(&ch->rx, 1);
         return a > 0 ? 1 : -ECONNRESET;
     }
+    if (r == -EINTR || r == -EAGAIN)
+        return r;
     return 1;
 }
 
@@ -687,3 +705,88 @@ void memlan_channel_close(memlan_channel_t *ch)
 }
 
 int __ml_chan_check_peer(struct memlan_channel *ch) { return ml_peer_dead(ch); }
+
+/* ---- for the socket layer (src/preload) -------------------------------------------------- */
+
+/*
+ * The creator takes back an offer nobody attached to: attached goes 0 -> ML_ATTACH_WITHDRAWN, so a
+ * late attach fails with -EBUSY.  0 when withdrawn (or already withdrawn), -EBUSY when a peer had
+ * attached first.
+ */
+int __ml_chan_withdraw(struct memlan_channel *ch)
+{
+    uint32_t expect = 0;
+    if (ml_cas(&ch->hdr->attached, &expect, ML_ATTACH_WITHDRAWN))
+        return 0;
+    return expect == ML_ATTACH_WITHDRAWN ? 0 : -EBUSY;
+}
+
+uint32_t __ml_chan_attach_state(const struct memlan_channel *ch)
+{
+    /* SYNC: pairs with the CAS in memlan_channel_attach() and __ml_chan_withdraw(). */
+    return ml_load_acquire(&ch->hdr->attached);
+}
+
+/*
+ * After a withdrawal: the bytes we sent that nobody will read, for the caller to send another
+ * way.  *ptr gets a contiguous run; __ml_chan_unsent_done() drops n of them.  Only sound once
+ * attach is impossible (withdrawn), under the send lock.
+ */
+size_t __ml_chan_unsent(struct memlan_channel *ch, const void **ptr)
+{
+    uint64_t tail = ml_load_acquire(&ch->tx.ctl->tail);
+    uint64_t n = ch->tx.pos - tail;
+    if (n > ch->size) /* nobody else stores tail while withdrawn; never trust it anyway */
+        n = 0;
+    *ptr = ml_ring_at(&ch->tx, tail);
+    return (size_t)n;
+}
+
+void __ml_chan_unsent_done(struct memlan_channel *ch, size_t n)
+{
+    uint64_t tail = ml_load_relaxed(&ch->tx.ctl->tail);
+    ml_store_release(&ch->tx.ctl->tail, tail + n);
+    ch->tx.other = tail + n;
+}
+
+/*
+ * Several processes share our side of the channel (a socket inherited across fork): each keeps
+ * private copies of the indices, so whoever takes a direction's lock reloads the index it owns
+ * from shared memory.  Our own index in shared memory is authoritative (we store it on every
+ * publish); the cached copy of the peer's is simply refreshed.
+ */
+void __ml_chan_resync_tx(struct memlan_channel *ch)
+{
+    ch->tx.pos = ml_load_relaxed(&ch->tx.ctl->head);
+    ch->tx.other = ml_load_acquire(&ch->tx.ctl->tail);
+    if (ch->tx.pos - ch->tx.other > ch->size)
+        ch->tx.corrupt = true;
+}
+
+void __ml_chan_resync_rx(struct memlan_channel *ch)
+{
+    ch->rx.pos = ml_load_relaxed(&ch->rx.ctl->tail);
+    ch->rx.other = ch->rx.pos;
+}
+
+/* Bytes readable now (-1 corrupt); bytes sent and not yet consumed by the peer. */
+int64_t __ml_chan_rx_avail(struct memlan_channel *ch) { return ml_ring_avail(&ch->rx, 1); }
+
+uint64_t __ml_chan_tx_queued(struct memlan_channel *ch)
+{
+    uint64_t t = ml_load_acquire(&ch->tx.ctl->tail);
+    uint64_t q = ch->tx.pos - t;
+    return q > ch->size ? 0 : q;
+}
+
+/* Did the peer leave bytes we sent unread (the kernel would answer its close with a reset)? */
+bool __ml_chan_peer_left_unread(struct memlan_channel *ch) { return __ml_chan_tx_queued(ch) != 0; }
+
+/* Wake a thread of ours blocked in recv (after shutdown(SHUT_RD) from another thread). */
+void __ml_chan_kick_rx(struct memlan_channel *ch)
+{
+    if (ml_xchg(&ch->rx.ctl->rx_wait, 0u) == ML_WAIT_FUTEX)
+        __ml_sys_futex_wake(&ch->rx.ctl->rx_wait, 1);
+}
+
+uint32_t __ml_chan_peer_state(struct memlan_channel *ch) { return ml_peer_state(ch); }

@@ -14,7 +14,9 @@ _Static_assert(ML_CHAN_CTL0_OFF >= sizeof(struct ml_seg_hdr) + sizeof(struct ml_
                "ring 0 control after the headers");
 _Static_assert(ML_CHAN_CTL1_OFF >= ML_CHAN_CTL0_OFF + sizeof(struct ml_ring_ctl),
                "ring 1 control after ring 0's");
-_Static_assert(ML_CHAN_CTL1_OFF + sizeof(struct ml_ring_ctl) <= ML_PAGE, "controls in page 0");
+_Static_assert(ML_CHAN_CTL1_OFF + sizeof(struct ml_ring_ctl) <= ML_CHAN_SOCK_OFF,
+               "controls before the socket blocks");
+_Static_assert(ML_CHAN_SOCK_OFF + 2 * sizeof(struct ml_sock_side) <= ML_PAGE, "all in page 0");
 
 struct memlan_channel {
     struct memlan_segment *seg;
@@ -27,7 +29,9 @@ struct memlan_channel {
     uint64_t tx_want;         /* free bytes the sender waits for */
     uint64_t reserved;        /* bytes given by the last reserve */
     uint64_t peeked;          /* bytes (record) given by the last peek */
+    uint64_t rx_tmo_ns, tx_tmo_ns; /* blocking recv / send give up after these (0 = never) */
     bool shut_rd, shut_wr, peer_dead;
+    bool rd_eof_when_empty;   /* socket SHUT_RD: queued bytes, then end of stream */
     /* Event queue registration (evq.c). */
     struct memlan_evq *evq;
     uint32_t evq_index, evq_events;
@@ -61,5 +65,21 @@ static inline void __ml_chan_wake_rmw(struct memlan_channel *ch, _Atomic uint32_
 bool __ml_chan_arm_evq(struct memlan_channel *ch, uint32_t events);
 int __ml_chan_check_peer(struct memlan_channel *ch);
 void __ml_evq_post_local(struct memlan_evq *q, uint32_t index);
+
+/* For the socket layer (src/preload): see channel.c. */
+int __ml_chan_withdraw(struct memlan_channel *ch);
+uint32_t __ml_chan_attach_state(const struct memlan_channel *ch);
+size_t __ml_chan_unsent(struct memlan_channel *ch, const void **ptr);
+void __ml_chan_unsent_done(struct memlan_channel *ch, size_t n);
+void __ml_chan_resync_tx(struct memlan_channel *ch);
+void __ml_chan_resync_rx(struct memlan_channel *ch);
+int64_t __ml_chan_rx_avail(struct memlan_channel *ch);
+uint64_t __ml_chan_tx_queued(struct memlan_channel *ch);
+bool __ml_chan_peer_left_unread(struct memlan_channel *ch);
+void __ml_chan_kick_rx(struct memlan_channel *ch);
+uint32_t __ml_chan_peer_state(struct memlan_channel *ch);
+void __ml_evq_fds(struct memlan_evq *q, int **seg_fd, int **bell_fd);
+int __ml_chan_wait_rx(struct memlan_channel *ch, int flags);
+int __ml_chan_wait_tx(struct memlan_channel *ch, uint64_t want);
 
 #endif

@@ -428,3 +428,11 @@ void memlan_evq_close(memlan_evq_t *q)
     free(q->slots);
     free(q);
 }
+
+/* Where q keeps its descriptors, for a caller that relocates them (the preload layer keeps its
+ * own fds at high numbers, out of the application's way). */
+void __ml_evq_fds(struct memlan_evq *q, int **seg_fd, int **bell_fd)
+{
+    *seg_fd = &q->seg->fd;
+    *bell_fd = &q->bell;
+}

@@ -1,6 +1,7 @@
 /*
  * memlan - the command-line tool.
  *
+ *   memlan run [OPTIONS] -- PROGRAM [ARGS]   run PROGRAM with transparent acceleration
  *   memlan bench [--quick] [--json] [--plot FILE.svg] [--placement split|same|both]
  *   memlan stat  [--json]     the fabric's live segments, channels and event queues
  *   memlan clean              reclaim the files of dead processes
@@ -21,6 +22,9 @@
 static void usage(FILE *f)
 {
     fprintf(f, "usage: memlan COMMAND [ARGS]\n"
+               "  run [OPTIONS] -- PROGRAM [ARGS]\n"
+               "                 run PROGRAM with its TCP connections to other memlan processes\n"
+               "                 carried over shared memory (LD_PRELOAD); see memlan run --help\n"
                "  bench [--quick] [--json] [--plot FILE.svg] [--placement split|same|both]\n"
                "                 measure latency, bandwidth and message rate against floors and\n"
                "                 kernel TCP, Unix sockets and pipes in the same run\n"
@@ -153,6 +157,122 @@ static int cmd_clean(void)
     return 0;
 }
 
+static void run_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: memlan run [OPTIONS] [--] PROGRAM [ARGS]\n"
+            "  --spin-us N         spin budget before sleeping (MEMLAN_SPIN_US; 0 = never spin)\n"
+            "  --fabric DIR        fabric directory (MEMLAN_FABRIC; default /dev/shm/memlan-UID)\n"
+            "  --ports LIST        accelerate only these server ports, e.g. 80,8000-8100\n"
+            "                      (MEMLAN_PORTS)\n"
+            "  --no-ports LIST     never accelerate these server ports (MEMLAN_NO_PORTS)\n"
+            "  --log stderr|FILE   log each decision (MEMLAN_LOG)\n"
+            "  --log-level N       0 errors, 1 decisions, 2 debug (MEMLAN_LOG_LEVEL)\n"
+            "  --accept-wait-ms N  how long a client's offer waits for a memlan accept before the\n"
+            "                      connection stays on TCP (MEMLAN_ACCEPT_WAIT_MS, default 2000)\n"
+            "  --ring-kb N         ring size per direction, KiB (MEMLAN_RING_KB, default 256)\n"
+            "  --off               load the library but accelerate nothing (MEMLAN_OFF=1)\n"
+            "Children inherit the settings.  memlan stat shows the connections and, for each one\n"
+            "that stayed on TCP, why.\n");
+}
+
+/* Where libmemlan-preload.so is: MEMLAN_PRELOAD_LIB, next to us (../lib), or the install. */
+static int find_preload(char *out, size_t len)
+{
+    const char *env = getenv("MEMLAN_PRELOAD_LIB");
+    if (env && *env) {
+        snprintf(out, len, "%s", env);
+        return access(out, R_OK);
+    }
+    char self[4096];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n > 0) {
+        self[n] = 0;
+        char *slash = strrchr(self, '/');
+        if (slash) {
+            *slash = 0;
+            snprintf(out, len, "%s/../lib/libmemlan-preload.so", self);
+            if (access(out, R_OK) == 0) {
+                char *real = realpath(out, NULL);
+                if (real) {
+                    snprintf(out, len, "%s", real);
+                    free(real);
+                }
+                return 0;
+            }
+        }
+    }
+    return -1;
+}
+
+static int cmd_run(int argc, char **argv)
+{
+    static const struct { const char *opt, *env; } opts[] = {
+        {"--spin-us", "MEMLAN_SPIN_US"}, {"--fabric", "MEMLAN_FABRIC"},
+        {"--ports", "MEMLAN_PORTS"},     {"--no-ports", "MEMLAN_NO_PORTS"},
+        {"--log", "MEMLAN_LOG"},         {"--log-level", "MEMLAN_LOG_LEVEL"},
+        {"--accept-wait-ms", "MEMLAN_ACCEPT_WAIT_MS"}, {"--ring-kb", "MEMLAN_RING_KB"},
+    };
+    int i = 1;
+    for (; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--") == 0) {
+            i++;
+            break;
+        }
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            run_usage(stdout);
+            return 0;
+        }
+        if (strcmp(a, "--off") == 0) {
+            setenv("MEMLAN_OFF", "1", 1);
+            continue;
+        }
+        if (a[0] != '-')
+            break;
+        size_t k = 0;
+        for (; k < sizeof opts / sizeof opts[0]; k++) {
+            size_t l = strlen(opts[k].opt);
+            if (strncmp(a, opts[k].opt, l) == 0 && (a[l] == 0 || a[l] == '=')) {
+                const char *v = a[l] == '=' ? a + l + 1 : (i + 1 < argc ? argv[++i] : NULL);
+                if (!v) {
+                    fprintf(stderr, "memlan run: %s needs a value\n", opts[k].opt);
+                    return 2;
+                }
+                setenv(opts[k].env, v, 1);
+                break;
+            }
+        }
+        if (k == sizeof opts / sizeof opts[0]) {
+            fprintf(stderr, "memlan run: unknown option '%s'\n", a);
+            run_usage(stderr);
+            return 2;
+        }
+    }
+    if (i >= argc) {
+        run_usage(stderr);
+        return 2;
+    }
+    char lib[4096];
+    if (find_preload(lib, sizeof lib) < 0) {
+        fprintf(stderr, "memlan run: cannot find libmemlan-preload.so (set MEMLAN_PRELOAD_LIB)\n");
+        return 1;
+    }
+    const char *old = getenv("LD_PRELOAD");
+    char *pre;
+    if (old && *old) {
+        if (asprintf(&pre, "%s:%s", lib, old) < 0)
+            return 1;
+    } else {
+        pre = strdup(lib);
+    }
+    setenv("LD_PRELOAD", pre, 1);
+    free(pre);
+    execvp(argv[i], argv + i);
+    fprintf(stderr, "memlan run: %s: %s\n", argv[i], strerror(errno));
+    return 127;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) {
@@ -162,6 +282,8 @@ int main(int argc, char **argv)
     const char *cmd = argv[1];
     if (strcmp(cmd, "bench") == 0)
         return bench_main(argc - 1, argv + 1);
+    if (strcmp(cmd, "run") == 0)
+        return cmd_run(argc - 1, argv + 1);
     if (strcmp(cmd, "stat") == 0)
         return cmd_stat(argc > 2 && strcmp(argv[2], "--json") == 0);
     if (strcmp(cmd, "clean") == 0)

@@ -26,6 +26,7 @@
 #define ML_KIND_RAW     1u /* memlan_segment_export(): a user region */
 #define ML_KIND_CHANNEL 2u /* two rings and their tripwires */
 #define ML_KIND_EVQ     3u /* an event queue */
+#define ML_KIND_PROC    4u /* a memlan process's list of connections (for memlan stat) */
 
 /* Segment states (ml_seg_hdr.state). */
 #define ML_SEG_LIVE    1u
@@ -86,6 +87,7 @@ struct ml_ring_ctl {
     /* Counters, written only by their own side; for memlan stat. */
     _Alignas(ML_CACHELINE) _Atomic uint64_t wakeups;  /* system calls made to wake the consumer */
     _Atomic uint64_t sleeps;                          /* times the consumer went to sleep */
+    _Atomic uint64_t spin_hits;                       /* waits the consumer ended by spinning */
 };
 
 /* Channel side states (ml_chan_hdr.side_state[]); side 0 created the channel, side 1 attached. */
@@ -101,10 +103,81 @@ struct ml_chan_hdr {
     uint32_t ring_size;        /* bytes in each ring's data area, a power of two */
     uint64_t ctl_off[2];       /* ring 0 carries side 0 -> side 1, ring 1 the reverse */
     uint64_t data_off[2];
-    _Atomic uint32_t attached; /* 0 -> 1 by the one process allowed to attach (CAS) */
+    _Atomic uint32_t attached; /* 0 -> 1 by the one process allowed to attach (CAS), or
+                                * 0 -> ML_ATTACH_WITHDRAWN by the creator taking its offer back */
     _Atomic uint32_t side_state[2];
     int32_t side_pid[2];
     uint8_t reserved[4];
+};
+
+#define ML_ATTACH_WITHDRAWN 2u
+
+/*
+ * The socket layer's per-side block (src/preload), one line each at ML_CHAN_SOCK_OFF in a
+ * channel's first page.  It is shared by every process that holds that side's socket (after fork):
+ * the send and receive locks serialise them and the threads of each, holders counts them so that
+ * only the last close ends the connection, flags mirrors the file status flags (O_NONBLOCK) that
+ * the kernel keeps per open file description.  The peer never touches our block.
+ * Lock words: 0 free, 1 held, 2 held with waiters; *_owner is the holder's pid, so a lock whose
+ * holder died can be taken over.
+ */
+#define ML_SOCK_NONBLOCK 1u
+
+struct ml_sock_side {
+    _Alignas(ML_CACHELINE) _Atomic uint32_t tx_lock;
+    _Atomic int32_t tx_owner;
+    _Atomic uint32_t rx_lock;
+    _Atomic int32_t rx_owner;
+    _Atomic uint32_t holders;
+    _Atomic uint32_t flags;
+};
+#define ML_CHAN_SOCK_OFF 1024u
+
+/*
+ * Transparent sockets' rendezvous (src/preload/negotiate.c).
+ *
+ * ls-NETNS-PORT: a listener record, one page.  Every memlan process listening on PORT in network
+ * namespace NETNS holds an OFD read lock on its byte 0, so "is some memlan process listening?" is
+ * "would a write lock on byte 0 conflict?".  pending counts clients between the start of
+ * connect() and the posting of their offer; an acceptor that finds no offer waits for it to fall.
+ *
+ * cx-NETNS-CLIENT-SERVER: an offer, named by the connection's two addresses and ports.  A memlan
+ * client creates it exclusively and writes its channel's token (ML_TOKEN_HEX bytes); an acceptor
+ * that gives up first creates it exclusively holding "R" (refused), which the client then finds.
+ */
+#define ML_LREC_MAGIC 0x434552504c4d454dull /* "MEMLPREC" */
+
+struct ml_listen_rec {
+    uint64_t magic;
+    uint32_t version;          /* ML_LAYOUT_VERSION */
+    uint32_t port;
+    _Alignas(ML_CACHELINE) _Atomic uint32_t pending;
+    _Atomic uint32_t waiters;  /* acceptors asleep on pending */
+};
+
+/*
+ * A memlan process's entry in the fabric (seg-TOKEN of kind ML_KIND_PROC), for memlan stat: one
+ * slot per connection it made or accepted, accelerated or not, with the reason when not.
+ */
+#define ML_PROC_SLOTS 4096u
+#define ML_CONN_FREE  0u
+#define ML_CONN_ACCEL 1u
+#define ML_CONN_TCP   2u
+#define ML_CONN_WAIT  3u /* a client's offer not yet taken */
+
+struct ml_proc_conn {
+    _Atomic uint32_t state;    /* ML_CONN_* (written last when a slot is filled) */
+    int32_t fd;
+    char local[48], remote[48];/* "addr:port" */
+    char token[ML_TOKEN_HEX];  /* the channel, when accelerated */
+    char why[80];              /* why not accelerated */
+};
+
+struct ml_proc_hdr {
+    int32_t pid;
+    uint32_t nslots;
+    char cmd[56];              /* the program, informational */
+    _Atomic uint64_t accel_total, tcp_total;
 };
 
 /*
@@ -148,6 +221,7 @@ _Static_assert(offsetof(struct ml_ring_ctl, rx_wait) == 128, "rx tripwire on its
 _Static_assert(offsetof(struct ml_ring_ctl, tx_wait) == 192, "tx tripwire on its own line");
 _Static_assert(sizeof(struct ml_ring_ctl) == 320, "ring control is five lines");
 _Static_assert(sizeof(struct ml_chan_hdr) == 64, "channel header is one line");
+_Static_assert(sizeof(struct ml_sock_side) == 64, "socket side block is one line");
 _Static_assert(sizeof(struct ml_msg_hdr) == ML_MSG_ALIGN, "message header");
 _Static_assert(offsetof(struct ml_evq_hdr, waiter) == 64, "evq waiter on its own line");
 

@@ -37,6 +37,23 @@ long __ml_sys_open(int dirfd, const char *path, int flags, mode_t mode)
 
 int __ml_sys_close(int fd) { return (int)SYS_CALL(SYS_close, fd); }
 
+long __ml_sys_fcntl(int fd, int cmd, long arg) { return SYS_CALL(SYS_fcntl, fd, cmd, arg); }
+
+long __ml_sys_fcntl_dupfd(int fd, int min, bool cloexec)
+{
+    return SYS_CALL(SYS_fcntl, fd, cloexec ? F_DUPFD_CLOEXEC : F_DUPFD, min);
+}
+
+int __ml_sys_linkat(int olddir, const char *oldpath, int newdir, const char *newpath)
+{
+    return (int)SYS_CALL(SYS_linkat, olddir, oldpath, newdir, newpath, 0);
+}
+
+ssize_t __ml_sys_pwrite(int fd, const void *buf, size_t len, off_t off)
+{
+    return SYS_CALL(SYS_pwrite64, fd, buf, len, off);
+}
+
 ssize_t __ml_sys_read(int fd, void *buf, size_t len) { return SYS_CALL(SYS_read, fd, buf, len); }
 
 ssize_t __ml_sys_write(int fd, const void *buf, size_t len)

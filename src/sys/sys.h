@@ -9,6 +9,7 @@
 #ifndef MEMLAN_SYS_H
 #define MEMLAN_SYS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -16,6 +17,10 @@
 
 long __ml_sys_open(int dirfd, const char *path, int flags, mode_t mode);
 int __ml_sys_close(int fd);
+long __ml_sys_fcntl(int fd, int cmd, long arg);
+long __ml_sys_fcntl_dupfd(int fd, int min, bool cloexec);
+int __ml_sys_linkat(int olddir, const char *oldpath, int newdir, const char *newpath);
+ssize_t __ml_sys_pwrite(int fd, const void *buf, size_t len, off_t off);
 ssize_t __ml_sys_read(int fd, void *buf, size_t len);
 ssize_t __ml_sys_write(int fd, const void *buf, size_t len);
 ssize_t __ml_sys_pread(int fd, void *buf, size_t len, off_t off);

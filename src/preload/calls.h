@@ -1,0 +1,65 @@
+/*
+ * calls.h - the one list of libc functions the preload library intercepts.
+ *
+ * Each line is MLP_CALL(return type, name, (parameters), (arguments)).  preload.h turns it into
+ * the pointers to the real functions (mlp_real_<name>), init.c resolves them all with
+ * dlsym(RTLD_NEXT) at start-up, and the build turns it into the library's export list, so adding
+ * a line here is the whole of declaring a new interposer (its body goes in interpose.c).
+ * Variadic functions (fcntl, ioctl) are listed with the fixed argument that carries the rest.
+ */
+MLP_CALL(int, connect, (int fd, const struct sockaddr *addr, socklen_t len), (fd, addr, len))
+MLP_CALL(int, listen, (int fd, int backlog), (fd, backlog))
+MLP_CALL(int, accept, (int fd, struct sockaddr *addr, socklen_t *len), (fd, addr, len))
+MLP_CALL(int, accept4, (int fd, struct sockaddr *addr, socklen_t *len, int flags),
+         (fd, addr, len, flags))
+MLP_CALL(int, close, (int fd), (fd))
+MLP_CALL(int, shutdown, (int fd, int how), (fd, how))
+MLP_CALL(ssize_t, read, (int fd, void *buf, size_t len), (fd, buf, len))
+MLP_CALL(ssize_t, write, (int fd, const void *buf, size_t len), (fd, buf, len))
+MLP_CALL(ssize_t, readv, (int fd, const struct iovec *iov, int n), (fd, iov, n))
+MLP_CALL(ssize_t, writev, (int fd, const struct iovec *iov, int n), (fd, iov, n))
+MLP_CALL(ssize_t, recv, (int fd, void *buf, size_t len, int flags), (fd, buf, len, flags))
+MLP_CALL(ssize_t, send, (int fd, const void *buf, size_t len, int flags), (fd, buf, len, flags))
+MLP_CALL(ssize_t, recvfrom,
+         (int fd, void *buf, size_t len, int flags, struct sockaddr *addr, socklen_t *alen),
+         (fd, buf, len, flags, addr, alen))
+MLP_CALL(ssize_t, sendto,
+         (int fd, const void *buf, size_t len, int flags, const struct sockaddr *addr,
+          socklen_t alen),
+         (fd, buf, len, flags, addr, alen))
+MLP_CALL(ssize_t, recvmsg, (int fd, struct msghdr *msg, int flags), (fd, msg, flags))
+MLP_CALL(ssize_t, sendmsg, (int fd, const struct msghdr *msg, int flags), (fd, msg, flags))
+MLP_CALL(ssize_t, sendfile, (int out, int in, off_t *off, size_t count), (out, in, off, count))
+MLP_CALL(ssize_t, sendfile64, (int out, int in, off64_t *off, size_t count), (out, in, off, count))
+MLP_CALL(int, setsockopt, (int fd, int level, int name, const void *val, socklen_t len),
+         (fd, level, name, val, len))
+MLP_CALL(int, getsockopt, (int fd, int level, int name, void *val, socklen_t *len),
+         (fd, level, name, val, len))
+MLP_CALL(int, ioctl, (int fd, unsigned long req, void *arg), (fd, req, arg))
+MLP_CALL(int, fcntl, (int fd, int cmd, long arg), (fd, cmd, arg))
+MLP_CALL(int, fcntl64, (int fd, int cmd, long arg), (fd, cmd, arg))
+MLP_CALL(int, dup, (int fd), (fd))
+MLP_CALL(int, dup2, (int fd, int fd2), (fd, fd2))
+MLP_CALL(int, dup3, (int fd, int fd2, int flags), (fd, fd2, flags))
+MLP_CALL(int, poll, (struct pollfd *fds, nfds_t n, int timeout), (fds, n, timeout))
+MLP_CALL(int, ppoll,
+         (struct pollfd *fds, nfds_t n, const struct timespec *tmo, const sigset_t *mask),
+         (fds, n, tmo, mask))
+MLP_CALL(int, select, (int n, fd_set *r, fd_set *w, fd_set *e, struct timeval *tmo),
+         (n, r, w, e, tmo))
+MLP_CALL(int, pselect,
+         (int n, fd_set *r, fd_set *w, fd_set *e, const struct timespec *tmo,
+          const sigset_t *mask),
+         (n, r, w, e, tmo, mask))
+MLP_CALL(int, epoll_ctl, (int epfd, int op, int fd, struct epoll_event *ev), (epfd, op, fd, ev))
+MLP_CALL(int, epoll_wait, (int epfd, struct epoll_event *ev, int max, int tmo),
+         (epfd, ev, max, tmo))
+MLP_CALL(int, epoll_pwait,
+         (int epfd, struct epoll_event *ev, int max, int tmo, const sigset_t *mask),
+         (epfd, ev, max, tmo, mask))
+MLP_CALL(int, epoll_pwait2,
+         (int epfd, struct epoll_event *ev, int max, const struct timespec *tmo,
+          const sigset_t *mask),
+         (epfd, ev, max, tmo, mask))
+MLP_CALL(int, execve, (const char *path, char *const argv[], char *const envp[]),
+         (path, argv, envp))

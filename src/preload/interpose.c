@@ -1,0 +1,587 @@
+/*
+ * interpose.c - the exported libc functions (the list is calls.h).
+ *
+ * Every interposer has one shape: make sure start-up ran, pass straight to the real function when
+ * we are inside our own code or the fd is not ours, otherwise dispatch to the handler and turn its
+ * negative errno into -1 and errno.  Only this file sets errno; a call that succeeds leaves errno
+ * as the application left it.
+ */
+#include "preload.h"
+#include "sys/sys.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/sendfile.h>
+#include <unistd.h>
+
+void mlp_stat_tcp_closed(int fd);
+
+#define MLP_INIT()                                                                             \
+    do {                                                                                       \
+        if (ml_unlikely(!mlp_ready))                                                           \
+            mlp_init();                                                                        \
+    } while (0)
+
+/* The fd's accelerated connection, or NULL to pass the call through. */
+static inline struct mlp_sock *mlp_conn(int fd)
+{
+    if (ml_unlikely(!mlp_ready))
+        mlp_init();
+    if (mlp_inside)
+        return NULL;
+    struct mlp_sock *s = mlp_get(fd);
+    if (ml_likely(!s))
+        return NULL;
+    if (s->type != MLP_CONN) {
+        mlp_put(s);
+        return NULL;
+    }
+    return s;
+}
+
+static inline ssize_t mlp_ret(ssize_t r)
+{
+    if (r < 0) {
+        errno = (int)-r;
+        return -1;
+    }
+    return r;
+}
+
+/* ---- connection set-up ------------------------------------------------------------------- */
+
+MLP_EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
+{
+    MLP_INIT();
+    if (mlp_inside || mlp_cfg.off)
+        return mlp_real_connect(fd, addr, len);
+    int saved = errno;
+    void *tok;
+    mlp_on_connect_start(fd, addr, len, &tok);
+    int r = mlp_real_connect(fd, addr, len);
+    int err = r < 0 ? errno : 0;
+    mlp_on_connect_done(fd, addr, len, tok, r, err);
+    errno = r < 0 ? err : saved;
+    return r;
+}
+
+MLP_EXPORT int listen(int fd, int backlog)
+{
+    MLP_INIT();
+    int r = mlp_real_listen(fd, backlog);
+    if (r == 0 && !mlp_inside && !mlp_cfg.off) {
+        int saved = errno;
+        mlp_on_listen(fd);
+        errno = saved;
+    }
+    return r;
+}
+
+static int mlp_accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flags)
+{
+    int r = mlp_real_accept4(fd, addr, len, flags);
+    if (r >= 0 && !mlp_inside && mlp_fd_is_ours(fd)) {
+        int saved = errno;
+        mlp_on_accept(fd, r, flags);
+        errno = saved;
+    }
+    return r;
+}
+
+MLP_EXPORT int accept(int fd, struct sockaddr *addr, socklen_t *len)
+{
+    MLP_INIT();
+    return mlp_accept_common(fd, addr, len, 0);
+}
+
+MLP_EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
+{
+    MLP_INIT();
+    return mlp_accept_common(fd, addr, len, flags);
+}
+
+/* ---- close and duplicates ---------------------------------------------------------------- */
+
+/* fd stops naming what it named (close, or the target of dup2). */
+static void mlp_fd_gone(int fd)
+{
+    struct mlp_sock *s = mlp_uninstall(fd);
+    if (s) {
+        if (atomic_load(&s->nfds) == 0)
+            mlp_before_last_close(s, fd);
+        mlp_put(s);
+    }
+    mlp_epoll_forget_fd(fd);
+    mlp_stat_tcp_closed(fd);
+}
+
+MLP_EXPORT int close(int fd)
+{
+    MLP_INIT();
+    if (mlp_inside)
+        return mlp_real_close(fd);
+    if (ml_unlikely(mlp_is_internal_fd(fd))) {
+        errno = EBADF; /* not the application's: as if it were not open */
+        return -1;
+    }
+    int saved = errno;
+    mlp_fd_gone(fd);
+    errno = saved;
+    return mlp_real_close(fd);
+}
+
+static void mlp_dup_to(int fd, int nfd)
+{
+    struct mlp_sock *s = mlp_get(fd);
+    if (s) {
+        mlp_install(nfd, s);
+        mlp_put(s);
+    }
+}
+
+MLP_EXPORT int dup(int fd)
+{
+    MLP_INIT();
+    if (mlp_is_internal_fd(fd) && !mlp_inside) {
+        errno = EBADF;
+        return -1;
+    }
+    int r = mlp_real_dup(fd);
+    if (r >= 0 && !mlp_inside)
+        mlp_dup_to(fd, r);
+    return r;
+}
+
+static int mlp_dup23(int fd, int fd2, int flags, bool three)
+{
+    if (mlp_inside)
+        return three ? mlp_real_dup3(fd, fd2, flags) : mlp_real_dup2(fd, fd2);
+    if (mlp_is_internal_fd(fd)) {
+        errno = EBADF;
+        return -1;
+    }
+    int saved = errno;
+    if (mlp_is_internal_fd(fd2) && fd != fd2)
+        (void)mlp_evict_fd(fd2);
+    errno = saved;
+    int r = three ? mlp_real_dup3(fd, fd2, flags) : mlp_real_dup2(fd, fd2);
+    if (r >= 0 && fd != fd2) {
+        saved = errno;
+        mlp_fd_gone(fd2);
+        mlp_dup_to(fd, fd2);
+        errno = saved;
+    }
+    return r;
+}
+
+MLP_EXPORT int dup2(int fd, int fd2)
+{
+    MLP_INIT();
+    return mlp_dup23(fd, fd2, 0, false);
+}
+
+MLP_EXPORT int dup3(int fd, int fd2, int flags)
+{
+    MLP_INIT();
+    return mlp_dup23(fd, fd2, flags, true);
+}
+
+static int mlp_fcntl_common(int (*real)(int, int, long), int fd, int cmd, long arg)
+{
+    if (mlp_inside)
+        return real(fd, cmd, arg);
+    if ((cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) && mlp_is_internal_fd(fd)) {
+        errno = EBADF;
+        return -1;
+    }
+    int r = real(fd, cmd, arg);
+    if (r < 0)
+        return r;
+    int saved = errno;
+    if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) {
+        mlp_dup_to(fd, r);
+    } else if (cmd == F_SETFL || cmd == F_SETFD) {
+        struct mlp_sock *s = mlp_conn(fd);
+        if (s) {
+            if (cmd == F_SETFL && s->me)
+                mlp_set_nonblock(s, (arg & O_NONBLOCK) != 0);
+            if (cmd == F_SETFD && s->ch)
+                mlp_own_fd_cloexec(s->ch->seg->fd, (arg & FD_CLOEXEC) != 0);
+            mlp_put(s);
+        }
+    }
+    errno = saved;
+    return r;
+}
+
+MLP_EXPORT int fcntl(int fd, int cmd, ...)
+{
+    MLP_INIT();
+    va_list ap;
+    va_start(ap, cmd);
+    long arg = va_arg(ap, long);
+    va_end(ap);
+    return mlp_fcntl_common(mlp_real_fcntl, fd, cmd, arg);
+}
+
+MLP_EXPORT int fcntl64(int fd, int cmd, ...)
+{
+    MLP_INIT();
+    va_list ap;
+    va_start(ap, cmd);
+    long arg = va_arg(ap, long);
+    va_end(ap);
+    return mlp_fcntl_common(mlp_real_fcntl64 ? mlp_real_fcntl64 : mlp_real_fcntl, fd, cmd, arg);
+}
+
+MLP_EXPORT int ioctl(int fd, unsigned long req, ...)
+{
+    va_list ap;
+    va_start(ap, req);
+    void *arg = va_arg(ap, void *);
+    va_end(ap);
+    struct mlp_sock *s = mlp_conn(fd);
+    if (!s)
+        return mlp_real_ioctl(fd, req, arg);
+    bool handled;
+    int r = mlp_ioctl(s, fd, req, arg, &handled);
+    mlp_put(s);
+    if (handled)
+        return (int)mlp_ret(r);
+    return mlp_real_ioctl(fd, req, arg);
+}
+
+/* ---- data -------------------------------------------------------------------------------- */
+
+MLP_EXPORT ssize_t read(int fd, void *buf, size_t len)
+{
+    struct mlp_sock *s = mlp_conn(fd);
+    if (ml_likely(!s))
+        return mlp_real_read(fd, buf, len);
+    struct iovec v = {buf, len};
+    ssize_t r = mlp_recv(s, fd, &v, 1, 0);
+    mlp_put(s);
+    return mlp_ret(r);
+}
+
+MLP_EXPORT ssize_t write(int fd, const void *buf, size_t len)
+{
+    struct mlp_sock *s = mlp_conn(fd);
+    if (ml_likely(!s))
+        return mlp_real_write(fd, buf, len);
+    struct iovec v = {(void *)buf, len};
+    ssize_t r = mlp_send(s, fd, &v, 1, 0);
+    mlp_put(s);
+    return mlp_ret(r);
+}
+
+MLP_EXPORT ssize_t readv(int fd, const struct iovec *iov, int n)
+{
+    struct mlp_sock *s = mlp_conn(fd);
+    if (ml_likely(!s))
+        return mlp_real_readv(fd, iov, n);
+    ssize_t r = n < 0 || n > IOV_MAX ? -EINVAL : mlp_recv(s, fd, iov, n, 0);
+    mlp_put(s);
+    return mlp_ret(r);
+}
+
+MLP_EXPORT ssize_t writev(int fd, const struct iovec *iov, int n)
+{
+    struct mlp_sock *s = mlp_conn(fd);
+    if (ml_likely(!s))
+        return mlp_real_writev(fd, iov, n);
+    ssize_t r = n < 0 || n > IOV_MAX ? -EINVAL : mlp_send(s, fd, iov, n, 0);
+    mlp_put(s);
+    return mlp_ret(r);
+}
+
+MLP_EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags)
+{
+    struct mlp_sock *s = mlp_conn(fd);
+    if (ml_likely(!s))
+        return mlp_real_recv(fd, buf, len, flags);
+    struct iovec v = {buf, len};
+    ssize_t r = mlp_recv(s, fd, &v, 1, flags);
+    mlp_put(s);
+    return mlp_ret(r);
+}
+
+MLP_EXPORT ssize_t send(int fd, const void *buf, size_t len, int flags)
+{
+    struct mlp_sock *s = mlp_conn(fd);
+    if (ml_likely(!s))
+        return mlp_real_send(fd, buf, len, flags);
+    struct iovec v = {(void *)buf, len};
+    ssize_t r = mlp_send(s, fd, &v, 1, flags);
+    mlp_put(s);
+    return mlp_ret(r);
+}
+
+MLP_EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockaddr *addr,
+                            socklen_t *alen)
+{
+    struct mlp_sock *s = mlp_conn(fd);
+    if (ml_likely(!s))
+        return mlp_real_recvfrom(fd, buf, len, flags, addr, alen);
+    struct iovec v = {buf, len};
+    ssize_t r = mlp_recv(s, fd, &v, 1, flags);
+    if (r >= 0 && addr && alen && s->state != MLP_TCP)
+        *alen = 0; /* a connected TCP socket reports no source address */
+    mlp_put(s);
+    return mlp_ret(r);
+}
+
+MLP_EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags,
+                          const struct sockaddr *addr, socklen_t alen)
+{
+    struct mlp_sock *s = mlp_conn(fd);
+    if (ml_likely(!s))
+        return mlp_real_sendto(fd, buf, len, flags, addr, alen);
+    struct iovec v = {(void *)buf, len};
+    ssize_t r = mlp_send(s, fd, &v, 1, flags); /* TCP ignores the address */
+    mlp_put(s);
+    return mlp_ret(r);
+}
+
+MLP_EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
+{
+    struct mlp_sock *s = mlp_conn(fd);
+    if (ml_likely(!s))
+        return mlp_real_recvmsg(fd, msg, flags);
+    ssize_t r;
+    if (msg->msg_iovlen > IOV_MAX) {
+        r = -EMSGSIZE;
+    } else {
+        r = mlp_recv(s, fd, msg->msg_iov, (int)msg->msg_iovlen, flags);
+        if (r >= 0 && s->state != MLP_TCP) {
+            msg->msg_namelen = 0;
+            msg->msg_controllen = 0;
+            msg->msg_flags = 0;
+        }
+    }
+    mlp_put(s);
+    return mlp_ret(r);
+}
+
+MLP_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
+{
+    struct mlp_sock *s = mlp_conn(fd);
+    if (ml_likely(!s))
+        return mlp_real_sendmsg(fd, msg, flags);
+    ssize_t r = msg->msg_iovlen > IOV_MAX ? -EMSGSIZE
+                                          : mlp_send(s, fd, msg->msg_iov, (int)msg->msg_iovlen,
+                                                     flags);
+    mlp_put(s);
+    return mlp_ret(r);
+}
+
+MLP_EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t count)
+{
+    struct mlp_sock *s = mlp_conn(out);
+    if (ml_likely(!s))
+        return mlp_real_sendfile(out, in, off, count);
+    ssize_t r = mlp_sendfile(s, out, in, off, count);
+    mlp_put(s);
+    return mlp_ret(r);
+}
+
+MLP_EXPORT ssize_t sendfile64(int out, int in, off64_t *off, size_t count)
+{
+    struct mlp_sock *s = mlp_conn(out);
+    if (ml_likely(!s))
+        return (mlp_real_sendfile64 ? mlp_real_sendfile64 : mlp_real_sendfile)(out, in, off, count);
+    ssize_t r = mlp_sendfile(s, out, in, off, count);
+    mlp_put(s);
+    return mlp_ret(r);
+}
+
+MLP_EXPORT int shutdown(int fd, int how)
+{
+    struct mlp_sock *s = mlp_conn(fd);
+    if (ml_likely(!s))
+        return mlp_real_shutdown(fd, how);
+    int r = mlp_shutdown(s, fd, how);
+    mlp_put(s);
+    return (int)mlp_ret(r);
+}
+
+MLP_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
+{
+    MLP_INIT();
+    int r = mlp_real_setsockopt(fd, level, name, val, len);
+    if (r < 0)
+        return r;
+    struct mlp_sock *s = mlp_conn(fd);
+    if (s) {
+        mlp_setsockopt(s, level, name, val, len);
+        mlp_put(s);
+    }
+    return r;
+}
+
+MLP_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
+{
+    MLP_INIT();
+    return mlp_real_getsockopt(fd, level, name, val, len);
+}
+
+/* ---- readiness --------------------------------------------------------------------------- */
+
+static bool mlp_any_ours(const struct pollfd *fds, nfds_t n)
+{
+    for (nfds_t i = 0; i < n; i++)
+        if (ml_unlikely(mlp_fd_is_ours(fds[i].fd)))
+            return true;
+    return false;
+}
+
+MLP_EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
+{
+    MLP_INIT();
+    if (mlp_inside || !mlp_any_ours(fds, n))
+        return mlp_real_poll(fds, n, timeout);
+    return (int)mlp_ret(mlp_poll(fds, n, timeout < 0 ? -1 : (int64_t)timeout * 1000000, NULL));
+}
+
+MLP_EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *tmo,
+                     const sigset_t *mask)
+{
+    MLP_INIT();
+    if (mlp_inside || !mlp_any_ours(fds, n))
+        return mlp_real_ppoll(fds, n, tmo, mask);
+    int64_t ns = tmo ? (int64_t)tmo->tv_sec * 1000000000 + tmo->tv_nsec : -1;
+    return (int)mlp_ret(mlp_poll(fds, n, ns, mask));
+}
+
+static bool mlp_any_ours_set(int n, fd_set *r, fd_set *w, fd_set *e)
+{
+    int max = mlp_fd_max();
+    if (max < 0)
+        return false;
+    for (int fd = 0; fd < n && fd <= max; fd++)
+        if (((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (e && FD_ISSET(fd, e))) &&
+            mlp_fd_is_ours(fd))
+            return true;
+    return false;
+}
+
+MLP_EXPORT int select(int n, fd_set *r, fd_set *w, fd_set *e, struct timeval *tmo)
+{
+    MLP_INIT();
+    if (mlp_inside || !mlp_any_ours_set(n, r, w, e))
+        return mlp_real_select(n, r, w, e, tmo);
+    int64_t ns = tmo ? (int64_t)tmo->tv_sec * 1000000000 + (int64_t)tmo->tv_usec * 1000 : -1;
+    int64_t left = 0;
+    int res = mlp_select(n, r, w, e, ns, NULL, &left);
+    if (tmo) { /* Linux reports the time not slept */
+        tmo->tv_sec = left / 1000000000;
+        tmo->tv_usec = (left % 1000000000) / 1000;
+    }
+    return (int)mlp_ret(res);
+}
+
+MLP_EXPORT int pselect(int n, fd_set *r, fd_set *w, fd_set *e, const struct timespec *tmo,
+                       const sigset_t *mask)
+{
+    MLP_INIT();
+    if (mlp_inside || !mlp_any_ours_set(n, r, w, e))
+        return mlp_real_pselect(n, r, w, e, tmo, mask);
+    int64_t ns = tmo ? (int64_t)tmo->tv_sec * 1000000000 + tmo->tv_nsec : -1;
+    return (int)mlp_ret(mlp_select(n, r, w, e, ns, mask, NULL));
+}
+
+MLP_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
+{
+    MLP_INIT();
+    if (mlp_inside)
+        return mlp_real_epoll_ctl(epfd, op, fd, ev);
+    bool handled;
+    int saved = errno;
+    int r = mlp_epoll_ctl(epfd, op, fd, ev, &handled);
+    if (!handled) {
+        errno = saved;
+        return mlp_real_epoll_ctl(epfd, op, fd, ev);
+    }
+    if (r == 0)
+        errno = saved;
+    return (int)mlp_ret(r);
+}
+
+MLP_EXPORT int epoll_wait(int epfd, struct epoll_event *ev, int max, int tmo)
+{
+    MLP_INIT();
+    if (mlp_inside || !mlp_epoll_has_ours(epfd))
+        return mlp_real_epoll_wait(epfd, ev, max, tmo);
+    return (int)mlp_ret(mlp_epoll_wait(epfd, ev, max, tmo < 0 ? -1 : (int64_t)tmo * 1000000,
+                                       NULL));
+}
+
+MLP_EXPORT int epoll_pwait(int epfd, struct epoll_event *ev, int max, int tmo,
+                           const sigset_t *mask)
+{
+    MLP_INIT();
+    if (mlp_inside || !mlp_epoll_has_ours(epfd))
+        return mlp_real_epoll_pwait(epfd, ev, max, tmo, mask);
+    return (int)mlp_ret(mlp_epoll_wait(epfd, ev, max, tmo < 0 ? -1 : (int64_t)tmo * 1000000,
+                                       mask));
+}
+
+MLP_EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max,
+                            const struct timespec *tmo, const sigset_t *mask)
+{
+    MLP_INIT();
+    if (mlp_inside || !mlp_epoll_has_ours(epfd)) {
+        if (!mlp_real_epoll_pwait2) {
+            errno = ENOSYS;
+            return -1;
+        }
+        return mlp_real_epoll_pwait2(epfd, ev, max, tmo, mask);
+    }
+    int64_t ns = tmo ? (int64_t)tmo->tv_sec * 1000000000 + tmo->tv_nsec : -1;
+    return (int)mlp_ret(mlp_epoll_wait(epfd, ev, max, ns, mask));
+}
+
+/* ---- exec -------------------------------------------------------------------------------- */
+
+/*
+ * A program that execs with an environment of its own making (env -i, a sanitised envp) would
+ * lose LD_PRELOAD and its children memlan.  When envp has no LD_PRELOAD at all we carry ours
+ * and the MEMLAN_* settings over; an explicit LD_PRELOAD, even empty, is the caller's choice.
+ */
+MLP_EXPORT int execve(const char *path, char *const argv[], char *const envp[])
+{
+    MLP_INIT();
+    if (mlp_inside || !envp)
+        return mlp_real_execve(path, argv, envp);
+    size_t n = 0;
+    for (; envp[n]; n++)
+        if (strncmp(envp[n], "LD_PRELOAD=", 11) == 0)
+            return mlp_real_execve(path, argv, envp);
+    extern char **environ;
+    size_t extra = 0;
+    for (char **e = environ; e && *e; e++)
+        if (strncmp(*e, "LD_PRELOAD=", 11) == 0 || strncmp(*e, "MEMLAN", 6) == 0)
+            extra++;
+    if (!extra)
+        return mlp_real_execve(path, argv, envp);
+    char **ne = malloc((n + extra + 1) * sizeof *ne);
+    if (!ne)
+        return mlp_real_execve(path, argv, envp);
+    size_t j = 0;
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(envp[i], "MEMLAN", 6) != 0)
+            ne[j++] = envp[i];
+    for (char **e = environ; e && *e; e++)
+        if (strncmp(*e, "LD_PRELOAD=", 11) == 0 || strncmp(*e, "MEMLAN", 6) == 0)
+            ne[j++] = *e;
+    ne[j] = NULL;
+    int r = mlp_real_execve(path, argv, ne);
+    int saved = errno;
+    free(ne);
+    errno = saved;
+    return r;
+}

@@ -1,0 +1,887 @@
+/*
+ * negotiate.c - how two memlan processes agree to carry a TCP connection over a channel, and how
+ * everything else stays plain TCP without a byte added.
+ *
+ * Nothing is ever written into the TCP stream.  The rendezvous is out of band, in the fabric
+ * (the record layouts are in layout.h):
+ *   - a memlan listener holds a read lock on the record ls-NETNS-PORT;
+ *   - a memlan client that sees a live record counts itself in the record's pending, connects,
+ *     creates a channel and posts an offer named by the connection's own addresses and ports
+ *     (cx-NETNS-CLIENT-SERVER holding the channel's token), then counts itself out;
+ *   - the acceptor looks the offer up by the accepted socket's addresses.  Found: it attaches (the
+ *     core's CAS on the channel's attached word is the claim).  Not found and nobody pending: the
+ *     client is not memlan.  Not found but clients pending: it waits a little for the offer, then
+ *     refuses by creating the offer's name itself ("R"), which the late client finds.
+ *   - Until the claim the client's socket is undecided: what it writes goes into the ring (the
+ *     acceptor will read it, or the client will send it over TCP), and it decides TCP itself when
+ *     the server talks over TCP (so it is not memlan) or when no claim comes within
+ *     MEMLAN_ACCEPT_WAIT_MS (a listener inherited by a program without memlan, say).  Its
+ *     withdrawal is a CAS on the same word as the claim, so exactly one of the two wins.
+ * A real TCP connection stays under every accelerated socket: it gives the fd its identity,
+ * orders the set-up, and its FIN tells a sleeping poller that the peer is gone.
+ */
+#include "preload.h"
+#include "sys/sys.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static pthread_mutex_t mlp_neg_mu = PTHREAD_MUTEX_INITIALIZER;
+static bool mlp_fab_tried;
+
+/* The fabric, opened on first use. */
+static memlan_fabric_t *mlp_fabric(void)
+{
+    if (mlp_fab || mlp_fab_tried)
+        return mlp_fab;
+    pthread_mutex_lock(&mlp_neg_mu);
+    if (!mlp_fab_tried) {
+        memlan_fabric_t *f;
+        int r = memlan_fabric_open(NULL, &f);
+        if (r < 0) {
+            snprintf(mlp_fab_error, sizeof mlp_fab_error, "fabric unavailable: %s",
+                     strerror(-r));
+            mlp_log(0, "%s: every connection stays on TCP", mlp_fab_error);
+        } else {
+            mlp_own_fd(&f->dirfd, true);
+            mlp_fab = f;
+        }
+        mlp_fab_tried = true;
+    }
+    pthread_mutex_unlock(&mlp_neg_mu);
+    return mlp_fab;
+}
+
+/* ---- addresses --------------------------------------------------------------------------- */
+
+struct mlp_addr {
+    int v4;                   /* 1: IPv4 (v4-mapped IPv6 counts as IPv4) */
+    uint8_t a[16];
+    int port;
+};
+
+static bool mlp_addr_of(const struct sockaddr *sa, socklen_t len, struct mlp_addr *out)
+{
+    memset(out, 0, sizeof *out);
+    if (sa->sa_family == AF_INET && len >= sizeof(struct sockaddr_in)) {
+        const struct sockaddr_in *s4 = (const void *)sa;
+        out->v4 = 1;
+        memcpy(out->a, &s4->sin_addr, 4);
+        out->port = ntohs(s4->sin_port);
+        return true;
+    }
+    if (sa->sa_family == AF_INET6 && len >= sizeof(struct sockaddr_in6)) {
+        const struct sockaddr_in6 *s6 = (const void *)sa;
+        if (IN6_IS_ADDR_V4MAPPED(&s6->sin6_addr)) {
+            out->v4 = 1;
+            memcpy(out->a, &s6->sin6_addr.s6_addr[12], 4);
+        } else {
+            memcpy(out->a, &s6->sin6_addr, 16);
+        }
+        out->port = ntohs(s6->sin6_port);
+        return true;
+    }
+    return false;
+}
+
+static bool mlp_addr_loopback(const struct mlp_addr *a)
+{
+    if (a->v4)
+        return a->a[0] == 127;
+    static const uint8_t lo6[16] = {[15] = 1};
+    return memcmp(a->a, lo6, 16) == 0;
+}
+
+static void mlp_addr_hex(const struct mlp_addr *a, char *buf, size_t len)
+{
+    int n = a->v4 ? 4 : 16, o = 0;
+    for (int i = 0; i < n && o + 3 < (int)len; i++)
+        o += snprintf(buf + o, len - (size_t)o, "%02x", a->a[i]);
+    snprintf(buf + o, len - (size_t)o, "p%x", a->port);
+}
+
+static void mlp_addr_str(const struct mlp_addr *a, char *buf, size_t len)
+{
+    char ip[INET6_ADDRSTRLEN];
+    inet_ntop(a->v4 ? AF_INET : AF_INET6, a->a, ip, sizeof ip);
+    snprintf(buf, len, a->v4 ? "%s:%d" : "[%s]:%d", ip, a->port);
+}
+
+static int mlp_sock_addrs(int fd, struct mlp_addr *local, struct mlp_addr *remote,
+                          const struct sockaddr *fallback, socklen_t fblen)
+{
+    struct sockaddr_storage ss;
+    socklen_t l = sizeof ss;
+    if (getsockname(fd, (struct sockaddr *)&ss, &l) < 0 ||
+        !mlp_addr_of((struct sockaddr *)&ss, l, local))
+        return -errno;
+    l = sizeof ss;
+    if (getpeername(fd, (struct sockaddr *)&ss, &l) == 0) {
+        if (!mlp_addr_of((struct sockaddr *)&ss, l, remote))
+            return -EAFNOSUPPORT;
+    } else if (!fallback || !mlp_addr_of(fallback, fblen, remote)) {
+        return -ENOTCONN;
+    }
+    return 0;
+}
+
+static void mlp_offer_name(char *buf, size_t len, const struct mlp_addr *client,
+                           const struct mlp_addr *server)
+{
+    char c[48], s[48];
+    mlp_addr_hex(client, c, sizeof c);
+    mlp_addr_hex(server, s, sizeof s);
+    snprintf(buf, len, "cx-%s-%s-%s", mlp_cfg.netns, c, s);
+}
+
+/* ---- the stat segment -------------------------------------------------------------------- */
+
+static struct memlan_segment *mlp_proc;
+static struct ml_proc_hdr *mlp_proc_hdr;
+static struct ml_proc_conn *mlp_proc_conns;
+static unsigned mlp_proc_hint;
+static pthread_mutex_t mlp_proc_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int mlp_proc_slot(void)
+{
+    memlan_fabric_t *fab = mlp_fabric();
+    if (!fab)
+        return -1;
+    pthread_mutex_lock(&mlp_proc_mu);
+    if (!mlp_proc) {
+        size_t body = sizeof(struct ml_proc_hdr) + ML_PROC_SLOTS * sizeof(struct ml_proc_conn);
+        struct memlan_segment *seg;
+        if (__ml_seg_create(fab, ML_KIND_PROC, MEMLAN_MODE_RO, sizeof(struct ml_seg_hdr), body, 0,
+                            &seg) == 0) {
+            mlp_own_fd(&seg->fd, true);
+            mlp_proc_hdr = (struct ml_proc_hdr *)(seg->base + seg->body_off);
+            mlp_proc_conns = (struct ml_proc_conn *)(mlp_proc_hdr + 1);
+            mlp_proc_hdr->pid = mlp_pid;
+            mlp_proc_hdr->nslots = ML_PROC_SLOTS;
+            int fd = (int)__ml_sys_open(AT_FDCWD, "/proc/self/comm", O_RDONLY, 0);
+            if (fd >= 0) {
+                ssize_t n = __ml_sys_read(fd, mlp_proc_hdr->cmd, sizeof mlp_proc_hdr->cmd - 1);
+                if (n > 0 && mlp_proc_hdr->cmd[n - 1] == '\n')
+                    mlp_proc_hdr->cmd[n - 1] = 0;
+                __ml_sys_close(fd);
+            }
+            __ml_seg_publish(seg);
+            mlp_proc = seg;
+        }
+    }
+    int slot = -1;
+    if (mlp_proc) {
+        for (unsigned i = 0; i < ML_PROC_SLOTS; i++) {
+            unsigned k = (mlp_proc_hint + i) % ML_PROC_SLOTS;
+            if (ml_load_relaxed(&mlp_proc_conns[k].state) == ML_CONN_FREE) {
+                slot = (int)k;
+                mlp_proc_hint = k + 1;
+                ml_store_relaxed(&mlp_proc_conns[k].state, ML_CONN_WAIT);
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&mlp_proc_mu);
+    return slot;
+}
+
+static void mlp_slot_fill(int slot, uint32_t state, int fd, const struct mlp_addr *l,
+                          const struct mlp_addr *r, const char *token, const char *why)
+{
+    if (slot < 0 || !mlp_proc_conns)
+        return;
+    struct ml_proc_conn *c = &mlp_proc_conns[slot];
+    c->fd = fd;
+    if (l)
+        mlp_addr_str(l, c->local, sizeof c->local);
+    if (r)
+        mlp_addr_str(r, c->remote, sizeof c->remote);
+    memset(c->token, 0, sizeof c->token);
+    if (token)
+        memcpy(c->token, token, ML_TOKEN_HEX);
+    snprintf(c->why, sizeof c->why, "%s", why ? why : "");
+    ml_store_release(&c->state, state);
+    if (state == ML_CONN_ACCEL)
+        atomic_fetch_add(&mlp_proc_hdr->accel_total, 1);
+    else if (state == ML_CONN_TCP)
+        atomic_fetch_add(&mlp_proc_hdr->tcp_total, 1);
+}
+
+void mlp_stat_clear(struct mlp_sock *s)
+{
+    if (s->slot >= 0 && mlp_proc_conns)
+        ml_store_release(&mlp_proc_conns[s->slot].state, ML_CONN_FREE);
+    s->slot = -1;
+}
+
+/* A connection that stays on TCP: log it and show it in memlan stat until it closes.  Plain TCP
+ * fds are not in our table, so their slot is found again by fd at close (mlp_stat_tcp_closed). */
+static int mlp_tcp_slot_of_fd[1 << 16];
+static void mlp_stat_tcp_addrs(int fd, const struct mlp_addr *l, const struct mlp_addr *r,
+                               const char *why)
+{
+    char ls[64] = "?", rs[64] = "?";
+    if (l)
+        mlp_addr_str(l, ls, sizeof ls);
+    if (r)
+        mlp_addr_str(r, rs, sizeof rs);
+    mlp_log(1, "fd %d %s -> %s: TCP (%s)", fd, ls, rs, why);
+    int slot = mlp_proc_slot();
+    if (slot < 0)
+        return;
+    mlp_slot_fill(slot, ML_CONN_TCP, fd, l, r, NULL, why);
+    if (fd >= 0 && fd < (1 << 16)) {
+        int old = mlp_tcp_slot_of_fd[fd];
+        if (old > 0 && mlp_proc_conns)
+            ml_store_release(&mlp_proc_conns[old - 1].state, ML_CONN_FREE);
+        mlp_tcp_slot_of_fd[fd] = slot + 1;
+    }
+}
+
+void mlp_stat_tcp(int fd, const char *why) { mlp_stat_tcp_addrs(fd, NULL, NULL, why); }
+
+void mlp_stat_tcp_closed(int fd);
+void mlp_stat_tcp_closed(int fd)
+{
+    if (fd < 0 || fd >= (1 << 16) || !mlp_tcp_slot_of_fd[fd])
+        return;
+    int slot = mlp_tcp_slot_of_fd[fd] - 1;
+    mlp_tcp_slot_of_fd[fd] = 0;
+    if (mlp_proc_conns)
+        ml_store_release(&mlp_proc_conns[slot].state, ML_CONN_FREE);
+}
+
+void mlp_stat_conn(struct mlp_sock *s, int fd, const char *why)
+{
+    if (s->slot < 0 || !mlp_proc_conns)
+        return;
+    struct ml_proc_conn *c = &mlp_proc_conns[s->slot];
+    int st = s->state;
+    snprintf(c->why, sizeof c->why, "%s", why ? why : "");
+    c->fd = fd;
+    ml_store_release(&c->state, st == MLP_ACCEL ? ML_CONN_ACCEL
+                                : st == MLP_TCP ? ML_CONN_TCP : ML_CONN_WAIT);
+    if (st == MLP_ACCEL)
+        atomic_fetch_add(&mlp_proc_hdr->accel_total, 1);
+    else if (st == MLP_TCP)
+        atomic_fetch_add(&mlp_proc_hdr->tcp_total, 1);
+}
+
+/* ---- listener records -------------------------------------------------------------------- */
+
+struct mlp_lrec {
+    int port;
+    int lock_fd;              /* holds our read lock while we listen on the port, else -1 */
+    int nlisten;              /* our listening sockets on the port */
+    int check_fd;             /* for clients: a separate open file, whose GETLK sees our own lock */
+    struct ml_listen_rec *map;
+    ino_t ino;
+};
+static struct mlp_lrec *mlp_lrecs[65536];
+
+static void mlp_lrec_name(char *buf, size_t len, int port)
+{
+    snprintf(buf, len, "ls-%s-%d", mlp_cfg.netns, port);
+}
+
+/* Open (creating when create) the record file, map it; -errno. */
+static int mlp_lrec_open(int port, bool create, int *fdp, struct ml_listen_rec **mapp, ino_t *ino)
+{
+    memlan_fabric_t *fab = mlp_fabric();
+    if (!fab)
+        return -ENOENT;
+    char name[64];
+    mlp_lrec_name(name, sizeof name, port);
+    for (int tries = 0; tries < 8; tries++) {
+        long fd = __ml_sys_open(fab->dirfd, name, O_RDWR | O_NOFOLLOW | (create ? O_CREAT : 0),
+                                fab->shared ? 0666 : 0600);
+        if (fd < 0)
+            return (int)fd;
+        struct stat st;
+        if (create) {
+            struct flock fl = {.l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+            if (__ml_sys_fcntl((int)fd, F_OFD_SETLK, (long)&fl) < 0) {
+                __ml_sys_close((int)fd); /* a reclaimer holds the write lock: it is removing it */
+                continue;
+            }
+            if (fab->shared)
+                (void)__ml_sys_fchmod((int)fd, 0666);
+        }
+        if (__ml_sys_fstat((int)fd, &st) < 0 || st.st_nlink == 0 || !S_ISREG(st.st_mode)) {
+            __ml_sys_close((int)fd);
+            if (!create)
+                return -ENOENT;
+            continue;
+        }
+        if (st.st_size < ML_PAGE) {
+            if (!create || __ml_sys_ftruncate((int)fd, ML_PAGE) < 0) {
+                __ml_sys_close((int)fd);
+                return -ENOENT;
+            }
+        }
+        void *p;
+        int r = __ml_sys_mmap(&p, NULL, ML_PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, (int)fd, 0);
+        if (r < 0) {
+            __ml_sys_close((int)fd);
+            return r;
+        }
+        struct ml_listen_rec *m = p;
+        if (create && m->magic != ML_LREC_MAGIC) {
+            m->version = ML_LAYOUT_VERSION;
+            m->port = (uint32_t)port;
+            m->magic = ML_LREC_MAGIC;
+        }
+        int cfd = (int)fd;
+        mlp_own_fd(&cfd, true);
+        *fdp = cfd;
+        *mapp = m;
+        *ino = st.st_ino;
+        return 0;
+    }
+    return -EAGAIN;
+}
+
+/* Does some process hold a read lock on the record (a memlan listener lives)? */
+static bool mlp_lrec_live(int fd)
+{
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = 0, .l_len = 1};
+    if (__ml_sys_fcntl(fd, F_OFD_GETLK, (long)&fl) < 0)
+        return false;
+    return fl.l_type != F_UNLCK;
+}
+
+/* Client: the live record for port, or NULL. */
+static struct mlp_lrec *mlp_lrec_find(int port)
+{
+    pthread_mutex_lock(&mlp_neg_mu);
+    struct mlp_lrec *r = mlp_lrecs[port];
+    for (int pass = 0; pass < 2; pass++) {
+        if (r && r->check_fd >= 0 && mlp_lrec_live(r->check_fd))
+            break;
+        if (pass == 1) {
+            r = NULL;
+            break;
+        }
+        /* No record yet, or ours went stale (the listeners left and it may have been removed
+         * and created again): look the name up afresh. */
+        int fd;
+        struct ml_listen_rec *m;
+        ino_t ino;
+        if (mlp_lrec_open(port, false, &fd, &m, &ino) < 0) {
+            r = NULL;
+            break;
+        }
+        if (!r) {
+            r = calloc(1, sizeof *r);
+            if (!r) {
+                mlp_disown_fd(fd);
+                __ml_sys_close(fd);
+                __ml_sys_munmap(m, ML_PAGE);
+                break;
+            }
+            r->port = port;
+            r->lock_fd = -1;
+            r->check_fd = -1;
+            mlp_lrecs[port] = r;
+        }
+        if (r->check_fd >= 0) {
+            mlp_disown_fd(r->check_fd);
+            __ml_sys_close(r->check_fd);
+            if (r->map != m && r->nlisten == 0)
+                __ml_sys_munmap(r->map, ML_PAGE);
+        }
+        r->check_fd = fd;
+        if (r->nlisten == 0)
+            r->map = m;
+        else
+            __ml_sys_munmap(m, ML_PAGE);
+        r->ino = ino;
+    }
+    pthread_mutex_unlock(&mlp_neg_mu);
+    return r;
+}
+
+int mlp_on_listen(int fd)
+{
+    if (mlp_cfg.off)
+        return 0;
+    struct sockaddr_storage ss;
+    socklen_t l = sizeof ss;
+    struct mlp_addr a;
+    int type = 0, proto = 0;
+    socklen_t tl = sizeof type;
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) < 0 || type != SOCK_STREAM)
+        return 0;
+    tl = sizeof proto;
+    if (getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &tl) < 0 || proto != IPPROTO_TCP)
+        return 0;
+    if (getsockname(fd, (struct sockaddr *)&ss, &l) < 0 ||
+        !mlp_addr_of((struct sockaddr *)&ss, l, &a))
+        return 0;
+    const char *why;
+    if (!mlp_port_allowed(a.port, &why)) {
+        mlp_log(1, "listen fd %d port %d: not published (%s)", fd, a.port, why);
+        return 0;
+    }
+    if (!mlp_fabric())
+        return 0;
+    struct mlp_sock *old = mlp_get(fd);
+    if (old) { /* listen() again, to change the backlog */
+        mlp_put(old);
+        return 0;
+    }
+    pthread_mutex_lock(&mlp_neg_mu);
+    struct mlp_lrec *r = mlp_lrecs[a.port];
+    if (!r && (r = calloc(1, sizeof *r))) {
+        r->port = a.port;
+        r->lock_fd = -1;
+        r->check_fd = -1;
+        mlp_lrecs[a.port] = r;
+    }
+    int err = r ? 0 : -ENOMEM;
+    if (r && r->nlisten == 0) {
+        int lfd;
+        struct ml_listen_rec *m;
+        ino_t ino;
+        err = mlp_lrec_open(a.port, true, &lfd, &m, &ino);
+        if (err == 0) {
+            r->lock_fd = lfd;
+            r->map = m;
+            r->ino = ino;
+        }
+    }
+    if (err == 0)
+        r->nlisten++;
+    pthread_mutex_unlock(&mlp_neg_mu);
+    if (err < 0) {
+        mlp_log(0, "listen fd %d port %d: cannot publish (%s); its connections stay on TCP", fd,
+                a.port, strerror(-err));
+        return 0;
+    }
+    struct mlp_sock *s = mlp_sock_new(MLP_LISTENER);
+    if (!s) {
+        mlp_lrec_release(r);
+        return 0;
+    }
+    s->port = a.port;
+    s->rec = r;
+    mlp_install(fd, s);
+    mlp_put(s);
+    mlp_log(1, "listen fd %d port %d: published in %s", fd, a.port, mlp_fab->path);
+    return 0;
+}
+
+void mlp_lrec_release(struct mlp_lrec *r)
+{
+    pthread_mutex_lock(&mlp_neg_mu);
+    if (--r->nlisten == 0 && r->lock_fd >= 0) {
+        mlp_disown_fd(r->lock_fd);
+        __ml_sys_close(r->lock_fd); /* drops our read lock */
+        r->lock_fd = -1;
+    }
+    pthread_mutex_unlock(&mlp_neg_mu);
+}
+
+/* ---- the client side --------------------------------------------------------------------- */
+
+struct mlp_pending {
+    struct mlp_lrec *rec;
+    struct ml_listen_rec *map;
+};
+
+static void mlp_pending_done(struct ml_listen_rec *m)
+{
+    /* SYNC: the offer was linked before this release; an acceptor that sees pending fall to 0
+     * (acquire) and then finds no offer knows the client posted none. */
+    if (atomic_fetch_sub_explicit(&m->pending, 1, memory_order_acq_rel) == 1 &&
+        ml_load_acquire(&m->waiters))
+        __ml_sys_futex_wake(&m->pending, INT32_MAX);
+}
+
+void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, void **token)
+{
+    *token = NULL;
+    struct mlp_addr a;
+    if (mlp_cfg.off || !addr || !mlp_addr_of(addr, len, &a) || mlp_fd_is_ours(fd))
+        return;
+    const char *why;
+    if (!mlp_port_allowed(a.port, &why) || !mlp_fabric())
+        return;
+    struct mlp_lrec *r = mlp_lrec_find(a.port);
+    if (!r)
+        return;
+    struct mlp_pending *p = malloc(sizeof *p);
+    if (!p)
+        return;
+    p->rec = r;
+    p->map = r->map;
+    /* SYNC: before connect(): an acceptor that sees our connection sees this count. */
+    atomic_fetch_add_explicit(&p->map->pending, 1, memory_order_seq_cst);
+    *token = p;
+}
+
+static bool mlp_is_tcp(int fd)
+{
+    int type = 0, proto = 0;
+    socklen_t l = sizeof type;
+    if (getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &l) < 0 || type != SOCK_STREAM)
+        return false;
+    l = sizeof proto;
+    return getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &l) == 0 && proto == IPPROTO_TCP;
+}
+
+static struct ml_sock_side *mlp_side_block(memlan_channel_t *ch, int side)
+{
+    return (struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF) + side;
+}
+
+static bool mlp_fd_cloexec(int fd)
+{
+    long f = __ml_sys_fcntl(fd, F_GETFD, 0);
+    return f > 0 && (f & FD_CLOEXEC);
+}
+
+static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, const char **why)
+{
+    memlan_fabric_t *fab = mlp_fab;
+    struct memlan_channel_opts o = {.kind = MEMLAN_STREAM, .ring_size = mlp_cfg.ring_size};
+    memlan_channel_t *ch;
+    int e = memlan_channel_create(fab, &o, &ch);
+    if (e < 0) {
+        *why = e == -ENOSPC ? "fabric full (no space for a channel)" : "channel creation failed";
+        return e;
+    }
+    mlp_own_fd(&ch->seg->fd, mlp_fd_cloexec(fd));
+    char name[160];
+    mlp_offer_name(name, sizeof name, l, r);
+    long ofd = __ml_sys_open(fab->dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW,
+                             fab->shared ? 0644 : 0600);
+    if (ofd == -EEXIST) {
+        /* The acceptor got there first and refused ("R"), or a stale offer has our name. */
+        char buf[4] = "";
+        long rfd = __ml_sys_open(fab->dirfd, name, O_RDONLY | O_NOFOLLOW, 0);
+        if (rfd >= 0) {
+            (void)__ml_sys_read((int)rfd, buf, 1);
+            __ml_sys_close((int)rfd);
+        }
+        __ml_sys_unlinkat(fab->dirfd, name, 0);
+        *why = buf[0] == 'R' ? "the server accepted before our offer arrived and refused it"
+                             : "a stale offer had this connection's name";
+        mlp_disown_fd(ch->seg->fd);
+        memlan_channel_close(ch);
+        return -EEXIST;
+    }
+    if (ofd < 0) {
+        *why = "could not post the offer";
+        mlp_disown_fd(ch->seg->fd);
+        memlan_channel_close(ch);
+        return (int)ofd;
+    }
+    if (__ml_sys_write((int)ofd, ch->seg->token, ML_TOKEN_HEX) != ML_TOKEN_HEX) {
+        __ml_sys_close((int)ofd);
+        __ml_sys_unlinkat(fab->dirfd, name, 0);
+        *why = "could not write the offer";
+        mlp_disown_fd(ch->seg->fd);
+        memlan_channel_close(ch);
+        return -EIO;
+    }
+    __ml_sys_close((int)ofd);
+
+    struct mlp_sock *s = mlp_sock_new(MLP_CONN);
+    if (!s) {
+        __ml_sys_unlinkat(fab->dirfd, name, 0);
+        mlp_disown_fd(ch->seg->fd);
+        memlan_channel_close(ch);
+        *why = "out of memory";
+        return -ENOMEM;
+    }
+    s->ch = ch;
+    s->side = 0;
+    s->me = mlp_side_block(ch, 0);
+    ml_store_relaxed(&s->me->holders, 1u);
+    long fl = mlp_real_fcntl(fd, F_GETFL, 0);
+    ml_store_relaxed(&s->me->flags, (fl > 0 && (fl & O_NONBLOCK)) ? ML_SOCK_NONBLOCK : 0u);
+    s->state = MLP_UNDECIDED;
+    s->offer_ns = mlp_now_ns();
+    snprintf(s->offer, sizeof s->offer, "%s", name);
+    s->slot = mlp_proc_slot();
+    mlp_slot_fill(s->slot, ML_CONN_WAIT, fd, l, r, ch->seg->token, "offer posted, not yet taken");
+    mlp_install(fd, s);
+    mlp_put(s);
+    return 0;
+}
+
+void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, void *token, int rc,
+                         int err)
+{
+    struct mlp_pending *p = token;
+    if (rc < 0 && err != EINPROGRESS) {
+        if (p) {
+            mlp_pending_done(p->map);
+            free(p);
+        }
+        return;
+    }
+    if (mlp_fd_is_ours(fd) || !mlp_is_tcp(fd)) {
+        if (p) {
+            mlp_pending_done(p->map);
+            free(p);
+        }
+        return;
+    }
+    struct mlp_addr l, r;
+    bool have = mlp_sock_addrs(fd, &l, &r, addr, len) == 0;
+    const char *why = NULL;
+    if (mlp_cfg.off)
+        why = "memlan is off (MEMLAN_OFF)";
+    else if (!have)
+        why = "addresses unavailable";
+    else if (!mlp_port_allowed(r.port, &why))
+        ;
+    else if (!mlp_fab)
+        why = mlp_fab_error[0] ? mlp_fab_error : "no fabric";
+    else if (!(mlp_addr_loopback(&r) || (l.v4 == r.v4 && memcmp(l.a, r.a, 16) == 0)))
+        why = "the peer is not on this host";
+    else if (!p)
+        why = "no memlan listener on this port in the fabric";
+    if (!why)
+        (void)mlp_client_offer(fd, &l, &r, &why);
+    if (p) {
+        mlp_pending_done(p->map);
+        free(p);
+    }
+    if (why)
+        mlp_stat_tcp_addrs(fd, have ? &l : NULL, have ? &r : NULL, why);
+    else
+        mlp_log(1, "fd %d: offer posted for port %d", fd, r.port);
+}
+
+void mlp_offer_gone(struct mlp_sock *s)
+{
+    if (s->offer[0] && mlp_fab) {
+        __ml_sys_unlinkat(mlp_fab->dirfd, s->offer, 0);
+        s->offer[0] = 0;
+    }
+}
+
+/* Send the bytes that went into the ring of a withdrawn offer over TCP.  0 when all are out,
+ * -EAGAIN when the socket would block (nonblocking), or the kernel's error.  tx lock held. */
+int mlp_flush_unsent(struct mlp_sock *s, int fd, bool block);
+int mlp_flush_unsent(struct mlp_sock *s, int fd, bool block)
+{
+    for (;;) {
+        const void *p;
+        size_t n = __ml_chan_unsent(s->ch, &p);
+        if (n == 0)
+            return 0;
+        ssize_t w = mlp_real_send(fd, p, n, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (w > 0) {
+            __ml_chan_unsent_done(s->ch, (size_t)w);
+            continue;
+        }
+        int e = w < 0 ? errno : EIO;
+        if (e == EINTR)
+            continue;
+        if (e != EAGAIN || !block)
+            return -e;
+        struct pollfd pf = {.fd = fd, .events = POLLOUT};
+        if (mlp_real_poll(&pf, 1, 1000) < 0 && errno != EINTR)
+            return -errno;
+    }
+}
+
+/*
+ * Settle an undecided client socket: ACCEL when the acceptor attached, TCP when we withdrew.
+ * With wait, block until one happens (the acceptor takes the offer, the server speaks over TCP,
+ * or the accept wait runs out).  Returns the state.
+ */
+int mlp_decide(struct mlp_sock *s, int fd, bool wait)
+{
+    for (;;) {
+        int st = s->state;
+        if (st != MLP_UNDECIDED)
+            return st;
+        uint32_t a = __ml_chan_attach_state(s->ch);
+        const char *why = NULL;
+        if (a == 1) {
+            pthread_mutex_lock(&s->mu);
+            if (s->state == MLP_UNDECIDED) {
+                s->state = MLP_ACCEL;
+                mlp_offer_gone(s);
+                mlp_stat_conn(s, fd, "");
+                mlp_log(1, "fd %d: accelerated (client)", fd);
+            }
+            pthread_mutex_unlock(&s->mu);
+            continue;
+        }
+        if (a == ML_ATTACH_WITHDRAWN) {
+            why = "offer withdrawn";
+        } else {
+            char c;
+            ssize_t n = mlp_real_recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+            if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+                why = n > 0 ? "the server spoke over TCP first: it is not memlan"
+                            : "the connection ended or failed before the server took the offer";
+            else if (mlp_now_ns() - s->offer_ns > (uint64_t)mlp_cfg.accept_wait_ms * 1000000u)
+                why = "no memlan acceptor took the offer within MEMLAN_ACCEPT_WAIT_MS";
+        }
+        if (why) {
+            pthread_mutex_lock(&s->mu);
+            if (s->state == MLP_UNDECIDED) {
+                if (__ml_chan_withdraw(s->ch) == 0) {
+                    s->state = MLP_TCP;
+                    mlp_offer_gone(s);
+                    mlp_stat_conn(s, fd, why);
+                    mlp_log(1, "fd %d: TCP (%s)", fd, why);
+                }
+            }
+            pthread_mutex_unlock(&s->mu);
+            continue;
+        }
+        if (!wait)
+            return MLP_UNDECIDED;
+        uint64_t left = (uint64_t)mlp_cfg.accept_wait_ms * 1000000u - (mlp_now_ns() - s->offer_ns);
+        int ms = left / 1000000u > 10 ? 10 : (int)(left / 1000000u) + 1;
+        (void)memlan_channel_wait_peer(s->ch, ms);
+    }
+}
+
+/* ---- the accepting side ------------------------------------------------------------------ */
+
+/* Read an offer: 1 token, 0 refused/being written ("" or "R"), -ENOENT. */
+static int mlp_read_offer(const char *name, char token[MEMLAN_TOKEN_LEN + 1], bool *refused)
+{
+    long fd = __ml_sys_open(mlp_fab->dirfd, name, O_RDONLY | O_NOFOLLOW, 0);
+    if (fd < 0)
+        return (int)fd;
+    ssize_t n = __ml_sys_read((int)fd, token, MEMLAN_TOKEN_LEN);
+    __ml_sys_close((int)fd);
+    *refused = n > 0 && token[0] == 'R';
+    if (n != MEMLAN_TOKEN_LEN)
+        return 0;
+    token[MEMLAN_TOKEN_LEN] = 0;
+    return 1;
+}
+
+void mlp_on_accept(int lfd, int fd, int flags)
+{
+    struct mlp_sock *ls = mlp_get(lfd);
+    if (!ls)
+        return;
+    if (ls->type != MLP_LISTENER || !mlp_fab) {
+        mlp_put(ls);
+        return;
+    }
+    struct ml_listen_rec *m = ls->rec->map;
+    struct mlp_addr l, r;
+    if (mlp_sock_addrs(fd, &l, &r, NULL, 0) < 0) {
+        mlp_put(ls);
+        return;
+    }
+    char name[160], token[MEMLAN_TOKEN_LEN + 1];
+    mlp_offer_name(name, sizeof name, &r, &l);
+    const char *why = NULL;
+    memlan_channel_t *ch = NULL;
+    uint64_t deadline = mlp_now_ns() + (uint64_t)mlp_cfg.server_wait_ms * 1000000u;
+    for (;;) {
+        /* SYNC: pending first, then the name: see mlp_pending_done(). */
+        uint32_t pend = ml_load_acquire(&m->pending);
+        bool refused = false;
+        int k = mlp_read_offer(name, token, &refused);
+        if (k == 1) {
+            int e = memlan_channel_attach(mlp_fab, token, &ch);
+            __ml_sys_unlinkat(mlp_fab->dirfd, name, 0);
+            if (e == -EBUSY)
+                why = "the client had already withdrawn its offer";
+            else if (e < 0)
+                why = "could not attach the client's channel";
+            break;
+        }
+        if (k == -ENOENT && pend == 0) {
+            why = "the client is not memlan (no offer)";
+            break;
+        }
+        if (refused) {
+            why = "offer refused";
+            break;
+        }
+        if (mlp_now_ns() >= deadline) {
+            /* Refuse: whoever creates the name first decides. */
+            long ofd = __ml_sys_open(mlp_fab->dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW,
+                                     mlp_fab->shared ? 0644 : 0600);
+            if (ofd >= 0) {
+                (void)__ml_sys_write((int)ofd, "R", 1);
+                __ml_sys_close((int)ofd);
+                why = "no offer from the client within the server's wait";
+                break;
+            }
+            if (ofd != -EEXIST) {
+                why = "could not refuse the offer";
+                break;
+            }
+            continue; /* the offer just arrived */
+        }
+        if (k == -ENOENT) {
+            atomic_fetch_add(&m->waiters, 1);
+            (void)__ml_sys_futex_wait(&m->pending, pend, 1000000);
+            atomic_fetch_sub(&m->waiters, 1);
+        } else {
+            (void)__ml_sys_sched_yield(); /* being written */
+        }
+    }
+    mlp_put(ls);
+    if (!ch) {
+        mlp_stat_tcp_addrs(fd, &l, &r, why);
+        return;
+    }
+    mlp_own_fd(&ch->seg->fd, (flags & SOCK_CLOEXEC) != 0);
+    struct mlp_sock *s = mlp_sock_new(MLP_CONN);
+    if (!s) {
+        mlp_disown_fd(ch->seg->fd);
+        memlan_channel_close(ch);
+        mlp_stat_tcp_addrs(fd, &l, &r, "out of memory");
+        return;
+    }
+    s->ch = ch;
+    s->side = 1;
+    s->me = mlp_side_block(ch, 1);
+    ml_store_relaxed(&s->me->holders, 1u);
+    ml_store_relaxed(&s->me->flags, (flags & SOCK_NONBLOCK) ? ML_SOCK_NONBLOCK : 0u);
+    s->state = MLP_ACCEL;
+    s->slot = mlp_proc_slot();
+    mlp_slot_fill(s->slot, ML_CONN_ACCEL, fd, &l, &r, token, "");
+    mlp_install(fd, s);
+    mlp_put(s);
+    char rs[64];
+    mlp_addr_str(&r, rs, sizeof rs);
+    mlp_log(1, "fd %d: accelerated (accepted from %s)", fd, rs);
+}
+
+/* After fork the child starts its own stat segment. */
+void mlp_negotiate_after_fork(void);
+void mlp_negotiate_after_fork(void)
+{
+    pthread_mutex_init(&mlp_neg_mu, NULL);
+    pthread_mutex_init(&mlp_proc_mu, NULL);
+    if (mlp_proc) {
+        /* The parent's mapping and fd stay ours (the fd keeps the parent's entry alive no
+         * longer than the parent); we forget them and create our own on first use. */
+        mlp_disown_fd(mlp_proc->fd);
+        __ml_sys_close(mlp_proc->fd);
+        __ml_sys_munmap(mlp_proc->base, mlp_proc->map_size);
+        free(mlp_proc);
+        mlp_proc = NULL;
+        mlp_proc_hdr = NULL;
+        mlp_proc_conns = NULL;
+    }
+    memset(mlp_tcp_slot_of_fd, 0, sizeof mlp_tcp_slot_of_fd);
+}

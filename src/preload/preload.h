@@ -1,0 +1,160 @@
+/*
+ * preload.h - the LD_PRELOAD layer's private view: configuration, the fd table, accelerated
+ * sockets and the real libc functions.
+ *
+ * Names: mlp_* for everything in this layer; mlp_real_NAME is the real libc NAME found with
+ * dlsym(RTLD_NEXT), so a call to the real function is never mistaken for an interposed one.
+ * Internal functions return a negative errno; only the interposers in interpose.c set errno.
+ *
+ * Lock order (outermost first): a socket's tx lock, then its rx lock (both in the channel's
+ * shared socket block, see layout.h), then mlp_sock.mu (process-local state changes), then the
+ * fd table's free-list mutex.  Nothing here is held across a call into the application.
+ */
+#ifndef MEMLAN_PRELOAD_H
+#define MEMLAN_PRELOAD_H
+
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include "channel.h"
+#include "internal.h"
+
+#define MLP_EXPORT __attribute__((visibility("default")))
+
+/* The real functions. */
+#define MLP_CALL(ret, name, params, args) extern ret(*mlp_real_##name) params;
+#include "calls.h"
+#undef MLP_CALL
+
+/* ---- configuration (init.c), read once from the environment ------------------------------- */
+
+struct mlp_config {
+    bool off;                 /* MEMLAN_OFF=1 or MEMLAN=off: pass everything through */
+    int log_level;            /* MEMLAN_LOG_LEVEL: 0 errors, 1 decisions (default when logging), 2 debug */
+    int log_fd;               /* MEMLAN_LOG=stderr|PATH; -1 = no log */
+    int accept_wait_ms;       /* MEMLAN_ACCEPT_WAIT_MS: how long a client offer waits for accept */
+    int server_wait_ms;       /* how long accept waits for a client still posting its offer */
+    size_t ring_size;         /* MEMLAN_RING_KB: ring per direction unless SO_*BUF says more */
+    char ports[256];          /* MEMLAN_PORTS: only these server ports ("" = all) */
+    char no_ports[256];       /* MEMLAN_NO_PORTS: never these */
+    char netns[24];           /* our network namespace, part of every rendezvous name */
+};
+extern struct mlp_config mlp_cfg;
+extern memlan_fabric_t *mlp_fab;     /* NULL when the fabric could not be opened (reason logged) */
+extern char mlp_fab_error[128];
+extern _Atomic int mlp_pid;          /* getpid(), kept current across fork */
+
+void mlp_init(void);                 /* idempotent; every interposer calls it via MLP_ENTER */
+extern _Atomic int mlp_ready;        /* 0 before the real functions are resolved */
+extern __thread int mlp_inside;      /* re-entry guard: our own libc calls pass straight through */
+
+void mlp_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+bool mlp_port_allowed(int port, const char **why);
+
+/* ---- accelerated sockets (sock.c) -------------------------------------------------------- */
+
+enum { MLP_LISTENER = 1, MLP_CONN = 2 };
+enum { MLP_UNDECIDED = 0, MLP_ACCEL = 1, MLP_TCP = 2 };
+
+struct mlp_lrec;
+
+struct mlp_sock {
+    _Atomic int refs;             /* fd table entries + calls in progress */
+    _Atomic int nfds;             /* fd table entries (dup) */
+    int type;                     /* MLP_LISTENER or MLP_CONN */
+    _Atomic int state;            /* MLP_CONN: MLP_UNDECIDED (client offer out), ACCEL, TCP */
+    int side;                     /* channel side: 0 = we connected (created), 1 = we accepted */
+    memlan_channel_t *ch;
+    struct ml_sock_side *me;      /* our side's shared block in the channel */
+    uint64_t offer_ns;            /* client: when the offer went out */
+    char offer[160];              /* client: the offer's name in the fabric, "" once gone */
+    int slot;                     /* our line in the process's stat segment, -1 if none */
+    unsigned fork_gen;            /* last fork this socket was counted in (holders) */
+    uint64_t id;                  /* unique in the process: epoll members recognise their socket */
+    _Atomic uint64_t evcount;     /* events seen for it (edge-triggered epoll) */
+    pthread_mutex_t mu;           /* state changes: withdrawal, close */
+    /* Listener: its rendezvous record. */
+    int port;
+    struct mlp_lrec *rec;
+    struct mlp_sock *next_free;
+};
+
+/* fd table (fdtable.c).  get() takes a reference that put() drops; NULL = not ours. */
+struct mlp_sock *mlp_sock_new(int type);
+struct mlp_sock *mlp_get(int fd);
+void mlp_put(struct mlp_sock *s);
+int mlp_install(int fd, struct mlp_sock *s);   /* the table takes a reference */
+struct mlp_sock *mlp_uninstall(int fd);        /* returns the table's reference, or NULL */
+bool mlp_fd_is_ours(int fd);                   /* quick test without a reference */
+int mlp_fd_max(void);
+void mlp_fdtable_init(void);
+void mlp_sock_destroy(struct mlp_sock *s);     /* sock.c: when the last reference goes */
+/* Our own fds (segments, records, the log) live at high numbers and are remembered. */
+void mlp_own_fd(int *fdp, bool cloexec);
+void mlp_disown_fd(int fd);
+bool mlp_is_internal_fd(int fd);
+int mlp_evict_fd(int fd);
+void mlp_own_fd_cloexec(int fd, bool cloexec);
+
+/* The connection life cycle (negotiate.c). */
+int mlp_on_listen(int fd);
+void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, void **token);
+void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, void *token, int rc,
+                         int err);
+void mlp_on_accept(int lfd, int fd, int flags);
+int mlp_decide(struct mlp_sock *s, int fd, bool wait);  /* client: settle an undecided socket */
+void mlp_offer_gone(struct mlp_sock *s);
+void mlp_lrec_release(struct mlp_lrec *r);
+void mlp_stat_conn(struct mlp_sock *s, int fd, const char *why);  /* record in memlan stat */
+void mlp_stat_tcp(int fd, const char *why);
+void mlp_stat_clear(struct mlp_sock *s);
+
+/* Data path (sock.c).  All return bytes or -errno. */
+ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags);
+ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags);
+ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t count);
+int mlp_shutdown(struct mlp_sock *s, int fd, int how);
+int mlp_ioctl(struct mlp_sock *s, int fd, unsigned long req, void *arg, bool *handled);
+void mlp_set_nonblock(struct mlp_sock *s, bool on);
+bool mlp_nonblock(struct mlp_sock *s);
+int mlp_setsockopt(struct mlp_sock *s, int level, int name, const void *val, socklen_t len);
+int mlp_getsockopt(struct mlp_sock *s, int fd, int level, int name, void *val, socklen_t *len,
+                   bool *handled);
+void mlp_after_fork_child(void);
+void mlp_before_last_close(struct mlp_sock *s, int fd);
+void mlp_at_exit(void);
+
+/* Readiness (poll.c): poll(2) semantics of one socket now; revents in POLL* bits. */
+short mlp_sock_revents(struct mlp_sock *s, int fd, short events);
+int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask);
+int mlp_select(int n, fd_set *r, fd_set *w, fd_set *e, int64_t timeout_ns, const sigset_t *mask,
+               int64_t *left_ns);
+int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handled);
+int mlp_epoll_wait(int epfd, struct epoll_event *ev, int max, int64_t timeout_ns,
+                   const sigset_t *mask);
+void mlp_epoll_forget_fd(int fd);
+bool mlp_epoll_has_ours(int epfd);
+
+/* Locks on the shared socket block (sock.c). */
+void mlp_lock_tx(struct mlp_sock *s);
+void mlp_unlock_tx(struct mlp_sock *s);
+void mlp_lock_rx(struct mlp_sock *s);
+void mlp_unlock_rx(struct mlp_sock *s);
+
+extern _Atomic bool mlp_forked;      /* some socket may be shared with another process */
+
+/* Save and restore errno around our own work inside an interposer. */
+#define MLP_SAVE_ERRNO int mlp_saved_errno_ = errno
+#define MLP_RESTORE_ERRNO errno = mlp_saved_errno_
+
+uint64_t mlp_now_ns(void);
+
+#endif

@@ -1,0 +1,566 @@
+/*
+ * sock.c - the stream-socket calls on an accelerated socket, with the kernel's semantics.
+ *
+ * The bytes go through the channel; the kernel socket underneath stays connected and idle.  What
+ * the kernel answers for a TCP socket, we answer for the channel: partial writes on a nonblocking
+ * socket, EAGAIN, EOF after the peer's shutdown, EPIPE and SIGPIPE unless MSG_NOSIGNAL, EINTR
+ * exactly when a handler without SA_RESTART interrupts a blocking call (the futex we sleep on is
+ * restarted by the kernel otherwise).  A peer that dies is a peer that closed: EOF, or ECONNRESET
+ * when it left bytes we sent unread (the kernel would have answered its close with a reset).
+ *
+ * Concurrency: each direction has a lock in the channel's shared socket block, so the threads of
+ * one process and the processes that share the socket after fork take turns; whoever takes it
+ * after another process had it reloads the ring index it owns (__ml_chan_resync_*).
+ */
+#include "preload.h"
+#include "sys/sys.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/sockios.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+int mlp_flush_unsent(struct mlp_sock *s, int fd, bool block);
+void mlp_negotiate_after_fork(void);
+void mlp_poll_after_fork(void);
+void mlp_poll_forget(struct mlp_sock *s);
+
+/* ---- locks ------------------------------------------------------------------------------- */
+
+static bool mlp_pid_dead(int32_t pid)
+{
+    return pid > 0 && kill(pid, 0) < 0 && errno == ESRCH;
+}
+
+static void mlp_lock(_Atomic uint32_t *w, _Atomic int32_t *owner)
+{
+    uint32_t c = 0;
+    if (ml_likely(ml_cas(w, &c, 1u))) {
+        ml_store_relaxed(owner, (int32_t)mlp_pid);
+        return;
+    }
+    int saved = errno;
+    for (;;) {
+        if (c != 2)
+            c = ml_xchg(w, 2u);
+        if (c == 0)
+            break;
+        int r = __ml_sys_futex_wait(w, 2u, ML_LIVENESS_NS);
+        if (r == -ETIMEDOUT) {
+            /* A holder that died holding the lock (SIGKILL in the middle of a send) would hold
+             * it for ever: take it over from a dead pid.  Its half-done operation is lost. */
+            int32_t o = ml_load_relaxed(owner);
+            if (mlp_pid_dead(o) && atomic_compare_exchange_strong(owner, &o, (int32_t)mlp_pid))
+                break;
+        }
+        c = 2;
+    }
+    ml_store_relaxed(owner, (int32_t)mlp_pid);
+    errno = saved;
+}
+
+static void mlp_unlock(_Atomic uint32_t *w, _Atomic int32_t *owner)
+{
+    ml_store_relaxed(owner, 0);
+    if (ml_unlikely(ml_xchg(w, 0u) == 2))
+        __ml_sys_futex_wake(w, 1);
+}
+
+void mlp_lock_tx(struct mlp_sock *s)
+{
+    mlp_lock(&s->me->tx_lock, &s->me->tx_owner);
+    if (mlp_forked)
+        __ml_chan_resync_tx(s->ch);
+}
+void mlp_unlock_tx(struct mlp_sock *s) { mlp_unlock(&s->me->tx_lock, &s->me->tx_owner); }
+void mlp_lock_rx(struct mlp_sock *s)
+{
+    mlp_lock(&s->me->rx_lock, &s->me->rx_owner);
+    if (mlp_forked)
+        __ml_chan_resync_rx(s->ch);
+}
+void mlp_unlock_rx(struct mlp_sock *s) { mlp_unlock(&s->me->rx_lock, &s->me->rx_owner); }
+
+/* ---- flags ------------------------------------------------------------------------------- */
+
+bool mlp_nonblock(struct mlp_sock *s)
+{
+    return (ml_load_relaxed(&s->me->flags) & ML_SOCK_NONBLOCK) != 0;
+}
+
+void mlp_set_nonblock(struct mlp_sock *s, bool on)
+{
+    if (on)
+        atomic_fetch_or(&s->me->flags, ML_SOCK_NONBLOCK);
+    else
+        atomic_fetch_and(&s->me->flags, ~ML_SOCK_NONBLOCK);
+}
+
+/* ---- errors ------------------------------------------------------------------------------ */
+
+/* The peer is gone (closed, or died): is it a reset, as the kernel would report it? */
+static bool mlp_peer_reset(struct mlp_sock *s)
+{
+    return __ml_chan_peer_state(s->ch) != ML_SIDE_CLOSED && __ml_chan_check_peer(s->ch) &&
+           __ml_chan_peer_left_unread(s->ch);
+}
+
+static ssize_t mlp_rx_error(struct mlp_sock *s, ssize_t r)
+{
+    if (r == -ECONNRESET)
+        return mlp_peer_reset(s) ? -ECONNRESET : 0;
+    if (r == -EPROTO) {
+        mlp_log(0, "channel %s: corrupt indices from the peer; reporting a reset",
+                s->ch->seg->token);
+        return -ECONNRESET;
+    }
+    return r;
+}
+
+static ssize_t mlp_tx_error(struct mlp_sock *s, ssize_t r, int flags)
+{
+    if (r == -EPROTO) {
+        mlp_log(0, "channel %s: corrupt indices from the peer; reporting a reset",
+                s->ch->seg->token);
+        return -ECONNRESET;
+    }
+    if (r == -ECONNRESET && !mlp_peer_reset(s))
+        r = -EPIPE;
+    if (r == -EPIPE && !(flags & MSG_NOSIGNAL))
+        raise(SIGPIPE);
+    return r;
+}
+
+/* ---- send -------------------------------------------------------------------------------- */
+
+ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags)
+{
+    if (flags & MSG_OOB)
+        return -EOPNOTSUPP; /* urgent data has no place in a ring: documented */
+    int st = s->state;
+    if (st == MLP_UNDECIDED)
+        st = mlp_decide(s, fd, false);
+    bool nb = (flags & MSG_DONTWAIT) || mlp_nonblock(s);
+    if (st == MLP_TCP) {
+        mlp_lock_tx(s);
+        int e = mlp_flush_unsent(s, fd, !nb);
+        mlp_unlock_tx(s);
+        if (e < 0)
+            return e == -EPIPE && !(flags & MSG_NOSIGNAL) ? (raise(SIGPIPE), e) : e;
+        struct msghdr mh = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
+        ssize_t r = mlp_real_sendmsg(fd, &mh, flags);
+        return r < 0 ? -errno : r;
+    }
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += iov[i].iov_len;
+    if (total == 0)
+        return 0;
+    mlp_lock_tx(s);
+    ssize_t done = 0, r = 0;
+    for (int i = 0; i < n; i++) {
+        if (iov[i].iov_len == 0)
+            continue;
+        for (;;) {
+            /* Undecided: never block inside the ring, since nobody may ever drain it. */
+            int mf = (nb || st == MLP_UNDECIDED) ? MEMLAN_DONTWAIT : 0;
+            r = memlan_send(s->ch, iov[i].iov_base,
+                            iov[i].iov_len, mf);
+            if (r == -EAGAIN && st == MLP_UNDECIDED && !nb) {
+                mlp_unlock_tx(s);
+                st = mlp_decide(s, fd, true);
+                if (st == MLP_TCP) {
+                    /* Fell to TCP: what we took so far is in the ring and goes out first. */
+                    if (done)
+                        return done;
+                    struct msghdr mh = {.msg_iov = (struct iovec *)iov + i,
+                                        .msg_iovlen = (size_t)(n - i)};
+                    mlp_lock_tx(s);
+                    int e = mlp_flush_unsent(s, fd, true);
+                    mlp_unlock_tx(s);
+                    if (e < 0)
+                        return mlp_tx_error(s, e, flags);
+                    ssize_t w = mlp_real_sendmsg(fd, &mh, flags);
+                    return w < 0 ? -errno : w;
+                }
+                mlp_lock_tx(s);
+                continue;
+            }
+            break;
+        }
+        if (r < 0)
+            break;
+        done += r;
+        if ((size_t)r < iov[i].iov_len) { /* nonblocking and the ring filled */
+            r = 0;
+            break;
+        }
+    }
+    mlp_unlock_tx(s);
+    if (done > 0)
+        return done;
+    if (r == -EAGAIN && st == MLP_UNDECIDED && nb)
+        return -EAGAIN;
+    return mlp_tx_error(s, r, flags);
+}
+
+/* sendfile(2) into an accelerated socket: the file's bytes are read straight into the ring. */
+ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t count)
+{
+    int st = s->state;
+    if (st == MLP_UNDECIDED)
+        st = mlp_decide(s, fd, true);
+    if (st == MLP_TCP) {
+        mlp_lock_tx(s);
+        int e = mlp_flush_unsent(s, fd, !mlp_nonblock(s));
+        mlp_unlock_tx(s);
+        if (e < 0)
+            return e;
+        ssize_t r = mlp_real_sendfile(fd, in, off, count);
+        return r < 0 ? -errno : r;
+    }
+    bool nb = mlp_nonblock(s);
+    off_t pos = 0;
+    if (!off) {
+        pos = lseek(in, 0, SEEK_CUR);
+        if (pos < 0)
+            return -errno;
+    } else {
+        pos = *off;
+    }
+    size_t done = 0;
+    ssize_t err = 0;
+    mlp_lock_tx(s);
+    while (done < count) {
+        void *p;
+        ssize_t room = memlan_reserve(s->ch, &p, 1, nb || done ? MEMLAN_DONTWAIT : 0);
+        if (room == -EAGAIN && done && !nb) {
+            room = memlan_reserve(s->ch, &p, 1, 0);
+        }
+        if (room < 0) {
+            err = room;
+            break;
+        }
+        size_t want = count - done < (size_t)room ? count - done : (size_t)room;
+        ssize_t got = pread(in, p, want, pos + (off_t)done);
+        if (got <= 0) {
+            (void)memlan_commit(s->ch, 0);
+            if (got < 0)
+                err = -errno;
+            break;
+        }
+        (void)memlan_commit(s->ch, (size_t)got);
+        done += (size_t)got;
+        if ((size_t)got < want)
+            break; /* end of file */
+    }
+    mlp_unlock_tx(s);
+    if (off)
+        *off = pos + (off_t)done;
+    else if (done)
+        (void)lseek(in, pos + (off_t)done, SEEK_SET);
+    if (done)
+        return (ssize_t)done;
+    if (err == 0)
+        return 0;
+    return err == -EAGAIN ? -EAGAIN : mlp_tx_error(s, err, 0);
+}
+
+/* ---- receive ----------------------------------------------------------------------------- */
+
+/* MSG_PEEK: copy what is there without consuming it (MSG_WAITALL: wait for all of it). */
+static ssize_t mlp_peek(struct mlp_sock *s, const struct iovec *iov, int n, int flags, bool nb)
+{
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += iov[i].iov_len;
+    for (;;) {
+        const void *p;
+        ssize_t a = memlan_peek(s->ch, &p, MEMLAN_DONTWAIT);
+        if (a == -EAGAIN) {
+            if (nb)
+                return -EAGAIN;
+            /* Wait for more, then look again. */
+            ssize_t w = memlan_peek(s->ch, &p, 0);
+            if (w < 0)
+                return w;
+            if (w == 0)
+                return 0;
+            continue;
+        }
+        if (a <= 0)
+            return a;
+        if ((flags & MSG_WAITALL) && (size_t)a < total && !nb) {
+            uint32_t ps = __ml_chan_peer_state(s->ch);
+            if (ps == ML_SIDE_OPEN && !__ml_chan_check_peer(s->ch)) {
+                (void)__ml_chan_wait_rx(s->ch, 0); /* returns at the next change */
+                (void)memlan_peek(s->ch, &p, MEMLAN_DONTWAIT);
+                if (memlan_peek(s->ch, &p, MEMLAN_DONTWAIT) == a) {
+                    /* Nothing new yet: sleep for the producer. */
+                    struct timespec ts = {0, 50000};
+                    nanosleep(&ts, NULL);
+                }
+                continue;
+            }
+        }
+        size_t left = (size_t)a < total ? (size_t)a : total, off = 0;
+        for (int i = 0; i < n && left; i++) {
+            size_t c = iov[i].iov_len < left ? iov[i].iov_len : left;
+            memcpy(iov[i].iov_base, (const char *)p + off, c);
+            off += c;
+            left -= c;
+        }
+        (void)memlan_release(s->ch, 0);
+        return (ssize_t)off;
+    }
+}
+
+ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags)
+{
+    if (flags & MSG_OOB)
+        return -EINVAL; /* as the kernel says when there is no urgent data */
+    if (flags & MSG_ERRQUEUE)
+        return -EAGAIN;
+    bool nb = (flags & MSG_DONTWAIT) || mlp_nonblock(s);
+    int st = s->state;
+    if (st == MLP_UNDECIDED) {
+        st = mlp_decide(s, fd, !nb);
+        if (st == MLP_UNDECIDED)
+            return -EAGAIN;
+    }
+    if (st == MLP_TCP) {
+        struct msghdr mh = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
+        ssize_t r = mlp_real_recvmsg(fd, &mh, flags);
+        return r < 0 ? -errno : r;
+    }
+    size_t total = 0;
+    for (int i = 0; i < n; i++)
+        total += iov[i].iov_len;
+    if (total == 0)
+        return 0;
+    mlp_lock_rx(s);
+    ssize_t r;
+    if (flags & MSG_PEEK) {
+        r = mlp_peek(s, iov, n, flags, nb);
+        mlp_unlock_rx(s);
+        return mlp_rx_error(s, r);
+    }
+    ssize_t done = 0;
+    r = 0;
+    for (int i = 0; i < n; i++) {
+        if (iov[i].iov_len == 0)
+            continue;
+        int mf = (nb || done) && !((flags & MSG_WAITALL) && !nb) ? MEMLAN_DONTWAIT : 0;
+        if (flags & MSG_WAITALL)
+            mf |= MEMLAN_WAITALL;
+        if (flags & MSG_TRUNC) {
+            /* Discard: TCP's MSG_TRUNC consumes without copying. */
+            const void *p;
+            r = memlan_peek(s->ch, &p, mf & MEMLAN_DONTWAIT);
+            if (r > 0) {
+                size_t c = (size_t)r < iov[i].iov_len ? (size_t)r : iov[i].iov_len;
+                (void)memlan_release(s->ch, c);
+                r = (ssize_t)c;
+            }
+        } else {
+            r = memlan_recv(s->ch, iov[i].iov_base, iov[i].iov_len, mf);
+        }
+        if (r <= 0)
+            break;
+        done += r;
+        if ((size_t)r < iov[i].iov_len) {
+            r = 0;
+            break;
+        }
+    }
+    mlp_unlock_rx(s);
+    if (done > 0)
+        return done;
+    return mlp_rx_error(s, r);
+}
+
+/* ---- shutdown, ioctl, options ------------------------------------------------------------ */
+
+int mlp_shutdown(struct mlp_sock *s, int fd, int how)
+{
+    if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
+        return -EINVAL;
+    int st = s->state;
+    if (st == MLP_UNDECIDED && (how == SHUT_WR || how == SHUT_RDWR))
+        st = mlp_decide(s, fd, true); /* the peer must get our bytes before our EOF */
+    if (st == MLP_TCP) {
+        if (how != SHUT_RD) {
+            mlp_lock_tx(s);
+            (void)mlp_flush_unsent(s, fd, true);
+            mlp_unlock_tx(s);
+        }
+    } else {
+        if (how == SHUT_RD || how == SHUT_RDWR) {
+            /* Reads return what is queued, then 0, as Linux does after SHUT_RD. */
+            s->ch->rd_eof_when_empty = true;
+            __ml_chan_kick_rx(s->ch);
+        }
+        if (how == SHUT_WR || how == SHUT_RDWR) {
+            mlp_lock_tx(s);
+            (void)memlan_shutdown(s->ch, MEMLAN_SHUT_WR);
+            mlp_unlock_tx(s);
+        }
+    }
+    /* The kernel socket too: it keeps ss and the peer's kernel view in step. */
+    if (mlp_real_shutdown(fd, how) < 0 && errno != ENOTCONN)
+        return -errno;
+    return 0;
+}
+
+int mlp_ioctl(struct mlp_sock *s, int fd, unsigned long req, void *arg, bool *handled)
+{
+    *handled = false;
+    if (s->type != MLP_CONN || s->state == MLP_TCP)
+        return 0;
+    switch (req) {
+    case FIONREAD: { /* == SIOCINQ */
+        *handled = true;
+        if (s->state == MLP_UNDECIDED)
+            return *(int *)arg = 0, 0;
+        int64_t a = __ml_chan_rx_avail(s->ch);
+        *(int *)arg = a > 0 ? (a > INT32_MAX ? INT32_MAX : (int)a) : 0;
+        return 0;
+    }
+    case SIOCOUTQ:
+    case SIOCOUTQNSD:
+        *handled = true;
+        *(int *)arg = (int)__ml_chan_tx_queued(s->ch);
+        return 0;
+    case FIONBIO:
+        if (mlp_real_ioctl(fd, req, arg) < 0)
+            return *handled = true, -errno;
+        mlp_set_nonblock(s, *(int *)arg != 0);
+        *handled = true;
+        return 0;
+    default:
+        return 0;
+    }
+}
+
+int mlp_setsockopt(struct mlp_sock *s, int level, int name, const void *val, socklen_t len)
+{
+    if (s->type != MLP_CONN || !s->ch || level != SOL_SOCKET || len < sizeof(struct timeval))
+        return 0;
+    if (name == SO_RCVTIMEO || name == SO_SNDTIMEO) {
+        const struct timeval *tv = val;
+        uint64_t ns = (uint64_t)tv->tv_sec * 1000000000u + (uint64_t)tv->tv_usec * 1000u;
+        if (name == SO_RCVTIMEO)
+            s->ch->rx_tmo_ns = ns;
+        else
+            s->ch->tx_tmo_ns = ns;
+    }
+    return 0;
+}
+
+/* ---- life cycle -------------------------------------------------------------------------- */
+
+/*
+ * The application closes fd, the last of its fds for s in this process.  An undecided offer is
+ * withdrawn and whatever went into its ring is sent over TCP before the kernel socket closes
+ * (the kernel, too, delivers what was written before close).
+ */
+void mlp_before_last_close(struct mlp_sock *s, int fd)
+{
+    if (s->type != MLP_CONN || !s->ch)
+        return;
+    if (s->state == MLP_UNDECIDED) {
+        pthread_mutex_lock(&s->mu);
+        if (s->state == MLP_UNDECIDED)
+            s->state = __ml_chan_withdraw(s->ch) == 0 ? MLP_TCP : MLP_ACCEL;
+        pthread_mutex_unlock(&s->mu);
+        if (s->state == MLP_TCP)
+            mlp_stat_conn(s, fd, "closed before a memlan acceptor took the offer");
+    }
+    if (s->state == MLP_TCP) {
+        mlp_lock_tx(s);
+        (void)mlp_flush_unsent(s, fd, true);
+        mlp_unlock_tx(s);
+    }
+}
+
+void mlp_sock_destroy(struct mlp_sock *s)
+{
+    mlp_poll_forget(s);
+    if (s->type == MLP_LISTENER) {
+        if (s->rec)
+            mlp_lrec_release(s->rec);
+        s->rec = NULL;
+        return;
+    }
+    if (!s->ch)
+        return;
+    if (s->state == MLP_UNDECIDED) {
+        pthread_mutex_lock(&s->mu);
+        if (__ml_chan_withdraw(s->ch) == 0)
+            s->state = MLP_TCP;
+        else
+            s->state = MLP_ACCEL;
+        pthread_mutex_unlock(&s->mu);
+    }
+    mlp_offer_gone(s);
+    mlp_stat_clear(s);
+    int fd = s->ch->seg->fd;
+    mlp_disown_fd(fd);
+    /* Only the last process holding our side ends the connection; the others just let go. */
+    bool last = atomic_fetch_sub(&s->me->holders, 1) <= 1;
+    if (last && s->state == MLP_ACCEL) {
+        memlan_channel_close(s->ch);
+    } else {
+        if (s->ch->evq)
+            (void)memlan_evq_del(s->ch->evq, s->ch);
+        s->ch->seg->owner = false; /* do not unlink: the channel lives on in another process */
+        __ml_seg_destroy(s->ch->seg);
+        free(s->ch);
+    }
+    s->ch = NULL;
+}
+
+/* A child shares every accelerated socket with its parent: count it as a holder, and start
+ * with fresh process-local state (its own stat entry, its own poll queue). */
+static unsigned mlp_fork_gen;
+
+void mlp_after_fork_child(void)
+{
+    mlp_negotiate_after_fork();
+    mlp_poll_after_fork();
+    mlp_fork_gen++;
+    int max = mlp_fd_max();
+    for (int fd = 0; fd <= max; fd++) {
+        struct mlp_sock *s = mlp_get(fd);
+        if (!s)
+            continue;
+        pthread_mutex_init(&s->mu, NULL);
+        if (s->fork_gen != mlp_fork_gen) {
+            s->fork_gen = mlp_fork_gen;
+            s->slot = -1;
+            if (s->type == MLP_CONN && s->me)
+                atomic_fetch_add(&s->me->holders, 1);
+        }
+        mlp_put(s);
+    }
+}
+
+/* exit() closes nothing of ours: do what close() would have, so the peer reads EOF at once
+ * instead of noticing our death.  (_exit and signals skip this; the peer then sees us gone.) */
+void mlp_at_exit(void)
+{
+    int max = mlp_fd_max();
+    for (int fd = 0; fd <= max; fd++) {
+        struct mlp_sock *s = mlp_uninstall(fd);
+        if (!s)
+            continue;
+        if (atomic_load(&s->nfds) == 0)
+            mlp_before_last_close(s, fd);
+        mlp_put(s);
+    }
+}
