@@ -33,9 +33,10 @@ LIB_A    = $(BUILD)/lib/libmemlan.a
 CLI      = $(BUILD)/bin/memlan
 CLI_SRC  = tools/memlan.c bench/bench.c bench/floors.c bench/plot.c
 TESTS    = $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/*.c))
+PTESTS   = $(patsubst tests/preload/%.c,$(BUILD)/tests-preload/%,$(wildcard tests/preload/*.c))
 EXAMPLES = $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
 
-all: $(LIB_SO) $(LIB_A) $(PRELOAD_SO) $(CLI) $(TESTS) $(EXAMPLES)
+all: $(LIB_SO) $(LIB_A) $(PRELOAD_SO) $(CLI) $(TESTS) $(PTESTS) $(EXAMPLES)
 
 $(BUILD)/obj/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
@@ -69,6 +70,11 @@ $(CLI): $(CLI_SRC) $(LIB_A) $(HDRS) bench/bench.h
 $(BUILD)/tests/%: tests/c/%.c tests/c/test.h $(LIB_A)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/c -o $@ $< $(LIB_A) $(LDFLAGS)
+
+# Programs that the preload tests run over kernel TCP and under memlan: plain POSIX, no memlan.
+$(BUILD)/tests-preload/%: tests/preload/%.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) $(OPT) -o $@ $< $(LDFLAGS)
 
 # Examples use only the public header and the shared library.
 $(BUILD)/examples/%: examples/%.c include/memlan.h $(LIB_SO)

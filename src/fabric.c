@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 int __ml_token_valid(const char *token)
@@ -130,6 +131,11 @@ static int ml_reclaim_seg(memlan_fabric_t *fab, const char *name)
     return removed;
 }
 
+int __ml_fabric_reclaim_name(memlan_fabric_t *fab, const char *name)
+{
+    return ml_reclaim_seg(fab, name);
+}
+
 int __ml_fabric_reclaim(memlan_fabric_t *fab)
 {
     long dfd = __ml_sys_open(fab->dirfd, ".", O_RDONLY | O_DIRECTORY, 0);
@@ -147,6 +153,26 @@ int __ml_fabric_reclaim(memlan_fabric_t *fab)
             const char *nm = d->d_name;
             if (strncmp(nm, "seg-", 4) == 0 && __ml_token_valid(nm + 4)) {
                 removed += ml_reclaim_seg(fab, nm);
+            } else if (strncmp(nm, "ls-", 3) == 0) {
+                /* A listener record: its listeners hold read locks on byte 0. */
+                removed += ml_reclaim_seg(fab, nm);
+            } else if (strncmp(nm, "cx-", 3) == 0) {
+                /* An offer: stale once its channel is gone, or a refusal nobody came for. */
+                char tok[MEMLAN_TOKEN_LEN + 1] = "", seg[80];
+                struct stat st;
+                long fd = __ml_sys_open(fab->dirfd, nm, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, 0);
+                if (fd >= 0) {
+                    ssize_t n = __ml_sys_read((int)fd, tok, MEMLAN_TOKEN_LEN);
+                    tok[n > 0 ? n : 0] = 0;
+                    __ml_sys_close((int)fd);
+                }
+                __ml_fabric_name(seg, sizeof seg, "seg", tok);
+                bool stale = !__ml_token_valid(tok)
+                                 ? (__ml_sys_fstatat(fab->dirfd, nm, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                                    time(NULL) - st.st_mtime > 10)
+                                 : __ml_sys_fstatat(fab->dirfd, seg, &st, AT_SYMLINK_NOFOLLOW) == -ENOENT;
+                if (stale && __ml_sys_unlinkat(fab->dirfd, nm, 0) == 0)
+                    removed++;
             } else if (strncmp(nm, "bell-", 5) == 0 && __ml_token_valid(nm + 5)) {
                 /* A doorbell outlives nothing: remove it once its queue's segment is gone. */
                 char seg[80];

@@ -487,6 +487,11 @@ void mlp_lrec_release(struct mlp_lrec *r)
         mlp_disown_fd(r->lock_fd);
         __ml_sys_close(r->lock_fd); /* drops our read lock */
         r->lock_fd = -1;
+        /* The last listener on the port anywhere?  Then the record goes. */
+        char name[64];
+        mlp_lrec_name(name, sizeof name, r->port);
+        if (mlp_fab)
+            (void)__ml_fabric_reclaim_name(mlp_fab, name);
     }
     pthread_mutex_unlock(&mlp_neg_mu);
 }
@@ -884,4 +889,16 @@ void mlp_negotiate_after_fork(void)
         mlp_proc_conns = NULL;
     }
     memset(mlp_tcp_slot_of_fd, 0, sizeof mlp_tcp_slot_of_fd);
+}
+
+/* exit(): our stat entry goes with us (after _exit or a signal, the next reclaim removes it). */
+void mlp_negotiate_at_exit(void)
+{
+    if (mlp_proc) {
+        mlp_disown_fd(mlp_proc->fd);
+        __ml_seg_destroy(mlp_proc);
+        mlp_proc = NULL;
+        mlp_proc_hdr = NULL;
+        mlp_proc_conns = NULL;
+    }
 }

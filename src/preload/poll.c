@@ -37,6 +37,18 @@ void mlp_poll_after_fork(void)
 
 void mlp_poll_forget(struct mlp_sock *s) { (void)s; }
 
+void mlp_poll_at_exit(void)
+{
+    if (mlp_q) {
+        int *sfd, *bfd;
+        __ml_evq_fds(mlp_q, &sfd, &bfd);
+        mlp_disown_fd(*sfd);
+        mlp_disown_fd(*bfd);
+        memlan_evq_close(mlp_q);
+        mlp_q = NULL;
+    }
+}
+
 static memlan_evq_t *mlp_queue(void)
 {
     if (mlp_q || !mlp_fab)

@@ -29,6 +29,8 @@ int mlp_flush_unsent(struct mlp_sock *s, int fd, bool block);
 void mlp_negotiate_after_fork(void);
 void mlp_poll_after_fork(void);
 void mlp_poll_forget(struct mlp_sock *s);
+void mlp_poll_at_exit(void);
+void mlp_negotiate_at_exit(void);
 
 /* ---- locks ------------------------------------------------------------------------------- */
 
@@ -563,4 +565,6 @@ void mlp_at_exit(void)
             mlp_before_last_close(s, fd);
         mlp_put(s);
     }
+    mlp_poll_at_exit();
+    mlp_negotiate_at_exit();
 }
