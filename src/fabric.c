@@ -124,8 +124,15 @@ static int ml_reclaim_seg(memlan_fabric_t *fab, const char *name)
          * if it still names the inode we locked. */
         if (__ml_sys_fstatat(fab->dirfd, name, &b, AT_SYMLINK_NOFOLLOW) == 0 &&
             a.st_ino == b.st_ino && a.st_dev == b.st_dev &&
-            __ml_sys_unlinkat(fab->dirfd, name, 0) == 0)
+            __ml_sys_unlinkat(fab->dirfd, name, 0) == 0) {
             removed = 1;
+            if (strncmp(name, "seg-", 4) == 0) { /* an event queue's doorbell goes with it */
+                char bell[80];
+                __ml_fabric_name(bell, sizeof bell, "bell", name + 4);
+                if (__ml_sys_unlinkat(fab->dirfd, bell, 0) == 0)
+                    removed++;
+            }
+        }
     }
     __ml_sys_close((int)fd);
     return removed;

@@ -36,7 +36,8 @@ static void usage(FILE *f)
 
 static const char *kind_name(uint32_t k)
 {
-    return k == ML_KIND_RAW ? "segment" : k == ML_KIND_CHANNEL ? "channel" : k == ML_KIND_EVQ ? "evq" : "?";
+    return k == ML_KIND_RAW ? "segment" : k == ML_KIND_CHANNEL ? "channel" : k == ML_KIND_EVQ ? "evq"
+         : k == ML_KIND_PROC ? "process" : "?";
 }
 
 static int held(int fd, int byte)
@@ -52,8 +53,72 @@ static const char *side_state(uint32_t s)
     return s == ML_SIDE_OPEN ? "open" : s == ML_SIDE_SHUT_WR ? "shut-wr" : s == ML_SIDE_CLOSED ? "closed" : "?";
 }
 
+/* The connections a memlan process lists in its ML_KIND_PROC segment. */
+static void proc_conns(const char *dir, int fd, const struct ml_seg_hdr *h, int json, char **out,
+                       int *n)
+{
+    struct ml_proc_hdr ph;
+    if (pread(fd, &ph, sizeof ph, (off_t)h->body_off) != sizeof ph || ph.nslots > ML_PROC_SLOTS)
+        return;
+    for (uint32_t i = 0; i < ph.nslots; i++) {
+        struct ml_proc_conn c;
+        off_t off = (off_t)(h->body_off + sizeof ph + i * sizeof c);
+        if (pread(fd, &c, sizeof c, off) != sizeof c || c.state == ML_CONN_FREE)
+            continue;
+        c.local[sizeof c.local - 1] = c.remote[sizeof c.remote - 1] = 0;
+        c.why[sizeof c.why - 1] = 0;
+        char what[300];
+        if (c.state == ML_CONN_ACCEL) {
+            char tok[ML_TOKEN_HEX + 1], path[4400];
+            memcpy(tok, c.token, ML_TOKEN_HEX);
+            tok[ML_TOKEN_HEX] = 0;
+            snprintf(path, sizeof path, "%s/seg-%s", dir, tok);
+            unsigned long long b0 = 0, b1 = 0, w0 = 0, w1 = 0, s0 = 0, s1 = 0;
+            int cfd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+            if (cfd >= 0) {
+                struct ml_chan_hdr ch;
+                struct ml_ring_ctl r0, r1;
+                if (pread(cfd, &ch, sizeof ch, sizeof(struct ml_seg_hdr)) == sizeof ch &&
+                    ch.ctl_off[0] < 4096 && ch.ctl_off[1] < 4096 &&
+                    pread(cfd, &r0, sizeof r0, (off_t)ch.ctl_off[0]) == sizeof r0 &&
+                    pread(cfd, &r1, sizeof r1, (off_t)ch.ctl_off[1]) == sizeof r1) {
+                    b0 = r0.head, b1 = r1.head, w0 = r0.wakeups, w1 = r1.wakeups;
+                    s0 = r0.spin_hits, s1 = r1.spin_hits;
+                }
+                close(cfd);
+            }
+            snprintf(what, sizeof what,
+                     "accelerated: bytes out/in %llu/%llu, wake-ups %llu, spin hits %llu",
+                     b0, b1, w0 + w1, s0 + s1);
+        } else {
+            snprintf(what, sizeof what, "%s: %s", c.state == ML_CONN_TCP ? "TCP" : "waiting",
+                     c.why);
+        }
+        if (json) {
+            char item[800];
+            snprintf(item, sizeof item,
+                     "%s{\"pid\":%d,\"fd\":%d,\"local\":\"%s\",\"remote\":\"%s\","
+                     "\"state\":\"%s\",\"detail\":\"%s\"}",
+                     *n ? "," : "", ph.pid, c.fd, c.local, c.remote,
+                     c.state == ML_CONN_ACCEL ? "accelerated" : c.state == ML_CONN_TCP ? "tcp" : "waiting",
+                     what);
+            size_t len = *out ? strlen(*out) : 0;
+            char *p = realloc(*out, len + strlen(item) + 1);
+            if (p) {
+                strcpy(p + len, item);
+                *out = p;
+            }
+        } else {
+            printf("  conn pid %d fd %d %s -> %s %s\n", ph.pid, c.fd, c.local, c.remote, what);
+        }
+        (*n)++;
+    }
+}
+
 static int cmd_stat(int json)
 {
+    char *conn_json = NULL;
+    int nconn = 0;
     /* stat only looks: it does not open the fabric through the library, whose lazy reclaim
      * would remove the dead processes' files that stat is there to show. */
     char dir[4096];
@@ -65,7 +130,7 @@ static int cmd_stat(int json)
     DIR *d = opendir(dir);
     if (!d) {
         if (errno == ENOENT) {
-            printf(json ? "{\"fabric\":\"%s\",\"objects\":[]}\n" : "fabric %s: (empty)\n", dir);
+            printf(json ? "{\"fabric\":\"%s\",\"objects\":[],\"connections\":[]}\n" : "fabric %s: (empty)\n", dir);
             return 0;
         }
         perror(dir);
@@ -80,7 +145,7 @@ static int cmd_stat(int json)
     while ((e = readdir(d))) {
         if (strncmp(e->d_name, "seg-", 4) != 0)
             continue;
-        char path[4352];
+        char path[4400];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
         if (fd < 0)
@@ -109,6 +174,12 @@ static int cmd_stat(int json)
                          side_state(c.side_state[1]),
                          c.attached ? (held(fd, ML_LOCK_ATTACHER) == 1 ? "live" : "gone") : "none",
                          (unsigned long long)r0.head, (unsigned long long)r1.head);
+        } else if (h.kind == ML_KIND_PROC) {
+            struct ml_proc_hdr ph;
+            if (pread(fd, &ph, sizeof ph, (off_t)h.body_off) == sizeof ph)
+                snprintf(detail, sizeof detail, "%.55s: %llu accelerated, %llu on TCP so far",
+                         ph.cmd, (unsigned long long)ph.accel_total,
+                         (unsigned long long)ph.tcp_total);
         } else if (h.kind == ML_KIND_EVQ) {
             struct ml_evq_hdr q;
             if (pread(fd, &q, sizeof q, (off_t)h.body_off) == sizeof q)
@@ -126,14 +197,17 @@ static int cmd_stat(int json)
         else
             printf("%-8s %-32s %7d %-5s %s\n", kind_name(h.kind), e->d_name + 4, h.owner_pid,
                    live == 1 ? "yes" : "DEAD", detail);
+        if (h.kind == ML_KIND_PROC && h.version == ML_LAYOUT_VERSION && live == 1)
+            proc_conns(dir, fd, &h, json, &conn_json, &nconn);
         n++;
         close(fd);
     }
     closedir(d);
     if (json)
-        printf("]}\n");
+        printf("],\"connections\":[%s]}\n", conn_json ? conn_json : "");
     else if (!n)
         printf("(empty)\n");
+    free(conn_json);
     return 0;
 }
 

@@ -336,6 +336,13 @@ ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
             return -EAGAIN;
     }
     if (st == MLP_TCP) {
+        /* What we wrote before falling to TCP goes out before we wait for the answer. */
+        const void *p;
+        if (s->ch && __ml_chan_unsent(s->ch, &p)) {
+            mlp_lock_tx(s);
+            (void)mlp_flush_unsent(s, fd, !nb);
+            mlp_unlock_tx(s);
+        }
         struct msghdr mh = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
         ssize_t r = mlp_real_recvmsg(fd, &mh, flags);
         return r < 0 ? -errno : r;

@@ -1,0 +1,220 @@
+"""Transparent sockets: the same workloads over kernel TCP and under `memlan run`, compared.
+
+conform (tests/preload/conform.c) prints every deterministic result of a randomized socket
+workload; the output over kernel TCP must equal the output under memlan, line for line on each
+side.  Mixed pairs run one side plain.  Every test checks, from memlan's own log, that the
+connection really took the path expected (accelerated, or TCP with the reason), and leaves no
+fabric file behind once dead processes' files are reclaimed.
+"""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import BUILD, MEMLAN, memlan
+
+CONFORM = BUILD / "tests-preload" / "conform"
+PORT = [47100]
+
+
+def next_port():
+    PORT[0] += 1
+    return PORT[0]
+
+
+def by_side(out):
+    """The lines of each side, in order (the two sides interleave on one stdout)."""
+    lines = out.splitlines()
+    return ([l for l in lines if l.startswith("S ")], [l for l in lines if l.startswith("C ")])
+
+
+def run_pair(addr, seed, under_memlan, log=None, env_extra=None):
+    cmd = [str(CONFORM), "pair", addr, str(next_port()), str(seed)]
+    env = dict(os.environ)
+    if env_extra:
+        env.update(env_extra)
+    if under_memlan:
+        cmd = [str(MEMLAN), "run", "--log", str(log)] + ["--"] + cmd
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 0, f"{cmd} exited {p.returncode}\n{p.stdout}\n{p.stderr}"
+    return p.stdout
+
+
+def settle(fabric):
+    """Reclaim the files of processes that ended with _exit (no exit handlers ran)."""
+    time.sleep(0.05)
+    memlan("clean")
+
+
+@pytest.mark.parametrize("addr", ["127.0.0.1", "::1", "mapped"])
+@pytest.mark.parametrize("seed", [1, 2, 3, 4, 5, 6, 7, 8])
+def test_differential_conformance(fabric, tmp_path, addr, seed):
+    plain = run_pair(addr, seed, False)
+    log = tmp_path / "memlan.log"
+    under = run_pair(addr, seed, True, log)
+    ps, pc = by_side(plain)
+    ms, mc = by_side(under)
+    assert "CORRUPT" not in plain, plain
+    assert ms == ps, "server side differs under memlan"
+    assert mc == pc, "client side differs under memlan"
+    text = log.read_text()
+    assert "accelerated (client)" in text and "accelerated (accepted" in text, text
+    settle(fabric)
+
+
+def start_side(role, addr, port, seed, under_memlan, log, sync):
+    r, w = sync
+    cmd = [str(CONFORM), role, addr, str(port), str(seed), str(r), str(w)]
+    if under_memlan:
+        cmd = [str(MEMLAN), "run", "--log", str(log), "--"] + cmd
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            pass_fds=(r, w))
+
+
+def run_split(addr, seed, server_memlan, client_memlan, log):
+    """Server and client as separate programs, each plain or under memlan."""
+    port = next_port()
+    a_r, a_w = os.pipe()
+    b_r, b_w = os.pipe()
+    srv = start_side("server", addr, port, seed, server_memlan, log, (a_r, b_w))
+    time.sleep(0.3 if server_memlan else 0.1)
+    cli = start_side("client", addr, port, seed, client_memlan, log, (b_r, a_w))
+    so, se = srv.communicate(timeout=60)
+    co, ce = cli.communicate(timeout=60)
+    for fd in (a_r, a_w, b_r, b_w):
+        os.close(fd)
+    assert srv.returncode == 0 and cli.returncode == 0, f"{so}\n{se}\n{co}\n{ce}"
+    return so, co
+
+
+@pytest.mark.parametrize("seed", [11, 12])
+def test_mixed_pairs_fall_through(fabric, tmp_path, seed):
+    """The server speaks first; either side plain: identical bytes, TCP with the reason."""
+    log = tmp_path / "plain.log"
+    ps, pc = run_split("127.0.0.1", seed, False, False, log)
+    # memlan client, plain server: the client's offer is never taken; the server talks first.
+    log1 = tmp_path / "client.log"
+    s1, c1 = run_split("127.0.0.1", seed, False, True, log1)
+    assert (s1, c1) == (ps, pc)
+    text = log1.read_text()
+    assert "no memlan listener on this port" in text, text
+    # plain client, memlan server.
+    log2 = tmp_path / "server.log"
+    s2, c2 = run_split("127.0.0.1", seed, True, False, log2)
+    assert (s2, c2) == (ps, pc)
+    text = log2.read_text()
+    assert "the client is not memlan" in text, text
+    settle(fabric)
+
+
+ECHO_SERVER = r"""
+import os, socket, sys
+fd = int(sys.argv[1])
+l = socket.socket(fileno=fd)
+c, _ = l.accept()
+data = b""
+while not data.endswith(b"\n"):
+    d = c.recv(4096)
+    if not d:
+        break
+    data += d
+c.sendall(b"echo " + data)
+c.close()
+"""
+
+PARENT = r"""
+import os, socket, subprocess, sys
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", int(sys.argv[1])))
+l.listen(4)
+env = dict(os.environ, LD_PRELOAD="")   # the child runs without memlan
+p = subprocess.Popen([sys.executable, "-c", sys.argv[2], str(l.fileno())], pass_fds=[l.fileno()], env=env)
+print("ready", flush=True)
+sys.exit(p.wait())
+"""
+
+
+def test_listener_inherited_by_plain_process(fabric, tmp_path):
+    """A memlan listener handed to a program without memlan still serves memlan clients."""
+    port = next_port()
+    log = tmp_path / "m.log"
+    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    parent = subprocess.Popen([str(MEMLAN), "run", "--log", str(log), "--", py, "-c", PARENT,
+                               str(port), ECHO_SERVER], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout.readline().strip() == "ready"
+    client = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--accept-wait-ms", "300",
+                             "--", py, "-c",
+                             "import socket,sys; c=socket.create_connection(('127.0.0.1',%d));"
+                             "c.sendall(b'x'*70000+b'\\n'); d=b''\n"
+                             "while True:\n  b=c.recv(65536)\n  if not b: break\n  d+=b\n"
+                             "print(len(d), d[:5].decode(), d.endswith(b'x\\n'))" % port],
+                            capture_output=True, text=True, timeout=30)
+    assert client.returncode == 0, client.stderr
+    assert client.stdout.split() == ["70006", "echo", "True"], client.stdout
+    assert parent.wait(timeout=10) == 0
+    assert "no memlan acceptor took the offer" in log.read_text(), log.read_text()
+    settle(fabric)
+
+
+def test_peer_sigkill_gives_eof_not_hang(fabric, tmp_path):
+    """A server killed mid-connection: the blocked memlan client returns within the bound."""
+    port = next_port()
+    log = tmp_path / "k.log"
+    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    srv = subprocess.Popen([str(MEMLAN), "run", "--log", str(log), "--", py, "-c",
+                            "import socket,time; l=socket.socket(); "
+                            "l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+                            "l.bind(('127.0.0.1',%d)); l.listen(1); print('ready', flush=True); "
+                            "c,_=l.accept(); c.sendall(b'partial'); time.sleep(60)" % port],
+                           stdout=subprocess.PIPE, text=True)
+    assert srv.stdout.readline().strip() == "ready"
+    cli = subprocess.Popen([str(MEMLAN), "run", "--log", str(log), "--", py, "-c",
+                            "import socket,time; c=socket.create_connection(('127.0.0.1',%d)); "
+                            "d=c.recv(7, socket.MSG_WAITALL); print(d.decode(), flush=True)\n"
+                            "try:\n  r=c.recv(10); print('eof' if r==b'' else r)\n"
+                            "except ConnectionResetError:\n  print('reset')" % port],
+                           stdout=subprocess.PIPE, text=True)
+    assert cli.stdout.readline().strip() == "partial"
+    time.sleep(0.2)
+    t0 = time.time()
+    srv.send_signal(signal.SIGKILL)
+    srv.wait()
+    out = cli.stdout.readline().strip()
+    took = time.time() - t0
+    cli.wait(timeout=10)
+    assert out in ("eof", "reset"), out
+    assert took < 3, took
+    assert "accelerated (client)" in log.read_text()
+    settle(fabric)
+
+
+def test_stat_shows_connections_and_reasons(fabric, tmp_path):
+    port = next_port()
+    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    srv = subprocess.Popen([str(MEMLAN), "run", "--", py, "-c",
+                            "import socket,time; l=socket.socket(); "
+                            "l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
+                            "l.bind(('127.0.0.1',%d)); l.listen(4); print('ready', flush=True); "
+                            "a,_=l.accept(); b,_=l.accept(); print('two', flush=True); time.sleep(30)"
+                            % port], stdout=subprocess.PIPE, text=True)
+    assert srv.stdout.readline().strip() == "ready"
+    accel = subprocess.Popen([str(MEMLAN), "run", "--", py, "-c",
+                              "import socket,time; c=socket.create_connection(('127.0.0.1',%d)); "
+                              "c.sendall(b'hi'); time.sleep(30)" % port])
+    plain = socket.create_connection(("127.0.0.1", port))
+    assert srv.stdout.readline().strip() == "two"
+    time.sleep(0.2)
+    st = memlan("stat").stdout
+    srv.kill()
+    accel.kill()
+    plain.close()
+    srv.wait()
+    accel.wait()
+    assert "accelerated" in st and "127.0.0.1:%d" % port in st, st
+    assert "the client is not memlan" in st, st
+    settle(fabric)
