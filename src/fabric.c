@@ -169,8 +169,8 @@ int __ml_fabric_reclaim(memlan_fabric_t *fab)
                 struct stat st;
                 long fd = __ml_sys_open(fab->dirfd, nm, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, 0);
                 if (fd >= 0) {
-                    ssize_t n = __ml_sys_read((int)fd, tok, MEMLAN_TOKEN_LEN);
-                    tok[n > 0 ? n : 0] = 0;
+                    ssize_t got = __ml_sys_read((int)fd, tok, MEMLAN_TOKEN_LEN);
+                    tok[got > 0 ? got : 0] = 0;
                     __ml_sys_close((int)fd);
                 }
                 __ml_fabric_name(seg, sizeof seg, "seg", tok);

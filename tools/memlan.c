@@ -265,8 +265,8 @@ static int find_preload(char *out, size_t len)
         char *slash = strrchr(self, '/');
         if (slash) {
             *slash = 0;
-            snprintf(out, len, "%s/../lib/libmemlan-preload.so", self);
-            if (access(out, R_OK) == 0) {
+            if ((size_t)snprintf(out, len, "%.3800s/../lib/libmemlan-preload.so", self) < len &&
+                access(out, R_OK) == 0) {
                 char *real = realpath(out, NULL);
                 if (real) {
                     snprintf(out, len, "%s", real);
