@@ -36,7 +36,6 @@ void mlp_poll_after_fork(void)
 }
 
 void mlp_poll_forget(struct mlp_sock *s) { (void)s; }
-int mlp_flush_unsent(struct mlp_sock *s, int fd, bool block);
 
 void mlp_poll_at_exit(void)
 {
@@ -95,12 +94,7 @@ static int mlp_revents(struct mlp_sock *s, int fd)
     if (st == MLP_UNDECIDED)
         st = mlp_decide(s, fd, false);
     if (st == MLP_TCP) {
-        const void *p;
-        if (__ml_chan_unsent(s->ch, &p)) { /* push what the ring still holds to the kernel */
-            mlp_lock_tx(s);
-            (void)mlp_flush_unsent(s, fd, false);
-            mlp_unlock_tx(s);
-        }
+        (void)mlp_tcp_catch_up(s, fd, false); /* push what the ring still holds to the kernel */
         return -1;
     }
     struct memlan_channel *ch = s->ch;

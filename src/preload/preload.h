@@ -130,6 +130,7 @@ int mlp_getsockopt(struct mlp_sock *s, int fd, int level, int name, void *val, s
                    bool *handled);
 void mlp_after_fork_child(void);
 void mlp_before_last_close(struct mlp_sock *s, int fd);
+int mlp_tcp_catch_up(struct mlp_sock *s, int fd, bool block);
 void mlp_at_exit(void);
 
 /* Readiness (poll.c): poll(2) semantics of one socket now; revents in POLL* bits. */

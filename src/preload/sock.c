@@ -138,6 +138,27 @@ static ssize_t mlp_tx_error(struct mlp_sock *s, ssize_t r, int flags)
     return r;
 }
 
+/* A socket that fell to TCP: send what its ring still holds before anything else.  0 when
+ * nothing is left, else the kernel's error (-EAGAIN when nonblocking and full). */
+int mlp_tcp_catch_up(struct mlp_sock *s, int fd, bool block)
+{
+    const void *p;
+    if (!s->ch || !__ml_chan_unsent(s->ch, &p))
+        return 0;
+    mlp_lock_tx(s);
+    int e = mlp_flush_unsent(s, fd, block);
+    mlp_unlock_tx(s);
+    return e;
+}
+
+static size_t mlp_iov_total(const struct iovec *iov, int n)
+{
+    size_t t = 0;
+    for (int i = 0; i < n; i++)
+        t += iov[i].iov_len;
+    return t;
+}
+
 /* ---- send -------------------------------------------------------------------------------- */
 
 ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags)
@@ -149,18 +170,14 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
         st = mlp_decide(s, fd, false);
     bool nb = (flags & MSG_DONTWAIT) || mlp_nonblock(s);
     if (st == MLP_TCP) {
-        mlp_lock_tx(s);
-        int e = mlp_flush_unsent(s, fd, !nb);
-        mlp_unlock_tx(s);
+        int e = mlp_tcp_catch_up(s, fd, !nb);
         if (e < 0)
             return e == -EPIPE && !(flags & MSG_NOSIGNAL) ? (raise(SIGPIPE), e) : e;
         struct msghdr mh = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
         ssize_t r = mlp_real_sendmsg(fd, &mh, flags);
         return r < 0 ? -errno : r;
     }
-    size_t total = 0;
-    for (int i = 0; i < n; i++)
-        total += iov[i].iov_len;
+    size_t total = mlp_iov_total(iov, n);
     if (total == 0)
         return 0;
     mlp_lock_tx(s);
@@ -218,9 +235,7 @@ ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t coun
     if (st == MLP_UNDECIDED)
         st = mlp_decide(s, fd, true);
     if (st == MLP_TCP) {
-        mlp_lock_tx(s);
-        int e = mlp_flush_unsent(s, fd, !mlp_nonblock(s));
-        mlp_unlock_tx(s);
+        int e = mlp_tcp_catch_up(s, fd, !mlp_nonblock(s));
         if (e < 0)
             return e;
         ssize_t r = mlp_real_sendfile(fd, in, off, count);
@@ -278,9 +293,7 @@ ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t coun
 /* MSG_PEEK: copy what is there without consuming it (MSG_WAITALL: wait for all of it). */
 static ssize_t mlp_peek(struct mlp_sock *s, const struct iovec *iov, int n, int flags, bool nb)
 {
-    size_t total = 0;
-    for (int i = 0; i < n; i++)
-        total += iov[i].iov_len;
+    size_t total = mlp_iov_total(iov, n);
     for (;;) {
         const void *p;
         ssize_t a = memlan_peek(s->ch, &p, MEMLAN_DONTWAIT);
@@ -337,19 +350,12 @@ ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     }
     if (st == MLP_TCP) {
         /* What we wrote before falling to TCP goes out before we wait for the answer. */
-        const void *p;
-        if (s->ch && __ml_chan_unsent(s->ch, &p)) {
-            mlp_lock_tx(s);
-            (void)mlp_flush_unsent(s, fd, !nb);
-            mlp_unlock_tx(s);
-        }
+        (void)mlp_tcp_catch_up(s, fd, !nb);
         struct msghdr mh = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
         ssize_t r = mlp_real_recvmsg(fd, &mh, flags);
         return r < 0 ? -errno : r;
     }
-    size_t total = 0;
-    for (int i = 0; i < n; i++)
-        total += iov[i].iov_len;
+    size_t total = mlp_iov_total(iov, n);
     if (total == 0)
         return 0;
     mlp_lock_rx(s);
@@ -403,11 +409,8 @@ int mlp_shutdown(struct mlp_sock *s, int fd, int how)
     if (st == MLP_UNDECIDED && (how == SHUT_WR || how == SHUT_RDWR))
         st = mlp_decide(s, fd, true); /* the peer must get our bytes before our EOF */
     if (st == MLP_TCP) {
-        if (how != SHUT_RD) {
-            mlp_lock_tx(s);
-            (void)mlp_flush_unsent(s, fd, true);
-            mlp_unlock_tx(s);
-        }
+        if (how != SHUT_RD)
+            (void)mlp_tcp_catch_up(s, fd, true);
     } else {
         if (how == SHUT_RD || how == SHUT_RDWR) {
             /* Reads return what is queued, then 0, as Linux does after SHUT_RD. */
@@ -490,11 +493,8 @@ void mlp_before_last_close(struct mlp_sock *s, int fd)
         if (s->state == MLP_TCP)
             mlp_stat_conn(s, fd, "closed before a memlan acceptor took the offer");
     }
-    if (s->state == MLP_TCP) {
-        mlp_lock_tx(s);
-        (void)mlp_flush_unsent(s, fd, true);
-        mlp_unlock_tx(s);
-    }
+    if (s->state == MLP_TCP)
+        (void)mlp_tcp_catch_up(s, fd, true);
 }
 
 void mlp_sock_destroy(struct mlp_sock *s)
