@@ -105,12 +105,10 @@ struct mlp_sock *mlp_sock_new(int type)
     pthread_mutex_unlock(&mlp_free_mu);
     if (!s && !(s = calloc(1, sizeof *s)))
         return NULL;
-    /* refs stays an atomic that is never reset while another thread may hold a stale pointer:
-     * it is 0 here (the object is free) and becomes 1 for the caller. */
-    int refs = atomic_load(&s->refs);
+    /* refs is never cleared by memset: a thread holding a stale pointer may be incrementing it
+     * (it then sees the fd changed and drops its reference).  It is 0 here and 1 for the caller. */
     memset((char *)s + sizeof s->refs, 0, sizeof *s - sizeof s->refs);
-    (void)refs;
-    atomic_store(&s->refs, 1);
+    atomic_fetch_add(&s->refs, 1);
     static _Atomic uint64_t ids;
     s->id = atomic_fetch_add(&ids, 1) + 1;
     s->type = type;

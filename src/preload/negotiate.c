@@ -396,14 +396,12 @@ static struct mlp_lrec *mlp_lrec_find(int port)
         if (r->check_fd >= 0) {
             mlp_disown_fd(r->check_fd);
             __ml_sys_close(r->check_fd);
-            if (r->map != m && r->nlisten == 0)
-                __ml_sys_munmap(r->map, ML_PAGE);
         }
         r->check_fd = fd;
+        /* The old mapping is never unmapped: a thread between connect_start and connect_done
+         * may still count itself out through it.  One page per re-created record. */
         if (r->nlisten == 0)
             r->map = m;
-        else
-            __ml_sys_munmap(m, ML_PAGE);
         r->ino = ino;
     }
     pthread_mutex_unlock(&mlp_neg_mu);
@@ -730,10 +728,16 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
         }
         if (a == ML_ATTACH_WITHDRAWN) {
             why = "offer withdrawn";
+        } else if (!wait && mlp_now_ns() - s->peek_ns < 100000) {
+            return MLP_UNDECIDED; /* a poll scan or spin: peek the kernel at most every 100 us */
         } else {
             char c;
+            s->peek_ns = mlp_now_ns();
+            int saved = errno; /* our peek must not change what the application sees */
             ssize_t n = mlp_real_recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-            if (n >= 0 || (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
+            int e = n < 0 ? errno : 0;
+            errno = saved;
+            if (n >= 0 || (e != EAGAIN && e != EWOULDBLOCK && e != EINTR))
                 why = n > 0 ? "the server spoke over TCP first: it is not memlan"
                             : "the connection ended or failed before the server took the offer";
             else if (mlp_now_ns() - s->offer_ns > (uint64_t)mlp_cfg.accept_wait_ms * 1000000u)
@@ -790,6 +794,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
     struct mlp_addr l, r;
     if (mlp_sock_addrs(fd, &l, &r, NULL, 0) < 0) {
         mlp_put(ls);
+        mlp_stat_tcp(fd, "addresses of the accepted socket unavailable");
         return;
     }
     char name[160], token[MEMLAN_TOKEN_LEN + 1];

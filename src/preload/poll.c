@@ -478,7 +478,8 @@ bool mlp_epoll_has_ours(int epfd)
 /* close(epfd): forget its members. */
 void mlp_epoll_forget_fd(int fd)
 {
-    if (!mlp_eps || fd < 0 || fd >= mlp_neps)
+    /* On every close(): a load first, so that closing ordinary fds writes nothing. */
+    if (!mlp_eps || fd < 0 || fd >= mlp_neps || !__atomic_load_n(&mlp_eps[fd], __ATOMIC_RELAXED))
         return;
     struct mlp_ep *e = __atomic_exchange_n(&mlp_eps[fd], NULL, __ATOMIC_ACQ_REL);
     if (e) {

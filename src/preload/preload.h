@@ -75,6 +75,7 @@ struct mlp_sock {
     memlan_channel_t *ch;
     struct ml_sock_side *me;      /* our side's shared block in the channel */
     uint64_t offer_ns;            /* client: when the offer went out */
+    uint64_t peek_ns;             /* client: when we last peeked the kernel socket, undecided */
     char offer[160];              /* client: the offer's name in the fabric, "" once gone */
     int slot;                     /* our line in the process's stat segment, -1 if none */
     unsigned fork_gen;            /* last fork this socket was counted in (holders) */

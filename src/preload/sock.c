@@ -145,9 +145,11 @@ int mlp_tcp_catch_up(struct mlp_sock *s, int fd, bool block)
     const void *p;
     if (!s->ch || !__ml_chan_unsent(s->ch, &p))
         return 0;
+    int saved = errno; /* errors are returned; a success leaves errno as it was */
     mlp_lock_tx(s);
     int e = mlp_flush_unsent(s, fd, block);
     mlp_unlock_tx(s);
+    errno = saved;
     return e;
 }
 
@@ -294,6 +296,7 @@ ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t coun
 static ssize_t mlp_peek(struct mlp_sock *s, const struct iovec *iov, int n, int flags, bool nb)
 {
     size_t total = mlp_iov_total(iov, n);
+    unsigned naps = 0;
     for (;;) {
         const void *p;
         ssize_t a = memlan_peek(s->ch, &p, MEMLAN_DONTWAIT);
@@ -310,18 +313,16 @@ static ssize_t mlp_peek(struct mlp_sock *s, const struct iovec *iov, int n, int 
         }
         if (a <= 0)
             return a;
-        if ((flags & MSG_WAITALL) && (size_t)a < total && !nb) {
-            uint32_t ps = __ml_chan_peer_state(s->ch);
-            if (ps == ML_SIDE_OPEN && !__ml_chan_check_peer(s->ch)) {
-                (void)__ml_chan_wait_rx(s->ch, 0); /* returns at the next change */
-                (void)memlan_peek(s->ch, &p, MEMLAN_DONTWAIT);
-                if (memlan_peek(s->ch, &p, MEMLAN_DONTWAIT) == a) {
-                    /* Nothing new yet: sleep for the producer. */
-                    struct timespec ts = {0, 50000};
-                    nanosleep(&ts, NULL);
-                }
-                continue;
-            }
+        if ((flags & MSG_WAITALL) && (size_t)a < total && !nb &&
+            __ml_chan_peer_state(s->ch) == ML_SIDE_OPEN && !s->ch->peer_dead) {
+            /* MSG_PEEK|MSG_WAITALL (rare): the tripwire wakes a waiter for any byte, not for
+             * len of them, so look again every 50 us until len are there or the peer is done,
+             * checking the peer's liveness (a system call) about every 100 ms. */
+            struct timespec ts = {0, 50000};
+            nanosleep(&ts, NULL);
+            if (++naps % 2000 == 0)
+                (void)__ml_chan_check_peer(s->ch);
+            continue;
         }
         size_t left = (size_t)a < total ? (size_t)a : total, off = 0;
         for (int i = 0; i < n && left; i++) {
@@ -424,8 +425,10 @@ int mlp_shutdown(struct mlp_sock *s, int fd, int how)
         }
     }
     /* The kernel socket too: it keeps ss and the peer's kernel view in step. */
+    int saved = errno;
     if (mlp_real_shutdown(fd, how) < 0 && errno != ENOTCONN)
         return -errno;
+    errno = saved;
     return 0;
 }
 
