@@ -215,6 +215,6 @@ def test_stat_shows_connections_and_reasons(fabric, tmp_path):
     plain.close()
     srv.wait()
     accel.wait()
-    assert "accelerated" in st and "127.0.0.1:%d" % port in st, st
+    assert "accelerated: bytes out/in" in st and "127.0.0.1:%d" % port in st, st
     assert "the client is not memlan" in st, st
     settle(fabric)
