@@ -94,15 +94,55 @@ static struct ml_evq_import ml_evq_cache[ML_EVQ_CACHE];
 static unsigned ml_evq_cache_n, ml_evq_cache_next;
 static pthread_mutex_t ml_evq_cache_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Is a queue of cap events with its bitmaps at lo (leaf) and so (summary) inside seg?  The one
+ * rule for both import and post time (a post re-reads the peer-writable header). */
+void (*__ml_fd_keep)(int *fdp);
+void (*__ml_fd_drop)(int fd);
+
+static void ml_evq_cache_free(struct ml_evq_import *e)
+{
+    if (__ml_fd_drop) {
+        __ml_fd_drop(e->seg->fd);
+        if (e->bell >= 0)
+            __ml_fd_drop(e->bell);
+    }
+    __ml_seg_destroy(e->seg);
+    if (e->bell >= 0)
+        __ml_sys_close(e->bell);
+    e->seg = NULL;
+    e->bell = -1;
+}
+
+/* Before importing another queue: let go of the queues whose owners have gone (their files are
+ * unlinked already; we would hold them, and an fd each, for ever).  Caller holds the lock. */
+static void ml_evq_cache_sweep(void)
+{
+    for (unsigned i = 0; i < ml_evq_cache_n;) {
+        struct ml_evq_import *e = &ml_evq_cache[i];
+        if (__ml_seg_alive(e->seg, ML_LOCK_OWNER) != 0) {
+            i++;
+            continue;
+        }
+        ml_evq_cache_free(e);
+        *e = ml_evq_cache[--ml_evq_cache_n];
+        ml_evq_cache[ml_evq_cache_n].seg = NULL;
+    }
+}
+
+static bool ml_evq_fits(const struct memlan_segment *seg, uint64_t cap, uint64_t lo, uint64_t so)
+{
+    if (cap == 0 || cap % 64 || cap > (1u << 24))
+        return false;
+    uint64_t lw = cap / 64, sw = (lw + 63) / 64;
+    uint64_t end = seg->body_off + seg->body_size;
+    return lo % 8 == 0 && so % 8 == 0 && lo >= seg->body_off && so >= seg->body_off &&
+           lo + lw * 8 <= end && so + sw * 8 <= end;
+}
+
 static bool ml_evq_geometry_ok(const struct memlan_segment *seg, const struct ml_evq_hdr *c)
 {
     uint64_t cap = c->capacity, lw = c->leaf_words, sw = c->sum_words;
-    if (cap == 0 || cap % 64 || lw != cap / 64 || sw != (lw + 63) / 64)
-        return false;
-    uint64_t end = seg->body_off + seg->body_size;
-    return c->leaf_off % 8 == 0 && c->sum_off % 8 == 0 && c->leaf_off >= seg->body_off &&
-           c->sum_off >= seg->body_off && c->leaf_off + lw * 8 <= end &&
-           c->sum_off + sw * 8 <= end;
+    return lw == cap / 64 && sw == (lw + 63) / 64 && ml_evq_fits(seg, cap, c->leaf_off, c->sum_off);
 }
 
 void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared)
@@ -123,6 +163,7 @@ void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared)
             break;
         }
     if (!e) {
+        ml_evq_cache_sweep();
         struct memlan_segment *seg;
         if (__ml_seg_import(fab, tok, ML_KIND_EVQ, true, &seg) < 0)
             goto out;
@@ -135,9 +176,7 @@ void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared)
             e = &ml_evq_cache[ml_evq_cache_n++];
         } else { /* evict round-robin */
             e = &ml_evq_cache[ml_evq_cache_next++ % ML_EVQ_CACHE];
-            __ml_seg_destroy(e->seg);
-            if (e->bell >= 0)
-                __ml_sys_close(e->bell);
+            ml_evq_cache_free(e);
         }
         memcpy(e->token, tok, sizeof e->token);
         e->seg = seg;
@@ -145,6 +184,11 @@ void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared)
         __ml_fabric_name(name, sizeof name, "bell", tok);
         long fd = __ml_sys_open(fab->dirfd, name, O_WRONLY | O_NONBLOCK | O_NOFOLLOW, 0);
         e->bell = fd >= 0 ? (int)fd : -1;
+        if (__ml_fd_keep) {
+            __ml_fd_keep(&seg->fd);
+            if (e->bell >= 0)
+                __ml_fd_keep(&e->bell);
+        }
     }
     struct ml_evq_hdr *h = (struct ml_evq_hdr *)(e->seg->base + e->seg->body_off);
     /* Geometry was checked at import; the peer may have changed the shared copy since, so use
@@ -152,10 +196,7 @@ void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared)
     uint32_t cap = __atomic_load_n(&h->capacity, __ATOMIC_RELAXED);
     uint64_t lo = __atomic_load_n(&h->leaf_off, __ATOMIC_RELAXED);
     uint64_t so = __atomic_load_n(&h->sum_off, __ATOMIC_RELAXED);
-    uint64_t end = e->seg->body_off + e->seg->body_size;
-    if (ref.index < cap && cap % 64 == 0 && lo % 8 == 0 && so % 8 == 0 &&
-        lo >= e->seg->body_off && so >= e->seg->body_off && lo + (uint64_t)cap / 8 <= end &&
-        so + ((uint64_t)cap / 4096 + 1) * 8 <= end) {
+    if (ref.index < cap && ml_evq_fits(e->seg, cap, lo, so)) {
         ml_evq_set((_Atomic uint64_t *)(e->seg->base + lo), (_Atomic uint64_t *)(e->seg->base + so),
                    ref.index);
         ml_fetch_add(&h->posts, 1u);

@@ -46,6 +46,12 @@ struct memlan_segment {
     char token[MEMLAN_TOKEN_LEN + 1];
 };
 
+/* Set by the socket layer (src/preload) so that the long-lived fds the core opens on its own
+ * (imported event queues and their doorbells) are kept out of the host program's way: keep moves
+ * *fdp to a private number, drop forgets it before it is closed.  NULL: plain fds. */
+extern void (*__ml_fd_keep)(int *fdp);
+extern void (*__ml_fd_drop)(int fd);
+
 /* fabric.c */
 int __ml_token_valid(const char *token);
 int __ml_token_new(char out[MEMLAN_TOKEN_LEN + 1]);

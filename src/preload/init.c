@@ -142,6 +142,8 @@ static void mlp_atfork_child(void)
     mlp_after_fork_child();
 }
 
+static void mlp_keep_fd(int *fdp) { mlp_own_fd(fdp, true); }
+
 static void mlp_init_once(void)
 {
     int inside = mlp_inside;
@@ -152,6 +154,8 @@ static void mlp_init_once(void)
 #undef MLP_CALL
     mlp_pid = (int)__ml_sys_getpid();
     mlp_fdtable_init();
+    __ml_fd_keep = mlp_keep_fd;
+    __ml_fd_drop = mlp_disown_fd;
     mlp_read_config();
     pthread_atfork(NULL, mlp_atfork_parent, mlp_atfork_child);
     atexit(mlp_at_exit);

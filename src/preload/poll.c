@@ -747,7 +747,9 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             }
             out[w++] = out[i];
         }
-        if (again && w < max) {
+        /* Our sockets were scanned before the kernel call: scan again only if that found
+         * nothing, or a socket would be reported twice in one answer. */
+        if (again && got == 0 && w < max) {
             mlp_queue_drain_mark();
             w += mlp_ep_scan(e, out + w, max - w);
         }

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Install the real programs that the integration suite and bench/apps run under memlan
+# (Debian packages). Idempotent: installs only what is missing. Needs root or sudo.
+set -euo pipefail
+want=(redis-server:redis-server memcached:memcached nginx:nginx-light wrk:wrk
+      iperf3:iperf3 sockperf:sockperf pgbench:postgresql-client
+      /usr/lib/postgresql/15/bin/postgres:postgresql memcslap:libmemcached-tools curl:curl)
+missing=()
+for w in "${want[@]}"; do
+    cmd=${w%%:*} pkg=${w#*:}
+    if [[ $cmd == /* ]]; then [[ -x $cmd ]] && continue
+    else command -v "$cmd" >/dev/null 2>&1 && continue; fi
+    missing+=("$pkg")
+done
+[[ ${#missing[@]} -eq 0 ]] && { echo "install-apps: all present"; exit 0; }
+SUDO=; [[ $(id -u) -ne 0 ]] && SUDO=sudo
+echo "install-apps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+# Services must not start themselves: the tests start their own instances on private ports.
+printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+$SUDO chmod +x /usr/sbin/policy-rc.d
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+$SUDO rm -f /usr/sbin/policy-rc.d
+echo "install-apps: done"
