@@ -111,8 +111,10 @@ static void mlp_fd_gone(int fd)
 {
     struct mlp_sock *s = mlp_uninstall(fd);
     if (s) {
-        if (atomic_load(&s->nfds) == 0)
+        if (atomic_load(&s->nfds) == 0) {
+            mlp_epoll_sock_gone(s);
             mlp_before_last_close(s, fd);
+        }
         mlp_put(s);
     }
     mlp_epoll_forget_fd(fd);

@@ -11,8 +11,10 @@
  * dead peer at once and an idle one is never woken.  Before sleeping the waiter spins on the
  * channels for the spin budget, like a blocking recv.
  *
- * This first version scans the accelerated members of a set on every wait (O(members)); the
- * event queue already says which channels changed, which is where the scalable epoll goes next.
+ * epoll keeps, per epoll fd, a ready list of members that may be ready (the kernel's design): the
+ * event queue names the sockets that changed, each such socket's memberships go on their sets'
+ * lists, and epoll_wait looks only at its list.  A member found not ready leaves the list with its
+ * tripwire armed, so the next change posts it again: O(1) per ready socket, never a scan.
  */
 #include "preload.h"
 #include "sys/sys.h"
@@ -20,12 +22,16 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <time.h>
 
 static memlan_evq_t *mlp_q;
 static pthread_mutex_t mlp_q_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ml_spin mlp_poll_spin;
+static void mlp_epoll_after_fork(void);
+struct mlp_ep;
+static void mlp_ep_nested_leave(struct mlp_ep *e);
 
 void mlp_poll_after_fork(void)
 {
@@ -33,9 +39,20 @@ void mlp_poll_after_fork(void)
      * fd is shared, so not closed) and make our own on first use. */
     mlp_q = NULL;
     pthread_mutex_init(&mlp_q_mu, NULL);
+    mlp_epoll_after_fork();
 }
 
-void mlp_poll_forget(struct mlp_sock *s) { (void)s; }
+void mlp_poll_forget(struct mlp_sock *s)
+{
+    if (s->type != MLP_CONN || !s->ch || !s->ch->evq)
+        return;
+    pthread_mutex_lock(&mlp_q_mu);
+    if (s->ch->evq == mlp_q)
+        (void)memlan_evq_del(mlp_q, s->ch);
+    else
+        s->ch->evq = NULL; /* a queue from before fork: the parent's to keep */
+    pthread_mutex_unlock(&mlp_q_mu);
+}
 
 void mlp_poll_at_exit(void)
 {
@@ -78,9 +95,12 @@ static bool mlp_queue_add(struct mlp_sock *s)
         return false;
     if (s->ch->evq == q)
         return true;
-    if (s->ch->evq) /* a queue from before fork */
+    pthread_mutex_lock(&mlp_q_mu); /* the queue's slot table is not thread-safe */
+    if (s->ch->evq && s->ch->evq != q) /* a queue from before fork */
         s->ch->evq = NULL;
-    return memlan_evq_add(q, s->ch, MEMLAN_EV_READ | MEMLAN_EV_WRITE, s) == 0;
+    bool ok = s->ch->evq == q || memlan_evq_add(q, s->ch, MEMLAN_EV_READ | MEMLAN_EV_WRITE, s) == 0;
+    pthread_mutex_unlock(&mlp_q_mu);
+    return ok;
 }
 
 /* ---- one socket's readiness -------------------------------------------------------------- */
@@ -144,14 +164,24 @@ static bool mlp_arm(struct mlp_sock *s, short events)
     return ev && __ml_chan_arm_evq(s->ch, ev);
 }
 
-/* Drain the queue's events (we recompute readiness ourselves). */
+static void mlp_mark_sock(struct mlp_sock *s);
+
+/* Take the queue's events: each names a socket that changed, whose epoll memberships go on their
+ * sets' ready lists (poll and select recompute their own fds' readiness anyway). */
 static void mlp_queue_drain(void)
 {
     if (!mlp_q)
         return;
     struct memlan_event ev[64];
-    while (memlan_evq_wait(mlp_q, ev, 64, 0) == 64)
-        ;
+    int n;
+    do {
+        pthread_mutex_lock(&mlp_q_mu);
+        n = mlp_q ? memlan_evq_wait(mlp_q, ev, 64, 0) : 0;
+        pthread_mutex_unlock(&mlp_q_mu);
+        for (int i = 0; i < n; i++)
+            if (ev[i].udata)
+                mlp_mark_sock(ev[i].udata);
+    } while (n == 64);
 }
 
 /* The peer's kernel socket ended: has the peer itself? */
@@ -408,41 +438,63 @@ out:
 /* ---- epoll ------------------------------------------------------------------------------- */
 
 /*
- * Per epoll fd: the accelerated members, which the kernel epoll does not see (their kernel fd is
- * registered for EPOLLRDHUP only, tagged so that its events are recognised), and whether the
- * doorbell is in the set.  Members do not hold references: a member whose fd now names another
- * socket (the fd was closed) is dropped, as the kernel drops closed fds.
+ * Per epoll fd, the accelerated members, which the kernel's set does not see as such: each one's
+ * kernel fd is registered for EPOLLRDHUP|EPOLLET only (its peer's FIN), tagged so that its events
+ * are recognised.  The set also holds two fds of ours: the process's doorbell and the set's own
+ * eventfd, which another thread rings after it put members on this set's ready list.
+ *
+ * One mutex guards every set's members and ready list: members are few per call, the work under
+ * it is short, and a single-threaded server (most of them) never contends for it.  A member holds
+ * a reference on its socket; it goes when the socket's last fd is closed or the set is closed.
  */
 #define MLP_TAG      0x6d6c000000000000ull /* never a user-space pointer */
 #define MLP_TAG_MASK 0xffff000000000000ull
 #define MLP_TAG_BELL (MLP_TAG | 0xffffffffull)
+#define MLP_TAG_WAKE (MLP_TAG | 0xfffffffeull)
+#define MLP_EXCL_OK  (EPOLLIN | EPOLLOUT | EPOLLRDNORM | EPOLLWRNORM | EPOLLERR | EPOLLHUP | \
+                      EPOLLWAKEUP | EPOLLET | EPOLLEXCLUSIVE)
+
+struct mlp_ep;
 
 struct mlp_member {
+    struct mlp_ep *ep;
     int fd;
-    struct mlp_sock *s;
-    uint64_t sid;
+    struct mlp_sock *s;                 /* a reference */
     uint32_t events;
     epoll_data_t data;
-    bool disabled;            /* EPOLLONESHOT fired */
-    uint64_t seen;            /* events counter of s when last reported (edge-triggered) */
+    bool disabled;                      /* EPOLLONESHOT fired */
+    bool queued;                        /* on ep's ready list */
+    uint32_t undecided_seen;            /* edge-triggered, undecided: bits already reported */
+    struct mlp_member *rprev, *rnext;   /* the ready list */
+    struct mlp_member *snext;           /* the socket's memberships */
 };
 
 struct mlp_ep {
-    pthread_mutex_t mu;
-    struct mlp_member *m;
-    int n, cap;
-    bool bell;
+    struct mlp_member **byfd;           /* fd -> member */
+    int nbyfd;
+    int n;                              /* members */
+    struct mlp_member *rhead, *rtail;   /* ready list */
+    int nready;
+    uint64_t gen;                       /* insertions into the ready list */
+    int sleepers;                       /* threads asleep in the kernel on this set */
+    int efd;                            /* eventfd, -1 until needed */
+    bool efd_rung;
+    bool in_kernel;                     /* doorbell and eventfd added to the kernel set */
+    bool nested;                        /* this set is itself a member of another set */
 };
 
 static struct mlp_ep **mlp_eps;
 static int mlp_neps;
-static pthread_mutex_t mlp_eps_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t mlp_eps_mu = PTHREAD_MUTEX_INITIALIZER; /* the table of sets */
+static pthread_mutex_t mlp_epmu = PTHREAD_MUTEX_INITIALIZER;   /* members and ready lists */
 
 static struct mlp_ep *mlp_ep_get(int epfd, bool create)
 {
     if (epfd < 0)
         return NULL;
     if (!mlp_eps) {
+        if (!create)
+            return NULL;
         pthread_mutex_lock(&mlp_eps_mu);
         if (!mlp_eps) {
             void *p;
@@ -462,7 +514,7 @@ static struct mlp_ep *mlp_ep_get(int epfd, bool create)
     pthread_mutex_lock(&mlp_eps_mu);
     e = mlp_eps[epfd];
     if (!e && (e = calloc(1, sizeof *e))) {
-        pthread_mutex_init(&e->mu, NULL);
+        e->efd = -1;
         __atomic_store_n(&mlp_eps[epfd], e, __ATOMIC_RELEASE);
     }
     pthread_mutex_unlock(&mlp_eps_mu);
@@ -472,28 +524,154 @@ static struct mlp_ep *mlp_ep_get(int epfd, bool create)
 bool mlp_epoll_has_ours(int epfd)
 {
     struct mlp_ep *e = mlp_ep_get(epfd, false);
-    return e && e->n > 0;
+    return e && __atomic_load_n(&e->n, __ATOMIC_RELAXED) > 0;
 }
 
-/* close(epfd): forget its members. */
+/* ---- the ready list (mlp_epmu held) ---- */
+
+static void mlp_ep_ring(struct mlp_ep *e)
+{
+    if (e->efd_rung || e->efd < 0)
+        return;
+    uint64_t one = 1;
+    (void)__ml_sys_write(e->efd, &one, sizeof one);
+    e->efd_rung = true;
+}
+
+static void mlp_rl_push(struct mlp_member *m)
+{
+    struct mlp_ep *e = m->ep;
+    if (m->queued || m->disabled)
+        return;
+    m->queued = true;
+    m->rnext = NULL;
+    m->rprev = e->rtail;
+    if (e->rtail)
+        e->rtail->rnext = m;
+    else
+        e->rhead = m;
+    e->rtail = m;
+    e->nready++;
+    e->gen++;
+    if (e->sleepers || e->nested)
+        mlp_ep_ring(e);
+}
+
+static void mlp_rl_del(struct mlp_member *m)
+{
+    struct mlp_ep *e = m->ep;
+    if (!m->queued)
+        return;
+    if (m->rprev)
+        m->rprev->rnext = m->rnext;
+    else
+        e->rhead = m->rnext;
+    if (m->rnext)
+        m->rnext->rprev = m->rprev;
+    else
+        e->rtail = m->rprev;
+    m->queued = false;
+    e->nready--;
+}
+
+/* A socket changed: every set it is in may have something to say. */
+static void mlp_mark_sock(struct mlp_sock *s)
+{
+    if (!__atomic_load_n(&s->epm, __ATOMIC_RELAXED))
+        return;
+    pthread_mutex_lock(&mlp_epmu);
+    for (struct mlp_member *m = s->epm; m; m = m->snext)
+        mlp_rl_push(m);
+    pthread_mutex_unlock(&mlp_epmu);
+}
+
+/* Unlink m everywhere and free it; returns its socket reference for the caller to drop once the
+ * lock is released. */
+static struct mlp_sock *mlp_member_free(struct mlp_member *m)
+{
+    struct mlp_ep *e = m->ep;
+    struct mlp_sock *s = m->s;
+    mlp_rl_del(m);
+    for (struct mlp_member **pp = &s->epm; *pp; pp = &(*pp)->snext)
+        if (*pp == m) {
+            *pp = m->snext;
+            break;
+        }
+    if (m->fd < e->nbyfd && e->byfd[m->fd] == m)
+        e->byfd[m->fd] = NULL;
+    __atomic_store_n(&e->n, e->n - 1, __ATOMIC_RELAXED);
+    free(m);
+    return s;
+}
+
+static void mlp_put_all(struct mlp_sock **v, int n)
+{
+    for (int i = 0; i < n; i++)
+        mlp_put(v[i]);
+}
+
+/* close(fd) of an epoll fd: forget its members. */
 void mlp_epoll_forget_fd(int fd)
 {
     /* On every close(): a load first, so that closing ordinary fds writes nothing. */
     if (!mlp_eps || fd < 0 || fd >= mlp_neps || !__atomic_load_n(&mlp_eps[fd], __ATOMIC_RELAXED))
         return;
     struct mlp_ep *e = __atomic_exchange_n(&mlp_eps[fd], NULL, __ATOMIC_ACQ_REL);
-    if (e) {
-        free(e->m);
-        free(e);
+    if (!e)
+        return;
+    for (;;) {
+        struct mlp_sock *puts[64];
+        int np = 0;
+        pthread_mutex_lock(&mlp_epmu);
+        for (int i = 0; i < e->nbyfd && np < 64; i++)
+            if (e->byfd[i])
+                puts[np++] = mlp_member_free(e->byfd[i]);
+        pthread_mutex_unlock(&mlp_epmu);
+        mlp_put_all(puts, np);
+        if (np < 64)
+            break;
     }
+    if (e->efd >= 0) {
+        mlp_disown_fd(e->efd);
+        __ml_sys_close(e->efd);
+    }
+    free(e->byfd);
+    free(e);
 }
 
-static struct mlp_member *mlp_member_find(struct mlp_ep *e, int fd)
+/* The socket's last fd is closing: it leaves every set, as the kernel's file does. */
+void mlp_epoll_sock_gone(struct mlp_sock *s)
 {
-    for (int i = 0; i < e->n; i++)
-        if (e->m[i].fd == fd)
-            return &e->m[i];
-    return NULL;
+    if (!__atomic_load_n(&s->epm, __ATOMIC_RELAXED))
+        return;
+    struct mlp_sock *puts[64];
+    int np = 0;
+    pthread_mutex_lock(&mlp_epmu);
+    while (s->epm && np < 64)
+        puts[np++] = mlp_member_free(s->epm);
+    pthread_mutex_unlock(&mlp_epmu);
+    mlp_put_all(puts, np);
+    if (s->epm)
+        mlp_epoll_sock_gone(s);
+}
+
+/* After fork: our queue is new, so every member must arm again, and the set needs our doorbell. */
+static void mlp_epoll_after_fork(void)
+{
+    pthread_mutex_init(&mlp_epmu, NULL);
+    pthread_mutex_init(&mlp_eps_mu, NULL);
+    if (!mlp_eps)
+        return;
+    for (int fd = 0; fd < mlp_neps && fd <= mlp_fd_max(); fd++) {
+        struct mlp_ep *e = mlp_eps[fd];
+        if (!e)
+            continue;
+        e->in_kernel = false;
+        e->sleepers = 0;
+        for (int i = 0; i < e->nbyfd; i++)
+            if (e->byfd[i])
+                mlp_rl_push(e->byfd[i]);
+    }
 }
 
 static uint32_t mlp_ev_from_poll(int rev)
@@ -507,111 +685,200 @@ static uint32_t mlp_ev_from_poll(int rev)
     return ev;
 }
 
+/* The doorbell and the set's eventfd go into the kernel set once. */
+static void mlp_ep_setup(int epfd, struct mlp_ep *e)
+{
+    if (e->in_kernel)
+        return;
+    memlan_evq_t *q = mlp_queue();
+    pthread_mutex_lock(&mlp_epmu);
+    if (e->efd < 0) {
+        long fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (fd >= 0) {
+            e->efd = (int)fd;
+            mlp_own_fd(&e->efd, true);
+        }
+    }
+    int efd = e->efd;
+    pthread_mutex_unlock(&mlp_epmu);
+    bool ok = q != NULL && efd >= 0;
+    if (q) {
+        struct epoll_event bev = {.events = EPOLLIN, .data.u64 = MLP_TAG_BELL};
+        if (mlp_real_epoll_ctl(epfd, EPOLL_CTL_ADD, memlan_evq_fd(q), &bev) < 0 && errno != EEXIST)
+            ok = false;
+    }
+    if (efd >= 0) {
+        struct epoll_event wev = {.events = EPOLLIN, .data.u64 = MLP_TAG_WAKE};
+        if (mlp_real_epoll_ctl(epfd, EPOLL_CTL_ADD, efd, &wev) < 0 && errno != EEXIST)
+            ok = false;
+    }
+    e->in_kernel = ok;
+}
+
 int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handled)
 {
     *handled = false;
     struct mlp_sock *s = mlp_get(fd);
     struct mlp_ep *e0 = mlp_ep_get(epfd, false);
     struct mlp_member *known = NULL;
+    uint32_t known_ev = 0;
     if (e0) {
-        pthread_mutex_lock(&e0->mu);
-        known = mlp_member_find(e0, fd);
-        pthread_mutex_unlock(&e0->mu);
+        pthread_mutex_lock(&mlp_epmu);
+        if (fd >= 0 && fd < e0->nbyfd && (known = e0->byfd[fd]))
+            known_ev = known->events;
+        pthread_mutex_unlock(&mlp_epmu);
     }
     bool ours = s && s->type == MLP_CONN && s->state != MLP_TCP;
-    if (!ours && !known) {
+    if (!ours) {
+        if (known) {
+            /* It fell to TCP (or fd is something else now): forget the member, and the
+             * application's call goes to the kernel as it is (ADD gets EEXIST, as it would). */
+            struct mlp_sock *old = NULL;
+            pthread_mutex_lock(&mlp_epmu);
+            if (fd < e0->nbyfd && e0->byfd[fd] == known)
+                old = mlp_member_free(known);
+            pthread_mutex_unlock(&mlp_epmu);
+            if (old)
+                mlp_put(old);
+        } else if (op == EPOLL_CTL_ADD && !s) {
+            /* An epoll fd inside another: it must look readable to the outer set when our
+             * members are ready. */
+            struct mlp_ep *inner = mlp_ep_get(fd, false);
+            if (inner) {
+                inner->nested = true;
+                mlp_ep_nested_leave(inner); /* no stale doorbell byte makes it look ready */
+            }
+        }
+        (void)known_ev;
         if (s)
             mlp_put(s);
         return 0;
     }
     *handled = true;
+    if (op != EPOLL_CTL_ADD && op != EPOLL_CTL_MOD && op != EPOLL_CTL_DEL) {
+        mlp_put(s);
+        return -EINVAL;
+    }
+    if (op != EPOLL_CTL_DEL && !ev) {
+        mlp_put(s);
+        return -EFAULT;
+    }
+    uint32_t want = ev ? ev->events : 0;
+    if (op == EPOLL_CTL_ADD && (want & EPOLLEXCLUSIVE) && (want & ~(uint32_t)MLP_EXCL_OK)) {
+        mlp_put(s);
+        return -EINVAL;
+    }
     struct mlp_ep *e = mlp_ep_get(epfd, true);
     if (!e) {
-        if (s)
-            mlp_put(s);
+        mlp_put(s);
         return -ENOMEM;
     }
-    /* The kernel checks epfd, fd, op and EEXIST/ENOENT for us, on the kernel fd. */
-    /* Edge-triggered: the FIN is reported once, not on every wait after it. */
+    /* The kernel checks epfd, fd, op, EEXIST/ENOENT and EPOLLEXCLUSIVE with MOD for us, on the
+     * kernel fd.  Edge-triggered: the FIN is reported once, not on every wait after it. */
     struct epoll_event kev = {.events = EPOLLRDHUP | EPOLLET, .data.u64 = MLP_TAG | (uint32_t)fd};
+    if (want & EPOLLEXCLUSIVE)
+        kev.events = EPOLLIN | EPOLLET | EPOLLEXCLUSIVE; /* RDHUP is not allowed with it */
     int r = mlp_real_epoll_ctl(epfd, op, fd, op == EPOLL_CTL_DEL ? NULL : &kev);
     if (r < 0) {
         r = -errno;
-        if (s)
-            mlp_put(s);
+        mlp_put(s);
         return r;
     }
-    pthread_mutex_lock(&e->mu);
-    struct mlp_member *m = mlp_member_find(e, fd);
+    struct mlp_sock *drop[3] = {NULL, NULL, NULL};
+    pthread_mutex_lock(&mlp_epmu);
+    struct mlp_member *m = fd < e->nbyfd ? e->byfd[fd] : NULL;
+    if (m && m->s != s) { /* a member for a socket this fd no longer names */
+        drop[0] = mlp_member_free(m);
+        m = NULL;
+    }
     if (op == EPOLL_CTL_DEL) {
         if (m)
-            *m = e->m[--e->n];
-    } else if (op == EPOLL_CTL_ADD || op == EPOLL_CTL_MOD) {
+            drop[1] = mlp_member_free(m);
+        drop[2] = s;
+    } else {
         if (!m) {
-            if (e->n == e->cap) {
-                int cap = e->cap ? 2 * e->cap : 8;
-                void *p = realloc(e->m, (size_t)cap * sizeof *e->m);
-                if (!p) {
-                    pthread_mutex_unlock(&e->mu);
-                    if (s)
-                        mlp_put(s);
-                    return -ENOMEM;
+            if (fd >= e->nbyfd) {
+                int nn = e->nbyfd ? e->nbyfd : 64;
+                while (nn <= fd)
+                    nn *= 2;
+                void *p = realloc(e->byfd, (size_t)nn * sizeof *e->byfd);
+                if (p) {
+                    memset((struct mlp_member **)p + e->nbyfd, 0,
+                           (size_t)(nn - e->nbyfd) * sizeof *e->byfd);
+                    e->byfd = p;
+                    e->nbyfd = nn;
                 }
-                e->m = p;
-                e->cap = cap;
             }
-            m = &e->m[e->n++];
-            memset(m, 0, sizeof *m);
+            if (fd < e->nbyfd && (m = calloc(1, sizeof *m))) {
+                m->ep = e;
+                m->fd = fd;
+                m->s = s; /* our reference becomes the member's */
+                m->snext = s->epm;
+                __atomic_store_n(&s->epm, m, __ATOMIC_RELEASE);
+                e->byfd[fd] = m;
+                __atomic_store_n(&e->n, e->n + 1, __ATOMIC_RELAXED);
+            } else {
+                pthread_mutex_unlock(&mlp_epmu);
+                (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL);
+                mlp_put_all(drop, 1 - (drop[0] == NULL));
+                mlp_put(s);
+                return -ENOMEM;
+            }
+        } else {
+            drop[2] = s; /* the member has its reference already */
         }
-        m->fd = fd;
-        m->s = s;
-        m->sid = s ? s->id : 0;
-        m->events = ev ? ev->events : 0;
-        m->data = ev ? ev->data : (epoll_data_t){0};
+        m->events = want;
+        m->data = ev->data;
         m->disabled = false;
-        m->seen = s ? s->evcount - 1 : 0;
+        m->undecided_seen = 0;
+        mlp_rl_del(m);
+        mlp_rl_push(m); /* like the kernel's insert: looked at on the next wait */
     }
-    pthread_mutex_unlock(&e->mu);
-    if (s)
-        mlp_put(s);
+    pthread_mutex_unlock(&mlp_epmu);
+    for (int i = 0; i < 3; i++)
+        if (drop[i])
+            mlp_put(drop[i]);
+    if (op != EPOLL_CTL_DEL)
+        mlp_ep_setup(epfd, e);
     return 0;
 }
 
-/* Scan the members: fill out[] with up to max ready events. */
-static int mlp_ep_scan(struct mlp_ep *e, struct epoll_event *out, int max)
+/* A member whose socket fell to TCP: hand it to the kernel with the application's events, and
+ * forget it (mlp_epmu held).  Returns the reference to drop. */
+static struct mlp_sock *mlp_member_to_kernel(int epfd, struct mlp_member *m)
+{
+    struct epoll_event kev = {.events = m->disabled ? 0 : m->events, .data = m->data};
+    kev.events &= ~(uint32_t)EPOLLEXCLUSIVE;
+    (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_MOD, m->fd, &kev);
+    return mlp_member_free(m);
+}
+
+/* Take up to max ready events off e's ready list (mlp_epmu held).  Sockets to drop go to puts.
+ * *undecided: some member waits for its connection to settle (it must be looked at again soon). */
+static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, int max,
+                          bool *undecided, struct mlp_sock **puts, int *np)
 {
     int got = 0;
-    pthread_mutex_lock(&e->mu);
-    for (int i = 0; i < e->n && got < max; i++) {
-        struct mlp_member *m = &e->m[i];
-        struct mlp_sock *s = mlp_get(m->fd);
-        if (!s || s != m->s || s->id != m->sid) {
-            if (s)
-                mlp_put(s);
-            *m = e->m[--e->n]; /* the fd was closed (or is something else now) */
-            i--;
+    for (int k = e->nready; k > 0 && got < max && e->rhead && *np < 64; k--) {
+        struct mlp_member *m = e->rhead;
+        mlp_rl_del(m);
+        struct mlp_sock *s = m->s;
+        if (m->disabled)
+            continue;
+        int rev = s->type == MLP_CONN && s->state != MLP_TCP ? mlp_revents(s, m->fd) : -1;
+        if (rev < 0) {
+            puts[(*np)++] = mlp_member_to_kernel(epfd, m);
             continue;
         }
-        if (m->disabled) {
-            mlp_put(s);
-            continue;
-        }
-        int rev;
-        if (s->state == MLP_TCP) {
-            /* It fell to TCP after it joined the set: ask the kernel directly. */
-            struct pollfd p = {.fd = m->fd, .events = (short)(m->events & 0xffff)};
-            rev = mlp_real_poll(&p, 1, 0) > 0 ? p.revents : 0;
-        } else {
-            rev = mlp_revents(s, m->fd);
-        }
-        uint32_t ev = mlp_ev_from_poll(rev < 0 ? 0 : rev) &
-                      (m->events | EPOLLERR | EPOLLHUP);
-        if (ev && (m->events & EPOLLET)) {
-            uint64_t c = s->evcount;
-            if (c == m->seen)
-                ev = 0; /* nothing new since we last reported it */
-            else
-                m->seen = c;
+        uint32_t ev = mlp_ev_from_poll(rev) & (m->events | EPOLLERR | EPOLLHUP);
+        bool und = s->state == MLP_UNDECIDED;
+        if (und) {
+            *undecided = true;
+            if (m->events & EPOLLET) {
+                uint32_t fresh = ev & ~m->undecided_seen;
+                m->undecided_seen |= ev;
+                ev = fresh;
+            }
         }
         if (ev) {
             out[got].events = ev;
@@ -619,49 +886,48 @@ static int mlp_ep_scan(struct mlp_ep *e, struct epoll_event *out, int max)
             got++;
             if (m->events & EPOLLONESHOT)
                 m->disabled = true;
+            else if (und || !(m->events & EPOLLET))
+                mlp_rl_push(m); /* level-triggered: looked at again on the next wait */
+            else
+                (void)mlp_arm(s, (short)(m->events & 0xffff)); /* the next change posts again */
+        } else if (und) {
+            mlp_rl_push(m);
+        } else if (mlp_arm(s, (short)(m->events & 0xffff)) || !mlp_q) {
+            mlp_rl_push(m); /* it changed as we armed (or cannot be armed): look again */
         }
-        mlp_put(s);
     }
-    pthread_mutex_unlock(&e->mu);
     return got;
 }
 
-static void mlp_ep_arm(struct mlp_ep *e, bool *ready, bool *nap)
+static int mlp_ep_collect(int epfd, struct mlp_ep *e, struct epoll_event *out, int max,
+                          bool *undecided, uint64_t *gen)
 {
-    pthread_mutex_lock(&e->mu);
-    for (int i = 0; i < e->n; i++) {
-        struct mlp_member *m = &e->m[i];
-        struct mlp_sock *s = mlp_get(m->fd);
-        if (!s)
-            continue;
-        if (s == m->s && !m->disabled) {
-            if (s->state == MLP_UNDECIDED || s->state == MLP_TCP)
-                *nap = true;
-            else if (mlp_arm(s, (short)(m->events & 0xffff)))
-                *ready = true;
-            else if (!mlp_q)
-                *nap = true;
-        }
-        mlp_put(s);
-    }
-    pthread_mutex_unlock(&e->mu);
+    struct mlp_sock *puts[64];
+    int np = 0;
+    mlp_queue_drain();
+    pthread_mutex_lock(&mlp_epmu);
+    int got = e->rhead ? mlp_ep_harvest(epfd, e, out, max, undecided, puts, &np) : 0;
+    if (gen)
+        *gen = e->gen;
+    pthread_mutex_unlock(&mlp_epmu);
+    mlp_put_all(puts, np);
+    return got;
 }
 
-/* Note which sockets the queue says changed (edge-triggered members report them). */
-static void mlp_queue_drain_mark(void)
+/* A set inside another set: the outer set sees it readable while its ready list is not empty. */
+static void mlp_ep_nested_leave(struct mlp_ep *e)
 {
-    if (!mlp_q)
-        return;
-    struct memlan_event ev[64];
-    int n;
-    do {
-        n = memlan_evq_wait(mlp_q, ev, 64, 0);
-        for (int i = 0; i < n; i++) {
-            struct mlp_sock *s = ev[i].udata;
-            if (s)
-                atomic_fetch_add(&s->evcount, 1);
-        }
-    } while (n == 64);
+    pthread_mutex_lock(&mlp_epmu);
+    if (e->efd_rung && !e->rhead && !e->sleepers) {
+        uint64_t v;
+        (void)__ml_sys_read(e->efd, &v, sizeof v);
+        e->efd_rung = false;
+    } else if (e->rhead) {
+        mlp_ep_ring(e);
+    }
+    pthread_mutex_unlock(&mlp_epmu);
+    if (mlp_q && memlan_evq_arm(mlp_q) == 1)
+        mlp_queue_drain(); /* rings e's eventfd if it concerns e */
 }
 
 int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_ns,
@@ -670,18 +936,22 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
     struct mlp_ep *e = mlp_ep_get(epfd, false);
     if (max <= 0)
         return -EINVAL;
+    if (!e)
+        return -EBADF;
     uint64_t deadline = timeout_ns < 0 ? 0 : mlp_now_ns() + (uint64_t)timeout_ns;
     bool spun = false;
+    int ret;
     for (;;) {
-        mlp_queue_drain_mark();
-        int got = mlp_ep_scan(e, out, max);
-        if (!got && !spun && timeout_ns != 0 && e->n) {
+        bool undecided = false;
+        uint64_t gen = 0;
+        int got = mlp_ep_collect(epfd, e, out, max, &undecided, &gen);
+        if (!got && !spun && timeout_ns != 0) {
             spun = true;
             uint64_t budget = __ml_spin_budget_ns(&mlp_poll_spin, 0);
             if (budget) {
                 uint64_t end = mlp_now_ns() + budget;
                 for (unsigned it = 1;; it++) {
-                    if ((got = mlp_ep_scan(e, out, max)))
+                    if ((got = mlp_ep_collect(epfd, e, out, max, &undecided, &gen)))
                         break;
                     ml_cpu_relax();
                     if ((it & 3) == 0 && mlp_now_ns() >= end)
@@ -690,27 +960,31 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
                 __ml_spin_result(&mlp_poll_spin, got > 0);
             }
         }
-        bool nap = false;
+        bool slept = false;
         if (!got && timeout_ns != 0) {
-            bool ready = false;
-            mlp_ep_arm(e, &ready, &nap);
-            if (ready)
+            mlp_ep_setup(epfd, e);
+            pthread_mutex_lock(&mlp_epmu);
+            bool changed = e->gen != gen;
+            if (!changed)
+                e->sleepers++;
+            pthread_mutex_unlock(&mlp_epmu);
+            if (changed)
                 continue;
-            if (mlp_q && !e->bell) {
-                struct epoll_event bev = {.events = EPOLLIN, .data.u64 = MLP_TAG_BELL};
-                if (mlp_real_epoll_ctl(epfd, EPOLL_CTL_ADD, memlan_evq_fd(mlp_q), &bev) == 0 ||
-                    errno == EEXIST)
-                    e->bell = true;
-                else
-                    nap = true;
+            slept = true;
+            if (!mlp_q || memlan_evq_arm(mlp_q) == 1 || !e->in_kernel) {
+                if (mlp_q && e->in_kernel) {
+                    pthread_mutex_lock(&mlp_epmu);
+                    e->sleepers--;
+                    pthread_mutex_unlock(&mlp_epmu);
+                    continue;
+                }
+                undecided = true; /* no doorbell: nap and look again */
             }
-            if (mlp_q && memlan_evq_arm(mlp_q) == 1)
-                continue;
         }
         int64_t left = got ? 0 : mlp_left(deadline);
         if (timeout_ns < 0 && !got)
             left = -1;
-        if (nap && (left < 0 || left > 1000000))
+        if (undecided && !got && (left < 0 || left > 1000000))
             left = 1000000;
         int room = max - got;
         int r = 0;
@@ -722,11 +996,21 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
                                                              left < 0 ? -1
                                                                       : (int)((left + 999999) / 1000000),
                                                              mask);
-            if (r < 0) {
-                if (got)
-                    return got;
-                return -errno;
+            if (r < 0)
+                r = -errno;
+        }
+        if (slept) {
+            pthread_mutex_lock(&mlp_epmu);
+            if (--e->sleepers == 0 && e->efd_rung && !e->nested) {
+                uint64_t v;
+                (void)__ml_sys_read(e->efd, &v, sizeof v);
+                e->efd_rung = false;
             }
+            pthread_mutex_unlock(&mlp_epmu);
+        }
+        if (r < 0) {
+            ret = got ? got : r;
+            break;
         }
         /* Keep the application's events; act on ours. */
         int w = got;
@@ -734,11 +1018,11 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
         for (int i = got; i < got + r; i++) {
             uint64_t d = out[i].data.u64;
             if ((d & MLP_TAG_MASK) == MLP_TAG) {
-                if (d != MLP_TAG_BELL) {
+                if (d != MLP_TAG_BELL && d != MLP_TAG_WAKE) {
                     struct mlp_sock *s = mlp_get((int)(uint32_t)d);
                     if (s) {
                         mlp_check_peer(s);
-                        atomic_fetch_add(&s->evcount, 1);
+                        mlp_mark_sock(s);
                         mlp_put(s);
                     }
                 }
@@ -747,17 +1031,16 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             }
             out[w++] = out[i];
         }
-        /* Our sockets were scanned before the kernel call: scan again only if that found
+        /* Our sockets were collected before the kernel call: collect again only if that found
          * nothing, or a socket would be reported twice in one answer. */
-        if (again && got == 0 && w < max) {
-            mlp_queue_drain_mark();
-            w += mlp_ep_scan(e, out + w, max - w);
-        }
-        if (w || mlp_left(deadline) == 0)
-            return w;
-        if (nap && !again) {
-            struct timespec d = {0, 1000000};
-            nanosleep(&d, NULL);
+        if (again && got == 0 && w < max)
+            w += mlp_ep_collect(epfd, e, out + w, max - w, &undecided, NULL);
+        if (w || mlp_left(deadline) == 0) {
+            ret = w;
+            break;
         }
     }
+    if (e->nested)
+        mlp_ep_nested_leave(e);
+    return ret;
 }

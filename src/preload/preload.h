@@ -65,6 +65,7 @@ enum { MLP_LISTENER = 1, MLP_CONN = 2 };
 enum { MLP_UNDECIDED = 0, MLP_ACCEL = 1, MLP_TCP = 2 };
 
 struct mlp_lrec;
+struct mlp_member;
 
 struct mlp_sock {
     _Atomic int refs;             /* fd table entries + calls in progress */
@@ -80,7 +81,7 @@ struct mlp_sock {
     int slot;                     /* our line in the process's stat segment, -1 if none */
     unsigned fork_gen;            /* last fork this socket was counted in (holders) */
     uint64_t id;                  /* unique in the process: epoll members recognise their socket */
-    _Atomic uint64_t evcount;     /* events seen for it (edge-triggered epoll) */
+    struct mlp_member *epm;       /* its epoll memberships (poll.c, under its lock) */
     pthread_mutex_t mu;           /* state changes: withdrawal, close */
     /* Listener: its rendezvous record. */
     int port;
@@ -143,6 +144,7 @@ int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handle
 int mlp_epoll_wait(int epfd, struct epoll_event *ev, int max, int64_t timeout_ns,
                    const sigset_t *mask);
 void mlp_epoll_forget_fd(int fd);
+void mlp_epoll_sock_gone(struct mlp_sock *s);
 bool mlp_epoll_has_ours(int epfd);
 
 /* Locks on the shared socket block (sock.c). */

@@ -218,3 +218,23 @@ def test_stat_shows_connections_and_reasons(fabric, tmp_path):
     assert "accelerated: bytes out/in" in st and "127.0.0.1:%d" % port in st, st
     assert "the client is not memlan" in st, st
     settle(fabric)
+
+
+EPOLLCONF = BUILD / "tests-preload" / "epollconf"
+
+
+def test_epoll_semantics_match_kernel(fabric, tmp_path):
+    """Level, edge, one-shot, EEXIST/ENOENT, two sets, a set inside a set, DEL, half-close and
+    close, poll: the scripted results under memlan equal kernel TCP's, line for line."""
+    plain = subprocess.run([str(EPOLLCONF), str(next_port())], capture_output=True, text=True,
+                           timeout=60)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    log = tmp_path / "memlan.log"
+    under = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", str(EPOLLCONF),
+                            str(next_port())], capture_output=True, text=True, timeout=60)
+    assert under.returncode == 0, under.stdout + under.stderr
+    assert "FAIL" not in plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    text = log.read_text()
+    assert text.count("accelerated (client)") == 4 and text.count("accelerated (accepted") == 4, text
+    settle(fabric)

@@ -1,0 +1,294 @@
+/*
+ * epollconf: epoll and poll semantics, scripted, printed line by line.  Run once over kernel TCP
+ * and once under `memlan run`: the two outputs must be equal (tests/py/test_preload.py).
+ *
+ * usage: epollconf PORT
+ * The parent is the server and watches; a forked child is the client and acts when told, over a
+ * pipe, and says when it has acted.  Everything the server prints is deterministic over loopback
+ * TCP: a byte the client sent before it answered is already in the server's receive queue.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define NCONN 4
+
+static int to_child[2], to_parent[2];
+
+static void die(const char *what)
+{
+    printf("FAIL %s: %s\n", what, strerror(errno));
+    fflush(stdout);
+    exit(1);
+}
+
+/* ---- the client: one command per line: "s I N" send N bytes on conn I, "w I" shut WR,
+ *      "c I" close, "q" quit.  It answers '.' once done. ---- */
+static void client(int port)
+{
+    int c[NCONN];
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    for (int i = 0; i < NCONN; i++) {
+        c[i] = socket(AF_INET, SOCK_STREAM, 0);
+        if (c[i] < 0 || connect(c[i], (struct sockaddr *)&a, sizeof a) < 0)
+            die("connect");
+        /* The server speaks first on each connection: it has settled before the script runs. */
+        char b;
+        if (recv(c[i], &b, 1, MSG_WAITALL) != 1)
+            die("hello");
+    }
+    FILE *in = fdopen(to_child[0], "r");
+    char line[64];
+    static char buf[1 << 20];
+    memset(buf, 'x', sizeof buf);
+    while (fgets(line, sizeof line, in)) {
+        int i = 0, n = 0;
+        if (line[0] == 'q')
+            break;
+        if (line[0] == 's' && sscanf(line + 1, "%d %d", &i, &n) == 2) {
+            for (int off = 0; off < n;) {
+                ssize_t w = send(c[i], buf, (size_t)(n - off), 0);
+                if (w <= 0)
+                    die("send");
+                off += (int)w;
+            }
+        } else if (line[0] == 'w' && sscanf(line + 1, "%d", &i) == 1) {
+            shutdown(c[i], SHUT_WR);
+        } else if (line[0] == 'c' && sscanf(line + 1, "%d", &i) == 1) {
+            close(c[i]);
+        } else if (line[0] == 'r' && sscanf(line + 1, "%d %d", &i, &n) == 2) {
+            for (int got = 0; got < n;) {
+                ssize_t r = recv(c[i], buf, (size_t)(n - got), 0);
+                if (r <= 0)
+                    die("recv");
+                got += (int)r;
+            }
+        }
+        if (write(to_parent[1], ".", 1) != 1)
+            die("ack");
+    }
+    _exit(0);
+}
+
+static void act(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void act(const char *fmt, ...)
+{
+    char line[64];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line - 1, fmt, ap);
+    va_end(ap);
+    line[n++] = '\n';
+    if (write(to_child[1], line, (size_t)n) != n)
+        die("tell");
+    if (line[0] == 'q')
+        return;
+    char ack;
+    if (read(to_parent[0], &ack, 1) != 1)
+        die("wait ack");
+    usleep(2000); /* kernel TCP: the FIN of a close reaches the peer's socket */
+}
+
+static int conn[NCONN];
+
+/* Print what one epoll_wait returns: events masked to the bits both paths define, and which
+ * connection (data.u64 = 1000 + index). */
+static void show(const char *what, int ep, int max, int tmo)
+{
+    struct epoll_event ev[16];
+    int n = epoll_wait(ep, ev, max, tmo);
+    printf("%s: n=%d", what, n);
+    for (int i = 0; i < n; i++)
+        printf(" [%llu %s%s%s%s%s]", (unsigned long long)ev[i].data.u64,
+               ev[i].events & EPOLLIN ? "IN " : "", ev[i].events & EPOLLOUT ? "OUT " : "",
+               ev[i].events & EPOLLRDHUP ? "RDHUP " : "", ev[i].events & EPOLLHUP ? "HUP " : "",
+               ev[i].events & EPOLLERR ? "ERR" : "");
+    printf("\n");
+}
+
+static void add(int ep, int op, int i, uint32_t events)
+{
+    struct epoll_event e = {.events = events, .data.u64 = 1000 + (uint64_t)i};
+    int r = epoll_ctl(ep, op, conn[i], &e);
+    printf("ctl op=%d conn=%d events=%x: %d%s%s\n", op, i, events, r, r ? " " : "",
+           r ? strerror(errno) : "");
+}
+
+static int drain_quiet;
+
+static void drain(int i, int n)
+{
+    static char buf[1 << 20];
+    int got = 0;
+    while (got < n) {
+        ssize_t r = recv(conn[i], buf, (size_t)(n - got), MSG_DONTWAIT);
+        if (r <= 0)
+            break;
+        got += (int)r;
+    }
+    if (!drain_quiet)
+        printf("read conn=%d %d\n", i, got);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2)
+        return 2;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    signal(SIGPIPE, SIG_IGN);
+    int port = atoi(argv[1]);
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    if (bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 16) < 0)
+        die("listen");
+    if (pipe(to_child) < 0 || pipe(to_parent) < 0)
+        die("pipe");
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(l);
+        client(port);
+    }
+    for (int i = 0; i < NCONN; i++) {
+        conn[i] = accept(l, NULL, NULL);
+        if (conn[i] < 0 || send(conn[i], "h", 1, 0) != 1)
+            die("accept");
+    }
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+
+    /* Level-triggered input. */
+    add(ep, EPOLL_CTL_ADD, 0, EPOLLIN);
+    show("lt empty", ep, 8, 0);
+    act("s 0 10");
+    show("lt data", ep, 8, 1000);
+    show("lt again", ep, 8, 0);
+    drain(0, 5);
+    show("lt half read", ep, 8, 0);
+    drain(0, 5);
+    show("lt all read", ep, 8, 0);
+    show("lt timeout", ep, 8, 30);
+
+    /* Edge-triggered input. */
+    add(ep, EPOLL_CTL_MOD, 0, EPOLLIN | EPOLLET);
+    show("et empty", ep, 8, 0);
+    act("s 0 10");
+    show("et data", ep, 8, 1000);
+    show("et no new edge", ep, 8, 0);
+    act("s 0 1");
+    show("et new data", ep, 8, 1000);
+    drain(0, 11);
+    show("et drained", ep, 8, 0);
+
+    /* One-shot. */
+    add(ep, EPOLL_CTL_MOD, 0, EPOLLIN | EPOLLONESHOT);
+    act("s 0 3");
+    show("oneshot fires", ep, 8, 1000);
+    act("s 0 3");
+    show("oneshot disabled", ep, 8, 30);
+    add(ep, EPOLL_CTL_MOD, 0, EPOLLIN | EPOLLONESHOT);
+    show("oneshot rearmed", ep, 8, 0);
+    drain(0, 6);
+
+    /* Output, and input with output. */
+    add(ep, EPOLL_CTL_MOD, 0, EPOLLOUT);
+    show("out", ep, 8, 0);
+    add(ep, EPOLL_CTL_MOD, 0, EPOLLIN | EPOLLOUT);
+    act("s 0 2");
+    show("in+out", ep, 8, 0);
+    drain(0, 2);
+
+    /* Several connections: only the ones with data; maxevents smaller than the ready count. */
+    add(ep, EPOLL_CTL_MOD, 0, EPOLLIN);
+    for (int i = 1; i < NCONN; i++)
+        add(ep, EPOLL_CTL_ADD, i, EPOLLIN);
+    add(ep, EPOLL_CTL_ADD, 1, EPOLLIN); /* EEXIST */
+    act("s 2 7");
+    show("one of four", ep, 8, 1000);
+    act("s 3 7");
+    act("s 1 7");
+    struct epoll_event evs[4];
+    int seen = 0;
+    drain_quiet = 1; /* the order of equally ready sockets is not specified */
+    for (int k = 0; k < 3; k++) {
+        int n = epoll_wait(ep, evs, 1, 1000);
+        for (int i = 0; i < n; i++)
+            seen |= 1 << (int)(evs[i].data.u64 - 1000);
+        for (int i = 0; i < n; i++)
+            drain((int)(evs[i].data.u64 - 1000), 7);
+    }
+    drain_quiet = 0;
+    printf("max=1 three times: conns seen %x\n", seen);
+    show("all read", ep, 8, 0);
+
+    /* The same socket in two sets. */
+    int ep2 = epoll_create1(0);
+    struct epoll_event e2 = {.events = EPOLLIN, .data.u64 = 2001};
+    printf("ctl ep2: %d\n", epoll_ctl(ep2, EPOLL_CTL_ADD, conn[1], &e2));
+    act("s 1 4");
+    show("set 1", ep, 8, 1000);
+    show("set 2", ep2, 8, 1000);
+    drain(1, 4);
+    show("set 2 read", ep2, 8, 0);
+
+    /* An epoll set inside another. */
+    int outer = epoll_create1(0);
+    struct epoll_event eo = {.events = EPOLLIN, .data.u64 = 3001};
+    printf("ctl outer: %d\n", epoll_ctl(outer, EPOLL_CTL_ADD, ep2, &eo));
+    show("outer idle", outer, 8, 0);
+    act("s 1 4");
+    show("outer sees inner", outer, 8, 1000);
+    show("inner", ep2, 8, 0);
+    drain(1, 4);
+    show("inner read", ep2, 8, 0);
+    close(outer);
+
+    /* DEL, and a closed fd leaves its sets. */
+    add(ep, EPOLL_CTL_DEL, 2, 0);
+    add(ep, EPOLL_CTL_DEL, 2, 0); /* ENOENT */
+    act("s 2 5");
+    show("deleted", ep, 8, 30);
+    drain(2, 5);
+
+    /* Half-close by the peer, then our own shutdown, then the peer's close. */
+    add(ep, EPOLL_CTL_MOD, 3, EPOLLIN | EPOLLRDHUP);
+    act("w 3");
+    show("peer shut wr", ep, 8, 1000);
+    drain(3, 100);
+    shutdown(conn[3], SHUT_WR);
+    show("both shut", ep, 8, 1000);
+    add(ep, EPOLL_CTL_DEL, 3, 0);
+
+    /* poll on the same sockets. */
+    act("s 1 9");
+    struct pollfd p[2] = {{.fd = conn[1], .events = POLLIN}, {.fd = conn[2], .events = POLLIN}};
+    int pr = poll(p, 2, 1000);
+    printf("poll: %d %x %x\n", pr, p[0].revents, p[1].revents);
+    drain(1, 9);
+
+    /* Blocking wait woken by the peer, and a close in the set. */
+    add(ep, EPOLL_CTL_MOD, 1, EPOLLIN | EPOLLRDHUP);
+    act("c 1");
+    show("peer closed", ep, 8, 1000);
+    close(conn[1]);
+    show("closed fd gone", ep, 8, 30);
+
+    act("q");
+    int st;
+    waitpid(pid, &st, 0);
+    printf("client exit %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    return 0;
+}
