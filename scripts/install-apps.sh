@@ -18,8 +18,9 @@ echo "install-apps: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 # Services must not start themselves: the tests start their own instances on private ports.
-printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
-$SUDO chmod +x /usr/sbin/policy-rc.d
+had_policy=0; [[ -e /usr/sbin/policy-rc.d ]] && had_policy=1
+[[ $had_policy -eq 0 ]] && printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+[[ $had_policy -eq 0 ]] && $SUDO chmod +x /usr/sbin/policy-rc.d
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-$SUDO rm -f /usr/sbin/policy-rc.d
+[[ $had_policy -eq 0 ]] && $SUDO rm -f /usr/sbin/policy-rc.d
 echo "install-apps: done"

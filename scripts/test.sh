@@ -27,6 +27,10 @@ if ! python3 -c 'import pytest' 2>/dev/null; then
         apt-get update -qq && apt-get install -y -qq python3-pytest >/dev/null; }
 fi
 
+# The real programs the integration tests run (redis, memcached, nginx, PostgreSQL, iperf3,
+# sockperf, wrk, curl), from Debian's packages.
+scripts/install-apps.sh || echo "install-apps failed: the tests of real programs will fail"
+
 suite() { # build dir, label, stress count
     local b=$1 label=$2 n=$3
     for t in "$b"/tests/*; do

@@ -133,6 +133,8 @@ static void mlp_read_config(void)
         snprintf(mlp_cfg.netns, sizeof mlp_cfg.netns, "0");
 }
 
+static void mlp_atfork_prepare(void) { mlp_before_fork(); }
+
 static void mlp_atfork_parent(void) { mlp_forked = true; }
 
 static void mlp_atfork_child(void)
@@ -157,7 +159,7 @@ static void mlp_init_once(void)
     __ml_fd_keep = mlp_keep_fd;
     __ml_fd_drop = mlp_disown_fd;
     mlp_read_config();
-    pthread_atfork(NULL, mlp_atfork_parent, mlp_atfork_child);
+    pthread_atfork(mlp_atfork_prepare, mlp_atfork_parent, mlp_atfork_child);
     atexit(mlp_at_exit);
     mlp_ready = 1;
     mlp_log(2, "loaded%s", mlp_cfg.off ? " (off: MEMLAN_OFF)" : "");

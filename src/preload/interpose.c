@@ -547,6 +547,20 @@ MLP_EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max,
     return (int)mlp_ret(mlp_epoll_wait(epfd, ev, max, ns, mask));
 }
 
+/* ---- fork: the holders counted before it are given back if it fails (see sock.c) ---- */
+
+MLP_EXPORT pid_t fork(void)
+{
+    MLP_INIT();
+    pid_t p = mlp_real_fork();
+    if (p < 0 && !mlp_inside) {
+        int e = errno;
+        mlp_fork_failed();
+        errno = e;
+    }
+    return p;
+}
+
 /* ---- exec -------------------------------------------------------------------------------- */
 
 /*

@@ -131,6 +131,8 @@ int mlp_setsockopt(struct mlp_sock *s, int level, int name, const void *val, soc
 int mlp_getsockopt(struct mlp_sock *s, int fd, int level, int name, void *val, socklen_t *len,
                    bool *handled);
 void mlp_after_fork_child(void);
+void mlp_before_fork(void);   /* pthread_atfork prepare: the child-to-be holds our sockets */
+void mlp_fork_failed(void);
 void mlp_before_last_close(struct mlp_sock *s, int fd);
 int mlp_tcp_catch_up(struct mlp_sock *s, int fd, bool block);
 void mlp_at_exit(void);

@@ -537,27 +537,50 @@ void mlp_sock_destroy(struct mlp_sock *s)
     s->ch = NULL;
 }
 
-/* A child shares every accelerated socket with its parent: count it as a holder, and start
- * with fresh process-local state (its own stat entry, its own poll queue). */
+/* A child shares every accelerated socket with its parent: it counts as a holder from the moment
+ * fork returns, so that a parent that closes its copy at once (a forking server: postgres) does
+ * not end the connection under the child.  The count is taken before fork, in the parent, and
+ * given back if fork fails.  The child starts with fresh process-local state (its own stat entry,
+ * its own poll queue). */
 static unsigned mlp_fork_gen;
+
+static void mlp_holders_add(int d)
+{
+    if (d > 0)
+        mlp_fork_gen++;
+    int max = mlp_fd_max();
+    for (int fd = 0; fd <= max; fd++) {
+        struct mlp_sock *s = mlp_get(fd);
+        if (!s)
+            continue;
+        /* One count per socket, however many fds name it: the stamp says it is counted. */
+        if (s->type == MLP_CONN && s->me) {
+            if (d > 0 && s->fork_gen != mlp_fork_gen) {
+                s->fork_gen = mlp_fork_gen;
+                atomic_fetch_add(&s->me->holders, 1);
+            } else if (d < 0 && s->fork_gen == mlp_fork_gen) {
+                s->fork_gen = 0;
+                atomic_fetch_sub(&s->me->holders, 1);
+            }
+        }
+        mlp_put(s);
+    }
+}
+
+void mlp_before_fork(void) { mlp_holders_add(1); }
+void mlp_fork_failed(void) { mlp_holders_add(-1); }
 
 void mlp_after_fork_child(void)
 {
     mlp_negotiate_after_fork();
     mlp_poll_after_fork();
-    mlp_fork_gen++;
     int max = mlp_fd_max();
     for (int fd = 0; fd <= max; fd++) {
         struct mlp_sock *s = mlp_get(fd);
         if (!s)
             continue;
         pthread_mutex_init(&s->mu, NULL);
-        if (s->fork_gen != mlp_fork_gen) {
-            s->fork_gen = mlp_fork_gen;
-            s->slot = -1;
-            if (s->type == MLP_CONN && s->me)
-                atomic_fetch_add(&s->me->holders, 1);
-        }
+        s->slot = -1;
         mlp_put(s);
     }
 }

@@ -1,0 +1,346 @@
+"""Real programs under `memlan run`, from Debian's packages (scripts/install-apps.sh installs them).
+
+Each test starts a real server on a loopback port of its own and drives it with a real client,
+checks that the data is right (not only that the programs ran), and reads memlan's own logs to
+check the path each connection took: accelerated with both ends under memlan, TCP with the reason
+when one end is plain.  Every process is stopped by its PID; every load is bounded.
+"""
+import hashlib
+import json
+import os
+import pathlib
+import pwd
+import re
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from conftest import MEMLAN
+
+PORT = [47600]
+
+
+def next_port():
+    PORT[0] += 1
+    return PORT[0]
+
+
+def need(*progs):
+    for p in progs:
+        if not shutil.which(p) and not os.path.exists(p):
+            pytest.fail(f"{p} is not installed: run scripts/install-apps.sh (make test does)")
+
+
+def wrap(cmd, log, on=True):
+    return [str(MEMLAN), "run", "--log", str(log), "--"] + cmd if on else cmd
+
+
+def listening(port):
+    """Is something listening on port?  Read from /proc, so that no probe connection reaches
+    the server (iperf3 would take one for a test client)."""
+    for f in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(f).read().splitlines()[1:]
+        except OSError:
+            continue
+        for l in lines:
+            parts = l.split()
+            if int(parts[1].split(":")[1], 16) == port and parts[3] == "0A":
+                return True
+    return False
+
+
+def wait_port(port, proc, timeout=15.0):
+    end = time.time() + timeout
+    while time.time() < end:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited {proc.returncode}: {proc.stderr.read() if proc.stderr else ''}")
+        if listening(port):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"nothing listens on {port}")
+
+
+class Server:
+    def __init__(self, cmd, port, log, on=True, **kw):
+        self.p = subprocess.Popen(wrap(cmd, log, on), stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, **kw)
+        wait_port(port, self.p)
+
+    def stop(self):
+        if self.p.poll() is None:
+            self.p.terminate()
+            try:
+                self.p.wait(10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+
+
+def run(cmd, log, on=True, timeout=120, **kw):
+    p = subprocess.run(wrap(cmd, log, on), capture_output=True, text=True, timeout=timeout, **kw)
+    assert p.returncode == 0, f"{cmd} exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+    return p.stdout
+
+
+def accelerated(log):
+    t = log.read_text() if log.exists() else ""
+    return t.count("accelerated (client)") + t.count("accelerated (accepted")
+
+
+def tcp_reasons(log):
+    t = log.read_text() if log.exists() else ""
+    return re.findall(r": TCP \((.*)\)", t)
+
+
+def settle():
+    time.sleep(0.1)
+    subprocess.run([str(MEMLAN), "clean"], capture_output=True, timeout=30)
+
+
+# ---- redis -------------------------------------------------------------------------------------
+
+def test_redis(fabric, tmp_path):
+    need("redis-server", "redis-cli", "redis-benchmark")
+    port = next_port()
+    slog, clog = tmp_path / "server.log", tmp_path / "client.log"
+    srv = Server(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                  "--appendonly", "no", "--daemonize", "no"], port, slog)
+    try:
+        big = os.urandom(150000).hex()  # 300 KB: several ring turns each way
+        cli = ["redis-cli", "-p", str(port)]
+        assert run(cli + ["-x", "set", "big"], clog, input=big).strip() == "OK"
+        assert run(cli + ["get", "big"], clog).strip() == big
+        assert run(cli + ["strlen", "big"], clog).strip() == str(len(big))
+        # Pipelined and concurrent: redis-benchmark's own checks, then our count survives.
+        for c in ("1", "20"):
+            out = run(["redis-benchmark", "-p", str(port), "-t", "incr", "-n", "5000", "-c", c,
+                       "-P", "4" if c == "20" else "1", "--csv"], clog)
+            assert '"INCR"' in out, out
+        assert run(cli + ["get", "counter:__rand_int__"], clog).strip() == "10000"
+        assert accelerated(clog) >= 20 + 1 + 3 and accelerated(slog) >= 24
+        # A plain client of the memlan server: plain TCP, with the reason in the server's log.
+        assert run(cli + ["get", "big"], clog, on=False).strip() == big
+        assert any("not memlan" in r for r in tcp_reasons(slog)), tcp_reasons(slog)
+    finally:
+        srv.stop()
+    # A memlan client of a plain server.
+    plog = tmp_path / "plain-server.log"
+    srv = Server(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                  "--appendonly", "no"], port, plog, on=False)
+    try:
+        clog2 = tmp_path / "client2.log"
+        assert run(["redis-cli", "-p", str(port), "set", "k", "v1"], clog2).strip() == "OK"
+        assert run(["redis-cli", "-p", str(port), "get", "k"], clog2).strip() == "v1"
+        assert accelerated(clog2) == 0 and tcp_reasons(clog2), clog2.read_text()
+    finally:
+        srv.stop()
+    settle()
+
+
+# ---- memcached ---------------------------------------------------------------------------------
+
+MC_CLIENT = r"""
+import hashlib, socket, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+s = socket.create_connection(("127.0.0.1", port))
+f = s.makefile("rb")
+def val(i): return hashlib.sha256(str(i).encode()).hexdigest().encode() * (1 + i % 300)
+for i in range(n):
+    v = val(i)
+    s.sendall(b"set k%d 0 0 %d\r\n%s\r\n" % (i, len(v), v))
+    assert f.readline() == b"STORED\r\n"
+bad = 0
+for i in range(n):
+    s.sendall(b"get k%d\r\n" % i)
+    hdr = f.readline().split()
+    v = f.read(int(hdr[3]) + 2)[:-2]
+    assert f.readline() == b"END\r\n"
+    bad += v != val(i)
+print("ok" if bad == 0 else "bad %d" % bad)
+"""
+
+
+def test_memcached(fabric, tmp_path):
+    need("memcached", "memcslap")
+    port = next_port()
+    slog, clog = tmp_path / "server.log", tmp_path / "client.log"
+    user = ["-u", "root"] if os.geteuid() == 0 else []
+    srv = Server(["memcached", "-l", "127.0.0.1", "-p", str(port), "-U", "0", "-t", "2"] + user,
+                 port, slog)
+    try:
+        script = tmp_path / "mc.py"
+        script.write_text(MC_CLIENT)
+        assert run(["python3", str(script), str(port), "400"], clog).strip() == "ok"
+        out = run(["memcslap", f"--servers=127.0.0.1:{port}", "--concurrency=4",
+                   "--execute-number=500", "--binary"], clog)
+        assert "Failed" not in out or "Failed to" not in out, out
+        assert accelerated(slog) >= 2, slog.read_text()
+        assert run(["python3", str(script), str(port), "50"], clog, on=False).strip() == "ok"
+        assert any("not memlan" in r for r in tcp_reasons(slog))
+    finally:
+        srv.stop()
+    settle()
+
+
+# ---- nginx -------------------------------------------------------------------------------------
+
+NGINX_CONF = """
+{user}
+daemon off;
+master_process on;
+worker_processes 2;
+pid {d}/nginx.pid;
+error_log {d}/error.log;
+events {{ worker_connections 512; }}
+http {{
+    access_log off;
+    keepalive_requests 10000;
+    server {{ listen 127.0.0.1:{p1}; root {d}/www; sendfile on; }}
+    server {{ listen 127.0.0.1:{p2}; root {d}/www; sendfile off; }}
+}}
+"""
+
+
+def test_nginx(fabric, tmp_path):
+    need("nginx", "curl", "wrk")
+    www = tmp_path / "www"
+    www.mkdir()
+    files = {"small.bin": os.urandom(1024), "big.bin": os.urandom(3 << 20)}
+    for name, data in files.items():
+        (www / name).write_bytes(data)
+    p1, p2 = next_port(), next_port()
+    conf = tmp_path / "nginx.conf"
+    # As root, nginx's workers would drop to a user who cannot read the test's private files.
+    user = "user root;" if os.geteuid() == 0 else ""
+    conf.write_text(NGINX_CONF.format(d=tmp_path, p1=p1, p2=p2, user=user))
+    slog, clog = tmp_path / "server.log", tmp_path / "client.log"
+    srv = Server(["nginx", "-c", str(conf), "-p", str(tmp_path)], p1, slog)
+    try:
+        wait_port(p2, srv.p)
+        for port in (p1, p2):
+            for name, data in files.items():
+                out = tmp_path / f"got-{port}-{name}"
+                # Two fetches on one keep-alive connection, then one on a fresh connection.
+                url = f"http://127.0.0.1:{port}/{name}"
+                run(["curl", "-sf", "-o", str(out), url, "-o", str(out) + ".2", url], clog)
+                run(["curl", "-sf", "-H", "Connection: close", "-o", str(out) + ".3", url], clog)
+                for sfx in ("", ".2", ".3"):
+                    got = pathlib.Path(str(out) + sfx).read_bytes()
+                    assert hashlib.sha256(got).digest() == hashlib.sha256(data).digest(), (port, name, sfx)
+        out = run(["wrk", "-t", "1", "-c", "10", "-d", "1s", f"http://127.0.0.1:{p1}/small.bin"], clog)
+        assert "Non-2xx" not in out and "Socket errors" not in out, out
+        assert int(re.search(r"(\d+) requests in", out).group(1)) > 0
+        assert accelerated(clog) >= 14, clog.read_text()[-2000:]
+        # A plain curl of the memlan server.
+        got = subprocess.run(["curl", "-sf", f"http://127.0.0.1:{p2}/big.bin"], capture_output=True,
+                             timeout=60).stdout
+        assert got == files["big.bin"]
+        assert any("not memlan" in r for r in tcp_reasons(slog))
+    finally:
+        srv.stop()
+    settle()
+
+
+# ---- PostgreSQL --------------------------------------------------------------------------------
+
+def pg_bin(name):
+    for v in ("17", "16", "15", "14", "13"):
+        p = f"/usr/lib/postgresql/{v}/bin/{name}"
+        if os.path.exists(p):
+            return p
+    return name
+
+
+def test_postgres_pgbench(fabric, tmp_path):
+    need(pg_bin("postgres"), pg_bin("initdb"), "pgbench", "psql")
+    as_user = []
+    work = tmp_path
+    if os.geteuid() == 0:  # postgres refuses to run as root: run everything as its own user
+        pwd.getpwnam("postgres")
+        as_user = ["runuser", "-u", "postgres", "--"]
+        work = pathlib.Path(tempfile.mkdtemp(prefix="memlan-pg-"))  # reachable by that user
+        os.chmod(work, 0o777)
+        os.chmod(fabric, 0o1777)  # a fabric shared explicitly with that user
+    try:
+        pg_run(as_user, work)
+    finally:
+        if work != tmp_path:
+            shutil.rmtree(work, ignore_errors=True)
+    settle()
+
+
+def pg_run(as_user, work):
+    data = work / "pgdata"
+    env = dict(os.environ, PGHOST="127.0.0.1")
+    subprocess.run(as_user + [pg_bin("initdb"), "-D", str(data), "-A", "trust", "-U", "bench"],
+                   check=True, capture_output=True, timeout=120)
+    port = next_port()
+    slog, clog = work / "server.log", work / "client.log"
+    for f in (slog, clog):  # written by processes that run as the postgres user
+        f.touch()
+        os.chmod(f, 0o666)
+    srv = Server(as_user + [pg_bin("postgres"), "-D", str(data), "-p", str(port), "-k", str(work),
+                            "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"],
+                 port, slog, env=env)
+    try:
+        base = ["-h", "127.0.0.1", "-p", str(port), "-U", "bench"]
+        run(as_user + ["pgbench", "-i", "-s", "1", "-q"] + base + ["postgres"], clog, env=env)
+        out = run(as_user + ["pgbench", "-S", "-c", "4", "-j", "2", "-t", "300"] + base + ["postgres"],
+                  clog, env=env)
+        assert "number of transactions actually processed: 1200/1200" in out, out
+        out = run(as_user + ["pgbench", "-c", "2", "-t", "100"] + base + ["postgres"], clog, env=env)
+        assert "number of transactions actually processed: 200/200" in out, out
+        # The balances moved by the TPC-B-like transactions add up, read back through memlan.
+        q = ("select (select sum(abalance) from pgbench_accounts) = "
+             "(select sum(delta) from pgbench_history)")
+        assert run(as_user + ["psql", "-tA"] + base + ["-c", q, "postgres"], clog, env=env).strip() == "t"
+        assert accelerated(clog) >= 4 and accelerated(slog) >= 4, slog.read_text()[-2000:]
+    finally:
+        srv.stop()
+
+
+# ---- iperf3 ------------------------------------------------------------------------------------
+
+def test_iperf3(fabric, tmp_path):
+    need("iperf3")
+    port = next_port()
+    slog, clog = tmp_path / "server.log", tmp_path / "client.log"
+    srv = Server(["iperf3", "-s", "-p", str(port), "-B", "127.0.0.1"], port, slog)
+    try:
+        out = run(["iperf3", "-c", "127.0.0.1", "-p", str(port), "-t", "1", "-J"], clog)
+        j = json.loads(out)
+        assert "error" not in j, j["error"]
+        sent, got = j["end"]["sum_sent"]["bytes"], j["end"]["sum_received"]["bytes"]
+        # iperf3 stops counting at the end with some bytes in flight, over kernel TCP as well.
+        assert sent > 0 and 0.95 * sent <= got <= sent, (sent, got)
+        assert accelerated(clog) >= 2, clog.read_text()
+    finally:
+        srv.stop()
+    settle()
+
+
+# ---- sockperf server modes ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["s", "p", "e"])
+def test_sockperf_modes(fabric, tmp_path, mode):
+    need("sockperf")
+    port = next_port()
+    slog, clog = tmp_path / "server.log", tmp_path / "client.log"
+    feed = tmp_path / "feed.txt"  # -F (select, poll, epoll) needs the address list in a file
+    feed.write_text(f"T:127.0.0.1:{port}\n")
+    srv = Server(["sockperf", "server", "-f", str(feed), "-F", mode], port, slog)
+    try:
+        out = run(["sockperf", "ping-pong", "--tcp", "-i", "127.0.0.1", "-p", str(port), "-t", "1",
+                   "-m", "200", "--mps=20000"], clog)
+        m = re.search(r"SentMessages=(\d+); ReceivedMessages=(\d+)", out)
+        # The last message may still be in flight when the client stops counting.
+        assert m and int(m.group(1)) > 1000 and 0 <= int(m.group(1)) - int(m.group(2)) <= 1, out
+        assert accelerated(clog) >= 1 and accelerated(slog) >= 1
+    finally:
+        srv.stop()
+    settle()
