@@ -481,6 +481,7 @@ struct mlp_ep {
     bool efd_rung;
     bool in_kernel;                     /* doorbell and eventfd added to the kernel set */
     bool nested;                        /* this set is itself a member of another set */
+    uint32_t peer_cpu;                  /* where the peer of the last ready socket waited + 1 */
 };
 
 static struct mlp_ep **mlp_eps;
@@ -884,6 +885,12 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
             out[got].events = ev;
             out[got].data = m->data;
             got++;
+            if (!und && s->ch) {
+                /* Same-core detection for the spin (as recv and poll do): where the peer waits,
+                 * and where we do. */
+                e->peer_cpu = ml_load_relaxed(&s->ch->tx.ctl->rx_cpu);
+                ml_store_relaxed(&s->ch->rx.ctl->rx_cpu, (uint32_t)(__ml_getcpu() + 1));
+            }
             if (m->events & EPOLLONESHOT)
                 m->disabled = true;
             else if (und || !(m->events & EPOLLET))
@@ -947,7 +954,7 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
         int got = mlp_ep_collect(epfd, e, out, max, &undecided, &gen);
         if (!got && !spun && timeout_ns != 0) {
             spun = true;
-            uint64_t budget = __ml_spin_budget_ns(&mlp_poll_spin, 0);
+            uint64_t budget = __ml_spin_budget_ns(&mlp_poll_spin, e->peer_cpu);
             if (budget) {
                 uint64_t end = mlp_now_ns() + budget;
                 for (unsigned it = 1;; it++) {
