@@ -722,11 +722,10 @@ int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handle
     struct mlp_sock *s = mlp_get(fd);
     struct mlp_ep *e0 = mlp_ep_get(epfd, false);
     struct mlp_member *known = NULL;
-    uint32_t known_ev = 0;
     if (e0) {
         pthread_mutex_lock(&mlp_epmu);
-        if (fd >= 0 && fd < e0->nbyfd && (known = e0->byfd[fd]))
-            known_ev = known->events;
+        if (fd >= 0 && fd < e0->nbyfd)
+            known = e0->byfd[fd];
         pthread_mutex_unlock(&mlp_epmu);
     }
     bool ours = s && s->type == MLP_CONN && s->state != MLP_TCP;
@@ -750,7 +749,6 @@ int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handle
                 mlp_ep_nested_leave(inner); /* no stale doorbell byte makes it look ready */
             }
         }
-        (void)known_ev;
         if (s)
             mlp_put(s);
         return 0;
