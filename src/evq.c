@@ -94,8 +94,6 @@ static struct ml_evq_import ml_evq_cache[ML_EVQ_CACHE];
 static unsigned ml_evq_cache_n, ml_evq_cache_next;
 static pthread_mutex_t ml_evq_cache_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Is a queue of cap events with its bitmaps at lo (leaf) and so (summary) inside seg?  The one
- * rule for both import and post time (a post re-reads the peer-writable header). */
 void (*__ml_fd_keep)(int *fdp);
 void (*__ml_fd_drop)(int fd);
 
@@ -129,6 +127,8 @@ static void ml_evq_cache_sweep(void)
     }
 }
 
+/* Is a queue of cap events with its bitmaps at lo (leaf) and so (summary) inside seg?  The one
+ * rule for both import and post time (a post re-reads the peer-writable header). */
 static bool ml_evq_fits(const struct memlan_segment *seg, uint64_t cap, uint64_t lo, uint64_t so)
 {
     if (cap == 0 || cap % 64 || cap > (1u << 24))

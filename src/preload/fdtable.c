@@ -109,8 +109,6 @@ struct mlp_sock *mlp_sock_new(int type)
      * (it then sees the fd changed and drops its reference).  It is 0 here and 1 for the caller. */
     memset((char *)s + sizeof s->refs, 0, sizeof *s - sizeof s->refs);
     atomic_fetch_add(&s->refs, 1);
-    static _Atomic uint64_t ids;
-    s->id = atomic_fetch_add(&ids, 1) + 1;
     s->type = type;
     s->slot = -1;
     pthread_mutex_init(&s->mu, NULL);

@@ -553,7 +553,7 @@ MLP_EXPORT pid_t fork(void)
 {
     MLP_INIT();
     pid_t p = mlp_real_fork();
-    if (p < 0 && !mlp_inside) {
+    if (p < 0) { /* the prepare handler counted the child that was not born */
         int e = errno;
         mlp_fork_failed();
         errno = e;

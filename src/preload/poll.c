@@ -482,10 +482,14 @@ struct mlp_ep {
     bool in_kernel;                     /* doorbell and eventfd added to the kernel set */
     bool nested;                        /* this set is itself a member of another set */
     uint32_t peer_cpu;                  /* where the peer of the last ready socket waited + 1 */
+    struct mlp_ep *next_free;
 };
 
 static struct mlp_ep **mlp_eps;
 static int mlp_neps;
+static int mlp_eps_max = -1;          /* highest epoll fd that ever had a set */
+static struct mlp_ep *mlp_eps_free;   /* closed sets, reused: never freed, since another thread
+                                       * may still be inside epoll_wait on a closed epoll fd */
 static pthread_mutex_t mlp_eps_mu = PTHREAD_MUTEX_INITIALIZER; /* the table of sets */
 static pthread_mutex_t mlp_epmu = PTHREAD_MUTEX_INITIALIZER;   /* members and ready lists */
 
@@ -514,9 +518,22 @@ static struct mlp_ep *mlp_ep_get(int epfd, bool create)
         return e;
     pthread_mutex_lock(&mlp_eps_mu);
     e = mlp_eps[epfd];
-    if (!e && (e = calloc(1, sizeof *e))) {
-        e->efd = -1;
-        __atomic_store_n(&mlp_eps[epfd], e, __ATOMIC_RELEASE);
+    if (!e) {
+        if ((e = mlp_eps_free))
+            mlp_eps_free = e->next_free;
+        else
+            e = malloc(sizeof *e);
+        if (e) {
+            /* A reused set is reset under the members' lock: a thread still waiting on the
+             * closed epoll fd it belonged to may touch its counters. */
+            pthread_mutex_lock(&mlp_epmu);
+            memset(e, 0, sizeof *e);
+            e->efd = -1;
+            pthread_mutex_unlock(&mlp_epmu);
+            if (epfd > mlp_eps_max)
+                mlp_eps_max = epfd;
+            __atomic_store_n(&mlp_eps[epfd], e, __ATOMIC_RELEASE);
+        }
     }
     pthread_mutex_unlock(&mlp_eps_mu);
     return e;
@@ -632,12 +649,20 @@ void mlp_epoll_forget_fd(int fd)
         if (np < 64)
             break;
     }
+    pthread_mutex_lock(&mlp_epmu);
     if (e->efd >= 0) {
         mlp_disown_fd(e->efd);
         __ml_sys_close(e->efd);
+        e->efd = -1;
     }
     free(e->byfd);
-    free(e);
+    e->byfd = NULL;
+    e->nbyfd = 0;
+    pthread_mutex_unlock(&mlp_epmu);
+    pthread_mutex_lock(&mlp_eps_mu);
+    e->next_free = mlp_eps_free;
+    mlp_eps_free = e;
+    pthread_mutex_unlock(&mlp_eps_mu);
 }
 
 /* The socket's last fd is closing: it leaves every set, as the kernel's file does. */
@@ -663,7 +688,7 @@ static void mlp_epoll_after_fork(void)
     pthread_mutex_init(&mlp_eps_mu, NULL);
     if (!mlp_eps)
         return;
-    for (int fd = 0; fd < mlp_neps && fd <= mlp_fd_max(); fd++) {
+    for (int fd = 0; fd < mlp_neps && fd <= mlp_eps_max; fd++) {
         struct mlp_ep *e = mlp_eps[fd];
         if (!e)
             continue;
@@ -819,7 +844,8 @@ int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handle
             } else {
                 pthread_mutex_unlock(&mlp_epmu);
                 (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL);
-                mlp_put_all(drop, 1 - (drop[0] == NULL));
+                if (drop[0])
+                    mlp_put(drop[0]);
                 mlp_put(s);
                 return -ENOMEM;
             }
@@ -976,14 +1002,13 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             if (changed)
                 continue;
             slept = true;
-            if (!mlp_q || memlan_evq_arm(mlp_q) == 1 || !e->in_kernel) {
-                if (mlp_q && e->in_kernel) {
-                    pthread_mutex_lock(&mlp_epmu);
-                    e->sleepers--;
-                    pthread_mutex_unlock(&mlp_epmu);
-                    continue;
-                }
-                undecided = true; /* no doorbell: nap and look again */
+            if (!mlp_q || !e->in_kernel) {
+                undecided = true; /* no doorbell to wake us: nap and look again */
+            } else if (memlan_evq_arm(mlp_q) == 1) {
+                pthread_mutex_lock(&mlp_epmu); /* a post came in as we armed: collect it */
+                e->sleepers--;
+                pthread_mutex_unlock(&mlp_epmu);
+                continue;
             }
         }
         int64_t left = got ? 0 : mlp_left(deadline);

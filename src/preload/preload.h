@@ -80,7 +80,6 @@ struct mlp_sock {
     char offer[160];              /* client: the offer's name in the fabric, "" once gone */
     int slot;                     /* our line in the process's stat segment, -1 if none */
     unsigned fork_gen;            /* last fork this socket was counted in (holders) */
-    uint64_t id;                  /* unique in the process: epoll members recognise their socket */
     struct mlp_member *epm;       /* its epoll memberships (poll.c, under its lock) */
     pthread_mutex_t mu;           /* state changes: withdrawal, close */
     /* Listener: its rendezvous record. */

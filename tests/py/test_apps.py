@@ -178,7 +178,7 @@ def test_memcached(fabric, tmp_path):
         assert run(["python3", str(script), str(port), "400"], clog).strip() == "ok"
         out = run(["memcslap", f"--servers=127.0.0.1:{port}", "--concurrency=4",
                    "--execute-number=500", "--binary"], clog)
-        assert "Failed" not in out or "Failed to" not in out, out
+        assert "Failed to" not in out, out
         assert accelerated(slog) >= 2, slog.read_text()
         assert run(["python3", str(script), str(port), "50"], clog, on=False).strip() == "ok"
         assert any("not memlan" in r for r in tcp_reasons(slog))
