@@ -32,11 +32,13 @@ LIB_SO   = $(BUILD)/lib/libmemlan.so
 LIB_A    = $(BUILD)/lib/libmemlan.a
 CLI      = $(BUILD)/bin/memlan
 CLI_SRC  = tools/memlan.c bench/bench.c bench/floors.c bench/plot.c
+RPCGEN   = $(BUILD)/bin/memlan-rpcgen
+RPCGEN_SRC = tools/rpcgen/parse.c tools/rpcgen/gen.c
 TESTS    = $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/*.c))
 PTESTS   = $(patsubst tests/preload/%.c,$(BUILD)/tests-preload/%,$(wildcard tests/preload/*.c))
 EXAMPLES = $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
 
-all: $(LIB_SO) $(LIB_A) $(PRELOAD_SO) $(CLI) $(TESTS) $(PTESTS) $(EXAMPLES)
+all: $(LIB_SO) $(LIB_A) $(PRELOAD_SO) $(CLI) $(RPCGEN) $(TESTS) $(PTESTS) $(EXAMPLES)
 
 $(BUILD)/obj/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
@@ -66,6 +68,10 @@ $(LIB_A): $(CORE_OBJ)
 $(CLI): $(CLI_SRC) $(LIB_A) $(HDRS) bench/bench.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Ibench -o $@ $(CLI_SRC) $(LIB_A) $(LDFLAGS) -lm
+
+$(RPCGEN): $(RPCGEN_SRC) tools/rpcgen/rpcgen.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $(RPCGEN_SRC) $(LDFLAGS)
 
 $(BUILD)/tests/%: tests/c/%.c tests/c/test.h $(LIB_A)
 	@mkdir -p $(dir $@)
