@@ -23,6 +23,10 @@ LDFLAGS += $(LDSAN) -pthread
 
 CORE_SRC = src/sys/sys.c src/fabric.c src/segment.c src/spin.c src/channel.c src/evq.c
 CORE_OBJ = $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
+# The ONC RPC runtime (memlan-rpcgen's fast path) lives in libmemlan and needs libtirpc.
+RPC_OBJ  = $(BUILD)/obj/src/rpc/rpc.o
+TIRPC_CFLAGS = -I/usr/include/tirpc
+TIRPC_LIBS   = -ltirpc
 HDRS     = $(wildcard include/*.h include/memlan/*.h src/*.h src/sys/*.h src/preload/*.h)
 
 PRELOAD_SRC = $(wildcard src/preload/*.c)
@@ -44,10 +48,18 @@ $(BUILD)/obj/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -fPIC -c $< -o $@
 
-$(LIB_SO): $(CORE_OBJ) src/libmemlan.map
+$(RPC_OBJ): src/rpc/rpc.c include/memlan/rpc.h $(HDRS) | deps
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(TIRPC_CFLAGS) -fPIC -c $< -o $@
+
+# Build dependencies beyond a compiler (libtirpc-dev, rpcsvc-proto): installed when missing.
+deps:
+	@./scripts/install-deps.sh
+
+$(LIB_SO): $(CORE_OBJ) $(RPC_OBJ) src/libmemlan.map
 	@mkdir -p $(dir $@)
 	$(CC) -shared -Wl,--version-script=src/libmemlan.map -Wl,-soname,libmemlan.so.0 \
-	    -o $@.0 $(CORE_OBJ) $(LDFLAGS)
+	    -o $@.0 $(CORE_OBJ) $(RPC_OBJ) $(LDFLAGS) $(TIRPC_LIBS)
 	ln -sf libmemlan.so.0 $@
 
 # The preload library: the core and the interposers, exporting only the interposers.
@@ -60,7 +72,7 @@ $(PRELOAD_SO): $(CORE_OBJ) $(PRELOAD_OBJ) $(BUILD)/preload.map
 	$(CC) -shared -Wl,--version-script=$(BUILD)/preload.map -Wl,-soname,libmemlan-preload.so \
 	    -o $@ $(CORE_OBJ) $(PRELOAD_OBJ) $(LDFLAGS) -ldl
 
-$(LIB_A): $(CORE_OBJ)
+$(LIB_A): $(CORE_OBJ) $(RPC_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
@@ -94,7 +106,7 @@ test: all
 demo: all
 	$(CLI) bench --quick
 
-install: $(LIB_SO) $(LIB_A) $(PRELOAD_SO) $(CLI)
+install: $(LIB_SO) $(LIB_A) $(PRELOAD_SO) $(CLI) $(RPCGEN)
 	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/memlan
 	install -m 755 $(LIB_SO).0 $(DESTDIR)$(PREFIX)/lib/libmemlan.so.0
 	ln -sf libmemlan.so.0 $(DESTDIR)$(PREFIX)/lib/libmemlan.so
@@ -102,9 +114,10 @@ install: $(LIB_SO) $(LIB_A) $(PRELOAD_SO) $(CLI)
 	install -m 755 $(PRELOAD_SO) $(DESTDIR)$(PREFIX)/lib/
 	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
 	install -m 644 include/memlan.h $(DESTDIR)$(PREFIX)/include/
-	install -m 644 include/memlan/layout.h $(DESTDIR)$(PREFIX)/include/memlan/
+	install -m 644 include/memlan/layout.h include/memlan/rpc.h $(DESTDIR)$(PREFIX)/include/memlan/
+	install -m 755 $(RPCGEN) $(DESTDIR)$(PREFIX)/bin/
 
 clean:
 	rm -rf $(BUILD) build-asan
 
-.PHONY: all test demo install clean
+.PHONY: all test demo install clean deps

@@ -13,9 +13,18 @@
 #include <string.h>
 
 /* The C type of a type name (no declarator). */
+/* Results live in a small ring of buffers: several may appear in one printf. */
+static char *scratch(void)
+{
+    static char bufs[8][256];
+    static unsigned next;
+    return bufs[next++ % 8];
+}
+
 static const char *ctype(const struct decl *d)
 {
-    static char buf[256];
+    char *buf = scratch();
+    const size_t bufsz = 256;
     const char *t = d->type;
     if (!strcmp(t, "bool"))
         return "bool_t";
@@ -24,11 +33,11 @@ static const char *ctype(const struct decl *d)
     if (!strcmp(t, "opaque"))
         return "char";
     if (d->prefix && strcmp(d->prefix, "struct") == 0) {
-        snprintf(buf, sizeof buf, "struct %s", t);
+        snprintf(buf, bufsz, "struct %s", t);
         return buf;
     }
     if (d->prefix) {
-        snprintf(buf, sizeof buf, "%s %s", d->prefix, t);
+        snprintf(buf, bufsz, "%s %s", d->prefix, t);
         return buf;
     }
     return t;
@@ -37,11 +46,12 @@ static const char *ctype(const struct decl *d)
 /* The XDR routine for one value of a type. */
 static const char *xdrfn(const struct decl *d)
 {
-    static char buf[256];
+    char *buf = scratch();
+    const size_t bufsz = 256;
     const char *t = d->type;
     if (!strcmp(t, "string"))
         return "xdr_wrapstring";
-    snprintf(buf, sizeof buf, "xdr_%s", t);
+    snprintf(buf, bufsz, "xdr_%s", t);
     return buf;
 }
 

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install what building memlan needs beyond a C compiler: libtirpc's headers (the RPC runtime
+# in libmemlan) and the system rpcgen (the RPC tests compare memlan-rpcgen with it).
+# Debian packages; idempotent; needs root or sudo when something is missing.
+set -euo pipefail
+missing=()
+[[ -f /usr/include/tirpc/rpc/rpc.h ]] || missing+=(libtirpc-dev)
+command -v rpcgen >/dev/null 2>&1 || missing+=(rpcsvc-proto)
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+SUDO=; [[ $(id -u) -ne 0 ]] && SUDO=sudo
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

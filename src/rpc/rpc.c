@@ -1,0 +1,854 @@
+/*
+ * rpc.c - the ONC RPC fast path that memlan-rpcgen's stubs use (see include/memlan/rpc.h).
+ *
+ * Rendezvous: a server that registers (prog, vers) also listens on a Unix seqpacket socket in
+ * the fabric, rpc-PROG-VERS.sock (the fabric directory's permissions decide who may connect,
+ * as for every other fabric file).  A client on the same host connects, names a message
+ * channel it created, and the server attaches.  From then on one call is one message:
+ *
+ *   call:  struct ml_rpc_call (xid, proc, credential flavor and length), the credential body,
+ *          then the arguments in XDR, encoded by the stub's own xdr routine straight into the
+ *          ring (memlan_reserve / memlan_commit);
+ *   reply: struct ml_rpc_reply (xid, reply and accept/reject status, two words of detail),
+ *          then the results in XDR, decoded by the stub straight from the ring (memlan_peek).
+ *
+ * The server runs the dispatch function rpcgen generated, unchanged, on a SVCXPRT of its own:
+ * svc_getargs decodes from the ring, svc_sendreply and svcerr_* encode into it.  Everything
+ * else (other hosts, UDP, stock peers, MEMLAN_RPC=off) is libtirpc's, unchanged.
+ */
+#define MEMLAN_RPC_NO_REMAP
+#include "memlan.h"
+#include "memlan/rpc.h"
+
+#include <errno.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#define ML_RPC_MAGIC 0x6d6c7270u /* "mlrp" */
+#define ML_RPC_CRED_MAX 400      /* MAX_AUTH_BYTES */
+
+struct ml_rpc_hello {
+    uint32_t magic, prog, vers, pad;
+    char token[MEMLAN_TOKEN_LEN + 1];
+};
+
+struct ml_rpc_call {
+    uint32_t xid, proc, cred_flavor, cred_len;
+};
+
+struct ml_rpc_reply {
+    uint32_t xid;
+    uint32_t stat;   /* MSG_ACCEPTED or MSG_DENIED */
+    uint32_t detail; /* accept_stat, or reject_stat */
+    uint32_t a, b;   /* PROG_MISMATCH low/high; RPC_MISMATCH low/high; AUTH_ERROR why */
+};
+
+#define ML_PAD4(n) (((n) + 3u) & ~3u)
+
+/* ---- shared ----------------------------------------------------------------------------- */
+
+static pthread_once_t ml_rpc_once = PTHREAD_ONCE_INIT;
+static memlan_fabric_t *ml_rpc_fab;
+static int ml_rpc_off, ml_rpc_log;
+static size_t ml_rpc_ring = 2u << 20;
+static __thread char ml_rpc_why[160];
+
+static void ml_rpc_init(void)
+{
+    const char *off = getenv("MEMLAN_RPC");
+    ml_rpc_off = off && (!strcmp(off, "off") || !strcmp(off, "0"));
+    ml_rpc_log = getenv("MEMLAN_LOG") != NULL;
+    const char *kb = getenv("MEMLAN_RPC_RING_KB");
+    if (kb && atol(kb) >= 16 && atol(kb) <= (1 << 20))
+        ml_rpc_ring = (size_t)atol(kb) << 10;
+    if (ml_rpc_off)
+        return;
+    int rc = memlan_fabric_open(NULL, &ml_rpc_fab);
+    if (rc < 0) {
+        ml_rpc_fab = NULL;
+        if (ml_rpc_log)
+            fprintf(stderr, "memlan-rpc: no fabric (%s): plain ONC RPC only\n", strerror(-rc));
+    }
+}
+
+static void ml_rpc_say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void ml_rpc_say(const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ml_rpc_why, sizeof ml_rpc_why, fmt, ap);
+    va_end(ap);
+    if (ml_rpc_log)
+        fprintf(stderr, "memlan-rpc: %s\n", ml_rpc_why);
+}
+
+const char *memlan_rpc_reason(void)
+{
+    return ml_rpc_why;
+}
+
+static int ml_rpc_sockpath(struct sockaddr_un *sa, rpcprog_t prog, rpcvers_t vers)
+{
+    memset(sa, 0, sizeof *sa);
+    sa->sun_family = AF_UNIX;
+    int n = snprintf(sa->sun_path, sizeof sa->sun_path, "%s/rpc-%lu-%lu.sock",
+                     memlan_fabric_path(ml_rpc_fab), (unsigned long)prog, (unsigned long)vers);
+    return n > 0 && (size_t)n < sizeof sa->sun_path ? 0 : -ENAMETOOLONG;
+}
+
+static int64_t ml_rpc_now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- client ----------------------------------------------------------------------------- */
+
+struct ml_clnt {
+    CLIENT cl;
+    memlan_channel_t *ch;
+    memlan_evq_t *q;           /* one channel: spin-then-sleep waits with a timeout */
+    pthread_mutex_t mu;
+    uint32_t xid;
+    struct timeval wait;       /* CLSET_TIMEOUT; tv_sec < 0: use each call's */
+    rpcprog_t prog;
+    rpcvers_t vers;
+    struct rpc_err err;
+};
+
+static const struct clnt_ops ml_clnt_ops;
+
+int memlan_clnt_is_fast(const CLIENT *cl)
+{
+    return cl && cl->cl_ops == &ml_clnt_ops;
+}
+
+/* Wait for the reply to xid; *ptr/len: its bytes in the ring (release after decoding). */
+static enum clnt_stat ml_clnt_wait(struct ml_clnt *c, uint32_t xid, const void **ptr,
+                                   ssize_t *len, int timeout_ms)
+{
+    int64_t deadline = timeout_ms < 0 ? -1 : ml_rpc_now_ms() + timeout_ms;
+    for (;;) {
+        ssize_t n = memlan_peek(c->ch, ptr, MEMLAN_DONTWAIT);
+        if (n >= (ssize_t)sizeof(struct ml_rpc_reply)) {
+            struct ml_rpc_reply r;
+            memcpy(&r, *ptr, sizeof r);
+            if (r.xid == xid) {
+                *len = n;
+                return RPC_SUCCESS;
+            }
+            memlan_release(c->ch, (size_t)n); /* the late reply of a call that timed out */
+            continue;
+        }
+        if (n >= 0) {
+            if (n == 0 && (memlan_channel_poll(c->ch) & MEMLAN_EV_HUP)) {
+                c->err.re_errno = ECONNRESET;
+                return RPC_CANTRECV;
+            }
+            if (n > 0)
+                memlan_release(c->ch, (size_t)n); /* too short to be a reply: skip it */
+            continue;
+        }
+        if (n != -EAGAIN) {
+            c->err.re_errno = (int)-n;
+            return RPC_CANTRECV;
+        }
+        int left = -1;
+        if (deadline >= 0) {
+            int64_t l = deadline - ml_rpc_now_ms();
+            if (l <= 0)
+                return RPC_TIMEDOUT;
+            left = l > INT32_MAX ? INT32_MAX : (int)l;
+        }
+        struct memlan_event ev;
+        int rc = memlan_evq_wait(c->q, &ev, 1, left);
+        if (rc < 0 && rc != -EINTR) {
+            c->err.re_errno = -rc;
+            return RPC_CANTRECV;
+        }
+    }
+}
+
+static enum clnt_stat ml_clnt_call(CLIENT *cl, rpcproc_t proc, xdrproc_t xargs, void *argsp,
+                                   xdrproc_t xres, void *resp, struct timeval tout)
+{
+    struct ml_clnt *c = (struct ml_clnt *)cl;
+    pthread_mutex_lock(&c->mu);
+    memset(&c->err, 0, sizeof c->err);
+    if (c->wait.tv_sec >= 0)
+        tout = c->wait;
+    uint32_t xid = ++c->xid;
+
+    /* the call, marshalled straight into the ring */
+    struct opaque_auth cred = {AUTH_NONE, NULL, 0};
+    if (cl->cl_auth)
+        cred = cl->cl_auth->ah_cred;
+    if (cred.oa_length > ML_RPC_CRED_MAX)
+        cred.oa_length = ML_RPC_CRED_MAX;
+    size_t hdr = sizeof(struct ml_rpc_call) + ML_PAD4(cred.oa_length);
+    /* a message is reserved at its exact size: xdr_sizeof walks the arguments (lengths only) */
+    unsigned long asize = xdr_sizeof(xargs, argsp);
+    void *buf;
+    ssize_t room = asize == 0 && xargs != (xdrproc_t)(void (*)(void))xdr_void
+                       ? -EINVAL
+                       : memlan_reserve(c->ch, &buf, hdr + asize, 0);
+    if (room < 0) {
+        c->err.re_errno = (int)-room;
+        c->err.re_status =
+            room == -EMSGSIZE || room == -EINVAL ? RPC_CANTENCODEARGS : RPC_CANTSEND;
+        goto out;
+    }
+    struct ml_rpc_call h = {xid, (uint32_t)proc, (uint32_t)cred.oa_flavor, cred.oa_length};
+    memcpy(buf, &h, sizeof h);
+    if (cred.oa_length) {
+        memcpy((char *)buf + sizeof h, cred.oa_base, cred.oa_length);
+        memset((char *)buf + sizeof h + cred.oa_length, 0, hdr - sizeof h - cred.oa_length);
+    }
+    XDR x;
+    xdrmem_create(&x, (char *)buf + hdr, (u_int)((size_t)room - hdr), XDR_ENCODE);
+    if (!xargs(&x, argsp)) {
+        /* nothing committed: the reservation is simply not used */
+        c->err.re_status = RPC_CANTENCODEARGS;
+        goto out;
+    }
+    int rc = memlan_commit(c->ch, hdr + xdr_getpos(&x));
+    XDR_DESTROY(&x);
+    if (rc < 0) {
+        c->err.re_errno = -rc;
+        c->err.re_status = RPC_CANTSEND;
+        goto out;
+    }
+    if (tout.tv_sec == 0 && tout.tv_usec == 0) { /* batched / one-way, as libtirpc */
+        c->err.re_status = RPC_TIMEDOUT;
+        goto out;
+    }
+    const void *rp;
+    ssize_t rl = 0;
+    long ms = tout.tv_sec * 1000L + tout.tv_usec / 1000;
+    c->err.re_status = ml_clnt_wait(c, xid, &rp, &rl, ms > INT32_MAX ? INT32_MAX : (int)ms);
+    if (c->err.re_status != RPC_SUCCESS)
+        goto out;
+    struct ml_rpc_reply r;
+    memcpy(&r, rp, sizeof r);
+    if (r.stat == MSG_ACCEPTED) {
+        switch (r.detail) {
+        case SUCCESS: {
+            xdrmem_create(&x, (char *)rp + sizeof r, (u_int)((size_t)rl - sizeof r), XDR_DECODE);
+            c->err.re_status = xres(&x, resp) ? RPC_SUCCESS : RPC_CANTDECODERES;
+            XDR_DESTROY(&x);
+            break;
+        }
+        case PROG_UNAVAIL: c->err.re_status = RPC_PROGUNAVAIL; break;
+        case PROG_MISMATCH:
+            c->err.re_status = RPC_PROGVERSMISMATCH;
+            c->err.re_vers.low = r.a;
+            c->err.re_vers.high = r.b;
+            break;
+        case PROC_UNAVAIL: c->err.re_status = RPC_PROCUNAVAIL; break;
+        case GARBAGE_ARGS: c->err.re_status = RPC_CANTDECODEARGS; break;
+        case SYSTEM_ERR: c->err.re_status = RPC_SYSTEMERROR; break;
+        default: c->err.re_status = RPC_FAILED; break;
+        }
+    } else if (r.stat == MSG_DENIED && r.detail == RPC_MISMATCH) {
+        c->err.re_status = RPC_VERSMISMATCH;
+        c->err.re_vers.low = r.a;
+        c->err.re_vers.high = r.b;
+    } else if (r.stat == MSG_DENIED && r.detail == AUTH_ERROR) {
+        c->err.re_status = RPC_AUTHERROR;
+        c->err.re_why = (enum auth_stat)r.a;
+    } else {
+        c->err.re_status = RPC_FAILED;
+    }
+    memlan_release(c->ch, (size_t)rl);
+out:;
+    enum clnt_stat st = c->err.re_status;
+    pthread_mutex_unlock(&c->mu);
+    return st;
+}
+
+static void ml_clnt_abort(CLIENT *cl)
+{
+    (void)cl;
+}
+
+static void ml_clnt_geterr(CLIENT *cl, struct rpc_err *e)
+{
+    *e = ((struct ml_clnt *)cl)->err;
+}
+
+static bool_t ml_clnt_freeres(CLIENT *cl, xdrproc_t xres, void *resp)
+{
+    (void)cl;
+    xdr_free(xres, resp);
+    return TRUE;
+}
+
+static void ml_clnt_destroy(CLIENT *cl)
+{
+    struct ml_clnt *c = (struct ml_clnt *)cl;
+    memlan_evq_close(c->q);
+    memlan_channel_close(c->ch);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+static bool_t ml_clnt_control(CLIENT *cl, u_int req, void *info)
+{
+    struct ml_clnt *c = (struct ml_clnt *)cl;
+    if (!info && req != CLSET_FD_CLOSE && req != CLSET_FD_NCLOSE)
+        return FALSE;
+    switch (req) {
+    case CLSET_TIMEOUT: {
+        const struct timeval *tv = info;
+        if (tv->tv_sec < 0 || tv->tv_usec < 0 || tv->tv_usec >= 1000000)
+            return FALSE;
+        c->wait = *tv;
+        return TRUE;
+    }
+    case CLGET_TIMEOUT:
+        *(struct timeval *)info = c->wait.tv_sec >= 0 ? c->wait : (struct timeval){25, 0};
+        return TRUE;
+    case CLGET_XID:
+        *(uint32_t *)info = c->xid;
+        return TRUE;
+    case CLSET_XID:
+        c->xid = *(uint32_t *)info - 1;
+        return TRUE;
+    case CLGET_VERS:
+        *(uint32_t *)info = (uint32_t)c->vers;
+        return TRUE;
+    case CLGET_PROG:
+        *(uint32_t *)info = (uint32_t)c->prog;
+        return TRUE;
+    case CLSET_FD_CLOSE:
+    case CLSET_FD_NCLOSE:
+        return TRUE;
+    default:
+        return FALSE;
+    }
+}
+
+static const struct clnt_ops ml_clnt_ops = {
+    ml_clnt_call, ml_clnt_abort, ml_clnt_geterr, ml_clnt_freeres, ml_clnt_destroy,
+    ml_clnt_control,
+};
+
+/* Is host this machine: a loopback name or address, or one of our interfaces' addresses? */
+static int ml_rpc_host_is_local(const char *host)
+{
+    char me[256];
+    if (!strcmp(host, "localhost") || (gethostname(me, sizeof me) == 0 && !strcmp(host, me)))
+        return 1;
+    struct addrinfo hints = {.ai_socktype = SOCK_STREAM}, *ai = NULL;
+    if (getaddrinfo(host, NULL, &hints, &ai) != 0)
+        return 0;
+    struct ifaddrs *ifs = NULL;
+    if (getifaddrs(&ifs) != 0)
+        ifs = NULL;
+    int local = 0;
+    for (struct addrinfo *a = ai; a && !local; a = a->ai_next) {
+        if (a->ai_family == AF_INET) {
+            struct in_addr in = ((struct sockaddr_in *)a->ai_addr)->sin_addr;
+            if ((ntohl(in.s_addr) >> 24) == 127)
+                local = 1;
+            for (struct ifaddrs *i = ifs; i && !local; i = i->ifa_next)
+                if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+                    ((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr == in.s_addr)
+                    local = 1;
+        } else if (a->ai_family == AF_INET6) {
+            struct in6_addr in6 = ((struct sockaddr_in6 *)a->ai_addr)->sin6_addr;
+            if (IN6_IS_ADDR_LOOPBACK(&in6))
+                local = 1;
+            for (struct ifaddrs *i = ifs; i && !local; i = i->ifa_next)
+                if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET6 &&
+                    !memcmp(&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr, &in6, sizeof in6))
+                    local = 1;
+        }
+    }
+    if (ifs)
+        freeifaddrs(ifs);
+    freeaddrinfo(ai);
+    return local;
+}
+
+static CLIENT *ml_clnt_fast(const char *host, rpcprog_t prog, rpcvers_t vers)
+{
+    struct sockaddr_un sa;
+    if (ml_rpc_sockpath(&sa, prog, vers) < 0) {
+        ml_rpc_say("prog %lu vers %lu: fabric path too long for a socket",
+                   (unsigned long)prog, (unsigned long)vers);
+        return NULL;
+    }
+    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (s < 0)
+        return NULL;
+    if (connect(s, (struct sockaddr *)&sa, sizeof sa) < 0) {
+        ml_rpc_say("prog %lu vers %lu on %s: %s", (unsigned long)prog, (unsigned long)vers, host,
+                   errno == ENOENT || errno == ECONNREFUSED
+                       ? "no memlan server for it on this fabric"
+                       : strerror(errno));
+        close(s);
+        return NULL;
+    }
+    struct ml_clnt *c = calloc(1, sizeof *c);
+    struct memlan_channel_opts o = {.kind = MEMLAN_MSG, .ring_size = ml_rpc_ring};
+    int rc = c ? memlan_channel_create(ml_rpc_fab, &o, &c->ch) : -ENOMEM;
+    if (rc == 0 && (rc = memlan_evq_create(ml_rpc_fab, 1, &c->q)) == 0)
+        rc = memlan_evq_add(c->q, c->ch, MEMLAN_EV_READ, c);
+    if (rc < 0) {
+        ml_rpc_say("prog %lu vers %lu: cannot make a channel: %s", (unsigned long)prog,
+                   (unsigned long)vers, strerror(-rc));
+        goto fail;
+    }
+    struct ml_rpc_hello h = {ML_RPC_MAGIC, (uint32_t)prog, (uint32_t)vers, 0, {0}};
+    snprintf(h.token, sizeof h.token, "%s", memlan_channel_token(c->ch));
+    uint32_t answer = 1;
+    struct pollfd pf = {s, POLLIN, 0};
+    if (send(s, &h, sizeof h, MSG_NOSIGNAL) != (ssize_t)sizeof h || poll(&pf, 1, 2000) != 1 ||
+        recv(s, &answer, sizeof answer, 0) != (ssize_t)sizeof answer || answer != 0) {
+        ml_rpc_say("prog %lu vers %lu: the memlan server did not take the channel",
+                   (unsigned long)prog, (unsigned long)vers);
+        goto fail;
+    }
+    close(s);
+    c->cl.cl_ops = (struct clnt_ops *)&ml_clnt_ops;
+    c->cl.cl_auth = authnone_create();
+    c->cl.cl_private = c;
+    pthread_mutex_init(&c->mu, NULL);
+    c->wait.tv_sec = -1;
+    c->prog = prog;
+    c->vers = vers;
+    c->xid = (uint32_t)getpid() ^ (uint32_t)time(NULL) << 12;
+    ml_rpc_why[0] = 0;
+    if (ml_rpc_log)
+        fprintf(stderr, "memlan-rpc: prog %lu vers %lu on %s: shared-memory fast path\n",
+                (unsigned long)prog, (unsigned long)vers, host);
+    return &c->cl;
+fail:
+    close(s);
+    if (c) {
+        if (c->q)
+            memlan_evq_close(c->q);
+        if (c->ch)
+            memlan_channel_close(c->ch);
+        free(c);
+    }
+    return NULL;
+}
+
+CLIENT *memlan_clnt_create(const char *host, rpcprog_t prog, rpcvers_t vers, const char *nettype)
+{
+    pthread_once(&ml_rpc_once, ml_rpc_init);
+    ml_rpc_why[0] = 0;
+    const char *nt = nettype ? nettype : "netpath";
+    int stream = !strcmp(nt, "tcp") || !strcmp(nt, "tcp6") || !strcmp(nt, "circuit_v") ||
+                 !strcmp(nt, "circuit_n") || !strcmp(nt, "netpath") || !strcmp(nt, "visible");
+    if (ml_rpc_off)
+        ml_rpc_say("MEMLAN_RPC=off: plain ONC RPC");
+    else if (!ml_rpc_fab)
+        ml_rpc_say("no fabric: plain ONC RPC");
+    else if (!host)
+        ml_rpc_say("no host: plain ONC RPC");
+    else if (!stream)
+        ml_rpc_say("prog %lu vers %lu: nettype %s is a datagram transport: plain ONC RPC",
+                   (unsigned long)prog, (unsigned long)vers, nt);
+    else if (!ml_rpc_host_is_local(host))
+        ml_rpc_say("prog %lu vers %lu: %s is not this host: plain ONC RPC", (unsigned long)prog,
+                   (unsigned long)vers, host);
+    else {
+        CLIENT *cl = ml_clnt_fast(host, prog, vers);
+        if (cl)
+            return cl;
+    }
+    return clnt_create(host, prog, vers, nettype);
+}
+
+/* ---- server ----------------------------------------------------------------------------- */
+
+struct ml_prog {
+    rpcprog_t prog;
+    rpcvers_t vers;
+    void (*dispatch)(struct svc_req *, SVCXPRT *);
+    int lfd;
+    char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+};
+
+struct ml_conn {
+    SVCXPRT xprt;
+    memlan_channel_t *ch;
+    struct ml_prog *p;
+    XDR args;
+    uint32_t xid;
+    struct authunix_parms unix_cred;
+    int unix_cred_live;
+    char cred_body[ML_RPC_CRED_MAX];
+    struct ml_conn *next;
+};
+
+static pthread_mutex_t ml_svc_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct ml_prog ml_progs[64];
+static int ml_nprogs;
+static memlan_evq_t *ml_svc_q;
+static struct ml_conn *ml_conns;
+static int ml_nconns;
+
+static void ml_svc_unlink(void)
+{
+    for (int i = 0; i < ml_nprogs; i++)
+        if (ml_progs[i].lfd >= 0)
+            unlink(ml_progs[i].path);
+}
+
+static bool_t ml_x_recv(SVCXPRT *x, struct rpc_msg *m)
+{
+    (void)x;
+    (void)m;
+    return FALSE;
+}
+
+static enum xprt_stat ml_x_stat(SVCXPRT *x)
+{
+    (void)x;
+    return XPRT_IDLE;
+}
+
+static bool_t ml_x_getargs(SVCXPRT *x, xdrproc_t xargs, void *argsp)
+{
+    struct ml_conn *c = x->xp_p1;
+    return xargs(&c->args, argsp);
+}
+
+static bool_t ml_x_freeargs(SVCXPRT *x, xdrproc_t xargs, void *argsp)
+{
+    (void)x;
+    xdr_free(xargs, argsp);
+    return TRUE;
+}
+
+static bool_t ml_x_reply(SVCXPRT *x, struct rpc_msg *m)
+{
+    struct ml_conn *c = x->xp_p1;
+    void *buf;
+    int ok_results = m->rm_reply.rp_stat == MSG_ACCEPTED && m->acpted_rply.ar_stat == SUCCESS;
+    unsigned long rsize = 0;
+    if (ok_results) {
+        rsize = xdr_sizeof(m->acpted_rply.ar_results.proc, m->acpted_rply.ar_results.where);
+        if (rsize == 0 && m->acpted_rply.ar_results.proc != (xdrproc_t)(void (*)(void))xdr_void)
+            return FALSE; /* the results cannot be encoded */
+    }
+    ssize_t room = memlan_reserve(c->ch, &buf, sizeof(struct ml_rpc_reply) + rsize, 0);
+    if (room < 0)
+        return FALSE;
+    struct ml_rpc_reply r = {c->xid, (uint32_t)m->rm_reply.rp_stat, 0, 0, 0};
+    size_t len = sizeof r;
+    if (m->rm_reply.rp_stat == MSG_ACCEPTED) {
+        r.detail = (uint32_t)m->acpted_rply.ar_stat;
+        if (m->acpted_rply.ar_stat == PROG_MISMATCH) {
+            r.a = (uint32_t)m->acpted_rply.ar_vers.low;
+            r.b = (uint32_t)m->acpted_rply.ar_vers.high;
+        } else if (m->acpted_rply.ar_stat == SUCCESS) {
+            XDR xr;
+            xdrmem_create(&xr, (char *)buf + sizeof r, (u_int)((size_t)room - sizeof r),
+                          XDR_ENCODE);
+            xdrproc_t proc = m->acpted_rply.ar_results.proc;
+            if (!proc(&xr, m->acpted_rply.ar_results.where))
+                return FALSE; /* too big for the ring, or unencodable: nothing committed */
+            len += xdr_getpos(&xr);
+            XDR_DESTROY(&xr);
+        }
+    } else {
+        r.detail = (uint32_t)m->rjcted_rply.rj_stat;
+        if (m->rjcted_rply.rj_stat == RPC_MISMATCH) {
+            r.a = (uint32_t)m->rjcted_rply.rj_vers.low;
+            r.b = (uint32_t)m->rjcted_rply.rj_vers.high;
+        } else {
+            r.a = (uint32_t)m->rjcted_rply.rj_why;
+        }
+    }
+    memcpy(buf, &r, sizeof r);
+    return memlan_commit(c->ch, len) == 0;
+}
+
+static void ml_x_destroy(SVCXPRT *x)
+{
+    (void)x; /* connections end in ml_conn_close */
+}
+
+static const struct xp_ops ml_x_ops = {ml_x_recv, ml_x_stat, ml_x_getargs, ml_x_reply,
+                                       ml_x_freeargs, ml_x_destroy};
+
+static bool_t ml_x_control(SVCXPRT *x, const u_int rq, void *in)
+{
+    (void)x;
+    (void)rq;
+    (void)in;
+    return FALSE;
+}
+
+static const struct xp_ops2 ml_x_ops2 = {ml_x_control};
+
+static void ml_conn_close(struct ml_conn *c)
+{
+    memlan_evq_del(ml_svc_q, c->ch);
+    memlan_channel_close(c->ch);
+    for (struct ml_conn **pp = &ml_conns; *pp; pp = &(*pp)->next)
+        if (*pp == c) {
+            *pp = c->next;
+            break;
+        }
+    ml_nconns--;
+    free(c->xprt.xp_rtaddr.buf);
+    free(c);
+}
+
+/* Serve one message; 1 if one was served, 0 if none waiting, -1 if the connection ended. */
+static int ml_conn_serve_one(struct ml_conn *c)
+{
+    const void *msg;
+    ssize_t n = memlan_peek(c->ch, &msg, MEMLAN_DONTWAIT);
+    if (n == -EAGAIN)
+        return 0;
+    if (n < 0 || (n == 0 && (memlan_channel_poll(c->ch) & MEMLAN_EV_HUP)))
+        return -1;
+    struct ml_rpc_call h;
+    if ((size_t)n < sizeof h) {
+        memlan_release(c->ch, (size_t)n);
+        return -1; /* not our protocol: end the connection */
+    }
+    memcpy(&h, msg, sizeof h);
+    size_t off = sizeof h + ML_PAD4((size_t)h.cred_len);
+    if (h.cred_len > ML_RPC_CRED_MAX || off > (size_t)n) {
+        memlan_release(c->ch, (size_t)n);
+        return -1;
+    }
+    struct svc_req rq;
+    memset(&rq, 0, sizeof rq);
+    rq.rq_prog = (u_int32_t)c->p->prog;
+    rq.rq_vers = (u_int32_t)c->p->vers;
+    rq.rq_proc = h.proc;
+    rq.rq_xprt = &c->xprt;
+    rq.rq_cred.oa_flavor = (enum_t)h.cred_flavor;
+    rq.rq_cred.oa_length = h.cred_len;
+    memcpy(c->cred_body, (const char *)msg + sizeof h, h.cred_len);
+    rq.rq_cred.oa_base = c->cred_body;
+    c->xid = h.xid;
+    c->xprt.xp_verf = _null_auth;
+    int ok = 1;
+    if (h.cred_flavor == AUTH_SYS) {
+        XDR xc;
+        if (c->unix_cred_live)
+            xdr_free((xdrproc_t)xdr_authunix_parms, (char *)&c->unix_cred);
+        memset(&c->unix_cred, 0, sizeof c->unix_cred);
+        xdrmem_create(&xc, c->cred_body, h.cred_len, XDR_DECODE);
+        ok = xdr_authunix_parms(&xc, &c->unix_cred);
+        c->unix_cred_live = ok;
+        rq.rq_clntcred = &c->unix_cred;
+    } else if (h.cred_flavor != AUTH_NONE) {
+        ok = 0;
+    }
+    if (!ok) {
+        svcerr_auth(&c->xprt, h.cred_flavor == AUTH_SYS ? AUTH_BADCRED : AUTH_REJECTEDCRED);
+    } else {
+        xdrmem_create(&c->args, (char *)msg + off, (u_int)((size_t)n - off), XDR_DECODE);
+        c->p->dispatch(&rq, &c->xprt);
+    }
+    memlan_release(c->ch, (size_t)n);
+    return 1;
+}
+
+/* Serve what is waiting on every ready channel; returns how many calls were served. */
+static int ml_svc_fast(int timeout_ms)
+{
+    struct memlan_event ev[64];
+    int n = memlan_evq_wait(ml_svc_q, ev, 64, timeout_ms), served = 0;
+    for (int i = 0; i < n; i++) {
+        struct ml_conn *c = ev[i].udata;
+        int r;
+        while ((r = ml_conn_serve_one(c)) > 0)
+            served++;
+        if (r < 0)
+            ml_conn_close(c);
+    }
+    return served;
+}
+
+static void ml_svc_accept(struct ml_prog *p)
+{
+    int s = accept4(p->lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (s < 0)
+        return;
+    struct ml_rpc_hello h;
+    struct pollfd pf = {s, POLLIN, 0};
+    uint32_t answer = EPROTO;
+    struct ml_conn *c = NULL;
+    if (poll(&pf, 1, 1000) != 1 || recv(s, &h, sizeof h, 0) != (ssize_t)sizeof h ||
+        h.magic != ML_RPC_MAGIC || h.prog != p->prog || h.vers != p->vers)
+        goto out;
+    h.token[MEMLAN_TOKEN_LEN] = 0;
+    c = calloc(1, sizeof *c);
+    if (!c)
+        goto out;
+    int rc = memlan_channel_attach(ml_rpc_fab, h.token, &c->ch);
+    if (rc == 0 && (rc = memlan_evq_add(ml_svc_q, c->ch, MEMLAN_EV_READ, c)) < 0)
+        memlan_channel_close(c->ch);
+    if (rc < 0) {
+        answer = (uint32_t)-rc;
+        free(c);
+        c = NULL;
+        goto out;
+    }
+    c->p = p;
+    c->xprt.xp_fd = -1;
+    c->xprt.xp_ops = &ml_x_ops;
+    c->xprt.xp_ops2 = &ml_x_ops2;
+    c->xprt.xp_p1 = c;
+    c->xprt.xp_netid = "memlan";
+    c->xprt.xp_verf = _null_auth;
+    struct sockaddr_in *lo = calloc(1, sizeof *lo); /* svc_getcaller: the caller is local */
+    if (lo) {
+        lo->sin_family = AF_INET;
+        lo->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        c->xprt.xp_rtaddr.buf = lo;
+        c->xprt.xp_rtaddr.len = c->xprt.xp_rtaddr.maxlen = sizeof *lo;
+        memcpy(&c->xprt.xp_raddr, lo, sizeof *lo);
+        c->xprt.xp_addrlen = sizeof *lo;
+    }
+    c->next = ml_conns;
+    ml_conns = c;
+    ml_nconns++;
+    answer = 0;
+out:
+    send(s, &answer, sizeof answer, MSG_NOSIGNAL);
+    close(s);
+}
+
+bool_t memlan_svc_register(SVCXPRT *xprt, rpcprog_t prog, rpcvers_t vers,
+                           void (*dispatch)(struct svc_req *, SVCXPRT *), int protocol)
+{
+    if (!svc_register(xprt, prog, vers, dispatch, protocol))
+        return FALSE;
+    pthread_once(&ml_rpc_once, ml_rpc_init);
+    if (ml_rpc_off || !ml_rpc_fab)
+        return TRUE;
+    pthread_mutex_lock(&ml_svc_mu);
+    for (int i = 0; i < ml_nprogs; i++)
+        if (ml_progs[i].prog == prog && ml_progs[i].vers == vers)
+            goto done; /* a second transport for the same program: one fast path */
+    if (ml_nprogs == (int)(sizeof ml_progs / sizeof ml_progs[0])) {
+        ml_rpc_say("prog %lu vers %lu: too many programs for the fast path", (unsigned long)prog,
+                   (unsigned long)vers);
+        goto done;
+    }
+    if (!ml_svc_q) {
+        int rc = memlan_evq_create(ml_rpc_fab, 4096, &ml_svc_q);
+        if (rc < 0) {
+            ml_rpc_say("no event queue (%s): plain ONC RPC only", strerror(-rc));
+            goto done;
+        }
+        atexit(ml_svc_unlink);
+    }
+    struct ml_prog *p = &ml_progs[ml_nprogs];
+    struct sockaddr_un sa;
+    if (ml_rpc_sockpath(&sa, prog, vers) < 0)
+        goto done;
+    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (s < 0)
+        goto done;
+    unlink(sa.sun_path); /* like pmap_unset: the newest server of (prog, vers) takes it */
+    if (bind(s, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(s, 128) < 0) {
+        ml_rpc_say("prog %lu vers %lu: cannot listen on %s: %s", (unsigned long)prog,
+                   (unsigned long)vers, sa.sun_path, strerror(errno));
+        close(s);
+        goto done;
+    }
+    p->prog = prog;
+    p->vers = vers;
+    p->dispatch = dispatch;
+    p->lfd = s;
+    snprintf(p->path, sizeof p->path, "%s", sa.sun_path);
+    ml_nprogs++;
+    if (ml_rpc_log)
+        fprintf(stderr, "memlan-rpc: prog %lu vers %lu: fast path at %s\n", (unsigned long)prog,
+                (unsigned long)vers, sa.sun_path);
+done:
+    pthread_mutex_unlock(&ml_svc_mu);
+    return TRUE;
+}
+
+void memlan_svc_run(void)
+{
+    struct pollfd *pf = NULL;
+    int cap = 0;
+    if (!ml_nprogs) {
+        svc_run();
+        return;
+    }
+    int spin_us = memlan_spin_us();
+    for (;;) {
+        int nsvc = svc_max_pollfd;
+        if (nsvc == 0 && svc_pollfd == NULL)
+            break; /* svc_exit() */
+        /* spin over the channels for about a wake-up's cost before sleeping in poll */
+        if (spin_us > 0 && ml_nconns) {
+            struct timespec t0, t;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            for (;;) {
+                if (ml_svc_fast(0) > 0)
+                    clock_gettime(CLOCK_MONOTONIC, &t0);
+                clock_gettime(CLOCK_MONOTONIC, &t);
+                if ((t.tv_sec - t0.tv_sec) * 1000000 + (t.tv_nsec - t0.tv_nsec) / 1000 >= spin_us)
+                    break;
+            }
+        }
+        int need = nsvc + ml_nprogs + 1;
+        if (need > cap) {
+            struct pollfd *g = realloc(pf, sizeof *pf * (size_t)need);
+            if (!g) {
+                free(pf);
+                return;
+            }
+            pf = g;
+            cap = need;
+        }
+        for (int i = 0; i < nsvc; i++) {
+            pf[i].fd = svc_pollfd[i].fd;
+            pf[i].events = svc_pollfd[i].events;
+            pf[i].revents = 0;
+        }
+        for (int i = 0; i < ml_nprogs; i++)
+            pf[nsvc + i] = (struct pollfd){ml_progs[i].lfd, POLLIN, 0};
+        pf[nsvc + ml_nprogs] = (struct pollfd){memlan_evq_fd(ml_svc_q), POLLIN, 0};
+        int armed = memlan_evq_arm(ml_svc_q) == 0;
+        int n = poll(pf, (nfds_t)need, armed ? -1 : 0);
+        if (n < 0) {
+            if (errno == EINTR)
+                continue;
+            fprintf(stderr, "memlan_svc_run: poll: %s\n", strerror(errno));
+            break;
+        }
+        int nk = 0;
+        for (int i = 0; i < nsvc; i++)
+            nk += pf[i].revents != 0;
+        if (nk)
+            svc_getreq_poll(pf, nk);
+        for (int i = 0; i < ml_nprogs; i++)
+            if (pf[nsvc + i].revents)
+                ml_svc_accept(&ml_progs[i]);
+        ml_svc_fast(0);
+    }
+    free(pf);
+}
