@@ -397,6 +397,8 @@ static CLIENT *ml_clnt_fast(const char *host, rpcprog_t prog, rpcvers_t vers)
     if (s < 0)
         return NULL;
     if (connect(s, (struct sockaddr *)&sa, sizeof sa) < 0) {
+        if (errno == ECONNREFUSED)
+            unlink(sa.sun_path); /* its server died without removing it: reclaim */
         ml_rpc_say("prog %lu vers %lu on %s: %s", (unsigned long)prog, (unsigned long)vers, host,
                    errno == ENOENT || errno == ECONNREFUSED
                        ? "no memlan server for it on this fabric"
@@ -506,11 +508,19 @@ static memlan_evq_t *ml_svc_q;
 static struct ml_conn *ml_conns;
 static int ml_nconns;
 
-static void ml_svc_unlink(void)
+static void ml_conn_close(struct ml_conn *c);
+
+/* At exit: the fast path's socket files and event queue leave the fabric with the server. */
+static void ml_svc_atexit(void)
 {
     for (int i = 0; i < ml_nprogs; i++)
         if (ml_progs[i].lfd >= 0)
             unlink(ml_progs[i].path);
+    while (ml_conns)
+        ml_conn_close(ml_conns);
+    if (ml_svc_q)
+        memlan_evq_close(ml_svc_q);
+    ml_svc_q = NULL;
 }
 
 static bool_t ml_x_recv(SVCXPRT *x, struct rpc_msg *m)
@@ -759,7 +769,7 @@ bool_t memlan_svc_register(SVCXPRT *xprt, rpcprog_t prog, rpcvers_t vers,
             ml_rpc_say("no event queue (%s): plain ONC RPC only", strerror(-rc));
             goto done;
         }
-        atexit(ml_svc_unlink);
+        atexit(ml_svc_atexit);
     }
     struct ml_prog *p = &ml_progs[ml_nprogs];
     struct sockaddr_un sa;

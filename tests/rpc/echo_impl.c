@@ -2,6 +2,7 @@
  * system rpcgen's output and with memlan-rpcgen's.  Its own main (as with rpcgen -m): a TCP
  * transport on the port given, registered without rpcbind (protocol 0).  libtirpc's svctcp_create does not listen on a
  * socket it is given: we do. */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,8 +112,15 @@ int echoprog_1_freeresult(SVCXPRT *x, xdrproc_t f, caddr_t p)
 
 void echoprog_1(struct svc_req *rqstp, SVCXPRT *transp);
 
+static void on_term(int sig)
+{
+    (void)sig;
+    exit(0); /* atexit handlers run: the fast path's socket file is removed */
+}
+
 int main(int argc, char **argv)
 {
+    signal(SIGTERM, on_term);
     if (argc < 2) {
         fprintf(stderr, "usage: %s PORT\n", argv[0]);
         return 2;
