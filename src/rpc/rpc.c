@@ -25,6 +25,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -807,12 +808,16 @@ void memlan_svc_run(void)
         svc_run();
         return;
     }
+    /* spin over the channels for about a wake-up's cost before sleeping in poll, unless this
+     * thread may run on one CPU only: then the spin would only take the core from the client */
     int spin_us = memlan_spin_us();
+    cpu_set_t cpus;
+    if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < 2)
+        spin_us = 0;
     for (;;) {
         int nsvc = svc_max_pollfd;
         if (nsvc == 0 && svc_pollfd == NULL)
             break; /* svc_exit() */
-        /* spin over the channels for about a wake-up's cost before sleeping in poll */
         if (spin_us > 0 && ml_nconns) {
             struct timespec t0, t;
             clock_gettime(CLOCK_MONOTONIC, &t0);
