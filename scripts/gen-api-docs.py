@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Write docs/api/FUNCTION.md for every function that include/memlan.h declares, from the
+"""Write docs/api/FUNCTION.md for every function that include/memlan.h and include/memlan/rpc.h
+declare, from the
 comment above its declaration, and docs/api/README.md as the index.  Run after editing the header;
 tests/py/test_docs.py fails if a page is missing or stale."""
 import pathlib
@@ -7,16 +8,24 @@ import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-HEADER = ROOT / "include" / "memlan.h"
+HEADERS = [ROOT / "include" / "memlan.h", ROOT / "include" / "memlan" / "rpc.h"]
 OUT = ROOT / "docs" / "api"
 
-DECL = re.compile(r"^(?P<ret>[a-z_ ]+?[ *]+)(?P<name>memlan_[a-z_]+)\((?P<args>[^;]*)\);", re.S)
+DECL = re.compile(r"^(?P<ret>[A-Za-z_ ]+?[ *]+)(?P<name>memlan_[a-z_]+)\((?P<args>[^;]*)\);", re.S)
 
 
 def pages():
-    text = HEADER.read_text()
     out = {}
-    section = ""
+    for h in HEADERS:
+        for name, v in header_pages(h).items():
+            out[name] = v + (h.relative_to(ROOT / "include").as_posix(),)
+    return out
+
+
+def header_pages(header):
+    text = header.read_text()
+    out = {}
+    section = "ONC RPC" if header.name == "rpc.h" else ""
     comment = ""
     for chunk in re.split(r"\n(?=/\*|[a-z])", text):
         chunk = chunk.strip()
@@ -46,7 +55,13 @@ def pages():
     return out
 
 
-def render(name, section, proto, body):
+def render(name, section, proto, body, header):
+    if header == "memlan/rpc.h":
+        return (f"# {name}\n\n*{section}* (`#include <memlan/rpc.h>`, link with `-lmemlan "
+                f"-ltirpc`)\n\n```c\n{proto}\n```\n\n{body}\n\n"
+                "Return convention: libtirpc's (NULL or FALSE on failure, details through "
+                "rpc_createerr and clnt_geterr). See the header comment in "
+                "`include/memlan/rpc.h`.\n")
     return (f"# {name}\n\n*{section}* (`#include <memlan.h>`, link with `-lmemlan`)\n\n"
             f"```c\n{proto}\n```\n\n{body}\n\n"
             "Return convention: non-negative on success, a negative errno on failure; errno is "

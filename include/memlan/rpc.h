@@ -27,15 +27,32 @@ extern "C" {
 #endif
 
 #pragma GCC visibility push(default)
+/*
+ * memlan_clnt_create - clnt_create with the fast path: when host is this machine, nettype is a
+ * connection-oriented one (tcp, netpath, circuit_v ...) and a memlan server of (prog, vers) is
+ * live on the fabric, a CLIENT on a shared-memory message channel; otherwise libtirpc's
+ * clnt_create(host, prog, vers, nettype), and memlan_rpc_reason() says why.
+ */
 CLIENT *memlan_clnt_create(const char *host, rpcprog_t prog, rpcvers_t vers, const char *nettype);
+
+/*
+ * memlan_svc_register - svc_register, and the same dispatch function offered to memlan clients
+ * through the fabric (once per (prog, vers)).  FALSE only when libtirpc's registration fails.
+ */
 bool_t memlan_svc_register(SVCXPRT *xprt, rpcprog_t prog, rpcvers_t vers,
                            void (*dispatch)(struct svc_req *, SVCXPRT *), int protocol);
+
+/*
+ * memlan_svc_run - svc_run over libtirpc's transports and the fast-path channels; returns
+ * after svc_exit(), as svc_run does.
+ */
 void memlan_svc_run(void);
 
-/* 1 when cl takes the shared-memory fast path, 0 when it is libtirpc's. */
+/* memlan_clnt_is_fast - 1 when cl takes the shared-memory fast path, 0 when it is libtirpc's. */
 int memlan_clnt_is_fast(const CLIENT *cl);
 
-/* Why the last memlan_clnt_create in this thread did not take the fast path ("" if it did). */
+/* memlan_rpc_reason - why the last memlan_clnt_create in this thread did not take the fast path
+ * ("" if it did). */
 const char *memlan_rpc_reason(void);
 #pragma GCC visibility pop
 
