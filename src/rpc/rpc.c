@@ -160,8 +160,9 @@ static enum clnt_stat ml_clnt_wait(struct ml_clnt *c, uint32_t xid, const void *
                 c->err.re_errno = ECONNRESET;
                 return RPC_CANTRECV;
             }
-            if (n > 0)
-                memlan_release(c->ch, (size_t)n); /* too short to be a reply: skip it */
+            /* too short to be a reply (a zero-length message too): drop it, or the next
+             * peek would return it again and this loop would never end */
+            memlan_release(c->ch, (size_t)n);
             continue;
         }
         if (n != -EAGAIN) {
