@@ -98,6 +98,7 @@ int memlan_channel_create(memlan_fabric_t *fab, const struct memlan_channel_opts
     c->data_off[0] = ML_PAGE;
     c->data_off[1] = ML_PAGE + rs;
     c->side_pid[0] = (int32_t)__ml_sys_getpid();
+    __ml_seg_drop_fd(seg); /* the lock lives on in the mappings */
     ml_chan_bind(ch, seg, 0);
     ch->kind = (uint32_t)kind;
     __ml_seg_publish(seg);
@@ -142,6 +143,7 @@ int memlan_channel_attach(memlan_fabric_t *fab, const char *token, memlan_channe
         return -ENOMEM;
     }
     c->side_pid[1] = (int32_t)__ml_sys_getpid();
+    __ml_seg_drop_fd(seg); /* the lock lives on in the mappings */
     ml_chan_bind(ch, seg, 1);
     ch->kind = kind == ML_CHAN_MSG ? MEMLAN_MSG : MEMLAN_STREAM;
     /* Tell a creator that may be waiting in memlan_channel_wait_peer(): it waits on the producer

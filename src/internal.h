@@ -34,7 +34,8 @@ struct memlan_fabric {
 
 struct memlan_segment {
     memlan_fabric_t *fab;
-    int fd;                   /* kept open: it carries our liveness lock */
+    int fd;                   /* carries our liveness lock; -1 once dropped (see below) */
+    uint64_t ino, dev;        /* the file's identity, for when fd is gone */
     uint8_t *base;
     size_t map_size;          /* private copy of the geometry, trusted */
     struct ml_seg_hdr *hdr;
@@ -69,6 +70,12 @@ void __ml_seg_destroy(struct memlan_segment *seg);
 void __ml_seg_publish(struct memlan_segment *seg);
 /* 1 when the byte's holder lives, 0 when dead, negative errno on error. */
 int __ml_seg_alive(const struct memlan_segment *seg, int lock_byte);
+/* Close the segment's fd and keep only its mappings.  The liveness lock taken on the fd belongs
+ * to the open file description, which every mapping references: it is held until the last
+ * mapping of it goes (munmap, exit, or exec), in this process and any child that inherited the
+ * mappings, exactly as long as the fd would have held it.  A connection then costs the host
+ * program no file descriptor beyond its socket.  Liveness probes reopen the file by name. */
+void __ml_seg_drop_fd(struct memlan_segment *seg);
 
 /* spin.c: the spin-then-sleep policy. */
 struct ml_spin {

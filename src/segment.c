@@ -259,9 +259,37 @@ fail:
     return r;
 }
 
+void __ml_seg_drop_fd(struct memlan_segment *seg)
+{
+    struct stat st;
+    if (seg->fd < 0 || __ml_sys_fstat(seg->fd, &st) < 0)
+        return; /* keep the fd: without the file's identity we could not probe by name */
+    seg->ino = (uint64_t)st.st_ino;
+    seg->dev = (uint64_t)st.st_dev;
+    __ml_sys_close(seg->fd);
+    seg->fd = -1;
+}
+
 int __ml_seg_alive(const struct memlan_segment *seg, int lock_byte)
 {
-    return __ml_sys_byte_held(seg->fd, lock_byte);
+    if (seg->fd >= 0)
+        return __ml_sys_byte_held(seg->fd, lock_byte);
+    /* Slow path: reopen by name.  A name that is gone, or names another file, means the owner
+     * closed it or a reclaimer found it dead: nobody holds this file's locks any more that we
+     * could ask about, and callers read the peer's closing state before they conclude. */
+    char name[80];
+    __ml_fabric_name(name, sizeof name, "seg", seg->token);
+    long fd = __ml_sys_open(seg->fab->dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, 0);
+    if (fd < 0)
+        return fd == -ENOENT ? 0 : (int)fd;
+    struct stat st;
+    int r;
+    if ((r = __ml_sys_fstat((int)fd, &st)) == 0)
+        r = (uint64_t)st.st_ino == seg->ino && (uint64_t)st.st_dev == seg->dev
+                ? __ml_sys_byte_held((int)fd, lock_byte)
+                : 0;
+    __ml_sys_close((int)fd);
+    return r;
 }
 
 static void ml_seg_unlink(struct memlan_segment *seg)
@@ -269,10 +297,16 @@ static void ml_seg_unlink(struct memlan_segment *seg)
     char name[80];
     __ml_fabric_name(name, sizeof name, "seg", seg->token);
     struct stat a, b;
+    bool mine;
+    if (seg->fd >= 0)
+        mine = __ml_sys_fstat(seg->fd, &a) == 0 && a.st_nlink > 0 &&
+               __ml_sys_fstatat(seg->fab->dirfd, name, &b, AT_SYMLINK_NOFOLLOW) == 0 &&
+               a.st_ino == b.st_ino && a.st_dev == b.st_dev;
+    else
+        mine = __ml_sys_fstatat(seg->fab->dirfd, name, &b, AT_SYMLINK_NOFOLLOW) == 0 &&
+               (uint64_t)b.st_ino == seg->ino && (uint64_t)b.st_dev == seg->dev;
     /* Remove the name only if it is still our file. */
-    if (__ml_sys_fstat(seg->fd, &a) == 0 && a.st_nlink > 0 &&
-        __ml_sys_fstatat(seg->fab->dirfd, name, &b, AT_SYMLINK_NOFOLLOW) == 0 &&
-        a.st_ino == b.st_ino && a.st_dev == b.st_dev)
+    if (mine)
         __ml_sys_unlinkat(seg->fab->dirfd, name, 0);
 }
 
@@ -283,7 +317,8 @@ void __ml_seg_destroy(struct memlan_segment *seg)
     if (seg->owner)
         ml_seg_unlink(seg);
     __ml_sys_munmap(seg->base, seg->map_size);
-    __ml_sys_close(seg->fd);
+    if (seg->fd >= 0)
+        __ml_sys_close(seg->fd);
     free(seg);
 }
 

@@ -171,6 +171,8 @@ bool mlp_is_internal_fd(int fd)
 void mlp_own_fd(int *fdp, bool cloexec)
 {
     int fd = *fdp;
+    if (fd < 0)
+        return; /* a channel keeps no fd (see __ml_seg_drop_fd) */
     long nfd = __ml_sys_fcntl_dupfd(fd, mlp_high_base, cloexec);
     if (nfd >= 0) {
         __ml_sys_close(fd);
@@ -183,7 +185,11 @@ void mlp_own_fd(int *fdp, bool cloexec)
 }
 
 /* Before closing one of ours. */
-void mlp_disown_fd(int fd) { mlp_internal_clear(fd); }
+void mlp_disown_fd(int fd)
+{
+    if (fd >= 0)
+        mlp_internal_clear(fd);
+}
 
 /* The application is about to make fd something else (dup2 onto it): move ours away first. */
 int mlp_evict_fd(int fd)
@@ -207,6 +213,6 @@ int mlp_evict_fd(int fd)
 /* Set our fd's close-on-exec flag like the application's socket it serves. */
 void mlp_own_fd_cloexec(int fd, bool cloexec)
 {
-    if (mlp_is_internal_fd(fd))
+    if (fd >= 0 && mlp_is_internal_fd(fd))
         __ml_sys_fcntl(fd, F_SETFD, cloexec ? FD_CLOEXEC : 0);
 }

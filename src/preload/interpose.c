@@ -131,9 +131,19 @@ MLP_EXPORT int close(int fd)
         return -1;
     }
     int saved = errno;
+    char offer[sizeof ((struct mlp_sock *)0)->offer];
+    offer[0] = 0;
+    mlp_defer_offer_unlink = offer;
     mlp_fd_gone(fd);
+    mlp_defer_offer_unlink = NULL;
     errno = saved;
-    return mlp_real_close(fd);
+    int r = mlp_real_close(fd);
+    if (ml_unlikely(offer[0])) {
+        saved = errno;
+        mlp_offer_unlink_name(offer);
+        errno = saved;
+    }
+    return r;
 }
 
 static void mlp_dup_to(int fd, int nfd)

@@ -668,12 +668,26 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
         mlp_log(1, "fd %d: offer posted for port %d", fd, r.port);
 }
 
+/* Set by close() around the socket's teardown: the offer's name is removed only after the kernel
+ * socket is closed.  An acceptor that then finds no offer also finds the FIN, and says that the
+ * client closed rather than that it is not memlan. */
+__thread char *mlp_defer_offer_unlink __attribute__((tls_model("initial-exec")));
+
 void mlp_offer_gone(struct mlp_sock *s)
 {
     if (s->offer[0] && mlp_fab) {
-        __ml_sys_unlinkat(mlp_fab->dirfd, s->offer, 0);
+        if (mlp_defer_offer_unlink && !mlp_defer_offer_unlink[0])
+            memcpy(mlp_defer_offer_unlink, s->offer, sizeof s->offer);
+        else
+            __ml_sys_unlinkat(mlp_fab->dirfd, s->offer, 0);
         s->offer[0] = 0;
     }
+}
+
+void mlp_offer_unlink_name(const char *name)
+{
+    if (name[0] && mlp_fab)
+        __ml_sys_unlinkat(mlp_fab->dirfd, name, 0);
 }
 
 /* Send the bytes that went into the ring of a withdrawn offer over TCP.  0 when all are out,
@@ -781,6 +795,14 @@ static int mlp_read_offer(const char *name, char token[MEMLAN_TOKEN_LEN + 1], bo
     return 1;
 }
 
+/* A memlan client that closed before we accepted has taken its offer away (wrk probes the
+ * address that way): the reason says so rather than blame the client.  Fallback path only. */
+static bool mlp_peer_closed(int fd)
+{
+    char c;
+    return mlp_real_recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
 void mlp_on_accept(int lfd, int fd, int flags)
 {
     struct mlp_sock *ls = mlp_get(lfd);
@@ -811,13 +833,15 @@ void mlp_on_accept(int lfd, int fd, int flags)
             int e = memlan_channel_attach(mlp_fab, token, &ch);
             __ml_sys_unlinkat(mlp_fab->dirfd, name, 0);
             if (e == -EBUSY)
-                why = "the client had already withdrawn its offer";
+                why = mlp_peer_closed(fd) ? "the client closed before accept"
+                                          : "the client had already withdrawn its offer";
             else if (e < 0)
                 why = "could not attach the client's channel";
             break;
         }
         if (k == -ENOENT && pend == 0) {
-            why = "the client is not memlan (no offer)";
+            why = mlp_peer_closed(fd) ? "the client closed before accept (no offer)"
+                                      : "the client is not memlan (no offer)";
             break;
         }
         if (refused) {

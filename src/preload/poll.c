@@ -665,6 +665,17 @@ void mlp_epoll_forget_fd(int fd)
     pthread_mutex_unlock(&mlp_eps_mu);
 }
 
+/* exit(): every epoll set lets go of its members, as the kernel's sets do when the process's
+ * files close, so that the sockets' last references go and their peers read EOF at once (a
+ * forked child that exits while its parent has already closed: the child is the last holder). */
+void mlp_epoll_at_exit(void)
+{
+    if (!mlp_eps)
+        return;
+    for (int fd = 0; fd < mlp_neps && fd <= mlp_eps_max; fd++)
+        mlp_epoll_forget_fd(fd);
+}
+
 /* The socket's last fd is closing: it leaves every set, as the kernel's file does. */
 void mlp_epoll_sock_gone(struct mlp_sock *s)
 {

@@ -113,6 +113,9 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
 void mlp_on_accept(int lfd, int fd, int flags);
 int mlp_decide(struct mlp_sock *s, int fd, bool wait);  /* client: settle an undecided socket */
 void mlp_offer_gone(struct mlp_sock *s);
+void mlp_epoll_at_exit(void);
+extern __thread char *mlp_defer_offer_unlink; /* a buffer of sizeof mlp_sock.offer, or NULL */
+void mlp_offer_unlink_name(const char *name);
 void mlp_lrec_release(struct mlp_lrec *r);
 void mlp_stat_conn(struct mlp_sock *s, int fd, const char *why);  /* record in memlan stat */
 void mlp_stat_tcp(int fd, const char *why);

@@ -589,6 +589,7 @@ void mlp_after_fork_child(void)
  * instead of noticing our death.  (_exit and signals skip this; the peer then sees us gone.) */
 void mlp_at_exit(void)
 {
+    mlp_epoll_at_exit();
     int max = mlp_fd_max();
     for (int fd = 0; fd <= max; fd++) {
         struct mlp_sock *s = mlp_uninstall(fd);

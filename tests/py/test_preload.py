@@ -193,6 +193,42 @@ def test_peer_sigkill_gives_eof_not_hang(fabric, tmp_path):
     settle(fabric)
 
 
+CLOSED_BEFORE_ACCEPT = r"""
+import socket, sys
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", int(sys.argv[1])))
+l.listen(4)
+c1 = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+c1.close()                       # gone before the server accepts (wrk's probe does this)
+c2 = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+c2.sendall(b"after")
+a1, _ = l.accept()
+a2, _ = l.accept()
+print(repr(a1.recv(10)), repr(a2.recv(10)))
+"""
+
+
+def test_client_closed_before_accept(fabric, tmp_path):
+    """A memlan client that closes before the memlan server accepts: the server reads EOF, as
+    over TCP, and the log says why the connection stayed on TCP without blaming the client."""
+    script = tmp_path / "cba.py"
+    script.write_text(CLOSED_BEFORE_ACCEPT)
+    port = next_port()
+    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    plain = subprocess.run([py, str(script), str(port)], capture_output=True, text=True,
+                           timeout=30)
+    log = tmp_path / "cba.log"
+    under = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", py, str(script),
+                            str(next_port())], capture_output=True, text=True, timeout=30)
+    assert plain.returncode == 0 and under.returncode == 0, (plain.stderr, under.stderr)
+    assert under.stdout == plain.stdout == "b'' b'after'\n", (plain.stdout, under.stdout)
+    text = log.read_text()
+    assert "the client closed before accept" in text, text
+    assert "not memlan" not in text and "accelerated (accepted" in text, text
+    settle(fabric)
+
+
 def test_stat_shows_connections_and_reasons(fabric, tmp_path):
     port = next_port()
     py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
