@@ -254,12 +254,14 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             for (nfds_t i = 0; i < n && !pcpu; i++)
                 if (socks[i] && socks[i]->state == MLP_ACCEL)
                     pcpu = (int)ml_load_relaxed(&socks[i]->ch->tx.ctl->rx_cpu);
+            /* Say where we wait whether or not we spin: a peer that does not know would spin
+             * on the core we need (memcached's epoll worker against libmemcached's poll). */
+            int me = __ml_getcpu() + 1;
+            for (nfds_t i = 0; i < n; i++)
+                if (socks[i] && socks[i]->state == MLP_ACCEL)
+                    ml_store_relaxed(&socks[i]->ch->rx.ctl->rx_cpu, (uint32_t)me);
             uint64_t budget = __ml_spin_budget_ns(&mlp_poll_spin, (uint32_t)pcpu);
             if (budget) {
-                int me = __ml_getcpu() + 1;
-                for (nfds_t i = 0; i < n; i++)
-                    if (socks[i] && socks[i]->state == MLP_ACCEL)
-                        ml_store_relaxed(&socks[i]->ch->rx.ctl->rx_cpu, (uint32_t)me);
                 uint64_t end = mlp_now_ns() + budget;
                 bool hit = false;
                 for (unsigned it = 1; !hit; it++) {

@@ -7,8 +7,8 @@
  * The parent is the server: one listener, one epoll set (level-triggered EPOLLIN on every
  * connection), echoing whatever arrives.  CLIENT_PROCS forked children (default 4) open the N
  * idle connections between them, each sends one byte and checks its echo, and then they wait.
- * When all are up, the server measures its memory, and one more child opens the busy connection
- * and ping-pongs ROUNDS 64-byte messages through it, timing each round trip, while the N others
+ * When all are up, the server measures its memory, and one more child (forked at the start, so
+ * that it holds none of the server's sockets) opens the busy connection and ping-pongs ROUNDS 64-byte messages through it, timing each round trip, while the N others
  * sit in the same epoll set.  Then the busy client closes, the server closes every idle
  * connection, and the idle clients check that each one reads EOF.  It prints one line of JSON:
  *   {"n":..., "accepted":..., "closed":..., "rtt_p50_us":..., "rtt_p99_us":...,
@@ -225,9 +225,13 @@ static int cmp_double(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* The busy client: ping-pong, then report the round trips over the pipe. */
-static void busy_client(int port, int rounds, int out_w)
+/* The busy client: forked before the server accepts anything (so that it holds none of the
+ * server's sockets); waits for the word, ping-pongs, then reports the round trips. */
+static void busy_client(int port, int rounds, int go_r, int out_w)
 {
+    char go;
+    if (read(go_r, &go, 1) != 1)
+        exit(0); /* the server gave up */
     int fd = dial(port);
     char msg[64], back[64];
     double *t = malloc(sizeof(double) * (size_t)rounds);
@@ -280,14 +284,28 @@ int main(int argc, char **argv)
         die("listen");
     int port = ntohs(a.sin_port);
 
-    int ready[2], res[2];
+    int ready[2], res[2], go[2];
     int *conns = malloc(sizeof(int) * ((size_t)n + 1));
-    if (!conns || pipe(ready) < 0 || pipe(res) < 0)
+    if (!conns || pipe(ready) < 0 || pipe(res) < 0 || pipe(go) < 0)
         die("pipe");
     long rss0 = status_kb("VmRSS"), fab0 = fabric_kb();
     int fds0 = open_fds(), maps0 = count_maps();
     pid_t kids[66];
     int nkids = 0;
+    pid_t busy = fork();
+    if (busy < 0)
+        die("fork");
+    if (busy == 0) {
+        close(l);
+        close(ready[0]);
+        close(ready[1]);
+        close(res[0]);
+        close(go[1]);
+        pin(ccpu);
+        busy_client(port, rounds, go[0], res[1]);
+    }
+    kids[nkids++] = busy;
+    close(go[0]);
     for (int i = 0; i < procs; i++) {
         int share = n / procs + (i < n % procs);
         pid_t p = fork();
@@ -297,6 +315,7 @@ int main(int argc, char **argv)
             close(l);
             close(ready[0]);
             close(res[0]);
+            close(go[1]);
             pin(ccpu);
             idle_client(port, share, i, ready[1]);
         }
@@ -348,15 +367,7 @@ int main(int argc, char **argv)
                     fab1 = fabric_kb();
                     fds1 = open_fds();
                     maps1 = count_maps();
-                    pid_t p = fork();
-                    if (p < 0)
-                        die("fork");
-                    if (p == 0) {
-                        close(res[0]);
-                        pin(ccpu);
-                        busy_client(port, rounds, res[1]);
-                    }
-                    kids[nkids++] = p;
+                    full_write(go[1], "G", 1);
                     busy_started = 1;
                 } else if (got <= 0) {
                     epoll_ctl(ep, EPOLL_CTL_DEL, ready[0], NULL);
