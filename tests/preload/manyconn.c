@@ -410,6 +410,7 @@ int main(int argc, char **argv)
     }
     close(ep);
     close(l);
+    close(go[1]);
     double rt[2] = {0, 0};
     close(res[1]);
     if (busy_started)
