@@ -196,7 +196,7 @@ void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
         __ml_sys_futex_wake(word, 1);
         ch->wakeups++;
     } else if (w == ML_WAIT_EVQ) {
-        __ml_evq_post_ref(ch->seg->fab, ref);
+        __ml_evq_post_ref(ch->seg->fab, ref, &ch->peer_evq_hint);
         ch->wakeups++;
     }
 }

@@ -35,6 +35,7 @@ struct memlan_channel {
     /* Event queue registration (evq.c). */
     struct memlan_evq *evq;
     uint32_t evq_index, evq_events;
+    uint32_t peer_evq_hint;   /* where the peer's queue last sat in our import cache */
     void *udata;
     /* Counters for memlan stat and the bench. */
     uint64_t bytes_tx, bytes_rx, msgs_tx, msgs_rx, wakeups, sleeps, spin_hits;

@@ -92,7 +92,18 @@ struct ml_evq_import {
 #define ML_EVQ_CACHE 256
 static struct ml_evq_import ml_evq_cache[ML_EVQ_CACHE];
 static unsigned ml_evq_cache_n, ml_evq_cache_next;
-static pthread_mutex_t ml_evq_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_rwlock_t ml_evq_cache_lock = PTHREAD_RWLOCK_INITIALIZER;
+static pthread_once_t ml_evq_cache_once = PTHREAD_ONCE_INIT;
+
+/* fork() while another thread posts or imports: the child must not inherit a held lock or a
+ * half-made entry, so fork waits for the cache to be still. */
+static void ml_evq_cache_prepare(void) { pthread_rwlock_wrlock(&ml_evq_cache_lock); }
+static void ml_evq_cache_parent(void) { pthread_rwlock_unlock(&ml_evq_cache_lock); }
+static void ml_evq_cache_child(void) { pthread_rwlock_init(&ml_evq_cache_lock, NULL); }
+static void ml_evq_cache_atfork(void)
+{
+    pthread_atfork(ml_evq_cache_prepare, ml_evq_cache_parent, ml_evq_cache_child);
+}
 
 void (*__ml_fd_keep)(int *fdp);
 void (*__ml_fd_drop)(int fd);
@@ -145,7 +156,59 @@ static bool ml_evq_geometry_ok(const struct memlan_segment *seg, const struct ml
     return lw == cap / 64 && sw == (lw + 63) / 64 && ml_evq_fits(seg, cap, c->leaf_off, c->sum_off);
 }
 
-void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared)
+/* The entry for tok, or NULL; *hint says where to look first and learns where it was.  Caller
+ * holds the lock (either way). */
+static struct ml_evq_import *ml_evq_cache_find(const char *tok, uint32_t *hint)
+{
+    uint32_t h = ml_load_relaxed((_Atomic uint32_t *)hint);
+    if (h < ml_evq_cache_n && memcmp(ml_evq_cache[h].token, tok, MEMLAN_TOKEN_LEN) == 0)
+        return &ml_evq_cache[h];
+    for (unsigned i = 0; i < ml_evq_cache_n; i++)
+        if (memcmp(ml_evq_cache[i].token, tok, MEMLAN_TOKEN_LEN) == 0) {
+            ml_store_relaxed((_Atomic uint32_t *)hint, i);
+            return &ml_evq_cache[i];
+        }
+    return NULL;
+}
+
+/* Import tok's queue into the cache.  Caller holds the lock for writing. */
+static struct ml_evq_import *ml_evq_cache_import(memlan_fabric_t *fab, const char *tok)
+{
+    ml_evq_cache_sweep();
+    struct memlan_segment *seg;
+    if (__ml_seg_import(fab, tok, ML_KIND_EVQ, true, &seg) < 0)
+        return NULL;
+    struct ml_evq_hdr *c = (struct ml_evq_hdr *)(seg->base + seg->body_off);
+    if (!ml_evq_geometry_ok(seg, c)) {
+        __ml_seg_destroy(seg);
+        return NULL;
+    }
+    struct ml_evq_import *e;
+    if (ml_evq_cache_n < ML_EVQ_CACHE) {
+        e = &ml_evq_cache[ml_evq_cache_n++];
+    } else { /* evict round-robin */
+        e = &ml_evq_cache[ml_evq_cache_next++ % ML_EVQ_CACHE];
+        ml_evq_cache_free(e);
+    }
+    memcpy(e->token, tok, sizeof e->token);
+    e->seg = seg;
+    char name[80];
+    __ml_fabric_name(name, sizeof name, "bell", tok);
+    long fd = __ml_sys_open(fab->dirfd, name, O_WRONLY | O_NONBLOCK | O_NOFOLLOW, 0);
+    e->bell = fd >= 0 ? (int)fd : -1;
+    if (__ml_fd_keep) {
+        __ml_fd_keep(&seg->fd);
+        if (e->bell >= 0)
+            __ml_fd_keep(&e->bell);
+    }
+    return e;
+}
+
+/* Post to a peer's queue.  Senders in many threads post at once: they share the cache under a
+ * read lock (an entry is neither moved nor freed while anyone holds it), and only an import,
+ * which also sweeps and evicts, takes it for writing.  A mutex here put pgbench's two threads to
+ * sleep on each other on every wake-up they sent. */
+void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared, uint32_t *hint)
 {
     /* Copy the reference out of shared memory once, then check it: the peer may write it. */
     struct ml_evq_ref ref;
@@ -155,55 +218,33 @@ void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared)
     tok[MEMLAN_TOKEN_LEN] = '\0';
     if (ref.valid != 1 || !__ml_token_valid(tok))
         return;
-    pthread_mutex_lock(&ml_evq_cache_lock);
-    struct ml_evq_import *e = NULL;
-    for (unsigned i = 0; i < ml_evq_cache_n; i++)
-        if (memcmp(ml_evq_cache[i].token, tok, MEMLAN_TOKEN_LEN) == 0) {
-            e = &ml_evq_cache[i];
-            break;
-        }
+    pthread_once(&ml_evq_cache_once, ml_evq_cache_atfork);
+    pthread_rwlock_rdlock(&ml_evq_cache_lock);
+    struct ml_evq_import *e = ml_evq_cache_find(tok, hint);
     if (!e) {
-        ml_evq_cache_sweep();
-        struct memlan_segment *seg;
-        if (__ml_seg_import(fab, tok, ML_KIND_EVQ, true, &seg) < 0)
-            goto out;
-        struct ml_evq_hdr *c = (struct ml_evq_hdr *)(seg->base + seg->body_off);
-        if (!ml_evq_geometry_ok(seg, c)) {
-            __ml_seg_destroy(seg);
-            goto out;
-        }
-        if (ml_evq_cache_n < ML_EVQ_CACHE) {
-            e = &ml_evq_cache[ml_evq_cache_n++];
-        } else { /* evict round-robin */
-            e = &ml_evq_cache[ml_evq_cache_next++ % ML_EVQ_CACHE];
-            ml_evq_cache_free(e);
-        }
-        memcpy(e->token, tok, sizeof e->token);
-        e->seg = seg;
-        char name[80];
-        __ml_fabric_name(name, sizeof name, "bell", tok);
-        long fd = __ml_sys_open(fab->dirfd, name, O_WRONLY | O_NONBLOCK | O_NOFOLLOW, 0);
-        e->bell = fd >= 0 ? (int)fd : -1;
-        if (__ml_fd_keep) {
-            __ml_fd_keep(&seg->fd);
-            if (e->bell >= 0)
-                __ml_fd_keep(&e->bell);
+        pthread_rwlock_unlock(&ml_evq_cache_lock);
+        pthread_rwlock_wrlock(&ml_evq_cache_lock);
+        e = ml_evq_cache_find(tok, hint); /* another thread may have imported it meanwhile */
+        if (!e)
+            e = ml_evq_cache_import(fab, tok);
+        if (e)
+            ml_store_relaxed((_Atomic uint32_t *)hint, (uint32_t)(e - ml_evq_cache));
+    }
+    if (e) {
+        struct ml_evq_hdr *h = (struct ml_evq_hdr *)(e->seg->base + e->seg->body_off);
+        /* Geometry was checked at import; the peer may have changed the shared copy since, so
+         * use the values re-validated now, read once each. */
+        uint32_t cap = __atomic_load_n(&h->capacity, __ATOMIC_RELAXED);
+        uint64_t lo = __atomic_load_n(&h->leaf_off, __ATOMIC_RELAXED);
+        uint64_t so = __atomic_load_n(&h->sum_off, __ATOMIC_RELAXED);
+        if (ref.index < cap && ml_evq_fits(e->seg, cap, lo, so)) {
+            ml_evq_set((_Atomic uint64_t *)(e->seg->base + lo),
+                       (_Atomic uint64_t *)(e->seg->base + so), ref.index);
+            ml_fetch_add(&h->posts, 1u);
+            ml_evq_ring(h, e->bell);
         }
     }
-    struct ml_evq_hdr *h = (struct ml_evq_hdr *)(e->seg->base + e->seg->body_off);
-    /* Geometry was checked at import; the peer may have changed the shared copy since, so use
-     * the values re-validated now, read once each. */
-    uint32_t cap = __atomic_load_n(&h->capacity, __ATOMIC_RELAXED);
-    uint64_t lo = __atomic_load_n(&h->leaf_off, __ATOMIC_RELAXED);
-    uint64_t so = __atomic_load_n(&h->sum_off, __ATOMIC_RELAXED);
-    if (ref.index < cap && ml_evq_fits(e->seg, cap, lo, so)) {
-        ml_evq_set((_Atomic uint64_t *)(e->seg->base + lo), (_Atomic uint64_t *)(e->seg->base + so),
-                   ref.index);
-        ml_fetch_add(&h->posts, 1u);
-        ml_evq_ring(h, e->bell);
-    }
-out:
-    pthread_mutex_unlock(&ml_evq_cache_lock);
+    pthread_rwlock_unlock(&ml_evq_cache_lock);
 }
 
 /* ---- the queue's owner ------------------------------------------------------------------- */
@@ -446,7 +487,8 @@ int memlan_evq_arm(memlan_evq_t *q)
     if (!q)
         return -EINVAL;
     char buf[64];
-    while (__ml_sys_read(q->bell, buf, sizeof buf) > 0)
+    /* A pipe's read returns what it holds, so a short read emptied it: no second call. */
+    while (__ml_sys_read(q->bell, buf, sizeof buf) == (long)sizeof buf)
         ;
     ml_fetch_or(&q->h->waiter, ML_EVQ_WAIT_FD);
     ml_fence(); /* SYNC: pairs with the fence in ml_evq_ring() */

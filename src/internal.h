@@ -86,7 +86,7 @@ void __ml_spin_result(struct ml_spin *sp, bool success);
 void __ml_spin_set_us(int us);
 
 /* evq.c: post endpoint `index` of the queue named by ref (a sender's wake-up path). */
-void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *ref);
+void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *ref, uint32_t *hint);
 
 /* How often a side blocked on a channel checks that its peer still lives. */
 #define ML_LIVENESS_NS (100u * 1000000u)
