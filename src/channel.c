@@ -21,8 +21,10 @@
 #include "sys/sys.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define ML_DEFAULT_RING (256u * 1024u)
 #define ML_MIN_RING     ML_PAGE
@@ -149,6 +151,75 @@ int memlan_channel_attach(memlan_fabric_t *fab, const char *token, memlan_channe
     /* Tell a creator that may be waiting in memlan_channel_wait_peer(): it waits on the producer
      * tripwire of its own sending ring, which is our receiving ring. */
     __ml_chan_wake(ch, &ch->rx.ctl->tx_wait, &ch->rx.ctl->tx_ref);
+    *out = ch;
+    return 0;
+}
+
+/* ---- across exec (src/preload/exec.c) ----------------------------------------------------- */
+
+/*
+ * Before exec: a new open file of the channel, without close-on-exec, holding a read lock on our
+ * side's bridge byte (see layout.h).  Exec takes our mappings and with them our liveness lock;
+ * this file keeps the side alive until the new image maps the channel from it.  The fd, or
+ * -errno; the caller closes it if exec fails.
+ */
+int __ml_chan_exec_bridge(struct memlan_channel *ch)
+{
+    struct memlan_segment *seg = ch->seg;
+    char name[80];
+    __ml_fabric_name(name, sizeof name, "seg", seg->token);
+    long fd = __ml_sys_open(seg->fab->dirfd, name, O_RDWR | O_NOFOLLOW, 0);
+    if (fd < 0)
+        return (int)fd;
+    struct stat st, mine;
+    int r = __ml_sys_fstat((int)fd, &st);
+    if (r == 0 && seg->fd >= 0 && (r = __ml_sys_fstat(seg->fd, &mine)) == 0) {
+        if (st.st_ino != mine.st_ino || st.st_dev != mine.st_dev)
+            r = -ESTALE;
+    } else if (r == 0 && ((uint64_t)st.st_ino != seg->ino || (uint64_t)st.st_dev != seg->dev)) {
+        r = -ESTALE; /* the name is another file now: the channel is no longer reachable */
+    }
+    if (r == 0)
+        r = __ml_sys_lock_byte_shared((int)fd, ML_LOCK_BRIDGE(ch->side));
+    if (r < 0) {
+        __ml_sys_close((int)fd);
+        return r;
+    }
+    return (int)fd;
+}
+
+/* After exec: side's channel again, mapped from the bridge file fd (taken: closed on failure;
+ * on success the mapping keeps the file and its bridge lock). */
+int __ml_chan_adopt(memlan_fabric_t *fab, const char *token, int fd, int side,
+                    memlan_channel_t **out)
+{
+    *out = NULL;
+    if (side != 0 && side != 1) {
+        __ml_sys_close(fd);
+        return -EINVAL;
+    }
+    struct memlan_segment *seg;
+    int r = __ml_seg_import_fd(fab, token, fd, ML_KIND_CHANNEL, true, &seg);
+    if (r < 0)
+        return r;
+    struct ml_chan_hdr *c = (struct ml_chan_hdr *)(seg->base + seg->body_off);
+    uint32_t kind = c->chan_kind;
+    if ((kind != ML_CHAN_STREAM && kind != ML_CHAN_MSG) || c->ring_size != seg->mirror ||
+        ml_load_acquire(&c->attached) != 1) {
+        __ml_seg_destroy(seg);
+        return -EPROTO;
+    }
+    struct memlan_channel *ch = calloc(1, sizeof *ch);
+    if (!ch) {
+        __ml_seg_destroy(seg);
+        return -ENOMEM;
+    }
+    seg->owner = side == 0; /* the creator's side removes the name when it closes */
+    __ml_seg_drop_fd(seg);
+    ml_chan_bind(ch, seg, side);
+    ch->kind = kind == ML_CHAN_MSG ? MEMLAN_MSG : MEMLAN_STREAM;
+    uint32_t mine = ml_load_relaxed(&c->side_state[side]);
+    ch->shut_wr = mine != ML_SIDE_OPEN;
     *out = ch;
     return 0;
 }

@@ -69,6 +69,9 @@ void __ml_evq_post_local(struct memlan_evq *q, uint32_t index);
 
 /* For the socket layer (src/preload): see channel.c. */
 int __ml_chan_withdraw(struct memlan_channel *ch);
+int __ml_chan_exec_bridge(struct memlan_channel *ch);
+int __ml_chan_adopt(memlan_fabric_t *fab, const char *token, int fd, int side,
+                    memlan_channel_t **out);
 uint32_t __ml_chan_attach_state(const struct memlan_channel *ch);
 size_t __ml_chan_unsent(struct memlan_channel *ch, const void **ptr);
 void __ml_chan_unsent_done(struct memlan_channel *ch, size_t n);

@@ -118,10 +118,11 @@ static int ml_reclaim_seg(memlan_fabric_t *fab, const char *name)
     int removed = 0;
     struct stat a, b;
     if (__ml_sys_fstat((int)fd, &a) == 0 && S_ISREG(a.st_mode) &&
-        __ml_sys_lock_byte((int)fd, ML_LOCK_OWNER, 0) == 0) {
-        /* We hold the owner's byte: the owner is gone (or is between creating the file and
-         * locking it; its nlink check after locking makes it start again).  Remove the name only
-         * if it still names the inode we locked. */
+        __ml_sys_lock_byte((int)fd, ML_LOCK_OWNER, 0) == 0 &&
+        __ml_sys_byte_held((int)fd, ML_LOCK_BRIDGE(ML_LOCK_OWNER)) == 0) {
+        /* We hold the owner's byte and nobody its bridge: the owner is gone (or is between
+         * creating the file and locking it; its nlink check after locking makes it start
+         * again).  Remove the name only if it still names the inode we locked. */
         if (__ml_sys_fstatat(fab->dirfd, name, &b, AT_SYMLINK_NOFOLLOW) == 0 &&
             a.st_ino == b.st_ino && a.st_dev == b.st_dev &&
             __ml_sys_unlinkat(fab->dirfd, name, 0) == 0) {

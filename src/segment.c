@@ -183,6 +183,14 @@ int __ml_seg_import(memlan_fabric_t *fab, const char *token, uint32_t kind, bool
     long fd = __ml_sys_open(fab->dirfd, name, (writable ? O_RDWR : O_RDONLY) | O_NOFOLLOW, 0);
     if (fd < 0)
         return fd == -ELOOP ? -EPROTO : (int)fd;
+    return __ml_seg_import_fd(fab, token, (int)fd, kind, writable, out);
+}
+
+/* The import from an open file (which it takes: closed on failure, seg->fd on success). */
+int __ml_seg_import_fd(memlan_fabric_t *fab, const char *token, int fd, uint32_t kind,
+                       bool writable, struct memlan_segment **out)
+{
+    *out = NULL;
     struct stat st;
     struct ml_seg_hdr h;
     int r = __ml_sys_fstat((int)fd, &st);
@@ -270,10 +278,19 @@ void __ml_seg_drop_fd(struct memlan_segment *seg)
     seg->fd = -1;
 }
 
+/* Is lock_byte (or, for a channel side, its bridge byte) held in the file? */
+static int ml_seg_held(int fd, int lock_byte)
+{
+    int r = __ml_sys_byte_held(fd, lock_byte);
+    if (r == 0 && (lock_byte == ML_LOCK_OWNER || lock_byte == ML_LOCK_ATTACHER))
+        r = __ml_sys_byte_held(fd, ML_LOCK_BRIDGE(lock_byte));
+    return r;
+}
+
 int __ml_seg_alive(const struct memlan_segment *seg, int lock_byte)
 {
     if (seg->fd >= 0)
-        return __ml_sys_byte_held(seg->fd, lock_byte);
+        return ml_seg_held(seg->fd, lock_byte);
     /* Slow path: reopen by name.  A name that is gone, or names another file, means the owner
      * closed it or a reclaimer found it dead: nobody holds this file's locks any more that we
      * could ask about, and callers read the peer's closing state before they conclude. */
@@ -286,7 +303,7 @@ int __ml_seg_alive(const struct memlan_segment *seg, int lock_byte)
     int r;
     if ((r = __ml_sys_fstat((int)fd, &st)) == 0)
         r = (uint64_t)st.st_ino == seg->ino && (uint64_t)st.st_dev == seg->dev
-                ? __ml_sys_byte_held((int)fd, lock_byte)
+                ? ml_seg_held((int)fd, lock_byte)
                 : 0;
     __ml_sys_close((int)fd);
     return r;

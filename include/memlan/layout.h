@@ -35,6 +35,11 @@
 /* Liveness bytes: each live user of a file holds an OFD write lock on its byte. */
 #define ML_LOCK_OWNER    0 /* the process that created the file */
 #define ML_LOCK_ATTACHER 1 /* a channel's second side */
+/* A side carried across exec: the exec'ing process cannot hand its write lock on (it lives in
+ * mappings that exec takes away), so before exec it takes a read lock on the side's bridge byte
+ * through a new open file that survives exec, and the new image maps the channel from it.  A
+ * side is alive while either byte is held. */
+#define ML_LOCK_BRIDGE(b) ((b) + 2)
 
 /* Every fabric file starts with this header: 128 bytes. */
 struct ml_seg_hdr {

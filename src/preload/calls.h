@@ -64,3 +64,14 @@ MLP_CALL(int, epoll_pwait2,
 MLP_CALL(pid_t, fork, (void), ())
 MLP_CALL(int, execve, (const char *path, char *const argv[], char *const envp[]),
          (path, argv, envp))
+MLP_CALL(int, execvpe, (const char *file, char *const argv[], char *const envp[]),
+         (file, argv, envp))
+MLP_CALL(int, fexecve, (int fd, char *const argv[], char *const envp[]), (fd, argv, envp))
+MLP_CALL(int, execveat,
+         (int dirfd, const char *path, char *const argv[], char *const envp[], int flags),
+         (dirfd, path, argv, envp, flags))
+MLP_CALL(int, execv, (const char *path, char *const argv[]), (path, argv))
+MLP_CALL(int, execvp, (const char *file, char *const argv[]), (file, argv))
+MLP_CALL(int, execl, (const char *path, const char *arg, ...), (path, arg))
+MLP_CALL(int, execlp, (const char *file, const char *arg, ...), (file, arg))
+MLP_CALL(int, execle, (const char *path, const char *arg, ...), (path, arg))

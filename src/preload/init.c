@@ -168,4 +168,9 @@ static void mlp_init_once(void)
 
 void mlp_init(void) { pthread_once(&mlp_once, mlp_init_once); }
 
-__attribute__((constructor)) static void mlp_constructor(void) { mlp_init(); }
+__attribute__((constructor)) static void mlp_constructor(void)
+{
+    mlp_init();
+    if (!mlp_cfg.off)
+        mlp_exec_adopt(); /* connections the image before us carried across exec */
+}

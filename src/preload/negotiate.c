@@ -900,6 +900,53 @@ void mlp_on_accept(int lfd, int fd, int flags)
     mlp_log(1, "fd %d: accelerated (accepted from %s)", fd, rs);
 }
 
+/*
+ * After exec: the socket on fds[0..n) was accelerated in the image before us, which left its
+ * channel side in the bridge file `bridge` (see exec.c).  Take it up again.  On failure the
+ * kernel socket carries nothing the peer sent, so it is shut down (the program reads EOF rather
+ * than wait for ever) and the reason logged.
+ */
+void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *token,
+                    unsigned flags)
+{
+    const char *why = NULL;
+    memlan_channel_t *ch = NULL;
+    struct mlp_sock *s = NULL;
+    memlan_fabric_t *fab = mlp_fabric();
+    if (!fab) {
+        __ml_sys_close(bridge);
+        why = mlp_fab_error[0] ? mlp_fab_error : "no fabric";
+    } else {
+        int e = __ml_chan_adopt(fab, token, bridge, side, &ch);
+        if (e < 0)
+            why = e == -EPROTO ? "the channel is not in a state to take up" : strerror(-e);
+        else if (!(s = mlp_sock_new(MLP_CONN)))
+            why = "out of memory";
+    }
+    if (why) {
+        if (ch)
+            memlan_channel_close(ch);
+        mlp_log(0, "fd %d: the connection carried across exec is lost (%s): shut down", fds[0],
+                why);
+        (void)mlp_real_shutdown(fds[0], SHUT_RDWR);
+        return;
+    }
+    s->ch = ch;
+    s->side = side;
+    s->me = mlp_side_block(ch, side);
+    s->state = MLP_ACCEL;
+    ch->rd_eof_when_empty = (flags & MLP_CARRY_RD_EOF) != 0;
+    ch->shut_rd = (flags & MLP_CARRY_SHUT_RD) != 0;
+    struct mlp_addr l, r;
+    bool have = mlp_sock_addrs(fds[0], &l, &r, NULL, 0) == 0;
+    s->slot = mlp_proc_slot();
+    mlp_slot_fill(s->slot, ML_CONN_ACCEL, fds[0], have ? &l : NULL, have ? &r : NULL, token, "");
+    for (int i = 0; i < n; i++)
+        mlp_install(fds[i], s);
+    mlp_put(s);
+    mlp_log(1, "fd %d: accelerated (carried across exec)", fds[0]);
+}
+
 /* After fork the child starts its own stat segment. */
 void mlp_negotiate_after_fork(void);
 void mlp_negotiate_after_fork(void)

@@ -113,6 +113,12 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
 void mlp_on_accept(int lfd, int fd, int flags);
 int mlp_decide(struct mlp_sock *s, int fd, bool wait);  /* client: settle an undecided socket */
 void mlp_offer_gone(struct mlp_sock *s);
+/* Across exec (exec.c): what the old image tells the new one about a socket besides its channel. */
+#define MLP_CARRY_RD_EOF  1u
+#define MLP_CARRY_SHUT_RD 2u
+void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *token,
+                    unsigned flags);
+void mlp_exec_adopt(void);  /* constructor: take up what the image before us carried */
 void mlp_epoll_at_exit(void);
 extern __thread char *mlp_defer_offer_unlink; /* a buffer of sizeof mlp_sock.offer, or NULL */
 void mlp_offer_unlink_name(const char *name);

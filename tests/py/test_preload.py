@@ -274,3 +274,31 @@ def test_epoll_semantics_match_kernel(fabric, tmp_path):
     text = log.read_text()
     assert text.count("accelerated (client)") == 4 and text.count("accelerated (accepted") == 4, text
     settle(fabric)
+
+
+EXECCONF = BUILD / "tests-preload" / "execconf"
+
+
+def test_connections_carried_across_exec(fabric, tmp_path):
+    """Both ends exec with an accelerated connection open and bytes in flight: the client
+    re-executes itself on the inherited fd, the server hands its side to cat through dup2 onto
+    0 and 1 after a first exec that fails.  A child whose copy closes at exec leaves the parent's
+    connection working.  The output under memlan equals kernel TCP's, and the log shows both
+    carried sides taken up by the new images (were they not, cat would read the idle kernel
+    socket and the run would hang)."""
+    plain = subprocess.run([str(EXECCONF), str(next_port())], capture_output=True, text=True,
+                           timeout=60)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert "FAIL" not in plain.stdout and "CORRUPT" not in plain.stdout
+    assert "S first exec failed: ENOENT" in plain.stderr
+    log = tmp_path / "memlan.log"
+    under = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", str(EXECCONF),
+                            str(next_port())], capture_output=True, text=True, timeout=60)
+    assert under.returncode == 0, under.stdout + under.stderr
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    assert "S first exec failed: ENOENT" in under.stderr
+    text = log.read_text()
+    assert text.count("accelerated (carried across exec)") == 2, text
+    assert text.count("accelerated (client)") == 2 and text.count("accelerated (accepted") == 2
+    assert "lost" not in text and "cannot carry" not in text, text
+    settle(fabric)

@@ -1,0 +1,522 @@
+/*
+ * exec.c - the exec family, and accelerated connections carried across exec.
+ *
+ * An accelerated socket's bytes are in its channel, not in the kernel socket, so a program that
+ * execs with such a socket open (inetd's dup2 onto 0 and 1, a server re-executing itself, a shell
+ * running a command on an inherited connection) needs the new image to take the channel up
+ * again.  Before exec, for each accelerated socket that will survive it (an fd without
+ * close-on-exec), we open the channel's file anew without close-on-exec and take a read lock on
+ * our side's bridge byte through it (__ml_chan_exec_bridge): exec takes our mappings, and the
+ * liveness lock they held, but this file and its lock live on.  The list of such sockets goes to
+ * the new image in a memfd named by MEMLAN_INHERIT (an environment variable holds at most 128 KiB;
+ * a server may carry thousands).  The new image's constructor maps each channel from its bridge
+ * file and puts the socket back in its fd table (mlp_adopt_conn); listeners are published again.
+ * Undecided sockets are settled first, and sockets that fell to TCP push what their ring still
+ * holds into the kernel socket, so the new image finds them plain.
+ *
+ * glibc's execvp, execl and friends call execve inside libc where no interposer sees it, so each
+ * is interposed here; posix_spawn and system() are not (documented).  If exec fails, everything
+ * is undone and the caller's errno kept.
+ *
+ * A socket whose fds all close on exec is released by exec: if other processes hold it too (the
+ * child of a fork), we give back our count of holders first, so the peer sees the end when the
+ * last of them closes, not when the child's new image exits.
+ */
+#include "preload.h"
+#include "sys/sys.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define MLP_INHERIT "MEMLAN_INHERIT"
+#define MLP_INIT_EXEC()                                                                        \
+    do {                                                                                       \
+        if (ml_unlikely(!mlp_ready))                                                           \
+            mlp_init();                                                                        \
+    } while (0)
+
+struct mlp_fdref {
+    int fd;
+    struct mlp_sock *s;
+};
+
+/* What one exec attempt changed, to undo if it fails. */
+struct mlp_carry {
+    char **env;               /* the environment to pass (malloc'd), NULL = the caller's */
+    char envvar[40];          /* MEMLAN_INHERIT=fd */
+    int memfd;
+    int *bridges;
+    int nbridges;
+    struct mlp_sock **gave;   /* sockets whose holder count we gave back */
+    int ngave;
+    struct mlp_sock **took;   /* sockets a vfork child counted itself in */
+    int ntook;
+};
+
+static int mlp_fdref_cmp(const void *a, const void *b)
+{
+    const struct mlp_fdref *x = a, *y = b;
+    if (x->s != y->s)
+        return (uintptr_t)x->s < (uintptr_t)y->s ? -1 : 1;
+    return x->fd - y->fd;
+}
+
+static bool mlp_fd_survives_exec(int fd)
+{
+    long f = __ml_sys_fcntl(fd, F_GETFD, 0);
+    return f >= 0 && !(f & FD_CLOEXEC);
+}
+
+static unsigned long mlp_fd_ino(int fd)
+{
+    struct stat st;
+    return __ml_sys_fstat(fd, &st) == 0 ? (unsigned long)st.st_ino : 0;
+}
+
+/* Append to a growing text buffer; false when out of memory. */
+static bool mlp_buf_add(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
+{
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(*buf ? *buf + *len : NULL, *buf ? *cap - *len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0)
+            return false;
+        if (*buf && *len + (size_t)n < *cap) {
+            *len += (size_t)n;
+            return true;
+        }
+        size_t nc = (*cap ? *cap * 2 : 4096) + (size_t)n;
+        char *nb = realloc(*buf, nc);
+        if (!nb)
+            return false;
+        *buf = nb;
+        *cap = nc;
+    }
+}
+
+/* One socket (group g[0..n), all the same mlp_sock) before exec: its line of the list, if any. */
+static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n, bool vforked,
+                           char **buf, size_t *len, size_t *cap)
+{
+    struct mlp_sock *s = g[0].s;
+    int keep[n], nk = 0;
+    for (int i = 0; i < n; i++)
+        if (mlp_fd_survives_exec(g[i].fd))
+            keep[nk++] = g[i].fd;
+    if (s->type == MLP_LISTENER) {
+        if (!nk)
+            return;
+        (void)mlp_buf_add(buf, len, cap, "L %lu", mlp_fd_ino(keep[0]));
+        for (int i = 0; i < nk; i++)
+            (void)mlp_buf_add(buf, len, cap, " %d", keep[i]);
+        (void)mlp_buf_add(buf, len, cap, "\n");
+        return;
+    }
+    if (!nk) {
+        /* Exec releases this process's hold; give our count back if others hold it still. */
+        if (vforked || ml_load_relaxed(&s->me->holders) <= 1)
+            return;
+        struct mlp_sock **ng = realloc(c->gave, (size_t)(c->ngave + 1) * sizeof *ng);
+        if (!ng)
+            return;
+        c->gave = ng;
+        atomic_fetch_sub(&s->me->holders, 1);
+        c->gave[c->ngave++] = s;
+        return;
+    }
+    int st = s->state;
+    if (st == MLP_UNDECIDED)
+        st = mlp_decide(s, keep[0], true);
+    if (st == MLP_TCP) {
+        (void)mlp_tcp_catch_up(s, keep[0], true); /* the new image sees a plain socket */
+        return;
+    }
+    if (st != MLP_ACCEL || !s->ch)
+        return;
+    int b = __ml_chan_exec_bridge(s->ch);
+    if (b < 0) {
+        mlp_log(0, "fd %d: cannot carry the connection across exec (%s)", keep[0], strerror(-b));
+        return;
+    }
+    int *nb = realloc(c->bridges, (size_t)(c->nbridges + 1) * sizeof *nb);
+    if (!nb) {
+        __ml_sys_close(b);
+        return;
+    }
+    c->bridges = nb;
+    long hb = __ml_sys_fcntl_dupfd(b, 900, false); /* out of the new program's way */
+    if (hb >= 0) {
+        __ml_sys_close(b);
+        b = (int)hb;
+    }
+    c->bridges[c->nbridges++] = b;
+    if (vforked) { /* a new process holds the socket now, and no fork handler counted it */
+        struct mlp_sock **nt = realloc(c->took, (size_t)(c->ntook + 1) * sizeof *nt);
+        if (nt) {
+            c->took = nt;
+            atomic_fetch_add(&s->me->holders, 1);
+            c->took[c->ntook++] = s;
+        }
+    }
+    unsigned flags = (s->ch->rd_eof_when_empty ? MLP_CARRY_RD_EOF : 0) |
+                     (s->ch->shut_rd ? MLP_CARRY_SHUT_RD : 0);
+    (void)mlp_buf_add(buf, len, cap, "C %d %d %lu %u %s", s->side, b, mlp_fd_ino(keep[0]), flags,
+                      s->ch->seg->token);
+    for (int i = 0; i < nk; i++)
+        (void)mlp_buf_add(buf, len, cap, " %d", keep[i]);
+    (void)mlp_buf_add(buf, len, cap, "\n");
+}
+
+/* Write the list of carried sockets into a memfd for the new image; -1 when nothing to carry. */
+static int mlp_carry_list(struct mlp_carry *c)
+{
+    int max = mlp_fd_max();
+    struct mlp_fdref *refs = NULL;
+    int n = 0, cap = 0;
+    for (int fd = 0; fd <= max; fd++) {
+        if (!mlp_fd_is_ours(fd))
+            continue;
+        struct mlp_sock *s = mlp_get(fd);
+        if (!s)
+            continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 64;
+            struct mlp_fdref *nr = realloc(refs, (size_t)cap * sizeof *nr);
+            if (!nr) {
+                mlp_put(s);
+                break;
+            }
+            refs = nr;
+        }
+        refs[n++] = (struct mlp_fdref){fd, s};
+    }
+    if (n == 0) {
+        free(refs);
+        return -1;
+    }
+    qsort(refs, (size_t)n, sizeof *refs, mlp_fdref_cmp);
+    bool vforked = (int)__ml_sys_getpid() != mlp_pid;
+    char *buf = NULL;
+    size_t len = 0, bcap = 0;
+    for (int i = 0; i < n;) {
+        int j = i + 1;
+        while (j < n && refs[j].s == refs[i].s)
+            j++;
+        mlp_carry_sock(c, refs + i, j - i, vforked, &buf, &len, &bcap);
+        i = j;
+    }
+    for (int i = 0; i < n; i++)
+        mlp_put(refs[i].s);
+    free(refs);
+    int mfd = -1;
+    if (len) {
+        mfd = memfd_create("memlan-inherit", 0);
+        if (mfd >= 0) {
+            long hm = __ml_sys_fcntl_dupfd(mfd, 900, false);
+            if (hm >= 0) {
+                __ml_sys_close(mfd);
+                mfd = (int)hm;
+            }
+            if (__ml_sys_write(mfd, buf, len) != (ssize_t)len) {
+                __ml_sys_close(mfd);
+                mfd = -1;
+            }
+        }
+        if (mfd < 0)
+            mlp_log(0, "cannot pass the accelerated connections to the new image (memfd)");
+    }
+    free(buf);
+    return mfd;
+}
+
+static bool mlp_env_named(const char *e, const char *name)
+{
+    size_t l = strlen(name);
+    return strncmp(e, name, l) == 0 && e[l] == '=';
+}
+
+/*
+ * The environment for the new image: the caller's, without a stale MEMLAN_INHERIT, with ours
+ * added.  A program that execs with an environment of its own making (env -i, a sanitised envp)
+ * would lose LD_PRELOAD and its children memlan: when envp has no LD_PRELOAD at all we carry ours
+ * and the MEMLAN_* settings over; an explicit LD_PRELOAD, even empty, is the caller's choice.
+ */
+static char *const *mlp_exec_env(struct mlp_carry *c, char *const envp[])
+{
+    extern char **environ;
+    size_t n = 0;
+    bool has_preload = false;
+    for (; envp[n]; n++)
+        if (mlp_env_named(envp[n], "LD_PRELOAD"))
+            has_preload = true;
+    size_t extra = c->memfd >= 0;
+    if (!has_preload)
+        for (char **e = environ; e && *e; e++)
+            if (mlp_env_named(*e, "LD_PRELOAD") || strncmp(*e, "MEMLAN", 6) == 0)
+                extra++;
+    bool stale = false;
+    for (size_t i = 0; i < n; i++)
+        if (mlp_env_named(envp[i], MLP_INHERIT))
+            stale = true;
+    if (!extra && !stale)
+        return envp;
+    char **ne = malloc((n + extra + 1) * sizeof *ne);
+    if (!ne)
+        return envp;
+    size_t j = 0;
+    for (size_t i = 0; i < n; i++)
+        if (!mlp_env_named(envp[i], MLP_INHERIT) &&
+            (has_preload || strncmp(envp[i], "MEMLAN", 6) != 0))
+            ne[j++] = envp[i];
+    if (!has_preload)
+        for (char **e = environ; e && *e; e++)
+            if ((mlp_env_named(*e, "LD_PRELOAD") || strncmp(*e, "MEMLAN", 6) == 0) &&
+                !mlp_env_named(*e, MLP_INHERIT))
+                ne[j++] = *e;
+    if (c->memfd >= 0) {
+        snprintf(c->envvar, sizeof c->envvar, MLP_INHERIT "=%d", c->memfd);
+        ne[j++] = c->envvar;
+    }
+    ne[j] = NULL;
+    c->env = ne;
+    return ne;
+}
+
+static char *const *mlp_exec_prepare(struct mlp_carry *c, char *const envp[])
+{
+    static char *const empty[] = {NULL};
+    memset(c, 0, sizeof *c);
+    c->memfd = -1;
+    if (!envp)
+        envp = empty; /* Linux reads a null envp as an empty one */
+    if (!mlp_cfg.off)
+        c->memfd = mlp_carry_list(c);
+    return mlp_exec_env(c, envp);
+}
+
+/* Exec failed: as if we had never tried. */
+static void mlp_exec_undo(struct mlp_carry *c)
+{
+    int saved = errno;
+    for (int i = 0; i < c->nbridges; i++)
+        __ml_sys_close(c->bridges[i]);
+    for (int i = 0; i < c->ngave; i++)
+        atomic_fetch_add(&c->gave[i]->me->holders, 1);
+    for (int i = 0; i < c->ntook; i++)
+        atomic_fetch_sub(&c->took[i]->me->holders, 1);
+    if (c->memfd >= 0)
+        __ml_sys_close(c->memfd);
+    free(c->bridges);
+    free(c->gave);
+    free(c->took);
+    free(c->env);
+    errno = saved;
+}
+
+/* ---- the new image ----------------------------------------------------------------------- */
+
+static bool mlp_is_sock(int fd, unsigned long ino)
+{
+    struct stat st;
+    return __ml_sys_fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) &&
+           (unsigned long)st.st_ino == ino;
+}
+
+/* Parse a list of fds ("%d %d ..."): how many, all checked to be the socket ino. */
+static int mlp_parse_fds(char *p, unsigned long ino, int *fds, int max)
+{
+    int n = 0;
+    char *end;
+    while (n < max) {
+        long v = strtol(p, &end, 10);
+        if (end == p)
+            break;
+        p = end;
+        if (v < 0 || v > 1 << 24 || !mlp_is_sock((int)v, ino))
+            return -1;
+        fds[n++] = (int)v;
+    }
+    return n;
+}
+
+static void mlp_adopt_line(char *line)
+{
+    int fds[64];
+    if (line[0] == 'L') {
+        unsigned long ino;
+        int off = 0;
+        if (sscanf(line, "L %lu%n", &ino, &off) != 1)
+            return;
+        int n = mlp_parse_fds(line + off, ino, fds, 64);
+        if (n <= 0 || mlp_on_listen(fds[0]) < 0)
+            return;
+        struct mlp_sock *s = mlp_get(fds[0]);
+        if (s) {
+            for (int i = 1; i < n; i++)
+                mlp_install(fds[i], s);
+            mlp_put(s);
+        }
+        return;
+    }
+    int side, bridge, off = 0;
+    unsigned long ino;
+    unsigned flags;
+    char token[MEMLAN_TOKEN_LEN + 1];
+    if (line[0] != 'C' || sscanf(line, "C %d %d %lu %u %32s%n", &side, &bridge, &ino, &flags,
+                                 token, &off) != 5)
+        return;
+    struct stat st;
+    if (bridge < 0 || __ml_sys_fstat(bridge, &st) < 0 || !S_ISREG(st.st_mode)) {
+        mlp_log(0, "an accelerated connection carried across exec lost its channel file");
+        return;
+    }
+    int n = mlp_parse_fds(line + off, ino, fds, 64);
+    if (n <= 0) {
+        __ml_sys_close(bridge);
+        mlp_log(0, "an accelerated connection carried across exec is no longer at its fd");
+        return;
+    }
+    mlp_adopt_conn(fds, n, bridge, side, token, flags);
+}
+
+void mlp_exec_adopt(void)
+{
+    const char *v = getenv(MLP_INHERIT);
+    if (!v)
+        return;
+    char *end;
+    long mfd = strtol(v, &end, 10);
+    unsetenv(MLP_INHERIT); /* ours alone: our children get their own */
+    if (*end || mfd < 0 || mfd > 1 << 24)
+        return;
+    struct stat st;
+    if (__ml_sys_fstat((int)mfd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_size <= 0 ||
+        st.st_size > 64 << 20)
+        return;
+    char *buf = malloc((size_t)st.st_size + 1);
+    ssize_t got = buf ? __ml_sys_pread((int)mfd, buf, (size_t)st.st_size, 0) : -1;
+    __ml_sys_close((int)mfd);
+    if (got != st.st_size) {
+        free(buf);
+        return;
+    }
+    buf[got] = '\0';
+    int inside = mlp_inside;
+    mlp_inside = 1;
+    for (char *line = buf, *nl; *line; line = nl + 1) {
+        nl = strchr(line, '\n');
+        if (!nl)
+            break;
+        *nl = '\0';
+        mlp_adopt_line(line);
+    }
+    mlp_inside = inside;
+    free(buf);
+}
+
+/* ---- the interposers --------------------------------------------------------------------- */
+
+#define MLP_EXEC(call)                                                                         \
+    do {                                                                                       \
+        struct mlp_carry c;                                                                    \
+        char *const *env = mlp_exec_prepare(&c, envp);                                         \
+        int r = (call);                                                                        \
+        mlp_exec_undo(&c);                                                                     \
+        return r;                                                                              \
+    } while (0)
+
+MLP_EXPORT int execve(const char *path, char *const argv[], char *const envp[])
+{
+    MLP_INIT_EXEC();
+    if (mlp_inside)
+        return mlp_real_execve(path, argv, envp);
+    MLP_EXEC(mlp_real_execve(path, argv, env));
+}
+
+MLP_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
+{
+    MLP_INIT_EXEC();
+    if (mlp_inside || !mlp_real_execvpe)
+        return mlp_real_execvpe ? mlp_real_execvpe(file, argv, envp) : (errno = ENOSYS, -1);
+    MLP_EXEC(mlp_real_execvpe(file, argv, env));
+}
+
+MLP_EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
+{
+    MLP_INIT_EXEC();
+    if (mlp_inside || !mlp_real_fexecve)
+        return mlp_real_fexecve ? mlp_real_fexecve(fd, argv, envp) : (errno = ENOSYS, -1);
+    MLP_EXEC(mlp_real_fexecve(fd, argv, env));
+}
+
+MLP_EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *const envp[],
+                        int flags)
+{
+    MLP_INIT_EXEC();
+    if (mlp_inside || !mlp_real_execveat)
+        return mlp_real_execveat ? mlp_real_execveat(dirfd, path, argv, envp, flags)
+                                 : (errno = ENOSYS, -1);
+    MLP_EXEC(mlp_real_execveat(dirfd, path, argv, env, flags));
+}
+
+MLP_EXPORT int execv(const char *path, char *const argv[])
+{
+    extern char **environ;
+    return execve(path, argv, environ);
+}
+
+MLP_EXPORT int execvp(const char *file, char *const argv[])
+{
+    extern char **environ;
+    return execvpe(file, argv, environ);
+}
+
+/* execl, execle, execlp: the argument list as an array (on the stack, as glibc does). */
+#define MLP_ARGV(argv, arg0, ap, extra)                                                        \
+    size_t argc_ = 1;                                                                          \
+    va_start(ap, arg0);                                                                        \
+    while (va_arg(ap, const char *))                                                           \
+        argc_++;                                                                               \
+    va_end(ap);                                                                                \
+    if (argc_ > 1u << 20) {                                                                    \
+        errno = E2BIG;                                                                         \
+        return -1;                                                                             \
+    }                                                                                          \
+    const char *argv[argc_ + 1];                                                               \
+    argv[0] = arg0;                                                                            \
+    va_start(ap, arg0);                                                                        \
+    for (size_t i_ = 1; i_ <= argc_; i_++)                                                     \
+        argv[i_] = va_arg(ap, const char *);                                                   \
+    extra;                                                                                     \
+    va_end(ap)
+
+MLP_EXPORT int execl(const char *path, const char *arg, ...)
+{
+    va_list ap;
+    MLP_ARGV(argv, arg, ap, (void)0);
+    return execv(path, (char *const *)argv);
+}
+
+MLP_EXPORT int execlp(const char *file, const char *arg, ...)
+{
+    va_list ap;
+    MLP_ARGV(argv, arg, ap, (void)0);
+    return execvp(file, (char *const *)argv);
+}
+
+MLP_EXPORT int execle(const char *path, const char *arg, ...)
+{
+    va_list ap;
+    char *const *envp;
+    MLP_ARGV(argv, arg, ap, envp = va_arg(ap, char *const *));
+    return execve(path, (char *const *)argv, envp);
+}
