@@ -41,8 +41,9 @@ RPCGEN_SRC = tools/rpcgen/parse.c tools/rpcgen/gen.c
 TESTS    = $(patsubst tests/c/%.c,$(BUILD)/tests/%,$(wildcard tests/c/*.c))
 PTESTS   = $(patsubst tests/preload/%.c,$(BUILD)/tests-preload/%,$(wildcard tests/preload/*.c))
 EXAMPLES = $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
+BPROGS   = $(BUILD)/bench/shortconn
 
-all: $(LIB_SO) $(LIB_A) $(PRELOAD_SO) $(CLI) $(RPCGEN) $(TESTS) $(PTESTS) $(EXAMPLES)
+all: $(LIB_SO) $(LIB_A) $(PRELOAD_SO) $(CLI) $(RPCGEN) $(TESTS) $(PTESTS) $(EXAMPLES) $(BPROGS)
 
 $(BUILD)/obj/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
@@ -91,6 +92,11 @@ $(BUILD)/tests/%: tests/c/%.c tests/c/test.h $(LIB_A)
 
 # Programs that the preload tests run over kernel TCP and under memlan: plain POSIX, no memlan.
 $(BUILD)/tests-preload/%: tests/preload/%.c
+	@mkdir -p $(dir $@)
+	$(CC) -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) $(OPT) -o $@ $< $(LDFLAGS)
+
+# Bench programs run over kernel TCP and under memlan alike: plain POSIX too.
+$(BUILD)/bench/%: bench/%.c
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) $(OPT) -o $@ $< $(LDFLAGS)
 

@@ -4,8 +4,8 @@
  * Side 0 creates the channel's segment and hands its token to side 1, which attaches.  Ring 0
  * carries side 0's bytes to side 1, ring 1 the reverse.  Each side's liveness is an OFD lock on
  * its own byte of the segment file (see fabric.c), which the kernel drops when it dies; a side
- * blocked on the channel looks at its peer's byte every ML_LIVENESS_NS, so a peer killed with
- * SIGKILL is noticed within that bound.
+ * blocked on the channel looks at its peer's byte after ML_LIVENESS_NS, then at doubling intervals
+ * up to ML_LIVENESS_MAX_NS, so a peer killed with SIGKILL is noticed within that bound.
  *
  * Tripwires (SCILAN's interrupt flag, CLAN's tripwire).  A waiter spins for its budget, then
  * stores its mode into the ring's wait word, issues a full fence, checks the ring once more, and
@@ -68,6 +68,11 @@ static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, 
     ch->rx.other = ch->rx.pos;
     if (ch->tx.pos - ch->tx.other > ch->size)
         ch->tx.corrupt = true;
+    /* Say where we are from the start: the peer's first wait then knows whether spinning could
+     * help (on our cpu it cannot: we would need the core it spins on). */
+    uint32_t cpu = (uint32_t)(__ml_getcpu() + 1);
+    ml_store_relaxed(&ch->rx.ctl->rx_cpu, cpu);
+    ml_store_relaxed(&ch->tx.ctl->tx_cpu, cpu);
 }
 
 int memlan_channel_create(memlan_fabric_t *fab, const struct memlan_channel_opts *opts,
@@ -311,6 +316,7 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
         }
         __ml_spin_result(sp, false);
     }
+    int64_t every = ML_LIVENESS_NS;
     for (;;) {
         /* Arm, fence, re-check: see the header comment. */
         ml_store_relaxed(word, ML_WAIT_FUTEX);
@@ -320,7 +326,9 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
             return 0;
         }
         uint64_t now = __ml_now_ns();
-        int64_t tmo = ML_LIVENESS_NS;
+        int64_t tmo = every;
+        if (every < (int64_t)ML_LIVENESS_MAX_NS)
+            every = every * 2 < (int64_t)ML_LIVENESS_MAX_NS ? every * 2 : ML_LIVENESS_MAX_NS;
         if (deadline) {
             if (now >= deadline) {
                 ml_xchg(word, 0u);
@@ -379,10 +387,13 @@ int memlan_channel_wait_peer(memlan_channel_t *ch, int timeout_ms)
         return -EINVAL;
     if (ch->side == 1)
         return 0;
-    /* The attacher wakes our tx_wait word when it arrives. */
-    struct ml_spin sp = {0};
-    int r = ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->tx.ctl->rx_cpu, &sp,
-                    ml_attached, ml_deadline(timeout_ms));
+    /* The attacher wakes our tx_wait word when it arrives.  Where it runs is unknown until then,
+     * so whether a spin pays is learnt across all the channels of the process (a client making
+     * short connections to a server on its own core would otherwise spin the whole budget on
+     * every one, on the core the server needs to accept it). */
+    static struct ml_spin attach_spin;
+    int r = ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->tx.ctl->rx_cpu,
+                    &attach_spin, ml_attached, ml_deadline(timeout_ms));
     if (r < 0)
         return r;
     return ml_load_relaxed(&ch->seg->hdr->state) == ML_SEG_LIVE ? 0 : -ECONNRESET;
@@ -834,6 +845,11 @@ void __ml_chan_resync_tx(struct memlan_channel *ch)
     ch->tx.other = ml_load_acquire(&ch->tx.ctl->tail);
     if (ch->tx.pos - ch->tx.other > ch->size)
         ch->tx.corrupt = true;
+    /* Say where we are from the start: the peer's first wait then knows whether spinning could
+     * help (on our cpu it cannot: we would need the core it spins on). */
+    uint32_t cpu = (uint32_t)(__ml_getcpu() + 1);
+    ml_store_relaxed(&ch->rx.ctl->rx_cpu, cpu);
+    ml_store_relaxed(&ch->tx.ctl->tx_cpu, cpu);
 }
 
 void __ml_chan_resync_rx(struct memlan_channel *ch)

@@ -454,6 +454,7 @@ int memlan_evq_wait(memlan_evq_t *q, struct memlan_event *ev, int max, int timeo
         }
         __ml_spin_result(&q->spin, false);
     }
+    int64_t every = ML_LIVENESS_NS; /* the sweep's interval, doubling while idle */
     for (;;) {
         ml_fetch_or(&q->h->waiter, ML_EVQ_WAIT_FUTEX);
         ml_fence(); /* SYNC: pairs with the fence in ml_evq_ring() */
@@ -463,7 +464,9 @@ int memlan_evq_wait(memlan_evq_t *q, struct memlan_event *ev, int max, int timeo
                 return n;
             continue;
         }
-        int64_t tmo = ML_LIVENESS_NS;
+        int64_t tmo = every;
+        if (every < (int64_t)ML_LIVENESS_MAX_NS)
+            every = every * 2 < (int64_t)ML_LIVENESS_MAX_NS ? every * 2 : ML_LIVENESS_MAX_NS;
         uint64_t now = __ml_now_ns();
         if (deadline) {
             if (now >= deadline) {

@@ -92,5 +92,8 @@ void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *ref, uint3
 
 /* How often a side blocked on a channel checks that its peer still lives. */
 #define ML_LIVENESS_NS (100u * 1000000u)
+/* A wait that stays idle looks less often: the interval doubles up to this, so an idle process
+ * wakes once a second, not ten times (a peer killed with SIGKILL is noticed within it). */
+#define ML_LIVENESS_MAX_NS (1000u * 1000000u)
 
 #endif
