@@ -72,14 +72,24 @@ def stop(proc):
             proc.wait()
 
 
-def short(mode, place, secs, tmp):
+def start(kind, mode, place, tmp):
+    """A server of this kind, listening: (process, port, log, client's taskset prefix)."""
     port = next_port()
-    log = tmp / f"short-{mode}-{place}.log"
+    log = tmp / f"{kind}-{mode}-{place}.log"
     sp, cp = PLACE[place]
-    srv = subprocess.Popen(sp + wrap(mode, log) + [str(PROG), "server", str(port)],
+    srv = subprocess.Popen(sp + wrap(mode, log) + [str(PROG), kind, str(port)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_listening(port, srv)
+    except RuntimeError:
+        stop(srv)
+        raise
+    return srv, port, log, cp
+
+
+def short(mode, place, secs, tmp):
+    srv, port, log, cp = start("server", mode, place, tmp)
+    try:
         out = subprocess.run(cp + wrap(mode, log) + [str(PROG), "client", str(port), str(secs)],
                              capture_output=True, text=True, timeout=secs + 60)
     finally:
@@ -110,14 +120,9 @@ def cpu_ns(pid):
 
 
 def idle(mode, place, secs, tmp):
-    port = next_port()
-    log = tmp / f"idle-{mode}-{place}.log"
-    sp, cp = PLACE[place]
-    srv = subprocess.Popen(sp + wrap(mode, log) + [str(PROG), "idle-server", str(port)],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    srv, port, log, cp = start("idle-server", mode, place, tmp)
     cli = None
     try:
-        wait_listening(port, srv)
         cli = subprocess.Popen(cp + wrap(mode, log) + [str(PROG), "idle-client", str(port)],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         if cli.stdout.readline().strip() != "ready":
