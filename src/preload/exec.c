@@ -345,6 +345,9 @@ static int mlp_parse_fds(char *p, unsigned long ino, int *fds, int max)
             return -1;
         fds[n++] = (int)v;
     }
+    if (n == max && strtol(p, &end, 10) >= 0 && end != p)
+        mlp_log(0, "fd %d: only %d fds of one socket are carried across exec; the others are "
+                   "plain kernel sockets now", fds[0], max);
     return n;
 }
 
