@@ -24,7 +24,6 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #define ML_DEFAULT_RING (256u * 1024u)
 #define ML_MIN_RING     ML_PAGE
@@ -170,22 +169,10 @@ int memlan_channel_attach(memlan_fabric_t *fab, const char *token, memlan_channe
  */
 int __ml_chan_exec_bridge(struct memlan_channel *ch)
 {
-    struct memlan_segment *seg = ch->seg;
-    char name[80];
-    __ml_fabric_name(name, sizeof name, "seg", seg->token);
-    long fd = __ml_sys_open(seg->fab->dirfd, name, O_RDWR | O_NOFOLLOW, 0);
+    long fd = __ml_seg_reopen(ch->seg, O_RDWR);
     if (fd < 0)
         return (int)fd;
-    struct stat st, mine;
-    int r = __ml_sys_fstat((int)fd, &st);
-    if (r == 0 && seg->fd >= 0 && (r = __ml_sys_fstat(seg->fd, &mine)) == 0) {
-        if (st.st_ino != mine.st_ino || st.st_dev != mine.st_dev)
-            r = -ESTALE;
-    } else if (r == 0 && ((uint64_t)st.st_ino != seg->ino || (uint64_t)st.st_dev != seg->dev)) {
-        r = -ESTALE; /* the name is another file now: the channel is no longer reachable */
-    }
-    if (r == 0)
-        r = __ml_sys_lock_byte_shared((int)fd, ML_LOCK_BRIDGE(ch->side));
+    int r = __ml_sys_lock_byte_shared((int)fd, ML_LOCK_BRIDGE(ch->side));
     if (r < 0) {
         __ml_sys_close((int)fd);
         return r;

@@ -287,6 +287,30 @@ static int ml_seg_held(int fd, int lock_byte)
     return r;
 }
 
+/* Open seg's file again by its name: the fd, -ENOENT when the name is gone, -ESTALE when it
+ * names another file now, or another -errno. */
+long __ml_seg_reopen(const struct memlan_segment *seg, int flags)
+{
+    char name[80];
+    __ml_fabric_name(name, sizeof name, "seg", seg->token);
+    long fd = __ml_sys_open(seg->fab->dirfd, name, flags | O_NOFOLLOW, 0);
+    if (fd < 0)
+        return fd;
+    struct stat st, mine;
+    int r = __ml_sys_fstat((int)fd, &st);
+    if (r == 0 && seg->fd >= 0 && (r = __ml_sys_fstat(seg->fd, &mine)) == 0) {
+        if (st.st_ino != mine.st_ino || st.st_dev != mine.st_dev)
+            r = -ESTALE;
+    } else if (r == 0 && ((uint64_t)st.st_ino != seg->ino || (uint64_t)st.st_dev != seg->dev)) {
+        r = -ESTALE;
+    }
+    if (r < 0) {
+        __ml_sys_close((int)fd);
+        return r;
+    }
+    return fd;
+}
+
 int __ml_seg_alive(const struct memlan_segment *seg, int lock_byte)
 {
     if (seg->fd >= 0)
@@ -294,17 +318,10 @@ int __ml_seg_alive(const struct memlan_segment *seg, int lock_byte)
     /* Slow path: reopen by name.  A name that is gone, or names another file, means the owner
      * closed it or a reclaimer found it dead: nobody holds this file's locks any more that we
      * could ask about, and callers read the peer's closing state before they conclude. */
-    char name[80];
-    __ml_fabric_name(name, sizeof name, "seg", seg->token);
-    long fd = __ml_sys_open(seg->fab->dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, 0);
+    long fd = __ml_seg_reopen(seg, O_RDONLY | O_NONBLOCK);
     if (fd < 0)
-        return fd == -ENOENT ? 0 : (int)fd;
-    struct stat st;
-    int r;
-    if ((r = __ml_sys_fstat((int)fd, &st)) == 0)
-        r = (uint64_t)st.st_ino == seg->ino && (uint64_t)st.st_dev == seg->dev
-                ? ml_seg_held((int)fd, lock_byte)
-                : 0;
+        return fd == -ENOENT || fd == -ESTALE ? 0 : (int)fd;
+    int r = ml_seg_held((int)fd, lock_byte);
     __ml_sys_close((int)fd);
     return r;
 }
