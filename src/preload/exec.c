@@ -80,32 +80,39 @@ static unsigned long mlp_fd_ino(int fd)
     return __ml_sys_fstat(fd, &st) == 0 ? (unsigned long)st.st_ino : 0;
 }
 
-/* Append to a growing text buffer; false when out of memory. */
-static bool mlp_buf_add(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
+/* A growing text buffer that remembers whether anything failed to go in. */
+struct mlp_buf {
+    char *p;
+    size_t len, cap;
+    bool failed;
+};
+
+static void mlp_buf_add(struct mlp_buf *b, const char *fmt, ...)
 {
-    for (;;) {
+    while (!b->failed) {
         va_list ap;
         va_start(ap, fmt);
-        int n = vsnprintf(*buf ? *buf + *len : NULL, *buf ? *cap - *len : 0, fmt, ap);
+        int n = vsnprintf(b->p ? b->p + b->len : NULL, b->p ? b->cap - b->len : 0, fmt, ap);
         va_end(ap);
         if (n < 0)
-            return false;
-        if (*buf && *len + (size_t)n < *cap) {
-            *len += (size_t)n;
-            return true;
+            break;
+        if (b->p && b->len + (size_t)n < b->cap) {
+            b->len += (size_t)n;
+            return;
         }
-        size_t nc = (*cap ? *cap * 2 : 4096) + (size_t)n;
-        char *nb = realloc(*buf, nc);
-        if (!nb)
-            return false;
-        *buf = nb;
-        *cap = nc;
+        size_t nc = (b->cap ? b->cap * 2 : 4096) + (size_t)n;
+        char *np = realloc(b->p, nc);
+        if (!np)
+            break;
+        b->p = np;
+        b->cap = nc;
     }
+    b->failed = true;
 }
 
 /* One socket (group g[0..n), all the same mlp_sock) before exec: its line of the list, if any. */
 static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n, bool vforked,
-                           char **buf, size_t *len, size_t *cap)
+                           struct mlp_buf *buf)
 {
     struct mlp_sock *s = g[0].s;
     int keep[n], nk = 0;
@@ -115,10 +122,10 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
     if (s->type == MLP_LISTENER) {
         if (!nk)
             return;
-        (void)mlp_buf_add(buf, len, cap, "L %lu", mlp_fd_ino(keep[0]));
+        mlp_buf_add(buf, "L %lu", mlp_fd_ino(keep[0]));
         for (int i = 0; i < nk; i++)
-            (void)mlp_buf_add(buf, len, cap, " %d", keep[i]);
-        (void)mlp_buf_add(buf, len, cap, "\n");
+            mlp_buf_add(buf, " %d", keep[i]);
+        mlp_buf_add(buf, "\n");
         return;
     }
     if (!nk) {
@@ -169,11 +176,11 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
     }
     unsigned flags = (s->ch->rd_eof_when_empty ? MLP_CARRY_RD_EOF : 0) |
                      (s->ch->shut_rd ? MLP_CARRY_SHUT_RD : 0);
-    (void)mlp_buf_add(buf, len, cap, "C %d %d %lu %u %s", s->side, b, mlp_fd_ino(keep[0]), flags,
+    mlp_buf_add(buf, "C %d %d %lu %u %s", s->side, b, mlp_fd_ino(keep[0]), flags,
                       s->ch->seg->token);
     for (int i = 0; i < nk; i++)
-        (void)mlp_buf_add(buf, len, cap, " %d", keep[i]);
-    (void)mlp_buf_add(buf, len, cap, "\n");
+        mlp_buf_add(buf, " %d", keep[i]);
+    mlp_buf_add(buf, "\n");
 }
 
 /* Write the list of carried sockets into a memfd for the new image; -1 when nothing to carry. */
@@ -182,7 +189,8 @@ static int mlp_carry_list(struct mlp_carry *c)
     int max = mlp_fd_max();
     struct mlp_fdref *refs = NULL;
     int n = 0, cap = 0;
-    for (int fd = 0; fd <= max; fd++) {
+    bool oom = false;
+    for (int fd = 0; fd <= max && !oom; fd++) {
         if (!mlp_fd_is_ours(fd))
             continue;
         struct mlp_sock *s = mlp_get(fd);
@@ -193,6 +201,7 @@ static int mlp_carry_list(struct mlp_carry *c)
             struct mlp_fdref *nr = realloc(refs, (size_t)cap * sizeof *nr);
             if (!nr) {
                 mlp_put(s);
+                oom = true;
                 break;
             }
             refs = nr;
@@ -205,20 +214,23 @@ static int mlp_carry_list(struct mlp_carry *c)
     }
     qsort(refs, (size_t)n, sizeof *refs, mlp_fdref_cmp);
     bool vforked = (int)__ml_sys_getpid() != mlp_pid;
-    char *buf = NULL;
-    size_t len = 0, bcap = 0;
+    struct mlp_buf buf = {.failed = oom};
     for (int i = 0; i < n;) {
         int j = i + 1;
         while (j < n && refs[j].s == refs[i].s)
             j++;
-        mlp_carry_sock(c, refs + i, j - i, vforked, &buf, &len, &bcap);
+        mlp_carry_sock(c, refs + i, j - i, vforked, &buf);
         i = j;
     }
     for (int i = 0; i < n; i++)
         mlp_put(refs[i].s);
     free(refs);
     int mfd = -1;
-    if (len) {
+    if (buf.failed) {
+        /* A partial list would give the new image some connections and leave others idle at
+         * their fds: give it none, say so, and let the peers see our sides go at exec. */
+        mlp_log(0, "out of memory before exec: no accelerated connection is carried across it");
+    } else if (buf.len) {
         mfd = memfd_create("memlan-inherit", 0);
         if (mfd >= 0) {
             long hm = __ml_sys_fcntl_dupfd(mfd, 900, false);
@@ -226,7 +238,7 @@ static int mlp_carry_list(struct mlp_carry *c)
                 __ml_sys_close(mfd);
                 mfd = (int)hm;
             }
-            if (__ml_sys_write(mfd, buf, len) != (ssize_t)len) {
+            if (__ml_sys_write(mfd, buf.p, buf.len) != (ssize_t)buf.len) {
                 __ml_sys_close(mfd);
                 mfd = -1;
             }
@@ -234,7 +246,17 @@ static int mlp_carry_list(struct mlp_carry *c)
         if (mfd < 0)
             mlp_log(0, "cannot pass the accelerated connections to the new image (memfd)");
     }
-    free(buf);
+    if (mfd < 0) {
+        /* Nothing will take the bridges up: left open, they would keep the peers of connections
+         * the new image cannot read waiting for ever. */
+        for (int i = 0; i < c->nbridges; i++)
+            __ml_sys_close(c->bridges[i]);
+        c->nbridges = 0;
+        for (int i = 0; i < c->ntook; i++) /* nor will the new image hold them */
+            atomic_fetch_sub(&c->took[i]->me->holders, 1);
+        c->ntook = 0;
+    }
+    free(buf.p);
     return mfd;
 }
 
