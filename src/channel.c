@@ -74,6 +74,31 @@ static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, 
     ml_store_relaxed(&ch->tx.ctl->tx_cpu, cpu);
 }
 
+/* A new channel's header, once its segment exists: the geometry and our side. */
+static void ml_chan_init(struct memlan_channel *ch, struct memlan_segment *seg, int kind,
+                         uint64_t rs)
+{
+    struct ml_chan_hdr *c = (struct ml_chan_hdr *)(seg->base + seg->body_off);
+    c->chan_kind = kind == MEMLAN_MSG ? ML_CHAN_MSG : ML_CHAN_STREAM;
+    c->ring_size = (uint32_t)rs;
+    c->ctl_off[0] = ML_CHAN_CTL0_OFF;
+    c->ctl_off[1] = ML_CHAN_CTL1_OFF;
+    c->data_off[0] = ML_PAGE;
+    c->data_off[1] = ML_PAGE + rs;
+    c->side_pid[0] = (int32_t)__ml_sys_getpid();
+    ml_chan_bind(ch, seg, 0);
+    ch->kind = (uint32_t)kind;
+}
+
+static int ml_chan_new_seg(memlan_fabric_t *fab, uint64_t rs, struct memlan_segment **seg)
+{
+    int r = __ml_seg_create(fab, ML_KIND_CHANNEL, MEMLAN_MODE_RW, sizeof(struct ml_seg_hdr),
+                            ML_PAGE - sizeof(struct ml_seg_hdr) + 2 * rs, rs, seg);
+    if (r == 0)
+        __ml_seg_drop_fd(*seg); /* the lock lives on in the mappings */
+    return r;
+}
+
 int memlan_channel_create(memlan_fabric_t *fab, const struct memlan_channel_opts *opts,
                           memlan_channel_t **out)
 {
@@ -90,29 +115,222 @@ int memlan_channel_create(memlan_fabric_t *fab, const struct memlan_channel_opts
     if (!ch)
         return -ENOMEM;
     struct memlan_segment *seg;
-    int r = __ml_seg_create(fab, ML_KIND_CHANNEL, MEMLAN_MODE_RW, sizeof(struct ml_seg_hdr),
-                            ML_PAGE - sizeof(struct ml_seg_hdr) + 2 * rs, rs, &seg);
+    int r = ml_chan_new_seg(fab, rs, &seg);
     if (r < 0) {
         free(ch);
         return r;
     }
-    struct ml_chan_hdr *c = (struct ml_chan_hdr *)(seg->base + seg->body_off);
-    c->chan_kind = kind == MEMLAN_MSG ? ML_CHAN_MSG : ML_CHAN_STREAM;
-    c->ring_size = (uint32_t)rs;
-    c->ctl_off[0] = ML_CHAN_CTL0_OFF;
-    c->ctl_off[1] = ML_CHAN_CTL1_OFF;
-    c->data_off[0] = ML_PAGE;
-    c->data_off[1] = ML_PAGE + rs;
-    c->side_pid[0] = (int32_t)__ml_sys_getpid();
-    __ml_seg_drop_fd(seg); /* the lock lives on in the mappings */
-    ml_chan_bind(ch, seg, 0);
-    ch->kind = (uint32_t)kind;
+    ml_chan_init(ch, seg, kind, rs);
     __ml_seg_publish(seg);
     *out = ch;
     return 0;
 }
 
-int memlan_channel_attach(memlan_fabric_t *fab, const char *token, memlan_channel_t **out)
+/* ---- the pool ---------------------------------------------------------------------------- */
+
+/*
+ * A connection's set-up pays to create, size, map and lock its channel file, and its close pays
+ * to unmap and free it: most of what a short connection costs.  A channel made with
+ * __ml_chan_create_pooled() (the socket layer's client side) instead goes to its fabric's pool
+ * when it closes, still mapped, and a later connection reuses it once its old peer has gone:
+ *   - Our side must be closed in every process: a fork since the channel was made rules it out
+ *     (a child may still hold it).
+ *   - The attacher must be gone.  We take a write lock on bytes 1..3 (the attacher's liveness
+ *     byte and both bridge bytes) through a new open file: it succeeds only when nobody holds
+ *     them, and while we hold it no acceptor can take its byte, so none attaches mid-reset.
+ *   - The reset zeroes both rings' controls, the socket layer's blocks and the bytes the old
+ *     connection left in the rings (a new peer must not read an old one's data), and bumps the
+ *     generation.  An offer names the generation and the attacher checks it under its lock, so a
+ *     late acceptor of the old connection fails instead of joining the new one.
+ *   - Closing the lock's file lets the new connection's acceptor in.
+ * Our liveness lock stays in the mappings all along: to the new peer we are as alive as ever.
+ * A child drops the pool it inherited at fork (its mappings would keep our liveness lock alive
+ * after we die); exit, exec and memlan_fabric_close() give the files back.
+ */
+static _Atomic unsigned ml_forks;
+static memlan_fabric_t *ml_pool_fabs[4];
+static pthread_mutex_t ml_pool_reg_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t ml_pool_once = PTHREAD_ONCE_INIT;
+
+static void ml_pool_prepare(void)
+{
+    atomic_fetch_add(&ml_forks, 1u);
+    pthread_mutex_lock(&ml_pool_reg_mu);
+    for (int i = 0; i < 4; i++)
+        if (ml_pool_fabs[i])
+            pthread_mutex_lock(&ml_pool_fabs[i]->pool_mu);
+}
+
+static void ml_pool_parent(void)
+{
+    for (int i = 0; i < 4; i++)
+        if (ml_pool_fabs[i])
+            pthread_mutex_unlock(&ml_pool_fabs[i]->pool_mu);
+    pthread_mutex_unlock(&ml_pool_reg_mu);
+}
+
+static void ml_pool_child(void)
+{
+    for (int i = 0; i < 4; i++) {
+        memlan_fabric_t *fab = ml_pool_fabs[i];
+        if (!fab)
+            continue;
+        pthread_mutex_init(&fab->pool_mu, NULL);
+        for (int k = 0; k < fab->npool; k++) {
+            fab->pool[k]->owner = false; /* the parent's files: unmap, do not unlink */
+            __ml_seg_destroy(fab->pool[k]);
+        }
+        fab->npool = 0;
+    }
+    pthread_mutex_init(&ml_pool_reg_mu, NULL);
+}
+
+static void ml_pool_atfork(void) { pthread_atfork(ml_pool_prepare, ml_pool_parent, ml_pool_child); }
+
+/* Reset a pooled channel for a new connection (we hold the attacher's bytes: see above). */
+static void ml_chan_reset(struct memlan_segment *seg)
+{
+    uint8_t *b = seg->base;
+    struct ml_chan_hdr *c = (struct ml_chan_hdr *)(b + seg->body_off);
+    for (int i = 0; i < 2; i++) {
+        struct ml_ring_ctl *ctl = (struct ml_ring_ctl *)(b + (i ? ML_CHAN_CTL1_OFF : ML_CHAN_CTL0_OFF));
+        uint64_t used = ml_load_relaxed(&ctl->head);
+        memset(b + ML_PAGE + 2 * (uint64_t)i * seg->mirror, 0,
+               used < seg->mirror ? used : seg->mirror);
+        memset(ctl, 0, sizeof *ctl);
+    }
+    memset(b + ML_CHAN_SOCK_OFF, 0, 2 * sizeof(struct ml_sock_side));
+    ml_store_relaxed(&c->side_state[0], ML_SIDE_OPEN);
+    ml_store_relaxed(&c->side_state[1], ML_SIDE_OPEN);
+    c->side_pid[1] = 0;
+    ml_store_relaxed(&c->attached, 0u);
+    /* SYNC: the acceptor reads the generation under its lock, which it can take only after we
+     * close ours (a system call on both sides orders the stores before its loads). */
+    ml_store_release(&c->generation, ml_load_relaxed(&c->generation) + 1);
+}
+
+static struct memlan_segment *ml_pool_take(memlan_fabric_t *fab, uint64_t rs)
+{
+    struct memlan_segment *got = NULL;
+    pthread_mutex_lock(&fab->pool_mu);
+    for (int i = 0, tries = 0; i < fab->npool && tries < 2; i++) {
+        struct memlan_segment *seg = fab->pool[i];
+        if (seg->mirror != rs)
+            continue;
+        tries++;
+        long fd = __ml_seg_reopen(seg, O_RDWR);
+        bool gone = fd == -ENOENT || fd == -ESTALE; /* removed by hand, say: not ours now */
+        if (fd >= 0 && __ml_sys_lock_range((int)fd, ML_LOCK_ATTACHER, 3) < 0) {
+            __ml_sys_close((int)fd);
+            continue; /* the old peer is still there */
+        }
+        if (fd < 0 && !gone)
+            continue;
+        memmove(&fab->pool[i], &fab->pool[i + 1], (size_t)(fab->npool - i - 1) * sizeof seg);
+        fab->npool--;
+        if (gone) {
+            seg->owner = false;
+            __ml_seg_destroy(seg);
+            i--;
+            continue;
+        }
+        ml_chan_reset(seg);
+        __ml_sys_close((int)fd);
+        got = seg;
+        break;
+    }
+    pthread_mutex_unlock(&fab->pool_mu);
+    return got;
+}
+
+/* Keep a closed channel's file (our side already CLOSED).  False: the caller destroys it. */
+static bool ml_pool_park(struct memlan_channel *ch)
+{
+    memlan_fabric_t *fab = ch->seg->fab;
+    if (!ch->poolable || ch->side != 0 || !ch->seg->owner || ch->forks != ml_forks)
+        return false;
+    bool ok = false;
+    pthread_mutex_lock(&ml_pool_reg_mu);
+    int free_slot = -1;
+    for (int i = 0; i < 4 && !ok; i++) {
+        if (ml_pool_fabs[i] == fab)
+            ok = true;
+        else if (!ml_pool_fabs[i] && free_slot < 0)
+            free_slot = i;
+    }
+    if (!ok && free_slot >= 0) {
+        ml_pool_fabs[free_slot] = fab;
+        ok = true;
+    }
+    pthread_mutex_unlock(&ml_pool_reg_mu);
+    if (!ok)
+        return false;
+    struct memlan_segment *evict = NULL;
+    pthread_mutex_lock(&fab->pool_mu);
+    if (fab->npool == ML_POOL_MAX) { /* keep the newest: drop the oldest */
+        evict = fab->pool[0];
+        memmove(&fab->pool[0], &fab->pool[1], (ML_POOL_MAX - 1) * sizeof evict);
+        fab->npool--;
+    }
+    fab->pool[fab->npool++] = ch->seg;
+    pthread_mutex_unlock(&fab->pool_mu);
+    __ml_seg_destroy(evict);
+    return true;
+}
+
+void __ml_chan_pool_drain(memlan_fabric_t *fab)
+{
+    if (!fab)
+        return;
+    pthread_mutex_lock(&ml_pool_reg_mu);
+    for (int i = 0; i < 4; i++)
+        if (ml_pool_fabs[i] == fab)
+            ml_pool_fabs[i] = NULL;
+    pthread_mutex_unlock(&ml_pool_reg_mu);
+    pthread_mutex_lock(&fab->pool_mu);
+    int n = fab->npool;
+    struct memlan_segment *segs[ML_POOL_MAX];
+    memcpy(segs, fab->pool, (size_t)n * sizeof segs[0]);
+    fab->npool = 0;
+    pthread_mutex_unlock(&fab->pool_mu);
+    for (int i = 0; i < n; i++)
+        __ml_seg_destroy(segs[i]);
+}
+
+/* A stream channel for the socket layer: from the pool when one is free, else new. */
+int __ml_chan_create_pooled(memlan_fabric_t *fab, size_t ring_size, memlan_channel_t **out)
+{
+    *out = NULL;
+    if (!fab || ring_size < ML_MIN_RING || ring_size > ML_MAX_RING)
+        return -EINVAL;
+    pthread_once(&ml_pool_once, ml_pool_atfork);
+    uint64_t rs = ml_pow2_up(ring_size);
+    struct memlan_channel *ch = calloc(1, sizeof *ch);
+    if (!ch)
+        return -ENOMEM;
+    struct memlan_segment *seg = ml_pool_take(fab, rs);
+    if (!seg) {
+        int r = ml_chan_new_seg(fab, rs, &seg);
+        if (r < 0) {
+            free(ch);
+            return r;
+        }
+    }
+    ml_chan_init(ch, seg, MEMLAN_STREAM, rs);
+    ch->poolable = true;
+    ch->forks = ml_forks;
+    __ml_seg_publish(seg);
+    *out = ch;
+    return 0;
+}
+
+uint32_t __ml_chan_generation(const struct memlan_channel *ch)
+{
+    return ml_load_relaxed(&ch->hdr->generation);
+}
+
+static int ml_chan_attach(memlan_fabric_t *fab, const char *token, int64_t gen,
+                          memlan_channel_t **out)
 {
     if (!fab || !out)
         return -EINVAL;
@@ -133,6 +351,12 @@ int memlan_channel_attach(memlan_fabric_t *fab, const char *token, memlan_channe
     if (__ml_sys_lock_byte(seg->fd, ML_LOCK_ATTACHER, 0) < 0) {
         __ml_seg_destroy(seg);
         return -EBUSY;
+    }
+    /* A pooled channel: the offer was for this generation (checked under our lock, which the
+     * creator needs to reuse the file). */
+    if (gen >= 0 && ml_load_acquire(&c->generation) != (uint32_t)gen) {
+        __ml_seg_destroy(seg);
+        return -ESTALE;
     }
     uint32_t zero = 0;
     if (!ml_cas(&c->attached, &zero, 1u)) {
@@ -157,6 +381,17 @@ int memlan_channel_attach(memlan_fabric_t *fab, const char *token, memlan_channe
     __ml_chan_wake(ch, &ch->rx.ctl->tx_wait, &ch->rx.ctl->tx_ref);
     *out = ch;
     return 0;
+}
+
+int memlan_channel_attach(memlan_fabric_t *fab, const char *token, memlan_channel_t **out)
+{
+    return ml_chan_attach(fab, token, -1, out);
+}
+
+int __ml_chan_attach_gen(memlan_fabric_t *fab, const char *token, uint32_t gen,
+                         memlan_channel_t **out)
+{
+    return ml_chan_attach(fab, token, (int64_t)gen, out);
 }
 
 /* ---- across exec (src/preload/exec.c) ----------------------------------------------------- */
@@ -771,7 +1006,8 @@ void memlan_channel_close(memlan_channel_t *ch)
     if (ch->evq)
         (void)memlan_evq_del(ch->evq, ch);
     ml_set_state(ch, ML_SIDE_CLOSED);
-    __ml_seg_destroy(ch->seg);
+    if (!ml_pool_park(ch))
+        __ml_seg_destroy(ch->seg);
     free(ch);
 }
 

@@ -32,6 +32,8 @@ struct memlan_channel {
     uint64_t rx_tmo_ns, tx_tmo_ns; /* blocking recv / send give up after these (0 = never) */
     bool shut_rd, shut_wr, peer_dead;
     bool rd_eof_when_empty;   /* socket SHUT_RD: queued bytes, then end of stream */
+    bool poolable;            /* the file goes to the fabric's pool when we close */
+    unsigned forks;           /* __ml_chan_forks when created: a fork since means no pool */
     /* Event queue registration (evq.c). */
     struct memlan_evq *evq;
     uint32_t evq_index, evq_events;
@@ -68,6 +70,10 @@ int __ml_chan_check_peer(struct memlan_channel *ch);
 void __ml_evq_post_local(struct memlan_evq *q, uint32_t index);
 
 /* For the socket layer (src/preload): see channel.c. */
+int __ml_chan_create_pooled(memlan_fabric_t *fab, size_t ring_size, memlan_channel_t **out);
+int __ml_chan_attach_gen(memlan_fabric_t *fab, const char *token, uint32_t gen,
+                         memlan_channel_t **out);
+uint32_t __ml_chan_generation(const struct memlan_channel *ch);
 int __ml_chan_withdraw(struct memlan_channel *ch);
 int __ml_chan_exec_bridge(struct memlan_channel *ch);
 int __ml_chan_adopt(memlan_fabric_t *fab, const char *token, int fd, int side,

@@ -90,6 +90,7 @@ int memlan_fabric_open(const char *path, memlan_fabric_t **out)
         goto fail;
     fab->dirfd = (int)fd;
     fab->uid = getuid();
+    pthread_mutex_init(&fab->pool_mu, NULL);
     fab->shared = (st.st_mode & 077) != 0;
     snprintf(fab->path, sizeof fab->path, "%s", path);
     *out = fab;
@@ -103,6 +104,7 @@ void memlan_fabric_close(memlan_fabric_t *fab)
 {
     if (!fab)
         return;
+    __ml_chan_pool_drain(fab);
     __ml_sys_close(fab->dirfd);
     free(fab);
 }

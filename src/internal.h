@@ -24,11 +24,17 @@
 #define ml_likely(x)   __builtin_expect(!!(x), 1)
 #define ml_unlikely(x) __builtin_expect(!!(x), 0)
 
+/* Channel files a creator keeps after their connections closed, to reuse (channel.c). */
+#define ML_POOL_MAX 8
+
 struct memlan_fabric {
     int dirfd;
     bool shared;              /* the directory is open to group or others */
     _Atomic bool swept;       /* lazy reclaim done (the first time we create a file) */
     uid_t uid;
+    pthread_mutex_t pool_mu;
+    int npool;                /* pool[0] is the oldest */
+    struct memlan_segment *pool[ML_POOL_MAX];
     char path[PATH_MAX];
 };
 
@@ -79,6 +85,10 @@ int __ml_seg_alive(const struct memlan_segment *seg, int lock_byte);
  * mappings, exactly as long as the fd would have held it.  A connection then costs the host
  * program no file descriptor beyond its socket.  Liveness probes reopen the file by name. */
 void __ml_seg_drop_fd(struct memlan_segment *seg);
+
+/* channel.c: give back (unlink) the channel files the pool keeps; at exit, before exec, and when
+ * the fabric closes. */
+void __ml_chan_pool_drain(memlan_fabric_t *fab);
 
 /* spin.c: the spin-then-sleep policy. */
 struct ml_spin {

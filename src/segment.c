@@ -27,7 +27,10 @@ static uint64_t ml_round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a
  * Map a segment.  With mirror == 0 the file is mapped once.  A channel (mirror == R, the ring
  * size) has the file layout [header page][ring 0 data][ring 1 data], and is mapped as
  * [header page][ring 0][ring 0 again][ring 1][ring 1 again] so that each ring's data is followed
- * by a second view of itself: see ring.h.
+ * by a second view of itself: see ring.h.  Three mmap calls do it (connection set-up pays for each
+ * one): the whole file, with the rest of the span mapped past its end so that the span is ours;
+ * then file [ring 0][ring 1] over the span from the first ring's end, and file [ring 1] over its
+ * last quarter.  Nothing past the end of the file stays mapped.
  */
 static int ml_seg_map(int fd, uint64_t total, int prot, uint64_t mirror, uint8_t **base,
                       size_t *vsize)
@@ -44,22 +47,18 @@ static int ml_seg_map(int fd, uint64_t total, int prot, uint64_t mirror, uint8_t
     if (total != ML_PAGE + 2 * mirror)
         return -EPROTO;
     size_t vs = ML_PAGE + 4 * mirror;
-    if ((r = __ml_sys_mmap(&p, NULL, vs, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1,
-                           0)) < 0)
+    if ((r = __ml_sys_mmap(&p, NULL, vs, prot, MAP_SHARED, fd, 0)) < 0)
         return r;
     uint8_t *b = p;
-    struct { uint64_t va, off, len; } part[5] = {
-        {0, 0, ML_PAGE},
-        {ML_PAGE, ML_PAGE, mirror},
-        {ML_PAGE + mirror, ML_PAGE, mirror},
-        {ML_PAGE + 2 * mirror, ML_PAGE + mirror, mirror},
+    struct { uint64_t va, off, len; } part[2] = {
+        {ML_PAGE + mirror, ML_PAGE, 2 * mirror},
         {ML_PAGE + 3 * mirror, ML_PAGE + mirror, mirror},
     };
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 2; i++) {
         void *q;
         r = __ml_sys_mmap(&q, b + part[i].va, part[i].len, prot, MAP_SHARED | MAP_FIXED, fd,
                           (off_t)part[i].off);
-        /* MAP_FIXED over our own reservation cannot move; check anyway. */
+        /* MAP_FIXED over our own mapping cannot move; check anyway. */
         if (r < 0 || q != b + part[i].va) {
             __ml_sys_munmap(b, vs);
             return r < 0 ? r : -ENOMEM;
@@ -87,6 +86,7 @@ int __ml_seg_create(memlan_fabric_t *fab, uint32_t kind, int mode, uint64_t body
     char name[80];
     long fd;
     int r;
+    struct stat st;
     for (int attempt = 0;; attempt++) {
         if (attempt == 8) {
             r = -EAGAIN;
@@ -104,7 +104,6 @@ int __ml_seg_create(memlan_fabric_t *fab, uint32_t kind, int mode, uint64_t body
         }
         /* Take the owner's liveness byte.  A reclaimer may have locked the empty file first and
          * removed it; then nlink is 0 and we start again with a new token. */
-        struct stat st;
         if ((r = __ml_sys_lock_byte((int)fd, ML_LOCK_OWNER, 1)) < 0 ||
             (r = __ml_sys_fstat((int)fd, &st)) < 0) {
             __ml_sys_unlinkat(fab->dirfd, name, 0);
@@ -125,6 +124,8 @@ int __ml_seg_create(memlan_fabric_t *fab, uint32_t kind, int mode, uint64_t body
         goto fail_unlink;
     seg->fab = fab;
     seg->fd = (int)fd;
+    seg->ino = (uint64_t)st.st_ino;
+    seg->dev = (uint64_t)st.st_dev;
     seg->base = p;
     seg->map_size = vsize;
     seg->mirror = mirror;
@@ -147,7 +148,7 @@ int __ml_seg_create(memlan_fabric_t *fab, uint32_t kind, int mode, uint64_t body
     h->body_off = body_off;
     h->body_size = body_size;
     h->owner_pid = (int32_t)__ml_sys_getpid();
-    h->owner_uid = (uint32_t)getuid();
+    h->owner_uid = (uint32_t)fab->uid;
     h->created_ns = (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
     ml_store_relaxed(&h->state, ML_SEG_LIVE);
     /* ready is stored by __ml_seg_publish() once the body is initialised too. */
@@ -200,8 +201,15 @@ int __ml_seg_import_fd(memlan_fabric_t *fab, const char *token, int fd, uint32_t
     if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < sizeof h ||
         (uint64_t)st.st_size > ML_MAX_SEG_SIZE + ML_PAGE)
         goto fail;
-    if (__ml_sys_pread((int)fd, &h, sizeof h, 0) != (ssize_t)sizeof h)
+    /* The header and, for a channel, its geometry just after it: one read. */
+    struct {
+        struct ml_seg_hdr h;
+        struct ml_chan_hdr c;
+    } both;
+    size_t want = kind == ML_KIND_CHANNEL ? sizeof both : sizeof h;
+    if ((uint64_t)st.st_size < want || __ml_sys_pread((int)fd, &both, want, 0) != (ssize_t)want)
         goto fail;
+    h = both.h;
     if (h.magic != ML_SEG_MAGIC)
         goto fail;
     if (h.version != ML_LAYOUT_VERSION) {
@@ -224,11 +232,9 @@ int __ml_seg_import_fd(memlan_fabric_t *fab, const char *token, int fd, uint32_t
     /* A channel's geometry decides how it is mapped: read it (once, privately) first. */
     uint64_t mirror = 0;
     if (kind == ML_KIND_CHANNEL) {
-        struct ml_chan_hdr c;
-        if (h.body_off != sizeof h || h.body_size < sizeof c ||
-            __ml_sys_pread((int)fd, &c, sizeof c, (off_t)h.body_off) != (ssize_t)sizeof c)
+        if (h.body_off != sizeof h || h.body_size < sizeof both.c)
             goto fail;
-        mirror = c.ring_size;
+        mirror = both.c.ring_size;
         if (mirror < ML_PAGE || (mirror & (mirror - 1)) || h.total_size != ML_PAGE + 2 * mirror)
             goto fail;
     }
@@ -245,6 +251,8 @@ int __ml_seg_import_fd(memlan_fabric_t *fab, const char *token, int fd, uint32_t
     }
     seg->fab = fab;
     seg->fd = (int)fd;
+    seg->ino = (uint64_t)st.st_ino;
+    seg->dev = (uint64_t)st.st_dev;
     seg->base = p;
     seg->map_size = vsize;
     seg->mirror = mirror;
@@ -267,13 +275,12 @@ fail:
     return r;
 }
 
+/* Close the fd; the mappings keep the file and our lock on it.  The file's identity was taken when
+ * it was opened (create and import fstat it), so a probe by name can tell it from another. */
 void __ml_seg_drop_fd(struct memlan_segment *seg)
 {
-    struct stat st;
-    if (seg->fd < 0 || __ml_sys_fstat(seg->fd, &st) < 0)
+    if (seg->fd < 0 || !seg->ino)
         return; /* keep the fd: without the file's identity we could not probe by name */
-    seg->ino = (uint64_t)st.st_ino;
-    seg->dev = (uint64_t)st.st_dev;
     __ml_sys_close(seg->fd);
     seg->fd = -1;
 }

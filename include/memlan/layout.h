@@ -112,7 +112,8 @@ struct ml_chan_hdr {
                                 * 0 -> ML_ATTACH_WITHDRAWN by the creator taking its offer back */
     _Atomic uint32_t side_state[2];
     int32_t side_pid[2];
-    uint8_t reserved[4];
+    _Atomic uint32_t generation; /* bumped each time the creator reuses the file for a new
+                                  * connection (src/channel.c, the pool); an offer names it */
 };
 
 #define ML_ATTACH_WITHDRAWN 2u
@@ -147,8 +148,9 @@ struct ml_sock_side {
  * connect() and the posting of their offer; an acceptor that finds no offer waits for it to fall.
  *
  * cx-NETNS-CLIENT-SERVER: an offer, named by the connection's two addresses and ports.  A memlan
- * client creates it exclusively and writes its channel's token (ML_TOKEN_HEX bytes); an acceptor
- * that gives up first creates it exclusively holding "R" (refused), which the client then finds.
+ * client creates it exclusively and writes its channel's token (ML_TOKEN_HEX bytes) and the
+ * channel's generation (8 hex digits); an acceptor that gives up first creates it exclusively
+ * holding "R" (refused), which the client then finds.
  */
 #define ML_LREC_MAGIC 0x434552504c4d454dull /* "MEMLPREC" */
 

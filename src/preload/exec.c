@@ -320,6 +320,9 @@ static char *const *mlp_exec_prepare(struct mlp_carry *c, char *const envp[])
     c->memfd = -1;
     if (!envp)
         envp = empty; /* Linux reads a null envp as an empty one */
+    /* Exec takes the pool's mappings: give its channel files back now. */
+    if (mlp_fab)
+        __ml_chan_pool_drain(mlp_fab);
     if (!mlp_cfg.off)
         c->memfd = mlp_carry_list(c);
     return mlp_exec_env(c, envp);

@@ -556,9 +556,8 @@ static bool mlp_fd_cloexec(int fd)
 static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, const char **why)
 {
     memlan_fabric_t *fab = mlp_fab;
-    struct memlan_channel_opts o = {.kind = MEMLAN_STREAM, .ring_size = mlp_cfg.ring_size};
     memlan_channel_t *ch;
-    int e = memlan_channel_create(fab, &o, &ch);
+    int e = __ml_chan_create_pooled(fab, mlp_cfg.ring_size, &ch);
     if (e < 0) {
         *why = e == -ENOSPC ? "fabric full (no space for a channel)" : "channel creation failed";
         return e;
@@ -589,7 +588,11 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, cons
         memlan_channel_close(ch);
         return (int)ofd;
     }
-    if (__ml_sys_write((int)ofd, ch->seg->token, ML_TOKEN_HEX) != ML_TOKEN_HEX) {
+    /* The offer: the channel's token and its generation (see the pool in channel.c). */
+    char offer[ML_TOKEN_HEX + 9];
+    memcpy(offer, ch->seg->token, ML_TOKEN_HEX);
+    snprintf(offer + ML_TOKEN_HEX, 9, "%08x", __ml_chan_generation(ch));
+    if (__ml_sys_write((int)ofd, offer, ML_TOKEN_HEX + 8) != ML_TOKEN_HEX + 8) {
         __ml_sys_close((int)ofd);
         __ml_sys_unlinkat(fab->dirfd, name, 0);
         *why = "could not write the offer";
@@ -733,7 +736,7 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
             pthread_mutex_lock(&s->mu);
             if (s->state == MLP_UNDECIDED) {
                 s->state = MLP_ACCEL;
-                mlp_offer_gone(s);
+                s->offer[0] = 0; /* the acceptor removed the name before it attached */
                 mlp_stat_conn(s, fd, "");
                 mlp_log(1, "fd %d: accelerated (client)", fd);
             }
@@ -780,18 +783,27 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
 
 /* ---- the accepting side ------------------------------------------------------------------ */
 
-/* Read an offer: 1 token, 0 refused/being written ("" or "R"), -ENOENT. */
-static int mlp_read_offer(const char *name, char token[MEMLAN_TOKEN_LEN + 1], bool *refused)
+/* Read an offer: 1 token and generation, 0 refused/being written ("" or "R"), -ENOENT. */
+static int mlp_read_offer(const char *name, char token[MEMLAN_TOKEN_LEN + 1], uint32_t *gen,
+                          bool *refused)
 {
     long fd = __ml_sys_open(mlp_fab->dirfd, name, O_RDONLY | O_NOFOLLOW, 0);
     if (fd < 0)
         return (int)fd;
-    ssize_t n = __ml_sys_read((int)fd, token, MEMLAN_TOKEN_LEN);
+    char buf[ML_TOKEN_HEX + 9];
+    ssize_t n = __ml_sys_read((int)fd, buf, ML_TOKEN_HEX + 8);
     __ml_sys_close((int)fd);
-    *refused = n > 0 && token[0] == 'R';
-    if (n != MEMLAN_TOKEN_LEN)
+    *refused = n > 0 && buf[0] == 'R';
+    if (n != ML_TOKEN_HEX + 8)
         return 0;
-    token[MEMLAN_TOKEN_LEN] = 0;
+    buf[ML_TOKEN_HEX + 8] = 0;
+    char *end;
+    unsigned long g = strtoul(buf + ML_TOKEN_HEX, &end, 16);
+    if (*end || g > UINT32_MAX)
+        return 0;
+    *gen = (uint32_t)g;
+    memcpy(token, buf, ML_TOKEN_HEX);
+    token[ML_TOKEN_HEX] = 0;
     return 1;
 }
 
@@ -828,11 +840,15 @@ void mlp_on_accept(int lfd, int fd, int flags)
         /* SYNC: pending first, then the name: see mlp_pending_done(). */
         uint32_t pend = ml_load_acquire(&m->pending);
         bool refused = false;
-        int k = mlp_read_offer(name, token, &refused);
+        uint32_t gen = 0;
+        int k = mlp_read_offer(name, token, &gen, &refused);
         if (k == 1) {
-            int e = memlan_channel_attach(mlp_fab, token, &ch);
+            /* The name goes before the claim: a client that sees the claim knows it is gone. */
             __ml_sys_unlinkat(mlp_fab->dirfd, name, 0);
-            if (e == -EBUSY)
+            int e = __ml_chan_attach_gen(mlp_fab, token, gen, &ch);
+            if (e == -ESTALE)
+                why = "a stale offer (its channel was already reused)";
+            else if (e == -EBUSY)
                 why = mlp_peer_closed(fd) ? "the client closed before accept"
                                           : "the client had already withdrawn its offer";
             else if (e < 0)
@@ -970,6 +986,8 @@ void mlp_negotiate_after_fork(void)
 /* exit(): our stat entry goes with us (after _exit or a signal, the next reclaim removes it). */
 void mlp_negotiate_at_exit(void)
 {
+    if (mlp_fab)
+        __ml_chan_pool_drain(mlp_fab); /* the channels the closes above put in the pool */
     if (mlp_proc) {
         mlp_disown_fd(mlp_proc->fd);
         __ml_seg_destroy(mlp_proc);

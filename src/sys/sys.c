@@ -135,6 +135,16 @@ int __ml_sys_lock_byte(int fd, off_t byte, int wait)
     }
 }
 
+int __ml_sys_lock_range(int fd, off_t start, off_t len)
+{
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_start = start, .l_len = len};
+    long r;
+    do
+        r = SYS_CALL(SYS_fcntl, fd, F_OFD_SETLK, &fl);
+    while (r == -EINTR);
+    return r == -EACCES ? -EAGAIN : (int)r;
+}
+
 int __ml_sys_lock_byte_shared(int fd, off_t byte)
 {
     struct flock fl = {.l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = byte, .l_len = 1};

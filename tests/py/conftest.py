@@ -4,6 +4,7 @@ import ctypes
 import os
 import pathlib
 import shutil
+import socket
 import subprocess
 import tempfile
 
@@ -13,6 +14,23 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = pathlib.Path(os.environ.get("BUILD", ROOT / "build"))
 MEMLAN = BUILD / "bin" / "memlan"
 LIB = BUILD / "lib" / "libmemlan.so"
+
+
+def port_free(port, strict=False):
+    """Can a listener bind this port now?  Test ports lie in the ephemeral range, where an
+    earlier connection's socket (FIN_WAIT, CLOSE_WAIT, or TIME_WAIT after a benchmark) can hold
+    one for a while.  strict: free even for a server that does not set SO_REUSEADDR."""
+    for fam, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        s = socket.socket(fam, socket.SOCK_STREAM)
+        try:
+            if not strict:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind((host, port))
+        except OSError:
+            return False
+        finally:
+            s.close()
+    return True
 
 
 @pytest.fixture

@@ -19,13 +19,15 @@ import time
 
 import pytest
 
-from conftest import MEMLAN
+from conftest import MEMLAN, port_free
 
 PORT = [47600]
 
 
 def next_port():
     PORT[0] += 1
+    while not port_free(PORT[0], strict=True):
+        PORT[0] += 1
     return PORT[0]
 
 

@@ -15,25 +15,10 @@ import time
 
 import pytest
 
-from conftest import BUILD, MEMLAN, memlan
+from conftest import BUILD, MEMLAN, memlan, port_free
 
 CONFORM = BUILD / "tests-preload" / "conform"
 PORT = [47100]
-
-
-def port_free(port):
-    """Can a listener bind this port now?  Test ports lie in the ephemeral range, where an
-    earlier connection's socket (FIN_WAIT, CLOSE_WAIT) can hold one for a while."""
-    for fam, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
-        s = socket.socket(fam, socket.SOCK_STREAM)
-        try:
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((host, port))
-        except OSError:
-            return False
-        finally:
-            s.close()
-    return True
 
 
 def next_port():
