@@ -192,13 +192,20 @@ static void ml_chan_reset(struct memlan_segment *seg)
 {
     uint8_t *b = seg->base;
     struct ml_chan_hdr *c = (struct ml_chan_hdr *)(b + seg->body_off);
+    struct ml_ring_ctl *ctl[2] = {(struct ml_ring_ctl *)(b + ML_CHAN_CTL0_OFF),
+                                  (struct ml_ring_ctl *)(b + ML_CHAN_CTL1_OFF)};
+    /* Where the old attacher ran is kept as a hint: the next one is most likely the same
+     * server, and a creator that waits for it must not spin on the core it needs. */
+    uint32_t peer_rx_cpu = ml_load_relaxed(&ctl[0]->rx_cpu);
+    uint32_t peer_tx_cpu = ml_load_relaxed(&ctl[1]->tx_cpu);
     for (int i = 0; i < 2; i++) {
-        struct ml_ring_ctl *ctl = (struct ml_ring_ctl *)(b + (i ? ML_CHAN_CTL1_OFF : ML_CHAN_CTL0_OFF));
-        uint64_t used = ml_load_relaxed(&ctl->head);
+        uint64_t used = ml_load_relaxed(&ctl[i]->head);
         memset(b + ML_PAGE + 2 * (uint64_t)i * seg->mirror, 0,
                used < seg->mirror ? used : seg->mirror);
-        memset(ctl, 0, sizeof *ctl);
+        memset(ctl[i], 0, sizeof *ctl[i]);
     }
+    ml_store_relaxed(&ctl[0]->rx_cpu, peer_rx_cpu);
+    ml_store_relaxed(&ctl[1]->tx_cpu, peer_tx_cpu);
     memset(b + ML_CHAN_SOCK_OFF, 0, 2 * sizeof(struct ml_sock_side));
     ml_store_relaxed(&c->side_state[0], ML_SIDE_OPEN);
     ml_store_relaxed(&c->side_state[1], ML_SIDE_OPEN);
