@@ -244,7 +244,8 @@ static void run_usage(FILE *f)
             "  --log-level N       0 errors, 1 decisions, 2 debug (MEMLAN_LOG_LEVEL)\n"
             "  --accept-wait-ms N  how long a client's offer waits for a memlan accept before the\n"
             "                      connection stays on TCP (MEMLAN_ACCEPT_WAIT_MS, default 2000)\n"
-            "  --ring-kb N         ring size per direction, KiB (MEMLAN_RING_KB, default 256)\n"
+            "  --ring-kb N         ring size per direction, KiB, unless SO_SNDBUF/SO_RCVBUF set\n"
+            "                      before connect say otherwise (MEMLAN_RING_KB, default 256)\n"
             "  --off               load the library but accelerate nothing (MEMLAN_OFF=1)\n"
             "Children inherit the settings.  memlan stat shows the connections and, for each one\n"
             "that stayed on TCP, why.\n");

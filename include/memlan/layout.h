@@ -160,6 +160,8 @@ struct ml_listen_rec {
     uint32_t port;
     _Alignas(ML_CACHELINE) _Atomic uint32_t pending;
     _Atomic uint32_t waiters;  /* acceptors asleep on pending */
+    _Atomic uint32_t ring_hint;/* the largest SO_RCVBUF/SO_SNDBUF a listener set (the kernel's
+                                * value), so that clients size their rings to it; 0 = none */
 };
 
 /*

@@ -131,6 +131,7 @@ MLP_EXPORT int close(int fd)
         return -1;
     }
     int saved = errno;
+    mlp_bufhint_clear(fd);
     char offer[sizeof ((struct mlp_sock *)0)->offer];
     offer[0] = 0;
     mlp_defer_offer_unlink = offer;
@@ -427,6 +428,12 @@ MLP_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_
     int r = mlp_real_setsockopt(fd, level, name, val, len);
     if (r < 0)
         return r;
+    if (level == SOL_SOCKET && (name == SO_SNDBUF || name == SO_RCVBUF ||
+                                name == SO_SNDBUFFORCE || name == SO_RCVBUFFORCE)) {
+        int saved = errno;
+        mlp_note_bufsize(fd, name);
+        errno = saved;
+    }
     struct mlp_sock *s = mlp_conn(fd);
     if (s) {
         mlp_setsockopt(s, level, name, val, len);

@@ -276,6 +276,72 @@ void mlp_stat_conn(struct mlp_sock *s, int fd, const char *why)
         atomic_fetch_add(&mlp_proc_hdr->tcp_total, 1);
 }
 
+/* ---- ring sizes -------------------------------------------------------------------------- */
+
+/*
+ * SO_RCVBUF and SO_SNDBUF size the rings.  What the program set on a socket (the kernel's value,
+ * which is doubled and capped by net.core.[rw]mem_max) is noted per fd; a listener publishes its
+ * largest in its record, and a client's channel gets rings of the largest of its own and the
+ * listener's, rounded up to a power of two (4 KB to 64 MB).  Without either, MEMLAN_RING_KB.
+ * Set after the connection is accelerated, they reach only the kernel socket.
+ */
+static _Atomic uint32_t mlp_bufhint[2][1 << 16]; /* [0] SO_SNDBUF, [1] SO_RCVBUF, as set */
+
+static void mlp_ring_hint_publish(struct ml_listen_rec *m, uint32_t v);
+static void mlp_listener_bufsize(int fd, uint32_t v);
+
+static uint32_t mlp_bufhint_of(int fd)
+{
+    if (fd < 0 || fd >= (1 << 16))
+        return 0;
+    uint32_t a = ml_load_relaxed(&mlp_bufhint[0][fd]), b = ml_load_relaxed(&mlp_bufhint[1][fd]);
+    return a > b ? a : b;
+}
+
+void mlp_note_bufsize(int fd, int name)
+{
+    if (fd < 0 || fd >= (1 << 16))
+        return;
+    int rcv = name == SO_RCVBUF || name == SO_RCVBUFFORCE;
+    int v = 0;
+    socklen_t l = sizeof v;
+    if (mlp_real_getsockopt(fd, SOL_SOCKET, rcv ? SO_RCVBUF : SO_SNDBUF, &v, &l) < 0 || v <= 0)
+        return;
+    ml_store_relaxed(&mlp_bufhint[rcv][fd], (uint32_t)v);
+    mlp_listener_bufsize(fd, mlp_bufhint_of(fd));
+}
+
+void mlp_bufhint_clear(int fd)
+{
+    if (fd >= 0 && fd < (1 << 16) &&
+        (ml_load_relaxed(&mlp_bufhint[0][fd]) || ml_load_relaxed(&mlp_bufhint[1][fd]))) {
+        ml_store_relaxed(&mlp_bufhint[0][fd], 0u);
+        ml_store_relaxed(&mlp_bufhint[1][fd], 0u);
+    }
+}
+
+static void mlp_ring_hint_publish(struct ml_listen_rec *m, uint32_t v)
+{
+    uint32_t cur = ml_load_relaxed(&m->ring_hint);
+    while (v > cur && !atomic_compare_exchange_weak(&m->ring_hint, &cur, v))
+        ;
+}
+
+static size_t mlp_ring_size(int fd, uint32_t listener_hint)
+{
+    uint64_t want = mlp_bufhint_of(fd);
+    if (listener_hint > want && listener_hint <= (64u << 20)) /* the record is peer-writable */
+        want = listener_hint;
+    if (!want)
+        return mlp_cfg.ring_size;
+    if (want > (64u << 20))
+        want = 64u << 20;
+    size_t rs = 4096;
+    while (rs < want)
+        rs <<= 1;
+    return rs;
+}
+
 /* ---- listener records -------------------------------------------------------------------- */
 
 struct mlp_lrec {
@@ -287,6 +353,17 @@ struct mlp_lrec {
     ino_t ino;
 };
 static struct mlp_lrec *mlp_lrecs[65536];
+
+/* SO_RCVBUF/SO_SNDBUF set on a listening socket: published for the clients to come. */
+static void mlp_listener_bufsize(int fd, uint32_t v)
+{
+    struct mlp_sock *s = mlp_get(fd);
+    if (s) {
+        if (s->type == MLP_LISTENER && s->rec && s->rec->map)
+            mlp_ring_hint_publish(s->rec->map, v);
+        mlp_put(s);
+    }
+}
 
 static void mlp_lrec_name(char *buf, size_t len, int port)
 {
@@ -328,8 +405,29 @@ static int mlp_lrec_open(int port, bool create, int *fdp, struct ml_listen_rec *
                 return -ENOENT;
             }
         }
+        /* A listener maps the record through a second open file: the read lock is on the
+         * first, and a mapping keeps its open file (and any lock on it) alive, so the lock would
+         * outlive the listener's close and the record the last listener. */
+        long mfd = fd;
+        if (create) {
+            struct stat st2;
+            mfd = __ml_sys_open(fab->dirfd, name, O_RDWR | O_NOFOLLOW, 0);
+            if (mfd >= 0 && (__ml_sys_fstat((int)mfd, &st2) < 0 || st2.st_ino != st.st_ino ||
+                             st2.st_dev != st.st_dev)) {
+                __ml_sys_close((int)mfd);
+                mfd = -ESTALE;
+            }
+            if (mfd < 0) {
+                __ml_sys_close((int)fd);
+                if (mfd == -ESTALE || mfd == -ENOENT)
+                    continue; /* removed and created again meanwhile */
+                return (int)mfd;
+            }
+        }
         void *p;
-        int r = __ml_sys_mmap(&p, NULL, ML_PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, (int)fd, 0);
+        int r = __ml_sys_mmap(&p, NULL, ML_PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, (int)mfd, 0);
+        if (mfd != fd)
+            __ml_sys_close((int)mfd);
         if (r < 0) {
             __ml_sys_close((int)fd);
             return r;
@@ -472,6 +570,9 @@ int mlp_on_listen(int fd)
     }
     s->port = a.port;
     s->rec = r;
+    uint32_t hint = mlp_bufhint_of(fd);
+    if (hint && r->map)
+        mlp_ring_hint_publish(r->map, hint);
     mlp_install(fd, s);
     mlp_put(s);
     mlp_log(1, "listen fd %d port %d: published in %s", fd, a.port, mlp_fab->path);
@@ -553,11 +654,12 @@ static bool mlp_fd_cloexec(int fd)
     return f > 0 && (f & FD_CLOEXEC);
 }
 
-static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, const char **why)
+static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, uint32_t hint,
+                            const char **why)
 {
     memlan_fabric_t *fab = mlp_fab;
     memlan_channel_t *ch;
-    int e = __ml_chan_create_pooled(fab, mlp_cfg.ring_size, &ch);
+    int e = __ml_chan_create_pooled(fab, mlp_ring_size(fd, hint), &ch);
     if (e < 0) {
         *why = e == -ENOSPC ? "fabric full (no space for a channel)" : "channel creation failed";
         return e;
@@ -660,7 +762,7 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
     else if (!p)
         why = "no memlan listener on this port in the fabric";
     if (!why)
-        (void)mlp_client_offer(fd, &l, &r, &why);
+        (void)mlp_client_offer(fd, &l, &r, ml_load_relaxed(&p->map->ring_hint), &why);
     if (p) {
         mlp_pending_done(p->map);
         free(p);

@@ -106,6 +106,9 @@ int mlp_evict_fd(int fd);
 void mlp_own_fd_cloexec(int fd, bool cloexec);
 
 /* The connection life cycle (negotiate.c). */
+/* SO_RCVBUF/SO_SNDBUF set by the program size the rings (negotiate.c). */
+void mlp_note_bufsize(int fd, int name);
+void mlp_bufhint_clear(int fd);
 int mlp_on_listen(int fd);
 void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, void **token);
 void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, void *token, int rc,

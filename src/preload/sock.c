@@ -47,20 +47,24 @@ static void mlp_lock(_Atomic uint32_t *w, _Atomic int32_t *owner)
         return;
     }
     int saved = errno;
-    for (;;) {
-        if (c != 2)
-            c = ml_xchg(w, 2u);
-        if (c == 0)
-            break;
+    /* 0 free, 1 held, 2 held and maybe waited for (Drepper's "mutex3"): every retry takes the
+     * word with an exchange to 2, so a waiter woken by the unlock (or finding the word changed
+     * before it slept) gets the lock when it is free.  (Before, a woken waiter went back to sleep
+     * without retrying and never got a lock another thread had held: found by two threads
+     * blocked in recv on one socket.) */
+    if (c != 2)
+        c = ml_xchg(w, 2u);
+    while (c != 0) {
         int r = __ml_sys_futex_wait(w, 2u, ML_LIVENESS_NS);
         if (r == -ETIMEDOUT) {
             /* A holder that died holding the lock (SIGKILL in the middle of a send) would hold
-             * it for ever: take it over from a dead pid.  Its half-done operation is lost. */
+             * it for ever: take it over from a dead pid (the word stays 2: ours now).  Its
+             * half-done operation is lost. */
             int32_t o = ml_load_relaxed(owner);
             if (mlp_pid_dead(o) && atomic_compare_exchange_strong(owner, &o, (int32_t)mlp_pid))
                 break;
         }
-        c = 2;
+        c = ml_xchg(w, 2u);
     }
     ml_store_relaxed(owner, (int32_t)mlp_pid);
     errno = saved;
