@@ -127,7 +127,11 @@ struct ml_chan_hdr {
  * Lock words: 0 free, 1 held, 2 held with waiters; *_owner is the holder's pid, so a lock whose
  * holder died can be taken over.
  */
-#define ML_SOCK_NONBLOCK 1u
+#define ML_SOCK_NONBLOCK   1u
+#define ML_SOCK_LINGER0    2u  /* SO_LINGER on with a zero time: close aborts */
+#define ML_SOCK_RESET      4u  /* closed with unread bytes (or LINGER0): the peer gets a reset */
+#define ML_SOCK_RESET_TOLD 8u  /* the peer's reset was reported (once, as the kernel's sk_err) */
+#define ML_SOCK_WROTE_LATE 16u /* we wrote once after the peer closed: TCP would get a reset */
 
 struct ml_sock_side {
     _Alignas(ML_CACHELINE) _Atomic uint32_t tx_lock;

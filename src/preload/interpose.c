@@ -434,6 +434,8 @@ MLP_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_
         mlp_note_bufsize(fd, name);
         errno = saved;
     }
+    if (level == SOL_SOCKET && name == SO_LINGER)
+        mlp_note_linger(fd, val, len);
     struct mlp_sock *s = mlp_conn(fd);
     if (s) {
         mlp_setsockopt(s, level, name, val, len);
@@ -445,13 +447,28 @@ MLP_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_
 MLP_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len)
 {
     MLP_INIT();
-    return mlp_real_getsockopt(fd, level, name, val, len);
+    int r = mlp_real_getsockopt(fd, level, name, val, len);
+    if (r == 0 && level == SOL_SOCKET && name == SO_ERROR && len && *len >= sizeof(int) &&
+        !mlp_inside) {
+        /* An accelerated socket's errors are the channel's: a reset by the peer, reported
+         * once as the kernel clears sk_err when it is read.  The idle kernel socket's own
+         * (the peer's SO_LINGER 0 resets it too) is read, and so cleared, but not told. */
+        struct mlp_sock *s = mlp_conn(fd);
+        if (s) {
+            if (s->state == MLP_ACCEL)
+                *(int *)val = mlp_reset_take(s) ? ECONNRESET : 0;
+            mlp_put(s);
+        }
+    }
+    return r;
 }
 
 /* ---- readiness --------------------------------------------------------------------------- */
 
 static bool mlp_any_ours(const struct pollfd *fds, nfds_t n)
 {
+    if (ml_unlikely(__atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED)))
+        return true;
     for (nfds_t i = 0; i < n; i++)
         if (ml_unlikely(mlp_fd_is_ours(fds[i].fd)))
             return true;
@@ -478,6 +495,8 @@ MLP_EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *tmo,
 
 static bool mlp_any_ours_set(int n, fd_set *r, fd_set *w, fd_set *e)
 {
+    if (ml_unlikely(__atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED)))
+        return true;
     int max = mlp_fd_max();
     if (max < 0)
         return false;

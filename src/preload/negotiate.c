@@ -311,8 +311,27 @@ void mlp_note_bufsize(int fd, int name)
     mlp_listener_bufsize(fd, mlp_bufhint_of(fd));
 }
 
+/* SO_LINGER with a zero time set before the connection exists (on the socket, or on the listener
+ * whose accepted sockets inherit it, as the kernel's do). */
+static _Atomic uint8_t mlp_linger0[1 << 16];
+
+void mlp_note_linger(int fd, const void *val, socklen_t len)
+{
+    if (fd < 0 || fd >= (1 << 16) || len < sizeof(struct linger))
+        return;
+    const struct linger *lg = val;
+    ml_store_relaxed(&mlp_linger0[fd], (uint8_t)(lg->l_onoff && lg->l_linger == 0));
+}
+
+static uint32_t mlp_linger_flag(int fd)
+{
+    return fd >= 0 && fd < (1 << 16) && ml_load_relaxed(&mlp_linger0[fd]) ? ML_SOCK_LINGER0 : 0u;
+}
+
 void mlp_bufhint_clear(int fd)
 {
+    if (fd >= 0 && fd < (1 << 16) && ml_load_relaxed(&mlp_linger0[fd]))
+        ml_store_relaxed(&mlp_linger0[fd], (uint8_t)0);
     if (fd >= 0 && fd < (1 << 16) &&
         (ml_load_relaxed(&mlp_bufhint[0][fd]) || ml_load_relaxed(&mlp_bufhint[1][fd]))) {
         ml_store_relaxed(&mlp_bufhint[0][fd], 0u);
@@ -643,7 +662,7 @@ static bool mlp_is_tcp(int fd)
     return getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &l) == 0 && proto == IPPROTO_TCP;
 }
 
-static struct ml_sock_side *mlp_side_block(memlan_channel_t *ch, int side)
+struct ml_sock_side *mlp_side_block(memlan_channel_t *ch, int side)
 {
     return (struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF) + side;
 }
@@ -717,7 +736,8 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, uint
     s->me = mlp_side_block(ch, 0);
     ml_store_relaxed(&s->me->holders, 1u);
     long fl = mlp_real_fcntl(fd, F_GETFL, 0);
-    ml_store_relaxed(&s->me->flags, (fl > 0 && (fl & O_NONBLOCK)) ? ML_SOCK_NONBLOCK : 0u);
+    ml_store_relaxed(&s->me->flags,
+                     ((fl > 0 && (fl & O_NONBLOCK)) ? ML_SOCK_NONBLOCK : 0u) | mlp_linger_flag(fd));
     s->state = MLP_UNDECIDED;
     s->offer_ns = mlp_now_ns();
     snprintf(s->offer, sizeof s->offer, "%s", name);
@@ -1007,7 +1027,10 @@ void mlp_on_accept(int lfd, int fd, int flags)
     s->side = 1;
     s->me = mlp_side_block(ch, 1);
     ml_store_relaxed(&s->me->holders, 1u);
-    ml_store_relaxed(&s->me->flags, (flags & SOCK_NONBLOCK) ? ML_SOCK_NONBLOCK : 0u);
+    ml_store_relaxed(&s->me->flags,
+                     ((flags & SOCK_NONBLOCK) ? ML_SOCK_NONBLOCK : 0u) | mlp_linger_flag(lfd));
+    if (mlp_linger_flag(lfd))
+        mlp_note_linger(fd, &(struct linger){1, 0}, sizeof(struct linger));
     s->state = MLP_ACCEL;
     s->slot = mlp_proc_slot();
     mlp_slot_fill(s->slot, ML_CONN_ACCEL, fd, &l, &r, token, "");

@@ -20,11 +20,13 @@
 #include "sys/sys.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 static memlan_evq_t *mlp_q;
 static pthread_mutex_t mlp_q_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -32,6 +34,7 @@ static struct ml_spin mlp_poll_spin;
 static void mlp_epoll_after_fork(void);
 struct mlp_ep;
 static void mlp_ep_nested_leave(struct mlp_ep *e);
+static void mlp_nested_refresh(void);
 
 void mlp_poll_after_fork(void)
 {
@@ -136,8 +139,11 @@ static int mlp_revents(struct mlp_sock *s, int fd)
         rev |= POLLOUT | POLLWRNORM;
     if ((ps != ML_SIDE_OPEN || dead) && ch->shut_wr)
         rev |= POLLHUP;
-    if (dead && __ml_chan_peer_left_unread(ch))
-        rev |= POLLERR | POLLHUP;
+    if (rd_done) {
+        int rs = mlp_reset_state(s); /* a reset: the kernel's socket is closed, HUP for good */
+        if (rs)
+            rev |= POLLHUP | (rs == 1 ? POLLERR : 0);
+    }
     if (ch->rx.corrupt || ch->tx.corrupt)
         rev |= POLLERR;
     return rev;
@@ -314,7 +320,10 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             nk++;
         }
         int bell = -1;
-        if (mlp_q && naccel) {
+        bool nested = __atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED) != 0;
+        if (nested && !ready && timeout_ns != 0)
+            mlp_nested_refresh();
+        if (mlp_q && (naccel || nested)) {
             bell = (int)nk;
             k[nk++] = (struct pollfd){.fd = memlan_evq_fd(mlp_q), .events = POLLIN};
         }
@@ -479,6 +488,7 @@ struct mlp_ep {
     int nready;
     uint64_t gen;                       /* insertions into the ready list */
     int sleepers;                       /* threads asleep in the kernel on this set */
+    int waiters;                        /* threads inside epoll_wait on this set */
     int efd;                            /* eventfd, -1 until needed */
     bool efd_rung;
     bool in_kernel;                     /* doorbell and eventfd added to the kernel set */
@@ -494,6 +504,7 @@ static struct mlp_ep *mlp_eps_free;   /* closed sets, reused: never freed, since
                                        * may still be inside epoll_wait on a closed epoll fd */
 static pthread_mutex_t mlp_eps_mu = PTHREAD_MUTEX_INITIALIZER; /* the table of sets */
 static pthread_mutex_t mlp_epmu = PTHREAD_MUTEX_INITIALIZER;   /* members and ready lists */
+int mlp_nnested;                      /* sets that are members of other sets */
 
 static struct mlp_ep *mlp_ep_get(int epfd, bool create)
 {
@@ -543,6 +554,8 @@ static struct mlp_ep *mlp_ep_get(int epfd, bool create)
 
 bool mlp_epoll_has_ours(int epfd)
 {
+    if (__atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED))
+        return true; /* any set may hold a nested set whose readiness is ours to check */
     struct mlp_ep *e = mlp_ep_get(epfd, false);
     return e && __atomic_load_n(&e->n, __ATOMIC_RELAXED) > 0;
 }
@@ -556,6 +569,20 @@ static void mlp_ep_ring(struct mlp_ep *e)
     uint64_t one = 1;
     (void)__ml_sys_write(e->efd, &one, sizeof one);
     e->efd_rung = true;
+}
+
+static uint32_t mlp_ev_from_poll(int rev);
+
+/* Is m worth reporting now?  Unknown (undecided, gone to TCP, or cannot tell): yes. */
+static bool mlp_member_ready(struct mlp_member *m)
+{
+    struct mlp_sock *s = m->s;
+    if (m->disabled)
+        return false;
+    if (s->type != MLP_CONN || s->state != MLP_ACCEL || !s->ch)
+        return true;
+    int rev = mlp_revents(s, m->fd);
+    return rev < 0 || (mlp_ev_from_poll(rev) & (m->events | EPOLLERR | EPOLLHUP)) != 0;
 }
 
 static void mlp_rl_push(struct mlp_member *m)
@@ -573,7 +600,9 @@ static void mlp_rl_push(struct mlp_member *m)
     e->rtail = m;
     e->nready++;
     e->gen++;
-    if (e->sleepers || e->nested)
+    /* A set inside another looks readable to it through the eventfd: only while a member is
+     * really ready, as the kernel's set answers a poll by checking its ready list. */
+    if (e->sleepers || (e->nested && mlp_member_ready(m)))
         mlp_ep_ring(e);
 }
 
@@ -599,9 +628,19 @@ static void mlp_mark_sock(struct mlp_sock *s)
 {
     if (!__atomic_load_n(&s->epm, __ATOMIC_RELAXED))
         return;
+    /* EPOLLEXCLUSIVE as the kernel's wake-up does it: the memberships with it are visited in
+     * turn and the visit stops at the first set that a thread is waiting on; the sets before it
+     * (nobody waiting) keep the event on their ready lists. */
+    bool woke = false;
     pthread_mutex_lock(&mlp_epmu);
-    for (struct mlp_member *m = s->epm; m; m = m->snext)
-        mlp_rl_push(m);
+    for (struct mlp_member *m = s->epm; m; m = m->snext) {
+        if (!(m->events & EPOLLEXCLUSIVE)) {
+            mlp_rl_push(m);
+        } else if (!woke) {
+            mlp_rl_push(m);
+            woke = __atomic_load_n(&m->ep->waiters, __ATOMIC_RELAXED) > 0;
+        }
+    }
     pthread_mutex_unlock(&mlp_epmu);
 }
 
@@ -652,6 +691,10 @@ void mlp_epoll_forget_fd(int fd)
             break;
     }
     pthread_mutex_lock(&mlp_epmu);
+    if (e->nested) {
+        e->nested = false;
+        __atomic_sub_fetch(&mlp_nnested, 1, __ATOMIC_RELAXED);
+    }
     if (e->efd >= 0) {
         mlp_disown_fd(e->efd);
         __ml_sys_close(e->efd);
@@ -741,7 +784,7 @@ static void mlp_ep_setup(int epfd, struct mlp_ep *e)
     int efd = e->efd;
     pthread_mutex_unlock(&mlp_epmu);
     bool ok = q != NULL && efd >= 0;
-    if (q) {
+    if (q && !e->nested) {
         struct epoll_event bev = {.events = EPOLLIN, .data.u64 = MLP_TAG_BELL};
         if (mlp_real_epoll_ctl(epfd, EPOLL_CTL_ADD, memlan_evq_fd(q), &bev) < 0 && errno != EEXIST)
             ok = false;
@@ -752,6 +795,37 @@ static void mlp_ep_setup(int epfd, struct mlp_ep *e)
             ok = false;
     }
     e->in_kernel = ok;
+}
+
+static bool mlp_is_epoll_fd(int fd)
+{
+    char path[48], link[32];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(path, link, sizeof link - 1);
+    if (n < 0)
+        return false;
+    link[n] = 0;
+    return strcmp(link, "anon_inode:[eventpoll]") == 0;
+}
+
+/* The set at fd goes into another set.  Its readiness there must be its members': the doorbell
+ * leaves its kernel set (any post would make it look readable), and its eventfd says whether a
+ * member is ready.  Waits on it, and every wait of the process, take the doorbell's part. */
+static void mlp_ep_make_nested(int fd)
+{
+    struct mlp_ep *inner = mlp_ep_get(fd, true);
+    if (!inner)
+        return;
+    pthread_mutex_lock(&mlp_epmu);
+    bool first = !inner->nested;
+    inner->nested = true;
+    pthread_mutex_unlock(&mlp_epmu);
+    if (!first)
+        return;
+    __atomic_add_fetch(&mlp_nnested, 1, __ATOMIC_RELAXED);
+    if (mlp_q)
+        (void)mlp_real_epoll_ctl(fd, EPOLL_CTL_DEL, memlan_evq_fd(mlp_q), NULL);
+    mlp_ep_nested_leave(inner);
 }
 
 int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handled)
@@ -781,11 +855,8 @@ int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handle
         } else if (op == EPOLL_CTL_ADD && !s) {
             /* An epoll fd inside another: it must look readable to the outer set when our
              * members are ready. */
-            struct mlp_ep *inner = mlp_ep_get(fd, false);
-            if (inner) {
-                inner->nested = true;
-                mlp_ep_nested_leave(inner); /* no stale doorbell byte makes it look ready */
-            }
+            if (mlp_is_epoll_fd(fd))
+                mlp_ep_make_nested(fd);
         }
         if (s)
             mlp_put(s);
@@ -958,20 +1029,57 @@ static int mlp_ep_collect(int epfd, struct mlp_ep *e, struct epoll_event *out, i
     return got;
 }
 
-/* A set inside another set: the outer set sees it readable while its ready list is not empty. */
-static void mlp_ep_nested_leave(struct mlp_ep *e)
+/* A set inside another set looks readable to the outer one through its eventfd: keep that true
+ * to the members (mlp_epmu held).  Members found not ready leave the ready list armed, as a wait
+ * would leave them; the eventfd stays rung only while one is ready or cannot be told. */
+static void mlp_ep_prune(struct mlp_ep *e)
 {
-    pthread_mutex_lock(&mlp_epmu);
-    if (e->efd_rung && !e->rhead && !e->sleepers) {
+    bool ready = false;
+    for (int k = e->nready; k > 0 && e->rhead && !ready; k--) {
+        struct mlp_member *m = e->rhead;
+        mlp_rl_del(m);
+        if (m->disabled)
+            continue;
+        if (mlp_member_ready(m) || mlp_arm(m->s, (short)(m->events & 0xffff)) || !mlp_q) {
+            ready = true; /* back on the list (at its tail) for the next wait to report */
+            mlp_rl_push(m);
+        }
+    }
+    if (ready) {
+        mlp_ep_ring(e);
+    } else if (e->efd_rung) { /* the list is empty now */
         uint64_t v;
         (void)__ml_sys_read(e->efd, &v, sizeof v);
         e->efd_rung = false;
-    } else if (e->rhead) {
-        mlp_ep_ring(e);
     }
+}
+
+static void mlp_ep_nested_leave(struct mlp_ep *e)
+{
+    pthread_mutex_lock(&mlp_epmu);
+    mlp_ep_prune(e);
     pthread_mutex_unlock(&mlp_epmu);
     if (mlp_q && memlan_evq_arm(mlp_q) == 1)
         mlp_queue_drain(); /* rings e's eventfd if it concerns e */
+}
+
+/* Before any wait of a process that has nested sets sleeps: take the queue's events and make
+ * every nested set's readiness true, so that an outer set (or poll) reports an inner one only
+ * when a member of it is ready.  The sleeping wait has the doorbell, which nested sets do not. */
+static void mlp_nested_refresh(void)
+{
+    if (!__atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED) || !mlp_eps)
+        return;
+    mlp_queue_drain();
+    pthread_mutex_lock(&mlp_epmu);
+    for (int fd = 0; fd <= mlp_eps_max && fd < mlp_neps; fd++) {
+        struct mlp_ep *e = __atomic_load_n(&mlp_eps[fd], __ATOMIC_ACQUIRE);
+        if (e && e->nested)
+            mlp_ep_prune(e);
+    }
+    pthread_mutex_unlock(&mlp_epmu);
+    if (mlp_q && memlan_evq_arm(mlp_q) == 1)
+        mlp_queue_drain();
 }
 
 int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_ns,
@@ -980,11 +1088,14 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
     struct mlp_ep *e = mlp_ep_get(epfd, false);
     if (max <= 0)
         return -EINVAL;
+    if (!e && __atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED))
+        e = mlp_ep_get(epfd, true); /* a set with no member of ours may hold a nested one */
     if (!e)
         return -EBADF;
     uint64_t deadline = timeout_ns < 0 ? 0 : mlp_now_ns() + (uint64_t)timeout_ns;
     bool spun = false;
     int ret;
+    __atomic_add_fetch(&e->waiters, 1, __ATOMIC_RELAXED);
     for (;;) {
         bool undecided = false;
         uint64_t gen = 0;
@@ -1007,6 +1118,7 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
         bool slept = false;
         if (!got && timeout_ns != 0) {
             mlp_ep_setup(epfd, e);
+            mlp_nested_refresh();
             pthread_mutex_lock(&mlp_epmu);
             bool changed = e->gen != gen;
             if (!changed)
@@ -1031,7 +1143,20 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             left = 1000000;
         int room = max - got;
         int r = 0;
-        if (room > 0) {
+        bool bell = false;
+        if (room > 0 && left != 0 && e->nested && mlp_q) {
+            /* The doorbell is not in a nested set's kernel set: sleep on both, then look. */
+            struct timespec ts = mlp_ts(left < 0 ? 0 : left);
+            struct pollfd pf[2] = {{.fd = epfd, .events = POLLIN},
+                                   {.fd = memlan_evq_fd(mlp_q), .events = POLLIN}};
+            r = mlp_real_ppoll(pf, 2, left < 0 ? NULL : &ts, mask);
+            if (r < 0)
+                r = -errno;
+            else
+                bell = pf[1].revents != 0;
+            left = 0;
+        }
+        if (room > 0 && r >= 0) {
             struct timespec ts = mlp_ts(left < 0 ? 0 : left);
             r = mlp_real_epoll_pwait2 ? mlp_real_epoll_pwait2(epfd, out + got, room,
                                                                left < 0 ? NULL : &ts, mask)
@@ -1057,7 +1182,7 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
         }
         /* Keep the application's events; act on ours. */
         int w = got;
-        bool again = false;
+        bool again = bell;
         for (int i = got; i < got + r; i++) {
             uint64_t d = out[i].data.u64;
             if ((d & MLP_TAG_MASK) == MLP_TAG) {
@@ -1083,6 +1208,7 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             break;
         }
     }
+    __atomic_sub_fetch(&e->waiters, 1, __ATOMIC_RELAXED);
     if (e->nested)
         mlp_ep_nested_leave(e);
     return ret;

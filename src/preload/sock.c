@@ -5,8 +5,9 @@
  * the kernel answers for a TCP socket, we answer for the channel: partial writes on a nonblocking
  * socket, EAGAIN, EOF after the peer's shutdown, EPIPE and SIGPIPE unless MSG_NOSIGNAL, EINTR
  * exactly when a handler without SA_RESTART interrupts a blocking call (the futex we sleep on is
- * restarted by the kernel otherwise).  A peer that dies is a peer that closed: EOF, or ECONNRESET
- * when it left bytes we sent unread (the kernel would have answered its close with a reset).
+ * restarted by the kernel otherwise).  A peer that dies is a peer that closed: EOF, or a reset
+ * where the kernel would have sent one (it closed with our bytes unread or with SO_LINGER 0, or
+ * we wrote once after it closed), reported once as the kernel's sk_err is.
  *
  * Concurrency: each direction has a lock in the channel's shared socket block, so the threads of
  * one process and the processes that share the socket after fork take turns; whoever takes it
@@ -24,6 +25,8 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
+
+#define ML_INT_MAX_IO 0x7ffff000 /* the most one read or write moves on Linux */
 
 int mlp_flush_unsent(struct mlp_sock *s, int fd, bool block);
 void mlp_negotiate_after_fork(void);
@@ -109,17 +112,50 @@ void mlp_set_nonblock(struct mlp_sock *s, bool on)
 
 /* ---- errors ------------------------------------------------------------------------------ */
 
-/* The peer is gone (closed, or died): is it a reset, as the kernel would report it? */
-static bool mlp_peer_reset(struct mlp_sock *s)
+/* Did the peer abort, as the kernel would report with a reset?  It closed with bytes we sent
+ * unread, or with SO_LINGER set to zero (its block says so), or it died leaving bytes unread. */
+static bool mlp_peer_aborted(struct mlp_sock *s)
 {
-    return __ml_chan_peer_state(s->ch) != ML_SIDE_CLOSED && __ml_chan_check_peer(s->ch) &&
-           __ml_chan_peer_left_unread(s->ch);
+    uint32_t ps = __ml_chan_peer_state(s->ch);
+    bool late = (atomic_load(&s->me->flags) & ML_SOCK_WROTE_LATE) != 0;
+    if (ps == ML_SIDE_CLOSED)
+        return late ||
+               (atomic_load(&mlp_side_block(s->ch, 1 - s->side)->flags) & ML_SOCK_RESET) != 0;
+    return __ml_chan_check_peer(s->ch) && (late || __ml_chan_peer_left_unread(s->ch));
+}
+
+/* A write to a peer that has closed (not just shut down its writing side): TCP takes the first
+ * one, and the peer's kernel answers it with a reset that the calls after it report.  True if
+ * this write is that first one (its bytes are dropped, as the peer's kernel drops them). */
+static bool mlp_write_after_close(struct mlp_sock *s)
+{
+    if (s->ch->shut_wr || mlp_reset_state(s) != 0)
+        return false;
+    if (__ml_chan_peer_state(s->ch) != ML_SIDE_CLOSED && !__ml_chan_check_peer(s->ch))
+        return false;
+    return !(atomic_fetch_or(&s->me->flags, ML_SOCK_WROTE_LATE) & ML_SOCK_WROTE_LATE);
+}
+
+/* 0: no reset; 1: a reset not yet reported; 2: reported (the kernel's socket is closed then). */
+int mlp_reset_state(struct mlp_sock *s)
+{
+    if (!s->ch || !s->me || !mlp_peer_aborted(s))
+        return 0;
+    return (atomic_load(&s->me->flags) & ML_SOCK_RESET_TOLD) ? 2 : 1;
+}
+
+/* Report the reset: true for the one call that reports it (recv, send or SO_ERROR), as the
+ * kernel's sk_err is read and cleared once, by whichever thread or process asks first. */
+bool mlp_reset_take(struct mlp_sock *s)
+{
+    return mlp_reset_state(s) == 1 &&
+           !(atomic_fetch_or(&s->me->flags, ML_SOCK_RESET_TOLD) & ML_SOCK_RESET_TOLD);
 }
 
 static ssize_t mlp_rx_error(struct mlp_sock *s, ssize_t r)
 {
-    if (r == -ECONNRESET)
-        return mlp_peer_reset(s) ? -ECONNRESET : 0;
+    if (r == -ECONNRESET || r == 0) /* the peer died, or its end came: a reset first, once */
+        return mlp_reset_take(s) ? -ECONNRESET : 0;
     if (r == -EPROTO) {
         mlp_log(0, "channel %s: corrupt indices from the peer; reporting a reset",
                 s->ch->seg->token);
@@ -135,8 +171,8 @@ static ssize_t mlp_tx_error(struct mlp_sock *s, ssize_t r, int flags)
                 s->ch->seg->token);
         return -ECONNRESET;
     }
-    if (r == -ECONNRESET && !mlp_peer_reset(s))
-        r = -EPIPE;
+    if (r == -ECONNRESET || r == -EPIPE)
+        r = mlp_reset_take(s) ? -ECONNRESET : -EPIPE; /* a reset, once, raises no SIGPIPE */
     if (r == -EPIPE && !(flags & MSG_NOSIGNAL))
         raise(SIGPIPE);
     return r;
@@ -231,6 +267,8 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
         return done;
     if (r == -EAGAIN && st == MLP_UNDECIDED && nb)
         return -EAGAIN;
+    if ((r == -EPIPE || r == -ECONNRESET) && mlp_write_after_close(s))
+        return (ssize_t)(total < ML_INT_MAX_IO ? total : ML_INT_MAX_IO);
     return mlp_tx_error(s, r, flags);
 }
 
@@ -291,6 +329,8 @@ ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t coun
         return (ssize_t)done;
     if (err == 0)
         return 0;
+    if ((err == -EPIPE || err == -ECONNRESET) && mlp_write_after_close(s))
+        return (ssize_t)(count < ML_INT_MAX_IO ? count : ML_INT_MAX_IO);
     return err == -EAGAIN ? -EAGAIN : mlp_tx_error(s, err, 0);
 }
 
@@ -468,7 +508,17 @@ int mlp_ioctl(struct mlp_sock *s, int fd, unsigned long req, void *arg, bool *ha
 
 int mlp_setsockopt(struct mlp_sock *s, int level, int name, const void *val, socklen_t len)
 {
-    if (s->type != MLP_CONN || !s->ch || level != SOL_SOCKET || len < sizeof(struct timeval))
+    if (s->type != MLP_CONN || !s->ch || level != SOL_SOCKET)
+        return 0;
+    if (name == SO_LINGER && len >= sizeof(struct linger) && s->me) {
+        const struct linger *lg = val;
+        if (lg->l_onoff && lg->l_linger == 0)
+            atomic_fetch_or(&s->me->flags, ML_SOCK_LINGER0);
+        else
+            atomic_fetch_and(&s->me->flags, ~ML_SOCK_LINGER0);
+        return 0;
+    }
+    if (len < sizeof(struct timeval))
         return 0;
     if (name == SO_RCVTIMEO || name == SO_SNDTIMEO) {
         const struct timeval *tv = val;
@@ -530,6 +580,10 @@ void mlp_sock_destroy(struct mlp_sock *s)
     /* Only the last process holding our side ends the connection; the others just let go. */
     bool last = atomic_fetch_sub(&s->me->holders, 1) <= 1;
     if (last && s->state == MLP_ACCEL) {
+        /* Closed with the peer's bytes unread, or SO_LINGER zero: the kernel would send a reset.
+         * The flag goes before the close that publishes our end. */
+        if (__ml_chan_rx_avail(s->ch) > 0 || (atomic_load(&s->me->flags) & ML_SOCK_LINGER0))
+            atomic_fetch_or(&s->me->flags, ML_SOCK_RESET);
         memlan_channel_close(s->ch);
     } else {
         if (s->ch->evq)

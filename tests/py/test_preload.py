@@ -457,23 +457,45 @@ def test_stat_shows_connections_and_reasons(fabric, tmp_path):
     settle(fabric)
 
 
+def scripted(prog, tmp_path):
+    """Run a scripted test program over kernel TCP, then under memlan: (plain, under, log)."""
+    plain = subprocess.run([str(prog), str(next_port())], capture_output=True, text=True,
+                           timeout=60)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    log = tmp_path / "memlan.log"
+    under = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", str(prog),
+                            str(next_port())], capture_output=True, text=True, timeout=60)
+    assert under.returncode == 0, under.stdout + under.stderr
+    return plain, under, log.read_text()
+
+
 EPOLLCONF = BUILD / "tests-preload" / "epollconf"
 
 
 def test_epoll_semantics_match_kernel(fabric, tmp_path):
     """Level, edge, one-shot, EEXIST/ENOENT, two sets, a set inside a set, DEL, half-close and
     close, poll: the scripted results under memlan equal kernel TCP's, line for line."""
-    plain = subprocess.run([str(EPOLLCONF), str(next_port())], capture_output=True, text=True,
-                           timeout=60)
-    assert plain.returncode == 0, plain.stdout + plain.stderr
-    log = tmp_path / "memlan.log"
-    under = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", str(EPOLLCONF),
-                            str(next_port())], capture_output=True, text=True, timeout=60)
-    assert under.returncode == 0, under.stdout + under.stderr
+    plain, under, text = scripted(EPOLLCONF, tmp_path)
     assert "FAIL" not in plain.stdout
     assert under.stdout.splitlines() == plain.stdout.splitlines()
-    text = log.read_text()
     assert text.count("accelerated (client)") == 4 and text.count("accelerated (accepted") == 4, text
+    settle(fabric)
+
+
+RESETCONF = BUILD / "tests-preload" / "resetconf"
+
+
+def test_resets_match_kernel(fabric, tmp_path):
+    """A close with bytes unread, SO_LINGER 0 (set on the socket, before connect, on the
+    listener), a write after the peer closed, a child still holding the socket, a thread asleep
+    in recv: what the other end sees (poll and epoll bits, recv, send, SO_ERROR, the reset
+    reported once) under memlan equals kernel TCP's, line for line."""
+    plain, under, text = scripted(RESETCONF, tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "Connection reset by peer" in plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    assert text.count("accelerated (client)") == 10, text
+    assert text.count("accelerated (accepted") == 10, text
     settle(fabric)
 
 
@@ -487,18 +509,11 @@ def test_connections_carried_across_exec(fabric, tmp_path):
     connection working.  The output under memlan equals kernel TCP's, and the log shows both
     carried sides taken up by the new images (were they not, cat would read the idle kernel
     socket and the run would hang)."""
-    plain = subprocess.run([str(EXECCONF), str(next_port())], capture_output=True, text=True,
-                           timeout=60)
-    assert plain.returncode == 0, plain.stdout + plain.stderr
+    plain, under, text = scripted(EXECCONF, tmp_path)
     assert "FAIL" not in plain.stdout and "CORRUPT" not in plain.stdout
     assert "S first exec failed: ENOENT" in plain.stderr
-    log = tmp_path / "memlan.log"
-    under = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", str(EXECCONF),
-                            str(next_port())], capture_output=True, text=True, timeout=60)
-    assert under.returncode == 0, under.stdout + under.stderr
     assert under.stdout.splitlines() == plain.stdout.splitlines()
     assert "S first exec failed: ENOENT" in under.stderr
-    text = log.read_text()
     assert text.count("accelerated (carried across exec)") == 2, text
     assert text.count("accelerated (client)") == 2 and text.count("accelerated (accepted") == 2
     assert "lost" not in text and "cannot carry" not in text, text

@@ -1,0 +1,240 @@
+/*
+ * resetconf: what a peer sees when a socket is closed with bytes it never read, or with SO_LINGER
+ * set to zero (the kernel answers both with a reset), printed line by line.  Run once over kernel
+ * TCP and once under `memlan run`: the two outputs must be equal (tests/py/test_preload.py).
+ *
+ * usage: resetconf PORT
+ * Every case makes a fresh connection in this one process (both ends accelerated under memlan),
+ * settles it with one exchange, then closes one end and prints every call the other end makes:
+ * poll and epoll bits, recv, send, SO_ERROR, in orders that show the reset is reported once.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static struct sockaddr_in addr;
+static int lfd;
+
+static void die(const char *what)
+{
+    printf("FAIL %s: %s\n", what, strerror(errno));
+    exit(1);
+}
+
+/* A settled pair: *c the client end, *s the accepted end.  linger_client: SO_LINGER 0 set on
+ * the client before it connects. */
+static void pair(int *c, int *s, int linger_client)
+{
+    *c = socket(AF_INET, SOCK_STREAM, 0);
+    if (linger_client) {
+        struct linger lg = {1, 0};
+        setsockopt(*c, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    }
+    if (*c < 0 || connect(*c, (struct sockaddr *)&addr, sizeof addr) < 0)
+        die("connect");
+    *s = accept(lfd, NULL, NULL);
+    char b[2];
+    if (*s < 0 || send(*s, "hi", 2, 0) != 2 || recv(*c, b, 2, MSG_WAITALL) != 2 ||
+        send(*c, "ok", 2, 0) != 2 || recv(*s, b, 2, MSG_WAITALL) != 2)
+        die("settle");
+}
+
+/* The calls the surviving end makes, one letter each: P poll, W epoll_wait, R recv of 3 bytes,
+ * S send of one byte, E SO_ERROR. */
+static void script(int fd, const char *calls)
+{
+    for (const char *p = calls; *p; p++) {
+        char b[8];
+        ssize_t r;
+        switch (*p) {
+        case 'P': {
+            struct pollfd q = {.fd = fd, .events = POLLIN | POLLOUT | POLLRDHUP};
+            int n = poll(&q, 1, 0);
+            printf("  poll %d %#x\n", n, q.revents);
+            break;
+        }
+        case 'W': {
+            int ep = epoll_create1(0);
+            struct epoll_event e = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP, .data.u64 = 7};
+            epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e);
+            int n = epoll_wait(ep, &e, 1, 0);
+            printf("  epoll %d %#x\n", n, n > 0 ? e.events : 0);
+            close(ep);
+            break;
+        }
+        case 'R':
+            r = recv(fd, b, 3, MSG_DONTWAIT);
+            printf("  recv %zd %s\n", r, r < 0 ? strerror(errno) : "");
+            break;
+        case 'S':
+            r = send(fd, "x", 1, MSG_NOSIGNAL);
+            printf("  send %zd %s\n", r, r < 0 ? strerror(errno) : "");
+            break;
+        case 'E': {
+            int v = -1;
+            socklen_t l = sizeof v;
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &v, &l);
+            printf("  so_error %d\n", v);
+            break;
+        }
+        }
+    }
+}
+
+static void settle_close(void)
+{
+    usleep(50000); /* kernel TCP: the reset or FIN reaches the peer */
+}
+
+/* The accepted end closes after the client sent it bytes it never read. */
+static void unread(const char *calls)
+{
+    int c, s;
+    pair(&c, &s, 0);
+    printf("unread, then %s\n", calls);
+    send(c, "0123456789", 10, 0);
+    send(s, "abcde", 5, 0);
+    usleep(20000);
+    close(s);
+    settle_close();
+    script(c, calls);
+    close(c);
+}
+
+/* The accepted end sets SO_LINGER {on, t} and closes, every byte read. */
+static void linger(int t, const char *calls)
+{
+    int c, s;
+    pair(&c, &s, 0);
+    printf("linger %d, then %s\n", t, calls);
+    struct linger lg = {1, t};
+    setsockopt(s, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    send(s, "abcde", 5, 0);
+    close(s);
+    settle_close();
+    script(c, calls);
+    close(c);
+}
+
+/* SO_LINGER 0 set on the client before it connected: the server sees the reset. */
+static void linger_before_connect(void)
+{
+    int c, s;
+    pair(&c, &s, 1);
+    printf("client linger 0 before connect\n");
+    send(c, "abcd", 4, 0);
+    close(c);
+    settle_close();
+    script(s, "RRRE");
+    close(s);
+}
+
+/* A child holds the accepted end: the parent's close with unread bytes ends nothing; the child
+ * reads everything and exits: a plain end of stream. */
+static void forked(void)
+{
+    int c, s;
+    pair(&c, &s, 0);
+    printf("forked holder\n");
+    send(c, "0123", 4, 0);
+    usleep(20000);
+    int go[2];
+    if (pipe(go) < 0)
+        die("pipe");
+    pid_t pid = fork();
+    if (pid == 0) {
+        char b[8], x;
+        if (read(go[0], &x, 1) != 1 || recv(s, b, 4, MSG_WAITALL) != 4)
+            _exit(1);
+        exit(0);
+    }
+    close(s);
+    settle_close();
+    script(c, "PS");
+    if (write(go[1], "g", 1) != 1)
+        die("go");
+    int st;
+    waitpid(pid, &st, 0);
+    printf("  child %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    settle_close();
+    script(c, "PRE");
+    close(go[0]);
+    close(go[1]);
+    close(c);
+}
+
+static int blocked_fd;
+
+static void *blocked_recv(void *arg)
+{
+    char b[8];
+    ssize_t r = recv(blocked_fd, b, sizeof b, 0);
+    printf("  blocked recv %zd %s\n", r, r < 0 ? strerror(errno) : "");
+    return arg;
+}
+
+/* A thread asleep in recv when the reset comes. */
+static void blocked(void)
+{
+    int c, s;
+    pair(&c, &s, 0);
+    printf("recv asleep\n");
+    blocked_fd = c;
+    pthread_t t;
+    pthread_create(&t, NULL, blocked_recv, NULL);
+    usleep(100000);
+    send(c, "01", 2, 0);
+    usleep(20000);
+    close(s);
+    pthread_join(t, NULL);
+    script(c, "R");
+    close(c);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2)
+        return 2;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    signal(SIGPIPE, SIG_IGN);
+    addr = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[1]))};
+    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    lfd = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(lfd, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(lfd, 8) < 0)
+        die("listen");
+
+    unread("PWRRRRSSP");
+    unread("SSRRRP");
+    unread("ERRRP");
+    unread("WRRSW");
+    linger(0, "PRRRRSP");
+    linger(5, "PRRRSP");
+    linger_before_connect();
+    forked();
+    blocked();
+
+    /* SO_LINGER 0 on the listener: the accepted socket inherits it. */
+    struct linger lg = {1, 0};
+    setsockopt(lfd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    int c, s;
+    pair(&c, &s, 0);
+    printf("listener linger 0\n");
+    close(s);
+    settle_close();
+    script(c, "PRR");
+    close(c);
+    printf("done\n");
+    return 0;
+}
