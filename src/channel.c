@@ -85,7 +85,7 @@ static void ml_chan_init(struct memlan_channel *ch, struct memlan_segment *seg, 
     c->ctl_off[1] = ML_CHAN_CTL1_OFF;
     c->data_off[0] = ML_PAGE;
     c->data_off[1] = ML_PAGE + rs;
-    c->side_pid[0] = (int32_t)__ml_sys_getpid();
+    c->side_pid[0] = (int32_t)__ml_pid();
     ml_chan_bind(ch, seg, 0);
     ch->kind = (uint32_t)kind;
 }
@@ -207,6 +207,7 @@ static void ml_chan_reset(struct memlan_segment *seg)
     ml_store_relaxed(&ctl[0]->rx_cpu, peer_rx_cpu);
     ml_store_relaxed(&ctl[1]->tx_cpu, peer_tx_cpu);
     memset(b + ML_CHAN_SOCK_OFF, 0, 2 * sizeof(struct ml_sock_side));
+    memset(b + ML_CHAN_OFFER_OFF, 0, sizeof(struct ml_offer_blk)); /* no longer offered */
     ml_store_relaxed(&c->side_state[0], ML_SIDE_OPEN);
     ml_store_relaxed(&c->side_state[1], ML_SIDE_OPEN);
     c->side_pid[1] = 0;
@@ -336,16 +337,19 @@ uint32_t __ml_chan_generation(const struct memlan_channel *ch)
     return ml_load_relaxed(&ch->hdr->generation);
 }
 
-static int ml_chan_attach(memlan_fabric_t *fab, const char *token, int64_t gen,
-                          memlan_channel_t **out)
+/* Is the channel still offered under name?  (Our attacher lock keeps a reuse out.) */
+static bool ml_offered_as(const struct memlan_segment *seg, const char *name)
 {
-    if (!fab || !out)
-        return -EINVAL;
-    *out = NULL;
-    struct memlan_segment *seg;
-    int r = __ml_seg_import(fab, token, ML_KIND_CHANNEL, true, &seg);
-    if (r < 0)
-        return r;
+    const struct ml_offer_blk *ob = (const void *)(seg->base + ML_CHAN_OFFER_OFF);
+    size_t n = strlen(name);
+    uint32_t len = ml_load_relaxed((_Atomic uint32_t *)&ob->name_len);
+    return len == n && n < sizeof ob->name && memcmp(ob->name, name, n) == 0;
+}
+
+/* Attach to an imported channel.  gen >= 0: only that generation; name: only if offered so. */
+static int ml_chan_attach_seg(struct memlan_segment *seg, int64_t gen, const char *name,
+                              memlan_channel_t **out)
+{
     struct ml_chan_hdr *c = (struct ml_chan_hdr *)(seg->base + seg->body_off);
     /* The geometry was validated by the import; the kind is read once, here. */
     uint32_t kind = c->chan_kind;
@@ -361,7 +365,8 @@ static int ml_chan_attach(memlan_fabric_t *fab, const char *token, int64_t gen,
     }
     /* A pooled channel: the offer was for this generation (checked under our lock, which the
      * creator needs to reuse the file). */
-    if (gen >= 0 && ml_load_acquire(&c->generation) != (uint32_t)gen) {
+    if ((gen >= 0 && ml_load_acquire(&c->generation) != (uint32_t)gen) ||
+        (name && !ml_offered_as(seg, name))) {
         __ml_seg_destroy(seg);
         return -ESTALE;
     }
@@ -379,7 +384,7 @@ static int ml_chan_attach(memlan_fabric_t *fab, const char *token, int64_t gen,
         __ml_seg_destroy(seg);
         return -ENOMEM;
     }
-    c->side_pid[1] = (int32_t)__ml_sys_getpid();
+    c->side_pid[1] = (int32_t)__ml_pid();
     __ml_seg_drop_fd(seg); /* the lock lives on in the mappings */
     ml_chan_bind(ch, seg, 1);
     ch->kind = kind == ML_CHAN_MSG ? MEMLAN_MSG : MEMLAN_STREAM;
@@ -388,6 +393,48 @@ static int ml_chan_attach(memlan_fabric_t *fab, const char *token, int64_t gen,
     __ml_chan_wake(ch, &ch->rx.ctl->tx_wait, &ch->rx.ctl->tx_ref);
     *out = ch;
     return 0;
+}
+
+static int ml_chan_attach(memlan_fabric_t *fab, const char *token, int64_t gen,
+                          memlan_channel_t **out)
+{
+    if (!fab || !out)
+        return -EINVAL;
+    *out = NULL;
+    struct memlan_segment *seg;
+    int r = __ml_seg_import(fab, token, ML_KIND_CHANNEL, true, &seg);
+    if (r < 0)
+        return r;
+    return ml_chan_attach_seg(seg, gen, NULL, out);
+}
+
+/*
+ * The socket layer's acceptor: fd is the channel's file opened by the offer's name (a second
+ * name the client gave it; the fd is taken, closed on failure), st its fstat (or NULL).  The token comes from the offer
+ * block, which the peer wrote: a wrong one names no file of ours, and every later look-up by
+ * name checks the file's identity.
+ */
+int __ml_chan_attach_offer(memlan_fabric_t *fab, int fd, const struct stat *st, const char *name,
+                           memlan_channel_t **out)
+{
+    if (!fab || !out || fd < 0 || !name) {
+        if (fd >= 0)
+            __ml_sys_close(fd);
+        return -EINVAL;
+    }
+    *out = NULL;
+    struct memlan_segment *seg;
+    int r = __ml_seg_import_fd(fab, NULL, fd, ML_KIND_CHANNEL, true, st, &seg);
+    if (r < 0)
+        return r;
+    const struct ml_offer_blk *ob = (const void *)(seg->base + ML_CHAN_OFFER_OFF);
+    memcpy(seg->token, ob->token, ML_TOKEN_HEX);
+    seg->token[ML_TOKEN_HEX] = 0;
+    if (!__ml_token_valid(seg->token)) {
+        __ml_seg_destroy(seg);
+        return -ESTALE; /* not offered (cleared by a reuse), or not a memlan client's */
+    }
+    return ml_chan_attach_seg(seg, -1, name, out);
 }
 
 int memlan_channel_attach(memlan_fabric_t *fab, const char *token, memlan_channel_t **out)
@@ -433,7 +480,7 @@ int __ml_chan_adopt(memlan_fabric_t *fab, const char *token, int fd, int side,
         return -EINVAL;
     }
     struct memlan_segment *seg;
-    int r = __ml_seg_import_fd(fab, token, fd, ML_KIND_CHANNEL, true, &seg);
+    int r = __ml_seg_import_fd(fab, token, fd, ML_KIND_CHANNEL, true, NULL, &seg);
     if (r < 0)
         return r;
     struct ml_chan_hdr *c = (struct ml_chan_hdr *)(seg->base + seg->body_off);

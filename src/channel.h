@@ -16,7 +16,9 @@ _Static_assert(ML_CHAN_CTL1_OFF >= ML_CHAN_CTL0_OFF + sizeof(struct ml_ring_ctl)
                "ring 1 control after ring 0's");
 _Static_assert(ML_CHAN_CTL1_OFF + sizeof(struct ml_ring_ctl) <= ML_CHAN_SOCK_OFF,
                "controls before the socket blocks");
-_Static_assert(ML_CHAN_SOCK_OFF + 2 * sizeof(struct ml_sock_side) <= ML_PAGE, "all in page 0");
+_Static_assert(ML_CHAN_SOCK_OFF + 2 * sizeof(struct ml_sock_side) <= ML_CHAN_OFFER_OFF,
+               "socket blocks before the offer");
+_Static_assert(ML_CHAN_OFFER_OFF + sizeof(struct ml_offer_blk) <= ML_PAGE, "all in page 0");
 
 struct memlan_channel {
     struct memlan_segment *seg;
@@ -71,6 +73,8 @@ void __ml_evq_post_local(struct memlan_evq *q, uint32_t index);
 
 /* For the socket layer (src/preload): see channel.c. */
 int __ml_chan_create_pooled(memlan_fabric_t *fab, size_t ring_size, memlan_channel_t **out);
+int __ml_chan_attach_offer(memlan_fabric_t *fab, int fd, const struct stat *st, const char *name,
+                           memlan_channel_t **out);
 int __ml_chan_attach_gen(memlan_fabric_t *fab, const char *token, uint32_t gen,
                          memlan_channel_t **out);
 uint32_t __ml_chan_generation(const struct memlan_channel *ch);

@@ -167,22 +167,18 @@ int __ml_fabric_reclaim(memlan_fabric_t *fab)
                 /* A listener record: its listeners hold read locks on byte 0. */
                 removed += ml_reclaim_seg(fab, nm);
             } else if (strncmp(nm, "cx-", 3) == 0) {
-                /* An offer: stale once its channel is gone, or a refusal nobody came for. */
-                char tok[MEMLAN_TOKEN_LEN + 1] = "", seg[80];
+                /* An offer is a second name of a channel's file: stale once the channel's
+                 * creator is gone (the owner's lock is free).  A small file is a refusal that
+                 * nobody came for: stale after 10 s. */
                 struct stat st;
-                long fd = __ml_sys_open(fab->dirfd, nm, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, 0);
-                if (fd >= 0) {
-                    ssize_t got = __ml_sys_read((int)fd, tok, MEMLAN_TOKEN_LEN);
-                    tok[got > 0 ? got : 0] = 0;
-                    __ml_sys_close((int)fd);
-                }
-                __ml_fabric_name(seg, sizeof seg, "seg", tok);
-                bool stale = !__ml_token_valid(tok)
-                                 ? (__ml_sys_fstatat(fab->dirfd, nm, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-                                    time(NULL) - st.st_mtime > 10)
-                                 : __ml_sys_fstatat(fab->dirfd, seg, &st, AT_SYMLINK_NOFOLLOW) == -ENOENT;
-                if (stale && __ml_sys_unlinkat(fab->dirfd, nm, 0) == 0)
+                if (__ml_sys_fstatat(fab->dirfd, nm, &st, AT_SYMLINK_NOFOLLOW) != 0)
+                    continue;
+                if (S_ISREG(st.st_mode) && st.st_size >= ML_PAGE) {
+                    removed += ml_reclaim_seg(fab, nm);
+                } else if (time(NULL) - st.st_mtime > 10 &&
+                           __ml_sys_unlinkat(fab->dirfd, nm, 0) == 0) {
                     removed++;
+                }
             } else if (strncmp(nm, "bell-", 5) == 0 && __ml_token_valid(nm + 5)) {
                 /* A doorbell outlives nothing: remove it once its queue's segment is gone. */
                 char seg[80];

@@ -75,8 +75,9 @@ int __ml_seg_import(memlan_fabric_t *fab, const char *token, uint32_t kind, bool
 void __ml_seg_destroy(struct memlan_segment *seg);
 void __ml_seg_publish(struct memlan_segment *seg);
 /* 1 when the byte's holder lives, 0 when dead, negative errno on error. */
+struct stat;
 int __ml_seg_import_fd(memlan_fabric_t *fab, const char *token, int fd, uint32_t kind,
-                       bool writable, struct memlan_segment **out);
+                       bool writable, const struct stat *known, struct memlan_segment **out);
 long __ml_seg_reopen(const struct memlan_segment *seg, int flags);
 int __ml_seg_alive(const struct memlan_segment *seg, int lock_byte);
 /* Close the segment's fd and keep only its mappings.  The liveness lock taken on the fd belongs

@@ -184,18 +184,20 @@ int __ml_seg_import(memlan_fabric_t *fab, const char *token, uint32_t kind, bool
     long fd = __ml_sys_open(fab->dirfd, name, (writable ? O_RDWR : O_RDONLY) | O_NOFOLLOW, 0);
     if (fd < 0)
         return fd == -ELOOP ? -EPROTO : (int)fd;
-    return __ml_seg_import_fd(fab, token, (int)fd, kind, writable, out);
+    return __ml_seg_import_fd(fab, token, (int)fd, kind, writable, NULL, out);
 }
 
 /* The import from an open file (which it takes: closed on failure, seg->fd on success). */
 int __ml_seg_import_fd(memlan_fabric_t *fab, const char *token, int fd, uint32_t kind,
-                       bool writable, struct memlan_segment **out)
+                       bool writable, const struct stat *known, struct memlan_segment **out)
 {
     *out = NULL;
     struct stat st;
     struct ml_seg_hdr h;
-    int r = __ml_sys_fstat((int)fd, &st);
-    if (r < 0)
+    int r = 0;
+    if (known) /* the caller's fstat of this fd */
+        st = *known;
+    else if ((r = __ml_sys_fstat((int)fd, &st)) < 0)
         goto fail;
     r = -EPROTO;
     if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < sizeof h ||
@@ -262,7 +264,8 @@ int __ml_seg_import_fd(memlan_fabric_t *fab, const char *token, int fd, uint32_t
     seg->body_size = h.body_size;
     seg->owner = false;
     seg->writable = writable;
-    memcpy(seg->token, token, MEMLAN_TOKEN_LEN + 1);
+    if (token)
+        memcpy(seg->token, token, MEMLAN_TOKEN_LEN + 1);
     /* SYNC: pairs with the release store of ready in __ml_seg_publish(). */
     if (ml_load_acquire(&seg->hdr->ready) != 1) {
         __ml_seg_destroy(seg);

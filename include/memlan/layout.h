@@ -144,6 +144,22 @@ struct ml_sock_side {
 #define ML_CHAN_SOCK_OFF 1024u
 
 /*
+ * The socket layer's offer (src/preload/negotiate.c), at ML_CHAN_OFFER_OFF in a channel's first
+ * page.  A client offers its channel by giving the channel's file a second name, the offer's
+ * (cx-NETNS-CLIENT-SERVER), after writing that name here.  The acceptor opens the offer's name,
+ * which is the channel itself, and attaches only if, under its attacher lock, the channel is
+ * still offered under that name: a pooled file reused for another connection has another name
+ * here (the reuse clears it under the lock the acceptor takes).  token lets the acceptor name the
+ * file as the creator does (seg-TOKEN).
+ */
+struct ml_offer_blk {
+    char token[ML_TOKEN_HEX];
+    uint32_t name_len;
+    char name[188];
+};
+#define ML_CHAN_OFFER_OFF 2048u
+
+/*
  * Transparent sockets' rendezvous (src/preload/negotiate.c).
  *
  * ls-NETNS-PORT: a listener record, one page.  Every memlan process listening on PORT in network

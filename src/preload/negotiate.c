@@ -6,10 +6,12 @@
  * (the record layouts are in layout.h):
  *   - a memlan listener holds a read lock on the record ls-NETNS-PORT;
  *   - a memlan client that sees a live record counts itself in the record's pending, connects,
- *     creates a channel and posts an offer named by the connection's own addresses and ports
- *     (cx-NETNS-CLIENT-SERVER holding the channel's token), then counts itself out;
- *   - the acceptor looks the offer up by the accepted socket's addresses.  Found: it attaches (the
- *     core's CAS on the channel's attached word is the claim).  Not found and nobody pending: the
+ *     creates a channel and offers it under a name made of the connection's own addresses and
+ *     ports (cx-NETNS-CLIENT-SERVER, a hard link to the channel's file, whose offer block holds
+ *     the same name), then counts itself out;
+ *   - the acceptor opens the offer by the accepted socket's addresses.  Found: it attaches from
+ *     that fd if the offer block still names it (the core's CAS on the channel's attached word is
+ *     the claim).  Not found and nobody pending: the
  *     client is not memlan.  Not found but clients pending: it waits a little for the offer, then
  *     refuses by creating the offer's name itself ("R"), which the late client finds.
  *   - Until the claim the client's socket is undecided: what it writes goes into the ring (the
@@ -686,8 +688,19 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, uint
     mlp_own_fd(&ch->seg->fd, mlp_fd_cloexec(fd));
     char name[160];
     mlp_offer_name(name, sizeof name, l, r);
-    long ofd = __ml_sys_open(fab->dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW,
-                             fab->shared ? 0644 : 0600);
+    /* The offer: the channel's file under the offer's name, a hard link made after the name is
+     * written into the channel (the acceptor checks it there; see layout.h). */
+    struct ml_offer_blk *ob = (struct ml_offer_blk *)(ch->seg->base + ML_CHAN_OFFER_OFF);
+    size_t nlen = strlen(name);
+    char segname[80];
+    long ofd = -ENAMETOOLONG;
+    if (nlen < sizeof ob->name) {
+        memcpy(ob->token, ch->seg->token, ML_TOKEN_HEX);
+        memcpy(ob->name, name, nlen);
+        ml_store_release((_Atomic uint32_t *)&ob->name_len, (uint32_t)nlen);
+        __ml_fabric_name(segname, sizeof segname, "seg", ch->seg->token);
+        ofd = __ml_sys_linkat(fab->dirfd, segname, fab->dirfd, name);
+    }
     if (ofd == -EEXIST) {
         /* The acceptor got there first and refused ("R"), or a stale offer has our name. */
         char buf[4] = "";
@@ -709,19 +722,6 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, uint
         memlan_channel_close(ch);
         return (int)ofd;
     }
-    /* The offer: the channel's token and its generation (see the pool in channel.c). */
-    char offer[ML_TOKEN_HEX + 9];
-    memcpy(offer, ch->seg->token, ML_TOKEN_HEX);
-    snprintf(offer + ML_TOKEN_HEX, 9, "%08x", __ml_chan_generation(ch));
-    if (__ml_sys_write((int)ofd, offer, ML_TOKEN_HEX + 8) != ML_TOKEN_HEX + 8) {
-        __ml_sys_close((int)ofd);
-        __ml_sys_unlinkat(fab->dirfd, name, 0);
-        *why = "could not write the offer";
-        mlp_disown_fd(ch->seg->fd);
-        memlan_channel_close(ch);
-        return -EIO;
-    }
-    __ml_sys_close((int)ofd);
 
     struct mlp_sock *s = mlp_sock_new(MLP_CONN);
     if (!s) {
@@ -905,28 +905,19 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
 
 /* ---- the accepting side ------------------------------------------------------------------ */
 
-/* Read an offer: 1 token and generation, 0 refused/being written ("" or "R"), -ENOENT. */
-static int mlp_read_offer(const char *name, char token[MEMLAN_TOKEN_LEN + 1], uint32_t *gen,
-                          bool *refused)
+/* Open an offer: the channel's file (its fd, > 0), 0 refused or being refused ("" or "R"; our
+ * own refusal is a small file, a channel never is), or -errno (-ENOENT: no offer yet). */
+static long mlp_open_offer(const char *name, struct stat *st, bool *refused)
 {
-    long fd = __ml_sys_open(mlp_fab->dirfd, name, O_RDONLY | O_NOFOLLOW, 0);
+    long fd = __ml_sys_open(mlp_fab->dirfd, name, O_RDWR | O_NOFOLLOW, 0);
     if (fd < 0)
-        return (int)fd;
-    char buf[ML_TOKEN_HEX + 9];
-    ssize_t n = __ml_sys_read((int)fd, buf, ML_TOKEN_HEX + 8);
+        return fd;
+    if (__ml_sys_fstat((int)fd, st) == 0 && S_ISREG(st->st_mode) && st->st_size >= ML_PAGE)
+        return fd;
+    char c = 0;
+    *refused = __ml_sys_read((int)fd, &c, 1) == 1 && c == 'R';
     __ml_sys_close((int)fd);
-    *refused = n > 0 && buf[0] == 'R';
-    if (n != ML_TOKEN_HEX + 8)
-        return 0;
-    buf[ML_TOKEN_HEX + 8] = 0;
-    char *end;
-    unsigned long g = strtoul(buf + ML_TOKEN_HEX, &end, 16);
-    if (*end || g > UINT32_MAX)
-        return 0;
-    *gen = (uint32_t)g;
-    memcpy(token, buf, ML_TOKEN_HEX);
-    token[ML_TOKEN_HEX] = 0;
-    return 1;
+    return 0;
 }
 
 /* A memlan client that closed before we accepted has taken its offer away (wrk probes the
@@ -953,7 +944,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
         mlp_stat_tcp(fd, "addresses of the accepted socket unavailable");
         return;
     }
-    char name[160], token[MEMLAN_TOKEN_LEN + 1];
+    char name[160];
     mlp_offer_name(name, sizeof name, &r, &l);
     const char *why = NULL;
     memlan_channel_t *ch = NULL;
@@ -962,12 +953,12 @@ void mlp_on_accept(int lfd, int fd, int flags)
         /* SYNC: pending first, then the name: see mlp_pending_done(). */
         uint32_t pend = ml_load_acquire(&m->pending);
         bool refused = false;
-        uint32_t gen = 0;
-        int k = mlp_read_offer(name, token, &gen, &refused);
-        if (k == 1) {
+        struct stat st;
+        long k = mlp_open_offer(name, &st, &refused);
+        if (k > 0) {
             /* The name goes before the claim: a client that sees the claim knows it is gone. */
             __ml_sys_unlinkat(mlp_fab->dirfd, name, 0);
-            int e = __ml_chan_attach_gen(mlp_fab, token, gen, &ch);
+            int e = __ml_chan_attach_offer(mlp_fab, (int)k, &st, name, &ch);
             if (e == -ESTALE)
                 why = "a stale offer (its channel was already reused)";
             else if (e == -EBUSY)
@@ -1033,7 +1024,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
         mlp_note_linger(fd, &(struct linger){1, 0}, sizeof(struct linger));
     s->state = MLP_ACCEL;
     s->slot = mlp_proc_slot();
-    mlp_slot_fill(s->slot, ML_CONN_ACCEL, fd, &l, &r, token, "");
+    mlp_slot_fill(s->slot, ML_CONN_ACCEL, fd, &l, &r, ch->seg->token, "");
     mlp_install(fd, s);
     mlp_put(s);
     char rs[64];

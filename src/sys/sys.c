@@ -9,7 +9,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <pthread.h>
 #include <sched.h>
+#include <stdatomic.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -189,6 +191,25 @@ int __ml_sys_getdents(int fd, void *buf, size_t len)
 int __ml_sys_sched_yield(void) { return (int)SYS_CALL(SYS_sched_yield); }
 
 pid_t __ml_sys_getpid(void) { return (pid_t)syscall(SYS_getpid); }
+
+/* The pid, asked once per process (a fork child forgets it).  Not for code that may run in a
+ * vfork child (it would read the parent's): that uses __ml_sys_getpid. */
+static _Atomic pid_t ml_pid_cached;
+static pthread_once_t ml_pid_once = PTHREAD_ONCE_INIT;
+
+static void ml_pid_forget(void) { atomic_store_explicit(&ml_pid_cached, 0, memory_order_relaxed); }
+static void ml_pid_setup(void) { (void)pthread_atfork(NULL, NULL, ml_pid_forget); }
+
+pid_t __ml_pid(void)
+{
+    pid_t p = atomic_load_explicit(&ml_pid_cached, memory_order_relaxed);
+    if (p)
+        return p;
+    pthread_once(&ml_pid_once, ml_pid_setup);
+    p = __ml_sys_getpid();
+    atomic_store_explicit(&ml_pid_cached, p, memory_order_relaxed);
+    return p;
+}
 
 uint64_t __ml_now_ns(void)
 {

@@ -46,6 +46,7 @@ int __ml_sys_futex_wake(_Atomic uint32_t *word, int n);
 int __ml_sys_getdents(int fd, void *buf, size_t len);
 int __ml_sys_sched_yield(void);
 pid_t __ml_sys_getpid(void);
+pid_t __ml_pid(void); /* cached; not in a vfork child */
 uint64_t __ml_now_ns(void);
 int __ml_getcpu(void);
 
