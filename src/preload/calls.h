@@ -51,6 +51,8 @@ MLP_CALL(int, pselect,
          (int n, fd_set *r, fd_set *w, fd_set *e, const struct timespec *tmo,
           const sigset_t *mask),
          (n, r, w, e, tmo, mask))
+MLP_CALL(int, epoll_create, (int size), (size))
+MLP_CALL(int, epoll_create1, (int flags), (flags))
 MLP_CALL(int, epoll_ctl, (int epfd, int op, int fd, struct epoll_event *ev), (epfd, op, fd, ev))
 MLP_CALL(int, epoll_wait, (int epfd, struct epoll_event *ev, int max, int tmo),
          (epfd, ev, max, tmo))

@@ -456,7 +456,7 @@ MLP_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len
         struct mlp_sock *s = mlp_conn(fd);
         if (s) {
             if (s->state == MLP_ACCEL)
-                *(int *)val = mlp_reset_take(s) ? ECONNRESET : 0;
+                *(int *)val = mlp_reset_take(s, true) ? ECONNRESET : 0;
             mlp_put(s);
         }
     }
@@ -530,6 +530,24 @@ MLP_EXPORT int pselect(int n, fd_set *r, fd_set *w, fd_set *e, const struct time
         return mlp_real_pselect(n, r, w, e, tmo, mask);
     int64_t ns = tmo ? (int64_t)tmo->tv_sec * 1000000000 + tmo->tv_nsec : -1;
     return (int)mlp_ret(mlp_select(n, r, w, e, ns, mask, NULL));
+}
+
+MLP_EXPORT int epoll_create(int size)
+{
+    MLP_INIT();
+    int r = mlp_real_epoll_create(size);
+    if (r >= 0)
+        mlp_epoll_created(r);
+    return r;
+}
+
+MLP_EXPORT int epoll_create1(int flags)
+{
+    MLP_INIT();
+    int r = mlp_real_epoll_create1(flags);
+    if (r >= 0)
+        mlp_epoll_created(r);
+    return r;
 }
 
 MLP_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)

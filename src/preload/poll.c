@@ -140,7 +140,7 @@ static int mlp_revents(struct mlp_sock *s, int fd)
     if ((ps != ML_SIDE_OPEN || dead) && ch->shut_wr)
         rev |= POLLHUP;
     if (rd_done) {
-        int rs = mlp_reset_state(s); /* a reset: the kernel's socket is closed, HUP for good */
+        int rs = mlp_reset_state(s, false); /* a reset: the kernel's socket is closed, HUP for good */
         if (rs)
             rev |= POLLHUP | (rs == 1 ? POLLERR : 0);
     }
@@ -506,6 +506,16 @@ static pthread_mutex_t mlp_eps_mu = PTHREAD_MUTEX_INITIALIZER; /* the table of s
 static pthread_mutex_t mlp_epmu = PTHREAD_MUTEX_INITIALIZER;   /* members and ready lists */
 int mlp_nnested;                      /* sets that are members of other sets */
 
+/* The epoll fds the program made (below 65536; a higher one, or a duplicate, is looked up). */
+static _Atomic uint8_t mlp_epfd[1 << 16];
+
+void mlp_epoll_created(int epfd)
+{
+    if (epfd >= 0 && epfd < (1 << 16))
+        atomic_store_explicit(&mlp_epfd[epfd], 1, memory_order_relaxed);
+}
+
+
 static struct mlp_ep *mlp_ep_get(int epfd, bool create)
 {
     if (epfd < 0)
@@ -673,6 +683,8 @@ static void mlp_put_all(struct mlp_sock **v, int n)
 void mlp_epoll_forget_fd(int fd)
 {
     /* On every close(): a load first, so that closing ordinary fds writes nothing. */
+    if (fd >= 0 && fd < (1 << 16) && atomic_load_explicit(&mlp_epfd[fd], memory_order_relaxed))
+        atomic_store_explicit(&mlp_epfd[fd], 0, memory_order_relaxed);
     if (!mlp_eps || fd < 0 || fd >= mlp_neps || !__atomic_load_n(&mlp_eps[fd], __ATOMIC_RELAXED))
         return;
     struct mlp_ep *e = __atomic_exchange_n(&mlp_eps[fd], NULL, __ATOMIC_ACQ_REL);
@@ -799,6 +811,8 @@ static void mlp_ep_setup(int epfd, struct mlp_ep *e)
 
 static bool mlp_is_epoll_fd(int fd)
 {
+    if (fd >= 0 && fd < (1 << 16))
+        return atomic_load_explicit(&mlp_epfd[fd], memory_order_relaxed) != 0;
     char path[48], link[32];
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
     ssize_t n = readlink(path, link, sizeof link - 1);

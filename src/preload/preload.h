@@ -110,8 +110,9 @@ void mlp_own_fd_cloexec(int fd, bool cloexec);
 void mlp_note_bufsize(int fd, int name);
 void mlp_note_linger(int fd, const void *val, socklen_t len); /* SO_LINGER, before connecting */
 struct ml_sock_side *mlp_side_block(memlan_channel_t *ch, int side);
-int mlp_reset_state(struct mlp_sock *s); /* sock.c: 0 none, 1 reset to report, 2 reported */
-bool mlp_reset_take(struct mlp_sock *s);
+/* sock.c: 0 none, 1 a reset to report, 2 reported; probe: ask whether the peer died (syscalls) */
+int mlp_reset_state(struct mlp_sock *s, bool probe);
+bool mlp_reset_take(struct mlp_sock *s, bool probe);
 void mlp_bufhint_clear(int fd);
 int mlp_on_listen(int fd);
 void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, void **token);
@@ -163,6 +164,7 @@ int mlp_epoll_wait(int epfd, struct epoll_event *ev, int max, int64_t timeout_ns
 void mlp_epoll_forget_fd(int fd);
 void mlp_epoll_sock_gone(struct mlp_sock *s);
 bool mlp_epoll_has_ours(int epfd);
+void mlp_epoll_created(int epfd); /* epoll_create: an fd that may go inside another set */
 extern int mlp_nnested; /* epoll sets inside other sets: every wait must look at them */
 
 /* Locks on the shared socket block (sock.c). */

@@ -114,14 +114,17 @@ void mlp_set_nonblock(struct mlp_sock *s, bool on)
 
 /* Did the peer abort, as the kernel would report with a reset?  It closed with bytes we sent
  * unread, or with SO_LINGER set to zero (its block says so), or it died leaving bytes unread. */
-static bool mlp_peer_aborted(struct mlp_sock *s)
+static bool mlp_peer_aborted(struct mlp_sock *s, bool probe)
 {
     uint32_t ps = __ml_chan_peer_state(s->ch);
     bool late = (atomic_load(&s->me->flags) & ML_SOCK_WROTE_LATE) != 0;
     if (ps == ML_SIDE_CLOSED)
         return late ||
                (atomic_load(&mlp_side_block(s->ch, 1 - s->side)->flags) & ML_SOCK_RESET) != 0;
-    return __ml_chan_check_peer(s->ch) && (late || __ml_chan_peer_left_unread(s->ch));
+    /* Whether it died: probing its liveness costs system calls, so only error paths probe;
+     * readiness and end-of-stream reads use what is known (the kernel FIN sets it). */
+    bool dead = probe ? __ml_chan_check_peer(s->ch) != 0 : s->ch->peer_dead;
+    return dead && (late || __ml_chan_peer_left_unread(s->ch));
 }
 
 /* A write to a peer that has closed (not just shut down its writing side): TCP takes the first
@@ -129,7 +132,7 @@ static bool mlp_peer_aborted(struct mlp_sock *s)
  * this write is that first one (its bytes are dropped, as the peer's kernel drops them). */
 static bool mlp_write_after_close(struct mlp_sock *s)
 {
-    if (s->ch->shut_wr || mlp_reset_state(s) != 0)
+    if (s->ch->shut_wr || mlp_reset_state(s, true) != 0)
         return false;
     if (__ml_chan_peer_state(s->ch) != ML_SIDE_CLOSED && !__ml_chan_check_peer(s->ch))
         return false;
@@ -137,25 +140,25 @@ static bool mlp_write_after_close(struct mlp_sock *s)
 }
 
 /* 0: no reset; 1: a reset not yet reported; 2: reported (the kernel's socket is closed then). */
-int mlp_reset_state(struct mlp_sock *s)
+int mlp_reset_state(struct mlp_sock *s, bool probe)
 {
-    if (!s->ch || !s->me || !mlp_peer_aborted(s))
+    if (!s->ch || !s->me || !mlp_peer_aborted(s, probe))
         return 0;
     return (atomic_load(&s->me->flags) & ML_SOCK_RESET_TOLD) ? 2 : 1;
 }
 
 /* Report the reset: true for the one call that reports it (recv, send or SO_ERROR), as the
  * kernel's sk_err is read and cleared once, by whichever thread or process asks first. */
-bool mlp_reset_take(struct mlp_sock *s)
+bool mlp_reset_take(struct mlp_sock *s, bool probe)
 {
-    return mlp_reset_state(s) == 1 &&
+    return mlp_reset_state(s, probe) == 1 &&
            !(atomic_fetch_or(&s->me->flags, ML_SOCK_RESET_TOLD) & ML_SOCK_RESET_TOLD);
 }
 
 static ssize_t mlp_rx_error(struct mlp_sock *s, ssize_t r)
 {
     if (r == -ECONNRESET || r == 0) /* the peer died, or its end came: a reset first, once */
-        return mlp_reset_take(s) ? -ECONNRESET : 0;
+        return mlp_reset_take(s, r != 0) ? -ECONNRESET : 0;
     if (r == -EPROTO) {
         mlp_log(0, "channel %s: corrupt indices from the peer; reporting a reset",
                 s->ch->seg->token);
@@ -172,7 +175,7 @@ static ssize_t mlp_tx_error(struct mlp_sock *s, ssize_t r, int flags)
         return -ECONNRESET;
     }
     if (r == -ECONNRESET || r == -EPIPE)
-        r = mlp_reset_take(s) ? -ECONNRESET : -EPIPE; /* a reset, once, raises no SIGPIPE */
+        r = mlp_reset_take(s, true) ? -ECONNRESET : -EPIPE; /* once, and with no SIGPIPE */
     if (r == -EPIPE && !(flags & MSG_NOSIGNAL))
         raise(SIGPIPE);
     return r;
