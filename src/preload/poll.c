@@ -285,7 +285,12 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
         }
         /* 3. Arm, and sleep in the kernel on the kernel fds and the doorbell. */
         bool nap = false;
+        bool nested = __atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED) != 0;
         if (!ready && timeout_ns != 0) {
+            /* Nested sets first: the refresh drains the queue, which must not swallow a post
+             * for one of our own sockets after we armed it (we would sleep past it). */
+            if (nested)
+                mlp_nested_refresh();
             for (nfds_t i = 0; i < n; i++) {
                 if (!socks[i])
                     continue;
@@ -320,9 +325,6 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             nk++;
         }
         int bell = -1;
-        bool nested = __atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED) != 0;
-        if (nested && !ready && timeout_ns != 0)
-            mlp_nested_refresh();
         if (mlp_q && (naccel || nested)) {
             bell = (int)nk;
             k[nk++] = (struct pollfd){.fd = memlan_evq_fd(mlp_q), .events = POLLIN};
