@@ -456,7 +456,7 @@ MLP_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len
         struct mlp_sock *s = mlp_conn(fd);
         if (s) {
             if (s->state == MLP_ACCEL)
-                *(int *)val = mlp_reset_take(s, true) ? ECONNRESET : 0;
+                *(int *)val = mlp_reset_take(s, true, false);
             mlp_put(s);
         }
     }

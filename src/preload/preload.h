@@ -112,7 +112,7 @@ void mlp_note_linger(int fd, const void *val, socklen_t len); /* SO_LINGER, befo
 struct ml_sock_side *mlp_side_block(memlan_channel_t *ch, int side);
 /* sock.c: 0 none, 1 a reset to report, 2 reported; probe: ask whether the peer died (syscalls) */
 int mlp_reset_state(struct mlp_sock *s, bool probe);
-bool mlp_reset_take(struct mlp_sock *s, bool probe);
+int mlp_reset_take(struct mlp_sock *s, bool probe, bool by_recv); /* its errno, once */
 void mlp_bufhint_clear(int fd);
 int mlp_on_listen(int fd);
 void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, void **token);

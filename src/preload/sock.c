@@ -24,6 +24,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define ML_INT_MAX_IO 0x7ffff000 /* the most one read or write moves on Linux */
@@ -114,17 +115,27 @@ void mlp_set_nonblock(struct mlp_sock *s, bool on)
 
 /* Did the peer abort, as the kernel would report with a reset?  It closed with bytes we sent
  * unread, or with SO_LINGER set to zero (its block says so), or it died leaving bytes unread. */
-static bool mlp_peer_aborted(struct mlp_sock *s, bool probe)
+/* Did the peer's kernel answer with a reset?  ECONNRESET: it closed (or died) with our bytes
+ * unread, or with SO_LINGER 0, a reset instead of a FIN.  EPIPE: it had closed with a FIN and we
+ * wrote once more (the kernel reports that reset, on a socket whose end it already has, as
+ * EPIPE, and recv never reports it).  0: neither. */
+static int mlp_peer_aborted(struct mlp_sock *s, bool probe)
 {
     uint32_t ps = __ml_chan_peer_state(s->ch);
     bool late = (atomic_load(&s->me->flags) & ML_SOCK_WROTE_LATE) != 0;
-    if (ps == ML_SIDE_CLOSED)
-        return late ||
-               (atomic_load(&mlp_side_block(s->ch, 1 - s->side)->flags) & ML_SOCK_RESET) != 0;
+    if (ps == ML_SIDE_CLOSED) {
+        if (atomic_load(&mlp_side_block(s->ch, 1 - s->side)->flags) & ML_SOCK_RESET)
+            return ECONNRESET;
+        return late ? EPIPE : 0;
+    }
     /* Whether it died: probing its liveness costs system calls, so only error paths probe;
      * readiness and end-of-stream reads use what is known (the kernel FIN sets it). */
     bool dead = probe ? __ml_chan_check_peer(s->ch) != 0 : s->ch->peer_dead;
-    return dead && (late || __ml_chan_peer_left_unread(s->ch));
+    if (!dead)
+        return 0;
+    if (__ml_chan_peer_left_unread(s->ch))
+        return ECONNRESET;
+    return late ? EPIPE : 0;
 }
 
 /* A write to a peer that has closed (not just shut down its writing side): TCP takes the first
@@ -147,18 +158,23 @@ int mlp_reset_state(struct mlp_sock *s, bool probe)
     return (atomic_load(&s->me->flags) & ML_SOCK_RESET_TOLD) ? 2 : 1;
 }
 
-/* Report the reset: true for the one call that reports it (recv, send or SO_ERROR), as the
- * kernel's sk_err is read and cleared once, by whichever thread or process asks first. */
-bool mlp_reset_take(struct mlp_sock *s, bool probe)
+/* Report the reset: its errno for the one call that reports it, as the kernel's sk_err is read
+ * and cleared once, by whichever thread or process asks first; 0 for every other call.
+ * by_recv: recv reports only a reset that came instead of the peer's FIN. */
+int mlp_reset_take(struct mlp_sock *s, bool probe, bool by_recv)
 {
-    return mlp_reset_state(s, probe) == 1 &&
-           !(atomic_fetch_or(&s->me->flags, ML_SOCK_RESET_TOLD) & ML_SOCK_RESET_TOLD);
+    if (!s->ch || !s->me || (atomic_load(&s->me->flags) & ML_SOCK_RESET_TOLD))
+        return 0;
+    int e = mlp_peer_aborted(s, probe);
+    if (!e || (by_recv && e != ECONNRESET))
+        return 0;
+    return (atomic_fetch_or(&s->me->flags, ML_SOCK_RESET_TOLD) & ML_SOCK_RESET_TOLD) ? 0 : e;
 }
 
 static ssize_t mlp_rx_error(struct mlp_sock *s, ssize_t r)
 {
     if (r == -ECONNRESET || r == 0) /* the peer died, or its end came: a reset first, once */
-        return mlp_reset_take(s, r != 0) ? -ECONNRESET : 0;
+        return mlp_reset_take(s, r != 0, true) ? -ECONNRESET : 0;
     if (r == -EPROTO) {
         mlp_log(0, "channel %s: corrupt indices from the peer; reporting a reset",
                 s->ch->seg->token);
@@ -175,7 +191,8 @@ static ssize_t mlp_tx_error(struct mlp_sock *s, ssize_t r, int flags)
         return -ECONNRESET;
     }
     if (r == -ECONNRESET || r == -EPIPE)
-        r = mlp_reset_take(s, true) ? -ECONNRESET : -EPIPE; /* once, and with no SIGPIPE */
+        /* A reset instead of a FIN: ECONNRESET, without SIGPIPE; anything else: EPIPE. */
+        r = mlp_reset_take(s, true, false) == ECONNRESET ? -ECONNRESET : -EPIPE;
     if (r == -EPIPE && !(flags & MSG_NOSIGNAL))
         raise(SIGPIPE);
     return r;
@@ -332,8 +349,24 @@ ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t coun
         return (ssize_t)done;
     if (err == 0)
         return 0;
-    if ((err == -EPIPE || err == -ECONNRESET) && mlp_write_after_close(s))
-        return (ssize_t)(count < ML_INT_MAX_IO ? count : ML_INT_MAX_IO);
+    char probe;
+    if ((err == -EPIPE || err == -ECONNRESET) && pread(in, &probe, 1, pos) == 0)
+        return 0; /* the kernel reads the file first: at its end, nothing to send, no error */
+    if ((err == -EPIPE || err == -ECONNRESET) && mlp_write_after_close(s)) {
+        /* TCP takes it: the file's bytes up to its end are "sent", and the offset moves on. */
+        size_t n = count < ML_INT_MAX_IO ? count : ML_INT_MAX_IO;
+        struct stat fst;
+        if (fstat(in, &fst) == 0 && S_ISREG(fst.st_mode)) {
+            off_t left = fst.st_size > pos ? fst.st_size - pos : 0;
+            if ((uint64_t)left < n)
+                n = (size_t)left;
+        }
+        if (off)
+            *off = pos + (off_t)n;
+        else if (n)
+            (void)lseek(in, pos + (off_t)n, SEEK_SET);
+        return (ssize_t)n;
+    }
     return err == -EAGAIN ? -EAGAIN : mlp_tx_error(s, err, 0);
 }
 

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -173,6 +174,31 @@ static void forked(void)
     close(c);
 }
 
+/* sendfile after the peer closed: the first is taken (the file's bytes up to its end, the
+ * offset moved on), then at the file's end nothing to send is no error; then the reset. */
+static void sendfile_late(void)
+{
+    int c, s;
+    pair(&c, &s, 0);
+    printf("sendfile after close\n");
+    close(s);
+    settle_close();
+    char path[] = "/tmp/resetconf-XXXXXX";
+    int f = mkstemp(path);
+    if (f < 0 || write(f, "0123456789", 10) != 10)
+        die("file");
+    unlink(path);
+    off_t off = 4;
+    ssize_t r = sendfile(c, f, &off, 100);
+    printf("  sendfile %zd off %lld\n", r, (long long)off);
+    r = sendfile(c, f, &off, 100);
+    printf("  sendfile %zd %s\n", r, r < 0 ? strerror(errno) : "");
+    settle_close();
+    script(c, "PRR");
+    close(f);
+    close(c);
+}
+
 static int blocked_fd;
 
 static void *blocked_recv(void *arg)
@@ -220,10 +246,11 @@ int main(int argc, char **argv)
     unread("ERRRP");
     unread("WRRSW");
     linger(0, "PRRRRSP");
-    linger(5, "PRRRSP");
+    linger(5, "PRRRSPESP");
     linger_before_connect();
     forked();
     blocked();
+    sendfile_late();
 
     /* SO_LINGER 0 on the listener: the accepted socket inherits it. */
     struct linger lg = {1, 0};

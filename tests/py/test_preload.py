@@ -494,8 +494,8 @@ def test_resets_match_kernel(fabric, tmp_path):
     assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
     assert "Connection reset by peer" in plain.stdout
     assert under.stdout.splitlines() == plain.stdout.splitlines()
-    assert text.count("accelerated (client)") == 10, text
-    assert text.count("accelerated (accepted") == 10, text
+    assert text.count("accelerated (client)") == 11, text
+    assert text.count("accelerated (accepted") == 11, text
     settle(fabric)
 
 
