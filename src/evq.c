@@ -241,6 +241,8 @@ void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared, ui
             ml_evq_set((_Atomic uint64_t *)(e->seg->base + lo),
                        (_Atomic uint64_t *)(e->seg->base + so), ref.index);
             ml_fetch_add(&h->posts, 1u);
+            /* where the poster runs: a waiter on that same cpu must not spin for it */
+            ml_store_relaxed(&h->post_cpu, (uint32_t)(__ml_getcpu() + 1));
             ml_evq_ring(h, e->bell);
         }
     }
@@ -440,7 +442,8 @@ int memlan_evq_wait(memlan_evq_t *q, struct memlan_event *ev, int max, int timeo
     if (n || timeout_ms == 0)
         return n;
     uint64_t deadline = timeout_ms < 0 ? 0 : __ml_now_ns() + (uint64_t)timeout_ms * 1000000u;
-    uint64_t budget = __ml_spin_budget_ns(&q->spin, 0);
+    /* the peer that posts last ran where we are: spinning would only hold its core */
+    uint64_t budget = __ml_spin_budget_ns(&q->spin, ml_load_relaxed(&q->h->post_cpu));
     if (budget) {
         uint64_t end = __ml_now_ns() + budget;
         for (unsigned i = 1;; i++) {

@@ -238,7 +238,7 @@ struct ml_evq_hdr {
     uint64_t leaf_off;         /* from the segment start */
     uint64_t sum_off;
     _Alignas(ML_CACHELINE) _Atomic uint32_t waiter;   /* ML_EVQ_WAIT_* bits */
-    _Atomic uint32_t pad1;
+    _Atomic uint32_t post_cpu; /* 1 + the cpu of the latest remote post, 0 = none yet */
     _Atomic uint64_t posts;    /* counters for memlan stat */
     _Atomic uint64_t wakeups;
 };
