@@ -12,6 +12,11 @@
  *   reply: struct ml_rpc_reply (xid, reply and accept/reject status, two words of detail),
  *          then the results in XDR, decoded by the stub straight from the ring (memlan_peek).
  *
+ * A call or reply too big for one message of the ring is spilled: its XDR goes into a segment
+ * that the sender exports (read-only to the peer) and keeps for the next one, and the message
+ * carries the header, ML_RPC_SPILLED, and struct ml_rpc_spill (the length and the segment's
+ * token).  The receiver imports the segment once and decodes from it, in place.
+ *
  * The server runs the dispatch function rpcgen generated, unchanged, on a SVCXPRT of its own:
  * svc_getargs decodes from the ring, svc_sendreply and svcerr_* encode into it.  Everything
  * else (other hosts, UDP, stock peers, MEMLAN_RPC=off) is libtirpc's, unchanged.
@@ -38,8 +43,10 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
-#define ML_RPC_MAGIC 0x6d6c7270u /* "mlrp" */
+#define ML_RPC_MAGIC 0x6d6c7232u /* "mlr2": spilled calls and replies */
 #define ML_RPC_CRED_MAX 400      /* MAX_AUTH_BYTES */
+#define ML_RPC_SPILLED 0x80000000u /* in a call's cred_len, a reply's stat */
+#define ML_RPC_SPILL_KEEP (8u << 20) /* spill segments up to this size are kept for reuse */
 
 struct ml_rpc_hello {
     uint32_t magic, prog, vers, pad;
@@ -55,6 +62,12 @@ struct ml_rpc_reply {
     uint32_t stat;   /* MSG_ACCEPTED or MSG_DENIED */
     uint32_t detail; /* accept_stat, or reject_stat */
     uint32_t a, b;   /* PROG_MISMATCH low/high; RPC_MISMATCH low/high; AUTH_ERROR why */
+};
+
+/* after the header (and a call's credential) of a spilled message */
+struct ml_rpc_spill {
+    uint32_t len;                       /* XDR bytes at the segment's start */
+    char token[MEMLAN_TOKEN_LEN + 4];   /* NUL-terminated */
 };
 
 #define ML_PAD4(n) (((n) + 3u) & ~3u)
@@ -110,6 +123,59 @@ static int ml_rpc_sockpath(struct sockaddr_un *sa, rpcprog_t prog, rpcvers_t ver
     return n > 0 && (size_t)n < sizeof sa->sun_path ? 0 : -ENAMETOOLONG;
 }
 
+/* A segment of at least need bytes to spill into: *seg when it is big enough, else a new one
+ * (the old one's file goes; a peer that still maps it keeps its memory). */
+static int ml_spill_get(memlan_segment_t **seg, size_t need)
+{
+    if (*seg && memlan_segment_size(*seg) >= need)
+        return 0;
+    if (*seg)
+        memlan_segment_close(*seg);
+    *seg = NULL;
+    size_t sz = 1u << 20;
+    while (sz < need)
+        sz <<= 1;
+    return memlan_segment_export(ml_rpc_fab, sz, MEMLAN_MODE_RO, seg);
+}
+
+/* Drop a spill segment (export or import) too big to keep until the next one. */
+static void ml_spill_trim(memlan_segment_t **seg)
+{
+    if (*seg && memlan_segment_size(*seg) > ML_RPC_SPILL_KEEP) {
+        memlan_segment_close(*seg);
+        *seg = NULL;
+    }
+}
+
+/* The bytes of the peer's spilled message described by sp (peer-written: every field is
+ * checked), through *seg, the import kept from the last one; NULL if they cannot be had. */
+static const void *ml_spill_map(memlan_segment_t **seg, const void *desc)
+{
+    struct ml_rpc_spill sp;
+    memcpy(&sp, desc, sizeof sp);
+    sp.token[MEMLAN_TOKEN_LEN] = 0;
+    if (!*seg || strcmp(memlan_segment_token(*seg), sp.token) != 0) {
+        if (*seg)
+            memlan_segment_close(*seg);
+        *seg = NULL;
+        if (memlan_segment_import(ml_rpc_fab, sp.token, MEMLAN_MODE_RO, seg) < 0) {
+            *seg = NULL;
+            return NULL;
+        }
+    }
+    return sp.len <= memlan_segment_size(*seg) ? memlan_segment_ptr(*seg) : NULL;
+}
+
+/* Write a spill descriptor for len bytes of seg at dst. */
+static void ml_spill_desc(void *dst, const memlan_segment_t *seg, uint32_t len)
+{
+    struct ml_rpc_spill sp;
+    memset(&sp, 0, sizeof sp);
+    sp.len = len;
+    snprintf(sp.token, sizeof sp.token, "%s", memlan_segment_token(seg));
+    memcpy(dst, &sp, sizeof sp);
+}
+
 static int64_t ml_rpc_now_ms(void)
 {
     struct timespec ts;
@@ -129,6 +195,9 @@ struct ml_clnt {
     rpcprog_t prog;
     rpcvers_t vers;
     struct rpc_err err;
+    memlan_segment_t *spill_out; /* our calls' spill segment */
+    memlan_segment_t *spill_in;  /* the server's replies' spill segment, imported */
+    int spill_busy;              /* the server may still read spill_out */
 };
 
 static const struct clnt_ops ml_clnt_ops;
@@ -204,36 +273,69 @@ static enum clnt_stat ml_clnt_call(CLIENT *cl, rpcproc_t proc, xdrproc_t xargs, 
     size_t hdr = sizeof(struct ml_rpc_call) + ML_PAD4(cred.oa_length);
     /* a message is reserved at its exact size: xdr_sizeof walks the arguments (lengths only) */
     unsigned long asize = xdr_sizeof(xargs, argsp);
-    void *buf;
-    ssize_t room = asize == 0 && xargs != (xdrproc_t)(void (*)(void))xdr_void
-                       ? -EINVAL
-                       : memlan_reserve(c->ch, &buf, hdr + asize, 0);
-    if (room < 0) {
-        c->err.re_errno = (int)-room;
-        c->err.re_status =
-            room == -EMSGSIZE || room == -EINVAL ? RPC_CANTENCODEARGS : RPC_CANTSEND;
+    if ((asize == 0 && xargs != (xdrproc_t)(void (*)(void))xdr_void) || asize > UINT32_MAX) {
+        c->err.re_status = RPC_CANTENCODEARGS;
         goto out;
     }
-    struct ml_rpc_call h = {xid, (uint32_t)proc, (uint32_t)cred.oa_flavor, cred.oa_length};
+    int spill = hdr + asize > memlan_channel_max_msg(c->ch);
+    XDR x;
+    if (spill) {
+        /* too big for the ring: encode into the spill segment, then post its descriptor.  A
+         * segment whose last call timed out may still be read by the server: not reused. */
+        if (c->spill_busy && c->spill_out) {
+            memlan_segment_close(c->spill_out);
+            c->spill_out = NULL;
+        }
+        int rc = ml_spill_get(&c->spill_out, asize);
+        if (rc < 0) {
+            c->err.re_errno = -rc;
+            c->err.re_status = RPC_CANTSEND;
+            goto out;
+        }
+        xdrmem_create(&x, memlan_segment_ptr(c->spill_out), (u_int)asize, XDR_ENCODE);
+        if (!xargs(&x, argsp)) {
+            c->err.re_status = RPC_CANTENCODEARGS;
+            goto out;
+        }
+    }
+    void *buf;
+    size_t want = spill ? hdr + sizeof(struct ml_rpc_spill) : hdr + asize;
+    ssize_t room = memlan_reserve(c->ch, &buf, want, 0);
+    if (room < 0) {
+        c->err.re_errno = (int)-room;
+        c->err.re_status = room == -EMSGSIZE ? RPC_CANTENCODEARGS : RPC_CANTSEND;
+        goto out;
+    }
+    struct ml_rpc_call h = {xid, (uint32_t)proc, (uint32_t)cred.oa_flavor,
+                            cred.oa_length | (spill ? ML_RPC_SPILLED : 0)};
     memcpy(buf, &h, sizeof h);
     if (cred.oa_length) {
         memcpy((char *)buf + sizeof h, cred.oa_base, cred.oa_length);
         memset((char *)buf + sizeof h + cred.oa_length, 0, hdr - sizeof h - cred.oa_length);
     }
-    XDR x;
-    xdrmem_create(&x, (char *)buf + hdr, (u_int)((size_t)room - hdr), XDR_ENCODE);
-    if (!xargs(&x, argsp)) {
-        /* nothing committed: the reservation is simply not used */
-        c->err.re_status = RPC_CANTENCODEARGS;
-        goto out;
+    size_t len;
+    if (spill) {
+        ml_spill_desc((char *)buf + hdr, c->spill_out, xdr_getpos(&x));
+        XDR_DESTROY(&x);
+        len = want;
+    } else {
+        xdrmem_create(&x, (char *)buf + hdr, (u_int)((size_t)room - hdr), XDR_ENCODE);
+        if (!xargs(&x, argsp)) {
+            /* nothing committed: the reservation is simply not used */
+            c->err.re_status = RPC_CANTENCODEARGS;
+            goto out;
+        }
+        len = hdr + xdr_getpos(&x);
+        XDR_DESTROY(&x);
     }
-    int rc = memlan_commit(c->ch, hdr + xdr_getpos(&x));
-    XDR_DESTROY(&x);
+    int rc = memlan_commit(c->ch, len);
     if (rc < 0) {
         c->err.re_errno = -rc;
         c->err.re_status = RPC_CANTSEND;
         goto out;
     }
+    if (spill)
+        c->spill_busy = 1;
     if (tout.tv_sec == 0 && tout.tv_usec == 0) { /* batched / one-way, as libtirpc */
         c->err.re_status = RPC_TIMEDOUT;
         goto out;
@@ -244,14 +346,28 @@ static enum clnt_stat ml_clnt_call(CLIENT *cl, rpcproc_t proc, xdrproc_t xargs, 
     c->err.re_status = ml_clnt_wait(c, xid, &rp, &rl, ms > INT32_MAX ? INT32_MAX : (int)ms);
     if (c->err.re_status != RPC_SUCCESS)
         goto out;
+    c->spill_busy = 0; /* a reply: the server is done with the arguments */
+    ml_spill_trim(&c->spill_out);
     struct ml_rpc_reply r;
     memcpy(&r, rp, sizeof r);
-    if (r.stat == MSG_ACCEPTED) {
+    const char *res = (const char *)rp + sizeof r;
+    size_t reslen = (size_t)rl - sizeof r;
+    if (r.stat & ML_RPC_SPILLED) {
+        r.stat &= ~ML_RPC_SPILLED;
+        struct ml_rpc_spill sp = {0, {0}};
+        memcpy(&sp, res, reslen >= sizeof sp ? sizeof sp : 0);
+        res = reslen >= sizeof sp ? ml_spill_map(&c->spill_in, res) : NULL;
+        reslen = sp.len;
+    }
+    if (!res) {
+        c->err.re_status = RPC_CANTDECODERES; /* spilled results that cannot be mapped */
+    } else if (r.stat == MSG_ACCEPTED) {
         switch (r.detail) {
         case SUCCESS: {
-            xdrmem_create(&x, (char *)rp + sizeof r, (u_int)((size_t)rl - sizeof r), XDR_DECODE);
+            xdrmem_create(&x, (char *)res, (u_int)reslen, XDR_DECODE);
             c->err.re_status = xres(&x, resp) ? RPC_SUCCESS : RPC_CANTDECODERES;
             XDR_DESTROY(&x);
+            ml_spill_trim(&c->spill_in);
             break;
         }
         case PROG_UNAVAIL: c->err.re_status = RPC_PROGUNAVAIL; break;
@@ -304,6 +420,10 @@ static void ml_clnt_destroy(CLIENT *cl)
     struct ml_clnt *c = (struct ml_clnt *)cl;
     memlan_evq_close(c->q);
     memlan_channel_close(c->ch);
+    if (c->spill_out)
+        memlan_segment_close(c->spill_out);
+    if (c->spill_in)
+        memlan_segment_close(c->spill_in);
     pthread_mutex_destroy(&c->mu);
     free(c);
 }
@@ -500,6 +620,8 @@ struct ml_conn {
     struct authunix_parms unix_cred;
     int unix_cred_live;
     char cred_body[ML_RPC_CRED_MAX];
+    memlan_segment_t *spill_in;  /* the client's calls' spill segment, imported */
+    memlan_segment_t *spill_out; /* our replies' spill segment */
     struct ml_conn *next;
 };
 
@@ -562,7 +684,22 @@ static bool_t ml_x_reply(SVCXPRT *x, struct rpc_msg *m)
         if (rsize == 0 && m->acpted_rply.ar_results.proc != (xdrproc_t)(void (*)(void))xdr_void)
             return FALSE; /* the results cannot be encoded */
     }
-    ssize_t room = memlan_reserve(c->ch, &buf, sizeof(struct ml_rpc_reply) + rsize, 0);
+    if (rsize > UINT32_MAX)
+        return FALSE;
+    /* The client has read the previous reply (it sent this call after it), so the spill
+     * segment is free; one left from a very large reply goes now. */
+    ml_spill_trim(&c->spill_out);
+    int spill = sizeof(struct ml_rpc_reply) + rsize > memlan_channel_max_msg(c->ch);
+    XDR xr;
+    if (spill) {
+        if (ml_spill_get(&c->spill_out, rsize) < 0)
+            return FALSE;
+        xdrmem_create(&xr, memlan_segment_ptr(c->spill_out), (u_int)rsize, XDR_ENCODE);
+        if (!m->acpted_rply.ar_results.proc(&xr, m->acpted_rply.ar_results.where))
+            return FALSE;
+    }
+    size_t want = sizeof(struct ml_rpc_reply) + (spill ? sizeof(struct ml_rpc_spill) : rsize);
+    ssize_t room = memlan_reserve(c->ch, &buf, want, 0);
     if (room < 0)
         return FALSE;
     struct ml_rpc_reply r = {c->xid, (uint32_t)m->rm_reply.rp_stat, 0, 0, 0};
@@ -572,13 +709,17 @@ static bool_t ml_x_reply(SVCXPRT *x, struct rpc_msg *m)
         if (m->acpted_rply.ar_stat == PROG_MISMATCH) {
             r.a = (uint32_t)m->acpted_rply.ar_vers.low;
             r.b = (uint32_t)m->acpted_rply.ar_vers.high;
+        } else if (spill) {
+            r.stat |= ML_RPC_SPILLED;
+            ml_spill_desc((char *)buf + sizeof r, c->spill_out, xdr_getpos(&xr));
+            XDR_DESTROY(&xr);
+            len += sizeof(struct ml_rpc_spill);
         } else if (m->acpted_rply.ar_stat == SUCCESS) {
-            XDR xr;
             xdrmem_create(&xr, (char *)buf + sizeof r, (u_int)((size_t)room - sizeof r),
                           XDR_ENCODE);
             xdrproc_t proc = m->acpted_rply.ar_results.proc;
             if (!proc(&xr, m->acpted_rply.ar_results.where))
-                return FALSE; /* too big for the ring, or unencodable: nothing committed */
+                return FALSE; /* unencodable: nothing committed */
             len += xdr_getpos(&xr);
             XDR_DESTROY(&xr);
         }
@@ -617,6 +758,10 @@ static void ml_conn_close(struct ml_conn *c)
 {
     memlan_evq_del(ml_svc_q, c->ch);
     memlan_channel_close(c->ch);
+    if (c->spill_in)
+        memlan_segment_close(c->spill_in);
+    if (c->spill_out)
+        memlan_segment_close(c->spill_out);
     for (struct ml_conn **pp = &ml_conns; *pp; pp = &(*pp)->next)
         if (*pp == c) {
             *pp = c->next;
@@ -642,8 +787,11 @@ static int ml_conn_serve_one(struct ml_conn *c)
         return -1; /* not our protocol: end the connection */
     }
     memcpy(&h, msg, sizeof h);
+    int spill = (h.cred_len & ML_RPC_SPILLED) != 0;
+    h.cred_len &= ~ML_RPC_SPILLED;
     size_t off = sizeof h + ML_PAD4((size_t)h.cred_len);
-    if (h.cred_len > ML_RPC_CRED_MAX || off > (size_t)n) {
+    if (h.cred_len > ML_RPC_CRED_MAX || off > (size_t)n ||
+        (spill && off + sizeof(struct ml_rpc_spill) > (size_t)n)) {
         memlan_release(c->ch, (size_t)n);
         return -1;
     }
@@ -672,11 +820,22 @@ static int ml_conn_serve_one(struct ml_conn *c)
     } else if (h.cred_flavor != AUTH_NONE) {
         ok = 0;
     }
+    const char *args = (const char *)msg + off;
+    size_t alen = (size_t)n - off;
+    if (ok && spill) {
+        struct ml_rpc_spill sp;
+        memcpy(&sp, args, sizeof sp);
+        alen = sp.len;
+        args = ml_spill_map(&c->spill_in, args);
+    }
     if (!ok) {
         svcerr_auth(&c->xprt, h.cred_flavor == AUTH_SYS ? AUTH_BADCRED : AUTH_REJECTEDCRED);
+    } else if (!args) {
+        svcerr_systemerr(&c->xprt); /* the spilled arguments cannot be mapped */
     } else {
-        xdrmem_create(&c->args, (char *)msg + off, (u_int)((size_t)n - off), XDR_DECODE);
+        xdrmem_create(&c->args, (char *)args, (u_int)alen, XDR_DECODE);
         c->p->dispatch(&rq, &c->xprt);
+        ml_spill_trim(&c->spill_in);
     }
     memlan_release(c->ch, (size_t)n);
     return 1;

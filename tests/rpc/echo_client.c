@@ -120,7 +120,7 @@ int main(int argc, char **argv)
         }
     }
     printf("null: %s\n", ping_1(NULL, cl) ? "ok" : clnt_sperrno(clnt_stat_of(cl)));
-    u_int sizes[] = {0, 1, 3, 4, 5, 1000, 4096, 65536, 200000, 500000};
+    u_int sizes[] = {0, 1, 3, 4, 5, 1000, 4096, 65536, 200000, 500000, MAXDATA};
     for (unsigned i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
         echo(cl, sizes[i]);
     mix(cl, CIRCLE, 0, 1);
