@@ -4,7 +4,8 @@
 set -euo pipefail
 want=(redis-server:redis-server memcached:memcached nginx:nginx-light wrk:wrk
       iperf3:iperf3 sockperf:sockperf pgbench:postgresql-client
-      /usr/lib/postgresql/15/bin/postgres:postgresql memcslap:libmemcached-tools curl:curl)
+      /usr/lib/postgresql/15/bin/postgres:postgresql memcslap:libmemcached-tools curl:curl
+      rpcbind:rpcbind)
 missing=()
 for w in "${want[@]}"; do
     cmd=${w%%:*} pkg=${w#*:}

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -179,6 +180,15 @@ int __ml_fabric_reclaim(memlan_fabric_t *fab)
                            __ml_sys_unlinkat(fab->dirfd, nm, 0) == 0) {
                     removed++;
                 }
+            } else if (strncmp(nm, "rpc-", 4) == 0 && strlen(nm) > 9 &&
+                       strcmp(nm + strlen(nm) - 5, ".sock") == 0) {
+                /* An RPC server's rendezvous (src/rpc/rpc.c): stale once nobody listens
+                 * there (its server was killed before its atexit could remove it). */
+                char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+                int pn = snprintf(path, sizeof path, "%s/%s", fab->path, nm);
+                if (pn > 0 && (size_t)pn < sizeof path && __ml_sys_unix_listening(path) == 0 &&
+                    __ml_sys_unlinkat(fab->dirfd, nm, 0) == 0)
+                    removed++;
             } else if (strncmp(nm, "bell-", 5) == 0 && __ml_token_valid(nm + 5)) {
                 /* A doorbell outlives nothing: remove it once its queue's segment is gone. */
                 char seg[80];

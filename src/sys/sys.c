@@ -12,7 +12,10 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <string.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -44,6 +47,24 @@ long __ml_sys_fcntl(int fd, int cmd, long arg) { return SYS_CALL(SYS_fcntl, fd, 
 long __ml_sys_fcntl_dupfd(int fd, int min, bool cloexec)
 {
     return SYS_CALL(SYS_fcntl, fd, cloexec ? F_DUPFD_CLOEXEC : F_DUPFD, min);
+}
+
+int __ml_sys_unix_listening(const char *path)
+{
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    size_t n = strlen(path);
+    if (n >= sizeof sa.sun_path)
+        return -ENAMETOOLONG;
+    memcpy(sa.sun_path, path, n + 1);
+    long s = SYS_CALL(SYS_socket, AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (s < 0)
+        return (int)s;
+    long rc = SYS_CALL(SYS_connect, (int)s, &sa, sizeof sa);
+    __ml_sys_close((int)s);
+    if (rc == 0 || rc == -EAGAIN || rc == -EINPROGRESS)
+        return 1;
+    return rc == -ECONNREFUSED || rc == -ENOTSOCK || rc == -EPROTOTYPE || rc == -ENOENT
+               ? 0 : (int)rc;
 }
 
 int __ml_sys_linkat(int olddir, const char *oldpath, int newdir, const char *newpath)

@@ -44,6 +44,10 @@ int __ml_sys_lock_range(int fd, off_t start, off_t len); /* a write lock, never 
 int __ml_sys_futex_wait(_Atomic uint32_t *word, uint32_t expect, int64_t timeout_ns);
 int __ml_sys_futex_wake(_Atomic uint32_t *word, int n);
 int __ml_sys_getdents(int fd, void *buf, size_t len);
+/* 1 when a Unix seqpacket socket listens at path, 0 when none does (ECONNREFUSED, or not a
+ * socket), or a negative errno.  The probe connection is closed at once, so the listener's
+ * accept sees a peer that hung up. */
+int __ml_sys_unix_listening(const char *path);
 int __ml_sys_sched_yield(void);
 pid_t __ml_sys_getpid(void);
 pid_t __ml_pid(void); /* cached; not in a vfork child */

@@ -69,6 +69,11 @@
 
 static char ml_test_dir[256];
 
+static inline void ml_test_rmdir(void)
+{
+    rmdir(ml_test_dir); /* only if empty: a leak stays visible */
+}
+
 /* A fresh fabric directory for this test, removed at exit if empty. */
 static inline memlan_fabric_t *ml_test_fabric(void)
 {
@@ -80,6 +85,7 @@ static inline memlan_fabric_t *ml_test_fabric(void)
         exit(1);
     }
     setenv("MEMLAN_FABRIC", ml_test_dir, 1);
+    atexit(ml_test_rmdir);
     memlan_fabric_t *fab;
     ASSERT_OK(memlan_fabric_open(ml_test_dir, &fab));
     return fab;

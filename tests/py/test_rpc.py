@@ -173,6 +173,126 @@ def test_libtirpc_programs_under_memlan_run(fabric, builds, tmp_path):
     assert "accelerated (client)" in text and "accelerated (accepted" in text, text
 
 
+@pytest.fixture(scope="module")
+def rpcbind():
+    """rpcbind on this host: the one running, or one of our own (`rpcbind -f`, root only),
+    stopped by its pid at the end."""
+    def up():
+        return subprocess.run(["rpcinfo", "-p", "127.0.0.1"], capture_output=True,
+                              timeout=10).returncode == 0
+    if not shutil.which("rpcinfo") or not shutil.which("rpcbind"):
+        pytest.skip("rpcbind is not installed (scripts/install-apps.sh installs it)")
+    if up():
+        yield None
+        return
+    if os.geteuid() != 0:
+        pytest.skip("no rpcbind running, and only root may start one")
+    p = subprocess.Popen(["rpcbind", "-f"], stderr=subprocess.PIPE)
+    for _ in range(100):
+        if up():
+            break
+        time.sleep(0.05)
+    else:
+        p.kill()
+        pytest.fail("rpcbind did not start: " + p.stderr.read().decode())
+    yield p
+    p.terminate()
+    p.wait(timeout=10)
+
+
+def build_calc(tmp, kind):
+    """calc.x with -N: the server's main is the generator's own (-s tcp: rpcbind)."""
+    d = tmp / kind
+    d.mkdir()
+    for f in ("calc.x", "calc_impl.c", "calc_client.c"):
+        shutil.copy(SRC / f, d / f)
+    gen = [str(RPCGEN)] if kind == "memlan" else ["rpcgen"]
+    for opt, out in (("-h", "calc.h"), ("-c", "calc_xdr.c"), ("-l", "calc_clnt.c"),
+                     ("-s", "calc_svc.c")):
+        sh(gen + ["-N", opt] + (["tcp"] if opt == "-s" else []) + ["-o", out, "calc.x"], d)
+    flags = CFLAGS if kind == "memlan" else ["-O1", "-I/usr/include/tirpc"]
+    libs = LIBS if kind == "memlan" else ["-ltirpc"]
+    sh(["cc", *flags, "-o", "srv", "calc_impl.c", "calc_svc.c", "calc_xdr.c", *libs], d)
+    sh(["cc", *flags, "-o", "cli", "calc_client.c", "calc_clnt.c", "calc_xdr.c", *libs], d)
+    return d
+
+
+CALC_PROG = str(0x20000778)
+
+
+def calc_server(cmd):
+    """Start a calc server (rpcgen's main registers it with rpcbind); wait until rpcbind knows
+    it."""
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    for _ in range(200):
+        if subprocess.run(["rpcinfo", "-t", "127.0.0.1", CALC_PROG, "1"], capture_output=True,
+                          timeout=10).returncode == 0:
+            return p
+        if p.poll() is not None:
+            break
+        time.sleep(0.05)
+    p.kill()
+    pytest.fail("calc server did not register: " + p.communicate()[1])
+
+
+CALC_EXPECTED = ["ping: ok", "add 2 40: 42", "add max 1: -2147483648", "neg 7: -7",
+                 "move: ok 6,261", "greet: hello, world!", "sink: ok",
+                 "join 300000 200000: 1600000 bytes, sum 12386735970201784509"]
+
+
+def test_newstyle_several_arguments_through_rpcbind(fabric, rpcbind, tmp_path):
+    """-N (several arguments, by value) and rpcgen's own server main, which registers with
+    rpcbind: memlan-rpcgen against the system rpcgen in every pairing.  Clients find stock
+    servers through rpcbind; a memlan pair takes the fast path."""
+    m, s = build_calc(tmp_path, "memlan"), build_calc(tmp_path, "stock")
+    outs, errs = {}, {}
+    for name, server, client in (("stock-stock", s, s), ("memlan-memlan", m, m),
+                                 ("stock-client", m, s), ("stock-server", s, m)):
+        srv = calc_server([str(server / "srv")])
+        try:
+            p = subprocess.run([str(client / "cli"), "localhost"], capture_output=True, text=True,
+                               timeout=120)
+        finally:
+            srv.kill()  # rpcgen's main has no SIGTERM handler either way
+            srv.wait(timeout=10)
+        assert p.returncode == 0, f"{name}: {p.stdout}\n{p.stderr}"
+        outs[name], errs[name] = p.stdout, p.stderr
+    for line in CALC_EXPECTED:
+        assert line in outs["stock-stock"].splitlines(), outs["stock-stock"]
+    for name in outs:
+        assert outs[name] == outs["stock-stock"], f"{name}:\n{outs[name]}"
+    assert "fast path: yes" in errs["memlan-memlan"], errs["memlan-memlan"]
+    assert "fast path: no" in errs["stock-server"] and "no memlan server" in errs["stock-server"]
+    # the killed memlan server's files: `memlan clean` takes them (its socket file included)
+    subprocess.run([str(MEMLAN), "clean"], capture_output=True, timeout=30)
+
+
+def test_newstyle_mt_stubs_compile(tmp_path):
+    """-N with -M: the generated files compile without warnings and declare rpcgen's
+    prototypes."""
+    shutil.copy(SRC / "calc.x", tmp_path / "calc.x")
+    for opt, out in (("-h", "calc.h"), ("-c", "calc_xdr.c"), ("-l", "calc_clnt.c"),
+                     ("-m", "calc_svc.c")):
+        sh([str(RPCGEN), "-N", "-M", opt, "-o", out, "calc.x"], tmp_path)
+    for c in ("calc_xdr.c", "calc_clnt.c", "calc_svc.c"):
+        sh(["cc", *CFLAGS, "-c", c], tmp_path)
+    h = (tmp_path / "calc.h").read_text()
+    for proto in ("enum clnt_stat add_1(int , int , int *, CLIENT *);",
+                  "bool_t add_1_svc(int , int , int *, struct svc_req *);",
+                  "enum clnt_stat ping_1(void *, CLIENT *);",
+                  "enum clnt_stat join_1(blob , blob , u_int , blob *, CLIENT *);"):
+        assert proto in " ".join(h.split()), proto
+
+
+def test_several_arguments_without_newstyle_is_an_error(tmp_path):
+    shutil.copy(SRC / "calc.x", tmp_path / "calc.x")
+    p = subprocess.run([str(RPCGEN), "-h", "calc.x"], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=30)
+    assert p.returncode != 0
+    assert re.search(r"calc\.x:9:22: error: procedure ADD takes 2 arguments: several arguments need -N",
+                     p.stderr), p.stderr
+
+
 def test_xdr_encodings_identical_to_rpcgen(builds):
     outs = []
     for kind in ("memlan", "stock"):

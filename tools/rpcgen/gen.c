@@ -21,6 +21,8 @@ static char *scratch(void)
     return bufs[next++ % 8];
 }
 
+static const char *ptype(const struct decl *d);
+
 static const char *ctype(const struct decl *d)
 {
     char *buf = scratch();
@@ -74,6 +76,63 @@ static char *lower(const char *s)
 static void pass(FILE *f, const struct def *d)
 {
     fprintf(f, "%s\n", d->value);
+}
+
+/*
+ * -N (newstyle): arguments are passed by value, and a procedure of several arguments gets a
+ * struct NAME_V_argument { arg1; arg2; ... } that goes over the wire (rpcgen's names).
+ */
+static int multi(const struct proc *pr)
+{
+    return pr->nargs > 1;
+}
+
+static int noarg(const struct proc *pr)
+{
+    return !strcmp(pr->args[0].type, "void");
+}
+
+/* "int arg1, pt arg2, " (with names) or "int , pt , " (prototype): the value arguments */
+static void value_params(FILE *f, const struct proc *pr, int named)
+{
+    if (noarg(pr))
+        return;
+    for (int i = 0; i < pr->nargs; i++) {
+        if (named)
+            fprintf(f, "%s arg%d, ", ptype(&pr->args[i]), i + 1);
+        else
+            fprintf(f, "%s , ", ptype(&pr->args[i]));
+    }
+}
+
+/* the argument structure's struct member for arg i, as a declaration */
+static struct decl arg_member(const struct proc *pr, int i)
+{
+    struct decl d = pr->args[i];
+    d.name = xprintf("arg%d", i + 1);
+    d.rel = REL_ALIAS;
+    return d;
+}
+
+/* the C type of what goes over the wire: NAME_V_argument, the one argument's type, or void */
+static const char *wire_arg_type(const struct proc *pr, const char *ln, const char *vers)
+{
+    if (multi(pr)) {
+        char *buf = scratch();
+        snprintf(buf, 256, "%s_%s_argument", ln, vers);
+        return buf;
+    }
+    return ptype(&pr->args[0]);
+}
+
+static const char *wire_arg_xdr(const struct proc *pr, const char *ln, const char *vers)
+{
+    if (multi(pr)) {
+        char *buf = scratch();
+        snprintf(buf, 256, "xdr_%s_%s_argument", ln, vers);
+        return buf;
+    }
+    return noarg(pr) ? XVOID : xdrfn(&pr->args[0]);
 }
 
 /* ---- header ----------------------------------------------------------------------------- */
@@ -142,8 +201,53 @@ static const char *ptype(const struct decl *d)
     return ctype(d);
 }
 
+static void member(FILE *f, const char *ind, const struct decl *d, const char *within);
+
+enum argpart { ARG_STRUCT, ARG_XDR_PROTO, ARG_XDR_FN };
+
+/* -N: for each procedure of several arguments in program d, its NAME_V_argument struct, the
+ * prototype of its XDR routine, or the routine itself. */
+static void argument_structs(FILE *f, const struct def *d, enum argpart part)
+{
+    for (int v = 0; v < d->nvers; v++)
+        for (int i = 0; i < d->vers[v].nprocs; i++) {
+            const struct proc *pr = &d->vers[v].procs[i];
+            if (!multi(pr))
+                continue;
+            char *ln = lower(pr->name);
+            const char *vn = d->vers[v].number;
+            if (part == ARG_XDR_PROTO) {
+                fprintf(f, "extern  bool_t xdr_%s_%s_argument (XDR *, %s_%s_argument*);\n", ln,
+                        vn, ln, vn);
+                free(ln);
+                continue;
+            }
+            if (part == ARG_STRUCT)
+                fprintf(f, "struct %s_%s_argument {\n", ln, vn);
+            else
+                fprintf(f, "bool_t\nxdr_%s_%s_argument (XDR *xdrs, %s_%s_argument *objp)\n{\n",
+                        ln, vn, ln, vn);
+            for (int k = 0; k < pr->nargs; k++) {
+                struct decl m = arg_member(pr, k);
+                if (part == ARG_STRUCT)
+                    pdecl(f, "\t", &m, NULL);
+                else
+                    member(f, "\t", &m, "");
+                free(m.name);
+            }
+            if (part == ARG_STRUCT)
+                fprintf(f, "};\ntypedef struct %s_%s_argument %s_%s_argument;\n\n", ln, vn, ln,
+                        vn);
+            else
+                fprintf(f, "\treturn TRUE;\n}\n\n");
+            free(ln);
+        }
+}
+
 static void hdr_program(FILE *f, const struct def *d, const struct genopts *o)
 {
+    if (o->newstyle)
+        argument_structs(f, d, ARG_STRUCT);
     fprintf(f, "#define %s %s\n", d->name, d->value);
     for (int v = 0; v < d->nvers; v++) {
         const struct version *ve = &d->vers[v];
@@ -153,7 +257,20 @@ static void hdr_program(FILE *f, const struct def *d, const struct genopts *o)
             char *ln = lower(pr->name);
             const char *at = ptype(&pr->args[0]), *rt = ptype(&pr->res);
             fprintf(f, "#define %s %s\n", pr->name, pr->number);
-            if (o->mt) {
+            if (o->newstyle) {
+                const char *cs[] = {"", "_svc"}, *tail[] = {"CLIENT *", "struct svc_req *"};
+                for (int k = 0; k < 2; k++) {
+                    if (o->mt)
+                        fprintf(f, "extern  %s %s_%s%s(", k ? "bool_t" : "enum clnt_stat", ln,
+                                ve->number, cs[k]);
+                    else
+                        fprintf(f, "extern  %s * %s_%s%s(", rt, ln, ve->number, cs[k]);
+                    value_params(f, pr, 0);
+                    if (o->mt)
+                        fprintf(f, "%s *, ", rt);
+                    fprintf(f, "%s);\n", tail[k]);
+                }
+            } else if (o->mt) {
                 fprintf(f, "extern  enum clnt_stat %s_%s(%s *, %s *, CLIENT *);\n", ln,
                         ve->number, at, rt);
                 fprintf(f, "extern  bool_t %s_%s_svc(%s *, %s *, struct svc_req *);\n", ln,
@@ -236,6 +353,8 @@ void gen_header(FILE *f, struct def *defs, const struct genopts *o)
             fprintf(f, "extern  bool_t xdr_%s (XDR *, %s);\n", d->name, d->name);
         else if (d->kind == DEF_TYPEDEF)
             fprintf(f, "extern  bool_t xdr_%s (XDR *, %s*);\n", d->name, d->name);
+        else if (d->kind == DEF_PROGRAM && o->newstyle)
+            argument_structs(f, d, ARG_XDR_PROTO);
     }
     fprintf(f, "\n#ifdef __cplusplus\n}\n#endif\n\n#endif /* !%s */\n", o->guard);
 }
@@ -310,7 +429,10 @@ void gen_xdr(FILE *f, struct def *defs, const struct genopts *o)
             pass(f, d);
             continue;
         case DEF_CONST:
+            continue;
         case DEF_PROGRAM:
+            if (o->newstyle)
+                argument_structs(f, d, ARG_XDR_FN);
             continue;
         case DEF_TYPEDEF:
             if (d->decls->rel == REL_VECTOR)
@@ -384,7 +506,32 @@ void gen_clnt(FILE *f, struct def *defs, const struct genopts *o)
                 const char *at = ptype(a);
                 char rt[300];
                 snprintf(rt, sizeof rt, "%s", ptype(r));
-                if (o->mt) {
+                if (o->newstyle) {
+                    if (o->mt)
+                        fprintf(f, "enum clnt_stat \n%s_%s(", ln, ve->number);
+                    else
+                        fprintf(f, "%s *\n%s_%s(", rt, ln, ve->number);
+                    value_params(f, pr, 1);
+                    if (o->mt)
+                        fprintf(f, "%s *clnt_res, ", rt);
+                    fprintf(f, " CLIENT *clnt)\n{\n");
+                    if (multi(pr))
+                        fprintf(f, "\t%s arg;\n", wire_arg_type(pr, ln, ve->number));
+                    if (!o->mt)
+                        fprintf(f, "\tstatic %s clnt_res;\n\n"
+                                   "\tmemset((char *)&clnt_res, 0, sizeof(clnt_res));\n",
+                                rvoid ? "char" : rt);
+                    for (int k = 0; multi(pr) && k < pr->nargs; k++)
+                        fprintf(f, "\targ.arg%d = arg%d;\n", k + 1, k + 1);
+                    fprintf(f, "\t%s (clnt_call (clnt, %s,\n\t\t(xdrproc_t) %s, (caddr_t) %s,\n"
+                               "\t\t(xdrproc_t) %s, (caddr_t) %sclnt_res,\n\t\tTIMEOUT)%s",
+                            o->mt ? "return" : "if", pr->name, wire_arg_xdr(pr, ln, ve->number),
+                            multi(pr) ? "&arg" : avoid ? "NULL" : "&arg1",
+                            rvoid ? XVOID : xdrfn(r), o->mt ? "" : "&",
+                            o->mt ? ");\n}\n\n" : " != RPC_SUCCESS) {\n\t\treturn (NULL);\n\t}\n");
+                    if (!o->mt)
+                        fprintf(f, "\treturn (%s&clnt_res);\n}\n\n", rvoid ? "(void *)" : "");
+                } else if (o->mt) {
                     fprintf(f, "enum clnt_stat \n%s_%s(%s *argp, %s *clnt_res, CLIENT *clnt)\n{\n",
                             ln, ve->number, at, rt);
                     fprintf(f, "\treturn (clnt_call(clnt, %s,\n\t\t(xdrproc_t) %s, (caddr_t) "
@@ -416,6 +563,27 @@ static void svc_dispatch(FILE *f, const struct def *d, const struct version *ve,
                          const struct genopts *o)
 {
     char *lp = lower(d->name);
+    for (int i = 0; o->newstyle && i < ve->nprocs; i++) {
+        /* -N: the dispatcher's calling convention (argument by address) to the by-value one */
+        const struct proc *pr = &ve->procs[i];
+        char *ln = lower(pr->name);
+        if (o->mt)
+            fprintf(f, "static bool_t\n_%s_%s (%s *argp, void *result, struct svc_req *rqstp)\n{\n",
+                    ln, ve->number, wire_arg_type(pr, ln, ve->number));
+        else
+            fprintf(f, "static %s *\n_%s_%s (%s *argp, struct svc_req *rqstp)\n{\n",
+                    ptype(&pr->res), ln, ve->number, wire_arg_type(pr, ln, ve->number));
+        if (noarg(pr))
+            fprintf(f, "\t(void)argp;\n");
+        fprintf(f, "\treturn (%s_%s_svc(", ln, ve->number);
+        for (int k = 0; !noarg(pr) && k < pr->nargs; k++)
+            if (multi(pr))
+                fprintf(f, "argp->arg%d, ", k + 1);
+            else
+                fprintf(f, "*argp, ");
+        fprintf(f, "%srqstp));\n}\n\n", o->mt ? "result, " : "");
+        free(ln);
+    }
     fprintf(f, "%svoid\n%s_%s(struct svc_req *rqstp, register SVCXPRT *transp)\n{\n",
             with_main ? "static " : "", lp, ve->number);
     int nargs = 0, nres = 0;
@@ -428,7 +596,8 @@ static void svc_dispatch(FILE *f, const struct def *d, const struct version *ve,
         const struct proc *pr = &ve->procs[i];
         if (strcmp(pr->args[0].type, "void")) {
             char *ln = lower(pr->name);
-            fprintf(f, "\t\t%s %s_%s_arg;\n", ptype(&pr->args[0]), ln, ve->number);
+            fprintf(f, "\t\t%s %s_%s_arg;\n", wire_arg_type(pr, ln, ve->number), ln,
+                    ve->number);
             free(ln);
         }
     }
@@ -459,16 +628,17 @@ static void svc_dispatch(FILE *f, const struct def *d, const struct version *ve,
         const struct proc *pr = &ve->procs[i];
         char *ln = lower(pr->name);
         int avoid = !strcmp(pr->args[0].type, "void"), rvoid = !strcmp(pr->res.type, "void");
+        (void)avoid;
         fprintf(f, "\tcase %s:\n\t\t_xdr_argument = (xdrproc_t) %s;\n"
                    "\t\t_xdr_result = (xdrproc_t) %s;\n",
-                pr->name, avoid ? XVOID : xdrfn(&pr->args[0]),
-                rvoid ? XVOID : xdrfn(&pr->res));
+                pr->name, wire_arg_xdr(pr, ln, ve->number), rvoid ? XVOID : xdrfn(&pr->res));
+        const char *fn = o->newstyle ? xprintf("_%s_%s", ln, ve->number)
+                                     : xprintf("%s_%s_svc", ln, ve->number);
         if (o->mt)
-            fprintf(f, "\t\tlocal = (bool_t (*) (char *, void *,  struct svc_req *))%s_%s_svc;\n",
-                    ln, ve->number);
+            fprintf(f, "\t\tlocal = (bool_t (*) (char *, void *,  struct svc_req *))%s;\n", fn);
         else
-            fprintf(f, "\t\tlocal = (char *(*)(char *, struct svc_req *)) %s_%s_svc;\n", ln,
-                    ve->number);
+            fprintf(f, "\t\tlocal = (char *(*)(char *, struct svc_req *)) %s;\n", fn);
+        free((char *)fn);
         fprintf(f, "\t\tbreak;\n\n");
         free(ln);
     }
@@ -559,7 +729,8 @@ static void usage(void)
             "Generates rpcgen's interface with memlan's shared-memory fast path.\n"
             "  -h header  -c XDR routines  -l client stubs  -m server skeleton (no main)\n"
             "  -s tcp|udp server with main for that transport (repeatable)\n"
-            "  -M MT-safe stubs  -o output file  -D define for #if\n"
+            "  -M MT-safe stubs  -N arguments by value, several allowed\n"
+            "  -o output file  -D define for #if\n"
             "  with no -h/-c/-l/-m/-s: all four files (NAME.h, NAME_xdr.c, NAME_clnt.c, "
             "NAME_svc.c)\n");
     exit(1);
@@ -614,7 +785,6 @@ int main(int argc, char **argv)
             case 't':
             case 'T':
             case 'a':
-            case 'N':
             case 'I':
             case '5':
                 fprintf(stderr, "memlan-rpcgen: -%c is not supported\n", c);
@@ -626,6 +796,9 @@ int main(int argc, char **argv)
                 break; /* ANSI C is the only mode; errors go to stderr */
             case 'M':
                 o.mt = 1;
+                break;
+            case 'N':
+                o.newstyle = 1;
                 break;
             case 'o':
                 out = val;
@@ -709,6 +882,13 @@ int main(int argc, char **argv)
         d2.names[d2.n] = xstrdup(sym[k]);
         d2.values[d2.n++] = xstrdup("1");
         struct def *tree = rpcgen_parse(in, &d2);
+        for (struct def *d = tree; d && !o.newstyle; d = d->next)
+            for (int v = 0; d->kind == DEF_PROGRAM && v < d->nvers; v++)
+                for (int i = 0; i < d->vers[v].nprocs; i++)
+                    if (multi(&d->vers[v].procs[i]))
+                        fatal_at(d->vers[v].procs[i].args[1].at,
+                                 "procedure %s takes %d arguments: several arguments need -N",
+                                 d->vers[v].procs[i].name, d->vers[v].procs[i].nargs);
         char *path;
         if (out)
             path = xstrdup(out);

@@ -909,11 +909,6 @@ static void def_program(struct parser *p, struct def *d)
                 if (!strcmp(a->type, "void") && pr->nargs > 1)
                     fatal_at(a->at, "void must be the only argument");
             } while (accept(p, ","));
-            if (pr->nargs > 1)
-                fatal_at(pr->args[1].at,
-                         "procedure %s takes %d arguments; several arguments need rpcgen -N, which "
-                         "memlan-rpcgen does not support: pass one struct",
-                         pr->name, pr->nargs);
             expect(p, ")", "after the arguments");
             expect(p, "=", "before the procedure's number");
             pr->number = value(p, "the procedure's number");

@@ -77,6 +77,7 @@ struct def *rpcgen_parse(const char *path, struct defines *defs);
 
 struct genopts {
     int mt;              /* -M */
+    int newstyle;        /* -N: arguments by value, several allowed */
     const char *header;  /* the header's name, for #include */
     const char *guard;
     char **nettypes;     /* -s (server main) */
