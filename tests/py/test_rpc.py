@@ -245,13 +245,16 @@ def test_newstyle_several_arguments_through_rpcbind(fabric, rpcbind, tmp_path):
     rpcbind: memlan-rpcgen against the system rpcgen in every pairing.  Clients find stock
     servers through rpcbind; a memlan pair takes the fast path."""
     m, s = build_calc(tmp_path, "memlan"), build_calc(tmp_path, "stock")
+    log = tmp_path / "log"
+    run = [str(MEMLAN), "run", "--log", str(log), "--"]
     outs, errs = {}, {}
-    for name, server, client in (("stock-stock", s, s), ("memlan-memlan", m, m),
-                                 ("stock-client", m, s), ("stock-server", s, m)):
-        srv = calc_server([str(server / "srv")])
+    for name, server, client, pre in (("stock-stock", s, s, []), ("memlan-memlan", m, m, []),
+                                      ("stock-client", m, s, []), ("stock-server", s, m, []),
+                                      ("vRPC: stock under memlan run", s, s, run)):
+        srv = calc_server(pre + [str(server / "srv")])
         try:
-            p = subprocess.run([str(client / "cli"), "localhost"], capture_output=True, text=True,
-                               timeout=120)
+            p = subprocess.run(pre + [str(client / "cli"), "localhost"], capture_output=True,
+                               text=True, timeout=120)
         finally:
             srv.kill()  # rpcgen's main has no SIGTERM handler either way
             srv.wait(timeout=10)
@@ -263,6 +266,9 @@ def test_newstyle_several_arguments_through_rpcbind(fabric, rpcbind, tmp_path):
         assert outs[name] == outs["stock-stock"], f"{name}:\n{outs[name]}"
     assert "fast path: yes" in errs["memlan-memlan"], errs["memlan-memlan"]
     assert "fast path: no" in errs["stock-server"] and "no memlan server" in errs["stock-server"]
+    # vRPC: the stock pair, rpcbind and all, under memlan run: the call connection is accelerated
+    text = log.read_text()
+    assert "accelerated (client)" in text and "accelerated (accepted" in text, text
     # the killed memlan server's files: `memlan clean` takes them (its socket file included)
     subprocess.run([str(MEMLAN), "clean"], capture_output=True, timeout=30)
 
