@@ -414,17 +414,19 @@ static int ml_chan_attach(memlan_fabric_t *fab, const char *token, int64_t gen,
  * block, which the peer wrote: a wrong one names no file of ours, and every later look-up by
  * name checks the file's identity.
  */
-int __ml_chan_attach_offer(memlan_fabric_t *fab, int fd, const struct stat *st, const char *name,
-                           memlan_channel_t **out)
+int __ml_chan_attach_offer(memlan_fabric_t *fab, int fd, int fdb, const struct stat *st,
+                           const char *name, memlan_channel_t **out)
 {
-    if (!fab || !out || fd < 0 || !name) {
+    if (!fab || !out || fd < 0 || !name || !st) {
         if (fd >= 0)
             __ml_sys_close(fd);
+        if (fdb >= 0)
+            __ml_sys_close(fdb);
         return -EINVAL;
     }
     *out = NULL;
     struct memlan_segment *seg;
-    int r = __ml_seg_import_fd(fab, NULL, fd, ML_KIND_CHANNEL, true, st, &seg);
+    int r = __ml_seg_import_cached(fab, fd, fdb, st, &seg);
     if (r < 0)
         return r;
     const struct ml_offer_blk *ob = (const void *)(seg->base + ML_CHAN_OFFER_OFF);

@@ -73,8 +73,8 @@ void __ml_evq_post_local(struct memlan_evq *q, uint32_t index);
 
 /* For the socket layer (src/preload): see channel.c. */
 int __ml_chan_create_pooled(memlan_fabric_t *fab, size_t ring_size, memlan_channel_t **out);
-int __ml_chan_attach_offer(memlan_fabric_t *fab, int fd, const struct stat *st, const char *name,
-                           memlan_channel_t **out);
+int __ml_chan_attach_offer(memlan_fabric_t *fab, int fd, int fdb, const struct stat *st,
+                           const char *name, memlan_channel_t **out);
 int __ml_chan_attach_gen(memlan_fabric_t *fab, const char *token, uint32_t gen,
                          memlan_channel_t **out);
 uint32_t __ml_chan_generation(const struct memlan_channel *ch);

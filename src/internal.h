@@ -50,6 +50,9 @@ struct memlan_segment {
     uint64_t mirror;          /* a channel's ring size: each ring's data is mapped twice */
     bool owner;               /* we created it */
     bool writable;
+    bool cacheable;           /* an acceptor's channel mapping made without our lock: see
+                               * segment.c's mapping cache; fd/hold carry the lock instead */
+    void *hold;               /* one page of the locked open file: keeps it after fd is closed */
     char token[MEMLAN_TOKEN_LEN + 1];
 };
 
@@ -86,6 +89,13 @@ int __ml_seg_alive(const struct memlan_segment *seg, int lock_byte);
  * mappings, exactly as long as the fd would have held it.  A connection then costs the host
  * program no file descriptor beyond its socket.  Liveness probes reopen the file by name. */
 void __ml_seg_drop_fd(struct memlan_segment *seg);
+/* The acceptor's mapping cache (segment.c): is a mapping of the file st describes kept?  And the
+ * import that uses it: the channel file opened as fd (which will carry the lock; taken), mapped
+ * from the cache or else from fdb (a second open of the same file, taken; -1 for none, then the
+ * mapping is made from fd and is not cacheable). */
+bool __ml_mapcache_has(const struct stat *st);
+int __ml_seg_import_cached(memlan_fabric_t *fab, int fd, int fdb, const struct stat *st,
+                           struct memlan_segment **out);
 
 /* channel.c: give back (unlink) the channel files the pool keeps; at exit, before exec, and when
  * the fabric closes. */

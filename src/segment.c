@@ -15,6 +15,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -278,12 +279,180 @@ fail:
     return r;
 }
 
+/*
+ * ---- the acceptor's mapping cache ----
+ *
+ * A server maps each client's channel file when it accepts, and a client's pool hands it the same
+ * few files again and again.  Mapping one costs three mmap calls, an munmap at close and the page
+ * faults of touching its rings again: a third of an accepting server's time per short connection.
+ * So a channel attached by offer keeps its mapping here when it closes, and the next offer of the
+ * same file takes it.  (dev, ino) names the file: our mapping pins the inode, so the pair cannot
+ * name another file meanwhile; the size must match too.  A cached mapping must carry no lock
+ * (the pool reuses a file once the old peer's lock is gone), so it is made from an open of its
+ * own, and each connection's attacher lock lives on the offer's open, kept after its fd is closed
+ * by a one-page mapping (seg->hold) that goes at close.  Bounded: 8 mappings of files up to
+ * 4 MiB + a page, none idle for more than 5 s once the process accepts or closes again.
+ */
+#define ML_MAPC_N 8
+#define ML_MAPC_MAX_FILE ((4u << 20) + ML_PAGE)
+#define ML_MAPC_IDLE_NS (5ull * 1000000000u)
+
+struct ml_mapc {
+    uint64_t dev, ino, total, mirror, body_off, body_size;
+    uint8_t *base;
+    size_t vsize;
+    uint64_t parked_ns;
+};
+static struct ml_mapc ml_mapc[ML_MAPC_N];
+static int ml_nmapc;
+static pthread_mutex_t ml_mapc_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_once_t ml_mapc_once = PTHREAD_ONCE_INIT;
+
+static void ml_mapc_prepare(void) { pthread_mutex_lock(&ml_mapc_mu); }
+static void ml_mapc_parent(void) { pthread_mutex_unlock(&ml_mapc_mu); }
+static void ml_mapc_child(void) { pthread_mutex_init(&ml_mapc_mu, NULL); }
+static void ml_mapc_init(void) { pthread_atfork(ml_mapc_prepare, ml_mapc_parent, ml_mapc_child); }
+
+/* Drop entries idle too long (with the lock held); returns how many are left. */
+static int ml_mapc_expire(uint64_t now)
+{
+    for (int i = 0; i < ml_nmapc;) {
+        if (now - ml_mapc[i].parked_ns > ML_MAPC_IDLE_NS) {
+            __ml_sys_munmap(ml_mapc[i].base, ml_mapc[i].vsize);
+            ml_mapc[i] = ml_mapc[--ml_nmapc];
+        } else {
+            i++;
+        }
+    }
+    return ml_nmapc;
+}
+
+static int ml_mapc_find(const struct stat *st)
+{
+    for (int i = 0; i < ml_nmapc; i++)
+        if (ml_mapc[i].dev == (uint64_t)st->st_dev && ml_mapc[i].ino == (uint64_t)st->st_ino &&
+            ml_mapc[i].total == (uint64_t)st->st_size)
+            return i;
+    return -1;
+}
+
+bool __ml_mapcache_has(const struct stat *st)
+{
+    pthread_once(&ml_mapc_once, ml_mapc_init);
+    pthread_mutex_lock(&ml_mapc_mu);
+    bool has = ml_mapc_find(st) >= 0;
+    pthread_mutex_unlock(&ml_mapc_mu);
+    return has;
+}
+
+/* A closing cacheable segment's mapping: into the cache (or unmapped). */
+static void ml_mapc_park(struct memlan_segment *seg)
+{
+    pthread_once(&ml_mapc_once, ml_mapc_init);
+    uint64_t now = __ml_now_ns();
+    uint8_t *evict = NULL;
+    size_t evict_size = 0;
+    pthread_mutex_lock(&ml_mapc_mu);
+    if (ml_mapc_expire(now) == ML_MAPC_N) { /* full: the oldest goes */
+        int old = 0;
+        for (int i = 1; i < ML_MAPC_N; i++)
+            if (ml_mapc[i].parked_ns < ml_mapc[old].parked_ns)
+                old = i;
+        evict = ml_mapc[old].base;
+        evict_size = ml_mapc[old].vsize;
+        ml_mapc[old] = ml_mapc[--ml_nmapc];
+    }
+    /* total: the file's size, which a channel's geometry fixes */
+    struct ml_mapc e = {.dev = seg->dev, .ino = seg->ino, .total = ML_PAGE + 2 * seg->mirror,
+                        .mirror = seg->mirror, .body_off = seg->body_off,
+                        .body_size = seg->body_size, .base = seg->base, .vsize = seg->map_size,
+                        .parked_ns = now};
+    ml_mapc[ml_nmapc++] = e;
+    pthread_mutex_unlock(&ml_mapc_mu);
+    if (evict)
+        __ml_sys_munmap(evict, evict_size);
+}
+
+int __ml_seg_import_cached(memlan_fabric_t *fab, int fd, int fdb, const struct stat *st,
+                           struct memlan_segment **out)
+{
+    *out = NULL;
+    pthread_once(&ml_mapc_once, ml_mapc_init);
+    struct ml_mapc e = {0};
+    pthread_mutex_lock(&ml_mapc_mu);
+    ml_mapc_expire(__ml_now_ns());
+    int i = ml_mapc_find(st);
+    if (i >= 0) {
+        e = ml_mapc[i];
+        ml_mapc[i] = ml_mapc[--ml_nmapc];
+    }
+    pthread_mutex_unlock(&ml_mapc_mu);
+    if (i < 0) {
+        /* Not cached: map from the second open (no lock on it), so that the mapping can be
+         * cached later; without one, the old way (the mapping carries the lock). */
+        struct stat stb;
+        if (fdb < 0 || (uint64_t)st->st_size > ML_MAPC_MAX_FILE ||
+            __ml_sys_fstat(fdb, &stb) < 0 || stb.st_dev != st->st_dev ||
+            stb.st_ino != st->st_ino) {
+            if (fdb >= 0)
+                __ml_sys_close(fdb);
+            return __ml_seg_import_fd(fab, NULL, fd, ML_KIND_CHANNEL, true, st, out);
+        }
+        int r = __ml_seg_import_fd(fab, NULL, fdb, ML_KIND_CHANNEL, true, st, out);
+        if (r < 0) {
+            __ml_sys_close(fd);
+            return r;
+        }
+        __ml_sys_close((*out)->fd); /* the mapping keeps its own open: no lock on it */
+        (*out)->fd = fd;
+        (*out)->cacheable = true;
+        return 0;
+    }
+    if (fdb >= 0)
+        __ml_sys_close(fdb);
+    struct memlan_segment *seg = calloc(1, sizeof *seg);
+    if (!seg) {
+        __ml_sys_munmap(e.base, e.vsize);
+        __ml_sys_close(fd);
+        return -ENOMEM;
+    }
+    seg->fab = fab;
+    seg->fd = fd;
+    seg->ino = e.ino;
+    seg->dev = e.dev;
+    seg->base = e.base;
+    seg->map_size = e.vsize;
+    seg->mirror = e.mirror;
+    seg->hdr = (struct ml_seg_hdr *)e.base;
+    seg->kind = ML_KIND_CHANNEL;
+    seg->body_off = e.body_off;
+    seg->body_size = e.body_size;
+    seg->writable = true;
+    seg->cacheable = true;
+    /* The file may have been reused, never replaced: it must still be a live channel. */
+    if (ml_load_relaxed(&seg->hdr->state) != ML_SEG_LIVE ||
+        ml_load_acquire(&seg->hdr->ready) != 1) {
+        seg->cacheable = false; /* not again */
+        __ml_seg_destroy(seg);
+        return -EPROTO;
+    }
+    *out = seg;
+    return 0;
+}
+
 /* Close the fd; the mappings keep the file and our lock on it.  The file's identity was taken when
  * it was opened (create and import fstat it), so a probe by name can tell it from another. */
 void __ml_seg_drop_fd(struct memlan_segment *seg)
 {
     if (seg->fd < 0 || !seg->ino)
         return; /* keep the fd: without the file's identity we could not probe by name */
+    if (seg->cacheable) {
+        /* the lock is on fd's open, not the (cacheable) mapping's: one page of it keeps it */
+        void *p;
+        if (__ml_sys_mmap(&p, NULL, ML_PAGE, PROT_READ, MAP_SHARED, seg->fd, 0) < 0)
+            return; /* keep the fd instead */
+        seg->hold = p;
+    }
     __ml_sys_close(seg->fd);
     seg->fd = -1;
 }
@@ -360,9 +529,14 @@ void __ml_seg_destroy(struct memlan_segment *seg)
         return;
     if (seg->owner)
         ml_seg_unlink(seg);
-    __ml_sys_munmap(seg->base, seg->map_size);
+    if (seg->hold)
+        __ml_sys_munmap(seg->hold, ML_PAGE); /* our attacher lock goes with it */
     if (seg->fd >= 0)
         __ml_sys_close(seg->fd);
+    if (seg->cacheable)
+        ml_mapc_park(seg);
+    else
+        __ml_sys_munmap(seg->base, seg->map_size);
     free(seg);
 }
 

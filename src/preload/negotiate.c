@@ -103,12 +103,33 @@ static bool mlp_addr_loopback(const struct mlp_addr *a)
     return memcmp(a->a, lo6, 16) == 0;
 }
 
+/* "7f000001p1f90": the address's bytes and the port, in hex (every connection names its offer
+ * with two of these: no printf) */
 static void mlp_addr_hex(const struct mlp_addr *a, char *buf, size_t len)
 {
-    int n = a->v4 ? 4 : 16, o = 0;
-    for (int i = 0; i < n && o + 3 < (int)len; i++)
-        o += snprintf(buf + o, len - (size_t)o, "%02x", a->a[i]);
-    snprintf(buf + o, len - (size_t)o, "p%x", a->port);
+    static const char hx[] = "0123456789abcdef";
+    int n = a->v4 ? 4 : 16;
+    size_t o = 0;
+    if (len < 2u * 16 + 6)
+        return (void)(len ? buf[0] = 0 : 0);
+    for (int i = 0; i < n; i++) {
+        buf[o++] = hx[a->a[i] >> 4];
+        buf[o++] = hx[a->a[i] & 15];
+    }
+    buf[o++] = 'p';
+    unsigned port = (unsigned)a->port & 0xffff;
+    int digits = 1;
+    while (digits < 4 && (port >> (4 * digits)))
+        digits++;
+    for (int d = digits - 1; d >= 0; d--)
+        buf[o++] = hx[(port >> (4 * d)) & 15];
+    buf[o] = 0;
+}
+
+static bool mlp_addr_wild(const struct mlp_addr *a)
+{
+    static const uint8_t zero[16];
+    return memcmp(a->a, zero, a->v4 ? 4 : 16) == 0;
 }
 
 static void mlp_addr_str(const struct mlp_addr *a, char *buf, size_t len)
@@ -126,6 +147,10 @@ static int mlp_sock_addrs(int fd, struct mlp_addr *local, struct mlp_addr *remot
     if (getsockname(fd, (struct sockaddr *)&ss, &l) < 0 ||
         !mlp_addr_of((struct sockaddr *)&ss, l, local))
         return -errno;
+    /* A connect's own address is the peer's, unless it is a wildcard (the kernel connects that to
+     * a local address, which only getpeername tells). */
+    if (fallback && mlp_addr_of(fallback, fblen, remote) && !mlp_addr_wild(remote))
+        return 0;
     l = sizeof ss;
     if (getpeername(fd, (struct sockaddr *)&ss, &l) == 0) {
         if (!mlp_addr_of((struct sockaddr *)&ss, l, remote))
@@ -956,9 +981,14 @@ void mlp_on_accept(int lfd, int fd, int flags)
         struct stat st;
         long k = mlp_open_offer(name, &st, &refused);
         if (k > 0) {
+            /* A file whose mapping we do not keep yet is opened a second time, for a mapping
+             * that carries no lock and can be kept (see segment.c's mapping cache). */
+            long kb = __ml_mapcache_has(&st)
+                          ? -1
+                          : __ml_sys_open(mlp_fab->dirfd, name, O_RDWR | O_NOFOLLOW, 0);
             /* The name goes before the claim: a client that sees the claim knows it is gone. */
             __ml_sys_unlinkat(mlp_fab->dirfd, name, 0);
-            int e = __ml_chan_attach_offer(mlp_fab, (int)k, &st, name, &ch);
+            int e = __ml_chan_attach_offer(mlp_fab, (int)k, kb < 0 ? -1 : (int)kb, &st, name, &ch);
             if (e == -ESTALE)
                 why = "a stale offer (its channel was already reused)";
             else if (e == -EBUSY)

@@ -7,6 +7,7 @@ connection really took the path expected (accelerated, or TCP with the reason), 
 fabric file behind once dead processes' files are reclaimed.
 """
 import os
+import pathlib
 import signal
 import socket
 import subprocess
@@ -353,6 +354,7 @@ for t in rs:
     t.join(20)
 print(sum(tot), [t.is_alive() for t in rs], flush=True)
 import os
+import pathlib
 os._exit(0)
 """
 
@@ -518,3 +520,43 @@ def test_connections_carried_across_exec(fabric, tmp_path):
     assert text.count("accelerated (client)") == 2 and text.count("accelerated (accepted") == 2
     assert "lost" not in text and "cannot carry" not in text, text
     settle(fabric)
+
+
+def test_accepting_server_keeps_few_channel_mappings(fabric, tmp_path):
+    """A server keeps the mappings of its clients' pooled channel files for the next offer of
+    the same file (segment.c's mapping cache): at most 8, and no per-connection lock mapping
+    left once its connection closed.  Thousands of short connections from two client
+    processes (two pools), every answer checked, then the server's address space is read."""
+    shortconn = BUILD / "bench" / "shortconn"
+    port = next_port()
+    log = tmp_path / "log"
+    srv = subprocess.Popen([str(MEMLAN), "run", "--log", str(log), "--", str(shortconn), "server",
+                            str(port)], stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(100):
+            if not port_free(port):
+                break
+            time.sleep(0.02)
+        total = 0
+        for _ in range(2):
+            p = subprocess.run([str(MEMLAN), "run", "--", str(shortconn), "client", str(port),
+                                "0.2"], capture_output=True, text=True, timeout=60)
+            assert p.returncode == 0, p.stderr
+            fields = p.stdout.split()
+            conns, bad = int(fields[1]), int(fields[5])
+            assert conns > 100 and bad == 0, p.stdout
+            total += conns
+        maps = pathlib.Path(f"/proc/{srv.pid}/maps").read_text().splitlines()
+        mine = [l.split() for l in maps if str(fabric) in l]
+        files = {m[4] for m in mine}                      # inodes of fabric files mapped
+        holds = [m for m in mine if int(m[0].split("-")[1], 16) - int(m[0].split("-")[0], 16)
+                 == 4096 and m[1].startswith("r--s")]
+        # the process's own stat segment is one fabric file; the rest are cached channels
+        assert len(files) <= 8 + 1, f"{len(files)} fabric files mapped after {total} connections"
+        assert len(files) >= 2, f"no mapping kept: {mine}"
+        assert not holds, f"lock pages of closed connections still mapped: {holds}"
+    finally:
+        srv.terminate()
+        srv.wait(timeout=10)
+    settle(fabric)
+    assert "accelerated (accepted" in log.read_text()
