@@ -204,6 +204,12 @@ int __ml_fabric_reclaim(memlan_fabric_t *fab)
     return removed;
 }
 
+void __ml_fabric_sweep_once(memlan_fabric_t *fab)
+{
+    if (!ml_load_relaxed(&fab->swept) && !ml_xchg(&fab->swept, true))
+        (void)__ml_fabric_reclaim(fab);
+}
+
 int memlan_fabric_clean(memlan_fabric_t *fab)
 {
     if (!fab)

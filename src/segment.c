@@ -79,8 +79,7 @@ int __ml_seg_create(memlan_fabric_t *fab, uint32_t kind, int mode, uint64_t body
         return -EINVAL;
     uint64_t total = ml_round_up(body_off + body_size, ML_PAGE);
     /* Lazy reclaim: the first file a handle creates first sweeps the orphans of the dead. */
-    if (!ml_xchg(&fab->swept, true))
-        (void)__ml_fabric_reclaim(fab);
+    __ml_fabric_sweep_once(fab);
     struct memlan_segment *seg = calloc(1, sizeof *seg);
     if (!seg)
         return -ENOMEM;

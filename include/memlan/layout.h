@@ -182,6 +182,8 @@ struct ml_listen_rec {
     _Atomic uint32_t waiters;  /* acceptors asleep on pending */
     _Atomic uint32_t ring_hint;/* the largest SO_RCVBUF/SO_SNDBUF a listener set (the kernel's
                                 * value), so that clients size their rings to it; 0 = none */
+    _Atomic uint32_t swept_s;  /* CLOCK_MONOTONIC second at which a client of this port last
+                                * swept the fabric for the dead's files; 0 = never */
 };
 
 /*

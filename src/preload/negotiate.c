@@ -669,6 +669,20 @@ void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, vo
     struct mlp_lrec *r = mlp_lrec_find(a.port);
     if (!r)
         return;
+    /* The fabric's lazy sweep (opening and lock-probing every file in it, tens of milliseconds
+     * when it holds thousands) runs before the first file a process creates.  Not between our
+     * connect and our offer, where the acceptor waits only MEMLAN_SERVER_WAIT_MS: now.  And
+     * once per 10 s per port among all its clients: a client that sees a recent sweep skips. */
+    if (!ml_load_relaxed(&mlp_fab->swept)) {
+        uint32_t now_s = (uint32_t)(__ml_now_ns() / 1000000000u);
+        uint32_t last = ml_load_relaxed(&r->map->swept_s);
+        if (last && now_s - last < 10) {
+            ml_store_relaxed(&mlp_fab->swept, true);
+        } else {
+            ml_store_relaxed(&r->map->swept_s, now_s ? now_s : 1);
+            __ml_fabric_sweep_once(mlp_fab);
+        }
+    }
     struct mlp_pending *p = malloc(sizeof *p);
     if (!p)
         return;
