@@ -91,11 +91,11 @@ int __ml_seg_alive(const struct memlan_segment *seg, int lock_byte);
  * mappings, exactly as long as the fd would have held it.  A connection then costs the host
  * program no file descriptor beyond its socket.  Liveness probes reopen the file by name. */
 void __ml_seg_drop_fd(struct memlan_segment *seg);
-/* The acceptor's mapping cache (segment.c): is a mapping of the file st describes kept?  And the
- * import that uses it: the channel file opened as fd (which will carry the lock; taken), mapped
+/* The acceptor's mapping cache (segment.c): would a second open of the file st describes help
+ * (not kept yet, and small enough to be kept)?  And the import that uses it: the channel file opened as fd (which will carry the lock; taken), mapped
  * from the cache or else from fdb (a second open of the same file, taken; -1 for none, then the
  * mapping is made from fd and is not cacheable). */
-bool __ml_mapcache_has(const struct stat *st);
+bool __ml_mapcache_wants_open(const struct stat *st);
 int __ml_seg_import_cached(memlan_fabric_t *fab, int fd, int fdb, const struct stat *st,
                            struct memlan_segment **out);
 

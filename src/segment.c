@@ -335,13 +335,15 @@ static int ml_mapc_find(const struct stat *st)
     return -1;
 }
 
-bool __ml_mapcache_has(const struct stat *st)
+bool __ml_mapcache_wants_open(const struct stat *st)
 {
+    if ((uint64_t)st->st_size > ML_MAPC_MAX_FILE)
+        return false; /* never cached: the second open would be wasted */
     pthread_once(&ml_mapc_once, ml_mapc_init);
     pthread_mutex_lock(&ml_mapc_mu);
     bool has = ml_mapc_find(st) >= 0;
     pthread_mutex_unlock(&ml_mapc_mu);
-    return has;
+    return !has;
 }
 
 /* A closing cacheable segment's mapping: into the cache (or unmapped). */

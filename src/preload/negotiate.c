@@ -995,11 +995,11 @@ void mlp_on_accept(int lfd, int fd, int flags)
         struct stat st;
         long k = mlp_open_offer(name, &st, &refused);
         if (k > 0) {
-            /* A file whose mapping we do not keep yet is opened a second time, for a mapping
-             * that carries no lock and can be kept (see segment.c's mapping cache). */
-            long kb = __ml_mapcache_has(&st)
-                          ? -1
-                          : __ml_sys_open(mlp_fab->dirfd, name, O_RDWR | O_NOFOLLOW, 0);
+            /* A file whose mapping we do not keep yet, and could, is opened a second time, for a
+             * mapping that carries no lock and can be kept (see segment.c's mapping cache). */
+            long kb = __ml_mapcache_wants_open(&st)
+                          ? __ml_sys_open(mlp_fab->dirfd, name, O_RDWR | O_NOFOLLOW, 0)
+                          : -1;
             /* The name goes before the claim: a client that sees the claim knows it is gone. */
             __ml_sys_unlinkat(mlp_fab->dirfd, name, 0);
             int e = __ml_chan_attach_offer(mlp_fab, (int)k, kb < 0 ? -1 : (int)kb, &st, name, &ch);
