@@ -488,6 +488,15 @@ int memlan_evq_wait(memlan_evq_t *q, struct memlan_event *ev, int max, int timeo
 
 int memlan_evq_fd(memlan_evq_t *q) { return q ? q->bell : -EINVAL; }
 
+/* For a waiter that spins over the queue in its own loop (memlan_svc_run, which must also watch
+ * kernel fds): the spin policy of memlan_evq_wait, with the same view of who posted last. */
+uint64_t __ml_evq_spin_budget(struct memlan_evq *q)
+{
+    return __ml_spin_budget_ns(&q->spin, ml_load_relaxed(&q->h->post_cpu));
+}
+
+void __ml_evq_spin_result(struct memlan_evq *q, bool success) { __ml_spin_result(&q->spin, success); }
+
 int memlan_evq_arm(memlan_evq_t *q)
 {
     if (!q)

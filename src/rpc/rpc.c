@@ -24,6 +24,8 @@
 #define MEMLAN_RPC_NO_REMAP
 #include "memlan.h"
 #include "memlan/rpc.h"
+#include "../internal.h"
+#include "../sys/sys.h"
 
 #include <errno.h>
 #include <ifaddrs.h>
@@ -756,18 +758,20 @@ static const struct xp_ops2 ml_x_ops2 = {ml_x_control};
 
 static void ml_conn_close(struct ml_conn *c)
 {
-    memlan_evq_del(ml_svc_q, c->ch);
-    memlan_channel_close(c->ch);
-    if (c->spill_in)
-        memlan_segment_close(c->spill_in);
-    if (c->spill_out)
-        memlan_segment_close(c->spill_out);
+    /* Off the list and out of the queue first: a server whose SIGTERM handler calls exit()
+     * runs ml_svc_atexit() on top of this call, and must not close this connection again. */
     for (struct ml_conn **pp = &ml_conns; *pp; pp = &(*pp)->next)
         if (*pp == c) {
             *pp = c->next;
             break;
         }
     ml_nconns--;
+    memlan_evq_del(ml_svc_q, c->ch);
+    memlan_channel_close(c->ch);
+    if (c->spill_in)
+        memlan_segment_close(c->spill_in);
+    if (c->spill_out)
+        memlan_segment_close(c->spill_out);
     free(c->xprt.xp_rtaddr.buf);
     free(c);
 }
@@ -968,27 +972,10 @@ void memlan_svc_run(void)
         svc_run();
         return;
     }
-    /* spin over the channels for about a wake-up's cost before sleeping in poll, unless this
-     * thread may run on one CPU only: then the spin would only take the core from the client */
-    int spin_us = memlan_spin_us();
-    cpu_set_t cpus;
-    if (sched_getaffinity(0, sizeof cpus, &cpus) == 0 && CPU_COUNT(&cpus) < 2)
-        spin_us = 0;
     for (;;) {
         int nsvc = svc_max_pollfd;
         if (nsvc == 0 && svc_pollfd == NULL)
             break; /* svc_exit() */
-        if (spin_us > 0 && ml_nconns) {
-            struct timespec t0, t;
-            clock_gettime(CLOCK_MONOTONIC, &t0);
-            for (;;) {
-                if (ml_svc_fast(0) > 0)
-                    clock_gettime(CLOCK_MONOTONIC, &t0);
-                clock_gettime(CLOCK_MONOTONIC, &t);
-                if ((t.tv_sec - t0.tv_sec) * 1000000 + (t.tv_nsec - t0.tv_nsec) / 1000 >= spin_us)
-                    break;
-            }
-        }
         int need = nsvc + ml_nprogs + 1;
         if (need > cap) {
             struct pollfd *g = realloc(pf, sizeof *pf * (size_t)need);
@@ -1007,8 +994,39 @@ void memlan_svc_run(void)
         for (int i = 0; i < ml_nprogs; i++)
             pf[nsvc + i] = (struct pollfd){ml_progs[i].lfd, POLLIN, 0};
         pf[nsvc + ml_nprogs] = (struct pollfd){memlan_evq_fd(ml_svc_q), POLLIN, 0};
-        int armed = memlan_evq_arm(ml_svc_q) == 0;
-        int n = poll(pf, (nfds_t)need, armed ? -1 : 0);
+        /* Spin over the channels for about a wake-up's cost before sleeping in poll, by the
+         * event queue's policy: not when the last client to post ran on this cpu (the spin would
+         * only hold the core it needs), shorter after spins that found nothing.  While calls
+         * keep coming the spin goes on, with a look at the kernel fds (TCP clients, new
+         * connections) every millisecond so that they are not starved. */
+        int n = 0;
+        uint64_t budget = ml_nconns ? __ml_evq_spin_budget(ml_svc_q) : 0;
+        if (budget) {
+            uint64_t t0 = __ml_now_ns(), kpoll = t0, now;
+            bool found = false;
+            for (unsigned i = 1;; i++) {
+                if (ml_svc_fast(0) > 0) {
+                    found = true;
+                    t0 = __ml_now_ns();
+                }
+                if ((i & 15) != 0)
+                    continue;
+                now = __ml_now_ns();
+                if (now - kpoll >= 1000000u) {
+                    kpoll = now;
+                    if ((n = poll(pf, (nfds_t)(need - 1), 0)) > 0)
+                        break;
+                    budget = __ml_evq_spin_budget(ml_svc_q);
+                }
+                if (now - t0 >= budget)
+                    break;
+            }
+            __ml_evq_spin_result(ml_svc_q, found);
+        }
+        if (n <= 0) {
+            int armed = memlan_evq_arm(ml_svc_q) == 0;
+            n = poll(pf, (nfds_t)need, armed ? -1 : 0);
+        }
         if (n < 0) {
             if (errno == EINTR)
                 continue;

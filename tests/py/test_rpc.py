@@ -3,6 +3,7 @@ interoperation with stock stubs both ways, libtirpc programs under `memlan run`,
 decoders under fuzzing.  The programs are tests/rpc/*.c; each scripted client session prints
 every outcome (data, errors, timeouts, credentials) so runs can be compared line for line."""
 import glob
+import json
 import os
 import pathlib
 import re
@@ -12,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import BUILD, MEMLAN, ROOT
+from conftest import BUILD, MEMLAN, ROOT, memlan
 
 RPCGEN = BUILD / "bin" / "memlan-rpcgen"
 SRC = ROOT / "tests" / "rpc"
@@ -129,6 +130,31 @@ def test_calls_larger_than_the_ring_are_spilled(fabric, builds, ring_kb):
     time.sleep(0.05)
     left = sorted(p.name for p in fabric.iterdir())
     assert not left, f"left in the fabric: {left} (while the server ran: {during})"
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two cpus")
+def test_pinned_server_spins_for_a_client_on_another_cpu(fabric, builds):
+    """A server pinned to one cpu, with its client pinned to another, spins over its channels
+    between calls, so a client's call rings the server's doorbell (a system call on each side)
+    only when the server has gone to sleep.  A pinned server used to take itself for one that
+    shares its client's cpu and never spun: every call cost the client a write and the server a
+    read and a poll.  Counted, not timed: the server's event queue counts posts and wake-ups."""
+    m = builds["memlan"]
+    cpus = sorted(os.sched_getaffinity(0))
+    srv = Server(["taskset", "-c", str(cpus[0]), str(m / "srv")])
+    try:
+        out, _ = session(["taskset", "-c", str(cpus[1]), str(m / "cli"), "fast", str(srv.port),
+                          "pings", "50000"])
+        st = json.loads(memlan("stat", "--json").stdout)
+    finally:
+        srv.stop()
+    assert out.strip() == "50000 pings: 0 failed", out
+    q = [o["detail"] for o in st["objects"] if o["kind"] == "evq" and o["pid"] == srv.p.pid]
+    assert len(q) == 1, st
+    posts, wakeups = map(int, re.search(r"posts (\d+); wake-ups (\d+)", q[0]).groups())
+    # every call re-arms the server's tripwire and posts; a sleeping server also needs a ring
+    assert posts >= 50000, q[0]
+    assert wakeups < posts // 10, q[0]
 
 
 def test_fast_path_reason_when_no_memlan_server(fabric, builds):

@@ -94,7 +94,7 @@ static void mix(CLIENT *cl, shape s, bool_t flag, int with_opt)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s fast|tcp PORT\n", argv[0]);
+        fprintf(stderr, "usage: %s fast|tcp PORT [pings N]\n", argv[0]);
         return 2;
     }
     CLIENT *cl;
@@ -118,6 +118,14 @@ int main(int argc, char **argv)
             clnt_pcreateerror("clnttcp_create");
             return 1;
         }
+    }
+    if (argc > 4 && !strcmp(argv[3], "pings")) { /* PORT pings N: N null calls, back to back */
+        long n = atol(argv[4]), failed = 0;
+        for (long i = 0; i < n; i++)
+            failed += ping_1(NULL, cl) == NULL;
+        printf("%ld pings: %ld failed\n", n, failed);
+        clnt_destroy(cl);
+        return 0;
     }
     printf("null: %s\n", ping_1(NULL, cl) ? "ok" : clnt_sperrno(clnt_stat_of(cl)));
     u_int sizes[] = {0, 1, 3, 4, 5, 1000, 4096, 65536, 200000, 500000, MAXDATA};
