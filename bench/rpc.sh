@@ -53,10 +53,18 @@ for place in split same; do
         run tcp $place $1 $2 >"$W/r"; read -r t _ <"$W/r"
         run preload $place $1 $2 >"$W/r"; read -r r _ <"$W/r"
         run fast $place $1 $2 >"$W/r"; read -r f fc <"$W/r"
+        [[ $place == split && $1 == null ]] && split_null=$f
         printf '%-6s %-10s %10.2f %10.2f %10.2f %10.3f %10.3f %10.1f\n' $place "$1 $2" "$t" "$r" "$f" \
             "$(echo "$r / $t" | bc -l)" "$(echo "$f / $t" | bc -l)" "$(echo "$fc / 1000" | bc -l)"
     done
 done
+# the floor the split null figure is held to: a raw channel's 64 B ping-pong, this run
+raw=$("$B/bin/memlan" bench --quick --json --placement split 2>/dev/null |
+      python3 -c 'import json, sys; print(json.load(sys.stdin)["split"]["rtt_spin_us"])') || raw=""
+if [[ -n $raw ]]; then
+    echo "split: raw channel round trip (memlan bench, median) $raw us; fast-path null RPC" \
+         "$split_null us (mean); target <= raw + 0.5 = $(echo "$raw + 0.5" | bc -l | sed 's/^\./0./') us"
+fi
 for th in 1 2 4; do
     start 0 "$W/m/srv"
     out=$(taskset -c 1 "$W/m/cli" fast $port null 0 $SECS $th); stop
