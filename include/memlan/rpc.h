@@ -48,6 +48,16 @@ bool_t memlan_svc_register(SVCXPRT *xprt, rpcprog_t prog, rpcvers_t vers,
  */
 void memlan_svc_run(void);
 
+/*
+ * memlan_xdr_bytes - xdr_bytes, except that a memlan server decoding a call's arguments from its
+ * channel lends variable-length opaque data (opaque x<N>) in place: the argument points into the
+ * channel's ring, with no allocation and no copy, until the procedure returns and svc_freeargs
+ * gives it back (the generated dispatch code does both).  A procedure may read and write the
+ * bytes, but must not free or realloc them, nor keep the pointer after it returns; the same holds
+ * of libtirpc, whose svc_freeargs frees them.  MEMLAN_RPC_LOAN=off copies instead.
+ */
+bool_t memlan_xdr_bytes(XDR *xdrs, char **cpp, u_int *sizep, u_int maxsize);
+
 /* memlan_clnt_is_fast - 1 when cl takes the shared-memory fast path, 0 when it is libtirpc's. */
 int memlan_clnt_is_fast(const CLIENT *cl);
 
@@ -61,6 +71,11 @@ const char *memlan_rpc_reason(void);
 #define svc_register(xprt, prog, vers, dispatch, proto) \
     memlan_svc_register((xprt), (prog), (vers), (dispatch), (proto))
 #define svc_run() memlan_svc_run()
+/* a weak reference: generated XDR routines still link with -ltirpc alone (then xdr_bytes) */
+#pragma weak memlan_xdr_bytes
+#define xdr_bytes(xdrs, cpp, sizep, maxsize)                                                     \
+    (memlan_xdr_bytes ? memlan_xdr_bytes((xdrs), (cpp), (sizep), (maxsize))                     \
+                      : xdr_bytes((xdrs), (cpp), (sizep), (maxsize)))
 #endif
 
 #ifdef __cplusplus

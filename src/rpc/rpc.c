@@ -78,7 +78,7 @@ struct ml_rpc_spill {
 
 static pthread_once_t ml_rpc_once = PTHREAD_ONCE_INIT;
 static memlan_fabric_t *ml_rpc_fab;
-static int ml_rpc_off, ml_rpc_log;
+static int ml_rpc_off, ml_rpc_log, ml_rpc_noloan;
 static size_t ml_rpc_ring = 2u << 20;
 static __thread char ml_rpc_why[160];
 
@@ -87,6 +87,8 @@ static void ml_rpc_init(void)
     const char *off = getenv("MEMLAN_RPC");
     ml_rpc_off = off && (!strcmp(off, "off") || !strcmp(off, "0"));
     ml_rpc_log = getenv("MEMLAN_LOG") != NULL;
+    const char *loan = getenv("MEMLAN_RPC_LOAN");
+    ml_rpc_noloan = loan && (!strcmp(loan, "off") || !strcmp(loan, "0"));
     const char *kb = getenv("MEMLAN_RPC_RING_KB");
     if (kb && atol(kb) >= 16 && atol(kb) <= (1 << 20))
         ml_rpc_ring = (size_t)atol(kb) << 10;
@@ -662,10 +664,49 @@ static enum xprt_stat ml_x_stat(SVCXPRT *x)
     return XPRT_IDLE;
 }
 
+/*
+ * Zero-copy loans of opaque arguments.  While the server thread decodes a call's arguments from
+ * the ring (svc_getargs), variable-length opaque data (xdr_bytes, which the generated code
+ * reaches through <memlan/rpc.h>) is not copied into a fresh allocation: the argument points at
+ * the bytes in the ring, which stay put until the call returns and the message is released.
+ * svc_freeargs gives the loan back (nothing to free).  Arguments spilled to a segment are
+ * copied, because the client exports that segment read-only and a procedure may write into
+ * its arguments.
+ */
+static __thread XDR *ml_loan_xdr;         /* the stream that may lend, during svc_getargs */
+static __thread const char *ml_loan_base; /* the message's arguments, during dispatch */
+static __thread size_t ml_loan_len;
+
+bool_t memlan_xdr_bytes(XDR *xdrs, char **cpp, u_int *sizep, u_int maxsize)
+{
+    if (xdrs->x_op == XDR_DECODE && xdrs == ml_loan_xdr && *cpp == NULL) {
+        u_int n;
+        if (!xdr_u_int(xdrs, &n) || n > maxsize)
+            return FALSE;
+        *sizep = n;
+        if (n == 0)
+            return TRUE; /* as xdr_bytes: no buffer */
+        u_int at = xdr_getpos(xdrs), padded = n + (-n & 3u);
+        if (padded < n || (size_t)at + padded > ml_loan_len || !xdr_setpos(xdrs, at + padded))
+            return FALSE;
+        *cpp = (char *)ml_loan_base + at;
+        return TRUE;
+    }
+    if (xdrs->x_op == XDR_FREE && *cpp && ml_loan_base && *cpp >= ml_loan_base &&
+        *cpp < ml_loan_base + ml_loan_len) {
+        *cpp = NULL; /* lent: nothing to free */
+        return TRUE;
+    }
+    return xdr_bytes(xdrs, cpp, sizep, maxsize);
+}
+
 static bool_t ml_x_getargs(SVCXPRT *x, xdrproc_t xargs, void *argsp)
 {
     struct ml_conn *c = x->xp_p1;
-    return xargs(&c->args, argsp);
+    ml_loan_xdr = ml_loan_base ? &c->args : NULL;
+    bool_t ok = xargs(&c->args, argsp);
+    ml_loan_xdr = NULL;
+    return ok;
 }
 
 static bool_t ml_x_freeargs(SVCXPRT *x, xdrproc_t xargs, void *argsp)
@@ -838,7 +879,13 @@ static int ml_conn_serve_one(struct ml_conn *c)
         svcerr_systemerr(&c->xprt); /* the spilled arguments cannot be mapped */
     } else {
         xdrmem_create(&c->args, (char *)args, (u_int)alen, XDR_DECODE);
+        if (!spill && !ml_rpc_noloan) {
+            ml_loan_base = args;
+            ml_loan_len = alen;
+        }
         c->p->dispatch(&rq, &c->xprt);
+        ml_loan_base = NULL;
+        ml_loan_len = 0;
         ml_spill_trim(&c->spill_in);
     }
     memlan_release(c->ch, (size_t)n);
