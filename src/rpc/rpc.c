@@ -578,7 +578,9 @@ fail:
     return NULL;
 }
 
-CLIENT *memlan_clnt_create(const char *host, rpcprog_t prog, rpcvers_t vers, const char *nettype)
+/* The fast path's CLIENT for (prog, vers) on host, or NULL with the reason in ml_rpc_why. */
+static CLIENT *ml_clnt_try_fast(const char *host, rpcprog_t prog, rpcvers_t vers,
+                                const char *nettype)
 {
     pthread_once(&ml_rpc_once, ml_rpc_init);
     ml_rpc_why[0] = 0;
@@ -597,12 +599,52 @@ CLIENT *memlan_clnt_create(const char *host, rpcprog_t prog, rpcvers_t vers, con
     else if (!ml_rpc_host_is_local(host))
         ml_rpc_say("prog %lu vers %lu: %s is not this host: plain ONC RPC", (unsigned long)prog,
                    (unsigned long)vers, host);
-    else {
-        CLIENT *cl = ml_clnt_fast(host, prog, vers);
-        if (cl)
+    else
+        return ml_clnt_fast(host, prog, vers);
+    return NULL;
+}
+
+CLIENT *memlan_clnt_create(const char *host, rpcprog_t prog, rpcvers_t vers, const char *nettype)
+{
+    CLIENT *cl = ml_clnt_try_fast(host, prog, vers, nettype);
+    return cl ? cl : clnt_create(host, prog, vers, nettype);
+}
+
+CLIENT *memlan_clnt_create_timed(const char *host, rpcprog_t prog, rpcvers_t vers,
+                                 const char *nettype, const struct timeval *tp)
+{
+    CLIENT *cl = ml_clnt_try_fast(host, prog, vers, nettype);
+    return cl ? cl : clnt_create_timed(host, prog, vers, nettype, tp);
+}
+
+/* The highest version in [low, high] that a memlan server serves on the fabric, else libtirpc's
+ * negotiation (which asks the server for its range with a null call). */
+CLIENT *memlan_clnt_create_vers_timed(const char *host, rpcprog_t prog, rpcvers_t *vers_out,
+                                      rpcvers_t low, rpcvers_t high, const char *nettype,
+                                      const struct timeval *tp)
+{
+    char why[sizeof ml_rpc_why] = "";
+    for (rpcvers_t v = high; v >= low && high - v < 64; v--) {
+        CLIENT *cl = ml_clnt_try_fast(host, prog, v, nettype);
+        if (cl) {
+            if (vers_out)
+                *vers_out = v;
             return cl;
+        }
+        if (!why[0])
+            memcpy(why, ml_rpc_why, sizeof why); /* the reason for the version wanted most */
+        if (v == 0)
+            break;
     }
-    return clnt_create(host, prog, vers, nettype);
+    memcpy(ml_rpc_why, why, sizeof why);
+    return tp ? clnt_create_vers_timed(host, prog, vers_out, low, high, nettype, tp)
+              : clnt_create_vers(host, prog, vers_out, low, high, nettype);
+}
+
+CLIENT *memlan_clnt_create_vers(const char *host, rpcprog_t prog, rpcvers_t *vers_out,
+                                rpcvers_t low, rpcvers_t high, const char *nettype)
+{
+    return memlan_clnt_create_vers_timed(host, prog, vers_out, low, high, nettype, NULL);
 }
 
 /* ---- server ----------------------------------------------------------------------------- */

@@ -97,11 +97,14 @@ def builds(tmp_path_factory):
     return {"memlan": build(tmp, "memlan"), "stock": build(tmp, "stock")}
 
 
-def test_fast_path_matches_libtirpc_over_tcp(fabric, builds):
+@pytest.mark.parametrize("ctor", ["fast", "fast-timed", "fast-vers"])
+def test_fast_path_matches_libtirpc_over_tcp(fabric, builds, ctor):
+    """clnt_create, clnt_create_timed and clnt_create_vers (asked for versions 1 to 3 of a
+    version-1 server) all take the fast path, and the session equals libtirpc's over TCP."""
     m = builds["memlan"]
     srv = Server([str(m / "srv")])
     try:
-        fast, err = session([str(m / "cli"), "fast", str(srv.port)])
+        fast, err = session([str(m / "cli"), ctor, str(srv.port)])
         tcp, _ = session([str(m / "cli"), "tcp", str(srv.port)])
     finally:
         srv.stop()

@@ -98,9 +98,21 @@ int main(int argc, char **argv)
         return 2;
     }
     CLIENT *cl;
-    if (!strcmp(argv[1], "fast")) {
+    if (!strncmp(argv[1], "fast", 4)) {
 #ifdef MEMLAN_RPC_H
-        cl = clnt_create("localhost", ECHOPROG, ECHOVERS, "tcp");
+        /* fast: clnt_create; fast-timed: clnt_create_timed; fast-vers: clnt_create_vers */
+        struct timeval tv = {5, 0};
+        rpcvers_t v = 0;
+        if (!strcmp(argv[1], "fast-timed"))
+            cl = clnt_create_timed("localhost", ECHOPROG, ECHOVERS, "tcp", &tv);
+        else if (!strcmp(argv[1], "fast-vers")) {
+            cl = clnt_create_vers("localhost", ECHOPROG, &v, ECHOVERS, ECHOVERS + 2, "tcp");
+            if (cl && v != ECHOVERS) {
+                fprintf(stderr, "clnt_create_vers chose version %lu\n", (unsigned long)v);
+                return 4;
+            }
+        } else
+            cl = clnt_create("localhost", ECHOPROG, ECHOVERS, "tcp");
         if (!cl || !memlan_clnt_is_fast(cl)) {
             fprintf(stderr, "no fast path: %s\n", memlan_rpc_reason());
             return 3;
