@@ -950,17 +950,26 @@ static int ml_svc_fast(int timeout_ms)
     return served;
 }
 
-static void ml_svc_accept(struct ml_prog *p)
+/* A fast-path connection whose hello has not come yet: the server goes on serving meanwhile,
+ * so a client that connects and says nothing holds no one up (it is dropped after a second). */
+struct ml_pending {
+    int fd;
+    struct ml_prog *p;
+    uint64_t deadline_ns;
+};
+#define ML_PENDING_MAX 64
+#define ML_HELLO_WAIT_NS 1000000000ull
+static struct ml_pending ml_pending[ML_PENDING_MAX];
+static int ml_npending;
+
+/* Read the hello on s and answer it: attach the client's channel and serve it. */
+static void ml_svc_hello(struct ml_prog *p, int s)
 {
-    int s = accept4(p->lfd, NULL, NULL, SOCK_CLOEXEC);
-    if (s < 0)
-        return;
     struct ml_rpc_hello h;
-    struct pollfd pf = {s, POLLIN, 0};
     uint32_t answer = EPROTO;
     struct ml_conn *c = NULL;
-    if (poll(&pf, 1, 1000) != 1 || recv(s, &h, sizeof h, 0) != (ssize_t)sizeof h ||
-        h.magic != ML_RPC_MAGIC || h.prog != p->prog || h.vers != p->vers)
+    if (recv(s, &h, sizeof h, MSG_DONTWAIT) != (ssize_t)sizeof h || h.magic != ML_RPC_MAGIC ||
+        h.prog != p->prog || h.vers != p->vers)
         goto out;
     h.token[MEMLAN_TOKEN_LEN] = 0;
     c = calloc(1, sizeof *c);
@@ -996,8 +1005,44 @@ static void ml_svc_accept(struct ml_prog *p)
     ml_nconns++;
     answer = 0;
 out:
-    send(s, &answer, sizeof answer, MSG_NOSIGNAL);
+    send(s, &answer, sizeof answer, MSG_NOSIGNAL | MSG_DONTWAIT);
     close(s);
+}
+
+static void ml_svc_accept(struct ml_prog *p)
+{
+    int s = accept4(p->lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (s < 0)
+        return;
+    struct pollfd pf = {s, POLLIN, 0};
+    if (poll(&pf, 1, 0) == 1 || ml_npending == ML_PENDING_MAX) {
+        ml_svc_hello(p, s); /* here already (the usual case), or no room to wait: answer now */
+        return;
+    }
+    ml_pending[ml_npending++] = (struct ml_pending){s, p, __ml_now_ns() + ML_HELLO_WAIT_NS};
+}
+
+/* Pending hellos: answer those that came (revents, in the order of ml_pending), drop those
+ * whose second is up.  Returns the milliseconds until the next deadline, or -1 if none. */
+static int ml_svc_pending(const struct pollfd *pf)
+{
+    uint64_t now = __ml_now_ns();
+    int j = 0, next = -1;
+    for (int i = 0; i < ml_npending; i++) {
+        struct ml_pending pd = ml_pending[i];
+        if (pf && pf[i].revents) {
+            ml_svc_hello(pd.p, pd.fd);
+        } else if (now >= pd.deadline_ns) {
+            ml_svc_hello(pd.p, pd.fd); /* reads nothing: answers EPROTO and closes */
+        } else {
+            int ms = (int)((pd.deadline_ns - now + 999999) / 1000000);
+            if (next < 0 || ms < next)
+                next = ms;
+            ml_pending[j++] = pd;
+        }
+    }
+    ml_npending = j;
+    return next;
 }
 
 bool_t memlan_svc_register(SVCXPRT *xprt, rpcprog_t prog, rpcvers_t vers,
@@ -1065,7 +1110,8 @@ void memlan_svc_run(void)
         int nsvc = svc_max_pollfd;
         if (nsvc == 0 && svc_pollfd == NULL)
             break; /* svc_exit() */
-        int need = nsvc + ml_nprogs + 1;
+        int hello_ms = ml_svc_pending(NULL); /* drops hellos that never came */
+        int need = nsvc + ml_nprogs + ml_npending + 1;
         if (need > cap) {
             struct pollfd *g = realloc(pf, sizeof *pf * (size_t)need);
             if (!g) {
@@ -1082,7 +1128,10 @@ void memlan_svc_run(void)
         }
         for (int i = 0; i < ml_nprogs; i++)
             pf[nsvc + i] = (struct pollfd){ml_progs[i].lfd, POLLIN, 0};
-        pf[nsvc + ml_nprogs] = (struct pollfd){memlan_evq_fd(ml_svc_q), POLLIN, 0};
+        struct pollfd *hello = pf + nsvc + ml_nprogs;
+        for (int i = 0; i < ml_npending; i++)
+            hello[i] = (struct pollfd){ml_pending[i].fd, POLLIN, 0};
+        pf[need - 1] = (struct pollfd){memlan_evq_fd(ml_svc_q), POLLIN, 0};
         /* Spin over the channels for about a wake-up's cost before sleeping in poll, by the
          * event queue's policy: not when the last client to post ran on this cpu (the spin would
          * only hold the core it needs), shorter after spins that found nothing.  While calls
@@ -1114,7 +1163,7 @@ void memlan_svc_run(void)
         }
         if (n <= 0) {
             int armed = memlan_evq_arm(ml_svc_q) == 0;
-            n = poll(pf, (nfds_t)need, armed ? -1 : 0);
+            n = poll(pf, (nfds_t)need, armed ? hello_ms : 0);
         }
         if (n < 0) {
             if (errno == EINTR)
@@ -1127,6 +1176,8 @@ void memlan_svc_run(void)
             nk += pf[i].revents != 0;
         if (nk)
             svc_getreq_poll(pf, nk);
+        if (ml_npending)
+            ml_svc_pending(hello); /* before any accept below adds to the list */
         for (int i = 0; i < ml_nprogs; i++)
             if (pf[nsvc + i].revents)
                 ml_svc_accept(&ml_progs[i]);

@@ -135,6 +135,35 @@ def test_calls_larger_than_the_ring_are_spilled(fabric, builds, ring_kb):
     assert not left, f"left in the fabric: {left} (while the server ran: {during})"
 
 
+def test_silent_fast_path_connections_hold_no_one_up(fabric, builds):
+    """Five local connections to the server's fast-path socket that never send their hello: the
+    server goes on serving (a client behind them takes the fast path at once; it used to wait a
+    second per silent connection, and a client gives up its hello after two and falls back to
+    TCP), and after a second answers each of them with an error and closes it."""
+    import socket
+    import struct
+    m = builds["memlan"]
+    srv = Server([str(m / "srv")])
+    silent = []
+    try:
+        (path,) = fabric.glob("rpc-*.sock")
+        for _ in range(5):
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            c.connect(str(path))
+            silent.append(c)
+        fast, _ = session([str(m / "cli"), "fast", str(srv.port)])
+        check_session(fast)
+        for c in silent:
+            c.settimeout(10)
+            answer = c.recv(16)
+            assert len(answer) == 4 and struct.unpack("=I", answer)[0] != 0, answer
+            assert c.recv(16) == b""  # then closed
+    finally:
+        for c in silent:
+            c.close()
+        srv.stop()
+
+
 @pytest.mark.parametrize("loan,ring_kb,want", [
     ("on", "2048", ["lent"] * 5),                # the default ring: every message fits
     ("on", "64", ["lent"] + ["copied"] * 4),     # 64 KiB and more are spilled
