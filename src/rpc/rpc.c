@@ -1149,6 +1149,8 @@ void memlan_svc_run(void)
                 }
                 if ((i & 15) != 0)
                     continue;
+                if (svc_max_pollfd == 0 && svc_pollfd == NULL)
+                    break; /* a procedure called svc_exit() */
                 now = __ml_now_ns();
                 if (now - kpoll >= 1000000u) {
                     kpoll = now;
@@ -1161,6 +1163,8 @@ void memlan_svc_run(void)
             }
             __ml_evq_spin_result(ml_svc_q, found);
         }
+        if (svc_max_pollfd == 0 && svc_pollfd == NULL)
+            break; /* svc_exit() while we spun */
         if (n <= 0) {
             int armed = memlan_evq_arm(ml_svc_q) == 0;
             n = poll(pf, (nfds_t)need, armed ? hello_ms : 0);

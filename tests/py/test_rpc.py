@@ -135,6 +135,31 @@ def test_calls_larger_than_the_ring_are_spilled(fabric, builds, ring_kb):
     assert not left, f"left in the fabric: {left} (while the server ran: {during})"
 
 
+def test_svc_exit_returns_while_fast_calls_keep_coming(fabric, builds):
+    """A procedure that calls svc_exit() makes svc_run return, as libtirpc's does, also while
+    another client keeps the server busy with fast-path calls.  (The server's spin now checks
+    for svc_exit() too; before, it returned at the first gap of a spin budget between calls,
+    which on this VM comes soon, so this test does not tell the two apart.)"""
+    m = builds["memlan"]
+    srv = Server([str(m / "srv")])
+    pinger = subprocess.Popen([str(m / "cli"), "fast", str(srv.port), "pings", "100000000"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(0.3)
+        assert pinger.poll() is None, pinger.communicate()
+        out, _ = session([str(m / "cli"), "fast", str(srv.port), "exit"])
+        assert out.strip() == "exit: ok", out
+        rc = srv.p.wait(timeout=20)
+        assert rc == 3 and "svc_run returned" in srv.p.stderr.read()
+        assert pinger.poll() is None  # it was still calling when the server left
+    finally:
+        pinger.kill()
+        pinger.wait()
+        if srv.p.poll() is None:
+            srv.stop()
+        memlan("clean")  # the killed pinger's channel and queue
+
+
 def test_silent_fast_path_connections_hold_no_one_up(fabric, builds):
     """Five local connections to the server's fast-path socket that never send their hello: the
     server goes on serving (a client behind them takes the fast path at once; it used to wait a

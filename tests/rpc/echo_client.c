@@ -131,6 +131,12 @@ int main(int argc, char **argv)
             return 1;
         }
     }
+    if (argc > 3 && !strcmp(argv[3], "exit")) { /* PORT exit: ask the server to svc_exit() */
+        int stop = -1;
+        printf("exit: %s\n", slow_1(&stop, cl) ? "ok" : clnt_sperrno(clnt_stat_of(cl)));
+        clnt_destroy(cl);
+        return 0;
+    }
     if (argc > 4 && !strcmp(argv[3], "pings")) { /* PORT pings N: N null calls, back to back */
         long n = atol(argv[4]), failed = 0;
         for (long i = 0; i < n; i++)

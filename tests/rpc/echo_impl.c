@@ -120,6 +120,11 @@ int *slow_1_svc(int *arg, struct svc_req *rq)
 {
     static int r;
     (void)rq;
+    if (*arg < 0) { /* slow(-1): stop serving, as a procedure may (svc_run returns) */
+        svc_exit();
+        r = *arg;
+        return &r;
+    }
     usleep((useconds_t)*arg * 1000);
     r = *arg;
     return &r;
@@ -163,5 +168,6 @@ int main(int argc, char **argv)
     printf("ready\n");
     fflush(stdout);
     svc_run();
-    return 1;
+    fprintf(stderr, "svc_run returned\n");
+    return 3;
 }
