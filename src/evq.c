@@ -44,7 +44,6 @@ struct memlan_evq {
     uint32_t free_head, used;
     uint32_t sweep;           /* next slot whose peer's liveness the idle sweep checks */
     struct ml_spin spin;
-    _Atomic uint64_t bell_read; /* bytes this process has read from the doorbell */
 };
 
 #define ML_EVQ_NONE UINT32_MAX
@@ -70,10 +69,7 @@ static void ml_evq_ring(struct ml_evq_hdr *h, int bellfd)
         __ml_sys_futex_wake(&h->waiter, 1);
     if ((w & ML_EVQ_WAIT_FD) && bellfd >= 0) {
         char b = 1;
-        /* EAGAIN: the pipe is full, it rings already.  Counted after the write: the waiter then
-         * never skips a byte it could read (a byte not yet counted only rings once more). */
-        if (__ml_sys_write(bellfd, &b, 1) == 1)
-            ml_fetch_add(&h->bell_bytes, 1u);
+        (void)__ml_sys_write(bellfd, &b, 1); /* EAGAIN: the pipe is full, it rings already */
     }
     if (w)
         ml_fetch_add(&h->wakeups, 1u);
@@ -505,18 +501,10 @@ int memlan_evq_arm(memlan_evq_t *q)
 {
     if (!q)
         return -EINVAL;
-    /* Drain the doorbell only if a ringer wrote to it since we last did: most arms find it
-     * empty, and the read would be a system call for nothing.  A pipe's read returns what it
-     * holds, so a short read emptied it: no second call. */
-    if (ml_load_relaxed(&q->h->bell_bytes) != ml_load_relaxed(&q->bell_read)) {
-        char buf[64];
-        long r;
-        do {
-            r = __ml_sys_read(q->bell, buf, sizeof buf);
-            if (r > 0)
-                ml_fetch_add(&q->bell_read, (uint64_t)r);
-        } while (r == (long)sizeof buf);
-    }
+    char buf[64];
+    /* A pipe's read returns what it holds, so a short read emptied it: no second call. */
+    while (__ml_sys_read(q->bell, buf, sizeof buf) == (long)sizeof buf)
+        ;
     ml_fetch_or(&q->h->waiter, ML_EVQ_WAIT_FD);
     ml_fence(); /* SYNC: pairs with the fence in ml_evq_ring() */
     return ml_evq_pending(q) ? 1 : 0;

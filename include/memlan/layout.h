@@ -18,7 +18,7 @@
 #include <stddef.h>
 
 #define ML_SEG_MAGIC       0x47534e414c4d454dull /* "MEMLANSG" little-endian */
-#define ML_LAYOUT_VERSION  2u
+#define ML_LAYOUT_VERSION  1u
 #define ML_CACHELINE       64
 #define ML_TOKEN_HEX       32 /* a token is 128 random bits written as lowercase hex */
 
@@ -243,8 +243,6 @@ struct ml_evq_hdr {
     _Atomic uint32_t post_cpu; /* 1 + the cpu of the latest remote post, 0 = none yet */
     _Atomic uint64_t posts;    /* counters for memlan stat */
     _Atomic uint64_t wakeups;
-    _Atomic uint64_t bell_bytes; /* bytes written to the FIFO doorbell, ever (the waiter drains
-                                  * it only when this is ahead of what it has read) */
 };
 
 _Static_assert(sizeof(struct ml_seg_hdr) == 128, "segment header is 128 bytes");
