@@ -1,0 +1,188 @@
+/*
+ * epollherd: a server whose threads each wait in an epoll set of their own (as memcached's
+ * workers do), and a client that keeps only one of them busy.  Plain POSIX; run over kernel TCP
+ * and under `memlan run` (tests/py/test_preload.py).
+ *
+ * usage: epollherd THREADS PINGS
+ *
+ * The parent is the server: it accepts THREADS connections and gives one to each of THREADS
+ * threads, each with its own epoll set (level-triggered EPOLLIN), echoing whatever arrives.  A
+ * forked child connects THREADS times and ping-pongs PINGS 64-byte messages over the first
+ * connection only, checking each echo, then closes all.  Every server thread counts its
+ * epoll_wait returns and its voluntary context switches (each sleep that ended), from the first
+ * wait to the end.  It prints one line of JSON:
+ *   {"threads":..., "pings":..., "busy_switches":..., "idle_switches":[...],
+ *    "idle_returns":[...], "echoed":...}
+ * and exits 0 only if every byte came back and every connection closed cleanly.
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAXT 16
+
+static void die(const char *what)
+{
+    fprintf(stderr, "epollherd[%d]: %s: %s\n", (int)getpid(), what, strerror(errno));
+    exit(2);
+}
+
+static long switches(void)
+{
+    FILE *f = fopen("/proc/thread-self/status", "r");
+    if (!f)
+        die("/proc/thread-self/status");
+    char line[256];
+    long v = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "voluntary_ctxt_switches: %ld", &v) == 1)
+            break;
+    fclose(f);
+    return v;
+}
+
+struct worker {
+    pthread_t t;
+    int fd;
+    long returns, switches, echoed;
+    int status; /* 0 ok, 1 error */
+};
+
+static void *serve(void *p)
+{
+    struct worker *w = p;
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    if (ep < 0)
+        die("epoll_create1");
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = w->fd};
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, w->fd, &ev) < 0)
+        die("epoll_ctl");
+    long s0 = switches();
+    char buf[4096];
+    for (;;) {
+        struct epoll_event out[4];
+        int n = epoll_wait(ep, out, 4, 30000);
+        w->returns++;
+        if (n <= 0) {
+            w->status = 1; /* nothing for 30 s, or an error: the client is stuck */
+            break;
+        }
+        ssize_t r = recv(w->fd, buf, sizeof buf, MSG_DONTWAIT);
+        if (r == 0)
+            break;
+        if (r < 0) {
+            if (errno == EAGAIN)
+                continue;
+            w->status = 1;
+            break;
+        }
+        if (send(w->fd, buf, (size_t)r, 0) != r) {
+            w->status = 1;
+            break;
+        }
+        w->echoed += r;
+    }
+    w->switches = switches() - s0;
+    close(ep);
+    return NULL;
+}
+
+static int client(int port, int threads, int pings)
+{
+    int fds[MAXT];
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    for (int k = 0; k < threads; k++) {
+        fds[k] = socket(AF_INET, SOCK_STREAM, 0);
+        if (fds[k] < 0 || connect(fds[k], (struct sockaddr *)&a, sizeof a) < 0)
+            die("connect");
+        int one = 1;
+        setsockopt(fds[k], IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    }
+    char msg[64], back[64];
+    for (int i = 0; i < pings; i++) {
+        for (int j = 0; j < 64; j++)
+            msg[j] = (char)(i * 7 + j);
+        if (send(fds[0], msg, sizeof msg, 0) != (ssize_t)sizeof msg)
+            die("send");
+        size_t got = 0;
+        while (got < sizeof back) {
+            ssize_t r = recv(fds[0], back + got, sizeof back - got, 0);
+            if (r <= 0)
+                die("recv");
+            got += (size_t)r;
+        }
+        if (memcmp(msg, back, sizeof msg) != 0) {
+            fprintf(stderr, "epollherd: echo %d differs\n", i);
+            return 1;
+        }
+    }
+    for (int k = 0; k < threads; k++)
+        close(fds[k]);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3)
+        return fprintf(stderr, "usage: epollherd THREADS PINGS\n"), 2;
+    int threads = atoi(argv[1]), pings = atoi(argv[2]);
+    if (threads < 1 || threads > MAXT || pings < 1)
+        return fprintf(stderr, "epollherd: 1..%d threads, pings > 0\n", MAXT), 2;
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t al = sizeof a;
+    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 64) < 0 ||
+        getsockname(l, (struct sockaddr *)&a, &al) < 0)
+        die("listen");
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork");
+    if (pid == 0) {
+        close(l);
+        _exit(client(ntohs(a.sin_port), threads, pings));
+    }
+    struct worker w[MAXT] = {0};
+    for (int k = 0; k < threads; k++) {
+        w[k].fd = accept(l, NULL, NULL);
+        if (w[k].fd < 0)
+            die("accept");
+    }
+    /* The client connects in order and its connections are accepted in order: thread 0 has
+     * the busy one.  The idle threads start first, so that their sets come first wherever the
+     * order of sets matters. */
+    for (int k = threads - 1; k >= 0; k--) {
+        if (pthread_create(&w[k].t, NULL, serve, &w[k]) != 0)
+            die("pthread_create");
+        if (k)
+            usleep(20000);
+    }
+    int bad = 0;
+    for (int k = 0; k < threads; k++) {
+        pthread_join(w[k].t, NULL);
+        bad |= w[k].status;
+        close(w[k].fd);
+    }
+    int st;
+    if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+        bad = 1;
+    printf("{\"threads\":%d,\"pings\":%d,\"busy_switches\":%ld,\"idle_switches\":[", threads,
+           pings, w[0].switches);
+    for (int k = 1; k < threads; k++)
+        printf("%s%ld", k > 1 ? "," : "", w[k].switches);
+    printf("],\"idle_returns\":[");
+    for (int k = 1; k < threads; k++)
+        printf("%s%ld", k > 1 ? "," : "", w[k].returns);
+    printf("],\"echoed\":%ld,\"ok\":%s}\n", w[0].echoed, bad ? "false" : "true");
+    return bad;
+}
