@@ -70,10 +70,13 @@ static void *serve(void *p)
     char buf[4096];
     for (;;) {
         struct epoll_event out[4];
-        int n = epoll_wait(ep, out, 4, 30000);
+        int n = epoll_wait(ep, out, 4, 10000);
         w->returns++;
         if (n <= 0) {
-            w->status = 1; /* nothing for 30 s, or an error: the client is stuck */
+            /* nothing for 10 s, or an error: a wake-up was lost */
+            fprintf(stderr, "epollherd: thread on fd %d: epoll_wait %d: %s\n", w->fd, n,
+                    n ? strerror(errno) : "timed out");
+            w->status = 1;
             break;
         }
         ssize_t r = recv(w->fd, buf, sizeof buf, MSG_DONTWAIT);
@@ -82,10 +85,14 @@ static void *serve(void *p)
         if (r < 0) {
             if (errno == EAGAIN)
                 continue;
+            fprintf(stderr, "epollherd: thread on fd %d: recv: %s\n", w->fd, strerror(errno));
             w->status = 1;
             break;
         }
-        if (send(w->fd, buf, (size_t)r, 0) != r) {
+        ssize_t sent = send(w->fd, buf, (size_t)r, 0);
+        if (sent != r) {
+            fprintf(stderr, "epollherd: thread on fd %d: send %zd of %zd: %s\n", w->fd, sent, r,
+                    sent < 0 ? strerror(errno) : "short");
             w->status = 1;
             break;
         }
@@ -159,14 +166,10 @@ int main(int argc, char **argv)
             die("accept");
     }
     /* The client connects in order and its connections are accepted in order: thread 0 has
-     * the busy one.  The idle threads start first, so that their sets come first wherever the
-     * order of sets matters. */
-    for (int k = threads - 1; k >= 0; k--) {
+     * the busy one. */
+    for (int k = 0; k < threads; k++)
         if (pthread_create(&w[k].t, NULL, serve, &w[k]) != 0)
             die("pthread_create");
-        if (k)
-            usleep(20000);
-    }
     int bad = 0;
     for (int k = 0; k < threads; k++) {
         pthread_join(w[k].t, NULL);
