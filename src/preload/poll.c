@@ -983,13 +983,15 @@ static struct mlp_sock *mlp_member_to_kernel(int epfd, struct mlp_member *m)
 static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, int max,
                           bool *undecided, struct mlp_sock **puts, int *np)
 {
-    int got = 0, relook = 8;
+    int got = 0;
     for (int k = e->nready; k > 0 && got < max && e->rhead && *np < 64; k--) {
         struct mlp_member *m = e->rhead;
         mlp_rl_del(m);
         struct mlp_sock *s = m->s;
         if (m->disabled)
             continue;
+        int looks = 0;
+    look:;
         int rev = s->type == MLP_CONN && s->state != MLP_TCP ? mlp_revents(s, m->fd) : -1;
         if (rev < 0) {
             puts[(*np)++] = mlp_member_to_kernel(epfd, m);
@@ -1023,13 +1025,17 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
                 (void)mlp_arm(s, (short)(m->events & 0xffff)); /* the next change posts again */
         } else if (und) {
             mlp_rl_push(m);
-        } else if (mlp_arm(s, (short)(m->events & 0xffff)) || !mlp_q) {
-            mlp_rl_push(m); /* it changed as we armed (or cannot be armed): look again */
-            /* ...in this call, when it changed as we armed: the peer may have written before
-             * it could see the tripwire, and then no post will come; a caller that got nothing
-             * here would sleep past the data (a ping-pong server hung so). */
-            if (mlp_q && relook-- > 0)
-                k++;
+        } else if (mlp_arm(s, (short)(m->events & 0xffff))) {
+            /* It changed as we armed.  Look at it again now: its writer may have written before
+             * it could see the tripwire, and then no post comes; a caller that got nothing here
+             * would sleep past the data (a ping-pong server hung so).  Only this member: the
+             * others may already be in this answer, and the kernel reports an fd once per call. */
+            if (++looks < 3)
+                goto look;
+            mlp_rl_push(m);
+            *undecided = true; /* still changing: the caller naps 1 ms rather than sleeping */
+        } else if (!mlp_q) {
+            mlp_rl_push(m); /* cannot be armed: look again */
         }
     }
     return got;
