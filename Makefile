@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0 OR MIT
 # memlan - a plain Makefile.  Out of tree: make BUILD=/some/dir.  Sanitizers: make SAN=1.
 #   make            libmemlan (shared and static), the memlan CLI, tests and examples
 #   make test       install test dependencies, run every test, then again under ASan+UBSan

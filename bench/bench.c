@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * bench.c - `memlan bench`: how close memlan comes to the hardware, as ratios to floors and to
  * the kernel's transports measured in the same run.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * bench.h - memlan bench: what it measures and how the pieces talk.
  *

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0 OR MIT
 """bench/conn.py - short connections and idle connections, over kernel TCP and under
 `memlan run`, in one run, as ratios (issue 3's last two targets).
 

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR MIT
 # bench/epoll.sh [ROUNDS]: the round trip of one busy connection served from an epoll set that
 # also holds 10 or 10,000 idle connections, over kernel TCP and under `memlan run`, split
 # (server cpu 0, clients cpu 1) and same (all on cpu 0); and what each idle connection costs.

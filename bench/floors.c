@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * floors.c - the floors every memlan figure is compared with, measured in the same run:
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * plot.c - a small SVG line plot, so that `memlan bench --plot` needs nothing installed.
  */

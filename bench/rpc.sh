@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR MIT
 # bench/rpc.sh [SECONDS] - ONC RPC round trips: null, 1 KB and 64 KB echo, for libtirpc over
 # kernel TCP, the same libtirpc binaries under `memlan run`, and memlan-rpcgen's fast path;
 # two sides pinned to different cores (split) and to one core (same); then the fast path with

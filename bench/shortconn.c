@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * shortconn: short connections and idle connections, for bench/conn.py (plain POSIX, no memlan:
  * it runs over kernel TCP and under `memlan run` unchanged).

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0 OR MIT
 """bench/sockperf.py - sockperf (the Debian package) over kernel TCP and under `memlan run`,
 in one run, as ratios.
 

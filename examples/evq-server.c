@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* evq-server: one server waits on a single event queue for 64 client processes, each with its
  * own channel, and answers every request (the CLAN event-queue pattern).  Uses only <memlan.h>.
  * Usage: evq-server [clients] [requests per client] */

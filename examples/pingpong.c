@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* pingpong: two processes bounce a 64-byte message over a memlan channel and print the median
  * round trip.  Uses only <memlan.h>.  Usage: pingpong [round trips] */
 #include <memlan.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* stream: one process streams bytes to another over a memlan byte-stream channel; the receiver
  * checks every byte and the bandwidth is printed.  Uses only <memlan.h>.
  * Usage: stream [megabytes] */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* zerocopy: messages built in place in the ring (memlan_reserve/memlan_commit) and read in place
  * (memlan_peek/memlan_release): no copy on either side.  Uses only <memlan.h>. */
 #include <memlan.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * memlan.h - the public API of libmemlan, memlan's native shared-memory communication library.
  *

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0 OR MIT
 """Write docs/api/FUNCTION.md for every function that include/memlan.h and include/memlan/rpc.h
 declare, from the
 comment above its declaration, and docs/api/README.md as the index.  Run after editing the header;

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR MIT
 # Install the real programs that the integration suite and bench/apps run under memlan
 # (Debian packages). Idempotent: installs only what is missing. Needs root or sudo.
 set -euo pipefail

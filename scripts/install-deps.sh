@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR MIT
 # Install what building memlan needs beyond a C compiler: libtirpc's headers (the RPC runtime
 # in libmemlan) and the system rpcgen (the RPC tests compare memlan-rpcgen with it).
 # Debian packages; idempotent; needs root or sudo when something is missing.

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0 OR MIT
 # scripts/test.sh - what `make test` runs: every C test, every example, the pytest integration
 # tests, then the C tests and examples again built with ASan+UBSan.  Installs what it needs.
 # Ends with the line "N passed, N failed".

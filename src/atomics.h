@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * atomics.h - the one place memlan spells its memory orderings.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * channel.c - a bidirectional connection: two rings, their tripwires, and both sides' state.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * channel.h - the private view of a channel, shared by channel.c and evq.c.
  */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * evq.c - event queues (CLAN's asynchronous event queue).
  *

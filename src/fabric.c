@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * fabric.c - the directory that the processes of one fabric share.
  *

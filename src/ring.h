@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * ring.h - one direction of a channel: a single-producer single-consumer ring (CLAN's
  * distributed message queue with lazy pointer copies).

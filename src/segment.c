@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * segment.c - shared memory exported with a token and imported with it (SHRIMP's VMMC
  * import/export mappings on a fabric directory).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * spin.c - the spin-then-sleep policy (Damianakis et al.; ORL's "poll, then one interrupt").
  *

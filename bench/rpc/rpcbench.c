@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* bench/rpc client: calls of tests/rpc/echo.x's PING (null) or ECHO (SIZE bytes), timed.
  * Usage: rpcbench fast|tcp PORT null|echo SIZE SECONDS [THREADS]
  * Prints: calls, mean round trip in microseconds (one thread) and calls per second (all). */

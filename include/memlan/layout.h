@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * memlan/layout.h - the bytes memlan keeps in shared memory: its ABI between processes.
  *

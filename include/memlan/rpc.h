@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * memlan/rpc.h - ONC RPC with a shared-memory fast path (the runtime of memlan-rpcgen).
  *

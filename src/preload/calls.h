@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * calls.h - the one list of libc functions the preload library intercepts.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * exec.c - the exec family, and accelerated connections carried across exec.
  *

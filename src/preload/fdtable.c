@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * fdtable.c - which file descriptors are accelerated sockets (or memlan listeners).
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * init.c - start-up of the preload library, its configuration and its log.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * interpose.c - the exported libc functions (the list is calls.h).
  *

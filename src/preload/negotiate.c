@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * negotiate.c - how two memlan processes agree to carry a TCP connection over a channel, and how
  * everything else stays plain TCP without a byte added.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * poll.c - readiness over any mix of accelerated and kernel fds: poll, ppoll, select, pselect
  * and epoll.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * preload.h - the LD_PRELOAD layer's private view: configuration, the fd table, accelerated
  * sockets and the real libc functions.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * sock.c - the stream-socket calls on an accelerated socket, with the kernel's semantics.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * rpc.c - the ONC RPC fast path that memlan-rpcgen's stubs use (see include/memlan/rpc.h).
  *

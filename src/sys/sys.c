@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * sys.c - raw system call wrappers (see sys.h for the convention).
  *

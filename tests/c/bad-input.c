@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* bad-input: every public function, given NULL, bad sizes, bad modes, bad tokens or used out of
  * turn, returns a clear negative errno (and never crashes). */
 #include "test.h"

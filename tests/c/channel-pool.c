@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* channel-pool: channel files reused by their creator (the pool in channel.c).  A closed pooled
  * channel is reused only once its old peer has gone, comes back empty (no byte of the old
  * connection readable, by the API or in the raw rings), with a new generation that a late

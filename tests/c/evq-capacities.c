@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* evq-capacities: a peer's post reaches a queue of every size, including those whose summary
  * bitmap ends exactly at the end of the segment (65536 events: the size the socket layer uses;
  * a bounds check one word too strict once dropped every post to it, silently). */

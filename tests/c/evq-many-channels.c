@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* evq-many-channels: 256 channels from 4 processes post into one event queue; the server waits
  * on it (futex sleeps, and the pollable fd inside poll(2)), drains each ready channel until
  * -EAGAIN, and must receive every message of every channel in order: no event lost (a lost event

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* evq-write-only: a channel registered for MEMLAN_EV_WRITE alone, not writable, while its peer
  * sends it data.  The data is not an event it asked for: evq_wait must time out (not spin on a
  * bit it keeps re-posting, not report READ), and must report WRITE once the peer drains. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* hostile-peer: a child maps the channel and writes random values into every shared control
  * word, index, tripwire, event-queue reference and record header, as fast as it can, while the
  * parent keeps sending and receiving on it.  The parent may see corrupt data and errors

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* peer-kill: SIGKILL either side mid-stream.  The survivor, blocked in recv or send, first gets
  * every byte the dead side had sent, then -ECONNRESET, within a bounded time; the dead side's
  * fabric files are reclaimed, and nothing is left once the survivor closes. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* ring-stress-multiproc: two processes, both directions at once, random sizes, a checksum per
  * message and a running sequence number, random pauses on both sides (so that both tripwires are
  * armed and tripped many times): no loss, no duplication, no reordering, no hang.

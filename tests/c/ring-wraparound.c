@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* ring-wraparound: streams and messages of every size cross the end of a small ring many times,
  * through copying send/recv and zero-copy reserve/commit and peek/release; bytes and boundaries
  * arrive exactly. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* segment-export-import: export, import in both modes, mode enforcement, revocation, and refusal
  * of bad tokens, bad magic and unknown versions. */
 #include "test.h"

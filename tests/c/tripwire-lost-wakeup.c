@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* tripwire-lost-wakeup: with spinning off every wait sleeps, so every exchange goes through the
  * arm / re-check / sleep / wake handshake; 100,000 ping-pongs between two processes must finish
  * (a lost wake-up hangs, and the watchdog fails the test).  Then the coalescing rule: a sleeping

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * conform.c - one side of the socket conformance workload (tests/py/test_preload.py runs it).
  *

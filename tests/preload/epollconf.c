@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * epollconf: epoll and poll semantics, scripted, printed line by line.  Run once over kernel TCP
  * and once under `memlan run`: the two outputs must be equal (tests/py/test_preload.py).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * epollherd: a server whose threads each wait in an epoll set of their own (as memcached's
  * workers do), and a client that keeps only one of them busy.  Plain POSIX; run over kernel TCP

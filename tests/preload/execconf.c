@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * execconf: connections that live on across exec, printed line by line.  Run once over kernel
  * TCP and once under `memlan run`: the outputs must be equal (tests/py/test_preload.py).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * manyconn: one epoll server with N idle connections and one busy one.  Plain POSIX; run over
  * kernel TCP and under `memlan run` (tests/py/test_scale.py, bench/epoll.sh).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * resetconf: what a peer sees when a socket is closed with bytes it never read, or with SO_LINGER
  * set to zero (the kernel answers both with a reset), printed line by line.  Run once over kernel

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0 OR MIT
 """Integration-test fixtures: each test gets a fabric directory of its own, and fails if it
 leaves a file behind in it."""
 import ctypes

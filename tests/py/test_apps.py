@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0 OR MIT
 """Real programs under `memlan run`, from Debian's packages (scripts/install-apps.sh installs them).
 
 Each test starts a real server on a loopback port of its own and drives it with a real client,

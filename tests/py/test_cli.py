@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0 OR MIT
 """The memlan command line: stat, clean and bench, run as a user would run them."""
 import json
 import os

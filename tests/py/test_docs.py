@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0 OR MIT
 """Every exported function has a current reference page, and the library exports nothing else."""
 import re
 import subprocess

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0 OR MIT
 """Transparent sockets: the same workloads over kernel TCP and under `memlan run`, compared.
 
 conform (tests/preload/conform.c) prints every deterministic result of a randomized socket

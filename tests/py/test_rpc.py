@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0 OR MIT
 """ONC RPC: memlan-rpcgen against the system rpcgen, the fast path against libtirpc over TCP,
 interoperation with stock stubs both ways, libtirpc programs under `memlan run`, and the XDR
 decoders under fuzzing.  The programs are tests/rpc/*.c; each scripted client session prints

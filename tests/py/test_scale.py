@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0 OR MIT
 """Many connections: one epoll server process holding 10,000 accelerated connections and one busy
 one (tests/preload/manyconn.c), checked for bytes and clean closes, not for speed."""
 import json

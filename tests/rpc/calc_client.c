@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* The client of calc.x (rpcgen -N): clnt_create through rpcbind (or memlan's fast path), each
  * outcome printed, so that runs over different paths can be compared line for line.  Whether the
  * fast path was taken goes to stderr.  Usage: calc_client HOST */

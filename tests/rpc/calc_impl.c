@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* The server side of calc.x (rpcgen -N), written once against rpcgen's interface and built with
  * the system rpcgen's output and with memlan-rpcgen's; main is rpcgen's (-s tcp). */
 #include <stdio.h>

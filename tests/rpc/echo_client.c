@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* The RPC tests' client: one scripted session against echo.x's server whose every outcome is
  * printed, so that runs over different paths (memlan's fast path, libtirpc over TCP, stock
  * stubs) can be compared line for line.  Usage: echo_client fast|tcp PORT */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* The server side of echo.x, written once against rpcgen's interface and built both with the
  * system rpcgen's output and with memlan-rpcgen's.  Its own main (as with rpcgen -m): a TCP
  * transport on the port given, registered without rpcbind (protocol 0).  libtirpc's svctcp_create does not listen on a

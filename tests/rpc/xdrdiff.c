@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* XDR differential and fuzz driver for echo.x.  Built twice, once with the system rpcgen's
  * echo_xdr.c and once with memlan-rpcgen's: "encode SEED N" prints the encodings of N random
  * values of every type in hex (the two builds' outputs must be equal); "fuzz SEED N" decodes N

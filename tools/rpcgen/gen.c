@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * memlan-rpcgen's back end: the header, XDR routines, client stubs and server skeleton, with
  * rpcgen's interface (type names, xdr_NAME, name_V(args, CLIENT *), name_V_svc, prog_V

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * memlan-rpcgen's front end: a small preprocessor (#define, #undef, #if/#ifdef/#ifndef/#elif/
  * #else/#endif, #include "file"), a lexer that keeps file, line and column, and a recursive

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* memlan-rpcgen: the ONC RPC language (RFC 5531 section 12, XDR RFC 4506) to C. */
 #ifndef MEMLAN_RPCGEN_H
 #define MEMLAN_RPCGEN_H
