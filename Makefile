@@ -1,12 +1,28 @@
 # SPDX-License-Identifier: Apache-2.0 OR MIT
 # memlan - a plain Makefile.  Out of tree: make BUILD=/some/dir.  Sanitizers: make SAN=1.
-#   make            libmemlan (shared and static), the memlan CLI, tests and examples
-#   make test       install test dependencies, run every test, then again under ASan+UBSan
+#   make            libmemlan and libmemlan-rpc (shared and static), the preload library, the
+#                   memlan CLI, memlan-rpcgen, tests and examples.  Never installs packages.
+#   make deps       install the build dependencies (libtirpc-dev, rpcsvc-proto, pkg-config, man-db)
+#   make test       make deps, then run every test, then again under ASan+UBSan
 #   make demo       build and run `memlan bench --quick`
-#   make install    PREFIX=/usr/local
+#   make install    PREFIX BINDIR LIBDIR INCLUDEDIR MANDIR PKGCONFIGDIR DESTDIR, as a packager
+#   make uninstall  the same variables: removes exactly what install wrote
 CC      ?= cc
 BUILD   ?= build
-PREFIX  ?= /usr/local
+# Installation directories (GNU names).  LIBDIR is compiled into `memlan run`, which looks for
+# libmemlan-preload.so there when it runs from BINDIR; DESTDIR is only a staging root.
+PREFIX       ?= /usr/local
+BINDIR       ?= $(PREFIX)/bin
+LIBDIR       ?= $(PREFIX)/lib
+INCLUDEDIR   ?= $(PREFIX)/include
+MANDIR       ?= $(PREFIX)/share/man
+PKGCONFIGDIR ?= $(LIBDIR)/pkgconfig
+
+# The version is the public header's; the shared libraries' real names carry all of it, their
+# sonames the major number alone (src/libmemlan.map versions the symbols).
+ver = $(shell sed -n 's/^\#define MEMLAN_VERSION_$(1) *//p' include/memlan.h)
+VERSION := $(call ver,MAJOR).$(call ver,MINOR).$(call ver,PATCH)
+SOMAJOR := $(call ver,MAJOR)
 SAN     ?= 0
 WERROR  ?= $(if $(CI),-Werror,)
 
@@ -24,10 +40,11 @@ LDFLAGS += $(LDSAN) -pthread
 
 CORE_SRC = src/sys/sys.c src/fabric.c src/segment.c src/spin.c src/channel.c src/evq.c
 CORE_OBJ = $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
-# The ONC RPC runtime (memlan-rpcgen's fast path) lives in libmemlan and needs libtirpc.
+# The ONC RPC runtime (memlan-rpcgen's fast path) is a library of its own, libmemlan-rpc, so
+# that libmemlan itself needs nothing but libc; only libmemlan-rpc needs libtirpc.
 RPC_OBJ  = $(BUILD)/obj/src/rpc/rpc.o
-TIRPC_CFLAGS = -I/usr/include/tirpc
-TIRPC_LIBS   = -ltirpc
+TIRPC_CFLAGS ?= -I/usr/include/tirpc
+TIRPC_LIBS   ?= -ltirpc
 HDRS     = $(wildcard include/*.h include/memlan/*.h src/*.h src/sys/*.h src/preload/*.h)
 
 PRELOAD_SRC = $(wildcard src/preload/*.c)
@@ -35,6 +52,9 @@ PRELOAD_OBJ = $(PRELOAD_SRC:%.c=$(BUILD)/obj/%.o)
 PRELOAD_SO  = $(BUILD)/lib/libmemlan-preload.so
 LIB_SO   = $(BUILD)/lib/libmemlan.so
 LIB_A    = $(BUILD)/lib/libmemlan.a
+RPC_SO   = $(BUILD)/lib/libmemlan-rpc.so
+RPC_A    = $(BUILD)/lib/libmemlan-rpc.a
+PCFILES  = $(BUILD)/pkgconfig/memlan.pc $(BUILD)/pkgconfig/memlan-rpc.pc
 CLI      = $(BUILD)/bin/memlan
 CLI_SRC  = tools/memlan.c bench/bench.c bench/floors.c bench/plot.c
 RPCGEN   = $(BUILD)/bin/memlan-rpcgen
@@ -44,25 +64,56 @@ PTESTS   = $(patsubst tests/preload/%.c,$(BUILD)/tests-preload/%,$(wildcard test
 EXAMPLES = $(patsubst examples/%.c,$(BUILD)/examples/%,$(wildcard examples/*.c))
 BPROGS   = $(BUILD)/bench/shortconn
 
-all: $(LIB_SO) $(LIB_A) $(PRELOAD_SO) $(CLI) $(RPCGEN) $(TESTS) $(PTESTS) $(EXAMPLES) $(BPROGS)
+all: $(LIB_SO) $(LIB_A) $(RPC_SO) $(RPC_A) $(PCFILES) $(PRELOAD_SO) $(CLI) $(RPCGEN) $(TESTS) $(PTESTS) $(EXAMPLES) $(BPROGS)
 
 $(BUILD)/obj/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -fPIC -c $< -o $@
 
-$(RPC_OBJ): src/rpc/rpc.c include/memlan/rpc.h $(HDRS) | deps
+# libtirpc's headers are a build dependency; `make` says so rather than installing them.
+$(RPC_OBJ): src/rpc/rpc.c include/memlan/rpc.h $(HDRS)
 	@mkdir -p $(dir $@)
+	@echo '#include <rpc/rpc.h>' | $(CC) $(TIRPC_CFLAGS) -E -x c - >/dev/null 2>&1 || { \
+	    echo "error: libtirpc's headers (rpc/rpc.h with $(TIRPC_CFLAGS)) are missing:" \
+	         "run make deps (or install libtirpc-dev)" >&2; exit 1; }
 	$(CC) $(CFLAGS) $(TIRPC_CFLAGS) -fPIC -c $< -o $@
 
-# Build dependencies beyond a compiler (libtirpc-dev, rpcsvc-proto): installed when missing.
+# Build dependencies beyond a compiler (libtirpc-dev, rpcsvc-proto, pkg-config, man-db),
+# installed when missing; needs root or sudo.  Only this target and `make test` run it.
 deps:
-	@./scripts/install-deps.sh
+	./scripts/install-deps.sh
 
-$(LIB_SO): $(CORE_OBJ) $(RPC_OBJ) src/libmemlan.map
+# Real name libmemlan.so.X.Y.Z, soname libmemlan.so.X, link name libmemlan.so.
+$(LIB_SO): $(CORE_OBJ) src/libmemlan.map
 	@mkdir -p $(dir $@)
-	$(CC) -shared -Wl,--version-script=src/libmemlan.map -Wl,-soname,libmemlan.so.0 \
-	    -o $@.0 $(CORE_OBJ) $(RPC_OBJ) $(LDFLAGS) $(TIRPC_LIBS)
-	ln -sf libmemlan.so.0 $@
+	$(CC) -shared -Wl,--version-script=src/libmemlan.map -Wl,-soname,libmemlan.so.$(SOMAJOR) \
+	    -Wl,--no-undefined -o $@.$(VERSION) $(CORE_OBJ) $(LDFLAGS)
+	ln -sf libmemlan.so.$(VERSION) $@.$(SOMAJOR)
+	ln -sf libmemlan.so.$(SOMAJOR) $@
+
+# libmemlan-rpc: the RPC runtime over libmemlan's exported API (and its MEMLAN_PRIVATE symbols).
+$(RPC_SO): $(RPC_OBJ) src/rpc/libmemlan-rpc.map $(LIB_SO)
+	@mkdir -p $(dir $@)
+	$(CC) -shared -Wl,--version-script=src/rpc/libmemlan-rpc.map \
+	    -Wl,-soname,libmemlan-rpc.so.$(SOMAJOR) -Wl,--no-undefined -o $@.$(VERSION) $(RPC_OBJ) \
+	    -L$(BUILD)/lib -lmemlan $(LDFLAGS) $(TIRPC_LIBS)
+	ln -sf libmemlan-rpc.so.$(VERSION) $@.$(SOMAJOR)
+	ln -sf libmemlan-rpc.so.$(SOMAJOR) $@
+
+$(RPC_A): $(RPC_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+# pkg-config files, for the installed paths.  $(BUILD)/paths.stamp changes when they do.
+$(BUILD)/paths.stamp: FORCE
+	@mkdir -p $(dir $@)
+	@printf '%s\n' '$(VERSION)' '$(BINDIR)' '$(LIBDIR)' '$(INCLUDEDIR)' > $@.tmp
+	@cmp -s $@.tmp $@ && rm -f $@.tmp || mv $@.tmp $@
+
+$(BUILD)/pkgconfig/%.pc: src/%.pc.in $(BUILD)/paths.stamp
+	@mkdir -p $(dir $@)
+	sed -e 's|@VERSION@|$(VERSION)|' -e 's|@LIBDIR@|$(LIBDIR)|' \
+	    -e 's|@INCLUDEDIR@|$(INCLUDEDIR)|' $< > $@
 
 # The preload library: the core and the interposers, exporting only the interposers.
 $(BUILD)/preload.map: src/preload/exports.map.in src/preload/calls.h
@@ -74,14 +125,16 @@ $(PRELOAD_SO): $(CORE_OBJ) $(PRELOAD_OBJ) $(BUILD)/preload.map
 	$(CC) -shared -Wl,--version-script=$(BUILD)/preload.map -Wl,-soname,libmemlan-preload.so \
 	    -o $@ $(CORE_OBJ) $(PRELOAD_OBJ) $(LDFLAGS) -ldl
 
-$(LIB_A): $(CORE_OBJ) $(RPC_OBJ)
+$(LIB_A): $(CORE_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
-# The CLI and the tests link the static library: the tests reach internal symbols.
-$(CLI): $(CLI_SRC) $(LIB_A) $(HDRS) bench/bench.h
+# The CLI and the tests link the static library: the tests reach internal symbols.  The CLI
+# knows BINDIR and LIBDIR: installed, it loads the preload library from LIBDIR.
+$(CLI): $(CLI_SRC) $(LIB_A) $(HDRS) bench/bench.h $(BUILD)/paths.stamp
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -Ibench -o $@ $(CLI_SRC) $(LIB_A) $(LDFLAGS) -lm
+	$(CC) $(CFLAGS) -Ibench -DMEMLAN_BINDIR='"$(BINDIR)"' -DMEMLAN_LIBDIR='"$(LIBDIR)"' \
+	    -o $@ $(CLI_SRC) $(LIB_A) $(LDFLAGS) -lm
 
 $(RPCGEN): $(RPCGEN_SRC) tools/rpcgen/rpcgen.h
 	@mkdir -p $(dir $@)
@@ -107,24 +160,54 @@ $(BUILD)/examples/%: examples/%.c include/memlan.h $(LIB_SO)
 	$(CC) -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) $(OPT) -Iinclude -o $@ $< \
 	    -L$(BUILD)/lib -Wl,-rpath,'$$ORIGIN/../lib' -lmemlan $(LDFLAGS)
 
-test: all
+test:
+	$(MAKE) deps
+	$(MAKE) all
 	./scripts/test.sh
 
 demo: all
 	$(CLI) bench --quick
 
-install: $(LIB_SO) $(LIB_A) $(PRELOAD_SO) $(CLI) $(RPCGEN)
-	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/include/memlan
-	install -m 755 $(LIB_SO).0 $(DESTDIR)$(PREFIX)/lib/libmemlan.so.0
-	ln -sf libmemlan.so.0 $(DESTDIR)$(PREFIX)/lib/libmemlan.so
-	install -m 644 $(LIB_A) $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(PRELOAD_SO) $(DESTDIR)$(PREFIX)/lib/
-	install -m 755 $(CLI) $(DESTDIR)$(PREFIX)/bin/
-	install -m 644 include/memlan.h $(DESTDIR)$(PREFIX)/include/
-	install -m 644 include/memlan/layout.h include/memlan/rpc.h $(DESTDIR)$(PREFIX)/include/memlan/
-	install -m 755 $(RPCGEN) $(DESTDIR)$(PREFIX)/bin/
+# Man pages: committed under man/, generated from the headers and docs/man/ by
+# scripts/gen-man.py (tests/py/test_docs.py fails when they are stale).
+MAN1 = $(wildcard man/man1/*.1)
+MAN3 = $(wildcard man/man3/*.3)
+MAN7 = $(wildcard man/man7/*.7)
+
+install: $(LIB_SO) $(LIB_A) $(RPC_SO) $(RPC_A) $(PCFILES) $(PRELOAD_SO) $(CLI) $(RPCGEN)
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(LIBDIR) $(DESTDIR)$(INCLUDEDIR)/memlan \
+	    $(DESTDIR)$(PKGCONFIGDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man3 \
+	    $(DESTDIR)$(MANDIR)/man7
+	install -m 755 $(CLI) $(RPCGEN) $(DESTDIR)$(BINDIR)/
+	install -m 755 $(LIB_SO).$(VERSION) $(RPC_SO).$(VERSION) $(PRELOAD_SO) $(DESTDIR)$(LIBDIR)/
+	for l in libmemlan libmemlan-rpc; do \
+	    ln -sf $$l.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$$l.so.$(SOMAJOR) && \
+	    ln -sf $$l.so.$(SOMAJOR) $(DESTDIR)$(LIBDIR)/$$l.so || exit 1; done
+	install -m 644 $(LIB_A) $(RPC_A) $(DESTDIR)$(LIBDIR)/
+	install -m 644 include/memlan.h $(DESTDIR)$(INCLUDEDIR)/
+	install -m 644 include/memlan/layout.h include/memlan/rpc.h $(DESTDIR)$(INCLUDEDIR)/memlan/
+	install -m 644 $(PCFILES) $(DESTDIR)$(PKGCONFIGDIR)/
+	install -m 644 $(MAN1) $(DESTDIR)$(MANDIR)/man1/
+	install -m 644 $(MAN3) $(DESTDIR)$(MANDIR)/man3/
+	install -m 644 $(MAN7) $(DESTDIR)$(MANDIR)/man7/
+
+# Removes what install wrote, then the directories it made if they are left empty.
+uninstall:
+	rm -f $(DESTDIR)$(BINDIR)/memlan $(DESTDIR)$(BINDIR)/memlan-rpcgen
+	for l in libmemlan libmemlan-rpc; do \
+	    rm -f $(DESTDIR)$(LIBDIR)/$$l.so.$(VERSION) $(DESTDIR)$(LIBDIR)/$$l.so.$(SOMAJOR) \
+	          $(DESTDIR)$(LIBDIR)/$$l.so $(DESTDIR)$(LIBDIR)/$$l.a; done
+	rm -f $(DESTDIR)$(LIBDIR)/libmemlan-preload.so
+	rm -f $(DESTDIR)$(INCLUDEDIR)/memlan.h $(DESTDIR)$(INCLUDEDIR)/memlan/layout.h \
+	      $(DESTDIR)$(INCLUDEDIR)/memlan/rpc.h
+	rm -f $(DESTDIR)$(PKGCONFIGDIR)/memlan.pc $(DESTDIR)$(PKGCONFIGDIR)/memlan-rpc.pc
+	rm -f $(MAN1:man/%=$(DESTDIR)$(MANDIR)/%) $(MAN3:man/%=$(DESTDIR)$(MANDIR)/%) \
+	      $(MAN7:man/%=$(DESTDIR)$(MANDIR)/%)
+	-rmdir $(DESTDIR)$(INCLUDEDIR)/memlan $(DESTDIR)$(PKGCONFIGDIR) 2>/dev/null
 
 clean:
 	rm -rf $(BUILD) build-asan
 
-.PHONY: all test demo install clean deps
+FORCE:
+
+.PHONY: all test demo install uninstall clean deps FORCE

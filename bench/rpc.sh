@@ -18,7 +18,7 @@ trap cleanup EXIT
 cp tests/rpc/echo.x tests/rpc/echo_impl.c bench/rpc/rpcbench.c "$W"
 mkdir "$W/m" "$W/s"; cp "$W"/echo.x "$W"/*.c "$W/m"; cp "$W"/echo.x "$W"/*.c "$W/s"
 ( cd "$W/m" && for o in h c l m; do "$B/bin/memlan-rpcgen" -$o echo.x; done
-  F="-O2 -I$ROOT/include -I/usr/include/tirpc"; L="-L$B/lib -Wl,-rpath,$B/lib -lmemlan -ltirpc -pthread"
+  F="-O2 -I$ROOT/include -I/usr/include/tirpc"; L="-L$B/lib -Wl,-rpath,$B/lib -lmemlan-rpc -lmemlan -ltirpc -pthread"
   cc $F -o srv echo_impl.c echo_svc.c echo_xdr.c $L && cc $F -o cli rpcbench.c echo_clnt.c echo_xdr.c $L )
 ( cd "$W/s" && rpcgen -h -o echo.h echo.x && rpcgen -c -o echo_xdr.c echo.x && rpcgen -l -o echo_clnt.c echo.x &&
   rpcgen -m -o echo_svc.c echo.x

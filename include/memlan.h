@@ -33,6 +33,7 @@ extern "C" {
 
 #define MEMLAN_VERSION_MAJOR 0
 #define MEMLAN_VERSION_MINOR 1
+#define MEMLAN_VERSION_PATCH 0
 
 /* A token: 32 lowercase hex characters (128 random bits) and a NUL. */
 #define MEMLAN_TOKEN_LEN 32

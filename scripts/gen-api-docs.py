@@ -58,7 +58,7 @@ def header_pages(header):
 
 def render(name, section, proto, body, header):
     if header == "memlan/rpc.h":
-        return (f"# {name}\n\n*{section}* (`#include <memlan/rpc.h>`, link with `-lmemlan "
+        return (f"# {name}\n\n*{section}* (`#include <memlan/rpc.h>`, link with `-lmemlan-rpc "
                 f"-ltirpc`)\n\n```c\n{proto}\n```\n\n{body}\n\n"
                 "Return convention: libtirpc's (NULL or FALSE on failure, details through "
                 "rpc_createerr and clnt_geterr). See the header comment in "

@@ -114,10 +114,12 @@ void __ml_spin_set_us(int us);
 
 /* evq.c: post endpoint `index` of the queue named by ref (a sender's wake-up path). */
 void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *ref, uint32_t *hint);
-/* evq.c: the spin policy of memlan_evq_wait for a caller that spins over a queue itself. */
+/* evq.c: the spin policy of memlan_evq_wait for a caller that spins over a queue itself
+ * (memlan_svc_run in libmemlan-rpc, hence exported in the MEMLAN_PRIVATE version node). */
 struct memlan_evq;
-uint64_t __ml_evq_spin_budget(struct memlan_evq *q);
-void __ml_evq_spin_result(struct memlan_evq *q, bool success);
+__attribute__((visibility("default"))) uint64_t __ml_evq_spin_budget(struct memlan_evq *q);
+__attribute__((visibility("default"))) void __ml_evq_spin_result(struct memlan_evq *q,
+                                                                 bool success);
 
 /* How often a side blocked on a channel checks that its peer still lives. */
 #define ML_LIVENESS_NS (100u * 1000000u)

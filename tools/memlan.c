@@ -252,7 +252,64 @@ static void run_usage(FILE *f)
             "that stayed on TCP, why.\n");
 }
 
-/* Where libmemlan-preload.so is: MEMLAN_PRELOAD_LIB, next to us (../lib), or the install. */
+#ifndef MEMLAN_LIBDIR
+#define MEMLAN_LIBDIR "/usr/local/lib"
+#endif
+#ifndef MEMLAN_BINDIR
+#define MEMLAN_BINDIR "/usr/local/bin"
+#endif
+#define PRELOAD_NAME "libmemlan-preload.so"
+
+/* out = dir/libmemlan-preload.so, resolved, if that file is readable. */
+static int preload_in(const char *dir, char *out, size_t len)
+{
+    char path[4096];
+    if (!dir || !*dir || (size_t)snprintf(path, sizeof path, "%s/" PRELOAD_NAME, dir) >= sizeof path ||
+        access(path, R_OK) != 0)
+        return -1;
+    char *real = realpath(path, NULL);
+    snprintf(out, len, "%s", real ? real : path);
+    free(real);
+    return 0;
+}
+
+/* By soname, as the dynamic linker would find it: LD_LIBRARY_PATH, then ldconfig's cache. */
+static int preload_by_soname(char *out, size_t len)
+{
+    const char *llp = getenv("LD_LIBRARY_PATH");
+    if (llp) {
+        char *dirs = strdup(llp), *save = NULL;
+        for (char *d = dirs ? strtok_r(dirs, ":", &save) : NULL; d; d = strtok_r(NULL, ":", &save))
+            if (preload_in(d, out, len) == 0) {
+                free(dirs);
+                return 0;
+            }
+        free(dirs);
+    }
+    FILE *f = popen("/sbin/ldconfig -p 2>/dev/null", "r");
+    if (!f)
+        return -1;
+    char line[4096];
+    int found = -1;
+    while (found < 0 && fgets(line, sizeof line, f)) {
+        char *arrow = strstr(line, " => ");
+        if (strncmp(line + strspn(line, " \t"), PRELOAD_NAME " ", strlen(PRELOAD_NAME) + 1) || !arrow)
+            continue;
+        arrow[strcspn(arrow, "\n")] = 0;
+        char *slash = strrchr(arrow + 4, '/');
+        if (slash) {
+            *slash = 0;
+            found = preload_in(arrow + 4, out, len);
+        }
+    }
+    pclose(f);
+    return found;
+}
+
+/* Where libmemlan-preload.so is: MEMLAN_PRELOAD_LIB; LIBDIR when we run from the installed
+ * BINDIR; next to us (../lib: the build tree, or an install moved or staged with DESTDIR); the
+ * LIBDIR we were built for; else by soname.  The build tree's own library wins over an
+ * installed one, so a developer's `build/bin/memlan run` runs what was just built. */
 static int find_preload(char *out, size_t len)
 {
     const char *env = getenv("MEMLAN_PRELOAD_LIB");
@@ -260,25 +317,25 @@ static int find_preload(char *out, size_t len)
         snprintf(out, len, "%s", env);
         return access(out, R_OK);
     }
-    char self[4096];
+    char self[4096], *here = NULL, *bindir = realpath(MEMLAN_BINDIR, NULL);
     ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
     if (n > 0) {
         self[n] = 0;
         char *slash = strrchr(self, '/');
         if (slash) {
             *slash = 0;
-            if ((size_t)snprintf(out, len, "%.3800s/../lib/libmemlan-preload.so", self) < len &&
-                access(out, R_OK) == 0) {
-                char *real = realpath(out, NULL);
-                if (real) {
-                    snprintf(out, len, "%s", real);
-                    free(real);
-                }
-                return 0;
-            }
+            here = self;
         }
     }
-    return -1;
+    int installed = here && bindir && strcmp(here, bindir) == 0;
+    free(bindir);
+    char up[4096] = "";
+    if (here)
+        snprintf(up, sizeof up, "%.4000s/../lib", here);
+    if ((installed && preload_in(MEMLAN_LIBDIR, out, len) == 0) || preload_in(up, out, len) == 0 ||
+        preload_in(MEMLAN_LIBDIR, out, len) == 0)
+        return 0;
+    return preload_by_soname(out, len);
 }
 
 static int cmd_run(int argc, char **argv)
@@ -331,7 +388,9 @@ static int cmd_run(int argc, char **argv)
     }
     char lib[4096];
     if (find_preload(lib, sizeof lib) < 0) {
-        fprintf(stderr, "memlan run: cannot find libmemlan-preload.so (set MEMLAN_PRELOAD_LIB)\n");
+        fprintf(stderr, "memlan run: cannot find " PRELOAD_NAME " in ../lib next to this program, in "
+                        MEMLAN_LIBDIR ", nor by soname (LD_LIBRARY_PATH, ldconfig); set "
+                        "MEMLAN_PRELOAD_LIB to its path\n");
         return 1;
     }
     const char *old = getenv("LD_PRELOAD");

@@ -18,7 +18,7 @@
  * Stock ONC RPC peers see standard ONC RPC over TCP or UDP.  Define MEMLAN_RPC_PLAIN before
  * including the generated header to compile without the fast path.  MEMLAN_RPC=off in the
  * environment turns it off at run time; MEMLAN_LOG=stderr prints each decision.
- * Link with -lmemlan -ltirpc.
+ * Link with -lmemlan-rpc -ltirpc (pkg-config --libs memlan-rpc; -lmemlan too if static).
  */
 #ifndef MEMLAN_RPC_H
 #define MEMLAN_RPC_H

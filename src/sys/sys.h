@@ -52,7 +52,8 @@ int __ml_sys_unix_listening(const char *path);
 int __ml_sys_sched_yield(void);
 pid_t __ml_sys_getpid(void);
 pid_t __ml_pid(void); /* cached; not in a vfork child */
-uint64_t __ml_now_ns(void);
+/* Exported from libmemlan.so in the MEMLAN_PRIVATE version node, for libmemlan-rpc only. */
+__attribute__((visibility("default"))) uint64_t __ml_now_ns(void);
 int __ml_getcpu(void);
 
 #endif

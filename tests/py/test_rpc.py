@@ -20,7 +20,7 @@ RPCGEN = BUILD / "bin" / "memlan-rpcgen"
 SRC = ROOT / "tests" / "rpc"
 CFLAGS = ["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-O1", f"-I{ROOT / 'include'}",
           "-I/usr/include/tirpc"]
-LIBS = [f"-L{BUILD / 'lib'}", f"-Wl,-rpath,{BUILD / 'lib'}", "-lmemlan", "-ltirpc"]
+LIBS = [f"-L{BUILD / 'lib'}", f"-Wl,-rpath,{BUILD / 'lib'}", "-lmemlan-rpc", "-lmemlan", "-ltirpc"]
 
 
 def sh(cmd, cwd, **kw):
