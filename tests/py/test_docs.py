@@ -36,3 +36,35 @@ def test_exports_are_exactly_the_documented_api():
 def rpc_header_names():
     text = (ROOT / "include" / "memlan" / "rpc.h").read_text()
     return set(re.findall(r"\b(memlan_\w+)\(", text))
+
+
+def test_man_pages_are_current():
+    p = subprocess.run(["python3", str(ROOT / "scripts" / "gen-man.py"), "--check"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+def test_memlan_7_names_every_environment_variable():
+    """Every MEMLAN_* name that the code passes to getenv (as a whole string literal) is
+    described in memlan(7)'s ENVIRONMENT section."""
+    names = set()
+    for f in [*(ROOT / "src").rglob("*.[ch]"), ROOT / "tools" / "memlan.c"]:
+        names |= set(re.findall(r'"(MEMLAN(?:_[A-Z_]+)?)"', f.read_text()))
+    assert "MEMLAN_FABRIC" in names and "MEMLAN_RPC_LOAN" in names  # the scan itself works
+    env = (ROOT / "docs" / "man" / "memlan.7.md").read_text().split("## ENVIRONMENT")[1]
+    env = env.split("\n## ")[0]
+    described = set(re.findall(r"^- `(MEMLAN\w*)`:", env, re.M))
+    assert names <= described, f"not in memlan(7): {sorted(names - described)}"
+
+
+def test_memlan_1_names_every_command_and_option():
+    """What `memlan --help` and `memlan run --help` print is in memlan(1)."""
+    from conftest import MEMLAN
+    page = (ROOT / "docs" / "man" / "memlan.1.md").read_text()
+    top = subprocess.run([str(MEMLAN), "--help"], capture_output=True, text=True)
+    run = subprocess.run([str(MEMLAN), "run", "--help"], capture_output=True, text=True)
+    commands = set(re.findall(r"^  ([a-z]+)\b", top.stdout + top.stderr, re.M))
+    options = set(re.findall(r"(--[a-z][a-z-]*)", run.stdout + run.stderr))
+    assert {"run", "stat"} <= commands and "--fabric" in options
+    assert not {c for c in commands if f"- `{c}" not in page}
+    assert not {o for o in options if f"`{o}" not in page}
