@@ -92,11 +92,15 @@ $(LIB_SO): $(CORE_OBJ) src/libmemlan.map
 	ln -sf libmemlan.so.$(SOMAJOR) $@
 
 # libmemlan-rpc: the RPC runtime over libmemlan's exported API (and its MEMLAN_PRIVATE symbols).
+# It finds libmemlan.so.0 beside itself ($ORIGIN): a program's own rpath (DT_RUNPATH) does not
+# reach the libraries its libraries need.  A distribution that installs both on the linker's
+# default path may drop that with RPC_RPATH=.
+RPC_RPATH ?= -Wl,-rpath,'$$ORIGIN'
 $(RPC_SO): $(RPC_OBJ) src/rpc/libmemlan-rpc.map $(LIB_SO)
 	@mkdir -p $(dir $@)
 	$(CC) -shared -Wl,--version-script=src/rpc/libmemlan-rpc.map \
 	    -Wl,-soname,libmemlan-rpc.so.$(SOMAJOR) -Wl,--no-undefined -o $@.$(VERSION) $(RPC_OBJ) \
-	    -L$(BUILD)/lib -lmemlan $(LDFLAGS) $(TIRPC_LIBS)
+	    -L$(BUILD)/lib -lmemlan $(RPC_RPATH) $(LDFLAGS) $(TIRPC_LIBS)
 	ln -sf libmemlan-rpc.so.$(VERSION) $@.$(SOMAJOR)
 	ln -sf libmemlan-rpc.so.$(SOMAJOR) $@
 

@@ -126,6 +126,20 @@ def test_pkg_config_builds_a_program_that_runs(tree, fabric):
     assert f"{tree['libdir']}/libmemlan.so.0" in ldd
 
 
+def test_pkg_config_builds_an_rpc_program_that_runs(tree):
+    """memlan-rpc.pc brings libtirpc's flags; libmemlan-rpc finds libmemlan.so.0 beside itself
+    though the program's rpath (DT_RUNPATH) names only its direct libraries' directory."""
+    src = tree["tmp"] / "rpc.c"
+    src.write_text('#include <memlan/rpc.h>\n#include <stdio.h>\n'
+                   'int main(void) { printf("fast=%d\\n", memlan_clnt_is_fast(NULL)); '
+                   'return 0; }\n')
+    exe = tree["tmp"] / "rpc"
+    flags = pkgconfig(tree, "--cflags", "--libs", "memlan-rpc")
+    sh(["cc", "-o", str(exe), str(src), *flags, f"-Wl,-rpath,{tree['libdir']}"])
+    env = {k: v for k, v in os.environ.items() if k != "LD_LIBRARY_PATH"}
+    assert sh([str(exe)], env=env).stdout == "fast=0\n"
+
+
 @pytest.mark.parametrize("page", ["man1/memlan.1", "man3/memlan_send.3", "man1/memlan-rpcgen.1",
                                   "man7/memlan.7"])
 def test_man_pages_render(tree, page):
