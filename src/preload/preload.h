@@ -80,6 +80,7 @@ struct mlp_sock {
     char offer[160];              /* client: the offer's name in the fabric, "" once gone */
     int slot;                     /* our line in the process's stat segment, -1 if none */
     unsigned fork_gen;            /* last fork this socket was counted in (holders) */
+    _Atomic bool tmo_synced;      /* SO_RCVTIMEO/SO_SNDTIMEO copied from the kernel socket */
     struct mlp_member *epm;       /* its epoll memberships (poll.c, under its lock) */
     pthread_mutex_t mu;           /* state changes: withdrawal, close */
     /* Listener: its rendezvous record. */
@@ -139,6 +140,8 @@ void mlp_stat_clear(struct mlp_sock *s);
 ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags);
 ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags);
 ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t count);
+ssize_t mlp_splice_from(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned flags);
+ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned flags);
 int mlp_shutdown(struct mlp_sock *s, int fd, int how);
 int mlp_ioctl(struct mlp_sock *s, int fd, unsigned long req, void *arg, bool *handled);
 void mlp_set_nonblock(struct mlp_sock *s, bool on);

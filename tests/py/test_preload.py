@@ -596,3 +596,26 @@ def test_threads_with_a_set_each_serve_their_own_connections(fabric, tmp_path):
     assert k["ok"] and m["ok"] and k["echoed"] == m["echoed"] == 2000 * 64
     assert m["idle_returns"] == k["idle_returns"] == [1, 1, 1], (k, m)
     assert m["busy_switches"] >= 100, m
+
+
+LIBCCONF = BUILD / "tests-preload" / "libcconf"
+
+
+def test_libc_surface_matches_kernel(fabric, tmp_path):
+    """The rest of libc's socket surface, in a program built with -O2 -D_FORTIFY_SOURCE=2:
+    __read_chk, __recv_chk, __recvfrom_chk, __poll_chk, __ppoll_chk (and the abort of a read
+    longer than its buffer), recvmmsg/sendmmsg and preadv2/pwritev2 facing the plain calls,
+    splice both ways and the kernel's refusals (splice, tee, copy_file_range), a blocking 1 MiB
+    write while the offer is undecided, SO_RCVTIMEO/SO_SNDTIMEO set before connect and on the
+    listener, MSG_WAITALL on nonblocking calls: line for line as over kernel TCP, and every
+    connection accelerated (a call that took the idle kernel socket shows as a different line,
+    or as a timeout that kills the run)."""
+    plain, under, text = scripted(LIBCCONF, tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    for s in ("__read_chk", "__recv_chk", "__recvfrom_chk", "__poll_chk", "__ppoll_chk"):
+        assert s.encode() in LIBCCONF.read_bytes(), f"{s}: the test program is not fortified"
+    assert "CORRUPT" not in plain.stdout and "WRONG" not in plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    assert text.count("accelerated (client)") == 7, text
+    assert text.count("accelerated (accepted") == 7, text
+    settle(fabric)
