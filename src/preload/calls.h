@@ -94,6 +94,7 @@ MLP_CALL(int, epoll_pwait2,
          (int epfd, struct epoll_event *ev, int max, const struct timespec *tmo,
           const sigset_t *mask),
          (epfd, ev, max, tmo, mask))
+MLP_CALL(FILE *, fdopen, (int fd, const char *mode), (fd, mode))
 MLP_CALL(pid_t, fork, (void), ())
 MLP_CALL(int, execve, (const char *path, char *const argv[], char *const envp[]),
          (path, argv, envp))

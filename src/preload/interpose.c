@@ -69,6 +69,8 @@ MLP_EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
     int r = mlp_real_connect(fd, addr, len);
     int err = r < 0 ? errno : 0;
     mlp_on_connect_done(fd, addr, len, tok, r, err);
+    if (ml_unlikely(fd <= 2))
+        mlp_stdio_adopt(fd);
     errno = r < 0 ? err : saved;
     return r;
 }
@@ -91,6 +93,8 @@ static int mlp_accept_common(int fd, struct sockaddr *addr, socklen_t *len, int 
     if (r >= 0 && !mlp_inside && mlp_fd_is_ours(fd)) {
         int saved = errno;
         mlp_on_accept(fd, r, flags);
+        if (ml_unlikely(r <= 2))
+            mlp_stdio_adopt(r);
         errno = saved;
     }
     return r;
@@ -125,7 +129,7 @@ static void mlp_fd_gone(int fd)
     mlp_stat_tcp_closed(fd);
 }
 
-MLP_EXPORT int close(int fd)
+static int mlp_close_call(int fd)
 {
     MLP_INIT();
     if (mlp_inside)
@@ -151,12 +155,19 @@ MLP_EXPORT int close(int fd)
     return r;
 }
 
+MLP_EXPORT int close(int fd)
+{
+    return mlp_close_call(fd);
+}
+
 static void mlp_dup_to(int fd, int nfd)
 {
     struct mlp_sock *s = mlp_get(fd);
     if (s) {
         mlp_install(nfd, s);
         mlp_put(s);
+        if (ml_unlikely(nfd <= 2))
+            mlp_stdio_adopt(nfd);
     }
 }
 
@@ -290,7 +301,7 @@ MLP_EXPORT ssize_t read(int fd, void *buf, size_t len)
     return mlp_read_call(fd, buf, len);
 }
 
-MLP_EXPORT ssize_t write(int fd, const void *buf, size_t len)
+static ssize_t mlp_write_call(int fd, const void *buf, size_t len)
 {
     struct mlp_sock *s = mlp_conn(fd);
     if (ml_likely(!s))
@@ -299,6 +310,11 @@ MLP_EXPORT ssize_t write(int fd, const void *buf, size_t len)
     ssize_t r = mlp_send(s, fd, &v, 1, 0);
     mlp_put(s);
     return mlp_ret(r);
+}
+
+MLP_EXPORT ssize_t write(int fd, const void *buf, size_t len)
+{
+    return mlp_write_call(fd, buf, len);
 }
 
 MLP_EXPORT ssize_t readv(int fd, const struct iovec *iov, int n)
@@ -682,6 +698,11 @@ MLP_EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *tmo,
 {
     return mlp_ppoll_call(fds, n, tmo, mask);
 }
+
+/* The same paths for our own FILE streams (stdio.c). */
+ssize_t mlp_io_read(int fd, void *buf, size_t len) { return mlp_read_call(fd, buf, len); }
+ssize_t mlp_io_write(int fd, const void *buf, size_t len) { return mlp_write_call(fd, buf, len); }
+int mlp_io_close(int fd) { return mlp_close_call(fd); }
 
 /* ---- the fortified entry points: glibc's checks, then the same path as the plain call ---- */
 

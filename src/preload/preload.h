@@ -18,6 +18,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
 #include <sys/socket.h>
@@ -81,6 +82,7 @@ struct mlp_sock {
     int slot;                     /* our line in the process's stat segment, -1 if none */
     unsigned fork_gen;            /* last fork this socket was counted in (holders) */
     _Atomic bool tmo_synced;      /* SO_RCVTIMEO/SO_SNDTIMEO copied from the kernel socket */
+    _Atomic bool split_told;      /* bytes found on the idle kernel socket were reported */
     struct mlp_member *epm;       /* its epoll memberships (poll.c, under its lock) */
     pthread_mutex_t mu;           /* state changes: withdrawal, close */
     /* Listener: its rendezvous record. */
@@ -155,6 +157,7 @@ void mlp_fork_failed(void);
 void mlp_before_last_close(struct mlp_sock *s, int fd);
 int mlp_tcp_catch_up(struct mlp_sock *s, int fd, bool block);
 void mlp_at_exit(void);
+void mlp_stdio_adopt(int fd); /* stdio.c: a connection now at fd 0, 1 or 2 */
 
 /* Readiness (poll.c): poll(2) semantics of one socket now; revents in POLL* bits. */
 short mlp_sock_revents(struct mlp_sock *s, int fd, short events);

@@ -427,6 +427,28 @@ static int mlp_rx_settle(struct mlp_sock *s, int fd, bool nb)
     return st;
 }
 
+/* No byte ever goes into the kernel socket under an accelerated connection; one that is found
+ * there was written by a path memlan does not see (stdio on a FILE it could not route, a direct
+ * system call, a program without memlan on the other end's fd), and the stream is split.
+ * Looked at where it costs one call: at the end of the stream and at the last close.  It is
+ * reported (log level 0, once per socket), never read: the bytes are not in order. */
+static void mlp_split_check(struct mlp_sock *s, int fd)
+{
+    if (s->state != MLP_ACCEL || atomic_load(&s->split_told))
+        return;
+    int saved = errno;
+    char c;
+    ssize_t n = mlp_real_recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    errno = saved;
+    if (n > 0 && !atomic_exchange(&s->split_told, true)) {
+        int q = 0;
+        (void)mlp_real_ioctl(fd, FIONREAD, &q);
+        mlp_log(0, "fd %d: %d bytes arrived on the kernel socket under an accelerated "
+                   "connection: the peer wrote them by a path memlan does not see (stdio on a "
+                   "FILE it could not route, a direct system call); the stream is split", fd, q);
+    }
+}
+
 /* ---- splice ------------------------------------------------------------------------------ */
 
 /* How much a pipe takes now without blocking: its size less what it holds (a pipe keeps whole
@@ -657,7 +679,10 @@ ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     mlp_unlock_rx(s);
     if (done > 0)
         return done;
-    return mlp_rx_error(s, r);
+    r = mlp_rx_error(s, r);
+    if (r == 0)
+        mlp_split_check(s, fd);
+    return r;
 }
 
 /* ---- shutdown, ioctl, options ------------------------------------------------------------ */
@@ -768,6 +793,7 @@ void mlp_before_last_close(struct mlp_sock *s, int fd)
     }
     if (s->state == MLP_TCP)
         (void)mlp_tcp_catch_up(s, fd, true);
+    mlp_split_check(s, fd);
 }
 
 void mlp_sock_destroy(struct mlp_sock *s)

@@ -619,3 +619,43 @@ def test_libc_surface_matches_kernel(fabric, tmp_path):
     assert text.count("accelerated (client)") == 7, text
     assert text.count("accelerated (accepted") == 7, text
     settle(fabric)
+
+
+SPLIT = r"""
+import ctypes, os, socket, sys, time
+port = int(sys.argv[1])
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", port))
+l.listen()
+if os.fork() == 0:
+    c = socket.create_connection(("127.0.0.1", port))
+    c.recv(1)
+    c.sendall(b"x")
+    c.recv(1)
+    # sendto(2) straight to the kernel, as a path no interposer sees would
+    ctypes.CDLL(None).syscall(44, c.fileno(), b"bypass", 6, 0, None, 0)
+    time.sleep(0.2)
+    c.close()
+    os._exit(0)
+s, _ = l.accept()
+s.sendall(b"h")
+s.recv(1)
+s.sendall(b"k")
+print(repr(s.recv(10)))
+s.close()
+os.wait()
+"""
+
+
+def test_bytes_on_the_kernel_socket_are_reported(fabric, tmp_path):
+    """Bytes that reach the idle kernel socket under an accelerated connection (here a raw
+    sendto system call) split the stream: the reader that reaches the end says so in the log."""
+    log = tmp_path / "memlan.log"
+    p = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", sys.executable, "-c", SPLIT,
+                        str(next_port())], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    text = log.read_text()
+    assert text.count("accelerated (") == 2, text
+    assert "6 bytes arrived on the kernel socket" in text and "the stream is split" in text, text
+    settle(fabric)
