@@ -30,6 +30,37 @@ MLP_CALL(ssize_t, sendto,
          (fd, buf, len, flags, addr, alen))
 MLP_CALL(ssize_t, recvmsg, (int fd, struct msghdr *msg, int flags), (fd, msg, flags))
 MLP_CALL(ssize_t, sendmsg, (int fd, const struct msghdr *msg, int flags), (fd, msg, flags))
+MLP_CALL(int, recvmmsg,
+         (int fd, struct mmsghdr *v, unsigned int n, int flags, struct timespec *tmo),
+         (fd, v, n, flags, tmo))
+MLP_CALL(int, sendmmsg, (int fd, struct mmsghdr *v, unsigned int n, int flags), (fd, v, n, flags))
+MLP_CALL(ssize_t, preadv2, (int fd, const struct iovec *iov, int n, off_t off, int flags),
+         (fd, iov, n, off, flags))
+MLP_CALL(ssize_t, pwritev2, (int fd, const struct iovec *iov, int n, off_t off, int flags),
+         (fd, iov, n, off, flags))
+MLP_CALL(ssize_t, preadv64v2, (int fd, const struct iovec *iov, int n, off64_t off, int flags),
+         (fd, iov, n, off, flags))
+MLP_CALL(ssize_t, pwritev64v2, (int fd, const struct iovec *iov, int n, off64_t off, int flags),
+         (fd, iov, n, off, flags))
+MLP_CALL(ssize_t, splice,
+         (int in, off64_t *inoff, int out, off64_t *outoff, size_t len, unsigned int flags),
+         (in, inoff, out, outoff, len, flags))
+/* The fortified entry points of -D_FORTIFY_SOURCE builds (glibc's debug/ directory): the same
+ * calls with the caller's buffer size, checked first. */
+MLP_CALL(ssize_t, __read_chk, (int fd, void *buf, size_t len, size_t buflen),
+         (fd, buf, len, buflen))
+MLP_CALL(ssize_t, __recv_chk, (int fd, void *buf, size_t len, size_t buflen, int flags),
+         (fd, buf, len, buflen, flags))
+MLP_CALL(ssize_t, __recvfrom_chk,
+         (int fd, void *buf, size_t len, size_t buflen, int flags, struct sockaddr *addr,
+          socklen_t *alen),
+         (fd, buf, len, buflen, flags, addr, alen))
+MLP_CALL(int, __poll_chk, (struct pollfd *fds, nfds_t n, int timeout, size_t fdslen),
+         (fds, n, timeout, fdslen))
+MLP_CALL(int, __ppoll_chk,
+         (struct pollfd *fds, nfds_t n, const struct timespec *tmo, const sigset_t *mask,
+          size_t fdslen),
+         (fds, n, tmo, mask, fdslen))
 MLP_CALL(ssize_t, sendfile, (int out, int in, off_t *off, size_t count), (out, in, off, count))
 MLP_CALL(ssize_t, sendfile64, (int out, int in, off64_t *off, size_t count), (out, in, off, count))
 MLP_CALL(int, setsockopt, (int fd, int level, int name, const void *val, socklen_t len),
@@ -64,6 +95,7 @@ MLP_CALL(int, epoll_pwait2,
          (int epfd, struct epoll_event *ev, int max, const struct timespec *tmo,
           const sigset_t *mask),
          (epfd, ev, max, tmo, mask))
+MLP_CALL(FILE *, fdopen, (int fd, const char *mode), (fd, mode))
 MLP_CALL(pid_t, fork, (void), ())
 MLP_CALL(int, execve, (const char *path, char *const argv[], char *const envp[]),
          (path, argv, envp))

@@ -17,6 +17,10 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/sendfile.h>
+#include <sys/stat.h>
+#include <sys/uio.h>
+#include <limits.h>
+#include <time.h>
 #include <unistd.h>
 
 void mlp_stat_tcp_closed(int fd);
@@ -66,6 +70,8 @@ MLP_EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
     int r = mlp_real_connect(fd, addr, len);
     int err = r < 0 ? errno : 0;
     mlp_on_connect_done(fd, addr, len, tok, r, err);
+    if (ml_unlikely(fd <= 2))
+        mlp_stdio_adopt(fd);
     errno = r < 0 ? err : saved;
     return r;
 }
@@ -88,6 +94,8 @@ static int mlp_accept_common(int fd, struct sockaddr *addr, socklen_t *len, int 
     if (r >= 0 && !mlp_inside && mlp_fd_is_ours(fd)) {
         int saved = errno;
         mlp_on_accept(fd, r, flags);
+        if (ml_unlikely(r <= 2))
+            mlp_stdio_adopt(r);
         errno = saved;
     }
     return r;
@@ -122,7 +130,7 @@ static void mlp_fd_gone(int fd)
     mlp_stat_tcp_closed(fd);
 }
 
-MLP_EXPORT int close(int fd)
+static int mlp_close_call(int fd)
 {
     MLP_INIT();
     if (mlp_inside)
@@ -148,12 +156,19 @@ MLP_EXPORT int close(int fd)
     return r;
 }
 
+MLP_EXPORT int close(int fd)
+{
+    return mlp_close_call(fd);
+}
+
 static void mlp_dup_to(int fd, int nfd)
 {
     struct mlp_sock *s = mlp_get(fd);
     if (s) {
         mlp_install(nfd, s);
         mlp_put(s);
+        if (ml_unlikely(nfd <= 2))
+            mlp_stdio_adopt(nfd);
     }
 }
 
@@ -271,7 +286,7 @@ MLP_EXPORT int ioctl(int fd, unsigned long req, ...)
 
 /* ---- data -------------------------------------------------------------------------------- */
 
-MLP_EXPORT ssize_t read(int fd, void *buf, size_t len)
+static ssize_t mlp_read_call(int fd, void *buf, size_t len)
 {
     struct mlp_sock *s = mlp_conn(fd);
     if (ml_likely(!s))
@@ -282,7 +297,12 @@ MLP_EXPORT ssize_t read(int fd, void *buf, size_t len)
     return mlp_ret(r);
 }
 
-MLP_EXPORT ssize_t write(int fd, const void *buf, size_t len)
+MLP_EXPORT ssize_t read(int fd, void *buf, size_t len)
+{
+    return mlp_read_call(fd, buf, len);
+}
+
+static ssize_t mlp_write_call(int fd, const void *buf, size_t len)
 {
     struct mlp_sock *s = mlp_conn(fd);
     if (ml_likely(!s))
@@ -291,6 +311,11 @@ MLP_EXPORT ssize_t write(int fd, const void *buf, size_t len)
     ssize_t r = mlp_send(s, fd, &v, 1, 0);
     mlp_put(s);
     return mlp_ret(r);
+}
+
+MLP_EXPORT ssize_t write(int fd, const void *buf, size_t len)
+{
+    return mlp_write_call(fd, buf, len);
 }
 
 MLP_EXPORT ssize_t readv(int fd, const struct iovec *iov, int n)
@@ -313,7 +338,7 @@ MLP_EXPORT ssize_t writev(int fd, const struct iovec *iov, int n)
     return mlp_ret(r);
 }
 
-MLP_EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags)
+static ssize_t mlp_recv_call(int fd, void *buf, size_t len, int flags)
 {
     struct mlp_sock *s = mlp_conn(fd);
     if (ml_likely(!s))
@@ -322,6 +347,11 @@ MLP_EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags)
     ssize_t r = mlp_recv(s, fd, &v, 1, flags);
     mlp_put(s);
     return mlp_ret(r);
+}
+
+MLP_EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags)
+{
+    return mlp_recv_call(fd, buf, len, flags);
 }
 
 MLP_EXPORT ssize_t send(int fd, const void *buf, size_t len, int flags)
@@ -335,7 +365,7 @@ MLP_EXPORT ssize_t send(int fd, const void *buf, size_t len, int flags)
     return mlp_ret(r);
 }
 
-MLP_EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockaddr *addr,
+static ssize_t mlp_recvfrom_call(int fd, void *buf, size_t len, int flags, struct sockaddr *addr,
                             socklen_t *alen)
 {
     struct mlp_sock *s = mlp_conn(fd);
@@ -347,6 +377,12 @@ MLP_EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct soc
         *alen = 0; /* a connected TCP socket reports no source address */
     mlp_put(s);
     return mlp_ret(r);
+}
+
+MLP_EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockaddr *addr,
+                            socklen_t *alen)
+{
+    return mlp_recvfrom_call(fd, buf, len, flags, addr, alen);
 }
 
 MLP_EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags,
@@ -390,6 +426,165 @@ MLP_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
                                           : mlp_send(s, fd, msg->msg_iov, (int)msg->msg_iovlen,
                                                      flags);
     mlp_put(s);
+    return mlp_ret(r);
+}
+
+/* ---- several messages per call: on a stream socket, one recvmsg/sendmsg each, as the kernel
+ * loops (___sys_recvmsg per entry, MSG_WAITFORONE turning on MSG_DONTWAIT after the first, the
+ * timeout looked at only between entries, the count returned once one entry moved) ---- */
+
+MLP_EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags,
+                        struct timespec *tmo)
+{
+    struct mlp_sock *s = mlp_conn(fd);
+    if (ml_likely(!s))
+        return mlp_real_recvmmsg(fd, v, n, flags, tmo);
+    if (n > 1024) /* UIO_MAXIOV, as the kernel caps vlen */
+        n = 1024;
+    uint64_t end = 0;
+    if (tmo) {
+        if (tmo->tv_sec < 0 || tmo->tv_nsec < 0 || tmo->tv_nsec >= 1000000000) {
+            mlp_put(s);
+            errno = EINVAL;
+            return -1;
+        }
+        end = mlp_now_ns() + (uint64_t)tmo->tv_sec * 1000000000u + (uint64_t)tmo->tv_nsec;
+    }
+    int f = flags & ~MSG_WAITFORONE;
+    unsigned got = 0;
+    ssize_t r = 0;
+    while (got < n) {
+        struct msghdr *m = &v[got].msg_hdr;
+        r = m->msg_iovlen > IOV_MAX ? -EMSGSIZE : mlp_recv(s, fd, m->msg_iov, (int)m->msg_iovlen, f);
+        if (r < 0)
+            break;
+        if (s->state != MLP_TCP) {
+            m->msg_namelen = 0;
+            m->msg_controllen = 0;
+            m->msg_flags = 0;
+        }
+        v[got++].msg_len = (unsigned)r;
+        if (flags & MSG_WAITFORONE)
+            f |= MSG_DONTWAIT;
+        if (tmo) {
+            uint64_t now = mlp_now_ns();
+            uint64_t left = now < end ? end - now : 0;
+            tmo->tv_sec = (time_t)(left / 1000000000u);
+            tmo->tv_nsec = (long)(left % 1000000000u);
+            if (!left)
+                break;
+        }
+        if (r == 0)
+            break; /* end of stream: the kernel's next entry would read 0 again; it stops */
+    }
+    mlp_put(s);
+    if (got)
+        return (int)got;
+    return (int)mlp_ret(r);
+}
+
+MLP_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
+{
+    struct mlp_sock *s = mlp_conn(fd);
+    if (ml_likely(!s))
+        return mlp_real_sendmmsg(fd, v, n, flags);
+    if (n > 1024)
+        n = 1024;
+    unsigned sent = 0;
+    ssize_t r = 0;
+    while (sent < n) {
+        const struct msghdr *m = &v[sent].msg_hdr;
+        r = m->msg_iovlen > IOV_MAX ? -EMSGSIZE
+                                    : mlp_send(s, fd, m->msg_iov, (int)m->msg_iovlen, flags);
+        if (r < 0)
+            break;
+        v[sent++].msg_len = (unsigned)r;
+    }
+    mlp_put(s);
+    if (sent)
+        return (int)sent;
+    return (int)mlp_ret(r);
+}
+
+/* preadv2/pwritev2 with offset -1 are readv/writev with flags (RWF_*): on a socket that is
+ * the only form the kernel takes (any other offset: ESPIPE), and RWF_NOWAIT is EOPNOTSUPP for a
+ * socket there as here. */
+static ssize_t mlp_rwv2(bool wr, int fd, const struct iovec *iov, int n, off64_t off, int flags,
+                        bool *handled)
+{
+    struct mlp_sock *s = mlp_conn(fd);
+    *handled = s != NULL;
+    if (!s)
+        return 0;
+    ssize_t r;
+    if (off != -1)
+        r = -ESPIPE;
+    else if (n < 0 || n > IOV_MAX)
+        r = -EINVAL;
+    else if (flags & RWF_NOWAIT)
+        r = -EOPNOTSUPP;
+    else
+        r = wr ? mlp_send(s, fd, iov, n, 0) : mlp_recv(s, fd, iov, n, 0);
+    mlp_put(s);
+    return mlp_ret(r);
+}
+
+MLP_EXPORT ssize_t preadv2(int fd, const struct iovec *iov, int n, off_t off, int flags)
+{
+    bool h;
+    ssize_t r = mlp_rwv2(false, fd, iov, n, off, flags, &h);
+    return h ? r : mlp_real_preadv2(fd, iov, n, off, flags);
+}
+
+MLP_EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int n, off_t off, int flags)
+{
+    bool h;
+    ssize_t r = mlp_rwv2(true, fd, iov, n, off, flags, &h);
+    return h ? r : mlp_real_pwritev2(fd, iov, n, off, flags);
+}
+
+MLP_EXPORT ssize_t preadv64v2(int fd, const struct iovec *iov, int n, off64_t off, int flags)
+{
+    bool h;
+    ssize_t r = mlp_rwv2(false, fd, iov, n, off, flags, &h);
+    return h ? r : (mlp_real_preadv64v2 ? mlp_real_preadv64v2 : mlp_real_preadv2)(fd, iov, n, off, flags);
+}
+
+MLP_EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int n, off64_t off, int flags)
+{
+    bool h;
+    ssize_t r = mlp_rwv2(true, fd, iov, n, off, flags, &h);
+    return h ? r : (mlp_real_pwritev64v2 ? mlp_real_pwritev64v2 : mlp_real_pwritev2)(fd, iov, n, off, flags);
+}
+
+/* splice(2) with an accelerated socket at one end and a pipe at the other moves the bytes
+ * through the ring (sock.c); anything the kernel refuses (no pipe at the other end, an offset
+ * on a socket or a pipe) it refuses here with the kernel's errno.  tee(2) takes pipes only and
+ * copy_file_range(2) regular files only: on a socket both fail in the kernel before any byte
+ * moves, so they need no interposer. */
+MLP_EXPORT ssize_t splice(int in, off64_t *inoff, int out, off64_t *outoff, size_t len,
+                          unsigned int flags)
+{
+    struct mlp_sock *si = mlp_conn(in);
+    struct mlp_sock *so = si ? NULL : mlp_conn(out);
+    if (ml_likely(!si && !so))
+        return mlp_real_splice(in, inoff, out, outoff, len, flags);
+    struct stat st;
+    int other = si ? out : in;
+    ssize_t r;
+    int saved = errno;
+    if (fstat(other, &st) < 0)
+        r = -errno;
+    else if (!S_ISFIFO(st.st_mode))
+        r = -EINVAL;
+    else if (si ? outoff != NULL : inoff != NULL)
+        r = -ESPIPE; /* an offset on the pipe end */
+    else if (si ? inoff != NULL : outoff != NULL)
+        r = -EINVAL; /* on the socket end: it cannot pread/pwrite */
+    else
+        r = si ? mlp_splice_from(si, in, out, len, flags) : mlp_splice_to(so, out, in, len, flags);
+    errno = saved;
+    mlp_put(si ? si : so);
     return mlp_ret(r);
 }
 
@@ -476,7 +671,7 @@ static bool mlp_any_ours(const struct pollfd *fds, nfds_t n)
     return false;
 }
 
-MLP_EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
+static int mlp_poll_call(struct pollfd *fds, nfds_t n, int timeout)
 {
     MLP_INIT();
     if (mlp_inside || !mlp_any_ours(fds, n))
@@ -484,7 +679,12 @@ MLP_EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
     return (int)mlp_ret(mlp_poll(fds, n, timeout < 0 ? -1 : (int64_t)timeout * 1000000, NULL));
 }
 
-MLP_EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *tmo,
+MLP_EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
+{
+    return mlp_poll_call(fds, n, timeout);
+}
+
+static int mlp_ppoll_call(struct pollfd *fds, nfds_t n, const struct timespec *tmo,
                      const sigset_t *mask)
 {
     MLP_INIT();
@@ -492,6 +692,59 @@ MLP_EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *tmo,
         return mlp_real_ppoll(fds, n, tmo, mask);
     int64_t ns = tmo ? (int64_t)tmo->tv_sec * 1000000000 + tmo->tv_nsec : -1;
     return (int)mlp_ret(mlp_poll(fds, n, ns, mask));
+}
+
+MLP_EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *tmo,
+                     const sigset_t *mask)
+{
+    return mlp_ppoll_call(fds, n, tmo, mask);
+}
+
+/* The same paths for our own FILE streams (stdio.c). */
+ssize_t mlp_io_read(int fd, void *buf, size_t len) { return mlp_read_call(fd, buf, len); }
+ssize_t mlp_io_write(int fd, const void *buf, size_t len) { return mlp_write_call(fd, buf, len); }
+int mlp_io_close(int fd) { return mlp_close_call(fd); }
+
+/* ---- the fortified entry points: glibc's checks, then the same path as the plain call ---- */
+
+/* glibc's own: prints "buffer overflow detected" and aborts, exactly as the real _chk would. */
+extern void __chk_fail(void) __attribute__((noreturn));
+
+MLP_EXPORT ssize_t __read_chk(int fd, void *buf, size_t len, size_t buflen)
+{
+    if (len > buflen)
+        __chk_fail();
+    return mlp_read_call(fd, buf, len);
+}
+
+MLP_EXPORT ssize_t __recv_chk(int fd, void *buf, size_t len, size_t buflen, int flags)
+{
+    if (len > buflen)
+        __chk_fail();
+    return mlp_recv_call(fd, buf, len, flags);
+}
+
+MLP_EXPORT ssize_t __recvfrom_chk(int fd, void *buf, size_t len, size_t buflen, int flags,
+                                  struct sockaddr *addr, socklen_t *alen)
+{
+    if (len > buflen)
+        __chk_fail();
+    return mlp_recvfrom_call(fd, buf, len, flags, addr, alen);
+}
+
+MLP_EXPORT int __poll_chk(struct pollfd *fds, nfds_t n, int timeout, size_t fdslen)
+{
+    if (fdslen / sizeof *fds < n)
+        __chk_fail();
+    return mlp_poll_call(fds, n, timeout);
+}
+
+MLP_EXPORT int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *tmo,
+                           const sigset_t *mask, size_t fdslen)
+{
+    if (fdslen / sizeof *fds < n)
+        __chk_fail();
+    return mlp_ppoll_call(fds, n, tmo, mask);
 }
 
 static bool mlp_any_ours_set(int n, fd_set *r, fd_set *w, fd_set *e)

@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
 #include <sys/socket.h>
@@ -81,6 +82,8 @@ struct mlp_sock {
     char offer[160];              /* client: the offer's name in the fabric, "" once gone */
     int slot;                     /* our line in the process's stat segment, -1 if none */
     unsigned fork_gen;            /* last fork this socket was counted in (holders) */
+    _Atomic bool tmo_synced;      /* SO_RCVTIMEO/SO_SNDTIMEO copied from the kernel socket */
+    _Atomic bool split_told;      /* bytes found on the idle kernel socket were reported */
     struct mlp_member *epm;       /* its epoll memberships (poll.c, under its lock) */
     pthread_mutex_t mu;           /* state changes: withdrawal, close */
     /* Listener: its rendezvous record. */
@@ -140,6 +143,8 @@ void mlp_stat_clear(struct mlp_sock *s);
 ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags);
 ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags);
 ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t count);
+ssize_t mlp_splice_from(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned flags);
+ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned flags);
 int mlp_shutdown(struct mlp_sock *s, int fd, int how);
 int mlp_ioctl(struct mlp_sock *s, int fd, unsigned long req, void *arg, bool *handled);
 void mlp_set_nonblock(struct mlp_sock *s, bool on);
@@ -153,6 +158,7 @@ void mlp_fork_failed(void);
 void mlp_before_last_close(struct mlp_sock *s, int fd);
 int mlp_tcp_catch_up(struct mlp_sock *s, int fd, bool block);
 void mlp_at_exit(void);
+void mlp_stdio_adopt(int fd); /* stdio.c: a connection now at fd 0, 1 or 2 */
 
 /* Readiness (poll.c): poll(2) semantics of one socket now; revents in POLL* bits. */
 short mlp_sock_revents(struct mlp_sock *s, int fd, short events);

@@ -19,6 +19,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
 #include <linux/sockios.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -224,6 +226,41 @@ static size_t mlp_iov_total(const struct iovec *iov, int n)
 
 /* ---- send -------------------------------------------------------------------------------- */
 
+/* SO_RCVTIMEO and SO_SNDTIMEO live in the kernel socket, which takes every setsockopt: set before
+ * connect(), or on the listener (an accepted socket inherits them, in the kernel), they were
+ * there before the channel was.  The first ring operation copies them to the channel; later
+ * changes reach it through mlp_setsockopt.  Two threads may both copy: the same values. */
+static void mlp_sync_timeouts(struct mlp_sock *s, int fd)
+{
+    if (ml_likely(atomic_load_explicit(&s->tmo_synced, memory_order_acquire)) || !s->ch)
+        return;
+    int saved = errno;
+    struct timeval tv;
+    socklen_t l = sizeof tv;
+    if (mlp_real_getsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, &l) == 0 && l == sizeof tv)
+        s->ch->rx_tmo_ns = (uint64_t)tv.tv_sec * 1000000000u + (uint64_t)tv.tv_usec * 1000u;
+    l = sizeof tv;
+    if (mlp_real_getsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, &l) == 0 && l == sizeof tv)
+        s->ch->tx_tmo_ns = (uint64_t)tv.tv_sec * 1000000000u + (uint64_t)tv.tv_usec * 1000u;
+    errno = saved;
+    atomic_store_explicit(&s->tmo_synced, true, memory_order_release);
+}
+
+/* Send iov[i..n) from byte off of iov[i] over the kernel socket, blocking, all of it unless
+ * an error or a signal stops it (the kernel's blocking send does the same); bytes or -errno. */
+static ssize_t mlp_tcp_send_rest(int fd, const struct iovec *iov, int n, int i, size_t off,
+                                 int flags)
+{
+    struct iovec v[IOV_MAX];
+    int k = 0;
+    for (; i < n && k < IOV_MAX; i++, off = 0)
+        if (iov[i].iov_len > off)
+            v[k++] = (struct iovec){(char *)iov[i].iov_base + off, iov[i].iov_len - off};
+    struct msghdr mh = {.msg_iov = v, .msg_iovlen = (size_t)k};
+    ssize_t r = mlp_real_sendmsg(fd, &mh, flags);
+    return r < 0 ? -errno : r;
+}
+
 ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags)
 {
     if (flags & MSG_OOB)
@@ -243,46 +280,50 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     size_t total = mlp_iov_total(iov, n);
     if (total == 0)
         return 0;
+    mlp_sync_timeouts(s, fd);
     mlp_lock_tx(s);
     ssize_t done = 0, r = 0;
     for (int i = 0; i < n; i++) {
-        if (iov[i].iov_len == 0)
-            continue;
-        for (;;) {
+        size_t off = 0;
+        while (off < iov[i].iov_len) {
             /* Undecided: never block inside the ring, since nobody may ever drain it. */
             int mf = (nb || st == MLP_UNDECIDED) ? MEMLAN_DONTWAIT : 0;
-            r = memlan_send(s->ch, iov[i].iov_base,
-                            iov[i].iov_len, mf);
+            r = memlan_send(s->ch, (char *)iov[i].iov_base + off, iov[i].iov_len - off, mf);
+            if (r > 0) {
+                off += (size_t)r;
+                done += r;
+                /* A blocking send moves everything, as the kernel's does: while undecided the
+                 * ring filled (the next try waits for the decision); otherwise a timeout or a
+                 * signal cut it short, and the count so far is the answer. */
+                if (off < iov[i].iov_len && (nb || st != MLP_UNDECIDED))
+                    goto out;
+                continue;
+            }
             if (r == -EAGAIN && st == MLP_UNDECIDED && !nb) {
                 mlp_unlock_tx(s);
                 st = mlp_decide(s, fd, true);
                 if (st == MLP_TCP) {
-                    /* Fell to TCP: what we took so far is in the ring and goes out first. */
-                    if (done)
-                        return done;
-                    struct msghdr mh = {.msg_iov = (struct iovec *)iov + i,
-                                        .msg_iovlen = (size_t)(n - i)};
+                    /* Fell to TCP: what we took so far is in the ring and goes out first,
+                     * then the rest of this call, so a blocking write still moves it all. */
                     mlp_lock_tx(s);
                     int e = mlp_flush_unsent(s, fd, true);
                     mlp_unlock_tx(s);
                     if (e < 0)
-                        return mlp_tx_error(s, e, flags);
-                    ssize_t w = mlp_real_sendmsg(fd, &mh, flags);
-                    return w < 0 ? -errno : w;
+                        return done ? done : mlp_tx_error(s, e, flags);
+                    ssize_t w = mlp_tcp_send_rest(fd, iov, n, i, off, flags);
+                    if (w < 0)
+                        return done ? done : (w == -EPIPE && !(flags & MSG_NOSIGNAL)
+                                                  ? (raise(SIGPIPE), w) : w);
+                    return done + w;
                 }
                 mlp_lock_tx(s);
                 continue;
             }
-            break;
+            goto out; /* an error, or EAGAIN when nonblocking */
         }
-        if (r < 0)
-            break;
-        done += r;
-        if ((size_t)r < iov[i].iov_len) { /* nonblocking and the ring filled */
-            r = 0;
-            break;
-        }
+        r = 0;
     }
+out:
     mlp_unlock_tx(s);
     if (done > 0)
         return done;
@@ -307,6 +348,7 @@ ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t coun
         return r < 0 ? -errno : r;
     }
     bool nb = mlp_nonblock(s);
+    mlp_sync_timeouts(s, fd);
     off_t pos = 0;
     if (!off) {
         pos = lseek(in, 0, SEEK_CUR);
@@ -371,6 +413,168 @@ ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t coun
     return err == -EAGAIN ? -EAGAIN : mlp_tx_error(s, err, 0);
 }
 
+/* Before a receive: the socket's state once settled (-EAGAIN while still undecided and nb).
+ * Fallen to TCP: what we wrote before the fall goes out before we wait for the answer. */
+static int mlp_rx_settle(struct mlp_sock *s, int fd, bool nb)
+{
+    int st = s->state;
+    if (st == MLP_UNDECIDED) {
+        st = mlp_decide(s, fd, !nb);
+        if (st == MLP_UNDECIDED)
+            return -EAGAIN;
+    }
+    if (st == MLP_TCP)
+        (void)mlp_tcp_catch_up(s, fd, !nb);
+    return st;
+}
+
+/* No byte ever goes into the kernel socket under an accelerated connection; one that is found
+ * there was written by a path memlan does not see (stdio on a FILE it could not route, a direct
+ * system call, a program without memlan on the other end's fd), and the stream is split.
+ * Looked at where it costs one call: at the end of the stream and at the last close.  It is
+ * reported (log level 0, once per socket), never read: the bytes are not in order. */
+static void mlp_split_check(struct mlp_sock *s, int fd)
+{
+    if (s->state != MLP_ACCEL || atomic_load(&s->split_told))
+        return;
+    int saved = errno;
+    char c;
+    ssize_t n = mlp_real_recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+    errno = saved;
+    if (n > 0 && !atomic_exchange(&s->split_told, true)) {
+        int q = 0;
+        (void)mlp_real_ioctl(fd, FIONREAD, &q);
+        mlp_log(0, "fd %d: %d bytes arrived on the kernel socket under an accelerated "
+                   "connection: the peer wrote them by a path memlan does not see (stdio on a "
+                   "FILE it could not route, a direct system call); the stream is split", fd, q);
+    }
+}
+
+/* ---- splice ------------------------------------------------------------------------------ */
+
+/* How much a pipe takes now without blocking: its size less what it holds (a pipe keeps whole
+ * pages per write, so this may overstate, and then the write waits as the kernel's splice does). */
+static size_t mlp_pipe_room(int pipe)
+{
+    int cap = mlp_real_fcntl(pipe, F_GETPIPE_SZ, 0), q = 0;
+    if (cap <= 0 || mlp_real_ioctl(pipe, FIONREAD, &q) < 0)
+        return 4096;
+    return q < cap ? (size_t)(cap - q) : 0;
+}
+
+/* Wait until a pipe is readable (POLLIN) or writable (POLLOUT); -EAGAIN when nb and it is not. */
+static int mlp_pipe_wait(int pipe, short ev, bool nb)
+{
+    struct pollfd p = {.fd = pipe, .events = ev};
+    for (;;) {
+        int r = mlp_real_poll(&p, 1, nb ? 0 : -1);
+        if (r < 0)
+            return -errno;
+        if (r == 0)
+            return -EAGAIN;
+        return p.revents;
+    }
+}
+
+/* splice(2) from an accelerated socket into a pipe: the bytes are looked at in the ring, written
+ * to the pipe, and only what the pipe took is consumed, so nothing is lost or read twice. */
+ssize_t mlp_splice_from(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned flags)
+{
+    bool nb = (flags & SPLICE_F_NONBLOCK) || mlp_nonblock(s);
+    int st = mlp_rx_settle(s, fd, nb);
+    if (st < 0)
+        return st;
+    if (st == MLP_TCP) {
+        ssize_t r = mlp_real_splice(fd, NULL, pipe, NULL, len, flags);
+        return r < 0 ? -errno : r;
+    }
+    if (len == 0)
+        return 0;
+    mlp_sync_timeouts(s, fd);
+    mlp_lock_rx(s);
+    const void *p;
+    ssize_t a = memlan_peek(s->ch, &p, nb ? MEMLAN_DONTWAIT : 0);
+    if (a <= 0) {
+        mlp_unlock_rx(s);
+        return mlp_rx_error(s, a);
+    }
+    size_t n = (size_t)a < len ? (size_t)a : len;
+    ssize_t w;
+    for (;;) {
+        size_t room = mlp_pipe_room(pipe);
+        if (room == 0) {
+            int e = mlp_pipe_wait(pipe, POLLOUT, (flags & SPLICE_F_NONBLOCK) != 0);
+            if (e < 0) {
+                w = e;
+                break;
+            }
+            if (e & POLLERR) { /* no reader */
+                w = -EPIPE;
+                break;
+            }
+            continue;
+        }
+        w = mlp_real_write(pipe, p, n < room ? n : room);
+        if (w < 0)
+            w = -errno;
+        break;
+    }
+    (void)memlan_release(s->ch, w > 0 ? (size_t)w : 0);
+    mlp_unlock_rx(s);
+    if (w == -EPIPE)
+        raise(SIGPIPE); /* the pipe had no reader: the kernel's splice signals as write does */
+    return w;
+}
+
+/* splice(2) from a pipe into an accelerated socket: the pipe is read straight into the ring's
+ * free space, so what left the pipe is in the ring. */
+ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned flags)
+{
+    int st = s->state;
+    if (st == MLP_UNDECIDED)
+        st = mlp_decide(s, fd, true);
+    bool nb = (flags & SPLICE_F_NONBLOCK) || mlp_nonblock(s);
+    if (st == MLP_TCP) {
+        int e = mlp_tcp_catch_up(s, fd, !nb);
+        if (e < 0)
+            return e;
+        ssize_t r = mlp_real_splice(pipe, NULL, fd, NULL, len, flags);
+        return r < 0 ? -errno : r;
+    }
+    if (len == 0)
+        return 0;
+    /* The kernel waits for the pipe first (SPLICE_F_NONBLOCK: EAGAIN), and an empty pipe
+     * without writers is the end: 0. */
+    int ev = mlp_pipe_wait(pipe, POLLIN, (flags & SPLICE_F_NONBLOCK) != 0);
+    if (ev < 0)
+        return ev;
+    if (!(ev & POLLIN))
+        return 0;
+    mlp_sync_timeouts(s, fd);
+    mlp_lock_tx(s);
+    void *p;
+    ssize_t room = memlan_reserve(s->ch, &p, 1, nb ? MEMLAN_DONTWAIT : 0);
+    if (room < 0) {
+        mlp_unlock_tx(s);
+        if (room == -EAGAIN)
+            return -EAGAIN;
+        if ((room == -EPIPE || room == -ECONNRESET) && mlp_write_after_close(s)) {
+            /* TCP takes this one write (the peer's kernel answers it with a reset): the
+             * bytes leave the pipe and are dropped. */
+            char buf[4096];
+            ssize_t g = mlp_real_read(pipe, buf, len < sizeof buf ? len : sizeof buf);
+            return g < 0 ? -errno : g;
+        }
+        return mlp_tx_error(s, room, 0);
+    }
+    size_t want = len < (size_t)room ? len : (size_t)room;
+    ssize_t got = mlp_real_read(pipe, p, want);
+    int e = got < 0 ? -errno : 0;
+    (void)memlan_commit(s->ch, got > 0 ? (size_t)got : 0);
+    mlp_unlock_tx(s);
+    return got < 0 ? e : got;
+}
+
 /* ---- receive ----------------------------------------------------------------------------- */
 
 /* MSG_PEEK: copy what is there without consuming it (MSG_WAITALL: wait for all of it). */
@@ -424,15 +628,10 @@ ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     if (flags & MSG_ERRQUEUE)
         return -EAGAIN;
     bool nb = (flags & MSG_DONTWAIT) || mlp_nonblock(s);
-    int st = s->state;
-    if (st == MLP_UNDECIDED) {
-        st = mlp_decide(s, fd, !nb);
-        if (st == MLP_UNDECIDED)
-            return -EAGAIN;
-    }
+    int st = mlp_rx_settle(s, fd, nb);
+    if (st < 0)
+        return st;
     if (st == MLP_TCP) {
-        /* What we wrote before falling to TCP goes out before we wait for the answer. */
-        (void)mlp_tcp_catch_up(s, fd, !nb);
         struct msghdr mh = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
         ssize_t r = mlp_real_recvmsg(fd, &mh, flags);
         return r < 0 ? -errno : r;
@@ -440,6 +639,7 @@ ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     size_t total = mlp_iov_total(iov, n);
     if (total == 0)
         return 0;
+    mlp_sync_timeouts(s, fd);
     mlp_lock_rx(s);
     ssize_t r;
     if (flags & MSG_PEEK) {
@@ -453,7 +653,9 @@ ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
         if (iov[i].iov_len == 0)
             continue;
         int mf = (nb || done) && !((flags & MSG_WAITALL) && !nb) ? MEMLAN_DONTWAIT : 0;
-        if (flags & MSG_WAITALL)
+        /* MSG_WAITALL waits only on a blocking call: nonblocking (or MSG_DONTWAIT), the kernel
+         * returns what is there once some arrived, and so does memlan_recv without WAITALL. */
+        if ((flags & MSG_WAITALL) && !nb)
             mf |= MEMLAN_WAITALL;
         if (flags & MSG_TRUNC) {
             /* Discard: TCP's MSG_TRUNC consumes without copying. */
@@ -478,7 +680,10 @@ ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     mlp_unlock_rx(s);
     if (done > 0)
         return done;
-    return mlp_rx_error(s, r);
+    r = mlp_rx_error(s, r);
+    if (r == 0)
+        mlp_split_check(s, fd);
+    return r;
 }
 
 /* ---- shutdown, ioctl, options ------------------------------------------------------------ */
@@ -589,6 +794,7 @@ void mlp_before_last_close(struct mlp_sock *s, int fd)
     }
     if (s->state == MLP_TCP)
         (void)mlp_tcp_catch_up(s, fd, true);
+    mlp_split_check(s, fd);
 }
 
 void mlp_sock_destroy(struct mlp_sock *s)

@@ -597,3 +597,66 @@ def test_threads_with_a_set_each_serve_their_own_connections(fabric, tmp_path):
     assert k["ok"] and m["ok"] and k["echoed"] == m["echoed"] == 2000 * 64
     assert m["idle_returns"] == k["idle_returns"] == [1, 1, 1], (k, m)
     assert m["busy_switches"] >= 100, m
+
+
+LIBCCONF = BUILD / "tests-preload" / "libcconf"
+
+
+def test_libc_surface_matches_kernel(fabric, tmp_path):
+    """The rest of libc's socket surface, in a program built with -O2 -D_FORTIFY_SOURCE=2:
+    __read_chk, __recv_chk, __recvfrom_chk, __poll_chk, __ppoll_chk (and the abort of a read
+    longer than its buffer), recvmmsg/sendmmsg and preadv2/pwritev2 facing the plain calls,
+    splice both ways and the kernel's refusals (splice, tee, copy_file_range), a blocking 1 MiB
+    write while the offer is undecided, SO_RCVTIMEO/SO_SNDTIMEO set before connect and on the
+    listener, MSG_WAITALL on nonblocking calls: line for line as over kernel TCP, and every
+    connection accelerated (a call that took the idle kernel socket shows as a different line,
+    or as a timeout that kills the run)."""
+    plain, under, text = scripted(LIBCCONF, tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    for s in ("__read_chk", "__recv_chk", "__recvfrom_chk", "__poll_chk", "__ppoll_chk"):
+        assert s.encode() in LIBCCONF.read_bytes(), f"{s}: the test program is not fortified"
+    assert "CORRUPT" not in plain.stdout and "WRONG" not in plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    assert text.count("accelerated (client)") == 7, text
+    assert text.count("accelerated (accepted") == 7, text
+    settle(fabric)
+
+
+SPLIT = r"""
+import ctypes, os, socket, sys, time
+port = int(sys.argv[1])
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", port))
+l.listen()
+if os.fork() == 0:
+    c = socket.create_connection(("127.0.0.1", port))
+    c.recv(1)
+    c.sendall(b"x")
+    c.recv(1)
+    # sendto(2) straight to the kernel, as a path no interposer sees would
+    ctypes.CDLL(None).syscall(44, c.fileno(), b"bypass", 6, 0, None, 0)
+    time.sleep(0.2)
+    c.close()
+    os._exit(0)
+s, _ = l.accept()
+s.sendall(b"h")
+s.recv(1)
+s.sendall(b"k")
+print(repr(s.recv(10)))
+s.close()
+os.wait()
+"""
+
+
+def test_bytes_on_the_kernel_socket_are_reported(fabric, tmp_path):
+    """Bytes that reach the idle kernel socket under an accelerated connection (here a raw
+    sendto system call) split the stream: the reader that reaches the end says so in the log."""
+    log = tmp_path / "memlan.log"
+    p = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", sys.executable, "-c", SPLIT,
+                        str(next_port())], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    text = log.read_text()
+    assert text.count("accelerated (") == 2, text
+    assert "6 bytes arrived on the kernel socket" in text and "the stream is split" in text, text
+    settle(fabric)
