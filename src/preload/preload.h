@@ -163,7 +163,6 @@ int mlp_epoll_wait(int epfd, struct epoll_event *ev, int max, int64_t timeout_ns
                    const sigset_t *mask);
 void mlp_epoll_forget_fd(int fd);
 void mlp_epoll_sock_gone(struct mlp_sock *s);
-bool mlp_epoll_has_ours(int epfd);
 void mlp_epoll_created(int epfd); /* epoll_create: an fd that may go inside another set */
 extern int mlp_nnested; /* epoll sets inside other sets: every wait must look at them */
 
