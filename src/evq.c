@@ -360,10 +360,8 @@ int memlan_evq_del(memlan_evq_t *q, memlan_channel_t *ch)
         return -ENOENT;
     uint32_t i = ch->evq_index;
     /* Disarm first so the peer stops posting, then forget the reference. */
-    uint32_t w = ML_WAIT_EVQ;
-    ml_cas(&ch->rx.ctl->rx_wait, &w, 0u);
-    w = ML_WAIT_EVQ;
-    ml_cas(&ch->tx.ctl->tx_wait, &w, 0u);
+    ml_fetch_and(&ch->rx.ctl->rx_wait, ~ML_WAIT_EVQ);
+    ml_fetch_and(&ch->tx.ctl->tx_wait, ~ML_WAIT_EVQ);
     ch->rx.ctl->rx_ref.valid = 0;
     ch->tx.ctl->tx_ref.valid = 0;
     q->slots[i] = (struct ml_evq_slot){.next_free = q->free_head};

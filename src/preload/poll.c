@@ -31,6 +31,8 @@
 static memlan_evq_t *mlp_q;
 static pthread_mutex_t mlp_q_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ml_spin mlp_poll_spin;
+static pthread_mutex_t mlp_pw_mu = PTHREAD_MUTEX_INITIALIZER; /* every socket's pw list */
+static unsigned mlp_pw_gen = 1;                                /* bumped in a fork child */
 static void mlp_epoll_after_fork(void);
 struct mlp_ep;
 static void mlp_ep_nested_leave(struct mlp_ep *e);
@@ -42,6 +44,8 @@ void mlp_poll_after_fork(void)
      * fd is shared, so not closed) and make our own on first use. */
     mlp_q = NULL;
     pthread_mutex_init(&mlp_q_mu, NULL);
+    pthread_mutex_init(&mlp_pw_mu, NULL);
+    mlp_pw_gen++;
     mlp_epoll_after_fork();
 }
 
@@ -104,6 +108,141 @@ static bool mlp_queue_add(struct mlp_sock *s)
     bool ok = s->ch->evq == q || memlan_evq_add(q, s->ch, MEMLAN_EV_READ | MEMLAN_EV_WRITE, s) == 0;
     pthread_mutex_unlock(&mlp_q_mu);
     return ok;
+}
+
+/* ---- per-thread wake-ups for poll and select ---------------------------------------------- */
+
+/*
+ * The doorbell is the process's, and any thread's arm or drain takes what another thread was
+ * woken for: a thread that drained a post for a socket it does not wait on left the thread that
+ * does asleep (8 threads ping-ponging through poll hung).  So each thread that sleeps in poll or
+ * select has an eventfd of its own and registers on each accelerated socket it waits on; whoever
+ * drains the queue rings the eventfds of the threads registered on each socket it names
+ * (mlp_mark_sock), as it puts the socket's epoll memberships on their ready lists.
+ *
+ * No wake-up is lost: the sleeper registers, clears its eventfd (read, then rung = 0), arms the
+ * tripwires and checks readiness, then sleeps.  A post that the check missed comes after it, and
+ * so does the drain that handles it, which finds the registration and rung == 0 and writes.
+ */
+struct mlp_pwait {
+    int efd;                 /* ours (a high number), EFD_NONBLOCK */
+    unsigned gen;            /* the process it was made in (mlp_pw_gen) */
+    _Atomic int rung;
+};
+
+struct mlp_pwreg {
+    struct mlp_pwait *w;
+    unsigned gen;
+    struct mlp_sock *s;
+    struct mlp_pwreg *next;
+};
+
+static pthread_key_t mlp_pw_key;
+static pthread_once_t mlp_pw_once = PTHREAD_ONCE_INIT;
+static __thread struct mlp_pwait *mlp_pw_self;
+
+static void mlp_pw_free(void *p)
+{
+    struct mlp_pwait *w = p;
+    if (!w)
+        return;
+    if (w->efd >= 0 && w->gen == mlp_pw_gen) {
+        mlp_disown_fd(w->efd);
+        __ml_sys_close(w->efd);
+    }
+    free(w);
+}
+
+static void mlp_pw_key_init(void) { (void)pthread_key_create(&mlp_pw_key, mlp_pw_free); }
+
+/* This thread's waiter, made on first use and anew in a fork child; NULL if it cannot be. */
+static struct mlp_pwait *mlp_pw_get(void)
+{
+    struct mlp_pwait *w = mlp_pw_self;
+    if (w && w->gen == mlp_pw_gen)
+        return w;
+    if (w) { /* inherited through fork: its eventfd is shared with the parent's thread */
+        mlp_disown_fd(w->efd);
+        __ml_sys_close(w->efd);
+    } else {
+        pthread_once(&mlp_pw_once, mlp_pw_key_init);
+        if (!(w = calloc(1, sizeof *w)))
+            return NULL;
+    }
+    long fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (fd < 0) {
+        free(w);
+        mlp_pw_self = NULL;
+        (void)pthread_setspecific(mlp_pw_key, NULL);
+        return NULL;
+    }
+    w->efd = (int)fd;
+    mlp_own_fd(&w->efd, true);
+    w->gen = mlp_pw_gen;
+    atomic_store(&w->rung, 0);
+    mlp_pw_self = w;
+    (void)pthread_setspecific(mlp_pw_key, w);
+    return w;
+}
+
+/* Before arming: forget earlier rings (a read first, then rung = 0; see above). */
+static void mlp_pw_clear(struct mlp_pwait *w)
+{
+    uint64_t v;
+    (void)__ml_sys_read(w->efd, &v, sizeof v);
+    atomic_store(&w->rung, 0);
+}
+
+static void mlp_pw_ring(struct mlp_pwait *w)
+{
+    if (atomic_exchange(&w->rung, 1) == 0) {
+        uint64_t one = 1;
+        (void)__ml_sys_write(w->efd, &one, sizeof one);
+    }
+}
+
+static void mlp_pw_register(struct mlp_pwreg *r, struct mlp_pwait *w, struct mlp_sock *s)
+{
+    r->w = w;
+    r->gen = mlp_pw_gen;
+    r->s = s;
+    pthread_mutex_lock(&mlp_pw_mu);
+    r->next = s->pw;
+    __atomic_store_n(&s->pw, r, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&mlp_pw_mu);
+}
+
+static void mlp_pw_unregister(struct mlp_pwreg *r)
+{
+    if (!r->w)
+        return;
+    pthread_mutex_lock(&mlp_pw_mu);
+    for (struct mlp_pwreg **pp = &r->s->pw; *pp; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            break;
+        }
+    pthread_mutex_unlock(&mlp_pw_mu);
+    r->w = NULL;
+}
+
+/* A post named s: wake the threads asleep in poll/select on it.  Registrations inherited through
+ * fork belong to threads that do not exist here: dropped. */
+static void mlp_pw_wake(struct mlp_sock *s)
+{
+    if (!__atomic_load_n(&s->pw, __ATOMIC_ACQUIRE))
+        return;
+    pthread_mutex_lock(&mlp_pw_mu);
+    for (struct mlp_pwreg **pp = &s->pw; *pp;) {
+        struct mlp_pwreg *r = *pp;
+        if (r->gen != mlp_pw_gen) {
+            *pp = r->next;
+            continue;
+        }
+        mlp_pw_ring(r->w);
+        pp = &r->next;
+    }
+    pthread_mutex_unlock(&mlp_pw_mu);
 }
 
 /* ---- one socket's readiness -------------------------------------------------------------- */
@@ -216,15 +355,19 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
 {
     struct mlp_sock *stack_socks[64];
     struct pollfd stack_k[66];
+    struct mlp_pwreg stack_regs[64];
     struct mlp_sock **socks = n <= 64 ? stack_socks : calloc(n, sizeof *socks);
-    struct pollfd *k = n <= 64 ? stack_k : calloc(n + 2, sizeof *k);
-    if (!socks || !k) {
+    struct pollfd *k = n <= 64 ? stack_k : calloc(n + 3, sizeof *k);
+    struct mlp_pwreg *regs = n <= 64 ? stack_regs : calloc(n, sizeof *regs);
+    if (!socks || !k || !regs) {
         if (n > 64) {
             free(socks);
             free(k);
+            free(regs);
         }
         return -ENOMEM;
     }
+    struct mlp_pwait *pw = NULL; /* this thread's waiter, once it first sleeps */
     int naccel = 0;
     for (nfds_t i = 0; i < n; i++) {
         socks[i] = mlp_get(fds[i].fd);
@@ -246,6 +389,8 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
                 continue;
             short r = mlp_sock_revents(socks[i], fds[i].fd, fds[i].events);
             if (r < 0) { /* it fell to TCP */
+                if (pw)
+                    mlp_pw_unregister(&regs[i]);
                 mlp_put(socks[i]);
                 socks[i] = NULL;
                 continue;
@@ -291,6 +436,17 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
              * for one of our own sockets after we armed it (we would sleep past it). */
             if (nested)
                 mlp_nested_refresh();
+            if (naccel && !pw && (pw = mlp_pw_get())) {
+                for (nfds_t i = 0; i < n; i++)
+                    if (socks[i])
+                        mlp_pw_register(&regs[i], pw, socks[i]);
+                    else
+                        regs[i].w = NULL;
+            }
+            if (pw)
+                mlp_pw_clear(pw);
+            else if (naccel)
+                nap = true; /* no wake-up of our own: look again soon */
             for (nfds_t i = 0; i < n; i++) {
                 if (!socks[i])
                     continue;
@@ -329,6 +485,8 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             bell = (int)nk;
             k[nk++] = (struct pollfd){.fd = memlan_evq_fd(mlp_q), .events = POLLIN};
         }
+        if (pw)
+            k[nk++] = (struct pollfd){.fd = pw->efd, .events = POLLIN};
         int64_t left = ready ? 0 : mlp_left(deadline);
         if (timeout_ns < 0 && !ready)
             left = -1;
@@ -372,12 +530,16 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
         }
         /* Woken by the doorbell or a spurious FIN: compute again. */
     }
+    if (pw)
+        for (nfds_t i = 0; i < n; i++)
+            mlp_pw_unregister(&regs[i]);
     for (nfds_t i = 0; i < n; i++)
         if (socks[i])
             mlp_put(socks[i]);
     if (n > 64) {
         free(socks);
         free(k);
+        free(regs);
     }
     return ret;
 }
@@ -635,6 +797,7 @@ static void mlp_rl_del(struct mlp_member *m)
 /* A socket changed: every set it is in may have something to say. */
 static void mlp_mark_sock(struct mlp_sock *s)
 {
+    mlp_pw_wake(s);
     if (!__atomic_load_n(&s->epm, __ATOMIC_RELAXED))
         return;
     /* EPOLLEXCLUSIVE as the kernel's wake-up does it: the memberships with it are visited in

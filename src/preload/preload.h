@@ -81,6 +81,7 @@ struct mlp_sock {
     int slot;                     /* our line in the process's stat segment, -1 if none */
     unsigned fork_gen;            /* last fork this socket was counted in (holders) */
     struct mlp_member *epm;       /* its epoll memberships (poll.c, under its lock) */
+    struct mlp_pwreg *pw;         /* threads asleep in poll/select on it (poll.c, mlp_pw_mu) */
     pthread_mutex_t mu;           /* state changes: withdrawal, close */
     /* Listener: its rendezvous record. */
     int port;

@@ -300,6 +300,38 @@ static void no_starvation(int ep)
     close(p[1]);
 }
 
+/* Two waiters on one socket: a thread blocked in recv and another in poll.  The data wakes both
+ * (two bytes: the reader takes one, the poller still sees the other). */
+static void *rp_poll(void *p)
+{
+    struct pollfd pf = {.fd = conn[3], .events = POLLIN};
+    int r = poll(&pf, 1, 3000);
+    *(int *)p = r == 1 ? pf.revents : -r - 100;
+    return NULL;
+}
+
+static void *rp_recv(void *p)
+{
+    char b;
+    *(int *)p = (int)recv(conn[3], &b, 1, 0);
+    return NULL;
+}
+
+static void recv_and_poll(void)
+{
+    int pr = 0, rr = 0;
+    pthread_t tp, tr;
+    pthread_create(&tp, NULL, rp_poll, &pr);
+    usleep(100000); /* the poller sleeps first; the reader arms after it */
+    pthread_create(&tr, NULL, rp_recv, &rr);
+    usleep(100000);
+    act("l 3 2");
+    pthread_join(tp, NULL);
+    pthread_join(tr, NULL);
+    printf("recv and poll on one socket: recv %d, poll revents %x\n", rr, pr);
+    drain(3, 1);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2)
@@ -373,6 +405,7 @@ int main(int argc, char **argv)
     et_in_out(ep);
     emptied_set(ep);
     added_while_waiting();
+    recv_and_poll();
 
     /* Several connections: only the ones with data; maxevents smaller than the ready count. */
     add(ep, EPOLL_CTL_MOD, 0, EPOLLIN);
