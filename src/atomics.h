@@ -18,6 +18,7 @@
 #define ml_store_release(p, v) atomic_store_explicit((p), (v), memory_order_release)
 #define ml_xchg(p, v)          atomic_exchange_explicit((p), (v), memory_order_acq_rel)
 #define ml_fetch_or(p, v)      atomic_fetch_or_explicit((p), (v), memory_order_acq_rel)
+#define ml_fetch_and(p, v)     atomic_fetch_and_explicit((p), (v), memory_order_acq_rel)
 #define ml_fetch_add(p, v)     atomic_fetch_add_explicit((p), (v), memory_order_acq_rel)
 #define ml_cas(p, expp, v)                                                                     \
     atomic_compare_exchange_strong_explicit((p), (expp), (v), memory_order_acq_rel,            \

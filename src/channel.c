@@ -546,11 +546,15 @@ static bool ml_peer_dead(struct memlan_channel *ch)
 void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
                          const struct ml_evq_ref *ref)
 {
+    /* The word is a set of waiter kinds: a thread blocked in the library (futex) and the event
+     * queue that poll and epoll sleep on can both wait on one direction (a blocked recv and a
+     * poll of the same socket from another thread); each gets its wake-up. */
     uint32_t w = ml_xchg(word, 0u);
-    if (w == ML_WAIT_FUTEX) {
-        __ml_sys_futex_wake(word, 1);
+    if (w & ML_WAIT_FUTEX) {
+        __ml_sys_futex_wake(word, INT32_MAX);
         ch->wakeups++;
-    } else if (w == ML_WAIT_EVQ) {
+    }
+    if (w & ML_WAIT_EVQ) {
         __ml_evq_post_ref(ch->seg->fab, ref, &ch->peer_evq_hint);
         ch->wakeups++;
     }
@@ -597,11 +601,12 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
     }
     int64_t every = ML_LIVENESS_NS;
     for (;;) {
-        /* Arm, fence, re-check: see the header comment. */
-        ml_store_relaxed(word, ML_WAIT_FUTEX);
+        /* Arm, fence, re-check: see the header comment.  Our bit only: an event-queue waiter
+         * (poll or epoll in another thread) may be armed on the same word. */
+        ml_fetch_or(word, ML_WAIT_FUTEX);
         ml_fence(); /* SYNC: pairs with the fence in __ml_chan_wake() */
         if (ready(ch)) {
-            ml_xchg(word, 0u);
+            ml_fetch_and(word, ~ML_WAIT_FUTEX);
             return 0;
         }
         uint64_t now = __ml_now_ns();
@@ -610,22 +615,27 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
             every = every * 2 < (int64_t)ML_LIVENESS_MAX_NS ? every * 2 : ML_LIVENESS_MAX_NS;
         if (deadline) {
             if (now >= deadline) {
-                ml_xchg(word, 0u);
+                ml_fetch_and(word, ~ML_WAIT_FUTEX);
                 return -ETIMEDOUT;
             }
             if (deadline - now < (uint64_t)tmo)
                 tmo = (int64_t)(deadline - now);
         }
         ch->sleeps++;
-        int r = __ml_sys_futex_wait(word, ML_WAIT_FUTEX, tmo);
+        /* Sleep while the word still holds our bit, whatever else it holds (a waker clears the
+         * whole word; a poller that arms meanwhile changes it, and we look again). */
+        uint32_t cur = ml_load_relaxed(word);
+        if (!(cur & ML_WAIT_FUTEX))
+            continue;
+        int r = __ml_sys_futex_wait(word, cur, tmo);
         if (r == -ETIMEDOUT && ml_peer_dead(ch)) {
-            ml_xchg(word, 0u);
+            ml_fetch_and(word, ~ML_WAIT_FUTEX);
             return ready(ch) ? 0 : -ECONNRESET;
         }
         if (r == -EINTR) {
             /* The kernel restarts FUTEX_WAIT itself after a handler installed with SA_RESTART,
              * so -EINTR reaches us exactly when a blocking socket call would fail with EINTR. */
-            ml_xchg(word, 0u);
+            ml_fetch_and(word, ~ML_WAIT_FUTEX);
             return ready(ch) ? 0 : -EINTR;
         }
     }
@@ -705,11 +715,12 @@ bool __ml_chan_arm_evq(struct memlan_channel *ch, uint32_t events)
 {
     if (!ch->evq)
         return false;
+    /* Our bit only: a thread blocked in recv or send may sleep on the same word. */
     if (events & MEMLAN_EV_READ)
-        ml_store_relaxed(&ch->rx.ctl->rx_wait, ML_WAIT_EVQ);
+        ml_fetch_or(&ch->rx.ctl->rx_wait, ML_WAIT_EVQ);
     if (events & MEMLAN_EV_WRITE) {
         ch->tx_want = 1;
-        ml_store_relaxed(&ch->tx.ctl->tx_wait, ML_WAIT_EVQ);
+        ml_fetch_or(&ch->tx.ctl->tx_wait, ML_WAIT_EVQ);
     }
     ml_fence(); /* SYNC: pairs with the fence in __ml_chan_wake() */
     return ((events & MEMLAN_EV_READ) && ml_rx_ready(ch)) ||
@@ -1154,8 +1165,8 @@ bool __ml_chan_peer_left_unread(struct memlan_channel *ch) { return __ml_chan_tx
 /* Wake a thread of ours blocked in recv (after shutdown(SHUT_RD) from another thread). */
 void __ml_chan_kick_rx(struct memlan_channel *ch)
 {
-    if (ml_xchg(&ch->rx.ctl->rx_wait, 0u) == ML_WAIT_FUTEX)
-        __ml_sys_futex_wake(&ch->rx.ctl->rx_wait, 1);
+    if (ml_fetch_and(&ch->rx.ctl->rx_wait, ~ML_WAIT_FUTEX) & ML_WAIT_FUTEX)
+        __ml_sys_futex_wake(&ch->rx.ctl->rx_wait, INT32_MAX);
 }
 
 uint32_t __ml_chan_peer_state(struct memlan_channel *ch) { return ml_peer_state(ch); }

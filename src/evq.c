@@ -60,7 +60,7 @@ static void ml_evq_set(_Atomic uint64_t *leaf, _Atomic uint64_t *sum, uint32_t i
     ml_fetch_or(&sum[index / 4096], 1ull << ((index / 64) % 64));
 }
 
-static void ml_evq_ring(struct ml_evq_hdr *h, int bellfd)
+static void ml_evq_ring(struct ml_evq_hdr *h, int bellfd, bool wronly)
 {
     ml_fence(); /* SYNC: pairs with the fence after arming in memlan_evq_wait/memlan_evq_arm */
     if (ml_load_relaxed(&h->waiter) == 0)
@@ -70,7 +70,13 @@ static void ml_evq_ring(struct ml_evq_hdr *h, int bellfd)
         __ml_sys_futex_wake(&h->waiter, 1);
     if ((w & ML_EVQ_WAIT_FD) && bellfd >= 0) {
         char b = 1;
-        (void)__ml_sys_write(bellfd, &b, 1); /* EAGAIN: the pipe is full, it rings already */
+        /* EAGAIN: the pipe is full, it rings already.  A doorbell opened for reading too has a
+         * reader as long as we hold it, so a write never meets a dead owner's FIFO (EPIPE, and
+         * a SIGPIPE that killed redis-cli when its server was killed). */
+        if (wronly)
+            (void)__ml_sys_write_nosigpipe(bellfd, &b, 1);
+        else
+            (void)__ml_sys_write(bellfd, &b, 1);
     }
     if (w)
         ml_fetch_add(&h->wakeups, 1u);
@@ -81,7 +87,7 @@ void __ml_evq_post_local(struct memlan_evq *q, uint32_t index)
     ml_evq_set(q->leaf, q->sum, index);
     ml_fetch_add(&q->h->posts, 1u);
     /* We are the queue's own process: its read end of the doorbell can ring it too. */
-    ml_evq_ring(q->h, q->bell);
+    ml_evq_ring(q->h, q->bell, false);
 }
 
 /* A per-process cache of imported queues: a sender imports each queue it posts to once. */
@@ -89,6 +95,7 @@ struct ml_evq_import {
     char token[MEMLAN_TOKEN_LEN + 1];
     struct memlan_segment *seg;
     int bell;
+    bool bell_wronly;         /* opened write-only: its reader may go, a write could raise SIGPIPE */
 };
 #define ML_EVQ_CACHE 256
 static struct ml_evq_import ml_evq_cache[ML_EVQ_CACHE];
@@ -195,7 +202,13 @@ static struct ml_evq_import *ml_evq_cache_import(memlan_fabric_t *fab, const cha
     e->seg = seg;
     char name[80];
     __ml_fabric_name(name, sizeof name, "bell", tok);
-    long fd = __ml_sys_open(fab->dirfd, name, O_WRONLY | O_NONBLOCK | O_NOFOLLOW, 0);
+    /* Read-write when we may (the same user): we are then a reader of the FIFO ourselves. */
+    long fd = __ml_sys_open(fab->dirfd, name, O_RDWR | O_NONBLOCK | O_NOFOLLOW, 0);
+    e->bell_wronly = false;
+    if (fd == -EACCES) {
+        fd = __ml_sys_open(fab->dirfd, name, O_WRONLY | O_NONBLOCK | O_NOFOLLOW, 0);
+        e->bell_wronly = true;
+    }
     e->bell = fd >= 0 ? (int)fd : -1;
     if (__ml_fd_keep) {
         __ml_fd_keep(&seg->fd);
@@ -244,7 +257,7 @@ void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared, ui
             ml_fetch_add(&h->posts, 1u);
             /* where the poster runs: a waiter on that same cpu must not spin for it */
             ml_store_relaxed(&h->post_cpu, (uint32_t)(__ml_getcpu() + 1));
-            ml_evq_ring(h, e->bell);
+            ml_evq_ring(h, e->bell, e->bell_wronly);
         }
     }
     pthread_rwlock_unlock(&ml_evq_cache_lock);
@@ -348,10 +361,8 @@ int memlan_evq_del(memlan_evq_t *q, memlan_channel_t *ch)
         return -ENOENT;
     uint32_t i = ch->evq_index;
     /* Disarm first so the peer stops posting, then forget the reference. */
-    uint32_t w = ML_WAIT_EVQ;
-    ml_cas(&ch->rx.ctl->rx_wait, &w, 0u);
-    w = ML_WAIT_EVQ;
-    ml_cas(&ch->tx.ctl->tx_wait, &w, 0u);
+    ml_fetch_and(&ch->rx.ctl->rx_wait, ~ML_WAIT_EVQ);
+    ml_fetch_and(&ch->tx.ctl->tx_wait, ~ML_WAIT_EVQ);
     ch->rx.ctl->rx_ref.valid = 0;
     ch->tx.ctl->tx_ref.valid = 0;
     q->slots[i] = (struct ml_evq_slot){.next_free = q->free_head};

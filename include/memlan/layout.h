@@ -68,9 +68,11 @@ struct ml_seg_hdr {
  * and reads the other's only when the ring looks full (producer) or empty (consumer).
  *
  * rx_wait is the consumer's tripwire (it waits for data), tx_wait the producer's (it waits for
- * space).  0 = not armed, ML_WAIT_FUTEX = a thread sleeps on the word, ML_WAIT_EVQ = post to the
- * event queue named by the matching ml_evq_ref.  Only the side that waits arms a word; only the
- * other side (or the waiter itself, when it stops waiting) clears it, with an exchange.
+ * space).  A set of bits: 0 = not armed, ML_WAIT_FUTEX = a thread sleeps on the word,
+ * ML_WAIT_EVQ = post to the event queue named by the matching ml_evq_ref; both may be set at once
+ * (a thread blocked in recv while another polls the socket).  Only the side that waits arms a
+ * word, by OR-ing its bit in; the other side clears the whole word with an exchange and wakes
+ * every kind it found; a waiter that stops waiting clears its own bit only.
  */
 #define ML_WAIT_FUTEX 1u
 #define ML_WAIT_EVQ   2u

@@ -824,7 +824,7 @@ MLP_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 MLP_EXPORT int epoll_wait(int epfd, struct epoll_event *ev, int max, int tmo)
 {
     MLP_INIT();
-    if (mlp_inside || !mlp_epoll_has_ours(epfd))
+    if (mlp_inside || mlp_cfg.off)
         return mlp_real_epoll_wait(epfd, ev, max, tmo);
     return (int)mlp_ret(mlp_epoll_wait(epfd, ev, max, tmo < 0 ? -1 : (int64_t)tmo * 1000000,
                                        NULL));
@@ -834,7 +834,7 @@ MLP_EXPORT int epoll_pwait(int epfd, struct epoll_event *ev, int max, int tmo,
                            const sigset_t *mask)
 {
     MLP_INIT();
-    if (mlp_inside || !mlp_epoll_has_ours(epfd))
+    if (mlp_inside || mlp_cfg.off)
         return mlp_real_epoll_pwait(epfd, ev, max, tmo, mask);
     return (int)mlp_ret(mlp_epoll_wait(epfd, ev, max, tmo < 0 ? -1 : (int64_t)tmo * 1000000,
                                        mask));
@@ -844,7 +844,7 @@ MLP_EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max,
                             const struct timespec *tmo, const sigset_t *mask)
 {
     MLP_INIT();
-    if (mlp_inside || !mlp_epoll_has_ours(epfd)) {
+    if (mlp_inside || mlp_cfg.off) {
         if (!mlp_real_epoll_pwait2) {
             errno = ENOSYS;
             return -1;

@@ -32,6 +32,8 @@
 static memlan_evq_t *mlp_q;
 static pthread_mutex_t mlp_q_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct ml_spin mlp_poll_spin;
+static pthread_mutex_t mlp_pw_mu = PTHREAD_MUTEX_INITIALIZER; /* every socket's pw list */
+static unsigned mlp_pw_gen = 1;                                /* bumped in a fork child */
 static void mlp_epoll_after_fork(void);
 struct mlp_ep;
 static void mlp_ep_nested_leave(struct mlp_ep *e);
@@ -43,6 +45,8 @@ void mlp_poll_after_fork(void)
      * fd is shared, so not closed) and make our own on first use. */
     mlp_q = NULL;
     pthread_mutex_init(&mlp_q_mu, NULL);
+    pthread_mutex_init(&mlp_pw_mu, NULL);
+    mlp_pw_gen++;
     mlp_epoll_after_fork();
 }
 
@@ -105,6 +109,141 @@ static bool mlp_queue_add(struct mlp_sock *s)
     bool ok = s->ch->evq == q || memlan_evq_add(q, s->ch, MEMLAN_EV_READ | MEMLAN_EV_WRITE, s) == 0;
     pthread_mutex_unlock(&mlp_q_mu);
     return ok;
+}
+
+/* ---- per-thread wake-ups for poll and select ---------------------------------------------- */
+
+/*
+ * The doorbell is the process's, and any thread's arm or drain takes what another thread was
+ * woken for: a thread that drained a post for a socket it does not wait on left the thread that
+ * does asleep (8 threads ping-ponging through poll hung).  So each thread that sleeps in poll or
+ * select has an eventfd of its own and registers on each accelerated socket it waits on; whoever
+ * drains the queue rings the eventfds of the threads registered on each socket it names
+ * (mlp_mark_sock), as it puts the socket's epoll memberships on their ready lists.
+ *
+ * No wake-up is lost: the sleeper registers, clears its eventfd (read, then rung = 0), arms the
+ * tripwires and checks readiness, then sleeps.  A post that the check missed comes after it, and
+ * so does the drain that handles it, which finds the registration and rung == 0 and writes.
+ */
+struct mlp_pwait {
+    int efd;                 /* ours (a high number), EFD_NONBLOCK */
+    unsigned gen;            /* the process it was made in (mlp_pw_gen) */
+    _Atomic int rung;
+};
+
+struct mlp_pwreg {
+    struct mlp_pwait *w;
+    unsigned gen;
+    struct mlp_sock *s;
+    struct mlp_pwreg *next;
+};
+
+static pthread_key_t mlp_pw_key;
+static pthread_once_t mlp_pw_once = PTHREAD_ONCE_INIT;
+static __thread struct mlp_pwait *mlp_pw_self;
+
+static void mlp_pw_free(void *p)
+{
+    struct mlp_pwait *w = p;
+    if (!w)
+        return;
+    if (w->efd >= 0 && w->gen == mlp_pw_gen) {
+        mlp_disown_fd(w->efd);
+        __ml_sys_close(w->efd);
+    }
+    free(w);
+}
+
+static void mlp_pw_key_init(void) { (void)pthread_key_create(&mlp_pw_key, mlp_pw_free); }
+
+/* This thread's waiter, made on first use and anew in a fork child; NULL if it cannot be. */
+static struct mlp_pwait *mlp_pw_get(void)
+{
+    struct mlp_pwait *w = mlp_pw_self;
+    if (w && w->gen == mlp_pw_gen)
+        return w;
+    if (w) { /* inherited through fork: its eventfd is shared with the parent's thread */
+        mlp_disown_fd(w->efd);
+        __ml_sys_close(w->efd);
+    } else {
+        pthread_once(&mlp_pw_once, mlp_pw_key_init);
+        if (!(w = calloc(1, sizeof *w)))
+            return NULL;
+    }
+    long fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (fd < 0) {
+        free(w);
+        mlp_pw_self = NULL;
+        (void)pthread_setspecific(mlp_pw_key, NULL);
+        return NULL;
+    }
+    w->efd = (int)fd;
+    mlp_own_fd(&w->efd, true);
+    w->gen = mlp_pw_gen;
+    atomic_store(&w->rung, 0);
+    mlp_pw_self = w;
+    (void)pthread_setspecific(mlp_pw_key, w);
+    return w;
+}
+
+/* Before arming: forget earlier rings (a read first, then rung = 0; see above). */
+static void mlp_pw_clear(struct mlp_pwait *w)
+{
+    uint64_t v;
+    (void)__ml_sys_read(w->efd, &v, sizeof v);
+    atomic_store(&w->rung, 0);
+}
+
+static void mlp_pw_ring(struct mlp_pwait *w)
+{
+    if (atomic_exchange(&w->rung, 1) == 0) {
+        uint64_t one = 1;
+        (void)__ml_sys_write(w->efd, &one, sizeof one);
+    }
+}
+
+static void mlp_pw_register(struct mlp_pwreg *r, struct mlp_pwait *w, struct mlp_sock *s)
+{
+    r->w = w;
+    r->gen = mlp_pw_gen;
+    r->s = s;
+    pthread_mutex_lock(&mlp_pw_mu);
+    r->next = s->pw;
+    __atomic_store_n(&s->pw, r, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&mlp_pw_mu);
+}
+
+static void mlp_pw_unregister(struct mlp_pwreg *r)
+{
+    if (!r->w)
+        return;
+    pthread_mutex_lock(&mlp_pw_mu);
+    for (struct mlp_pwreg **pp = &r->s->pw; *pp; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            break;
+        }
+    pthread_mutex_unlock(&mlp_pw_mu);
+    r->w = NULL;
+}
+
+/* A post named s: wake the threads asleep in poll/select on it.  Registrations inherited through
+ * fork belong to threads that do not exist here: dropped. */
+static void mlp_pw_wake(struct mlp_sock *s)
+{
+    if (!__atomic_load_n(&s->pw, __ATOMIC_ACQUIRE))
+        return;
+    pthread_mutex_lock(&mlp_pw_mu);
+    for (struct mlp_pwreg **pp = &s->pw; *pp;) {
+        struct mlp_pwreg *r = *pp;
+        if (r->gen != mlp_pw_gen) {
+            *pp = r->next;
+            continue;
+        }
+        mlp_pw_ring(r->w);
+        pp = &r->next;
+    }
+    pthread_mutex_unlock(&mlp_pw_mu);
 }
 
 /* ---- one socket's readiness -------------------------------------------------------------- */
@@ -217,15 +356,19 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
 {
     struct mlp_sock *stack_socks[64];
     struct pollfd stack_k[66];
+    struct mlp_pwreg stack_regs[64];
     struct mlp_sock **socks = n <= 64 ? stack_socks : calloc(n, sizeof *socks);
-    struct pollfd *k = n <= 64 ? stack_k : calloc(n + 2, sizeof *k);
-    if (!socks || !k) {
+    struct pollfd *k = n <= 64 ? stack_k : calloc(n + 3, sizeof *k);
+    struct mlp_pwreg *regs = n <= 64 ? stack_regs : calloc(n, sizeof *regs);
+    if (!socks || !k || !regs) {
         if (n > 64) {
             free(socks);
             free(k);
+            free(regs);
         }
         return -ENOMEM;
     }
+    struct mlp_pwait *pw = NULL; /* this thread's waiter, once it first sleeps */
     int naccel = 0;
     for (nfds_t i = 0; i < n; i++) {
         socks[i] = mlp_get(fds[i].fd);
@@ -247,6 +390,8 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
                 continue;
             short r = mlp_sock_revents(socks[i], fds[i].fd, fds[i].events);
             if (r < 0) { /* it fell to TCP */
+                if (pw)
+                    mlp_pw_unregister(&regs[i]);
                 mlp_put(socks[i]);
                 socks[i] = NULL;
                 continue;
@@ -292,6 +437,17 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
              * for one of our own sockets after we armed it (we would sleep past it). */
             if (nested)
                 mlp_nested_refresh();
+            if (naccel && !pw && (pw = mlp_pw_get())) {
+                for (nfds_t i = 0; i < n; i++)
+                    if (socks[i])
+                        mlp_pw_register(&regs[i], pw, socks[i]);
+                    else
+                        regs[i].w = NULL;
+            }
+            if (pw)
+                mlp_pw_clear(pw);
+            else if (naccel)
+                nap = true; /* no wake-up of our own: look again soon */
             for (nfds_t i = 0; i < n; i++) {
                 if (!socks[i])
                     continue;
@@ -330,6 +486,8 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             bell = (int)nk;
             k[nk++] = (struct pollfd){.fd = memlan_evq_fd(mlp_q), .events = POLLIN};
         }
+        if (pw)
+            k[nk++] = (struct pollfd){.fd = pw->efd, .events = POLLIN};
         int64_t left = ready ? 0 : mlp_left(deadline);
         if (timeout_ns < 0 && !ready)
             left = -1;
@@ -373,12 +531,16 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
         }
         /* Woken by the doorbell or a spurious FIN: compute again. */
     }
+    if (pw)
+        for (nfds_t i = 0; i < n; i++)
+            mlp_pw_unregister(&regs[i]);
     for (nfds_t i = 0; i < n; i++)
         if (socks[i])
             mlp_put(socks[i]);
     if (n > 64) {
         free(socks);
         free(k);
+        free(regs);
     }
     return ret;
 }
@@ -465,6 +627,7 @@ out:
 #define MLP_TAG_MASK 0xffff000000000000ull
 #define MLP_TAG_BELL (MLP_TAG | 0xffffffffull)
 #define MLP_TAG_WAKE (MLP_TAG | 0xfffffffeull)
+#define MLP_KPOLL_NS 50000ull /* the kernel set is asked at least this often (OpenOnload's way) */
 #define MLP_EXCL_OK  (EPOLLIN | EPOLLOUT | EPOLLRDNORM | EPOLLWRNORM | EPOLLERR | EPOLLHUP | \
                       EPOLLWAKEUP | EPOLLET | EPOLLEXCLUSIVE)
 
@@ -495,6 +658,9 @@ struct mlp_ep {
     int efd;                            /* eventfd, -1 until needed */
     bool efd_rung;
     bool in_kernel;                     /* doorbell and eventfd added to the kernel set */
+    bool tagged;                        /* the kernel set ever held an fd of ours, or a tagged
+                                         * member: its answers are filtered from then on */
+    _Atomic uint64_t kpoll_ns;          /* when the kernel set was last asked */
     bool nested;                        /* this set is itself a member of another set */
     uint32_t peer_cpu;                  /* where the peer of the last ready socket waited + 1 */
     struct mlp_ep *next_free;
@@ -508,6 +674,7 @@ static struct mlp_ep *mlp_eps_free;   /* closed sets, reused: never freed, since
 static pthread_mutex_t mlp_eps_mu = PTHREAD_MUTEX_INITIALIZER; /* the table of sets */
 static pthread_mutex_t mlp_epmu = PTHREAD_MUTEX_INITIALIZER;   /* members and ready lists */
 int mlp_nnested;                      /* sets that are members of other sets */
+static pthread_mutex_t mlp_kset_mu = PTHREAD_MUTEX_INITIALIZER; /* our fds in kernel sets */
 
 /* The epoll fds the program made (below 65536; a higher one, or a duplicate, is looked up). */
 static _Atomic uint8_t mlp_epfd[1 << 16];
@@ -563,14 +730,6 @@ static struct mlp_ep *mlp_ep_get(int epfd, bool create)
     }
     pthread_mutex_unlock(&mlp_eps_mu);
     return e;
-}
-
-bool mlp_epoll_has_ours(int epfd)
-{
-    if (__atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED))
-        return true; /* any set may hold a nested set whose readiness is ours to check */
-    struct mlp_ep *e = mlp_ep_get(epfd, false);
-    return e && __atomic_load_n(&e->n, __ATOMIC_RELAXED) > 0;
 }
 
 /* ---- the ready list (mlp_epmu held) ---- */
@@ -639,6 +798,7 @@ static void mlp_rl_del(struct mlp_member *m)
 /* A socket changed: every set it is in may have something to say. */
 static void mlp_mark_sock(struct mlp_sock *s)
 {
+    mlp_pw_wake(s);
     if (!__atomic_load_n(&s->epm, __ATOMIC_RELAXED))
         return;
     /* EPOLLEXCLUSIVE as the kernel's wake-up does it: the memberships with it are visited in
@@ -757,6 +917,7 @@ static void mlp_epoll_after_fork(void)
 {
     pthread_mutex_init(&mlp_epmu, NULL);
     pthread_mutex_init(&mlp_eps_mu, NULL);
+    pthread_mutex_init(&mlp_kset_mu, NULL);
     if (!mlp_eps)
         return;
     for (int fd = 0; fd < mlp_neps && fd <= mlp_eps_max; fd++) {
@@ -782,12 +943,20 @@ static uint32_t mlp_ev_from_poll(int rev)
     return ev;
 }
 
-/* The doorbell and the set's eventfd go into the kernel set once. */
+/* The doorbell and the set's eventfd go into the kernel set while the set has a member of ours,
+ * and leave it when the last goes (mlp_ep_unsetup): a set of kernel fds only must never be woken
+ * by our posts, nor hand the application an event of ours.  mlp_kset_mu orders the two, so that
+ * an unsetup that saw no member cannot undo the setup of a member added meanwhile. */
 static void mlp_ep_setup(int epfd, struct mlp_ep *e)
 {
     if (e->in_kernel)
         return;
     memlan_evq_t *q = mlp_queue();
+    pthread_mutex_lock(&mlp_kset_mu);
+    if (e->in_kernel) {
+        pthread_mutex_unlock(&mlp_kset_mu);
+        return;
+    }
     pthread_mutex_lock(&mlp_epmu);
     if (e->efd < 0) {
         long fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
@@ -797,6 +966,7 @@ static void mlp_ep_setup(int epfd, struct mlp_ep *e)
         }
     }
     int efd = e->efd;
+    e->tagged = true;
     pthread_mutex_unlock(&mlp_epmu);
     bool ok = q != NULL && efd >= 0;
     if (q && !e->nested) {
@@ -810,6 +980,37 @@ static void mlp_ep_setup(int epfd, struct mlp_ep *e)
             ok = false;
     }
     e->in_kernel = ok;
+    /* A thread already asleep on this set entered it when the set had no member of ours, and
+     * sleeps in the kernel on the application's fds alone: wake it to wait the whole way. */
+    pthread_mutex_lock(&mlp_epmu);
+    if (e->sleepers)
+        mlp_ep_ring(e);
+    pthread_mutex_unlock(&mlp_epmu);
+    pthread_mutex_unlock(&mlp_kset_mu);
+}
+
+/* The set has no member of ours left: our fds leave its kernel set. */
+static void mlp_ep_unsetup(int epfd, struct mlp_ep *e)
+{
+    if (!e->in_kernel || e->nested)
+        return;
+    pthread_mutex_lock(&mlp_kset_mu);
+    if (e->in_kernel && !e->nested && __atomic_load_n(&e->n, __ATOMIC_RELAXED) == 0) {
+        if (mlp_q)
+            (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, memlan_evq_fd(mlp_q), NULL);
+        pthread_mutex_lock(&mlp_epmu);
+        if (e->efd >= 0) {
+            (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, e->efd, NULL);
+            if (e->efd_rung && !e->sleepers) {
+                uint64_t v;
+                (void)__ml_sys_read(e->efd, &v, sizeof v);
+                e->efd_rung = false;
+            }
+        }
+        pthread_mutex_unlock(&mlp_epmu);
+        e->in_kernel = false;
+    }
+    pthread_mutex_unlock(&mlp_kset_mu);
 }
 
 static bool mlp_is_epoll_fd(int fd)
@@ -901,6 +1102,7 @@ int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handle
     /* The kernel checks epfd, fd, op, EEXIST/ENOENT and EPOLLEXCLUSIVE with MOD for us, on the
      * kernel fd.  Edge-triggered: the FIN is reported once, not on every wait after it. */
     struct epoll_event kev = {.events = EPOLLRDHUP | EPOLLET, .data.u64 = MLP_TAG | (uint32_t)fd};
+    e->tagged = true; /* before the kernel holds the tag: a wait that sees it must filter it */
     if (want & EPOLLEXCLUSIVE)
         kev.events = EPOLLIN | EPOLLET | EPOLLEXCLUSIVE; /* RDHUP is not allowed with it */
     int r = mlp_real_epoll_ctl(epfd, op, fd, op == EPOLL_CTL_DEL ? NULL : &kev);
@@ -979,6 +1181,30 @@ static struct mlp_sock *mlp_member_to_kernel(int epfd, struct mlp_member *m)
     return mlp_member_free(m);
 }
 
+/* Arm an edge-triggered member after a look that reported `reported` (or found nothing).  The
+ * kernel's next edge is new data, or write space after the socket was full: so the read tripwire
+ * is armed even while data waits, and the write tripwire only while the ring is full (armed with
+ * space free, every read by the peer would post a write "edge" the kernel never makes).  True if
+ * something not yet reported turned up meanwhile: its writer may have missed the tripwire. */
+static bool mlp_arm_et(struct mlp_member *m, uint32_t reported)
+{
+    struct mlp_sock *s = m->s;
+    if (!mlp_queue_add(s))
+        return false;
+    uint32_t ev = 0;
+    if (m->events & (EPOLLIN | EPOLLRDNORM | EPOLLRDHUP))
+        ev |= MEMLAN_EV_READ;
+    if ((m->events & (EPOLLOUT | EPOLLWRNORM)) && ml_ring_free(&s->ch->tx, 1) == 0)
+        ev |= MEMLAN_EV_WRITE;
+    if (!ev)
+        return false;
+    (void)__ml_chan_arm_evq(s->ch, ev); /* its fence orders the arm before the look below */
+    int rev = mlp_revents(s, m->fd);
+    if (rev < 0)
+        return true;
+    return (mlp_ev_from_poll(rev) & (m->events | EPOLLERR | EPOLLHUP) & ~reported) != 0;
+}
+
 /* Take up to max ready events off e's ready list (mlp_epmu held).  Sockets to drop go to puts.
  * *undecided: some member waits for its connection to settle (it must be looked at again soon). */
 static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, int max,
@@ -992,6 +1218,8 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
         if (m->disabled)
             continue;
         int looks = 0;
+        bool et = (m->events & EPOLLET) != 0;
+        uint32_t reported = 0; /* edge-triggered: bits already reported for the current edge */
     look:;
         int rev = s->type == MLP_CONN && s->state != MLP_TCP ? mlp_revents(s, m->fd) : -1;
         if (rev < 0) {
@@ -1002,12 +1230,18 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
         bool und = s->state == MLP_UNDECIDED;
         if (und) {
             *undecided = true;
-            if (m->events & EPOLLET) {
+            if (et) {
                 uint32_t fresh = ev & ~m->undecided_seen;
                 m->undecided_seen |= ev;
                 ev = fresh;
             }
+        } else if (m->undecided_seen) {
+            /* Settled: what was reported while undecided is no new edge now. */
+            reported |= m->undecided_seen;
+            m->undecided_seen = 0;
         }
+        if (et && !und)
+            ev &= ~reported;
         if (ev) {
             out[got].events = ev;
             out[got].data = m->data;
@@ -1020,13 +1254,13 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
             }
             if (m->events & EPOLLONESHOT)
                 m->disabled = true;
-            else if (und || !(m->events & EPOLLET))
+            else if (und || !et)
                 mlp_rl_push(m); /* level-triggered: looked at again on the next wait */
-            else
-                (void)mlp_arm(s, (short)(m->events & 0xffff)); /* the next change posts again */
+            else if (mlp_arm_et(m, reported | ev))
+                mlp_rl_push(m); /* a new edge already: the next wait reports it */
         } else if (und) {
             mlp_rl_push(m);
-        } else if (mlp_arm(s, (short)(m->events & 0xffff))) {
+        } else if (et ? mlp_arm_et(m, reported) : mlp_arm(s, (short)(m->events & 0xffff))) {
             /* It changed as we armed.  Look at it again now: its writer may have written before
              * it could see the tripwire, and then no post comes; a caller that got nothing here
              * would sleep past the data (a ping-pong server hung so).  Only this member: the
@@ -1110,24 +1344,124 @@ static void mlp_nested_refresh(void)
         mlp_queue_drain();
 }
 
+/* The kernel set's answer, waiting up to left ns (-1: for ever). */
+static int mlp_ep_kwait(int epfd, struct epoll_event *out, int max, int64_t left,
+                        const sigset_t *mask)
+{
+    struct timespec ts = mlp_ts(left < 0 ? 0 : left);
+    int r = mlp_real_epoll_pwait2
+                ? mlp_real_epoll_pwait2(epfd, out, max, left < 0 ? NULL : &ts, mask)
+                : mlp_real_epoll_pwait(epfd, out, max,
+                                       left < 0 ? -1 : (int)((left + 999999) / 1000000), mask);
+    return r < 0 ? -errno : r;
+}
+
+/* Keep the application's events of a kernel answer and act on ours: a member's FIN (look at its
+ * peer, put it on its sets' lists), the doorbell or the set's eventfd (*ours: look again).  No
+ * event of ours ever reaches the application. */
+static int mlp_ep_filter(struct epoll_event *out, int r, bool *ours)
+{
+    int w = 0;
+    for (int i = 0; i < r; i++) {
+        uint64_t d = out[i].data.u64;
+        if ((d & MLP_TAG_MASK) == MLP_TAG) {
+            if (d != MLP_TAG_BELL && d != MLP_TAG_WAKE) {
+                struct mlp_sock *s = mlp_get((int)(uint32_t)d);
+                if (s) {
+                    mlp_check_peer(s);
+                    mlp_mark_sock(s);
+                    mlp_put(s);
+                }
+            }
+            *ours = true;
+            continue;
+        }
+        out[w++] = out[i];
+    }
+    return w;
+}
+
+#define MLP_EP_SWITCH 1000000000 /* mlp_ep_kernel_only: a member of ours came, wait the whole way */
+
+/* A set with no member of ours: the kernel's answer, with our fds out of the set and any tagged
+ * leftover filtered.  The thread counts as a sleeper, so that a member added meanwhile by another
+ * thread rings the set's eventfd (mlp_ep_setup) and this wait goes on the whole way. */
+static int mlp_ep_kernel_only(int epfd, struct mlp_ep *e, struct epoll_event *out, int max,
+                              int64_t timeout_ns, uint64_t deadline, const sigset_t *mask)
+{
+    mlp_ep_unsetup(epfd, e);
+    for (;;) {
+        pthread_mutex_lock(&mlp_epmu);
+        bool members = e->n > 0;
+        if (!members)
+            e->sleepers++;
+        pthread_mutex_unlock(&mlp_epmu);
+        if (members)
+            return MLP_EP_SWITCH;
+        int64_t left = timeout_ns < 0 ? -1 : mlp_left(deadline);
+        int r = mlp_ep_kwait(epfd, out, max, left, mask);
+        pthread_mutex_lock(&mlp_epmu);
+        if (--e->sleepers == 0 && e->efd_rung && !e->nested) {
+            uint64_t v;
+            (void)__ml_sys_read(e->efd, &v, sizeof v);
+            e->efd_rung = false;
+        }
+        pthread_mutex_unlock(&mlp_epmu);
+        if (r <= 0)
+            return r;
+        bool ours = false;
+        int w = e->tagged ? mlp_ep_filter(out, r, &ours) : r;
+        if (w || (timeout_ns >= 0 && mlp_left(deadline) == 0))
+            return w;
+    }
+}
+
 int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_ns,
                    const sigset_t *mask)
 {
-    struct mlp_ep *e = mlp_ep_get(epfd, false);
     if (max <= 0)
         return -EINVAL;
-    if (!e && __atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED))
-        e = mlp_ep_get(epfd, true); /* a set with no member of ours may hold a nested one */
-    if (!e)
-        return -EBADF;
     uint64_t deadline = timeout_ns < 0 ? 0 : mlp_now_ns() + (uint64_t)timeout_ns;
+    /* Every set has a record, members or not: a thread asleep on a set must hear of a member
+     * that another thread adds (gRPC's and tokio's pattern), and a set that had members must
+     * never hand the application an event of ours. */
+    struct mlp_ep *e = mlp_ep_get(epfd, true);
+    if (!e) { /* beyond the table (or no memory): the kernel's answer, filtered */
+        int r = mlp_ep_kwait(epfd, out, max, timeout_ns < 0 ? -1 : timeout_ns, mask);
+        bool ours = false;
+        return r > 0 ? mlp_ep_filter(out, r, &ours) : r;
+    }
+    if (!__atomic_load_n(&e->n, __ATOMIC_RELAXED) && !e->nested &&
+        !__atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED)) {
+        int r = mlp_ep_kernel_only(epfd, e, out, max, timeout_ns, deadline, mask);
+        if (r != MLP_EP_SWITCH)
+            return r;
+    }
     bool spun = false;
     int ret;
     __atomic_add_fetch(&e->waiters, 1, __ATOMIC_RELAXED);
     for (;;) {
         bool undecided = false;
         uint64_t gen = 0;
-        int got = mlp_ep_collect(epfd, e, out, max, &undecided, &gen);
+        int got = 0;
+        /* The kernel's fds get their turn at a bounded interval, and at least half the answer
+         * then, even while members of ours fill every answer (libevent's 32 events and more
+         * busy connections: its listener was never reported); but not on every call, which cost
+         * a system call per answer. */
+        uint64_t now = mlp_now_ns();
+        if (now - __atomic_load_n(&e->kpoll_ns, __ATOMIC_RELAXED) >= MLP_KPOLL_NS) {
+            __atomic_store_n(&e->kpoll_ns, now, __ATOMIC_RELAXED);
+            mlp_nested_refresh(); /* a set inside this one must look ready only if it is */
+            int r = mlp_ep_kwait(epfd, out, max > 1 ? (max + 1) / 2 : 1, 0, NULL);
+            if (r < 0) {
+                ret = r;
+                break;
+            }
+            bool ours = false;
+            got = mlp_ep_filter(out, r, &ours);
+        }
+        if (got < max)
+            got += mlp_ep_collect(epfd, e, out + got, max - got, &undecided, &gen);
         if (!got && !spun && timeout_ns != 0) {
             spun = true;
             uint64_t budget = __ml_spin_budget_ns(&mlp_poll_spin, e->peer_cpu);
@@ -1143,8 +1477,12 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
                 __ml_spin_result(&mlp_poll_spin, got > 0);
             }
         }
+        if (got) {
+            ret = got;
+            break;
+        }
         bool slept = false;
-        if (!got && timeout_ns != 0) {
+        if (timeout_ns != 0) {
             mlp_ep_setup(epfd, e);
             mlp_nested_refresh();
             pthread_mutex_lock(&mlp_epmu);
@@ -1164,15 +1502,14 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
                 continue;
             }
         }
-        int64_t left = got ? 0 : mlp_left(deadline);
-        if (timeout_ns < 0 && !got)
+        int64_t left = mlp_left(deadline);
+        if (timeout_ns < 0)
             left = -1;
-        if (undecided && !got && (left < 0 || left > 1000000))
+        if (undecided && (left < 0 || left > 1000000))
             left = 1000000;
-        int room = max - got;
         int r = 0;
         bool bell = false;
-        if (room > 0 && left != 0 && e->nested && mlp_q) {
+        if (left != 0 && e->nested && mlp_q) {
             /* The doorbell is not in a nested set's kernel set: sleep on both, then look. */
             struct timespec ts = mlp_ts(left < 0 ? 0 : left);
             struct pollfd pf[2] = {{.fd = epfd, .events = POLLIN},
@@ -1184,16 +1521,9 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
                 bell = pf[1].revents != 0;
             left = 0;
         }
-        if (room > 0 && r >= 0) {
-            struct timespec ts = mlp_ts(left < 0 ? 0 : left);
-            r = mlp_real_epoll_pwait2 ? mlp_real_epoll_pwait2(epfd, out + got, room,
-                                                               left < 0 ? NULL : &ts, mask)
-                                      : mlp_real_epoll_pwait(epfd, out + got, room,
-                                                             left < 0 ? -1
-                                                                      : (int)((left + 999999) / 1000000),
-                                                             mask);
-            if (r < 0)
-                r = -errno;
+        if (r >= 0) {
+            __atomic_store_n(&e->kpoll_ns, mlp_now_ns(), __ATOMIC_RELAXED);
+            r = mlp_ep_kwait(epfd, out, max, left, mask);
         }
         if (slept) {
             pthread_mutex_lock(&mlp_epmu);
@@ -1205,31 +1535,12 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             pthread_mutex_unlock(&mlp_epmu);
         }
         if (r < 0) {
-            ret = got ? got : r;
+            ret = r;
             break;
         }
-        /* Keep the application's events; act on ours. */
-        int w = got;
         bool again = bell;
-        for (int i = got; i < got + r; i++) {
-            uint64_t d = out[i].data.u64;
-            if ((d & MLP_TAG_MASK) == MLP_TAG) {
-                if (d != MLP_TAG_BELL && d != MLP_TAG_WAKE) {
-                    struct mlp_sock *s = mlp_get((int)(uint32_t)d);
-                    if (s) {
-                        mlp_check_peer(s);
-                        mlp_mark_sock(s);
-                        mlp_put(s);
-                    }
-                }
-                again = true;
-                continue;
-            }
-            out[w++] = out[i];
-        }
-        /* Our sockets were collected before the kernel call: collect again only if that found
-         * nothing, or a socket would be reported twice in one answer. */
-        if (again && got == 0 && w < max)
+        int w = mlp_ep_filter(out, r, &again);
+        if (again && w < max)
             w += mlp_ep_collect(epfd, e, out + w, max - w, &undecided, NULL);
         if (w || mlp_left(deadline) == 0) {
             ret = w;

@@ -85,6 +85,7 @@ struct mlp_sock {
     _Atomic bool tmo_synced;      /* SO_RCVTIMEO/SO_SNDTIMEO copied from the kernel socket */
     _Atomic bool split_told;      /* bytes found on the idle kernel socket were reported */
     struct mlp_member *epm;       /* its epoll memberships (poll.c, under its lock) */
+    struct mlp_pwreg *pw;         /* threads asleep in poll/select on it (poll.c, mlp_pw_mu) */
     pthread_mutex_t mu;           /* state changes: withdrawal, close */
     /* Listener: its rendezvous record. */
     int port;
@@ -170,7 +171,6 @@ int mlp_epoll_wait(int epfd, struct epoll_event *ev, int max, int64_t timeout_ns
                    const sigset_t *mask);
 void mlp_epoll_forget_fd(int fd);
 void mlp_epoll_sock_gone(struct mlp_sock *s);
-bool mlp_epoll_has_ours(int epfd);
 void mlp_epoll_created(int epfd); /* epoll_create: an fd that may go inside another set */
 extern int mlp_nnested; /* epoll sets inside other sets: every wait must look at them */
 

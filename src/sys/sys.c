@@ -12,6 +12,8 @@
 #include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
+#include <signal.h>
+#include <stdbool.h>
 #include <stdatomic.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -83,6 +85,28 @@ ssize_t __ml_sys_read(int fd, void *buf, size_t len) { return SYS_CALL(SYS_read,
 ssize_t __ml_sys_write(int fd, const void *buf, size_t len)
 {
     return SYS_CALL(SYS_write, fd, buf, len);
+}
+
+/* A write into a pipe or FIFO whose reader may be gone, that never raises SIGPIPE in the host:
+ * SIGPIPE is blocked for this thread around the write, and one that the write itself made
+ * pending (it was not pending before) is taken back before the mask is restored.  Costs three
+ * system calls more than a write: for writes whose reader may be of another user only. */
+ssize_t __ml_sys_write_nosigpipe(int fd, const void *buf, size_t len)
+{
+    sigset_t pipe, old, pending;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    sigemptyset(&pending);
+    if (SYS_CALL(SYS_rt_sigprocmask, SIG_BLOCK, &pipe, &old, _NSIG / 8) < 0)
+        return -EPERM; /* cannot make it safe: do not write */
+    bool had = SYS_CALL(SYS_rt_sigpending, &pending, _NSIG / 8) == 0 && sigismember(&pending, SIGPIPE);
+    ssize_t r = SYS_CALL(SYS_write, fd, buf, len);
+    if (r == -EPIPE && !had) {
+        struct timespec zero = {0, 0};
+        (void)SYS_CALL(SYS_rt_sigtimedwait, &pipe, NULL, &zero, _NSIG / 8);
+    }
+    (void)SYS_CALL(SYS_rt_sigprocmask, SIG_SETMASK, &old, NULL, _NSIG / 8);
+    return r;
 }
 
 ssize_t __ml_sys_pread(int fd, void *buf, size_t len, off_t off)

@@ -24,6 +24,7 @@ int __ml_sys_linkat(int olddir, const char *oldpath, int newdir, const char *new
 ssize_t __ml_sys_pwrite(int fd, const void *buf, size_t len, off_t off);
 ssize_t __ml_sys_read(int fd, void *buf, size_t len);
 ssize_t __ml_sys_write(int fd, const void *buf, size_t len);
+ssize_t __ml_sys_write_nosigpipe(int fd, const void *buf, size_t len); /* never raises SIGPIPE */
 ssize_t __ml_sys_pread(int fd, void *buf, size_t len, off_t off);
 int __ml_sys_ftruncate(int fd, off_t len);
 int __ml_sys_fchmod(int fd, mode_t mode);

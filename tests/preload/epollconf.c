@@ -59,6 +59,15 @@ static void client(int port)
         int i = 0, n = 0;
         if (line[0] == 'q')
             break;
+        if (line[0] == 'l' && sscanf(line + 1, "%d %d", &i, &n) == 2) {
+            /* late: answer at once, send 50 ms later (the server is asleep by then) */
+            if (write(to_parent[1], ".", 1) != 1)
+                die("ack");
+            usleep(50000);
+            if (send(c[i], buf, (size_t)n, 0) != n)
+                die("send late");
+            continue;
+        }
         if (line[0] == 's' && sscanf(line + 1, "%d %d", &i, &n) == 2) {
             for (int off = 0; off < n;) {
                 ssize_t w = send(c[i], buf, (size_t)(n - off), 0);
@@ -184,6 +193,146 @@ static void exclusive_case(void)
         close(a[k].ep);
 }
 
+
+/* A thread asleep on a set that has no member yet: a socket added meanwhile, then data. */
+struct addwait_arg {
+    int ep, n;
+    uint64_t data;
+};
+
+static void *addwait_wait(void *p)
+{
+    struct addwait_arg *a = p;
+    struct epoll_event ev[4];
+    a->n = epoll_wait(a->ep, ev, 4, 3000);
+    a->data = a->n > 0 ? ev[0].data.u64 : 0;
+    return NULL;
+}
+
+static void added_while_waiting(void)
+{
+    struct addwait_arg a = {.ep = epoll_create1(0)};
+    pthread_t t;
+    pthread_create(&t, NULL, addwait_wait, &a);
+    usleep(100000); /* asleep in the set, which holds nothing yet */
+    struct epoll_event e = {.events = EPOLLIN, .data.u64 = 5000};
+    printf("ctl add while waiting: %d\n", epoll_ctl(a.ep, EPOLL_CTL_ADD, conn[2], &e));
+    act("l 2 6");
+    pthread_join(t, NULL);
+    printf("added while waiting: n=%d data=%llu\n", a.n, (unsigned long long)a.data);
+    drain(2, 6);
+    close(a.ep);
+}
+
+/* A set whose socket of ours left, holding a pipe now: while the process's other set sleeps and
+ * is woken by its socket, this set must report nothing but the pipe, whatever its kernel set
+ * held of ours. */
+static void emptied_set(int ep)
+{
+    int p[2];
+    if (pipe(p) < 0)
+        die("pipe");
+    int ep3 = epoll_create1(0);
+    struct epoll_event e = {.events = EPOLLIN, .data.u64 = 6000};
+    printf("ctl ep3 add: %d\n", epoll_ctl(ep3, EPOLL_CTL_ADD, conn[0], &e));
+    show("ep3 member idle", ep3, 8, 0);
+    printf("ctl ep3 del: %d\n", epoll_ctl(ep3, EPOLL_CTL_DEL, conn[0], NULL));
+    e.data.u64 = 6001;
+    printf("ctl ep3 pipe: %d\n", epoll_ctl(ep3, EPOLL_CTL_ADD, p[0], &e));
+    for (int k = 0; k < 3; k++) {
+        act("l 0 2");
+        show("set 1 woken late", ep, 8, 1000);
+        drain(0, 2);
+        show("ep3 nothing", ep3, 8, 20);
+    }
+    if (write(p[1], "p", 1) != 1)
+        die("write pipe");
+    show("ep3 pipe", ep3, 8, 1000);
+    close(ep3);
+    close(p[0]);
+    close(p[1]);
+}
+
+/* Edge-triggered with input and output: output is reported once, not on every wait; new data is
+ * a new edge, reported with output as the kernel does. */
+static void et_in_out(int ep)
+{
+    add(ep, EPOLL_CTL_MOD, 0, EPOLLIN | EPOLLOUT | EPOLLET);
+    show("et in+out", ep, 8, 0);
+    show("et in+out no new edge", ep, 8, 0);
+    show("et in+out still none", ep, 8, 20);
+    act("s 0 3");
+    show("et in+out data", ep, 8, 1000);
+    show("et in+out data no new edge", ep, 8, 0);
+    drain(0, 3);
+    show("et in+out drained", ep, 8, 0);
+    add(ep, EPOLL_CTL_MOD, 0, EPOLLIN);
+}
+
+/* maxevents smaller than the ready sockets of ours, and a kernel fd ready in the same set: every
+ * ready fd is reported within a bounded number of waits (the kernel's ready list is a queue). */
+static void no_starvation(int ep)
+{
+    int p[2];
+    if (pipe(p) < 0)
+        die("pipe");
+    struct epoll_event e = {.events = EPOLLIN, .data.u64 = 7000};
+    printf("ctl pipe: %d\n", epoll_ctl(ep, EPOLL_CTL_ADD, p[0], &e));
+    if (write(p[1], "p", 1) != 1)
+        die("write pipe");
+    act("s 0 1");
+    act("s 2 1");
+    act("s 3 1");
+    int seen = 0, calls = 0;
+    for (; calls < 100000 && seen != 0xf; calls++) {
+        struct epoll_event ev[1];
+        int n = epoll_wait(ep, ev, 1, 1000);
+        for (int i = 0; i < n; i++)
+            seen |= ev[i].data.u64 == 7000 ? 1 << 1 : 1 << (int)(ev[i].data.u64 - 1000);
+    }
+    printf("max=1, three sockets and a pipe ready: all seen %s\n", seen == 0xf ? "yes" : "no");
+    drain_quiet = 1;
+    drain(0, 1);
+    drain(2, 1);
+    drain(3, 1);
+    drain_quiet = 0;
+    epoll_ctl(ep, EPOLL_CTL_DEL, p[0], NULL);
+    close(p[0]);
+    close(p[1]);
+}
+
+/* Two waiters on one socket: a thread blocked in recv and another in poll.  The data wakes both
+ * (two bytes: the reader takes one, the poller still sees the other). */
+static void *rp_poll(void *p)
+{
+    struct pollfd pf = {.fd = conn[3], .events = POLLIN};
+    int r = poll(&pf, 1, 3000);
+    *(int *)p = r == 1 ? pf.revents : -r - 100;
+    return NULL;
+}
+
+static void *rp_recv(void *p)
+{
+    char b;
+    *(int *)p = (int)recv(conn[3], &b, 1, 0);
+    return NULL;
+}
+
+static void recv_and_poll(void)
+{
+    int pr = 0, rr = 0;
+    pthread_t tp, tr;
+    pthread_create(&tp, NULL, rp_poll, &pr);
+    usleep(100000); /* the poller sleeps first; the reader arms after it */
+    pthread_create(&tr, NULL, rp_recv, &rr);
+    usleep(100000);
+    act("l 3 2");
+    pthread_join(tp, NULL);
+    pthread_join(tr, NULL);
+    printf("recv and poll on one socket: recv %d, poll revents %x\n", rr, pr);
+    drain(3, 1);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2)
@@ -253,6 +402,12 @@ int main(int argc, char **argv)
     show("in+out", ep, 8, 0);
     drain(0, 2);
 
+    /* Before any set holds another (which sends every wait of the process our way). */
+    et_in_out(ep);
+    emptied_set(ep);
+    added_while_waiting();
+    recv_and_poll();
+
     /* Several connections: only the ones with data; maxevents smaller than the ready count. */
     add(ep, EPOLL_CTL_MOD, 0, EPOLLIN);
     for (int i = 1; i < NCONN; i++)
@@ -275,6 +430,7 @@ int main(int argc, char **argv)
     drain_quiet = 0;
     printf("max=1 three times: conns seen %x\n", seen);
     show("all read", ep, 8, 0);
+    no_starvation(ep);
 
     /* The same socket in two sets. */
     int ep2 = epoll_create1(0);
