@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * stdio.c - FILE streams on accelerated sockets.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* evq-dead-owner: a sender keeps posting to the event queue of a peer that was SIGKILLed while
  * it slept on the queue's doorbell (a FIFO).  Nothing the sender does may raise a signal in it:
  * a write into a FIFO whose only reader has died is EPIPE, and SIGPIPE with it, which killed

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * libcconf: the libc entry points beyond read/write/recv/send on a connected socket, printed line
  * by line.  Run once over kernel TCP and once under `memlan run`: the two outputs must be equal

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * pollthreads: thread-per-connection ping-pong where every read waits in poll() first, as
  * MariaDB's client and server do.  The server forks a client process; each side runs THREADS

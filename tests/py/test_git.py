@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0 OR MIT
 """git daemon with git clone, push and fetch over git://, protocol v0 and v2, both ends under
 `memlan run` and mixed (one end plain).
 
