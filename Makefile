@@ -21,7 +21,8 @@ endif
 CFLAGS  += $(CFLAGS_BASE) $(OPT)
 LDFLAGS += $(LDSAN) -pthread
 
-CORE_SRC = src/sys/sys.c src/fabric.c src/segment.c src/spin.c src/channel.c src/evq.c
+CORE_SRC = src/sys/sys.c src/fabric.c src/segment.c src/spin.c src/channel.c src/evq.c \
+           src/strerror.c
 CORE_OBJ = $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
 # The ONC RPC runtime (memlan-rpcgen's fast path) lives in libmemlan and needs libtirpc.
 RPC_OBJ  = $(BUILD)/obj/src/rpc/rpc.o

@@ -239,7 +239,7 @@ static void measure_placement(memlan_fabric_t *fab, struct placement_result *R, 
     do {                                                                                        \
         int r_ = (x);                                                                           \
         if (r_ < 0) {                                                                           \
-            fprintf(stderr, "memlan bench: %s (%s): %s\n", #x, pl, strerror(-r_));              \
+            fprintf(stderr, "memlan bench: %s (%s): %s\n", #x, pl, memlan_strerror(r_));              \
             R->errors++;                                                                        \
         }                                                                                       \
     } while (0)
@@ -442,7 +442,7 @@ int bench_main(int argc, char **argv)
     memlan_fabric_t *fab;
     int r = memlan_fabric_open(NULL, &fab);
     if (r < 0) {
-        fprintf(stderr, "memlan bench: cannot open the fabric: %s\n", strerror(-r));
+        fprintf(stderr, "memlan bench: cannot open the fabric: %s\n", memlan_strerror(r));
         return 1;
     }
     signal(SIGPIPE, SIG_IGN);
