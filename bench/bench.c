@@ -398,10 +398,19 @@ static int write_plot(const char *path, struct placement_result *R, int n)
                     1, 1);
 }
 
-static void usage(void)
+static void usage(FILE *f)
 {
-    fprintf(stderr, "usage: memlan bench [--quick] [--json] [--plot FILE.svg] "
-                    "[--placement split|same|both]\n");
+    fprintf(f, "usage: memlan bench [OPTIONS]\n"
+               "Measure memlan's round trip, bandwidth and message rate, each as a ratio to the\n"
+               "hardware's floor (a bare cache-line ping-pong, a bare futex, memcpy) and to kernel\n"
+               "TCP, Unix sockets and pipes measured in the same run.\n"
+               "  --quick             a short run (about a minute)\n"
+               "  --json              the figures as one JSON document on stdout\n"
+               "  --plot FILE.svg     also draw bandwidth and latency plots into FILE.svg\n"
+               "  --placement P       split (two cores), same (one core) or both (default)\n"
+               "  --fabric DIR        the fabric directory to measure in (default $MEMLAN_FABRIC,\n"
+               "                      else /dev/shm/memlan-UID)\n"
+               "  -h, --help          this text\n");
 }
 
 int bench_main(int argc, char **argv)
@@ -412,21 +421,33 @@ int bench_main(int argc, char **argv)
                                    {"json", no_argument, 0, 'j'},
                                    {"plot", required_argument, 0, 'p'},
                                    {"placement", required_argument, 0, 'P'},
+                                   {"fabric", required_argument, 0, 'f'},
                                    {"help", no_argument, 0, 'h'},
                                    {0, 0, 0, 0}};
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "qjp:P:h", opts, NULL)) != -1) {
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case 'q': quick = 1; break;
         case 'j': json = 1; break;
         case 'p': plot = optarg; break;
         case 'P': placement = optarg; break;
-        default: usage(); return c == 'h' ? 0 : 2;
+        case 'f':
+            if (cli_set_fabric("bench", optarg))
+                return 2;
+            break;
+        case 'h': usage(stdout); return 0;
+        default: return cli_opt_error("bench", c, argv);
         }
     }
+    if (optind < argc) {
+        fprintf(stderr, "memlan bench: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
     if (strcmp(placement, "both") && strcmp(placement, "split") && strcmp(placement, "same")) {
-        usage();
+        fprintf(stderr, "memlan bench: bad value '%s' for --placement: split, same or both\n",
+                placement);
         return 2;
     }
     if (plot) {
@@ -436,6 +457,18 @@ int bench_main(int argc, char **argv)
                             "(convert to PNG with rsvg-convert or a browser)\n");
             return 2;
         }
+        /* Find out now, not after minutes of measuring, that the plot cannot be written.  An
+         * existing file is left as it is until the plot replaces it. */
+        int existed = access(plot, F_OK) == 0;
+        FILE *f = fopen(plot, "a");
+        if (!f) {
+            fprintf(stderr, "memlan bench: cannot write the plot %s: %s\n", plot,
+                    strerror(errno));
+            return 2;
+        }
+        fclose(f);
+        if (!existed)
+            unlink(plot);
     }
     if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
         fprintf(stderr, "memlan bench: one cpu online: 'split' runs on one core too\n");

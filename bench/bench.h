@@ -78,4 +78,9 @@ int plot_svg(const char *path, const char *title, const char *xlabel, const char
 
 int bench_main(int argc, char **argv);
 
+/* Shared with tools/memlan.c: getopt_long's '?' or ':' reported naming the option (returns 2);
+ * --fabric DIR made absolute into MEMLAN_FABRIC (0, or 2 after a message). */
+int cli_opt_error(const char *cmd, int c, char **argv);
+int cli_set_fabric(const char *cmd, const char *dir);
+
 #endif

@@ -20,9 +20,9 @@ def test_version_and_help():
 
 def test_stat_shows_live_objects_and_clean_leaves_them(fabric, holder):
     proc, seg, ch = holder()
-    out = memlan("stat").stdout
+    out = memlan("stat", "--tokens").stdout
     assert seg in out and ch in out
-    st = json.loads(memlan("stat", "--json").stdout)
+    st = json.loads(memlan("stat", "--json", "--tokens").stdout)
     kinds = {o["token"]: (o["kind"], o["live"], o["pid"]) for o in st["objects"]}
     assert kinds[seg] == ("segment", True, proc.pid)
     assert kinds[ch] == ("channel", True, proc.pid)
@@ -41,7 +41,7 @@ def test_sigkill_then_clean_reclaims(fabric, holder):
     proc, seg, ch = holder()
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
-    st = json.loads(memlan("stat", "--json").stdout)
+    st = json.loads(memlan("stat", "--json", "--tokens").stdout)
     assert {o["token"]: o["live"] for o in st["objects"]} == {seg: False, ch: False}
     assert "DEAD" in memlan("stat").stdout
     assert "removed 2 file" in memlan("clean").stdout
