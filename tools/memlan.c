@@ -15,6 +15,7 @@
 #include "bench.h"
 #include "memlan.h"
 #include "memlan/layout.h"
+#include "preload/ports.h"
 
 #include <dirent.h>
 #include <elf.h>
@@ -82,32 +83,6 @@ static bool parse_long(const char *s, long lo, long hi, long *out)
         return false;
     *out = v;
     return true;
-}
-
-/* A port list as the preload reads it: "80,8000-8100". */
-static bool parse_ports(const char *s)
-{
-    const char *p = s;
-    if (!*p)
-        return false;
-    for (;;) {
-        char *end;
-        if (*p < '0' || *p > '9')
-            return false;
-        long a = strtol(p, &end, 10), b = a;
-        if (*end == '-') {
-            if (end[1] < '0' || end[1] > '9')
-                return false;
-            b = strtol(end + 1, &end, 10);
-        }
-        if (a < 1 || b > 65535 || a > b)
-            return false;
-        if (!*end)
-            return true;
-        if (*end != ',')
-            return false;
-        p = end + 1;
-    }
 }
 
 /* path made absolute against our working directory (without resolving links); NULL if it will
@@ -748,7 +723,7 @@ static int cmd_run(int argc, char **argv)
             break;
         case O_PORTS:
         case O_NOPORTS:
-            if (!parse_ports(optarg))
+            if (!mlp_ports_valid(optarg))
                 return bad_value("run", c == O_PORTS ? "--ports" : "--no-ports", optarg,
                                  "ports 1 to 65535 and ranges, e.g. 80,8000-8100");
             setenv(c == O_PORTS ? "MEMLAN_PORTS" : "MEMLAN_NO_PORTS", optarg, 1);
