@@ -17,12 +17,15 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -82,6 +85,8 @@ static void mlp_note_stderr(void)
         mlp_stderr_dev = st.st_dev, mlp_stderr_ino = st.st_ino;
 }
 
+static void mlp_say_stderr(const char *buf, int n);
+
 void mlp_say(unsigned topic, const char *fmt, ...)
 {
     char buf[400];
@@ -97,13 +102,45 @@ void mlp_say(unsigned topic, const char *fmt, ...)
     mlp_said |= topic;
     if (mlp_quiet || !mlp_stderr_known || (mlp_said_before & topic))
         return;
+    int saved = errno; /* the host's errno is not ours to change */
+    mlp_say_stderr(buf, n);
+    errno = saved;
+}
+
+static void mlp_say_stderr(const char *buf, int n)
+{
     struct stat st;
     if (__ml_sys_fstat(2, &st) < 0 || st.st_dev != mlp_stderr_dev || st.st_ino != mlp_stderr_ino)
         return;
+    /* Neither hang nor raise a signal in the host: not into a pipe that is full (it would
+     * block) or has lost its reader (SIGPIPE); raw ppoll, as poll is one of our interposers. */
+    struct pollfd pfd = {.fd = 2, .events = POLLOUT};
+    struct timespec zero = {0, 0};
+    if (syscall(SYS_ppoll, &pfd, 1, &zero, NULL, (size_t)8) != 1 ||
+        (pfd.revents & (POLLERR | POLLHUP | POLLNVAL)) || !(pfd.revents & POLLOUT))
+        return;
     char line[460];
     int m = snprintf(line, sizeof line, "memlan[%d]: %.*s\n", (int)mlp_pid, n, buf);
-    if (m > 0)
-        (void)__ml_sys_write(2, line, (size_t)(m < (int)sizeof line ? m : (int)sizeof line - 1));
+    if (m <= 0)
+        return;
+    /* The reader may still go between the look and the write: SIGPIPE is blocked in this thread
+     * for the write, and one that it raised (none was pending before) is taken back. */
+    sigset_t pipe_set, old;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    bool had = false;
+    if (pthread_sigmask(SIG_BLOCK, &pipe_set, &old) != 0)
+        return;
+    sigset_t pending;
+    if (sigpending(&pending) == 0)
+        had = sigismember(&pending, SIGPIPE);
+    long w = __ml_sys_write(2, line, (size_t)(m < (int)sizeof line ? m : (int)sizeof line - 1));
+    if (w == -EPIPE && !had) {
+        struct timespec none = {0, 0};
+        while (sigtimedwait(&pipe_set, NULL, &none) < 0 && errno == EINTR)
+            ;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
 /* "80,8000-8100" contains port? */
