@@ -319,6 +319,10 @@ static void object_detail(int fd, const struct ml_seg_hdr *h, bool json, FILE *f
             json_str(f, ph.cmd);
             fprintf(f, ",\"accelerated\":%llu,\"on_tcp\":%llu", a, t);
         } else {
+            /* a name is the process's to choose: no control characters to the terminal */
+            for (char *c = ph.cmd; *c; c++)
+                if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                    *c = '?';
             snprintf(detail, dlen, "%.55s: %llu accelerated, %llu on TCP so far", ph.cmd, a, t);
         }
     } else if (h->kind == ML_KIND_EVQ) {

@@ -271,8 +271,9 @@ def test_stat_json_is_structured(fabric):
         for o in st["objects"]:
             if o["kind"] == "channel":
                 assert isinstance(o["ring_bytes"], int) and len(o["side_pids"]) == 2
-        # the text form says the same
-        assert f"conn pid {p.pid}" in cli("stat").stdout
+        # the text form says the same, without the control character
+        text = cli("stat").stdout
+        assert f"conn pid {p.pid}" in text and 'q"?z:' in text and "\x01" not in text
     finally:
         p.stdin.write("\n")
         p.stdin.close()
