@@ -240,7 +240,7 @@ static void measure_placement(memlan_fabric_t *fab, struct placement_result *R, 
     do {                                                                                        \
         int r_ = (x);                                                                           \
         if (r_ < 0) {                                                                           \
-            fprintf(stderr, "memlan bench: %s (%s): %s\n", #x, pl, strerror(-r_));              \
+            fprintf(stderr, "memlan bench: %s (%s): %s\n", #x, pl, memlan_strerror(r_));              \
             R->errors++;                                                                        \
         }                                                                                       \
     } while (0)
@@ -319,10 +319,20 @@ static void print_json(struct placement_result *R, int n, double idle, int quick
     printf("}\n");
 }
 
-static void target(const char *what, double v, const char *op, double limit)
+/* One of memlan's design goals, as the ratio this run measured: "2.10x the bare cache line
+ * (goal <= 1.5x)".  A goal not met on a busy or small machine is a figure to read, not a fault. */
+static void target(const char *what, double v, const char *op, double limit, const char *base)
 {
     int ok = strcmp(op, "<=") == 0 ? v <= limit : v >= limit;
-    printf("    %-52s %8.3f %s %-6.2f %s\n", what, v, op, limit, isnan(v) ? "n/a" : ok ? "met" : "MISSED");
+    char fig[32];
+    if (isnan(v))
+        snprintf(fig, sizeof fig, "n/a");
+    else
+        snprintf(fig, sizeof fig, v < 0.1 ? "%.2gx" : "%.2fx", v);
+    char line[160];
+    snprintf(line, sizeof line, "%s %s %s", what, fig, base);
+    printf("    %-66s (goal %s %gx)%s\n", line, op, limit,
+           isnan(v) ? "" : ok ? "  met" : "  not met in this run");
 }
 
 static void print_table(struct placement_result *R, int n, double idle)
@@ -352,40 +362,47 @@ static void print_table(struct placement_result *R, int n, double idle)
         printf("  memcpy Xt %.0f MB/s, Xr %.0f MB/s, X_max = Xt*Xr/(Xt+Xr) = %.0f MB/s\n", r->xt,
                r->xr, r->xmax);
         printf("  64 B messages: memlan %.2f M/s, kernel TCP %.3f M/s\n", r->rate, r->tcp_rate);
-        printf("  targets (ratios from this run):\n");
+        printf("  against the floors and the kernel (memlan's design goals; figures from this "
+               "run,\n  which a busy or virtual machine moves):\n");
         if (strcmp(r->name, "split") == 0) {
-            target("rtt default / bare cache line", ratio(r->rtt_spin.med, r->floor_spin.med), "<=", 1.5);
-            target("rtt default / kernel TCP", ratio(r->rtt_spin.med, r->tcp.med), "<=", 0.25);
-            target("rtt spinning off / bare futex", ratio(r->rtt_sleep.med, r->floor_futex.med), "<=", 1.3);
+            target("round trip, default spin policy:", ratio(r->rtt_spin.med, r->floor_spin.med),
+                   "<=", 1.5, "the bare cache line");
+            target("round trip, default spin policy:", ratio(r->rtt_spin.med, r->tcp.med), "<=",
+                   0.25, "kernel TCP's");
         } else {
-            target("rtt default / kernel TCP", ratio(r->rtt_spin.med, r->tcp.med), "<=", 0.8);
-            target("rtt spinning off / bare futex", ratio(r->rtt_sleep.med, r->floor_futex.med), "<=", 1.3);
+            target("round trip, default spin policy:", ratio(r->rtt_spin.med, r->tcp.med), "<=",
+                   0.8, "kernel TCP's");
         }
-        target("bandwidth 64 KB / X_max", ratio(r->bw[5], r->xmax), ">=", 0.8);
-        target("bandwidth 64 KB / kernel TCP", ratio(r->bw[5], r->tcp_bw[5]), ">=", 3);
-        target("64 B message rate / kernel TCP", ratio(r->rate, r->tcp_rate), ">=", 10);
+        target("round trip, spinning off:", ratio(r->rtt_sleep.med, r->floor_futex.med), "<=", 1.3,
+               "the bare futex");
+        target("bandwidth, 64 KiB messages:", ratio(r->bw[5], r->xmax), ">=", 0.8,
+               "X_max (memcpy)");
+        target("bandwidth, 64 KiB messages:", ratio(r->bw[5], r->tcp_bw[5]), ">=", 3,
+               "kernel TCP's");
+        target("message rate, 64 B:", ratio(r->rate, r->tcp_rate), ">=", 10, "kernel TCP's");
         if (r->errors)
             printf("  %d measurement(s) failed: see the messages above\n", r->errors);
     }
-    printf("\nidle receiver past its spin budget: %.3f%% of a core (target < 1%%)\n", idle);
+    printf("\nidle receiver past its spin budget: %.3f%% of a core (goal < 1%%)\n", idle);
 }
 
+/* Bandwidth against message size beside the round trip of every transport, in one SVG. */
 static int write_plot(const char *path, struct placement_result *R, int n)
 {
     double x[NSIZES], y[4][NSIZES];
+    static double tx[2][NSIZES];
+    static char names[4][48];
     struct plot_series s[4];
     int ns = 0;
     for (int i = 0; i < NSIZES; i++)
         x[i] = (double)bw_sizes[i];
     for (int k = 0; k < n && k < 2; k++) {
-        static char names[4][48];
         for (int i = 0; i < NSIZES; i++)
             y[ns][i] = R[k].bw[i];
         snprintf(names[ns], sizeof names[ns], "memlan (%s)", R[k].name);
         s[ns] = (struct plot_series){names[ns], NSIZES, x, y[ns]};
         ns++;
         int m = 0;
-        static double tx[2][NSIZES];
         for (int i = 0; i < NSIZES; i++)
             if (R[k].tcp_bw[i] > 0) {
                 tx[k][m] = x[i];
@@ -395,14 +412,48 @@ static int write_plot(const char *path, struct placement_result *R, int n)
         s[ns] = (struct plot_series){names[ns], m, tx[k], y[ns]};
         ns++;
     }
-    return plot_svg(path, "memlan bench: stream bandwidth", "message size (bytes)", "MB/s", s, ns,
-                    1, 1);
+    static const char *const rows[] = {"memlan, default spin", "memlan, spinning off",
+                                       "floor: bare cache line", "floor: bare futex",
+                                       "kernel TCP loopback", "Unix socket", "pipe"};
+    enum { NROWS = sizeof rows / sizeof rows[0] };
+    double lat[2][NROWS];
+    static char lnames[2][48];
+    struct plot_series ls[2];
+    int nls = 0;
+    for (int k = 0; k < n && k < 2; k++, nls++) {
+        const struct lat *l[NROWS] = {&R[k].rtt_spin, &R[k].rtt_sleep, &R[k].floor_spin,
+                                      &R[k].floor_futex, &R[k].tcp, &R[k].unx, &R[k].pipe_};
+        for (int i = 0; i < NROWS; i++)
+            lat[k][i] = l[i]->med;
+        snprintf(lnames[k], sizeof lnames[k], "%s", R[k].name);
+        ls[k] = (struct plot_series){lnames[k], NROWS, NULL, lat[k]};
+    }
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    fprintf(f, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"1600\" height=\"500\" "
+               "font-family=\"sans-serif\" font-size=\"12\">\n"
+               "<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n");
+    plot_lines(f, 0, 0, "memlan bench: stream bandwidth", "message size", "MB/s", s, ns, 1, 1, 1);
+    plot_bars(f, 800, 0, "memlan bench: round trip, 64 B (median)", "microseconds (log scale)",
+              rows, NROWS, ls, nls);
+    fprintf(f, "</svg>\n");
+    return fclose(f) == 0 ? 0 : -1;
 }
 
-static void usage(void)
+static void usage(FILE *f)
 {
-    fprintf(stderr, "usage: memlan bench [--quick] [--json] [--plot FILE.svg] "
-                    "[--placement split|same|both]\n");
+    fprintf(f, "usage: memlan bench [OPTIONS]\n"
+               "Measure memlan's round trip, bandwidth and message rate, each as a ratio to the\n"
+               "hardware's floor (a bare cache-line ping-pong, a bare futex, memcpy) and to kernel\n"
+               "TCP, Unix sockets and pipes measured in the same run.\n"
+               "  --quick             a short run (about a minute)\n"
+               "  --json              the figures as one JSON document on stdout\n"
+               "  --plot FILE.svg     also draw bandwidth and latency plots into FILE.svg\n"
+               "  --placement P       split (two cores), same (one core) or both (default)\n"
+               "  --fabric DIR        the fabric directory to measure in (default $MEMLAN_FABRIC,\n"
+               "                      else /dev/shm/memlan-UID)\n"
+               "  -h, --help          this text\n");
 }
 
 int bench_main(int argc, char **argv)
@@ -413,21 +464,33 @@ int bench_main(int argc, char **argv)
                                    {"json", no_argument, 0, 'j'},
                                    {"plot", required_argument, 0, 'p'},
                                    {"placement", required_argument, 0, 'P'},
+                                   {"fabric", required_argument, 0, 'f'},
                                    {"help", no_argument, 0, 'h'},
                                    {0, 0, 0, 0}};
     int c;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "qjp:P:h", opts, NULL)) != -1) {
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
         switch (c) {
         case 'q': quick = 1; break;
         case 'j': json = 1; break;
         case 'p': plot = optarg; break;
         case 'P': placement = optarg; break;
-        default: usage(); return c == 'h' ? 0 : 2;
+        case 'f':
+            if (cli_set_fabric("bench", optarg))
+                return 2;
+            break;
+        case 'h': usage(stdout); return 0;
+        default: return cli_opt_error("bench", c, argv);
         }
     }
+    if (optind < argc) {
+        fprintf(stderr, "memlan bench: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
     if (strcmp(placement, "both") && strcmp(placement, "split") && strcmp(placement, "same")) {
-        usage();
+        fprintf(stderr, "memlan bench: bad value '%s' for --placement: split, same or both\n",
+                placement);
         return 2;
     }
     if (plot) {
@@ -437,13 +500,25 @@ int bench_main(int argc, char **argv)
                             "(convert to PNG with rsvg-convert or a browser)\n");
             return 2;
         }
+        /* Find out now, not after minutes of measuring, that the plot cannot be written.  An
+         * existing file is left as it is until the plot replaces it. */
+        int existed = access(plot, F_OK) == 0;
+        FILE *f = fopen(plot, "a");
+        if (!f) {
+            fprintf(stderr, "memlan bench: cannot write the plot %s: %s\n", plot,
+                    strerror(errno));
+            return 2;
+        }
+        fclose(f);
+        if (!existed)
+            unlink(plot);
     }
     if (sysconf(_SC_NPROCESSORS_ONLN) < 2)
         fprintf(stderr, "memlan bench: one cpu online: 'split' runs on one core too\n");
     memlan_fabric_t *fab;
     int r = memlan_fabric_open(NULL, &fab);
     if (r < 0) {
-        fprintf(stderr, "memlan bench: cannot open the fabric: %s\n", strerror(-r));
+        fprintf(stderr, "memlan bench: cannot open the fabric: %s\n", memlan_strerror(r));
         return 1;
     }
     signal(SIGPIPE, SIG_IGN);

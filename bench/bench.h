@@ -74,9 +74,21 @@ struct plot_series {
     int n;
     const double *x, *y;
 };
-int plot_svg(const char *path, const char *title, const char *xlabel, const char *ylabel,
-             const struct plot_series *s, int ns, int logx, int logy);
+/* A panel of 800 x 500 at (ox, oy) of an SVG document the caller writes to f.  Lines: one
+ * polyline with a marker per point for each series; xbytes labels x as sizes (64 B, 1 MiB).
+ * Bars: for each of nl labelled rows, one bar per series (s[k].y[row]), on a log scale. */
+#include <stdio.h>
+void plot_lines(FILE *f, double ox, double oy, const char *title, const char *xlabel,
+                const char *ylabel, const struct plot_series *s, int ns, int logx, int logy,
+                int xbytes);
+void plot_bars(FILE *f, double ox, double oy, const char *title, const char *xlabel,
+               const char *const *labels, int nl, const struct plot_series *s, int ns);
 
 int bench_main(int argc, char **argv);
+
+/* Shared with tools/memlan.c: getopt_long's '?' or ':' reported naming the option (returns 2);
+ * --fabric DIR made absolute into MEMLAN_FABRIC (0, or 2 after a message). */
+int cli_opt_error(const char *cmd, int c, char **argv);
+int cli_set_fabric(const char *cmd, const char *dir);
 
 #endif

@@ -21,7 +21,7 @@ int main(int argc, char **argv)
     memlan_evq_t *q;
     int r = memlan_fabric_open(NULL, &fab);
     if (r < 0 || (r = memlan_evq_create(fab, (unsigned)nc, &q)) < 0) {
-        fprintf(stderr, "evq-server: %s\n", strerror(-r));
+        fprintf(stderr, "evq-server: %s\n", memlan_strerror(r));
         return 1;
     }
     memlan_channel_t **ch = calloc((size_t)nc, sizeof *ch);
@@ -29,7 +29,7 @@ int main(int argc, char **argv)
     for (int i = 0; i < nc; i++) {
         if ((r = memlan_channel_create(fab, &opts, &ch[i])) < 0 ||
             (r = memlan_evq_add(q, ch[i], MEMLAN_EV_READ, ch[i])) < 0) {
-            fprintf(stderr, "evq-server: %s\n", strerror(-r));
+            fprintf(stderr, "evq-server: %s\n", memlan_strerror(r));
             return 1;
         }
     }
@@ -54,7 +54,7 @@ int main(int argc, char **argv)
         struct memlan_event ev[64];
         int n = memlan_evq_wait(q, ev, 64, 10000);
         if (n <= 0) {
-            fprintf(stderr, "evq-server: wait: %s\n", n ? strerror(-n) : "timed out");
+            fprintf(stderr, "evq-server: wait: %s\n", n ? memlan_strerror(n) : "timed out");
             return 1;
         }
         for (int e = 0; e < n; e++) {

@@ -33,7 +33,7 @@ int main(int argc, char **argv)
     struct memlan_channel_opts opts = {.kind = MEMLAN_MSG};
     int r = memlan_fabric_open(NULL, &fab);
     if (r < 0 || (r = memlan_channel_create(fab, &opts, &ch)) < 0) {
-        fprintf(stderr, "pingpong: %s\n", strerror(-r));
+        fprintf(stderr, "pingpong: %s\n", memlan_strerror(r));
         return 1;
     }
     pid_t pid = fork();
@@ -50,7 +50,7 @@ int main(int argc, char **argv)
         _exit(got == 0 ? 0 : 1);
     }
     if ((r = memlan_channel_wait_peer(ch, 5000)) < 0) {
-        fprintf(stderr, "pingpong: no peer: %s\n", strerror(-r));
+        fprintf(stderr, "pingpong: no peer: %s\n", memlan_strerror(r));
         return 1;
     }
     double *rtt = malloc(sizeof *rtt * (size_t)n);

@@ -22,7 +22,7 @@ int main(int argc, char **argv)
     memlan_channel_t *ch;
     int r = memlan_fabric_open(NULL, &fab);
     if (r < 0 || (r = memlan_channel_create(fab, NULL, &ch)) < 0) {
-        fprintf(stderr, "stream: %s\n", strerror(-r));
+        fprintf(stderr, "stream: %s\n", memlan_strerror(r));
         return 1;
     }
     pid_t pid = fork();

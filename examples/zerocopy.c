@@ -21,7 +21,7 @@ int main(void)
     struct memlan_channel_opts opts = {.kind = MEMLAN_MSG, .ring_size = 65536};
     int r = memlan_fabric_open(NULL, &fab);
     if (r < 0 || (r = memlan_channel_create(fab, &opts, &ch)) < 0) {
-        fprintf(stderr, "zerocopy: %s\n", strerror(-r));
+        fprintf(stderr, "zerocopy: %s\n", memlan_strerror(r));
         return 1;
     }
     const unsigned N = 100000;

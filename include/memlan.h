@@ -258,6 +258,18 @@ int memlan_evq_arm(memlan_evq_t *q);
 /* memlan_evq_close - remove every channel from q, close its fd and free it. */
 void memlan_evq_close(memlan_evq_t *q);
 
+/* ---- errors ------------------------------------------------------------------------------ */
+
+/*
+ * memlan_strerror - a short text for an error that a memlan function returned, in memlan's terms
+ * ("peer broke the channel protocol" for -EPROTO, "revoked by its exporter" for -ECONNABORTED,
+ * "unknown shared-memory layout version" for -EPROTONOSUPPORT, ...); an errno memlan gives no
+ * meaning of its own gets the C library's text.  err may be the negative value returned or a
+ * positive errno.  Returns a string that is never NULL and must not be freed or changed; it stays
+ * valid at least until this thread's next call.  Thread-safe.
+ */
+const char *memlan_strerror(int err);
+
 /* ---- tuning ------------------------------------------------------------------------------ */
 
 /*

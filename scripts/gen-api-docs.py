@@ -63,6 +63,11 @@ def render(name, section, proto, body, header):
                 "Return convention: libtirpc's (NULL or FALSE on failure, details through "
                 "rpc_createerr and clnt_geterr). See the header comment in "
                 "`include/memlan/rpc.h`.\n")
+    if proto.startswith("const char *"):
+        return (f"# {name}\n\n*{section}* (`#include <memlan.h>`, link with `-lmemlan`)\n\n"
+                f"```c\n{proto}\n```\n\n{body}\n\n"
+                "Return convention: a string that belongs to memlan (never free it), as described "
+                "above; errno is never read or changed.\n")
     return (f"# {name}\n\n*{section}* (`#include <memlan.h>`, link with `-lmemlan`)\n\n"
             f"```c\n{proto}\n```\n\n{body}\n\n"
             "Return convention: non-negative on success, a negative errno on failure; errno is "

@@ -2,43 +2,198 @@
 /*
  * memlan - the command-line tool.
  *
- *   memlan run [OPTIONS] -- PROGRAM [ARGS]   run PROGRAM with transparent acceleration
- *   memlan bench [--quick] [--json] [--plot FILE.svg] [--placement split|same|both]
- *   memlan stat  [--json]     the fabric's live segments, channels and event queues
- *   memlan clean              reclaim the files of dead processes
+ *   memlan run [OPTIONS] [--] PROGRAM [ARGS]   run PROGRAM with transparent acceleration
+ *   memlan stat [OPTIONS]                      the fabric's live objects and connections
+ *   memlan clean [--fabric DIR]                reclaim the files of dead processes
+ *   memlan bench [OPTIONS]                     measure against floors and the kernel
  *   memlan version
+ *
+ * Every command parses its options with getopt_long, has its own --help (printed on stdout, exit
+ * 0, nothing else done), and refuses an unknown option or a bad value with a message that names
+ * it and exit status 2: a tool that guesses what was meant, or quietly falls back to a default,
+ * leaves a user believing in a configuration that is not the one running.
  */
 #include "bench.h"
 #include "memlan.h"
 #include "memlan/layout.h"
+#include "preload/ports.h"
 
 #include <dirent.h>
+#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: memlan COMMAND [ARGS]\n"
-               "  run [OPTIONS] -- PROGRAM [ARGS]\n"
+    fprintf(f, "usage: memlan COMMAND [OPTIONS]\n"
+               "  run [OPTIONS] [--] PROGRAM [ARGS]\n"
                "                 run PROGRAM with its TCP connections to other memlan processes\n"
-               "                 carried over shared memory (LD_PRELOAD); see memlan run --help\n"
-               "  bench [--quick] [--json] [--plot FILE.svg] [--placement split|same|both]\n"
+               "                 carried over shared memory (LD_PRELOAD)\n"
+               "  stat [OPTIONS] list the fabric's processes, connections, channels, segments and\n"
+               "                 event queues\n"
+               "  clean          remove the fabric files of processes that have died\n"
+               "  bench [OPTIONS]\n"
                "                 measure latency, bandwidth and message rate against floors and\n"
                "                 kernel TCP, Unix sockets and pipes in the same run\n"
-               "  stat [--json]  list the fabric's segments, channels and event queues\n"
-               "  clean          remove the fabric files of processes that have died\n"
                "  version        print the version\n"
-               "environment: MEMLAN_FABRIC (fabric directory), MEMLAN_SPIN_US (spin budget)\n");
+               "Every command takes --fabric DIR and --help (memlan COMMAND --help).\n"
+               "environment: MEMLAN_FABRIC (fabric directory), MEMLAN_SPIN_US (spin budget); see\n"
+               "memlan run --help for the rest\n");
 }
+
+/* ---- option helpers ------------------------------------------------------------------------ */
+
+/* getopt_long said '?' (unknown option) or ':' (missing value): say which, exit status 2. */
+int cli_opt_error(const char *cmd, int c, char **argv)
+{
+    const char *a = argv[optind - 1];
+    char shortopt[3] = {'-', (char)optopt, 0};
+    if (optopt && optopt != '?' && (a[0] != '-' || a[1] != '-'))
+        a = shortopt;
+    if (c == ':')
+        fprintf(stderr, "memlan %s: option '%s' needs a value\n", cmd, a);
+    else
+        fprintf(stderr, "memlan %s: unknown option '%s'\n", cmd, a);
+    fprintf(stderr, "try 'memlan %s --help'\n", cmd);
+    return 2;
+}
+
+static int bad_value(const char *cmd, const char *opt, const char *val, const char *want)
+{
+    fprintf(stderr, "memlan %s: bad value '%s' for %s: %s\n", cmd, val, opt, want);
+    return 2;
+}
+
+/* A whole decimal integer in [lo, hi]. */
+static bool parse_long(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || errno || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+/* path made absolute against our working directory (without resolving links); NULL if it will
+ * not fit.  Relative paths in MEMLAN_* would otherwise be read against the working directory of
+ * each process that inherits them. */
+static char *absolute(const char *path)
+{
+    if (path[0] == '/')
+        return strdup(path);
+    char cwd[PATH_MAX];
+    if (!getcwd(cwd, sizeof cwd))
+        return NULL;
+    char *out;
+    if (asprintf(&out, "%s/%s", strcmp(cwd, "/") == 0 ? "" : cwd, path) < 0)
+        return NULL;
+    return out;
+}
+
+/* --fabric DIR: absolute, in MEMLAN_FABRIC for the library and our children. */
+int cli_set_fabric(const char *cmd, const char *dir)
+{
+    if (!*dir)
+        return bad_value(cmd, "--fabric", dir, "a directory");
+    char *abs = absolute(dir);
+    if (!abs)
+        return bad_value(cmd, "--fabric", dir, "path too long");
+    setenv("MEMLAN_FABRIC", abs, 1);
+    free(abs);
+    return 0;
+}
+
+/* The fabric directory the library would open, and whether it was named (not the default). */
+static const char *fabric_dir(char *buf, size_t len, bool *named)
+{
+    const char *env = getenv("MEMLAN_FABRIC");
+    *named = env && *env;
+    if (*named)
+        snprintf(buf, len, "%s", env);
+    else
+        snprintf(buf, len, "/dev/shm/memlan-%u", (unsigned)getuid());
+    return buf;
+}
+
+/* A named fabric that does not exist is a typo, not an empty fabric. */
+static int fabric_must_exist(const char *cmd)
+{
+    char dir[PATH_MAX];
+    bool named;
+    struct stat st;
+    fabric_dir(dir, sizeof dir, &named);
+    if (named && stat(dir, &st) < 0) {
+        fprintf(stderr, "memlan %s: fabric %s: %s\n", cmd, dir, strerror(errno));
+        return 1;
+    }
+    if (named && !S_ISDIR(st.st_mode)) {
+        fprintf(stderr, "memlan %s: fabric %s: not a directory\n", cmd, dir);
+        return 1;
+    }
+    return 0;
+}
+
+/* ---- JSON ---------------------------------------------------------------------------------- */
+
+/* s as a JSON string: quotes, backslashes and control characters escaped, and any byte that is
+ * not part of well-formed UTF-8 replaced by U+FFFD, so that what a process put in its name (or a
+ * directory's name) can never break the document. */
+static void json_str(FILE *f, const char *s)
+{
+    const unsigned char *p = (const unsigned char *)s;
+    fputc('"', f);
+    while (*p) {
+        unsigned char c = *p;
+        if (c == '"' || c == '\\') {
+            fprintf(f, "\\%c", c);
+            p++;
+        } else if (c < 0x20 || c == 0x7f) {
+            fprintf(f, "\\u%04x", c);
+            p++;
+        } else if (c < 0x80) {
+            fputc(c, f);
+            p++;
+        } else {
+            int n = c >= 0xf0 && c <= 0xf4 ? 3 : c >= 0xe0 ? 2 : c >= 0xc2 && c < 0xe0 ? 1 : -1;
+            if (c >= 0xf5)
+                n = -1;
+            bool ok = n > 0;
+            for (int i = 1; ok && i <= n; i++)
+                ok = (p[i] & 0xc0) == 0x80;
+            /* overlong three- and four-byte forms, surrogates and code points past U+10FFFF */
+            if (ok && ((c == 0xe0 && p[1] < 0xa0) || (c == 0xed && p[1] >= 0xa0) ||
+                       (c == 0xf0 && p[1] < 0x90) || (c == 0xf4 && p[1] >= 0x90)))
+                ok = false;
+            if (ok) {
+                fwrite(p, 1, (size_t)n + 1, f);
+                p += n + 1;
+            } else {
+                fputs("\\ufffd", f);
+                p++;
+            }
+        }
+    }
+    fputc('"', f);
+}
+
+/* ---- stat ---------------------------------------------------------------------------------- */
 
 static const char *kind_name(uint32_t k)
 {
     return k == ML_KIND_RAW ? "segment" : k == ML_KIND_CHANNEL ? "channel" : k == ML_KIND_EVQ ? "evq"
-         : k == ML_KIND_PROC ? "process" : "?";
+         : k == ML_KIND_PROC ? "process" : "unknown";
 }
 
 static int held(int fd, int byte)
@@ -54,9 +209,16 @@ static const char *side_state(uint32_t s)
     return s == ML_SIDE_OPEN ? "open" : s == ML_SIDE_SHUT_WR ? "shut-wr" : s == ML_SIDE_CLOSED ? "closed" : "?";
 }
 
-/* The connections a memlan process lists in its ML_KIND_PROC segment. */
-static void proc_conns(const char *dir, int fd, const struct ml_seg_hdr *h, int json, char **out,
-                       int *n)
+struct stat_opts {
+    bool json, tokens;
+    int pid;          /* 0: all */
+    const char *kind; /* NULL: all */
+};
+
+/* The connections a memlan process lists in its ML_KIND_PROC segment: printed as text lines, or
+ * as JSON items into cj. */
+static void proc_conns(const char *dir, int fd, const struct ml_seg_hdr *h,
+                       const struct stat_opts *o, FILE *cj, int *n)
 {
     struct ml_proc_hdr ph;
     if (pread(fd, &ph, sizeof ph, (off_t)h->body_off) != sizeof ph || ph.nslots > ML_PROC_SLOTS)
@@ -68,13 +230,13 @@ static void proc_conns(const char *dir, int fd, const struct ml_seg_hdr *h, int 
             continue;
         c.local[sizeof c.local - 1] = c.remote[sizeof c.remote - 1] = 0;
         c.why[sizeof c.why - 1] = 0;
-        char what[300];
+        char tok[ML_TOKEN_HEX + 1] = "";
+        unsigned long long b0 = 0, b1 = 0, w0 = 0, w1 = 0, s0 = 0, s1 = 0;
         if (c.state == ML_CONN_ACCEL) {
-            char tok[ML_TOKEN_HEX + 1], path[4400];
+            char path[PATH_MAX + 64];
             memcpy(tok, c.token, ML_TOKEN_HEX);
             tok[ML_TOKEN_HEX] = 0;
             snprintf(path, sizeof path, "%s/seg-%s", dir, tok);
-            unsigned long long b0 = 0, b1 = 0, w0 = 0, w1 = 0, s0 = 0, s1 = 0;
             int cfd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
             if (cfd >= 0) {
                 struct ml_chan_hdr ch;
@@ -88,141 +250,319 @@ static void proc_conns(const char *dir, int fd, const struct ml_seg_hdr *h, int 
                 }
                 close(cfd);
             }
-            snprintf(what, sizeof what,
-                     "accelerated: bytes out/in %llu/%llu, wake-ups %llu, spin hits %llu",
-                     b0, b1, w0 + w1, s0 + s1);
-        } else {
-            snprintf(what, sizeof what, "%s: %s", c.state == ML_CONN_TCP ? "TCP" : "waiting",
-                     c.why);
         }
-        if (json) {
-            char item[800];
-            snprintf(item, sizeof item,
-                     "%s{\"pid\":%d,\"fd\":%d,\"local\":\"%s\",\"remote\":\"%s\","
-                     "\"state\":\"%s\",\"detail\":\"%s\"}",
-                     *n ? "," : "", ph.pid, c.fd, c.local, c.remote,
-                     c.state == ML_CONN_ACCEL ? "accelerated" : c.state == ML_CONN_TCP ? "tcp" : "waiting",
-                     what);
-            size_t len = *out ? strlen(*out) : 0;
-            char *p = realloc(*out, len + strlen(item) + 1);
-            if (p) {
-                strcpy(p + len, item);
-                *out = p;
+        const char *state = c.state == ML_CONN_ACCEL ? "accelerated"
+                          : c.state == ML_CONN_TCP   ? "tcp" : "waiting";
+        if (o->json) {
+            fprintf(cj, "%s{\"pid\":%d,\"fd\":%d,\"local\":", *n ? "," : "", ph.pid, c.fd);
+            json_str(cj, c.local);
+            fputs(",\"remote\":", cj);
+            json_str(cj, c.remote);
+            fprintf(cj, ",\"state\":\"%s\"", state);
+            if (c.state == ML_CONN_ACCEL) {
+                fprintf(cj, ",\"bytes_out\":%llu,\"bytes_in\":%llu,\"wakeups\":%llu,"
+                            "\"spin_hits\":%llu", b0, b1, w0 + w1, s0 + s1);
+                if (o->tokens)
+                    fprintf(cj, ",\"channel\":\"%s\"", tok);
+            } else {
+                fputs(",\"reason\":", cj);
+                json_str(cj, c.why);
             }
+            fputc('}', cj);
+        } else if (c.state == ML_CONN_ACCEL) {
+            printf("  conn pid %d fd %d %s -> %s accelerated: bytes out/in %llu/%llu, wake-ups "
+                   "%llu, spin hits %llu%s%s\n", ph.pid, c.fd, c.local, c.remote, b0, b1,
+                   w0 + w1, s0 + s1, o->tokens ? ", channel " : "", o->tokens ? tok : "");
         } else {
-            printf("  conn pid %d fd %d %s -> %s %s\n", ph.pid, c.fd, c.local, c.remote, what);
+            printf("  conn pid %d fd %d %s -> %s %s: %s\n", ph.pid, c.fd, c.local, c.remote,
+                   c.state == ML_CONN_TCP ? "TCP" : "waiting", c.why);
         }
         (*n)++;
     }
 }
 
-static int cmd_stat(int json)
+/* One object's kind-specific fields: JSON members (after a comma) into f, or prose into detail. */
+static void object_detail(int fd, const struct ml_seg_hdr *h, bool json, FILE *f, char *detail,
+                          size_t dlen)
 {
-    char *conn_json = NULL;
-    int nconn = 0;
-    /* stat only looks: it does not open the fabric through the library, whose lazy reclaim
-     * would remove the dead processes' files that stat is there to show. */
-    char dir[4096];
-    const char *env = getenv("MEMLAN_FABRIC");
-    if (env && *env)
-        snprintf(dir, sizeof dir, "%s", env);
-    else
-        snprintf(dir, sizeof dir, "/dev/shm/memlan-%u", (unsigned)getuid());
-    DIR *d = opendir(dir);
-    if (!d) {
-        if (errno == ENOENT) {
-            printf(json ? "{\"fabric\":\"%s\",\"objects\":[],\"connections\":[]}\n" : "fabric %s: (empty)\n", dir);
-            return 0;
+    if (h->version != ML_LAYOUT_VERSION) {
+        snprintf(detail, dlen, "unknown layout version %u", h->version);
+    } else if (h->kind == ML_KIND_CHANNEL) {
+        struct ml_chan_hdr c;
+        struct ml_ring_ctl r0, r1;
+        if (pread(fd, &c, sizeof c, (off_t)h->body_off) != sizeof c || c.ctl_off[0] >= 4096 ||
+            c.ctl_off[1] >= 4096 || pread(fd, &r0, sizeof r0, (off_t)c.ctl_off[0]) != sizeof r0 ||
+            pread(fd, &r1, sizeof r1, (off_t)c.ctl_off[1]) != sizeof r1)
+            return;
+        const char *type = c.chan_kind == ML_CHAN_MSG ? "message" : "stream";
+        const char *att = c.attached ? (held(fd, ML_LOCK_ATTACHER) == 1 ? "live" : "gone") : "none";
+        if (json)
+            fprintf(f, ",\"channel_type\":\"%s\",\"ring_bytes\":%u,\"side_pids\":[%d,%d],"
+                       "\"side_states\":[\"%s\",\"%s\"],\"attacher\":\"%s\","
+                       "\"bytes_0_to_1\":%llu,\"bytes_1_to_0\":%llu",
+                    type, c.ring_size, c.side_pid[0], c.side_pid[1], side_state(c.side_state[0]),
+                    side_state(c.side_state[1]), att, (unsigned long long)r0.head,
+                    (unsigned long long)r1.head);
+        else
+            snprintf(detail, dlen,
+                     "%s ring %u B; pids %d/%d; state %s/%s; attacher %s; "
+                     "bytes 0->1 %llu, 1->0 %llu", type, c.ring_size, c.side_pid[0],
+                     c.side_pid[1], side_state(c.side_state[0]), side_state(c.side_state[1]), att,
+                     (unsigned long long)r0.head, (unsigned long long)r1.head);
+    } else if (h->kind == ML_KIND_PROC) {
+        struct ml_proc_hdr ph;
+        if (pread(fd, &ph, sizeof ph, (off_t)h->body_off) != sizeof ph)
+            return;
+        ph.cmd[sizeof ph.cmd - 1] = 0;
+        unsigned long long a = ph.accel_total, t = ph.tcp_total;
+        if (json) {
+            fputs(",\"command\":", f);
+            json_str(f, ph.cmd);
+            fprintf(f, ",\"accelerated\":%llu,\"on_tcp\":%llu", a, t);
+        } else {
+            /* a name is the process's to choose: no control characters to the terminal */
+            for (char *c = ph.cmd; *c; c++)
+                if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                    *c = '?';
+            snprintf(detail, dlen, "%.55s: %llu accelerated, %llu on TCP so far", ph.cmd, a, t);
         }
-        perror(dir);
+    } else if (h->kind == ML_KIND_EVQ) {
+        struct ml_evq_hdr q;
+        if (pread(fd, &q, sizeof q, (off_t)h->body_off) != sizeof q)
+            return;
+        if (json)
+            fprintf(f, ",\"capacity\":%u,\"posts\":%llu,\"wakeups\":%llu", q.capacity,
+                    (unsigned long long)q.posts, (unsigned long long)q.wakeups);
+        else
+            snprintf(detail, dlen, "capacity %u; posts %llu; wake-ups %llu", q.capacity,
+                     (unsigned long long)q.posts, (unsigned long long)q.wakeups);
+    } else {
+        const char *mode = h->mode == MEMLAN_MODE_RO ? "read-only" : "read-write";
+        if (json)
+            fprintf(f, ",\"bytes\":%llu,\"mode\":\"%s\",\"revoked\":%s",
+                    (unsigned long long)h->body_size, mode,
+                    h->state == ML_SEG_REVOKED ? "true" : "false");
+        else
+            snprintf(detail, dlen, "%llu bytes, %s%s", (unsigned long long)h->body_size, mode,
+                     h->state == ML_SEG_REVOKED ? ", revoked" : "");
+    }
+}
+
+/* One snapshot of the fabric.  stat only looks: it does not open the fabric through the library,
+ * whose lazy reclaim would remove the dead processes' files that stat is there to show. */
+static int stat_once(const struct stat_opts *o)
+{
+    char dir[PATH_MAX];
+    bool named;
+    fabric_dir(dir, sizeof dir, &named);
+    DIR *d = opendir(dir);
+    if (!d && !(errno == ENOENT && !named)) {
+        fprintf(stderr, "memlan stat: fabric %s: %s\n", dir, strerror(errno));
         return 1;
     }
-    int n = 0;
-    if (json)
-        printf("{\"fabric\":\"%s\",\"objects\":[", dir);
-    else
-        printf("fabric %s\n%-8s %-32s %7s %-5s %s\n", dir, "KIND", "TOKEN", "PID", "LIVE", "DETAIL");
+    char *conns = NULL;
+    size_t conns_len = 0;
+    FILE *cj = o->json ? open_memstream(&conns, &conns_len) : NULL;
+    if (o->json && !cj) {
+        if (d)
+            closedir(d);
+        return 1;
+    }
+    int n = 0, nconn = 0;
+    if (o->json) {
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
+        fputs("{\"fabric\":", stdout);
+        json_str(stdout, dir);
+        printf(",\"time\":%.3f,\"objects\":[", (double)now.tv_sec + now.tv_nsec / 1e9);
+    } else {
+        printf("fabric %s\n%-8s %s%7s %-5s %s\n", dir, "KIND", o->tokens ? "TOKEN                            " : "",
+               "PID", "LIVE", "DETAIL");
+    }
     struct dirent *e;
-    while ((e = readdir(d))) {
+    while (d && (e = readdir(d))) {
         if (strncmp(e->d_name, "seg-", 4) != 0)
             continue;
-        char path[4400];
+        char path[PATH_MAX + 300];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
         int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
         if (fd < 0)
             continue;
         struct ml_seg_hdr h;
-        if (pread(fd, &h, sizeof h, 0) != sizeof h || h.magic != ML_SEG_MAGIC) {
+        if (pread(fd, &h, sizeof h, 0) != sizeof h || h.magic != ML_SEG_MAGIC ||
+            (o->pid && h.owner_pid != o->pid) || (o->kind && strcmp(o->kind, kind_name(h.kind)))) {
             close(fd);
             continue;
         }
         int live = held(fd, ML_LOCK_OWNER);
         char detail[512] = "";
-        if (h.version != ML_LAYOUT_VERSION) {
-            snprintf(detail, sizeof detail, "unknown layout version %u", h.version);
-        } else if (h.kind == ML_KIND_CHANNEL) {
-            struct ml_chan_hdr c;
-            struct ml_ring_ctl r0, r1;
-            if (pread(fd, &c, sizeof c, (off_t)h.body_off) == sizeof c &&
-                c.ctl_off[0] < 4096 && c.ctl_off[1] < 4096 &&
-                pread(fd, &r0, sizeof r0, (off_t)c.ctl_off[0]) == sizeof r0 &&
-                pread(fd, &r1, sizeof r1, (off_t)c.ctl_off[1]) == sizeof r1)
-                snprintf(detail, sizeof detail,
-                         "%s ring %u B; pids %d/%d; state %s/%s; attacher %s; "
-                         "bytes 0->1 %llu, 1->0 %llu",
-                         c.chan_kind == ML_CHAN_MSG ? "message" : "stream", c.ring_size,
-                         c.side_pid[0], c.side_pid[1], side_state(c.side_state[0]),
-                         side_state(c.side_state[1]),
-                         c.attached ? (held(fd, ML_LOCK_ATTACHER) == 1 ? "live" : "gone") : "none",
-                         (unsigned long long)r0.head, (unsigned long long)r1.head);
-        } else if (h.kind == ML_KIND_PROC) {
-            struct ml_proc_hdr ph;
-            if (pread(fd, &ph, sizeof ph, (off_t)h.body_off) == sizeof ph)
-                snprintf(detail, sizeof detail, "%.55s: %llu accelerated, %llu on TCP so far",
-                         ph.cmd, (unsigned long long)ph.accel_total,
-                         (unsigned long long)ph.tcp_total);
-        } else if (h.kind == ML_KIND_EVQ) {
-            struct ml_evq_hdr q;
-            if (pread(fd, &q, sizeof q, (off_t)h.body_off) == sizeof q)
-                snprintf(detail, sizeof detail, "capacity %u; posts %llu; wake-ups %llu",
-                         q.capacity, (unsigned long long)q.posts, (unsigned long long)q.wakeups);
+        if (o->json) {
+            printf("%s{\"kind\":\"%s\",", n ? "," : "", kind_name(h.kind));
+            if (o->tokens) {
+                fputs("\"token\":", stdout);
+                json_str(stdout, e->d_name + 4);
+                fputc(',', stdout);
+            }
+            printf("\"pid\":%d,\"live\":%s,\"layout_version\":%u", h.owner_pid,
+                   live == 1 ? "true" : "false", h.version);
+            object_detail(fd, &h, true, stdout, detail, sizeof detail);
+            fputc('}', stdout);
         } else {
-            snprintf(detail, sizeof detail, "%llu bytes, %s%s", (unsigned long long)h.body_size,
-                     h.mode == MEMLAN_MODE_RO ? "read-only" : "read-write",
-                     h.state == ML_SEG_REVOKED ? ", revoked" : "");
+            object_detail(fd, &h, false, NULL, detail, sizeof detail);
+            printf("%-8s ", kind_name(h.kind));
+            if (o->tokens)
+                printf("%-32s ", e->d_name + 4);
+            printf("%7d %-5s %s\n", h.owner_pid, live == 1 ? "yes" : "DEAD", detail);
         }
-        if (json)
-            printf("%s{\"kind\":\"%s\",\"token\":\"%s\",\"pid\":%d,\"live\":%s,\"detail\":\"%s\"}",
-                   n ? "," : "", kind_name(h.kind), e->d_name + 4, h.owner_pid,
-                   live == 1 ? "true" : "false", detail);
-        else
-            printf("%-8s %-32s %7d %-5s %s\n", kind_name(h.kind), e->d_name + 4, h.owner_pid,
-                   live == 1 ? "yes" : "DEAD", detail);
         if (h.kind == ML_KIND_PROC && h.version == ML_LAYOUT_VERSION && live == 1)
-            proc_conns(dir, fd, &h, json, &conn_json, &nconn);
+            proc_conns(dir, fd, &h, o, cj, &nconn);
         n++;
         close(fd);
     }
-    closedir(d);
-    if (json)
-        printf("],\"connections\":[%s]}\n", conn_json ? conn_json : "");
-    else if (!n)
+    if (d)
+        closedir(d);
+    if (o->json) {
+        fclose(cj);
+        printf("],\"connections\":[%s]}\n", conns ? conns : "");
+    } else if (!n) {
         printf("(empty)\n");
-    free(conn_json);
+    }
+    free(conns);
+    fflush(stdout);
     return 0;
 }
 
-static int cmd_clean(void)
+static void stat_usage(FILE *f)
 {
+    fprintf(f,
+            "usage: memlan stat [OPTIONS]\n"
+            "List the fabric's objects (processes, channels, event queues, segments), whether\n"
+            "their owner lives, and each memlan process's connections: accelerated with their\n"
+            "counters, or on TCP with the reason.  Reads only: reclaims nothing.\n"
+            "  --fabric DIR        the fabric directory (default $MEMLAN_FABRIC, else\n"
+            "                      /dev/shm/memlan-UID)\n"
+            "  --json              one JSON document: {fabric, time, objects[], connections[]}\n"
+            "  --pid PID           only the objects (and connections) of process PID\n"
+            "  --kind KIND         only objects of KIND: process, channel, evq or segment\n"
+            "                      (connections are listed with their process)\n"
+            "  -i, --interval SEC  print again every SEC seconds (fractions allowed) until\n"
+            "                      interrupted; with --json one document per line\n"
+            "  -c, --count N       with -i: stop after N snapshots\n"
+            "  --tokens            also show the tokens; a token is a capability (whoever has it\n"
+            "                      may attach or import), so it is hidden unless asked for\n"
+            "  -h, --help          this text\n");
+}
+
+static int cmd_stat(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"json", no_argument, 0, 'j'},          {"pid", required_argument, 0, 'p'},
+        {"kind", required_argument, 0, 'k'},    {"interval", required_argument, 0, 'i'},
+        {"count", required_argument, 0, 'c'},   {"tokens", no_argument, 0, 't'},
+        {"fabric", required_argument, 0, 'f'},  {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    struct stat_opts o = {0};
+    double interval = 0;
+    long count = 0, v;
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":hi:c:", opts, NULL)) != -1) {
+        switch (c) {
+        case 'j': o.json = true; break;
+        case 't': o.tokens = true; break;
+        case 'p':
+            if (!parse_long(optarg, 1, INT_MAX, &v))
+                return bad_value("stat", "--pid", optarg, "a process id");
+            o.pid = (int)v;
+            break;
+        case 'k':
+            if (strcmp(optarg, "process") && strcmp(optarg, "channel") && strcmp(optarg, "evq") &&
+                strcmp(optarg, "segment"))
+                return bad_value("stat", "--kind", optarg, "process, channel, evq or segment");
+            o.kind = optarg;
+            break;
+        case 'i': {
+            char *end;
+            interval = strtod(optarg, &end);
+            if (!*optarg || *end || !(interval >= 0.01 && interval <= 86400))
+                return bad_value("stat", "--interval", optarg, "seconds, 0.01 to 86400");
+            break;
+        }
+        case 'c':
+            if (!parse_long(optarg, 1, LONG_MAX, &count))
+                return bad_value("stat", "--count", optarg, "a positive number");
+            break;
+        case 'f':
+            if (cli_set_fabric("stat", optarg))
+                return 2;
+            break;
+        case 'h': stat_usage(stdout); return 0;
+        default: return cli_opt_error("stat", c, argv);
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "memlan stat: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (count && !interval) {
+        fprintf(stderr, "memlan stat: --count needs --interval\n");
+        return 2;
+    }
+    for (long i = 0;; i++) {
+        int r = stat_once(&o);
+        if (r || !interval || (count && i + 1 >= count))
+            return r;
+        if (!o.json)
+            printf("\n");
+        struct timespec ts = {(time_t)interval, (long)((interval - floor(interval)) * 1e9)};
+        while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+            ;
+    }
+}
+
+/* ---- clean --------------------------------------------------------------------------------- */
+
+static int cmd_clean(int argc, char **argv)
+{
+    static const struct option opts[] = {{"fabric", required_argument, 0, 'f'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'f':
+            if (cli_set_fabric("clean", optarg))
+                return 2;
+            break;
+        case 'h':
+            printf("usage: memlan clean [--fabric DIR]\n"
+                   "Remove the fabric files whose owner has died (a process killed before it\n"
+                   "could clean up).  A live process's files are never touched.\n"
+                   "  --fabric DIR   the fabric directory (default $MEMLAN_FABRIC, else\n"
+                   "                 /dev/shm/memlan-UID)\n"
+                   "  -h, --help     this text\n");
+            return 0;
+        default: return cli_opt_error("clean", c, argv);
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "memlan clean: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    if (fabric_must_exist("clean"))
+        return 1;
     memlan_fabric_t *fab;
     int r = memlan_fabric_open(NULL, &fab);
     if (r < 0) {
-        fprintf(stderr, "memlan clean: %s\n", strerror(-r));
+        fprintf(stderr, "memlan clean: cannot open the fabric: %s\n", memlan_strerror(r));
         return 1;
     }
     r = memlan_fabric_clean(fab);
     if (r < 0) {
-        fprintf(stderr, "memlan clean: %s\n", strerror(-r));
+        fprintf(stderr, "memlan clean: %s\n", memlan_strerror(r));
         memlan_fabric_close(fab);
         return 1;
     }
@@ -232,24 +572,34 @@ static int cmd_clean(void)
     return 0;
 }
 
+/* ---- run ----------------------------------------------------------------------------------- */
+
 static void run_usage(FILE *f)
 {
     fprintf(f,
             "usage: memlan run [OPTIONS] [--] PROGRAM [ARGS]\n"
-            "  --spin-us N         spin budget before sleeping (MEMLAN_SPIN_US; 0 = never spin)\n"
+            "Run PROGRAM with its TCP connections to other memlan processes on this host carried\n"
+            "over shared memory.  Children inherit the settings.\n"
             "  --fabric DIR        fabric directory (MEMLAN_FABRIC; default /dev/shm/memlan-UID)\n"
+            "  --spin-us N         spin budget before sleeping, 0 to 1000000 (MEMLAN_SPIN_US;\n"
+            "                      0 = never spin; default adaptive)\n"
             "  --ports LIST        accelerate only these server ports, e.g. 80,8000-8100\n"
             "                      (MEMLAN_PORTS)\n"
             "  --no-ports LIST     never accelerate these server ports (MEMLAN_NO_PORTS)\n"
-            "  --log stderr|FILE   log each decision (MEMLAN_LOG)\n"
-            "  --log-level N       0 errors, 1 decisions, 2 debug (MEMLAN_LOG_LEVEL)\n"
+            "  --log stderr|FILE   log each decision (MEMLAN_LOG); a FILE is opened for append\n"
+            "                      now, and a relative one made absolute\n"
+            "  --log-level N       0 errors, 1 decisions, 2 debug (MEMLAN_LOG_LEVEL, default 1)\n"
             "  --accept-wait-ms N  how long a client's offer waits for a memlan accept before the\n"
-            "                      connection stays on TCP (MEMLAN_ACCEPT_WAIT_MS, default 2000)\n"
-            "  --ring-kb N         ring size per direction, KiB, unless SO_SNDBUF/SO_RCVBUF set\n"
-            "                      before connect say otherwise (MEMLAN_RING_KB, default 256)\n"
+            "                      connection stays on TCP, 1 to 600000 (MEMLAN_ACCEPT_WAIT_MS,\n"
+            "                      default 2000)\n"
+            "  --ring-kb N         ring size per direction, KiB, 4 to 1048576, unless\n"
+            "                      SO_SNDBUF/SO_RCVBUF set before connect say otherwise\n"
+            "                      (MEMLAN_RING_KB, default 256)\n"
             "  --off               load the library but accelerate nothing (MEMLAN_OFF=1)\n"
-            "Children inherit the settings.  memlan stat shows the connections and, for each one\n"
-            "that stayed on TCP, why.\n");
+            "  -q, --quiet         say nothing on stderr when memlan cannot accelerate or a\n"
+            "                      setting is bad (MEMLAN_QUIET=1); --log still logs\n"
+            "  -h, --help          this text\n"
+            "memlan stat shows the connections and, for each one that stayed on TCP, why.\n");
 }
 
 #ifndef MEMLAN_LIBDIR
@@ -338,54 +688,168 @@ static int find_preload(char *out, size_t len)
     return preload_by_soname(out, len);
 }
 
+/* The file execvp() would run for name, or false. */
+static bool which(const char *name, char *out, size_t len)
+{
+    if (strchr(name, '/')) {
+        snprintf(out, len, "%s", name);
+        return true;
+    }
+    const char *path = getenv("PATH");
+    if (!path)
+        path = "/usr/local/bin:/usr/bin:/bin";
+    while (*path) {
+        size_t l = strcspn(path, ":");
+        snprintf(out, len, "%.*s/%s", (int)(l ? l : 1), l ? path : ".", name);
+        if (access(out, X_OK) == 0)
+            return true;
+        path += l + (path[l] == ':');
+    }
+    return false;
+}
+
+/* 1 when path is an ELF executable without an interpreter (statically linked: the dynamic
+ * loader, hence LD_PRELOAD, never runs), 0 when dynamic, else -1 (unreadable, not ELF).  A "#!"
+ * script is judged by its interpreter, one level deep. */
+static int elf_static(const char *path, int depth, char *judged, size_t jlen)
+{
+    snprintf(judged, jlen, "%s", path);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    unsigned char hdr[256];
+    ssize_t n = pread(fd, hdr, sizeof hdr - 1, 0);
+    int r = -1;
+    if (n >= 2 && hdr[0] == '#' && hdr[1] == '!' && depth == 0) {
+        hdr[n] = 0;
+        char *p = (char *)hdr + 2;
+        p += strspn(p, " \t");
+        p[strcspn(p, " \t\n")] = 0;
+        close(fd);
+        return *p ? elf_static(p, 1, judged, jlen) : -1;
+    }
+    uint64_t phoff = 0;
+    unsigned phnum = 0, phentsize = 0;
+    if (n >= (ssize_t)sizeof(Elf64_Ehdr) && memcmp(hdr, ELFMAG, SELFMAG) == 0 &&
+        hdr[EI_CLASS] == ELFCLASS64) {
+        Elf64_Ehdr eh;
+        memcpy(&eh, hdr, sizeof eh);
+        phoff = eh.e_phoff, phnum = eh.e_phnum, phentsize = eh.e_phentsize;
+        r = 1;
+    } else if (n >= (ssize_t)sizeof(Elf32_Ehdr) && memcmp(hdr, ELFMAG, SELFMAG) == 0 &&
+               hdr[EI_CLASS] == ELFCLASS32) {
+        Elf32_Ehdr eh;
+        memcpy(&eh, hdr, sizeof eh);
+        phoff = eh.e_phoff, phnum = eh.e_phnum, phentsize = eh.e_phentsize;
+        r = 1;
+    }
+    /* p_type is the first word of a program header in both classes. */
+    for (unsigned i = 0; i < phnum && r == 1; i++) {
+        uint32_t type;
+        if (pread(fd, &type, sizeof type, (off_t)(phoff + (uint64_t)i * phentsize)) != sizeof type)
+            r = -1;
+        else if (type == PT_INTERP)
+            r = 0;
+    }
+    close(fd);
+    return r;
+}
+
 static int cmd_run(int argc, char **argv)
 {
-    static const struct { const char *opt, *env; } opts[] = {
-        {"--spin-us", "MEMLAN_SPIN_US"}, {"--fabric", "MEMLAN_FABRIC"},
-        {"--ports", "MEMLAN_PORTS"},     {"--no-ports", "MEMLAN_NO_PORTS"},
-        {"--log", "MEMLAN_LOG"},         {"--log-level", "MEMLAN_LOG_LEVEL"},
-        {"--accept-wait-ms", "MEMLAN_ACCEPT_WAIT_MS"}, {"--ring-kb", "MEMLAN_RING_KB"},
-    };
-    int i = 1;
-    for (; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--") == 0) {
-            i++;
+    enum { O_SPIN = 256, O_FABRIC, O_PORTS, O_NOPORTS, O_LOG, O_LOGLEVEL, O_ACCEPT, O_RING, O_OFF };
+    static const struct option opts[] = {
+        {"spin-us", required_argument, 0, O_SPIN},   {"fabric", required_argument, 0, O_FABRIC},
+        {"ports", required_argument, 0, O_PORTS},    {"no-ports", required_argument, 0, O_NOPORTS},
+        {"log", required_argument, 0, O_LOG},        {"log-level", required_argument, 0, O_LOGLEVEL},
+        {"accept-wait-ms", required_argument, 0, O_ACCEPT},
+        {"ring-kb", required_argument, 0, O_RING},   {"off", no_argument, 0, O_OFF},
+        {"quiet", no_argument, 0, 'q'},              {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
+    int c;
+    long v;
+    bool quiet = false;
+    optind = 1;
+    opterr = 0;
+    /* '+': options end at PROGRAM, whose own options are its business. */
+    while ((c = getopt_long(argc, argv, "+:hq", opts, NULL)) != -1) {
+        switch (c) {
+        case O_SPIN:
+            if (!parse_long(optarg, 0, 1000000, &v))
+                return bad_value("run", "--spin-us", optarg, "microseconds, 0 to 1000000");
+            setenv("MEMLAN_SPIN_US", optarg, 1);
             break;
-        }
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            run_usage(stdout);
-            return 0;
-        }
-        if (strcmp(a, "--off") == 0) {
-            setenv("MEMLAN_OFF", "1", 1);
-            continue;
-        }
-        if (a[0] != '-')
+        case O_FABRIC:
+            if (cli_set_fabric("run", optarg))
+                return 2;
             break;
-        size_t k = 0;
-        for (; k < sizeof opts / sizeof opts[0]; k++) {
-            size_t l = strlen(opts[k].opt);
-            if (strncmp(a, opts[k].opt, l) == 0 && (a[l] == 0 || a[l] == '=')) {
-                const char *v = a[l] == '=' ? a + l + 1 : (i + 1 < argc ? argv[++i] : NULL);
-                if (!v) {
-                    fprintf(stderr, "memlan run: %s needs a value\n", opts[k].opt);
-                    return 2;
-                }
-                setenv(opts[k].env, v, 1);
-                break;
-            }
-        }
-        if (k == sizeof opts / sizeof opts[0]) {
-            fprintf(stderr, "memlan run: unknown option '%s'\n", a);
-            run_usage(stderr);
-            return 2;
+        case O_PORTS:
+        case O_NOPORTS:
+            if (!mlp_ports_valid(optarg))
+                return bad_value("run", c == O_PORTS ? "--ports" : "--no-ports", optarg,
+                                 "ports 1 to 65535 and ranges, e.g. 80,8000-8100");
+            setenv(c == O_PORTS ? "MEMLAN_PORTS" : "MEMLAN_NO_PORTS", optarg, 1);
+            break;
+        case O_LOG:
+            if (!*optarg)
+                return bad_value("run", "--log", optarg, "stderr or a file");
+            setenv("MEMLAN_LOG", optarg, 1);
+            break;
+        case O_LOGLEVEL:
+            if (!parse_long(optarg, 0, 2, &v))
+                return bad_value("run", "--log-level", optarg, "0, 1 or 2");
+            setenv("MEMLAN_LOG_LEVEL", optarg, 1);
+            break;
+        case O_ACCEPT:
+            if (!parse_long(optarg, 1, 600000, &v))
+                return bad_value("run", "--accept-wait-ms", optarg, "milliseconds, 1 to 600000");
+            setenv("MEMLAN_ACCEPT_WAIT_MS", optarg, 1);
+            break;
+        case O_RING:
+            if (!parse_long(optarg, 4, 1 << 20, &v))
+                return bad_value("run", "--ring-kb", optarg, "KiB, 4 to 1048576");
+            setenv("MEMLAN_RING_KB", optarg, 1);
+            break;
+        case O_OFF: setenv("MEMLAN_OFF", "1", 1); break;
+        case 'q':
+            quiet = true;
+            setenv("MEMLAN_QUIET", "1", 1);
+            break;
+        case 'h': run_usage(stdout); return 0;
+        default: return cli_opt_error("run", c, argv);
         }
     }
-    if (i >= argc) {
+    if (optind >= argc) {
+        fprintf(stderr, "memlan run: no PROGRAM to run\n");
         run_usage(stderr);
         return 2;
     }
+    /* The log file, from --log or the environment: absolute, so that every process writes the
+     * same file whatever its working directory, and openable now rather than silently not. */
+    const char *log = getenv("MEMLAN_LOG");
+    if (log && *log && strcmp(log, "stderr") != 0 && strcmp(log, "1") != 0) {
+        char *abs = absolute(log);
+        if (!abs)
+            return bad_value("run", "--log", log, "path too long");
+        int fd = open(abs, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+        if (fd < 0) {
+            fprintf(stderr, "memlan run: cannot open the log file %s for append: %s\n", abs,
+                    strerror(errno));
+            free(abs);
+            return 2;
+        }
+        close(fd);
+        setenv("MEMLAN_LOG", abs, 1);
+        free(abs);
+    }
+    const char *prog = argv[optind];
+    char file[PATH_MAX], judged[PATH_MAX];
+    if (!quiet && which(prog, file, sizeof file) &&
+        elf_static(file, 0, judged, sizeof judged) == 1)
+        fprintf(stderr, "memlan run: warning: %s%s%s is statically linked: LD_PRELOAD cannot "
+                        "reach it, so its connections will not be accelerated\n", file,
+                strcmp(file, judged) ? ": its interpreter " : "",
+                strcmp(file, judged) ? judged : "");
     char lib[4096];
     if (find_preload(lib, sizeof lib) < 0) {
         fprintf(stderr, "memlan run: cannot find " PRELOAD_NAME " in ../lib next to this program, in "
@@ -403,10 +867,43 @@ static int cmd_run(int argc, char **argv)
     }
     setenv("LD_PRELOAD", pre, 1);
     free(pre);
-    execvp(argv[i], argv + i);
-    fprintf(stderr, "memlan run: %s: %s\n", argv[i], strerror(errno));
+    execvp(prog, argv + optind);
+    fprintf(stderr, "memlan run: %s: %s\n", prog, strerror(errno));
     return 127;
 }
+
+/* ---- version, help, dispatch --------------------------------------------------------------- */
+
+static int cmd_version(int argc, char **argv)
+{
+    static const struct option opts[] = {{"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        if (c == 'h') {
+            printf("usage: memlan version\nPrint memlan's version.\n");
+            return 0;
+        }
+        return cli_opt_error("version", c, argv);
+    }
+    if (optind < argc) {
+        fprintf(stderr, "memlan version: unexpected argument '%s'\n", argv[optind]);
+        return 2;
+    }
+    printf("memlan %d.%d\n", MEMLAN_VERSION_MAJOR, MEMLAN_VERSION_MINOR);
+    return 0;
+}
+
+static int cmd_bench(int argc, char **argv) { return bench_main(argc, argv); }
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+} commands[] = {
+    {"run", cmd_run},     {"stat", cmd_stat},       {"clean", cmd_clean},
+    {"bench", cmd_bench}, {"version", cmd_version},
+};
 
 int main(int argc, char **argv)
 {
@@ -415,22 +912,23 @@ int main(int argc, char **argv)
         return 2;
     }
     const char *cmd = argv[1];
-    if (strcmp(cmd, "bench") == 0)
-        return bench_main(argc - 1, argv + 1);
-    if (strcmp(cmd, "run") == 0)
-        return cmd_run(argc - 1, argv + 1);
-    if (strcmp(cmd, "stat") == 0)
-        return cmd_stat(argc > 2 && strcmp(argv[2], "--json") == 0);
-    if (strcmp(cmd, "clean") == 0)
-        return cmd_clean();
-    if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
-        printf("memlan %d.%d\n", MEMLAN_VERSION_MAJOR, MEMLAN_VERSION_MINOR);
-        return 0;
-    }
+    if (strcmp(cmd, "--version") == 0)
+        return cmd_version(1, argv + 1);
     if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+        if (argc > 2) { /* memlan help COMMAND = memlan COMMAND --help */
+            char *sub[] = {argv[2], "--help", NULL};
+            for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+                if (strcmp(argv[2], commands[i].name) == 0)
+                    return commands[i].fn(2, sub);
+            fprintf(stderr, "memlan: unknown command '%s'\n", argv[2]);
+            return 2;
+        }
         usage(stdout);
         return 0;
     }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (strcmp(cmd, commands[i].name) == 0)
+            return commands[i].fn(argc - 1, argv + 1);
     fprintf(stderr, "memlan: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

@@ -52,6 +52,7 @@ struct mlp_fdref {
 struct mlp_carry {
     char **env;               /* the environment to pass (malloc'd), NULL = the caller's */
     char envvar[40];          /* MEMLAN_INHERIT=fd */
+    char saidvar[24];         /* MEMLAN_SAID=topics */
     int memfd;
     int *bridges;
     int nbridges;
@@ -268,8 +269,8 @@ static bool mlp_env_named(const char *e, const char *name)
 }
 
 /*
- * The environment for the new image: the caller's, without a stale MEMLAN_INHERIT, with ours
- * added.  A program that execs with an environment of its own making (env -i, a sanitised envp)
+ * The environment for the new image: the caller's, without a stale MEMLAN_INHERIT or
+ * MEMLAN_SAID, with ours added.  A program that execs with an environment of its own making (env -i, a sanitised envp)
  * would lose LD_PRELOAD and its children memlan: when envp has no LD_PRELOAD at all we carry ours
  * and the MEMLAN_* settings over; an explicit LD_PRELOAD, even empty, is the caller's choice.
  */
@@ -281,14 +282,15 @@ static char *const *mlp_exec_env(struct mlp_carry *c, char *const envp[])
     for (; envp[n]; n++)
         if (mlp_env_named(envp[n], "LD_PRELOAD"))
             has_preload = true;
-    size_t extra = c->memfd >= 0;
+    unsigned said = mlp_said;
+    size_t extra = (c->memfd >= 0) + (said != 0);
     if (!has_preload)
         for (char **e = environ; e && *e; e++)
             if (mlp_env_named(*e, "LD_PRELOAD") || strncmp(*e, "MEMLAN", 6) == 0)
                 extra++;
     bool stale = false;
     for (size_t i = 0; i < n; i++)
-        if (mlp_env_named(envp[i], MLP_INHERIT))
+        if (mlp_env_named(envp[i], MLP_INHERIT) || mlp_env_named(envp[i], MLP_SAID_ENV))
             stale = true;
     if (!extra && !stale)
         return envp;
@@ -297,17 +299,21 @@ static char *const *mlp_exec_env(struct mlp_carry *c, char *const envp[])
         return envp;
     size_t j = 0;
     for (size_t i = 0; i < n; i++)
-        if (!mlp_env_named(envp[i], MLP_INHERIT) &&
+        if (!mlp_env_named(envp[i], MLP_INHERIT) && !mlp_env_named(envp[i], MLP_SAID_ENV) &&
             (has_preload || strncmp(envp[i], "MEMLAN", 6) != 0))
             ne[j++] = envp[i];
     if (!has_preload)
         for (char **e = environ; e && *e; e++)
             if ((mlp_env_named(*e, "LD_PRELOAD") || strncmp(*e, "MEMLAN", 6) == 0) &&
-                !mlp_env_named(*e, MLP_INHERIT))
+                !mlp_env_named(*e, MLP_INHERIT) && !mlp_env_named(*e, MLP_SAID_ENV))
                 ne[j++] = *e;
     if (c->memfd >= 0) {
         snprintf(c->envvar, sizeof c->envvar, MLP_INHERIT "=%d", c->memfd);
         ne[j++] = c->envvar;
+    }
+    if (said) { /* what was said on stderr is not said again by the images that follow */
+        snprintf(c->saidvar, sizeof c->saidvar, MLP_SAID_ENV "=%u", said);
+        ne[j++] = c->saidvar;
     }
     ne[j] = NULL;
     c->env = ne;

@@ -12,17 +12,21 @@
  * Until stage 1 is complete every interposer passes straight through.
  */
 #include "preload.h"
+#include "preload/ports.h"
 #include "sys/sys.h"
 
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -58,6 +62,88 @@ void mlp_log(int level, const char *fmt, ...)
     (void)__ml_sys_write(mlp_cfg.log_fd, buf, (size_t)n);
 }
 
+/*
+ * Telling the user.  What memlan cannot do in a process (use its fabric, honour a setting) is said
+ * once on the host's stderr, besides the log: a silent fall-back to TCP leaves a user measuring
+ * the kernel and believing it is memlan.  The host owns fd 2, so the note is written with the raw
+ * write system call (no stdio, no lock: safe wherever an interposer runs), its failure is
+ * ignored, and it is written only while fd 2 is still the file it was when we loaded: a host that
+ * closed its stderr may since have been given that number for a socket or a data file of its own.
+ * MEMLAN_QUIET=1 (memlan run --quiet) silences it; the log still gets it.
+ */
+_Atomic unsigned mlp_said;
+static unsigned mlp_said_before; /* the topics MEMLAN_SAID brought from an ancestor */
+static bool mlp_quiet;
+static bool mlp_stderr_known;
+static dev_t mlp_stderr_dev;
+static ino_t mlp_stderr_ino;
+
+static void mlp_note_stderr(void)
+{
+    struct stat st;
+    mlp_stderr_known = __ml_sys_fstat(2, &st) == 0;
+    if (mlp_stderr_known)
+        mlp_stderr_dev = st.st_dev, mlp_stderr_ino = st.st_ino;
+}
+
+static void mlp_say_stderr(const char *buf, int n);
+
+void mlp_say(unsigned topic, const char *fmt, ...)
+{
+    char buf[400];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if (n > (int)sizeof buf - 1)
+        n = (int)sizeof buf - 1;
+    mlp_log(0, "%s", buf);
+    mlp_said |= topic;
+    if (mlp_quiet || !mlp_stderr_known || (mlp_said_before & topic))
+        return;
+    int saved = errno; /* the host's errno is not ours to change */
+    mlp_say_stderr(buf, n);
+    errno = saved;
+}
+
+static void mlp_say_stderr(const char *buf, int n)
+{
+    struct stat st;
+    if (__ml_sys_fstat(2, &st) < 0 || st.st_dev != mlp_stderr_dev || st.st_ino != mlp_stderr_ino)
+        return;
+    /* Neither hang nor raise a signal in the host: not into a pipe that is full (it would
+     * block) or has lost its reader (SIGPIPE); raw ppoll, as poll is one of our interposers. */
+    struct pollfd pfd = {.fd = 2, .events = POLLOUT};
+    struct timespec zero = {0, 0};
+    if (syscall(SYS_ppoll, &pfd, 1, &zero, NULL, (size_t)8) != 1 ||
+        (pfd.revents & (POLLERR | POLLHUP | POLLNVAL)) || !(pfd.revents & POLLOUT))
+        return;
+    char line[460];
+    int m = snprintf(line, sizeof line, "memlan[%d]: %.*s\n", (int)mlp_pid, n, buf);
+    if (m <= 0)
+        return;
+    /* The reader may still go between the look and the write: SIGPIPE is blocked in this thread
+     * for the write, and one that it raised (none was pending before) is taken back. */
+    sigset_t pipe_set, old;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    bool had = false;
+    if (pthread_sigmask(SIG_BLOCK, &pipe_set, &old) != 0)
+        return;
+    sigset_t pending;
+    if (sigpending(&pending) == 0)
+        had = sigismember(&pending, SIGPIPE);
+    long w = __ml_sys_write(2, line, (size_t)(m < (int)sizeof line ? m : (int)sizeof line - 1));
+    if (w == -EPIPE && !had) {
+        struct timespec none = {0, 0};
+        while (sigtimedwait(&pipe_set, NULL, &none) < 0 && errno == EINTR)
+            ;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+}
+
 /* "80,8000-8100" contains port? */
 static bool mlp_port_in(const char *list, int port)
 {
@@ -91,24 +177,52 @@ bool mlp_port_allowed(int port, const char **why)
     return true;
 }
 
-static int mlp_env_int(const char *name, int def, int lo, int hi)
+/* An integer setting: def when unset; a value that is not a whole number in [lo, hi] is said
+ * (once: the configuration is read once per process image) and def used. */
+static int mlp_env_int(const char *name, int def, int lo, int hi, const char *def_text)
 {
     const char *v = getenv(name);
     if (!v || !*v)
         return def;
     char *end;
+    errno = 0;
     long x = strtol(v, &end, 10);
-    if (*end || x < lo || x > hi)
+    if (*end || errno || x < lo || x > hi) {
+        mlp_say(MLP_SAID_CONFIG, "bad %s='%.40s' (want %d to %d): using the default, %s", name, v, lo, hi,
+                def_text);
         return def;
+    }
     return (int)x;
+}
+
+/* A port list setting: "" (all ports) when unset or bad. */
+static void mlp_env_ports(const char *name, char *out, size_t len)
+{
+    const char *v = getenv(name);
+    out[0] = 0;
+    if (!v || !*v)
+        return;
+    if (strlen(v) >= len || !mlp_ports_valid(v)) {
+        mlp_say(MLP_SAID_CONFIG, "bad %s='%.40s' (want ports and ranges such as 80,8000-8100): ignored, so no "
+                "port is %s", name, v, strcmp(name, "MEMLAN_PORTS") == 0 ? "left out" : "excluded");
+        return;
+    }
+    snprintf(out, len, "%s", v);
 }
 
 static void mlp_read_config(void)
 {
+    mlp_note_stderr();
+    const char *q = getenv("MEMLAN_QUIET");
+    mlp_quiet = q && *q && strcmp(q, "0") != 0;
+    const char *said = getenv(MLP_SAID_ENV);
+    if (said)
+        mlp_said_before = (unsigned)strtoul(said, NULL, 10) & (MLP_SAID_CONFIG | MLP_SAID_FABRIC);
+    mlp_said = mlp_said_before;
     const char *v = getenv("MEMLAN_OFF");
     const char *m = getenv("MEMLAN");
     mlp_cfg.off = (v && *v && strcmp(v, "0") != 0) || (m && strcmp(m, "off") == 0);
-    mlp_cfg.log_level = mlp_env_int("MEMLAN_LOG_LEVEL", 1, 0, 2);
+    /* The log first, so that what is said about the other settings reaches it too. */
     const char *log = getenv("MEMLAN_LOG");
     if (log && *log) {
         int fd = -1;
@@ -120,13 +234,19 @@ static void mlp_read_config(void)
         mlp_cfg.log_fd = fd;
         if (fd >= 0)
             mlp_own_fd(&mlp_cfg.log_fd, true);
+        else
+            mlp_say(MLP_SAID_CONFIG, "cannot open MEMLAN_LOG='%.200s' for append: %s; not logging", log,
+                    strerror(-fd));
     }
-    mlp_cfg.accept_wait_ms = mlp_env_int("MEMLAN_ACCEPT_WAIT_MS", 2000, 1, 600000);
-    mlp_cfg.server_wait_ms = mlp_env_int("MEMLAN_SERVER_WAIT_MS", 50, 1, 60000);
-    int kb = mlp_env_int("MEMLAN_RING_KB", 256, 4, 1 << 20);
+    mlp_cfg.log_level = mlp_env_int("MEMLAN_LOG_LEVEL", 1, 0, 2, "1 (decisions)");
+    mlp_cfg.accept_wait_ms = mlp_env_int("MEMLAN_ACCEPT_WAIT_MS", 2000, 1, 600000, "2000 ms");
+    mlp_cfg.server_wait_ms = mlp_env_int("MEMLAN_SERVER_WAIT_MS", 50, 1, 60000, "50 ms");
+    int kb = mlp_env_int("MEMLAN_RING_KB", 256, 4, 1 << 20, "256 KiB");
     mlp_cfg.ring_size = (size_t)kb * 1024;
-    snprintf(mlp_cfg.ports, sizeof mlp_cfg.ports, "%s", getenv("MEMLAN_PORTS") ?: "");
-    snprintf(mlp_cfg.no_ports, sizeof mlp_cfg.no_ports, "%s", getenv("MEMLAN_NO_PORTS") ?: "");
+    /* Read by the core's spin policy (src/spin.c), which falls back the same way in silence. */
+    (void)mlp_env_int("MEMLAN_SPIN_US", 0, 0, 1000000, "adaptive");
+    mlp_env_ports("MEMLAN_PORTS", mlp_cfg.ports, sizeof mlp_cfg.ports);
+    mlp_env_ports("MEMLAN_NO_PORTS", mlp_cfg.no_ports, sizeof mlp_cfg.no_ports);
     struct stat st;
     if (__ml_sys_fstatat(AT_FDCWD, "/proc/self/ns/net", &st, 0) == 0)
         snprintf(mlp_cfg.netns, sizeof mlp_cfg.netns, "%llx", (unsigned long long)st.st_ino);

@@ -46,14 +46,25 @@ static memlan_fabric_t *mlp_fabric(void)
 {
     if (mlp_fab || mlp_fab_tried)
         return mlp_fab;
+    const char *why = NULL; /* set when the fabric cannot be used: said once, below */
     pthread_mutex_lock(&mlp_neg_mu);
     if (!mlp_fab_tried) {
         memlan_fabric_t *f;
         int r = memlan_fabric_open(NULL, &f);
+        const char *brief = r == -EACCES ? "another user's, or open to others" : NULL;
+        why = r == -EACCES ? "permission denied: the directory is another user's, or open to "
+                             "others (a fabric shared on purpose is named by MEMLAN_FABRIC)"
+            : r < 0 ? strerror(-r) : NULL;
+        /* A directory we may open but not write into (another user's shared fabric, a
+         * read-only mount) would fail every connection one by one: say it now, once. */
+        if (r == 0 && faccessat(f->dirfd, ".", W_OK | X_OK, AT_EACCESS) < 0) {
+            memlan_fabric_close(f);
+            r = -EACCES;
+            why = brief = "not writable by this user";
+        }
         if (r < 0) {
             snprintf(mlp_fab_error, sizeof mlp_fab_error, "fabric unavailable: %s",
-                     strerror(-r));
-            mlp_log(0, "%s: every connection stays on TCP", mlp_fab_error);
+                     brief ? brief : why);
         } else {
             mlp_own_fd(&f->dirfd, true);
             mlp_fab = f;
@@ -61,6 +72,18 @@ static memlan_fabric_t *mlp_fabric(void)
         mlp_fab_tried = true;
     }
     pthread_mutex_unlock(&mlp_neg_mu);
+    /* Once: mlp_fab_tried is set for good (and a forked child inherits it).  Said outside the
+     * lock, so that a stderr that blocks (a full pipe) holds up no other thread's connect. */
+    if (why) {
+        const char *dir = getenv("MEMLAN_FABRIC");
+        char def[64];
+        if (!dir || !*dir) {
+            snprintf(def, sizeof def, "/dev/shm/memlan-%u", (unsigned)getuid());
+            dir = def;
+        }
+        mlp_say(MLP_SAID_FABRIC, "cannot accelerate: fabric %.200s: %s; every connection "
+                "stays on TCP", dir, why);
+    }
     return mlp_fab;
 }
 

@@ -59,6 +59,16 @@ extern _Atomic int mlp_ready;        /* 0 before the real functions are resolved
 extern __thread int mlp_inside;      /* re-entry guard: our own libc calls pass straight through */
 
 void mlp_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/*
+ * Say it on stderr (unless MEMLAN_QUIET) and in the log.  topic is one MLP_SAID_* bit: callers say
+ * each topic at most once per process image, and an image that an ancestor's exec started with
+ * MEMLAN_SAID naming the topic only logs it (a shell script under memlan run execs dozens of
+ * programs; the user needs to read a bad setting once, not once per program).
+ */
+#define MLP_SAID_ENV "MEMLAN_SAID"
+enum { MLP_SAID_CONFIG = 1, MLP_SAID_FABRIC = 2 };
+extern _Atomic unsigned mlp_said;     /* topics said by us or an ancestor: passed on at exec */
+void mlp_say(unsigned topic, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 bool mlp_port_allowed(int port, const char **why);
 
 /* ---- accelerated sockets (sock.c) -------------------------------------------------------- */

@@ -2,6 +2,7 @@
 """The memlan command line: stat, clean and bench, run as a user would run them."""
 import json
 import os
+import re
 import signal
 import xml.etree.ElementTree as ET
 
@@ -21,9 +22,9 @@ def test_version_and_help():
 
 def test_stat_shows_live_objects_and_clean_leaves_them(fabric, holder):
     proc, seg, ch = holder()
-    out = memlan("stat").stdout
+    out = memlan("stat", "--tokens").stdout
     assert seg in out and ch in out
-    st = json.loads(memlan("stat", "--json").stdout)
+    st = json.loads(memlan("stat", "--json", "--tokens").stdout)
     kinds = {o["token"]: (o["kind"], o["live"], o["pid"]) for o in st["objects"]}
     assert kinds[seg] == ("segment", True, proc.pid)
     assert kinds[ch] == ("channel", True, proc.pid)
@@ -42,7 +43,7 @@ def test_sigkill_then_clean_reclaims(fabric, holder):
     proc, seg, ch = holder()
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
-    st = json.loads(memlan("stat", "--json").stdout)
+    st = json.loads(memlan("stat", "--json", "--tokens").stdout)
     assert {o["token"]: o["live"] for o in st["objects"]} == {seg: False, ch: False}
     assert "DEAD" in memlan("stat").stdout
     assert "removed 2 file" in memlan("clean").stdout
@@ -65,10 +66,355 @@ def test_bench_json_has_every_figure(fabric, tmp_path):
         assert abs(r[placement]["xmax_64k_MBps"] - xt * xr / (xt + xr)) < 0.2
     root = ET.parse(svg).getroot()
     assert root.tag.endswith("svg")
-    assert len([e for e in root.iter() if e.tag.endswith("polyline")]) == 4
+    lines = [e for e in root.iter() if e.tag.endswith("polyline")]
+    assert len(lines) == 4
+    # every point has a marker, so a one-point series (kernel TCP in --quick) is seen
+    points = sum(len(e.get("points").split()) for e in lines)
+    markers = [e for e in root.iter() if e.tag.endswith("circle") and e.get("class") == "marker"]
+    assert points >= 10 and len(markers) == points
+    # ticks for people, and the round trip of every transport beside bandwidth
+    texts = [e.text for e in root.iter() if e.tag.endswith("text") and e.text]
+    assert "1 MiB" in texts and "64 B" in texts and not any("e+" in s for s in texts)
+    bars = [e for e in root.iter() if e.tag.endswith("rect") and e.get("class") == "bar"]
+    assert len(bars) == 2 * 7 and "kernel TCP loopback" in texts and "pipe" in texts
+
+
+def test_bench_text_names_its_goals(fabric):
+    p = memlan("bench", "--quick", "--placement", "same", timeout=300, check=False)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert "MISSED" not in out and "issue" not in out and "target" not in out
+    assert re.search(r"round trip, spinning off: [0-9.e-]+x the bare futex +\(goal <= 1\.3x\)", out)
+    assert re.search(r"bandwidth, 64 KiB messages: [0-9.e-]+x X_max", out)
+    assert re.search(r"message rate, 64 B: [0-9.e-]+x kernel TCP's +\(goal >= 10x\)", out)
 
 
 def test_bench_rejects_bad_arguments(fabric):
     assert memlan("bench", "--placement", "moon", check=False).returncode == 2
     p = memlan("bench", "--plot", "x.png", check=False)
     assert p.returncode == 2 and "SVG" in p.stderr
+
+
+# ---- an honest command line (issue 23) ----------------------------------------------------------
+
+import ctypes
+import errno
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from conftest import LIB, MEMLAN
+
+PY = sys.executable  # the interpreter itself, not a wrapper script that execs several programs
+PRELOAD = LIB.parent / "libmemlan-preload.so"
+COMMANDS = ["run", "stat", "clean", "bench", "version"]
+
+
+def cli(*args, env=None, cwd=None, timeout=60):
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([str(MEMLAN), *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=e, cwd=cwd)
+
+
+@pytest.mark.parametrize("cmd", COMMANDS)
+def test_every_command_has_help(cmd):
+    p = cli(cmd, "--help")
+    assert p.returncode == 0 and p.stdout.startswith(f"usage: memlan {cmd}"), (p.stdout, p.stderr)
+    assert "--fabric" in p.stdout or cmd == "version"
+    assert cli("help", cmd).stdout == p.stdout
+
+
+def test_clean_help_cleans_nothing(fabric, holder):
+    proc, seg, ch = holder()
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    assert cli("clean", "--help").returncode == 0
+    assert sorted(os.listdir(fabric)) == sorted([f"seg-{seg}", f"seg-{ch}"])
+    assert "removed 2 file" in memlan("clean").stdout
+
+
+@pytest.mark.parametrize("args,named", [
+    (["stat", "--bogus"], "--bogus"),
+    (["stat", "--json", "extra"], "extra"),
+    (["clean", "--bogus"], "--bogus"),
+    (["bench", "--bogus"], "--bogus"),
+    (["version", "--bogus"], "--bogus"),
+    (["stat", "--pid", "x"], "--pid"),
+    (["stat", "--kind", "moon"], "--kind"),
+    (["stat", "-i", "0"], "--interval"),
+    (["stat", "-c", "3"], "--count"),
+    (["run", "--bogus", "--"], "--bogus"),
+    (["run", "--spin-us", "abc", "--"], "--spin-us"),
+    (["run", "--ring-kb", "-5", "--"], "--ring-kb"),
+    (["run", "--ports", "foo", "--"], "--ports"),
+    (["run", "--no-ports", "80-", "--"], "--no-ports"),
+    (["run", "--log-level", "9", "--"], "--log-level"),
+    (["run", "--accept-wait-ms", "0", "--"], "--accept-wait-ms"),
+    (["run", "--log", "/nonexistent-dir/x.log", "--"], "/nonexistent-dir/x.log"),
+])
+def test_bad_options_are_refused_before_anything_runs(fabric, tmp_path, args, named):
+    mark = tmp_path / "ran"
+    if args[0] == "run":
+        args = args + ["touch", str(mark)]
+    p = cli(*args, cwd=tmp_path)
+    assert p.returncode == 2, (p.returncode, p.stdout, p.stderr)
+    assert named in p.stderr and p.stdout == "", p.stderr
+    assert not mark.exists()
+
+
+def test_fabric_option_is_honoured(fabric, holder, tmp_path):
+    proc, seg, ch = holder()
+    other = tempfile.mkdtemp(prefix="memlan-py-other-", dir="/dev/shm")
+    try:
+        # --fabric beats MEMLAN_FABRIC, both ways.
+        st = json.loads(cli("stat", "--json", "--fabric", other).stdout)
+        assert st["fabric"] == other and st["objects"] == []
+        st = json.loads(cli("stat", "--json", "--tokens", "--fabric", fabric,
+                            env={"MEMLAN_FABRIC": other}).stdout)
+        assert {o["token"] for o in st["objects"]} == {seg, ch}
+        # A relative --fabric is taken against our working directory, and made absolute.
+        st = json.loads(cli("stat", "--json", "--fabric", fabric.name, cwd=fabric.parent,
+                            env={"MEMLAN_FABRIC": other}).stdout)
+        assert st["fabric"] == str(fabric) and len(st["objects"]) == 2
+        # A named fabric that does not exist is an error, not an empty fabric.
+        p = cli("stat", "--fabric", tmp_path / "nope")
+        assert p.returncode == 1 and "nope" in p.stderr
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        assert "removed 0 file" in cli("clean", "--fabric", other).stdout
+        assert sorted(os.listdir(fabric)) == sorted([f"seg-{seg}", f"seg-{ch}"])
+        p = cli("clean", "--fabric", fabric, env={"MEMLAN_FABRIC": other})
+        assert "removed 2 file" in p.stdout and str(fabric) in p.stdout, p.stdout + p.stderr
+        assert os.listdir(fabric) == []
+        out = cli("run", "--fabric", fabric.name, "--", "sh", "-c", "echo $MEMLAN_FABRIC",
+                  cwd=fabric.parent).stdout
+        assert out.strip() == str(fabric)
+    finally:
+        shutil.rmtree(other, ignore_errors=True)
+
+
+def test_run_log_is_absolute_and_opened_first(fabric, tmp_path):
+    (tmp_path / "sub").mkdir()
+    p = cli("run", "--log-level", "2", "--log", "rel.log", "--", "sh", "-c",
+            "cd sub && echo $MEMLAN_LOG && exec env true", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == str(tmp_path / "rel.log")
+    # every process logs into the one file, whatever its working directory
+    assert not (tmp_path / "sub" / "rel.log").exists()
+    assert (tmp_path / "rel.log").read_text().count("loaded") >= 2
+
+
+def test_run_warns_about_static_programs(fabric, tmp_path):
+    src = tmp_path / "s.c"
+    src.write_text("int main(void) { return 0; }\n")
+    static = tmp_path / "static"
+    if subprocess.run(["cc", "-static", "-o", str(static), str(src)]).returncode != 0:
+        pytest.skip("no static libc to link with")
+    p = cli("run", "--", static)
+    assert p.returncode == 0 and "statically linked" in p.stderr and str(static) in p.stderr
+    assert "statically linked" not in cli("run", "--quiet", "--", static).stderr
+    script = tmp_path / "script"
+    script.write_text(f"#!{static}\n")
+    script.chmod(0o755)
+    assert "statically linked" in cli("run", "--", script).stderr
+    dyn = cli("run", "--", PY, "-c", "pass")
+    assert dyn.returncode == 0 and "statically linked" not in dyn.stderr
+
+
+def test_stat_json_escapes_names(tmp_path):
+    odd = tempfile.mkdtemp(prefix='memlan-py-q"\\\x01\t\u00e9-', dir="/dev/shm")
+    try:
+        # MEMLAN_FABRIC too, so that a stat that ignored --fabric would read the same directory
+        p = cli("stat", "--json", "--fabric", odd, env={"MEMLAN_FABRIC": odd})
+        assert json.loads(p.stdout)["fabric"] == odd
+    finally:
+        shutil.rmtree(odd, ignore_errors=True)
+
+
+NAMED = r"""
+import ctypes, socket, sys
+ctypes.CDLL(None).prctl(15, b'q"\x01z', 0, 0, 0)  # PR_SET_NAME: a quote and a control char
+l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen(4)
+c = socket.create_connection(l.getsockname()); a, _ = l.accept()
+c.sendall(b"x" * 1000); assert len(a.recv(4096)) > 0
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_stat_json_is_structured(fabric):
+    p = subprocess.Popen([str(MEMLAN), "run", "--", PY, "-c", NAMED], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        out = cli("stat", "--json").stdout
+        st = json.loads(out)
+        procs = [o for o in st["objects"] if o["kind"] == "process" and o["pid"] == p.pid]
+        assert len(procs) == 1, st
+        pr = procs[0]
+        assert pr["command"] == 'q"\x01z'
+        assert isinstance(pr["accelerated"], int) and isinstance(pr["on_tcp"], int)
+        assert pr["accelerated"] + pr["on_tcp"] >= 1
+        assert isinstance(pr["layout_version"], int) and pr["live"] is True
+        conns = [c for c in st["connections"] if c["pid"] == p.pid]
+        assert conns, st
+        for c in conns:
+            assert c["state"] in ("accelerated", "tcp", "waiting")
+            if c["state"] == "accelerated":
+                assert isinstance(c["bytes_out"], int) and isinstance(c["wakeups"], int)
+            else:
+                assert isinstance(c["reason"], str)
+        assert sum(c.get("bytes_out", 0) + c.get("bytes_in", 0) for c in conns) in (0, 2000)
+        for o in st["objects"]:
+            if o["kind"] == "channel":
+                assert isinstance(o["ring_bytes"], int) and len(o["side_pids"]) == 2
+        # the text form says the same, without the control character
+        text = cli("stat").stdout
+        assert f"conn pid {p.pid}" in text and 'q"?z:' in text and "\x01" not in text
+    finally:
+        p.stdin.write("\n")
+        p.stdin.close()
+        p.wait(timeout=20)
+    memlan("clean")
+
+
+def test_stat_filters_and_tokens(fabric, holder):
+    proc, seg, ch = holder()
+    for args in (["stat"], ["stat", "--json"]):
+        out = cli(*args).stdout
+        assert seg not in out and ch not in out, out
+    st = json.loads(cli("stat", "--json").stdout)
+    assert len(st["objects"]) == 2 and all("token" not in o for o in st["objects"])
+    out = cli("stat", "--tokens").stdout
+    assert seg in out and ch in out
+    st = json.loads(cli("stat", "--json", "--tokens", "--kind", "channel").stdout)
+    assert [(o["kind"], o["token"]) for o in st["objects"]] == [("channel", ch)]
+    st = json.loads(cli("stat", "--json", "--tokens", "--kind", "segment").stdout)
+    assert [(o["kind"], o["token"]) for o in st["objects"]] == [("segment", seg)]
+    st = json.loads(cli("stat", "--json", "--pid", proc.pid).stdout)
+    assert len(st["objects"]) == 2 and {o["pid"] for o in st["objects"]} == {proc.pid}
+    st = json.loads(cli("stat", "--json", "--pid", proc.pid + 1).stdout)
+    assert st["objects"] == []
+    assert "(empty)" in cli("stat", "--kind", "evq").stdout
+
+
+def test_stat_interval(fabric, holder):
+    holder()
+    p = cli("stat", "--json", "-i", "0.05", "-c", "3")
+    assert p.returncode == 0, p.stderr
+    docs = [json.loads(l) for l in p.stdout.splitlines()]
+    assert len(docs) == 3 and all(len(d["objects"]) == 2 for d in docs)
+    assert docs[0]["time"] < docs[1]["time"] < docs[2]["time"]
+    assert cli("stat", "--interval", "0.05", "--count", "2").stdout.count("fabric ") == 2
+
+
+CONNECT = ("import socket; l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen(4); "
+           "c = socket.create_connection(l.getsockname()); a, _ = l.accept(); "
+           "c.sendall(b'hi'); print(a.recv(2).decode())")
+
+
+def test_preload_says_bad_settings_once(fabric):
+    # sh, then two interpreters it runs: three images, one message for each bad setting
+    cmd = ["run", "--", "sh", "-c", f"{PY} -c 'print(1)'; {PY} -c \"{CONNECT}\""]
+    good = cli(*cmd)
+    assert good.returncode == 0 and good.stdout == "1\nhi\n" and good.stderr == "", good.stderr
+    bad = cli(*cmd, env={"MEMLAN_RING_KB": "-5", "MEMLAN_PORTS": "foo", "MEMLAN_SPIN_US": "abc"})
+    assert bad.returncode == 0 and bad.stdout == good.stdout
+    err = bad.stderr
+    for var, val, default in (("MEMLAN_RING_KB", "-5", "256"), ("MEMLAN_PORTS", "foo", "no port"),
+                              ("MEMLAN_SPIN_US", "abc", "adaptive")):
+        lines = [l for l in err.splitlines() if var in l]
+        assert len(lines) == 1, err
+        assert f"'{val}'" in lines[0] and default in lines[0], lines[0]
+    quiet = cli(*cmd, env={"MEMLAN_RING_KB": "-5", "MEMLAN_QUIET": "1"})
+    assert quiet.stdout == good.stdout and quiet.stderr == ""
+    # an unopenable log file, set without memlan run (which would refuse it)
+    p = subprocess.run([PY, "-c", "print(7)"], capture_output=True, text=True, timeout=30,
+                       env=dict(os.environ, LD_PRELOAD=str(PRELOAD),
+                                MEMLAN_LOG="/nonexistent-dir/m.log"))
+    assert p.stdout == "7\n" and "MEMLAN_LOG" in p.stderr and "/nonexistent-dir/m.log" in p.stderr
+
+
+FD2_REUSED = ("import os, sys; os.close(2); f = open(sys.argv[1], 'w'); assert f.fileno() == 2; "
+              + CONNECT)
+
+
+def test_preload_says_when_it_cannot_accelerate(tmp_path):
+    env = {"MEMLAN_FABRIC": str(tmp_path / "missing" / "fabric")}
+    p = cli("run", "--", PY, "-c", CONNECT, env=env)
+    assert p.returncode == 0 and p.stdout == "hi\n"
+    lines = [l for l in p.stderr.splitlines() if "cannot accelerate" in l]
+    assert len(lines) == 1 and env["MEMLAN_FABRIC"] in lines[0] and "TCP" in lines[0], p.stderr
+    q = cli("run", "--quiet", "--", PY, "-c", CONNECT, env=env)
+    assert q.stdout == "hi\n" and q.stderr == ""
+    # A fabric we may not write into.
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    if os.geteuid() != 0:
+        p = cli("run", "--", PY, "-c", CONNECT, env={"MEMLAN_FABRIC": str(ro)})
+        assert p.stdout == "hi\n" and "not writable" in p.stderr, p.stderr
+    # A host that closed its stderr and was given fd 2 for a file of its own: never written.
+    own = tmp_path / "own"
+    p = cli("run", "--", PY, "-c", FD2_REUSED, own, env=env)
+    assert p.returncode == 0 and p.stdout == "hi\n"
+    assert own.read_text() == ""
+
+
+def test_default_fabric_of_another_owner_is_said(tmp_path):
+    if os.geteuid() != 0 or not shutil.which("setpriv"):
+        pytest.skip("needs root to be another user")
+    d = "/dev/shm/memlan-65534"
+    if os.path.exists(d):
+        pytest.skip(d + " exists")
+    nobody = ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups"]
+    if subprocess.run(nobody + [PY, "-c", "pass"], cwd="/", capture_output=True).returncode:
+        pytest.skip("user 65534 cannot run " + PY)
+    os.mkdir(d, 0o700)  # root's, where user 65534's default fabric should be
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "MEMLAN_FABRIC"}
+        env["LD_PRELOAD"] = str(PRELOAD)
+        p = subprocess.run(nobody + [PY, "-c", CONNECT], capture_output=True, text=True, env=env,
+                           timeout=30, cwd="/")
+        assert p.stdout == "hi\n", p.stderr
+        assert "cannot accelerate" in p.stderr and d in p.stderr and "another user" in p.stderr
+    finally:
+        os.rmdir(d)
+
+
+def test_memlan_strerror():
+    lib = ctypes.CDLL(str(LIB))
+    lib.memlan_strerror.restype = ctypes.c_char_p
+    lib.memlan_strerror.argtypes = [ctypes.c_int]
+    s = lambda e: lib.memlan_strerror(e).decode()
+    assert s(-errno.EPROTO) == s(errno.EPROTO)
+    assert "peer broke the channel protocol" in s(-errno.EPROTO)
+    assert "revoked" in s(-errno.ECONNABORTED)
+    assert "layout version" in s(-errno.EPROTONOSUPPORT)
+    assert "already" in s(-errno.EBUSY) and "fabric" in s(-errno.EACCES)
+    assert "full" in s(-errno.ENOSPC) and "stale" in s(-errno.ESTALE).lower()
+    for e in (errno.ENOTTY, errno.EIO, 4242):
+        assert s(-e) == os.strerror(e)
+
+
+def test_bench_checks_its_plot_path_first(fabric, tmp_path):
+    p = cli("bench", "--quick", "--plot", tmp_path / "no" / "x.svg", timeout=20)
+    assert p.returncode == 2 and str(tmp_path / "no" / "x.svg") in p.stderr
+    assert not (tmp_path / "x.svg").exists()
+
+
+def test_preload_note_never_raises_sigpipe_in_the_host():
+    """A stderr pipe whose reader has gone: the note is dropped, the host neither dies of SIGPIPE
+    (the preload speaks in its constructor, before a host could ignore the signal) nor blocks."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run(["/bin/sh", "-c", "echo 1"], stdout=subprocess.PIPE, stderr=w,
+                           text=True, timeout=30,
+                           env=dict(os.environ, LD_PRELOAD=str(PRELOAD), MEMLAN_RING_KB="-5"))
+    finally:
+        os.close(w)
+    assert p.returncode == 0 and p.stdout == "1\n", p.returncode

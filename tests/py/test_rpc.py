@@ -234,9 +234,9 @@ def test_pinned_server_spins_for_a_client_on_another_cpu(fabric, builds):
     finally:
         srv.stop()
     assert out.strip() == "50000 pings: 0 failed", out
-    q = [o["detail"] for o in st["objects"] if o["kind"] == "evq" and o["pid"] == srv.p.pid]
+    q = [o for o in st["objects"] if o["kind"] == "evq" and o["pid"] == srv.p.pid]
     assert len(q) == 1, st
-    posts, wakeups = map(int, re.search(r"posts (\d+); wake-ups (\d+)", q[0]).groups())
+    posts, wakeups = q[0]["posts"], q[0]["wakeups"]
     # a call posts unless the server is still busy with the previous one; a call to a server
     # that sleeps also rings it.  Never spinning rang it on nearly every call (49314 of 50000).
     assert posts >= 5000, q[0]

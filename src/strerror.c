@@ -1,0 +1,48 @@
+/*
+ * strerror.c - memlan_strerror(): what an error means in memlan's terms.
+ *
+ * The API returns negative errnos, and several of them mean something narrower here than the C
+ * library's text says ("Protocol error", "Stale file handle", "No such file or directory" for a
+ * wrong token).  This table gives memlan's meaning for the errors the API documents; any other
+ * errno gets the C library's text.
+ */
+#include "memlan.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+static const struct {
+    int err;
+    const char *text;
+} ml_texts[] = {
+    {EPROTO, "peer broke the channel protocol (corrupt shared indices, records or header)"},
+    {EPROTONOSUPPORT, "unknown shared-memory layout version (the peer runs another memlan release)"},
+    {ESTALE, "stale token: the channel was reused or its offer withdrawn"},
+    {ECONNABORTED, "revoked by its exporter"},
+    {EOWNERDEAD, "the owner of the shared object died"},
+    {EBUSY, "the channel already has its second side attached"},
+    {ECONNREFUSED, "the channel's creator closed it before it was attached"},
+    {ECONNRESET, "the peer died or the channel was revoked"},
+    {EPIPE, "the channel is closed for sending (the peer closed it, or we shut it down)"},
+    {EACCES, "fabric permission denied (another user's directory, a directory open to others "
+             "that MEMLAN_FABRIC does not name, or read-write asked of a read-only export)"},
+    {ENOSPC, "fabric full (no space left for its files) or the event queue is full"},
+    {ENOENT, "no such token or fabric directory (a wrong token, or another fabric)"},
+    {EMSGSIZE, "message larger than the channel can carry"},
+    {EAGAIN, "nothing to do now: the call would block"},
+    {ETIMEDOUT, "timed out"},
+};
+
+const char *memlan_strerror(int err)
+{
+    if (err < 0)
+        err = -err;
+    for (size_t i = 0; i < sizeof ml_texts / sizeof ml_texts[0]; i++)
+        if (ml_texts[i].err == err)
+            return ml_texts[i].text;
+    /* strerror() may share one buffer between threads; strerror_r() (GNU: returns the text,
+     * which may or may not be in our buffer) into a buffer of this thread's own does not. */
+    static __thread char buf[96];
+    return strerror_r(err, buf, sizeof buf);
+}
