@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * strerror.c - memlan_strerror(): what an error means in memlan's terms.
  *
@@ -41,8 +42,8 @@ const char *memlan_strerror(int err)
     for (size_t i = 0; i < sizeof ml_texts / sizeof ml_texts[0]; i++)
         if (ml_texts[i].err == err)
             return ml_texts[i].text;
-    /* strerror() may share one buffer between threads; strerror_r() (GNU: returns the text,
-     * which may or may not be in our buffer) into a buffer of this thread's own does not. */
-    static __thread char buf[96];
-    return strerror_r(err, buf, sizeof buf);
+    /* glibc (2.32 and later) answers a known error number with its constant table text, and
+     * only an unknown one with a per-thread buffer of its own; a buffer of ours would need TLS,
+     * and libmemlan would then need the dynamic linker's __tls_get_addr besides libc. */
+    return strerror(err);
 }

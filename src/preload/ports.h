@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * ports.h - the syntax of a port list (MEMLAN_PORTS, MEMLAN_NO_PORTS, memlan run --ports):
  * "80,8000-8100", ports 1 to 65535, ranges low-high, a space allowed after a comma.  Shared by the
