@@ -82,6 +82,7 @@ struct mlp_sock {
     unsigned fork_gen;            /* last fork this socket was counted in (holders) */
     struct mlp_member *epm;       /* its epoll memberships (poll.c, under its lock) */
     struct mlp_pwreg *pw;         /* threads asleep in poll/select on it (poll.c, mlp_pw_mu) */
+    _Atomic uint64_t fin_ns;      /* when its kernel socket's FIN came, the peer still alive */
     pthread_mutex_t mu;           /* state changes: withdrawal, close */
     /* Listener: its rendezvous record. */
     int port;
