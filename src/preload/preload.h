@@ -161,6 +161,7 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
 int mlp_select(int n, fd_set *r, fd_set *w, fd_set *e, int64_t timeout_ns, const sigset_t *mask,
                int64_t *left_ns);
 int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handled);
+extern __thread bool mlp_ep_ns __attribute__((tls_model("initial-exec")));   /* inside the epoll_pwait2 interposer */
 int mlp_epoll_wait(int epfd, struct epoll_event *ev, int max, int64_t timeout_ns,
                    const sigset_t *mask);
 void mlp_epoll_forget_fd(int fd);

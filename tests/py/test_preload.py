@@ -712,3 +712,16 @@ def test_sigkill_storm_against_an_epoll_server(fabric, tmp_path):
         srv.kill()
         srv.wait()
     settle(fabric)
+
+
+@pytest.mark.parametrize("prog", ["pollcancel", "nopwait2"])
+def test_host_process_events_match_kernel(fabric, tmp_path, prog):
+    """pollcancel: a thread cancelled in poll, and one that leaves poll by siglongjmp, then
+    another thread reusing their stacks while data arrives; nopwait2: a seccomp sandbox that
+    kills on epoll_pwait2, which the program never calls.  Same output as over kernel TCP, the
+    connection accelerated."""
+    plain, under, text = scripted(BUILD / "tests-preload" / prog, tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    assert "accelerated (accepted" in text, text
+    settle(fabric)
