@@ -19,7 +19,7 @@
 #include <stddef.h>
 
 #define ML_SEG_MAGIC       0x47534e414c4d454dull /* "MEMLANSG" little-endian */
-#define ML_LAYOUT_VERSION  1u
+#define ML_LAYOUT_VERSION  2u /* 2: tripwire words are sets of waiter kinds */
 #define ML_CACHELINE       64
 #define ML_TOKEN_HEX       32 /* a token is 128 random bits written as lowercase hex */
 

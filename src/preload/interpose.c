@@ -852,7 +852,10 @@ MLP_EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max,
         return mlp_real_epoll_pwait2(epfd, ev, max, tmo, mask);
     }
     int64_t ns = tmo ? (int64_t)tmo->tv_sec * 1000000000 + tmo->tv_nsec : -1;
-    return (int)mlp_ret(mlp_epoll_wait(epfd, ev, max, ns, mask));
+    mlp_ep_ns = true; /* the program calls epoll_pwait2 itself: we may too */
+    int r = (int)mlp_ret(mlp_epoll_wait(epfd, ev, max, ns, mask));
+    mlp_ep_ns = false;
+    return r;
 }
 
 /* ---- fork: the holders counted before it are given back if it fails (see sock.c) ---- */

@@ -125,33 +125,122 @@ static bool mlp_queue_add(struct mlp_sock *s)
  * tripwires and checks readiness, then sleeps.  A post that the check missed comes after it, and
  * so does the drain that handles it, which finds the registration and rung == 0 and writes.
  */
+struct mlp_pwreg {
+    struct mlp_pwait *w;
+    unsigned gen;
+    struct mlp_sock *s;      /* a reference, NULL once unregistered */
+    struct mlp_pwreg *next;
+};
+
+/* A thread's waiter.  Its registrations live here, not on the poll call's stack: a thread
+ * cancelled or longjmp'd out of its sleep (ppoll is a cancellation point) leaves them linked, and
+ * they must stay valid until its next poll or its exit unlinks them. */
 struct mlp_pwait {
     int efd;                 /* ours (a high number), EFD_NONBLOCK */
     unsigned gen;            /* the process it was made in (mlp_pw_gen) */
     _Atomic int rung;
-};
-
-struct mlp_pwreg {
-    struct mlp_pwait *w;
-    unsigned gen;
-    struct mlp_sock *s;
-    struct mlp_pwreg *next;
+    struct mlp_pwreg *regs;  /* nregs linked, of cap */
+    int nregs, cap;
 };
 
 static pthread_key_t mlp_pw_key;
 static pthread_once_t mlp_pw_once = PTHREAD_ONCE_INIT;
-static __thread struct mlp_pwait *mlp_pw_self;
+static __thread struct mlp_pwait *mlp_pw_self __attribute__((tls_model("initial-exec")));
+
+/* Unlink every registration of w and drop their references. */
+static void mlp_pw_unregister_all(struct mlp_pwait *w)
+{
+    if (!w->nregs)
+        return;
+    pthread_mutex_lock(&mlp_pw_mu);
+    for (int i = 0; i < w->nregs; i++) {
+        struct mlp_pwreg *r = &w->regs[i];
+        if (!r->s)
+            continue;
+        for (struct mlp_pwreg **pp = &r->s->pw; *pp; pp = &(*pp)->next)
+            if (*pp == r) {
+                *pp = r->next;
+                break;
+            }
+    }
+    pthread_mutex_unlock(&mlp_pw_mu);
+    for (int i = 0; i < w->nregs; i++)
+        if (w->regs[i].s) {
+            mlp_put(w->regs[i].s); /* after the lock: the last put may destroy the socket */
+            w->regs[i].s = NULL;
+        }
+    w->nregs = 0;
+}
+
+/* One socket leaves (it fell to TCP during the call). */
+static void mlp_pw_unregister(struct mlp_pwait *w, struct mlp_sock *s)
+{
+    struct mlp_sock *put = NULL;
+    pthread_mutex_lock(&mlp_pw_mu);
+    for (int i = 0; i < w->nregs; i++) {
+        struct mlp_pwreg *r = &w->regs[i];
+        if (r->s != s)
+            continue;
+        for (struct mlp_pwreg **pp = &s->pw; *pp; pp = &(*pp)->next)
+            if (*pp == r) {
+                *pp = r->next;
+                break;
+            }
+        r->s = NULL;
+        put = s;
+        break;
+    }
+    pthread_mutex_unlock(&mlp_pw_mu);
+    if (put)
+        mlp_put(put);
+}
+
+/* Register w on the n sockets (NULL entries skipped).  False if there is no room. */
+static bool mlp_pw_register_all(struct mlp_pwait *w, struct mlp_sock **socks, nfds_t n)
+{
+    mlp_pw_unregister_all(w); /* left by a call that did not return (cancelled, longjmp) */
+    if ((nfds_t)w->cap < n) {
+        /* Nothing is linked now, so the array may move. */
+        struct mlp_pwreg *p = realloc(w->regs, n * sizeof *p);
+        if (!p)
+            return false;
+        w->regs = p;
+        w->cap = (int)n;
+    }
+    pthread_mutex_lock(&mlp_pw_mu);
+    for (nfds_t i = 0; i < n; i++) {
+        struct mlp_sock *s = socks[i];
+        if (!s)
+            continue;
+        struct mlp_pwreg *r = &w->regs[w->nregs++];
+        atomic_fetch_add(&s->refs, 1); /* the registration's own reference */
+        r->w = w;
+        r->gen = mlp_pw_gen;
+        r->s = s;
+        r->next = s->pw;
+        __atomic_store_n(&s->pw, r, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&mlp_pw_mu);
+    return true;
+}
 
 static void mlp_pw_free(void *p)
 {
     struct mlp_pwait *w = p;
     if (!w)
         return;
-    if (w->efd >= 0 && w->gen == mlp_pw_gen) {
-        mlp_disown_fd(w->efd);
-        __ml_sys_close(w->efd);
-    }
-    free(w);
+    if (w->gen == mlp_pw_gen) {
+        mlp_pw_unregister_all(w);
+        free(w->regs);
+        if (w->efd >= 0) {
+            mlp_disown_fd(w->efd);
+            __ml_sys_close(w->efd);
+        }
+    } /* else made before a fork: its registrations may still be linked here; leave them */
+    if (mlp_pw_self == w)
+        mlp_pw_self = NULL;
+    if (w->gen == mlp_pw_gen)
+        free(w);
 }
 
 static void mlp_pw_key_init(void) { (void)pthread_key_create(&mlp_pw_key, mlp_pw_free); }
@@ -162,14 +251,16 @@ static struct mlp_pwait *mlp_pw_get(void)
     struct mlp_pwait *w = mlp_pw_self;
     if (w && w->gen == mlp_pw_gen)
         return w;
-    if (w) { /* inherited through fork: its eventfd is shared with the parent's thread */
+    if (w) {
+        /* Inherited through fork: its eventfd is shared with the parent's thread, and its
+         * registrations may still be linked (they are dropped by generation as met); it is
+         * left as it is, and a new one made. */
         mlp_disown_fd(w->efd);
         __ml_sys_close(w->efd);
-    } else {
-        pthread_once(&mlp_pw_once, mlp_pw_key_init);
-        if (!(w = calloc(1, sizeof *w)))
-            return NULL;
     }
+    pthread_once(&mlp_pw_once, mlp_pw_key_init);
+    if (!(w = calloc(1, sizeof *w)))
+        return NULL;
     long fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (fd < 0) {
         free(w);
@@ -200,31 +291,6 @@ static void mlp_pw_ring(struct mlp_pwait *w)
         uint64_t one = 1;
         (void)__ml_sys_write(w->efd, &one, sizeof one);
     }
-}
-
-static void mlp_pw_register(struct mlp_pwreg *r, struct mlp_pwait *w, struct mlp_sock *s)
-{
-    r->w = w;
-    r->gen = mlp_pw_gen;
-    r->s = s;
-    pthread_mutex_lock(&mlp_pw_mu);
-    r->next = s->pw;
-    __atomic_store_n(&s->pw, r, __ATOMIC_RELEASE);
-    pthread_mutex_unlock(&mlp_pw_mu);
-}
-
-static void mlp_pw_unregister(struct mlp_pwreg *r)
-{
-    if (!r->w)
-        return;
-    pthread_mutex_lock(&mlp_pw_mu);
-    for (struct mlp_pwreg **pp = &r->s->pw; *pp; pp = &(*pp)->next)
-        if (*pp == r) {
-            *pp = r->next;
-            break;
-        }
-    pthread_mutex_unlock(&mlp_pw_mu);
-    r->w = NULL;
 }
 
 /* A post named s: wake the threads asleep in poll/select on it.  Registrations inherited through
@@ -330,11 +396,33 @@ static void mlp_queue_drain(void)
     } while (n == 64);
 }
 
-/* The peer's kernel socket ended: has the peer itself? */
-static void mlp_check_peer(struct mlp_sock *s)
+/* The peer's kernel socket ended (its FIN came): has the peer itself?  Its liveness lock goes
+ * with its last mapping, which for a process being killed can come after the FIN (the kernel
+ * closes files and drops mappings in its own order, and may defer the last release), and an
+ * epoll member's FIN is reported once: looked at once, a killed peer looked alive and its
+ * connection stayed open for ever (redis kept 18 of 20 killed clients).  So until the lock says
+ * so the socket is looked at again; after MLP_FIN_GRACE_NS the FIN alone decides, since a peer
+ * whose every process has closed the kernel socket can never write again.  True while it is
+ * still open to question. */
+#define MLP_FIN_GRACE_NS 1000000000ull
+static bool mlp_check_peer(struct mlp_sock *s)
 {
-    if (s->type == MLP_CONN && s->ch)
-        (void)__ml_chan_check_peer(s->ch);
+    if (s->type != MLP_CONN || !s->ch || s->state != MLP_ACCEL)
+        return false;
+    struct memlan_channel *ch = s->ch;
+    (void)__ml_chan_check_peer(ch);
+    if (ch->peer_dead || __ml_chan_peer_state(ch) != ML_SIDE_OPEN) {
+        atomic_store(&s->fin_ns, 0);
+        return false;
+    }
+    uint64_t now = mlp_now_ns(), t = 0;
+    if (atomic_compare_exchange_strong(&s->fin_ns, &t, now))
+        return true;
+    if (now - t < MLP_FIN_GRACE_NS)
+        return true;
+    ch->peer_dead = true;
+    atomic_store(&s->fin_ns, 0);
+    return false;
 }
 
 static int64_t mlp_left(uint64_t deadline)
@@ -356,15 +444,12 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
 {
     struct mlp_sock *stack_socks[64];
     struct pollfd stack_k[66];
-    struct mlp_pwreg stack_regs[64];
     struct mlp_sock **socks = n <= 64 ? stack_socks : calloc(n, sizeof *socks);
     struct pollfd *k = n <= 64 ? stack_k : calloc(n + 3, sizeof *k);
-    struct mlp_pwreg *regs = n <= 64 ? stack_regs : calloc(n, sizeof *regs);
-    if (!socks || !k || !regs) {
+    if (!socks || !k) {
         if (n > 64) {
             free(socks);
             free(k);
-            free(regs);
         }
         return -ENOMEM;
     }
@@ -391,7 +476,7 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             short r = mlp_sock_revents(socks[i], fds[i].fd, fds[i].events);
             if (r < 0) { /* it fell to TCP */
                 if (pw)
-                    mlp_pw_unregister(&regs[i]);
+                    mlp_pw_unregister(pw, socks[i]);
                 mlp_put(socks[i]);
                 socks[i] = NULL;
                 continue;
@@ -437,13 +522,8 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
              * for one of our own sockets after we armed it (we would sleep past it). */
             if (nested)
                 mlp_nested_refresh();
-            if (naccel && !pw && (pw = mlp_pw_get())) {
-                for (nfds_t i = 0; i < n; i++)
-                    if (socks[i])
-                        mlp_pw_register(&regs[i], pw, socks[i]);
-                    else
-                        regs[i].w = NULL;
-            }
+            if (naccel && !pw && (pw = mlp_pw_get()) && !mlp_pw_register_all(pw, socks, n))
+                pw = NULL;
             if (pw)
                 mlp_pw_clear(pw);
             else if (naccel)
@@ -505,7 +585,7 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
         for (nfds_t i = 0; i < n; i++) {
             if (socks[i]) {
                 if (k[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
-                    mlp_check_peer(socks[i]);
+                    (void)mlp_check_peer(socks[i]);
                     short rv = mlp_sock_revents(socks[i], fds[i].fd, fds[i].events);
                     if (rv > 0) {
                         fds[i].revents = rv;
@@ -532,15 +612,13 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
         /* Woken by the doorbell or a spurious FIN: compute again. */
     }
     if (pw)
-        for (nfds_t i = 0; i < n; i++)
-            mlp_pw_unregister(&regs[i]);
+        mlp_pw_unregister_all(pw);
     for (nfds_t i = 0; i < n; i++)
         if (socks[i])
             mlp_put(socks[i]);
     if (n > 64) {
         free(socks);
         free(k);
-        free(regs);
     }
     return ret;
 }
@@ -653,7 +731,7 @@ struct mlp_ep {
     struct mlp_member *rhead, *rtail;   /* ready list */
     int nready;
     uint64_t gen;                       /* insertions into the ready list */
-    int sleepers;                       /* threads asleep in the kernel on this set */
+    _Atomic int sleepers;               /* threads asleep in the kernel on this set */
     int waiters;                        /* threads inside epoll_wait on this set */
     int efd;                            /* eventfd, -1 until needed */
     bool efd_rung;
@@ -981,11 +1059,15 @@ static void mlp_ep_setup(int epfd, struct mlp_ep *e)
     }
     e->in_kernel = ok;
     /* A thread already asleep on this set entered it when the set had no member of ours, and
-     * sleeps in the kernel on the application's fds alone: wake it to wait the whole way. */
-    pthread_mutex_lock(&mlp_epmu);
-    if (e->sleepers)
+     * sleeps in the kernel on the application's fds alone: wake it to wait the whole way.
+     * SYNC: the fence orders the caller's store of e->n before the load of sleepers; pairs with
+     * the increment of sleepers before the load of e->n in mlp_ep_kernel_only(). */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load(&e->sleepers)) {
+        pthread_mutex_lock(&mlp_epmu);
         mlp_ep_ring(e);
-    pthread_mutex_unlock(&mlp_epmu);
+        pthread_mutex_unlock(&mlp_epmu);
+    }
     pthread_mutex_unlock(&mlp_kset_mu);
 }
 
@@ -1260,6 +1342,9 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
                 mlp_rl_push(m); /* a new edge already: the next wait reports it */
         } else if (und) {
             mlp_rl_push(m);
+        } else if (atomic_load(&s->fin_ns) && mlp_check_peer(s)) {
+            mlp_rl_push(m); /* its FIN came before its lock went: nap and look again */
+            *undecided = true;
         } else if (et ? mlp_arm_et(m, reported) : mlp_arm(s, (short)(m->events & 0xffff))) {
             /* It changed as we armed.  Look at it again now: its writer may have written before
              * it could see the tripwire, and then no post comes; a caller that got nothing here
@@ -1344,15 +1429,28 @@ static void mlp_nested_refresh(void)
         mlp_queue_drain();
 }
 
-/* The kernel set's answer, waiting up to left ns (-1: for ever). */
+/* The kernel set's answer, waiting up to left ns (-1: for ever).  epoll_pwait, in milliseconds
+ * rounded up, unless the application itself called epoll_pwait2: a kernel before 5.11 or a
+ * seccomp filter that predates it refuses epoll_pwait2 (ENOSYS, EPERM, or SIGSYS), and a program
+ * that never called it must not meet that because of us. */
+__thread bool mlp_ep_ns __attribute__((tls_model("initial-exec"))); /* set by the epoll_pwait2 interposer around its call */
+static _Atomic bool mlp_no_pwait2;
+
 static int mlp_ep_kwait(int epfd, struct epoll_event *out, int max, int64_t left,
                         const sigset_t *mask)
 {
-    struct timespec ts = mlp_ts(left < 0 ? 0 : left);
-    int r = mlp_real_epoll_pwait2
-                ? mlp_real_epoll_pwait2(epfd, out, max, left < 0 ? NULL : &ts, mask)
-                : mlp_real_epoll_pwait(epfd, out, max,
-                                       left < 0 ? -1 : (int)((left + 999999) / 1000000), mask);
+    if (mlp_ep_ns && mlp_real_epoll_pwait2 && !atomic_load_explicit(&mlp_no_pwait2,
+                                                                    memory_order_relaxed)) {
+        struct timespec ts = mlp_ts(left < 0 ? 0 : left);
+        int r = mlp_real_epoll_pwait2(epfd, out, max, left < 0 ? NULL : &ts, mask);
+        if (r >= 0)
+            return r;
+        if (errno != ENOSYS)
+            return -errno;
+        atomic_store(&mlp_no_pwait2, true);
+    }
+    int r = mlp_real_epoll_pwait(epfd, out, max,
+                                 left < 0 ? -1 : (int)((left + 999999) / 1000000), mask);
     return r < 0 ? -errno : r;
 }
 
@@ -1368,7 +1466,7 @@ static int mlp_ep_filter(struct epoll_event *out, int r, bool *ours)
             if (d != MLP_TAG_BELL && d != MLP_TAG_WAKE) {
                 struct mlp_sock *s = mlp_get((int)(uint32_t)d);
                 if (s) {
-                    mlp_check_peer(s);
+                    (void)mlp_check_peer(s);
                     mlp_mark_sock(s);
                     mlp_put(s);
                 }
@@ -1391,22 +1489,17 @@ static int mlp_ep_kernel_only(int epfd, struct mlp_ep *e, struct epoll_event *ou
 {
     mlp_ep_unsetup(epfd, e);
     for (;;) {
-        pthread_mutex_lock(&mlp_epmu);
-        bool members = e->n > 0;
-        if (!members)
-            e->sleepers++;
-        pthread_mutex_unlock(&mlp_epmu);
-        if (members)
+        /* No lock: threads with a set each (tokio, Envoy) must not meet on a process-wide one.
+         * SYNC: the seq_cst increment pairs with the fence in mlp_ep_setup(). */
+        atomic_fetch_add(&e->sleepers, 1);
+        if (__atomic_load_n(&e->n, __ATOMIC_SEQ_CST) > 0) {
+            atomic_fetch_sub(&e->sleepers, 1);
             return MLP_EP_SWITCH;
+        }
         int64_t left = timeout_ns < 0 ? -1 : mlp_left(deadline);
         int r = mlp_ep_kwait(epfd, out, max, left, mask);
-        pthread_mutex_lock(&mlp_epmu);
-        if (--e->sleepers == 0 && e->efd_rung && !e->nested) {
-            uint64_t v;
-            (void)__ml_sys_read(e->efd, &v, sizeof v);
-            e->efd_rung = false;
-        }
-        pthread_mutex_unlock(&mlp_epmu);
+        atomic_fetch_sub(&e->sleepers, 1); /* a ring for us stays on the eventfd: the whole
+                                            * wait that follows takes it */
         if (r <= 0)
             return r;
         bool ours = false;

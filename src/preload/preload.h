@@ -96,6 +96,7 @@ struct mlp_sock {
     _Atomic bool split_told;      /* bytes found on the idle kernel socket were reported */
     struct mlp_member *epm;       /* its epoll memberships (poll.c, under its lock) */
     struct mlp_pwreg *pw;         /* threads asleep in poll/select on it (poll.c, mlp_pw_mu) */
+    _Atomic uint64_t fin_ns;      /* when its kernel socket's FIN came, the peer still alive */
     pthread_mutex_t mu;           /* state changes: withdrawal, close */
     /* Listener: its rendezvous record. */
     int port;
@@ -177,6 +178,7 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
 int mlp_select(int n, fd_set *r, fd_set *w, fd_set *e, int64_t timeout_ns, const sigset_t *mask,
                int64_t *left_ns);
 int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handled);
+extern __thread bool mlp_ep_ns __attribute__((tls_model("initial-exec")));   /* inside the epoll_pwait2 interposer */
 int mlp_epoll_wait(int epfd, struct epoll_event *ev, int max, int64_t timeout_ns,
                    const sigset_t *mask);
 void mlp_epoll_forget_fd(int fd);

@@ -685,3 +685,107 @@ def test_threads_polling_their_own_sockets(fabric, tmp_path, how):
         text = log.read_text()
         assert text.count("accelerated (client)") == 8, text
     settle(fabric)
+
+
+KS_SERVER = r"""
+import os, selectors, socket, sys
+port = int(sys.argv[1])
+sel = selectors.EpollSelector()
+def listener(p):
+    l = socket.socket()
+    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind(("127.0.0.1", p))
+    l.listen(128)
+    l.setblocking(False)
+    return l
+l, ctl = listener(port), listener(port + 1)
+sel.register(l, selectors.EVENT_READ, "l")
+sel.register(ctl, selectors.EVENT_READ, "ctl")
+conns = set()
+print("ready", flush=True)
+while True:
+    for key, ev in sel.select():
+        if key.data == "l":
+            c, _ = l.accept()
+            c.setblocking(False)
+            sel.register(c, selectors.EVENT_READ, "c")
+            conns.add(c)
+        elif key.data == "ctl":
+            c, _ = ctl.accept()
+            c.sendall(b"%d %d\n" % (len(conns), len(os.listdir("/proc/self/fd"))))
+            c.close()
+        else:
+            c = key.fileobj
+            try:
+                d = c.recv(4096)
+            except BlockingIOError:
+                continue
+            except ConnectionResetError:
+                d = b""
+            if d:
+                c.sendall(d)
+            else:
+                sel.unregister(c)
+                c.close()
+                conns.discard(c)
+"""
+
+KS_CLIENT = r"""
+import socket, sys, time
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+c.sendall(b"hello")
+assert c.recv(5) == b"hello"
+print("up", flush=True)
+time.sleep(60)
+"""
+
+
+def test_sigkill_storm_against_an_epoll_server(fabric, tmp_path):
+    """Twenty clients, each SIGKILLed after one round trip, against an epoll server: every
+    connection ends at the server (its FIN may come before the killed peer's liveness lock goes,
+    and an epoll member's FIN is reported once), and its fds come back to where they were."""
+    port = next_port()
+    next_port()
+    log = tmp_path / "memlan.log"
+    srv = subprocess.Popen([str(MEMLAN), "run", "--log", str(log), "--", sys.executable, "-c",
+                            KS_SERVER, str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert srv.stdout.readline().strip() == "ready"
+
+        def held():
+            with socket.create_connection(("127.0.0.1", port + 1)) as c:
+                return [int(x) for x in c.makefile().readline().split()]
+        base = None
+        for i in range(21):  # the first one makes the server's own queue and set's fds
+            cl = subprocess.Popen([str(MEMLAN), "run", "--", sys.executable, "-c", KS_CLIENT,
+                                   str(port)], stdout=subprocess.PIPE, text=True)
+            assert cl.stdout.readline().strip() == "up"
+            cl.kill()
+            cl.wait()
+            if i == 0:
+                deadline = time.time() + 10
+                while held()[0] != 0 and time.time() < deadline:
+                    time.sleep(0.1)
+                base = held()
+        deadline = time.time() + 10
+        while held()[0] != 0 and time.time() < deadline:
+            time.sleep(0.1)
+        assert base[0] == 0 and held() == base, (held(), base)
+        assert log.read_text().count("accelerated (accepted") == 21
+    finally:
+        srv.kill()
+        srv.wait()
+    settle(fabric)
+
+
+@pytest.mark.parametrize("prog", ["pollcancel", "nopwait2"])
+def test_host_process_events_match_kernel(fabric, tmp_path, prog):
+    """pollcancel: a thread cancelled in poll, and one that leaves poll by siglongjmp, then
+    another thread reusing their stacks while data arrives; nopwait2: a seccomp sandbox that
+    kills on epoll_pwait2, which the program never calls.  Same output as over kernel TCP, the
+    connection accelerated."""
+    plain, under, text = scripted(BUILD / "tests-preload" / prog, tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    assert "accelerated (accepted" in text, text
+    settle(fabric)
