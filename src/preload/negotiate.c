@@ -200,6 +200,7 @@ static struct memlan_segment *mlp_proc;
 static struct ml_proc_hdr *mlp_proc_hdr;
 static struct ml_proc_conn *mlp_proc_conns;
 static unsigned mlp_proc_hint;
+static uint64_t mlp_proc_reserved; /* bytes of the record reserved (fallocate) so far */
 static pthread_mutex_t mlp_proc_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int mlp_proc_slot(void)
@@ -227,12 +228,24 @@ static int mlp_proc_slot(void)
             }
             __ml_seg_publish(seg);
             mlp_proc = seg;
+            mlp_proc_reserved = ML_PAGE;
         }
     }
     int slot = -1;
     if (mlp_proc) {
         for (unsigned i = 0; i < ML_PROC_SLOTS; i++) {
             unsigned k = (mlp_proc_hint + i) % ML_PROC_SLOTS;
+            /* The record is reserved as far as slots are used (see __ml_seg_create): a slot in
+             * pages a full fabric cannot give is not used, rather than fault on first store. */
+            uint64_t end = (uint64_t)((uint8_t *)&mlp_proc_conns[k + 1] - mlp_proc->base);
+            if (end > mlp_proc_reserved) {
+                uint64_t to = (end + 65535) & ~(uint64_t)65535;
+                if (to > mlp_proc->hdr->total_size)
+                    to = mlp_proc->hdr->total_size;
+                if (__ml_sys_fallocate(mlp_proc->fd, 0, (off_t)to) < 0)
+                    break;
+                mlp_proc_reserved = to;
+            }
             if (ml_load_relaxed(&mlp_proc_conns[k].state) == ML_CONN_FREE) {
                 slot = (int)k;
                 mlp_proc_hint = k + 1;
@@ -469,8 +482,9 @@ static int mlp_lrec_open(int port, bool create, int *fdp, struct ml_listen_rec *
                 return -ENOENT;
             continue;
         }
-        if (st.st_size < ML_PAGE) {
-            if (!create || __ml_sys_ftruncate((int)fd, ML_PAGE) < 0) {
+        /* Reserved, not sparse: a full fabric must fail here, not fault on first touch. */
+        if (st.st_size < ML_PAGE || create) {
+            if (!create || __ml_sys_fallocate((int)fd, 0, ML_PAGE) < 0) {
                 __ml_sys_close((int)fd);
                 return -ENOENT;
             }
