@@ -232,6 +232,7 @@ int __ml_seg_import_fd(memlan_fabric_t *fab, const char *token, int fd, uint32_t
     }
     if (h.hdr_size != sizeof h || h.total_size != (uint64_t)st.st_size ||
         h.total_size % ML_PAGE || h.body_off < sizeof h || h.body_off > h.total_size ||
+        h.body_off % ML_CACHELINE /* a body's structures are laid out from an aligned start */ ||
         h.body_size > h.total_size - h.body_off || h.kind != kind ||
         (h.mode != MEMLAN_MODE_RO && h.mode != MEMLAN_MODE_RW))
         goto fail;
