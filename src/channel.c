@@ -68,6 +68,15 @@ static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, 
     ch->rx.other = ch->rx.pos;
     if (ch->tx.pos - ch->tx.other > ch->size)
         ch->tx.corrupt = true;
+    /* A message ring's records start on 8-byte boundaries, and our positions only ever move by
+     * whole records: a position taken from shared memory that is not aligned was written by a
+     * broken or hostile peer (reading a record header there would be a misaligned access). */
+    if (ch->kind == MEMLAN_MSG) {
+        if (ch->tx.pos & (ML_MSG_ALIGN - 1))
+            ch->tx.corrupt = true;
+        if (ch->rx.pos & (ML_MSG_ALIGN - 1))
+            ch->rx.corrupt = true;
+    }
     /* Say where we are from the start: the peer's first wait then knows whether spinning could
      * help (on our cpu it cannot: we would need the core it spins on). */
     uint32_t cpu = (uint32_t)(__ml_getcpu() + 1);
@@ -87,8 +96,8 @@ static void ml_chan_init(struct memlan_channel *ch, struct memlan_segment *seg, 
     c->data_off[0] = ML_PAGE;
     c->data_off[1] = ML_PAGE + rs;
     c->side_pid[0] = (int32_t)__ml_pid();
-    ml_chan_bind(ch, seg, 0);
     ch->kind = (uint32_t)kind;
+    ml_chan_bind(ch, seg, 0);
 }
 
 static int ml_chan_new_seg(memlan_fabric_t *fab, uint64_t rs, struct memlan_segment **seg)
@@ -387,8 +396,8 @@ static int ml_chan_attach_seg(struct memlan_segment *seg, int64_t gen, const cha
     }
     c->side_pid[1] = (int32_t)__ml_pid();
     __ml_seg_drop_fd(seg); /* the lock lives on in the mappings */
-    ml_chan_bind(ch, seg, 1);
     ch->kind = kind == ML_CHAN_MSG ? MEMLAN_MSG : MEMLAN_STREAM;
+    ml_chan_bind(ch, seg, 1);
     /* Tell a creator that may be waiting in memlan_channel_wait_peer(): it waits on the producer
      * tripwire of its own sending ring, which is our receiving ring. */
     __ml_chan_wake(ch, &ch->rx.ctl->tx_wait, &ch->rx.ctl->tx_ref);
@@ -500,8 +509,8 @@ int __ml_chan_adopt(memlan_fabric_t *fab, const char *token, int fd, int side,
     }
     seg->owner = side == 0; /* the creator's side removes the name when it closes */
     __ml_seg_drop_fd(seg);
-    ml_chan_bind(ch, seg, side);
     ch->kind = kind == ML_CHAN_MSG ? MEMLAN_MSG : MEMLAN_STREAM;
+    ml_chan_bind(ch, seg, side);
     uint32_t mine = ml_load_relaxed(&c->side_state[side]);
     ch->shut_wr = mine != ML_SIDE_OPEN;
     *out = ch;
@@ -773,7 +782,8 @@ ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags
         ssize_t r = memlan_reserve(ch, &p, len, flags);
         if (r < 0)
             return r;
-        memcpy(p, buf, len);
+        if (len) /* buf may be NULL for an empty message */
+            memcpy(p, buf, len);
         r = memlan_commit(ch, len);
         return r < 0 ? r : (ssize_t)len;
     }
@@ -859,6 +869,8 @@ int memlan_commit(memlan_channel_t *ch, size_t len)
         return -EINVAL;
     ch->reserved = 0;
     if (ch->kind == MEMLAN_MSG) {
+        if (ml_unlikely(ch->tx.corrupt)) /* tx.pos may be anywhere: write no header there */
+            return -EPROTO;
         struct ml_msg_hdr *h = (struct ml_msg_hdr *)ml_ring_at(&ch->tx, ch->tx.pos);
         h->len = (uint32_t)len;
         h->flags = 0;
@@ -921,10 +933,15 @@ static int64_t ml_msg_next(struct memlan_channel *ch, uint64_t avail, const uint
 {
     if (avail == 0)
         return 0;
+    /* Alignment and room for the header first: only then is the header read. */
+    if (avail < sizeof(struct ml_msg_hdr) || (ch->rx.pos & (ML_MSG_ALIGN - 1))) {
+        ch->rx.corrupt = true;
+        return -EPROTO;
+    }
     const struct ml_msg_hdr *h = (const struct ml_msg_hdr *)ml_ring_at(&ch->rx, ch->rx.pos);
     uint32_t l = __atomic_load_n(&h->len, __ATOMIC_RELAXED);
     uint64_t rec = sizeof *h + (((uint64_t)l + ML_MSG_ALIGN - 1) & ~(uint64_t)(ML_MSG_ALIGN - 1));
-    if (avail < sizeof *h || rec > avail || (ch->rx.pos & (ML_MSG_ALIGN - 1))) {
+    if (rec > avail) {
         ch->rx.corrupt = true;
         return -EPROTO;
     }
@@ -947,7 +964,7 @@ ssize_t memlan_recv(memlan_channel_t *ch, void *buf, size_t len, int flags)
         int64_t a = ml_ring_avail(&ch->rx, 1);
         if (ml_unlikely(a < 0))
             return done ? (ssize_t)done : -EPROTO;
-        if (a > 0) {
+        if (a > 0 && (len || ch->kind == MEMLAN_MSG)) {
             if (ch->kind == MEMLAN_MSG) {
                 const uint8_t *p;
                 uint64_t l;
@@ -955,7 +972,8 @@ ssize_t memlan_recv(memlan_channel_t *ch, void *buf, size_t len, int flags)
                 if (rec < 0)
                     return rec;
                 size_t n = l < len ? (size_t)l : len;
-                memcpy(dst, p, n);
+                if (n) /* buf may be NULL when len is 0 */
+                    memcpy(dst, p, n);
                 ml_rx_release(ch, (uint64_t)rec);
                 ch->msgs_rx++;
                 return (ssize_t)n;
