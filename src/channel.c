@@ -509,6 +509,7 @@ int __ml_chan_adopt(memlan_fabric_t *fab, const char *token, int fd, int side,
     }
     seg->owner = side == 0; /* the creator's side removes the name when it closes */
     __ml_seg_drop_fd(seg);
+    ch->peer_seen = true; /* attached was 1 (checked above) */
     ch->kind = kind == ML_CHAN_MSG ? MEMLAN_MSG : MEMLAN_STREAM;
     ml_chan_bind(ch, seg, side);
     uint32_t mine = ml_load_relaxed(&c->side_state[side]);
@@ -544,8 +545,20 @@ static bool ml_peer_dead(struct memlan_channel *ch)
         ch->peer_dead = true;
         return true;
     }
-    if (ch->side == 0 && ml_load_acquire(&ch->hdr->attached) == 0)
-        return false; /* nobody attached yet: nothing to be dead */
+    /* The attached word is the peer's to write, so it is believed once: after it has read 1 a
+     * peer that writes 0 over it cannot hide its death from us (we would wait for ever).  Any
+     * value but 0, 1 and ML_ATTACH_WITHDRAWN cannot come from the protocol (attach is a CAS from
+     * 0): the channel is broken. */
+    if (ch->side == 0 && !ch->peer_seen) {
+        uint32_t at = ml_load_acquire(&ch->hdr->attached);
+        if (at == 0)
+            return false; /* nobody attached yet: nothing to be dead */
+        if (at != 1 && at != ML_ATTACH_WITHDRAWN) {
+            ch->peer_dead = true;
+            return true;
+        }
+        ch->peer_seen = true;
+    }
     int alive = __ml_seg_alive(ch->seg, ch->side == 0 ? ML_LOCK_ATTACHER : ML_LOCK_OWNER);
     if (alive == 0 && ml_peer_state(ch) != ML_SIDE_CLOSED)
         ch->peer_dead = true;
@@ -694,7 +707,14 @@ int memlan_channel_wait_peer(memlan_channel_t *ch, int timeout_ms)
                     &attach_spin, ml_attached, ml_deadline(timeout_ms));
     if (r < 0)
         return r;
-    return ml_load_relaxed(&ch->seg->hdr->state) == ML_SEG_LIVE ? 0 : -ECONNRESET;
+    if (ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE)
+        return -ECONNRESET;
+    uint32_t at = ml_load_acquire(&ch->hdr->attached);
+    if (at == 1) {
+        ch->peer_seen = true;
+        return 0;
+    }
+    return at == ML_ATTACH_WITHDRAWN ? -ECONNREFUSED : -EPROTO; /* withdrawn, or garbage */
 }
 
 static uint64_t ml_deadline_ns(uint64_t tmo_ns)
@@ -1104,14 +1124,19 @@ int __ml_chan_check_peer(struct memlan_channel *ch) { return ml_peer_dead(ch); }
 /*
  * The creator takes back an offer nobody attached to: attached goes 0 -> ML_ATTACH_WITHDRAWN, so a
  * late attach fails with -EBUSY.  0 when withdrawn (or already withdrawn), -EBUSY when a peer had
- * attached first.
+ * attached first, -EPROTO when the word holds a value the protocol never writes (a broken
+ * channel: nobody can attach to it either).
  */
 int __ml_chan_withdraw(struct memlan_channel *ch)
 {
     uint32_t expect = 0;
     if (ml_cas(&ch->hdr->attached, &expect, ML_ATTACH_WITHDRAWN))
         return 0;
-    return expect == ML_ATTACH_WITHDRAWN ? 0 : -EBUSY;
+    if (expect == ML_ATTACH_WITHDRAWN)
+        return 0;
+    /* Any other value than 1 was written by no attacher (attach is a CAS from 0, so none can
+     * attach now): a broken channel, which the caller abandons as it would a withdrawn one. */
+    return expect == 1 ? -EBUSY : -EPROTO;
 }
 
 uint32_t __ml_chan_attach_state(const struct memlan_channel *ch)

@@ -944,6 +944,8 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
         }
         if (a == ML_ATTACH_WITHDRAWN) {
             why = "offer withdrawn";
+        } else if (a != 0) {
+            why = "the channel's attach word is corrupt"; /* peer garbage: give up, bounded */
         } else if (!wait && mlp_now_ns() - s->peek_ns < 100000) {
             return MLP_UNDECIDED; /* a poll scan or spin: peek the kernel at most every 100 us */
         } else {
@@ -962,7 +964,8 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
         if (why) {
             pthread_mutex_lock(&s->mu);
             if (s->state == MLP_UNDECIDED) {
-                if (__ml_chan_withdraw(s->ch) == 0) {
+                int w = __ml_chan_withdraw(s->ch);
+                if (w == 0 || w == -EPROTO) { /* -EPROTO: broken, nobody can attach */
                     s->state = MLP_TCP;
                     mlp_offer_gone(s);
                     mlp_stat_conn(s, fd, why);
