@@ -310,6 +310,13 @@ int memlan_evq_create(memlan_fabric_t *fab, unsigned capacity, memlan_evq_t **ou
         __ml_sys_unlinkat(fab->dirfd, name, 0);
         goto fail_seg;
     }
+    /* mknodat's mode went through the umask (0022 or 0077 make it 0600): in a shared fabric
+     * another user's peer must be able to ring the bell, so set it on the open FIFO itself. */
+    if (fab->shared && (r = __ml_sys_fchmod((int)fd, 0622)) < 0) {
+        __ml_sys_close((int)fd);
+        __ml_sys_unlinkat(fab->dirfd, name, 0);
+        goto fail_seg;
+    }
     q->bell = (int)fd;
     q->h = (struct ml_evq_hdr *)(q->seg->base + body_off);
     q->h->capacity = capacity;

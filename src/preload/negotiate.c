@@ -47,6 +47,7 @@ static memlan_fabric_t *mlp_fabric(void)
     if (mlp_fab || mlp_fab_tried)
         return mlp_fab;
     const char *why = NULL; /* set when the fabric cannot be used: said once, below */
+    static char expl[96];
     pthread_mutex_lock(&mlp_neg_mu);
     if (!mlp_fab_tried) {
         memlan_fabric_t *f;
@@ -54,7 +55,7 @@ static memlan_fabric_t *mlp_fabric(void)
         const char *brief = r == -EACCES ? "another user's, or open to others" : NULL;
         why = r == -EACCES ? "permission denied: the directory is another user's, or open to "
                              "others (a fabric shared on purpose is named by MEMLAN_FABRIC)"
-            : r < 0 ? strerror(-r) : NULL;
+            : r < 0 ? __ml_fabric_explain(r, expl, sizeof expl) : NULL; /* a symlink, missing */
         /* A directory we may open but not write into (another user's shared fabric, a
          * read-only mount) would fail every connection one by one: say it now, once. */
         if (r == 0 && faccessat(f->dirfd, ".", W_OK | X_OK, AT_EACCESS) < 0) {
