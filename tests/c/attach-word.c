@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* attach-word: the channel's attached word is the peer's to write, and must never decide that we
  * wait for ever.
  *

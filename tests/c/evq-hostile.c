@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* evq-hostile: a process that can write into an event queue (every poster imports it writable)
  * scribbles random values over its header, summary and leaf words, misaligned offsets included,
  * while the owner collects and a channel's peer posts to it.  The owner must never index past

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* fabric-full: a fabric on a tmpfs too small for every connection never kills a process.
  *
  * A fabric file used to be sized with a sparse ftruncate, so a tmpfs that filled up made the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* fabric-paths: how the fabric's directory is found, checked and shared.
  *
  * 1. MEMLAN_FABRIC naming a missing directory is -ENOENT and creates nothing, unless

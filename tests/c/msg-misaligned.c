@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* msg-misaligned: a message ring whose indices a peer left unaligned, and empty buffers.
  *
  * Record headers sit on 8-byte boundaries; an attacher takes its starting positions from the
