@@ -147,7 +147,8 @@ const char *memlan_channel_token(const memlan_channel_t *ch);
 
 /*
  * memlan_channel_wait_peer - creator: wait up to timeout_ms (-1 = forever) for the peer to
- * attach.  0 when attached, -ETIMEDOUT, -ECONNRESET if the channel was revoked.
+ * attach.  0 when attached, -ETIMEDOUT, -ECONNRESET if the channel was revoked, -EPROTO if
+ * the channel's shared state is corrupt (the peer wrote garbage over it).
  */
 int memlan_channel_wait_peer(memlan_channel_t *ch, int timeout_ms);
 

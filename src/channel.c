@@ -68,6 +68,15 @@ static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, 
     ch->rx.other = ch->rx.pos;
     if (ch->tx.pos - ch->tx.other > ch->size)
         ch->tx.corrupt = true;
+    /* A message ring's records start on 8-byte boundaries, and our positions only ever move by
+     * whole records: a position taken from shared memory that is not aligned was written by a
+     * broken or hostile peer (reading a record header there would be a misaligned access). */
+    if (ch->kind == MEMLAN_MSG) {
+        if (ch->tx.pos & (ML_MSG_ALIGN - 1))
+            ch->tx.corrupt = true;
+        if (ch->rx.pos & (ML_MSG_ALIGN - 1))
+            ch->rx.corrupt = true;
+    }
     /* Say where we are from the start: the peer's first wait then knows whether spinning could
      * help (on our cpu it cannot: we would need the core it spins on). */
     uint32_t cpu = (uint32_t)(__ml_getcpu() + 1);
@@ -87,8 +96,8 @@ static void ml_chan_init(struct memlan_channel *ch, struct memlan_segment *seg, 
     c->data_off[0] = ML_PAGE;
     c->data_off[1] = ML_PAGE + rs;
     c->side_pid[0] = (int32_t)__ml_pid();
-    ml_chan_bind(ch, seg, 0);
     ch->kind = (uint32_t)kind;
+    ml_chan_bind(ch, seg, 0);
 }
 
 static int ml_chan_new_seg(memlan_fabric_t *fab, uint64_t rs, struct memlan_segment **seg)
@@ -387,8 +396,8 @@ static int ml_chan_attach_seg(struct memlan_segment *seg, int64_t gen, const cha
     }
     c->side_pid[1] = (int32_t)__ml_pid();
     __ml_seg_drop_fd(seg); /* the lock lives on in the mappings */
-    ml_chan_bind(ch, seg, 1);
     ch->kind = kind == ML_CHAN_MSG ? MEMLAN_MSG : MEMLAN_STREAM;
+    ml_chan_bind(ch, seg, 1);
     /* Tell a creator that may be waiting in memlan_channel_wait_peer(): it waits on the producer
      * tripwire of its own sending ring, which is our receiving ring. */
     __ml_chan_wake(ch, &ch->rx.ctl->tx_wait, &ch->rx.ctl->tx_ref);
@@ -500,8 +509,9 @@ int __ml_chan_adopt(memlan_fabric_t *fab, const char *token, int fd, int side,
     }
     seg->owner = side == 0; /* the creator's side removes the name when it closes */
     __ml_seg_drop_fd(seg);
-    ml_chan_bind(ch, seg, side);
+    ch->peer_seen = true; /* attached was 1 (checked above) */
     ch->kind = kind == ML_CHAN_MSG ? MEMLAN_MSG : MEMLAN_STREAM;
+    ml_chan_bind(ch, seg, side);
     uint32_t mine = ml_load_relaxed(&c->side_state[side]);
     ch->shut_wr = mine != ML_SIDE_OPEN;
     *out = ch;
@@ -535,8 +545,20 @@ static bool ml_peer_dead(struct memlan_channel *ch)
         ch->peer_dead = true;
         return true;
     }
-    if (ch->side == 0 && ml_load_acquire(&ch->hdr->attached) == 0)
-        return false; /* nobody attached yet: nothing to be dead */
+    /* The attached word is the peer's to write, so it is believed once: after it has read 1 a
+     * peer that writes 0 over it cannot hide its death from us (we would wait for ever).  Any
+     * value but 0, 1 and ML_ATTACH_WITHDRAWN cannot come from the protocol (attach is a CAS from
+     * 0): the channel is broken. */
+    if (ch->side == 0 && !ch->peer_seen) {
+        uint32_t at = ml_load_acquire(&ch->hdr->attached);
+        if (at == 0)
+            return false; /* nobody attached yet: nothing to be dead */
+        if (at != 1 && at != ML_ATTACH_WITHDRAWN) {
+            ch->peer_dead = true;
+            return true;
+        }
+        ch->peer_seen = true;
+    }
     int alive = __ml_seg_alive(ch->seg, ch->side == 0 ? ML_LOCK_ATTACHER : ML_LOCK_OWNER);
     if (alive == 0 && ml_peer_state(ch) != ML_SIDE_CLOSED)
         ch->peer_dead = true;
@@ -685,7 +707,14 @@ int memlan_channel_wait_peer(memlan_channel_t *ch, int timeout_ms)
                     &attach_spin, ml_attached, ml_deadline(timeout_ms));
     if (r < 0)
         return r;
-    return ml_load_relaxed(&ch->seg->hdr->state) == ML_SEG_LIVE ? 0 : -ECONNRESET;
+    if (ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE)
+        return -ECONNRESET;
+    uint32_t at = ml_load_acquire(&ch->hdr->attached);
+    if (at == 1) {
+        ch->peer_seen = true;
+        return 0;
+    }
+    return at == ML_ATTACH_WITHDRAWN ? -ECONNREFUSED : -EPROTO; /* withdrawn, or garbage */
 }
 
 static uint64_t ml_deadline_ns(uint64_t tmo_ns)
@@ -773,7 +802,8 @@ ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags
         ssize_t r = memlan_reserve(ch, &p, len, flags);
         if (r < 0)
             return r;
-        memcpy(p, buf, len);
+        if (len) /* buf may be NULL for an empty message */
+            memcpy(p, buf, len);
         r = memlan_commit(ch, len);
         return r < 0 ? r : (ssize_t)len;
     }
@@ -859,6 +889,8 @@ int memlan_commit(memlan_channel_t *ch, size_t len)
         return -EINVAL;
     ch->reserved = 0;
     if (ch->kind == MEMLAN_MSG) {
+        if (ml_unlikely(ch->tx.corrupt)) /* tx.pos may be anywhere: write no header there */
+            return -EPROTO;
         struct ml_msg_hdr *h = (struct ml_msg_hdr *)ml_ring_at(&ch->tx, ch->tx.pos);
         h->len = (uint32_t)len;
         h->flags = 0;
@@ -921,10 +953,15 @@ static int64_t ml_msg_next(struct memlan_channel *ch, uint64_t avail, const uint
 {
     if (avail == 0)
         return 0;
+    /* Alignment and room for the header first: only then is the header read. */
+    if (avail < sizeof(struct ml_msg_hdr) || (ch->rx.pos & (ML_MSG_ALIGN - 1))) {
+        ch->rx.corrupt = true;
+        return -EPROTO;
+    }
     const struct ml_msg_hdr *h = (const struct ml_msg_hdr *)ml_ring_at(&ch->rx, ch->rx.pos);
     uint32_t l = __atomic_load_n(&h->len, __ATOMIC_RELAXED);
     uint64_t rec = sizeof *h + (((uint64_t)l + ML_MSG_ALIGN - 1) & ~(uint64_t)(ML_MSG_ALIGN - 1));
-    if (avail < sizeof *h || rec > avail || (ch->rx.pos & (ML_MSG_ALIGN - 1))) {
+    if (rec > avail) {
         ch->rx.corrupt = true;
         return -EPROTO;
     }
@@ -947,7 +984,7 @@ ssize_t memlan_recv(memlan_channel_t *ch, void *buf, size_t len, int flags)
         int64_t a = ml_ring_avail(&ch->rx, 1);
         if (ml_unlikely(a < 0))
             return done ? (ssize_t)done : -EPROTO;
-        if (a > 0) {
+        if (a > 0 && (len || ch->kind == MEMLAN_MSG)) {
             if (ch->kind == MEMLAN_MSG) {
                 const uint8_t *p;
                 uint64_t l;
@@ -955,7 +992,8 @@ ssize_t memlan_recv(memlan_channel_t *ch, void *buf, size_t len, int flags)
                 if (rec < 0)
                     return rec;
                 size_t n = l < len ? (size_t)l : len;
-                memcpy(dst, p, n);
+                if (n) /* buf may be NULL when len is 0 */
+                    memcpy(dst, p, n);
                 ml_rx_release(ch, (uint64_t)rec);
                 ch->msgs_rx++;
                 return (ssize_t)n;
@@ -1086,14 +1124,19 @@ int __ml_chan_check_peer(struct memlan_channel *ch) { return ml_peer_dead(ch); }
 /*
  * The creator takes back an offer nobody attached to: attached goes 0 -> ML_ATTACH_WITHDRAWN, so a
  * late attach fails with -EBUSY.  0 when withdrawn (or already withdrawn), -EBUSY when a peer had
- * attached first.
+ * attached first, -EPROTO when the word holds a value the protocol never writes (a broken
+ * channel: nobody can attach to it either).
  */
 int __ml_chan_withdraw(struct memlan_channel *ch)
 {
     uint32_t expect = 0;
     if (ml_cas(&ch->hdr->attached, &expect, ML_ATTACH_WITHDRAWN))
         return 0;
-    return expect == ML_ATTACH_WITHDRAWN ? 0 : -EBUSY;
+    if (expect == ML_ATTACH_WITHDRAWN)
+        return 0;
+    /* Any other value than 1 was written by no attacher (attach is a CAS from 0, so none can
+     * attach now): a broken channel, which the caller abandons as it would a withdrawn one. */
+    return expect == 1 ? -EBUSY : -EPROTO;
 }
 
 uint32_t __ml_chan_attach_state(const struct memlan_channel *ch)

@@ -34,6 +34,7 @@ struct memlan_channel {
     uint64_t peeked;          /* bytes (record) given by the last peek */
     uint64_t rx_tmo_ns, tx_tmo_ns; /* blocking recv / send give up after these (0 = never) */
     bool shut_rd, shut_wr, peer_dead;
+    bool peer_seen;           /* creator: the attached word once read 1 (see ml_peer_dead) */
     bool rd_eof_when_empty;   /* socket SHUT_RD: queued bytes, then end of stream */
     bool poolable;            /* the file goes to the fabric's pool when we close */
     unsigned forks;           /* __ml_chan_forks when created: a fork since means no pool */

@@ -154,12 +154,22 @@ static bool ml_evq_fits(const struct memlan_segment *seg, uint64_t cap, uint64_t
         return false;
     uint64_t lw = cap / 64, sw = (lw + 63) / 64;
     uint64_t end = seg->body_off + seg->body_size;
+    /* written so that no sum can wrap: lo and so are the peer's, any 64-bit value */
     return lo % 8 == 0 && so % 8 == 0 && lo >= seg->body_off && so >= seg->body_off &&
-           lo + lw * 8 <= end && so + sw * 8 <= end;
+           lo <= end && so <= end && lw * 8 <= end - lo && sw * 8 <= end - so;
+}
+
+/* The header itself must lie inside the body, on a line of its own (waiter is 64-aligned in
+ * it): the body offset comes from the peer-writable segment header. */
+static bool ml_evq_hdr_fits(const struct memlan_segment *seg)
+{
+    return seg->body_off % ML_CACHELINE == 0 && seg->body_size >= sizeof(struct ml_evq_hdr);
 }
 
 static bool ml_evq_geometry_ok(const struct memlan_segment *seg, const struct ml_evq_hdr *c)
 {
+    if (!ml_evq_hdr_fits(seg))
+        return false;
     uint64_t cap = c->capacity, lw = c->leaf_words, sw = c->sum_words;
     return lw == cap / 64 && sw == (lw + 63) / 64 && ml_evq_fits(seg, cap, c->leaf_off, c->sum_off);
 }
@@ -300,6 +310,13 @@ int memlan_evq_create(memlan_fabric_t *fab, unsigned capacity, memlan_evq_t **ou
         __ml_sys_unlinkat(fab->dirfd, name, 0);
         goto fail_seg;
     }
+    /* mknodat's mode went through the umask (0022 or 0077 make it 0600): in a shared fabric
+     * another user's peer must be able to ring the bell, so set it on the open FIFO itself. */
+    if (fab->shared && (r = __ml_sys_fchmod((int)fd, 0622)) < 0) {
+        __ml_sys_close((int)fd);
+        __ml_sys_unlinkat(fab->dirfd, name, 0);
+        goto fail_seg;
+    }
     q->bell = (int)fd;
     q->h = (struct ml_evq_hdr *)(q->seg->base + body_off);
     q->h->capacity = capacity;
@@ -372,11 +389,19 @@ int memlan_evq_del(memlan_evq_t *q, memlan_channel_t *ch)
     return 0;
 }
 
-/* Turn pending bits into events, at most max.  Bits beyond max are put back. */
+/*
+ * Turn pending bits into events, at most max.  Bits beyond max are put back.
+ *
+ * Every word read here is writable by any process that can post to the queue, so every index
+ * taken from one is bounded by our private geometry before use: a summary bit names a leaf word
+ * below nwords (the last summary word has bits past the end when nwords is not a multiple of
+ * 64), and then a leaf bit names an endpoint below capacity.  A bit out of range is dropped.
+ */
 static int ml_evq_collect(struct memlan_evq *q, struct memlan_event *ev, int max)
 {
     int n = 0;
-    uint32_t sw = (q->capacity / 64 + 63) / 64;
+    uint32_t nwords = q->capacity / 64;
+    uint32_t sw = (nwords + 63) / 64;
     for (uint32_t s = 0; s < sw; s++) {
         if (ml_load_relaxed(&q->sum[s]) == 0)
             continue;
@@ -384,6 +409,8 @@ static int ml_evq_collect(struct memlan_evq *q, struct memlan_event *ev, int max
         while (sbits) {
             uint32_t lw = s * 64 + (uint32_t)__builtin_ctzll(sbits);
             sbits &= sbits - 1;
+            if (lw >= nwords)
+                continue; /* no such leaf word: garbage from a peer */
             if (n >= max) { /* no room: put the summary bit back for the next call */
                 ml_fetch_or(&q->sum[s], 1ull << (lw % 64));
                 continue;

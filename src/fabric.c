@@ -54,37 +54,60 @@ void __ml_fabric_name(char *buf, size_t len, const char *prefix, const char *tok
     snprintf(buf, len, "%s-%s", prefix, token);
 }
 
+/* The path memlan_fabric_open(NULL) uses, and whether it is the default. */
+static const char *ml_fabric_path(const char *path, char *def, size_t len, bool *explicit_path)
+{
+    *explicit_path = true;
+    if (!path)
+        path = getenv("MEMLAN_FABRIC");
+    if (!path || !*path) {
+        snprintf(def, len, "/dev/shm/memlan-%u", (unsigned)getuid());
+        path = def;
+        *explicit_path = false;
+    }
+    return path;
+}
+
+/*
+ * The fabric's directory is held by an O_PATH descriptor and every file in it is opened relative
+ * to that (openat, always O_NOFOLLOW), so the private mode works: a directory that is searchable
+ * but not readable (0733/1733) cannot be opened O_RDONLY, and needs not be, since only the sweep
+ * lists it (and tolerates EACCES).  The default directory is created if missing, then opened
+ * without following a symlink, and its owner and mode are checked on that descriptor (not by a
+ * path look-up that could name something else a moment later).  A named directory is never
+ * created by accident (a typo in MEMLAN_FABRIC would make a fabric on disk, or nowhere anyone
+ * else looks) unless MEMLAN_FABRIC_CREATE=1 asks for it.
+ */
 int memlan_fabric_open(const char *path, memlan_fabric_t **out)
 {
     if (!out)
         return -EINVAL;
     *out = NULL;
     char def[64];
-    bool explicit_path = true;
-    if (!path)
-        path = getenv("MEMLAN_FABRIC");
-    if (!path || !*path) {
-        snprintf(def, sizeof def, "/dev/shm/memlan-%u", (unsigned)getuid());
-        path = def;
-        explicit_path = false;
-    }
+    bool explicit_path;
+    path = ml_fabric_path(path, def, sizeof def, &explicit_path);
     if (strlen(path) >= PATH_MAX - 64)
         return -EINVAL;
 
-    int r = __ml_sys_mkdir(path, 0700);
-    if (r < 0 && r != -EEXIST)
-        return r;
-    long fd = __ml_sys_open(AT_FDCWD, path, O_RDONLY | O_DIRECTORY, 0);
-    if (fd < 0)
-        return (int)fd;
+    const char *create = getenv("MEMLAN_FABRIC_CREATE");
+    if (!explicit_path || (create && strcmp(create, "1") == 0)) {
+        int r = __ml_sys_mkdir(path, 0700);
+        if (r < 0 && r != -EEXIST)
+            return r;
+    }
+    long fd = __ml_sys_open(AT_FDCWD, path,
+                            O_PATH | O_DIRECTORY | (explicit_path ? 0 : O_NOFOLLOW), 0);
+    if (fd < 0) /* the default a symlink: O_PATH|O_NOFOLLOW opens the link, not a directory */
+        return !explicit_path && (fd == -ENOTDIR || fd == -ELOOP) ? -ELOOP : (int)fd;
     struct stat st;
-    r = __ml_sys_fstat((int)fd, &st);
+    int r = __ml_sys_fstat((int)fd, &st);
     if (r < 0)
         goto fail;
     r = -EACCES;
     /* The default directory must be ours alone: anyone able to write into it could plant files
      * that we would map.  A fabric shared on purpose is named explicitly. */
-    if (!explicit_path && (st.st_uid != getuid() || (st.st_mode & 077)))
+    if (!S_ISDIR(st.st_mode) ||
+        (!explicit_path && (st.st_uid != getuid() || (st.st_mode & 077))))
         goto fail;
     memlan_fabric_t *fab = calloc(1, sizeof *fab);
     r = -ENOMEM;
@@ -100,6 +123,22 @@ int memlan_fabric_open(const char *path, memlan_fabric_t **out)
 fail:
     __ml_sys_close((int)fd);
     return r;
+}
+
+const char *__ml_fabric_explain(int err, char *buf, size_t len)
+{
+    char def[64];
+    bool explicit_path;
+    (void)ml_fabric_path(NULL, def, sizeof def, &explicit_path);
+    const char *why = strerror(-err);
+    if (!explicit_path && err == -ELOOP)
+        why = "a symlink, not a directory of ours";
+    else if (!explicit_path && err == -EACCES)
+        why = "another user's or open to others (must be ours, mode 0700)";
+    else if (explicit_path && err == -ENOENT)
+        why = "no such directory (MEMLAN_FABRIC_CREATE=1 creates it)";
+    snprintf(buf, len, "%s", why);
+    return buf;
 }
 
 void memlan_fabric_close(memlan_fabric_t *fab)

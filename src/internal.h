@@ -68,6 +68,8 @@ int __ml_token_valid(const char *token);
 int __ml_token_new(char out[MEMLAN_TOKEN_LEN + 1]);
 void __ml_fabric_name(char *buf, size_t len, const char *prefix, const char *token);
 int __ml_fabric_reclaim(memlan_fabric_t *fab);
+/* Why memlan_fabric_open(NULL) failed with err, in words (for logs): buf. */
+const char *__ml_fabric_explain(int err, char *buf, size_t len);
 /* The lazy sweep: once per handle, before the first file it creates (or when the caller says). */
 void __ml_fabric_sweep_once(memlan_fabric_t *fab);
 int __ml_fabric_reclaim_name(memlan_fabric_t *fab, const char *name); /* 1 if removed */

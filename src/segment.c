@@ -117,7 +117,18 @@ int __ml_seg_create(memlan_fabric_t *fab, uint32_t kind, int mode, uint64_t body
     }
     if (fab->shared)
         (void)__ml_sys_fchmod((int)fd, mode == MEMLAN_MODE_RW ? 0666 : 0644);
-    if ((r = __ml_sys_ftruncate((int)fd, (off_t)total)) < 0)
+    /* Reserve the file's blocks before mapping it: a sparse file (ftruncate) on a tmpfs that
+     * fills up would make the first store to a page fault with SIGBUS, in whatever process
+     * touched it (a memcpy in memlan_send, say).  A full fabric is an error here instead: the
+     * file goes and the caller sees -ENOSPC (the socket layer falls back to TCP, "fabric full").
+     * Only a file system without fallocate gets the sparse file, as before.  A stat record
+     * (ML_KIND_PROC, 4096 slots, most never used) reserves its first page here and the rest as
+     * its owner claims slots (mlp_proc_slot() in src/preload/negotiate.c). */
+    uint64_t reserve = kind == ML_KIND_PROC ? ML_PAGE : total;
+    r = __ml_sys_fallocate((int)fd, 0, (off_t)reserve);
+    if (r == -EOPNOTSUPP || (r == 0 && reserve < total))
+        r = __ml_sys_ftruncate((int)fd, (off_t)total);
+    if (r < 0)
         goto fail_unlink;
     uint8_t *p;
     size_t vsize;
@@ -221,6 +232,7 @@ int __ml_seg_import_fd(memlan_fabric_t *fab, const char *token, int fd, uint32_t
     }
     if (h.hdr_size != sizeof h || h.total_size != (uint64_t)st.st_size ||
         h.total_size % ML_PAGE || h.body_off < sizeof h || h.body_off > h.total_size ||
+        h.body_off % ML_CACHELINE /* a body's structures are laid out from an aligned start */ ||
         h.body_size > h.total_size - h.body_off || h.kind != kind ||
         (h.mode != MEMLAN_MODE_RO && h.mode != MEMLAN_MODE_RW))
         goto fail;

@@ -47,6 +47,7 @@ static memlan_fabric_t *mlp_fabric(void)
     if (mlp_fab || mlp_fab_tried)
         return mlp_fab;
     const char *why = NULL; /* set when the fabric cannot be used: said once, below */
+    static char expl[96];
     pthread_mutex_lock(&mlp_neg_mu);
     if (!mlp_fab_tried) {
         memlan_fabric_t *f;
@@ -54,7 +55,7 @@ static memlan_fabric_t *mlp_fabric(void)
         const char *brief = r == -EACCES ? "another user's, or open to others" : NULL;
         why = r == -EACCES ? "permission denied: the directory is another user's, or open to "
                              "others (a fabric shared on purpose is named by MEMLAN_FABRIC)"
-            : r < 0 ? strerror(-r) : NULL;
+            : r < 0 ? __ml_fabric_explain(r, expl, sizeof expl) : NULL; /* a symlink, missing */
         /* A directory we may open but not write into (another user's shared fabric, a
          * read-only mount) would fail every connection one by one: say it now, once. */
         if (r == 0 && faccessat(f->dirfd, ".", W_OK | X_OK, AT_EACCESS) < 0) {
@@ -200,6 +201,7 @@ static struct memlan_segment *mlp_proc;
 static struct ml_proc_hdr *mlp_proc_hdr;
 static struct ml_proc_conn *mlp_proc_conns;
 static unsigned mlp_proc_hint;
+static uint64_t mlp_proc_reserved; /* bytes of the record reserved (fallocate) so far */
 static pthread_mutex_t mlp_proc_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int mlp_proc_slot(void)
@@ -227,12 +229,24 @@ static int mlp_proc_slot(void)
             }
             __ml_seg_publish(seg);
             mlp_proc = seg;
+            mlp_proc_reserved = ML_PAGE;
         }
     }
     int slot = -1;
     if (mlp_proc) {
         for (unsigned i = 0; i < ML_PROC_SLOTS; i++) {
             unsigned k = (mlp_proc_hint + i) % ML_PROC_SLOTS;
+            /* The record is reserved as far as slots are used (see __ml_seg_create): a slot in
+             * pages a full fabric cannot give is not used, rather than fault on first store. */
+            uint64_t end = (uint64_t)((uint8_t *)&mlp_proc_conns[k + 1] - mlp_proc->base);
+            if (end > mlp_proc_reserved) {
+                uint64_t to = (end + 65535) & ~(uint64_t)65535;
+                if (to > mlp_proc->hdr->total_size)
+                    to = mlp_proc->hdr->total_size;
+                if (__ml_sys_fallocate(mlp_proc->fd, 0, (off_t)to) < 0)
+                    break;
+                mlp_proc_reserved = to;
+            }
             if (ml_load_relaxed(&mlp_proc_conns[k].state) == ML_CONN_FREE) {
                 slot = (int)k;
                 mlp_proc_hint = k + 1;
@@ -469,8 +483,9 @@ static int mlp_lrec_open(int port, bool create, int *fdp, struct ml_listen_rec *
                 return -ENOENT;
             continue;
         }
-        if (st.st_size < ML_PAGE) {
-            if (!create || __ml_sys_ftruncate((int)fd, ML_PAGE) < 0) {
+        /* Reserved, not sparse: a full fabric must fail here, not fault on first touch. */
+        if (st.st_size < ML_PAGE || create) {
+            if (!create || __ml_sys_fallocate((int)fd, 0, ML_PAGE) < 0) {
                 __ml_sys_close((int)fd);
                 return -ENOENT;
             }
@@ -930,6 +945,8 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
         }
         if (a == ML_ATTACH_WITHDRAWN) {
             why = "offer withdrawn";
+        } else if (a != 0) {
+            why = "the channel's attach word is corrupt"; /* peer garbage: give up, bounded */
         } else if (!wait && mlp_now_ns() - s->peek_ns < 100000) {
             return MLP_UNDECIDED; /* a poll scan or spin: peek the kernel at most every 100 us */
         } else {
@@ -948,7 +965,8 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
         if (why) {
             pthread_mutex_lock(&s->mu);
             if (s->state == MLP_UNDECIDED) {
-                if (__ml_chan_withdraw(s->ch) == 0) {
+                int w = __ml_chan_withdraw(s->ch);
+                if (w == 0 || w == -EPROTO) { /* -EPROTO: broken, nobody can attach */
                     s->state = MLP_TCP;
                     mlp_offer_gone(s);
                     mlp_stat_conn(s, fd, why);

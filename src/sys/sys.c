@@ -116,6 +116,21 @@ ssize_t __ml_sys_pread(int fd, void *buf, size_t len, off_t off)
 
 int __ml_sys_ftruncate(int fd, off_t len) { return (int)SYS_CALL(SYS_ftruncate, fd, len); }
 
+/* posix_fallocate's semantics (mode 0): the blocks are reserved now and the size grows to cover
+ * them, so a later store to a mapping of the range cannot fault for want of space.  A file system
+ * out of room answers -ENOSPC here (EFBIG and EDQUOT are reported as -ENOSPC too: for our callers
+ * they all mean "the fabric is full"). */
+int __ml_sys_fallocate(int fd, off_t off, off_t len)
+{
+    int r = (int)SYS_CALL(SYS_fallocate, fd, 0, off, len);
+    return r == -EFBIG || r == -EDQUOT ? -ENOSPC : r;
+}
+
+int __ml_sys_fchmodat(int dirfd, const char *path, mode_t mode)
+{
+    return (int)SYS_CALL(SYS_fchmodat, dirfd, path, mode);
+}
+
 int __ml_sys_fchmod(int fd, mode_t mode) { return (int)SYS_CALL(SYS_fchmod, fd, mode); }
 
 int __ml_sys_fstat(int fd, struct stat *st) { return (int)SYS_CALL(SYS_fstat, fd, st); }

@@ -27,7 +27,9 @@ ssize_t __ml_sys_write(int fd, const void *buf, size_t len);
 ssize_t __ml_sys_write_nosigpipe(int fd, const void *buf, size_t len); /* never raises SIGPIPE */
 ssize_t __ml_sys_pread(int fd, void *buf, size_t len, off_t off);
 int __ml_sys_ftruncate(int fd, off_t len);
+int __ml_sys_fallocate(int fd, off_t off, off_t len); /* mode 0; -ENOSPC when full */
 int __ml_sys_fchmod(int fd, mode_t mode);
+int __ml_sys_fchmodat(int dirfd, const char *path, mode_t mode);
 int __ml_sys_fstat(int fd, struct stat *st);
 int __ml_sys_fstatat(int dirfd, const char *path, struct stat *st, int flags);
 int __ml_sys_unlinkat(int dirfd, const char *path, int flags);

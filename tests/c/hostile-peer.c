@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* hostile-peer: a child maps the channel and writes random values into every shared control
  * word, index, tripwire, event-queue reference and record header, as fast as it can, while the
- * parent keeps sending and receiving on it.  The parent may see corrupt data and errors
+ * parent keeps sending and receiving on it (one round in four, the indices the attacher starts
+ * from are left unaligned too).  The parent may see corrupt data and errors
  * (-EPROTO, -ECONNRESET, -EPIPE) but must never crash, hang or touch memory outside the channel:
  * run under ASan (make test does) this catches any out-of-bounds access. */
 #include "test.h"
@@ -20,6 +21,17 @@ int main(void)
             memlan_channel_t *a, *b;
             struct memlan_channel_opts o = {.kind = kind, .ring_size = 4096};
             ASSERT_OK(memlan_channel_create(fab, &o, &a));
+            if (round % 4 == 3) {
+                /* The attacher starts from the shared indices: leave them unaligned (a
+                 * message ring's record header must then never be read or written there). */
+                uint8_t *base = a->seg->base;
+                struct ml_ring_ctl *c0 = (void *)(base + ML_CHAN_CTL0_OFF);
+                struct ml_ring_ctl *c1 = (void *)(base + ML_CHAN_CTL1_OFF);
+                atomic_store(&c0->tail, (uint64_t)round % 7 + 1);
+                atomic_store(&c0->head, (uint64_t)round % 7 + 41);
+                atomic_store(&c1->head, (uint64_t)round % 5 + 3);
+                atomic_store(&c1->tail, (uint64_t)round % 5 + 3);
+            }
             ASSERT_OK(memlan_channel_attach(fab, memlan_channel_token(a), &b));
             /* Also attach an event queue so that the wake path reads the references. */
             memlan_evq_t *q;
