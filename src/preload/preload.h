@@ -171,6 +171,8 @@ void mlp_before_last_close(struct mlp_sock *s, int fd);
 int mlp_tcp_catch_up(struct mlp_sock *s, int fd, bool block);
 void mlp_at_exit(void);
 void mlp_stdio_adopt(int fd); /* stdio.c: a connection now at fd 0, 1 or 2 */
+void mlp_stdio_at_exit(void); /* stdio.c: flush our streams before the connections go */
+void mlp_stdio_exited(void);  /* stdio.c: the connections are gone (a later write is split) */
 
 /* Readiness (poll.c): poll(2) semantics of one socket now; revents in POLL* bits. */
 short mlp_sock_revents(struct mlp_sock *s, int fd, short events);

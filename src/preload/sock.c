@@ -890,6 +890,7 @@ void mlp_after_fork_child(void)
  * instead of noticing our death.  (_exit and signals skip this; the peer then sees us gone.) */
 void mlp_at_exit(void)
 {
+    mlp_stdio_at_exit(); /* output still in our streams, through the channel while it is there */
     mlp_epoll_at_exit();
     int max = mlp_fd_max();
     for (int fd = 0; fd <= max; fd++) {
@@ -902,4 +903,5 @@ void mlp_at_exit(void)
     }
     mlp_poll_at_exit();
     mlp_negotiate_at_exit();
+    mlp_stdio_exited();
 }

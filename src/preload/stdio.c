@@ -12,22 +12,32 @@
  * the fd: a cookie stream's _fileno (glibc marks it -2, "no file") is set to the fd, which
  * glibc's file functions then use only to see that the stream is open.
  *
- *  - fdopen() of an accelerated (or undecided) connection returns such a stream;
- *  - stdin, stdout and stderr are replaced (glibc lets a program assign them) by such a stream,
- *    with the old one's buffering mode, whenever a connection lands on fd 0, 1 or 2: carried
- *    across exec (an inetd-style child such as git daemon's), or by dup, dup2, dup3 or F_DUPFD
- *    onto it, or returned there by accept or connect's socket.  Output the old stream still
- *    held goes to the new one first (the kernel would have written it to the new fd 1).
+ *  - fdopen() of an accelerated (or undecided) connection returns such a stream, after glibc's
+ *    mode checks (EINVAL; "a" sets O_APPEND on the fd);
+ *  - stdin, stdout and stderr are replaced (glibc lets a program assign them) by such a stream
+ *    whenever an accelerated connection lands on fd 0, 1 or 2: carried across exec (an
+ *    inetd-style child such as git daemon's), by dup, dup2, dup3 or F_DUPFD onto it, or returned
+ *    there by accept or connect's socket.  The new stream takes the old one's buffering, its
+ *    pending output (the kernel would have written it to the new fd 1) and its unread input
+ *    (glibc would return stdin's read-ahead first).  Only glibc's static stream or a live
+ *    standard stream of ours is replaced, never a closed one; ours is then closed, fd kept.
+ *    The old stream is taken with ftrylockfile: one another thread holds is left alone.  An
+ *    undecided connection keeps glibc's stream (it may fall to TCP, where glibc's is right,
+ *    wide output included; fopencookie streams are byte streams only).
+ *  - the streams we made are flushed by our exit handler, before the connections go: glibc
+ *    flushes only after every exit handler, when the bytes would reach the kernel socket.
  *
  * What stays out of reach (docs/design.md): a FILE made before the socket took its fd other
- * than the three standard ones, a pointer to the old standard stream kept by the program, and a
- * thread writing to the old stream while another moves a socket onto its fd.  Replacing a
- * stream allocates: a dup2 onto 0, 1 or 2 from a signal handler is not async-signal-safe here.
+ * than the three standard ones, a pointer to the old standard stream kept by the program (ours
+ * is freed when replaced), a standard stream another thread holds when a socket moves under it,
+ * wide-character stdio on an accelerated connection, and a dup2 onto 0, 1 or 2 from a signal
+ * handler (replacing a stream allocates: not async-signal-safe here).
  */
 #include "preload.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,21 +47,85 @@ ssize_t mlp_io_read(int fd, void *buf, size_t len);
 ssize_t mlp_io_write(int fd, const void *buf, size_t len);
 int mlp_io_close(int fd);
 
-/* The cookie: the stream itself, known once fopencookie returned it. */
+/* The cookie: the stream itself, known once fopencookie returned it; bytes a replaced stdin
+ * had read from the fd and not handed out, served before the next read (pre); whether the
+ * stream stands in for a standard one (std) and whether its close leaves the fd open (keep_fd:
+ * a replaced standard stream of ours, whose fd now names the new connection). */
 struct mlp_ck {
     FILE *f;
+    char *pre;
+    size_t pre_len, pre_off;
+    bool std, keep_fd, late_told;
 };
 
-static ssize_t mlp_ck_read(void *c, char *buf, size_t len)
+/* The streams memlan made and has not seen closed: flushed at exit before the connections go
+ * (mlp_stdio_at_exit), and the only streams other than glibc's static three that a swap may
+ * replace.  Lock-free slots (a fork or a signal never finds a lock held); a stream that finds
+ * no free slot is still made, but neither flushed early at exit nor replaced. */
+#define MLP_NSTREAMS 64
+static FILE *_Atomic mlp_streams[MLP_NSTREAMS];
+static struct mlp_ck *_Atomic mlp_cookies[MLP_NSTREAMS]; /* each stream's cookie */
+static atomic_bool mlp_exited; /* mlp_at_exit took the connections down */
+
+static bool mlp_stream_track(FILE *f, struct mlp_ck *c)
 {
-    return mlp_io_read(fileno(((struct mlp_ck *)c)->f), buf, len);
+    for (int i = 0; i < MLP_NSTREAMS; i++) {
+        FILE *none = NULL;
+        if (atomic_compare_exchange_strong(&mlp_streams[i], &none, f)) {
+            atomic_store(&mlp_cookies[i], c);
+            return true;
+        }
+    }
+    return false;
+}
+
+static void mlp_stream_untrack(FILE *f)
+{
+    for (int i = 0; i < MLP_NSTREAMS; i++) {
+        FILE *want = f;
+        if (atomic_compare_exchange_strong(&mlp_streams[i], &want, NULL))
+            return;
+    }
+}
+
+/* The cookie of f if f is a live stream of ours, else NULL (f is only compared, never read). */
+static struct mlp_ck *mlp_stream_cookie(FILE *f)
+{
+    for (int i = 0; i < MLP_NSTREAMS; i++)
+        if (atomic_load(&mlp_streams[i]) == f)
+            return atomic_load(&mlp_cookies[i]);
+    return NULL;
+}
+
+static ssize_t mlp_ck_read(void *v, char *buf, size_t len)
+{
+    struct mlp_ck *c = v;
+    if (c->pre) {
+        size_t n = c->pre_len - c->pre_off;
+        if (n > len)
+            n = len;
+        memcpy(buf, c->pre + c->pre_off, n);
+        c->pre_off += n;
+        if (c->pre_off == c->pre_len) {
+            free(c->pre);
+            c->pre = NULL;
+        }
+        return (ssize_t)n;
+    }
+    return mlp_io_read(c->f->_fileno, buf, len);
 }
 
 /* glibc's own file write loops until all is written or an error; a cookie's short count marks
  * the stream in error, so loop here the same way. */
-static ssize_t mlp_ck_write(void *c, const char *buf, size_t len)
+static ssize_t mlp_ck_write(void *v, const char *buf, size_t len)
 {
-    int fd = fileno(((struct mlp_ck *)c)->f);
+    struct mlp_ck *c = v;
+    int fd = c->f->_fileno;
+    if (ml_unlikely(atomic_load(&mlp_exited)) && !c->late_told && !mlp_fd_is_ours(fd)) {
+        c->late_told = true; /* a destructor, or an exit handler that ran after ours */
+        mlp_log(0, "fd %d: %zu bytes written through stdio after memlan's exit handler took the "
+                   "connections down reach the kernel socket: the stream is split", fd, len);
+    }
     size_t done = 0;
     while (done < len) {
         ssize_t r = mlp_io_write(fd, buf + done, len - done);
@@ -68,9 +142,12 @@ static int mlp_ck_seek(void *c, off64_t *pos, int whence)
     return -1;
 }
 
-static int mlp_ck_close(void *c)
+static int mlp_ck_close(void *v)
 {
-    int r = mlp_io_close(fileno(((struct mlp_ck *)c)->f));
+    struct mlp_ck *c = v;
+    mlp_stream_untrack(c->f);
+    int r = c->keep_fd ? 0 : mlp_io_close(c->f->_fileno);
+    free(c->pre);
     free(c);
     return r;
 }
@@ -78,20 +155,35 @@ static int mlp_ck_close(void *c)
 static const cookie_io_functions_t mlp_ck_funcs = {
     .read = mlp_ck_read, .write = mlp_ck_write, .seek = mlp_ck_seek, .close = mlp_ck_close};
 
-/* A stream of ours on fd, or NULL.  Its functions read the stream's _fileno at every call. */
-static FILE *mlp_stream(int fd, const char *mode)
+/* A stream of ours on fd, or NULL with fopencookie's errno (EINVAL for a bad mode, ENOMEM).
+ * Its functions read the stream's _fileno at every call. */
+static FILE *mlp_stream_ck(int fd, const char *mode, bool std, struct mlp_ck **ck)
 {
-    struct mlp_ck *c = malloc(sizeof *c);
+    struct mlp_ck *c = calloc(1, sizeof *c);
     FILE *f = c ? fopencookie(c, mode, mlp_ck_funcs) : NULL;
     if (!f) {
+        int e = errno;
         free(c);
+        errno = e;
         return NULL;
     }
     c->f = f;
+    c->std = std;
     f->_fileno = fd;
+    if (!mlp_stream_track(f, c))
+        mlp_log(1, "fd %d: more than %d streams through the channel: this one is not flushed "
+                   "before memlan's exit handler", fd, MLP_NSTREAMS);
+    *ck = c;
     return f;
 }
 
+static FILE *mlp_stream(int fd, const char *mode, bool std)
+{
+    struct mlp_ck *c;
+    return mlp_stream_ck(fd, mode, std, &c);
+}
+
+/* A connection at fd that is not (or not yet) known to be TCP: what fdopen routes. */
 static bool mlp_is_conn(int fd)
 {
     struct mlp_sock *s = mlp_get(fd);
@@ -101,6 +193,26 @@ static bool mlp_is_conn(int fd)
     return conn;
 }
 
+/* glibc's fdopen mode: 'r', 'w' or 'a' first ('+' among the next four makes it read-write);
+ * returns the O_ACCMODE it needs the fd to allow (O_RDWR: both), -1 if the mode is bad. */
+static int mlp_mode(const char *mode, bool *append)
+{
+    int acc;
+    *append = false;
+    switch (mode[0]) {
+    case 'r': acc = O_RDONLY; break;
+    case 'w': acc = O_WRONLY; break;
+    case 'a': acc = O_WRONLY, *append = true; break;
+    default: return -1;
+    }
+    for (int i = 1; i < 5 && mode[i]; i++)
+        if (mode[i] == '+') {
+            acc = O_RDWR;
+            break;
+        }
+    return acc;
+}
+
 MLP_EXPORT FILE *fdopen(int fd, const char *mode)
 {
     if (ml_unlikely(!mlp_ready))
@@ -108,36 +220,110 @@ MLP_EXPORT FILE *fdopen(int fd, const char *mode)
     if (mlp_inside || !mlp_is_conn(fd))
         return mlp_real_fdopen(fd, mode);
     int saved = errno;
-    if (mlp_real_fcntl(fd, F_GETFL, 0) < 0)
-        return NULL; /* EBADF, as fdopen says */
-    FILE *f = mlp_stream(fd, mode);
-    if (!f) {
-        errno = ENOMEM;
+    bool append;
+    int acc = mlp_mode(mode, &append);
+    if (acc < 0) {
+        errno = EINVAL;
         return NULL;
     }
+    int fl = mlp_real_fcntl(fd, F_GETFL, 0);
+    if (fl < 0)
+        return NULL; /* EBADF, as fdopen says */
+    int have = fl & O_ACCMODE;
+    if ((have == O_RDONLY && acc != O_RDONLY) || (have == O_WRONLY && acc != O_WRONLY)) {
+        errno = EINVAL;
+        return NULL;
+    }
+    if (append && !(fl & O_APPEND) && mlp_real_fcntl(fd, F_SETFL, fl | O_APPEND) < 0)
+        return NULL;
+    FILE *f = mlp_stream(fd, mode, false);
+    if (!f)
+        return NULL;
     errno = saved;
     mlp_log(1, "fd %d: fdopen: a stream through the channel", fd);
     return f;
 }
 
 #define MLP_IO_UNBUFFERED 0x0002  /* glibc's _IO_UNBUFFERED */
+#define MLP_IO_NO_READS   0x0004  /* _IO_NO_READS */
+#define MLP_IO_NO_WRITES  0x0008  /* _IO_NO_WRITES */
 #define MLP_IO_LINE_BUF   0x0200  /* _IO_LINE_BUF */
 
-/* A connection is now at fd (0, 1 or 2): put a stream of ours in place of the standard one. */
+extern FILE _IO_2_1_stdin_, _IO_2_1_stdout_, _IO_2_1_stderr_; /* glibc's static three */
+
+/* Unread input of old (its buffer, then what its cookie still holds if it is ours) in a buffer
+ * for the new stream; the old stream gives it up.  false: no memory (nothing moved). */
+static bool mlp_take_input(FILE *old, struct mlp_ck *oc, struct mlp_ck *nc)
+{
+    size_t a = old->_IO_read_ptr < old->_IO_read_end
+                   ? (size_t)(old->_IO_read_end - old->_IO_read_ptr) : 0;
+    size_t b = oc && oc->pre ? oc->pre_len - oc->pre_off : 0;
+    if (!a && !b)
+        return true;
+    char *p = malloc(a + b);
+    if (!p)
+        return false;
+    memcpy(p, old->_IO_read_ptr, a);
+    if (b)
+        memcpy(p + a, oc->pre + oc->pre_off, b);
+    old->_IO_read_ptr = old->_IO_read_end;
+    if (oc && oc->pre) {
+        free(oc->pre);
+        oc->pre = NULL;
+    }
+    nc->pre = p;
+    nc->pre_len = a + b;
+    nc->pre_off = 0;
+    return true;
+}
+
+/* A connection is now at fd (0, 1 or 2): put a stream of ours in place of the standard one.
+ * Only an accelerated connection (an undecided one may still fall to TCP, where glibc's own
+ * stream must stay, wide output and all), and only in place of glibc's static stream on that
+ * fd or a live standard stream of ours, never a closed one. */
 void mlp_stdio_adopt(int fd)
 {
-    if (fd < 0 || fd > 2 || !mlp_is_conn(fd))
+    if (fd < 0 || fd > 2)
         return;
+    struct mlp_sock *s = mlp_get(fd);
+    if (!s)
+        return;
+    int st = s->type == MLP_CONN ? s->state : MLP_TCP;
+    if (st == MLP_UNDECIDED)
+        st = mlp_decide(s, fd, false); /* settled already, perhaps: a look, no wait */
+    mlp_put(s);
+    const char *name = fd == 0 ? "stdin" : fd == 1 ? "stdout" : "stderr";
+    if (st != MLP_ACCEL) {
+        if (st == MLP_UNDECIDED)
+            mlp_log(1, "fd %d: the connection is not decided yet: %s stays glibc's stream", fd,
+                    name);
+        return;
+    }
     FILE **slot = fd == 0 ? &stdin : fd == 1 ? &stdout : &stderr;
+    FILE *stat = fd == 0 ? &_IO_2_1_stdin_ : fd == 1 ? &_IO_2_1_stdout_ : &_IO_2_1_stderr_;
     FILE *old = *slot;
-    if (!old || (old->_fileno != fd && old->_fileno >= 0))
-        return; /* the program moved the standard stream elsewhere */
+    struct mlp_ck *oc = old && old != stat ? mlp_stream_cookie(old) : NULL;
+    bool ours = oc && oc->std;
+    if (!old || (old != stat && !ours))
+        return; /* the program put a stream of its own there, or closed one of ours */
+    if (old->_fileno != fd || (old->_flags & (fd == 0 ? MLP_IO_NO_READS : MLP_IO_NO_WRITES)))
+        return; /* closed (fclose: _fileno -1), or moved elsewhere by the program */
     int saved = errno;
+    if (ftrylockfile(old) != 0) {
+        mlp_log(1, "fd %d: another thread holds %s (a read or write in progress): it stays "
+                   "glibc's stream, and stdio on it takes the kernel socket", fd, name);
+        errno = saved;
+        return;
+    }
     int inside = mlp_inside;
     mlp_inside = 0; /* the moved output must go through our write, not straight to the fd */
-    flockfile(old);
-    FILE *f = mlp_stream(fd, fd == 0 ? "r" : "w");
-    if (!f) {
+    struct mlp_ck *nc = NULL;
+    FILE *f = mlp_stream_ck(fd, fd == 0 ? "r" : "w", true, &nc);
+    if (!f || (fd == 0 && !mlp_take_input(old, oc, nc))) {
+        if (f) {
+            nc->keep_fd = true;
+            fclose(f);
+        }
         funlockfile(old);
         mlp_inside = inside;
         mlp_log(0, "fd %d: no memory for a stream through the channel: stdio on it would "
@@ -154,13 +340,39 @@ void mlp_stdio_adopt(int fd)
         fwrite(old->_IO_write_base, 1, n, f);
         old->_IO_write_ptr = old->_IO_write_base;
     }
-    if (old->_IO_read_ptr < old->_IO_read_end)
-        mlp_log(0, "fd %d: the standard stream held %zd bytes read from the fd before; they "
-                   "stay in the old stream", fd, (ssize_t)(old->_IO_read_end - old->_IO_read_ptr));
     *slot = f;
     funlockfile(old);
+    if (ours) {
+        oc->keep_fd = true; /* fd is the new connection's now */
+        fclose(old);
+    }
     mlp_inside = inside;
-    mlp_log(1, "fd %d: std%s is a stream through the channel", fd,
-            fd == 0 ? "in" : fd == 1 ? "out" : "err");
+    mlp_log(1, "fd %d: %s is a stream through the channel", fd, name);
     errno = saved;
 }
+
+/* Before the connections go at exit: glibc flushes its streams only after every exit handler
+ * (_IO_cleanup), when our writes would reach the idle kernel socket.  A stream another thread
+ * holds is left to glibc (its bytes then reach the kernel socket, and the write says so). */
+void mlp_stdio_at_exit(void)
+{
+    int inside = mlp_inside;
+    mlp_inside = 0;
+    for (int i = 0; i < MLP_NSTREAMS; i++) {
+        FILE *f = atomic_load(&mlp_streams[i]);
+        if (!f)
+            continue;
+        if (ftrylockfile(f) == 0) {
+            int saved = errno;
+            (void)fflush_unlocked(f);
+            errno = saved;
+            funlockfile(f);
+        } else {
+            mlp_log(1, "fd %d: another thread holds a stream through the channel at exit: its "
+                       "output is not flushed before the connections go", f->_fileno);
+        }
+    }
+    mlp_inside = inside;
+}
+
+void mlp_stdio_exited(void) { atomic_store(&mlp_exited, true); }

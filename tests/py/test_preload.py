@@ -622,6 +622,28 @@ def test_libc_surface_matches_kernel(fabric, tmp_path):
     settle(fabric)
 
 
+
+STDIOCONF = BUILD / "tests-preload" / "stdioconf"
+
+
+def test_stdio_on_moved_connections_matches_kernel(fabric, tmp_path):
+    """stdio on connections moved onto fd 0, 1 and 2 (tests/preload/stdioconf.c): exit's flush
+    of an inetd-style stdout, a dup2 onto 0 while a thread is blocked in fgets(stdin), a closed
+    stdout left closed, stdin's read-ahead kept, 200 swaps without a leak, wide output on a
+    connection that is not memlan's, fdopen's EINVAL and O_APPEND: line for line as over
+    kernel TCP."""
+    plain, under, text = scripted(STDIOCONF, tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "FAIL" not in plain.stdout and "LEAK" not in plain.stdout
+    assert "A got 18 bytes" in plain.stdout and "D after: line2" in plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    assert "stdout is a stream through the channel" in text, text
+    assert "stdin is a stream through the channel" in text, text
+    assert "another thread holds stdin" in text, text
+    assert "not decided yet: stdout stays glibc's stream" in text, text
+    assert "split" not in text, text
+    settle(fabric)
+
 SPLIT = r"""
 import ctypes, os, socket, sys, time
 port = int(sys.argv[1])
