@@ -170,7 +170,8 @@ struct ml_offer_blk {
  * cx-NETNS-CLIENT-SERVER: an offer, named by the connection's two addresses and ports.  A memlan
  * client creates it exclusively and writes its channel's token (ML_TOKEN_HEX bytes) and the
  * channel's generation (8 hex digits); an acceptor that gives up first creates it exclusively
- * holding "R" (refused), which the client then finds.
+ * holding "R" (refused), which the client then finds.  A client that finds no_offer set in the
+ * record does not offer at all.
  */
 #define ML_LREC_MAGIC 0x434552504c4d454dull /* "MEMLPREC" */
 
@@ -184,7 +185,14 @@ struct ml_listen_rec {
                                 * value), so that clients size their rings to it; 0 = none */
     _Atomic uint32_t swept_s;  /* CLOCK_MONOTONIC second at which a client of this port last
                                 * swept the fabric for the dead's files; 0 = never */
+    _Atomic uint32_t no_offer; /* nonzero (one of ML_NO_OFFER_*): a process that accepts on this
+                                * port changed its credentials and can no longer take offers
+                                * from this fabric, so clients do not offer (plain TCP at once).
+                                * Set through the mapping the process made before the change;
+                                * never cleared: it goes with the record, when the last listener
+                                * on the port closes. */
 };
+#define ML_NO_OFFER_CRED 1u
 
 /*
  * A memlan process's entry in the fabric (seg-TOKEN of kind ML_KIND_PROC), for memlan stat: one
