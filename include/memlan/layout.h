@@ -123,7 +123,8 @@ struct ml_chan_hdr {
  * channel's first page.  It is shared by every process that holds that side's socket (after fork):
  * the send and receive locks serialise them and the threads of each, holders counts them so that
  * only the last close ends the connection, flags mirrors the file status flags (O_NONBLOCK) that
- * the kernel keeps per open file description.  The peer never touches our block.
+ * the kernel keeps per open file description.  The peer never writes our block; it reads only
+ * ML_SOCK_NOPOST.
  * Lock words: 0 free, 1 held, 2 held with waiters; *_owner is the holder's pid, so a lock whose
  * holder died can be taken over.
  */
@@ -132,6 +133,9 @@ struct ml_chan_hdr {
 #define ML_SOCK_RESET      4u  /* closed with unread bytes (or LINGER0): the peer gets a reset */
 #define ML_SOCK_RESET_TOLD 8u  /* the peer's reset was reported (once, as the kernel's sk_err) */
 #define ML_SOCK_WROTE_LATE 16u /* we wrote once after the peer closed: TCP would get a reset */
+#define ML_SOCK_NOPOST     32u /* we changed credentials and may not reach the peer's event queue
+                                * (a file we would have to open by name): the peer must not sleep
+                                * on its queue for us, but look again every millisecond */
 
 struct ml_sock_side {
     _Alignas(ML_CACHELINE) _Atomic uint32_t tx_lock;

@@ -40,6 +40,8 @@ const char *mlp_cred_why = "this process changed its credentials";
 
 void mlp_cred_fabric_opened(void) { ml_store_relaxed(&mlp_cred_euid, geteuid()); }
 
+static void mlp_cred_ring_peers(bool nopost);
+
 static void mlp_cred_check(const char *what)
 {
     if (!mlp_fab)
@@ -69,6 +71,7 @@ static void mlp_cred_check(const char *what)
                 mlp_cred_why, mlp_fab->path);
     }
     mlp_lrec_no_offer(ML_NO_OFFER_CRED);
+    mlp_cred_ring_peers(true);
 }
 
 bool mlp_cred_lost(bool at_accept)
@@ -82,13 +85,41 @@ bool mlp_cred_lost(bool at_accept)
     return false;
 }
 
+/*
+ * Our accelerated connections' peers may sleep on their event queues, which we reach by opening
+ * their files by name: after the change we may no longer.  Before it, one post to each peer's
+ * queue keeps the queue mapped in our cache (and wakes the peer for nothing, which is allowed);
+ * after it, when the fabric is out of reach, ML_SOCK_NOPOST in our side block tells each peer
+ * not to sleep on its queue for us (a queue it makes later we could not reach), and a second
+ * post wakes the ones asleep now, through the cache, to see it.
+ */
+static void mlp_cred_ring_peers(bool nopost)
+{
+    int max = mlp_fd_max();
+    for (int fd = 0; fd <= max; fd++) {
+        struct mlp_sock *s = mlp_get(fd);
+        if (!s)
+            continue;
+        if (s->type == MLP_CONN && s->ch && s->me && s->state == MLP_ACCEL) {
+            memlan_channel_t *ch = s->ch;
+            if (nopost) /* SYNC: before the posts; the woken peer's arm reads it (poll.c) */
+                atomic_fetch_or(&s->me->flags, ML_SOCK_NOPOST);
+            __ml_evq_post_ref(mlp_fab, &ch->tx.ctl->rx_ref, &ch->peer_evq_hint);
+            __ml_evq_post_ref(mlp_fab, &ch->rx.ctl->tx_ref, &ch->peer_evq_hint);
+        }
+        mlp_put(s);
+    }
+}
+
 /* ---- the interposers --------------------------------------------------------------------- */
 
 /* Before: what needs the fabric and is worth having afterwards, made while we still can. */
 static void mlp_cred_before(void)
 {
-    if (mlp_fab && !ml_load_relaxed(&mlp_cred_gone))
+    if (mlp_fab && !ml_load_relaxed(&mlp_cred_gone)) {
         mlp_stat_prepare();
+        mlp_cred_ring_peers(false);
+    }
 }
 
 #define MLP_CRED(call, what)                                                                   \

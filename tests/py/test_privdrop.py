@@ -124,3 +124,109 @@ s.sendall(b"GET /f.bin HTTP/1.1\r\nHost: x\r\n\r\n")
 print(s.recv(100).decode().splitlines()[0], flush=True)
 sys.stdin.read()
 """
+
+
+# ---- rsync: a root daemon, a child per connection as nobody -----------------------------------
+
+RSYNCD_CONF = """
+uid = nobody
+gid = nogroup
+use chroot = yes
+pid file = {d}/rsyncd.pid
+log file = {d}/rsyncd.log
+[mod]
+    path = {d}/mod
+    read only = false
+"""
+
+
+def tree_digest(root):
+    h = hashlib.sha256()
+    for p in sorted(pathlib.Path(root).rglob("*")):
+        if p.is_file():
+            h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def make_tree(root, seed):
+    import random
+    rnd = random.Random(seed)
+    for i in range(30):
+        d = root / f"d{i % 4}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"f{i}").write_bytes(rnd.randbytes(rnd.choice([0, 1, 700, 5000, 70000, 400000])))
+
+
+def children(pid):
+    try:
+        return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+    except OSError:
+        return []
+
+
+def cpu_ticks(pid):
+    try:
+        f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return int(f[11]) + int(f[12])
+    except OSError:
+        return None
+
+
+def test_rsync_daemon_uid_nobody(fabric, tmp_path, pubdir):
+    need("rsync")
+    pwd.getpwnam("nobody")
+    mod = pubdir / "mod"
+    make_tree(mod / "tree", 1)
+    (mod / "big").write_bytes(os.urandom(64 << 20))
+    for p in [mod, *mod.rglob("*")]:
+        os.chown(p, 65534, 65534)  # the module belongs to the account the children run as
+    conf = pubdir / "rsyncd.conf"
+    conf.write_text(RSYNCD_CONF.format(d=pubdir))
+    port = next_port()
+    slog, clog = tmp_path / "server.log", tmp_path / "client.log"
+    srv = Server(["rsync", "--daemon", "--no-detach", f"--config={conf}", f"--port={port}",
+                  "--address=127.0.0.1"], port, slog)
+    url = f"rsync://127.0.0.1:{port}/mod"
+    try:
+        # Pull a tree, push another: both checked byte for byte.
+        run(["rsync", "-a", f"{url}/tree/", str(tmp_path / "pulled")], clog, timeout=30)
+        assert tree_digest(tmp_path / "pulled") == tree_digest(mod / "tree")
+        make_tree(tmp_path / "push", 2)
+        run(["rsync", "-a", f"{tmp_path}/push/", f"{url}/pushed/"], clog, timeout=30)
+        assert tree_digest(mod / "pushed") == tree_digest(tmp_path / "push")
+        # A client killed mid-transfer: the daemon's child sees it and goes, without spinning.
+        cl = subprocess.Popen(wrap(["rsync", "--bwlimit=2000", f"{url}/big",
+                                    str(tmp_path / "big")], clog),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+        end = time.time() + 10
+        while time.time() < end and not children(srv.p.pid):
+            time.sleep(0.05)
+        kids = children(srv.p.pid)
+        assert kids, "no daemon child for the transfer"
+        time.sleep(0.5)
+        os.killpg(cl.pid, signal.SIGKILL)  # the client's processes, all at once
+        cl.wait()
+        t0 = {k: cpu_ticks(k) for k in kids}
+        end = time.time() + 8
+        while time.time() < end and any(cpu_ticks(k) is not None for k in kids):
+            time.sleep(0.1)
+        left = [k for k in kids if cpu_ticks(k) is not None]
+        spun = {k: (cpu_ticks(k) or 0) - (t0[k] or 0) for k in left}
+        for k in left:  # stop what the old code leaves behind, then fail
+            try:
+                os.kill(k, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        assert not left, f"daemon children still there 8 s after their client died: {spun} ticks"
+        # Failures to create process resources are said once per process, not once per call.
+        s = slog.read_text()
+        per_pid = {}
+        for m in re.finditer(r"memlan\[(\d+)\]: cannot create", s):
+            per_pid[m.group(1)] = per_pid.get(m.group(1), 0) + 1
+        assert all(n == 1 for n in per_pid.values()), (per_pid, s[-3000:])
+    finally:
+        for k in children(srv.p.pid):  # a transfer that hung (the old code's pull did)
+            os.kill(k, signal.SIGKILL)
+        srv.stop()
+    settle()
