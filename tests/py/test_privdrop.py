@@ -291,3 +291,126 @@ def test_sshd_privsep_sandbox(fabric, tmp_path, pubdir):
     finally:
         srv.stop()
     settle()
+
+
+# ---- the ways a process changes hats, one small server each -----------------------------------
+
+# An echo server that listens as root, then changes credentials as `how` says, then serves
+# `n` connections one by one (each: read a line, echo it).  It prints "ready" once it has.
+DROP_SERVER = r"""
+import ctypes, os, socket, sys
+how, n = sys.argv[1], int(sys.argv[2])
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", 0))
+ls.listen(16)
+def serve(k):
+    for _ in range(k):
+        c, _ = ls.accept()
+        c.sendall(c.makefile("rb").readline())
+        c.close()
+if how == "setuid":                      # nginx: a root master, a worker that drops
+    pid = os.fork()
+    if pid == 0:
+        os.setgid(65534); os.setuid(65534)
+        print(ls.getsockname()[1], flush=True)
+        serve(n); os._exit(0)
+    os.waitpid(pid, 0)
+elif how == "fork-after-drop":           # a worker that drops, then forks the acceptor
+    if os.fork() == 0:
+        os.setuid(65534)
+        pid = os.fork()
+        if pid == 0:
+            print(ls.getsockname()[1], flush=True)
+            serve(n); os._exit(0)
+        os.waitpid(pid, 0); os._exit(0)
+    os.wait()
+elif how == "seteuid":                   # drops euid for a while, then takes it back
+    os.seteuid(65534)
+    print(ls.getsockname()[1], flush=True)
+    serve(n // 2)
+    os.seteuid(0)
+    serve(n - n // 2)
+elif how == "syscall":                   # setresuid(2) without libc: found at accept
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(117, 65534, 65534, 65534) == 0  # x86_64 SYS_setresuid
+    print(ls.getsockname()[1], flush=True)
+    serve(n)
+"""
+
+DROP_CLIENT = r"""
+import socket, sys, time
+port, n = int(sys.argv[1]), int(sys.argv[2])
+for i in range(n):
+    t = time.time()
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"ping %d\n" % i)
+    got = s.makefile("rb").readline()
+    s.close()
+    print(got == b"ping %d\n" % i, round(time.time() - t, 3), flush=True)
+    if time.time() - t > 0.5:
+        break
+"""
+
+
+@pytest.mark.parametrize("how", ["setuid", "fork-after-drop", "seteuid", "syscall"])
+def test_drop_never_makes_a_client_wait(fabric, tmp_path, how):
+    pwd.getpwnam("nobody")
+    if how == "syscall" and os.uname().machine != "x86_64":
+        pytest.skip("the raw syscall number is x86_64's")
+    (tmp_path / "srv.py").write_text(DROP_SERVER)
+    (tmp_path / "cli.py").write_text(DROP_CLIENT)
+    slog, clog = tmp_path / "server.log", tmp_path / "client.log"
+    n = 6
+    srv = subprocess.Popen(wrap(["python3", str(tmp_path / "srv.py"), how, str(n)], slog),
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(srv.stdout.readline())
+        out = run(["python3", str(tmp_path / "cli.py"), str(port), str(n)], clog, timeout=60)
+        rows = [l.split() for l in out.splitlines()]
+        assert len(rows) == n and all(r[0] == "True" for r in rows), out
+        assert stalls([float(r[1]) for r in rows]) == [], out
+        assert srv.wait(10) == 0
+        s = slog.read_text()
+        assert re.search(r"changed its credentials \(\w+", s), s
+        # Said once per process, however many connections it served.
+        firsts = re.findall(r"memlan\[(\d+)\]: this process changed its credentials", s)
+        assert len(firsts) == len(set(firsts)), s
+        assert "offer posted" not in clog.read_text() or how == "syscall", clog.read_text()
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    settle()
+
+
+# The interposed calls answer exactly as libc does: results and errno, with and without memlan.
+CRED_CALLS = r"""
+import ctypes, os, socket
+ls = socket.socket()  # a published listener: under memlan, every change is checked
+ls.bind(("127.0.0.1", 0))
+ls.listen()
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, *a):
+    ctypes.set_errno(1234)  # success must leave errno as libc leaves it
+    r = getattr(libc, name)(*a)
+    return (name, r, ctypes.get_errno())
+out = [call("setgroups", 1, (ctypes.c_uint * 1)(65534)), call("setegid", 65534),
+       call("seteuid", 65534), call("seteuid", 0), call("setresgid", 0, 0, 0),
+       call("setgroups", 0, None), call("setreuid", -1, 65534), call("setreuid", -1, 0),
+       call("capset", None, None), call("setresuid", 65534, 65534, 65534),
+       call("setuid", 0), call("seteuid", 0), call("setgid", 0), call("setgroups", 0, None),
+       call("initgroups", b"root", 0)]
+print(out)
+"""
+
+
+def test_cred_calls_answer_as_libc(fabric, tmp_path):
+    p = tmp_path / "calls.py"
+    p.write_text(CRED_CALLS)
+    log = tmp_path / "log"
+    plain = run(["python3", str(p)], log, on=False)
+    under = run(["python3", str(p)], log)
+    assert under == plain, (plain, under)
+    assert "changed its credentials" in log.read_text()
+    settle()  # it ended as nobody: what it could not remove, the sweep does
