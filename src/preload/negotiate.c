@@ -1103,10 +1103,11 @@ void mlp_on_accept(int lfd, int fd, int flags)
                                       : "the client is not memlan (no offer)";
             break;
         }
-        if (k < 0 && k != -ENOENT) {
-            /* The fabric refuses us (EACCES after a credential change made without libc that
-             * the check above did not see, a sandbox): neither take nor refuse can work, and
-             * the client must not wait for us.  Say so in the record for the ones to come. */
+        if (k == -EACCES || k == -EPERM) {
+            /* The fabric refuses us (a credential change made without libc that the check
+             * above did not see, a sandbox): neither take nor refuse can work, and the client
+             * must not wait for us.  Say so in the record for the ones to come.  (Other errors,
+             * EMFILE say, pass: they go by the deadline and the refusal, as before.) */
             ml_store_release(&m->no_offer, ML_NO_OFFER_CRED);
             why = "cannot open the client's offer in the fabric: clients of this port will not "
                   "offer";
