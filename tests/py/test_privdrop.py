@@ -95,10 +95,13 @@ def test_nginx_workers_as_nobody(fabric, tmp_path, pubdir):
         assert "could not refuse the offer" not in s, s[-3000:]
         assert all(CRED in r for r in tcp_reasons(clog)) and len(tcp_reasons(clog)) >= n, c[-3000:]
         assert "offer posted" not in c, c[-3000:]
+        # No worker died on the way (nginx's master would quietly start another).
+        assert "exited on signal" not in (pubdir / "error.log").read_text()
         # Concurrent keep-alive load: every request answered, no timeouts.
         out = run(["wrk", "-t", "1", "-c", "8", "-d", "1s", "--timeout", "1s", url], clog)
         assert "Non-2xx" not in out and "Socket errors" not in out, out
         assert int(re.search(r"(\d+) requests in", out).group(1)) > 0
+        assert "exited on signal" not in (pubdir / "error.log").read_text()
         # memlan stat shows why a live connection of that server is on TCP.
         holder = subprocess.Popen(wrap(["python3", "-c", HOLD, str(port)], clog),
                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
