@@ -520,6 +520,7 @@ struct mlp_ep {
     int efd;                            /* eventfd, -1 until needed */
     bool efd_rung;
     bool in_kernel;                     /* doorbell and eventfd added to the kernel set */
+    bool tagged;                        /* an entry with our tag was ever put in the kernel set */
     bool nested;                        /* this set is itself a member of another set */
     uint32_t peer_cpu;                  /* where the peer of the last ready socket waited + 1 */
     struct mlp_ep *next_free;
@@ -594,8 +595,14 @@ bool mlp_epoll_has_ours(int epfd)
 {
     if (__atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED))
         return true; /* any set may hold a nested set whose readiness is ours to check */
+    /* A set whose kernel side ever held one of our tagged entries (the doorbell, the eventfd, a
+     * member's kernel fd, which a forked child's copy keeps there after our close) stays ours
+     * with no member left: its events carry our tags, which must never reach the program
+     * (nginx took the doorbell's tag for a connection pointer: its workers died of SIGBUS after
+     * each accelerated connection closed). */
     struct mlp_ep *e = mlp_ep_get(epfd, false);
-    return e && __atomic_load_n(&e->n, __ATOMIC_RELAXED) > 0;
+    return e && (__atomic_load_n(&e->n, __ATOMIC_RELAXED) > 0 ||
+                 __atomic_load_n(&e->tagged, __ATOMIC_RELAXED));
 }
 
 /* ---- the ready list (mlp_epmu held) ---- */
@@ -824,6 +831,7 @@ static void mlp_ep_setup(int epfd, struct mlp_ep *e)
     int efd = e->efd;
     pthread_mutex_unlock(&mlp_epmu);
     bool ok = q != NULL && efd >= 0;
+    __atomic_store_n(&e->tagged, true, __ATOMIC_RELAXED); /* before: see mlp_epoll_has_ours() */
     if (q && !e->nested) {
         struct epoll_event bev = {.events = EPOLLIN, .data.u64 = MLP_TAG_BELL};
         if (mlp_real_epoll_ctl(epfd, EPOLL_CTL_ADD, memlan_evq_fd(q), &bev) < 0 && errno != EEXIST)
@@ -928,6 +936,8 @@ int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handle
     struct epoll_event kev = {.events = EPOLLRDHUP | EPOLLET, .data.u64 = MLP_TAG | (uint32_t)fd};
     if (want & EPOLLEXCLUSIVE)
         kev.events = EPOLLIN | EPOLLET | EPOLLEXCLUSIVE; /* RDHUP is not allowed with it */
+    if (op != EPOLL_CTL_DEL)
+        __atomic_store_n(&e->tagged, true, __ATOMIC_RELAXED);
     int r = mlp_real_epoll_ctl(epfd, op, fd, op == EPOLL_CTL_DEL ? NULL : &kev);
     if (r < 0) {
         r = -errno;
