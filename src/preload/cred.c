@@ -102,10 +102,16 @@ static void mlp_cred_ring_peers(bool nopost)
             continue;
         if (s->type == MLP_CONN && s->ch && s->me && s->state == MLP_ACCEL) {
             memlan_channel_t *ch = s->ch;
-            if (nopost) /* SYNC: before the posts; the woken peer's arm reads it (poll.c) */
-                atomic_fetch_or(&s->me->flags, ML_SOCK_NOPOST);
-            __ml_evq_post_ref(mlp_fab, &ch->tx.ctl->rx_ref, &ch->peer_evq_hint);
-            __ml_evq_post_ref(mlp_fab, &ch->rx.ctl->tx_ref, &ch->peer_evq_hint);
+            /* Once per connection each way: a server that toggles its euid around every
+             * request must not wake all its peers each time.  SYNC: the flag goes before the
+             * posts; the woken peer's arm reads it (poll.c). */
+            bool post = nopost ? !(atomic_fetch_or(&s->me->flags, ML_SOCK_NOPOST) & ML_SOCK_NOPOST)
+                               : !s->cred_primed;
+            s->cred_primed = true;
+            if (post) {
+                __ml_evq_post_ref(mlp_fab, &ch->tx.ctl->rx_ref, &ch->peer_evq_hint);
+                __ml_evq_post_ref(mlp_fab, &ch->rx.ctl->tx_ref, &ch->peer_evq_hint);
+            }
         }
         mlp_put(s);
     }

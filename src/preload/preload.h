@@ -80,6 +80,8 @@ struct mlp_sock {
     char offer[160];              /* client: the offer's name in the fabric, "" once gone */
     struct ml_listen_rec *lmap;   /* client, undecided: the listener's record (never unmapped),
                                    * whose no_offer tells us to withdraw at once */
+    bool cred_primed;             /* cred.c: its peer's queues were posted to (and so mapped)
+                                   * before a credential change */
     int slot;                     /* our line in the process's stat segment, -1 if none */
     unsigned fork_gen;            /* last fork this socket was counted in (holders) */
     struct mlp_member *epm;       /* its epoll memberships (poll.c, under its lock) */
