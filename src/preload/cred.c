@@ -29,6 +29,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <stdio.h>
+#include <string.h>
 #include <unistd.h>
 
 static _Atomic int mlp_cred_gone;          /* 1: the fabric is out of our reach */
@@ -41,6 +42,7 @@ const char *mlp_cred_why = "this process changed its credentials";
 void mlp_cred_fabric_opened(void) { ml_store_relaxed(&mlp_cred_euid, geteuid()); }
 
 static void mlp_cred_ring_peers(bool nopost);
+static void mlp_cred_mark_lost(const char *why);
 
 static void mlp_cred_check(const char *what)
 {
@@ -57,10 +59,28 @@ static void mlp_cred_check(const char *what)
         }
         return;
     }
-    int k = 1 - ml_load_relaxed(&mlp_cred_cur); /* a reader may be reading the other one */
-    snprintf(mlp_cred_buf[k], sizeof mlp_cred_buf[k],
+    char why[sizeof mlp_cred_buf[0]];
+    snprintf(why, sizeof why,
              "this process changed its credentials (%s, euid %u): fabric out of reach", what,
              (unsigned)e);
+    mlp_cred_mark_lost(why);
+}
+
+/* The fabric refused us a file we create (a sandbox that denies open, credentials changed
+ * without libc): the same rule as a credential change that put it out of reach. */
+void mlp_fabric_refused(const char *what, int err)
+{
+    if (!mlp_fab || ml_load_acquire(&mlp_cred_gone) || (err != -EACCES && err != -EPERM))
+        return;
+    char why[sizeof mlp_cred_buf[0]];
+    snprintf(why, sizeof why, "the fabric refuses this process (%s: %s)", what, strerror(-err));
+    mlp_cred_mark_lost(why);
+}
+
+static void mlp_cred_mark_lost(const char *why)
+{
+    int k = 1 - ml_load_relaxed(&mlp_cred_cur); /* a reader may be reading the other one */
+    snprintf(mlp_cred_buf[k], sizeof mlp_cred_buf[k], "%s", why);
     ml_store_relaxed(&mlp_cred_cur, k);
     mlp_cred_why = mlp_cred_buf[k];
     ml_store_release(&mlp_cred_gone, 1);

@@ -186,12 +186,14 @@ static int mlp_proc_slot(void)
     if (!fab)
         return -1;
     pthread_mutex_lock(&mlp_proc_mu);
+    int e_proc = 0;
     if (!mlp_proc && !mlp_proc_failed) {
         size_t body = sizeof(struct ml_proc_hdr) + ML_PROC_SLOTS * sizeof(struct ml_proc_conn);
         struct memlan_segment *seg;
         int e = __ml_seg_create(fab, ML_KIND_PROC, MEMLAN_MODE_RO, sizeof(struct ml_seg_hdr),
                                 body, 0, &seg);
         if (e < 0) {
+            e_proc = e;
             mlp_proc_failed = true;
             mlp_log(0, "cannot create this process's entry for memlan stat (%s): its "
                        "connections are in the log only", strerror(-e));
@@ -214,6 +216,11 @@ static int mlp_proc_slot(void)
         }
     }
     int slot = -1;
+    if (e_proc < 0) {
+        pthread_mutex_unlock(&mlp_proc_mu);
+        mlp_fabric_refused("the memlan stat entry", e_proc);
+        return -1;
+    }
     if (mlp_proc) {
         for (unsigned i = 0; i < ML_PROC_SLOTS; i++) {
             unsigned k = (mlp_proc_hint + i) % ML_PROC_SLOTS;

@@ -97,6 +97,10 @@ static memlan_evq_t *mlp_queue(void)
                         strerror(-e));
             mlp_q_failure_said = true;
         }
+        pthread_mutex_unlock(&mlp_q_mu);
+        if (e < 0)
+            mlp_fabric_refused("the event queue", e); /* a sandbox refuses what we open */
+        return mlp_q;
     }
     pthread_mutex_unlock(&mlp_q_mu);
     return mlp_q;

@@ -148,6 +148,7 @@ void mlp_sock_liveness(memlan_channel_t *ch, int fd); /* the kernel socket under
 bool mlp_cred_lost(bool at_accept);  /* true: no new connection of ours may use the fabric */
 extern const char *mlp_cred_why;     /* why, for our own connections' log lines and memlan stat */
 void mlp_cred_fabric_opened(void);   /* negotiate.c: the credentials the fabric was opened with */
+void mlp_fabric_refused(const char *what, int err); /* a create failed: EACCES/EPERM count */
 
 /* Data path (sock.c).  All return bytes or -errno. */
 ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags);

@@ -417,3 +417,18 @@ def test_cred_calls_answer_as_libc(fabric, tmp_path):
     assert under == plain, (plain, under)
     assert "changed its credentials" in log.read_text()
     settle()  # it ended as nobody: what it could not remove, the sweep does
+
+
+def test_sandboxed_server_matches_kernel(fabric, tmp_path):
+    """A server that drops to nobody and confines itself in sshd's kind of seccomp sandbox (open
+    and stat refused with EACCES, any call off a short list kills) echoes messages past a ring's
+    size and sees its SIGKILLed client go: the same lines under memlan as over kernel TCP, and
+    neither run is killed by the sandbox."""
+    from conftest import BUILD
+    from test_preload import scripted
+    plain, under, text = scripted(BUILD / "tests-preload" / "sandboxconf", tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    assert text.count("accelerated (client)") == 1 and text.count("accelerated (accepted") == 1
+    assert text.count("changed its credentials") == 1, text
+    settle()
