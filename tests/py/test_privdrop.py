@@ -434,3 +434,62 @@ def test_sandboxed_server_matches_kernel(fabric, tmp_path):
     assert text.count("accelerated (client)") == 1 and text.count("accelerated (accepted") == 1
     assert text.count("changed its credentials") == 1, text
     settle()
+
+
+# A client that drops its euid for a while: its connections made meanwhile are plain TCP at once,
+# and accelerated again once it has taken root back.
+EUID_CLIENT = r"""
+import os, socket, sys, time
+port = int(sys.argv[1])
+def one(tag):
+    t = time.time()
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(tag + b"\n")
+    ok = s.makefile("rb").readline() == tag + b"\n"
+    s.close()
+    print(tag.decode(), ok, round(time.time() - t, 3), flush=True)
+one(b"before")
+os.seteuid(65534)
+one(b"dropped")
+os.seteuid(0)
+one(b"restored")
+"""
+
+ECHO_SERVER = r"""
+import socket, sys
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+print(ls.getsockname()[1], flush=True)
+for _ in range(int(sys.argv[1])):
+    c, _ = ls.accept()
+    c.sendall(c.makefile("rb").readline())
+    c.close()
+"""
+
+
+def test_client_dropping_euid_for_a_while(fabric, tmp_path):
+    pwd.getpwnam("nobody")
+    (tmp_path / "srv.py").write_text(ECHO_SERVER)
+    (tmp_path / "cli.py").write_text(EUID_CLIENT)
+    slog, clog = tmp_path / "server.log", tmp_path / "client.log"
+    srv = subprocess.Popen(wrap(["python3", str(tmp_path / "srv.py"), "3"], slog),
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(srv.stdout.readline())
+        out = run(["python3", str(tmp_path / "cli.py"), str(port)], clog, timeout=60)
+        rows = [l.split() for l in out.splitlines()]
+        assert [r[:2] for r in rows] == [["before", "True"], ["dropped", "True"],
+                                         ["restored", "True"]], out
+        assert stalls([float(r[2]) for r in rows]) == [], out
+        assert srv.wait(10) == 0
+        c = clog.read_text()
+        assert c.count("accelerated (client)") == 2, c  # before and restored
+        assert len(re.findall(r"TCP \(this process changed its credentials \(seteuid", c)) == 1, c
+        assert "in reach again" in c, c
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    settle()
