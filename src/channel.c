@@ -562,6 +562,14 @@ static bool ml_peer_dead(struct memlan_channel *ch)
     int alive = __ml_seg_alive(ch->seg, ch->side == 0 ? ML_LOCK_ATTACHER : ML_LOCK_OWNER);
     if (alive == 0 && ml_peer_state(ch) != ML_SIDE_CLOSED)
         ch->peer_dead = true;
+    /* The lock cannot be asked: the file must be opened by name, which a process that changed
+     * its credentials (EACCES) or sandboxed itself (seccomp) may no longer do.  The kernel
+     * socket under the channel tells instead: the peer's process holds its end as long as it
+     * lives, so a FIN or reset from a peer that never shut down over the channel is its death
+     * (a peer that shuts down or closes says so in its side state first). */
+    if (alive < 0 && ch->sock_ino && ml_peer_state(ch) == ML_SIDE_OPEN &&
+        __ml_sys_socket_hup(ch->sock_fd, ch->sock_ino) == 1)
+        ch->peer_dead = true;
     return ch->peer_dead;
 }
 

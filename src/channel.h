@@ -43,6 +43,10 @@ struct memlan_channel {
     uint32_t evq_index, evq_events;
     uint32_t peer_evq_hint;   /* where the peer's queue last sat in our import cache */
     void *udata;
+    /* The kernel socket under the channel (set by the socket layer; sock_ino 0: none).  Asked
+     * about the peer only when its liveness lock cannot be (see ml_peer_dead()). */
+    int sock_fd;
+    uint64_t sock_ino;
     /* Counters for memlan stat and the bench. */
     uint64_t bytes_tx, bytes_rx, msgs_tx, msgs_rx, wakeups, sleeps, spin_hits;
 };

@@ -113,6 +113,9 @@ struct ml_spin {
 uint64_t __ml_spin_budget_ns(struct ml_spin *sp, uint32_t peer_cpu);
 void __ml_spin_result(struct ml_spin *sp, bool success);
 void __ml_spin_set_us(int us);
+/* What the policy asks the system (cpus online, MEMLAN_SPIN_US), asked now: the preload calls it
+ * at start-up, before the program can confine itself in a sandbox. */
+void __ml_spin_init(void);
 
 /* evq.c: post endpoint `index` of the queue named by ref (a sender's wake-up path). */
 void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *ref, uint32_t *hint);

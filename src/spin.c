@@ -48,7 +48,9 @@ int memlan_spin_us(void)
     return v >= 0 ? v : (int)(ML_SPIN_DEFAULT_NS / 1000);
 }
 
-/* The cpus online; a machine with one never spins. */
+/* The cpus online; a machine with one never spins.  Asked once, at start-up (__ml_spin_init):
+ * glibc's sysconf(_SC_NPROCESSORS_ONLN) reads /sys or calls sched_getaffinity, which a seccomp
+ * sandbox installed later (sshd's privilege-separated child) kills the process for. */
 static int ml_online_cpus(void)
 {
     int n = ml_load_relaxed(&ml_ncpu);
@@ -58,6 +60,12 @@ static int ml_online_cpus(void)
         ml_store_relaxed(&ml_ncpu, n);
     }
     return n;
+}
+
+void __ml_spin_init(void)
+{
+    (void)ml_spin_config();
+    (void)ml_online_cpus();
 }
 
 uint64_t __ml_spin_budget_ns(struct ml_spin *sp, uint32_t peer_cpu)

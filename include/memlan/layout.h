@@ -126,7 +126,8 @@ struct ml_chan_hdr {
  * channel's first page.  It is shared by every process that holds that side's socket (after fork):
  * the send and receive locks serialise them and the threads of each, holders counts them so that
  * only the last close ends the connection, flags mirrors the file status flags (O_NONBLOCK) that
- * the kernel keeps per open file description.  The peer never touches our block.
+ * the kernel keeps per open file description.  The peer never writes our block; it reads only
+ * ML_SOCK_NOPOST.
  * Lock words: 0 free, 1 held, 2 held with waiters; *_owner is the holder's pid, so a lock whose
  * holder died can be taken over.
  */
@@ -135,6 +136,9 @@ struct ml_chan_hdr {
 #define ML_SOCK_RESET      4u  /* closed with unread bytes (or LINGER0): the peer gets a reset */
 #define ML_SOCK_RESET_TOLD 8u  /* the peer's reset was reported (once, as the kernel's sk_err) */
 #define ML_SOCK_WROTE_LATE 16u /* we wrote once after the peer closed: TCP would get a reset */
+#define ML_SOCK_NOPOST     32u /* we changed credentials and may not reach the peer's event queue
+                                * (a file we would have to open by name): the peer must not sleep
+                                * on its queue for us, but look again every millisecond */
 
 struct ml_sock_side {
     _Alignas(ML_CACHELINE) _Atomic uint32_t tx_lock;
@@ -173,7 +177,8 @@ struct ml_offer_blk {
  * cx-NETNS-CLIENT-SERVER: an offer, named by the connection's two addresses and ports.  A memlan
  * client creates it exclusively and writes its channel's token (ML_TOKEN_HEX bytes) and the
  * channel's generation (8 hex digits); an acceptor that gives up first creates it exclusively
- * holding "R" (refused), which the client then finds.
+ * holding "R" (refused), which the client then finds.  A client that finds no_offer set in the
+ * record does not offer at all.
  */
 #define ML_LREC_MAGIC 0x434552504c4d454dull /* "MEMLPREC" */
 
@@ -187,7 +192,14 @@ struct ml_listen_rec {
                                 * value), so that clients size their rings to it; 0 = none */
     _Atomic uint32_t swept_s;  /* CLOCK_MONOTONIC second at which a client of this port last
                                 * swept the fabric for the dead's files; 0 = never */
+    _Atomic uint32_t no_offer; /* nonzero (one of ML_NO_OFFER_*): a process that accepts on this
+                                * port changed its credentials and can no longer take offers
+                                * from this fabric, so clients do not offer (plain TCP at once).
+                                * Set through the mapping the process made before the change;
+                                * never cleared: it goes with the record, when the last listener
+                                * on the port closes. */
 };
+#define ML_NO_OFFER_CRED 1u
 
 /*
  * A memlan process's entry in the fabric (seg-TOKEN of kind ML_KIND_PROC), for memlan stat: one

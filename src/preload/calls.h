@@ -96,6 +96,18 @@ MLP_CALL(int, epoll_pwait2,
           const sigset_t *mask),
          (epfd, ev, max, tmo, mask))
 MLP_CALL(FILE *, fdopen, (int fd, const char *mode), (fd, mode))
+/* Credential changes (cred.c): a process that can no longer use the fabric stops offering. */
+MLP_CALL(int, setuid, (uid_t uid), (uid))
+MLP_CALL(int, seteuid, (uid_t uid), (uid))
+MLP_CALL(int, setreuid, (uid_t r, uid_t e), (r, e))
+MLP_CALL(int, setresuid, (uid_t r, uid_t e, uid_t s), (r, e, s))
+MLP_CALL(int, setgid, (gid_t gid), (gid))
+MLP_CALL(int, setegid, (gid_t gid), (gid))
+MLP_CALL(int, setregid, (gid_t r, gid_t e), (r, e))
+MLP_CALL(int, setresgid, (gid_t r, gid_t e, gid_t s), (r, e, s))
+MLP_CALL(int, setgroups, (size_t n, const gid_t *list), (n, list))
+MLP_CALL(int, initgroups, (const char *user, gid_t group), (user, group))
+MLP_CALL(int, capset, (void *hdr, void *data), (hdr, data))
 MLP_CALL(pid_t, fork, (void), ())
 MLP_CALL(int, execve, (const char *path, char *const argv[], char *const envp[]),
          (path, argv, envp))

@@ -280,6 +280,7 @@ static void mlp_init_once(void)
     __ml_fd_keep = mlp_keep_fd;
     __ml_fd_drop = mlp_disown_fd;
     mlp_read_config();
+    __ml_spin_init(); /* nothing asked of the system later that a sandbox could refuse */
     pthread_atfork(mlp_atfork_prepare, mlp_atfork_parent, mlp_atfork_child);
     atexit(mlp_at_exit);
     mlp_ready = 1;

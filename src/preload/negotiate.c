@@ -69,6 +69,7 @@ static memlan_fabric_t *mlp_fabric(void)
         } else {
             mlp_own_fd(&f->dirfd, true);
             mlp_fab = f;
+            mlp_cred_fabric_opened();
         }
         mlp_fab_tried = true;
     }
@@ -202,6 +203,7 @@ static struct ml_proc_hdr *mlp_proc_hdr;
 static struct ml_proc_conn *mlp_proc_conns;
 static unsigned mlp_proc_hint;
 static uint64_t mlp_proc_reserved; /* bytes of the record reserved (fallocate) so far */
+static bool mlp_proc_failed; /* once per process: a process that cannot create it does not retry */
 static pthread_mutex_t mlp_proc_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int mlp_proc_slot(void)
@@ -210,11 +212,19 @@ static int mlp_proc_slot(void)
     if (!fab)
         return -1;
     pthread_mutex_lock(&mlp_proc_mu);
-    if (!mlp_proc) {
+    int e_proc = 0;
+    if (!mlp_proc && !mlp_proc_failed) {
         size_t body = sizeof(struct ml_proc_hdr) + ML_PROC_SLOTS * sizeof(struct ml_proc_conn);
         struct memlan_segment *seg;
-        if (__ml_seg_create(fab, ML_KIND_PROC, MEMLAN_MODE_RO, sizeof(struct ml_seg_hdr), body, 0,
-                            &seg) == 0) {
+        int e = __ml_seg_create(fab, ML_KIND_PROC, MEMLAN_MODE_RO, sizeof(struct ml_seg_hdr),
+                                body, 0, &seg);
+        if (e < 0) {
+            e_proc = e;
+            mlp_proc_failed = true;
+            mlp_log(0, "cannot create this process's entry for memlan stat (%s): its "
+                       "connections are in the log only", strerror(-e));
+        }
+        if (e == 0) {
             mlp_own_fd(&seg->fd, true);
             mlp_proc_hdr = (struct ml_proc_hdr *)(seg->base + seg->body_off);
             mlp_proc_conns = (struct ml_proc_conn *)(mlp_proc_hdr + 1);
@@ -233,6 +243,11 @@ static int mlp_proc_slot(void)
         }
     }
     int slot = -1;
+    if (e_proc < 0) {
+        pthread_mutex_unlock(&mlp_proc_mu);
+        mlp_fabric_refused("the memlan stat entry", e_proc);
+        return -1;
+    }
     if (mlp_proc) {
         for (unsigned i = 0; i < ML_PROC_SLOTS; i++) {
             unsigned k = (mlp_proc_hint + i) % ML_PROC_SLOTS;
@@ -279,6 +294,16 @@ static void mlp_slot_fill(int slot, uint32_t state, int fd, const struct mlp_add
         atomic_fetch_add(&mlp_proc_hdr->accel_total, 1);
     else if (state == ML_CONN_TCP)
         atomic_fetch_add(&mlp_proc_hdr->tcp_total, 1);
+}
+
+/* Before a credential change (cred.c): the entry, made while the fabric is in reach. */
+void mlp_stat_prepare(void)
+{
+    if (mlp_proc || mlp_proc_failed)
+        return;
+    int slot = mlp_proc_slot();
+    if (slot >= 0)
+        ml_store_release(&mlp_proc_conns[slot].state, ML_CONN_FREE);
 }
 
 void mlp_stat_clear(struct mlp_sock *s)
@@ -664,6 +689,32 @@ int mlp_on_listen(int fd)
     return 0;
 }
 
+/* Our credentials changed and the fabric is out of reach (cred.c): no client may offer on a
+ * port we listen on, since we may be the one that accepts.  Through the mappings we made before:
+ * they keep their access. */
+void mlp_lrec_no_offer(uint32_t why)
+{
+    pthread_mutex_lock(&mlp_neg_mu);
+    for (int port = 0; port < 65536; port++) {
+        struct mlp_lrec *r = mlp_lrecs[port];
+        if (r && r->nlisten > 0 && r->map && !ml_load_relaxed(&r->map->no_offer)) {
+            ml_store_release(&r->map->no_offer, why);
+            mlp_log(1, "port %d: clients will not offer (%s)", port, mlp_cred_why);
+        }
+    }
+    pthread_mutex_unlock(&mlp_neg_mu);
+}
+
+/* Why a record says not to offer. */
+static const char *mlp_no_offer_why(const struct ml_listen_rec *m)
+{
+    uint32_t v = ml_load_acquire(&m->no_offer);
+    if (v == 0)
+        return NULL;
+    return v == ML_NO_OFFER_CRED ? "a server process changed its credentials: it cannot take offers"
+                                 : "the server's record says not to offer";
+}
+
 void mlp_lrec_release(struct mlp_lrec *r)
 {
     pthread_mutex_lock(&mlp_neg_mu);
@@ -685,10 +736,14 @@ void mlp_lrec_release(struct mlp_lrec *r)
 struct mlp_pending {
     struct mlp_lrec *rec;
     struct ml_listen_rec *map;
+    const char *no_offer;     /* set: we do not offer, and did not count ourselves in, because */
 };
 
-static void mlp_pending_done(struct ml_listen_rec *m)
+static void mlp_pending_done(struct mlp_pending *p)
 {
+    struct ml_listen_rec *m = p->map;
+    if (p->no_offer)
+        return; /* never counted in */
     /* SYNC: the offer was linked before this release; an acceptor that sees pending fall to 0
      * (acquire) and then finds no offer knows the client posted none. */
     if (atomic_fetch_sub_explicit(&m->pending, 1, memory_order_acq_rel) == 1 &&
@@ -708,6 +763,14 @@ void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, vo
     struct mlp_lrec *r = mlp_lrec_find(a.port);
     if (!r)
         return;
+    const char *no = mlp_cred_lost(false) ? mlp_cred_why : mlp_no_offer_why(r->map);
+    if (no) {
+        struct mlp_pending *p = malloc(sizeof *p);
+        if (p)
+            *p = (struct mlp_pending){.rec = r, .map = r->map, .no_offer = no};
+        *token = p;
+        return;
+    }
     /* The fabric's lazy sweep (opening and lock-probing every file in it, tens of milliseconds
      * when it holds thousands) runs before the first file a process creates.  Not between our
      * connect and our offer, where the acceptor waits only MEMLAN_SERVER_WAIT_MS: now.  And
@@ -727,6 +790,7 @@ void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, vo
         return;
     p->rec = r;
     p->map = r->map;
+    p->no_offer = NULL;
     /* SYNC: before connect(): an acceptor that sees our connection sees this count. */
     atomic_fetch_add_explicit(&p->map->pending, 1, memory_order_seq_cst);
     *token = p;
@@ -753,10 +817,11 @@ static bool mlp_fd_cloexec(int fd)
     return f > 0 && (f & FD_CLOEXEC);
 }
 
-static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, uint32_t hint,
-                            const char **why)
+static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r,
+                            struct ml_listen_rec *lmap, const char **why)
 {
     memlan_fabric_t *fab = mlp_fab;
+    uint32_t hint = ml_load_relaxed(&lmap->ring_hint);
     memlan_channel_t *ch;
     int e = __ml_chan_create_pooled(fab, mlp_ring_size(fd, hint), &ch);
     if (e < 0) {
@@ -817,6 +882,8 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, uint
     ml_store_relaxed(&s->me->flags,
                      ((fl > 0 && (fl & O_NONBLOCK)) ? ML_SOCK_NONBLOCK : 0u) | mlp_linger_flag(fd));
     s->state = MLP_UNDECIDED;
+    s->lmap = lmap;
+    mlp_sock_liveness(ch, fd);
     s->offer_ns = mlp_now_ns();
     snprintf(s->offer, sizeof s->offer, "%s", name);
     s->slot = mlp_proc_slot();
@@ -832,14 +899,14 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
     struct mlp_pending *p = token;
     if (rc < 0 && err != EINPROGRESS) {
         if (p) {
-            mlp_pending_done(p->map);
+            mlp_pending_done(p);
             free(p);
         }
         return;
     }
     if (mlp_fd_is_ours(fd) || !mlp_is_tcp(fd)) {
         if (p) {
-            mlp_pending_done(p->map);
+            mlp_pending_done(p);
             free(p);
         }
         return;
@@ -859,10 +926,14 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
         why = "the peer is not on this host";
     else if (!p)
         why = "no memlan listener on this port in the fabric";
+    else if (p->no_offer)
+        why = p->no_offer;
+    else if (mlp_cred_lost(false))
+        why = mlp_cred_why;
     if (!why)
-        (void)mlp_client_offer(fd, &l, &r, ml_load_relaxed(&p->map->ring_hint), &why);
+        (void)mlp_client_offer(fd, &l, &r, p->map, &why);
     if (p) {
-        mlp_pending_done(p->map);
+        mlp_pending_done(p);
         free(p);
     }
     if (why)
@@ -947,6 +1018,8 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
             why = "offer withdrawn";
         } else if (a != 0) {
             why = "the channel's attach word is corrupt"; /* peer garbage: give up, bounded */
+        } else if (s->lmap && (why = mlp_no_offer_why(s->lmap))) {
+            /* the acceptor changed its credentials after we offered: it cannot take it */
         } else if (!wait && mlp_now_ns() - s->peek_ns < 100000) {
             return MLP_UNDECIDED; /* a poll scan or spin: peek the kernel at most every 100 us */
         } else {
@@ -985,6 +1058,16 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
 }
 
 /* ---- the accepting side ------------------------------------------------------------------ */
+
+/* The kernel socket under a channel: the peer's liveness when its lock cannot be asked. */
+void mlp_sock_liveness(memlan_channel_t *ch, int fd)
+{
+    struct stat st;
+    if (__ml_sys_fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) {
+        ch->sock_fd = fd;
+        ch->sock_ino = (uint64_t)st.st_ino;
+    }
+}
 
 /* Open an offer: the channel's file (its fd, > 0), 0 refused or being refused ("" or "R"; our
  * own refusal is a small file, a channel never is), or -errno (-ENOENT: no offer yet). */
@@ -1025,6 +1108,14 @@ void mlp_on_accept(int lfd, int fd, int flags)
         mlp_stat_tcp(fd, "addresses of the accepted socket unavailable");
         return;
     }
+    if (mlp_cred_lost(true)) {
+        /* The fabric is out of our reach: we could neither take an offer nor refuse one.  The
+         * record says so (cred.c), so clients that looked after the change did not offer, and one
+         * that offered just before sees it and withdraws: nobody waits for us. */
+        mlp_put(ls);
+        mlp_stat_tcp_addrs(fd, &l, &r, mlp_cred_why);
+        return;
+    }
     char name[160];
     mlp_offer_name(name, sizeof name, &r, &l);
     const char *why = NULL;
@@ -1055,8 +1146,20 @@ void mlp_on_accept(int lfd, int fd, int flags)
             break;
         }
         if (k == -ENOENT && pend == 0) {
+            const char *no = mlp_no_offer_why(m);
             why = mlp_peer_closed(fd) ? "the client closed before accept (no offer)"
+                  : no                ? no
                                       : "the client is not memlan (no offer)";
+            break;
+        }
+        if (k == -EACCES || k == -EPERM) {
+            /* The fabric refuses us (a credential change made without libc that the check
+             * above did not see, a sandbox): neither take nor refuse can work, and the client
+             * must not wait for us.  Say so in the record for the ones to come.  (Other errors,
+             * EMFILE say, pass: they go by the deadline and the refusal, as before.) */
+            ml_store_release(&m->no_offer, ML_NO_OFFER_CRED);
+            why = "cannot open the client's offer in the fabric: clients of this port will not "
+                  "offer";
             break;
         }
         if (refused) {
@@ -1109,6 +1212,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
     if (mlp_linger_flag(lfd))
         mlp_note_linger(fd, &(struct linger){1, 0}, sizeof(struct linger));
     s->state = MLP_ACCEL;
+    mlp_sock_liveness(ch, fd);
     s->slot = mlp_proc_slot();
     mlp_slot_fill(s->slot, ML_CONN_ACCEL, fd, &l, &r, ch->seg->token, "");
     mlp_install(fd, s);
@@ -1153,6 +1257,7 @@ void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *tok
     s->side = side;
     s->me = mlp_side_block(ch, side);
     s->state = MLP_ACCEL;
+    mlp_sock_liveness(ch, fds[0]);
     ch->rd_eof_when_empty = (flags & MLP_CARRY_RD_EOF) != 0;
     ch->shut_rd = (flags & MLP_CARRY_SHUT_RD) != 0;
     struct mlp_addr l, r;

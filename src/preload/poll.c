@@ -74,22 +74,38 @@ void mlp_poll_at_exit(void)
     }
 }
 
+/* A failed creation (a process that changed its credentials cannot create files in the fabric)
+ * is said once per process and tried again at most once a second, not at every poll. */
+static uint64_t mlp_q_failed_ns;
+static bool mlp_q_failure_said;
+
 static memlan_evq_t *mlp_queue(void)
 {
     if (mlp_q || !mlp_fab)
         return mlp_q;
+    if (mlp_q_failed_ns && mlp_now_ns() - mlp_q_failed_ns < 1000000000u)
+        return NULL;
     pthread_mutex_lock(&mlp_q_mu);
     if (!mlp_q) {
         memlan_evq_t *q;
-        if (memlan_evq_create(mlp_fab, 65536, &q) == 0) {
+        int e = memlan_evq_create(mlp_fab, 65536, &q);
+        if (e == 0) {
             int *sfd, *bfd;
             __ml_evq_fds(q, &sfd, &bfd);
             mlp_own_fd(sfd, true);
             mlp_own_fd(bfd, true);
             mlp_q = q;
         } else {
-            mlp_log(0, "cannot create the event queue: poll falls back to 1 ms naps");
+            mlp_q_failed_ns = mlp_now_ns();
+            if (!mlp_q_failure_said)
+                mlp_log(0, "cannot create the event queue (%s): poll falls back to 1 ms naps",
+                        strerror(-e));
+            mlp_q_failure_said = true;
         }
+        pthread_mutex_unlock(&mlp_q_mu);
+        if (e < 0)
+            mlp_fabric_refused("the event queue", e); /* a sandbox refuses what we open */
+        return mlp_q;
     }
     pthread_mutex_unlock(&mlp_q_mu);
     return mlp_q;
@@ -363,9 +379,23 @@ short mlp_sock_revents(struct mlp_sock *s, int fd, short events)
     return (short)(r & (events | POLLERR | POLLHUP | POLLNVAL));
 }
 
+/* Does s's peer say that it may not reach our queue (ML_SOCK_NOPOST: it changed credentials)?
+ * Then its posts can be lost and we look again every millisecond rather than sleep on the queue.
+ * Once one peer says so, epoll waits of this process nap too (they do not look per member). */
+static _Atomic bool mlp_nopost_seen;
+static bool mlp_peer_nopost(struct mlp_sock *s)
+{
+    if (!s->ch || !(ml_load_relaxed(&mlp_side_block(s->ch, 1 - s->side)->flags) & ML_SOCK_NOPOST))
+        return false;
+    if (!ml_load_relaxed(&mlp_nopost_seen))
+        ml_store_relaxed(&mlp_nopost_seen, true);
+    return true;
+}
+
 /* Arm s for the events asked; true if it turned ready meanwhile (do not sleep). */
 static bool mlp_arm(struct mlp_sock *s, short events)
 {
+    (void)mlp_peer_nopost(s);
     if (!mlp_queue_add(s))
         return false;
     uint32_t ev = 0;
@@ -535,7 +565,7 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
                     nap = true; /* the claim does not ring: look again soon */
                 else if (mlp_arm(socks[i], fds[i].events))
                     ready = -1;
-                else if (!mlp_q)
+                else if (!mlp_q || mlp_peer_nopost(socks[i]))
                     nap = true;
             }
             if (ready < 0)
@@ -1586,7 +1616,7 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             if (changed)
                 continue;
             slept = true;
-            if (!mlp_q || !e->in_kernel) {
+            if (!mlp_q || !e->in_kernel || ml_load_relaxed(&mlp_nopost_seen)) {
                 undecided = true; /* no doorbell to wake us: nap and look again */
             } else if (memlan_evq_arm(mlp_q) == 1) {
                 pthread_mutex_lock(&mlp_epmu); /* a post came in as we armed: collect it */

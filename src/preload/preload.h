@@ -90,6 +90,10 @@ struct mlp_sock {
     uint64_t offer_ns;            /* client: when the offer went out */
     uint64_t peek_ns;             /* client: when we last peeked the kernel socket, undecided */
     char offer[160];              /* client: the offer's name in the fabric, "" once gone */
+    struct ml_listen_rec *lmap;   /* client, undecided: the listener's record (never unmapped),
+                                   * whose no_offer tells us to withdraw at once */
+    bool cred_primed;             /* cred.c: its peer's queues were posted to (and so mapped)
+                                   * before a credential change */
     int slot;                     /* our line in the process's stat segment, -1 if none */
     unsigned fork_gen;            /* last fork this socket was counted in (holders) */
     _Atomic bool tmo_synced;      /* SO_RCVTIMEO/SO_SNDTIMEO copied from the kernel socket */
@@ -150,6 +154,17 @@ void mlp_lrec_release(struct mlp_lrec *r);
 void mlp_stat_conn(struct mlp_sock *s, int fd, const char *why);  /* record in memlan stat */
 void mlp_stat_tcp(int fd, const char *why);
 void mlp_stat_clear(struct mlp_sock *s);
+void mlp_stat_prepare(void);         /* create our memlan stat entry now, if there is a fabric */
+void mlp_lrec_no_offer(uint32_t why);/* ML_NO_OFFER_*: in every record we listen on */
+void mlp_sock_liveness(memlan_channel_t *ch, int fd); /* the kernel socket under a channel */
+
+/* Credentials (cred.c).  A process whose credential change put the fabric out of its reach says
+ * so once, flags the records of the ports it listens on (clients stop offering), and makes every
+ * new connection plain TCP at once; its accelerated connections go on. */
+bool mlp_cred_lost(bool at_accept);  /* true: no new connection of ours may use the fabric */
+extern const char *mlp_cred_why;     /* why, for our own connections' log lines and memlan stat */
+void mlp_cred_fabric_opened(void);   /* negotiate.c: the credentials the fabric was opened with */
+void mlp_fabric_refused(const char *what, int err); /* a create failed: EACCES/EPERM count */
 
 /* Data path (sock.c).  All return bytes or -errno. */
 ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags);

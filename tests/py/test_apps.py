@@ -244,6 +244,8 @@ def test_nginx(fabric, tmp_path):
                              timeout=60).stdout
         assert got == files["big.bin"]
         assert any("not memlan" in r for r in tcp_reasons(slog))
+        # No worker died on the way (the master would quietly start another).
+        assert "exited on signal" not in (tmp_path / "error.log").read_text()
     finally:
         srv.stop()
     settle()

@@ -1,0 +1,193 @@
+/*
+ * cred.c - credential changes: a guest whose host changes hats.
+ *
+ * The default fabric is one user's directory (mode 0700).  A process that changes credentials
+ * (nginx's workers and rsync's daemon children drop from root to nobody, sshd's privilege-separated
+ * child to its own user, some servers drop only their euid for a while) can afterwards neither
+ * create nor open a file in it: it could neither take a client's offer nor refuse one, and the
+ * client would wait for an acceptor that cannot come.  The rule:
+ *   - what was open or mapped before the change keeps its access: accelerated connections go on
+ *     (their peer's death is then seen through the kernel socket, since the peer's liveness lock
+ *     can no longer be opened by name: see ml_peer_dead() in channel.c);
+ *   - before the change, while it still can, the process creates its memlan stat entry;
+ *   - after it, when the fabric is out of reach (faccessat with the effective ids), the process
+ *     says so once in the log, sets no_offer in the record of every port it listens on through
+ *     the mapping it already has (clients then do not offer at all: plain TCP at kernel speed,
+ *     decided at once), and makes every new connection of its own plain TCP, with the reason;
+ *   - a change made without libc (syscall(2)) is caught at the next accept, which compares
+ *     geteuid() with the euid the fabric was opened with;
+ *   - a process that gets its access back (seteuid back to root) uses the fabric again for its
+ *     own connections; the records it flagged stay flagged until their last listener closes,
+ *     since no client can know when the next drop comes.
+ * A fork inherits all of it; an exec starts again.  A vfork child (which shares our memory)
+ * passes straight through.  Every interposer returns exactly what libc returned, errno included.
+ */
+#include "preload.h"
+#include "sys/sys.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+static _Atomic int mlp_cred_gone;          /* 1: the fabric is out of our reach */
+static _Atomic uid_t mlp_cred_euid = (uid_t)-1; /* the euid the fabric was opened with */
+static char mlp_cred_buf[2][112];
+static _Atomic int mlp_cred_cur;
+static bool mlp_cred_said;                 /* the log line is written once per process */
+const char *mlp_cred_why = "this process changed its credentials";
+
+void mlp_cred_fabric_opened(void) { ml_store_relaxed(&mlp_cred_euid, geteuid()); }
+
+static void mlp_cred_ring_peers(bool nopost);
+static void mlp_cred_mark_lost(const char *why);
+
+static void mlp_cred_check(const char *what)
+{
+    if (!mlp_fab)
+        return; /* if it is ever opened, it is opened with the new credentials */
+    uid_t e = geteuid();
+    /* Read, write and search on the directory, with the effective ids, groups and capabilities:
+     * what creating and opening its files needs.  A refused check counts as out of reach. */
+    if (faccessat(mlp_fab->dirfd, ".", R_OK | W_OK | X_OK, AT_EACCESS) == 0) {
+        ml_store_relaxed(&mlp_cred_euid, e);
+        if (ml_load_relaxed(&mlp_cred_gone)) {
+            ml_store_release(&mlp_cred_gone, 0);
+            mlp_log(1, "credentials changed again (%s): the fabric is in reach again", what);
+        }
+        return;
+    }
+    char why[sizeof mlp_cred_buf[0]];
+    snprintf(why, sizeof why,
+             "this process changed its credentials (%s, euid %u): fabric out of reach", what,
+             (unsigned)e);
+    mlp_cred_mark_lost(why);
+}
+
+/* The fabric refused us a file we create (a sandbox that denies open, credentials changed
+ * without libc): the same rule as a credential change that put it out of reach. */
+void mlp_fabric_refused(const char *what, int err)
+{
+    if (!mlp_fab || ml_load_acquire(&mlp_cred_gone) || (err != -EACCES && err != -EPERM))
+        return;
+    char why[sizeof mlp_cred_buf[0]];
+    snprintf(why, sizeof why, "the fabric refuses this process (%s: %s)", what, strerror(-err));
+    mlp_cred_mark_lost(why);
+}
+
+static void mlp_cred_mark_lost(const char *why)
+{
+    int k = 1 - ml_load_relaxed(&mlp_cred_cur); /* a reader may be reading the other one */
+    snprintf(mlp_cred_buf[k], sizeof mlp_cred_buf[k], "%s", why);
+    ml_store_relaxed(&mlp_cred_cur, k);
+    mlp_cred_why = mlp_cred_buf[k];
+    ml_store_release(&mlp_cred_gone, 1);
+    if (!mlp_cred_said) {
+        mlp_cred_said = true;
+        mlp_log(0, "%s (%s): the ports it listens on take no offers (their clients stay on TCP), "
+                   "its new connections stay on TCP, its accelerated ones go on",
+                mlp_cred_why, mlp_fab->path);
+    }
+    mlp_lrec_no_offer(ML_NO_OFFER_CRED);
+    mlp_cred_ring_peers(true);
+}
+
+bool mlp_cred_lost(bool at_accept)
+{
+    if (ml_load_acquire(&mlp_cred_gone))
+        return true;
+    if (at_accept && mlp_fab && geteuid() != ml_load_relaxed(&mlp_cred_euid)) {
+        mlp_cred_check("found at accept");
+        return ml_load_acquire(&mlp_cred_gone) != 0;
+    }
+    return false;
+}
+
+/*
+ * Our accelerated connections' peers may sleep on their event queues, which we reach by opening
+ * their files by name: after the change we may no longer.  Before it, one post to each peer's
+ * queue keeps the queue mapped in our cache (and wakes the peer for nothing, which is allowed);
+ * after it, when the fabric is out of reach, ML_SOCK_NOPOST in our side block tells each peer
+ * not to sleep on its queue for us (a queue it makes later we could not reach), and a second
+ * post wakes the ones asleep now, through the cache, to see it.
+ */
+static void mlp_cred_ring_peers(bool nopost)
+{
+    int max = mlp_fd_max();
+    for (int fd = 0; fd <= max; fd++) {
+        struct mlp_sock *s = mlp_get(fd);
+        if (!s)
+            continue;
+        if (s->type == MLP_CONN && s->ch && s->me && s->state == MLP_ACCEL) {
+            memlan_channel_t *ch = s->ch;
+            /* Once per connection each way: a server that toggles its euid around every
+             * request must not wake all its peers each time.  SYNC: the flag goes before the
+             * posts; the woken peer's arm reads it (poll.c). */
+            bool post = nopost ? !(atomic_fetch_or(&s->me->flags, ML_SOCK_NOPOST) & ML_SOCK_NOPOST)
+                               : !s->cred_primed;
+            s->cred_primed = true;
+            if (post) {
+                __ml_evq_post_ref(mlp_fab, &ch->tx.ctl->rx_ref, &ch->peer_evq_hint);
+                __ml_evq_post_ref(mlp_fab, &ch->rx.ctl->tx_ref, &ch->peer_evq_hint);
+            }
+        }
+        mlp_put(s);
+    }
+}
+
+/* ---- the interposers --------------------------------------------------------------------- */
+
+/* Before: what needs the fabric and is worth having afterwards, made while we still can. */
+static void mlp_cred_before(void)
+{
+    if (mlp_fab && !ml_load_relaxed(&mlp_cred_gone)) {
+        mlp_stat_prepare();
+        mlp_cred_ring_peers(false);
+    }
+}
+
+#define MLP_CRED(call, what)                                                                   \
+    do {                                                                                       \
+        if (__builtin_expect(!mlp_ready, 0))                                                   \
+            mlp_init();                                                                        \
+        if (mlp_inside || mlp_cfg.off || __ml_sys_getpid() != mlp_pid)                         \
+            return call; /* our own, off, or a vfork child: its memory is its parent's */     \
+        int cred_errno_ = errno;                                                               \
+        mlp_cred_before();                                                                     \
+        errno = cred_errno_;                                                                   \
+        int cred_ret_ = call;                                                                  \
+        if (cred_ret_ == 0) {                                                                  \
+            cred_errno_ = errno; /* as libc left it */                                         \
+            mlp_cred_check(what);                                                              \
+            errno = cred_errno_;                                                               \
+        }                                                                                      \
+        return cred_ret_;                                                                      \
+    } while (0)
+
+MLP_EXPORT int setuid(uid_t uid) { MLP_CRED(mlp_real_setuid(uid), "setuid"); }
+MLP_EXPORT int seteuid(uid_t uid) { MLP_CRED(mlp_real_seteuid(uid), "seteuid"); }
+MLP_EXPORT int setreuid(uid_t r, uid_t e) { MLP_CRED(mlp_real_setreuid(r, e), "setreuid"); }
+MLP_EXPORT int setresuid(uid_t r, uid_t e, uid_t s)
+{
+    MLP_CRED(mlp_real_setresuid(r, e, s), "setresuid");
+}
+MLP_EXPORT int setgid(gid_t gid) { MLP_CRED(mlp_real_setgid(gid), "setgid"); }
+MLP_EXPORT int setegid(gid_t gid) { MLP_CRED(mlp_real_setegid(gid), "setegid"); }
+MLP_EXPORT int setregid(gid_t r, gid_t e) { MLP_CRED(mlp_real_setregid(r, e), "setregid"); }
+MLP_EXPORT int setresgid(gid_t r, gid_t e, gid_t s)
+{
+    MLP_CRED(mlp_real_setresgid(r, e, s), "setresgid");
+}
+MLP_EXPORT int setgroups(size_t n, const gid_t *list)
+{
+    MLP_CRED(mlp_real_setgroups(n, list), "setgroups");
+}
+MLP_EXPORT int initgroups(const char *user, gid_t group)
+{
+    MLP_CRED(mlp_real_initgroups(user, group), "initgroups");
+}
+/* Declared by libcap's header, not glibc's: the kernel's two pointers, passed through. */
+int capset(void *hdr, void *data);
+MLP_EXPORT int capset(void *hdr, void *data) { MLP_CRED(mlp_real_capset(hdr, data), "capset"); }

@@ -1,0 +1,495 @@
+"""Servers that change their credentials, configured as distributions ship them, under memlan.
+
+nginx's master stays root and its workers run as `nobody`; rsync's daemon forks a child per
+connection that runs as `nobody`; OpenSSH's sshd hands each connection to a privilege-separated
+child that chroots, drops to its own user and confines itself with a seccomp sandbox.  None of
+them may make a peer wait, crash, or lose a byte under memlan: a process that can no longer use
+the (per-user) fabric says so once, its listeners' new connections are plain TCP decided at once
+(the client does not offer), and its accelerated connections still see their peer's death.
+
+Needs root (the servers drop from root to `nobody`): skipped otherwise.  Every server runs on a
+loopback test port, every process is stopped by its PID, every loop is bounded.
+"""
+import hashlib
+import json
+import os
+import pathlib
+import pwd
+import re
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from conftest import MEMLAN
+from test_apps import NGINX_CONF, Server, need, next_port, run, settle, tcp_reasons, wait_port, wrap
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the servers drop from root: needs root")
+
+# The rule's reason, as the logs and memlan stat give it.
+CRED = "changed its credentials"
+
+
+@pytest.fixture
+def pubdir():
+    """A directory that an unprivileged account can read (pytest's tmp_path is 0700)."""
+    d = pathlib.Path(tempfile.mkdtemp(prefix="memlan-priv-"))
+    os.chmod(d, 0o755)
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def stalls(times, bound=0.5):
+    return [t for t in times if t > bound]
+
+
+# ---- nginx: a root master, two workers as nobody -----------------------------------------------
+
+
+# One connection per request, as a browser's first visit or a health check makes them.
+CURL_LOOP = r"""
+import subprocess, sys, time
+url, n, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+end = time.time() + 60
+for i in range(n):
+    p = subprocess.run(["curl", "-sf", "-o", out, "-w", "%{time_total}\n", url],
+                       capture_output=True, text=True, timeout=30)
+    print(p.returncode, p.stdout.strip(), flush=True)
+    if p.returncode != 0 or float(p.stdout or 9) > 0.5 or time.time() > end:
+        break   # the first stall is enough: on the old code each one costs 2 s
+"""
+
+
+def test_nginx_workers_as_nobody(fabric, tmp_path, pubdir):
+    need("nginx", "curl", "wrk")
+    pwd.getpwnam("nobody")
+    (pubdir / "www").mkdir()
+    data = os.urandom(64 << 10)
+    (pubdir / "www" / "f.bin").write_bytes(data)
+    for p in (pubdir / "www", pubdir / "www" / "f.bin"):
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+    port, p2 = next_port(), next_port()
+    conf = pubdir / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(d=pubdir, p1=port, p2=p2, user="user nobody nogroup;"))
+    slog, clog = tmp_path / "server.log", tmp_path / "client.log"
+    srv = Server(["nginx", "-c", str(conf), "-p", str(pubdir)], port, slog)
+    try:
+        wait_port(p2, srv.p)
+        time.sleep(0.3)  # the workers start and drop to nobody
+        url = f"http://127.0.0.1:{port}/f.bin"
+        script = tmp_path / "loop.py"
+        script.write_text(CURL_LOOP)
+        n = 40
+        out = run(["python3", str(script), url, str(n), str(tmp_path / "got")], clog)
+        rows = [l.split() for l in out.splitlines()]
+        assert len(rows) == n and all(r[0] == "0" for r in rows), out
+        times = [float(r[1]) for r in rows]
+        assert stalls(times) == [], f"requests that waited for an acceptor: {times}"
+        assert (tmp_path / "got").read_bytes() == data
+        # The reason, on both ends: the worker's log once, each client connection without offer.
+        s, c = slog.read_text(), clog.read_text()
+        assert CRED in s, s[-3000:]
+        assert "could not refuse the offer" not in s, s[-3000:]
+        assert all(CRED in r for r in tcp_reasons(clog)) and len(tcp_reasons(clog)) >= n, c[-3000:]
+        assert "offer posted" not in c, c[-3000:]
+        # No worker died on the way (nginx's master would quietly start another).
+        assert "exited on signal" not in (pubdir / "error.log").read_text()
+        # Concurrent keep-alive load: every request answered, no timeouts.
+        out = run(["wrk", "-t", "1", "-c", "8", "-d", "1s", "--timeout", "1s", url], clog)
+        assert "Non-2xx" not in out and "Socket errors" not in out, out
+        assert int(re.search(r"(\d+) requests in", out).group(1)) > 0
+        assert "exited on signal" not in (pubdir / "error.log").read_text()
+        # memlan stat shows why a live connection of that server is on TCP.
+        holder = subprocess.Popen(wrap(["python3", "-c", HOLD, str(port)], clog),
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline().startswith("HTTP/1.1 200"), "no answer"
+            st = json.loads(subprocess.run([str(MEMLAN), "stat", "--json"], capture_output=True,
+                                           text=True, timeout=30, check=True).stdout)
+            details = [c["detail"] for c in st.get("connections", [])]
+            # Both ends: the worker's entry (made before it dropped) and the client's.
+            assert any("fabric out of reach" in d for d in details), st
+            assert any("cannot take offers" in d for d in details), st
+        finally:
+            holder.stdin.close()
+            holder.wait(10)
+    finally:
+        srv.stop()
+    settle()
+
+
+# A client that keeps one connection open until told to go.
+HOLD = r"""
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"GET /f.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+print(s.recv(100).decode().splitlines()[0], flush=True)
+sys.stdin.read()
+"""
+
+
+# ---- rsync: a root daemon, a child per connection as nobody -----------------------------------
+
+RSYNCD_CONF = """
+uid = nobody
+gid = nogroup
+use chroot = yes
+pid file = {d}/rsyncd.pid
+log file = {d}/rsyncd.log
+[mod]
+    path = {d}/mod
+    read only = false
+"""
+
+
+def tree_digest(root):
+    h = hashlib.sha256()
+    for p in sorted(pathlib.Path(root).rglob("*")):
+        if p.is_file():
+            h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes())
+    return h.hexdigest()
+
+
+def make_tree(root, seed):
+    import random
+    rnd = random.Random(seed)
+    for i in range(30):
+        d = root / f"d{i % 4}"
+        d.mkdir(parents=True, exist_ok=True)
+        (d / f"f{i}").write_bytes(rnd.randbytes(rnd.choice([0, 1, 700, 5000, 70000, 400000])))
+
+
+def children(pid):
+    try:
+        return [int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split()]
+    except OSError:
+        return []
+
+
+def cpu_ticks(pid):
+    try:
+        f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return int(f[11]) + int(f[12])
+    except OSError:
+        return None
+
+
+def test_rsync_daemon_uid_nobody(fabric, tmp_path, pubdir):
+    need("rsync")
+    pwd.getpwnam("nobody")
+    mod = pubdir / "mod"
+    make_tree(mod / "tree", 1)
+    (mod / "big").write_bytes(os.urandom(64 << 20))
+    for p in [mod, *mod.rglob("*")]:
+        os.chown(p, 65534, 65534)  # the module belongs to the account the children run as
+    conf = pubdir / "rsyncd.conf"
+    conf.write_text(RSYNCD_CONF.format(d=pubdir))
+    port = next_port()
+    slog, clog = tmp_path / "server.log", tmp_path / "client.log"
+    srv = Server(["rsync", "--daemon", "--no-detach", f"--config={conf}", f"--port={port}",
+                  "--address=127.0.0.1"], port, slog)
+    url = f"rsync://127.0.0.1:{port}/mod"
+    try:
+        # Pull a tree, push another: both checked byte for byte.
+        run(["rsync", "-a", f"{url}/tree/", str(tmp_path / "pulled")], clog, timeout=30)
+        assert tree_digest(tmp_path / "pulled") == tree_digest(mod / "tree")
+        make_tree(tmp_path / "push", 2)
+        run(["rsync", "-a", f"{tmp_path}/push/", f"{url}/pushed/"], clog, timeout=30)
+        assert tree_digest(mod / "pushed") == tree_digest(tmp_path / "push")
+        # A client killed mid-transfer: the daemon's child sees it and goes, without spinning.
+        cl = subprocess.Popen(wrap(["rsync", "--bwlimit=2000", f"{url}/big",
+                                    str(tmp_path / "big")], clog),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+        end = time.time() + 10
+        while time.time() < end and not children(srv.p.pid):
+            time.sleep(0.05)
+        kids = children(srv.p.pid)
+        assert kids, "no daemon child for the transfer"
+        time.sleep(0.5)
+        os.killpg(cl.pid, signal.SIGKILL)  # the client's processes, all at once
+        cl.wait()
+        t0 = {k: cpu_ticks(k) for k in kids}
+        end = time.time() + 8
+        while time.time() < end and any(cpu_ticks(k) is not None for k in kids):
+            time.sleep(0.1)
+        left = [k for k in kids if cpu_ticks(k) is not None]
+        spun = {k: (cpu_ticks(k) or 0) - (t0[k] or 0) for k in left}
+        for k in left:  # stop what the old code leaves behind, then fail
+            try:
+                os.kill(k, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        assert not left, f"daemon children still there 8 s after their client died: {spun} ticks"
+        # Failures to create process resources are said once per process, not once per call.
+        s = slog.read_text()
+        per_pid = {}
+        for m in re.finditer(r"memlan\[(\d+)\]: cannot create", s):
+            per_pid[m.group(1)] = per_pid.get(m.group(1), 0) + 1
+        assert all(n == 1 for n in per_pid.values()), (per_pid, s[-3000:])
+    finally:
+        for k in children(srv.p.pid):  # a transfer that hung (the old code's pull did)
+            os.kill(k, signal.SIGKILL)
+        srv.stop()
+    settle()
+
+
+# ---- OpenSSH: sshd's privilege-separated child, chrooted, as sshd, in its seccomp sandbox -----
+
+SSHD_CONF = """
+Port {port}
+ListenAddress 127.0.0.1
+HostKey {d}/hostkey
+PidFile {d}/sshd.pid
+AuthorizedKeysFile {d}/authorized_keys
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+PermitRootLogin prohibit-password
+Subsystem sftp {sftp}
+"""
+
+
+def test_sshd_privsep_sandbox(fabric, tmp_path, pubdir):
+    need("/usr/sbin/sshd", "ssh", "scp", "ssh-keygen")
+    sftp = next((p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server")
+                 if os.path.exists(p)), None)
+    assert sftp, "no sftp-server"
+    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # the privilege-separation chroot
+    for k in ("hostkey", "id"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(pubdir / k)],
+                       check=True, timeout=30)
+    shutil.copy(pubdir / "id.pub", pubdir / "authorized_keys")
+    port = next_port()
+    conf = pubdir / "sshd_config"
+    conf.write_text(SSHD_CONF.format(port=port, d=pubdir, sftp=sftp))
+    slog, clog = tmp_path / "server.log", tmp_path / "client.log"
+    srv = Server(["/usr/sbin/sshd", "-D", "-e", "-f", str(conf), "-E", str(pubdir / "sshd.log")],
+                 port, slog)
+    opts = ["-i", str(pubdir / "id"), "-o", "StrictHostKeyChecking=no", "-o",
+            "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR"]
+    try:
+        for i in range(3):
+            out = run(["ssh", "-p", str(port)] + opts + ["root@127.0.0.1", "echo", f"ok{i}"], clog,
+                      timeout=30)
+            assert out.strip() == f"ok{i}", out
+        data = os.urandom(3 << 20)
+        (tmp_path / "up.bin").write_bytes(data)
+        run(["scp", "-P", str(port)] + opts + [str(tmp_path / "up.bin"),
+                                               f"root@127.0.0.1:{tmp_path}/there.bin"], clog,
+            timeout=60)
+        assert (tmp_path / "there.bin").read_bytes() == data
+        run(["scp", "-P", str(port)] + opts + [f"root@127.0.0.1:{tmp_path}/there.bin",
+                                               str(tmp_path / "back.bin")], clog, timeout=60)
+        assert (tmp_path / "back.bin").read_bytes() == data
+        # The sessions went over channels: sshd re-executes itself for each connection, which
+        # carries it across exec, and its sandboxed child did the talking.  (ssh and sshd close
+        # every fd above stderr at start, memlan's log included: only the re-executed sshd's
+        # first lines reach it.)
+        s = slog.read_text()
+        assert s.count("accelerated (carried across exec)") >= 5, s[-3000:]
+        assert "killed" not in (pubdir / "sshd.log").read_text()
+    finally:
+        srv.stop()
+    settle()
+
+
+# ---- the ways a process changes hats, one small server each -----------------------------------
+
+# An echo server that listens as root, then changes credentials as `how` says, then serves
+# `n` connections one by one (each: read a line, echo it).  It prints "ready" once it has.
+DROP_SERVER = r"""
+import ctypes, os, socket, sys
+how, n = sys.argv[1], int(sys.argv[2])
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", 0))
+ls.listen(16)
+def serve(k):
+    for _ in range(k):
+        c, _ = ls.accept()
+        c.sendall(c.makefile("rb").readline())
+        c.close()
+if how == "setuid":                      # nginx: a root master, a worker that drops
+    pid = os.fork()
+    if pid == 0:
+        os.setgid(65534); os.setuid(65534)
+        print(ls.getsockname()[1], flush=True)
+        serve(n); os._exit(0)
+    os.waitpid(pid, 0)
+elif how == "fork-after-drop":           # a worker that drops, then forks the acceptor
+    if os.fork() == 0:
+        os.setuid(65534)
+        pid = os.fork()
+        if pid == 0:
+            print(ls.getsockname()[1], flush=True)
+            serve(n); os._exit(0)
+        os.waitpid(pid, 0); os._exit(0)
+    os.wait()
+elif how == "seteuid":                   # drops euid for a while, then takes it back
+    os.seteuid(65534)
+    print(ls.getsockname()[1], flush=True)
+    serve(n // 2)
+    os.seteuid(0)
+    serve(n - n // 2)
+elif how == "syscall":                   # setresuid(2) without libc: found at accept
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(117, 65534, 65534, 65534) == 0  # x86_64 SYS_setresuid
+    print(ls.getsockname()[1], flush=True)
+    serve(n)
+"""
+
+DROP_CLIENT = r"""
+import socket, sys, time
+port, n = int(sys.argv[1]), int(sys.argv[2])
+for i in range(n):
+    t = time.time()
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(b"ping %d\n" % i)
+    got = s.makefile("rb").readline()
+    s.close()
+    print(got == b"ping %d\n" % i, round(time.time() - t, 3), flush=True)
+    if time.time() - t > 0.5:
+        break
+"""
+
+
+@pytest.mark.parametrize("how", ["setuid", "fork-after-drop", "seteuid", "syscall"])
+def test_drop_never_makes_a_client_wait(fabric, tmp_path, how):
+    pwd.getpwnam("nobody")
+    if how == "syscall" and os.uname().machine != "x86_64":
+        pytest.skip("the raw syscall number is x86_64's")
+    (tmp_path / "srv.py").write_text(DROP_SERVER)
+    (tmp_path / "cli.py").write_text(DROP_CLIENT)
+    slog, clog = tmp_path / "server.log", tmp_path / "client.log"
+    n = 6
+    srv = subprocess.Popen(wrap(["python3", str(tmp_path / "srv.py"), how, str(n)], slog),
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(srv.stdout.readline())
+        out = run(["python3", str(tmp_path / "cli.py"), str(port), str(n)], clog, timeout=60)
+        rows = [l.split() for l in out.splitlines()]
+        assert len(rows) == n and all(r[0] == "True" for r in rows), out
+        assert stalls([float(r[1]) for r in rows]) == [], out
+        assert srv.wait(10) == 0
+        s = slog.read_text()
+        assert re.search(r"changed its credentials \(\w+", s), s
+        # Said once per process, however many connections it served.
+        firsts = re.findall(r"memlan\[(\d+)\]: this process changed its credentials", s)
+        assert len(firsts) == len(set(firsts)), s
+        assert "offer posted" not in clog.read_text() or how == "syscall", clog.read_text()
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    settle()
+
+
+# The interposed calls answer exactly as libc does: results and errno, with and without memlan.
+CRED_CALLS = r"""
+import ctypes, os, socket
+ls = socket.socket()  # a published listener: under memlan, every change is checked
+ls.bind(("127.0.0.1", 0))
+ls.listen()
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, *a):
+    ctypes.set_errno(1234)  # success must leave errno as libc leaves it
+    r = getattr(libc, name)(*a)
+    return (name, r, ctypes.get_errno())
+out = [call("setgroups", 1, (ctypes.c_uint * 1)(65534)), call("setegid", 65534),
+       call("seteuid", 65534), call("seteuid", 0), call("setresgid", 0, 0, 0),
+       call("setgroups", 0, None), call("setreuid", -1, 65534), call("setreuid", -1, 0),
+       call("capset", None, None), call("setresuid", 65534, 65534, 65534),
+       call("setuid", 0), call("seteuid", 0), call("setgid", 0), call("setgroups", 0, None),
+       call("initgroups", b"root", 0)]
+print(out)
+"""
+
+
+def test_cred_calls_answer_as_libc(fabric, tmp_path):
+    p = tmp_path / "calls.py"
+    p.write_text(CRED_CALLS)
+    log = tmp_path / "log"
+    plain = run(["python3", str(p)], log, on=False)
+    under = run(["python3", str(p)], log)
+    assert under == plain, (plain, under)
+    assert "changed its credentials" in log.read_text()
+    settle()  # it ended as nobody: what it could not remove, the sweep does
+
+
+def test_sandboxed_server_matches_kernel(fabric, tmp_path):
+    """A server that drops to nobody and confines itself in sshd's kind of seccomp sandbox (open
+    and stat refused with EACCES, any call off a short list kills) echoes messages past a ring's
+    size and sees its SIGKILLed client go: the same lines under memlan as over kernel TCP, and
+    neither run is killed by the sandbox."""
+    from conftest import BUILD
+    from test_preload import scripted
+    plain, under, text = scripted(BUILD / "tests-preload" / "sandboxconf", tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    assert text.count("accelerated (client)") == 1 and text.count("accelerated (accepted") == 1
+    assert text.count("changed its credentials") == 1, text
+    settle()
+
+
+# A client that drops its euid for a while: its connections made meanwhile are plain TCP at once,
+# and accelerated again once it has taken root back.
+EUID_CLIENT = r"""
+import os, socket, sys, time
+port = int(sys.argv[1])
+def one(tag):
+    t = time.time()
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(tag + b"\n")
+    ok = s.makefile("rb").readline() == tag + b"\n"
+    s.close()
+    print(tag.decode(), ok, round(time.time() - t, 3), flush=True)
+one(b"before")
+os.seteuid(65534)
+one(b"dropped")
+os.seteuid(0)
+one(b"restored")
+"""
+
+ECHO_SERVER = r"""
+import socket, sys
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+print(ls.getsockname()[1], flush=True)
+for _ in range(int(sys.argv[1])):
+    c, _ = ls.accept()
+    c.sendall(c.makefile("rb").readline())
+    c.close()
+"""
+
+
+def test_client_dropping_euid_for_a_while(fabric, tmp_path):
+    pwd.getpwnam("nobody")
+    (tmp_path / "srv.py").write_text(ECHO_SERVER)
+    (tmp_path / "cli.py").write_text(EUID_CLIENT)
+    slog, clog = tmp_path / "server.log", tmp_path / "client.log"
+    srv = subprocess.Popen(wrap(["python3", str(tmp_path / "srv.py"), "3"], slog),
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(srv.stdout.readline())
+        out = run(["python3", str(tmp_path / "cli.py"), str(port)], clog, timeout=60)
+        rows = [l.split() for l in out.splitlines()]
+        assert [r[:2] for r in rows] == [["before", "True"], ["dropped", "True"],
+                                         ["restored", "True"]], out
+        assert stalls([float(r[2]) for r in rows]) == [], out
+        assert srv.wait(10) == 0
+        c = clog.read_text()
+        assert c.count("accelerated (client)") == 2, c  # before and restored
+        assert len(re.findall(r"TCP \(this process changed its credentials \(seteuid", c)) == 1, c
+        assert "in reach again" in c, c
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    settle()
