@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * cred.c - credential changes: a guest whose host changes hats.
  *
@@ -146,6 +147,9 @@ static void mlp_cred_before(void)
         mlp_stat_prepare();
         mlp_cred_ring_peers(false);
     }
+    /* A sandbox often follows a drop (sshd's privilege-separated child) and may kill on the
+     * eventfd a poll of this thread would make later: make it now. */
+    mlp_poll_prepare_thread();
 }
 
 #define MLP_CRED(call, what)                                                                   \

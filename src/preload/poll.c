@@ -293,6 +293,8 @@ static struct mlp_pwait *mlp_pw_get(void)
     return w;
 }
 
+void mlp_poll_prepare_thread(void) { (void)mlp_pw_get(); }
+
 /* Before arming: forget earlier rings (a read first, then rung = 0; see above). */
 static void mlp_pw_clear(struct mlp_pwait *w)
 {
@@ -605,6 +607,17 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             left = 1000000;
         struct timespec ts = mlp_ts(left < 0 ? 0 : left);
         int r = mlp_real_ppoll(k, nk, left < 0 ? NULL : &ts, mask);
+        if (r < 0 && errno == EINVAL && nk > n) {
+            /* More fds than RLIMIT_NOFILE allows (sshd's sandboxed child sets it to 1, for its
+             * own poll of one fd): ours go, and without them we nap and look again. */
+            nk = n;
+            bell = -1;
+            if (left < 0 || left > 1000000)
+                left = 1000000;
+            ts = mlp_ts(left);
+            nap = false; /* the ppoll below is the nap */
+            r = mlp_real_ppoll(k, nk, &ts, mask);
+        }
         if (r < 0) {
             ret = -errno;
             break;

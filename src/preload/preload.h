@@ -161,6 +161,7 @@ void mlp_sock_liveness(memlan_channel_t *ch, int fd); /* the kernel socket under
 /* Credentials (cred.c).  A process whose credential change put the fabric out of its reach says
  * so once, flags the records of the ports it listens on (clients stop offering), and makes every
  * new connection plain TCP at once; its accelerated connections go on. */
+void mlp_poll_prepare_thread(void); /* poll.c: this thread's wake-up, made before a sandbox */
 bool mlp_cred_lost(bool at_accept);  /* true: no new connection of ours may use the fabric */
 extern const char *mlp_cred_why;     /* why, for our own connections' log lines and memlan stat */
 void mlp_cred_fabric_opened(void);   /* negotiate.c: the credentials the fabric was opened with */

@@ -437,6 +437,10 @@ static void mlp_split_check(struct mlp_sock *s, int fd)
 {
     if (s->state != MLP_ACCEL || atomic_load(&s->split_told))
         return;
+    /* A process that lost the fabric by a credential change may be in a sandbox that kills on
+     * recvfrom (sshd's privilege-separated child: the peek killed it with SIGSYS): no check. */
+    if (mlp_cred_lost(false))
+        return;
     int saved = errno;
     char c;
     ssize_t n = mlp_real_recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * sandboxconf: a server that confines itself in a seccomp sandbox after accepting, as OpenSSH's
  * privilege-separated child does, and then talks over the connection.  Run once over kernel TCP
