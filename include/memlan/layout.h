@@ -124,12 +124,12 @@ struct ml_chan_hdr {
 /*
  * The socket layer's per-side block (src/preload), one line each at ML_CHAN_SOCK_OFF in a
  * channel's first page.  It is shared by every process that holds that side's socket (after fork):
- * the send and receive locks serialise them and the threads of each, holders counts them so that
- * only the last close ends the connection, flags mirrors the file status flags (O_NONBLOCK) that
- * the kernel keeps per open file description.  The peer never writes our block; it reads only
- * ML_SOCK_NOPOST.
- * Lock words: 0 free, 1 held, 2 held with waiters; *_owner is the holder's pid, so a lock whose
- * holder died can be taken over.
+ * holders counts them so that only the last close ends the connection, flags mirrors the file
+ * status flags (O_NONBLOCK) that the kernel keeps per open file description.  An honest peer
+ * never writes our block; it reads only ML_SOCK_NOPOST.  No lock lives here: the peer can write
+ * this page, and nothing it writes may decide whether or how long we wait (the send and receive
+ * locks live in memory only our side's processes can reach, src/preload/sock.c).  The first 16
+ * bytes held lock words and owner pids once; they are unused and never read.
  */
 #define ML_SOCK_NONBLOCK   1u
 #define ML_SOCK_LINGER0    2u  /* SO_LINGER on with a zero time: close aborts */
@@ -141,10 +141,7 @@ struct ml_chan_hdr {
                                 * on its queue for us, but look again every millisecond */
 
 struct ml_sock_side {
-    _Alignas(ML_CACHELINE) _Atomic uint32_t tx_lock;
-    _Atomic int32_t tx_owner;
-    _Atomic uint32_t rx_lock;
-    _Atomic int32_t rx_owner;
+    _Alignas(ML_CACHELINE) uint32_t unused[4]; /* were lock words: ignored, never read */
     _Atomic uint32_t holders;
     _Atomic uint32_t flags;
 };

@@ -79,6 +79,11 @@ enum { MLP_UNDECIDED = 0, MLP_ACCEL = 1, MLP_TCP = 2 };
 struct mlp_lrec;
 struct mlp_member;
 
+/* A socket's direction locks (sock.c). */
+struct mlp_locks {
+    pthread_mutex_t tx, rx;
+};
+
 struct mlp_sock {
     _Atomic int refs;             /* fd table entries + calls in progress */
     _Atomic int nfds;             /* fd table entries (dup) */
@@ -102,6 +107,9 @@ struct mlp_sock {
     struct mlp_pwreg *pw;         /* threads asleep in poll/select on it (poll.c, mlp_pw_mu) */
     _Atomic uint64_t fin_ns;      /* when its kernel socket's FIN came, the peer still alive */
     pthread_mutex_t mu;           /* state changes: withdrawal, close */
+    struct mlp_locks *_Atomic locks; /* sock.c: the direction locks (a page only fork children
+                                      * share), made at the first lock; NULL before */
+    struct mlp_locks own_locks;   /* the private fall-back when that page cannot be made */
     /* Listener: its rendezvous record. */
     int port;
     struct mlp_lrec *rec;

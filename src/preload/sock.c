@@ -10,9 +10,10 @@
  * where the kernel would have sent one (it closed with our bytes unread or with SO_LINGER 0, or
  * we wrote once after it closed), reported once as the kernel's sk_err is.
  *
- * Concurrency: each direction has a lock in the channel's shared socket block, so the threads of
- * one process and the processes that share the socket after fork take turns; whoever takes it
- * after another process had it reloads the ring index it owns (__ml_chan_resync_*).
+ * Concurrency: each direction has a lock in a page of our own that only fork children inherit
+ * (never in the channel, which the peer can write), so the threads of one process and the
+ * processes that share the socket after fork take turns; whoever takes it after another process
+ * had it reloads the ring index it owns (__ml_chan_resync_*).
  */
 #include "preload.h"
 #include "sys/sys.h"
@@ -41,63 +42,87 @@ void mlp_negotiate_at_exit(void);
 
 /* ---- locks ------------------------------------------------------------------------------- */
 
-static bool mlp_pid_dead(int32_t pid)
+/*
+ * The direction locks serialise the threads of this process and the processes that share the
+ * socket after fork.  They live in a page of our own, mapped MAP_SHARED|MAP_ANONYMOUS: fork
+ * children inherit it, and nothing else can reach it (it has no name; the peer, which can write
+ * every byte of the channel, cannot map it).  So nothing the peer writes decides whether or how
+ * long we wait for a lock.  They are robust process-shared mutexes: a holder that dies (SIGKILL
+ * in the middle of a send) is seen by the kernel's robust list, never by a pid, and the next
+ * locker takes over (EOWNERDEAD) and reloads the ring index the dead one owned; its half-done
+ * operation is lost.  The page is made at the first lock, or before a fork for a socket never
+ * locked yet, so that a parent and its child always share one; if it cannot be made (no memory,
+ * no mappings left) the socket uses process-private mutexes instead (its fork children are then
+ * not serialised with us, the only cost).  Exec leaves the page behind: a socket carried across
+ * exec gets a new one, and the exec'd image is not serialised with a process that still holds
+ * the socket from before (design.md, Limits).
+ */
+static struct mlp_locks *mlp_locks_of(struct mlp_sock *s)
 {
-    return pid > 0 && kill(pid, 0) < 0 && errno == ESRCH;
+    struct mlp_locks *l = atomic_load_explicit(&s->locks, memory_order_acquire);
+    if (ml_likely(l != NULL))
+        return l;
+    struct mlp_locks *n = mmap(NULL, sizeof *n, PROT_READ | PROT_WRITE,
+                               MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (n != MAP_FAILED) {
+        pthread_mutexattr_t a;
+        pthread_mutexattr_init(&a);
+        pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+        pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+        pthread_mutex_init(&n->tx, &a);
+        pthread_mutex_init(&n->rx, &a);
+        pthread_mutexattr_destroy(&a);
+    } else {
+        n = &s->own_locks; /* zeroed at creation: PTHREAD_MUTEX_INITIALIZER */
+    }
+    if (!atomic_compare_exchange_strong(&s->locks, &l, n)) {
+        if (n != &s->own_locks)
+            munmap(n, sizeof *n);
+        return l;
+    }
+    return n;
 }
 
-static void mlp_lock(_Atomic uint32_t *w, _Atomic int32_t *owner)
+/* Its page goes with the socket's last reference (no thread holds a lock then). */
+static void mlp_locks_free(struct mlp_sock *s)
 {
-    uint32_t c = 0;
-    if (ml_likely(ml_cas(w, &c, 1u))) {
-        ml_store_relaxed(owner, (int32_t)mlp_pid);
-        return;
-    }
+    struct mlp_locks *l = atomic_exchange(&s->locks, NULL);
+    if (l && l != &s->own_locks)
+        munmap(l, sizeof *l);
+}
+
+static bool mlp_lock(pthread_mutex_t *m)
+{
     int saved = errno;
-    /* 0 free, 1 held, 2 held and maybe waited for (Drepper's "mutex3"): every retry takes the
-     * word with an exchange to 2, so a waiter woken by the unlock (or finding the word changed
-     * before it slept) gets the lock when it is free.  (Before, a woken waiter went back to sleep
-     * without retrying and never got a lock another thread had held: found by two threads
-     * blocked in recv on one socket.) */
-    if (c != 2)
-        c = ml_xchg(w, 2u);
-    while (c != 0) {
-        int r = __ml_sys_futex_wait(w, 2u, ML_LIVENESS_NS);
-        if (r == -ETIMEDOUT) {
-            /* A holder that died holding the lock (SIGKILL in the middle of a send) would hold
-             * it for ever: take it over from a dead pid (the word stays 2: ours now).  Its
-             * half-done operation is lost. */
-            int32_t o = ml_load_relaxed(owner);
-            if (mlp_pid_dead(o) && atomic_compare_exchange_strong(owner, &o, (int32_t)mlp_pid))
-                break;
-        }
-        c = ml_xchg(w, 2u);
-    }
-    ml_store_relaxed(owner, (int32_t)mlp_pid);
+    int r = pthread_mutex_lock(m);
+    if (ml_unlikely(r == EOWNERDEAD))
+        (void)pthread_mutex_consistent(m); /* its holder died: ours now */
+    /* ENOTRECOVERABLE cannot happen (every taker makes it consistent); were it to, we go on
+     * unlocked rather than fail or wait for ever, and the unlock is refused harmlessly (EPERM:
+     * a robust mutex checks its owner). */
     errno = saved;
+    return r == EOWNERDEAD;
 }
 
-static void mlp_unlock(_Atomic uint32_t *w, _Atomic int32_t *owner)
+static void mlp_unlock(pthread_mutex_t *m)
 {
-    ml_store_relaxed(owner, 0);
-    if (ml_unlikely(ml_xchg(w, 0u) == 2))
-        __ml_sys_futex_wake(w, 1);
+    int saved = errno;
+    (void)pthread_mutex_unlock(m);
+    errno = saved;
 }
 
 void mlp_lock_tx(struct mlp_sock *s)
 {
-    mlp_lock(&s->me->tx_lock, &s->me->tx_owner);
-    if (mlp_forked)
+    if (mlp_lock(&mlp_locks_of(s)->tx) || mlp_forked)
         __ml_chan_resync_tx(s->ch);
 }
-void mlp_unlock_tx(struct mlp_sock *s) { mlp_unlock(&s->me->tx_lock, &s->me->tx_owner); }
+void mlp_unlock_tx(struct mlp_sock *s) { mlp_unlock(&mlp_locks_of(s)->tx); }
 void mlp_lock_rx(struct mlp_sock *s)
 {
-    mlp_lock(&s->me->rx_lock, &s->me->rx_owner);
-    if (mlp_forked)
+    if (mlp_lock(&mlp_locks_of(s)->rx) || mlp_forked)
         __ml_chan_resync_rx(s->ch);
 }
-void mlp_unlock_rx(struct mlp_sock *s) { mlp_unlock(&s->me->rx_lock, &s->me->rx_owner); }
+void mlp_unlock_rx(struct mlp_sock *s) { mlp_unlock(&mlp_locks_of(s)->rx); }
 
 /* ---- flags ------------------------------------------------------------------------------- */
 
@@ -804,6 +829,7 @@ void mlp_before_last_close(struct mlp_sock *s, int fd)
 void mlp_sock_destroy(struct mlp_sock *s)
 {
     mlp_poll_forget(s);
+    mlp_locks_free(s);
     if (s->type == MLP_LISTENER) {
         if (s->rec)
             mlp_lrec_release(s->rec);
@@ -860,6 +886,8 @@ static void mlp_holders_add(int d)
             continue;
         /* One count per socket, however many fds name it: the stamp says it is counted. */
         if (s->type == MLP_CONN && s->me) {
+            if (d > 0)
+                (void)mlp_locks_of(s); /* parent and child must share one lock page */
             if (d > 0 && s->fork_gen != mlp_fork_gen) {
                 s->fork_gen = mlp_fork_gen;
                 atomic_fetch_add(&s->me->holders, 1);
@@ -885,6 +913,12 @@ void mlp_after_fork_child(void)
         if (!s)
             continue;
         pthread_mutex_init(&s->mu, NULL);
+        if (atomic_load(&s->locks) == &s->own_locks) {
+            /* Private locks are not shared with the parent: a thread of the parent's that held
+             * one does not exist here. */
+            pthread_mutex_init(&s->own_locks.tx, NULL);
+            pthread_mutex_init(&s->own_locks.rx, NULL);
+        }
         s->slot = -1;
         mlp_put(s);
     }
