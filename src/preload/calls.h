@@ -70,6 +70,10 @@ MLP_CALL(int, getsockopt, (int fd, int level, int name, void *val, socklen_t *le
 MLP_CALL(int, ioctl, (int fd, unsigned long req, void *arg), (fd, req, arg))
 MLP_CALL(int, fcntl, (int fd, int cmd, long arg), (fd, cmd, arg))
 MLP_CALL(int, fcntl64, (int fd, int cmd, long arg), (fd, cmd, arg))
+/* fd-table operations: each releases the fds' records (interpose.c). */
+MLP_CALL(int, close_range, (unsigned int first, unsigned int last, int flags),
+         (first, last, flags))
+MLP_CALL(void, closefrom, (int lowfd), (lowfd))
 MLP_CALL(int, dup, (int fd), (fd))
 MLP_CALL(int, dup2, (int fd, int fd2), (fd, fd2))
 MLP_CALL(int, dup3, (int fd, int fd2, int flags), (fd, fd2, flags))

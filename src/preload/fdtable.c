@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
- * fdtable.c - which file descriptors are accelerated sockets (or memlan listeners).
+ * fdtable.c - the per-fd record (struct mlp_fdrec, preload.h): which file descriptors are
+ * accelerated sockets (or memlan listeners) or our own, and what the program set on them.
  *
- * An array indexed by fd holds a pointer to the socket's state; fds that are not ours hold NULL,
- * so every interposed call on an ordinary fd costs one load and a branch.  dup() makes two
+ * A two-level table indexed by fd holds the records; an fd whose chunk was never needed has no
+ * record, and a record's socket pointer is NULL for fds that are not ours, so every interposed
+ * call on an ordinary fd costs a load or two and a branch.  dup() makes two
  * entries point at one mlp_sock; each entry and each call in progress holds a reference.
  *
  * Socket objects are type-stable: once allocated they are never returned to malloc, only to a
@@ -11,7 +13,7 @@
  * take (and then, seeing the entry changed, drop) a reference without touching freed memory.
  *
  * Our own descriptors (segment files, listener records, the log) are moved to high numbers and
- * remembered in a bitmap, so that dup2() onto one of them by the application moves ours away first
+ * remembered in their records, so that dup2() onto one of them by the application moves ours away first
  * and close() of one it never opened fails with EBADF as it would without us.
  */
 #include "preload.h"
@@ -24,11 +26,18 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 
-static _Atomic(struct mlp_sock *) *mlp_fds;
-static int mlp_nfds;                       /* table size */
-static _Atomic int mlp_maxfd = -1;         /* highest fd ever installed */
-static _Atomic uint64_t *mlp_internal;     /* bitmap of our own fds */
-static int *_Atomic *mlp_owner;
+/*
+ * The table: a top level sized by RLIMIT_NOFILE's hard limit (reserved, not committed), whose
+ * entries point to chunks of MLP_FDCHUNK records, mapped the first time an fd in them needs a
+ * record and never unmapped (a thread may hold a pointer into one).  An fd whose chunk does not
+ * exist has no record: nothing of ours, one load.
+ */
+#define MLP_FDCHUNK_SHIFT 10
+#define MLP_FDCHUNK (1 << MLP_FDCHUNK_SHIFT)
+
+static struct mlp_fdrec *_Atomic *mlp_fdtop;
+static int mlp_nfds;                       /* fds the table can hold */
+static _Atomic int mlp_maxfd = -1;         /* highest fd that ever had a record */
 static int mlp_high_base = 64;
 static pthread_mutex_t mlp_free_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct mlp_sock *mlp_free_list;
@@ -36,51 +45,99 @@ static struct mlp_sock *mlp_free_list;
 void mlp_fdtable_init(void)
 {
     struct rlimit rl;
-    rlim_t n = 65536;
+    rlim_t n = 1u << 20;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
-        if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max > n)
-            n = rl.rlim_max;
+        if (rl.rlim_max == RLIM_INFINITY || rl.rlim_max > n)
+            n = rl.rlim_max == RLIM_INFINITY ? (rlim_t)1 << 30 : rl.rlim_max;
         if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur / 2 > 64)
             mlp_high_base = (int)(rl.rlim_cur / 2);
     }
-    if (n > (1u << 22))
-        n = 1u << 22;
-    /* Reserved, not committed: pages appear only where fds are used. */
+    if (n > ((rlim_t)1 << 30)) /* the kernel's nr_open ceiling */
+        n = (rlim_t)1 << 30;
+    size_t ntop = ((size_t)n + MLP_FDCHUNK - 1) >> MLP_FDCHUNK_SHIFT;
     void *p;
-    if (__ml_sys_mmap(&p, NULL, n * sizeof(void *), PROT_READ | PROT_WRITE,
+    if (__ml_sys_mmap(&p, NULL, ntop * sizeof(void *), PROT_READ | PROT_WRITE,
                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) < 0)
         return;
-    void *q;
-    if (__ml_sys_mmap(&q, NULL, n / 8 + 8, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) < 0)
-        return;
-    mlp_internal = q;
-    void *o;
-    if (__ml_sys_mmap(&o, NULL, n * sizeof(int *), PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) < 0)
-        return;
-    mlp_owner = o;
-    mlp_fds = p;
-    mlp_nfds = (int)n;
+    mlp_fdtop = p;
+    mlp_nfds = (int)(ntop << MLP_FDCHUNK_SHIFT);
+}
+
+struct mlp_fdrec *mlp_fdrec(int fd)
+{
+    if ((unsigned)fd >= (unsigned)mlp_nfds || ml_unlikely(!mlp_fdtop))
+        return NULL;
+    struct mlp_fdrec *c = atomic_load_explicit(&mlp_fdtop[fd >> MLP_FDCHUNK_SHIFT],
+                                               memory_order_acquire);
+    return c ? &c[fd & (MLP_FDCHUNK - 1)] : NULL;
+}
+
+struct mlp_fdrec *mlp_fdrec_make(int fd)
+{
+    struct mlp_fdrec *r = mlp_fdrec(fd);
+    if (r || (unsigned)fd >= (unsigned)mlp_nfds || !mlp_fdtop)
+        goto out;
+    void *p;
+    if (__ml_sys_mmap(&p, NULL, MLP_FDCHUNK * sizeof(struct mlp_fdrec), PROT_READ | PROT_WRITE,
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) < 0)
+        return NULL;
+    struct mlp_fdrec *want = NULL;
+    if (!atomic_compare_exchange_strong(&mlp_fdtop[fd >> MLP_FDCHUNK_SHIFT], &want,
+                                        (struct mlp_fdrec *)p))
+        __ml_sys_munmap(p, MLP_FDCHUNK * sizeof(struct mlp_fdrec)); /* another thread's won */
+    r = mlp_fdrec(fd);
+out:
+    if (r) {
+        int m = mlp_maxfd;
+        while (fd > m && !atomic_compare_exchange_weak(&mlp_maxfd, &m, fd))
+            ;
+    }
+    return r;
+}
+
+/* The next fd at or after fd, up to max, that may have a record (chunks that exist). */
+int mlp_fdrec_next(int fd, int max)
+{
+    if (max > mlp_maxfd)
+        max = mlp_maxfd;
+    while (fd >= 0 && fd <= max) {
+        if (mlp_fdrec(fd))
+            return fd;
+        fd = ((fd >> MLP_FDCHUNK_SHIFT) + 1) << MLP_FDCHUNK_SHIFT;
+    }
+    return -1;
+}
+
+bool mlp_fdrec_busy(const struct mlp_fdrec *r)
+{
+    return r && (atomic_load_explicit(&r->sock, memory_order_relaxed) ||
+                 atomic_load_explicit(&r->owner, memory_order_relaxed) ||
+                 atomic_load_explicit(&r->linger0, memory_order_relaxed) ||
+                 atomic_load_explicit(&r->epfd, memory_order_relaxed) ||
+                 atomic_load_explicit(&r->bufhint[0], memory_order_relaxed) ||
+                 atomic_load_explicit(&r->bufhint[1], memory_order_relaxed) ||
+                 atomic_load_explicit(&r->tcp_slot, memory_order_relaxed));
 }
 
 int mlp_fd_max(void) { return mlp_maxfd; }
 
 bool mlp_fd_is_ours(int fd)
 {
-    return fd >= 0 && fd < mlp_nfds && atomic_load_explicit(&mlp_fds[fd], memory_order_relaxed);
+    struct mlp_fdrec *r = mlp_fdrec(fd);
+    return r && atomic_load_explicit(&r->sock, memory_order_relaxed);
 }
 
 struct mlp_sock *mlp_get(int fd)
 {
-    if (fd < 0 || fd >= mlp_nfds || !mlp_fds)
+    struct mlp_fdrec *r = mlp_fdrec(fd);
+    if (ml_likely(!r))
         return NULL;
     for (;;) {
-        struct mlp_sock *s = atomic_load_explicit(&mlp_fds[fd], memory_order_acquire);
+        struct mlp_sock *s = atomic_load_explicit(&r->sock, memory_order_acquire);
         if (ml_likely(!s))
             return NULL;
         atomic_fetch_add(&s->refs, 1);
-        if (atomic_load(&mlp_fds[fd]) == s)
+        if (atomic_load(&r->sock) == s)
             return s;
         mlp_put(s); /* the fd changed under us: try again */
     }
@@ -118,54 +175,48 @@ struct mlp_sock *mlp_sock_new(int type)
 
 int mlp_install(int fd, struct mlp_sock *s)
 {
-    if (fd < 0 || fd >= mlp_nfds || !mlp_fds)
+    struct mlp_fdrec *r = mlp_fdrec_make(fd);
+    if (!r)
         return -EMFILE;
     atomic_fetch_add(&s->refs, 1);
     atomic_fetch_add(&s->nfds, 1);
-    struct mlp_sock *old = atomic_exchange(&mlp_fds[fd], s);
+    struct mlp_sock *old = atomic_exchange(&r->sock, s);
     if (old) {
         atomic_fetch_sub(&old->nfds, 1);
         mlp_put(old);
     }
-    int m = mlp_maxfd;
-    while (fd > m && !atomic_compare_exchange_weak(&mlp_maxfd, &m, fd))
-        ;
     return 0;
 }
 
 struct mlp_sock *mlp_uninstall(int fd)
 {
-    if (fd < 0 || fd >= mlp_nfds || !mlp_fds)
+    struct mlp_fdrec *r = mlp_fdrec(fd);
+    if (!r || !atomic_load_explicit(&r->sock, memory_order_relaxed))
         return NULL;
-    if (!atomic_load_explicit(&mlp_fds[fd], memory_order_relaxed))
-        return NULL;
-    struct mlp_sock *s = atomic_exchange(&mlp_fds[fd], NULL);
+    struct mlp_sock *s = atomic_exchange(&r->sock, NULL);
     if (s)
         atomic_fetch_sub(&s->nfds, 1);
     return s;
 }
 
-
 static void mlp_internal_set(int fd, int *owner)
 {
-    if (fd < 0 || fd >= mlp_nfds || !mlp_internal)
-        return;
-    atomic_store(&mlp_owner[fd], owner);
-    atomic_fetch_or(&mlp_internal[fd / 64], 1ull << (fd % 64));
+    struct mlp_fdrec *r = mlp_fdrec_make(fd);
+    if (r)
+        atomic_store(&r->owner, owner);
 }
 
 static void mlp_internal_clear(int fd)
 {
-    if (fd < 0 || fd >= mlp_nfds || !mlp_internal)
-        return;
-    atomic_fetch_and(&mlp_internal[fd / 64], ~(1ull << (fd % 64)));
-    atomic_store(&mlp_owner[fd], NULL);
+    struct mlp_fdrec *r = mlp_fdrec(fd);
+    if (r)
+        atomic_store(&r->owner, NULL);
 }
 
 bool mlp_is_internal_fd(int fd)
 {
-    return fd >= 0 && fd < mlp_nfds && mlp_internal &&
-           (atomic_load_explicit(&mlp_internal[fd / 64], memory_order_relaxed) >> (fd % 64)) & 1;
+    struct mlp_fdrec *r = mlp_fdrec(fd);
+    return r && atomic_load_explicit(&r->owner, memory_order_relaxed);
 }
 
 /* *fdp (ours) -> a high number, same open file description (OFD locks stay); remembered as ours. */
@@ -197,7 +248,7 @@ int mlp_evict_fd(int fd)
 {
     if (!mlp_is_internal_fd(fd))
         return 0;
-    int *owner = atomic_load(&mlp_owner[fd]);
+    int *owner = atomic_load(&mlp_fdrec(fd)->owner);
     long flags = __ml_sys_fcntl(fd, F_GETFD, 0);
     long nfd = __ml_sys_fcntl_dupfd(fd, mlp_high_base, flags > 0 && (flags & FD_CLOEXEC));
     if (nfd < 0)

@@ -17,7 +17,9 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/sendfile.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <limits.h>
 #include <time.h>
@@ -115,9 +117,23 @@ MLP_EXPORT int accept4(int fd, struct sockaddr *addr, socklen_t *len, int flags)
 
 /* ---- close and duplicates ---------------------------------------------------------------- */
 
-/* fd stops naming what it named (close, or the target of dup2). */
-static void mlp_fd_gone(int fd)
+/*
+ * A vfork child shares our memory but has its own fd table: whatever it closes or duplicates is
+ * its own, and the parent's records must stay as they are.  Detected by its pid (mlp_pid is ours,
+ * kept current across fork); asked only on the slow paths, where an fd has a record.
+ */
+bool mlp_vfork_child(void) { return (int)__ml_sys_getpid() != mlp_pid; }
+
+/* fd stops naming what it named (close, close_range, closefrom, the target of dup2/dup3, the
+ * number a dup lands on): its record goes back to empty.  *offer: a client offer to unlink after
+ * the kernel's close (NULL: now). */
+static void mlp_fd_released(int fd, char *offer)
 {
+    struct mlp_fdrec *r = mlp_fdrec(fd);
+    if (ml_likely(!mlp_fdrec_busy(r)))
+        return;
+    mlp_bufhint_clear(fd);
+    mlp_defer_offer_unlink = offer;
     struct mlp_sock *s = mlp_uninstall(fd);
     if (s) {
         if (atomic_load(&s->nfds) == 0) {
@@ -126,26 +142,18 @@ static void mlp_fd_gone(int fd)
         }
         mlp_put(s);
     }
+    mlp_defer_offer_unlink = NULL;
     mlp_epoll_forget_fd(fd);
     mlp_stat_tcp_closed(fd);
 }
 
-static int mlp_close_call(int fd)
+/* close(fd) with its record: the record first, the kernel's close, then the offer's name. */
+static int mlp_close_one(int fd)
 {
-    MLP_INIT();
-    if (mlp_inside)
-        return mlp_real_close(fd);
-    if (ml_unlikely(mlp_is_internal_fd(fd))) {
-        errno = EBADF; /* not the application's: as if it were not open */
-        return -1;
-    }
     int saved = errno;
-    mlp_bufhint_clear(fd);
     char offer[sizeof ((struct mlp_sock *)0)->offer];
     offer[0] = 0;
-    mlp_defer_offer_unlink = offer;
-    mlp_fd_gone(fd);
-    mlp_defer_offer_unlink = NULL;
+    mlp_fd_released(fd, offer);
     errno = saved;
     int r = mlp_real_close(fd);
     if (ml_unlikely(offer[0])) {
@@ -156,6 +164,21 @@ static int mlp_close_call(int fd)
     return r;
 }
 
+static int mlp_close_call(int fd)
+{
+    MLP_INIT();
+    struct mlp_fdrec *rec = mlp_fdrec(fd);
+    if (ml_likely(!rec) || mlp_inside)
+        return mlp_real_close(fd);
+    if (ml_unlikely(atomic_load_explicit(&rec->owner, memory_order_relaxed))) {
+        errno = EBADF; /* not the application's: as if it were not open */
+        return -1;
+    }
+    if (!mlp_fdrec_busy(rec) || mlp_vfork_child())
+        return mlp_real_close(fd);
+    return mlp_close_one(fd);
+}
+
 MLP_EXPORT int close(int fd)
 {
     return mlp_close_call(fd);
@@ -163,6 +186,8 @@ MLP_EXPORT int close(int fd)
 
 static void mlp_dup_to(int fd, int nfd)
 {
+    if (mlp_fdrec_busy(mlp_fdrec(nfd)))
+        mlp_fd_released(nfd, NULL); /* left behind by a close we did not see (a raw syscall) */
     struct mlp_sock *s = mlp_get(fd);
     if (s) {
         mlp_install(nfd, s);
@@ -180,7 +205,7 @@ MLP_EXPORT int dup(int fd)
         return -1;
     }
     int r = mlp_real_dup(fd);
-    if (r >= 0 && !mlp_inside)
+    if (r >= 0 && !mlp_inside && (mlp_fdrec(fd) || mlp_fdrec(r)) && !mlp_vfork_child())
         mlp_dup_to(fd, r);
     return r;
 }
@@ -193,14 +218,17 @@ static int mlp_dup23(int fd, int fd2, int flags, bool three)
         errno = EBADF;
         return -1;
     }
+    if (!mlp_fdrec(fd) && !mlp_fdrec(fd2))
+        return three ? mlp_real_dup3(fd, fd2, flags) : mlp_real_dup2(fd, fd2);
+    bool child = mlp_vfork_child();
     int saved = errno;
-    if (mlp_is_internal_fd(fd2) && fd != fd2)
+    if (mlp_is_internal_fd(fd2) && fd != fd2 && !child)
         (void)mlp_evict_fd(fd2);
     errno = saved;
     int r = three ? mlp_real_dup3(fd, fd2, flags) : mlp_real_dup2(fd, fd2);
-    if (r >= 0 && fd != fd2) {
+    if (r >= 0 && fd != fd2 && !child) {
         saved = errno;
-        mlp_fd_gone(fd2);
+        mlp_fd_released(fd2, NULL);
         mlp_dup_to(fd, fd2);
         errno = saved;
     }
@@ -219,6 +247,101 @@ MLP_EXPORT int dup3(int fd, int fd2, int flags)
     return mlp_dup23(fd, fd2, flags, true);
 }
 
+/*
+ * close_range and closefrom.  The kernel would close our own fds in the range too (varnishd
+ * calls close_range(3, ~0U, 0) first thing, and memlan's log and fabric went with it): the range
+ * is closed in pieces around them, and every fd in it with a record is closed through its record
+ * first, as close() would.  CLOSE_RANGE_CLOEXEC marks the pieces, and a socket's channel file
+ * follows its socket's flag; CLOSE_RANGE_UNSHARE goes with every piece (after the first it has
+ * nothing left to unshare).  Bounded: one pass over the chunks of the table that exist.
+ */
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+#ifndef CLOSE_RANGE_UNSHARE
+#define CLOSE_RANGE_UNSHARE (1U << 1)
+#endif
+
+static int mlp_sys_close_range(unsigned first, unsigned last, int flags)
+{
+    return (int)syscall(SYS_close_range, first, last, flags);
+}
+
+static int mlp_close_range_call(unsigned first, unsigned last, int flags)
+{
+    MLP_INIT();
+    if (mlp_inside || first > last || (flags & ~(CLOSE_RANGE_CLOEXEC | CLOSE_RANGE_UNSHARE)))
+        return mlp_sys_close_range(first, last, flags); /* the kernel's answer, errors too */
+    bool child = mlp_vfork_child();
+    int saved = errno;
+    int max = first > (unsigned)INT32_MAX ? -1 : (int)(last > (unsigned)INT32_MAX ? INT32_MAX : last);
+    unsigned lo = first;
+    int rc = 0;
+    /* Pieces between our own fds. */
+    for (int fd = mlp_fdrec_next((int)first, max); fd >= 0; fd = mlp_fdrec_next(fd + 1, max)) {
+        struct mlp_fdrec *rec = mlp_fdrec(fd);
+        if (!mlp_fdrec_busy(rec))
+            continue;
+        if (atomic_load_explicit(&rec->owner, memory_order_relaxed)) {
+            if ((unsigned)fd > lo && mlp_sys_close_range(lo, (unsigned)fd - 1, flags) < 0)
+                rc = -1;
+            lo = (unsigned)fd + 1;
+            continue;
+        }
+        if (child)
+            continue; /* the parent's records: its fds are still open */
+        if (flags & CLOSE_RANGE_CLOEXEC) {
+            struct mlp_sock *s = mlp_get(fd);
+            if (s) {
+                if (s->ch)
+                    mlp_own_fd_cloexec(s->ch->seg->fd, true);
+                mlp_put(s);
+            }
+        } else if (!(flags & CLOSE_RANGE_UNSHARE)) {
+            (void)mlp_close_one(fd); /* the record, then the kernel's close, as close() */
+        }
+    }
+    if (lo >= first && lo <= last && mlp_sys_close_range(lo, last, flags) < 0)
+        rc = -1;
+    if (rc == 0) {
+        errno = saved;
+        /* With CLOSE_RANGE_UNSHARE alone the records could not go before the kernel's close. */
+        if ((flags & (CLOSE_RANGE_CLOEXEC | CLOSE_RANGE_UNSHARE)) == CLOSE_RANGE_UNSHARE && !child)
+            for (int fd = mlp_fdrec_next((int)first, max); fd >= 0;
+                 fd = mlp_fdrec_next(fd + 1, max)) {
+                struct mlp_fdrec *rec = mlp_fdrec(fd);
+                if (mlp_fdrec_busy(rec) && !atomic_load_explicit(&rec->owner, memory_order_relaxed))
+                    mlp_fd_released(fd, NULL);
+            }
+        errno = saved;
+    }
+    return rc;
+}
+
+MLP_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
+{
+    return mlp_close_range_call(first, last, flags);
+}
+
+MLP_EXPORT void closefrom(int lowfd)
+{
+    MLP_INIT();
+    unsigned lo = lowfd < 0 ? 0u : (unsigned)lowfd;
+    int saved = errno;
+    if (mlp_close_range_call(lo, ~0U, 0) == 0 || errno != ENOSYS) {
+        errno = saved;
+        return;
+    }
+    /* A kernel before 5.9: one close per fd up to the limit (glibc walks /proc/self/fd). */
+    struct rlimit rl;
+    long top = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
+                   ? (long)rl.rlim_cur : (1L << 20);
+    for (long fd = lo; fd < top; fd++)
+        if (!mlp_is_internal_fd((int)fd))
+            (void)mlp_close_call((int)fd);
+    errno = saved;
+}
+
 static int mlp_fcntl_common(int (*real)(int, int, long), int fd, int cmd, long arg)
 {
     if (mlp_inside)
@@ -232,7 +355,8 @@ static int mlp_fcntl_common(int (*real)(int, int, long), int fd, int cmd, long a
         return r;
     int saved = errno;
     if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) {
-        mlp_dup_to(fd, r);
+        if ((mlp_fdrec(fd) || mlp_fdrec(r)) && !mlp_vfork_child())
+            mlp_dup_to(fd, r);
     } else if (cmd == F_SETFL || cmd == F_SETFD) {
         struct mlp_sock *s = mlp_conn(fd);
         if (s) {

@@ -315,7 +315,6 @@ void mlp_stat_clear(struct mlp_sock *s)
 
 /* A connection that stays on TCP: log it and show it in memlan stat until it closes.  Plain TCP
  * fds are not in our table, so their slot is found again by fd at close (mlp_stat_tcp_closed). */
-static int mlp_tcp_slot_of_fd[1 << 16];
 static void mlp_stat_tcp_addrs(int fd, const struct mlp_addr *l, const struct mlp_addr *r,
                                const char *why)
 {
@@ -329,11 +328,11 @@ static void mlp_stat_tcp_addrs(int fd, const struct mlp_addr *l, const struct ml
     if (slot < 0)
         return;
     mlp_slot_fill(slot, ML_CONN_TCP, fd, l, r, NULL, why);
-    if (fd >= 0 && fd < (1 << 16)) {
-        int old = mlp_tcp_slot_of_fd[fd];
+    struct mlp_fdrec *rec = mlp_fdrec_make(fd);
+    if (rec) {
+        int old = atomic_exchange(&rec->tcp_slot, slot + 1);
         if (old > 0 && mlp_proc_conns)
             ml_store_release(&mlp_proc_conns[old - 1].state, ML_CONN_FREE);
-        mlp_tcp_slot_of_fd[fd] = slot + 1;
     }
 }
 
@@ -342,11 +341,11 @@ void mlp_stat_tcp(int fd, const char *why) { mlp_stat_tcp_addrs(fd, NULL, NULL, 
 void mlp_stat_tcp_closed(int fd);
 void mlp_stat_tcp_closed(int fd)
 {
-    if (fd < 0 || fd >= (1 << 16) || !mlp_tcp_slot_of_fd[fd])
+    struct mlp_fdrec *rec = mlp_fdrec(fd);
+    if (!rec || !ml_load_relaxed(&rec->tcp_slot))
         return;
-    int slot = mlp_tcp_slot_of_fd[fd] - 1;
-    mlp_tcp_slot_of_fd[fd] = 0;
-    if (mlp_proc_conns)
+    int slot = atomic_exchange(&rec->tcp_slot, 0) - 1;
+    if (slot >= 0 && mlp_proc_conns)
         ml_store_release(&mlp_proc_conns[slot].state, ML_CONN_FREE);
 }
 
@@ -375,57 +374,64 @@ void mlp_stat_conn(struct mlp_sock *s, int fd, const char *why)
  * listener's, rounded up to a power of two (4 KB to 64 MB).  Without either, MEMLAN_RING_KB.
  * Set after the connection is accelerated, they reach only the kernel socket.
  */
-static _Atomic uint32_t mlp_bufhint[2][1 << 16]; /* [0] SO_SNDBUF, [1] SO_RCVBUF, as set */
+/* [0] SO_SNDBUF, [1] SO_RCVBUF, as set: in the fd's record (struct mlp_fdrec). */
 
 static void mlp_ring_hint_publish(struct ml_listen_rec *m, uint32_t v);
 static void mlp_listener_bufsize(int fd, uint32_t v);
 
 static uint32_t mlp_bufhint_of(int fd)
 {
-    if (fd < 0 || fd >= (1 << 16))
+    struct mlp_fdrec *rec = mlp_fdrec(fd);
+    if (!rec)
         return 0;
-    uint32_t a = ml_load_relaxed(&mlp_bufhint[0][fd]), b = ml_load_relaxed(&mlp_bufhint[1][fd]);
+    uint32_t a = ml_load_relaxed(&rec->bufhint[0]), b = ml_load_relaxed(&rec->bufhint[1]);
     return a > b ? a : b;
 }
 
 void mlp_note_bufsize(int fd, int name)
 {
-    if (fd < 0 || fd >= (1 << 16))
+    struct mlp_fdrec *rec = mlp_fdrec_make(fd);
+    if (!rec)
         return;
     int rcv = name == SO_RCVBUF || name == SO_RCVBUFFORCE;
     int v = 0;
     socklen_t l = sizeof v;
     if (mlp_real_getsockopt(fd, SOL_SOCKET, rcv ? SO_RCVBUF : SO_SNDBUF, &v, &l) < 0 || v <= 0)
         return;
-    ml_store_relaxed(&mlp_bufhint[rcv][fd], (uint32_t)v);
+    ml_store_relaxed(&rec->bufhint[rcv], (uint32_t)v);
     mlp_listener_bufsize(fd, mlp_bufhint_of(fd));
 }
 
 /* SO_LINGER with a zero time set before the connection exists (on the socket, or on the listener
  * whose accepted sockets inherit it, as the kernel's do). */
-static _Atomic uint8_t mlp_linger0[1 << 16];
 
 void mlp_note_linger(int fd, const void *val, socklen_t len)
 {
-    if (fd < 0 || fd >= (1 << 16) || len < sizeof(struct linger))
+    if (len < sizeof(struct linger))
         return;
     const struct linger *lg = val;
-    ml_store_relaxed(&mlp_linger0[fd], (uint8_t)(lg->l_onoff && lg->l_linger == 0));
+    uint8_t on = lg->l_onoff && lg->l_linger == 0;
+    struct mlp_fdrec *rec = on ? mlp_fdrec_make(fd) : mlp_fdrec(fd);
+    if (rec)
+        ml_store_relaxed(&rec->linger0, on);
 }
 
 static uint32_t mlp_linger_flag(int fd)
 {
-    return fd >= 0 && fd < (1 << 16) && ml_load_relaxed(&mlp_linger0[fd]) ? ML_SOCK_LINGER0 : 0u;
+    struct mlp_fdrec *rec = mlp_fdrec(fd);
+    return rec && ml_load_relaxed(&rec->linger0) ? ML_SOCK_LINGER0 : 0u;
 }
 
 void mlp_bufhint_clear(int fd)
 {
-    if (fd >= 0 && fd < (1 << 16) && ml_load_relaxed(&mlp_linger0[fd]))
-        ml_store_relaxed(&mlp_linger0[fd], (uint8_t)0);
-    if (fd >= 0 && fd < (1 << 16) &&
-        (ml_load_relaxed(&mlp_bufhint[0][fd]) || ml_load_relaxed(&mlp_bufhint[1][fd]))) {
-        ml_store_relaxed(&mlp_bufhint[0][fd], 0u);
-        ml_store_relaxed(&mlp_bufhint[1][fd], 0u);
+    struct mlp_fdrec *rec = mlp_fdrec(fd);
+    if (!rec)
+        return;
+    if (ml_load_relaxed(&rec->linger0))
+        ml_store_relaxed(&rec->linger0, (uint8_t)0);
+    if (ml_load_relaxed(&rec->bufhint[0]) || ml_load_relaxed(&rec->bufhint[1])) {
+        ml_store_relaxed(&rec->bufhint[0], 0u);
+        ml_store_relaxed(&rec->bufhint[1], 0u);
     }
 }
 
@@ -1287,7 +1293,12 @@ void mlp_negotiate_after_fork(void)
         mlp_proc_hdr = NULL;
         mlp_proc_conns = NULL;
     }
-    memset(mlp_tcp_slot_of_fd, 0, sizeof mlp_tcp_slot_of_fd);
+    /* The parent's plain TCP lines were in its stat entry, not ours. */
+    for (int fd = mlp_fdrec_next(0, INT32_MAX); fd >= 0; fd = mlp_fdrec_next(fd + 1, INT32_MAX)) {
+        struct mlp_fdrec *rec = mlp_fdrec(fd);
+        if (rec && ml_load_relaxed(&rec->tcp_slot))
+            ml_store_relaxed(&rec->tcp_slot, 0);
+    }
 }
 
 /* exit(): our stat entry goes with us (after _exit or a signal, the next reclaim removes it). */

@@ -797,13 +797,12 @@ static pthread_mutex_t mlp_epmu = PTHREAD_MUTEX_INITIALIZER;   /* members and re
 int mlp_nnested;                      /* sets that are members of other sets */
 static pthread_mutex_t mlp_kset_mu = PTHREAD_MUTEX_INITIALIZER; /* our fds in kernel sets */
 
-/* The epoll fds the program made (below 65536; a higher one, or a duplicate, is looked up). */
-static _Atomic uint8_t mlp_epfd[1 << 16];
-
+/* The epoll fds the program made are marked in their fd records (a duplicate is looked up). */
 void mlp_epoll_created(int epfd)
 {
-    if (epfd >= 0 && epfd < (1 << 16))
-        atomic_store_explicit(&mlp_epfd[epfd], 1, memory_order_relaxed);
+    struct mlp_fdrec *r = mlp_fdrec_make(epfd);
+    if (r)
+        atomic_store_explicit(&r->epfd, 1, memory_order_relaxed);
 }
 
 
@@ -846,6 +845,7 @@ static struct mlp_ep *mlp_ep_get(int epfd, bool create)
             pthread_mutex_unlock(&mlp_epmu);
             if (epfd > mlp_eps_max)
                 mlp_eps_max = epfd;
+            mlp_epoll_created(epfd); /* its record says so: its close forgets the set */
             __atomic_store_n(&mlp_eps[epfd], e, __ATOMIC_RELEASE);
         }
     }
@@ -967,8 +967,9 @@ static void mlp_put_all(struct mlp_sock **v, int n)
 void mlp_epoll_forget_fd(int fd)
 {
     /* On every close(): a load first, so that closing ordinary fds writes nothing. */
-    if (fd >= 0 && fd < (1 << 16) && atomic_load_explicit(&mlp_epfd[fd], memory_order_relaxed))
-        atomic_store_explicit(&mlp_epfd[fd], 0, memory_order_relaxed);
+    struct mlp_fdrec *r = mlp_fdrec(fd);
+    if (r && atomic_load_explicit(&r->epfd, memory_order_relaxed))
+        atomic_store_explicit(&r->epfd, 0, memory_order_relaxed);
     if (!mlp_eps || fd < 0 || fd >= mlp_neps || !__atomic_load_n(&mlp_eps[fd], __ATOMIC_RELAXED))
         return;
     struct mlp_ep *e = __atomic_exchange_n(&mlp_eps[fd], NULL, __ATOMIC_ACQ_REL);
@@ -1140,8 +1141,11 @@ static void mlp_ep_unsetup(int epfd, struct mlp_ep *e)
 
 static bool mlp_is_epoll_fd(int fd)
 {
+    struct mlp_fdrec *r = mlp_fdrec(fd);
+    if (r && atomic_load_explicit(&r->epfd, memory_order_relaxed))
+        return true;
     if (fd >= 0 && fd < (1 << 16))
-        return atomic_load_explicit(&mlp_epfd[fd], memory_order_relaxed) != 0;
+        return false; /* below 65536 only a duplicate of one is missed, as before */
     char path[48], link[32];
     snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
     ssize_t n = readlink(path, link, sizeof link - 1);

@@ -116,6 +116,27 @@ struct mlp_sock {
     struct mlp_sock *next_free;
 };
 
+/*
+ * The per-fd record (fdtable.c): everything memlan keeps about an fd number, in one place with
+ * one life cycle.  It is reset (mlp_fd_released, interpose.c) wherever the kernel releases the fd:
+ * close, close_range, closefrom, dup2/dup3 over it, and before dup/F_DUPFD put a new file there;
+ * exec starts the new image with an empty table.  A record exists only once its chunk was needed;
+ * an fd without one has nothing of ours.
+ */
+struct mlp_fdrec {
+    _Atomic(struct mlp_sock *) sock; /* accelerated socket or memlan listener, else NULL */
+    int *_Atomic owner;              /* one of our own fds: where its number is kept */
+    _Atomic uint32_t bufhint[2];     /* SO_SNDBUF, SO_RCVBUF as set by the program (ring sizes) */
+    _Atomic uint8_t linger0;         /* SO_LINGER 0 set before the connection existed */
+    _Atomic uint8_t epfd;            /* an epoll fd the program made */
+    _Atomic int tcp_slot;            /* memlan stat line of a plain TCP connection + 1, or 0 */
+};
+struct mlp_fdrec *mlp_fdrec(int fd);      /* NULL: no record, nothing of ours */
+struct mlp_fdrec *mlp_fdrec_make(int fd); /* NULL only past the table or out of memory */
+int mlp_fdrec_next(int fd, int max);      /* next fd >= fd that may have a record, or -1 */
+bool mlp_fdrec_busy(const struct mlp_fdrec *r);
+bool mlp_vfork_child(void);               /* a vfork child: touch no memlan state */
+
 /* fd table (fdtable.c).  get() takes a reference that put() drops; NULL = not ours. */
 struct mlp_sock *mlp_sock_new(int type);
 struct mlp_sock *mlp_get(int fd);

@@ -811,3 +811,22 @@ def test_host_process_events_match_kernel(fabric, tmp_path, prog):
     assert under.stdout.splitlines() == plain.stdout.splitlines()
     assert "accelerated (accepted" in text, text
     settle(fabric)
+
+
+FDLIFECONF = BUILD / "tests-preload" / "fdlifeconf"
+
+
+def test_fd_released_other_ways_matches_kernel(fabric, tmp_path):
+    """close_range(3, ~0U) at start (varnishd), close_range over an accelerated socket (with and
+    without SO_LINGER 0, and CLOSE_RANGE_CLOEXEC), closefrom, dup2 over one, fds above 65536
+    (skipped when the hard limit is lower) and a vfork child that closes its copy and execs
+    while the parent reads: what each end sees, and how the next socket at a released number
+    ends, equal kernel TCP's line for line.  The log shows memlan still at work after the
+    close_range at start (it kept its own fds out of the range)."""
+    plain, under, text = scripted(FDLIFECONF, tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "timeout" not in plain.stdout and "FAIL" not in plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    assert text.count("accelerated (client)") >= 12, text
+    assert text.count("accelerated (client)") == text.count("accelerated (accepted"), text
+    settle(fabric)
