@@ -178,6 +178,10 @@ ssize_t memlan_recv(memlan_channel_t *ch, void *buf, size_t len, int flags);
  * may be written there; commit(len) publishes the first len of them (stream) or one message of
  * len bytes (message).  A message channel's reserve returns exactly room for one message.
  * min larger than the ring can ever hold contiguously gives -EMSGSIZE.
+ * One loan per direction: a second reserve before commit gives the same space again (the first
+ * loan is forgotten), so build one message at a time.  Alignment: a message channel's payload
+ * starts 8-byte aligned (records are padded to 8 bytes), so a type that needs more (a
+ * _Alignas(16) struct) must be copied out; a stream's loan starts wherever the stream is.
  */
 ssize_t memlan_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flags);
 int memlan_commit(memlan_channel_t *ch, size_t len);
@@ -186,7 +190,9 @@ int memlan_commit(memlan_channel_t *ch, size_t len);
  * memlan_peek / memlan_release - zero-copy receive.  peek gives *ptr to the contiguous bytes that
  * are readable (stream) or to the next message (message), blocking unless MEMLAN_DONTWAIT, and
  * returns their count (0 at end of stream); release(len) consumes len bytes (stream) or the
- * message (message; len is ignored).  The bytes stay valid until release.
+ * message (message; len is ignored).  The bytes stay valid until release.  One loan per
+ * direction: peek again before release and the same bytes come back.  A message's payload is
+ * 8-byte aligned, as for reserve.
  */
 ssize_t memlan_peek(memlan_channel_t *ch, const void **ptr, int flags);
 int memlan_release(memlan_channel_t *ch, size_t len);
@@ -209,8 +215,67 @@ int memlan_channel_poll(memlan_channel_t *ch);
 /* memlan_channel_max_msg - the largest message a message channel carries. */
 size_t memlan_channel_max_msg(const memlan_channel_t *ch);
 
+/* memlan_channel_kind - MEMLAN_STREAM or MEMLAN_MSG, or -EINVAL for NULL. */
+int memlan_channel_kind(const memlan_channel_t *ch);
+
 /* memlan_channel_close - close our side: the peer reads what we sent, then EOF. */
 void memlan_channel_close(memlan_channel_t *ch);
+
+/* ---- named endpoints --------------------------------------------------------------------- */
+
+/*
+ * A server listens on a name in the fabric; a client connects by that name and gets a channel
+ * to it.  The channel's token stays the capability: the client creates the channel and hands its
+ * token to the server privately, over a Unix seqpacket socket in the fabric directory
+ * (ep-NAME.sock, beside ep-NAME, the lock file that says the name is served).  A name is not a
+ * capability by itself: the fabric directory's permissions decide who may connect.
+ */
+typedef struct memlan_listener memlan_listener_t;
+
+/* The longest name, in bytes (without the NUL). */
+#define MEMLAN_NAME_MAX 64
+
+/*
+ * memlan_listen - serve name on the fabric.  kind is MEMLAN_STREAM or MEMLAN_MSG to accept only
+ * channels of that kind (others are refused with -EPROTOTYPE), or 0 for any.  A name left by a
+ * server that died is reclaimed.  Returns 0 and *out; -EINVAL for NULL arguments, an empty name,
+ * one holding '/' or a control character, or an unknown kind; -ENAMETOOLONG for a name longer
+ * than MEMLAN_NAME_MAX or one whose socket path would not fit; -EADDRINUSE while a live server
+ * serves the name; or an errno from the kernel.  A listener is used by one thread at a time.
+ */
+int memlan_listen(memlan_fabric_t *fab, const char *name, int kind, memlan_listener_t **out);
+
+/*
+ * memlan_accept - the next client's channel, already attached, waiting up to timeout_ms (-1 =
+ * forever, 0 = never).  Returns 0 and *out; -EAGAIN when timeout_ms is 0 and no client is
+ * waiting; -ETIMEDOUT when the time ran out; -EINVAL for NULL arguments.  A client that gives up,
+ * dies or sends garbage is answered (when it can be) and skipped, never returned.
+ */
+int memlan_accept(memlan_listener_t *l, int timeout_ms, memlan_channel_t **out);
+
+/*
+ * memlan_listener_fd - a file descriptor that is readable while memlan_accept(l, 0, ...) may
+ * return a channel, for the application's own poll/epoll loop (level-triggered; after it
+ * wakes, call memlan_accept with timeout 0 until -EAGAIN).  The fd belongs to l.
+ */
+int memlan_listener_fd(const memlan_listener_t *l);
+
+/* memlan_listener_name - the name served (NUL-terminated), or NULL for NULL. */
+const char *memlan_listener_name(const memlan_listener_t *l);
+
+/* memlan_listener_close - stop serving the name and free l; accepted channels stay open. */
+void memlan_listener_close(memlan_listener_t *l);
+
+/*
+ * memlan_connect - connect to the server of name: create a channel with opts (NULL: a stream
+ * with the default ring), hand its token to the server and wait up to timeout_ms (-1 = forever)
+ * for the server to accept it.  Returns 0 and *out, a channel the server has attached; -EINVAL
+ * or -ENAMETOOLONG for a bad name, as memlan_listen; -ECONNREFUSED when nobody serves the name;
+ * -ETIMEDOUT when the server did not accept in time; -EPROTOTYPE when the server takes only the
+ * other kind; an error the server met attaching; or an errno from channel creation.  Thread-safe.
+ */
+int memlan_connect(memlan_fabric_t *fab, const char *name, const struct memlan_channel_opts *opts,
+                   int timeout_ms, memlan_channel_t **out);
 
 /* ---- event queues ------------------------------------------------------------------------ */
 

@@ -68,6 +68,18 @@ def render(name, section, proto, body, header):
                 f"```c\n{proto}\n```\n\n{body}\n\n"
                 "Return convention: a string that belongs to memlan (never free it), as described "
                 "above; errno is never read or changed.\n")
+    conv = {
+        "void *": "Return convention: a pointer, as described above; errno is never read or "
+                  "changed.",
+        "size_t ": "Return convention: a size, never an error, as described above; errno is "
+                   "never read or changed.",
+        "void ": "Return convention: none (void); errno is never read or changed.",
+    }
+    for ret, line in conv.items():
+        if proto.startswith(ret) and not proto.startswith("void **"):
+            return (f"# {name}\n\n*{section}* (`#include <memlan.h>`, link with `-lmemlan`)\n\n"
+                    f"```c\n{proto}\n```\n\n{body}\n\n{line} See the header comment in "
+                    "`include/memlan.h` for thread safety.\n")
     return (f"# {name}\n\n*{section}* (`#include <memlan.h>`, link with `-lmemlan`)\n\n"
             f"```c\n{proto}\n```\n\n{body}\n\n"
             "Return convention: non-negative on success, a negative errno on failure; errno is "

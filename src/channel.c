@@ -527,6 +527,11 @@ size_t memlan_channel_max_msg(const memlan_channel_t *ch)
     return ch->kind == MEMLAN_MSG ? ch->size - sizeof(struct ml_msg_hdr) : ch->size;
 }
 
+int memlan_channel_kind(const memlan_channel_t *ch)
+{
+    return ch ? (int)ch->kind : -EINVAL;
+}
+
 /* ---- liveness and state ------------------------------------------------------------------ */
 
 static uint32_t ml_peer_state(const struct memlan_channel *ch)

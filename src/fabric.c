@@ -4,9 +4,10 @@
  *
  * A fabric is a directory, by default /dev/shm/memlan-UID with mode 0700.  Its files are named
  * for their tokens: seg-TOKEN is a segment (raw, channel or event queue) and bell-TOKEN the FIFO
- * doorbell of an event queue.  Every segment file carries its owner's liveness as an OFD lock on
- * byte 0 that the kernel drops when the owner's last descriptor closes, which includes death by
- * SIGKILL; so a file whose byte 0 can be locked by anyone else is an orphan and may be removed.
+ * doorbell of an event queue; ep-NAME and ep-NAME.sock are a named endpoint (endpoint.c).  Every
+ * segment file (and ep-NAME) carries its owner's liveness as an OFD lock on byte 0 that the
+ * kernel drops when the owner's last descriptor closes, which includes death by SIGKILL; so a
+ * file whose byte 0 can be locked by anyone else is an orphan and may be removed.
  * That check is the only reclaim rule: we never judge liveness by pid, which the kernel reuses.
  */
 #include "internal.h"
@@ -229,6 +230,24 @@ int __ml_fabric_reclaim(memlan_fabric_t *fab)
                 if (pn > 0 && (size_t)pn < sizeof path && __ml_sys_unix_listening(path) == 0 &&
                     __ml_sys_unlinkat(fab->dirfd, nm, 0) == 0)
                     removed++;
+            } else if (strncmp(nm, "ep-", 3) == 0) {
+                /* A named endpoint (endpoint.c): ep-NAME is free once nobody holds its lock,
+                 * and ep-NAME.sock is a dead server's once ep-NAME is gone. */
+                size_t len = strlen(nm);
+                if (len > 8 && strcmp(nm + len - 5, ".sock") == 0) {
+                    char lock[NAME_MAX + 1];
+                    struct stat st;
+                    snprintf(lock, sizeof lock, "%.*s", (int)(len - 5), nm);
+                    if (__ml_sys_fstatat(fab->dirfd, lock, &st, AT_SYMLINK_NOFOLLOW) == -ENOENT &&
+                        __ml_sys_unlinkat(fab->dirfd, nm, 0) == 0)
+                        removed++;
+                } else if (ml_reclaim_seg(fab, nm)) {
+                    char sock[NAME_MAX + 1];
+                    removed++;
+                    snprintf(sock, sizeof sock, "%s.sock", nm);
+                    if (__ml_sys_unlinkat(fab->dirfd, sock, 0) == 0)
+                        removed++;
+                }
             } else if (strncmp(nm, "bell-", 5) == 0 && __ml_token_valid(nm + 5)) {
                 /* A doorbell outlives nothing: remove it once its queue's segment is gone. */
                 char seg[80];

@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -69,6 +70,58 @@ int __ml_sys_unix_listening(const char *path)
         return 1;
     return rc == -ECONNREFUSED || rc == -ENOTSOCK || rc == -EPROTOTYPE || rc == -ENOENT
                ? 0 : (int)rc;
+}
+
+int __ml_sys_socket(int domain, int type, int proto)
+{
+    return (int)SYS_CALL(SYS_socket, domain, type, proto);
+}
+
+int __ml_sys_bind(int fd, const void *sa, size_t len)
+{
+    return (int)SYS_CALL(SYS_bind, fd, sa, (socklen_t)len);
+}
+
+int __ml_sys_listen(int fd, int backlog) { return (int)SYS_CALL(SYS_listen, fd, backlog); }
+
+int __ml_sys_accept4(int fd, int flags)
+{
+    return (int)SYS_CALL(SYS_accept4, fd, NULL, NULL, flags);
+}
+
+int __ml_sys_connect(int fd, const void *sa, size_t len)
+{
+    return (int)SYS_CALL(SYS_connect, fd, sa, (socklen_t)len);
+}
+
+ssize_t __ml_sys_send(int fd, const void *buf, size_t len)
+{
+    return SYS_CALL(SYS_sendto, fd, buf, len, MSG_NOSIGNAL, NULL, 0);
+}
+
+ssize_t __ml_sys_recv(int fd, void *buf, size_t len)
+{
+    return SYS_CALL(SYS_recvfrom, fd, buf, len, 0, NULL, NULL);
+}
+
+int __ml_sys_poll1(int fd, short events, int timeout_ms)
+{
+    struct pollfd pf = {fd, events, 0};
+    struct timespec ts = {timeout_ms / 1000, (long)(timeout_ms % 1000) * 1000000};
+    return (int)SYS_CALL(SYS_ppoll, &pf, 1, timeout_ms < 0 ? NULL : &ts, NULL, 0);
+}
+
+int __ml_sys_epoll_create(void) { return (int)SYS_CALL(SYS_epoll_create1, EPOLL_CLOEXEC); }
+
+int __ml_sys_epoll_ctl(int epfd, int op, int fd, uint32_t events, uint64_t data)
+{
+    struct epoll_event ev = {.events = events, .data.u64 = data};
+    return (int)SYS_CALL(SYS_epoll_ctl, epfd, op, fd, &ev);
+}
+
+int __ml_sys_epoll_wait(int epfd, void *events, int max, int timeout_ms)
+{
+    return (int)SYS_CALL(SYS_epoll_pwait, epfd, events, max, timeout_ms, NULL, 0);
 }
 
 int __ml_sys_linkat(int olddir, const char *oldpath, int newdir, const char *newpath)

@@ -55,6 +55,18 @@ int __ml_sys_getdents(int fd, void *buf, size_t len);
  * socket), or a negative errno.  The probe connection is closed at once, so the listener's
  * accept sees a peer that hung up. */
 int __ml_sys_unix_listening(const char *path);
+/* Unix sockets and epoll, for named endpoints (endpoint.c).  send never raises SIGPIPE. */
+int __ml_sys_socket(int domain, int type, int proto);
+int __ml_sys_bind(int fd, const void *sa, size_t len);
+int __ml_sys_listen(int fd, int backlog);
+int __ml_sys_accept4(int fd, int flags);
+int __ml_sys_connect(int fd, const void *sa, size_t len);
+ssize_t __ml_sys_send(int fd, const void *buf, size_t len);
+ssize_t __ml_sys_recv(int fd, void *buf, size_t len);
+int __ml_sys_poll1(int fd, short events, int timeout_ms); /* 1 ready, 0 timed out */
+int __ml_sys_epoll_create(void);
+int __ml_sys_epoll_ctl(int epfd, int op, int fd, uint32_t events, uint64_t data);
+int __ml_sys_epoll_wait(int epfd, void *events, int max, int timeout_ms);
 int __ml_sys_sched_yield(void);
 pid_t __ml_sys_getpid(void);
 pid_t __ml_pid(void); /* cached; not in a vfork child */
