@@ -208,6 +208,26 @@ int __ml_fabric_reclaim(memlan_fabric_t *fab)
             } else if (strncmp(nm, "ls-", 3) == 0) {
                 /* A listener record: its listeners hold read locks on byte 0. */
                 removed += ml_reclaim_seg(fab, nm);
+            } else if (strncmp(nm, "la-", 3) == 0) {
+                /* An address record (src/preload/negotiate.c): a symbolic link to a listener
+                 * record, stale once that record is gone or no listener holds it. */
+                char t[64];
+                ssize_t tn = readlinkat(fab->dirfd, nm, t, sizeof t - 1);
+                if (tn <= 0 || tn >= (ssize_t)sizeof t - 1)
+                    continue;
+                t[tn] = 0;
+                bool live = false;
+                long tfd = strncmp(t, "ls-", 3) == 0 && !strchr(t, '/')
+                               ? __ml_sys_open(fab->dirfd, t, O_RDWR | O_NOFOLLOW | O_NONBLOCK, 0)
+                               : -ENOENT;
+                if (tfd >= 0) {
+                    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_len = 1};
+                    live = __ml_sys_fcntl((int)tfd, F_OFD_GETLK, (long)&fl) == 0 &&
+                           fl.l_type != F_UNLCK;
+                    __ml_sys_close((int)tfd);
+                }
+                if (!live && __ml_sys_unlinkat(fab->dirfd, nm, 0) == 0)
+                    removed++;
             } else if (strncmp(nm, "cx-", 3) == 0) {
                 /* An offer is a second name of a channel's file: stale once the channel's
                  * creator is gone (the owner's lock is free).  A small file is a refusal that

@@ -29,12 +29,20 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <linux/futex.h>
+#include <linux/if_packet.h>
+#include <linux/neighbour.h>
+#include <linux/netlink.h>
+#include <linux/rtnetlink.h>
+#include <net/if.h>
+#include <net/if_arp.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -187,13 +195,191 @@ static int mlp_sock_addrs(int fd, struct mlp_addr *local, struct mlp_addr *remot
     return 0;
 }
 
-static void mlp_offer_name(char *buf, size_t len, const struct mlp_addr *client,
-                           const struct mlp_addr *server)
+static bool mlp_addr_eq(const struct mlp_addr *a, const struct mlp_addr *b)
+{
+    return a->v4 == b->v4 && memcmp(a->a, b->a, 16) == 0;
+}
+
+/* The offer's name: cx-NETNS-CLIENT-SERVER, NETNS the listener's namespace.  Across namespaces
+ * (mac set) "-mMAC" follows: the link-layer address of the client's interface, which the
+ * acceptor reads from its own neighbour table for the peer (see "Across network namespaces"). */
+static void mlp_offer_name(char *buf, size_t len, const char *netns, const struct mlp_addr *client,
+                           const struct mlp_addr *server, const uint8_t *mac)
 {
     char c[48], s[48];
     mlp_addr_hex(client, c, sizeof c);
     mlp_addr_hex(server, s, sizeof s);
-    snprintf(buf, len, "cx-%s-%s-%s", mlp_cfg.netns, c, s);
+    if (!mac) {
+        snprintf(buf, len, "cx-%s-%s-%s", netns, c, s);
+        return;
+    }
+    snprintf(buf, len, "cx-%s-%s-%s-m%02x%02x%02x%02x%02x%02x", netns, c, s, mac[0], mac[1],
+             mac[2], mac[3], mac[4], mac[5]);
+}
+
+/* ---- the link to a peer in another namespace (rtnetlink) ----------------------------------- */
+
+/*
+ * One request to the kernel's routing netlink in our namespace and its one answer: 0 with the
+ * answer's attributes copied out by fn, or -errno.  A short-lived socket of our own (not the
+ * program's): the answer comes within the call, so the wait is bounded by a 1 s timeout.
+ */
+static int mlp_nl_ask(struct nlmsghdr *req, int (*fn)(struct nlmsghdr *, void *), void *arg)
+{
+    int fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
+    if (fd < 0)
+        return -errno;
+    struct timeval tv = {.tv_sec = 1};
+    (void)mlp_real_setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct sockaddr_nl k = {.nl_family = AF_NETLINK};
+    int e = -EIO;
+    req->nlmsg_seq = 1;
+    if (mlp_real_sendto(fd, req, req->nlmsg_len, 0, (struct sockaddr *)&k, sizeof k) < 0) {
+        e = -errno;
+        goto out;
+    }
+    union {
+        char b[8192];
+        struct nlmsghdr h;
+    } u;
+    for (int tries = 0; tries < 4; tries++) {
+        ssize_t n = mlp_real_recv(fd, u.b, sizeof u.b, 0);
+        if (n < 0) {
+            e = errno == EAGAIN ? -ETIMEDOUT : -errno;
+            goto out;
+        }
+        for (struct nlmsghdr *h = &u.h; NLMSG_OK(h, (size_t)n); h = NLMSG_NEXT(h, n)) {
+            if (h->nlmsg_seq != 1)
+                continue;
+            if (h->nlmsg_type == NLMSG_ERROR) {
+                const struct nlmsgerr *ne = NLMSG_DATA(h);
+                e = ne->error ? ne->error : -ENOENT;
+                goto out;
+            }
+            e = fn(h, arg);
+            goto out;
+        }
+    }
+out:
+    __ml_sys_close(fd);
+    return e;
+}
+
+/* A request: header, body, room for one attribute. */
+struct mlp_nlreq {
+    struct nlmsghdr h;
+    union {
+        struct rtmsg r;
+        struct ndmsg n;
+    };
+    char attrs[64];
+};
+
+/* A request of type with a body of blen bytes (filled in by the caller, after the header) and
+ * one attribute attr holding the address a; room for it follows the body. */
+static void mlp_nl_request(struct nlmsghdr *h, int type, size_t blen, int attr,
+                           const struct mlp_addr *a)
+{
+    int alen = a->v4 ? 4 : 16;
+    h->nlmsg_len = NLMSG_LENGTH(blen);
+    h->nlmsg_type = (unsigned short)type;
+    h->nlmsg_flags = NLM_F_REQUEST;
+    struct rtattr *ra = (struct rtattr *)((char *)h + NLMSG_ALIGN(h->nlmsg_len));
+    ra->rta_type = (unsigned short)attr;
+    ra->rta_len = (unsigned short)RTA_LENGTH(alen);
+    memcpy(RTA_DATA(ra), a->a, (size_t)alen);
+    h->nlmsg_len = NLMSG_ALIGN(h->nlmsg_len) + RTA_ALIGN(ra->rta_len);
+}
+
+struct mlp_route { int oif; bool gateway; };
+
+static int mlp_route_got(struct nlmsghdr *h, void *arg)
+{
+    struct mlp_route *rt = arg;
+    if (h->nlmsg_type != RTM_NEWROUTE)
+        return -EIO;
+    struct rtmsg *rm = NLMSG_DATA(h);
+    int len = (int)RTM_PAYLOAD(h);
+    if (rm->rtm_type != RTN_UNICAST)
+        return -ENETUNREACH; /* local, broadcast, unreachable: not a peer on a link */
+    for (struct rtattr *a = RTM_RTA(rm); RTA_OK(a, len); a = RTA_NEXT(a, len)) {
+        if (a->rta_type == RTA_OIF)
+            rt->oif = *(int *)RTA_DATA(a);
+        else if (a->rta_type == RTA_GATEWAY || a->rta_type == RTA_VIA)
+            rt->gateway = true;
+    }
+    return rt->oif > 0 ? 0 : -ENODEV;
+}
+
+/* The route our namespace takes to a: its interface and whether it goes through a router. */
+static int mlp_route_to(const struct mlp_addr *a, struct mlp_route *rt)
+{
+    struct mlp_nlreq q;
+    memset(&q, 0, sizeof q);
+    q.r.rtm_family = a->v4 ? AF_INET : AF_INET6;
+    q.r.rtm_dst_len = a->v4 ? 32 : 128;
+    mlp_nl_request(&q.h, RTM_GETROUTE, sizeof q.r, RTA_DST, a);
+    *rt = (struct mlp_route){0};
+    return mlp_nl_ask(&q.h, mlp_route_got, rt);
+}
+
+static int mlp_neigh_got(struct nlmsghdr *h, void *arg)
+{
+    if (h->nlmsg_type != RTM_NEWNEIGH)
+        return -EIO;
+    struct ndmsg *nd = NLMSG_DATA(h);
+    int len = (int)(h->nlmsg_len - NLMSG_LENGTH(sizeof *nd));
+    if (nd->ndm_state & (NUD_INCOMPLETE | NUD_FAILED | NUD_NOARP))
+        return -ENOENT;
+    for (struct rtattr *a = (struct rtattr *)((char *)nd + NLMSG_ALIGN(sizeof *nd));
+         RTA_OK(a, len); a = RTA_NEXT(a, len)) {
+        if (a->rta_type == NDA_LLADDR && RTA_PAYLOAD(a) == 6) {
+            memcpy(arg, RTA_DATA(a), 6);
+            return 0;
+        }
+    }
+    return -ENOENT;
+}
+
+/* Acceptor: the link-layer address our neighbour table holds for the peer a, found on the
+ * interface of our route to it (the one the connection came in by).  -ENOENT when none: a peer
+ * in our own namespace, or one behind a router (then the entry would be the router's: refused). */
+static int mlp_peer_mac(const struct mlp_addr *a, uint8_t mac[6])
+{
+    struct mlp_route rt;
+    int e = mlp_route_to(a, &rt);
+    if (e < 0)
+        return e;
+    if (rt.gateway)
+        return -ENOENT;
+    struct mlp_nlreq q;
+    memset(&q, 0, sizeof q);
+    q.n.ndm_family = a->v4 ? AF_INET : AF_INET6;
+    q.n.ndm_ifindex = rt.oif;
+    mlp_nl_request(&q.h, RTM_GETNEIGH, sizeof q.n, NDA_DST, a);
+    return mlp_nl_ask(&q.h, mlp_neigh_got, mac);
+}
+
+/* Client: our interface's link-layer address, for the offer's name; -errno (-ENOENT: the link
+ * has none, a tunnel say). */
+static int mlp_if_mac(int ifindex, uint8_t mac[6])
+{
+    struct ifreq ifr;
+    memset(&ifr, 0, sizeof ifr);
+    if (!if_indextoname((unsigned)ifindex, ifr.ifr_name))
+        return -errno;
+    int fd = socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    int e = mlp_real_ioctl(fd, SIOCGIFHWADDR, &ifr) < 0 ? -errno : 0;
+    __ml_sys_close(fd);
+    if (e < 0)
+        return e;
+    static const uint8_t zero[6];
+    if (ifr.ifr_hwaddr.sa_family != ARPHRD_ETHER || memcmp(ifr.ifr_hwaddr.sa_data, zero, 6) == 0)
+        return -ENOENT;
+    memcpy(mac, ifr.ifr_hwaddr.sa_data, 6);
+    return 0;
 }
 
 /* ---- the stat segment -------------------------------------------------------------------- */
@@ -460,6 +646,8 @@ static size_t mlp_ring_size(int fd, uint32_t listener_hint)
 /* ---- listener records -------------------------------------------------------------------- */
 
 struct mlp_lrec {
+    struct mlp_lrec *next;    /* records of other namespaces: a list (ours: mlp_lrecs[port]) */
+    char netns[24];           /* the listeners' namespace */
     int port;
     int lock_fd;              /* holds our read lock while we listen on the port, else -1 */
     int nlisten;              /* our listening sockets on the port */
@@ -468,6 +656,7 @@ struct mlp_lrec {
     ino_t ino;
 };
 static struct mlp_lrec *mlp_lrecs[65536];
+static struct mlp_lrec *mlp_xrecs; /* found through la- names: other namespaces' listeners */
 
 /* SO_RCVBUF/SO_SNDBUF set on a listening socket: published for the clients to come. */
 static void mlp_listener_bufsize(int fd, uint32_t v)
@@ -480,19 +669,20 @@ static void mlp_listener_bufsize(int fd, uint32_t v)
     }
 }
 
-static void mlp_lrec_name(char *buf, size_t len, int port)
+static void mlp_lrec_name(char *buf, size_t len, const char *netns, int port)
 {
-    snprintf(buf, len, "ls-%s-%d", mlp_cfg.netns, port);
+    snprintf(buf, len, "ls-%s-%d", netns, port);
 }
 
 /* Open (creating when create) the record file, map it; -errno. */
-static int mlp_lrec_open(int port, bool create, int *fdp, struct ml_listen_rec **mapp, ino_t *ino)
+static int mlp_lrec_open(const char *netns, int port, bool create, int *fdp,
+                         struct ml_listen_rec **mapp, ino_t *ino)
 {
     memlan_fabric_t *fab = mlp_fabric();
     if (!fab)
         return -ENOENT;
     char name[64];
-    mlp_lrec_name(name, sizeof name, port);
+    mlp_lrec_name(name, sizeof name, netns, port);
     for (int tries = 0; tries < 8; tries++) {
         long fd = __ml_sys_open(fab->dirfd, name, O_RDWR | O_NOFOLLOW | (create ? O_CREAT : 0),
                                 fab->shared ? 0666 : 0600);
@@ -573,11 +763,19 @@ static bool mlp_lrec_live(int fd)
     return fl.l_type != F_UNLCK;
 }
 
-/* Client: the live record for port, or NULL. */
-static struct mlp_lrec *mlp_lrec_find(int port)
+/* Client: the live record for port in namespace netns (ours, or one an la- name led to), or
+ * NULL. */
+static struct mlp_lrec *mlp_lrec_find(const char *netns, int port)
 {
+    bool ours = strcmp(netns, mlp_cfg.netns) == 0;
     pthread_mutex_lock(&mlp_neg_mu);
-    struct mlp_lrec *r = mlp_lrecs[port];
+    struct mlp_lrec *r = NULL;
+    if (ours) {
+        r = mlp_lrecs[port];
+    } else {
+        for (r = mlp_xrecs; r && (r->port != port || strcmp(r->netns, netns) != 0); r = r->next)
+            ;
+    }
     for (int pass = 0; pass < 2; pass++) {
         if (r && r->check_fd >= 0 && mlp_lrec_live(r->check_fd))
             break;
@@ -590,7 +788,7 @@ static struct mlp_lrec *mlp_lrec_find(int port)
         int fd;
         struct ml_listen_rec *m;
         ino_t ino;
-        if (mlp_lrec_open(port, false, &fd, &m, &ino) < 0) {
+        if (mlp_lrec_open(netns, port, false, &fd, &m, &ino) < 0) {
             r = NULL;
             break;
         }
@@ -602,10 +800,16 @@ static struct mlp_lrec *mlp_lrec_find(int port)
                 __ml_sys_munmap(m, ML_PAGE);
                 break;
             }
+            snprintf(r->netns, sizeof r->netns, "%s", netns);
             r->port = port;
             r->lock_fd = -1;
             r->check_fd = -1;
-            mlp_lrecs[port] = r;
+            if (ours) {
+                mlp_lrecs[port] = r;
+            } else {
+                r->next = mlp_xrecs;
+                mlp_xrecs = r;
+            }
         }
         if (r->check_fd >= 0) {
             mlp_disown_fd(r->check_fd);
@@ -620,6 +824,158 @@ static struct mlp_lrec *mlp_lrec_find(int port)
     }
     pthread_mutex_unlock(&mlp_neg_mu);
     return r;
+}
+
+/*
+ * Address records: la-ADDR (ADDR as in offer names, with the port) is a symbolic link to the
+ * record ls-NETNS-PORT of the namespace whose listener is reachable at that address, so that a
+ * client in another namespace sharing the fabric finds it by the address it connects to.  The
+ * first live one wins: a second namespace with the same address (an address plan used twice)
+ * does not take it over, and its clients' offers to the first could never be taken (the MAC in
+ * their names is not the one the first's acceptor sees).  Ours go when our namespace's record
+ * does; a dead namespace's link is replaced, or removed by the fabric's sweep.
+ */
+struct mlp_alink {
+    struct mlp_alink *next;
+    int port;
+    char name[64];
+};
+static struct mlp_alink *mlp_alinks; /* the la- names we made or found ours; mlp_neg_mu */
+
+static bool mlp_lrec_name_ok(const char *t, char *netns, size_t nslen, int port)
+{
+    if (strncmp(t, "ls-", 3) != 0)
+        return false;
+    const char *dash = strchr(t + 3, '-');
+    size_t n = dash ? (size_t)(dash - (t + 3)) : 0;
+    if (n == 0 || n >= nslen || strspn(t + 3, "0123456789abcdef") != n)
+        return false;
+    char pb[12];
+    snprintf(pb, sizeof pb, "%d", port);
+    if (strcmp(dash + 1, pb) != 0)
+        return false;
+    memcpy(netns, t + 3, n);
+    netns[n] = 0;
+    return true;
+}
+
+static bool mlp_lrec_name_live(const char *name)
+{
+    long fd = __ml_sys_open(mlp_fab->dirfd, name, O_RDWR | O_NOFOLLOW, 0);
+    if (fd < 0)
+        return false;
+    bool live = mlp_lrec_live((int)fd);
+    __ml_sys_close((int)fd);
+    return live;
+}
+
+static void mlp_addr_link(const struct mlp_addr *a, const char *target)
+{
+    char name[64], hx[48], as[64];
+    mlp_addr_hex(a, hx, sizeof hx);
+    snprintf(name, sizeof name, "la-%s", hx);
+    mlp_addr_str(a, as, sizeof as);
+    for (int tries = 0; tries < 4; tries++) {
+        char cur[64];
+        bool mine = symlinkat(target, mlp_fab->dirfd, name) == 0;
+        if (!mine) {
+            if (errno != EEXIST)
+                return mlp_log(0, "%s: no address record (%s): other namespaces will not find "
+                                  "this listener", as, strerror(errno));
+            ssize_t n = readlinkat(mlp_fab->dirfd, name, cur, sizeof cur - 1);
+            if (n < 0)
+                continue; /* removed meanwhile */
+            cur[n] = 0;
+            if (strcmp(cur, target) != 0) {
+                if (mlp_lrec_name_live(cur))
+                    return mlp_log(0, "%s: already published by another namespace's listener "
+                                      "(%s): connections to it from other namespaces stay "
+                                      "theirs", as, cur);
+                (void)unlinkat(mlp_fab->dirfd, name, 0); /* its namespace's listeners are gone */
+                continue;
+            }
+        }
+        pthread_mutex_lock(&mlp_neg_mu);
+        struct mlp_alink *l;
+        for (l = mlp_alinks; l && strcmp(l->name, name) != 0; l = l->next)
+            ;
+        if (!l && (l = calloc(1, sizeof *l))) {
+            l->port = a->port;
+            snprintf(l->name, sizeof l->name, "%s", name);
+            l->next = mlp_alinks;
+            mlp_alinks = l;
+        }
+        pthread_mutex_unlock(&mlp_neg_mu);
+        if (mine)
+            mlp_log(1, "%s: address record published for other namespaces", as);
+        return;
+    }
+}
+
+/* A listening socket's addresses other namespaces may reach it at: its own, or for a wildcard
+ * every non-loopback address of our namespace (of its family; IPv4 too on a dual-stack one). */
+static void mlp_addr_links(int fd, const struct mlp_addr *a)
+{
+    char target[64];
+    mlp_lrec_name(target, sizeof target, mlp_cfg.netns, a->port);
+    if (!mlp_addr_wild(a))
+        return mlp_addr_link(a, target);
+    int v6only = 0;
+    socklen_t l = sizeof v6only;
+    if (!a->v4)
+        (void)mlp_real_getsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &v6only, &l);
+    struct ifaddrs *ifs;
+    if (getifaddrs(&ifs) < 0)
+        return;
+    for (struct ifaddrs *i = ifs; i; i = i->ifa_next) {
+        if (!i->ifa_addr || (i->ifa_flags & IFF_LOOPBACK))
+            continue;
+        int fam = i->ifa_addr->sa_family;
+        if (!(fam == AF_INET && (a->v4 || !v6only)) && !(fam == AF_INET6 && !a->v4))
+            continue;
+        struct mlp_addr x;
+        if (!mlp_addr_of(i->ifa_addr, fam == AF_INET ? sizeof(struct sockaddr_in)
+                                                     : sizeof(struct sockaddr_in6), &x))
+            continue;
+        if (mlp_addr_loopback(&x) || (!x.v4 && x.a[0] == 0xfe && (x.a[1] & 0xc0) == 0x80))
+            continue; /* link-local IPv6: the same on many links, and scoped */
+        x.port = a->port;
+        mlp_addr_link(&x, target);
+    }
+    freeifaddrs(ifs);
+}
+
+/* Our namespace's record for port is gone: so are the address records we made for it.  Under
+ * mlp_neg_mu. */
+static void mlp_addr_links_drop(int port, const char *target)
+{
+    for (struct mlp_alink **pl = &mlp_alinks; *pl;) {
+        struct mlp_alink *l = *pl;
+        if (l->port != port) {
+            pl = &l->next;
+            continue;
+        }
+        char cur[64];
+        ssize_t n = readlinkat(mlp_fab->dirfd, l->name, cur, sizeof cur - 1);
+        if (n > 0 && (cur[n] = 0, strcmp(cur, target) == 0))
+            (void)unlinkat(mlp_fab->dirfd, l->name, 0);
+        *pl = l->next;
+        free(l);
+    }
+}
+
+/* Client: the namespace whose listener is reachable at a (an la- name), into netns; false when
+ * no namespace published it. */
+static bool mlp_addr_netns(const struct mlp_addr *a, char *netns, size_t nslen)
+{
+    char name[64], hx[48], cur[64];
+    mlp_addr_hex(a, hx, sizeof hx);
+    snprintf(name, sizeof name, "la-%s", hx);
+    ssize_t n = readlinkat(mlp_fab->dirfd, name, cur, sizeof cur - 1);
+    if (n <= 0)
+        return false;
+    cur[n] = 0;
+    return mlp_lrec_name_ok(cur, netns, nslen, a->port);
 }
 
 int mlp_on_listen(int fd)
@@ -654,6 +1010,7 @@ int mlp_on_listen(int fd)
     pthread_mutex_lock(&mlp_neg_mu);
     struct mlp_lrec *r = mlp_lrecs[a.port];
     if (!r && (r = calloc(1, sizeof *r))) {
+        snprintf(r->netns, sizeof r->netns, "%s", mlp_cfg.netns);
         r->port = a.port;
         r->lock_fd = -1;
         r->check_fd = -1;
@@ -664,7 +1021,7 @@ int mlp_on_listen(int fd)
         int lfd;
         struct ml_listen_rec *m;
         ino_t ino;
-        err = mlp_lrec_open(a.port, true, &lfd, &m, &ino);
+        err = mlp_lrec_open(mlp_cfg.netns, a.port, true, &lfd, &m, &ino);
         if (err == 0) {
             r->lock_fd = lfd;
             r->map = m;
@@ -692,6 +1049,8 @@ int mlp_on_listen(int fd)
     mlp_install(fd, s);
     mlp_put(s);
     mlp_log(1, "listen fd %d port %d: published in %s", fd, a.port, mlp_fab->path);
+    if (!mlp_addr_loopback(&a))
+        mlp_addr_links(fd, &a);
     return 0;
 }
 
@@ -730,9 +1089,9 @@ void mlp_lrec_release(struct mlp_lrec *r)
         r->lock_fd = -1;
         /* The last listener on the port anywhere?  Then the record goes. */
         char name[64];
-        mlp_lrec_name(name, sizeof name, r->port);
-        if (mlp_fab)
-            (void)__ml_fabric_reclaim_name(mlp_fab, name);
+        mlp_lrec_name(name, sizeof name, mlp_cfg.netns, r->port);
+        if (mlp_fab && __ml_fabric_reclaim_name(mlp_fab, name) > 0)
+            mlp_addr_links_drop(r->port, name);
     }
     pthread_mutex_unlock(&mlp_neg_mu);
 }
@@ -742,6 +1101,7 @@ void mlp_lrec_release(struct mlp_lrec *r)
 struct mlp_pending {
     struct mlp_lrec *rec;
     struct ml_listen_rec *map;
+    bool other_ns;            /* the listener is in another namespace (found by an la- name) */
     const char *no_offer;     /* set: we do not offer, and did not count ourselves in, because */
 };
 
@@ -766,14 +1126,19 @@ void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, vo
     const char *why;
     if (!mlp_port_allowed(a.port, &why) || !mlp_fabric())
         return;
-    struct mlp_lrec *r = mlp_lrec_find(a.port);
+    /* A non-loopback address may be another namespace's listener's (see mlp_addr_link);
+     * loopback is every namespace's own. */
+    char ns[24];
+    bool other = !mlp_addr_loopback(&a) && !mlp_addr_wild(&a) &&
+                 mlp_addr_netns(&a, ns, sizeof ns) && strcmp(ns, mlp_cfg.netns) != 0;
+    struct mlp_lrec *r = mlp_lrec_find(other ? ns : mlp_cfg.netns, a.port);
     if (!r)
         return;
     const char *no = mlp_cred_lost(false) ? mlp_cred_why : mlp_no_offer_why(r->map);
     if (no) {
         struct mlp_pending *p = malloc(sizeof *p);
         if (p)
-            *p = (struct mlp_pending){.rec = r, .map = r->map, .no_offer = no};
+            *p = (struct mlp_pending){.rec = r, .map = r->map, .other_ns = other, .no_offer = no};
         *token = p;
         return;
     }
@@ -796,6 +1161,7 @@ void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, vo
         return;
     p->rec = r;
     p->map = r->map;
+    p->other_ns = other;
     p->no_offer = NULL;
     /* SYNC: before connect(): an acceptor that sees our connection sees this count. */
     atomic_fetch_add_explicit(&p->map->pending, 1, memory_order_seq_cst);
@@ -823,8 +1189,26 @@ static bool mlp_fd_cloexec(int fd)
     return f > 0 && (f & FD_CLOEXEC);
 }
 
-static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r,
-                            struct ml_listen_rec *lmap, const char **why)
+/* Client, to a listener in another namespace: NULL when the route to the peer is a direct link
+ * (no router, so no NAT on it), with our interface's link-layer address in mac; else why not. */
+static const char *mlp_direct_link(const struct mlp_addr *l, const struct mlp_addr *r,
+                                   uint8_t mac[6])
+{
+    struct mlp_route rt;
+    if (mlp_addr_loopback(l))
+        return "the peer is not on this host";
+    if (mlp_route_to(r, &rt) < 0)
+        return "no route to the peer's namespace found";
+    if (rt.gateway)
+        return "the peer's namespace is reached through a router (NAT possible): only a direct "
+               "link (bridge, veth) is accelerated across namespaces";
+    if (mlp_if_mac(rt.oif, mac) < 0)
+        return "the link to the peer's namespace has no link-layer address";
+    return NULL;
+}
+
+static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, const char *netns,
+                            const uint8_t *mac, struct ml_listen_rec *lmap, const char **why)
 {
     memlan_fabric_t *fab = mlp_fab;
     uint32_t hint = ml_load_relaxed(&lmap->ring_hint);
@@ -836,7 +1220,7 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r,
     }
     mlp_own_fd(&ch->seg->fd, mlp_fd_cloexec(fd));
     char name[160];
-    mlp_offer_name(name, sizeof name, l, r);
+    mlp_offer_name(name, sizeof name, netns, l, r, mac);
     /* The offer: the channel's file under the offer's name, a hard link made after the name is
      * written into the channel (the acceptor checks it there; see layout.h). */
     struct ml_offer_blk *ob = (struct ml_offer_blk *)(ch->seg->base + ML_CHAN_OFFER_OFF);
@@ -920,6 +1304,7 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
     struct mlp_addr l, r;
     bool have = mlp_sock_addrs(fd, &l, &r, addr, len) == 0;
     const char *why = NULL;
+    uint8_t mac[6];
     if (mlp_cfg.off)
         why = "memlan is off (MEMLAN_OFF)";
     else if (!have)
@@ -928,8 +1313,10 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
         ;
     else if (!mlp_fab)
         why = mlp_fab_error[0] ? mlp_fab_error : "no fabric";
-    else if (!(mlp_addr_loopback(&r) || (l.v4 == r.v4 && memcmp(l.a, r.a, 16) == 0)))
+    else if (!(mlp_addr_loopback(&r) || mlp_addr_eq(&l, &r) || (p && p->other_ns)))
         why = "the peer is not on this host";
+    else if (p && p->other_ns && !p->no_offer && (why = mlp_direct_link(&l, &r, mac)))
+        ;
     else if (!p)
         why = "no memlan listener on this port in the fabric";
     else if (p->no_offer)
@@ -937,7 +1324,7 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
     else if (mlp_cred_lost(false))
         why = mlp_cred_why;
     if (!why)
-        (void)mlp_client_offer(fd, &l, &r, p->map, &why);
+        (void)mlp_client_offer(fd, &l, &r, p->rec->netns, p->other_ns ? mac : NULL, p->map, &why);
     if (p) {
         mlp_pending_done(p);
         free(p);
@@ -1039,7 +1426,10 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
                 why = n > 0 ? "the server spoke over TCP first: it is not memlan"
                             : "the connection ended or failed before the server took the offer";
             else if (mlp_now_ns() - s->offer_ns > (uint64_t)mlp_cfg.accept_wait_ms * 1000000u)
-                why = "no memlan acceptor took the offer within MEMLAN_ACCEPT_WAIT_MS";
+                why = strstr(s->offer, "-m") /* across namespaces (mlp_offer_name) */
+                          ? "no memlan acceptor took the offer within MEMLAN_ACCEPT_WAIT_MS (a "
+                            "NAT between the namespaces changes the addresses it looks for)"
+                          : "no memlan acceptor took the offer within MEMLAN_ACCEPT_WAIT_MS";
         }
         if (why) {
             pthread_mutex_lock(&s->mu);
@@ -1122,8 +1512,13 @@ void mlp_on_accept(int lfd, int fd, int flags)
         mlp_stat_tcp_addrs(fd, &l, &r, mlp_cred_why);
         return;
     }
+    /* A peer on a link of ours, not one of our own addresses, may be a memlan client in another
+     * namespace: its offer then names the link-layer address our neighbour table holds for it,
+     * so that only the namespace at the other end of the link can have made it. */
+    uint8_t mac[6];
+    bool other_ns = !mlp_addr_loopback(&r) && !mlp_addr_eq(&l, &r) && mlp_peer_mac(&r, mac) == 0;
     char name[160];
-    mlp_offer_name(name, sizeof name, &r, &l);
+    mlp_offer_name(name, sizeof name, mlp_cfg.netns, &r, &l, other_ns ? mac : NULL);
     const char *why = NULL;
     memlan_channel_t *ch = NULL;
     uint64_t deadline = mlp_now_ns() + (uint64_t)mlp_cfg.server_wait_ms * 1000000u;
@@ -1155,7 +1550,9 @@ void mlp_on_accept(int lfd, int fd, int flags)
             const char *no = mlp_no_offer_why(m);
             why = mlp_peer_closed(fd) ? "the client closed before accept (no offer)"
                   : no                ? no
-                                      : "the client is not memlan (no offer)";
+                  : other_ns ? "no offer under this connection's addresses: the client is not "
+                               "memlan, or a NAT between the namespaces changed them"
+                             : "the client is not memlan (no offer)";
             break;
         }
         if (k == -EACCES || k == -EPERM) {
@@ -1179,7 +1576,9 @@ void mlp_on_accept(int lfd, int fd, int flags)
             if (ofd >= 0) {
                 (void)__ml_sys_write((int)ofd, "R", 1);
                 __ml_sys_close((int)ofd);
-                why = "no offer from the client within the server's wait";
+                why = other_ns ? "no offer under this connection's addresses within the "
+                                 "server's wait (a NAT between the namespaces changes them)"
+                               : "no offer from the client within the server's wait";
                 break;
             }
             if (ofd != -EEXIST) {
