@@ -264,8 +264,8 @@ int __ml_fabric_reclaim(memlan_fabric_t *fab)
                 } else if (ml_reclaim_seg(fab, nm)) {
                     char sock[NAME_MAX + 1];
                     removed++;
-                    snprintf(sock, sizeof sock, "%s.sock", nm);
-                    if (__ml_sys_unlinkat(fab->dirfd, sock, 0) == 0)
+                    if (snprintf(sock, sizeof sock, "%s.sock", nm) < (int)sizeof sock &&
+                        __ml_sys_unlinkat(fab->dirfd, sock, 0) == 0)
                         removed++;
                 }
             } else if (strncmp(nm, "bell-", 5) == 0 && __ml_token_valid(nm + 5)) {

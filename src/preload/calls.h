@@ -126,3 +126,10 @@ MLP_CALL(int, execvp, (const char *file, char *const argv[]), (file, argv))
 MLP_CALL(int, execl, (const char *path, const char *arg, ...), (path, arg))
 MLP_CALL(int, execlp, (const char *file, const char *arg, ...), (file, arg))
 MLP_CALL(int, execle, (const char *path, const char *arg, ...), (path, arg))
+/* RLIMIT_FSIZE: memlan's own log must not be written past it (SIGXFSZ would kill the host). */
+MLP_CALL(int, setrlimit, (__rlimit_resource_t res, const struct rlimit *rl), (res, rl))
+MLP_CALL(int, setrlimit64, (__rlimit_resource_t res, const struct rlimit64 *rl), (res, rl))
+MLP_CALL(int, prlimit, (pid_t pid, enum __rlimit_resource res, const struct rlimit *nl,
+                        struct rlimit *ol), (pid, res, nl, ol))
+MLP_CALL(int, prlimit64, (pid_t pid, enum __rlimit_resource res, const struct rlimit64 *nl,
+                          struct rlimit64 *ol), (pid, res, nl, ol))

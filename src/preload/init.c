@@ -46,6 +46,44 @@ static pthread_once_t mlp_once = PTHREAD_ONCE_INIT;
 
 uint64_t mlp_now_ns(void) { return __ml_now_ns(); }
 
+/*
+ * Our own writes (the log, the stderr note) must never raise a signal in the host: SIGPIPE from a
+ * pipe or socket whose reader has gone (a log on stderr under systemd is a socket), SIGXFSZ from
+ * a regular file past RLIMIT_FSIZE (sshd's sandboxed child sets it to 0, and a log line killed
+ * it).  Pipes and sockets get the SIGPIPE-safe write; a regular file is not written at all while
+ * the limit is finite (setrlimit and prlimit are interposed to know; the line that says so is
+ * written before the limit takes effect).
+ */
+static _Atomic bool mlp_fsize_limited;
+static int mlp_log_mode; /* S_IFMT of the log fd */
+
+static void mlp_fsize_note(void)
+{
+    struct rlimit rl;
+    bool lim = getrlimit(RLIMIT_FSIZE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY;
+    atomic_store(&mlp_fsize_limited, lim);
+}
+
+void mlp_rlimit_changing(int res, const struct rlimit *rl)
+{
+    if (res != RLIMIT_FSIZE || !rl)
+        return;
+    if (rl->rlim_cur != RLIM_INFINITY && !atomic_load(&mlp_fsize_limited) &&
+        S_ISREG(mlp_log_mode))
+        mlp_log(1, "RLIMIT_FSIZE is being set: the log stops here (a write past it would kill us)");
+    atomic_store(&mlp_fsize_limited, rl->rlim_cur != RLIM_INFINITY);
+}
+
+/* Write fd, whose file type is mode, without raising a signal; false if it was not written. */
+static bool mlp_write_quiet(int fd, int mode, const void *buf, size_t n)
+{
+    if (S_ISREG(mode) && atomic_load(&mlp_fsize_limited))
+        return false;
+    if (S_ISFIFO(mode) || S_ISSOCK(mode) || !mode)
+        return __ml_sys_write_nosigpipe(fd, buf, n) >= 0;
+    return __ml_sys_write(fd, buf, n) >= 0;
+}
+
 void mlp_log(int level, const char *fmt, ...)
 {
     if (mlp_cfg.log_fd < 0 || level > mlp_cfg.log_level)
@@ -59,7 +97,7 @@ void mlp_log(int level, const char *fmt, ...)
     if (n > (int)sizeof buf - 2)
         n = (int)sizeof buf - 2;
     buf[n++] = '\n';
-    (void)__ml_sys_write(mlp_cfg.log_fd, buf, (size_t)n);
+    (void)mlp_write_quiet(mlp_cfg.log_fd, mlp_log_mode, buf, (size_t)n);
 }
 
 /*
@@ -113,6 +151,8 @@ static void mlp_say_stderr(const char *buf, int n)
     struct stat st;
     if (__ml_sys_fstat(2, &st) < 0 || st.st_dev != mlp_stderr_dev || st.st_ino != mlp_stderr_ino)
         return;
+    if (S_ISREG(st.st_mode) && atomic_load(&mlp_fsize_limited))
+        return; /* SIGXFSZ */
     /* Neither hang nor raise a signal in the host: not into a pipe that is full (it would
      * block) or has lost its reader (SIGPIPE); raw ppoll, as poll is one of our interposers. */
     struct pollfd pfd = {.fd = 2, .events = POLLOUT};
@@ -223,6 +263,7 @@ static void mlp_read_config(void)
     const char *m = getenv("MEMLAN");
     mlp_cfg.off = (v && *v && strcmp(v, "0") != 0) || (m && strcmp(m, "off") == 0);
     /* The log first, so that what is said about the other settings reaches it too. */
+    mlp_fsize_note();
     const char *log = getenv("MEMLAN_LOG");
     if (log && *log) {
         int fd = -1;
@@ -232,8 +273,11 @@ static void mlp_read_config(void)
             fd = (int)__ml_sys_open(AT_FDCWD, log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC,
                                     0644);
         mlp_cfg.log_fd = fd;
-        if (fd >= 0)
+        if (fd >= 0) {
+            struct stat st;
+            mlp_log_mode = __ml_sys_fstat(fd, &st) == 0 ? (int)(st.st_mode & S_IFMT) : 0;
             mlp_own_fd(&mlp_cfg.log_fd, true);
+        }
         else
             mlp_say(MLP_SAID_CONFIG, "cannot open MEMLAN_LOG='%.200s' for append: %s; not logging", log,
                     strerror(-fd));

@@ -323,6 +323,52 @@ MLP_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
     return mlp_close_range_call(first, last, flags);
 }
 
+/* ---- resource limits: only noted (RLIMIT_FSIZE and memlan's log, init.c) ---- */
+
+static void mlp_rlimit_note(pid_t pid, int res, rlim_t cur)
+{
+    if (pid == 0 || pid == mlp_pid) {
+        struct rlimit rl = {.rlim_cur = cur, .rlim_max = cur};
+        mlp_rlimit_changing(res, &rl);
+    }
+}
+
+MLP_EXPORT int setrlimit(__rlimit_resource_t res, const struct rlimit *rl)
+{
+    MLP_INIT();
+    const struct rlimit *volatile p = rl; /* declared nonnull, but a NULL must be EFAULT, not a crash */
+    if (p)
+        mlp_rlimit_note(0, (int)res, p->rlim_cur);
+    return mlp_real_setrlimit(res, rl);
+}
+
+MLP_EXPORT int setrlimit64(__rlimit_resource_t res, const struct rlimit64 *rl)
+{
+    MLP_INIT();
+    const struct rlimit64 *volatile p = rl;
+    if (p)
+        mlp_rlimit_note(0, (int)res, (rlim_t)p->rlim_cur);
+    return mlp_real_setrlimit64(res, rl);
+}
+
+MLP_EXPORT int prlimit(pid_t pid, enum __rlimit_resource res, const struct rlimit *nl,
+                       struct rlimit *ol)
+{
+    MLP_INIT();
+    if (nl)
+        mlp_rlimit_note(pid, (int)res, nl->rlim_cur);
+    return mlp_real_prlimit(pid, res, nl, ol);
+}
+
+MLP_EXPORT int prlimit64(pid_t pid, enum __rlimit_resource res, const struct rlimit64 *nl,
+                         struct rlimit64 *ol)
+{
+    MLP_INIT();
+    if (nl)
+        mlp_rlimit_note(pid, (int)res, (rlim_t)nl->rlim_cur);
+    return mlp_real_prlimit64(pid, res, nl, ol);
+}
+
 MLP_EXPORT void closefrom(int lowfd)
 {
     MLP_INIT();

@@ -486,6 +486,7 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
         return -ENOMEM;
     }
     struct mlp_pwait *pw = NULL; /* this thread's waiter, once it first sleeps */
+    int64_t live = ML_LIVENESS_NS;
     int naccel = 0;
     for (nfds_t i = 0; i < n; i++) {
         socks[i] = mlp_get(fds[i].fd);
@@ -605,6 +606,14 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             left = -1;
         if (nap && (left < 0 || left > 1000000))
             left = 1000000;
+        /* A sleep on our queue lasts at most the liveness interval (100 ms, doubling while
+         * quiet to 1 s, as a blocking recv's): a wake-up can be owed by a peer that cannot
+         * deliver it (one that dropped its credentials before it could reach our queue, and
+         * flagged ML_SOCK_NOPOST after we slept: sshd's sandboxed child and ssh hung so). */
+        if (naccel && !ready && (left < 0 || left > live)) {
+            left = live;
+            live = live * 2 < (int64_t)ML_LIVENESS_MAX_NS ? live * 2 : (int64_t)ML_LIVENESS_MAX_NS;
+        }
         struct timespec ts = mlp_ts(left < 0 ? 0 : left);
         int r = mlp_real_ppoll(k, nk, left < 0 ? NULL : &ts, mask);
         if (r < 0 && errno == EINVAL && nk > n) {
@@ -1579,6 +1588,7 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
     }
     bool spun = false;
     int ret;
+    int64_t live = ML_LIVENESS_NS;
     __atomic_add_fetch(&e->waiters, 1, __ATOMIC_RELAXED);
     for (;;) {
         bool undecided = false;
@@ -1647,6 +1657,10 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             left = -1;
         if (undecided && (left < 0 || left > 1000000))
             left = 1000000;
+        if (slept && (left < 0 || left > live)) { /* the liveness bound, as in mlp_poll */
+            left = live;
+            live = live * 2 < (int64_t)ML_LIVENESS_MAX_NS ? live * 2 : (int64_t)ML_LIVENESS_MAX_NS;
+        }
         int r = 0;
         bool bell = false;
         if (left != 0 && e->nested && mlp_q) {

@@ -24,6 +24,7 @@
 #include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/resource.h>
 #include <sys/uio.h>
 
 #include "channel.h"
@@ -190,6 +191,7 @@ void mlp_sock_liveness(memlan_channel_t *ch, int fd); /* the kernel socket under
 /* Credentials (cred.c).  A process whose credential change put the fabric out of its reach says
  * so once, flags the records of the ports it listens on (clients stop offering), and makes every
  * new connection plain TCP at once; its accelerated connections go on. */
+void mlp_rlimit_changing(int res, const struct rlimit *rl); /* init.c: before setrlimit */
 void mlp_poll_prepare_thread(void); /* poll.c: this thread's wake-up, made before a sandbox */
 bool mlp_cred_lost(bool at_accept);  /* true: no new connection of ours may use the fabric */
 extern const char *mlp_cred_why;     /* why, for our own connections' log lines and memlan stat */

@@ -153,7 +153,11 @@ ssize_t __ml_sys_write_nosigpipe(int fd, const void *buf, size_t len)
     sigemptyset(&pending);
     if (SYS_CALL(SYS_rt_sigprocmask, SIG_BLOCK, &pipe, &old, _NSIG / 8) < 0)
         return -EPERM; /* cannot make it safe: do not write */
-    bool had = SYS_CALL(SYS_rt_sigpending, &pending, _NSIG / 8) == 0 && sigismember(&pending, SIGPIPE);
+    /* Only a thread that blocked SIGPIPE itself can have one pending already; otherwise no
+     * rt_sigpending, which a sandbox (sshd's) may kill on. */
+    bool had = sigismember(&old, SIGPIPE) &&
+               SYS_CALL(SYS_rt_sigpending, &pending, _NSIG / 8) == 0 &&
+               sigismember(&pending, SIGPIPE);
     ssize_t r = SYS_CALL(SYS_write, fd, buf, len);
     if (r == -EPIPE && !had) {
         struct timespec zero = {0, 0};

@@ -720,7 +720,7 @@ def listener(p):
     l.listen(128)
     l.setblocking(False)
     return l
-l, ctl = listener(port), listener(port + 1)
+l, ctl = listener(port), listener(int(sys.argv[2]))
 sel.register(l, selectors.EVENT_READ, "l")
 sel.register(ctl, selectors.EVENT_READ, "ctl")
 conns = set()
@@ -766,16 +766,15 @@ def test_sigkill_storm_against_an_epoll_server(fabric, tmp_path):
     """Twenty clients, each SIGKILLed after one round trip, against an epoll server: every
     connection ends at the server (its FIN may come before the killed peer's liveness lock goes,
     and an epoll member's FIN is reported once), and its fds come back to where they were."""
-    port = next_port()
-    next_port()
+    port, cport = next_port(), next_port()
     log = tmp_path / "memlan.log"
     srv = subprocess.Popen([str(MEMLAN), "run", "--log", str(log), "--", sys.executable, "-c",
-                            KS_SERVER, str(port)], stdout=subprocess.PIPE, text=True)
+                            KS_SERVER, str(port), str(cport)], stdout=subprocess.PIPE, text=True)
     try:
         assert srv.stdout.readline().strip() == "ready"
 
         def held():
-            with socket.create_connection(("127.0.0.1", port + 1)) as c:
+            with socket.create_connection(("127.0.0.1", cport)) as c:
                 return [int(x) for x in c.makefile().readline().split()]
         base = None
         for i in range(21):  # the first one makes the server's own queue and set's fds
