@@ -798,6 +798,13 @@ static int ml_tx_error(struct memlan_channel *ch)
         return -EPROTO;
     if (ch->shut_wr)
         return -EPIPE;
+    /* Our side is shared with the processes that hold the socket after fork: one that shut it
+     * down for writing (or closed it) stopped the writes of all, as the kernel's shutdown of a
+     * shared socket does. */
+    if (ml_unlikely(ml_load_acquire(&ch->hdr->side_state[ch->side]) != ML_SIDE_OPEN)) {
+        ch->shut_wr = true;
+        return -EPIPE;
+    }
     if (ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE)
         return -ECONNRESET;
     uint32_t ps = ml_peer_state(ch);

@@ -519,6 +519,19 @@ def test_signals_and_cancellation_match_kernel(fabric, tmp_path):
     settle(fabric)
 
 
+FORKSHUT = BUILD / "tests-preload" / "forkshut"
+
+
+def test_shutdown_in_fork_child_stops_parent_writes(fabric, tmp_path):
+    """A fork child's shutdown(SHUT_WR) stops the parent's writes (EPIPE) and the peer reads
+    EOF and nothing after it, as with the kernel's shared socket (issue 19: 10)."""
+    plain, under, text = scripted(FORKSHUT, tmp_path)
+    assert "EPIPE" in plain.stdout and plain.stdout.endswith("done\n"), plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    assert text.count("accelerated (client)") == 1, text
+    settle(fabric)
+
+
 EXECCONF = BUILD / "tests-preload" / "execconf"
 
 
