@@ -611,6 +611,11 @@ static void ml_set_state(struct memlan_channel *ch, uint32_t st)
  * we publish the cpu we wait on; peer_cpu where the peer publishes its own.  Returns 0 when ready,
  * -ETIMEDOUT, or -ECONNRESET when the peer died (the caller still takes what is left first).
  */
+/* Set by an embedder that tracks signal handlers (the preload library): called before each
+ * sleep (a cancellation point) and after an interrupted one, it returns how many handlers
+ * without SA_RESTART have run on this thread; NULL: every interruption is EINTR. */
+unsigned (*__ml_wait_hook)(void);
+
 static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic uint32_t *cpu,
                    _Atomic uint32_t *peer_cpu, struct ml_spin *sp,
                    bool (*ready)(struct memlan_channel *), uint64_t deadline)
@@ -662,16 +667,25 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
         uint32_t cur = ml_load_relaxed(word);
         if (!(cur & ML_WAIT_FUTEX))
             continue;
+        unsigned intr0 = __ml_wait_hook ? __ml_wait_hook() : 0; /* a cancellation point */
         int r = __ml_sys_futex_wait(word, cur, tmo);
         if (r == -ETIMEDOUT && ml_peer_dead(ch)) {
             ml_fetch_and(word, ~ML_WAIT_FUTEX);
             return ready(ch) ? 0 : -ECONNRESET;
         }
         if (r == -EINTR) {
-            /* The kernel restarts FUTEX_WAIT itself after a handler installed with SA_RESTART,
-             * so -EINTR reaches us exactly when a blocking socket call would fail with EINTR. */
+            /* A handler ran.  The kernel never restarts a futex wait with a timeout, SA_RESTART
+             * or not (ERESTART_RESTARTBLOCK becomes EINTR), so the decision is ours: a blocking
+             * socket call is restarted after a handler installed with SA_RESTART and fails with
+             * EINTR after one without; with SO_RCVTIMEO/SO_SNDTIMEO (a deadline) it always fails
+             * (sock_intr_errno).  The hook counts the runs of handlers without SA_RESTART on
+             * this thread; without one we cannot tell, and fail as before. */
             ml_fetch_and(word, ~ML_WAIT_FUTEX);
-            return ready(ch) ? 0 : -EINTR;
+            if (ready(ch))
+                return 0;
+            if (deadline || !__ml_wait_hook || __ml_wait_hook() != intr0)
+                return -EINTR;
+            continue;
         }
     }
 }
@@ -784,6 +798,13 @@ static int ml_tx_error(struct memlan_channel *ch)
         return -EPROTO;
     if (ch->shut_wr)
         return -EPIPE;
+    /* Our side is shared with the processes that hold the socket after fork: one that shut it
+     * down for writing (or closed it) stopped the writes of all, as the kernel's shutdown of a
+     * shared socket does. */
+    if (ml_unlikely(ml_load_acquire(&ch->hdr->side_state[ch->side]) != ML_SIDE_OPEN)) {
+        ch->shut_wr = true;
+        return -EPIPE;
+    }
     if (ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE)
         return -ECONNRESET;
     uint32_t ps = ml_peer_state(ch);

@@ -101,6 +101,7 @@ struct ml_evq_import {
 static struct ml_evq_import ml_evq_cache[ML_EVQ_CACHE];
 static unsigned ml_evq_cache_n, ml_evq_cache_next;
 static pthread_rwlock_t ml_evq_cache_lock = PTHREAD_RWLOCK_INITIALIZER;
+static __thread unsigned ml_evq_cache_depth __attribute__((tls_model("initial-exec")));
 static pthread_once_t ml_evq_cache_once = PTHREAD_ONCE_INIT;
 
 /* fork() while another thread posts or imports: the child must not inherit a held lock or a
@@ -243,8 +244,24 @@ void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared, ui
     if (ref.valid != 1 || !__ml_token_valid(tok))
         return;
     pthread_once(&ml_evq_cache_once, ml_evq_cache_atfork);
-    pthread_rwlock_rdlock(&ml_evq_cache_lock);
+    /* A signal handler that sends while this thread is inside (send is async-signal-safe) must
+     * not wait for itself: it takes the lock only if it is free for readers, and otherwise
+     * skips the post (the interrupted thread may be half-way through an import); the waiter
+     * then finds the event at its next look, within the liveness interval. */
+    bool reentered = ml_evq_cache_depth != 0;
+    if (reentered) {
+        if (pthread_rwlock_tryrdlock(&ml_evq_cache_lock) != 0)
+            return;
+    } else {
+        pthread_rwlock_rdlock(&ml_evq_cache_lock);
+    }
+    ml_evq_cache_depth++;
     struct ml_evq_import *e = ml_evq_cache_find(tok, hint);
+    if (!e && reentered) {
+        ml_evq_cache_depth--;
+        pthread_rwlock_unlock(&ml_evq_cache_lock);
+        return;
+    }
     if (!e) {
         pthread_rwlock_unlock(&ml_evq_cache_lock);
         pthread_rwlock_wrlock(&ml_evq_cache_lock);
@@ -271,6 +288,7 @@ void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared, ui
         }
     }
     pthread_rwlock_unlock(&ml_evq_cache_lock);
+    ml_evq_cache_depth--;
 }
 
 /* ---- the queue's owner ------------------------------------------------------------------- */

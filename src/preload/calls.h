@@ -126,6 +126,9 @@ MLP_CALL(int, execvp, (const char *file, char *const argv[]), (file, argv))
 MLP_CALL(int, execl, (const char *path, const char *arg, ...), (path, arg))
 MLP_CALL(int, execlp, (const char *file, const char *arg, ...), (file, arg))
 MLP_CALL(int, execle, (const char *path, const char *arg, ...), (path, arg))
+/* Handlers without SA_RESTART are counted (signals.c). */
+MLP_CALL(int, sigaction, (int sig, const struct sigaction *act, struct sigaction *old),
+         (sig, act, old))
 /* RLIMIT_FSIZE: memlan's own log must not be written past it (SIGXFSZ would kill the host). */
 MLP_CALL(int, setrlimit, (__rlimit_resource_t res, const struct rlimit *rl), (res, rl))
 MLP_CALL(int, setrlimit64, (__rlimit_resource_t res, const struct rlimit64 *rl), (res, rl))

@@ -17,6 +17,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -236,10 +237,11 @@ void mlp_epoll_created(int epfd); /* epoll_create: an fd that may go inside anot
 extern int mlp_nnested; /* epoll sets inside other sets: every wait must look at them */
 
 /* Locks on the shared socket block (sock.c). */
-void mlp_lock_tx(struct mlp_sock *s);
+int mlp_lock_tx(struct mlp_sock *s); /* 0, or -1: a handler re-entered this thread's holder */
 void mlp_unlock_tx(struct mlp_sock *s);
-void mlp_lock_rx(struct mlp_sock *s);
+int mlp_lock_rx(struct mlp_sock *s);
 void mlp_unlock_rx(struct mlp_sock *s);
+unsigned mlp_sig_nores_count(void); /* signals.c: handlers without SA_RESTART run on this thread */
 
 extern _Atomic bool mlp_forked;      /* some socket may be shared with another process */
 

@@ -5,8 +5,10 @@
  * The bytes go through the channel; the kernel socket underneath stays connected and idle.  What
  * the kernel answers for a TCP socket, we answer for the channel: partial writes on a nonblocking
  * socket, EAGAIN, EOF after the peer's shutdown, EPIPE and SIGPIPE unless MSG_NOSIGNAL, EINTR
- * exactly when a handler without SA_RESTART interrupts a blocking call (the futex we sleep on is
- * restarted by the kernel otherwise).  A peer that dies is a peer that closed: EOF, or a reset
+ * exactly when a handler without SA_RESTART interrupts a blocking call, or any handler one with
+ * SO_RCVTIMEO/SO_SNDTIMEO (the kernel never restarts our futex wait, which has a timeout: we
+ * restart it ourselves unless signals.c saw a handler without SA_RESTART run; see ml_wait()),
+ * and a blocking call is a cancellation point.  A peer that dies is a peer that closed: EOF, or a reset
  * where the kernel would have sent one (it closed with our bytes unread or with SO_LINGER 0, or
  * we wrote once after it closed), reported once as the kernel's sk_err is.
  *
@@ -91,8 +93,30 @@ static void mlp_locks_free(struct mlp_sock *s)
         munmap(l, sizeof *l);
 }
 
-static bool mlp_lock(pthread_mutex_t *m)
+/*
+ * The locks this thread holds or is taking, newest last.  A signal handler that calls into a
+ * socket its own thread has locked (recv, send and poll are async-signal-safe) would wait for
+ * itself for ever: it finds the lock here and fails at once instead, with what the kernel could
+ * have said (EAGAIN on a nonblocking call, EINTR on a blocking one; the handler interrupted a
+ * call that was in the middle of using the socket).  An entry goes in before the lock is taken
+ * and out after it is released, so a handler that runs in between also fails rather than waits.
+ * A thread cancelled in a blocking wait releases what it holds here (mlp_wait_hook).
+ */
+#define MLP_HELD_MAX 8
+static __thread pthread_mutex_t *mlp_held[MLP_HELD_MAX] __attribute__((tls_model("initial-exec")));
+static __thread unsigned mlp_nheld __attribute__((tls_model("initial-exec")));
+
+/* 1: the lock was taken over from a dead holder; 0: taken; -1: this thread already holds it
+ * (a handler re-entered us): not taken. */
+static int mlp_lock(pthread_mutex_t *m)
 {
+    unsigned n = mlp_nheld;
+    for (unsigned i = 0; i < n && i < MLP_HELD_MAX; i++)
+        if (mlp_held[i] == m)
+            return -1;
+    if (n < MLP_HELD_MAX)
+        mlp_held[n] = m;
+    mlp_nheld = n + 1; /* after the slot: a handler sees the entry complete */
     int saved = errno;
     int r = pthread_mutex_lock(m);
     if (ml_unlikely(r == EOWNERDEAD))
@@ -108,19 +132,62 @@ static void mlp_unlock(pthread_mutex_t *m)
 {
     int saved = errno;
     (void)pthread_mutex_unlock(m);
+    /* Usually the newest entry (a handler's calls end before the call they interrupted goes
+     * on); the list closes over it, newest last. */
+    unsigned n = mlp_nheld;
+    if (n > 0) {
+        unsigned i = n - 1;
+        while (i > 0 && i < MLP_HELD_MAX && mlp_held[i] != m)
+            i--;
+        for (; i + 1 < n && i + 1 < MLP_HELD_MAX; i++)
+            mlp_held[i] = mlp_held[i + 1];
+        mlp_nheld = n - 1;
+    }
     errno = saved;
 }
 
-void mlp_lock_tx(struct mlp_sock *s)
+/* Cancellation (pthread_cancel) acts in a blocking wait: every lock the thread holds goes. */
+static void mlp_release_held(void *unused)
 {
-    if (mlp_lock(&mlp_locks_of(s)->tx) || mlp_forked)
+    (void)unused;
+    while (mlp_nheld > 0) {
+        unsigned i = --mlp_nheld;
+        if (i < MLP_HELD_MAX)
+            (void)pthread_mutex_unlock(mlp_held[i]);
+    }
+}
+
+/* ml_wait() calls this before each sleep and after an interrupted one (channel.c): a blocking
+ * call on an accelerated socket is a cancellation point, as the kernel's is, and the count of
+ * handlers without SA_RESTART that ran here decides whether an interrupted call restarts. */
+static unsigned mlp_wait_hook(void)
+{
+    pthread_cleanup_push(mlp_release_held, NULL);
+    pthread_testcancel();
+    pthread_cleanup_pop(0);
+    return mlp_sig_nores_count();
+}
+
+__attribute__((constructor)) static void mlp_wait_hook_init(void) { __ml_wait_hook = mlp_wait_hook; }
+
+int mlp_lock_tx(struct mlp_sock *s)
+{
+    int r = mlp_lock(&mlp_locks_of(s)->tx);
+    if (r < 0)
+        return -1;
+    if (r || mlp_forked)
         __ml_chan_resync_tx(s->ch);
+    return 0;
 }
 void mlp_unlock_tx(struct mlp_sock *s) { mlp_unlock(&mlp_locks_of(s)->tx); }
-void mlp_lock_rx(struct mlp_sock *s)
+int mlp_lock_rx(struct mlp_sock *s)
 {
-    if (mlp_lock(&mlp_locks_of(s)->rx) || mlp_forked)
+    int r = mlp_lock(&mlp_locks_of(s)->rx);
+    if (r < 0)
+        return -1;
+    if (r || mlp_forked)
         __ml_chan_resync_rx(s->ch);
+    return 0;
 }
 void mlp_unlock_rx(struct mlp_sock *s) { mlp_unlock(&mlp_locks_of(s)->rx); }
 
@@ -234,7 +301,8 @@ int mlp_tcp_catch_up(struct mlp_sock *s, int fd, bool block)
     if (!s->ch || !__ml_chan_unsent(s->ch, &p))
         return 0;
     int saved = errno; /* errors are returned; a success leaves errno as it was */
-    mlp_lock_tx(s);
+    if (mlp_lock_tx(s))
+        return block ? -EINTR : -EAGAIN; /* a handler re-entered a call using the socket */
     int e = mlp_flush_unsent(s, fd, block);
     mlp_unlock_tx(s);
     errno = saved;
@@ -306,7 +374,8 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     if (total == 0)
         return 0;
     mlp_sync_timeouts(s, fd);
-    mlp_lock_tx(s);
+    if (mlp_lock_tx(s))
+        return nb ? -EAGAIN : -EINTR; /* a handler re-entered a call using the socket */
     ssize_t done = 0, r = 0;
     for (int i = 0; i < n; i++) {
         size_t off = 0;
@@ -330,7 +399,8 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
                 if (st == MLP_TCP) {
                     /* Fell to TCP: what we took so far is in the ring and goes out first,
                      * then the rest of this call, so a blocking write still moves it all. */
-                    mlp_lock_tx(s);
+                    if (mlp_lock_tx(s))
+                        return done ? done : -EINTR;
                     int e = mlp_flush_unsent(s, fd, true);
                     mlp_unlock_tx(s);
                     if (e < 0)
@@ -341,7 +411,8 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
                                                   ? (raise(SIGPIPE), w) : w);
                     return done + w;
                 }
-                mlp_lock_tx(s);
+                if (mlp_lock_tx(s))
+                    return done ? done : -EINTR;
                 continue;
             }
             goto out; /* an error, or EAGAIN when nonblocking */
@@ -384,7 +455,8 @@ ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t coun
     }
     size_t done = 0;
     ssize_t err = 0;
-    mlp_lock_tx(s);
+    if (mlp_lock_tx(s))
+        return nb ? -EAGAIN : -EINTR;
     while (done < count) {
         void *p;
         ssize_t room = memlan_reserve(s->ch, &p, 1, nb || done ? MEMLAN_DONTWAIT : 0);
@@ -520,7 +592,8 @@ ssize_t mlp_splice_from(struct mlp_sock *s, int fd, int pipe, size_t len, unsign
     if (len == 0)
         return 0;
     mlp_sync_timeouts(s, fd);
-    mlp_lock_rx(s);
+    if (mlp_lock_rx(s))
+        return nb ? -EAGAIN : -EINTR;
     const void *p;
     ssize_t a = memlan_peek(s->ch, &p, nb ? MEMLAN_DONTWAIT : 0);
     if (a <= 0) {
@@ -580,7 +653,8 @@ ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned
     if (!(ev & POLLIN))
         return 0;
     mlp_sync_timeouts(s, fd);
-    mlp_lock_tx(s);
+    if (mlp_lock_tx(s))
+        return nb ? -EAGAIN : -EINTR;
     void *p;
     ssize_t room = memlan_reserve(s->ch, &p, 1, nb ? MEMLAN_DONTWAIT : 0);
     if (room < 0) {
@@ -669,7 +743,8 @@ ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     if (total == 0)
         return 0;
     mlp_sync_timeouts(s, fd);
-    mlp_lock_rx(s);
+    if (mlp_lock_rx(s))
+        return nb ? -EAGAIN : -EINTR; /* a handler re-entered a call using the socket */
     ssize_t r;
     if (flags & MSG_PEEK) {
         r = mlp_peek(s, iov, n, flags, nb);
@@ -734,9 +809,11 @@ int mlp_shutdown(struct mlp_sock *s, int fd, int how)
             __ml_chan_kick_rx(s->ch);
         }
         if (how == SHUT_WR || how == SHUT_RDWR) {
-            mlp_lock_tx(s);
+            /* From a handler that interrupted our own send: only flags change, so unlocked. */
+            bool locked = mlp_lock_tx(s) == 0;
             (void)memlan_shutdown(s->ch, MEMLAN_SHUT_WR);
-            mlp_unlock_tx(s);
+            if (locked)
+                mlp_unlock_tx(s);
         }
     }
     /* The kernel socket too: it keeps ss and the peer's kernel view in step. */

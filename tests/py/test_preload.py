@@ -504,6 +504,34 @@ def test_resets_match_kernel(fabric, tmp_path):
     settle(fabric)
 
 
+SIGCONF = BUILD / "tests-preload" / "sigconf"
+
+
+def test_signals_and_cancellation_match_kernel(fabric, tmp_path):
+    """A blocking recv interrupted by a handler with SA_RESTART goes on, without it fails with
+    EINTR, with SO_RCVTIMEO fails with EINTR; a handler that uses the socket whose recv it
+    interrupted gets EAGAIN and sends, never deadlocks; pthread_cancel cancels a thread blocked
+    in recv and leaves the socket usable: as over kernel TCP, line for line (issue 19: 6, 12, 13)."""
+    plain, under, text = scripted(SIGCONF, tmp_path)
+    assert plain.stdout.endswith("done\n") and "hang" not in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    assert text.count("accelerated (client)") == 5, text
+    settle(fabric)
+
+
+FORKSHUT = BUILD / "tests-preload" / "forkshut"
+
+
+def test_shutdown_in_fork_child_stops_parent_writes(fabric, tmp_path):
+    """A fork child's shutdown(SHUT_WR) stops the parent's writes (EPIPE) and the peer reads
+    EOF and nothing after it, as with the kernel's shared socket (issue 19: 10)."""
+    plain, under, text = scripted(FORKSHUT, tmp_path)
+    assert "EPIPE" in plain.stdout and plain.stdout.endswith("done\n"), plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    assert text.count("accelerated (client)") == 1, text
+    settle(fabric)
+
+
 EXECCONF = BUILD / "tests-preload" / "execconf"
 
 

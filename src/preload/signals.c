@@ -1,0 +1,107 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
+/*
+ * signals.c - which handlers were installed without SA_RESTART, so that a blocking call on an
+ * accelerated socket restarts or fails with EINTR exactly as the kernel's would.
+ *
+ * We sleep in FUTEX_WAIT with a timeout (the liveness interval), which the kernel never restarts:
+ * after any handler it returns EINTR.  The kernel's blocking recv and send restart after a handler
+ * installed with SA_RESTART and fail with EINTR after one without.  So a handler installed through
+ * sigaction() without SA_RESTART is installed behind a trampoline that counts its runs on the
+ * calling thread (one thread-local increment, async-signal-safe) and then calls it with the
+ * arguments the kernel gave; ml_wait() restarts an interrupted sleep when the count did not move.
+ * sigaction() reports the application's own handler and flags back, never the trampoline.
+ * signal() and bsd_signal() install with SA_RESTART (glibc's BSD semantics): nothing to count.
+ * Handlers installed without libc's sigaction (a raw rt_sigaction, sysv_signal, sigset) are not
+ * seen: calls they interrupt restart as after SA_RESTART.  glibc's own (cancellation, setxid) are
+ * installed with SA_RESTART or act by themselves.
+ */
+#include "preload.h"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <signal.h>
+#include <string.h>
+
+#define MLP_NSIG 65
+
+static __thread unsigned mlp_nores_runs __attribute__((tls_model("initial-exec")));
+
+/* The application's handler behind the trampoline, per signal; siginfo: it takes three
+ * arguments.  Written before the kernel's disposition changes, so a delivery in between finds
+ * a handler the application asked for, the old or the new. */
+static struct {
+    _Atomic(void *) fn;
+    _Atomic int flags;
+} mlp_app[MLP_NSIG];
+
+unsigned mlp_sig_nores_count(void) { return mlp_nores_runs; }
+
+static void mlp_trampoline(int sig, siginfo_t *si, void *uc)
+{
+    mlp_nores_runs++;
+    if (sig <= 0 || sig >= MLP_NSIG)
+        return;
+    void *fn = atomic_load(&mlp_app[sig].fn);
+    int flags = atomic_load(&mlp_app[sig].flags);
+    if (fn == (void *)SIG_DFL || fn == (void *)SIG_IGN || !fn)
+        return; /* cannot happen: only real handlers are installed behind us */
+    if (flags & SA_SIGINFO)
+        ((void (*)(int, siginfo_t *, void *))fn)(sig, si, uc);
+    else
+        ((void (*)(int))fn)(sig);
+}
+
+static int mlp_sigaction_real(int sig, const struct sigaction *act, struct sigaction *old)
+{
+    if (!mlp_real_sigaction) {
+        void *f = dlsym(RTLD_NEXT, "sigaction");
+        if (!f) {
+            errno = ENOSYS;
+            return -1;
+        }
+        mlp_real_sigaction = (int (*)(int, const struct sigaction *, struct sigaction *))f;
+    }
+    return mlp_real_sigaction(sig, act, old);
+}
+
+MLP_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
+{
+    struct sigaction mine;
+    void *prev_fn = NULL;
+    int prev_flags = 0;
+    bool wrap = act && sig > 0 && sig < MLP_NSIG && !(act->sa_flags & SA_RESTART) &&
+                act->sa_handler != SIG_DFL && act->sa_handler != SIG_IGN;
+    if (sig > 0 && sig < MLP_NSIG) {
+        prev_fn = atomic_load(&mlp_app[sig].fn);
+        prev_flags = atomic_load(&mlp_app[sig].flags);
+    }
+    if (wrap) {
+        mine = *act;
+        mine.sa_flags |= SA_SIGINFO;
+        mine.sa_sigaction = mlp_trampoline;
+        void *fn = (act->sa_flags & SA_SIGINFO) ? (void *)act->sa_sigaction
+                                                : (void *)act->sa_handler;
+        /* (a delivery between the two stores may call the new handler with the old
+         * convention only if the application changes SA_SIGINFO on a live handler) */
+        atomic_store(&mlp_app[sig].flags, act->sa_flags);
+        atomic_store(&mlp_app[sig].fn, fn);
+        act = &mine;
+    }
+    int r = mlp_sigaction_real(sig, act, old);
+    int e = errno;
+    if (r < 0 && wrap) {
+        atomic_store(&mlp_app[sig].fn, prev_fn);
+        atomic_store(&mlp_app[sig].flags, prev_flags);
+    }
+    if (r == 0 && old && old->sa_sigaction == mlp_trampoline && (old->sa_flags & SA_SIGINFO)) {
+        /* What the application installed, not our trampoline. */
+        if (prev_flags & SA_SIGINFO) {
+            old->sa_sigaction = (void (*)(int, siginfo_t *, void *))prev_fn;
+        } else {
+            old->sa_flags &= ~SA_SIGINFO;
+            old->sa_handler = (void (*)(int))prev_fn;
+        }
+    }
+    errno = e;
+    return r;
+}
