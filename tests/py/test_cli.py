@@ -396,6 +396,13 @@ def test_memlan_strerror():
     assert "layout version" in s(-errno.EPROTONOSUPPORT)
     assert "already" in s(-errno.EBUSY) and "fabric" in s(-errno.EACCES)
     assert "full" in s(-errno.ENOSPC) and "stale" in s(-errno.ESTALE).lower()
+    # Named endpoints: -ECONNREFUSED fits both a closed creator and a name nobody serves.
+    assert "no server listens on the name" in s(-errno.ECONNREFUSED)
+    assert "creator closed it" in s(-errno.ECONNREFUSED)
+    assert "live server" in s(-errno.EADDRINUSE)
+    assert "MEMLAN_NAME_MAX" in s(-errno.ENAMETOOLONG)
+    assert "kind" in s(-errno.EPROTOTYPE) and "name" in s(-errno.EINVAL)
+    assert "did not accept" in s(-errno.ETIMEDOUT)
     for e in (errno.ENOTTY, errno.EIO, 4242):
         assert s(-e) == os.strerror(e)
 
