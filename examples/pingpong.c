@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 OR MIT */
-/* pingpong: two processes bounce a 64-byte message over a memlan channel and print the median
- * round trip.  Uses only <memlan.h>.  Usage: pingpong [round trips] */
+/* pingpong: two processes bounce a 64-byte message over a memlan message channel and print the
+ * median round trip.  The server listens on a name in the fabric and the echo process, forked
+ * only to have a second process, connects by that name: no token passes between them (see
+ * zerocopy.c for the raw token).  Uses only <memlan.h>.  Usage: pingpong [round trips] */
 #include <memlan.h>
 
 #include <stdio.h>
@@ -29,28 +31,38 @@ int main(int argc, char **argv)
     if (n < 1)
         n = 1;
     memlan_fabric_t *fab;
+    memlan_listener_t *l;
     memlan_channel_t *ch;
-    struct memlan_channel_opts opts = {.kind = MEMLAN_MSG};
+    char name[MEMLAN_NAME_MAX + 1];
+    snprintf(name, sizeof name, "pingpong-%ld", (long)getpid());
     int r = memlan_fabric_open(NULL, &fab);
-    if (r < 0 || (r = memlan_channel_create(fab, &opts, &ch)) < 0) {
+    if (r < 0 || (r = memlan_listen(fab, name, MEMLAN_MSG, &l)) < 0) {
         fprintf(stderr, "pingpong: %s\n", memlan_strerror(r));
         return 1;
     }
     pid_t pid = fork();
-    if (pid == 0) { /* the echo side: attach with the token */
+    if (pid == 0) { /* the echo side: its own fabric handle, and the name */
+        memlan_fabric_t *f;
         memlan_channel_t *peer;
-        if (memlan_channel_attach(fab, memlan_channel_token(ch), &peer) < 0)
+        struct memlan_channel_opts opts = {.kind = MEMLAN_MSG};
+        if ((r = memlan_fabric_open(NULL, &f)) < 0 ||
+            (r = memlan_connect(f, name, &opts, 5000, &peer)) < 0) {
+            fprintf(stderr, "pingpong: connect %s: %s\n", name, memlan_strerror(r));
             _exit(1);
+        }
         char msg[64];
         ssize_t got;
         while ((got = memlan_recv(peer, msg, sizeof msg, 0)) > 0)
             if (memlan_send(peer, msg, (size_t)got, 0) != got)
                 _exit(1);
         memlan_channel_close(peer);
+        memlan_fabric_close(f);
         _exit(got == 0 ? 0 : 1);
     }
-    if ((r = memlan_channel_wait_peer(ch, 5000)) < 0) {
-        fprintf(stderr, "pingpong: no peer: %s\n", memlan_strerror(r));
+    r = memlan_accept(l, 5000, &ch);
+    memlan_listener_close(l); /* one client is all we serve; the name is free again */
+    if (r < 0) {
+        fprintf(stderr, "pingpong: accept: %s\n", memlan_strerror(r));
         return 1;
     }
     double *rtt = malloc(sizeof *rtt * (size_t)n);

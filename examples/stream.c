@@ -1,6 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* stream: one process streams bytes to another over a memlan byte-stream channel; the receiver
- * checks every byte and the bandwidth is printed.  Uses only <memlan.h>.
+ * checks every byte and the bandwidth is printed.  The receiver listens on a name in the fabric
+ * and the sender, forked only to have a second process, connects by that name (no token passes
+ * between them).  Uses only <memlan.h>.
  * Usage: stream [megabytes] */
 #include <memlan.h>
 
@@ -19,17 +21,24 @@ int main(int argc, char **argv)
     long mb = argc > 1 ? atol(argv[1]) : 256;
     uint64_t total = (uint64_t)(mb > 0 ? mb : 1) << 20;
     memlan_fabric_t *fab;
+    memlan_listener_t *l;
     memlan_channel_t *ch;
+    char name[MEMLAN_NAME_MAX + 1];
+    snprintf(name, sizeof name, "stream-%ld", (long)getpid());
     int r = memlan_fabric_open(NULL, &fab);
-    if (r < 0 || (r = memlan_channel_create(fab, NULL, &ch)) < 0) {
+    if (r < 0 || (r = memlan_listen(fab, name, MEMLAN_STREAM, &l)) < 0) {
         fprintf(stderr, "stream: %s\n", memlan_strerror(r));
         return 1;
     }
     pid_t pid = fork();
-    if (pid == 0) { /* the sender */
+    if (pid == 0) { /* the sender: connect by name (NULL opts: a stream, the default ring) */
+        memlan_fabric_t *f;
         memlan_channel_t *tx;
-        if (memlan_channel_attach(fab, memlan_channel_token(ch), &tx) < 0)
+        if ((r = memlan_fabric_open(NULL, &f)) < 0 ||
+            (r = memlan_connect(f, name, NULL, 5000, &tx)) < 0) {
+            fprintf(stderr, "stream: connect %s: %s\n", name, memlan_strerror(r));
             _exit(1);
+        }
         static uint8_t buf[65536];
         for (uint64_t off = 0; off < total; off += sizeof buf) {
             for (size_t i = 0; i < sizeof buf; i++)
@@ -38,7 +47,14 @@ int main(int argc, char **argv)
                 _exit(1);
         }
         memlan_channel_close(tx); /* EOF after the last byte */
+        memlan_fabric_close(f);
         _exit(0);
+    }
+    r = memlan_accept(l, 5000, &ch);
+    memlan_listener_close(l);
+    if (r < 0) {
+        fprintf(stderr, "stream: accept: %s\n", memlan_strerror(r));
+        return 1;
     }
     static uint8_t buf[65536];
     uint64_t got = 0;

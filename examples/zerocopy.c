@@ -1,6 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* zerocopy: messages built in place in the ring (memlan_reserve/memlan_commit) and read in place
- * (memlan_peek/memlan_release): no copy on either side.  Uses only <memlan.h>. */
+ * (memlan_peek/memlan_release): no copy on either side.  It is also the raw-token example: the
+ * child attaches with the channel's token (memlan_channel_token), inherited through fork, with
+ * no name in the fabric.  A token is the capability itself: whoever holds its 32 hex digits may
+ * attach, so pass it only over a private path (an inherited variable, a pipe, a Unix socket).
+ * The other examples find their peer by name (memlan_listen/memlan_connect).
+ * Uses only <memlan.h>. */
 #include <memlan.h>
 
 #include <stdio.h>

@@ -329,7 +329,8 @@ void memlan_evq_close(memlan_evq_t *q);
 /*
  * memlan_strerror - a short text for an error that a memlan function returned, in memlan's terms
  * ("peer broke the channel protocol" for -EPROTO, "revoked by its exporter" for -ECONNABORTED,
- * "unknown shared-memory layout version" for -EPROTONOSUPPORT, ...); an errno memlan gives no
+ * "unknown shared-memory layout version" for -EPROTONOSUPPORT, "the name is taken" for
+ * -EADDRINUSE from memlan_listen, ...); an errno memlan gives no
  * meaning of its own gets the C library's text.  err may be the negative value returned or a
  * positive errno.  Returns a string that is never NULL and must not be freed or changed; it stays
  * valid at least until this thread's next call.  Thread-safe.

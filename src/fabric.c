@@ -84,6 +84,9 @@ int memlan_fabric_open(const char *path, memlan_fabric_t **out)
     if (!out)
         return -EINVAL;
     *out = NULL;
+    /* The spin policy's settings, read (and a bad MEMLAN_SPIN_US said) now, once, rather than at
+     * the first wait: a process that forks after opening its fabric would say it in every child. */
+    __ml_spin_init();
     char def[64];
     bool explicit_path;
     path = ml_fabric_path(path, def, sizeof def, &explicit_path);

@@ -116,6 +116,8 @@ void __ml_spin_set_us(int us);
 /* What the policy asks the system (cpus online, MEMLAN_SPIN_US), asked now: the preload calls it
  * at start-up, before the program can confine itself in a sandbox. */
 void __ml_spin_init(void);
+/* The preload has checked MEMLAN_SPIN_US and said what was wrong: the core says nothing more. */
+void __ml_spin_env_reported(void);
 
 /* evq.c: post endpoint `index` of the queue named by ref (a sender's wake-up path). */
 void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *ref, uint32_t *hint);

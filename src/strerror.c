@@ -17,13 +17,23 @@ static const struct {
     int err;
     const char *text;
 } ml_texts[] = {
-    {EPROTO, "peer broke the channel protocol (corrupt shared indices, records or header)"},
-    {EPROTONOSUPPORT, "unknown shared-memory layout version (the peer runs another memlan release)"},
+    {EPROTO, "peer broke the channel protocol (corrupt shared indices, records or header, or a "
+             "garbled hello or answer at a named endpoint)"},
+    {EPROTONOSUPPORT, "unknown shared-memory layout version or endpoint protocol version (the peer "
+                      "runs another memlan release)"},
     {ESTALE, "stale token: the channel was reused or its offer withdrawn"},
     {ECONNABORTED, "revoked by its exporter"},
     {EOWNERDEAD, "the owner of the shared object died"},
     {EBUSY, "the channel already has its second side attached"},
-    {ECONNREFUSED, "the channel's creator closed it before it was attached"},
+    {ECONNREFUSED, "nobody to connect to: no server listens on the name, or the channel's "
+                   "creator closed it before it was attached"},
+    {EADDRINUSE, "the name is taken: a live server in this fabric listens on it"},
+    {ENAMETOOLONG, "name too long (over MEMLAN_NAME_MAX bytes, or its socket path in the fabric "
+                   "directory over the Unix socket limit)"},
+    {EPROTOTYPE, "wrong channel kind: the server accepts only the other kind (stream or message)"},
+    {EINVAL, "invalid argument (a NULL pointer, a malformed token, an empty name or one holding "
+             "'/' or a control character, an unknown kind, mode or flag, or a size or path out "
+             "of range)"},
     {ECONNRESET, "the peer died or the channel was revoked"},
     {EPIPE, "the channel is closed for sending (the peer closed it, or we shut it down)"},
     {EACCES, "fabric permission denied (another user's directory, a directory open to others "
@@ -32,7 +42,7 @@ static const struct {
     {ENOENT, "no such token or fabric directory (a wrong token, or another fabric)"},
     {EMSGSIZE, "message larger than the channel can carry"},
     {EAGAIN, "nothing to do now: the call would block"},
-    {ETIMEDOUT, "timed out"},
+    {ETIMEDOUT, "timed out (for memlan_connect: the server did not accept in time)"},
 };
 
 const char *memlan_strerror(int err)

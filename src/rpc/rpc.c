@@ -83,16 +83,44 @@ static int ml_rpc_off, ml_rpc_log, ml_rpc_noloan;
 static size_t ml_rpc_ring = 2u << 20;
 static __thread char ml_rpc_why[160];
 
+/* A bad setting is said on stderr with the default used, like the preload's ("Nothing silent"
+ * in docs/design.md); ml_rpc_init runs once per process, so each is said once.  MEMLAN_QUIET
+ * keeps it off stderr. */
+static void ml_rpc_bad(const char *name, const char *v, const char *want, const char *def)
+{
+    const char *q = getenv("MEMLAN_QUIET");
+    if (q && *q && strcmp(q, "0") != 0)
+        return;
+    fprintf(stderr, "memlan-rpc[%d]: bad %s='%.40s' (want %s): using the default, %s\n",
+            (int)getpid(), name, v, want, def);
+}
+
+/* An on/off setting: 1 for on (and when unset or empty), 0 for off. */
+static int ml_rpc_env_on(const char *name)
+{
+    const char *v = getenv(name);
+    if (!v || !*v || !strcmp(v, "on") || !strcmp(v, "1"))
+        return 1;
+    if (!strcmp(v, "off") || !strcmp(v, "0"))
+        return 0;
+    ml_rpc_bad(name, v, "on, off, 1 or 0", "on");
+    return 1;
+}
+
 static void ml_rpc_init(void)
 {
-    const char *off = getenv("MEMLAN_RPC");
-    ml_rpc_off = off && (!strcmp(off, "off") || !strcmp(off, "0"));
+    ml_rpc_off = !ml_rpc_env_on("MEMLAN_RPC");
     ml_rpc_log = getenv("MEMLAN_LOG") != NULL;
-    const char *loan = getenv("MEMLAN_RPC_LOAN");
-    ml_rpc_noloan = loan && (!strcmp(loan, "off") || !strcmp(loan, "0"));
+    ml_rpc_noloan = !ml_rpc_env_on("MEMLAN_RPC_LOAN");
     const char *kb = getenv("MEMLAN_RPC_RING_KB");
-    if (kb && atol(kb) >= 16 && atol(kb) <= (1 << 20))
-        ml_rpc_ring = (size_t)atol(kb) << 10;
+    if (kb && *kb) {
+        char *end;
+        long v = strtol(kb, &end, 10);
+        if (*end == '\0' && v >= 16 && v <= (1 << 20))
+            ml_rpc_ring = (size_t)v << 10;
+        else
+            ml_rpc_bad("MEMLAN_RPC_RING_KB", kb, "16 to 1048576", "2048 KiB");
+    }
     if (ml_rpc_off)
         return;
     int rc = memlan_fabric_open(NULL, &ml_rpc_fab);

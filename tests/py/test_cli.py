@@ -339,6 +339,27 @@ def test_preload_says_bad_settings_once(fabric):
     assert p.stdout == "7\n" and "MEMLAN_LOG" in p.stderr and "/nonexistent-dir/m.log" in p.stderr
 
 
+def test_native_library_says_a_bad_spin_setting_once(fabric):
+    """Without the preload, libmemlan itself says a bad MEMLAN_SPIN_US once (the pingpong example
+    forks an echo process after opening its fabric: still one line), uses the adaptive policy,
+    and keeps quiet with MEMLAN_QUIET=1 or under memlan run, whose preload has said it."""
+    pingpong = str(LIB.parent.parent / "examples" / "pingpong")
+    run = lambda cmd, **env: subprocess.run(cmd, capture_output=True, text=True, timeout=60,
+                                            env=dict(os.environ, **env))
+    for val in ("abc", "-1", "1000001", "5x"):
+        p = run([pingpong, "100"], MEMLAN_SPIN_US=val)
+        assert p.returncode == 0 and "100 round trips" in p.stdout, p.stderr
+        lines = [l for l in p.stderr.splitlines() if "MEMLAN_SPIN_US" in l]
+        assert len(lines) == 1, p.stderr
+        assert f"bad MEMLAN_SPIN_US='{val}'" in lines[0] and "default, adaptive" in lines[0]
+    for cmd, env in (([pingpong, "100"], {"MEMLAN_SPIN_US": "0"}),
+                     ([pingpong, "100"], {"MEMLAN_SPIN_US": "abc", "MEMLAN_QUIET": "1"})):
+        p = run(cmd, **env)
+        assert p.returncode == 0 and p.stderr == "", p.stderr
+    p = run([str(MEMLAN), "run", "--", pingpong, "100"], MEMLAN_SPIN_US="abc")
+    assert p.returncode == 0 and p.stderr.count("MEMLAN_SPIN_US") == 1, p.stderr
+
+
 FD2_REUSED = ("import os, sys; os.close(2); f = open(sys.argv[1], 'w'); assert f.fileno() == 2; "
               + CONNECT)
 
@@ -396,6 +417,13 @@ def test_memlan_strerror():
     assert "layout version" in s(-errno.EPROTONOSUPPORT)
     assert "already" in s(-errno.EBUSY) and "fabric" in s(-errno.EACCES)
     assert "full" in s(-errno.ENOSPC) and "stale" in s(-errno.ESTALE).lower()
+    # Named endpoints: -ECONNREFUSED fits both a closed creator and a name nobody serves.
+    assert "no server listens on the name" in s(-errno.ECONNREFUSED)
+    assert "creator closed it" in s(-errno.ECONNREFUSED)
+    assert "live server" in s(-errno.EADDRINUSE)
+    assert "MEMLAN_NAME_MAX" in s(-errno.ENAMETOOLONG)
+    assert "kind" in s(-errno.EPROTOTYPE) and "name" in s(-errno.EINVAL)
+    assert "did not accept" in s(-errno.ETIMEDOUT)
     for e in (errno.ENOTTY, errno.EIO, 4242):
         assert s(-e) == os.strerror(e)
 

@@ -136,6 +136,31 @@ def test_calls_larger_than_the_ring_are_spilled(fabric, builds, ring_kb):
     assert not left, f"left in the fabric: {left} (while the server ran: {during})"
 
 
+def test_bad_settings_are_said_once_with_the_default(fabric, builds):
+    """MEMLAN_RPC, MEMLAN_RPC_LOAN and MEMLAN_RPC_RING_KB with values the runtime does not
+    understand: each is said once on each side's stderr with the default used, and the session
+    takes the fast path (the default) and matches libtirpc's; MEMLAN_QUIET=1 says nothing."""
+    m = builds["memlan"]
+    bad = {"MEMLAN_RPC": "maybe", "MEMLAN_RPC_LOAN": "yes", "MEMLAN_RPC_RING_KB": "8"}
+    srv = Server([str(m / "srv")], env=dict(os.environ, **bad))
+    try:
+        fast, err = session([str(m / "cli"), "fast", str(srv.port)], env=dict(os.environ, **bad))
+        tcp, _ = session([str(m / "cli"), "tcp", str(srv.port)])
+        _, quiet = session([str(m / "cli"), "fast", str(srv.port)],
+                           env=dict(os.environ, MEMLAN_QUIET="1", **bad))
+    finally:
+        srv_err = srv.stop()
+    check_session(fast)
+    assert fast == tcp
+    assert "memlan-rpc" not in quiet, quiet
+    for text in (err, srv_err):
+        for var, val, default in (("MEMLAN_RPC", "maybe", "on"), ("MEMLAN_RPC_LOAN", "yes", "on"),
+                                  ("MEMLAN_RPC_RING_KB", "8", "2048 KiB")):
+            lines = [l for l in text.splitlines() if f"bad {var}=" in l]
+            assert len(lines) == 1, text
+            assert f"'{val}'" in lines[0] and lines[0].endswith("the default, " + default), lines[0]
+
+
 def test_svc_exit_returns_while_fast_calls_keep_coming(fabric, builds):
     """A procedure that calls svc_exit() makes svc_run return, as libtirpc's does, also while
     another client keeps the server busy with fast-path calls.  (The server's spin now checks
