@@ -713,6 +713,58 @@ static bool ml_tx_ready(struct memlan_channel *ch)
            ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE;
 }
 
+/*
+ * Readiness, read-only.  Whoever asks whether a direction is ready (poll, epoll, the event
+ * queue's collect, the arming of a tripwire) may not hold that direction: another thread, or
+ * another process after fork, may be inside recv or send on it.  So readiness is computed from
+ * the shared indices alone (head and tail, both stored on every publish), never from the private
+ * ones (pos, other), which only the holder of the direction may read or write, and nothing
+ * private is written: not the cached index, not tx_want, not the corrupt flag.  A pair of indices
+ * that does not fit the ring (a peer's garbage, or a holder that moved between our two loads) is
+ * read again a few times and then answered with -1, "go and look": the call that looks holds the
+ * direction, checks against its private state and marks the ring corrupt if it is.
+ */
+int64_t __ml_chan_rx_avail_ro(const struct memlan_channel *ch)
+{
+    for (int k = 0; k < 4; k++) {
+        /* SYNC: pairs with the release (seq_cst) store of head in ml_ring_produce(). */
+        uint64_t h = ml_load_acquire(&ch->rx.ctl->head);
+        uint64_t t = ml_load_acquire(&ch->rx.ctl->tail);
+        if (h - t <= ch->rx.size)
+            return (int64_t)(h - t);
+    }
+    return -1;
+}
+
+int64_t __ml_chan_tx_free_ro(const struct memlan_channel *ch)
+{
+    for (int k = 0; k < 4; k++) {
+        /* SYNC: pairs with the release (seq_cst) store of tail in ml_ring_consume(). */
+        uint64_t t = ml_load_acquire(&ch->tx.ctl->tail);
+        uint64_t h = ml_load_acquire(&ch->tx.ctl->head);
+        if (h - t <= ch->tx.size)
+            return (int64_t)(ch->tx.size - (h - t));
+    }
+    return -1;
+}
+
+static bool ml_rx_ready_ro(struct memlan_channel *ch)
+{
+    if (__ml_chan_rx_avail_ro(ch) != 0) /* data, or cannot tell: either way, go and look */
+        return true;
+    return ml_peer_state(ch) != ML_SIDE_OPEN || ch->peer_dead || ch->shut_rd ||
+           ch->rd_eof_when_empty ||
+           ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE;
+}
+
+static bool ml_tx_ready_ro(struct memlan_channel *ch)
+{
+    if (__ml_chan_tx_free_ro(ch) != 0)
+        return true;
+    return ml_peer_state(ch) == ML_SIDE_CLOSED || ch->peer_dead ||
+           ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE;
+}
+
 static bool ml_attached(struct memlan_channel *ch)
 {
     return ml_load_acquire(&ch->hdr->attached) != 0 ||
@@ -774,13 +826,12 @@ bool __ml_chan_arm_evq(struct memlan_channel *ch, uint32_t events)
     /* Our bit only: a thread blocked in recv or send may sleep on the same word. */
     if (events & MEMLAN_EV_READ)
         ml_fetch_or(&ch->rx.ctl->rx_wait, ML_WAIT_EVQ);
-    if (events & MEMLAN_EV_WRITE) {
-        ch->tx_want = 1;
+    if (events & MEMLAN_EV_WRITE)
         ml_fetch_or(&ch->tx.ctl->tx_wait, ML_WAIT_EVQ);
-    }
     ml_fence(); /* SYNC: pairs with the fence in __ml_chan_wake() */
-    return ((events & MEMLAN_EV_READ) && ml_rx_ready(ch)) ||
-           ((events & MEMLAN_EV_WRITE) && ml_tx_ready(ch));
+    /* Read-only: the arming thread need not hold the directions (see __ml_chan_rx_avail_ro). */
+    return ((events & MEMLAN_EV_READ) && ml_rx_ready_ro(ch)) ||
+           ((events & MEMLAN_EV_WRITE) && ml_tx_ready_ro(ch));
 }
 
 static void ml_eagain(struct memlan_channel *ch, uint32_t ev)
@@ -1126,13 +1177,16 @@ int memlan_channel_poll(memlan_channel_t *ch)
     if (ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE || ch->peer_dead)
         ev |= MEMLAN_EV_ERR | MEMLAN_EV_HUP | MEMLAN_EV_READ | MEMLAN_EV_WRITE;
     uint32_t ps = ml_peer_state(ch);
-    int64_t a = ml_ring_avail(&ch->rx, 1);
+    /* Read-only (see __ml_chan_rx_avail_ro): the event queue's collect asks this of channels
+     * that other threads may be sending or receiving on.  -1: cannot tell, go and look. */
+    int64_t a = __ml_chan_rx_avail_ro(ch);
     if (a != 0 || ps != ML_SIDE_OPEN || ch->shut_rd)
         ev |= MEMLAN_EV_READ;
     if (ps != ML_SIDE_OPEN)
         ev |= MEMLAN_EV_HUP;
-    uint64_t w = ch->kind == MEMLAN_MSG ? 2 * sizeof(struct ml_msg_hdr) : 1;
-    if (ml_ring_free(&ch->tx, w) >= (int64_t)w || ps == ML_SIDE_CLOSED || ch->shut_wr)
+    int64_t w = ch->kind == MEMLAN_MSG ? 2 * (int64_t)sizeof(struct ml_msg_hdr) : 1;
+    int64_t f = __ml_chan_tx_free_ro(ch);
+    if (f < 0 || f >= w || ps == ML_SIDE_CLOSED || ch->shut_wr)
         ev |= MEMLAN_EV_WRITE;
     if (ch->rx.corrupt || ch->tx.corrupt)
         ev |= MEMLAN_EV_ERR;
@@ -1226,13 +1280,14 @@ void __ml_chan_resync_rx(struct memlan_channel *ch)
     ch->rx.other = ch->rx.pos;
 }
 
-/* Bytes readable now (-1 corrupt); bytes sent and not yet consumed by the peer. */
-int64_t __ml_chan_rx_avail(struct memlan_channel *ch) { return ml_ring_avail(&ch->rx, 1); }
+/* Bytes sent and not yet consumed by the peer. */
 
 uint64_t __ml_chan_tx_queued(struct memlan_channel *ch)
 {
+    /* Read-only, from the shared indices: the caller does not hold the direction, and after
+     * fork our private head may be behind another process's (see __ml_chan_rx_avail_ro). */
     uint64_t t = ml_load_acquire(&ch->tx.ctl->tail);
-    uint64_t q = ch->tx.pos - t;
+    uint64_t q = ml_load_acquire(&ch->tx.ctl->head) - t;
     return q > ch->size ? 0 : q;
 }
 

@@ -93,7 +93,8 @@ size_t __ml_chan_unsent(struct memlan_channel *ch, const void **ptr);
 void __ml_chan_unsent_done(struct memlan_channel *ch, size_t n);
 void __ml_chan_resync_tx(struct memlan_channel *ch);
 void __ml_chan_resync_rx(struct memlan_channel *ch);
-int64_t __ml_chan_rx_avail(struct memlan_channel *ch);
+int64_t __ml_chan_rx_avail_ro(const struct memlan_channel *ch); /* -1: cannot tell, go and look */
+int64_t __ml_chan_tx_free_ro(const struct memlan_channel *ch);
 uint64_t __ml_chan_tx_queued(struct memlan_channel *ch);
 bool __ml_chan_peer_left_unread(struct memlan_channel *ch);
 void __ml_chan_kick_rx(struct memlan_channel *ch);

@@ -194,6 +194,8 @@ static void mlp_dup_to(int fd, int nfd)
         mlp_put(s);
         if (ml_unlikely(nfd <= 2))
             mlp_stdio_adopt(nfd);
+    } else {
+        mlp_epoll_dup(fd, nfd); /* an epoll fd: both name one set, as one kernel file */
     }
 }
 
@@ -831,12 +833,19 @@ MLP_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len
 
 /* ---- readiness --------------------------------------------------------------------------- */
 
+/* An epoll fd whose set has members of ours: poll and select on it take our path. */
+static bool mlp_fd_is_epoll_ours(int fd)
+{
+    struct mlp_fdrec *r = mlp_fdrec(fd);
+    return r && atomic_load_explicit(&r->epfd, memory_order_relaxed) && mlp_epoll_has_ours(fd);
+}
+
 static bool mlp_any_ours(const struct pollfd *fds, nfds_t n)
 {
     if (ml_unlikely(__atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED)))
         return true;
     for (nfds_t i = 0; i < n; i++)
-        if (ml_unlikely(mlp_fd_is_ours(fds[i].fd)))
+        if (ml_unlikely(mlp_fd_is_ours(fds[i].fd) || mlp_fd_is_epoll_ours(fds[i].fd)))
             return true;
     return false;
 }
@@ -926,7 +935,7 @@ static bool mlp_any_ours_set(int n, fd_set *r, fd_set *w, fd_set *e)
         return false;
     for (int fd = 0; fd < n && fd <= max; fd++)
         if (((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (e && FD_ISSET(fd, e))) &&
-            mlp_fd_is_ours(fd))
+            (mlp_fd_is_ours(fd) || mlp_fd_is_epoll_ours(fd)))
             return true;
     return false;
 }

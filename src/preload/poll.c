@@ -12,7 +12,8 @@
  * dead peer at once and an idle one is never woken.  Before sleeping the waiter spins on the
  * channels for the spin budget, like a blocking recv.
  *
- * epoll keeps, per epoll fd, a ready list of members that may be ready (the kernel's design): the
+ * epoll keeps, per epoll set (the kernel's open file: every fd naming it, dup or original, maps
+ * to one struct mlp_ep), a ready list of members that may be ready (the kernel's design): the
  * event queue names the sockets that changed, each such socket's memberships go on their sets'
  * lists, and epoll_wait looks only at its list.  A member found not ready leaves the list with its
  * tripwire armed, so the next change posts it again: O(1) per ready socket, never a scan.
@@ -38,6 +39,7 @@ static void mlp_epoll_after_fork(void);
 struct mlp_ep;
 static void mlp_ep_nested_leave(struct mlp_ep *e);
 static void mlp_nested_refresh(void);
+static bool mlp_ep_poll_nest(int fd);
 
 void mlp_poll_after_fork(void)
 {
@@ -345,9 +347,11 @@ static int mlp_revents(struct mlp_sock *s, int fd)
         return -1;
     }
     struct memlan_channel *ch = s->ch;
+    /* Read-only, from the shared indices (__ml_chan_rx_avail_ro): we do not hold the
+     * directions, and after fork our private indices may be a ring behind another process's. */
     if (st == MLP_UNDECIDED) {
         int rev = 0;
-        if (ml_ring_free(&ch->tx, 1) > 0)
+        if (__ml_chan_tx_free_ro(ch) != 0)
             rev |= POLLOUT | POLLWRNORM;
         return rev;
     }
@@ -355,11 +359,11 @@ static int mlp_revents(struct mlp_sock *s, int fd)
     bool dead = ch->peer_dead;
     bool rd_done = ps != ML_SIDE_OPEN || dead || ch->rd_eof_when_empty;
     int rev = 0;
-    if (rd_done || __ml_chan_rx_avail(ch) != 0)
+    if (rd_done || __ml_chan_rx_avail_ro(ch) != 0) /* -1: cannot tell, let recv look */
         rev |= POLLIN | POLLRDNORM;
     if (rd_done)
         rev |= POLLRDHUP;
-    if (ps == ML_SIDE_CLOSED || dead || ch->shut_wr || ml_ring_free(&ch->tx, 1) != 0)
+    if (ps == ML_SIDE_CLOSED || dead || ch->shut_wr || __ml_chan_tx_free_ro(ch) != 0)
         rev |= POLLOUT | POLLWRNORM;
     if ((ps != ML_SIDE_OPEN || dead) && ch->shut_wr)
         rev |= POLLHUP;
@@ -487,7 +491,7 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
     }
     struct mlp_pwait *pw = NULL; /* this thread's waiter, once it first sleeps */
     int64_t live = ML_LIVENESS_NS;
-    int naccel = 0;
+    int naccel = 0, nep = 0;
     for (nfds_t i = 0; i < n; i++) {
         socks[i] = mlp_get(fds[i].fd);
         if (socks[i] && (socks[i]->type != MLP_CONN || socks[i]->state == MLP_TCP)) {
@@ -495,7 +499,14 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             socks[i] = NULL;
         }
         naccel += socks[i] != NULL;
+        if (!socks[i] && mlp_ep_poll_nest(fds[i].fd))
+            nep++;
     }
+    /* An epoll fd with members of ours (GLib, Qt and libuv poll one loop's epoll fd from
+     * another's): it is a nested set now, whose kernel file is readable exactly while one of its
+     * members is ready; make that true before the first look, which may not sleep. */
+    if (nep)
+        mlp_nested_refresh();
     uint64_t deadline = timeout_ns < 0 ? 0 : mlp_now_ns() + (uint64_t)timeout_ns;
     bool spun = false;
     int ret;
@@ -744,10 +755,12 @@ out:
 /* ---- epoll ------------------------------------------------------------------------------- */
 
 /*
- * Per epoll fd, the accelerated members, which the kernel's set does not see as such: each one's
- * kernel fd is registered for EPOLLRDHUP|EPOLLET only (its peer's FIN), tagged so that its events
- * are recognised.  The set also holds two fds of ours: the process's doorbell and the set's own
- * eventfd, which another thread rings after it put members on this set's ready list.
+ * Per epoll set (the kernel's open file, which dup and fork share: mlp_eps[] maps each fd naming
+ * it to one struct mlp_ep, counted in nfds), the accelerated members, which the kernel's set does
+ * not see as such: each one's kernel fd is registered for EPOLLRDHUP|EPOLLET only (its peer's
+ * FIN), tagged so that its events are recognised.  The set also holds two fds of ours: the
+ * process's doorbell and the set's own eventfd, which another thread rings after it put members
+ * on this set's ready list.
  *
  * One mutex guards every set's members and ready list: members are few per call, the work under
  * it is short, and a single-threaded server (most of them) never contends for it.  A member holds
@@ -791,7 +804,9 @@ struct mlp_ep {
     bool tagged;                        /* the kernel set ever held an fd of ours, or a tagged
                                          * member: its answers are filtered from then on */
     _Atomic uint64_t kpoll_ns;          /* when the kernel set was last asked */
-    bool nested;                        /* this set is itself a member of another set */
+    bool nested;                        /* this set is itself a member of another set, or
+                                         * was asked about by poll/select */
+    int nfds;                           /* fds naming the set (dup), under mlp_eps_mu */
     uint32_t peer_cpu;                  /* where the peer of the last ready socket waited + 1 */
     struct mlp_ep *next_free;
 };
@@ -851,6 +866,7 @@ static struct mlp_ep *mlp_ep_get(int epfd, bool create)
             pthread_mutex_lock(&mlp_epmu);
             memset(e, 0, sizeof *e);
             e->efd = -1;
+            e->nfds = 1;
             pthread_mutex_unlock(&mlp_epmu);
             if (epfd > mlp_eps_max)
                 mlp_eps_max = epfd;
@@ -981,9 +997,12 @@ void mlp_epoll_forget_fd(int fd)
         atomic_store_explicit(&r->epfd, 0, memory_order_relaxed);
     if (!mlp_eps || fd < 0 || fd >= mlp_neps || !__atomic_load_n(&mlp_eps[fd], __ATOMIC_RELAXED))
         return;
+    pthread_mutex_lock(&mlp_eps_mu);
     struct mlp_ep *e = __atomic_exchange_n(&mlp_eps[fd], NULL, __ATOMIC_ACQ_REL);
-    if (!e)
-        return;
+    bool last = e && --e->nfds == 0;
+    pthread_mutex_unlock(&mlp_eps_mu);
+    if (!last)
+        return; /* another fd (a dup) still names the set, as the kernel's file lives on */
     for (;;) {
         struct mlp_sock *puts[64];
         int np = 0;
@@ -1013,6 +1032,29 @@ void mlp_epoll_forget_fd(int fd)
     pthread_mutex_lock(&mlp_eps_mu);
     e->next_free = mlp_eps_free;
     mlp_eps_free = e;
+    pthread_mutex_unlock(&mlp_eps_mu);
+}
+
+/* dup, dup2, dup3, F_DUPFD of fd onto nfd (already released): if fd is an epoll fd, nfd names
+ * the same set, as it names the same kernel file.  The set is made now if it was not yet, so that
+ * both fds find one. */
+void mlp_epoll_dup(int fd, int nfd)
+{
+    struct mlp_fdrec *r = mlp_fdrec(fd);
+    if (!r || !atomic_load_explicit(&r->epfd, memory_order_relaxed) || fd == nfd)
+        return;
+    mlp_epoll_created(nfd);
+    struct mlp_ep *e = mlp_ep_get(fd, true);
+    if (!e || nfd < 0 || nfd >= mlp_neps)
+        return;
+    pthread_mutex_lock(&mlp_eps_mu);
+    if (__atomic_load_n(&mlp_eps[fd], __ATOMIC_RELAXED) == e &&
+        !__atomic_load_n(&mlp_eps[nfd], __ATOMIC_RELAXED)) {
+        e->nfds++;
+        if (nfd > mlp_eps_max)
+            mlp_eps_max = nfd;
+        __atomic_store_n(&mlp_eps[nfd], e, __ATOMIC_RELEASE);
+    }
     pthread_mutex_unlock(&mlp_eps_mu);
 }
 
@@ -1184,6 +1226,25 @@ static void mlp_ep_make_nested(int fd)
     mlp_ep_nested_leave(inner);
 }
 
+/* Does poll or select on fd need our path: an epoll fd whose set holds a member of ours (or is
+ * nested already)?  Its kernel file alone cannot say when those members are ready. */
+bool mlp_epoll_has_ours(int fd)
+{
+    struct mlp_ep *e = mlp_ep_get(fd, false);
+    return e && (__atomic_load_n(&e->n, __ATOMIC_RELAXED) || e->nested);
+}
+
+/* poll or select on fd: if it is such an epoll fd, it becomes a nested set (as if it were in
+ * another set), so that its kernel file is readable only while a member is ready. */
+static bool mlp_ep_poll_nest(int fd)
+{
+    struct mlp_fdrec *r = mlp_fdrec(fd);
+    if (!r || !atomic_load_explicit(&r->epfd, memory_order_relaxed) || !mlp_epoll_has_ours(fd))
+        return false;
+    mlp_ep_make_nested(fd);
+    return true;
+}
+
 int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handled)
 {
     *handled = false;
@@ -1332,7 +1393,7 @@ static bool mlp_arm_et(struct mlp_member *m, uint32_t reported)
     uint32_t ev = 0;
     if (m->events & (EPOLLIN | EPOLLRDNORM | EPOLLRDHUP))
         ev |= MEMLAN_EV_READ;
-    if ((m->events & (EPOLLOUT | EPOLLWRNORM)) && ml_ring_free(&s->ch->tx, 1) == 0)
+    if ((m->events & (EPOLLOUT | EPOLLWRNORM)) && __ml_chan_tx_free_ro(s->ch) == 0)
         ev |= MEMLAN_EV_WRITE;
     if (!ev)
         return false;

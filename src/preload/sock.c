@@ -834,7 +834,7 @@ int mlp_ioctl(struct mlp_sock *s, int fd, unsigned long req, void *arg, bool *ha
         *handled = true;
         if (s->state == MLP_UNDECIDED)
             return *(int *)arg = 0, 0;
-        int64_t a = __ml_chan_rx_avail(s->ch);
+        int64_t a = __ml_chan_rx_avail_ro(s->ch); /* we do not hold the direction */
         *(int *)arg = a > 0 ? (a > INT32_MAX ? INT32_MAX : (int)a) : 0;
         return 0;
     }
@@ -932,7 +932,7 @@ void mlp_sock_destroy(struct mlp_sock *s)
     if (last && s->state == MLP_ACCEL) {
         /* Closed with the peer's bytes unread, or SO_LINGER zero: the kernel would send a reset.
          * The flag goes before the close that publishes our end. */
-        if (__ml_chan_rx_avail(s->ch) > 0 || (atomic_load(&s->me->flags) & ML_SOCK_LINGER0))
+        if (__ml_chan_rx_avail_ro(s->ch) > 0 || (atomic_load(&s->me->flags) & ML_SOCK_LINGER0))
             atomic_fetch_or(&s->me->flags, ML_SOCK_RESET);
         memlan_channel_close(s->ch);
     } else {

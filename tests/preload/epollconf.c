@@ -10,6 +10,7 @@
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -20,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/select.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -333,6 +335,162 @@ static void recv_and_poll(void)
     drain(3, 1);
 }
 
+/* An epoll fd duplicated (dup, F_DUPFD_CLOEXEC, dup2 over another set), used after the original
+ * closed, and asked by poll and select (how GLib, Qt and libuv embed one loop in another): each
+ * names the kernel's one set, with its members.  conn 0 is in ep, level-triggered input. */
+static void dup_and_poll_sets(int ep)
+{
+    int d = dup(ep);
+    int d2 = fcntl(ep, F_DUPFD_CLOEXEC, 100);
+    act("s 0 4");
+    show("dup of set", d, 8, 1000);
+    show("F_DUPFD of set", d2, 8, 0);
+    show("original", ep, 8, 0);
+    drain(0, 4);
+    show("dup, read", d, 8, 0);
+    close(d);
+    close(d2);
+
+    int e1 = epoll_create1(0);
+    add(e1, EPOLL_CTL_ADD, 0, EPOLLIN);
+    int e2 = dup(e1);
+    close(e1);
+    act("s 0 3");
+    show("dup after close of original", e2, 8, 1000);
+    int e3 = epoll_create1(0);
+    printf("dup2 over a set: %d\n", dup2(e2, e3) == e3);
+    show("dup2 target", e3, 8, 0);
+    close(e2);
+    show("dup2 target, source closed", e3, 8, 0);
+    drain(0, 3);
+    show("dup2 target, read", e3, 8, 0);
+    close(e3);
+
+    /* poll and select on an epoll fd: readable exactly while a member is ready. */
+    int pe = epoll_create1(0);
+    add(pe, EPOLL_CTL_ADD, 0, EPOLLIN);
+    struct pollfd pf = {.fd = pe, .events = POLLIN};
+    int r = poll(&pf, 1, 0);
+    printf("poll set idle: %d %x\n", r, pf.revents);
+    act("s 0 2");
+    r = poll(&pf, 1, 1000);
+    printf("poll set, data: %d %x\n", r, pf.revents);
+    r = poll(&pf, 1, 0);
+    printf("poll set, data again: %d %x\n", r, pf.revents);
+    show("set after poll", pe, 8, 0);
+    drain(0, 2);
+    r = poll(&pf, 1, 0);
+    printf("poll set, read: %d %x\n", r, pf.revents);
+    act("l 0 1"); /* arrives while poll sleeps */
+    r = poll(&pf, 1, 1000);
+    printf("poll set, woken: %d %x\n", r, pf.revents);
+    drain(0, 1);
+    int pd = dup(pe);
+    act("s 0 1");
+    fd_set rs;
+    FD_ZERO(&rs);
+    FD_SET(pd, &rs);
+    struct timeval tv = {1, 0};
+    r = select(pd + 1, &rs, NULL, NULL, &tv);
+    printf("select dup of set, data: %d %d\n", r, FD_ISSET(pd, &rs) ? 1 : 0);
+    drain(0, 1);
+    FD_ZERO(&rs);
+    FD_SET(pd, &rs);
+    tv = (struct timeval){0, 0};
+    r = select(pd + 1, &rs, NULL, NULL, &tv);
+    printf("select dup of set, read: %d %d\n", r, FD_ISSET(pd, &rs) ? 1 : 0);
+    close(pd);
+    close(pe);
+}
+
+/* fork: parent and child share one connection (small rings: SO_RCVBUF and SO_SNDBUF set before
+ * it exists).  The child moves many rings' worth each way on its copy and exits; then the
+ * parent's poll must see a healthy connection (output only: no POLLERR), and its send and recv
+ * work (no ECONNRESET), as over kernel TCP. */
+#define FORK_BYTES (64 * 1024)
+static void fork_shared_conn(void)
+{
+    int l = socket(AF_INET, SOCK_STREAM, 0);
+    int small = 4096;
+    setsockopt(l, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    setsockopt(l, SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+    struct sockaddr_in a = {.sin_family = AF_INET};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    socklen_t al = sizeof a;
+    if (bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 1) < 0 ||
+        getsockname(l, (struct sockaddr *)&a, &al) < 0)
+        die("fork case listen");
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    setsockopt(c, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    setsockopt(c, SOL_SOCKET, SO_SNDBUF, &small, sizeof small);
+    if (connect(c, (struct sockaddr *)&a, sizeof a) < 0)
+        die("fork case connect");
+    int s = accept(l, NULL, NULL);
+    if (s < 0 || send(s, "h", 1, 0) != 1)
+        die("fork case accept");
+    char b;
+    if (recv(c, &b, 1, MSG_WAITALL) != 1)
+        die("fork case hello");
+    static char buf[FORK_BYTES];
+    memset(buf, 'f', sizeof buf);
+    int done[2];
+    if (pipe(done) < 0)
+        die("pipe");
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) { /* the child: reads, then writes, many rings' worth on its copy of s */
+        for (int got = 0; got < FORK_BYTES;) {
+            ssize_t r = recv(s, buf, sizeof buf, 0);
+            if (r <= 0)
+                _exit(3);
+            got += (int)r;
+        }
+        if (send(s, buf, FORK_BYTES, 0) != FORK_BYTES)
+            _exit(4);
+        if (write(done[1], ".", 1) != 1)
+            _exit(5);
+        exit(0);
+    }
+    if (send(c, buf, FORK_BYTES, 0) != FORK_BYTES)
+        die("fork case send");
+    int got = 0;
+    while (got < FORK_BYTES) {
+        ssize_t r = recv(c, buf, sizeof buf, 0);
+        if (r <= 0)
+            die("fork case recv");
+        got += (int)r;
+    }
+    char d;
+    if (read(done[0], &d, 1) != 1)
+        die("fork case done");
+    int st;
+    waitpid(pid, &st, 0);
+    printf("fork: child exit %d, parent read %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : -1, got);
+    struct pollfd pf = {.fd = s, .events = POLLIN | POLLOUT};
+    int r = poll(&pf, 1, 0);
+    printf("fork: parent polls its copy: %d %x\n", r, pf.revents);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLOUT, .data.u64 = 9000};
+    int fe = epoll_create1(0);
+    epoll_ctl(fe, EPOLL_CTL_ADD, s, &ev);
+    show("fork: parent's epoll", fe, 8, 0);
+    ssize_t w = send(s, "abc", 3, 0);
+    printf("fork: parent sends: %zd %s\n", w, w < 0 ? strerror(errno) : "");
+    ssize_t n = recv(c, buf, sizeof buf, 0);
+    printf("fork: peer gets %zd\n", n);
+    if (send(c, "xy", 2, 0) != 2)
+        die("fork case send 2");
+    r = poll(&pf, 1, 1000);
+    printf("fork: parent polls, data: %d %x\n", r, pf.revents);
+    n = recv(s, buf, sizeof buf, 0);
+    printf("fork: parent recv: %zd %s\n", n, n < 0 ? strerror(errno) : "");
+    close(fe);
+    close(s);
+    close(c);
+    close(l);
+    close(done[0]);
+    close(done[1]);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2)
@@ -359,6 +517,7 @@ int main(int argc, char **argv)
         if (conn[i] < 0 || send(conn[i], "h", 1, 0) != 1)
             die("accept");
     }
+    fork_shared_conn();
     int ep = epoll_create1(EPOLL_CLOEXEC);
 
     /* Level-triggered input. */
@@ -407,6 +566,7 @@ int main(int argc, char **argv)
     emptied_set(ep);
     added_while_waiting();
     recv_and_poll();
+    dup_and_poll_sets(ep);
 
     /* Several connections: only the ones with data; maxevents smaller than the ready count. */
     add(ep, EPOLL_CTL_MOD, 0, EPOLLIN);
