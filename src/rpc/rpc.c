@@ -548,8 +548,8 @@ static int ml_rpc_server_trusted(int s, const char *path, char *why, size_t whyl
         named = ULONG_MAX;
     if (pc.uid == geteuid() || pc.uid == 0 || pc.uid == dir.st_uid || pc.uid == named)
         return 1;
-    snprintf(why, whylen, "the server is uid %u (neither us, root, the fabric's owner uid %u "
-             "nor MEMLAN_RPC_SERVER_UID)", (unsigned)pc.uid, (unsigned)dir.st_uid);
+    snprintf(why, whylen, "the server is uid %u (not us, root, the fabric's owner %u or "
+             "MEMLAN_RPC_SERVER_UID)", (unsigned)pc.uid, (unsigned)dir.st_uid);
     return 0;
 }
 
@@ -576,8 +576,8 @@ static CLIENT *ml_clnt_fast(const char *host, rpcprog_t prog, rpcvers_t vers)
     }
     char who[160];
     if (!ml_rpc_server_trusted(s, sa.sun_path, who, sizeof who)) {
-        ml_rpc_say("prog %lu vers %lu on %s: %s: the fast path's socket is not trusted, "
-                   "no channel handed over", (unsigned long)prog, (unsigned long)vers, host, who);
+        ml_rpc_say("prog %lu vers %lu: socket not trusted, no channel handed over: %s",
+                   (unsigned long)prog, (unsigned long)vers, who);
         close(s);
         return NULL;
     }
