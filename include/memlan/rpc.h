@@ -70,12 +70,22 @@ bool_t memlan_svc_register(SVCXPRT *xprt, rpcprog_t prog, rpcvers_t vers,
 void memlan_svc_run(void);
 
 /*
- * memlan_xdr_bytes - xdr_bytes, except that a memlan server decoding a call's arguments from its
- * channel lends variable-length opaque data (opaque x<N>) in place: the argument points into the
- * channel's ring, with no allocation and no copy, until the procedure returns and svc_freeargs
- * gives it back (the generated dispatch code does both).  A procedure may read and write the
- * bytes, but must not free or realloc them, nor keep the pointer after it returns; the same holds
- * of libtirpc, whose svc_freeargs frees them.  MEMLAN_RPC_LOAN=off copies instead.
+ * memlan_xdr_bytes - xdr_bytes; with MEMLAN_RPC_LOAN=on in the server's environment, a memlan
+ * server decoding a call's arguments from its channel lends variable-length opaque data
+ * (opaque x<N>) in place: the argument points into the channel's ring, with no allocation and
+ * no copy, until the procedure returns and svc_freeargs gives it back (the generated dispatch
+ * code does both).  A procedure may read and write the bytes, but must not free or realloc
+ * them, nor keep the pointer after it returns; the same holds of libtirpc.
+ * LENT BYTES ARE SHARED WITH THE CLIENT: it maps the ring read-write and can change them while
+ * the procedure runs, so a procedure that checks an argument and then uses it may use other
+ * bytes than it checked.  Lend only to trusted clients, or copy what you check.  The default
+ * (MEMLAN_RPC_LOAN unset or off) copies, as libtirpc does.
+ *
+ * Callers on the fast path: AUTH_SYS credentials that disagree with the kernel's SO_PEERCRED
+ * (uid, gid, groups) are refused with AUTH_BADCRED unless the caller is root; svc_getcaller
+ * gives 127.0.0.1 with port 1023 for a root caller and 65535 for any other.  A client hands its
+ * channel only to a server whose uid owns the socket and is its own, root, the fabric's owner
+ * or MEMLAN_RPC_SERVER_UID.
  */
 bool_t memlan_xdr_bytes(XDR *xdrs, char **cpp, u_int *sizep, u_int maxsize);
 

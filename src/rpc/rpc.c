@@ -35,11 +35,13 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
+#include <limits.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -79,7 +81,7 @@ struct ml_rpc_spill {
 
 static pthread_once_t ml_rpc_once = PTHREAD_ONCE_INIT;
 static memlan_fabric_t *ml_rpc_fab;
-static int ml_rpc_off, ml_rpc_log, ml_rpc_noloan;
+static int ml_rpc_off, ml_rpc_log, ml_rpc_noloan = 1;
 static size_t ml_rpc_ring = 2u << 20;
 static __thread char ml_rpc_why[160];
 
@@ -95,23 +97,27 @@ static void ml_rpc_bad(const char *name, const char *v, const char *want, const 
             (int)getpid(), name, v, want, def);
 }
 
-/* An on/off setting: 1 for on (and when unset or empty), 0 for off. */
-static int ml_rpc_env_on(const char *name)
+/* An on/off setting: 1 for on, 0 for off, def when unset or empty or bad (said once). */
+static int ml_rpc_env_on(const char *name, int def)
 {
     const char *v = getenv(name);
-    if (!v || !*v || !strcmp(v, "on") || !strcmp(v, "1"))
+    if (!v || !*v)
+        return def;
+    if (!strcmp(v, "on") || !strcmp(v, "1"))
         return 1;
     if (!strcmp(v, "off") || !strcmp(v, "0"))
         return 0;
-    ml_rpc_bad(name, v, "on, off, 1 or 0", "on");
-    return 1;
+    ml_rpc_bad(name, v, "on, off, 1 or 0", def ? "on" : "off");
+    return def;
 }
 
 static void ml_rpc_init(void)
 {
-    ml_rpc_off = !ml_rpc_env_on("MEMLAN_RPC");
+    ml_rpc_off = !ml_rpc_env_on("MEMLAN_RPC", 1);
     ml_rpc_log = getenv("MEMLAN_LOG") != NULL;
-    ml_rpc_noloan = !ml_rpc_env_on("MEMLAN_RPC_LOAN");
+    /* opaque arguments are copied unless the server asks to have them lent from the ring
+     * (the client can still write there during the call: see memlan/rpc.h) */
+    ml_rpc_noloan = !ml_rpc_env_on("MEMLAN_RPC_LOAN", 0);
     const char *kb = getenv("MEMLAN_RPC_RING_KB");
     if (kb && *kb) {
         char *end;
@@ -540,6 +546,43 @@ static int ml_rpc_host_is_local(const char *host)
     return local;
 }
 
+/*
+ * Is the server at the other end of s one we may hand a channel to?  The kernel says who it is
+ * (SO_PEERCRED); it must own the socket file it listens on (path), and be ourselves, root, the
+ * fabric directory's owner, or the uid named by MEMLAN_RPC_SERVER_UID.  Anyone else who may
+ * write the fabric directory could have unlinked the real server's socket and bound one of
+ * its own, to take the client's calls.  On refusal, *why says who it was.
+ */
+static int ml_rpc_server_trusted(int s, const char *path, char *why, size_t whylen)
+{
+    struct ucred pc;
+    socklen_t pl = sizeof pc;
+    struct stat sock, dir;
+    if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &pc, &pl) < 0 || pl != sizeof pc) {
+        snprintf(why, whylen, "no SO_PEERCRED (%s)", strerror(errno));
+        return 0;
+    }
+    if (lstat(path, &sock) < 0 || stat(memlan_fabric_path(ml_rpc_fab), &dir) < 0) {
+        snprintf(why, whylen, "cannot stat the socket (%s)", strerror(errno));
+        return 0;
+    }
+    if (sock.st_uid != pc.uid) {
+        snprintf(why, whylen, "the server is uid %u, the socket's owner uid %u",
+                 (unsigned)pc.uid, (unsigned)sock.st_uid);
+        return 0;
+    }
+    const char *env = getenv("MEMLAN_RPC_SERVER_UID");
+    char *end = NULL;
+    unsigned long named = env && *env ? strtoul(env, &end, 10) : ULONG_MAX;
+    if (end && *end)
+        named = ULONG_MAX;
+    if (pc.uid == geteuid() || pc.uid == 0 || pc.uid == dir.st_uid || pc.uid == named)
+        return 1;
+    snprintf(why, whylen, "the server is uid %u (not us, root, the fabric's owner %u or "
+             "MEMLAN_RPC_SERVER_UID)", (unsigned)pc.uid, (unsigned)dir.st_uid);
+    return 0;
+}
+
 static CLIENT *ml_clnt_fast(const char *host, rpcprog_t prog, rpcvers_t vers)
 {
     struct sockaddr_un sa;
@@ -558,6 +601,13 @@ static CLIENT *ml_clnt_fast(const char *host, rpcprog_t prog, rpcvers_t vers)
                    errno == ENOENT || errno == ECONNREFUSED
                        ? "no memlan server for it on this fabric"
                        : strerror(errno));
+        close(s);
+        return NULL;
+    }
+    char who[160];
+    if (!ml_rpc_server_trusted(s, sa.sun_path, who, sizeof who)) {
+        ml_rpc_say("prog %lu vers %lu: socket not trusted, no channel handed over: %s",
+                   (unsigned long)prog, (unsigned long)vers, who);
         close(s);
         return NULL;
     }
@@ -695,6 +745,10 @@ struct ml_conn {
     struct authunix_parms unix_cred;
     int unix_cred_live;
     char cred_body[ML_RPC_CRED_MAX];
+    struct ucred peer;           /* the client, by the kernel (SO_PEERCRED at its hello) */
+    gid_t peer_groups[NGRPS];    /* its supplementary groups (SO_PEERGROUPS), ... */
+    int peer_ngroups;            /* ... or -1 when the kernel cannot say */
+    struct sockaddr_in caller;   /* svc_getcaller: 127.0.0.1, port by privilege (see below) */
     memlan_segment_t *spill_in;  /* the client's calls' spill segment, imported */
     memlan_segment_t *spill_out; /* our replies' spill segment */
     struct ml_conn *next;
@@ -884,8 +938,26 @@ static void ml_conn_close(struct ml_conn *c)
         memlan_segment_close(c->spill_in);
     if (c->spill_out)
         memlan_segment_close(c->spill_out);
-    free(c->xprt.xp_rtaddr.buf);
     free(c);
+}
+
+/* Does a client's AUTH_SYS credential agree with what the kernel says of it (SO_PEERCRED at its
+ * hello)?  A root client may speak for anyone, as it may over TCP from a reserved port; any
+ * other must give its own uid and gid, and only groups it is in. */
+static int ml_cred_agrees(const struct ml_conn *c, const struct authunix_parms *a)
+{
+    if (c->peer.uid == 0)
+        return 1;
+    if (a->aup_uid != c->peer.uid || a->aup_gid != c->peer.gid)
+        return 0;
+    for (u_int i = 0; i < a->aup_len; i++) {
+        int in = a->aup_gids[i] == c->peer.gid;
+        for (int j = 0; !in && j < c->peer_ngroups && j < NGRPS; j++)
+            in = a->aup_gids[i] == c->peer_groups[j];
+        if (!in)
+            return 0;
+    }
+    return 1;
 }
 
 /* Serve one message; 1 if one was served, 0 if none waiting, -1 if the connection ended. */
@@ -932,6 +1004,8 @@ static int ml_conn_serve_one(struct ml_conn *c)
         xdrmem_create(&xc, c->cred_body, h.cred_len, XDR_DECODE);
         ok = xdr_authunix_parms(&xc, &c->unix_cred);
         c->unix_cred_live = ok;
+        if (ok && !ml_cred_agrees(c, &c->unix_cred))
+            ok = 0; /* AUTH_SYS that the kernel's SO_PEERCRED contradicts: AUTH_BADCRED */
         rq.rq_clntcred = &c->unix_cred;
     } else if (h.cred_flavor != AUTH_NONE) {
         ok = 0;
@@ -997,6 +1071,10 @@ static void ml_svc_hello(struct ml_prog *p, int s)
     struct ml_rpc_hello h;
     uint32_t answer = EPROTO;
     struct ml_conn *c = NULL;
+    struct ucred peer;
+    socklen_t pl = sizeof peer;
+    if (getsockopt(s, SOL_SOCKET, SO_PEERCRED, &peer, &pl) < 0 || pl != sizeof peer)
+        goto out; /* who the caller is decides AUTH_SYS and svc_getcaller: no guessing */
     if (recv(s, &h, sizeof h, MSG_DONTWAIT) != (ssize_t)sizeof h || h.magic != ML_RPC_MAGIC ||
         h.prog != p->prog || h.vers != p->vers)
         goto out;
@@ -1020,15 +1098,22 @@ static void ml_svc_hello(struct ml_prog *p, int s)
     c->xprt.xp_p1 = c;
     c->xprt.xp_netid = "memlan";
     c->xprt.xp_verf = _null_auth;
-    struct sockaddr_in *lo = calloc(1, sizeof *lo); /* svc_getcaller: the caller is local */
-    if (lo) {
-        lo->sin_family = AF_INET;
-        lo->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        c->xprt.xp_rtaddr.buf = lo;
-        c->xprt.xp_rtaddr.len = c->xprt.xp_rtaddr.maxlen = sizeof *lo;
-        memcpy(&c->xprt.xp_raddr, lo, sizeof *lo);
-        c->xprt.xp_addrlen = sizeof *lo;
-    }
+    c->peer = peer;
+    c->peer_ngroups = -1;
+    socklen_t gl = sizeof c->peer_groups;
+    if (getsockopt(s, SOL_SOCKET, SO_PEERGROUPS, c->peer_groups, &gl) == 0)
+        c->peer_ngroups = (int)(gl / sizeof(gid_t));
+    /* svc_getcaller: the caller is local, on 127.0.0.1.  Its port says what a TCP caller's
+     * port would: a reserved one (1023) only when the kernel says the caller is root (root's
+     * libtirpc clients bind a reserved port), else 65535, which reserved-port checks refuse.
+     * It used to be port 0, which such checks took for a privileged caller. */
+    c->caller.sin_family = AF_INET;
+    c->caller.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    c->caller.sin_port = htons(peer.uid == 0 ? 1023 : 65535);
+    c->xprt.xp_rtaddr.buf = &c->caller;
+    c->xprt.xp_rtaddr.len = c->xprt.xp_rtaddr.maxlen = sizeof c->caller;
+    memcpy(&c->xprt.xp_raddr, &c->caller, sizeof c->caller);
+    c->xprt.xp_addrlen = sizeof c->caller;
     c->next = ml_conns;
     ml_conns = c;
     ml_nconns++;
@@ -1108,7 +1193,20 @@ bool_t memlan_svc_register(SVCXPRT *xprt, rpcprog_t prog, rpcvers_t vers,
     int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (s < 0)
         goto done;
-    unlink(sa.sun_path); /* like pmap_unset: the newest server of (prog, vers) takes it */
+    /* Like pmap_unset: the newest server of (prog, vers) takes the socket over, but only from
+     * its own user: a socket of another user's server is left alone (that server keeps its
+     * clients, and ours go through rpcbind), and so is anything that is not a socket. */
+    struct stat st;
+    if (lstat(sa.sun_path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode) || st.st_uid != geteuid()) {
+            ml_rpc_say("prog %lu vers %lu: %s belongs to uid %u%s: not replaced, no fast path",
+                       (unsigned long)prog, (unsigned long)vers, sa.sun_path,
+                       (unsigned)st.st_uid, S_ISSOCK(st.st_mode) ? "" : " and is no socket");
+            close(s);
+            goto done;
+        }
+        unlink(sa.sun_path);
+    }
     if (bind(s, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(s, 128) < 0) {
         ml_rpc_say("prog %lu vers %lu: cannot listen on %s: %s", (unsigned long)prog,
                    (unsigned long)vers, sa.sun_path, strerror(errno));

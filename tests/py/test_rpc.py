@@ -10,6 +10,7 @@ import pathlib
 import re
 import shutil
 import subprocess
+import sys
 import time
 
 import pytest
@@ -154,7 +155,7 @@ def test_bad_settings_are_said_once_with_the_default(fabric, builds):
     assert fast == tcp
     assert "memlan-rpc" not in quiet, quiet
     for text in (err, srv_err):
-        for var, val, default in (("MEMLAN_RPC", "maybe", "on"), ("MEMLAN_RPC_LOAN", "yes", "on"),
+        for var, val, default in (("MEMLAN_RPC", "maybe", "on"), ("MEMLAN_RPC_LOAN", "yes", "off"),
                                   ("MEMLAN_RPC_RING_KB", "8", "2048 KiB")):
             lines = [l for l in text.splitlines() if f"bad {var}=" in l]
             assert len(lines) == 1, text
@@ -218,14 +219,18 @@ def test_silent_fast_path_connections_hold_no_one_up(fabric, builds):
 @pytest.mark.parametrize("loan,ring_kb,want", [
     ("on", "2048", ["lent"] * 5),                # the default ring: every message fits
     ("on", "64", ["lent"] + ["copied"] * 4),     # 64 KiB and more are spilled
-    ("off", "2048", ["copied"] * 5)])
+    ("off", "2048", ["copied"] * 5),
+    (None, "2048", ["copied"] * 5)])             # the default copies (the client may write)
 def test_server_borrows_opaque_arguments_from_the_ring(fabric, builds, loan, ring_kb, want):
     """On the fast path a server decodes opaque<> arguments in place: the procedure's argument
     points into the channel's ring (a /dev/shm mapping), with no allocation and no copy, and it
     may write there.  Arguments spilled to the client's read-only segment, and all of them with
     MEMLAN_RPC_LOAN=off, are copied.  The session must still equal libtirpc's over TCP."""
     m = builds["memlan"]
-    env = dict(os.environ, ECHO_WHERE="1", MEMLAN_RPC_LOAN=loan, MEMLAN_RPC_RING_KB=ring_kb)
+    env = dict(os.environ, ECHO_WHERE="1", MEMLAN_RPC_RING_KB=ring_kb)
+    env.pop("MEMLAN_RPC_LOAN", None)
+    if loan:
+        env["MEMLAN_RPC_LOAN"] = loan
     srv = Server([str(m / "srv")], env=env)
     try:
         fast, _ = session([str(m / "cli"), "fast", str(srv.port)], env=env)
@@ -503,3 +508,113 @@ def test_rpcgen_errors_name_file_line_column(text, msg, tmp_path):
                        text=True, timeout=30)
     assert p.returncode == 1, p
     assert p.stderr.startswith("bad.x:") and msg in p.stderr, p.stderr
+
+
+SANFLAGS = ["-g", "-O1", "-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+
+
+def sanenv():
+    return dict(os.environ, ASAN_OPTIONS="detect_leaks=0", UBSAN_OPTIONS="halt_on_error=1")
+
+
+def test_rpcgen_fuzzed_under_asan_ubsan(tmp_path):
+    """memlan-rpcgen built with ASan+UBSan: a plain run without -D exits 0 (it used to pass
+    memcpy a NULL source for the empty -D list, and UBSan exited 1 on every run); #include of
+    /dev/zero, of a FIFO or of itself is an error naming file, line and column (it read
+    /dev/zero until memory ran out); and a short mutation fuzz (tests/rpc/fuzz_rpcgen.py) finds
+    no crash, hang, sanitizer report or error without a location."""
+    gen = tmp_path / "rpcgen-san"
+    sh(["cc", "-std=gnu11", "-D_GNU_SOURCE", *SANFLAGS, f"-I{ROOT / 'tools' / 'rpcgen'}", "-o",
+        str(gen), str(ROOT / "tools/rpcgen/parse.c"), str(ROOT / "tools/rpcgen/gen.c")], tmp_path)
+    shutil.copy(SRC / "echo.x", tmp_path)
+    p = subprocess.run([str(gen), "echo.x"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=60, env=sanenv())
+    assert p.returncode == 0 and "runtime error" not in p.stderr, p.stderr
+    os.mkfifo(tmp_path / "fifo")
+    for name, inc in (("zero.x", "/dev/zero"), ("fifo.x", "fifo"), ("loop.x", "loop.x")):
+        (tmp_path / name).write_text(f'/* first line */\n#include "{inc}"\n')
+        p = subprocess.run([str(gen), "-h", name], cwd=tmp_path, capture_output=True, text=True,
+                           timeout=30, env=sanenv())
+        assert p.returncode == 1 and re.match(rf"{re.escape(name)}:2:1: error: ", p.stderr), \
+            p.stderr
+    p = subprocess.run([sys.executable, str(SRC / "fuzz_rpcgen.py"), str(gen), "20", "250", "12",
+                        str(SRC / "echo.x"), str(SRC / "calc.x")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert re.match(r"\d+ runs: \d+ accepted, \d+ errors, 0 failures", p.stdout), p.stdout
+
+
+def test_fast_path_decoders_fuzzed_under_asan_ubsan(fabric, builds, tmp_path):
+    """A hostile fast-path client (tests/rpc/rpcfuzz.c) writes mutated call messages into the
+    ring of a server whose runtime (src/rpc/rpc.c) is built with ASan+UBSan: every message gets
+    a reply or the connection is dropped, nothing stalls, no sanitizer report, and a clean call
+    still comes back right at the end."""
+    d = builds["memlan"]
+    inc = [f"-I{ROOT / 'include'}", f"-I{ROOT / 'src'}", "-I/usr/include/tirpc"]
+    lib = [f"-L{BUILD / 'lib'}", f"-Wl,-rpath,{BUILD / 'lib'}", "-lmemlan", "-ltirpc"]
+    srv_bin, fz = tmp_path / "srv-san", tmp_path / "rpcfuzz"
+    sh(["cc", "-std=gnu11", "-D_GNU_SOURCE", *SANFLAGS, *inc, "-o", str(srv_bin),
+        str(ROOT / "src/rpc/rpc.c"), "echo_impl.c", "echo_svc.c", "echo_xdr.c", *lib], d)
+    sh(["cc", "-std=gnu11", "-O1", "-I.", *inc, "-o", str(fz), str(SRC / "rpcfuzz.c"), "echo_xdr.c",
+        *lib], d)
+    srv = Server([str(srv_bin)], env=sanenv())
+    try:
+        p = subprocess.run([str(fz), "7", "3000", "10"], capture_output=True, text=True,
+                           timeout=90)
+        alive = srv.p.poll() is None
+    finally:
+        err = srv.stop() if srv.p.poll() is None else srv.p.stderr.read()
+        memlan("clean")
+    assert alive and "runtime error" not in err and "Sanitizer" not in err, err[-4000:]
+    assert p.returncode == 0 and "0 hangs; server alive" in p.stdout, p.stdout + p.stderr
+
+
+ROGUE = r"""
+import os, socket, sys, time
+path = sys.argv[1]
+os.setgid(65534); os.setuid(65534)
+os.unlink(path)                      # a member of a shared fabric takes the server's socket
+s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+s.bind(path); s.listen(8)
+print("bound", flush=True)
+s.settimeout(8)
+got = b""
+try:
+    c, _ = s.accept()
+    c.settimeout(2)
+    got = c.recv(4096)
+except OSError:
+    pass
+print("hello" if got else "nothing", flush=True)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_client_hands_no_channel_to_a_foreign_socket(fabric, builds):
+    """In a fabric that another user may write (mode 0777, no sticky bit), uid 65534 unlinks the
+    server's rpc-PROG-VERS.sock and binds its own.  The client checks the listener's SO_PEERCRED
+    (it must own the socket, and be us, root, the fabric's owner or MEMLAN_RPC_SERVER_UID) and
+    hands it no channel token: it falls back with a reason.  It used to send its hello, token
+    and all, to the impostor and take it for the server."""
+    m = builds["memlan"]
+    os.chmod(fabric, 0o777)
+    srv = Server([str(m / "srv")])
+    rogue = None
+    try:
+        (path,) = fabric.glob("rpc-*.sock")
+        rogue = subprocess.Popen([sys.executable, "-c", ROGUE, str(path)], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+        assert rogue.stdout.readline().strip() == "bound", rogue.stderr.read()
+        p = subprocess.run([str(m / "cli"), "fast", str(srv.port)], capture_output=True,
+                           text=True, timeout=60)
+        said = rogue.stdout.readline().strip()
+    finally:
+        if rogue and rogue.poll() is None:
+            rogue.kill()
+        if rogue:
+            rogue.wait()
+        srv.stop()
+        for f in fabric.glob("rpc-*.sock"):
+            f.unlink()
+    assert said == "nothing", "the client handed its channel token to uid 65534"
+    assert p.returncode == 3 and "not trusted" in p.stderr and "uid 65534" in p.stderr, p.stderr

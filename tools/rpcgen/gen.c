@@ -878,8 +878,10 @@ int main(int argc, char **argv)
         struct defines d2 = defs;
         d2.names = xmalloc(sizeof(char *) * (size_t)(defs.n + 1));
         d2.values = xmalloc(sizeof(char *) * (size_t)(defs.n + 1));
-        memcpy(d2.names, defs.names, sizeof(char *) * (size_t)defs.n);
-        memcpy(d2.values, defs.values, sizeof(char *) * (size_t)defs.n);
+        if (defs.n) { /* without -D, defs.names is NULL: memcpy(dst, NULL, 0) is undefined */
+            memcpy(d2.names, defs.names, sizeof(char *) * (size_t)defs.n);
+            memcpy(d2.values, defs.values, sizeof(char *) * (size_t)defs.n);
+        }
         d2.names[d2.n] = xstrdup(sym[k]);
         d2.values[d2.n++] = xstrdup("1");
         struct def *tree = rpcgen_parse(in, &d2);

@@ -13,6 +13,9 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 void *xmalloc(size_t n)
 {
@@ -99,31 +102,50 @@ struct parser {
     int nnames;
 };
 
+/* Input files are bounded: one file at most RPCGEN_FILE_MAX bytes, every file of a run
+ * together (includes are re-read once per output) at most RPCGEN_TOTAL_MAX, and only regular
+ * files (a FIFO, a terminal or /dev/zero would block or never end). */
+#define RPCGEN_FILE_MAX (16u << 20)
+#define RPCGEN_TOTAL_MAX (256u << 20)
+static size_t rpcgen_total_read;
+
+static void cannot_read(const char *path, struct loc from, const char *why)
+{
+    if (from.file)
+        fatal_at(from, "cannot read %s: %s", path, why);
+    fprintf(stderr, "memlan-rpcgen: cannot read %s: %s\n", path, why);
+    exit(1);
+}
+
 static char *read_file(const char *path, struct loc from)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (from.file)
-            fatal_at(from, "cannot open %s: %s", path, strerror(errno));
-        fprintf(stderr, "memlan-rpcgen: cannot open %s: %s\n", path, strerror(errno));
-        exit(1);
-    }
-    size_t cap = 4096, n = 0;
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0)
+        cannot_read(path, from, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) < 0)
+        cannot_read(path, from, strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        cannot_read(path, from, "not a regular file");
+    if ((unsigned long long)st.st_size > RPCGEN_FILE_MAX)
+        cannot_read(path, from, "larger than 16 MiB");
+    size_t cap = (size_t)st.st_size + 1, n = 0;
     char *buf = xmalloc(cap);
-    size_t r;
-    while ((r = fread(buf + n, 1, cap - n - 1, f)) > 0) {
-        n += r;
-        if (cap - n - 1 == 0) {
-            cap *= 2;
-            char *g = realloc(buf, cap);
-            if (!g) {
-                fprintf(stderr, "memlan-rpcgen: out of memory\n");
-                exit(1);
-            }
-            buf = g;
-        }
+    while (n < cap - 1) { /* bounded: at most st_size bytes, even if the file grows */
+        ssize_t r = read(fd, buf + n, cap - 1 - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0)
+            cannot_read(path, from, strerror(errno));
+        if (r == 0)
+            break;
+        n += (size_t)r;
     }
-    fclose(f);
+    close(fd);
+    rpcgen_total_read += n;
+    if (rpcgen_total_read > RPCGEN_TOTAL_MAX)
+        cannot_read(path, from, "more than 256 MiB of input in all (an #include loop?)");
     buf[n] = 0;
     if (memchr(buf, 0, n))
         fatal_at((struct loc){path, 1, 1}, "binary data (a NUL byte) in the input");
@@ -409,12 +431,9 @@ static void directive(struct parser *p)
             path = xprintf("%.*s/%s", (int)(slash - s->name), s->name, inc);
         else
             path = xstrdup(inc);
-        FILE *t = fopen(path, "r");
-        if (!t) {
+        if (access(path, F_OK) != 0) { /* not beside the including file: as given */
             free(path);
             path = xstrdup(inc);
-        } else {
-            fclose(t);
         }
         push_src(p, path, at);
         free(path);
