@@ -5,6 +5,7 @@
 #   make deps       install the build dependencies (libtirpc-dev, rpcsvc-proto, pkg-config, man-db)
 #   make test       make deps, then run every test, then again under ASan+UBSan
 #   make demo       build and run `memlan bench --quick`
+#   make chaos      the long chaos suite (tests/chaos/chaos.py --long)
 #   make install    PREFIX BINDIR LIBDIR INCLUDEDIR MANDIR PKGCONFIGDIR DESTDIR, as a packager
 #   make uninstall  the same variables: removes exactly what install wrote
 CC      ?= cc
@@ -170,6 +171,12 @@ test:
 	$(MAKE) all
 	./scripts/test.sh
 
+# The chaos suite, long version (kill storms, the vandal, a full fabric; docs/results.md).  Its
+# short version runs inside `make test`.  CHAOS_SCALE=0.25 shortens it.
+chaos: all
+	$(MAKE) SAN=1 BUILD=build-asan all
+	BUILD=$(abspath $(BUILD)) python3 tests/chaos/chaos.py --long
+
 demo: all
 	$(CLI) bench --quick
 
@@ -215,4 +222,4 @@ clean:
 
 FORCE:
 
-.PHONY: all test demo install uninstall clean deps FORCE
+.PHONY: all test chaos demo install uninstall clean deps FORCE

@@ -72,6 +72,10 @@ if [ "${MEMLAN_SKIP_ASAN:-0}" != 1 ]; then
     fi
 fi
 
+# The chaos suite's short version (kill storms, the vandal, a full fabric: about 45 s); it uses
+# fabrics of its own, and build-asan's examples when they were built.
+run "chaos (short)" env BUILD="$PWD/$BUILD" python3 tests/chaos/chaos.py
+
 left=$(find "$MEMLAN_FABRIC" -mindepth 1 | wc -l)
 if [ "$left" -ne 0 ]; then
     fail=$((fail + 1)); failed+=("fabric files left behind: $left"); ls -l "$MEMLAN_FABRIC"

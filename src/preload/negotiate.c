@@ -658,6 +658,84 @@ struct mlp_lrec {
 static struct mlp_lrec *mlp_lrecs[65536];
 static struct mlp_lrec *mlp_xrecs; /* found through la- names: other namespaces' listeners */
 
+/*
+ * Record mappings in use by clients.  A client looks a record up again when its listeners are
+ * gone (a restarted server makes a new record file), and the record's mapping it had may still
+ * be in use: by a thread between connect_start and connect_done (its pending count) or by an
+ * undecided socket (s->lmap).  Each such use holds the mapping; a mapping that a record no
+ * longer names is retired, and unmapped when its last hold goes, so a client keeps one mapping
+ * per record plus those in use (it used to keep one per listener restart, for ever).
+ * mlp_neg_mu.
+ */
+struct mlp_lmap {
+    struct mlp_lmap *next;
+    struct ml_listen_rec *map;
+    int users;
+    bool retired;
+};
+static struct mlp_lmap *mlp_lmaps;
+
+static struct mlp_lmap **mlp_lmap_find(struct ml_listen_rec *m)
+{
+    struct mlp_lmap **pp = &mlp_lmaps;
+    while (*pp && (*pp)->map != m)
+        pp = &(*pp)->next;
+    return pp;
+}
+
+/* Hold m (mlp_neg_mu held); false without memory (then the caller holds nothing). */
+static bool mlp_lmap_hold_locked(struct ml_listen_rec *m)
+{
+    struct mlp_lmap **pp = mlp_lmap_find(m);
+    if (!*pp) {
+        struct mlp_lmap *e = calloc(1, sizeof *e);
+        if (!e)
+            return false;
+        e->map = m;
+        *pp = e;
+    }
+    (*pp)->users++;
+    return true;
+}
+
+static void mlp_lmap_put_locked(struct ml_listen_rec *m)
+{
+    struct mlp_lmap **pp = mlp_lmap_find(m), *e = *pp;
+    if (!e || --e->users > 0)
+        return;
+    *pp = e->next;
+    if (e->retired)
+        __ml_sys_munmap(e->map, ML_PAGE);
+    free(e);
+}
+
+bool mlp_lmap_hold(struct ml_listen_rec *m)
+{
+    pthread_mutex_lock(&mlp_neg_mu);
+    bool ok = mlp_lmap_hold_locked(m);
+    pthread_mutex_unlock(&mlp_neg_mu);
+    return ok;
+}
+
+void mlp_lmap_put(struct ml_listen_rec *m)
+{
+    pthread_mutex_lock(&mlp_neg_mu);
+    mlp_lmap_put_locked(m);
+    pthread_mutex_unlock(&mlp_neg_mu);
+}
+
+/* A record stops naming m: unmap it now, or when its last hold goes.  mlp_neg_mu. */
+static void mlp_lmap_retire(struct ml_listen_rec *m)
+{
+    if (!m)
+        return;
+    struct mlp_lmap *e = *mlp_lmap_find(m);
+    if (e)
+        e->retired = true;
+    else
+        __ml_sys_munmap(m, ML_PAGE);
+}
+
 /* SO_RCVBUF/SO_SNDBUF set on a listening socket: published for the clients to come. */
 static void mlp_listener_bufsize(int fd, uint32_t v)
 {
@@ -764,9 +842,10 @@ static bool mlp_lrec_live(int fd)
 }
 
 /* Client: the live record for port in namespace netns (ours, or one an la- name led to), or
- * NULL. */
-static struct mlp_lrec *mlp_lrec_find(const char *netns, int port)
+ * NULL; with *held, its mapping, held for the caller (mlp_lmap_put), or NULL. */
+static struct mlp_lrec *mlp_lrec_find(const char *netns, int port, struct ml_listen_rec **held)
 {
+    *held = NULL;
     bool ours = strcmp(netns, mlp_cfg.netns) == 0;
     pthread_mutex_lock(&mlp_neg_mu);
     struct mlp_lrec *r = NULL;
@@ -816,12 +895,20 @@ static struct mlp_lrec *mlp_lrec_find(const char *netns, int port)
             __ml_sys_close(r->check_fd);
         }
         r->check_fd = fd;
-        /* The old mapping is never unmapped: a thread between connect_start and connect_done
-         * may still count itself out through it.  One page per re-created record. */
-        if (r->nlisten == 0)
+        /* The old mapping may still be in use (a thread between connect_start and connect_done
+         * counts itself out through it): retired, unmapped when its last hold goes. */
+        if (r->nlisten == 0 && r->map != m) {
+            mlp_lmap_retire(r->map);
             r->map = m;
+        } else if (r->map != m) {
+            __ml_sys_munmap(m, ML_PAGE); /* our own listener's record: we keep its mapping */
+        }
         r->ino = ino;
     }
+    if (r && r->map && !mlp_lmap_hold_locked(r->map))
+        r = NULL;
+    if (r)
+        *held = r->map;
     pthread_mutex_unlock(&mlp_neg_mu);
     return r;
 }
@@ -1024,6 +1111,8 @@ int mlp_on_listen(int fd)
         err = mlp_lrec_open(mlp_cfg.netns, a.port, true, &lfd, &m, &ino);
         if (err == 0) {
             r->lock_fd = lfd;
+            if (r->map != m)
+                mlp_lmap_retire(r->map); /* a client's look-up of an earlier record */
             r->map = m;
             r->ino = ino;
         }
@@ -1108,13 +1197,16 @@ struct mlp_pending {
 static void mlp_pending_done(struct mlp_pending *p)
 {
     struct ml_listen_rec *m = p->map;
-    if (p->no_offer)
+    if (p->no_offer) {
+        mlp_lmap_put(m);
         return; /* never counted in */
+    }
     /* SYNC: the offer was linked before this release; an acceptor that sees pending fall to 0
      * (acquire) and then finds no offer knows the client posted none. */
     if (atomic_fetch_sub_explicit(&m->pending, 1, memory_order_acq_rel) == 1 &&
         ml_load_acquire(&m->waiters))
         __ml_sys_futex_wake(&m->pending, INT32_MAX);
+    mlp_lmap_put(m);
 }
 
 void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, void **token)
@@ -1131,14 +1223,17 @@ void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, vo
     char ns[24];
     bool other = !mlp_addr_loopback(&a) && !mlp_addr_wild(&a) &&
                  mlp_addr_netns(&a, ns, sizeof ns) && strcmp(ns, mlp_cfg.netns) != 0;
-    struct mlp_lrec *r = mlp_lrec_find(other ? ns : mlp_cfg.netns, a.port);
+    struct ml_listen_rec *lm;
+    struct mlp_lrec *r = mlp_lrec_find(other ? ns : mlp_cfg.netns, a.port, &lm);
     if (!r)
         return;
-    const char *no = mlp_cred_lost(false) ? mlp_cred_why : mlp_no_offer_why(r->map);
+    const char *no = mlp_cred_lost(false) ? mlp_cred_why : mlp_no_offer_why(lm);
     if (no) {
         struct mlp_pending *p = malloc(sizeof *p);
         if (p)
-            *p = (struct mlp_pending){.rec = r, .map = r->map, .other_ns = other, .no_offer = no};
+            *p = (struct mlp_pending){.rec = r, .map = lm, .other_ns = other, .no_offer = no};
+        else
+            mlp_lmap_put(lm);
         *token = p;
         return;
     }
@@ -1148,19 +1243,21 @@ void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, vo
      * once per 10 s per port among all its clients: a client that sees a recent sweep skips. */
     if (!ml_load_relaxed(&mlp_fab->swept)) {
         uint32_t now_s = (uint32_t)(__ml_now_ns() / 1000000000u);
-        uint32_t last = ml_load_relaxed(&r->map->swept_s);
+        uint32_t last = ml_load_relaxed(&lm->swept_s);
         if (last && now_s - last < 10) {
             ml_store_relaxed(&mlp_fab->swept, true);
         } else {
-            ml_store_relaxed(&r->map->swept_s, now_s ? now_s : 1);
+            ml_store_relaxed(&lm->swept_s, now_s ? now_s : 1);
             __ml_fabric_sweep_once(mlp_fab);
         }
     }
     struct mlp_pending *p = malloc(sizeof *p);
-    if (!p)
+    if (!p) {
+        mlp_lmap_put(lm);
         return;
+    }
     p->rec = r;
-    p->map = r->map;
+    p->map = lm;
     p->other_ns = other;
     p->no_offer = NULL;
     /* SYNC: before connect(): an acceptor that sees our connection sees this count. */
@@ -1272,7 +1369,7 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, cons
     ml_store_relaxed(&s->me->flags,
                      ((fl > 0 && (fl & O_NONBLOCK)) ? ML_SOCK_NONBLOCK : 0u) | mlp_linger_flag(fd));
     s->state = MLP_UNDECIDED;
-    s->lmap = lmap;
+    s->lmap = mlp_lmap_hold(lmap) ? lmap : NULL; /* put by mlp_sock_destroy */
     mlp_sock_liveness(ch, fd);
     s->offer_ns = mlp_now_ns();
     snprintf(s->offer, sizeof s->offer, "%s", name);

@@ -97,8 +97,8 @@ struct mlp_sock {
     uint64_t offer_ns;            /* client: when the offer went out */
     uint64_t peek_ns;             /* client: when we last peeked the kernel socket, undecided */
     char offer[160];              /* client: the offer's name in the fabric, "" once gone */
-    struct ml_listen_rec *lmap;   /* client, undecided: the listener's record (never unmapped),
-                                   * whose no_offer tells us to withdraw at once */
+    struct ml_listen_rec *lmap;   /* client, undecided: the listener's record (held: see
+                                   * mlp_lmap_hold), whose no_offer tells us to withdraw at once */
     bool cred_primed;             /* cred.c: its peer's queues were posted to (and so mapped)
                                    * before a credential change */
     int slot;                     /* our line in the process's stat segment, -1 if none */
@@ -182,6 +182,8 @@ void mlp_epoll_at_exit(void);
 extern __thread char *mlp_defer_offer_unlink; /* a buffer of sizeof mlp_sock.offer, or NULL */
 void mlp_offer_unlink_name(const char *name);
 void mlp_lrec_release(struct mlp_lrec *r);
+bool mlp_lmap_hold(struct ml_listen_rec *m);
+void mlp_lmap_put(struct ml_listen_rec *m);
 void mlp_stat_conn(struct mlp_sock *s, int fd, const char *why);  /* record in memlan stat */
 void mlp_stat_tcp(int fd, const char *why);
 void mlp_stat_clear(struct mlp_sock *s);

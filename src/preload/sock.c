@@ -913,6 +913,10 @@ void mlp_sock_destroy(struct mlp_sock *s)
         s->rec = NULL;
         return;
     }
+    if (s->lmap) {
+        mlp_lmap_put(s->lmap);
+        s->lmap = NULL;
+    }
     if (!s->ch)
         return;
     if (s->state == MLP_UNDECIDED) {
@@ -938,7 +942,10 @@ void mlp_sock_destroy(struct mlp_sock *s)
     } else {
         if (s->ch->evq)
             (void)memlan_evq_del(s->ch->evq, s->ch);
-        s->ch->seg->owner = false; /* do not unlink: the channel lives on in another process */
+        /* Do not unlink: the channel lives on in another process; except a withdrawn offer's
+         * (TCP: nobody ever attached), which is ours alone once our last holder goes. */
+        if (!(last && s->state == MLP_TCP))
+            s->ch->seg->owner = false;
         __ml_seg_destroy(s->ch->seg);
         free(s->ch);
     }

@@ -1,0 +1,175 @@
+# SPDX-License-Identifier: Apache-2.0 OR MIT
+"""Leaks (issue 20 item 10): a client's mappings stay bounded over listener restarts, a withdrawn
+offer leaves no channel file, and a server ended by SIGTERM leaves nothing once its own handler
+exits, or after `memlan clean` / the next sweep when it has none (memlan installs no handler)."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from conftest import MEMLAN, memlan, port_free
+
+PORT = [48800]
+
+
+def next_port():
+    PORT[0] += 1
+    while not port_free(PORT[0]):
+        PORT[0] += 1
+    return PORT[0]
+
+
+def run(*argv, **kw):
+    return subprocess.Popen([str(MEMLAN), "run", "--", sys.executable, "-c", *argv],
+                            stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True, **kw)
+
+
+# Listens, serves one connection, closes the listener; n times (each a new ls- record file).
+RESTARTER = r"""
+import socket, sys
+port, n = int(sys.argv[1]), int(sys.argv[2])
+print("go", flush=True)
+for i in range(n):
+    l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind(("127.0.0.1", port)); l.listen(4)
+    a, _ = l.accept()
+    l.close()
+    d = a.recv(8)
+    a.sendall(d)
+    a.close()
+"""
+
+# Connects n times (retrying while the listener is away), one round trip each; prints the
+# number of its mappings naming the fabric after the first and after the last.
+RESTART_CLIENT = r"""
+import os, socket, sys, time
+port, n, fab = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+def maps():
+    with open("/proc/self/maps") as f:
+        return sum(1 for line in f if fab in line)
+first = None
+for i in range(n):
+    deadline = time.time() + 10
+    while True:
+        try:
+            c = socket.create_connection(("127.0.0.1", port)); break
+        except ConnectionRefusedError:
+            assert time.time() < deadline, "listener never came back"
+            time.sleep(0.002)
+    c.sendall(b"%d" % i)
+    assert c.recv(8) == b"%d" % i
+    assert c.recv(8) == b""
+    c.close()
+    if first is None:
+        first = maps()
+print(first, maps(), flush=True)
+"""
+
+
+def test_client_mappings_bounded_over_listener_restarts(fabric):
+    """100 listener restarts (each a new record file): the client used to keep one mapping of
+    every record it had ever looked up (19 -> 310 over 300 restarts)."""
+    port, n = next_port(), 100
+    srv = run(RESTARTER, str(port), str(n))
+    try:
+        assert srv.stdout.readline().strip() == "go"
+        cl = run(RESTART_CLIENT, str(port), str(n), str(fabric))
+        out, _ = cl.communicate(timeout=90)
+        first, last = (int(x) for x in out.split())
+        assert srv.wait(timeout=30) == 0
+    finally:
+        for p in (srv,):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert last <= first + 4, (first, last)
+    memlan("clean")
+
+
+# A listener that never accepts; says "up", then waits for a line on stdin.
+IDLE_LISTENER = r"""
+import socket, sys
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", int(sys.argv[1]))); l.listen(64)
+print("up", flush=True)
+sys.stdin.readline()
+"""
+
+# Connects and closes before anyone accepts: the offer is withdrawn; exits normally.
+WITHDRAWER = r"""
+import socket, sys
+for i in range(int(sys.argv[2])):
+    c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    c.close()
+"""
+
+
+def test_withdrawn_offer_leaves_no_channel_file(fabric):
+    """Clients whose offers are withdrawn (closed before accept) and that exit normally leave
+    no channel file behind, without any sweep: the fabric holds what it held before."""
+    port = next_port()
+    srv = run(IDLE_LISTENER, str(port))
+    try:
+        assert srv.stdout.readline().strip() == "up"
+        before = sorted(os.listdir(fabric))
+        cl = run(WITHDRAWER, str(port), "5")
+        cl.communicate(timeout=30)
+        assert cl.returncode == 0
+        after = sorted(os.listdir(fabric))
+        assert after == before, (before, after)
+        srv.stdin.write("\n")
+        srv.stdin.flush()
+        srv.wait(timeout=10)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    memlan("clean")
+
+
+SERVER = r"""
+import signal, socket, sys, time
+port, mode = int(sys.argv[1]), sys.argv[2]
+if mode == "handler":
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", port)); l.listen(8)
+c = socket.create_connection(("127.0.0.1", port)); a, _ = l.accept()
+c.sendall(b"x"); assert a.recv(1) == b"x"
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_sigterm_server_with_its_own_handler_leaves_nothing(fabric):
+    """A server whose SIGTERM handler exits: memlan's atexit path removes its listener record,
+    channels, queue and doorbell at once."""
+    srv = run(SERVER, str(next_port()), "handler")
+    assert srv.stdout.readline().strip() == "ready"
+    assert os.listdir(fabric)
+    srv.send_signal(signal.SIGTERM)
+    assert srv.wait(timeout=10) == 0
+    assert os.listdir(fabric) == []
+
+
+def test_sigterm_server_without_handler_is_swept(fabric):
+    """Default SIGTERM (no exit handlers run): its files stay until `memlan clean` or the next
+    sweep (the first file any memlan process creates in the fabric); both remove all of them."""
+    for how in ("clean", "sweep"):
+        srv = run(SERVER, str(next_port()), "plain")
+        assert srv.stdout.readline().strip() == "ready"
+        srv.send_signal(signal.SIGTERM)
+        assert srv.wait(timeout=10) == -signal.SIGTERM
+        left = set(os.listdir(fabric))
+        assert left
+        if how == "clean":
+            memlan("clean")
+            assert os.listdir(fabric) == []
+        else:
+            p = run(SERVER, str(next_port()), "handler")
+            assert p.stdout.readline().strip() == "ready"
+            assert not (left & set(os.listdir(fabric))), (left, os.listdir(fabric))
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(timeout=10) == 0
+            assert os.listdir(fabric) == []
