@@ -48,6 +48,16 @@ int main(void)
         memlan_channel_close(tx);
         _exit(0);
     }
+    /* A peer that never attaches (it died first) would leave the consumer waiting for ever, as
+     * an accept with no client does: wait for it a bounded time first. */
+    if ((r = memlan_channel_wait_peer(ch, 10000)) < 0) {
+        fprintf(stderr, "zerocopy: the producer did not attach: %s\n", memlan_strerror(r));
+        memlan_channel_close(ch); /* a producer that did attach meanwhile sees the end */
+        int st;
+        waitpid(pid, &st, 0);
+        memlan_fabric_close(fab);
+        return 1;
+    }
     unsigned seen = 0;
     double sum = 0;
     for (;;) { /* consumer: read each order where it lies */
