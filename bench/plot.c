@@ -125,12 +125,26 @@ void plot_lines(FILE *f, double ox, double oy, const char *title, const char *xl
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"end\">%s</text>\n", L - 5,
                 PY(v) + 4, lab);
     }
-    for (int i = 0; ns > 0 && i < s[0].n; i++) {
-        double x = tr(s[0].x[i], logx);
+    /* x ticks at every x any series has, each once: the first series may be a one-point one
+     * (kernel TCP in --quick), and then its one size was the only label */
+    double xs[64];
+    int nx = 0;
+    for (int k = 0; k < ns; k++)
+        for (int i = 0; i < s[k].n && nx < 64; i++) {
+            if (logx && s[k].x[i] <= 0)
+                continue;
+            int j = 0;
+            while (j < nx && xs[j] != s[k].x[i])
+                j++;
+            if (j == nx)
+                xs[nx++] = s[k].x[i];
+        }
+    for (int i = 0; i < nx; i++) {
+        double x = tr(xs[i], logx);
         if (xbytes)
-            fmt_bytes(lab, sizeof lab, s[0].x[i]);
+            fmt_bytes(lab, sizeof lab, xs[i]);
         else
-            fmt_si(lab, sizeof lab, s[0].x[i]);
+            fmt_si(lab, sizeof lab, xs[i]);
         fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" text-anchor=\"middle\">%s</text>\n", PX(x),
                 T + ph + 18, lab);
     }
