@@ -177,7 +177,9 @@ chaos: all
 	$(MAKE) SAN=1 BUILD=build-asan all
 	BUILD=$(abspath $(BUILD)) python3 tests/chaos/chaos.py --long
 
-demo: all
+demo:
+	$(MAKE) deps
+	$(MAKE) all
 	$(CLI) bench --quick
 
 # Man pages: committed under man/, generated from the headers and docs/man/ by
