@@ -239,9 +239,10 @@ typedef struct memlan_listener memlan_listener_t;
  * memlan_listen - serve name on the fabric.  kind is MEMLAN_STREAM or MEMLAN_MSG to accept only
  * channels of that kind (others are refused with -EPROTOTYPE), or 0 for any.  A name left by a
  * server that died is reclaimed.  Returns 0 and *out; -EINVAL for NULL arguments, an empty name,
- * one holding '/' or a control character, or an unknown kind; -ENAMETOOLONG for a name longer
- * than MEMLAN_NAME_MAX or one whose socket path would not fit; -EADDRINUSE while a live server
- * serves the name; or an errno from the kernel.  A listener is used by one thread at a time.
+ * one holding '/' or a control character or ending in ".sock", or an unknown kind;
+ * -ENAMETOOLONG for a name longer than MEMLAN_NAME_MAX or one whose socket path would not fit;
+ * -EADDRINUSE while a live server serves the name; or an errno from the kernel.  A listener is
+ * used by one thread at a time.
  */
 int memlan_listen(memlan_fabric_t *fab, const char *name, int kind, memlan_listener_t **out);
 

@@ -73,6 +73,10 @@ static int ml_ep_addr(const memlan_fabric_t *fab, const char *name, struct socka
     for (size_t i = 0; i < n; i++)
         if (name[i] == '/' || (unsigned char)name[i] < 0x20 || name[i] == 0x7f)
             return -EINVAL;
+    /* ep-NAME.sock is the rendezvous of NAME: a name ending in .sock would make its own lock
+     * file look like another name's socket to the fabric's sweep, which would remove it. */
+    if (n >= 5 && strcmp(name + n - 5, ".sock") == 0)
+        return -EINVAL;
     memset(sa, 0, sizeof *sa);
     sa->sun_family = AF_UNIX;
     int w = snprintf(sa->sun_path, sizeof sa->sun_path, "%s/ep-%s.sock", fab->path, name);
@@ -248,7 +252,9 @@ int memlan_accept(memlan_listener_t *l, int timeout_ms, memlan_channel_t **out)
                     break;
                 }
         }
-        if (n == 0 && ml_ep_timeleft(deadline, timeout_ms) == 0)
+        /* On every pass, not only an empty one: a listening socket that stays readable (accept
+         * failing with EMFILE) or a stream of bad hellos must not keep us past the deadline. */
+        if (ml_ep_timeleft(deadline, timeout_ms) == 0)
             return timeout_ms == 0 ? -EAGAIN : -ETIMEDOUT;
     }
 }

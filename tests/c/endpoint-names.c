@@ -78,6 +78,7 @@ int main(void)
     ASSERT_EQ(memlan_listen(fab, "a/b", 0, &l), -EINVAL);
     ASSERT_EQ(memlan_listen(fab, "", 0, &l), -EINVAL);
     ASSERT_EQ(memlan_listen(fab, "tab\there", 0, &l), -EINVAL);
+    ASSERT_EQ(memlan_listen(fab, "a.sock", 0, &l), -EINVAL); /* would be taken for a rendezvous */
     ASSERT_EQ(memlan_listen(fab, longname, 0, &l), -ENAMETOOLONG);
     ASSERT_EQ(memlan_listen(fab, "k", 7, &l), -EINVAL);
     ASSERT_EQ(memlan_connect(fab, "../x", NULL, 100, &ch), -EINVAL);
