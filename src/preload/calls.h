@@ -126,7 +126,11 @@ MLP_CALL(int, execvp, (const char *file, char *const argv[]), (file, argv))
 MLP_CALL(int, execl, (const char *path, const char *arg, ...), (path, arg))
 MLP_CALL(int, execlp, (const char *file, const char *arg, ...), (file, arg))
 MLP_CALL(int, execle, (const char *path, const char *arg, ...), (path, arg))
-/* Handlers without SA_RESTART are counted (signals.c). */
+/* Handlers without SA_RESTART are counted (signals.c); the other ways to install one are noted. */
+MLP_CALL(int, siginterrupt, (int sig, int flag), (sig, flag))
+MLP_CALL(__sighandler_t, sysv_signal, (int sig, __sighandler_t h), (sig, h))
+MLP_CALL(__sighandler_t, __sysv_signal, (int sig, __sighandler_t h), (sig, h))
+MLP_CALL(__sighandler_t, sigset, (int sig, __sighandler_t h), (sig, h))
 MLP_CALL(int, sigaction, (int sig, const struct sigaction *act, struct sigaction *old),
          (sig, act, old))
 /* RLIMIT_FSIZE: memlan's own log must not be written past it (SIGXFSZ would kill the host). */

@@ -154,8 +154,11 @@ static void mlp_cred_before(void)
 
 #define MLP_CRED(call, what)                                                                   \
     do {                                                                                       \
-        if (__builtin_expect(!mlp_ready, 0))                                                   \
+        if (__builtin_expect(!mlp_ready, 0)) { /* start-up must not change the host's errno */ \
+            int init_errno_ = errno;                                                           \
             mlp_init();                                                                        \
+            errno = init_errno_;                                                               \
+        }                                                                                      \
         if (mlp_inside || mlp_cfg.off || __ml_sys_getpid() != mlp_pid)                         \
             return call; /* our own, off, or a vfork child: its memory is its parent's */     \
         int cred_errno_ = errno;                                                               \

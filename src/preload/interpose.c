@@ -376,11 +376,13 @@ MLP_EXPORT void closefrom(int lowfd)
     MLP_INIT();
     unsigned lo = lowfd < 0 ? 0u : (unsigned)lowfd;
     int saved = errno;
-    if (mlp_close_range_call(lo, ~0U, 0) == 0 || errno != ENOSYS) {
+    if (mlp_close_range_call(lo, ~0U, 0) == 0) {
         errno = saved;
         return;
     }
-    /* A kernel before 5.9: one close per fd up to the limit (glibc walks /proc/self/fd). */
+    /* A kernel before 5.9 (ENOSYS), or a sandbox that refuses close_range (EPERM): glibc then
+     * closes fd by fd, and so must we, or every fd of the host stays open across the exec that
+     * usually follows.  One close per fd up to the limit (glibc walks /proc/self/fd). */
     struct rlimit rl;
     long top = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY
                    ? (long)rl.rlim_cur : (1L << 20);

@@ -34,7 +34,54 @@ static struct {
     _Atomic int flags;
 } mlp_app[MLP_NSIG];
 
-unsigned mlp_sig_nores_count(void) { return mlp_nores_runs; }
+/* A handler without SA_RESTART installed where we cannot count it (siginterrupt(sig, 1),
+ * sysv_signal and signal() in strict ISO C, which is __sysv_signal; sigset): from then on every
+ * interrupted wait fails with EINTR, as before the counting, rather than restart where the
+ * kernel's call would fail (a program whose alarm() timeout never fired would hang). */
+static _Atomic bool mlp_sig_uncounted;
+
+unsigned mlp_sig_nores_count(void)
+{
+    if (atomic_load_explicit(&mlp_sig_uncounted, memory_order_relaxed))
+        return ++mlp_nores_runs; /* never the same twice: an interruption is EINTR */
+    return mlp_nores_runs;
+}
+
+static void *mlp_sig_next(const char *name)
+{
+    return dlsym(RTLD_NEXT, name);
+}
+
+MLP_EXPORT int siginterrupt(int sig, int flag)
+{
+    int (*real)(int, int) = mlp_real_siginterrupt ? mlp_real_siginterrupt
+                                                  : (int (*)(int, int))mlp_sig_next("siginterrupt");
+    if (flag)
+        atomic_store(&mlp_sig_uncounted, true);
+    if (!real) {
+        errno = ENOSYS;
+        return -1;
+    }
+    return real(sig, flag);
+}
+
+#define MLP_SIG_UNCOUNTED(name)                                                                \
+    MLP_EXPORT __sighandler_t name(int sig, __sighandler_t h)                                  \
+    {                                                                                          \
+        __sighandler_t (*real)(int, __sighandler_t) =                                          \
+            mlp_real_##name ? mlp_real_##name                                                  \
+                            : (__sighandler_t(*)(int, __sighandler_t))mlp_sig_next(#name);     \
+        if (h != SIG_DFL && h != SIG_IGN)                                                      \
+            atomic_store(&mlp_sig_uncounted, true);                                            \
+        if (!real) {                                                                           \
+            errno = ENOSYS;                                                                    \
+            return SIG_ERR;                                                                    \
+        }                                                                                      \
+        return real(sig, h);                                                                   \
+    }
+MLP_SIG_UNCOUNTED(sysv_signal)
+MLP_SIG_UNCOUNTED(__sysv_signal)
+MLP_SIG_UNCOUNTED(sigset)
 
 static void mlp_trampoline(int sig, siginfo_t *si, void *uc)
 {

@@ -861,3 +861,15 @@ def test_fd_released_other_ways_matches_kernel(fabric, tmp_path):
     assert text.count("accelerated (client)") >= 12, text
     assert text.count("accelerated (client)") == text.count("accelerated (accepted"), text
     settle(fabric)
+
+
+def test_uncounted_handlers_interrupt_recv(fabric, tmp_path):
+    """signal() then siginterrupt(sig, 1), and sysv_signal() (signal() in strict ISO C): the
+    handler is installed without SA_RESTART by a path memlan does not count, and an alarm()
+    interrupts a blocking recv with EINTR as over kernel TCP (it once restarted: a hang)."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "siginterrupt", tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "Interrupted system call" in plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    assert "accelerated (accepted" in text, text
+    settle(fabric)
