@@ -11,9 +11,11 @@
  * arguments the kernel gave; ml_wait() restarts an interrupted sleep when the count did not move.
  * sigaction() reports the application's own handler and flags back, never the trampoline.
  * signal() and bsd_signal() install with SA_RESTART (glibc's BSD semantics): nothing to count.
- * Handlers installed without libc's sigaction (a raw rt_sigaction, sysv_signal, sigset) are not
- * seen: calls they interrupt restart as after SA_RESTART.  glibc's own (cancellation, setxid) are
- * installed with SA_RESTART or act by themselves.
+ * siginterrupt(sig, 1), sysv_signal (signal() in strict ISO C) and sigset install without it
+ * through glibc's internals, where no count can be kept: they are interposed only to note it,
+ * and every interrupted wait then fails with EINTR (below).  A raw rt_sigaction is not seen:
+ * calls its handlers interrupt restart.  glibc's own (cancellation, setxid) are installed with
+ * SA_RESTART or act by themselves.
  */
 #include "preload.h"
 
