@@ -18,28 +18,48 @@ static const char *colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#946
 
 static double tr(double v, int logv) { return logv ? log10(v > 0 ? v : 1e-9) : v; }
 
-/* A size in bytes as people write it: 64 B, 4 KiB, 1 MiB (or 1.5 MiB). */
+/* About three significant digits, never in exponent form ("%.3g" writes 1234 as 1.23e+03,
+ * which a full test run's kernel TCP latency once put on the chart). */
+static void fmt_num(char *out, size_t len, double v, const char *unit)
+{
+    double a = fabs(v);
+    int prec = a >= 99.95 ? 0 : a >= 9.995 ? 1 : a >= 0.9995 ? 2 : 3;
+    char num[32];
+    int n = snprintf(num, sizeof num, "%.*f", prec, v);
+    if (prec > 0 && n > 0 && n < (int)sizeof num) { /* 1.50 -> 1.5, 2.00 -> 2 */
+        while (n > 1 && num[n - 1] == '0')
+            num[--n] = '\0';
+        if (num[n - 1] == '.')
+            num[--n] = '\0';
+    }
+    snprintf(out, len, "%s%s", num, unit);
+}
+
+/* A size in bytes as people write it: 64 B, 4 KiB, 1 MiB (or 1.50 MiB). */
 static void fmt_bytes(char *out, size_t len, double v)
 {
-    static const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    static const char *unit[] = {" B", " KiB", " MiB", " GiB", " TiB"};
     int u = 0;
     while (v >= 1024 && u < 4)
         v /= 1024, u++;
-    snprintf(out, len, v == floor(v) ? "%.0f %s" : "%.3g %s", v, unit[u]);
+    if (v == floor(v))
+        snprintf(out, len, "%.0f%s", v, unit[u]);
+    else
+        fmt_num(out, len, v, unit[u]);
 }
 
-/* A quantity with an SI suffix: 250, 1.5k, 10k, 2M. */
+/* A quantity with an SI suffix: 250, 1.50k, 10.0k, 2.00M (the suffix chosen after rounding). */
 static void fmt_si(char *out, size_t len, double v)
 {
     double a = fabs(v);
-    if (a >= 1e9)
-        snprintf(out, len, "%.3gG", v / 1e9);
-    else if (a >= 1e6)
-        snprintf(out, len, "%.3gM", v / 1e6);
-    else if (a >= 1e3)
-        snprintf(out, len, "%.3gk", v / 1e3);
+    if (a >= 999.5e6)
+        fmt_num(out, len, v / 1e9, "G");
+    else if (a >= 999.5e3)
+        fmt_num(out, len, v / 1e6, "M");
+    else if (a >= 999.5)
+        fmt_num(out, len, v / 1e3, "k");
     else
-        snprintf(out, len, "%.3g", v);
+        fmt_num(out, len, v, "");
 }
 
 /* Escape the few characters SVG text may not hold. */
@@ -202,11 +222,13 @@ void plot_bars(FILE *f, double ox, double oy, const char *title, const char *xla
             if (i >= s[k].n || !(s[k].y[i] > 0))
                 continue;
             double w = BX(log10(s[k].y[i])) - LB;
+            char us[32];
+            fmt_num(us, sizeof us, s[k].y[i], " us");
             fprintf(f, "<rect class=\"bar\" x=\"%.0f\" y=\"%.1f\" width=\"%.1f\" height=\"%.1f\" "
-                       "fill=\"%s\"><title>%.3g us</title></rect>\n",
-                    LB, T + row * i + 3 + bar * k, w > 1 ? w : 1, bar, colors[k % 5], s[k].y[i]);
-            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\">%.3g us</text>\n",
-                    LB + (w > 1 ? w : 1) + 4, T + row * i + 3 + bar * k + bar / 2 + 3, s[k].y[i]);
+                       "fill=\"%s\"><title>%s</title></rect>\n",
+                    LB, T + row * i + 3 + bar * k, w > 1 ? w : 1, bar, colors[k % 5], us);
+            fprintf(f, "<text x=\"%.1f\" y=\"%.1f\" font-size=\"10\">%s</text>\n",
+                    LB + (w > 1 ? w : 1) + 4, T + row * i + 3 + bar * k + bar / 2 + 3, us);
         }
     }
     for (int k = 0; k < ns; k++)
