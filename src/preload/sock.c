@@ -136,11 +136,15 @@ static void mlp_unlock(pthread_mutex_t *m)
      * on); the list closes over it, newest last. */
     unsigned n = mlp_nheld;
     if (n > 0) {
-        unsigned i = n - 1;
-        while (i > 0 && i < MLP_HELD_MAX && mlp_held[i] != m)
+        /* Only m's own entry goes: the search once stopped at entry 0 whatever it held, and
+         * removed another lock's entry (a later re-entry then went undetected).  An m past
+         * the list's room was never entered: nothing to remove but the count. */
+        unsigned top = n < MLP_HELD_MAX ? n : MLP_HELD_MAX, i = top;
+        while (i > 0 && mlp_held[i - 1] != m)
             i--;
-        for (; i + 1 < n && i + 1 < MLP_HELD_MAX; i++)
-            mlp_held[i] = mlp_held[i + 1];
+        if (i > 0)
+            for (i--; i + 1 < top; i++)
+                mlp_held[i] = mlp_held[i + 1];
         mlp_nheld = n - 1;
     }
     errno = saved;
