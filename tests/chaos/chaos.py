@@ -39,12 +39,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 BUILD = os.environ.get("BUILD", os.path.join(ROOT, "build"))
 MEMLAN = os.path.join(BUILD, "bin", "memlan")
 PY = sys.executable
-PORT = [49300]
+PORT = [23300]  # 23301-32000, below the ephemeral range (32768-60999)
 
 
 def next_port():
     for _ in range(1000):
-        PORT[0] += 1
+        PORT[0] = PORT[0] + 1 if PORT[0] < 32000 else 23301
         s = socket.socket()
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

@@ -253,9 +253,11 @@ static void case_f(const char *self)
 {
     int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
     struct sockaddr_in a = addr;
-    a.sin_port = htons(ntohs(addr.sin_port) + 1);
+    socklen_t al = sizeof a;
+    a.sin_port = 0; /* the kernel picks a free port: a fixed one can be any connection's */
     setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 4) < 0)
+    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 4) < 0 ||
+        getsockname(l, (struct sockaddr *)&a, &al) < 0)
         die("listen F");
     pid_t srv = child();
     if (srv == 0) {

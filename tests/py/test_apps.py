@@ -22,7 +22,7 @@ import pytest
 
 from conftest import MEMLAN, port_free
 
-PORT = [47600]
+PORT = [21600]  # below the ephemeral range, as in test_preload
 
 
 def next_port():

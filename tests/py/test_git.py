@@ -20,7 +20,7 @@ from conftest import MEMLAN, memlan, port_free
 
 pytestmark = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
 
-PORT = [48200]
+PORT = [22200]  # below the ephemeral range, as in test_preload
 
 
 def next_port():

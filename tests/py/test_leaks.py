@@ -10,7 +10,7 @@ import time
 
 from conftest import MEMLAN, memlan, port_free
 
-PORT = [48800]
+PORT = [22800]  # below the ephemeral range, as in test_preload
 
 
 def next_port():
