@@ -98,7 +98,9 @@ size_t memlan_segment_size(const memlan_segment_t *seg);
 
 /*
  * memlan_segment_check - 0 while the segment is live, -ECONNABORTED once its exporter revoked it,
- * -EOWNERDEAD when its exporter died.  Importers call it before trusting the contents.
+ * -EOWNERDEAD when its exporter died, -EIO once its file was shrunk under the mapping (by anyone
+ * who could open it: the access that found it did not fault, but the region is private memory
+ * from then on, shared with no one).  Importers call it before trusting the contents.
  */
 int memlan_segment_check(const memlan_segment_t *seg);
 

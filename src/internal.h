@@ -10,6 +10,7 @@
 
 #include <limits.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -54,6 +55,7 @@ struct memlan_segment {
     bool cacheable;           /* an acceptor's channel mapping made without our lock: see
                                * segment.c's mapping cache; fd/hold carry the lock instead */
     void *hold;               /* one page of the locked open file: keeps it after fd is closed */
+    int guard;                /* the mapping's registration in guard.c, or -1 */
     char token[MEMLAN_TOKEN_LEN + 1];
 };
 
@@ -62,6 +64,19 @@ struct memlan_segment {
  * *fdp to a private number, drop forgets it before it is closed.  NULL: plain fds. */
 extern void (*__ml_fd_keep)(int *fdp);
 extern void (*__ml_fd_drop)(int fd);
+
+/* guard.c: a fabric file shrunk under a registered mapping is recovered, not a SIGBUS. */
+int __ml_guard_add(void *base, size_t len);  /* the slot, or -1 (not guarded) */
+void __ml_guard_del(int slot);               /* before the munmap; -1 is nothing */
+void __ml_guard_del_at(const void *base);    /* the same, found by address (a scan: rare uses) */
+bool __ml_guard_broken(int slot);            /* was the mapping replaced? */
+/* In a SIGBUS handler: was this fault in a registered mapping (now replaced)? */
+bool __ml_guard_recover(const siginfo_t *si);
+/* In a SIGBUS handler: the default action for sig, as the kernel would take it. */
+void __ml_guard_default(int sig, siginfo_t *si);
+/* The socket layer installs the handler its own way (arm: 0, -EAGAIN to retry, other -errno). */
+void __ml_guard_set_arm(int (*arm)(void));
+unsigned long __ml_guard_recoveries(void);
 
 /* fabric.c */
 int __ml_token_valid(const char *token);

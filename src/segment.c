@@ -140,6 +140,7 @@ int __ml_seg_create(memlan_fabric_t *fab, uint32_t kind, int mode, uint64_t body
     seg->dev = (uint64_t)st.st_dev;
     seg->base = p;
     seg->map_size = vsize;
+    seg->guard = __ml_guard_add(p, vsize);
     seg->mirror = mirror;
     seg->hdr = (struct ml_seg_hdr *)p;
     seg->kind = kind;
@@ -270,6 +271,7 @@ int __ml_seg_import_fd(memlan_fabric_t *fab, const char *token, int fd, uint32_t
     seg->dev = (uint64_t)st.st_dev;
     seg->base = p;
     seg->map_size = vsize;
+    seg->guard = __ml_guard_add(p, vsize);
     seg->mirror = mirror;
     seg->hdr = (struct ml_seg_hdr *)p;
     seg->kind = kind;
@@ -313,6 +315,7 @@ struct ml_mapc {
     uint64_t dev, ino, total, mirror, body_off, body_size;
     uint8_t *base;
     size_t vsize;
+    int guard;
     uint64_t parked_ns;
 };
 static struct ml_mapc ml_mapc[ML_MAPC_N];
@@ -330,6 +333,7 @@ static int ml_mapc_expire(uint64_t now)
 {
     for (int i = 0; i < ml_nmapc;) {
         if (now - ml_mapc[i].parked_ns > ML_MAPC_IDLE_NS) {
+            __ml_guard_del(ml_mapc[i].guard);
             __ml_sys_munmap(ml_mapc[i].base, ml_mapc[i].vsize);
             ml_mapc[i] = ml_mapc[--ml_nmapc];
         } else {
@@ -366,6 +370,12 @@ static void ml_mapc_park(struct memlan_segment *seg)
     uint64_t now = __ml_now_ns();
     uint8_t *evict = NULL;
     size_t evict_size = 0;
+    int evict_guard = -1;
+    if (__ml_guard_broken(seg->guard)) { /* shrunk under us (guard.c): never reused */
+        __ml_guard_del(seg->guard);
+        __ml_sys_munmap(seg->base, seg->map_size);
+        return;
+    }
     pthread_mutex_lock(&ml_mapc_mu);
     if (ml_mapc_expire(now) == ML_MAPC_N) { /* full: the oldest goes */
         int old = 0;
@@ -374,17 +384,20 @@ static void ml_mapc_park(struct memlan_segment *seg)
                 old = i;
         evict = ml_mapc[old].base;
         evict_size = ml_mapc[old].vsize;
+        evict_guard = ml_mapc[old].guard;
         ml_mapc[old] = ml_mapc[--ml_nmapc];
     }
     /* total: the file's size, which a channel's geometry fixes */
     struct ml_mapc e = {.dev = seg->dev, .ino = seg->ino, .total = ML_PAGE + 2 * seg->mirror,
                         .mirror = seg->mirror, .body_off = seg->body_off,
                         .body_size = seg->body_size, .base = seg->base, .vsize = seg->map_size,
-                        .parked_ns = now};
+                        .guard = seg->guard, .parked_ns = now};
     ml_mapc[ml_nmapc++] = e;
     pthread_mutex_unlock(&ml_mapc_mu);
-    if (evict)
+    if (evict) {
+        __ml_guard_del(evict_guard);
         __ml_sys_munmap(evict, evict_size);
+    }
 }
 
 int __ml_seg_import_cached(memlan_fabric_t *fab, int fd, int fdb, const struct stat *st,
@@ -426,6 +439,7 @@ int __ml_seg_import_cached(memlan_fabric_t *fab, int fd, int fdb, const struct s
         __ml_sys_close(fdb);
     struct memlan_segment *seg = calloc(1, sizeof *seg);
     if (!seg) {
+        __ml_guard_del(e.guard);
         __ml_sys_munmap(e.base, e.vsize);
         __ml_sys_close(fd);
         return -ENOMEM;
@@ -436,6 +450,7 @@ int __ml_seg_import_cached(memlan_fabric_t *fab, int fd, int fdb, const struct s
     seg->dev = e.dev;
     seg->base = e.base;
     seg->map_size = e.vsize;
+    seg->guard = e.guard;
     seg->mirror = e.mirror;
     seg->hdr = (struct ml_seg_hdr *)e.base;
     seg->kind = ML_KIND_CHANNEL;
@@ -506,6 +521,10 @@ long __ml_seg_reopen(const struct memlan_segment *seg, int flags)
 
 int __ml_seg_alive(const struct memlan_segment *seg, int lock_byte)
 {
+    /* A mapping replaced after its file was shrunk (guard.c) is a dead connection: the peer's
+     * memory and ours are no longer the same. */
+    if (__ml_guard_broken(seg->guard))
+        return 0;
     if (seg->fd >= 0)
         return ml_seg_held(seg->fd, lock_byte);
     /* Slow path: reopen by name.  A name that is gone, or names another file, means the owner
@@ -547,10 +566,12 @@ void __ml_seg_destroy(struct memlan_segment *seg)
         __ml_sys_munmap(seg->hold, ML_PAGE); /* our attacher lock goes with it */
     if (seg->fd >= 0)
         __ml_sys_close(seg->fd);
-    if (seg->cacheable)
+    if (seg->cacheable) {
         ml_mapc_park(seg);
-    else
+    } else {
+        __ml_guard_del(seg->guard);
         __ml_sys_munmap(seg->base, seg->map_size);
+    }
     free(seg);
 }
 
@@ -592,6 +613,8 @@ int memlan_segment_check(const memlan_segment_t *seg)
 {
     if (!seg)
         return -EINVAL;
+    if (__ml_guard_broken(seg->guard))
+        return -EIO;
     if (ml_load_acquire(&seg->hdr->state) != ML_SEG_LIVE)
         return -ECONNABORTED;
     if (!seg->owner && __ml_seg_alive(seg, ML_LOCK_OWNER) == 0)

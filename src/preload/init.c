@@ -325,6 +325,7 @@ static void mlp_init_once(void)
     mlp_fdtable_init();
     __ml_fd_keep = mlp_keep_fd;
     __ml_fd_drop = mlp_disown_fd;
+    mlp_sigbus_init(); /* before anything is mapped */
     mlp_read_config();
     __ml_spin_init(); /* nothing asked of the system later that a sandbox could refuse */
     pthread_atfork(mlp_atfork_prepare, mlp_atfork_parent, mlp_atfork_child);

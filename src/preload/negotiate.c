@@ -675,6 +675,13 @@ struct mlp_lmap {
 };
 static struct mlp_lmap *mlp_lmaps;
 
+/* A listener record's mapping goes: out of the guard's table first (src/guard.c). */
+static void mlp_lrec_unmap(struct ml_listen_rec *m)
+{
+    __ml_guard_del_at(m);
+    __ml_sys_munmap(m, ML_PAGE);
+}
+
 static struct mlp_lmap **mlp_lmap_find(struct ml_listen_rec *m)
 {
     struct mlp_lmap **pp = &mlp_lmaps;
@@ -705,7 +712,7 @@ static void mlp_lmap_put_locked(struct ml_listen_rec *m)
         return;
     *pp = e->next;
     if (e->retired)
-        __ml_sys_munmap(e->map, ML_PAGE);
+        mlp_lrec_unmap(e->map);
     free(e);
 }
 
@@ -733,7 +740,7 @@ static void mlp_lmap_retire(struct ml_listen_rec *m)
     if (e)
         e->retired = true;
     else
-        __ml_sys_munmap(m, ML_PAGE);
+        mlp_lrec_unmap(m);
 }
 
 /* SO_RCVBUF/SO_SNDBUF set on a listening socket: published for the clients to come. */
@@ -816,6 +823,7 @@ static int mlp_lrec_open(const char *netns, int port, bool create, int *fdp,
             __ml_sys_close((int)fd);
             return r;
         }
+        __ml_guard_add(p, ML_PAGE); /* shrunk by anyone: zeros, no SIGBUS (src/guard.c) */
         struct ml_listen_rec *m = p;
         if (create && m->magic != ML_LREC_MAGIC) {
             m->version = ML_LAYOUT_VERSION;
@@ -876,7 +884,7 @@ static struct mlp_lrec *mlp_lrec_find(const char *netns, int port, struct ml_lis
             if (!r) {
                 mlp_disown_fd(fd);
                 __ml_sys_close(fd);
-                __ml_sys_munmap(m, ML_PAGE);
+                mlp_lrec_unmap(m);
                 break;
             }
             snprintf(r->netns, sizeof r->netns, "%s", netns);
@@ -901,7 +909,7 @@ static struct mlp_lrec *mlp_lrec_find(const char *netns, int port, struct ml_lis
             mlp_lmap_retire(r->map);
             r->map = m;
         } else if (r->map != m) {
-            __ml_sys_munmap(m, ML_PAGE); /* our own listener's record: we keep its mapping */
+            mlp_lrec_unmap(m); /* our own listener's record: we keep its mapping */
         }
         r->ino = ino;
     }
@@ -1783,6 +1791,7 @@ void mlp_negotiate_after_fork(void)
          * longer than the parent); we forget them and create our own on first use. */
         mlp_disown_fd(mlp_proc->fd);
         __ml_sys_close(mlp_proc->fd);
+        __ml_guard_del(mlp_proc->guard);
         __ml_sys_munmap(mlp_proc->base, mlp_proc->map_size);
         free(mlp_proc);
         mlp_proc = NULL;

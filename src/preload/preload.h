@@ -72,6 +72,10 @@ enum { MLP_SAID_CONFIG = 1, MLP_SAID_FABRIC = 2 };
 extern _Atomic unsigned mlp_said;     /* topics said by us or an ancestor: passed on at exec */
 void mlp_say(unsigned topic, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 bool mlp_port_allowed(int port, const char **why);
+/* sigbus.c: SIGBUS for src/guard.c (a fabric file shrunk under us) and the program's own. */
+void mlp_sigbus_init(void);
+int mlp_sigbus_sigaction(const struct sigaction *act, struct sigaction *old);
+int mlp_sigaction_real(int sig, const struct sigaction *act, struct sigaction *old); /* signals.c */
 
 /* ---- accelerated sockets (sock.c) -------------------------------------------------------- */
 

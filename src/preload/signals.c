@@ -42,6 +42,9 @@ static struct {
  * kernel's call would fail (a program whose alarm() timeout never fired would hang). */
 static _Atomic bool mlp_sig_uncounted;
 
+/* sigbus.c runs the program's SIGBUS handler from its own: counted the same way. */
+void mlp_sig_note_run(void) { mlp_nores_runs++; }
+
 unsigned mlp_sig_nores_count(void)
 {
     if (atomic_load_explicit(&mlp_sig_uncounted, memory_order_relaxed))
@@ -100,7 +103,7 @@ static void mlp_trampoline(int sig, siginfo_t *si, void *uc)
         ((void (*)(int))fn)(sig);
 }
 
-static int mlp_sigaction_real(int sig, const struct sigaction *act, struct sigaction *old)
+int mlp_sigaction_real(int sig, const struct sigaction *act, struct sigaction *old)
 {
     if (!mlp_real_sigaction) {
         void *f = dlsym(RTLD_NEXT, "sigaction");
@@ -115,6 +118,8 @@ static int mlp_sigaction_real(int sig, const struct sigaction *act, struct sigac
 
 MLP_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 {
+    if (sig == SIGBUS) /* sigbus.c keeps its own handler in the kernel, for the guard */
+        return mlp_sigbus_sigaction(act, old);
     struct sigaction mine;
     void *prev_fn = NULL;
     int prev_flags = 0;

@@ -18,7 +18,7 @@ LIB = BUILD / "lib" / "libmemlan.so"
 
 
 def port_free(port, strict=False):
-    """Can a listener bind this port now?  Test ports lie in the ephemeral range, where an
+    """Can a listener bind this port now?  Test ports lie below the ephemeral range, but an
     earlier connection's socket (FIN_WAIT, CLOSE_WAIT, or TIME_WAIT after a benchmark) can hold
     one for a while.  strict: free even for a server that does not set SO_REUSEADDR."""
     for fam, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
