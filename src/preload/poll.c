@@ -939,9 +939,13 @@ static void mlp_home_hint(struct mlp_sock *s)
     __atomic_store_n(&s->home_ep, h, __ATOMIC_RELAXED);
 }
 
+/* While a nested set exists, every wait of the process sleeps with the process's doorbell: its
+ * members post there, and whoever drains the queue makes the nested set's readiness true for
+ * the set (or poll) that watches it. */
 static bool mlp_ep_wants_pbell(struct mlp_ep *e)
 {
-    return !__atomic_load_n(&e->q, __ATOMIC_ACQUIRE) || atomic_load(&e->pbell);
+    return !__atomic_load_n(&e->q, __ATOMIC_ACQUIRE) || atomic_load(&e->pbell) ||
+           __atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED);
 }
 
 /* Take s's channel out of whatever queue it is in (mlp_home_mu held). */
@@ -1515,6 +1519,15 @@ static void mlp_ep_watch(int fd, struct mlp_ep *inner, int d)
     if (nest) {
         __atomic_add_fetch(&mlp_nnested, 1, __ATOMIC_RELAXED);
         mlp_ep_make_nested(fd, inner);
+        /* A thread asleep on a set without the process's doorbell (the one watching inner among
+         * them) wakes to take it. */
+        pthread_mutex_lock(&mlp_epmu);
+        for (int i = 0; i <= mlp_eps_max && i < mlp_neps; i++) {
+            struct mlp_ep *o = __atomic_load_n(&mlp_eps[i], __ATOMIC_ACQUIRE);
+            if (o && o->sleepers && !o->k_pbell && !o->nested)
+                mlp_ep_ring(o);
+        }
+        pthread_mutex_unlock(&mlp_epmu);
     } else if (unnest) {
         __atomic_sub_fetch(&mlp_nnested, 1, __ATOMIC_RELAXED);
         mlp_ep_unnest(inner);
@@ -1528,7 +1541,7 @@ static int mlp_epoll_ctl_nest(int epfd, int op, int fd, struct epoll_event *ev)
 {
     struct mlp_ep *outer = mlp_ep_get(epfd, true), *inner = mlp_ep_get(fd, true);
     if (!outer || !inner || outer == inner) {
-        if (inner && op == EPOLL_CTL_ADD && !inner->poll_watched) {
+        if (inner && outer != inner && op == EPOLL_CTL_ADD && !inner->poll_watched) {
             inner->poll_watched = true; /* cannot be told apart: watched for good */
             mlp_ep_watch(fd, inner, 1);
         }
