@@ -22,6 +22,7 @@
 #include "sys/sys.h"
 
 #include <errno.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,8 +39,12 @@ static unsigned mlp_pw_gen = 1;                                /* bumped in a fo
 static void mlp_epoll_after_fork(void);
 struct mlp_ep;
 static void mlp_ep_nested_leave(struct mlp_ep *e);
+static void mlp_ep_watch(int fd, struct mlp_ep *inner, int d);
 static void mlp_nested_refresh(void);
 static bool mlp_ep_poll_nest(int fd);
+static pthread_mutex_t mlp_home_mu = PTHREAD_MUTEX_INITIALIZER; /* which queue a channel is in */
+static bool mlp_queue_add(struct mlp_sock *s, bool under_epmu);
+static void mlp_unhome(struct mlp_sock *s);
 
 void mlp_poll_after_fork(void)
 {
@@ -48,6 +53,7 @@ void mlp_poll_after_fork(void)
     mlp_q = NULL;
     pthread_mutex_init(&mlp_q_mu, NULL);
     pthread_mutex_init(&mlp_pw_mu, NULL);
+    pthread_mutex_init(&mlp_home_mu, NULL);
     mlp_pw_gen++;
     mlp_epoll_after_fork();
 }
@@ -56,12 +62,7 @@ void mlp_poll_forget(struct mlp_sock *s)
 {
     if (s->type != MLP_CONN || !s->ch || !s->ch->evq)
         return;
-    pthread_mutex_lock(&mlp_q_mu);
-    if (s->ch->evq == mlp_q)
-        (void)memlan_evq_del(mlp_q, s->ch);
-    else
-        s->ch->evq = NULL; /* a queue from before fork: the parent's to keep */
-    pthread_mutex_unlock(&mlp_q_mu);
+    mlp_unhome(s);
 }
 
 void mlp_poll_at_exit(void)
@@ -111,22 +112,6 @@ static memlan_evq_t *mlp_queue(void)
     }
     pthread_mutex_unlock(&mlp_q_mu);
     return mlp_q;
-}
-
-/* Make sure s's channel posts to our queue; false if it cannot (then we nap instead). */
-static bool mlp_queue_add(struct mlp_sock *s)
-{
-    memlan_evq_t *q = mlp_queue();
-    if (!q)
-        return false;
-    if (s->ch->evq == q)
-        return true;
-    pthread_mutex_lock(&mlp_q_mu); /* the queue's slot table is not thread-safe */
-    if (s->ch->evq && s->ch->evq != q) /* a queue from before fork */
-        s->ch->evq = NULL;
-    bool ok = s->ch->evq == q || memlan_evq_add(q, s->ch, MEMLAN_EV_READ | MEMLAN_EV_WRITE, s) == 0;
-    pthread_mutex_unlock(&mlp_q_mu);
-    return ok;
 }
 
 /* ---- per-thread wake-ups for poll and select ---------------------------------------------- */
@@ -399,10 +384,10 @@ static bool mlp_peer_nopost(struct mlp_sock *s)
 }
 
 /* Arm s for the events asked; true if it turned ready meanwhile (do not sleep). */
-static bool mlp_arm(struct mlp_sock *s, short events)
+static bool mlp_arm(struct mlp_sock *s, short events, bool under_epmu)
 {
     (void)mlp_peer_nopost(s);
-    if (!mlp_queue_add(s))
+    if (!mlp_queue_add(s, under_epmu))
         return false;
     uint32_t ev = 0;
     if (events & (POLLIN | POLLRDNORM | POLLRDHUP))
@@ -577,7 +562,7 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
                     continue;
                 if (socks[i]->state == MLP_UNDECIDED)
                     nap = true; /* the claim does not ring: look again soon */
-                else if (mlp_arm(socks[i], fds[i].events))
+                else if (mlp_arm(socks[i], fds[i].events, false))
                     ready = -1;
                 else if (!mlp_q || mlp_peer_nopost(socks[i]))
                     nap = true;
@@ -770,6 +755,8 @@ out:
 #define MLP_TAG_MASK 0xffff000000000000ull
 #define MLP_TAG_BELL (MLP_TAG | 0xffffffffull)
 #define MLP_TAG_WAKE (MLP_TAG | 0xfffffffeull)
+#define MLP_TAG_SBELL (MLP_TAG | 0xfffffffdull) /* the set's own queue's doorbell */
+#define MLP_SETQ_CAP 16384 /* a set's own queue; members beyond it post to the process's */
 #define MLP_KPOLL_NS 50000ull /* the kernel set is asked at least this often (OpenOnload's way) */
 #define MLP_EXCL_OK  (EPOLLIN | EPOLLOUT | EPOLLRDNORM | EPOLLWRNORM | EPOLLERR | EPOLLHUP | \
                       EPOLLWAKEUP | EPOLLET | EPOLLEXCLUSIVE)
@@ -809,6 +796,29 @@ struct mlp_ep {
     int nfds;                           /* fds naming the set (dup), under mlp_eps_mu */
     uint32_t peer_cpu;                  /* where the peer of the last ready socket waited + 1 */
     struct mlp_ep *next_free;
+    /* Wake-ups (see "One doorbell per set" in design.md).  Kept when the set is reused: */
+    memlan_evq_t *q;                    /* the set's own queue, made at its first setup */
+    bool q_failed;                      /* it could not be made: the process's queue only */
+    pthread_mutex_t qmu;                /* q's slot table */
+    /* Reset when the set is reused: */
+    _Atomic bool pbell;                 /* some member may post to the process's queue: the
+                                         * process's doorbell belongs in the kernel set */
+    bool k_pbell, k_sbell;              /* in the kernel set now (mlp_kset_mu) */
+    int watch;                          /* outer sets that watch this one for EPOLLIN, plus one
+                                         * for a poll on it; nested while > 0 (mlp_epmu) */
+    bool poll_watched;                  /* that one was counted */
+    struct mlp_nest *nest;              /* the sets inside this one (mlp_epmu) */
+    int nnest, capnest;
+    uint64_t life;                      /* bumped at each reuse, so that a stale nest entry
+                                         * naming an earlier set in this record is ignored */
+};
+
+/* A set inside this one, and whether this one watches it for EPOLLIN. */
+struct mlp_nest {
+    struct mlp_ep *inner;
+    uint64_t life;
+    int fd;
+    bool watch;
 };
 
 static struct mlp_ep **mlp_eps;
@@ -856,17 +866,34 @@ static struct mlp_ep *mlp_ep_get(int epfd, bool create)
     pthread_mutex_lock(&mlp_eps_mu);
     e = mlp_eps[epfd];
     if (!e) {
-        if ((e = mlp_eps_free))
+        bool reused = false;
+        if ((e = mlp_eps_free)) {
             mlp_eps_free = e->next_free;
-        else
+            reused = true;
+        } else {
             e = malloc(sizeof *e);
+        }
         if (e) {
             /* A reused set is reset under the members' lock: a thread still waiting on the
              * closed epoll fd it belonged to may touch its counters. */
             pthread_mutex_lock(&mlp_epmu);
-            memset(e, 0, sizeof *e);
+            memlan_evq_t *q = reused ? e->q : NULL;
+            bool q_failed = reused && e->q_failed;
+            uint64_t life = reused ? e->life + 1 : 1;
+            if (reused)
+                pthread_mutex_lock(&e->qmu);
+            memset((char *)e, 0, offsetof(struct mlp_ep, q));
+            memset((char *)e + offsetof(struct mlp_ep, pbell), 0,
+                   sizeof *e - offsetof(struct mlp_ep, pbell));
             e->efd = -1;
             e->nfds = 1;
+            e->q = q;
+            e->q_failed = q_failed;
+            e->life = life;
+            if (reused)
+                pthread_mutex_unlock(&e->qmu);
+            else
+                pthread_mutex_init(&e->qmu, NULL);
             pthread_mutex_unlock(&mlp_epmu);
             if (epfd > mlp_eps_max)
                 mlp_eps_max = epfd;
@@ -890,6 +917,171 @@ static void mlp_ep_ring(struct mlp_ep *e)
 }
 
 static uint32_t mlp_ev_from_poll(int rev);
+
+/* ---- which queue a socket posts to -------------------------------------------------------- */
+
+/*
+ * A socket whose only epoll membership is in a set that is not nested posts to that set's own
+ * queue, whose doorbell only that set's kernel set holds: a post wakes the threads asleep on that
+ * set and no others.  Any other socket (in no set, in two, watched by poll or select, in a nested
+ * set) posts to the process's queue, whose doorbell is in the sets that may have such a member
+ * (pbell) and in every poll.  The choice is made where the socket is armed (mlp_queue_add), so a
+ * move happens only where the socket is about to be looked at again anyway; each move re-arms and
+ * re-checks in the new queue (memlan_evq_add), and, outside the members' lock, marks the socket,
+ * so that a thread asleep on the old queue's doorbell wakes and looks again.
+ */
+
+/* s's epoll memberships changed (mlp_epmu held): which set's queue should it post to? */
+static void mlp_home_hint(struct mlp_sock *s)
+{
+    struct mlp_member *m = s->epm;
+    struct mlp_ep *h = m && !m->snext && !m->ep->nested ? m->ep : NULL;
+    __atomic_store_n(&s->home_ep, h, __ATOMIC_RELAXED);
+}
+
+/* While a nested set exists, every wait of the process sleeps with the process's doorbell: its
+ * members post there, and whoever drains the queue makes the nested set's readiness true for
+ * the set (or poll) that watches it. */
+static bool mlp_ep_wants_pbell(struct mlp_ep *e)
+{
+    return !__atomic_load_n(&e->q, __ATOMIC_ACQUIRE) || atomic_load(&e->pbell) ||
+           __atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED);
+}
+
+/* Take s's channel out of whatever queue it is in (mlp_home_mu held). */
+static void mlp_unhome_locked(struct mlp_sock *s)
+{
+    memlan_evq_t *q = s->ch->evq;
+    struct mlp_ep *h = s->qep;
+    if (q && h && q == h->q) {
+        pthread_mutex_lock(&h->qmu);
+        (void)memlan_evq_del(q, s->ch);
+        pthread_mutex_unlock(&h->qmu);
+    } else if (q && q == mlp_q) {
+        pthread_mutex_lock(&mlp_q_mu);
+        (void)memlan_evq_del(q, s->ch);
+        pthread_mutex_unlock(&mlp_q_mu);
+    } else if (q) {
+        s->ch->evq = NULL; /* a queue from before fork: the parent's to keep */
+    }
+    s->qep = NULL;
+}
+
+static void mlp_unhome(struct mlp_sock *s)
+{
+    pthread_mutex_lock(&mlp_home_mu);
+    mlp_unhome_locked(s);
+    pthread_mutex_unlock(&mlp_home_mu);
+}
+
+/* s left e: it no longer posts to e's queue (whose set may close and be reused). */
+static void mlp_unhome_from(struct mlp_sock *s, struct mlp_ep *e)
+{
+    if (s->qep != e)
+        return;
+    pthread_mutex_lock(&mlp_home_mu);
+    if (s->qep == e)
+        mlp_unhome_locked(s);
+    pthread_mutex_unlock(&mlp_home_mu);
+}
+
+/* The set s should post to, or NULL for the process's queue.  A poll or select waiting on s
+ * sleeps on the process's doorbell, so then s posts there, and its set must hear that bell. */
+static struct mlp_ep *mlp_home_want(struct mlp_sock *s, struct mlp_ep **forced)
+{
+    struct mlp_ep *h = __atomic_load_n(&s->home_ep, __ATOMIC_RELAXED);
+    if (!h)
+        return NULL;
+    if (__atomic_load_n(&s->pw, __ATOMIC_ACQUIRE) || h->nested) {
+        *forced = h;
+        return NULL;
+    }
+    return __atomic_load_n(&h->q, __ATOMIC_ACQUIRE) ? h : NULL;
+}
+
+/* Make sure s's channel posts to the queue it should (above); false if it cannot post to any
+ * (then we nap instead).  under_epmu: the caller holds the members' lock and is the set's own
+ * waiter, awake: no mark is needed, nor allowed. */
+static bool mlp_queue_add(struct mlp_sock *s, bool under_epmu)
+{
+    memlan_evq_t *p = mlp_queue();
+    if (!p)
+        return false;
+    struct mlp_ep *forced = NULL;
+    struct mlp_ep *h = mlp_home_want(s, &forced);
+    if (s->qep == h && s->ch->evq == (h ? h->q : p) && (!forced || atomic_load(&forced->pbell)))
+        return true;
+    pthread_mutex_lock(&mlp_home_mu);
+    forced = NULL;
+    h = mlp_home_want(s, &forced);
+    /* its waiter takes the process's doorbell once it looks again: marked below */
+    bool flipped = forced && !atomic_exchange(&forced->pbell, true);
+    bool moved = false, ok = true;
+    if (s->qep != h || s->ch->evq != (h ? h->q : p)) {
+        moved = s->ch->evq != NULL;
+        mlp_unhome_locked(s);
+        ok = false;
+        if (h) {
+            pthread_mutex_lock(&h->qmu);
+            ok = memlan_evq_add(h->q, s->ch, MEMLAN_EV_READ | MEMLAN_EV_WRITE, s) == 0;
+            pthread_mutex_unlock(&h->qmu);
+            if (ok)
+                s->qep = h;
+            else
+                atomic_store(&h->pbell, true); /* its queue is full: this one posts to ours */
+        }
+        if (!ok) {
+            pthread_mutex_lock(&mlp_q_mu); /* the queue's slot table is not thread-safe */
+            ok = memlan_evq_add(p, s->ch, MEMLAN_EV_READ | MEMLAN_EV_WRITE, s) == 0;
+            pthread_mutex_unlock(&mlp_q_mu);
+        }
+    }
+    pthread_mutex_unlock(&mlp_home_mu);
+    if ((moved || flipped) && !under_epmu)
+        mlp_mark_sock(s);
+    return ok;
+}
+
+/* Take the events of e's own queue (as mlp_queue_drain does the process's). */
+static void mlp_ep_drain(struct mlp_ep *e)
+{
+    memlan_evq_t *q = __atomic_load_n(&e->q, __ATOMIC_ACQUIRE);
+    if (!q)
+        return;
+    struct memlan_event ev[64];
+    int n;
+    do {
+        pthread_mutex_lock(&e->qmu);
+        n = e->q == q ? memlan_evq_wait(q, ev, 64, 0) : 0;
+        pthread_mutex_unlock(&e->qmu);
+        for (int i = 0; i < n; i++)
+            if (ev[i].udata)
+                mlp_mark_sock(ev[i].udata);
+    } while (n == 64);
+}
+
+/* e's own queue, made at its first setup (not under mlp_epmu); NULL if it cannot be. */
+static memlan_evq_t *mlp_ep_queue(struct mlp_ep *e)
+{
+    memlan_evq_t *q = __atomic_load_n(&e->q, __ATOMIC_ACQUIRE);
+    if (q || e->q_failed || !mlp_fab || mlp_cred_lost(false))
+        return q;
+    pthread_mutex_lock(&e->qmu);
+    if (!e->q && !e->q_failed) {
+        if (memlan_evq_create(mlp_fab, MLP_SETQ_CAP, &q) == 0) {
+            int *sfd, *bfd;
+            __ml_evq_fds(q, &sfd, &bfd);
+            mlp_own_fd(sfd, true);
+            mlp_own_fd(bfd, true);
+            __atomic_store_n(&e->q, q, __ATOMIC_RELEASE);
+        } else {
+            e->q_failed = true; /* the process's queue serves it */
+        }
+    }
+    q = e->q;
+    pthread_mutex_unlock(&e->qmu);
+    return q;
+}
 
 /* Is m worth reporting now?  Unknown (undecided, gone to TCP, or cannot tell): yes. */
 static bool mlp_member_ready(struct mlp_member *m)
@@ -979,6 +1171,9 @@ static struct mlp_sock *mlp_member_free(struct mlp_member *m)
         e->byfd[m->fd] = NULL;
     __atomic_store_n(&e->n, e->n - 1, __ATOMIC_RELAXED);
     free(m);
+    mlp_home_hint(s);
+    if (s->type == MLP_CONN && s->ch)
+        mlp_unhome_from(s, e);
     return s;
 }
 
@@ -1020,6 +1215,23 @@ void mlp_epoll_forget_fd(int fd)
         e->nested = false;
         __atomic_sub_fetch(&mlp_nnested, 1, __ATOMIC_RELAXED);
     }
+    e->watch = 0;
+    /* The sets inside it are watched by one set less (the kernel's file goes with its last fd). */
+    struct mlp_nest *nest = e->nest;
+    int nnest = e->nnest;
+    e->nest = NULL;
+    e->nnest = e->capnest = 0;
+    pthread_mutex_unlock(&mlp_epmu);
+    for (int i = 0; i < nnest; i++) {
+        struct mlp_ep *in = nest[i].inner;
+        pthread_mutex_lock(&mlp_epmu);
+        bool live = nest[i].watch && in != e && in->life == nest[i].life && in->nfds > 0;
+        pthread_mutex_unlock(&mlp_epmu);
+        if (live)
+            mlp_ep_watch(nest[i].fd, in, -1);
+    }
+    free(nest);
+    pthread_mutex_lock(&mlp_epmu);
     if (e->efd >= 0) {
         mlp_disown_fd(e->efd);
         __ml_sys_close(e->efd);
@@ -1099,6 +1311,14 @@ static void mlp_epoll_after_fork(void)
             continue;
         e->in_kernel = false;
         e->sleepers = 0;
+        /* Its own queue is the parent's (its doorbell stays in the shared kernel set, as the
+         * process's does): the child's members post to the child's queue until the set has
+         * one of its own again, made at its next setup. */
+        e->q = NULL;
+        e->q_failed = false;
+        e->k_pbell = e->k_sbell = false;
+        atomic_store(&e->pbell, true);
+        pthread_mutex_init(&e->qmu, NULL);
         for (int i = 0; i < e->nbyfd; i++)
             if (e->byfd[i])
                 mlp_rl_push(e->byfd[i]);
@@ -1116,17 +1336,23 @@ static uint32_t mlp_ev_from_poll(int rev)
     return ev;
 }
 
-/* The doorbell and the set's eventfd go into the kernel set while the set has a member of ours,
- * and leave it when the last goes (mlp_ep_unsetup): a set of kernel fds only must never be woken
- * by our posts, nor hand the application an event of ours.  mlp_kset_mu orders the two, so that
+/* Our fds go into the kernel set while the set has a member of ours, and leave it when the last
+ * goes (mlp_ep_unsetup): a set of kernel fds only must never be woken by our posts, nor hand the
+ * application an event of ours.  They are the set's eventfd, the set's own queue's doorbell (its
+ * members' posts) and, while some member may post to the process's queue (pbell), the process's
+ * doorbell; a nested set holds neither doorbell.  mlp_kset_mu orders setup and unsetup, so that
  * an unsetup that saw no member cannot undo the setup of a member added meanwhile. */
 static void mlp_ep_setup(int epfd, struct mlp_ep *e)
 {
-    if (e->in_kernel)
+    memlan_evq_t *sq = e->nested ? NULL : mlp_ep_queue(e);
+    bool want_p = !e->nested && mlp_ep_wants_pbell(e), want_s = sq != NULL;
+    if (e->in_kernel && e->k_sbell == want_s && (e->k_pbell || !want_p))
         return;
     memlan_evq_t *q = mlp_queue();
     pthread_mutex_lock(&mlp_kset_mu);
-    if (e->in_kernel) {
+    want_p = !e->nested && mlp_ep_wants_pbell(e);
+    want_s = !e->nested && sq != NULL;
+    if (e->in_kernel && e->k_sbell == want_s && (e->k_pbell || !want_p)) {
         pthread_mutex_unlock(&mlp_kset_mu);
         return;
     }
@@ -1141,13 +1367,27 @@ static void mlp_ep_setup(int epfd, struct mlp_ep *e)
     int efd = e->efd;
     e->tagged = true;
     pthread_mutex_unlock(&mlp_epmu);
-    bool ok = q != NULL && efd >= 0;
-    if (q && !e->nested) {
+    bool ok = (q != NULL || sq != NULL) && efd >= 0;
+    if (want_p && !e->k_pbell) {
         struct epoll_event bev = {.events = EPOLLIN, .data.u64 = MLP_TAG_BELL};
-        if (mlp_real_epoll_ctl(epfd, EPOLL_CTL_ADD, memlan_evq_fd(q), &bev) < 0 && errno != EEXIST)
+        if (q && (mlp_real_epoll_ctl(epfd, EPOLL_CTL_ADD, memlan_evq_fd(q), &bev) == 0 ||
+                  errno == EEXIST))
+            e->k_pbell = true;
+        else
             ok = false;
     }
-    if (efd >= 0) {
+    if (want_s && !e->k_sbell) {
+        struct epoll_event sev = {.events = EPOLLIN, .data.u64 = MLP_TAG_SBELL};
+        if (mlp_real_epoll_ctl(epfd, EPOLL_CTL_ADD, memlan_evq_fd(sq), &sev) == 0 ||
+            errno == EEXIST)
+            e->k_sbell = true;
+        else
+            ok = false;
+    } else if (!want_s && e->k_sbell && e->q) {
+        (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, memlan_evq_fd(e->q), NULL);
+        e->k_sbell = false;
+    }
+    if (efd >= 0 && !e->in_kernel) {
         struct epoll_event wev = {.events = EPOLLIN, .data.u64 = MLP_TAG_WAKE};
         if (mlp_real_epoll_ctl(epfd, EPOLL_CTL_ADD, efd, &wev) < 0 && errno != EEXIST)
             ok = false;
@@ -1169,14 +1409,18 @@ static void mlp_ep_setup(int epfd, struct mlp_ep *e)
 /* The set has no member of ours left: our fds leave its kernel set. */
 static void mlp_ep_unsetup(int epfd, struct mlp_ep *e)
 {
-    if (!e->in_kernel || e->nested)
+    if (!e->in_kernel && !e->k_pbell && !e->k_sbell)
         return;
     pthread_mutex_lock(&mlp_kset_mu);
-    if (e->in_kernel && !e->nested && __atomic_load_n(&e->n, __ATOMIC_RELAXED) == 0) {
-        if (mlp_q)
+    if (__atomic_load_n(&e->n, __ATOMIC_RELAXED) == 0 && !e->nested) {
+        if (mlp_q && e->k_pbell)
             (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, memlan_evq_fd(mlp_q), NULL);
+        e->k_pbell = false;
+        if (e->q && e->k_sbell)
+            (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, memlan_evq_fd(e->q), NULL);
+        e->k_sbell = false;
         pthread_mutex_lock(&mlp_epmu);
-        if (e->efd >= 0) {
+        if (e->efd >= 0 && e->in_kernel) {
             (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, e->efd, NULL);
             if (e->efd_rung && !e->sleepers) {
                 uint64_t v;
@@ -1188,6 +1432,12 @@ static void mlp_ep_unsetup(int epfd, struct mlp_ep *e)
         e->in_kernel = false;
     }
     pthread_mutex_unlock(&mlp_kset_mu);
+}
+
+static bool mlp_fdrec_is_epoll(int fd)
+{
+    struct mlp_fdrec *r = mlp_fdrec(fd);
+    return r && atomic_load_explicit(&r->epfd, memory_order_relaxed);
 }
 
 static bool mlp_is_epoll_fd(int fd)
@@ -1206,24 +1456,147 @@ static bool mlp_is_epoll_fd(int fd)
     return strcmp(link, "anon_inode:[eventpoll]") == 0;
 }
 
-/* The set at fd goes into another set.  Its readiness there must be its members': the doorbell
- * leaves its kernel set (any post would make it look readable), and its eventfd says whether a
- * member is ready.  Waits on it, and every wait of the process, take the doorbell's part. */
-static void mlp_ep_make_nested(int fd)
+/* The set at fd is watched by another set (or by poll).  Its readiness there must be its
+ * members': the doorbells leave its kernel set (any post would make it look readable), its
+ * members move to the process's queue (each is put on the ready list, and the prune re-arms it
+ * there), and its eventfd says whether a member is ready.  Waits on it, and every wait of the
+ * process, take the doorbell's part. */
+static void mlp_ep_make_nested(int fd, struct mlp_ep *inner)
 {
-    struct mlp_ep *inner = mlp_ep_get(fd, true);
     if (!inner)
         return;
-    pthread_mutex_lock(&mlp_epmu);
-    bool first = !inner->nested;
-    inner->nested = true;
-    pthread_mutex_unlock(&mlp_epmu);
-    if (!first)
-        return;
-    __atomic_add_fetch(&mlp_nnested, 1, __ATOMIC_RELAXED);
-    if (mlp_q)
+    pthread_mutex_lock(&mlp_kset_mu);
+    if (mlp_q && inner->k_pbell)
         (void)mlp_real_epoll_ctl(fd, EPOLL_CTL_DEL, memlan_evq_fd(mlp_q), NULL);
+    if (inner->q && inner->k_sbell)
+        (void)mlp_real_epoll_ctl(fd, EPOLL_CTL_DEL, memlan_evq_fd(inner->q), NULL);
+    inner->k_pbell = inner->k_sbell = false;
+    pthread_mutex_unlock(&mlp_kset_mu);
+    pthread_mutex_lock(&mlp_epmu);
+    for (int i = 0; i < inner->nbyfd; i++)
+        if (inner->byfd[i]) {
+            mlp_home_hint(inner->byfd[i]->s);
+            mlp_rl_push(inner->byfd[i]);
+        }
+    pthread_mutex_unlock(&mlp_epmu);
     mlp_ep_nested_leave(inner);
+}
+
+/* Nobody watches the set at fd any more: it is a set like any other again, whose members move
+ * back to its own queue as they are armed (the process's doorbell stays in it for those that
+ * have not yet). */
+static void mlp_ep_unnest(struct mlp_ep *inner)
+{
+    pthread_mutex_lock(&mlp_epmu);
+    atomic_store(&inner->pbell, true);
+    for (int i = 0; i < inner->nbyfd; i++)
+        if (inner->byfd[i]) {
+            mlp_home_hint(inner->byfd[i]->s);
+            mlp_rl_push(inner->byfd[i]);
+        }
+    if (inner->sleepers)
+        mlp_ep_ring(inner); /* a waiter on it takes the doorbells back before it sleeps again */
+    pthread_mutex_unlock(&mlp_epmu);
+}
+
+/* One more (d = 1) or one less (d = -1) watcher of inner, the set at fd.  A set inside another
+ * that does not ask for EPOLLIN on it (UCX's async thread keeps its interfaces' sets in its own
+ * with no events, most of the time) is not nested: nobody can see its readiness, and treating it
+ * as nested put the process's doorbell in the outer set and woke that thread on every post. */
+static void mlp_ep_watch(int fd, struct mlp_ep *inner, int d)
+{
+    pthread_mutex_lock(&mlp_epmu);
+    int before = inner->watch;
+    inner->watch += d;
+    if (inner->watch < 0)
+        inner->watch = 0;
+    bool nest = before == 0 && inner->watch > 0, unnest = before > 0 && inner->watch == 0;
+    if (nest)
+        inner->nested = true;
+    else if (unnest)
+        inner->nested = false;
+    pthread_mutex_unlock(&mlp_epmu);
+    if (nest) {
+        __atomic_add_fetch(&mlp_nnested, 1, __ATOMIC_RELAXED);
+        mlp_ep_make_nested(fd, inner);
+        /* A thread asleep on a set without the process's doorbell (the one watching inner among
+         * them) wakes to take it. */
+        pthread_mutex_lock(&mlp_epmu);
+        for (int i = 0; i <= mlp_eps_max && i < mlp_neps; i++) {
+            struct mlp_ep *o = __atomic_load_n(&mlp_eps[i], __ATOMIC_ACQUIRE);
+            if (o && o->sleepers && !o->k_pbell && !o->nested)
+                mlp_ep_ring(o);
+        }
+        pthread_mutex_unlock(&mlp_epmu);
+    } else if (unnest) {
+        __atomic_sub_fetch(&mlp_nnested, 1, __ATOMIC_RELAXED);
+        mlp_ep_unnest(inner);
+    }
+}
+
+/* epoll_ctl(outer, op, fd) where fd is an epoll fd: the call is made here, and then whether outer
+ * watches fd's set for EPOLLIN is noted.  A new watcher makes the set nested before the call, so
+ * that the outer set never sees it readable for a post of ours. */
+static int mlp_epoll_ctl_nest(int epfd, int op, int fd, struct epoll_event *ev)
+{
+    struct mlp_ep *outer = mlp_ep_get(epfd, true), *inner = mlp_ep_get(fd, true);
+    if (!outer || !inner || outer == inner) {
+        if (inner && outer != inner && op == EPOLL_CTL_ADD && !inner->poll_watched) {
+            inner->poll_watched = true; /* cannot be told apart: watched for good */
+            mlp_ep_watch(fd, inner, 1);
+        }
+        int r = mlp_real_epoll_ctl(epfd, op, fd, ev);
+        return r < 0 ? -errno : r;
+    }
+    bool want = op != EPOLL_CTL_DEL && ev && (ev->events & (EPOLLIN | EPOLLRDNORM));
+    pthread_mutex_lock(&mlp_epmu);
+    struct mlp_nest *n = NULL;
+    for (int i = 0; i < outer->nnest; i++)
+        if (outer->nest[i].fd == fd) {
+            n = &outer->nest[i];
+            break;
+        }
+    bool had = n && n->watch && n->inner == inner && n->life == inner->life;
+    pthread_mutex_unlock(&mlp_epmu);
+    if (want && !had)
+        mlp_ep_watch(fd, inner, 1);
+    int r = mlp_real_epoll_ctl(epfd, op, fd, ev);
+    if (r < 0) {
+        int err = errno;
+        if (want && !had)
+            mlp_ep_watch(fd, inner, -1);
+        return -err;
+    }
+    pthread_mutex_lock(&mlp_epmu);
+    n = NULL;
+    for (int i = 0; i < outer->nnest; i++)
+        if (outer->nest[i].fd == fd) {
+            n = &outer->nest[i];
+            break;
+        }
+    if (op == EPOLL_CTL_DEL) {
+        if (n)
+            *n = outer->nest[--outer->nnest];
+    } else {
+        if (!n && outer->nnest == outer->capnest) {
+            int cap = outer->capnest ? outer->capnest * 2 : 8;
+            void *p = realloc(outer->nest, (size_t)cap * sizeof *outer->nest);
+            if (p) {
+                outer->nest = p;
+                outer->capnest = cap;
+            }
+        }
+        if (!n && outer->nnest < outer->capnest)
+            n = &outer->nest[outer->nnest++];
+        if (n)
+            *n = (struct mlp_nest){.inner = inner, .life = inner->life, .fd = fd, .watch = want};
+        else if (want)
+            inner->poll_watched = true; /* no room to remember it: watched for good */
+    }
+    pthread_mutex_unlock(&mlp_epmu);
+    if (!want && had)
+        mlp_ep_watch(fd, inner, -1);
+    return 0;
 }
 
 /* Does poll or select on fd need our path: an epoll fd whose set holds a member of ours (or is
@@ -1241,7 +1614,11 @@ static bool mlp_ep_poll_nest(int fd)
     struct mlp_fdrec *r = mlp_fdrec(fd);
     if (!r || !atomic_load_explicit(&r->epfd, memory_order_relaxed) || !mlp_epoll_has_ours(fd))
         return false;
-    mlp_ep_make_nested(fd);
+    struct mlp_ep *e = mlp_ep_get(fd, false);
+    if (e && !e->poll_watched) {
+        e->poll_watched = true; /* nested for good, until its last fd closes */
+        mlp_ep_watch(fd, e, 1);
+    }
     return true;
 }
 
@@ -1269,11 +1646,11 @@ int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handle
             pthread_mutex_unlock(&mlp_epmu);
             if (old)
                 mlp_put(old);
-        } else if (op == EPOLL_CTL_ADD && !s) {
+        } else if (!s && (op == EPOLL_CTL_ADD ? mlp_is_epoll_fd(fd) : mlp_fdrec_is_epoll(fd))) {
             /* An epoll fd inside another: it must look readable to the outer set when our
-             * members are ready. */
-            if (mlp_is_epoll_fd(fd))
-                mlp_ep_make_nested(fd);
+             * members are ready, if the outer set asks. */
+            *handled = true;
+            return mlp_epoll_ctl_nest(epfd, op, fd, ev);
         }
         if (s)
             mlp_put(s);
@@ -1343,6 +1720,14 @@ int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handle
                 __atomic_store_n(&s->epm, m, __ATOMIC_RELEASE);
                 e->byfd[fd] = m;
                 __atomic_store_n(&e->n, e->n + 1, __ATOMIC_RELAXED);
+                mlp_home_hint(s);
+                if (m->snext) {
+                    /* In two sets now: it posts to the process's queue, whose doorbell each of
+                     * its sets must hear; one asleep without it wakes to take it. */
+                    for (struct mlp_member *o = s->epm; o; o = o->snext)
+                        if (!atomic_exchange(&o->ep->pbell, true) && o->ep->sleepers)
+                            mlp_ep_ring(o->ep);
+                }
             } else {
                 pthread_mutex_unlock(&mlp_epmu);
                 (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL);
@@ -1388,7 +1773,7 @@ static struct mlp_sock *mlp_member_to_kernel(int epfd, struct mlp_member *m)
 static bool mlp_arm_et(struct mlp_member *m, uint32_t reported)
 {
     struct mlp_sock *s = m->s;
-    if (!mlp_queue_add(s))
+    if (!mlp_queue_add(s, true))
         return false;
     uint32_t ev = 0;
     if (m->events & (EPOLLIN | EPOLLRDNORM | EPOLLRDHUP))
@@ -1462,7 +1847,7 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
         } else if (atomic_load(&s->fin_ns) && mlp_check_peer(s)) {
             mlp_rl_push(m); /* its FIN came before its lock went: nap and look again */
             *undecided = true;
-        } else if (et ? mlp_arm_et(m, reported) : mlp_arm(s, (short)(m->events & 0xffff))) {
+        } else if (et ? mlp_arm_et(m, reported) : mlp_arm(s, (short)(m->events & 0xffff), true)) {
             /* It changed as we armed.  Look at it again now: its writer may have written before
              * it could see the tripwire, and then no post comes; a caller that got nothing here
              * would sleep past the data (a ping-pong server hung so).  Only this member: the
@@ -1484,6 +1869,7 @@ static int mlp_ep_collect(int epfd, struct mlp_ep *e, struct epoll_event *out, i
     struct mlp_sock *puts[64];
     int np = 0;
     mlp_queue_drain();
+    mlp_ep_drain(e);
     pthread_mutex_lock(&mlp_epmu);
     int got = e->rhead ? mlp_ep_harvest(epfd, e, out, max, undecided, puts, &np) : 0;
     if (gen)
@@ -1504,7 +1890,7 @@ static void mlp_ep_prune(struct mlp_ep *e)
         mlp_rl_del(m);
         if (m->disabled)
             continue;
-        if (mlp_member_ready(m) || mlp_arm(m->s, (short)(m->events & 0xffff)) || !mlp_q) {
+        if (mlp_member_ready(m) || mlp_arm(m->s, (short)(m->events & 0xffff), true) || !mlp_q) {
             ready = true; /* back on the list (at its tail) for the next wait to report */
             mlp_rl_push(m);
         }
@@ -1580,7 +1966,7 @@ static int mlp_ep_filter(struct epoll_event *out, int r, bool *ours)
     for (int i = 0; i < r; i++) {
         uint64_t d = out[i].data.u64;
         if ((d & MLP_TAG_MASK) == MLP_TAG) {
-            if (d != MLP_TAG_BELL && d != MLP_TAG_WAKE) {
+            if (d != MLP_TAG_BELL && d != MLP_TAG_WAKE && d != MLP_TAG_SBELL) {
                 struct mlp_sock *s = mlp_get((int)(uint32_t)d);
                 if (s) {
                     (void)mlp_check_peer(s);
@@ -1704,9 +2090,13 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             if (changed)
                 continue;
             slept = true;
-            if (!mlp_q || !e->in_kernel || ml_load_relaxed(&mlp_nopost_seen)) {
+            /* The doorbells this set sleeps with: its own queue's, and the process's while a
+             * member may post there (a nested set sleeps with the process's, below). */
+            bool pb = e->nested || e->k_pbell, sb = !e->nested && e->k_sbell && e->q;
+            if (!e->in_kernel || (!pb && !sb) || (pb && !mlp_q) ||
+                ml_load_relaxed(&mlp_nopost_seen)) {
                 undecided = true; /* no doorbell to wake us: nap and look again */
-            } else if (memlan_evq_arm(mlp_q) == 1) {
+            } else if ((pb && memlan_evq_arm(mlp_q) == 1) | (sb && memlan_evq_arm(e->q) == 1)) {
                 pthread_mutex_lock(&mlp_epmu); /* a post came in as we armed: collect it */
                 e->sleepers--;
                 pthread_mutex_unlock(&mlp_epmu);

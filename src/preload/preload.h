@@ -84,6 +84,7 @@ enum { MLP_UNDECIDED = 0, MLP_ACCEL = 1, MLP_TCP = 2 };
 
 struct mlp_lrec;
 struct mlp_member;
+struct mlp_ep;
 
 /* A socket's direction locks (sock.c). */
 struct mlp_locks {
@@ -111,6 +112,10 @@ struct mlp_sock {
     _Atomic bool split_told;      /* bytes found on the idle kernel socket were reported */
     struct mlp_member *epm;       /* its epoll memberships (poll.c, under its lock) */
     struct mlp_pwreg *pw;         /* threads asleep in poll/select on it (poll.c, mlp_pw_mu) */
+    struct mlp_ep *_Atomic home_ep; /* poll.c: the one epoll set it is in, whose own queue it
+                                     * should post to; NULL: the process's queue (mlp_epmu) */
+    struct mlp_ep *qep;           /* poll.c: the set whose queue its channel is in now, NULL for
+                                   * the process's queue or none (mlp_home_mu) */
     _Atomic uint64_t fin_ns;      /* when its kernel socket's FIN came, the peer still alive */
     pthread_mutex_t mu;           /* state changes: withdrawal, close */
     struct mlp_locks *_Atomic locks; /* sock.c: the direction locks (a page only fork children

@@ -4,7 +4,7 @@
  * workers do), and a client that keeps only one of them busy.  Plain POSIX; run over kernel TCP
  * and under `memlan run` (tests/py/test_preload.py).
  *
- * usage: epollherd THREADS PINGS
+ * usage: epollherd THREADS PINGS [nest]
  *
  * The parent is the server: it accepts THREADS connections and gives one to each of THREADS
  * threads, each with its own epoll set (level-triggered EPOLLIN), echoing whatever arrives.  A
@@ -15,16 +15,24 @@
  *   {"threads":..., "pings":..., "busy_switches":..., "idle_switches":[...],
  *    "idle_returns":[...], "echoed":...}
  * and exits 0 only if every byte came back and every connection closed cleanly.
+ *
+ * With "nest", one more thread sleeps in a set of its own that holds an eventfd and the busy
+ * thread's set, added with EPOLLIN and then modified to no events (as UCX's async thread holds its
+ * interfaces' sets): it must never be woken until the eventfd is written at the end.  The line
+ * then also has "async_switches" and "async_returns".
  */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -54,6 +62,7 @@ static long switches(void)
 struct worker {
     pthread_t t;
     int fd;
+    int ep;     /* made by main (nest), else -1 */
     long returns, switches, echoed;
     int status; /* 0 ok, 1 error */
 };
@@ -61,7 +70,7 @@ struct worker {
 static void *serve(void *p)
 {
     struct worker *w = p;
-    int ep = epoll_create1(EPOLL_CLOEXEC);
+    int ep = w->ep >= 0 ? w->ep : epoll_create1(EPOLL_CLOEXEC);
     if (ep < 0)
         die("epoll_create1");
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = w->fd};
@@ -104,6 +113,49 @@ static void *serve(void *p)
     return NULL;
 }
 
+/* nest: the thread that holds the busy thread's set with no events, and a stop eventfd. */
+struct async {
+    pthread_t t;
+    int inner, stop;
+    long returns, switches;
+    int status;
+};
+
+static void *async_wait(void *p)
+{
+    struct async *a = p;
+    int ep = epoll_create1(EPOLL_CLOEXEC);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = a->stop};
+    if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, a->stop, &ev) < 0)
+        die("async epoll");
+    ev = (struct epoll_event){.events = EPOLLIN, .data.fd = a->inner};
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, a->inner, &ev) < 0)
+        die("async epoll_ctl ADD inner");
+    ev.events = 0;
+    if (epoll_ctl(ep, EPOLL_CTL_MOD, a->inner, &ev) < 0)
+        die("async epoll_ctl MOD inner");
+    long s0 = switches();
+    for (;;) {
+        struct epoll_event out[4];
+        int n = epoll_wait(ep, out, 4, 30000);
+        a->returns++;
+        if (n <= 0) {
+            fprintf(stderr, "epollherd: async: epoll_wait %d\n", n);
+            a->status = 1;
+            break;
+        }
+        if (n == 1 && out[0].data.fd == a->stop)
+            break;
+        fprintf(stderr, "epollherd: async: reported fd %d, events %#x\n", out[0].data.fd,
+                out[0].events);
+        a->status = 1;
+        break;
+    }
+    a->switches = switches() - s0;
+    close(ep);
+    return NULL;
+}
+
 static int client(int port, int threads, int pings)
 {
     int fds[MAXT];
@@ -141,9 +193,10 @@ static int client(int port, int threads, int pings)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3)
-        return fprintf(stderr, "usage: epollherd THREADS PINGS\n"), 2;
+    if (argc != 3 && !(argc == 4 && strcmp(argv[3], "nest") == 0))
+        return fprintf(stderr, "usage: epollherd THREADS PINGS [nest]\n"), 2;
     int threads = atoi(argv[1]), pings = atoi(argv[2]);
+    bool nest = argc == 4;
     if (threads < 1 || threads > MAXT || pings < 1)
         return fprintf(stderr, "epollherd: 1..%d threads, pings > 0\n", MAXT), 2;
     int l = socket(AF_INET, SOCK_STREAM, 0);
@@ -162,9 +215,19 @@ int main(int argc, char **argv)
     }
     struct worker w[MAXT] = {0};
     for (int k = 0; k < threads; k++) {
+        w[k].ep = -1;
         w[k].fd = accept(l, NULL, NULL);
         if (w[k].fd < 0)
             die("accept");
+    }
+    struct async as = {.inner = -1, .stop = -1};
+    if (nest) {
+        if ((w[0].ep = epoll_create1(EPOLL_CLOEXEC)) < 0 ||
+            (as.stop = eventfd(0, EFD_CLOEXEC)) < 0)
+            die("nest");
+        as.inner = w[0].ep;
+        if (pthread_create(&as.t, NULL, async_wait, &as) != 0)
+            die("pthread_create");
     }
     /* The client connects in order and its connections are accepted in order: thread 0 has
      * the busy one. */
@@ -180,6 +243,13 @@ int main(int argc, char **argv)
     int st;
     if (waitpid(pid, &st, 0) != pid || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
         bad = 1;
+    if (nest) {
+        uint64_t one = 1;
+        if (write(as.stop, &one, sizeof one) != sizeof one)
+            die("write stop");
+        pthread_join(as.t, NULL);
+        bad |= as.status;
+    }
     printf("{\"threads\":%d,\"pings\":%d,\"busy_switches\":%ld,\"idle_switches\":[", threads,
            pings, w[0].switches);
     for (int k = 1; k < threads; k++)
@@ -187,6 +257,9 @@ int main(int argc, char **argv)
     printf("],\"idle_returns\":[");
     for (int k = 1; k < threads; k++)
         printf("%s%ld", k > 1 ? "," : "", w[k].returns);
-    printf("],\"echoed\":%ld,\"ok\":%s}\n", w[0].echoed, bad ? "false" : "true");
+    printf("],\"echoed\":%ld", w[0].echoed);
+    if (nest)
+        printf(",\"async_switches\":%ld,\"async_returns\":%ld", as.switches, as.returns);
+    printf(",\"ok\":%s}\n", bad ? "false" : "true");
     return bad;
 }
