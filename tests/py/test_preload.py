@@ -523,6 +523,24 @@ def test_signals_and_cancellation_match_kernel(fabric, tmp_path):
     settle(fabric)
 
 
+LOCKCONF = BUILD / "tests-preload" / "lockconf"
+
+
+def test_no_lock_held_across_a_sleep(fabric, tmp_path):
+    """A thread asleep in recv or send on a socket: another thread's nonblocking recv and send
+    answer at once, its shutdown(SHUT_WR) ends the send with a short count the peer gets exactly;
+    a handler that siglongjmp()s out of the recv leaves the socket usable by every thread;
+    close() of the fd leaves the socket working (no FIN, the peer's byte still arrives) until
+    the recv returns; exec with the recv asleep leaves the socket to the new image: as over
+    kernel TCP, line for line (issue 19: 9, 10, 12, 13).  The first four hung before."""
+    plain, under, text = scripted(LOCKCONF, tmp_path)
+    assert plain.stdout.endswith("done\n") and "killed" not in plain.stdout, plain.stdout
+    assert "yes" in plain.stdout and ": no" not in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    assert text.count("accelerated (client)") == 6, text
+    settle(fabric)
+
+
 FORKSHUT = BUILD / "tests-preload" / "forkshut"
 
 
