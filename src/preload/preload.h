@@ -149,6 +149,8 @@ struct mlp_sock *mlp_get(int fd);
 void mlp_put(struct mlp_sock *s);
 int mlp_install(int fd, struct mlp_sock *s);   /* the table takes a reference */
 struct mlp_sock *mlp_uninstall(int fd);        /* returns the table's reference, or NULL */
+void mlp_fork_gate_close(void);                /* prepare handler: installs wait (fdtable.c) */
+void mlp_fork_gate_open(bool child);
 bool mlp_fd_is_ours(int fd);                   /* quick test without a reference */
 int mlp_fd_max(void);
 void mlp_fdtable_init(void);
