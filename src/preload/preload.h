@@ -7,9 +7,10 @@
  * dlsym(RTLD_NEXT), so a call to the real function is never mistaken for an interposed one.
  * Internal functions return a negative errno; only the interposers in interpose.c set errno.
  *
- * Lock order (outermost first): a socket's tx lock, then its rx lock (both in the channel's
- * shared socket block, see layout.h), then mlp_sock.mu (process-local state changes), then the
- * fd table's free-list mutex.  Nothing here is held across a call into the application.
+ * Lock order (outermost first): a socket's tx lock, then its rx lock (both in the socket's own
+ * lock page, sock.c), then mlp_sock.mu (process-local state changes), then the fd table's
+ * free-list mutex.  Nothing here is held across a call into the application, and no direction
+ * lock across a sleep (sock.c, "waiting").
  */
 #ifndef MEMLAN_PRELOAD_H
 #define MEMLAN_PRELOAD_H
