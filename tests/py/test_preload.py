@@ -553,6 +553,18 @@ def test_fork_racing_connect_accept_close(fabric, tmp_path):
     settle(fabric)
 
 
+def test_handler_polls_socket_its_thread_waits_on(fabric, tmp_path):
+    """A handler polls (poll and epoll, timeout 0) the socket its thread is asleep on in poll or
+    epoll_wait: it gets POLLOUT, no deadlock, and the wait fails with EINTR, as over kernel TCP
+    (issue 19: 12).  poll.c's mutexes are not held across the sleep: the old code passed this
+    too; it guards the rule."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "pollsig", tmp_path)
+    assert plain.stdout.count("handler poll 1 0x4 epoll 1") == 2, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    assert "accelerated (client)" in text, text
+    settle(fabric)
+
+
 FORKSHUT = BUILD / "tests-preload" / "forkshut"
 
 
