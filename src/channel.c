@@ -607,7 +607,7 @@ static void ml_set_state(struct memlan_channel *ch, uint32_t st)
 /* ---- waiting ----------------------------------------------------------------------------- */
 
 /*
- * Wait until ready(ch) or the deadline (ns, 0 = none).  word is our tripwire on ring r; cpu is where
+ * Wait until ready(ch, arg) or the deadline (ns, 0 = none).  word is our tripwire on ring r; cpu is where
  * we publish the cpu we wait on; peer_cpu where the peer publishes its own.  Returns 0 when ready,
  * -ETIMEDOUT, or -ECONNRESET when the peer died (the caller still takes what is left first).
  */
@@ -618,7 +618,8 @@ unsigned (*__ml_wait_hook)(void);
 
 static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic uint32_t *cpu,
                    _Atomic uint32_t *peer_cpu, struct ml_spin *sp,
-                   bool (*ready)(struct memlan_channel *), uint64_t deadline)
+                   bool (*ready)(struct memlan_channel *, uint64_t), uint64_t arg,
+                   uint64_t deadline)
 {
     int me = __ml_getcpu();
     ml_store_relaxed(cpu, (uint32_t)(me + 1));
@@ -626,11 +627,13 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
     if (budget) {
         uint64_t start = __ml_now_ns(), end = start + budget;
         for (unsigned i = 1;; i++) {
-            if (ready(ch)) {
+            if (ready(ch, arg)) {
                 __ml_spin_result(sp, true);
-                ch->spin_hits++;
+                /* Relaxed atomics: the socket layer's waiters hold no lock (see
+                 * __ml_chan_wait_ro). */
+                uint64_t hits = __atomic_add_fetch(&ch->spin_hits, 1, __ATOMIC_RELAXED);
                 if (word == &ch->rx.ctl->rx_wait)
-                    ml_store_relaxed(&ch->rx.ctl->spin_hits, ch->spin_hits);
+                    ml_store_relaxed(&ch->rx.ctl->spin_hits, hits);
                 return 0;
             }
             ml_cpu_relax();
@@ -645,7 +648,7 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
          * (poll or epoll in another thread) may be armed on the same word. */
         ml_fetch_or(word, ML_WAIT_FUTEX);
         ml_fence(); /* SYNC: pairs with the fence in __ml_chan_wake() */
-        if (ready(ch)) {
+        if (ready(ch, arg)) {
             ml_fetch_and(word, ~ML_WAIT_FUTEX);
             return 0;
         }
@@ -661,7 +664,7 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
             if (deadline - now < (uint64_t)tmo)
                 tmo = (int64_t)(deadline - now);
         }
-        ch->sleeps++;
+        __atomic_fetch_add(&ch->sleeps, 1, __ATOMIC_RELAXED);
         /* Sleep while the word still holds our bit, whatever else it holds (a waker clears the
          * whole word; a poller that arms meanwhile changes it, and we look again). */
         uint32_t cur = ml_load_relaxed(word);
@@ -671,7 +674,7 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
         int r = __ml_sys_futex_wait(word, cur, tmo);
         if (r == -ETIMEDOUT && ml_peer_dead(ch)) {
             ml_fetch_and(word, ~ML_WAIT_FUTEX);
-            return ready(ch) ? 0 : -ECONNRESET;
+            return ready(ch, arg) ? 0 : -ECONNRESET;
         }
         if (r == -EINTR) {
             /* A handler ran.  The kernel never restarts a futex wait with a timeout, SA_RESTART
@@ -681,7 +684,7 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
              * (sock_intr_errno).  The hook counts the runs of handlers without SA_RESTART on
              * this thread; without one we cannot tell, and fail as before. */
             ml_fetch_and(word, ~ML_WAIT_FUTEX);
-            if (ready(ch))
+            if (ready(ch, arg))
                 return 0;
             if (deadline || !__ml_wait_hook || __ml_wait_hook() != intr0)
                 return -EINTR;
@@ -695,8 +698,9 @@ static uint64_t ml_deadline(int timeout_ms)
     return timeout_ms < 0 ? 0 : __ml_now_ns() + (uint64_t)timeout_ms * 1000000u + 1;
 }
 
-static bool ml_rx_ready(struct memlan_channel *ch)
+static bool ml_rx_ready(struct memlan_channel *ch, uint64_t unused)
 {
+    (void)unused;
     if (ml_ring_avail(&ch->rx, 1) != 0) /* data, or corrupt (-1): either way, go and look */
         return true;
     return ml_peer_state(ch) != ML_SIDE_OPEN || ch->peer_dead || ch->shut_rd ||
@@ -704,8 +708,9 @@ static bool ml_rx_ready(struct memlan_channel *ch)
            ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE;
 }
 
-static bool ml_tx_ready(struct memlan_channel *ch)
+static bool ml_tx_ready(struct memlan_channel *ch, uint64_t unused)
 {
+    (void)unused;
     int64_t f = ml_ring_free(&ch->tx, ch->tx_want);
     if (f < 0 || (uint64_t)f >= ch->tx_want)
         return true;
@@ -765,8 +770,9 @@ static bool ml_tx_ready_ro(struct memlan_channel *ch)
            ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE;
 }
 
-static bool ml_attached(struct memlan_channel *ch)
+static bool ml_attached(struct memlan_channel *ch, uint64_t unused)
 {
+    (void)unused;
     return ml_load_acquire(&ch->hdr->attached) != 0 ||
            ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE;
 }
@@ -783,7 +789,7 @@ int memlan_channel_wait_peer(memlan_channel_t *ch, int timeout_ms)
      * every one, on the core the server needs to accept it). */
     static struct ml_spin attach_spin;
     int r = ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->tx.ctl->rx_cpu,
-                    &attach_spin, ml_attached, ml_deadline(timeout_ms));
+                    &attach_spin, ml_attached, 0, ml_deadline(timeout_ms));
     if (r < 0)
         return r;
     if (ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE)
@@ -805,7 +811,7 @@ int __ml_chan_wait_rx(struct memlan_channel *ch, int flags)
 {
     (void)flags;
     int r = ml_wait(ch, &ch->rx.ctl->rx_wait, &ch->rx.ctl->rx_cpu, &ch->tx.ctl->rx_cpu,
-                    &ch->spin_rx, ml_rx_ready, ml_deadline_ns(ch->rx_tmo_ns));
+                    &ch->spin_rx, ml_rx_ready, 0, ml_deadline_ns(ch->rx_tmo_ns));
     return r == -ETIMEDOUT ? -EAGAIN : r; /* SO_RCVTIMEO's convention */
 }
 
@@ -813,8 +819,52 @@ int __ml_chan_wait_tx(struct memlan_channel *ch, uint64_t want)
 {
     ch->tx_want = want;
     int r = ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->rx.ctl->tx_cpu,
-                    &ch->spin_tx, ml_tx_ready, ml_deadline_ns(ch->tx_tmo_ns));
+                    &ch->spin_tx, ml_tx_ready, 0, ml_deadline_ns(ch->tx_tmo_ns));
     return r == -ETIMEDOUT ? -EAGAIN : r;
+}
+
+/* Read-only readiness for waiters that hold no direction (see __ml_chan_wait_ro). */
+static bool ml_rx_ready_unlocked(struct memlan_channel *ch, uint64_t unused)
+{
+    (void)unused;
+    return ml_rx_ready_ro(ch);
+}
+
+static bool ml_tx_ready_unlocked(struct memlan_channel *ch, uint64_t want)
+{
+    int64_t f = __ml_chan_tx_free_ro(ch);
+    if (f < 0 || (uint64_t)f >= want)
+        return true;
+    return ml_peer_state(ch) == ML_SIDE_CLOSED || ch->peer_dead || ch->shut_wr ||
+           ml_load_acquire(&ch->hdr->side_state[ch->side]) != ML_SIDE_OPEN ||
+           ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE;
+}
+
+/*
+ * The socket layer's wait (src/preload): it holds no lock on the direction while it sleeps, so
+ * readiness is computed from the shared indices alone (as poll's), and nothing private to the
+ * direction's holder is read or written.  Waits until the direction may have moved: dir 0 for
+ * bytes to read (or the end), dir 1 for want bytes of room (or an error); deadline in ns on
+ * __ml_now_ns's clock, 0 = none.  0: look again (under the lock: another thread may have taken
+ * what came); -EAGAIN at the deadline; -EINTR; -ECONNRESET: the peer died (look again too).
+ */
+int __ml_chan_wait_ro(struct memlan_channel *ch, int dir, uint64_t want, uint64_t deadline)
+{
+    int r;
+    if (dir == 0)
+        r = ml_wait(ch, &ch->rx.ctl->rx_wait, &ch->rx.ctl->rx_cpu, &ch->tx.ctl->rx_cpu,
+                    &ch->spin_rx, ml_rx_ready_unlocked, 0, deadline);
+    else
+        r = ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->rx.ctl->tx_cpu,
+                    &ch->spin_tx, ml_tx_ready_unlocked, want ? want : 1, deadline);
+    return r == -ETIMEDOUT ? -EAGAIN : r;
+}
+
+/* Wake our own waiters for room: a shutdown of our writing side ends their wait (EPIPE). */
+void __ml_chan_kick_tx(struct memlan_channel *ch)
+{
+    if (ml_fetch_and(&ch->tx.ctl->tx_wait, ~ML_WAIT_FUTEX) & ML_WAIT_FUTEX)
+        __ml_sys_futex_wake(&ch->tx.ctl->tx_wait, INT32_MAX);
 }
 
 /* Arm the tripwires in event-queue mode after an -EAGAIN (see evq.c); returns true if the

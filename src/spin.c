@@ -110,17 +110,23 @@ uint64_t __ml_spin_budget_ns(struct ml_spin *sp, uint32_t peer_cpu)
         return 0;
     if (peer_cpu != 0 && (int)peer_cpu - 1 == __ml_getcpu())
         return 0;
-    if (sp->fails >= ML_SPIN_FAILS_BEFORE_CUT && (sp->fails & 31) != 0)
+    /* Relaxed atomics: the socket layer's waiters share one predictor per direction and hold
+     * no lock while they wait (a lost count only shifts the guess). */
+    uint32_t f = __atomic_load_n(&sp->fails, __ATOMIC_RELAXED);
+    if (f >= ML_SPIN_FAILS_BEFORE_CUT && (f & 31) != 0)
         return ML_SPIN_DEFAULT_NS / 8;
     return ML_SPIN_DEFAULT_NS;
 }
 
 void __ml_spin_result(struct ml_spin *sp, bool success)
 {
-    if (success)
-        sp->fails = 0;
-    else if (sp->fails < UINT32_MAX)
-        sp->fails++;
+    uint32_t f = __atomic_load_n(&sp->fails, __ATOMIC_RELAXED);
+    if (success) {
+        if (f != 0)
+            __atomic_store_n(&sp->fails, 0u, __ATOMIC_RELAXED);
+    } else if (f < UINT32_MAX) {
+        __atomic_store_n(&sp->fails, f + 1, __ATOMIC_RELAXED);
+    }
 }
 
 /* For memlan bench: change the policy within one process (-1 = adaptive). */

@@ -20,6 +20,8 @@
 #include "sys/sys.h"
 
 #include <errno.h>
+#include <sched.h>
+#include <time.h>
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,18 +175,76 @@ struct mlp_sock *mlp_sock_new(int type)
     return s;
 }
 
+/*
+ * The fork gate.  The prepare handler counts every socket in the table as held by the child to
+ * be (sock.c, mlp_holders_add): a socket installed during that scan would be inherited uncounted,
+ * and one uninstalled during it could have its last reference dropped by the scan itself, its
+ * teardown then run inside the prepare handler.  So installs and uninstalls (short, they never
+ * block) pass a gate: the prepare handler closes it and waits for those in progress to finish,
+ * and those that come meanwhile wait for the fork to be done (the parent and child handlers open
+ * it).  Nothing is locked: a thread that forks from a handler while it is itself inside the gate
+ * (fork is async-signal-safe) waits only for the others, and a handler that installs on the
+ * forking thread during the scan goes through (its socket may be inherited uncounted, the old
+ * behaviour).
+ */
+static _Atomic int mlp_gate_busy;      /* installs and uninstalls in progress */
+static _Atomic bool mlp_gate_closed;   /* a prepare handler is counting */
+static __thread int mlp_gate_depth __attribute__((tls_model("initial-exec")));
+static __thread bool mlp_gate_forker __attribute__((tls_model("initial-exec")));
+
+static void mlp_gate_enter(void)
+{
+    for (;;) {
+        atomic_fetch_add(&mlp_gate_busy, 1);
+        mlp_gate_depth++;
+        if (ml_likely(!atomic_load(&mlp_gate_closed)) || mlp_gate_forker)
+            return;
+        mlp_gate_depth--;
+        atomic_fetch_sub(&mlp_gate_busy, 1);
+        while (atomic_load(&mlp_gate_closed)) {
+            struct timespec ts = {0, 100000};
+            nanosleep(&ts, NULL);
+        }
+    }
+}
+
+static void mlp_gate_leave(void)
+{
+    mlp_gate_depth--;
+    atomic_fetch_sub(&mlp_gate_busy, 1);
+}
+
+void mlp_fork_gate_close(void)
+{
+    mlp_gate_forker = true;
+    atomic_store(&mlp_gate_closed, true);
+    /* Wait for the others' installs and uninstalls in progress (a few instructions each). */
+    while (atomic_load(&mlp_gate_busy) > mlp_gate_depth)
+        sched_yield();
+}
+
+void mlp_fork_gate_open(bool child)
+{
+    if (child) /* the other threads, in the middle or not, are not in the child */
+        atomic_store(&mlp_gate_busy, mlp_gate_depth);
+    atomic_store(&mlp_gate_closed, false);
+    mlp_gate_forker = false;
+}
+
 int mlp_install(int fd, struct mlp_sock *s)
 {
     struct mlp_fdrec *r = mlp_fdrec_make(fd);
     if (!r)
         return -EMFILE;
+    mlp_gate_enter();
     atomic_fetch_add(&s->refs, 1);
     atomic_fetch_add(&s->nfds, 1);
     struct mlp_sock *old = atomic_exchange(&r->sock, s);
-    if (old) {
+    if (old)
         atomic_fetch_sub(&old->nfds, 1);
+    mlp_gate_leave();
+    if (old)
         mlp_put(old);
-    }
     return 0;
 }
 
@@ -193,9 +253,11 @@ struct mlp_sock *mlp_uninstall(int fd)
     struct mlp_fdrec *r = mlp_fdrec(fd);
     if (!r || !atomic_load_explicit(&r->sock, memory_order_relaxed))
         return NULL;
+    mlp_gate_enter();
     struct mlp_sock *s = atomic_exchange(&r->sock, NULL);
     if (s)
         atomic_fetch_sub(&s->nfds, 1);
+    mlp_gate_leave();
     return s;
 }
 

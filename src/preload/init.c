@@ -300,14 +300,24 @@ static void mlp_read_config(void)
         snprintf(mlp_cfg.netns, sizeof mlp_cfg.netns, "0");
 }
 
-static void mlp_atfork_prepare(void) { mlp_before_fork(); }
+/* The table holds still from the count before fork until fork returned (fdtable.c's gate). */
+static void mlp_atfork_prepare(void)
+{
+    mlp_fork_gate_close();
+    mlp_before_fork();
+}
 
-static void mlp_atfork_parent(void) { mlp_forked = true; }
+static void mlp_atfork_parent(void)
+{
+    mlp_forked = true;
+    mlp_fork_gate_open(false);
+}
 
 static void mlp_atfork_child(void)
 {
     mlp_pid = (int)__ml_sys_getpid();
     mlp_forked = true;
+    mlp_fork_gate_open(true);
     mlp_after_fork_child();
 }
 

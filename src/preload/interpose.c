@@ -139,6 +139,7 @@ static void mlp_fd_released(int fd, char *offer)
         if (atomic_load(&s->nfds) == 0) {
             mlp_epoll_sock_gone(s);
             mlp_before_last_close(s, fd);
+            mlp_keep_file(s, fd);
         }
         mlp_put(s);
     }

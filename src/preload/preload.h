@@ -7,9 +7,10 @@
  * dlsym(RTLD_NEXT), so a call to the real function is never mistaken for an interposed one.
  * Internal functions return a negative errno; only the interposers in interpose.c set errno.
  *
- * Lock order (outermost first): a socket's tx lock, then its rx lock (both in the channel's
- * shared socket block, see layout.h), then mlp_sock.mu (process-local state changes), then the
- * fd table's free-list mutex.  Nothing here is held across a call into the application.
+ * Lock order (outermost first): a socket's tx lock, then its rx lock (both in the socket's own
+ * lock page, sock.c), then mlp_sock.mu (process-local state changes), then the fd table's
+ * free-list mutex.  Nothing here is held across a call into the application, and no direction
+ * lock across a sleep (sock.c, "waiting").
  */
 #ifndef MEMLAN_PRELOAD_H
 #define MEMLAN_PRELOAD_H
@@ -110,6 +111,7 @@ struct mlp_sock {
     unsigned fork_gen;            /* last fork this socket was counted in (holders) */
     _Atomic bool tmo_synced;      /* SO_RCVTIMEO/SO_SNDTIMEO copied from the kernel socket */
     _Atomic bool split_told;      /* bytes found on the idle kernel socket were reported */
+    _Atomic bool lock_broken;     /* a direction lock said ENOTRECOVERABLE (said once) */
     struct mlp_member *epm;       /* its epoll memberships (poll.c, under its lock) */
     struct mlp_pwreg *pw;         /* threads asleep in poll/select on it (poll.c, mlp_pw_mu) */
     struct mlp_ep *_Atomic home_ep; /* poll.c: the one epoll set it is in, whose own queue it
@@ -121,6 +123,9 @@ struct mlp_sock {
     struct mlp_locks *_Atomic locks; /* sock.c: the direction locks (a page only fork children
                                       * share), made at the first lock; NULL before */
     struct mlp_locks own_locks;   /* the private fall-back when that page cannot be made */
+    int keep_fd;                  /* a duplicate of the kernel socket kept while calls are in
+                                   * progress after its last fd was closed (0: none; see
+                                   * mlp_keep_file), closed with the last reference */
     /* Listener: its rendezvous record. */
     int port;
     struct mlp_lrec *rec;
@@ -154,6 +159,8 @@ struct mlp_sock *mlp_get(int fd);
 void mlp_put(struct mlp_sock *s);
 int mlp_install(int fd, struct mlp_sock *s);   /* the table takes a reference */
 struct mlp_sock *mlp_uninstall(int fd);        /* returns the table's reference, or NULL */
+void mlp_fork_gate_close(void);                /* prepare handler: installs wait (fdtable.c) */
+void mlp_fork_gate_open(bool child);
 bool mlp_fd_is_ours(int fd);                   /* quick test without a reference */
 int mlp_fd_max(void);
 void mlp_fdtable_init(void);
@@ -227,6 +234,7 @@ void mlp_after_fork_child(void);
 void mlp_before_fork(void);   /* pthread_atfork prepare: the child-to-be holds our sockets */
 void mlp_fork_failed(void);
 void mlp_before_last_close(struct mlp_sock *s, int fd);
+void mlp_keep_file(struct mlp_sock *s, int fd);
 int mlp_tcp_catch_up(struct mlp_sock *s, int fd, bool block);
 void mlp_at_exit(void);
 void mlp_stdio_adopt(int fd); /* stdio.c: a connection now at fd 0, 1 or 2 */
@@ -250,9 +258,10 @@ bool mlp_epoll_has_ours(int fd);     /* an epoll set with members of ours: poll 
 extern int mlp_nnested; /* epoll sets inside other sets: every wait must look at them */
 
 /* Locks on the shared socket block (sock.c). */
-int mlp_lock_tx(struct mlp_sock *s); /* 0, or -1: a handler re-entered this thread's holder */
+/* 0, or what the call returns instead (see mlp_lock_dir): never held across a sleep. */
+int mlp_lock_tx(struct mlp_sock *s, bool nb);
 void mlp_unlock_tx(struct mlp_sock *s);
-int mlp_lock_rx(struct mlp_sock *s);
+int mlp_lock_rx(struct mlp_sock *s, bool nb);
 void mlp_unlock_rx(struct mlp_sock *s);
 unsigned mlp_sig_nores_count(void); /* signals.c: handlers without SA_RESTART run on this thread */
 

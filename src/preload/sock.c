@@ -107,7 +107,7 @@ static __thread pthread_mutex_t *mlp_held[MLP_HELD_MAX] __attribute__((tls_model
 static __thread unsigned mlp_nheld __attribute__((tls_model("initial-exec")));
 
 /* 1: the lock was taken over from a dead holder; 0: taken; -1: this thread already holds it
- * (a handler re-entered us): not taken. */
+ * (a handler re-entered us): not taken; -2: the lock cannot be taken any more (see below). */
 static int mlp_lock(pthread_mutex_t *m)
 {
     unsigned n = mlp_nheld;
@@ -121,10 +121,15 @@ static int mlp_lock(pthread_mutex_t *m)
     int r = pthread_mutex_lock(m);
     if (ml_unlikely(r == EOWNERDEAD))
         (void)pthread_mutex_consistent(m); /* its holder died: ours now */
-    /* ENOTRECOVERABLE cannot happen (every taker makes it consistent); were it to, we go on
-     * unlocked rather than fail or wait for ever, and the unlock is refused harmlessly (EPERM:
-     * a robust mutex checks its owner). */
     errno = saved;
+    if (ml_unlikely(r != 0 && r != EOWNERDEAD)) {
+        /* ENOTRECOVERABLE: a holder that died was taken over and the mutex released without
+         * being made consistent, which our code never does (only a program writing over our
+         * page could).  Going on unlocked could let two threads move one ring index; the
+         * socket is broken instead (mlp_lock_dir): not taken, its entry out again. */
+        mlp_nheld = n;
+        return -2;
+    }
     return r == EOWNERDEAD;
 }
 
@@ -174,25 +179,35 @@ static unsigned mlp_wait_hook(void)
 
 __attribute__((constructor)) static void mlp_wait_hook_init(void) { __ml_wait_hook = mlp_wait_hook; }
 
-int mlp_lock_tx(struct mlp_sock *s)
+/* Take a direction's lock: 0, or what the call returns instead: -EAGAIN (nb) or -EINTR when a
+ * handler re-entered this thread's holder of it, -ECONNRESET when the lock is broken (said once
+ * per socket; every later call on that direction fails the same way, as on a reset). */
+static int mlp_lock_dir(struct mlp_sock *s, pthread_mutex_t *m, bool nb, bool tx)
 {
-    int r = mlp_lock(&mlp_locks_of(s)->tx);
-    if (r < 0)
-        return -1;
-    if (r || mlp_forked)
+    int r = mlp_lock(m);
+    if (ml_likely(r == 0) && !mlp_forked)
+        return 0;
+    if (r == -1)
+        return nb ? -EAGAIN : -EINTR;
+    if (r == -2) {
+        if (!atomic_exchange(&s->lock_broken, true))
+            mlp_log(0, "channel %s: the socket's %s lock is unrecoverable (its page was "
+                       "overwritten); reporting a reset", s->ch ? s->ch->seg->token : "?",
+                    tx ? "send" : "receive");
+        return -ECONNRESET;
+    }
+    /* Another process (after fork) or a holder that died had it: the ring index it owns may
+     * have moved. */
+    if (tx)
         __ml_chan_resync_tx(s->ch);
-    return 0;
-}
-void mlp_unlock_tx(struct mlp_sock *s) { mlp_unlock(&mlp_locks_of(s)->tx); }
-int mlp_lock_rx(struct mlp_sock *s)
-{
-    int r = mlp_lock(&mlp_locks_of(s)->rx);
-    if (r < 0)
-        return -1;
-    if (r || mlp_forked)
+    else
         __ml_chan_resync_rx(s->ch);
     return 0;
 }
+
+int mlp_lock_tx(struct mlp_sock *s, bool nb) { return mlp_lock_dir(s, &mlp_locks_of(s)->tx, nb, true); }
+void mlp_unlock_tx(struct mlp_sock *s) { mlp_unlock(&mlp_locks_of(s)->tx); }
+int mlp_lock_rx(struct mlp_sock *s, bool nb) { return mlp_lock_dir(s, &mlp_locks_of(s)->rx, nb, false); }
 void mlp_unlock_rx(struct mlp_sock *s) { mlp_unlock(&mlp_locks_of(s)->rx); }
 
 /* ---- flags ------------------------------------------------------------------------------- */
@@ -298,19 +313,73 @@ static ssize_t mlp_tx_error(struct mlp_sock *s, ssize_t r, int flags)
 }
 
 /* A socket that fell to TCP: send what its ring still holds before anything else.  0 when
- * nothing is left, else the kernel's error (-EAGAIN when nonblocking and full). */
+ * nothing is left, else the kernel's error (-EAGAIN when nonblocking and full).  The lock is held
+ * only while bytes move: a blocking catch-up waits for the kernel socket's room without it. */
 int mlp_tcp_catch_up(struct mlp_sock *s, int fd, bool block)
 {
     const void *p;
     if (!s->ch || !__ml_chan_unsent(s->ch, &p))
         return 0;
     int saved = errno; /* errors are returned; a success leaves errno as it was */
-    if (mlp_lock_tx(s))
-        return block ? -EINTR : -EAGAIN; /* a handler re-entered a call using the socket */
-    int e = mlp_flush_unsent(s, fd, block);
-    mlp_unlock_tx(s);
-    errno = saved;
-    return e;
+    for (;;) {
+        int e = mlp_lock_tx(s, !block);
+        if (e < 0)
+            return e;
+        e = mlp_flush_unsent(s, fd, false);
+        mlp_unlock_tx(s);
+        if (e != -EAGAIN || !block) {
+            errno = saved;
+            return e;
+        }
+        struct pollfd pf = {.fd = fd, .events = POLLOUT};
+        if (mlp_real_poll(&pf, 1, 1000) < 0 && errno != EINTR) {
+            e = -errno;
+            errno = saved;
+            return e;
+        }
+    }
+}
+
+/* ---- waiting ----------------------------------------------------------------------------- */
+
+/*
+ * Locks are never held across a sleep.  A blocking call takes the direction's lock, moves what
+ * it can without waiting, and when it must wait it lets the lock go, sleeps on the channel's
+ * shared indices (__ml_chan_wait_ro), and takes the lock again to look afresh: what came may have
+ * gone to another thread meanwhile, as in the kernel, whose socket calls release the socket lock
+ * while they wait (sk_wait_data, sk_stream_wait_memory).  So a nonblocking call never waits
+ * behind a sleeping one, a handler can use the socket its thread was asleep on, and a handler
+ * that siglongjmp()s out of the sleep leaves nothing held.  The rule for streams is the kernel's:
+ * one recv returns bytes that were contiguous in the stream (one copy under the lock); a
+ * blocking send keeps its bytes in order, and another thread's send may land between the pieces
+ * of one that had to wait for room (as two blocking sends on a kernel TCP socket do); see
+ * design.md, "Threads and locks".
+ */
+
+/* The deadline of a blocking call: SO_RCVTIMEO/SO_SNDTIMEO count from its first wait, for the
+ * whole call, as the kernel counts its timeout down across the waits of one call. */
+static uint64_t mlp_call_deadline(uint64_t *dl, uint64_t tmo_ns)
+{
+    if (tmo_ns && !*dl)
+        *dl = __ml_now_ns() + tmo_ns;
+    return *dl;
+}
+
+/* Sleep, holding no lock of the socket, until the direction (0 receive, 1 send: want bytes of
+ * room) may have moved.  0: take the lock and look again; -EAGAIN: the timeout ran out; -EINTR. */
+static int mlp_wait_dir(struct mlp_sock *s, int dir, uint64_t want, uint64_t *dl)
+{
+    uint64_t tmo = dir == 0 ? s->ch->rx_tmo_ns : s->ch->tx_tmo_ns;
+    int r = __ml_chan_wait_ro(s->ch, dir, want, mlp_call_deadline(dl, tmo));
+    return r == -ECONNRESET ? 0 : r; /* the peer died: the look under the lock says how */
+}
+
+/* Room a blocking sender waits for: half the ring, or what it has left to send (the consumer
+ * then wakes it once per batch, not once per release). */
+static uint64_t mlp_tx_want(struct mlp_sock *s, size_t left)
+{
+    uint64_t half = s->ch->size / 2;
+    return left < half ? (left ? left : 1) : (half ? half : 1);
 }
 
 static size_t mlp_iov_total(const struct iovec *iov, int n)
@@ -358,6 +427,43 @@ static ssize_t mlp_tcp_send_rest(int fd, const struct iovec *iov, int n, int i, 
     return r < 0 ? -errno : r;
 }
 
+/* One pass of a send, the tx lock held: copy from iov[*i] at byte *off on as much as the ring
+ * takes now.  Bytes moved (the position advanced), else the channel's answer (-EAGAIN: full). */
+static ssize_t mlp_tx_pass(struct mlp_sock *s, const struct iovec *iov, int n, int *i,
+                           size_t *off)
+{
+    ssize_t moved = 0;
+    for (; *i < n; (*i)++, *off = 0) {
+        while (*off < iov[*i].iov_len) {
+            ssize_t r = memlan_send(s->ch, (char *)iov[*i].iov_base + *off,
+                                    iov[*i].iov_len - *off, MEMLAN_DONTWAIT);
+            if (r <= 0)
+                return moved ? moved : r;
+            *off += (size_t)r;
+            moved += r;
+        }
+    }
+    return moved;
+}
+
+/* A blocking send of at most half the ring goes in whole or not at all (the tx lock held): it
+ * waits for room for all of its bytes, so no other thread's bytes land inside it.  total bytes,
+ * else the channel's answer (-EAGAIN: not enough room yet). */
+static ssize_t mlp_tx_whole(struct mlp_sock *s, const struct iovec *iov, int n, size_t total)
+{
+    void *p;
+    ssize_t room = memlan_reserve(s->ch, &p, total, MEMLAN_DONTWAIT);
+    if (room < 0)
+        return room;
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        memcpy((char *)p + off, iov[i].iov_base, iov[i].iov_len);
+        off += iov[i].iov_len;
+    }
+    int r = memlan_commit(s->ch, total);
+    return r < 0 ? r : (ssize_t)total;
+}
+
 ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags)
 {
     if (flags & MSG_OOB)
@@ -378,53 +484,58 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     if (total == 0)
         return 0;
     mlp_sync_timeouts(s, fd);
-    if (mlp_lock_tx(s))
-        return nb ? -EAGAIN : -EINTR; /* a handler re-entered a call using the socket */
-    ssize_t done = 0, r = 0;
-    for (int i = 0; i < n; i++) {
-        size_t off = 0;
-        while (off < iov[i].iov_len) {
-            /* Undecided: never block inside the ring, since nobody may ever drain it. */
-            int mf = (nb || st == MLP_UNDECIDED) ? MEMLAN_DONTWAIT : 0;
-            r = memlan_send(s->ch, (char *)iov[i].iov_base + off, iov[i].iov_len - off, mf);
-            if (r > 0) {
-                off += (size_t)r;
-                done += r;
-                /* A blocking send moves everything, as the kernel's does: while undecided the
-                 * ring filled (the next try waits for the decision); otherwise a timeout or a
-                 * signal cut it short, and the count so far is the answer. */
-                if (off < iov[i].iov_len && (nb || st != MLP_UNDECIDED))
-                    goto out;
-                continue;
-            }
-            if (r == -EAGAIN && st == MLP_UNDECIDED && !nb) {
-                mlp_unlock_tx(s);
-                st = mlp_decide(s, fd, true);
-                if (st == MLP_TCP) {
-                    /* Fell to TCP: what we took so far is in the ring and goes out first,
-                     * then the rest of this call, so a blocking write still moves it all. */
-                    if (mlp_lock_tx(s))
-                        return done ? done : -EINTR;
-                    int e = mlp_flush_unsent(s, fd, true);
-                    mlp_unlock_tx(s);
-                    if (e < 0)
-                        return done ? done : mlp_tx_error(s, e, flags);
-                    ssize_t w = mlp_tcp_send_rest(fd, iov, n, i, off, flags);
-                    if (w < 0)
-                        return done ? done : (w == -EPIPE && !(flags & MSG_NOSIGNAL)
-                                                  ? (raise(SIGPIPE), w) : w);
-                    return done + w;
-                }
-                if (mlp_lock_tx(s))
-                    return done ? done : -EINTR;
-                continue;
-            }
-            goto out; /* an error, or EAGAIN when nonblocking */
+    ssize_t done = 0, r;
+    int i = 0;
+    size_t off = 0;
+    uint64_t dl = 0;
+    /* A blocking send up to half the ring is one piece, as small sends are in the kernel's
+     * socket buffer: two threads' records never mix.  A longer one moves in pieces as room
+     * comes, as in the kernel, whose waiting sender lets other senders in (see above). */
+    bool whole = !nb && st == MLP_ACCEL && total <= s->ch->size / 2;
+    for (;;) {
+        /* Every pass is nonblocking: a blocking send waits below, without the lock. */
+        if ((r = mlp_lock_tx(s, nb)) < 0)
+            return done ? done : r; /* a handler re-entered us, or the lock is broken */
+        if (whole) {
+            r = mlp_tx_whole(s, iov, n, total);
+            if (r > 0)
+                i = n;
+        } else {
+            r = mlp_tx_pass(s, iov, n, &i, &off);
         }
-        r = 0;
+        mlp_unlock_tx(s);
+        if (r > 0) {
+            done += r;
+            /* A blocking send moves everything, as the kernel's does; a timeout or a signal
+             * cuts it short, and the count so far is the answer. */
+            if (nb || i == n)
+                break;
+            continue;
+        }
+        if (r != -EAGAIN || nb)
+            break;
+        if (st == MLP_UNDECIDED) {
+            /* Undecided: never wait for room, since nobody may ever drain the ring; wait for
+             * the decision instead. */
+            st = mlp_decide(s, fd, true);
+            if (st == MLP_TCP) {
+                /* Fell to TCP: what we took so far is in the ring and goes out first, then the
+                 * rest of this call, so a blocking write still moves it all. */
+                int e = mlp_tcp_catch_up(s, fd, true);
+                if (e < 0)
+                    return done ? done : mlp_tx_error(s, e, flags);
+                ssize_t w = mlp_tcp_send_rest(fd, iov, n, i, off, flags);
+                if (w < 0)
+                    return done ? done : (w == -EPIPE && !(flags & MSG_NOSIGNAL)
+                                              ? (raise(SIGPIPE), w) : w);
+                return done + w;
+            }
+            continue;
+        }
+        size_t left = total - (size_t)done;
+        if ((r = mlp_wait_dir(s, 1, mlp_tx_want(s, left), &dl)) < 0)
+            break;
     }
-out:
-    mlp_unlock_tx(s);
     if (done > 0)
         return done;
     if (r == -EAGAIN && st == MLP_UNDECIDED && nb)
@@ -459,32 +570,46 @@ ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t coun
     }
     size_t done = 0;
     ssize_t err = 0;
-    if (mlp_lock_tx(s))
-        return nb ? -EAGAIN : -EINTR;
-    while (done < count) {
-        void *p;
-        ssize_t room = memlan_reserve(s->ch, &p, 1, nb || done ? MEMLAN_DONTWAIT : 0);
-        if (room == -EAGAIN && done && !nb) {
-            room = memlan_reserve(s->ch, &p, 1, 0);
-        }
-        if (room < 0) {
-            err = room;
+    uint64_t dl = 0;
+    bool end = false;
+    while (done < count && !end) {
+        if ((err = mlp_lock_tx(s, nb)) < 0) {
+            if (done)
+                err = 0;
+            else
+                return err; /* a handler re-entered us, or the lock is broken */
             break;
         }
-        size_t want = count - done < (size_t)room ? count - done : (size_t)room;
-        ssize_t got = pread(in, p, want, pos + (off_t)done);
-        if (got <= 0) {
-            (void)memlan_commit(s->ch, 0);
-            if (got < 0)
-                err = -errno;
-            break;
+        while (done < count) {
+            void *p;
+            ssize_t room = memlan_reserve(s->ch, &p, 1, MEMLAN_DONTWAIT);
+            if (room < 0) {
+                err = room;
+                break;
+            }
+            size_t want = count - done < (size_t)room ? count - done : (size_t)room;
+            ssize_t got = pread(in, p, want, pos + (off_t)done);
+            if (got <= 0) {
+                (void)memlan_commit(s->ch, 0);
+                if (got < 0)
+                    err = -errno;
+                end = true;
+                break;
+            }
+            (void)memlan_commit(s->ch, (size_t)got);
+            done += (size_t)got;
+            if ((size_t)got < want) {
+                end = true; /* end of file */
+                break;
+            }
         }
-        (void)memlan_commit(s->ch, (size_t)got);
-        done += (size_t)got;
-        if ((size_t)got < want)
-            break; /* end of file */
+        mlp_unlock_tx(s);
+        if (end || done >= count || err != -EAGAIN || nb)
+            break;
+        /* Full: a blocking sendfile moves everything, waiting without the lock. */
+        if ((err = mlp_wait_dir(s, 1, mlp_tx_want(s, count - done), &dl)) < 0)
+            break;
     }
-    mlp_unlock_tx(s);
     if (off)
         *off = pos + (off_t)done;
     else if (done)
@@ -596,24 +721,30 @@ ssize_t mlp_splice_from(struct mlp_sock *s, int fd, int pipe, size_t len, unsign
     if (len == 0)
         return 0;
     mlp_sync_timeouts(s, fd);
-    if (mlp_lock_rx(s))
-        return nb ? -EAGAIN : -EINTR;
-    const void *p;
-    ssize_t a = memlan_peek(s->ch, &p, nb ? MEMLAN_DONTWAIT : 0);
-    if (a <= 0) {
-        mlp_unlock_rx(s);
-        return mlp_rx_error(s, a);
-    }
-    size_t n = (size_t)a < len ? (size_t)a : len;
+    bool pnb = (flags & SPLICE_F_NONBLOCK) != 0;
+    uint64_t dl = 0;
     ssize_t w;
     for (;;) {
+        int e = mlp_lock_rx(s, nb);
+        if (e < 0)
+            return e;
+        const void *p;
+        ssize_t a = memlan_peek(s->ch, &p, MEMLAN_DONTWAIT);
+        if (a <= 0) {
+            mlp_unlock_rx(s);
+            if (a == -EAGAIN && !nb && (a = mlp_wait_dir(s, 0, 1, &dl)) == 0)
+                continue;
+            return mlp_rx_error(s, a);
+        }
+        size_t n = (size_t)a < len ? (size_t)a : len;
         size_t room = mlp_pipe_room(pipe);
         if (room == 0) {
-            int e = mlp_pipe_wait(pipe, POLLOUT, (flags & SPLICE_F_NONBLOCK) != 0);
-            if (e < 0) {
-                w = e;
-                break;
-            }
+            /* The pipe is full: wait for it without the socket's lock, then look again. */
+            (void)memlan_release(s->ch, 0);
+            mlp_unlock_rx(s);
+            e = mlp_pipe_wait(pipe, POLLOUT, pnb);
+            if (e < 0)
+                return e;
             if (e & POLLERR) { /* no reader */
                 w = -EPIPE;
                 break;
@@ -623,10 +754,10 @@ ssize_t mlp_splice_from(struct mlp_sock *s, int fd, int pipe, size_t len, unsign
         w = mlp_real_write(pipe, p, n < room ? n : room);
         if (w < 0)
             w = -errno;
+        (void)memlan_release(s->ch, w > 0 ? (size_t)w : 0);
+        mlp_unlock_rx(s);
         break;
     }
-    (void)memlan_release(s->ch, w > 0 ? (size_t)w : 0);
-    mlp_unlock_rx(s);
     if (w == -EPIPE)
         raise(SIGPIPE); /* the pipe had no reader: the kernel's splice signals as write does */
     return w;
@@ -657,10 +788,20 @@ ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned
     if (!(ev & POLLIN))
         return 0;
     mlp_sync_timeouts(s, fd);
-    if (mlp_lock_tx(s))
-        return nb ? -EAGAIN : -EINTR;
     void *p;
-    ssize_t room = memlan_reserve(s->ch, &p, 1, nb ? MEMLAN_DONTWAIT : 0);
+    ssize_t room;
+    uint64_t dl = 0;
+    for (;;) {
+        int e = mlp_lock_tx(s, nb);
+        if (e < 0)
+            return e;
+        room = memlan_reserve(s->ch, &p, 1, MEMLAN_DONTWAIT);
+        if (room != -EAGAIN || nb)
+            break;
+        mlp_unlock_tx(s);
+        if ((e = mlp_wait_dir(s, 1, mlp_tx_want(s, len), &dl)) < 0)
+            return e;
+    }
     if (room < 0) {
         mlp_unlock_tx(s);
         if (room == -EAGAIN)
@@ -689,32 +830,32 @@ static ssize_t mlp_peek(struct mlp_sock *s, const struct iovec *iov, int n, int 
 {
     size_t total = mlp_iov_total(iov, n);
     unsigned naps = 0;
+    uint64_t dl = 0;
     for (;;) {
+        int e = mlp_lock_rx(s, nb);
+        if (e < 0)
+            return e;
         const void *p;
         ssize_t a = memlan_peek(s->ch, &p, MEMLAN_DONTWAIT);
-        if (a == -EAGAIN) {
-            if (nb)
-                return -EAGAIN;
-            /* Wait for more, then look again. */
-            ssize_t w = memlan_peek(s->ch, &p, 0);
-            if (w < 0)
-                return w;
-            if (w == 0)
-                return 0;
-            continue;
-        }
-        if (a <= 0)
-            return a;
-        if ((flags & MSG_WAITALL) && (size_t)a < total && !nb &&
+        if (a > 0 && (flags & MSG_WAITALL) && (size_t)a < total && !nb &&
             __ml_chan_peer_state(s->ch) == ML_SIDE_OPEN && !s->ch->peer_dead) {
             /* MSG_PEEK|MSG_WAITALL (rare): the tripwire wakes a waiter for any byte, not for
-             * len of them, so look again every 50 us until len are there or the peer is done,
-             * checking the peer's liveness (a system call) about every 100 ms. */
-            struct timespec ts = {0, 50000};
-            nanosleep(&ts, NULL);
+             * len of them, so look again every 50 us (without the lock) until len are there
+             * or the peer is done, checking the peer's liveness (a system call) about every
+             * 100 ms. */
+            (void)memlan_release(s->ch, 0);
             if (++naps % 2000 == 0)
                 (void)__ml_chan_check_peer(s->ch);
+            mlp_unlock_rx(s);
+            struct timespec ts = {0, 50000};
+            nanosleep(&ts, NULL);
             continue;
+        }
+        if (a <= 0) {
+            mlp_unlock_rx(s);
+            if (a == -EAGAIN && !nb && (a = mlp_wait_dir(s, 0, 1, &dl)) == 0)
+                continue;
+            return a;
         }
         size_t left = (size_t)a < total ? (size_t)a : total, off = 0;
         for (int i = 0; i < n && left; i++) {
@@ -724,8 +865,42 @@ static ssize_t mlp_peek(struct mlp_sock *s, const struct iovec *iov, int n, int 
             left -= c;
         }
         (void)memlan_release(s->ch, 0);
+        mlp_unlock_rx(s);
         return (ssize_t)off;
     }
+}
+
+/* One pass of a receive, the rx lock held: copy what is there into iov[*i] at byte *off on,
+ * never waiting.  Bytes moved (the position advanced), else the channel's answer (0 at the end,
+ * -EAGAIN: nothing yet).  MSG_TRUNC discards instead of copying, as TCP's does. */
+static ssize_t mlp_rx_pass(struct mlp_sock *s, const struct iovec *iov, int n, int *i,
+                           size_t *off, bool trunc)
+{
+    ssize_t moved = 0;
+    for (; *i < n; (*i)++, *off = 0) {
+        size_t want = iov[*i].iov_len - *off;
+        if (want == 0)
+            continue;
+        ssize_t r;
+        if (trunc) {
+            const void *p;
+            r = memlan_peek(s->ch, &p, MEMLAN_DONTWAIT);
+            if (r > 0) {
+                size_t c = (size_t)r < want ? (size_t)r : want;
+                (void)memlan_release(s->ch, c);
+                r = (ssize_t)c;
+            }
+        } else {
+            r = memlan_recv(s->ch, (char *)iov[*i].iov_base + *off, want, MEMLAN_DONTWAIT);
+        }
+        if (r <= 0)
+            return moved ? moved : r;
+        moved += r;
+        *off += (size_t)r;
+        if ((size_t)r < want)
+            return moved; /* the ring is empty for now */
+    }
+    return moved;
 }
 
 ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags)
@@ -747,45 +922,32 @@ ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     if (total == 0)
         return 0;
     mlp_sync_timeouts(s, fd);
-    if (mlp_lock_rx(s))
-        return nb ? -EAGAIN : -EINTR; /* a handler re-entered a call using the socket */
-    ssize_t r;
-    if (flags & MSG_PEEK) {
-        r = mlp_peek(s, iov, n, flags, nb);
+    if (flags & MSG_PEEK)
+        return mlp_rx_error(s, mlp_peek(s, iov, n, flags, nb));
+    /* MSG_WAITALL waits only on a blocking call: nonblocking (or MSG_DONTWAIT), the kernel
+     * returns what is there once some arrived.  Between its waits another thread may read,
+     * as in the kernel (sk_wait_data releases the socket lock). */
+    bool waitall = (flags & MSG_WAITALL) && !nb;
+    ssize_t done = 0, r;
+    int i = 0;
+    size_t off = 0;
+    uint64_t dl = 0;
+    for (;;) {
+        if ((r = mlp_lock_rx(s, nb)) < 0)
+            return done ? done : r; /* a handler re-entered us, or the lock is broken */
+        r = mlp_rx_pass(s, iov, n, &i, &off, (flags & MSG_TRUNC) != 0);
         mlp_unlock_rx(s);
-        return mlp_rx_error(s, r);
-    }
-    ssize_t done = 0;
-    r = 0;
-    for (int i = 0; i < n; i++) {
-        if (iov[i].iov_len == 0)
+        if (r > 0) {
+            done += r;
+            if (!waitall || i == n)
+                break;
             continue;
-        int mf = (nb || done) && !((flags & MSG_WAITALL) && !nb) ? MEMLAN_DONTWAIT : 0;
-        /* MSG_WAITALL waits only on a blocking call: nonblocking (or MSG_DONTWAIT), the kernel
-         * returns what is there once some arrived, and so does memlan_recv without WAITALL. */
-        if ((flags & MSG_WAITALL) && !nb)
-            mf |= MEMLAN_WAITALL;
-        if (flags & MSG_TRUNC) {
-            /* Discard: TCP's MSG_TRUNC consumes without copying. */
-            const void *p;
-            r = memlan_peek(s->ch, &p, mf & MEMLAN_DONTWAIT);
-            if (r > 0) {
-                size_t c = (size_t)r < iov[i].iov_len ? (size_t)r : iov[i].iov_len;
-                (void)memlan_release(s->ch, c);
-                r = (ssize_t)c;
-            }
-        } else {
-            r = memlan_recv(s->ch, iov[i].iov_base, iov[i].iov_len, mf);
         }
-        if (r <= 0)
+        if (r != -EAGAIN || nb || (done && !waitall))
             break;
-        done += r;
-        if ((size_t)r < iov[i].iov_len) {
-            r = 0;
+        if ((r = mlp_wait_dir(s, 0, 1, &dl)) < 0)
             break;
-        }
     }
-    mlp_unlock_rx(s);
     if (done > 0)
         return done;
     r = mlp_rx_error(s, r);
@@ -814,10 +976,11 @@ int mlp_shutdown(struct mlp_sock *s, int fd, int how)
         }
         if (how == SHUT_WR || how == SHUT_RDWR) {
             /* From a handler that interrupted our own send: only flags change, so unlocked. */
-            bool locked = mlp_lock_tx(s) == 0;
+            bool locked = mlp_lock_tx(s, false) == 0;
             (void)memlan_shutdown(s->ch, MEMLAN_SHUT_WR);
             if (locked)
                 mlp_unlock_tx(s);
+            __ml_chan_kick_tx(s->ch); /* a send asleep for room ends: EPIPE, as the kernel's */
         }
     }
     /* The kernel socket too: it keeps ss and the peer's kernel view in step. */
@@ -907,7 +1070,39 @@ void mlp_before_last_close(struct mlp_sock *s, int fd)
     mlp_split_check(s, fd);
 }
 
+/*
+ * The last fd of s is being closed while other threads are inside calls on it (recv, send,
+ * poll: each holds a reference).  In the kernel those calls hold the file, so the close only
+ * removes the fd number: the socket lives on, no FIN goes out, and a byte the peer sends still
+ * reaches the blocked recv, until the last call leaves.  So the kernel socket is kept open here by
+ * a duplicate of our own until the socket's last reference goes (mlp_sock_destroy); without it
+ * the kernel socket's FIN would tell the peer that we are gone while the channel still works.
+ */
+void mlp_keep_file(struct mlp_sock *s, int fd)
+{
+    if (s->type != MLP_CONN || !s->ch || s->keep_fd > 0 || atomic_load(&s->refs) <= 1)
+        return;
+    long k = __ml_sys_fcntl_dupfd(fd, 3, true);
+    if (k < 0)
+        return; /* no fd left: the close goes through as before, the FIN now */
+    s->keep_fd = (int)k;
+    mlp_own_fd(&s->keep_fd, true);
+    s->ch->sock_fd = s->keep_fd; /* the liveness check's view of the kernel socket */
+}
+
+static void mlp_sock_destroy_conn(struct mlp_sock *s);
+
 void mlp_sock_destroy(struct mlp_sock *s)
+{
+    mlp_sock_destroy_conn(s);
+    if (s->keep_fd > 0) { /* after the channel's close: the peer reads our end, not a death */
+        mlp_disown_fd(s->keep_fd);
+        __ml_sys_close(s->keep_fd);
+        s->keep_fd = 0;
+    }
+}
+
+static void mlp_sock_destroy_conn(struct mlp_sock *s)
 {
     mlp_poll_forget(s);
     mlp_locks_free(s);
