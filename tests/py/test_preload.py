@@ -545,8 +545,7 @@ def test_fork_racing_connect_accept_close(fabric, tmp_path):
     """fork() in one thread while two others make short connections (connect, accept, echo,
     close): every echo right, every close seen as EOF, no hang, as over kernel TCP (issue 19:
     14).  A stress test of fdtable.c's fork gate; bounded (300 forks and 100 connections, or
-    10 s).  The race it
-    guards is narrow: the old code passed it too in the runs tried."""
+    10 s).  The race it guards is narrow: the old code passed it too in the runs tried."""
     plain, under, text = scripted(BUILD / "tests-preload" / "forkrace", tmp_path)
     assert plain.stdout == "forks many, connections many, bad 0, failed forks 0\n", plain.stdout
     assert under.stdout == plain.stdout, under.stdout + under.stderr
