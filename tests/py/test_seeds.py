@@ -140,7 +140,10 @@ def test_mpi(fabric, tmp_path, mpi, mode):
     sizes = (1, 64, 4096, 65536, 300001, 1048576)
     argv, env = seeds.mpi_cmd(mpi, exe, ["-i", "10", "-t", "600", "-s", ",".join(map(str, sizes)),
                                          "-a", "1,1000,70000"], "tcp", on, logs=logs)
-    out = run(argv, timeout=180, env=env)
+    r = seeds.run_group(argv, 180, env=env)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0 and "MISMATCH" not in out, out[-3000:]
+    out = r.stdout
     for size in sizes:
         assert re.search(rf"^pingpong {size} 10 ", out, re.M), out
     for count in (1, 1000, 70000):

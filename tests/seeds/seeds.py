@@ -110,6 +110,44 @@ def stop(p, timeout=10):
         p.wait()
 
 
+def _group_state(pgid):
+    """comm, state and wchan of every process in a process group: what a hung run was doing."""
+    rows = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            st = open(f"/proc/{d}/stat").read()
+            fields = st[st.rindex(")") + 2:].split()
+            if int(fields[2]) != pgid:
+                continue
+            comm = st[st.index("(") + 1:st.rindex(")")]
+            wchan = open(f"/proc/{d}/wchan").read().strip() or "-"
+            rows.append(f"{d} {comm} {fields[0]} {wchan}")
+        except (OSError, ValueError):
+            continue
+    return "; ".join(rows)
+
+
+def run_group(argv, timeout, **kw):
+    """subprocess.run in a process group of its own: on a timeout every process of the group
+    (a launcher's ranks included) is killed, and the error says what each was doing."""
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         stdin=subprocess.DEVNULL, start_new_session=True, **kw)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        state = _group_state(p.pid)
+        try:
+            os.killpg(p.pid, 9)
+        except ProcessLookupError:
+            pass
+        out, err = p.communicate()
+        raise RuntimeError(f"{argv[0]} still running after {timeout} s (killed; processes: "
+                           f"{state}); output: {(out + err)[-600:]}")
+    return subprocess.CompletedProcess(argv, p.returncode, out, err)
+
+
 def ctx_switches(pid):
     """Voluntary and involuntary context switches of every thread of a process."""
     vol = inv = 0
