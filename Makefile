@@ -4,6 +4,7 @@
 #                   memlan CLI, memlan-rpcgen, tests and examples.  Never installs packages.
 #   make deps       install the build dependencies (libtirpc-dev, rpcsvc-proto, pkg-config, man-db)
 #   make test       make deps, then run every test, then again under ASan+UBSan
+#   make test-seeds only the papers' systems (NFS, omniORB, MPI) under memlan, installing them
 #   make demo       build and run `memlan bench --quick`
 #   make chaos      the long chaos suite (tests/chaos/chaos.py --long)
 #   make install    PREFIX BINDIR LIBDIR INCLUDEDIR MANDIR PKGCONFIGDIR DESTDIR, as a packager
@@ -171,6 +172,12 @@ test:
 	$(MAKE) all
 	./scripts/test.sh
 
+# The papers' systems (nfs-ganesha, omniORB, Open MPI, MPICH) under memlan, data checked; part
+# of `make test` too.  scripts/install-seeds.sh installs their Debian packages.
+test-seeds: all
+	./scripts/install-seeds.sh
+	python3 -m pytest -q tests/py/test_seeds.py
+
 # The chaos suite, long version (kill storms, the vandal, a full fabric; docs/results.md).  Its
 # short version runs inside `make test`.  CHAOS_SCALE=0.25 shortens it.
 chaos: all
@@ -224,4 +231,4 @@ clean:
 
 FORCE:
 
-.PHONY: all test chaos demo install uninstall clean deps FORCE
+.PHONY: all test test-seeds chaos demo install uninstall clean deps FORCE

@@ -31,6 +31,9 @@ fi
 # The real programs the integration tests run (redis, memcached, nginx, PostgreSQL, iperf3,
 # sockperf, wrk, curl), from Debian's packages.
 scripts/install-apps.sh || echo "install-apps failed: the tests of real programs will fail"
+# The papers' systems (nfs-ganesha, libnfs, omniORB, Open MPI, MPICH) for tests/py/test_seeds.py;
+# a test whose system could not be installed skips, saying why.
+scripts/install-seeds.sh || echo "install-seeds failed: tests/py/test_seeds.py will skip what is missing"
 
 suite() { # build dir, label, stress count
     local b=$1 label=$2 n=$3
