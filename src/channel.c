@@ -254,6 +254,11 @@ static struct memlan_segment *ml_pool_take(memlan_fabric_t *fab, uint64_t rs)
         }
         ml_chan_reset(seg);
         __ml_sys_close((int)fd);
+        if (__ml_guard_broken(seg->guard)) { /* shrunk while parked: the reset found it */
+            __ml_seg_destroy(seg);
+            i--;
+            continue;
+        }
         got = seg;
         break;
     }
@@ -267,6 +272,8 @@ static bool ml_pool_park(struct memlan_channel *ch)
     memlan_fabric_t *fab = ch->seg->fab;
     if (!ch->poolable || ch->side != 0 || !ch->seg->owner || ch->forks != ml_forks)
         return false;
+    if (__ml_guard_broken(ch->seg->guard))
+        return false; /* shrunk under us (guard.c): private memory now, never lent again */
     bool ok = false;
     pthread_mutex_lock(&ml_pool_reg_mu);
     int free_slot = -1;

@@ -193,19 +193,40 @@ bool __ml_guard_recover(const siginfo_t *si)
 /* Another SIGBUS in a program whose disposition is the default: that default, exactly. */
 void __ml_guard_default(int sig, siginfo_t *si)
 {
-    struct sigaction dfl;
-    memset(&dfl, 0, sizeof dfl);
-    dfl.sa_handler = SIG_DFL;
+    /* The kernel's struct sigaction (handler, flags, restorer, mask): all zero is SIG_DFL. */
+    struct {
+        void *handler;
+        unsigned long flags;
+        void *restorer;
+        uint64_t mask;
+    } dfl = {0};
     int saved = errno;
-    syscall(SYS_rt_sigaction, sig, &dfl, NULL, (size_t)8);
-    if (si && si->si_code <= 0) {
-        /* Sent by a process (kill, sigqueue): returning would not bring it back.  Queue it to
-         * this thread again; it is blocked until the handler returns, then acts. */
+    syscall(SYS_rt_sigaction, sig, &dfl, NULL, sizeof dfl.mask);
+    if (!si) {
+        /* No siginfo to go by (our handler put back without SA_SIGINFO): send it again; a fault
+         * would also fault again, and either kills. */
+        syscall(SYS_tgkill, getpid(), (pid_t)syscall(SYS_gettid), sig);
+    } else if (si->si_code <= 0 || (sig == SIGBUS && si->si_code == BUS_MCEERR_AO)) {
+        /* Sent by a process (kill, sigqueue), or an asynchronous machine-check report: returning
+         * would not bring it back.  Queue it to this thread again; it is blocked until the
+         * handler returns, then acts. */
         syscall(SYS_rt_tgsigqueueinfo, getpid(), (pid_t)syscall(SYS_gettid), sig, si);
     }
     /* A fault: returning runs the access again, which faults again, now with the default
      * action (and its core dump, at the right address). */
     errno = saved;
+}
+
+/* Did the kernel call our handler with a siginfo?  Not when the program put it back without
+ * SA_SIGINFO (old = signal(SIGBUS, h); ...; signal(SIGBUS, old)): its si is then whatever was on
+ * the stack.  sigaction() is async-signal-safe. */
+bool __ml_guard_has_siginfo(int sig, int (*query)(int, const struct sigaction *, struct sigaction *))
+{
+    struct sigaction k;
+    int saved = errno;
+    bool yes = query(sig, NULL, &k) == 0 && (k.sa_flags & SA_SIGINFO);
+    errno = saved;
+    return yes;
 }
 
 /* libmemlan alone: the disposition found when the handler went in (chained), read by the
@@ -214,6 +235,8 @@ static struct sigaction ml_guard_prev;
 
 static void ml_guard_handler(int sig, siginfo_t *si, void *uc)
 {
+    if (!__ml_guard_has_siginfo(sig, sigaction))
+        si = NULL;
     if (__ml_guard_recover(si))
         return;
     void *fn = (ml_guard_prev.sa_flags & SA_SIGINFO) ? (void *)ml_guard_prev.sa_sigaction

@@ -74,6 +74,9 @@ bool __ml_guard_broken(int slot);            /* was the mapping replaced? */
 bool __ml_guard_recover(const siginfo_t *si);
 /* In a SIGBUS handler: the default action for sig, as the kernel would take it. */
 void __ml_guard_default(int sig, siginfo_t *si);
+/* In a SIGBUS handler: was it installed with SA_SIGINFO (is si real)?  query: sigaction. */
+bool __ml_guard_has_siginfo(int sig,
+                            int (*query)(int, const struct sigaction *, struct sigaction *));
 /* The socket layer installs the handler its own way (arm: 0, -EAGAIN to retry, other -errno). */
 void __ml_guard_set_arm(int (*arm)(void));
 unsigned long __ml_guard_recoveries(void);

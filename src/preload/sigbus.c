@@ -79,6 +79,9 @@ static void *mlp_bus_fn(const struct sigaction *a)
 
 static void mlp_bus_handler(int sig, siginfo_t *si, void *uc)
 {
+    siginfo_t *given = si; /* what the program's handler gets, as the kernel would give it */
+    if (!__ml_guard_has_siginfo(sig, mlp_sigaction_real))
+        si = NULL; /* put back by signal() without SA_SIGINFO: si is stack garbage */
     if (__ml_guard_recover(si))
         return;
     struct sigaction app;
@@ -94,23 +97,29 @@ static void mlp_bus_handler(int sig, siginfo_t *si, void *uc)
         __ml_guard_default(sig, si);
         return;
     }
-    if (app.sa_flags & SA_RESETHAND) { /* the kernel's one-shot: the default from now on */
+    if ((app.sa_flags & SA_RESETHAND) &&
+        !atomic_exchange_explicit(&mlp_bus_busy, 1, memory_order_acquire)) {
+        /* the kernel's one-shot: the default from now on (unless a sigaction() on another
+         * thread holds the record: it is replacing the disposition anyway) */
         struct sigaction dfl;
         memset(&dfl, 0, sizeof dfl);
         dfl.sa_handler = SIG_DFL;
         mlp_bus_set(&dfl);
+        mlp_bus_unlock();
     }
     if (!(app.sa_flags & SA_RESTART))
         mlp_sig_note_run();
     if (app.sa_flags & SA_SIGINFO)
-        ((void (*)(int, siginfo_t *, void *))fn)(sig, si, uc);
+        ((void (*)(int, siginfo_t *, void *))fn)(sig, given, uc);
     else
         ((void (*)(int))fn)(sig);
 }
 
+/* Ours, with or without SA_SIGINFO (a program that saved signal()'s answer and put it back
+ * installed our handler without it: still ours, standing for the record). */
 static bool mlp_bus_is_ours(const struct sigaction *k)
 {
-    return (k->sa_flags & SA_SIGINFO) && k->sa_sigaction == mlp_bus_handler;
+    return k->sa_sigaction == mlp_bus_handler;
 }
 
 /* Ours into the kernel standing for the program's disposition app (lock held). */

@@ -201,6 +201,26 @@ int main(int argc, char **argv)
         _exit(3);
     }
     printf("G child sent SIGBUS: %d\n", child_status(pid));
+
+    /* signal()'s answer saved and put back (under memlan: our handler, now without
+     * SA_SIGINFO): the default all the same. */
+    __sighandler_t saved = signal(SIGBUS, on_bus_plain);
+    signal(SIGBUS, saved);
+    printf("H put back: %s\n", disp());
+    pid = fork();
+    if (pid == 0) {
+        no_core();
+        m[4096] = 8;
+        _exit(3);
+    }
+    printf("H child's fault: %d\n", child_status(pid));
+    pid = fork();
+    if (pid == 0) {
+        no_core();
+        kill(getpid(), SIGBUS);
+        _exit(3);
+    }
+    printf("H child sent SIGBUS: %d\n", child_status(pid));
     echo(c, s, "end");
     close(c);
     close(s);
