@@ -30,6 +30,12 @@
 #define ML_MIN_RING     ML_PAGE
 #define ML_MAX_RING     (1u << 30)
 
+/* Readable bytes at our receive position (see ml_ring_msg_avail for message rings). */
+static inline int64_t ml_rx_avail(struct memlan_channel *ch)
+{
+    return ch->kind == MEMLAN_MSG ? ml_ring_msg_avail(&ch->rx, true) : ml_ring_avail(&ch->rx, 1);
+}
+
 static uint64_t ml_pow2_up(uint64_t v)
 {
     uint64_t p = ML_MIN_RING;
@@ -59,6 +65,7 @@ static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, 
         r->size = seg->mirror;
         r->mask = seg->mirror - 1;
         r->corrupt = false;
+        r->msg = ch->kind == MEMLAN_MSG;
     }
     /* Our private indices start from what the shared memory says now (zero for a new channel);
      * they are the only values we trust from here on. */
@@ -524,7 +531,8 @@ size_t memlan_channel_max_msg(const memlan_channel_t *ch)
 {
     if (!ch)
         return 0;
-    return ch->kind == MEMLAN_MSG ? ch->size - sizeof(struct ml_msg_hdr) : ch->size;
+    /* A record, and the next record's header slot, which the producer keeps zeroed (ring.h). */
+    return ch->kind == MEMLAN_MSG ? ch->size - 2 * sizeof(struct ml_msg_hdr) : ch->size;
 }
 
 int memlan_channel_kind(const memlan_channel_t *ch)
@@ -618,15 +626,19 @@ unsigned (*__ml_wait_hook)(void);
 
 static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic uint32_t *cpu,
                    _Atomic uint32_t *peer_cpu, struct ml_spin *sp,
-                   bool (*ready)(struct memlan_channel *), uint64_t deadline)
+                   bool (*ready)(struct memlan_channel *),
+                   bool (*spin_ready)(struct memlan_channel *), uint64_t deadline)
 {
     int me = __ml_getcpu();
-    ml_store_relaxed(cpu, (uint32_t)(me + 1));
+    /* Written only when it changes: it shares the line of our tripwire, which the peer reads
+     * after every publish, and a store would take that line from it each wait. */
+    if (ml_load_relaxed(cpu) != (uint32_t)(me + 1))
+        ml_store_relaxed(cpu, (uint32_t)(me + 1));
     uint64_t budget = __ml_spin_budget_ns(sp, ml_load_relaxed(peer_cpu));
     if (budget) {
         uint64_t start = __ml_now_ns(), end = start + budget;
         for (unsigned i = 1;; i++) {
-            if (ready(ch)) {
+            if (spin_ready(ch)) {
                 __ml_spin_result(sp, true);
                 ch->spin_hits++;
                 if (word == &ch->rx.ctl->rx_wait)
@@ -697,7 +709,20 @@ static uint64_t ml_deadline(int timeout_ms)
 
 static bool ml_rx_ready(struct memlan_channel *ch)
 {
-    if (ml_ring_avail(&ch->rx, 1) != 0) /* data, or corrupt (-1): either way, go and look */
+    if (ml_rx_avail(ch) != 0) /* data, or corrupt (-1): either way, go and look */
+        return true;
+    return ml_peer_state(ch) != ML_SIDE_OPEN || ch->peer_dead || ch->shut_rd ||
+           ch->rd_eof_when_empty ||
+           ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE;
+}
+
+/* The same while spinning: a message ring's consumer looks at the record header only, never at
+ * head, so that the producer keeps head's line (the check after arming looks at both). */
+static bool ml_rx_ready_spin(struct memlan_channel *ch)
+{
+    if (ch->kind != MEMLAN_MSG)
+        return ml_rx_ready(ch);
+    if (ml_ring_msg_avail(&ch->rx, false) != 0)
         return true;
     return ml_peer_state(ch) != ML_SIDE_OPEN || ch->peer_dead || ch->shut_rd ||
            ch->rd_eof_when_empty ||
@@ -783,7 +808,7 @@ int memlan_channel_wait_peer(memlan_channel_t *ch, int timeout_ms)
      * every one, on the core the server needs to accept it). */
     static struct ml_spin attach_spin;
     int r = ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->tx.ctl->rx_cpu,
-                    &attach_spin, ml_attached, ml_deadline(timeout_ms));
+                    &attach_spin, ml_attached, ml_attached, ml_deadline(timeout_ms));
     if (r < 0)
         return r;
     if (ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE)
@@ -805,7 +830,7 @@ int __ml_chan_wait_rx(struct memlan_channel *ch, int flags)
 {
     (void)flags;
     int r = ml_wait(ch, &ch->rx.ctl->rx_wait, &ch->rx.ctl->rx_cpu, &ch->tx.ctl->rx_cpu,
-                    &ch->spin_rx, ml_rx_ready, ml_deadline_ns(ch->rx_tmo_ns));
+                    &ch->spin_rx, ml_rx_ready, ml_rx_ready_spin, ml_deadline_ns(ch->rx_tmo_ns));
     return r == -ETIMEDOUT ? -EAGAIN : r; /* SO_RCVTIMEO's convention */
 }
 
@@ -813,7 +838,7 @@ int __ml_chan_wait_tx(struct memlan_channel *ch, uint64_t want)
 {
     ch->tx_want = want;
     int r = ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->rx.ctl->tx_cpu,
-                    &ch->spin_tx, ml_tx_ready, ml_deadline_ns(ch->tx_tmo_ns));
+                    &ch->spin_tx, ml_tx_ready, ml_tx_ready, ml_deadline_ns(ch->tx_tmo_ns));
     return r == -ETIMEDOUT ? -EAGAIN : r;
 }
 
@@ -932,7 +957,7 @@ ssize_t memlan_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flags)
     if (ch->kind == MEMLAN_MSG) {
         if (min > memlan_channel_max_msg(ch))
             return -EMSGSIZE;
-        need = sizeof(struct ml_msg_hdr) + ((min + ML_MSG_ALIGN - 1) & ~(uint64_t)(ML_MSG_ALIGN - 1));
+        need = ml_msg_rec(min) + sizeof(struct ml_msg_hdr); /* and the next header slot */
     } else if (min > ch->size) {
         return -EMSGSIZE;
     }
@@ -976,11 +1001,7 @@ int memlan_commit(memlan_channel_t *ch, size_t len)
     if (ch->kind == MEMLAN_MSG) {
         if (ml_unlikely(ch->tx.corrupt)) /* tx.pos may be anywhere: write no header there */
             return -EPROTO;
-        struct ml_msg_hdr *h = (struct ml_msg_hdr *)ml_ring_at(&ch->tx, ch->tx.pos);
-        h->len = (uint32_t)len;
-        h->flags = 0;
-        uint64_t rec = sizeof *h + ((len + ML_MSG_ALIGN - 1) & ~(uint64_t)(ML_MSG_ALIGN - 1));
-        ml_tx_publish(ch, rec);
+        ml_tx_publish(ch, ml_msg_publish(&ch->tx, (uint32_t)len));
         ch->msgs_tx++;
         return 0;
     }
@@ -999,13 +1020,13 @@ static int ml_rx_empty(struct memlan_channel *ch, int flags)
     uint32_t ps = ml_peer_state(ch);
     if (ps != ML_SIDE_OPEN) {
         /* The peer's data happened before its state change: look once more. */
-        int64_t a = ml_ring_avail(&ch->rx, 1);
+        int64_t a = ml_rx_avail(ch);
         if (a < 0)
             return -EPROTO;
         return a > 0 ? 1 : 0;
     }
     if (ch->peer_dead || ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE) {
-        int64_t a = ml_ring_avail(&ch->rx, 1);
+        int64_t a = ml_rx_avail(ch);
         return a > 0 ? 1 : -ECONNRESET;
     }
     if (flags & MEMLAN_DONTWAIT) {
@@ -1014,7 +1035,7 @@ static int ml_rx_empty(struct memlan_channel *ch, int flags)
     }
     int r = __ml_chan_wait_rx(ch, flags);
     if (r == -ECONNRESET) {
-        int64_t a = ml_ring_avail(&ch->rx, 1);
+        int64_t a = ml_rx_avail(ch);
         return a > 0 ? 1 : -ECONNRESET;
     }
     if (r == -EINTR || r == -EAGAIN)
@@ -1066,7 +1087,7 @@ ssize_t memlan_recv(memlan_channel_t *ch, void *buf, size_t len, int flags)
             return done ? (ssize_t)done : -EPROTO;
         if (ch->shut_rd)
             return (ssize_t)done;
-        int64_t a = ml_ring_avail(&ch->rx, 1);
+        int64_t a = ml_rx_avail(ch);
         if (ml_unlikely(a < 0))
             return done ? (ssize_t)done : -EPROTO;
         if (a > 0 && (len || ch->kind == MEMLAN_MSG)) {
@@ -1109,7 +1130,7 @@ ssize_t memlan_peek(memlan_channel_t *ch, const void **ptr, int flags)
             return -EPROTO;
         if (ch->shut_rd)
             return 0;
-        int64_t a = ml_ring_avail(&ch->rx, 1);
+        int64_t a = ml_rx_avail(ch);
         if (ml_unlikely(a < 0))
             return -EPROTO;
         if (a > 0) {
