@@ -30,10 +30,12 @@
 #define ML_MIN_RING     ML_PAGE
 #define ML_MAX_RING     (1u << 30)
 
-/* Readable bytes at our receive position (see ml_ring_msg_avail for message rings). */
-static inline int64_t ml_rx_avail(struct memlan_channel *ch)
+/* Readable bytes at our receive position.  A message ring's fast paths (recv, peek, spinning)
+ * leave head alone (head_too false): see ml_ring_msg_avail. */
+static inline int64_t ml_rx_avail(struct memlan_channel *ch, bool head_too)
 {
-    return ch->kind == MEMLAN_MSG ? ml_ring_msg_avail(&ch->rx, true) : ml_ring_avail(&ch->rx, 1);
+    return ch->kind == MEMLAN_MSG ? ml_ring_msg_avail(&ch->rx, head_too)
+                                  : ml_ring_avail(&ch->rx, 1);
 }
 
 static uint64_t ml_pow2_up(uint64_t v)
@@ -709,7 +711,7 @@ static uint64_t ml_deadline(int timeout_ms)
 
 static bool ml_rx_ready(struct memlan_channel *ch)
 {
-    if (ml_rx_avail(ch) != 0) /* data, or corrupt (-1): either way, go and look */
+    if (ml_rx_avail(ch, true) != 0) /* data, or corrupt (-1): either way, go and look */
         return true;
     return ml_peer_state(ch) != ML_SIDE_OPEN || ch->peer_dead || ch->shut_rd ||
            ch->rd_eof_when_empty ||
@@ -898,6 +900,8 @@ static inline void ml_tx_publish(struct memlan_channel *ch, uint64_t n)
     __ml_chan_wake_rmw(ch, &ch->tx.ctl->rx_wait, &ch->tx.ctl->rx_ref);
 }
 
+static ssize_t ml_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flags, bool checked);
+
 ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags)
 {
     if (!ch || (!buf && len))
@@ -909,7 +913,7 @@ ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags
         if (len > memlan_channel_max_msg(ch))
             return -EMSGSIZE;
         void *p;
-        ssize_t r = memlan_reserve(ch, &p, len, flags);
+        ssize_t r = ml_reserve(ch, &p, len, flags, true);
         if (r < 0)
             return r;
         if (len) /* buf may be NULL for an empty message */
@@ -952,6 +956,13 @@ ssize_t memlan_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flags)
 {
     if (!ch || !ptr)
         return -EINVAL;
+    return ml_reserve(ch, ptr, min, flags, false);
+}
+
+/* checked: the caller has just called ml_tx_error(), which need not be asked again before the
+ * first look at the ring. */
+static ssize_t ml_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flags, bool checked)
+{
     *ptr = NULL;
     uint64_t need = min ? min : 1;
     if (ch->kind == MEMLAN_MSG) {
@@ -962,7 +973,8 @@ ssize_t memlan_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flags)
         return -EMSGSIZE;
     }
     for (;;) {
-        int e = ml_tx_error(ch);
+        int e = checked ? 0 : ml_tx_error(ch);
+        checked = false;
         if (e)
             return e;
         int64_t fr = ml_ring_free(&ch->tx, need);
@@ -1020,22 +1032,29 @@ static int ml_rx_empty(struct memlan_channel *ch, int flags)
     uint32_t ps = ml_peer_state(ch);
     if (ps != ML_SIDE_OPEN) {
         /* The peer's data happened before its state change: look once more. */
-        int64_t a = ml_rx_avail(ch);
+        int64_t a = ml_rx_avail(ch, true);
         if (a < 0)
             return -EPROTO;
         return a > 0 ? 1 : 0;
     }
     if (ch->peer_dead || ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE) {
-        int64_t a = ml_rx_avail(ch);
+        int64_t a = ml_rx_avail(ch, true);
         return a > 0 ? 1 : -ECONNRESET;
     }
     if (flags & MEMLAN_DONTWAIT) {
+        /* A message ring's recv looked at the record header only: head too, before saying
+         * there is nothing (a head that does not fit is found corrupt here). */
+        if (ch->kind == MEMLAN_MSG) {
+            int64_t a = ml_rx_avail(ch, true);
+            if (a != 0)
+                return a < 0 ? -EPROTO : 1;
+        }
         ml_eagain(ch, MEMLAN_EV_READ);
         return -EAGAIN;
     }
     int r = __ml_chan_wait_rx(ch, flags);
     if (r == -ECONNRESET) {
-        int64_t a = ml_rx_avail(ch);
+        int64_t a = ml_rx_avail(ch, true);
         return a > 0 ? 1 : -ECONNRESET;
     }
     if (r == -EINTR || r == -EAGAIN)
@@ -1087,7 +1106,7 @@ ssize_t memlan_recv(memlan_channel_t *ch, void *buf, size_t len, int flags)
             return done ? (ssize_t)done : -EPROTO;
         if (ch->shut_rd)
             return (ssize_t)done;
-        int64_t a = ml_rx_avail(ch);
+        int64_t a = ml_rx_avail(ch, false);
         if (ml_unlikely(a < 0))
             return done ? (ssize_t)done : -EPROTO;
         if (a > 0 && (len || ch->kind == MEMLAN_MSG)) {
@@ -1130,7 +1149,7 @@ ssize_t memlan_peek(memlan_channel_t *ch, const void **ptr, int flags)
             return -EPROTO;
         if (ch->shut_rd)
             return 0;
-        int64_t a = ml_rx_avail(ch);
+        int64_t a = ml_rx_avail(ch, false);
         if (ml_unlikely(a < 0))
             return -EPROTO;
         if (a > 0) {
