@@ -46,6 +46,15 @@ static uint64_t ml_pow2_up(uint64_t v)
     return p;
 }
 
+/* Say which cpu we wait on (1 + cpu; a hint for the peer's spin policy).  Written only when it
+ * changed: the word shares the line of our tripwire, which the peer reads after every publish,
+ * and each store would take that line away from it. */
+static inline void ml_note_cpu(_Atomic uint32_t *word, uint32_t cpu)
+{
+    if (ml_load_relaxed(word) != cpu)
+        ml_store_relaxed(word, cpu);
+}
+
 static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, int side)
 {
     struct ml_chan_hdr *c = (struct ml_chan_hdr *)(seg->base + seg->body_off);
@@ -89,8 +98,8 @@ static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, 
     /* Say where we are from the start: the peer's first wait then knows whether spinning could
      * help (on our cpu it cannot: we would need the core it spins on). */
     uint32_t cpu = (uint32_t)(__ml_getcpu() + 1);
-    ml_store_relaxed(&ch->rx.ctl->rx_cpu, cpu);
-    ml_store_relaxed(&ch->tx.ctl->tx_cpu, cpu);
+    ml_note_cpu(&ch->rx.ctl->rx_cpu, cpu);
+    ml_note_cpu(&ch->tx.ctl->tx_cpu, cpu);
 }
 
 /* A new channel's header, once its segment exists: the geometry and our side. */
@@ -632,10 +641,7 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
                    bool (*spin_ready)(struct memlan_channel *), uint64_t deadline)
 {
     int me = __ml_getcpu();
-    /* Written only when it changes: it shares the line of our tripwire, which the peer reads
-     * after every publish, and a store would take that line from it each wait. */
-    if (ml_load_relaxed(cpu) != (uint32_t)(me + 1))
-        ml_store_relaxed(cpu, (uint32_t)(me + 1));
+    ml_note_cpu(cpu, (uint32_t)(me + 1));
     uint64_t budget = __ml_spin_budget_ns(sp, ml_load_relaxed(peer_cpu));
     if (budget) {
         uint64_t start = __ml_now_ns(), end = start + budget;
@@ -1310,8 +1316,8 @@ void __ml_chan_resync_tx(struct memlan_channel *ch)
     /* Say where we are from the start: the peer's first wait then knows whether spinning could
      * help (on our cpu it cannot: we would need the core it spins on). */
     uint32_t cpu = (uint32_t)(__ml_getcpu() + 1);
-    ml_store_relaxed(&ch->rx.ctl->rx_cpu, cpu);
-    ml_store_relaxed(&ch->tx.ctl->tx_cpu, cpu);
+    ml_note_cpu(&ch->rx.ctl->rx_cpu, cpu);
+    ml_note_cpu(&ch->tx.ctl->tx_cpu, cpu);
 }
 
 void __ml_chan_resync_rx(struct memlan_channel *ch)
