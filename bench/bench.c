@@ -72,11 +72,12 @@ int run_pingpong(struct pair *p, const char *placement, size_t size, double seco
     char *buf = calloc(1, size);
     long cap = 1000000, n = 0;
     double *us = malloc((size_t)cap * sizeof *us);
-    uint64_t end = bench_now_ns() + (uint64_t)(seconds * 1e9);
+    uint64_t start = bench_now_ns(), end = start + (uint64_t)(seconds * 1e9);
+    uint64_t hard_end = start + (uint64_t)(5 * seconds * 1e9);
     /* Timed in batches of LAT_BATCH round trips, as the bare cache line is (floors.c). */
     for (long b = 0;; b++) {
         uint64_t t0 = bench_now_ns();
-        int last = t0 >= end || n + 1 >= cap;
+        int last = bench_enough(n, t0, end, hard_end) || n + 1 >= cap;
         for (int k = 0; k < LAT_BATCH && r == 0; k++) {
             buf[0] = last && k == LAT_BATCH - 1 ? 0 : 1;
             if (ep_send_all(&e, buf, size) != (ssize_t)size ||

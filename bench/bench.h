@@ -62,6 +62,8 @@ int bench_cpus(int *cpus, int max);
 /* Round trips are timed in batches of LAT_BATCH, floors and memlan alike: a sample is a batch's
  * time divided by LAT_BATCH, so the clock's own cost (tens of ns) is not in the figures. */
 #define LAT_BATCH 16
+#define LAT_MIN_SAMPLES 64
+int bench_enough(long n, uint64_t now, uint64_t end, uint64_t hard_end);
 uint64_t bench_now_ns(void);
 void lat_from_samples(struct lat *l, double *us, long n);
 

@@ -41,6 +41,13 @@ uint64_t bench_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* A timed loop ends at end once it has LAT_MIN_SAMPLES samples, and at hard_end whatever it has:
+ * on a loaded machine the warm-up alone once took the whole time, and a floor of 0 came out. */
+int bench_enough(long n, uint64_t now, uint64_t end, uint64_t hard_end)
+{
+    return (now >= end && n >= LAT_MIN_SAMPLES) || now >= hard_end;
+}
+
 int bench_cpus(int *cpus, int max)
 {
     static cpu_set_t allowed;
@@ -173,7 +180,8 @@ int floor_cacheline(const char *placement, double seconds, struct lat *out)
     bench_pin(placement, 0);
     long cap = 2000000, n = 0;
     double *us = malloc((size_t)cap * sizeof *us);
-    uint64_t end = bench_now_ns() + (uint64_t)(seconds * 1e9);
+    uint64_t start = bench_now_ns(), end = start + (uint64_t)(seconds * 1e9);
+    uint64_t hard_end = start + (uint64_t)(5 * seconds * 1e9);
     uint32_t v = 0;
     for (long b = 0; n < cap && v < FLOOR_STOP - 4 * LAT_BATCH; b++) {
         uint64_t t0 = bench_now_ns();
@@ -190,7 +198,7 @@ int floor_cacheline(const char *placement, double seconds, struct lat *out)
         uint64_t t1 = bench_now_ns();
         if (b >= 8) /* warm-up */
             us[n++] = (double)(t1 - t0) / 1e3 / LAT_BATCH;
-        if (t1 >= end)
+        if (bench_enough(n, t1, end, hard_end))
             break;
     }
     atomic_store(&s->v, FLOOR_STOP);
@@ -232,7 +240,8 @@ int floor_futex(const char *placement, double seconds, struct lat *out)
     long cap = 2000000;
     double *us = malloc((size_t)cap * sizeof *us);
     long n = 0;
-    uint64_t end = bench_now_ns() + (uint64_t)(seconds * 1e9);
+    uint64_t start = bench_now_ns(), end = start + (uint64_t)(seconds * 1e9);
+    uint64_t hard_end = start + (uint64_t)(5 * seconds * 1e9);
     for (uint32_t i = 1; n < cap; i++) {
         uint64_t t0 = bench_now_ns();
         atomic_store_explicit(&s->ping, i, memory_order_release);
@@ -242,7 +251,7 @@ int floor_futex(const char *placement, double seconds, struct lat *out)
         uint64_t t1 = bench_now_ns();
         if (i > 100) /* warm-up */
             us[n++] = (double)(t1 - t0) / 1e3;
-        if (t1 >= end)
+        if (bench_enough(n, t1, end, hard_end))
             break;
     }
     atomic_store(&s->stop, 1);
