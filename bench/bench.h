@@ -52,14 +52,25 @@ ssize_t ep_recv(struct ep *e, void *buf, size_t n);
 ssize_t ep_recv_all(struct ep *e, void *buf, size_t n);
 void ep_shutdown(struct ep *e);
 
-/* Placement: pin the calling process. */
+/* Placement: pin the calling process.  "split": the parent on cpu 0, the child on cpu 1; "same":
+ * both on cpu 0; "pair:K" (--pairs): the (2K)th and (2K+1)th cpus this process may run on;
+ * anything else: unpinned. */
 void bench_pin(const char *placement, int child);
+/* The cpus this process may run on (sched_getaffinity), at most max, into cpus; their count. */
+int bench_cpus(int *cpus, int max);
+
+/* Round trips are timed in batches of LAT_BATCH, floors and memlan alike: a sample is a batch's
+ * time divided by LAT_BATCH, so the clock's own cost (tens of ns) is not in the figures. */
+#define LAT_BATCH 16
+#define LAT_MIN_SAMPLES 64
+int bench_enough(long n, uint64_t now, uint64_t end, uint64_t hard_end);
 uint64_t bench_now_ns(void);
 void lat_from_samples(struct lat *l, double *us, long n);
 
 /* floors.c */
 int floor_cacheline(const char *placement, double seconds, struct lat *out);
 int floor_futex(const char *placement, double seconds, struct lat *out);
+int floor_ring(const char *placement, double seconds, double *Mps);
 void floor_memcpy(double *xt_MBps, double *xr_MBps, size_t block);
 
 /* The generic two-process measurements (bench.c). */

@@ -2,11 +2,14 @@
 /*
  * floors.c - the floors every memlan figure is compared with, measured in the same run:
  *
- *   cache line  two processes bounce one shared 64-byte line: the least a round trip through
- *               shared memory can cost (on one core each side yields while it waits, since
- *               spinning there only burns the slice the other side needs)
+ *   cache line  two processes bounce one value through one shared 64-byte line and nothing
+ *               else: the least a round trip through shared memory can cost (on one core each
+ *               side yields while it waits, since spinning there only burns the slice the other
+ *               side needs)
  *   futex       the same with FUTEX_WAIT/FUTEX_WAKE each way: the least a sleeping round trip
  *               costs, two wake-ups
+ *   ring        a minimal single-producer single-consumer ring moving 64 B messages one way:
+ *               the floor for a message rate
  *   memcpy      Xt, copying 64 KB blocks from private memory into a shared ring-sized region,
  *               and Xr, out of it; SCILAN's bound X_max = Xt*Xr/(Xt+Xr) follows
  * and the kernel's transports (TCP loopback, Unix socket, pipe) as endpoints for bench.c.
@@ -38,17 +41,54 @@ uint64_t bench_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* A timed loop ends at end once it has LAT_MIN_SAMPLES samples, and at hard_end whatever it has:
+ * on a loaded machine the warm-up alone once took the whole time, and a floor of 0 came out. */
+int bench_enough(long n, uint64_t now, uint64_t end, uint64_t hard_end)
+{
+    return (now >= end && n >= LAT_MIN_SAMPLES) || now >= hard_end;
+}
+
+int bench_cpus(int *cpus, int max)
+{
+    static cpu_set_t allowed;
+    static int known;
+    if (!known) {
+        CPU_ZERO(&allowed);
+        if (sched_getaffinity(0, sizeof allowed, &allowed) < 0)
+            return 0;
+        known = 1;
+    }
+    int n = 0;
+    for (int c = 0; c < CPU_SETSIZE && n < max; c++)
+        if (CPU_ISSET(c, &allowed))
+            cpus[n++] = c;
+    return n;
+}
+
 void bench_pin(const char *placement, int child)
 {
     cpu_set_t set;
     CPU_ZERO(&set);
     int ncpu = (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (strcmp(placement, "split") == 0)
+    if (strcmp(placement, "split") == 0) {
         CPU_SET(child && ncpu > 1 ? 1 : 0, &set);
-    else if (strcmp(placement, "same") == 0)
+    } else if (strcmp(placement, "same") == 0) {
         CPU_SET(0, &set);
-    else
-        return; /* unpinned */
+    } else if (strncmp(placement, "pair:", 5) == 0) {
+        int cpus[CPU_SETSIZE];
+        int n = bench_cpus(cpus, CPU_SETSIZE), k = atoi(placement + 5);
+        if (2 * k + 1 >= n)
+            return;
+        CPU_SET(cpus[2 * k + (child ? 1 : 0)], &set);
+    } else {
+        /* unpinned: back to every cpu we were allowed at the start */
+        int cpus[CPU_SETSIZE];
+        int n = bench_cpus(cpus, CPU_SETSIZE);
+        if (n == 0)
+            return;
+        for (int i = 0; i < n; i++)
+            CPU_SET(cpus[i], &set);
+    }
     sched_setaffinity(0, sizeof set, &set);
 }
 
@@ -72,12 +112,6 @@ void lat_from_samples(struct lat *l, double *us, long n)
 
 /* ---- shared-memory floors ---------------------------------------------------------------- */
 
-struct floor_shm {
-    _Alignas(64) _Atomic uint32_t ping;
-    _Alignas(64) _Atomic uint32_t pong;
-    _Alignas(64) _Atomic uint32_t stop;
-};
-
 static void *shared_page(size_t n)
 {
     void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
@@ -90,12 +124,105 @@ static long fut(_Atomic uint32_t *w, int op, uint32_t v)
     return syscall(SYS_futex, (uint32_t *)w, op, v, op == FUTEX_WAIT ? &ts : NULL, NULL, 0);
 }
 
-static int floor_run(const char *placement, double seconds, int futex_mode, struct lat *out)
+static inline void relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield" ::: "memory");
+#endif
+}
+
+/*
+ * The bare cache line: one 64-byte line, one word in it.  The parent writes odd values, the
+ * child answers each with the next even one; the child stops on FLOOR_STOP, read from the same
+ * word.  Nothing else is touched while a value is in flight: no second line, no stop flag, no
+ * clock (a batch of LAT_BATCH round trips is timed as one; see lat_batch_ns()).
+ */
+#define FLOOR_STOP 0xffffffffu
+
+struct floor_line {
+    _Alignas(64) _Atomic uint32_t v;
+    char pad[60];
+};
+
+static void floor_line_child(struct floor_line *s, int yield)
+{
+    for (uint32_t want = 1;; want += 2) {
+        uint32_t x;
+        while ((x = atomic_load_explicit(&s->v, memory_order_acquire)) != want) {
+            if (x == FLOOR_STOP)
+                _exit(0);
+            if (yield)
+                sched_yield();
+            else
+                relax();
+        }
+        atomic_store_explicit(&s->v, want + 1, memory_order_release);
+    }
+}
+
+int floor_cacheline(const char *placement, double seconds, struct lat *out)
+{
+    struct floor_line *s = shared_page(sizeof *s);
+    if (!s)
+        return -ENOMEM;
+    int yield = strcmp(placement, "same") == 0;
+    pid_t pid = fork();
+    if (pid < 0) {
+        munmap(s, sizeof *s);
+        return -errno;
+    }
+    if (pid == 0) {
+        bench_pin(placement, 1);
+        floor_line_child(s, yield);
+    }
+    bench_pin(placement, 0);
+    long cap = 2000000, n = 0;
+    double *us = malloc((size_t)cap * sizeof *us);
+    uint64_t start = bench_now_ns(), end = start + (uint64_t)(seconds * 1e9);
+    uint64_t hard_end = start + (uint64_t)(5 * seconds * 1e9);
+    uint32_t v = 0;
+    for (long b = 0; n < cap && v < FLOOR_STOP - 4 * LAT_BATCH; b++) {
+        uint64_t t0 = bench_now_ns();
+        for (int k = 0; k < LAT_BATCH; k++) {
+            atomic_store_explicit(&s->v, ++v, memory_order_release);
+            ++v;
+            while (atomic_load_explicit(&s->v, memory_order_acquire) != v) {
+                if (yield)
+                    sched_yield();
+                else
+                    relax();
+            }
+        }
+        uint64_t t1 = bench_now_ns();
+        if (b >= 8) /* warm-up */
+            us[n++] = (double)(t1 - t0) / 1e3 / LAT_BATCH;
+        if (bench_enough(n, t1, end, hard_end))
+            break;
+    }
+    atomic_store(&s->v, FLOOR_STOP);
+    waitpid(pid, NULL, 0);
+    lat_from_samples(out, us, n);
+    free(us);
+    munmap(s, sizeof *s);
+    bench_pin("none", 0);
+    return 0;
+}
+
+/* The bare futex: the same exchange through two words, each side sleeping in FUTEX_WAIT and
+ * woken by FUTEX_WAKE (each round trip timed on its own: a wake-up costs microseconds). */
+struct floor_shm {
+    _Alignas(64) _Atomic uint32_t ping;
+    _Alignas(64) _Atomic uint32_t pong;
+    _Alignas(64) _Atomic uint32_t stop;
+};
+
+int floor_futex(const char *placement, double seconds, struct lat *out)
 {
     struct floor_shm *s = shared_page(sizeof *s);
     if (!s)
         return -ENOMEM;
-    int yield = strcmp(placement, "same") == 0;
     pid_t pid = fork();
     if (pid == 0) {
         bench_pin(placement, 1);
@@ -103,40 +230,28 @@ static int floor_run(const char *placement, double seconds, int futex_mode, stru
             while (atomic_load_explicit(&s->ping, memory_order_acquire) != i) {
                 if (atomic_load_explicit(&s->stop, memory_order_relaxed))
                     _exit(0);
-                if (futex_mode)
-                    fut(&s->ping, FUTEX_WAIT, i - 1);
-                else if (yield)
-                    sched_yield();
-                else
-                    __builtin_ia32_pause();
+                fut(&s->ping, FUTEX_WAIT, i - 1);
             }
             atomic_store_explicit(&s->pong, i, memory_order_release);
-            if (futex_mode)
-                fut(&s->pong, FUTEX_WAKE, 1);
+            fut(&s->pong, FUTEX_WAKE, 1);
         }
     }
     bench_pin(placement, 0);
     long cap = 2000000;
     double *us = malloc((size_t)cap * sizeof *us);
     long n = 0;
-    uint64_t end = bench_now_ns() + (uint64_t)(seconds * 1e9);
+    uint64_t start = bench_now_ns(), end = start + (uint64_t)(seconds * 1e9);
+    uint64_t hard_end = start + (uint64_t)(5 * seconds * 1e9);
     for (uint32_t i = 1; n < cap; i++) {
         uint64_t t0 = bench_now_ns();
         atomic_store_explicit(&s->ping, i, memory_order_release);
-        if (futex_mode)
-            fut(&s->ping, FUTEX_WAKE, 1);
-        while (atomic_load_explicit(&s->pong, memory_order_acquire) != i) {
-            if (futex_mode)
-                fut(&s->pong, FUTEX_WAIT, i - 1);
-            else if (yield)
-                sched_yield();
-            else
-                __builtin_ia32_pause();
-        }
+        fut(&s->ping, FUTEX_WAKE, 1);
+        while (atomic_load_explicit(&s->pong, memory_order_acquire) != i)
+            fut(&s->pong, FUTEX_WAIT, i - 1);
         uint64_t t1 = bench_now_ns();
         if (i > 100) /* warm-up */
             us[n++] = (double)(t1 - t0) / 1e3;
-        if (t1 >= end)
+        if (bench_enough(n, t1, end, hard_end))
             break;
     }
     atomic_store(&s->stop, 1);
@@ -150,14 +265,99 @@ static int floor_run(const char *placement, double seconds, int futex_mode, stru
     return 0;
 }
 
-int floor_cacheline(const char *placement, double seconds, struct lat *out)
-{
-    return floor_run(placement, seconds, 0, out);
-}
+/*
+ * The minimal ring: what a 60-line single-producer single-consumer byte ring moves, 64 B
+ * messages one way, between the same two cpus.  head and tail on their own lines, each side
+ * caching the other's index and reloading it only when the ring looks full or empty; the producer
+ * copies each message in from a private buffer and publishes it with a release store of head, the
+ * consumer copies it out and frees it with a release store of tail.  No wake-ups, no checks, no
+ * headers: the floor for memlan's message rate.
+ */
+#define RING_SIZE (256u * 1024u)
+#define RING_MSG  64u
 
-int floor_futex(const char *placement, double seconds, struct lat *out)
+struct floor_ring {
+    _Alignas(64) _Atomic uint64_t head;
+    _Alignas(64) _Atomic uint64_t tail;
+    _Alignas(64) _Atomic uint32_t stop;  /* producer: head is final */
+    _Alignas(64) double Mps;             /* consumer's result */
+    _Alignas(4096) uint8_t data[RING_SIZE];
+};
+
+int floor_ring(const char *placement, double seconds, double *Mps)
 {
-    return floor_run(placement, seconds, 1, out);
+    *Mps = 0;
+    struct floor_ring *s = shared_page(sizeof *s);
+    if (!s)
+        return -ENOMEM;
+    int yield = strcmp(placement, "same") == 0;
+    pid_t pid = fork();
+    if (pid < 0) {
+        munmap(s, sizeof *s);
+        return -errno;
+    }
+    if (pid == 0) {
+        bench_pin(placement, 1);
+        uint8_t buf[RING_MSG];
+        uint64_t pos = 0, head = 0, t0 = 0, t1 = 0, n = 0, n1 = 0;
+        for (;;) {
+            if (pos == head) {
+                head = atomic_load_explicit(&s->head, memory_order_acquire);
+                if (pos == head) {
+                    if (atomic_load_explicit(&s->stop, memory_order_acquire) &&
+                        atomic_load_explicit(&s->head, memory_order_acquire) == pos)
+                        break;
+                    if (yield)
+                        sched_yield();
+                    else
+                        relax();
+                    continue;
+                }
+            }
+            if (!t0)
+                t0 = bench_now_ns();
+            memcpy(buf, s->data + (pos & (RING_SIZE - 1)), RING_MSG);
+            __asm__ __volatile__("" : : "r"(buf) : "memory");
+            pos += RING_MSG;
+            n++;
+            atomic_store_explicit(&s->tail, pos, memory_order_release);
+            if ((n & 1023) == 0) {
+                t1 = bench_now_ns();
+                n1 = n - 1; /* messages after the first, by t1 */
+            }
+        }
+        if (t1 > t0)
+            s->Mps = (double)n1 * 1e3 / (double)(t1 - t0);
+        _exit(0);
+    }
+    bench_pin(placement, 0);
+    uint8_t msg[RING_MSG];
+    memset(msg, 7, sizeof msg);
+    uint64_t pos = 0, tail = 0;
+    uint64_t end = bench_now_ns() + (uint64_t)(seconds * 1e9);
+    for (uint64_t i = 1;; i++) {
+        while (pos + RING_MSG - tail > RING_SIZE) {
+            tail = atomic_load_explicit(&s->tail, memory_order_acquire);
+            if (pos + RING_MSG - tail > RING_SIZE) {
+                if (yield)
+                    sched_yield();
+                else
+                    relax();
+            }
+        }
+        memcpy(s->data + (pos & (RING_SIZE - 1)), msg, RING_MSG);
+        pos += RING_MSG;
+        atomic_store_explicit(&s->head, pos, memory_order_release);
+        if ((i & 1023) == 0 && bench_now_ns() >= end)
+            break;
+    }
+    atomic_store_explicit(&s->stop, 1, memory_order_release);
+    int st;
+    waitpid(pid, &st, 0);
+    *Mps = s->Mps;
+    munmap(s, sizeof *s);
+    bench_pin("none", 0);
+    return *Mps > 0 ? 0 : -EIO;
 }
 
 void floor_memcpy(double *xt, double *xr, size_t block)

@@ -30,12 +30,29 @@
 #define ML_MIN_RING     ML_PAGE
 #define ML_MAX_RING     (1u << 30)
 
+/* Readable bytes at our receive position.  A message ring's fast paths (recv, peek, spinning)
+ * leave head alone (head_too false): see ml_ring_msg_avail. */
+static inline int64_t ml_rx_avail(struct memlan_channel *ch, bool head_too)
+{
+    return ch->kind == MEMLAN_MSG ? ml_ring_msg_avail(&ch->rx, head_too)
+                                  : ml_ring_avail(&ch->rx, 1);
+}
+
 static uint64_t ml_pow2_up(uint64_t v)
 {
     uint64_t p = ML_MIN_RING;
     while (p < v)
         p <<= 1;
     return p;
+}
+
+/* Say which cpu we wait on (1 + cpu; a hint for the peer's spin policy).  Written only when it
+ * changed: the word shares the line of our tripwire, which the peer reads after every publish,
+ * and each store would take that line away from it. */
+static inline void ml_note_cpu(_Atomic uint32_t *word, uint32_t cpu)
+{
+    if (ml_load_relaxed(word) != cpu)
+        ml_store_relaxed(word, cpu);
 }
 
 static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, int side)
@@ -59,6 +76,7 @@ static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, 
         r->size = seg->mirror;
         r->mask = seg->mirror - 1;
         r->corrupt = false;
+        r->msg = ch->kind == MEMLAN_MSG;
     }
     /* Our private indices start from what the shared memory says now (zero for a new channel);
      * they are the only values we trust from here on. */
@@ -80,8 +98,8 @@ static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, 
     /* Say where we are from the start: the peer's first wait then knows whether spinning could
      * help (on our cpu it cannot: we would need the core it spins on). */
     uint32_t cpu = (uint32_t)(__ml_getcpu() + 1);
-    ml_store_relaxed(&ch->rx.ctl->rx_cpu, cpu);
-    ml_store_relaxed(&ch->tx.ctl->tx_cpu, cpu);
+    ml_note_cpu(&ch->rx.ctl->rx_cpu, cpu);
+    ml_note_cpu(&ch->tx.ctl->tx_cpu, cpu);
 }
 
 /* A new channel's header, once its segment exists: the geometry and our side. */
@@ -531,7 +549,8 @@ size_t memlan_channel_max_msg(const memlan_channel_t *ch)
 {
     if (!ch)
         return 0;
-    return ch->kind == MEMLAN_MSG ? ch->size - sizeof(struct ml_msg_hdr) : ch->size;
+    /* A record, and the next record's header slot, which the producer keeps zeroed (ring.h). */
+    return ch->kind == MEMLAN_MSG ? ch->size - 2 * sizeof(struct ml_msg_hdr) : ch->size;
 }
 
 int memlan_channel_kind(const memlan_channel_t *ch)
@@ -625,16 +644,17 @@ unsigned (*__ml_wait_hook)(void);
 
 static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic uint32_t *cpu,
                    _Atomic uint32_t *peer_cpu, struct ml_spin *sp,
-                   bool (*ready)(struct memlan_channel *, uint64_t), uint64_t arg,
+                   bool (*ready)(struct memlan_channel *, uint64_t),
+                   bool (*spin_ready)(struct memlan_channel *, uint64_t), uint64_t arg,
                    uint64_t deadline)
 {
     int me = __ml_getcpu();
-    ml_store_relaxed(cpu, (uint32_t)(me + 1));
+    ml_note_cpu(cpu, (uint32_t)(me + 1));
     uint64_t budget = __ml_spin_budget_ns(sp, ml_load_relaxed(peer_cpu));
     if (budget) {
         uint64_t start = __ml_now_ns(), end = start + budget;
         for (unsigned i = 1;; i++) {
-            if (ready(ch, arg)) {
+            if (spin_ready(ch, arg)) {
                 __ml_spin_result(sp, true);
                 /* Relaxed atomics: the socket layer's waiters hold no lock (see
                  * __ml_chan_wait_ro). */
@@ -708,7 +728,20 @@ static uint64_t ml_deadline(int timeout_ms)
 static bool ml_rx_ready(struct memlan_channel *ch, uint64_t unused)
 {
     (void)unused;
-    if (ml_ring_avail(&ch->rx, 1) != 0) /* data, or corrupt (-1): either way, go and look */
+    if (ml_rx_avail(ch, true) != 0) /* data, or corrupt (-1): either way, go and look */
+        return true;
+    return ml_peer_state(ch) != ML_SIDE_OPEN || ch->peer_dead || ch->shut_rd ||
+           ch->rd_eof_when_empty ||
+           ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE;
+}
+
+/* The same while spinning: a message ring's consumer looks at the record header only, never at
+ * head, so that the producer keeps head's line (the check after arming looks at both). */
+static bool ml_rx_ready_spin(struct memlan_channel *ch, uint64_t unused)
+{
+    if (ch->kind != MEMLAN_MSG)
+        return ml_rx_ready(ch, unused);
+    if (ml_ring_msg_avail(&ch->rx, false) != 0)
         return true;
     return ml_peer_state(ch) != ML_SIDE_OPEN || ch->peer_dead || ch->shut_rd ||
            ch->rd_eof_when_empty ||
@@ -796,7 +829,7 @@ int memlan_channel_wait_peer(memlan_channel_t *ch, int timeout_ms)
      * every one, on the core the server needs to accept it). */
     static struct ml_spin attach_spin;
     int r = ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->tx.ctl->rx_cpu,
-                    &attach_spin, ml_attached, 0, ml_deadline(timeout_ms));
+                    &attach_spin, ml_attached, ml_attached, 0, ml_deadline(timeout_ms));
     if (r < 0)
         return r;
     if (ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE)
@@ -818,7 +851,8 @@ int __ml_chan_wait_rx(struct memlan_channel *ch, int flags)
 {
     (void)flags;
     int r = ml_wait(ch, &ch->rx.ctl->rx_wait, &ch->rx.ctl->rx_cpu, &ch->tx.ctl->rx_cpu,
-                    &ch->spin_rx, ml_rx_ready, 0, ml_deadline_ns(ch->rx_tmo_ns));
+                    &ch->spin_rx, ml_rx_ready, ml_rx_ready_spin, 0,
+                    ml_deadline_ns(ch->rx_tmo_ns));
     return r == -ETIMEDOUT ? -EAGAIN : r; /* SO_RCVTIMEO's convention */
 }
 
@@ -826,7 +860,7 @@ int __ml_chan_wait_tx(struct memlan_channel *ch, uint64_t want)
 {
     ch->tx_want = want;
     int r = ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->rx.ctl->tx_cpu,
-                    &ch->spin_tx, ml_tx_ready, 0, ml_deadline_ns(ch->tx_tmo_ns));
+                    &ch->spin_tx, ml_tx_ready, ml_tx_ready, 0, ml_deadline_ns(ch->tx_tmo_ns));
     return r == -ETIMEDOUT ? -EAGAIN : r;
 }
 
@@ -860,10 +894,11 @@ int __ml_chan_wait_ro(struct memlan_channel *ch, int dir, uint64_t want, uint64_
     int r;
     if (dir == 0)
         r = ml_wait(ch, &ch->rx.ctl->rx_wait, &ch->rx.ctl->rx_cpu, &ch->tx.ctl->rx_cpu,
-                    &ch->spin_rx, ml_rx_ready_unlocked, 0, deadline);
+                    &ch->spin_rx, ml_rx_ready_unlocked, ml_rx_ready_unlocked, 0, deadline);
     else
         r = ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->rx.ctl->tx_cpu,
-                    &ch->spin_tx, ml_tx_ready_unlocked, want ? want : 1, deadline);
+                    &ch->spin_tx, ml_tx_ready_unlocked, ml_tx_ready_unlocked, want ? want : 1,
+                    deadline);
     return r == -ETIMEDOUT ? -EAGAIN : r;
 }
 
@@ -930,6 +965,8 @@ static inline void ml_tx_publish(struct memlan_channel *ch, uint64_t n)
     __ml_chan_wake_rmw(ch, &ch->tx.ctl->rx_wait, &ch->tx.ctl->rx_ref);
 }
 
+static ssize_t ml_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flags, bool checked);
+
 ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags)
 {
     if (!ch || (!buf && len))
@@ -941,7 +978,7 @@ ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags
         if (len > memlan_channel_max_msg(ch))
             return -EMSGSIZE;
         void *p;
-        ssize_t r = memlan_reserve(ch, &p, len, flags);
+        ssize_t r = ml_reserve(ch, &p, len, flags, true);
         if (r < 0)
             return r;
         if (len) /* buf may be NULL for an empty message */
@@ -984,17 +1021,25 @@ ssize_t memlan_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flags)
 {
     if (!ch || !ptr)
         return -EINVAL;
+    return ml_reserve(ch, ptr, min, flags, false);
+}
+
+/* checked: the caller has just called ml_tx_error(), which need not be asked again before the
+ * first look at the ring. */
+static ssize_t ml_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flags, bool checked)
+{
     *ptr = NULL;
     uint64_t need = min ? min : 1;
     if (ch->kind == MEMLAN_MSG) {
         if (min > memlan_channel_max_msg(ch))
             return -EMSGSIZE;
-        need = sizeof(struct ml_msg_hdr) + ((min + ML_MSG_ALIGN - 1) & ~(uint64_t)(ML_MSG_ALIGN - 1));
+        need = ml_msg_rec(min) + sizeof(struct ml_msg_hdr); /* and the next header slot */
     } else if (min > ch->size) {
         return -EMSGSIZE;
     }
     for (;;) {
-        int e = ml_tx_error(ch);
+        int e = checked ? 0 : ml_tx_error(ch);
+        checked = false;
         if (e)
             return e;
         int64_t fr = ml_ring_free(&ch->tx, need);
@@ -1033,11 +1078,7 @@ int memlan_commit(memlan_channel_t *ch, size_t len)
     if (ch->kind == MEMLAN_MSG) {
         if (ml_unlikely(ch->tx.corrupt)) /* tx.pos may be anywhere: write no header there */
             return -EPROTO;
-        struct ml_msg_hdr *h = (struct ml_msg_hdr *)ml_ring_at(&ch->tx, ch->tx.pos);
-        h->len = (uint32_t)len;
-        h->flags = 0;
-        uint64_t rec = sizeof *h + ((len + ML_MSG_ALIGN - 1) & ~(uint64_t)(ML_MSG_ALIGN - 1));
-        ml_tx_publish(ch, rec);
+        ml_tx_publish(ch, ml_msg_publish(&ch->tx, (uint32_t)len));
         ch->msgs_tx++;
         return 0;
     }
@@ -1056,22 +1097,29 @@ static int ml_rx_empty(struct memlan_channel *ch, int flags)
     uint32_t ps = ml_peer_state(ch);
     if (ps != ML_SIDE_OPEN) {
         /* The peer's data happened before its state change: look once more. */
-        int64_t a = ml_ring_avail(&ch->rx, 1);
+        int64_t a = ml_rx_avail(ch, true);
         if (a < 0)
             return -EPROTO;
         return a > 0 ? 1 : 0;
     }
     if (ch->peer_dead || ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE) {
-        int64_t a = ml_ring_avail(&ch->rx, 1);
+        int64_t a = ml_rx_avail(ch, true);
         return a > 0 ? 1 : -ECONNRESET;
     }
     if (flags & MEMLAN_DONTWAIT) {
+        /* A message ring's recv looked at the record header only: head too, before saying
+         * there is nothing (a head that does not fit is found corrupt here). */
+        if (ch->kind == MEMLAN_MSG) {
+            int64_t a = ml_rx_avail(ch, true);
+            if (a != 0)
+                return a < 0 ? -EPROTO : 1;
+        }
         ml_eagain(ch, MEMLAN_EV_READ);
         return -EAGAIN;
     }
     int r = __ml_chan_wait_rx(ch, flags);
     if (r == -ECONNRESET) {
-        int64_t a = ml_ring_avail(&ch->rx, 1);
+        int64_t a = ml_rx_avail(ch, true);
         return a > 0 ? 1 : -ECONNRESET;
     }
     if (r == -EINTR || r == -EAGAIN)
@@ -1123,7 +1171,7 @@ ssize_t memlan_recv(memlan_channel_t *ch, void *buf, size_t len, int flags)
             return done ? (ssize_t)done : -EPROTO;
         if (ch->shut_rd)
             return (ssize_t)done;
-        int64_t a = ml_ring_avail(&ch->rx, 1);
+        int64_t a = ml_rx_avail(ch, false);
         if (ml_unlikely(a < 0))
             return done ? (ssize_t)done : -EPROTO;
         if (a > 0 && (len || ch->kind == MEMLAN_MSG)) {
@@ -1166,7 +1214,7 @@ ssize_t memlan_peek(memlan_channel_t *ch, const void **ptr, int flags)
             return -EPROTO;
         if (ch->shut_rd)
             return 0;
-        int64_t a = ml_ring_avail(&ch->rx, 1);
+        int64_t a = ml_rx_avail(ch, false);
         if (ml_unlikely(a < 0))
             return -EPROTO;
         if (a > 0) {
@@ -1327,8 +1375,8 @@ void __ml_chan_resync_tx(struct memlan_channel *ch)
     /* Say where we are from the start: the peer's first wait then knows whether spinning could
      * help (on our cpu it cannot: we would need the core it spins on). */
     uint32_t cpu = (uint32_t)(__ml_getcpu() + 1);
-    ml_store_relaxed(&ch->rx.ctl->rx_cpu, cpu);
-    ml_store_relaxed(&ch->tx.ctl->tx_cpu, cpu);
+    ml_note_cpu(&ch->rx.ctl->rx_cpu, cpu);
+    ml_note_cpu(&ch->tx.ctl->tx_cpu, cpu);
 }
 
 void __ml_chan_resync_rx(struct memlan_channel *ch)

@@ -25,6 +25,8 @@
 
 #include "internal.h"
 
+#include <string.h>
+
 struct ml_ring {
     struct ml_ring_ctl *ctl;
     uint8_t *data;            /* size bytes, mirrored: data[i] == data[i + size] */
@@ -32,6 +34,7 @@ struct ml_ring {
     uint64_t pos;             /* producer: head; consumer: tail (private, authoritative) */
     uint64_t other;           /* cached copy of the other side's index */
     bool corrupt;
+    bool msg;                 /* a message ring: records carry publication words (below) */
 };
 
 /* Producer: free bytes, reloading tail only when fewer than want are known free.  -1 if corrupt. */
@@ -72,6 +75,12 @@ static inline int64_t ml_ring_avail(struct ml_ring *r, uint64_t want)
     /* SYNC: pairs with the release store of head in ml_ring_produce(). */
     uint64_t h = ml_load_acquire(&r->ctl->head);
     if (ml_unlikely(h - r->pos > r->size || h - r->pos < avail)) {
+        /* A message ring's consumer may have taken records by their publication words before
+         * the head that covers them reached us: a head at most a ring behind our position is
+         * "nothing new" (the producer stores the word of record n+1 only after the head that
+         * covers record n, so an honest head lags by one record at most). */
+        if (r->msg && avail == 0 && r->pos - h <= r->size)
+            return 0;
         r->corrupt = true;
         return -1;
     }
@@ -91,6 +100,71 @@ static inline void ml_ring_consume(struct ml_ring *r, uint64_t n)
 static inline uint8_t *ml_ring_at(const struct ml_ring *r, uint64_t idx)
 {
     return r->data + (idx & r->mask);
+}
+
+/*
+ * Message rings: publication in the data line.  A record's header is [len u32][flags u32]; flags
+ * holds the record's publication word, ml_msg_tag(position), which is odd and so never 0.  The
+ * producer keeps the header slot at its head zero: before it publishes a record it zeroes the
+ * slot after it (its reservation always includes those 8 bytes), then stores the whole header
+ * with one 8-byte release store, then publishes head as before.  The consumer, finding nothing
+ * in its cached head, reads the header at its tail with one 8-byte acquire load: a matching word
+ * means the record is there, with no look at head (whose line then stays with the producer).
+ * Stale bytes at the tail cannot match: the slot was zeroed before the release that made the
+ * previous record visible to us, and only the producer's next header is written there after.
+ */
+static inline uint32_t ml_msg_tag(uint64_t pos) { return (uint32_t)(pos >> 2) | 1u; }
+
+static inline uint64_t ml_msg_rec(uint64_t len)
+{
+    return sizeof(struct ml_msg_hdr) + ((len + ML_MSG_ALIGN - 1) & ~(uint64_t)(ML_MSG_ALIGN - 1));
+}
+
+/* Producer: publish the record of len payload bytes at pos (room for it and the next header was
+ * reserved).  Returns the record's length. */
+static inline uint64_t ml_msg_publish(struct ml_ring *r, uint32_t len)
+{
+    uint64_t rec = ml_msg_rec(len);
+    __atomic_store_n((uint64_t *)(void *)ml_ring_at(r, r->pos + rec), 0, __ATOMIC_RELAXED);
+    struct ml_msg_hdr h = {.len = len, .flags = ml_msg_tag(r->pos)};
+    uint64_t v;
+    memcpy(&v, &h, sizeof v);
+    /* SYNC: pairs with the acquire load of the header in ml_ring_msg_avail(): the payload and the
+     * zeroed next slot are visible before the word that publishes them.  (S6) */
+    __atomic_store_n((uint64_t *)(void *)ml_ring_at(r, r->pos), v, __ATOMIC_RELEASE);
+    return rec;
+}
+
+/*
+ * Consumer of a message ring: bytes known readable at our position, 0 if none, -1 if corrupt.
+ * First the cached head; then the record header at our position, by its publication word; then,
+ * if head_too, the shared head (a spinning consumer leaves head alone: an honest producer's word
+ * is visible whenever its head is).  A header taken by its word is checked as any record: the
+ * length once, from the one load, and the record must fit in the ring.
+ */
+static inline int64_t ml_ring_msg_avail(struct ml_ring *r, bool head_too)
+{
+    uint64_t avail = r->other - r->pos;
+    if (ml_likely(avail != 0))
+        return (int64_t)avail;
+    if (ml_unlikely(r->pos & (ML_MSG_ALIGN - 1))) {
+        r->corrupt = true;
+        return -1;
+    }
+    uint64_t v = __atomic_load_n((const uint64_t *)(const void *)ml_ring_at(r, r->pos),
+                                 __ATOMIC_ACQUIRE);
+    struct ml_msg_hdr h;
+    memcpy(&h, &v, sizeof h);
+    if (h.flags == ml_msg_tag(r->pos)) {
+        uint64_t rec = ml_msg_rec(h.len);
+        if (ml_unlikely(rec > r->size)) {
+            r->corrupt = true;
+            return -1;
+        }
+        r->other = r->pos + rec;
+        return (int64_t)rec;
+    }
+    return head_too ? ml_ring_avail(r, 1) : 0;
 }
 
 #endif

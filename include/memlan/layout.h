@@ -19,7 +19,8 @@
 #include <stddef.h>
 
 #define ML_SEG_MAGIC       0x47534e414c4d454dull /* "MEMLANSG" little-endian */
-#define ML_LAYOUT_VERSION  2u /* 2: tripwire words are sets of waiter kinds */
+#define ML_LAYOUT_VERSION  3u /* 2: tripwire words are sets of waiter kinds; 3: message records
+                                 * carry publication words (src/ring.h) */
 #define ML_CACHELINE       64
 #define ML_TOKEN_HEX       32 /* a token is 128 random bits written as lowercase hex */
 
@@ -224,15 +225,18 @@ struct ml_proc_hdr {
 };
 
 /*
- * Message ring records: an 8-byte header then the payload, padded to 8 bytes.  A record never
- * wraps: when one does not fit before the end of the data area the producer writes a PAD record
- * that fills the rest and starts the message at offset 0.
+ * Message ring records: an 8-byte header then the payload, padded to 8 bytes.  With the mirrored
+ * mapping no record wraps.  flags is the record's publication word, (uint32_t)(pos >> 2) | 1 for
+ * a record at ring position pos (odd, so never 0), stored with the length in one 8-byte release
+ * store after the payload; the producer keeps the header slot at its head zero (it zeroes the slot
+ * after each record before publishing the record), so a consumer that finds the word matching its
+ * own position knows the record is there without reading head (src/ring.h).  A record therefore
+ * needs 8 bytes beyond itself free when it is written: the largest message is ring_size - 16.
  */
 struct ml_msg_hdr {
     uint32_t len;              /* payload bytes */
-    uint32_t flags;            /* ML_MSG_PAD */
+    uint32_t flags;            /* publication word (see above) */
 };
-#define ML_MSG_PAD 1u
 #define ML_MSG_ALIGN 8u
 
 /*

@@ -10,7 +10,7 @@ from conftest import memlan
 
 SPLIT_SAME_KEYS = ["rtt_spin_us", "rtt_sleep_us", "floor_spin_us", "floor_futex_us", "tcp_rtt_us",
                    "bw_64k_MBps", "xmax_64k_MBps", "tcp_bw_64k_MBps", "rate_64_Mps",
-                   "tcp_rate_64_Mps"]
+                   "tcp_rate_64_Mps", "floor_ring_64_Mps", "bw_1m_MBps"]
 
 
 def test_version_and_help():
@@ -61,6 +61,13 @@ def test_bench_json_has_every_figure(fabric, tmp_path):
             assert k in r[placement], (placement, k)
             assert r[placement][k] > 0, (placement, k, r[placement][k])
         assert r[placement]["errors"] == 0
+        # every figure against its floor from the same run (issue 21)
+        vs = r[placement]["vs_floor"]
+        assert abs(vs["rtt_spin_vs_cacheline"] * r[placement]["floor_spin_us"]
+                   - r[placement]["rtt_spin_us"]) < 0.01 * r[placement]["rtt_spin_us"] + 0.002
+        assert abs(vs["rate_64_vs_ring"] * r[placement]["floor_ring_64_Mps"]
+                   - r[placement]["rate_64_Mps"]) < 0.01 * r[placement]["rate_64_Mps"] + 0.001
+        assert vs["bw_64k_vs_xmax"] > 0 and vs["bw_1m_vs_xmax"] > 0
         # X_max is derived from Xt and Xr exactly as SCILAN defines it.
         xt, xr = r[placement]["xt_MBps"], r[placement]["xr_MBps"]
         assert abs(r[placement]["xmax_64k_MBps"] - xt * xr / (xt + xr)) < 0.2
@@ -87,6 +94,24 @@ def test_bench_text_names_its_goals(fabric):
     assert re.search(r"round trip, spinning off: [0-9.e-]+x the bare futex +\(goal <= 1\.3x\)", out)
     assert re.search(r"bandwidth, 64 KiB messages: [0-9.e-]+x X_max", out)
     assert re.search(r"message rate, 64 B: [0-9.e-]+x kernel TCP's +\(goal >= 10x\)", out)
+
+
+def test_bench_pairs(fabric):
+    """--pairs N: N pairs at once on 2N cpus, refused clearly without them (issue 21)."""
+    ncpu = len(os.sched_getaffinity(0))
+    p = memlan("bench", "--pairs", str(ncpu), check=False)  # needs 2 * ncpu
+    assert p.returncode == 2 and "needs %d cpus" % (2 * ncpu) in p.stderr, p.stderr
+    for bad in ("0", "1,x", "", "65"):
+        assert memlan("bench", "--pairs", bad, check=False).returncode == 2
+    if ncpu < 2:
+        return
+    p = memlan("bench", "--quick", "--json", "--pairs", "1", timeout=120, check=False)
+    assert p.returncode == 0, p.stderr
+    (one,) = json.loads(p.stdout)["pairs"]
+    assert one["n"] == 1 and one["errors"] == 0
+    for k in ("rate_64_Mps", "floor_ring_64_Mps", "bw_64k_MBps", "rate_64_vs_ring"):
+        assert one[k] > 0, (k, one)
+    assert one["rate_vs_one_pair"] == 1
 
 
 def test_bench_rejects_bad_arguments(fabric):
