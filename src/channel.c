@@ -641,6 +641,14 @@ static void ml_set_state(struct memlan_channel *ch, uint32_t st)
  * sleep (a cancellation point) and after an interrupted one, it returns how many handlers
  * without SA_RESTART have run on this thread; NULL: every interruption is EINTR. */
 unsigned (*__ml_wait_hook)(void);
+/* Set by the same embedder: the count alone (no cancellation point, no side effect), read while
+ * spinning and before each sleep, so that a handler without SA_RESTART that ran while we were
+ * not in the kernel ends the wait with EINTR as it would have ended the kernel's.  NULL: none. */
+unsigned (*__ml_intr_count)(void);
+/* Set by the embedder when handlers it cannot count may run (siginterrupt(sig, 1) and the like):
+ * a wait then never spins, so that such a handler can only find us in the kernel's sleep, whose
+ * EINTR we see. */
+_Atomic bool __ml_intr_blind;
 
 static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic uint32_t *cpu,
                    _Atomic uint32_t *peer_cpu, struct ml_spin *sp,
@@ -650,7 +658,11 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
 {
     int me = __ml_getcpu();
     ml_note_cpu(cpu, (uint32_t)(me + 1));
+    unsigned (*count)(void) = __ml_intr_count;
+    unsigned runs0 = count ? count() : 0;
     uint64_t budget = __ml_spin_budget_ns(sp, ml_load_relaxed(peer_cpu));
+    if (budget && atomic_load_explicit(&__ml_intr_blind, memory_order_relaxed))
+        budget = 0;
     if (budget) {
         uint64_t start = __ml_now_ns(), end = start + budget;
         for (unsigned i = 1;; i++) {
@@ -664,8 +676,14 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
                 return 0;
             }
             ml_cpu_relax();
-            if ((i & 31) == 0 && __ml_now_ns() >= end)
-                break;
+            if ((i & 31) == 0) {
+                if (__ml_wait_hook && (i & 1023) == 0)
+                    (void)__ml_wait_hook(); /* a cancellation point while spinning too */
+                if (count && count() != runs0 && !spin_ready(ch, arg))
+                    return -EINTR; /* a handler ran: the kernel's call would have ended */
+                if (__ml_now_ns() >= end)
+                    break;
+            }
         }
         __ml_spin_result(sp, false);
     }
@@ -698,6 +716,10 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
         if (!(cur & ML_WAIT_FUTEX))
             continue;
         unsigned intr0 = __ml_wait_hook ? __ml_wait_hook() : 0; /* a cancellation point */
+        if (count && count() != runs0) { /* a handler ran while we were not asleep */
+            ml_fetch_and(word, ~ML_WAIT_FUTEX);
+            return ready(ch, arg) ? 0 : -EINTR;
+        }
         int r = __ml_sys_futex_wait(word, cur, tmo);
         if (r == -ETIMEDOUT && ml_peer_dead(ch)) {
             ml_fetch_and(word, ~ML_WAIT_FUTEX);

@@ -264,6 +264,7 @@ void mlp_unlock_tx(struct mlp_sock *s);
 int mlp_lock_rx(struct mlp_sock *s, bool nb);
 void mlp_unlock_rx(struct mlp_sock *s);
 unsigned mlp_sig_nores_count(void); /* signals.c: handlers without SA_RESTART run on this thread */
+unsigned mlp_sig_runs(void);        /* signals.c: the same count, read without side effects */
 
 extern _Atomic bool mlp_forked;      /* some socket may be shared with another process */
 

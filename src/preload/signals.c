@@ -42,13 +42,24 @@ static struct {
  * kernel's call would fail (a program whose alarm() timeout never fired would hang). */
 static _Atomic bool mlp_sig_uncounted;
 
+static void mlp_sig_set_uncounted(void)
+{
+    atomic_store(&mlp_sig_uncounted, true);
+    atomic_store(&__ml_intr_blind, true); /* channel.c: no spinning where a run can go unseen */
+}
+
 /* sigbus.c runs the program's SIGBUS handler from its own: counted the same way. */
 void mlp_sig_note_run(void) { mlp_nores_runs++; }
 
+/* The runs counted on this thread, nothing else (channel.c reads it while spinning). */
+unsigned mlp_sig_runs(void) { return mlp_nores_runs; }
+
 unsigned mlp_sig_nores_count(void)
 {
+    static __thread unsigned salt __attribute__((tls_model("initial-exec")));
     if (atomic_load_explicit(&mlp_sig_uncounted, memory_order_relaxed))
-        return ++mlp_nores_runs; /* never the same twice: an interruption is EINTR */
+        return mlp_nores_runs + ++salt; /* never the same twice: an interruption is EINTR (the
+                                         * count itself unchanged: mlp_sig_runs reads it) */
     return mlp_nores_runs;
 }
 
@@ -62,7 +73,7 @@ MLP_EXPORT int siginterrupt(int sig, int flag)
     int (*real)(int, int) = mlp_real_siginterrupt ? mlp_real_siginterrupt
                                                   : (int (*)(int, int))mlp_sig_next("siginterrupt");
     if (flag)
-        atomic_store(&mlp_sig_uncounted, true);
+        mlp_sig_set_uncounted();
     if (!real) {
         errno = ENOSYS;
         return -1;
@@ -77,7 +88,7 @@ MLP_EXPORT int siginterrupt(int sig, int flag)
             mlp_real_##name ? mlp_real_##name                                                  \
                             : (__sighandler_t(*)(int, __sighandler_t))mlp_sig_next(#name);     \
         if (h != SIG_DFL && h != SIG_IGN)                                                      \
-            atomic_store(&mlp_sig_uncounted, true);                                            \
+            mlp_sig_set_uncounted();                                            \
         if (!real) {                                                                           \
             errno = ENOSYS;                                                                    \
             return SIG_ERR;                                                                    \

@@ -177,7 +177,11 @@ static unsigned mlp_wait_hook(void)
     return mlp_sig_nores_count();
 }
 
-__attribute__((constructor)) static void mlp_wait_hook_init(void) { __ml_wait_hook = mlp_wait_hook; }
+__attribute__((constructor)) static void mlp_wait_hook_init(void)
+{
+    __ml_wait_hook = mlp_wait_hook;
+    __ml_intr_count = mlp_sig_runs;
+}
 
 /* Take a direction's lock: 0, or what the call returns instead: -EAGAIN (nb) or -EINTR when a
  * handler re-entered this thread's holder of it, -ECONNRESET when the lock is broken (said once
