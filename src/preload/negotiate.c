@@ -661,6 +661,7 @@ struct mlp_lrec {
 };
 static struct mlp_lrec *mlp_lrecs[65536];
 static struct mlp_lrec *mlp_xrecs; /* found through la- names: other namespaces' listeners */
+static int mlp_lrec_grant_one(struct mlp_lrec *r, uid_t uid);
 
 /*
  * Record mappings in use by clients.  A client looks a record up again when its listeners are
@@ -1127,6 +1128,10 @@ int mlp_on_listen(int fd)
                 mlp_lmap_retire(r->map); /* a client's look-up of an earlier record */
             r->map = m;
             r->ino = ino;
+            /* A shared fabric's record made by another user's listener: we accept too, so our
+             * euid must be named in it (its owner's is, as the owner). */
+            if (mlp_fab->shared)
+                (void)mlp_lrec_grant_one(r, geteuid());
         }
     }
     if (err == 0)
@@ -1178,7 +1183,9 @@ static const char *mlp_no_offer_why(const struct ml_listen_rec *m)
     if (v == 0)
         return NULL;
     return v == ML_NO_OFFER_CRED ? "a server process changed its credentials: it cannot take offers"
-                                 : "the server's record says not to offer";
+           : v == ML_NO_OFFER_GRANT
+               ? "a server process cannot be named as an acceptor in the shared fabric's record"
+               : "the server's record says not to offer";
 }
 
 void mlp_lrec_release(struct mlp_lrec *r)
@@ -1336,6 +1343,54 @@ static const char *mlp_lrec_access(struct mlp_lrec *rec, const struct mlp_addr *
  * owner, a file system without ACLs) the port's clients do not offer: the new euid could not
  * open their channels.
  */
+/* Name uid in the ACL of r's record (mlp_neg_mu held); 0 or -errno, said in the log.  Failing,
+ * the port's clients do not offer (ML_NO_OFFER_GRANT). */
+static int mlp_lrec_grant_one(struct mlp_lrec *r, uid_t uid)
+{
+    struct stat st;
+    if (__ml_sys_fstat(r->lock_fd, &st) == 0 && st.st_uid == uid)
+        return 0;
+    /* Several workers may do this at once (each with its own euid): the read-modify-write of the
+     * ACL goes under a write lock on byte 1 of the record, through a new open file (the workers
+     * share the listener's), waited for at most 200 ms. */
+    char name[64];
+    mlp_lrec_name(name, sizeof name, r->netns, r->port);
+    long lfd = __ml_sys_open(mlp_fab->dirfd, name, O_RDWR | O_NOFOLLOW, 0);
+    int e = (int)(lfd < 0 ? lfd : 0);
+    if (lfd >= 0) {
+        struct stat st2;
+        e = -EAGAIN;
+        for (int i = 0; i < 200 && e == -EAGAIN; i++) {
+            e = __ml_sys_lock_byte((int)lfd, 1, 0);
+            if (e == -EAGAIN || e == -EACCES) {
+                (void)nanosleep(&(struct timespec){0, 1000000}, NULL);
+                e = -EAGAIN;
+            }
+        }
+        if (e == 0 && (__ml_sys_fstat((int)lfd, &st2) < 0 || st2.st_ino != st.st_ino))
+            e = -ESTALE;
+        if (e == 0)
+            e = __ml_acl_add_user((int)lfd, (uint32_t)uid);
+        __ml_sys_close((int)lfd);
+    }
+    if (e < 0) {
+        if (r->map && !ml_load_relaxed(&r->map->no_offer))
+            ml_store_release(&r->map->no_offer, ML_NO_OFFER_GRANT);
+        mlp_log(0, "port %d: cannot name euid %u as an acceptor in the shared fabric's record "
+                   "(%s): its clients will not offer", r->port, (unsigned)uid, strerror(-e));
+    } else {
+        mlp_log(1, "port %d: euid %u may accept private channels", r->port, (unsigned)uid);
+    }
+    return e;
+}
+
+/*
+ * Listener, about to change its euid to uid (cred.c, before the call, while it still owns the
+ * record or is privileged): name uid in the ACL of the record of every port it listens on in a
+ * shared fabric, so that clients grant it their channels.  Where that fails (not the record's
+ * owner, a file system without ACLs) the port's clients do not offer: the new euid could not
+ * open their channels.
+ */
 void mlp_lrec_grant(uid_t uid)
 {
     if (!mlp_fab || !mlp_fab->shared || uid == (uid_t)-1)
@@ -1343,42 +1398,8 @@ void mlp_lrec_grant(uid_t uid)
     pthread_mutex_lock(&mlp_neg_mu);
     for (int port = 0; port < 65536; port++) {
         struct mlp_lrec *r = mlp_lrecs[port];
-        if (!r || r->nlisten == 0 || r->lock_fd < 0 || !r->map)
-            continue;
-        struct stat st;
-        if (__ml_sys_fstat(r->lock_fd, &st) == 0 && st.st_uid == uid)
-            continue;
-        /* Several workers may do this at once (each with its own euid): the read-modify-write
-         * of the ACL goes under a write lock on byte 1 of the record, through a new open file
-         * (the workers share the listener's), waited for at most 200 ms. */
-        char name[64];
-        mlp_lrec_name(name, sizeof name, r->netns, r->port);
-        long lfd = __ml_sys_open(mlp_fab->dirfd, name, O_RDWR | O_NOFOLLOW, 0);
-        int e = (int)(lfd < 0 ? lfd : 0);
-        if (lfd >= 0) {
-            struct stat st2;
-            e = -EAGAIN;
-            for (int i = 0; i < 200 && e == -EAGAIN; i++) {
-                e = __ml_sys_lock_byte((int)lfd, 1, 0);
-                if (e == -EAGAIN || e == -EACCES)
-                    (void)nanosleep(&(struct timespec){0, 1000000}, NULL);
-                if (e == -EACCES)
-                    e = -EAGAIN;
-            }
-            if (e == 0 && (__ml_sys_fstat((int)lfd, &st2) < 0 || st2.st_ino != st.st_ino))
-                e = -ESTALE;
-            if (e == 0)
-                e = __ml_acl_add_user((int)lfd, (uint32_t)uid);
-            __ml_sys_close((int)lfd);
-        }
-        if (e < 0) {
-            if (!ml_load_relaxed(&r->map->no_offer))
-                ml_store_release(&r->map->no_offer, ML_NO_OFFER_CRED);
-            mlp_log(0, "port %d: cannot name euid %u as an acceptor in the shared fabric's record "
-                       "(%s): its clients will not offer", port, (unsigned)uid, strerror(-e));
-        } else {
-            mlp_log(1, "port %d: euid %u may accept private channels", port, (unsigned)uid);
-        }
+        if (r && r->nlisten > 0 && r->lock_fd >= 0)
+            (void)mlp_lrec_grant_one(r, uid);
     }
     pthread_mutex_unlock(&mlp_neg_mu);
 }
