@@ -352,3 +352,49 @@ def test_nginx_workers_in_a_group_fabric(gfabric, group, pubdir):
             except subprocess.TimeoutExpired:
                 srv.kill()
                 srv.wait()
+
+
+HOLD_REDIS = r"""
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"SET k " + sys.argv[2].encode() + b"\r\nGET k\r\n")
+f = s.makefile("rb")
+print(f.readline().strip().decode(), f.readline().strip().decode(), f.readline().strip().decode(),
+      flush=True)
+sys.stdin.read()
+"""
+
+
+def test_redis_of_root_with_a_member_client(gfabric, pubdir):
+    """Issue 20's case: root's redis-server, a member's client, a third member reads nothing."""
+    need("redis-server")
+    fab, gid = gfabric
+    port = next_port()
+    slog, clog = logfile(pubdir, "server.log"), logfile(pubdir, "client.log")
+    srv = subprocess.Popen(under(slog, ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                                        "--save", "", "--appendonly", "no", "--daemonize", "no"]),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    holder = None
+    try:
+        wait_port(port, srv)
+        (pubdir / "hold.py").write_text(HOLD_REDIS)
+        secret = "redis-secret-" + os.urandom(8).hex()
+        holder = subprocess.Popen(as_user(A, gid, under(clog, ["python3", str(pubdir / "hold.py"),
+                                                               str(port), secret])),
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().split() == ["+OK", f"${len(secret)}", secret]
+        assert "accelerated (client)" in clog.read_text(), clog.read_text()
+        chans = channels(fab)
+        assert len(chans) == 1 and secret.encode() in chans[0].read_bytes()
+        rows = probe_as(C, gid, chans)
+        assert rows and all(" ERR 13" in r for r in rows), rows
+    finally:
+        if holder:
+            holder.stdin.close()
+            holder.wait(10)
+        srv.terminate()
+        try:
+            srv.wait(10)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            srv.wait()
