@@ -323,7 +323,7 @@ def test_nginx_workers_in_a_group_fabric(gfabric, group, pubdir):
         assert c.count("accelerated (client)") == 10, c[-3000:]
         assert "out of reach" not in s and "will not offer" not in s, s[-3000:]
         p = subprocess.run(as_user(A, gid, under(clog, ["wrk", "-t", "1", "-c", "8", "-d", "1s",
-                                                        "--timeout", "1s", url])),
+                                                        "--timeout", "3s", url])),
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == 0 and "Non-2xx" not in p.stdout, p.stdout + p.stderr
         assert "Socket errors" not in p.stdout, p.stdout
