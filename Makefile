@@ -40,7 +40,7 @@ endif
 CFLAGS  += $(CFLAGS_BASE) $(OPT)
 LDFLAGS += $(LDSAN) -pthread
 
-CORE_SRC = src/sys/sys.c src/fabric.c src/guard.c src/segment.c src/spin.c src/channel.c src/evq.c \
+CORE_SRC = src/sys/sys.c src/acl.c src/fabric.c src/guard.c src/segment.c src/spin.c src/channel.c src/evq.c \
            src/strerror.c src/endpoint.c
 CORE_OBJ = $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
 # The ONC RPC runtime (memlan-rpcgen's fast path) is a library of its own, libmemlan-rpc, so

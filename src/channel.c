@@ -245,13 +245,18 @@ static void ml_chan_reset(struct memlan_segment *seg)
     ml_store_release(&c->generation, ml_load_relaxed(&c->generation) + 1);
 }
 
-static struct memlan_segment *ml_pool_take(memlan_fabric_t *fab, uint64_t rs)
+static struct memlan_segment *ml_pool_take(memlan_fabric_t *fab, uint64_t rs,
+                                          const struct ml_access *acc)
 {
     struct memlan_segment *got = NULL;
     pthread_mutex_lock(&fab->pool_mu);
     for (int i = 0, tries = 0; i < fab->npool && tries < 2; i++) {
         struct memlan_segment *seg = fab->pool[i];
-        if (seg->mirror != rs)
+        /* A private channel is reused only for the same acceptor users: a user its ACL granted
+         * may have opened it by name and may keep that descriptor; the next connection on the
+         * file must be one that user may read anyway.  (Rewriting the ACL would not close an
+         * open file.) */
+        if (seg->mirror != rs || memcmp(&seg->access, acc, sizeof *acc) != 0)
             continue;
         tries++;
         long fd = __ml_seg_reopen(seg, O_RDWR);
@@ -340,20 +345,59 @@ void __ml_chan_pool_drain(memlan_fabric_t *fab)
         __ml_seg_destroy(segs[i]);
 }
 
+/*
+ * A private channel's file (acl.c): created 0600 even in a shared fabric, then given one ACL
+ * entry per acceptor user before anyone can know its name.  A file system without ACLs gives
+ * -EOPNOTSUPP (the file goes): the caller decides (design.md, "Fabric").
+ */
+static int ml_chan_new_private(memlan_fabric_t *fab, uint64_t rs, const struct ml_access *acc,
+                               struct memlan_segment **seg)
+{
+    int r = __ml_seg_create_private(fab, ML_KIND_CHANNEL, MEMLAN_MODE_RW,
+                                    sizeof(struct ml_seg_hdr),
+                                    ML_PAGE - sizeof(struct ml_seg_hdr) + 2 * rs, rs, seg);
+    if (r < 0)
+        return r;
+    if (acc->n > 0 && (r = __ml_acl_private((*seg)->fd, acc->uids, (int)acc->n)) < 0) {
+        __ml_seg_destroy(*seg); /* ours: unlinked */
+        *seg = NULL;
+        return r;
+    }
+    (*seg)->access = *acc;
+    __ml_seg_drop_fd(*seg);
+    return 0;
+}
+
 /* A stream channel for the socket layer: from the pool when one is free, else new. */
 int __ml_chan_create_pooled(memlan_fabric_t *fab, size_t ring_size, memlan_channel_t **out)
 {
+    return __ml_chan_create_pooled_for(fab, ring_size, NULL, out);
+}
+
+int __ml_chan_create_pooled_for(memlan_fabric_t *fab, size_t ring_size,
+                                const struct ml_access *acc, memlan_channel_t **out)
+{
     *out = NULL;
-    if (!fab || ring_size < ML_MIN_RING || ring_size > ML_MAX_RING)
+    if (!fab || ring_size < ML_MIN_RING || ring_size > ML_MAX_RING ||
+        (acc && acc->n > ML_ACCESS_MAX))
         return -EINVAL;
+    /* No set given: the file is made as memlan_channel_create() makes it (group-wide in a
+     * shared fabric).  A set given, even empty: private. */
+    static const struct ml_access none;
+    struct ml_access key = acc ? *acc : none;
+    if (acc && fab->shared)
+        key.n |= 0x80000000u; /* pooled apart from group-wide files */
     pthread_once(&ml_pool_once, ml_pool_atfork);
     uint64_t rs = ml_pow2_up(ring_size);
     struct memlan_channel *ch = calloc(1, sizeof *ch);
     if (!ch)
         return -ENOMEM;
-    struct memlan_segment *seg = ml_pool_take(fab, rs);
+    struct memlan_segment *seg = ml_pool_take(fab, rs, &key);
     if (!seg) {
-        int r = ml_chan_new_seg(fab, rs, &seg);
+        int r = acc && fab->shared ? ml_chan_new_private(fab, rs, acc, &seg)
+                                   : ml_chan_new_seg(fab, rs, &seg);
+        if (r == 0)
+            seg->access = key;
         if (r < 0) {
             free(ch);
             return r;

@@ -79,6 +79,11 @@ void __ml_evq_post_local(struct memlan_evq *q, uint32_t index);
 
 /* For the socket layer (src/preload): see channel.c. */
 int __ml_chan_create_pooled(memlan_fabric_t *fab, size_t ring_size, memlan_channel_t **out);
+/* The same, private to the acceptor users acc in a shared fabric (acl.c; -EOPNOTSUPP where the
+ * file system has no ACLs); acc NULL: as above. */
+struct ml_access;
+int __ml_chan_create_pooled_for(memlan_fabric_t *fab, size_t ring_size,
+                                const struct ml_access *acc, memlan_channel_t **out);
 int __ml_chan_attach_offer(memlan_fabric_t *fab, int fd, int fdb, const struct stat *st,
                            const char *name, memlan_channel_t **out);
 int __ml_chan_attach_gen(memlan_fabric_t *fab, const char *token, uint32_t gen,

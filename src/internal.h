@@ -40,6 +40,15 @@ struct memlan_fabric {
     char path[PATH_MAX];
 };
 
+/* Who besides its creator may open a private channel's file in a shared fabric (acl.c): the
+ * acceptor users, sorted, unique, without the creator's own uid.  A pooled file is reused only
+ * for the same set (design.md, "Fabric"). */
+#define ML_ACCESS_MAX 8
+struct ml_access {
+    uint32_t n;
+    uint32_t uids[ML_ACCESS_MAX];
+};
+
 struct memlan_segment {
     memlan_fabric_t *fab;
     int fd;                   /* carries our liveness lock; -1 once dropped (see below) */
@@ -57,6 +66,7 @@ struct memlan_segment {
     void *hold;               /* one page of the locked open file: keeps it after fd is closed */
     int guard;                /* the mapping's registration in guard.c, or -1 */
     char token[MEMLAN_TOKEN_LEN + 1];
+    struct ml_access access;  /* a private channel's acceptor users (see acl.c); n = 0: none */
 };
 
 /* Set by the socket layer (src/preload) so that the long-lived fds the core opens on its own
@@ -81,6 +91,13 @@ bool __ml_guard_has_siginfo(int sig,
 void __ml_guard_set_arm(int (*arm)(void));
 unsigned long __ml_guard_recoveries(void);
 
+/* acl.c: POSIX access ACLs written as the kernel's xattr.  users: the named users of fd's ACL
+ * (count, -E2BIG past max, -errno); add_user: grant uid read-write on fd (owner or CAP_FOWNER
+ * only); private: make fd readable and writable by its owner and uids[0..n) only. */
+int __ml_acl_users(int fd, uint32_t *uids, int max);
+int __ml_acl_add_user(int fd, uint32_t uid);
+int __ml_acl_private(int fd, const uint32_t *uids, int n);
+
 /* fabric.c */
 int __ml_token_valid(const char *token);
 int __ml_token_new(char out[MEMLAN_TOKEN_LEN + 1]);
@@ -96,6 +113,9 @@ int __ml_fabric_reclaim_name(memlan_fabric_t *fab, const char *name); /* 1 if re
  * header is complete but whose body the caller fills; import() validates the header first. */
 int __ml_seg_create(memlan_fabric_t *fab, uint32_t kind, int mode, uint64_t body_off,
                     uint64_t body_size, uint64_t mirror, struct memlan_segment **out);
+/* The same, for a file that stays mode 0600 even in a shared fabric (a private channel). */
+int __ml_seg_create_private(memlan_fabric_t *fab, uint32_t kind, int mode, uint64_t body_off,
+                            uint64_t body_size, uint64_t mirror, struct memlan_segment **out);
 int __ml_seg_import(memlan_fabric_t *fab, const char *token, uint32_t kind, bool writable,
                     struct memlan_segment **out);
 void __ml_seg_destroy(struct memlan_segment *seg);

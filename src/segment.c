@@ -71,8 +71,9 @@ static int ml_seg_map(int fd, uint64_t total, int prot, uint64_t mirror, uint8_t
     return 0;
 }
 
-int __ml_seg_create(memlan_fabric_t *fab, uint32_t kind, int mode, uint64_t body_off,
-                    uint64_t body_size, uint64_t mirror, struct memlan_segment **out)
+static int ml_seg_create(memlan_fabric_t *fab, uint32_t kind, int mode, uint64_t body_off,
+                         uint64_t body_size, uint64_t mirror, bool priv,
+                         struct memlan_segment **out)
 {
     if (!fab || !out || (mode != MEMLAN_MODE_RO && mode != MEMLAN_MODE_RW))
         return -EINVAL;
@@ -115,7 +116,7 @@ int __ml_seg_create(memlan_fabric_t *fab, uint32_t kind, int mode, uint64_t body
             break;
         __ml_sys_close((int)fd);
     }
-    if (fab->shared)
+    if (fab->shared && !priv)
         (void)__ml_sys_fchmod((int)fd, mode == MEMLAN_MODE_RW ? 0666 : 0644);
     /* Reserve the file's blocks before mapping it: a sparse file (ftruncate) on a tmpfs that
      * fills up would make the first store to a page fault with SIGBUS, in whatever process
@@ -174,6 +175,18 @@ fail_unlink:
 fail_free:
     free(seg);
     return r;
+}
+
+int __ml_seg_create(memlan_fabric_t *fab, uint32_t kind, int mode, uint64_t body_off,
+                    uint64_t body_size, uint64_t mirror, struct memlan_segment **out)
+{
+    return ml_seg_create(fab, kind, mode, body_off, body_size, mirror, false, out);
+}
+
+int __ml_seg_create_private(memlan_fabric_t *fab, uint32_t kind, int mode, uint64_t body_off,
+                            uint64_t body_size, uint64_t mirror, struct memlan_segment **out)
+{
+    return ml_seg_create(fab, kind, mode, body_off, body_size, mirror, true, out);
 }
 
 void __ml_seg_publish(struct memlan_segment *seg)

@@ -23,6 +23,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
+#include <grp.h>
 #include <limits.h>
 #include <math.h>
 #include <stdbool.h>
@@ -42,6 +43,8 @@ static void usage(FILE *f)
                "  stat [OPTIONS] list the fabric's processes, connections, channels, segments and\n"
                "                 event queues\n"
                "  clean          remove the fabric files of processes that have died\n"
+               "  fabric create --group GROUP [--mode private|listable] DIR\n"
+               "                 make DIR a fabric shared by the members of GROUP\n"
                "  bench [OPTIONS]\n"
                "                 measure latency, bandwidth and message rate against floors and\n"
                "                 kernel TCP, Unix sockets and pipes in the same run\n"
@@ -572,6 +575,104 @@ static int cmd_clean(int argc, char **argv)
     return 0;
 }
 
+/* ---- fabric create ------------------------------------------------------------------------- */
+
+static void fabric_usage(FILE *f)
+{
+    fprintf(f,
+            "usage: memlan fabric create --group GROUP [--mode private|listable] DIR\n"
+            "Make DIR a fabric shared on purpose by the members of GROUP (design.md, \"Fabric\"):\n"
+            "create it if missing (its parent must exist), give it to GROUP, and set its mode\n"
+            "to 3730 (private: members may create and open files but not list them) or 3770\n"
+            "(listable).  The setgid bit makes files inherit GROUP; the sticky bit keeps members\n"
+            "from removing each other's files.  Each connection's channel is readable and\n"
+            "writable by its two ends only (a POSIX ACL): members share the directory, not\n"
+            "their traffic.  Then run both ends with MEMLAN_FABRIC=DIR (memlan run --fabric\n"
+            "DIR), as users in GROUP.\n"
+            "  --group GROUP   the group whose members share the fabric (name or number)\n"
+            "  --mode MODE     private (default) or listable\n"
+            "  -h, --help      this text\n");
+}
+
+static int cmd_fabric(int argc, char **argv)
+{
+    static const struct option opts[] = {{"group", required_argument, 0, 'g'},
+                                         {"mode", required_argument, 0, 'm'},
+                                         {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
+    const char *group = NULL;
+    bool listable = false;
+    int c;
+    optind = 1;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'g': group = optarg; break;
+        case 'm':
+            if (strcmp(optarg, "private") == 0)
+                listable = false;
+            else if (strcmp(optarg, "listable") == 0)
+                listable = true;
+            else
+                return bad_value("fabric create", "--mode", optarg, "private or listable");
+            break;
+        case 'h': fabric_usage(stdout); return 0;
+        default: return cli_opt_error("fabric", c, argv);
+        }
+    }
+    if (optind >= argc || strcmp(argv[optind], "create") != 0) {
+        fabric_usage(stderr);
+        return 2;
+    }
+    optind++; /* getopt_long moved the options, wherever they were, before the words */
+    if (!group || optind + 1 != argc) {
+        fprintf(stderr, "memlan fabric create: %s\n",
+                !group ? "--group GROUP is required" : "one directory is required");
+        return 2;
+    }
+    const char *dir = argv[optind];
+    struct group *g = getgrnam(group);
+    char *end;
+    long gnum = strtol(group, &end, 10);
+    gid_t gid = g ? g->gr_gid : (*group && !*end && gnum >= 0) ? (gid_t)gnum : (gid_t)-1;
+    if (gid == (gid_t)-1) {
+        fprintf(stderr, "memlan fabric create: no such group '%s'\n", group);
+        return 1;
+    }
+    if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+        fprintf(stderr, "memlan fabric create: %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    /* Everything else through one descriptor of the directory itself, never through a path
+     * that could be swapped for a symlink meanwhile. */
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) < 0) {
+        fprintf(stderr, "memlan fabric create: %s: %s\n", dir,
+                errno == ELOOP || errno == ENOTDIR ? "not a directory (a symlink?)" : strerror(errno));
+        if (fd >= 0)
+            close(fd);
+        return 1;
+    }
+    if (st.st_uid != geteuid() && geteuid() != 0) {
+        fprintf(stderr, "memlan fabric create: %s: belongs to uid %u, not to us\n", dir,
+                (unsigned)st.st_uid);
+        close(fd);
+        return 1;
+    }
+    mode_t mode = listable ? 03770 : 03730;
+    if (fchown(fd, (uid_t)-1, gid) < 0 || fchmod(fd, mode) < 0) {
+        fprintf(stderr, "memlan fabric create: %s: %s\n", dir, strerror(errno));
+        close(fd);
+        return 1;
+    }
+    close(fd);
+    printf("memlan fabric create: %s is a fabric for group %s (mode %04o, %s); run both ends "
+           "with MEMLAN_FABRIC=%s\n", dir, g ? g->gr_name : group, (unsigned)mode,
+           listable ? "listable" : "private: searchable, not listable", dir);
+    return 0;
+}
+
 /* ---- run ----------------------------------------------------------------------------------- */
 
 static void run_usage(FILE *f)
@@ -902,6 +1003,7 @@ static const struct {
     int (*fn)(int, char **);
 } commands[] = {
     {"run", cmd_run},     {"stat", cmd_stat},       {"clean", cmd_clean},
+    {"fabric", cmd_fabric},
     {"bench", cmd_bench}, {"version", cmd_version},
 };
 

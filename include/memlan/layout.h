@@ -198,6 +198,9 @@ struct ml_listen_rec {
                                 * on the port closes. */
 };
 #define ML_NO_OFFER_CRED 1u
+#define ML_NO_OFFER_GRANT 2u /* a fabric shared by a group: a listener of the port could not be
+                              * named in the record's ACL (its owner's or root's to write), so
+                              * clients could not grant it their channels (design.md, Fabric) */
 
 /*
  * A memlan process's entry in the fabric (seg-TOKEN of kind ML_KIND_PROC), for memlan stat: one

@@ -50,9 +50,10 @@ static void mlp_cred_check(const char *what)
     if (!mlp_fab)
         return; /* if it is ever opened, it is opened with the new credentials */
     uid_t e = geteuid();
-    /* Read, write and search on the directory, with the effective ids, groups and capabilities:
-     * what creating and opening its files needs.  A refused check counts as out of reach. */
-    if (faccessat(mlp_fab->dirfd, ".", R_OK | W_OK | X_OK, AT_EACCESS) == 0) {
+    /* Write and search on the directory, with the effective ids, groups and capabilities: what
+     * creating and opening its files needs (not read: a private shared fabric, mode 3730, is
+     * searchable but not listable).  A refused check counts as out of reach. */
+    if (faccessat(mlp_fab->dirfd, ".", W_OK | X_OK, AT_EACCESS) == 0) {
         ml_store_relaxed(&mlp_cred_euid, e);
         if (ml_load_relaxed(&mlp_cred_gone)) {
             ml_store_release(&mlp_cred_gone, 0);
@@ -140,19 +141,26 @@ static void mlp_cred_ring_peers(bool nopost)
 
 /* ---- the interposers --------------------------------------------------------------------- */
 
-/* Before: what needs the fabric and is worth having afterwards, made while we still can. */
-static void mlp_cred_before(void)
+/* Before: what needs the fabric and is worth having afterwards, made while we still can.
+ * euid: the effective uid the call asks for ((uid_t)-1: none, or not a uid call). */
+static void mlp_cred_before(uid_t euid)
 {
     if (mlp_fab && !ml_load_relaxed(&mlp_cred_gone)) {
         mlp_stat_prepare();
         mlp_cred_ring_peers(false);
+        /* In a fabric shared on purpose the new euid may go on accepting: the records of our
+         * ports name it while we still own them (negotiate.c), and clients grant it their
+         * channels.  Not for a change the call may refuse: a spare entry is harmless. */
+        if (euid != (uid_t)-1 && euid != geteuid())
+            mlp_lrec_grant(euid);
     }
     /* A sandbox often follows a drop (sshd's privilege-separated child) and may kill on the
      * eventfd a poll of this thread would make later: make it now. */
     mlp_poll_prepare_thread();
 }
 
-#define MLP_CRED(call, what)                                                                   \
+#define MLP_CRED(call, what) MLP_CRED_U(call, what, (uid_t)-1)
+#define MLP_CRED_U(call, what, euid)                                                           \
     do {                                                                                       \
         if (__builtin_expect(!mlp_ready, 0)) { /* start-up must not change the host's errno */ \
             int init_errno_ = errno;                                                           \
@@ -162,7 +170,7 @@ static void mlp_cred_before(void)
         if (mlp_inside || mlp_cfg.off || __ml_sys_getpid() != mlp_pid)                         \
             return call; /* our own, off, or a vfork child: its memory is its parent's */     \
         int cred_errno_ = errno;                                                               \
-        mlp_cred_before();                                                                     \
+        mlp_cred_before(euid);                                                                 \
         errno = cred_errno_;                                                                   \
         int cred_ret_ = call;                                                                  \
         if (cred_ret_ == 0) {                                                                  \
@@ -173,12 +181,15 @@ static void mlp_cred_before(void)
         return cred_ret_;                                                                      \
     } while (0)
 
-MLP_EXPORT int setuid(uid_t uid) { MLP_CRED(mlp_real_setuid(uid), "setuid"); }
-MLP_EXPORT int seteuid(uid_t uid) { MLP_CRED(mlp_real_seteuid(uid), "seteuid"); }
-MLP_EXPORT int setreuid(uid_t r, uid_t e) { MLP_CRED(mlp_real_setreuid(r, e), "setreuid"); }
+MLP_EXPORT int setuid(uid_t uid) { MLP_CRED_U(mlp_real_setuid(uid), "setuid", uid); }
+MLP_EXPORT int seteuid(uid_t uid) { MLP_CRED_U(mlp_real_seteuid(uid), "seteuid", uid); }
+MLP_EXPORT int setreuid(uid_t r, uid_t e)
+{
+    MLP_CRED_U(mlp_real_setreuid(r, e), "setreuid", e);
+}
 MLP_EXPORT int setresuid(uid_t r, uid_t e, uid_t s)
 {
-    MLP_CRED(mlp_real_setresuid(r, e, s), "setresuid");
+    MLP_CRED_U(mlp_real_setresuid(r, e, s), "setresuid", e);
 }
 MLP_EXPORT int setgid(gid_t gid) { MLP_CRED(mlp_real_setgid(gid), "setgid"); }
 MLP_EXPORT int setegid(gid_t gid) { MLP_CRED(mlp_real_setegid(gid), "setegid"); }

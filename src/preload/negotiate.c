@@ -32,6 +32,8 @@
 #include <ifaddrs.h>
 #include <linux/futex.h>
 #include <linux/if_packet.h>
+#include <linux/inet_diag.h>
+#include <linux/sock_diag.h>
 #include <linux/neighbour.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
@@ -654,9 +656,12 @@ struct mlp_lrec {
     int check_fd;             /* for clients: a separate open file, whose GETLK sees our own lock */
     struct ml_listen_rec *map;
     ino_t ino;
+    ino_t vouched_ino;        /* a shared fabric's record owned by another user, whose owner the */
+    uid_t vouched_uid;        /* kernel confirmed (mlp_lrec_access); 0: not yet */
 };
 static struct mlp_lrec *mlp_lrecs[65536];
 static struct mlp_lrec *mlp_xrecs; /* found through la- names: other namespaces' listeners */
+static int mlp_lrec_grant_one(struct mlp_lrec *r, uid_t uid);
 
 /*
  * Record mappings in use by clients.  A client looks a record up again when its listeners are
@@ -1123,6 +1128,10 @@ int mlp_on_listen(int fd)
                 mlp_lmap_retire(r->map); /* a client's look-up of an earlier record */
             r->map = m;
             r->ino = ino;
+            /* A shared fabric's record made by another user's listener: we accept too, so our
+             * euid must be named in it (its owner's is, as the owner). */
+            if (mlp_fab->shared)
+                (void)mlp_lrec_grant_one(r, geteuid());
         }
     }
     if (err == 0)
@@ -1174,7 +1183,9 @@ static const char *mlp_no_offer_why(const struct ml_listen_rec *m)
     if (v == 0)
         return NULL;
     return v == ML_NO_OFFER_CRED ? "a server process changed its credentials: it cannot take offers"
-                                 : "the server's record says not to offer";
+           : v == ML_NO_OFFER_GRANT
+               ? "a server process cannot be named as an acceptor in the shared fabric's record"
+               : "the server's record says not to offer";
 }
 
 void mlp_lrec_release(struct mlp_lrec *r)
@@ -1189,6 +1200,206 @@ void mlp_lrec_release(struct mlp_lrec *r)
         mlp_lrec_name(name, sizeof name, mlp_cfg.netns, r->port);
         if (mlp_fab && __ml_fabric_reclaim_name(mlp_fab, name) > 0)
             mlp_addr_links_drop(r->port, name);
+    }
+    pthread_mutex_unlock(&mlp_neg_mu);
+}
+
+/* ---- private channels in a shared fabric -------------------------------------------------- */
+
+/*
+ * The uid of the socket that accepted our connection, as the kernel knows it (sock_diag, an
+ * exact look-up by the connection's four addresses): the euid of the process that made the
+ * listening socket, which accepted sockets inherit.  0 and *uid, or -errno.
+ */
+static int mlp_diag_server_uid(const struct mlp_addr *l, const struct mlp_addr *r, uint32_t *uid)
+{
+    int fd = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    if (fd < 0)
+        return -errno;
+    struct timeval tv = {.tv_sec = 1};
+    (void)mlp_real_setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct {
+        struct nlmsghdr h;
+        struct inet_diag_req_v2 q;
+    } req;
+    memset(&req, 0, sizeof req);
+    req.h.nlmsg_len = sizeof req;
+    req.h.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+    req.h.nlmsg_flags = NLM_F_REQUEST;
+    req.h.nlmsg_seq = 1;
+    req.q.sdiag_family = r->v4 ? AF_INET : AF_INET6;
+    req.q.sdiag_protocol = IPPROTO_TCP;
+    req.q.idiag_states = ~0u;
+    req.q.id.idiag_sport = htons((uint16_t)r->port); /* the server's side: its port first */
+    req.q.id.idiag_dport = htons((uint16_t)l->port);
+    memcpy(req.q.id.idiag_src, r->a, r->v4 ? 4 : 16);
+    memcpy(req.q.id.idiag_dst, l->a, l->v4 ? 4 : 16);
+    req.q.id.idiag_cookie[0] = INET_DIAG_NOCOOKIE;
+    req.q.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+    struct sockaddr_nl k = {.nl_family = AF_NETLINK};
+    int e = -EIO;
+    if (mlp_real_sendto(fd, &req, sizeof req, 0, (struct sockaddr *)&k, sizeof k) < 0) {
+        e = -errno;
+        goto out;
+    }
+    union {
+        char b[4096];
+        struct nlmsghdr h;
+    } u;
+    ssize_t n = mlp_real_recv(fd, u.b, sizeof u.b, 0);
+    if (n < 0) {
+        e = errno == EAGAIN ? -ETIMEDOUT : -errno;
+        goto out;
+    }
+    for (struct nlmsghdr *h = &u.h; NLMSG_OK(h, (size_t)n); h = NLMSG_NEXT(h, n)) {
+        if (h->nlmsg_type == NLMSG_ERROR) {
+            const struct nlmsgerr *ne = NLMSG_DATA(h);
+            e = ne->error ? ne->error : -ENOENT;
+            break;
+        }
+        if (h->nlmsg_type == SOCK_DIAG_BY_FAMILY &&
+            h->nlmsg_len >= NLMSG_LENGTH(sizeof(struct inet_diag_msg))) {
+            const struct inet_diag_msg *m = NLMSG_DATA(h);
+            *uid = m->idiag_uid;
+            e = 0;
+            break;
+        }
+    }
+out:
+    __ml_sys_close(fd);
+    return e;
+}
+
+static bool mlp_groupwide_ok; /* MEMLAN_FABRIC_GROUPWIDE=1: see mlp_client_offer */
+static bool mlp_groupwide_read;
+
+static int mlp_uid_cmp(const void *a, const void *b)
+{
+    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/*
+ * Client, in a fabric shared on purpose: the users who may accept on the record's port, the
+ * only ones our channel's file is granted to (acl.c).  They are the record's owner (the euid of
+ * its first listener) and the named users of the record's ACL (listeners that changed their
+ * euid since, cred.c), which only the record's owner or a privileged process can write, so no
+ * member of the group can add itself.  A record owned by root or by us is believed; one owned by
+ * another user only when the kernel says that the socket accepting our connection was made by
+ * that user (sock_diag, once per record file): any member could create a port's record before
+ * its server does.  NULL and acc filled, or why not to offer.
+ */
+static const char *mlp_lrec_access(struct mlp_lrec *rec, const struct mlp_addr *l,
+                                   const struct mlp_addr *r, struct ml_access *acc)
+{
+    memset(acc, 0, sizeof *acc);
+    uint32_t me = (uint32_t)geteuid();
+    uint32_t u[ML_ACCESS_MAX + 1];
+    const char *why = NULL;
+    struct stat st;
+    pthread_mutex_lock(&mlp_neg_mu);
+    int fd = rec->check_fd >= 0 ? rec->check_fd : rec->lock_fd;
+    int n = fd < 0 ? -EBADF : __ml_sys_fstat(fd, &st);
+    if (n == 0) {
+        n = __ml_acl_users(fd, u, ML_ACCESS_MAX);
+        if (n == -EOPNOTSUPP || n == -ENODATA)
+            n = 0; /* no ACLs here: the owner alone */
+    }
+    if (n == -E2BIG) {
+        why = "the server's record names more accepting users than a channel can be granted to";
+    } else if (n < 0) {
+        why = "the server's listener record cannot be read";
+    } else if (st.st_uid != 0 && st.st_uid != me &&
+               !(rec->vouched_ino == st.st_ino && rec->vouched_uid == st.st_uid)) {
+        uint32_t k;
+        if (mlp_diag_server_uid(l, r, &k) < 0 || k != st.st_uid) {
+            why = "the listener record was not made by the server's user (another member of the "
+                  "shared fabric may have made it)";
+        } else {
+            rec->vouched_ino = st.st_ino;
+            rec->vouched_uid = st.st_uid;
+        }
+    }
+    pthread_mutex_unlock(&mlp_neg_mu);
+    if (why)
+        return why;
+    u[n++] = (uint32_t)st.st_uid;
+    qsort(u, (size_t)n, sizeof u[0], mlp_uid_cmp);
+    for (int i = 0; i < n; i++) {
+        if (u[i] == me || (i > 0 && u[i] == u[i - 1]))
+            continue;
+        if (acc->n == ML_ACCESS_MAX)
+            return "the server's record names more accepting users than a channel can be granted "
+                   "to";
+        acc->uids[acc->n++] = u[i];
+    }
+    return NULL;
+}
+
+/*
+ * Listener, about to change its euid to uid (cred.c, before the call, while it still owns the
+ * record or is privileged): name uid in the ACL of the record of every port it listens on in a
+ * shared fabric, so that clients grant it their channels.  Where that fails (not the record's
+ * owner, a file system without ACLs) the port's clients do not offer: the new euid could not
+ * open their channels.
+ */
+/* Name uid in the ACL of r's record (mlp_neg_mu held); 0 or -errno, said in the log.  Failing,
+ * the port's clients do not offer (ML_NO_OFFER_GRANT). */
+static int mlp_lrec_grant_one(struct mlp_lrec *r, uid_t uid)
+{
+    struct stat st;
+    if (__ml_sys_fstat(r->lock_fd, &st) == 0 && st.st_uid == uid)
+        return 0;
+    /* Several workers may do this at once (each with its own euid): the read-modify-write of the
+     * ACL goes under a write lock on byte 1 of the record, through a new open file (the workers
+     * share the listener's), waited for at most 200 ms. */
+    char name[64];
+    mlp_lrec_name(name, sizeof name, r->netns, r->port);
+    long lfd = __ml_sys_open(mlp_fab->dirfd, name, O_RDWR | O_NOFOLLOW, 0);
+    int e = (int)(lfd < 0 ? lfd : 0);
+    if (lfd >= 0) {
+        struct stat st2;
+        e = -EAGAIN;
+        for (int i = 0; i < 200 && e == -EAGAIN; i++) {
+            e = __ml_sys_lock_byte((int)lfd, 1, 0);
+            if (e == -EAGAIN || e == -EACCES) {
+                (void)nanosleep(&(struct timespec){0, 1000000}, NULL);
+                e = -EAGAIN;
+            }
+        }
+        if (e == 0 && (__ml_sys_fstat((int)lfd, &st2) < 0 || st2.st_ino != st.st_ino))
+            e = -ESTALE;
+        if (e == 0)
+            e = __ml_acl_add_user((int)lfd, (uint32_t)uid);
+        __ml_sys_close((int)lfd);
+    }
+    if (e < 0) {
+        if (r->map && !ml_load_relaxed(&r->map->no_offer))
+            ml_store_release(&r->map->no_offer, ML_NO_OFFER_GRANT);
+        mlp_log(0, "port %d: cannot name euid %u as an acceptor in the shared fabric's record "
+                   "(%s): its clients will not offer", r->port, (unsigned)uid, strerror(-e));
+    } else {
+        mlp_log(1, "port %d: euid %u may accept private channels", r->port, (unsigned)uid);
+    }
+    return e;
+}
+
+/*
+ * Listener, about to change its euid to uid (cred.c, before the call, while it still owns the
+ * record or is privileged): name uid in the ACL of the record of every port it listens on in a
+ * shared fabric, so that clients grant it their channels.  Where that fails (not the record's
+ * owner, a file system without ACLs) the port's clients do not offer: the new euid could not
+ * open their channels.
+ */
+void mlp_lrec_grant(uid_t uid)
+{
+    if (!mlp_fab || !mlp_fab->shared || uid == (uid_t)-1)
+        return;
+    pthread_mutex_lock(&mlp_neg_mu);
+    for (int port = 0; port < 65536; port++) {
+        struct mlp_lrec *r = mlp_lrecs[port];
+        if (r && r->nlisten > 0 && r->lock_fd >= 0)
+            (void)mlp_lrec_grant_one(r, uid);
     }
     pthread_mutex_unlock(&mlp_neg_mu);
 }
@@ -1313,14 +1524,34 @@ static const char *mlp_direct_link(const struct mlp_addr *l, const struct mlp_ad
 }
 
 static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, const char *netns,
-                            const uint8_t *mac, struct ml_listen_rec *lmap, const char **why)
+                            const uint8_t *mac, struct ml_listen_rec *lmap,
+                            const struct ml_access *acc, const char **why)
 {
     memlan_fabric_t *fab = mlp_fab;
     uint32_t hint = ml_load_relaxed(&lmap->ring_hint);
     memlan_channel_t *ch;
-    int e = __ml_chan_create_pooled(fab, mlp_ring_size(fd, hint), &ch);
+    int e = __ml_chan_create_pooled_for(fab, mlp_ring_size(fd, hint), acc, &ch);
+    if (e == -EOPNOTSUPP && acc) {
+        /* A shared fabric on a file system without POSIX ACLs: no channel can be private to its
+         * two ends.  Files every member can open only when the user asked for them. */
+        if (!mlp_groupwide_read) {
+            const char *g = getenv("MEMLAN_FABRIC_GROUPWIDE");
+            mlp_groupwide_ok = g && strcmp(g, "1") == 0;
+            mlp_groupwide_read = true;
+        }
+        mlp_say(MLP_SAID_FABRIC, "fabric %.200s: its file system has no POSIX ACLs, so a channel "
+                "cannot be private to its two ends: %s", fab->path,
+                mlp_groupwide_ok ? "channels to other users are readable and writable by every "
+                                   "member (MEMLAN_FABRIC_GROUPWIDE=1)"
+                                 : "connections to other users stay on TCP "
+                                   "(MEMLAN_FABRIC_GROUPWIDE=1 shares them with every member)");
+        e = mlp_groupwide_ok ? __ml_chan_create_pooled(fab, mlp_ring_size(fd, hint), &ch) : e;
+    }
     if (e < 0) {
-        *why = e == -ENOSPC ? "fabric full (no space for a channel)" : "channel creation failed";
+        *why = e == -ENOSPC       ? "fabric full (no space for a channel)"
+               : e == -EOPNOTSUPP ? "the shared fabric's file system has no POSIX ACLs: a channel "
+                                    "to another user cannot be private"
+                                  : "channel creation failed";
         return e;
     }
     mlp_own_fd(&ch->seg->fd, mlp_fd_cloexec(fd));
@@ -1428,8 +1659,12 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
         why = p->no_offer;
     else if (mlp_cred_lost(false))
         why = mlp_cred_why;
+    struct ml_access acc;
+    if (!why && mlp_fab->shared)
+        why = mlp_lrec_access(p->rec, &l, &r, &acc);
     if (!why)
-        (void)mlp_client_offer(fd, &l, &r, p->rec->netns, p->other_ns ? mac : NULL, p->map, &why);
+        (void)mlp_client_offer(fd, &l, &r, p->rec->netns, p->other_ns ? mac : NULL, p->map,
+                               mlp_fab->shared ? &acc : NULL, &why);
     if (p) {
         mlp_pending_done(p);
         free(p);
@@ -1454,6 +1689,15 @@ void mlp_offer_gone(struct mlp_sock *s)
             __ml_sys_unlinkat(mlp_fab->dirfd, s->offer, 0);
         s->offer[0] = 0;
     }
+}
+
+/* The offer was claimed: its acceptor removed the name, except in a shared fabric whose sticky
+ * directory lets only the name's owner (us) remove it; then we do. */
+static void mlp_offer_claimed(struct mlp_sock *s)
+{
+    if (s->offer[0] && mlp_fab && mlp_fab->shared)
+        (void)__ml_sys_unlinkat(mlp_fab->dirfd, s->offer, 0);
+    s->offer[0] = 0;
 }
 
 void mlp_offer_unlink_name(const char *name)
@@ -1505,7 +1749,7 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
             pthread_mutex_lock(&s->mu);
             if (s->state == MLP_UNDECIDED) {
                 s->state = MLP_ACCEL;
-                s->offer[0] = 0; /* the acceptor removed the name before it attached */
+                mlp_offer_claimed(s); /* the acceptor removed the name before it attached */
                 mlp_stat_conn(s, fd, "");
                 mlp_log(1, "fd %d: accelerated (client)", fd);
             }

@@ -205,6 +205,7 @@ void mlp_stat_tcp(int fd, const char *why);
 void mlp_stat_clear(struct mlp_sock *s);
 void mlp_stat_prepare(void);         /* create our memlan stat entry now, if there is a fabric */
 void mlp_lrec_no_offer(uint32_t why);/* ML_NO_OFFER_*: in every record we listen on */
+void mlp_lrec_grant(uid_t uid);      /* a shared fabric: uid may accept on our ports (cred.c) */
 void mlp_sock_liveness(memlan_channel_t *ch, int fd); /* the kernel socket under a channel */
 
 /* Credentials (cred.c).  A process whose credential change put the fabric out of its reach says

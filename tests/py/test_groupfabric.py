@@ -1,0 +1,400 @@
+# SPDX-License-Identifier: Apache-2.0 OR MIT
+"""A fabric shared on purpose by a group (`memlan fabric create --group`): its members share the
+directory, not their traffic.
+
+Users: the server runs as A (daemon, uid 1), the client as B (nobody), a third member C (bin,
+uid 2) tries to read their channel; all three in a temporary group made for the test.  A
+connection between A and B is accelerated and its bytes arrive; C cannot open the channel's
+file (EACCES), so it reads none of them.  nginx as Debian ships it (a root master, workers as
+`nobody` in the group) serves curl and wrk run as A through the fabric, accelerated, while C
+again opens nothing.
+
+Needs root (users and a group are made and removed): skipped otherwise.  Servers on loopback
+test ports, every process stopped by its PID, every loop bounded.
+"""
+import os
+import pathlib
+import re
+import shutil
+import struct
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from conftest import MEMLAN
+from test_apps import NGINX_CONF, need, next_port, wait_port
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="makes a group and runs other users")
+
+A, B, C = 1, 65534, 2  # daemon, nobody, bin
+
+
+@pytest.fixture
+def group():
+    """A temporary group, removed afterwards."""
+    name = f"mlg{os.getpid() % 100000}"
+    subprocess.run(["groupdel", name], capture_output=True)
+    subprocess.run(["groupadd", name], check=True, capture_output=True)
+    import grp
+    gid = grp.getgrnam(name).gr_gid
+    yield name, gid
+    subprocess.run(["groupdel", name], capture_output=True)
+
+
+@pytest.fixture
+def gfabric(group, monkeypatch):
+    """A private group fabric made by the documented command (mode 3730, root's)."""
+    name, gid = group
+    d = pathlib.Path(tempfile.mkdtemp(prefix="memlan-grp-", dir="/dev/shm"))
+    d.rmdir()
+    p = subprocess.run([str(MEMLAN), "fabric", "create", "--group", name, str(d)],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stdout + p.stderr
+    st = d.stat()
+    assert st.st_gid == gid and (st.st_mode & 0o7777) == 0o3730, oct(st.st_mode)
+    monkeypatch.setenv("MEMLAN_FABRIC", str(d))
+    yield d, gid
+    subprocess.run([str(MEMLAN), "clean"], capture_output=True, timeout=30)
+    left = sorted(os.listdir(d))
+    shutil.rmtree(d, ignore_errors=True)
+    assert [f for f in left if f.startswith(("seg-", "cx-"))] == [], f"left behind: {left}"
+
+
+@pytest.fixture
+def pubdir():
+    d = pathlib.Path(tempfile.mkdtemp(prefix="memlan-grp-pub-"))
+    os.chmod(d, 0o777)
+    yield d
+    if not os.environ.get("KEEP"):
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def as_user(uid, gid, cmd):
+    """cmd run as uid with gid as its only group (and primary)."""
+    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", f"--groups={gid}", "--"] + cmd
+
+
+def logfile(d, name):
+    p = d / name
+    p.write_text("")
+    os.chmod(p, 0o666)
+    return p
+
+
+def under(log, cmd):
+    return [str(MEMLAN), "run", "--log", str(log), "--"] + cmd
+
+
+def channels(fabdir):
+    """The channel files in the fabric (listed as root, who may list a private fabric)."""
+    out = []
+    for f in os.listdir(fabdir):
+        if not f.startswith("seg-"):
+            continue
+        try:
+            with open(fabdir / f, "rb") as fh:
+                h = fh.read(128)
+        except OSError:
+            continue
+        if len(h) == 128 and h[:8] == b"MEMLANSG" and struct.unpack_from("<I", h, 24)[0] == 2:
+            out.append(fabdir / f)
+    return out
+
+
+# C opens each file read-only and read-write and says what it got.
+PROBE = r"""
+import os, sys
+for p in sys.argv[1:]:
+    for how, fl in (("r", os.O_RDONLY), ("rw", os.O_RDWR)):
+        try:
+            fd = os.open(p, fl)
+            data = os.read(fd, 1 << 20)
+            os.close(fd)
+            print(p, how, "OPENED", len(data))
+        except OSError as e:
+            print(p, how, "ERR", e.errno)
+"""
+
+
+def probe_as(uid, gid, files):
+    p = subprocess.run(as_user(uid, gid, ["python3", "-c", PROBE] + [str(f) for f in files]),
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.splitlines()
+
+
+ECHO_SERVER = r"""
+import socket, sys
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", int(sys.argv[1])))
+ls.listen(8)
+print("ready", flush=True)
+for _ in range(int(sys.argv[2])):
+    c, _ = ls.accept()
+    f = c.makefile("rb")
+    try:
+        while True:
+            line = f.readline()
+            if not line:
+                break
+            c.sendall(line)
+    except ConnectionResetError:
+        pass
+    c.close()
+    print("ended", flush=True)
+"""
+
+# Sends a secret, reads it back, says so, and holds the connection until stdin closes.
+HOLD_CLIENT = r"""
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+secret = sys.argv[2].encode() + b"\n"
+s.sendall(secret)
+got = s.makefile("rb").readline()
+print("echo", got == secret, flush=True)
+sys.stdin.read()
+s.close()
+"""
+
+
+def test_group_fabric_members_share_the_directory_not_the_traffic(gfabric, pubdir):
+    fab, gid = gfabric
+    port = next_port()
+    (pubdir / "srv.py").write_text(ECHO_SERVER)
+    (pubdir / "cli.py").write_text(HOLD_CLIENT)
+    slog, clog = logfile(pubdir, "server.log"), logfile(pubdir, "client.log")
+    srv = subprocess.Popen(as_user(A, gid, under(slog, ["python3", str(pubdir / "srv.py"),
+                                                        str(port), "2"])),
+                           stdout=subprocess.PIPE, text=True)
+    cli = None
+    try:
+        assert srv.stdout.readline().strip() == "ready"
+        secret = "secret-%d-%s" % (port, os.urandom(8).hex())
+        cli = subprocess.Popen(as_user(B, gid, under(clog, ["python3", str(pubdir / "cli.py"),
+                                                            str(port), secret])),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert cli.stdout.readline().split() == ["echo", "True"]
+        c, s = clog.read_text(), slog.read_text()
+        assert "accelerated (client)" in c, c
+        assert "accelerated (accepted" in s, s
+        # The channel exists while the connection is open, with the secret in its ring.
+        chans = channels(fab)
+        assert len(chans) == 1, os.listdir(fab)
+        assert secret.encode() in chans[0].read_bytes()
+        # Its two ends can open it; a third member of the group cannot.
+        rows = probe_as(C, gid, chans)
+        assert rows and all(" ERR 13" in r for r in rows), rows
+        assert all(" OPENED " in r for r in probe_as(A, gid, chans)), "the acceptor cannot open it"
+        # Nor any offer or other file of theirs that holds the secret.
+        others = [fab / f for f in os.listdir(fab)]
+        leaked = [r for r in probe_as(C, gid, others) if "OPENED" in r]
+        for r in leaked:
+            assert secret.encode() not in pathlib.Path(r.split()[0]).read_bytes(), r
+        cli.stdin.close()
+        assert cli.wait(10) == 0
+        assert srv.stdout.readline().strip() == "ended"
+        # A client of another user killed mid-connection: the server sees its end.
+        cli = subprocess.Popen(as_user(B, gid, under(clog, ["python3", str(pubdir / "cli.py"),
+                                                            str(port), secret])),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert cli.stdout.readline().split() == ["echo", "True"]
+        assert clog.read_text().count("accelerated (client)") == 2
+        cli.kill()
+        cli.wait()
+        t = time.time()
+        assert srv.stdout.readline().strip() == "ended"
+        assert srv.wait(10) == 0
+        assert time.time() - t < 5
+    finally:
+        for p in (cli, srv):
+            if p and p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+# A member who made the port's listener record before the server (a squatter) is not granted
+# the channel: the record is not believed, the connection stays on TCP with the reason.
+SQUAT = r"""
+import fcntl, os, struct, sys, time
+name = sys.argv[1]
+fd = os.open(name, os.O_RDWR | os.O_CREAT, 0o666)
+os.fchmod(fd, 0o666)
+os.ftruncate(fd, 4096)
+os.pwrite(fd, struct.pack("<QII", 0x434552504c4d454d, 2, int(sys.argv[2])), 0)
+# a listener's read lock on byte 0 (F_OFD_SETLK = 37)
+fcntl.fcntl(fd, 37, struct.pack("hhqqi", fcntl.F_RDLCK, 0, 0, 1, 0))
+print("held", flush=True)
+# The squatter owns the record: it clears the no_offer word a real listener sets (bounded: 60 s).
+import threading
+def clear():
+    end = time.time() + 60
+    while time.time() < end:
+        os.pwrite(fd, b"\0\0\0\0", 80)
+        time.sleep(0.001)
+threading.Thread(target=clear, daemon=True).start()
+sys.stdin.read()
+"""
+
+
+def test_group_fabric_squatted_record_is_not_believed(gfabric, pubdir):
+    fab, gid = gfabric
+    port = next_port()
+    netns = "%x" % os.stat("/proc/self/ns/net").st_ino
+    (pubdir / "srv.py").write_text(ECHO_SERVER)
+    (pubdir / "cli.py").write_text(HOLD_CLIENT)
+    (pubdir / "squat.py").write_text(SQUAT)
+    slog, clog = logfile(pubdir, "server.log"), logfile(pubdir, "client.log")
+    squat = subprocess.Popen(as_user(C, gid, ["python3", str(pubdir / "squat.py"),
+                                              str(fab / f"ls-{netns}-{port}"), str(port)]),
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    srv = cli = None
+    try:
+        assert squat.stdout.readline().strip() == "held"
+        srv = subprocess.Popen(as_user(A, gid, under(slog, ["python3", str(pubdir / "srv.py"),
+                                                            str(port), "1"])),
+                               stdout=subprocess.PIPE, text=True)
+        assert srv.stdout.readline().strip() == "ready"
+        cli = subprocess.Popen(as_user(B, gid, under(clog, ["python3", str(pubdir / "cli.py"),
+                                                            str(port), "squat-test"])),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert cli.stdout.readline().split() == ["echo", "True"]
+        c, sl = clog.read_text(), slog.read_text()
+        assert "accelerated" not in c, c
+        # The server cannot name itself in C's record (only its owner can), so it sets no_offer;
+        # C clears that, and the client still does not believe a record the kernel says is not
+        # the server's user's.
+        assert "cannot name euid" in sl, sl
+        assert "not made by the server's user" in c, c
+        assert channels(fab) == [], os.listdir(fab)
+        cli.stdin.close()
+        assert cli.wait(10) == 0
+        assert srv.wait(10) == 0
+    finally:
+        squat.stdin.close()
+        for p in (cli, srv, squat):
+            if p and p.poll() is None:
+                p.kill()
+            if p:
+                p.wait()
+
+
+HOLD_HTTP = r"""
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"GET /f.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+print(s.recv(100).decode().splitlines()[0], flush=True)
+sys.stdin.read()
+"""
+
+
+def test_nginx_workers_in_a_group_fabric(gfabric, group, pubdir):
+    """nginx as distributions ship it (root master, workers as nobody in the fabric's group),
+    clients as another member: accelerated, correct, and private."""
+    need("nginx", "curl", "wrk")
+    fab, gid = gfabric
+    gname = group[0]
+    (pubdir / "www").mkdir()
+    data = os.urandom(64 << 10)
+    (pubdir / "www" / "f.bin").write_bytes(data)
+    os.chmod(pubdir / "www", 0o755)
+    os.chmod(pubdir / "www" / "f.bin", 0o644)
+    port, p2 = next_port(), next_port()
+    conf = pubdir / "nginx.conf"
+    conf.write_text(NGINX_CONF.format(d=pubdir, p1=port, p2=p2, user=f"user nobody {gname};"))
+    slog, clog = logfile(pubdir, "server.log"), logfile(pubdir, "client.log")
+    srv = subprocess.Popen(under(slog, ["nginx", "-c", str(conf), "-p", str(pubdir)]),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    holder = None
+    try:
+        wait_port(p2, srv)
+        time.sleep(0.3)  # the workers start and drop to nobody
+        url = f"http://127.0.0.1:{port}/f.bin"
+        got = pubdir / "got"
+        for i in range(10):  # one connection per request
+            p = subprocess.run(as_user(A, gid, under(clog, ["curl", "-sf", "-o", str(got), url])),
+                               capture_output=True, text=True, timeout=30)
+            assert p.returncode == 0, p.stderr
+            assert got.read_bytes() == data
+            got.unlink()
+        c, s = clog.read_text(), slog.read_text()
+        assert c.count("accelerated (client)") == 10, c[-3000:]
+        assert "out of reach" not in s and "will not offer" not in s, s[-3000:]
+        p = subprocess.run(as_user(A, gid, under(clog, ["wrk", "-t", "1", "-c", "8", "-d", "1s",
+                                                        "--timeout", "3s", url])),
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and "Non-2xx" not in p.stdout, p.stdout + p.stderr
+        assert "Socket errors" not in p.stdout, p.stdout
+        assert int(re.search(r"(\d+) requests in", p.stdout).group(1)) > 0
+        assert clog.read_text().count("accelerated (client)") >= 18
+        assert "exited on signal" not in (pubdir / "error.log").read_text()
+        # A held connection's channel: the worker and the client open it, C does not.
+        (pubdir / "hold.py").write_text(HOLD_HTTP)
+        holder = subprocess.Popen(as_user(A, gid, under(clog, ["python3", str(pubdir / "hold.py"),
+                                                               str(port)])),
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().startswith("HTTP/1.1 200")
+        chans = channels(fab)
+        assert chans, os.listdir(fab)
+        rows = probe_as(C, gid, chans)
+        assert rows and all(" ERR 13" in r for r in rows), rows
+        assert any(" OPENED " in r for r in probe_as(B, gid, chans)), "a worker cannot open it"
+    finally:
+        if holder:
+            holder.stdin.close()
+            holder.wait(10)
+        if srv.poll() is None:
+            srv.terminate()
+            try:
+                srv.wait(10)
+            except subprocess.TimeoutExpired:
+                srv.kill()
+                srv.wait()
+
+
+HOLD_REDIS = r"""
+import socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"SET k " + sys.argv[2].encode() + b"\r\nGET k\r\n")
+f = s.makefile("rb")
+print(f.readline().strip().decode(), f.readline().strip().decode(), f.readline().strip().decode(),
+      flush=True)
+sys.stdin.read()
+"""
+
+
+def test_redis_of_root_with_a_member_client(gfabric, pubdir):
+    """Issue 20's case: root's redis-server, a member's client, a third member reads nothing."""
+    need("redis-server")
+    fab, gid = gfabric
+    port = next_port()
+    slog, clog = logfile(pubdir, "server.log"), logfile(pubdir, "client.log")
+    srv = subprocess.Popen(under(slog, ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+                                        "--save", "", "--appendonly", "no", "--daemonize", "no"]),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    holder = None
+    try:
+        wait_port(port, srv)
+        (pubdir / "hold.py").write_text(HOLD_REDIS)
+        secret = "redis-secret-" + os.urandom(8).hex()
+        holder = subprocess.Popen(as_user(A, gid, under(clog, ["python3", str(pubdir / "hold.py"),
+                                                               str(port), secret])),
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().split() == ["+OK", f"${len(secret)}", secret]
+        assert "accelerated (client)" in clog.read_text(), clog.read_text()
+        chans = channels(fab)
+        assert len(chans) == 1 and secret.encode() in chans[0].read_bytes()
+        rows = probe_as(C, gid, chans)
+        assert rows and all(" ERR 13" in r for r in rows), rows
+    finally:
+        if holder:
+            holder.stdin.close()
+            holder.wait(10)
+        srv.terminate()
+        try:
+            srv.wait(10)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            srv.wait()
