@@ -28,6 +28,13 @@ if ! python3 -c 'import pytest' 2>/dev/null; then
         apt-get update -qq && apt-get install -y -qq python3-pytest >/dev/null; }
 fi
 
+# setuptools and wheel for the test that pip-installs the Python package (pip builds a wheel).
+if ! python3 -c 'import setuptools, wheel' 2>/dev/null; then
+    python3 -m pip install --quiet setuptools wheel 2>/dev/null || {
+        apt-get update -qq && apt-get install -y -qq python3-setuptools python3-wheel >/dev/null; } ||
+        echo "setuptools/wheel could not be installed: the pip test will be skipped"
+fi
+
 # The real programs the integration tests run (redis, memcached, nginx, PostgreSQL, iperf3,
 # sockperf, wrk, curl), from Debian's packages.
 scripts/install-apps.sh || echo "install-apps failed: the tests of real programs will fail"

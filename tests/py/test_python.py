@@ -146,7 +146,8 @@ def test_pip_installs_the_package(tmp_path, fabric):
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "site" / "memlan" / "__init__.py").exists()
     code = ("import memlan; f = memlan.Fabric(); c = f.channel(); "
-            "d = f.attach(c.token); c.send(b'ok'); print(d.recv().decode(), memlan.library_path)")
+            "d = f.attach(c.token); c.send(b'ok'); print(d.recv().decode(), memlan.library_path); "
+            "d.close(); c.close(); f.close()")
     env = dict(os.environ, MEMLAN_FABRIC=str(fabric), MEMLAN_LIB=str(LIB),
                PYTHONPATH=str(tmp_path / "site"))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
