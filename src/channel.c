@@ -575,6 +575,26 @@ static bool ml_peer_dead(struct memlan_channel *ch)
     if (alive < 0 && ch->sock_ino && ml_peer_state(ch) == ML_SIDE_OPEN &&
         __ml_sys_socket_hup(ch->sock_fd, ch->sock_ino) == 1)
         ch->peer_dead = true;
+    /* Bytes on the kernel socket under an accelerated connection: nothing of memlan's ever
+     * writes there, so the peer talks TCP (it settled on TCP while we read the ring: a split
+     * made by garbage in the attached word, or a peer process without memlan writing to the
+     * socket).  Waiting for the ring would be for ever on both sides; the connection is
+     * broken, as a reset (the bytes stay in the kernel socket, never read out of order).  Only
+     * once the bytes have been there for a second with the peer's side still open: a peer that
+     * wrote a stray byte there and then closed ends by its close, as it did before. */
+    if (!ch->peer_dead && ch->sock_ino && ml_peer_state(ch) == ML_SIDE_OPEN) {
+        if (__ml_sys_socket_data(ch->sock_fd, ch->sock_ino) != 1) {
+            ch->split_ns = 0;
+        } else {
+            uint64_t now = __ml_now_ns();
+            if (!ch->split_ns) {
+                ch->split_ns = now;
+            } else if (now - ch->split_ns >= ML_LIVENESS_MAX_NS) {
+                ch->split = true;
+                ch->peer_dead = true;
+            }
+        }
+    }
     return ch->peer_dead;
 }
 
@@ -1225,6 +1245,14 @@ int __ml_chan_withdraw(struct memlan_channel *ch)
     /* Any other value than 1 was written by no attacher (attach is a CAS from 0, so none can
      * attach now): a broken channel, which the caller abandons as it would a withdrawn one. */
     return expect == 1 ? -EBUSY : -EPROTO;
+}
+
+/* A creator that settled on TCP: our side is published closed, so that an attacher that took
+ * the offer anyway (the word was overwritten after its claim) ends instead of reading a ring
+ * nobody writes.  Harmless when nobody attached: nobody can any more. */
+void __ml_chan_abandon(struct memlan_channel *ch)
+{
+    ml_set_state(ch, ML_SIDE_CLOSED);
 }
 
 uint32_t __ml_chan_attach_state(const struct memlan_channel *ch)

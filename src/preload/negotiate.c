@@ -1533,6 +1533,13 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
             if (s->state == MLP_UNDECIDED) {
                 int w = __ml_chan_withdraw(s->ch);
                 if (w == 0 || w == -EPROTO) { /* -EPROTO: broken, nobody can attach */
+                    /* Our side of the channel is published reset and closed: if the word was
+                     * overwritten after an acceptor claimed the offer (only garbage can make a
+                     * 1 read as 2 or anything else), that acceptor reads the ring and would
+                     * wait there for ever while we talk TCP; it ends instead (ECONNRESET), and
+                     * its close reaches us over TCP.  Nobody else can attach any more. */
+                    atomic_fetch_or(&s->me->flags, ML_SOCK_RESET);
+                    __ml_chan_abandon(s->ch);
                     s->state = MLP_TCP;
                     mlp_offer_gone(s);
                     mlp_stat_conn(s, fd, why);

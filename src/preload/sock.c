@@ -232,7 +232,7 @@ static int mlp_peer_aborted(struct mlp_sock *s, bool probe)
     bool dead = probe ? __ml_chan_check_peer(s->ch) != 0 : s->ch->peer_dead;
     if (!dead)
         return 0;
-    if (__ml_chan_peer_left_unread(s->ch))
+    if (s->ch->split || __ml_chan_peer_left_unread(s->ch)) /* split: it talks TCP, see channel.c */
         return ECONNRESET;
     return late ? EPIPE : 0;
 }

@@ -334,6 +334,26 @@ int __ml_sys_socket_hup(int fd, uint64_t ino)
     return (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
+/* Bytes waiting on the kernel socket fd (still the socket of inode ino), with no end of stream
+ * behind them: 1 yes, 0 no, -errno.  A zero-timeout ppoll (a sandbox that refuses recvfrom, as
+ * sshd's does, allows it): POLLIN without POLLRDHUP can only be data. */
+int __ml_sys_socket_data(int fd, uint64_t ino)
+{
+    struct stat st;
+    if (fd < 0)
+        return -EBADF;
+    int r0 = __ml_sys_fstat(fd, &st);
+    if (r0 == 0 ? !S_ISSOCK(st.st_mode) || (uint64_t)st.st_ino != ino
+                : r0 != -EACCES && r0 != -EPERM && r0 != -ENOSYS)
+        return -EBADF;
+    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+    struct timespec zero = {0, 0};
+    long r = SYS_CALL(SYS_ppoll, &p, 1, &zero, NULL, 0);
+    if (r < 0)
+        return (int)r;
+    return (p.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) == POLLIN;
+}
+
 int __ml_sys_getdents(int fd, void *buf, size_t len)
 {
     return (int)SYS_CALL(SYS_getdents64, fd, buf, len);

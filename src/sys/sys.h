@@ -50,6 +50,7 @@ int __ml_sys_futex_wake(_Atomic uint32_t *word, int n);
 /* Is the socket fd (still the one whose inode is ino) past its peer's FIN or reset?  1 yes,
  * 0 no, negative errno when it cannot tell (fd closed or reused, the call refused).  Never waits. */
 int __ml_sys_socket_hup(int fd, uint64_t ino);
+int __ml_sys_socket_data(int fd, uint64_t ino);
 int __ml_sys_getdents(int fd, void *buf, size_t len);
 /* 1 when a Unix seqpacket socket listens at path, 0 when none does (ECONNREFUSED, or not a
  * socket), or a negative errno.  The probe connection is closed at once, so the listener's
