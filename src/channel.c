@@ -131,6 +131,7 @@ int memlan_channel_create(memlan_fabric_t *fab, const struct memlan_channel_opts
         return r;
     }
     ml_chan_init(ch, seg, kind, rs);
+    ch->attach_by = __ml_now_ns() + ML_ATTACH_WAIT_NS;
     __ml_seg_publish(seg);
     *out = ch;
     return 0;
@@ -636,6 +637,29 @@ static void ml_set_state(struct memlan_channel *ch, uint32_t st)
  * without SA_RESTART have run on this thread; NULL: every interruption is EINTR. */
 unsigned (*__ml_wait_hook)(void);
 
+static bool ml_attached(struct memlan_channel *ch);
+
+/* A native creator's blocking call on a channel nobody has attached to gives up at attach_by:
+ * the offer is withdrawn (a late attach fails with -EBUSY; one that won the race is kept) and
+ * the call fails with -ENOTCONN, as every later one does.  Waiting for the attacher itself
+ * (memlan_channel_wait_peer) is bounded by its own timeout instead. */
+static bool ml_attach_expired(struct memlan_channel *ch, bool (*ready)(struct memlan_channel *))
+{
+    if (ch->side != 0 || ch->peer_seen || !ch->attach_by || ready == ml_attached ||
+        __ml_now_ns() < ch->attach_by)
+        return false;
+    if (ml_load_acquire(&ch->hdr->attached) != 0 || __ml_chan_withdraw(ch) != 0)
+        return false; /* attached (or broken: ml_peer_dead says so) */
+    ch->unattached = true;
+    ch->peer_dead = true;
+    return true;
+}
+
+static int ml_dead_err(const struct memlan_channel *ch)
+{
+    return ch->unattached ? -ENOTCONN : -ECONNRESET;
+}
+
 static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic uint32_t *cpu,
                    _Atomic uint32_t *peer_cpu, struct ml_spin *sp,
                    bool (*ready)(struct memlan_channel *), uint64_t deadline)
@@ -689,9 +713,9 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
             continue;
         unsigned intr0 = __ml_wait_hook ? __ml_wait_hook() : 0; /* a cancellation point */
         int r = __ml_sys_futex_wait(word, cur, tmo);
-        if (r == -ETIMEDOUT && ml_peer_dead(ch)) {
+        if (r == -ETIMEDOUT && (ml_peer_dead(ch) || ml_attach_expired(ch, ready))) {
             ml_fetch_and(word, ~ML_WAIT_FUTEX);
-            return ready(ch) ? 0 : -ECONNRESET;
+            return ready(ch) ? 0 : ml_dead_err(ch);
         }
         if (r == -EINTR) {
             /* A handler ran.  The kernel never restarts a futex wait with a timeout, SA_RESTART
@@ -882,7 +906,7 @@ static int ml_tx_error(struct memlan_channel *ch)
     if (ps == ML_SIDE_CLOSED)
         return -EPIPE;
     if (ch->peer_dead)
-        return -ECONNRESET;
+        return ml_dead_err(ch);
     return 0;
 }
 
@@ -1026,16 +1050,16 @@ static int ml_rx_empty(struct memlan_channel *ch, int flags)
     }
     if (ch->peer_dead || ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE) {
         int64_t a = ml_ring_avail(&ch->rx, 1);
-        return a > 0 ? 1 : -ECONNRESET;
+        return a > 0 ? 1 : ch->peer_dead ? ml_dead_err(ch) : -ECONNRESET;
     }
     if (flags & MEMLAN_DONTWAIT) {
         ml_eagain(ch, MEMLAN_EV_READ);
         return -EAGAIN;
     }
     int r = __ml_chan_wait_rx(ch, flags);
-    if (r == -ECONNRESET) {
+    if (r == -ECONNRESET || r == -ENOTCONN) {
         int64_t a = ml_ring_avail(&ch->rx, 1);
-        return a > 0 ? 1 : -ECONNRESET;
+        return a > 0 ? 1 : r;
     }
     if (r == -EINTR || r == -EAGAIN)
         return r;

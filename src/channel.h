@@ -37,6 +37,9 @@ struct memlan_channel {
     bool peer_seen;           /* creator: the attached word once read 1 (see ml_peer_dead) */
     bool split;               /* the peer talks over the kernel socket: it decided TCP */
     uint64_t split_ns;        /* when bytes were first seen on the kernel socket (0: none) */
+    bool unattached;          /* creator: nobody attached within attach_by; withdrawn */
+    uint64_t attach_by;       /* creator (native API): a blocking call gives up waiting for an
+                               * attacher at this time (ns, 0 = never; see ml_attach_expired) */
     bool rd_eof_when_empty;   /* socket SHUT_RD: queued bytes, then end of stream */
     bool poolable;            /* the file goes to the fabric's pool when we close */
     unsigned forks;           /* __ml_chan_forks when created: a fork since means no pool */
