@@ -271,13 +271,17 @@ int memlan_listener_fd(const memlan_listener_t *l);
 /* memlan_listener_name - the name served (NUL-terminated), or NULL for NULL. */
 const char *memlan_listener_name(const memlan_listener_t *l);
 
-/* memlan_listener_close - stop serving the name and free l; accepted channels stay open. */
+/* memlan_listener_close - stop serving the name and free l; accepted channels stay open.  In a
+ * fork child, closing the copy it inherited frees it and leaves the name to the parent. */
 void memlan_listener_close(memlan_listener_t *l);
 
 /*
  * memlan_connect - connect to the server of name: create a channel with opts (NULL: a stream
  * with the default ring), hand its token to the server and wait up to timeout_ms (-1 = forever)
- * for the server to accept it.  Returns 0 and *out, a channel the server has attached; -EINVAL
+ * for the server to accept it; 0 = try once: -EAGAIN at once when the server's queue is full,
+ * else its answer is awaited as long as a server waits for a client's hello (2 s).  The server
+ * attaches only a channel created by the user the kernel says connected (SO_PEERCRED), and
+ * refuses another's with -EACCES.  Returns 0 and *out, a channel the server has attached; -EINVAL
  * or -ENAMETOOLONG for a bad name, as memlan_listen; -ECONNREFUSED when nobody serves the name;
  * -ETIMEDOUT when the server did not accept in time; -EPROTOTYPE when the server takes only the
  * other kind; an error the server met attaching; or an errno from channel creation.  Thread-safe.

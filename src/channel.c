@@ -406,6 +406,27 @@ static int ml_chan_attach_seg(struct memlan_segment *seg, int64_t gen, const cha
     return 0;
 }
 
+/* The named endpoint's server (endpoint.c): attach only a channel whose file belongs to uid,
+ * the user the kernel says is at the other end of the rendezvous socket (SO_PEERCRED); a token
+ * another user's process created is refused with -EACCES before anything of it is touched. */
+int __ml_chan_attach_uid(memlan_fabric_t *fab, const char *token, uint32_t uid,
+                         memlan_channel_t **out)
+{
+    if (!fab || !out)
+        return -EINVAL;
+    *out = NULL;
+    struct memlan_segment *seg;
+    int r = __ml_seg_import(fab, token, ML_KIND_CHANNEL, true, &seg);
+    if (r < 0)
+        return r;
+    struct stat st;
+    if ((r = __ml_sys_fstat(seg->fd, &st)) < 0 || (uint32_t)st.st_uid != uid) {
+        __ml_seg_destroy(seg);
+        return r < 0 ? r : -EACCES;
+    }
+    return ml_chan_attach_seg(seg, -1, NULL, out);
+}
+
 static int ml_chan_attach(memlan_fabric_t *fab, const char *token, int64_t gen,
                           memlan_channel_t **out)
 {

@@ -96,6 +96,8 @@ int __ml_chan_adopt(memlan_fabric_t *fab, const char *token, int fd, int side,
                     memlan_channel_t **out);
 uint32_t __ml_chan_attach_state(const struct memlan_channel *ch);
 void __ml_chan_abandon(struct memlan_channel *ch);
+int __ml_chan_attach_uid(memlan_fabric_t *fab, const char *token, uint32_t uid,
+                         memlan_channel_t **out);
 size_t __ml_chan_unsent(struct memlan_channel *ch, const void **ptr);
 void __ml_chan_unsent_done(struct memlan_channel *ch, size_t n);
 void __ml_chan_resync_tx(struct memlan_channel *ch);

@@ -99,6 +99,20 @@ ssize_t __ml_sys_send(int fd, const void *buf, size_t len)
     return SYS_CALL(SYS_sendto, fd, buf, len, MSG_NOSIGNAL, NULL, 0);
 }
 
+/* The credentials of a Unix socket's peer, as the kernel took them at connect (SO_PEERCRED). */
+int __ml_sys_peer_uid(int fd, uint32_t *uid)
+{
+    struct ucred uc;
+    socklen_t len = sizeof uc;
+    long r = SYS_CALL(SYS_getsockopt, fd, SOL_SOCKET, SO_PEERCRED, &uc, &len);
+    if (r < 0)
+        return (int)r;
+    if (len < sizeof uc)
+        return -EPROTO;
+    *uid = (uint32_t)uc.uid;
+    return 0;
+}
+
 ssize_t __ml_sys_recv(int fd, void *buf, size_t len)
 {
     return SYS_CALL(SYS_recvfrom, fd, buf, len, 0, NULL, NULL);

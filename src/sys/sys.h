@@ -64,6 +64,7 @@ int __ml_sys_accept4(int fd, int flags);
 int __ml_sys_connect(int fd, const void *sa, size_t len);
 ssize_t __ml_sys_send(int fd, const void *buf, size_t len);
 ssize_t __ml_sys_recv(int fd, void *buf, size_t len);
+int __ml_sys_peer_uid(int fd, uint32_t *uid);
 int __ml_sys_poll1(int fd, short events, int timeout_ms); /* 1 ready, 0 timed out */
 int __ml_sys_epoll_create(void);
 int __ml_sys_epoll_ctl(int epfd, int op, int fd, uint32_t events, uint64_t data);
