@@ -328,6 +328,32 @@ MLP_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
     return mlp_close_range_call(first, last, flags);
 }
 
+/* ---- network namespaces: the rendezvous names carry ours, read again after a move ---- */
+
+MLP_EXPORT int unshare(int flags)
+{
+    MLP_INIT();
+    int r = mlp_real_unshare(flags);
+    if (r == 0 && (flags & CLONE_NEWNET)) {
+        int saved = errno;
+        mlp_netns_refresh();
+        errno = saved;
+    }
+    return r;
+}
+
+MLP_EXPORT int setns(int fd, int nstype)
+{
+    MLP_INIT();
+    int r = mlp_real_setns(fd, nstype);
+    if (r == 0 && (nstype == 0 || (nstype & CLONE_NEWNET))) {
+        int saved = errno;
+        mlp_netns_refresh();
+        errno = saved;
+    }
+    return r;
+}
+
 /* ---- resource limits: only noted (RLIMIT_FSIZE and memlan's log, init.c) ---- */
 
 static void mlp_rlimit_note(pid_t pid, int res, rlim_t cur)

@@ -16,6 +16,7 @@
 
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -49,8 +50,12 @@ struct mlp_config {
     size_t ring_size;         /* MEMLAN_RING_KB: ring per direction unless SO_*BUF says more */
     char ports[256];          /* MEMLAN_PORTS: only these server ports ("" = all) */
     char no_ports[256];       /* MEMLAN_NO_PORTS: never these */
-    char netns[24];           /* our network namespace, part of every rendezvous name */
 };
+/* Our network namespace (the inode of /proc/self/ns/net, in hex), part of every rendezvous
+ * name: read at start-up and again after an unshare or setns of the network namespace (init.c,
+ * interpose.c); out must hold 24 bytes. */
+void mlp_netns(char *out);
+void mlp_netns_refresh(void);
 extern struct mlp_config mlp_cfg;
 extern memlan_fabric_t *mlp_fab;     /* NULL when the fabric could not be opened (reason logged) */
 extern char mlp_fab_error[128];
