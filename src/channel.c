@@ -681,6 +681,8 @@ static int ml_dead_err(const struct memlan_channel *ch)
     return ch->unattached ? -ENOTCONN : -ECONNRESET;
 }
 
+#define ML_WAIT_SPURIOUS 64u
+
 static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic uint32_t *cpu,
                    _Atomic uint32_t *peer_cpu, struct ml_spin *sp,
                    bool (*ready)(struct memlan_channel *), uint64_t deadline)
@@ -705,6 +707,14 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
         __ml_spin_result(sp, false);
     }
     int64_t every = ML_LIVENESS_NS;
+    /* Rounds in a row that ended without data, a timeout or a signal: woken, our bit taken, or
+     * the word changed under the futex.  An honest waker does that only when it published
+     * something, which ends the wait; a peer that keeps clearing or waking the word (it is in
+     * the peer's page) kept us looking, at its pace, never asleep and never asking whether it
+     * lives.  Past ML_WAIT_SPURIOUS of them we nap out the liveness interval on a word of our
+     * own instead, then ask, as a timeout would. */
+    unsigned spurious = 0;
+    _Atomic uint32_t nap_word = 0;
     for (;;) {
         /* Arm, fence, re-check: see the header comment.  Our bit only: an event-queue waiter
          * (poll or epoll in another thread) may be armed on the same word. */
@@ -730,10 +740,15 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
         /* Sleep while the word still holds our bit, whatever else it holds (a waker clears the
          * whole word; a poller that arms meanwhile changes it, and we look again). */
         uint32_t cur = ml_load_relaxed(word);
-        if (!(cur & ML_WAIT_FUTEX))
+        if (!(cur & ML_WAIT_FUTEX) && ++spurious < ML_WAIT_SPURIOUS)
             continue;
+        bool nap = spurious >= ML_WAIT_SPURIOUS;
         unsigned intr0 = __ml_wait_hook ? __ml_wait_hook() : 0; /* a cancellation point */
-        int r = __ml_sys_futex_wait(word, cur, tmo);
+        int r = nap ? __ml_sys_futex_wait(&nap_word, 0, tmo) : __ml_sys_futex_wait(word, cur, tmo);
+        if (nap)
+            spurious = 0;
+        else if (r == 0 || r == -EAGAIN)
+            spurious++;
         if (r == -ETIMEDOUT && (ml_peer_dead(ch) || ml_attach_expired(ch, ready))) {
             ml_fetch_and(word, ~ML_WAIT_FUTEX);
             return ready(ch) ? 0 : ml_dead_err(ch);
