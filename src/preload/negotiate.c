@@ -1220,9 +1220,12 @@ int mlp_on_listen(int fd)
 /* Our credentials changed and the fabric is out of reach (cred.c): no client may offer on a
  * port we listen on, since we may be the one that accepts.  Through the mappings we made before:
  * they keep their access. */
-void mlp_lrec_no_offer(uint32_t why)
+bool mlp_lrec_no_offer(uint32_t why)
 {
-    pthread_mutex_lock(&mlp_neg_mu);
+    /* Tried, never waited for: the caller may be a signal handler (setuid is async-signal-safe)
+     * that came while this thread held the lock.  false: busy, try again later. */
+    if (pthread_mutex_trylock(&mlp_neg_mu) != 0)
+        return false;
     for (int port = 0; port < 65536; port++) {
         struct mlp_lrec *r = mlp_lrecs[port];
         if (r && r->nlisten > 0 && r->map && !ml_load_relaxed(&r->map->no_offer)) {
@@ -1231,6 +1234,7 @@ void mlp_lrec_no_offer(uint32_t why)
         }
     }
     pthread_mutex_unlock(&mlp_neg_mu);
+    return true;
 }
 
 /* Why a record says not to offer. */

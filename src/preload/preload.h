@@ -193,7 +193,7 @@ void mlp_stat_conn(struct mlp_sock *s, int fd, const char *why);  /* record in m
 void mlp_stat_tcp(int fd, const char *why);
 void mlp_stat_clear(struct mlp_sock *s);
 void mlp_stat_prepare(void);         /* create our memlan stat entry now, if there is a fabric */
-void mlp_lrec_no_offer(uint32_t why);/* ML_NO_OFFER_*: in every record we listen on */
+bool mlp_lrec_no_offer(uint32_t why);/* ML_NO_OFFER_*: in every record we listen on; false: busy */
 void mlp_sock_liveness(memlan_channel_t *ch, int fd); /* the kernel socket under a channel */
 
 /* Credentials (cred.c).  A process whose credential change put the fabric out of its reach says
@@ -251,6 +251,7 @@ void mlp_unlock_tx(struct mlp_sock *s);
 int mlp_lock_rx(struct mlp_sock *s);
 void mlp_unlock_rx(struct mlp_sock *s);
 unsigned mlp_sig_nores_count(void); /* signals.c: handlers without SA_RESTART run on this thread */
+bool mlp_sig_in_handler(void);       /* signals.c: this thread runs a handler installed through us */
 
 extern _Atomic bool mlp_forked;      /* some socket may be shared with another process */
 
