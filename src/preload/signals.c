@@ -65,7 +65,7 @@ static void mlp_app_get(int sig, void **fn, int *flags)
                 return;
         }
         /* A writer on another thread (ours blocks signals while it writes): two stores. */
-        __builtin_ia32_pause();
+        ml_cpu_relax();
     }
 }
 
@@ -185,7 +185,7 @@ static void mlp_sig_lock_take(void)
         if (i % 64 == 63)
             (void)syscall(SYS_sched_yield); /* its holder is between two system calls */
         else
-            __builtin_ia32_pause();
+            ml_cpu_relax();
     }
 }
 
