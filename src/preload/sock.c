@@ -419,6 +419,23 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
                     return done ? done : -EINTR;
                 continue;
             }
+            if (r == -EPIPE && st == MLP_UNDECIDED) {
+                /* Settled on TCP meanwhile, by another thread or a fork sibling: a settle
+                 * publishes our side of the channel closed (mlp_decide), which the ring reports
+                 * as EPIPE.  These bytes go over TCP, after the ring's. */
+                mlp_unlock_tx(s);
+                st = mlp_decide(s, fd, false);
+                if (st == MLP_TCP) {
+                    int e = mlp_tcp_catch_up(s, fd, !nb);
+                    ssize_t w = e < 0 ? e : mlp_tcp_send_rest(fd, iov, n, i, off, flags);
+                    if (w < 0)
+                        return done ? done : (w == -EPIPE && !(flags & MSG_NOSIGNAL)
+                                                  ? (raise(SIGPIPE), w) : w);
+                    return done + w;
+                }
+                if (mlp_lock_tx(s))
+                    return done ? done : -EINTR;
+            }
             goto out; /* an error, or EAGAIN when nonblocking */
         }
         r = 0;
