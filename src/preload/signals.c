@@ -90,6 +90,12 @@ unsigned mlp_sig_nores_count(void)
     return mlp_nores_runs;
 }
 
+/* A vfork child shares our memory, not our dispositions: it must write nothing of ours. */
+static bool mlp_sig_vfork_child(void)
+{
+    return mlp_pid && (int)__ml_sys_getpid() != mlp_pid;
+}
+
 static void *mlp_sig_next(const char *name)
 {
     return dlsym(RTLD_NEXT, name);
@@ -99,7 +105,7 @@ MLP_EXPORT int siginterrupt(int sig, int flag)
 {
     int (*real)(int, int) = mlp_real_siginterrupt ? mlp_real_siginterrupt
                                                   : (int (*)(int, int))mlp_sig_next("siginterrupt");
-    if (flag)
+    if (flag && !mlp_sig_vfork_child())
         atomic_store(&mlp_sig_uncounted, true);
     if (!real) {
         errno = ENOSYS;
@@ -114,7 +120,7 @@ MLP_EXPORT int siginterrupt(int sig, int flag)
         __sighandler_t (*real)(int, __sighandler_t) =                                          \
             mlp_real_##name ? mlp_real_##name                                                  \
                             : (__sighandler_t(*)(int, __sighandler_t))mlp_sig_next(#name);     \
-        if (h != SIG_DFL && h != SIG_IGN)                                                      \
+        if (h != SIG_DFL && h != SIG_IGN && !mlp_sig_vfork_child())                            \
             atomic_store(&mlp_sig_uncounted, true);                                            \
         if (!real) {                                                                           \
             errno = ENOSYS;                                                                    \
@@ -194,7 +200,7 @@ MLP_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction 
     bool ok = sig > 0 && sig < MLP_NSIG;
     /* A vfork child shares our memory, not our dispositions: it writes nothing of ours (its
      * handlers go in unwrapped: it is about to exec or _exit). */
-    if (mlp_pid && (int)__ml_sys_getpid() != mlp_pid) {
+    if (mlp_sig_vfork_child()) {
         int r = mlp_sigaction_real(sig, act, old);
         if (r == 0 && ok && old && old->sa_sigaction == mlp_trampoline) {
             void *fn;

@@ -15,6 +15,11 @@
  *    async-signal-safe; memlan's credential path took its locks there: a handler that came while
  *    the thread held one waited for ever.)
  *
+ * 4. vfork: the child calls siginterrupt(sig, 1) for a signal of its own and leaves; the
+ *    parent's blocking recv, interrupted by a handler installed with SA_RESTART, still restarts.
+ *    (The child's call set memlan's "a handler may interrupt" note in the shared memory: the
+ *    parent's recv failed with EINTR.)
+ *
  * usage: sigrace PORT [CASE]
  */
 #include <arpa/inet.h>
@@ -32,6 +37,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations" /* siginterrupt: case 4 */
 
 static int only;
 #define CASE(n) if (!only || only == (n))
@@ -183,6 +190,51 @@ int main(int argc, char **argv)
             close(l);
             printf("setuid in a handler: ended (%s)\n", rounds > 10 ? "rounds made" : "few rounds");
         }
+    }
+    CASE(4) {
+        int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+        setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons((unsigned short)(port + 1))};
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (bind(l, (struct sockaddr *)&sa, sizeof sa) < 0 || listen(l, 4) < 0) {
+            printf("FAIL listen: %s\n", strerror(errno));
+            return 1;
+        }
+        pid_t peer = fork();
+        if (peer == 0) { /* the peer: answers after 1.5 s */
+            int s = accept(l, NULL, NULL);
+            char b;
+            if (s >= 0 && recv(s, &b, 1, MSG_WAITALL) == 1) {
+                struct timespec ts = {1, 500000000};
+                nanosleep(&ts, NULL);
+                send(s, "late", 4, 0);
+            }
+            _exit(0);
+        }
+        int c = socket(AF_INET, SOCK_STREAM, 0);
+        if (connect(c, (struct sockaddr *)&sa, sizeof sa) < 0 || send(c, "x", 1, 0) != 1) {
+            printf("FAIL connect: %s\n", strerror(errno));
+            return 1;
+        }
+        struct sigaction a;
+        memset(&a, 0, sizeof a);
+        sigemptyset(&a.sa_mask);
+        a.sa_handler = h_parent;
+        a.sa_flags = SA_RESTART;
+        sigaction(SIGALRM, &a, NULL);
+        pid_t pid = vfork();
+        if (pid == 0) {
+            siginterrupt(SIGUSR2, 1);
+            _exit(0);
+        }
+        waitpid(pid, NULL, 0);
+        alarm(1);
+        char b[8];
+        ssize_t r = recv(c, b, sizeof b, MSG_WAITALL);
+        printf("vfork siginterrupt: parent's recv %zd %s\n", r, r < 0 ? strerror(errno) : "");
+        close(c);
+        close(l);
+        waitpid(peer, NULL, 0);
     }
     printf("done\n");
     return 0;
