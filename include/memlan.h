@@ -132,7 +132,11 @@ struct memlan_channel_opts {
 /*
  * memlan_channel_create - create a channel; hand memlan_channel_token() to the one peer that may
  * attach.  opts may be NULL.  Returns 0 and *out, -EINVAL for bad options (ring_size below 4 KiB
- * or above 1 GiB, unknown kind), or an errno from the fabric.
+ * or above 1 GiB, unknown kind), or an errno from the fabric.  A peer that never attaches does
+ * not keep the creator waiting for ever: a blocking send, recv, reserve or peek that still waits
+ * for one 10 s after creation (up to a second later) withdraws the channel (a late attach fails
+ * with -EBUSY) and fails with -ENOTCONN, as every later call does.  To wait longer, or for ever,
+ * call memlan_channel_wait_peer() first.
  */
 int memlan_channel_create(memlan_fabric_t *fab, const struct memlan_channel_opts *opts,
                           memlan_channel_t **out);
@@ -149,8 +153,9 @@ const char *memlan_channel_token(const memlan_channel_t *ch);
 
 /*
  * memlan_channel_wait_peer - creator: wait up to timeout_ms (-1 = forever) for the peer to
- * attach.  0 when attached, -ETIMEDOUT, -ECONNRESET if the channel was revoked, -EPROTO if
- * the channel's shared state is corrupt (the peer wrote garbage over it).
+ * attach.  0 when attached, -ETIMEDOUT, -ECONNRESET if the channel was revoked, -ECONNREFUSED
+ * once it was withdrawn (see memlan_channel_create), -EPROTO if the channel's shared state is
+ * corrupt (the peer wrote garbage over it).
  */
 int memlan_channel_wait_peer(memlan_channel_t *ch, int timeout_ms);
 
@@ -159,7 +164,8 @@ int memlan_channel_wait_peer(memlan_channel_t *ch, int timeout_ms);
  * MEMLAN_DONTWAIT, then returns what fitted (-EAGAIN if nothing).  Message: sends one message,
  * whole or not at all; -EMSGSIZE if len exceeds memlan_channel_max_msg().
  * Errors: -EPIPE after the peer closed or after our own shutdown; -ECONNRESET when the peer died
- * or the channel was revoked; -EPROTO when the shared indices are corrupt.
+ * or the channel was revoked; -ENOTCONN when no peer attached in time (memlan_channel_create);
+ * -EPROTO when the shared indices are corrupt.
  */
 ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags);
 
@@ -168,7 +174,8 @@ ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags
  * len is truncated to len and the rest dropped, like a datagram).  Returns the count, 0 at end of
  * stream (the peer shut down or closed and everything it sent has been read), -EAGAIN with
  * MEMLAN_DONTWAIT when nothing is there, -ECONNRESET when the peer died with nothing left to
- * read, -EPROTO on corrupt indices or records.  On a message channel a zero-length message also
+ * read, -ENOTCONN when no peer attached in time (memlan_channel_create), -EPROTO on corrupt
+ * indices or records.  On a message channel a zero-length message also
  * returns 0: when that matters, tell it from end of stream with memlan_channel_poll(), which
  * reports MEMLAN_EV_HUP once the peer is done.
  */
@@ -266,13 +273,17 @@ int memlan_listener_fd(const memlan_listener_t *l);
 /* memlan_listener_name - the name served (NUL-terminated), or NULL for NULL. */
 const char *memlan_listener_name(const memlan_listener_t *l);
 
-/* memlan_listener_close - stop serving the name and free l; accepted channels stay open. */
+/* memlan_listener_close - stop serving the name and free l; accepted channels stay open.  In a
+ * fork child, closing the copy it inherited frees it and leaves the name to the parent. */
 void memlan_listener_close(memlan_listener_t *l);
 
 /*
  * memlan_connect - connect to the server of name: create a channel with opts (NULL: a stream
  * with the default ring), hand its token to the server and wait up to timeout_ms (-1 = forever)
- * for the server to accept it.  Returns 0 and *out, a channel the server has attached; -EINVAL
+ * for the server to accept it; 0 = try once: -EAGAIN at once when the server's queue is full,
+ * else its answer is awaited as long as a server waits for a client's hello (2 s).  The server
+ * attaches only a channel created by the user the kernel says connected (SO_PEERCRED), and
+ * refuses another's with -EACCES.  Returns 0 and *out, a channel the server has attached; -EINVAL
  * or -ENAMETOOLONG for a bad name, as memlan_listen; -ECONNREFUSED when nobody serves the name;
  * -ETIMEDOUT when the server did not accept in time; -EPROTOTYPE when the server takes only the
  * other kind; an error the server met attaching; or an errno from channel creation.  Thread-safe.

@@ -149,6 +149,7 @@ int memlan_channel_create(memlan_fabric_t *fab, const struct memlan_channel_opts
         return r;
     }
     ml_chan_init(ch, seg, kind, rs);
+    ch->attach_by = __ml_now_ns() + ML_ATTACH_WAIT_NS;
     __ml_seg_publish(seg);
     *out = ch;
     return 0;
@@ -474,6 +475,27 @@ static int ml_chan_attach_seg(struct memlan_segment *seg, int64_t gen, const cha
     return 0;
 }
 
+/* The named endpoint's server (endpoint.c): attach only a channel whose file belongs to uid,
+ * the user the kernel says is at the other end of the rendezvous socket (SO_PEERCRED); a token
+ * another user's process created is refused with -EACCES before anything of it is touched. */
+int __ml_chan_attach_uid(memlan_fabric_t *fab, const char *token, uint32_t uid,
+                         memlan_channel_t **out)
+{
+    if (!fab || !out)
+        return -EINVAL;
+    *out = NULL;
+    struct memlan_segment *seg;
+    int r = __ml_seg_import(fab, token, ML_KIND_CHANNEL, true, &seg);
+    if (r < 0)
+        return r;
+    struct stat st;
+    if ((r = __ml_sys_fstat(seg->fd, &st)) < 0 || (uint32_t)st.st_uid != uid) {
+        __ml_seg_destroy(seg);
+        return r < 0 ? r : -EACCES;
+    }
+    return ml_chan_attach_seg(seg, -1, NULL, out);
+}
+
 static int ml_chan_attach(memlan_fabric_t *fab, const char *token, int64_t gen,
                           memlan_channel_t **out)
 {
@@ -645,6 +667,26 @@ static bool ml_peer_dead(struct memlan_channel *ch)
     if (alive < 0 && ch->sock_ino && ml_peer_state(ch) == ML_SIDE_OPEN &&
         __ml_sys_socket_hup(ch->sock_fd, ch->sock_ino) == 1)
         ch->peer_dead = true;
+    /* Bytes on the kernel socket under an accelerated connection: nothing of memlan's ever
+     * writes there, so the peer talks TCP (it settled on TCP while we read the ring: a split
+     * made by garbage in the attached word, or a peer process without memlan writing to the
+     * socket).  Waiting for the ring would be for ever on both sides; the connection is
+     * broken, as a reset (the bytes stay in the kernel socket, never read out of order).  Only
+     * once the bytes have been there for a second with the peer's side still open: a peer that
+     * wrote a stray byte there and then closed ends by its close, as it did before. */
+    if (!ch->peer_dead && ch->sock_ino && ml_peer_state(ch) == ML_SIDE_OPEN) {
+        if (__ml_sys_socket_data(ch->sock_fd, ch->sock_ino) != 1) {
+            ch->split_ns = 0;
+        } else {
+            uint64_t now = __ml_now_ns();
+            if (!ch->split_ns) {
+                ch->split_ns = now;
+            } else if (now - ch->split_ns >= ML_LIVENESS_MAX_NS) {
+                ch->split = true;
+                ch->peer_dead = true;
+            }
+        }
+    }
     return ch->peer_dead;
 }
 
@@ -694,6 +736,32 @@ unsigned (*__ml_intr_count)(void);
  * EINTR we see. */
 _Atomic bool __ml_intr_blind;
 
+static bool ml_attached(struct memlan_channel *ch, uint64_t unused);
+
+/* A native creator's blocking call on a channel nobody has attached to gives up at attach_by:
+ * the offer is withdrawn (a late attach fails with -EBUSY; one that won the race is kept) and
+ * the call fails with -ENOTCONN, as every later one does.  Waiting for the attacher itself
+ * (memlan_channel_wait_peer) is bounded by its own timeout instead. */
+static bool ml_attach_expired(struct memlan_channel *ch,
+                              bool (*ready)(struct memlan_channel *, uint64_t))
+{
+    if (ch->side != 0 || ch->peer_seen || !ch->attach_by || ready == ml_attached ||
+        __ml_now_ns() < ch->attach_by)
+        return false;
+    if (ml_load_acquire(&ch->hdr->attached) != 0 || __ml_chan_withdraw(ch) != 0)
+        return false; /* attached (or broken: ml_peer_dead says so) */
+    ch->unattached = true;
+    ch->peer_dead = true;
+    return true;
+}
+
+static int ml_dead_err(const struct memlan_channel *ch)
+{
+    return ch->unattached ? -ENOTCONN : -ECONNRESET;
+}
+
+#define ML_WAIT_SPURIOUS 64u
+
 static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic uint32_t *cpu,
                    _Atomic uint32_t *peer_cpu, struct ml_spin *sp,
                    bool (*ready)(struct memlan_channel *, uint64_t),
@@ -732,6 +800,14 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
         __ml_spin_result(sp, false);
     }
     int64_t every = ML_LIVENESS_NS;
+    /* Rounds in a row that ended without data, a timeout or a signal: woken, our bit taken, or
+     * the word changed under the futex.  An honest waker does that only when it published
+     * something, which ends the wait; a peer that keeps clearing or waking the word (it is in
+     * the peer's page) kept us looking, at its pace, never asleep and never asking whether it
+     * lives.  Past ML_WAIT_SPURIOUS of them we nap out the liveness interval on a word of our
+     * own instead, then ask, as a timeout would. */
+    unsigned spurious = 0;
+    _Atomic uint32_t nap_word = 0;
     for (;;) {
         /* Arm, fence, re-check: see the header comment.  Our bit only: an event-queue waiter
          * (poll or epoll in another thread) may be armed on the same word. */
@@ -757,17 +833,22 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
         /* Sleep while the word still holds our bit, whatever else it holds (a waker clears the
          * whole word; a poller that arms meanwhile changes it, and we look again). */
         uint32_t cur = ml_load_relaxed(word);
-        if (!(cur & ML_WAIT_FUTEX))
+        if (!(cur & ML_WAIT_FUTEX) && ++spurious < ML_WAIT_SPURIOUS)
             continue;
+        bool nap = spurious >= ML_WAIT_SPURIOUS;
         unsigned intr0 = __ml_wait_hook ? __ml_wait_hook() : 0; /* a cancellation point */
         if (count && count() != runs0) { /* a handler ran while we were not asleep */
             ml_fetch_and(word, ~ML_WAIT_FUTEX);
             return ready(ch, arg) ? 0 : -EINTR;
         }
-        int r = __ml_sys_futex_wait(word, cur, tmo);
-        if (r == -ETIMEDOUT && ml_peer_dead(ch)) {
+        int r = nap ? __ml_sys_futex_wait(&nap_word, 0, tmo) : __ml_sys_futex_wait(word, cur, tmo);
+        if (nap)
+            spurious = 0;
+        else if (r == 0 || r == -EAGAIN)
+            spurious++;
+        if (r == -ETIMEDOUT && (ml_peer_dead(ch) || ml_attach_expired(ch, ready))) {
             ml_fetch_and(word, ~ML_WAIT_FUTEX);
-            return ready(ch, arg) ? 0 : -ECONNRESET;
+            return ready(ch, arg) ? 0 : ml_dead_err(ch);
         }
         if (r == -EINTR) {
             /* A handler ran.  The kernel never restarts a futex wait with a timeout, SA_RESTART
@@ -1020,7 +1101,7 @@ static int ml_tx_error(struct memlan_channel *ch)
     if (ps == ML_SIDE_CLOSED)
         return -EPIPE;
     if (ch->peer_dead)
-        return -ECONNRESET;
+        return ml_dead_err(ch);
     return 0;
 }
 
@@ -1170,7 +1251,7 @@ static int ml_rx_empty(struct memlan_channel *ch, int flags)
     }
     if (ch->peer_dead || ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE) {
         int64_t a = ml_rx_avail(ch, true);
-        return a > 0 ? 1 : -ECONNRESET;
+        return a > 0 ? 1 : ch->peer_dead ? ml_dead_err(ch) : -ECONNRESET;
     }
     if (flags & MEMLAN_DONTWAIT) {
         /* A message ring's recv looked at the record header only: head too, before saying
@@ -1184,9 +1265,9 @@ static int ml_rx_empty(struct memlan_channel *ch, int flags)
         return -EAGAIN;
     }
     int r = __ml_chan_wait_rx(ch, flags);
-    if (r == -ECONNRESET) {
+    if (r == -ECONNRESET || r == -ENOTCONN) {
         int64_t a = ml_rx_avail(ch, true);
-        return a > 0 ? 1 : -ECONNRESET;
+        return a > 0 ? 1 : r;
     }
     if (r == -EINTR || r == -EAGAIN)
         return r;
@@ -1396,6 +1477,14 @@ int __ml_chan_withdraw(struct memlan_channel *ch)
     /* Any other value than 1 was written by no attacher (attach is a CAS from 0, so none can
      * attach now): a broken channel, which the caller abandons as it would a withdrawn one. */
     return expect == 1 ? -EBUSY : -EPROTO;
+}
+
+/* A creator that settled on TCP: our side is published closed, so that an attacher that took
+ * the offer anyway (the word was overwritten after its claim) ends instead of reading a ring
+ * nobody writes.  Harmless when nobody attached: nobody can any more. */
+void __ml_chan_abandon(struct memlan_channel *ch)
+{
+    ml_set_state(ch, ML_SIDE_CLOSED);
 }
 
 uint32_t __ml_chan_attach_state(const struct memlan_channel *ch)

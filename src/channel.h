@@ -35,6 +35,11 @@ struct memlan_channel {
     uint64_t rx_tmo_ns, tx_tmo_ns; /* blocking recv / send give up after these (0 = never) */
     bool shut_rd, shut_wr, peer_dead;
     bool peer_seen;           /* creator: the attached word once read 1 (see ml_peer_dead) */
+    bool split;               /* the peer talks over the kernel socket: it decided TCP */
+    uint64_t split_ns;        /* when bytes were first seen on the kernel socket (0: none) */
+    bool unattached;          /* creator: nobody attached within attach_by; withdrawn */
+    uint64_t attach_by;       /* creator (native API): a blocking call gives up waiting for an
+                               * attacher at this time (ns, 0 = never; see ml_attach_expired) */
     bool rd_eof_when_empty;   /* socket SHUT_RD: queued bytes, then end of stream */
     bool poolable;            /* the file goes to the fabric's pool when we close */
     unsigned forks;           /* __ml_chan_forks when created: a fork since means no pool */
@@ -44,7 +49,8 @@ struct memlan_channel {
     uint32_t peer_evq_hint;   /* where the peer's queue last sat in our import cache */
     void *udata;
     /* The kernel socket under the channel (set by the socket layer; sock_ino 0: none).  Asked
-     * about the peer only when its liveness lock cannot be (see ml_peer_dead()). */
+     * about the peer's death when its liveness lock cannot be, and whether bytes arrived on it
+     * (the peer decided TCP: see ml_peer_dead()). */
     int sock_fd;
     uint64_t sock_ino;
     /* Counters for memlan stat and the bench. */
@@ -94,6 +100,9 @@ int __ml_chan_exec_bridge(struct memlan_channel *ch);
 int __ml_chan_adopt(memlan_fabric_t *fab, const char *token, int fd, int side,
                     memlan_channel_t **out);
 uint32_t __ml_chan_attach_state(const struct memlan_channel *ch);
+void __ml_chan_abandon(struct memlan_channel *ch);
+int __ml_chan_attach_uid(memlan_fabric_t *fab, const char *token, uint32_t uid,
+                         memlan_channel_t **out);
 size_t __ml_chan_unsent(struct memlan_channel *ch, const void **ptr);
 void __ml_chan_unsent_done(struct memlan_channel *ch, size_t n);
 void __ml_chan_resync_tx(struct memlan_channel *ch);

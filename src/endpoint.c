@@ -19,8 +19,15 @@
  * Accepting is level-triggered through one epoll fd that holds the listening socket and the
  * connections whose hello has not come yet, so an application's event loop can sleep on it; a
  * connection that sends no hello within ML_EP_HELLO_MS is dropped.
+ *
+ * The server attaches only a channel whose file belongs to the user the kernel says connected
+ * (SO_PEERCRED): a client cannot make the server take up a channel another user created by
+ * sending its token.  Only the process that listened removes the names at close: a fork child
+ * that closes its inherited copy leaves the parent's name served.  The sweep (fabric.c) removes
+ * ep-NAME.sock only while holding ep-NAME's lock, so it never takes a live server's socket.
  */
 #include "internal.h"
+#include "channel.h"
 #include "sys/sys.h"
 
 #include <errno.h>
@@ -54,6 +61,7 @@ struct ml_ep_pending {
 struct memlan_listener {
     memlan_fabric_t *fab;
     int kind;
+    pid_t pid;                /* the process that listened: only it removes the names */
     int lockfd, lfd, epfd;
     int npending;
     struct ml_ep_pending pending[ML_EP_PENDING];
@@ -94,6 +102,7 @@ static int ml_ep_timeleft(uint64_t deadline, int timeout_ms)
 /* Take the name: lock ep-NAME's owner byte.  Returns the locked fd or a negative errno. */
 static int ml_ep_take(memlan_fabric_t *fab, const char *lockname)
 {
+    int busy = 0;
     for (int tries = 0; tries < 8; tries++) {
         long fd = __ml_sys_open(fab->dirfd, lockname, O_RDWR | O_CREAT | O_NOFOLLOW, 0600);
         if (fd < 0)
@@ -109,8 +118,15 @@ static int ml_ep_take(memlan_fabric_t *fab, const char *lockname)
             return (int)fd;
         }
         __ml_sys_close((int)fd);
-        if (r == -EAGAIN)
-            return -EADDRINUSE; /* a live server holds it */
+        if (r == -EAGAIN) {
+            /* A live server holds it, or a sweep does for a moment (it locks a name to see
+             * whether it is free): look again a few times before saying the name is taken. */
+            if (++busy > 20)
+                return -EADDRINUSE;
+            (void)__ml_sys_poll1(-1, 0, 1);
+            tries--;
+            continue;
+        }
         if (r < 0)
             return r;
         /* Removed between our open and our lock: try again with a fresh file. */
@@ -134,6 +150,7 @@ int memlan_listen(memlan_fabric_t *fab, const char *name, int kind, memlan_liste
         return -ENOMEM;
     l->fab = fab;
     l->kind = kind;
+    l->pid = __ml_sys_getpid();
     l->lfd = l->epfd = -1;
     snprintf(l->name, sizeof l->name, "%s", name);
     snprintf(l->lockname, sizeof l->lockname, "ep-%s", name);
@@ -190,9 +207,14 @@ static int ml_ep_hello(memlan_listener_t *l, int i, memlan_channel_t **out)
         return 0;
     int32_t answer = -EPROTO;
     memlan_channel_t *ch = NULL;
+    uint32_t uid;
     if (n == (ssize_t)sizeof h && h.magic == ML_EP_MAGIC && h.version == ML_EP_VERSION &&
         __ml_token_valid(h.token)) {
-        answer = memlan_channel_attach(l->fab, h.token, &ch);
+        /* The channel must be the connecting user's own: its file's owner is the kernel's
+         * word, as the socket's peer credentials are. */
+        answer = __ml_sys_peer_uid(l->pending[i].fd, &uid);
+        if (answer == 0)
+            answer = __ml_chan_attach_uid(l->fab, h.token, uid, &ch);
         if (answer == 0 && l->kind && memlan_channel_kind(ch) != l->kind) {
             answer = -EPROTOTYPE;
             memlan_channel_close(ch);
@@ -269,14 +291,21 @@ void memlan_listener_close(memlan_listener_t *l)
         return;
     while (l->npending)
         ml_ep_drop(l, l->npending - 1);
+    /* The names are the listening process's: a fork child that closes the copy it inherited
+     * must not take them from a parent that still serves (the lock, on the open file they
+     * share, stays held until both have closed).  A child left alone after its parent died
+     * leaves them to the sweep, which finds the lock free once it closes. */
+    bool mine = l->pid == __ml_sys_getpid();
     /* The socket's name first, then the lock file's: while the lock is held nobody else binds. */
     if (l->lfd >= 0) {
-        (void)__ml_sys_unlinkat(l->fab->dirfd, l->sockname, 0);
+        if (mine)
+            (void)__ml_sys_unlinkat(l->fab->dirfd, l->sockname, 0);
         __ml_sys_close(l->lfd);
     }
     if (l->epfd >= 0)
         __ml_sys_close(l->epfd);
-    (void)__ml_sys_unlinkat(l->fab->dirfd, l->lockname, 0);
+    if (mine)
+        (void)__ml_sys_unlinkat(l->fab->dirfd, l->lockname, 0);
     __ml_sys_close(l->lockfd);
     free(l);
 }
@@ -291,6 +320,11 @@ int memlan_connect(memlan_fabric_t *fab, const char *name, const struct memlan_c
     int r = ml_ep_addr(fab, name, &sa);
     if (r < 0)
         return r;
+    /* timeout_ms 0: one try (a busy server is -EAGAIN at once) and the server's answer awaited
+     * as long as a server waits for a hello; it cannot come in no time at all. */
+    bool once = timeout_ms == 0;
+    if (once)
+        timeout_ms = ML_EP_HELLO_MS;
     uint64_t deadline = __ml_now_ns() + (uint64_t)(timeout_ms > 0 ? timeout_ms : 0) * 1000000u;
     int s = __ml_sys_socket(AF_UNIX, SOCK_SEQPACKET | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (s < 0)
@@ -299,6 +333,8 @@ int memlan_connect(memlan_fabric_t *fab, const char *name, const struct memlan_c
     /* A full backlog answers EAGAIN: the server is busy, not absent; try again until the time
      * runs out. */
     while ((r = __ml_sys_connect(s, &sa, sizeof sa)) == -EAGAIN) {
+        if (once)
+            goto out; /* -EAGAIN */
         int left = ml_ep_timeleft(deadline, timeout_ms);
         if (left == 0) {
             r = -ETIMEDOUT;

@@ -491,6 +491,8 @@ static bool ml_evq_pending(struct memlan_evq *q)
     return false;
 }
 
+#define ML_EVQ_SPURIOUS 64u
+
 int memlan_evq_wait(memlan_evq_t *q, struct memlan_event *ev, int max, int timeout_ms)
 {
     if (!q || !ev || max <= 0)
@@ -515,14 +517,22 @@ int memlan_evq_wait(memlan_evq_t *q, struct memlan_event *ev, int max, int timeo
         __ml_spin_result(&q->spin, false);
     }
     int64_t every = ML_LIVENESS_NS; /* the sweep's interval, doubling while idle */
+    /* Rounds in a row that found nothing: bits set that name no channel, our waiter bit
+     * cleared, a wake-up for nothing.  The header and bitmaps are writable by every poster, and
+     * one that kept doing that kept us going round at its pace, never asleep and past our
+     * deadline (the pending path skipped it).  Past ML_EVQ_SPURIOUS of them we nap out the
+     * sweep's interval on a word of our own, then sweep as a timeout would. */
+    unsigned spurious = 0;
+    _Atomic uint32_t nap_word = 0;
     for (;;) {
         ml_fetch_or(&q->h->waiter, ML_EVQ_WAIT_FUTEX);
         ml_fence(); /* SYNC: pairs with the fence in ml_evq_ring() */
-        if (ml_evq_pending(q)) {
+        if (spurious < ML_EVQ_SPURIOUS && ml_evq_pending(q)) {
             ml_xchg(&q->h->waiter, 0u);
             if ((n = ml_evq_collect(q, ev, max)))
                 return n;
-            continue;
+            if (++spurious < ML_EVQ_SPURIOUS)
+                continue;
         }
         int64_t tmo = every;
         if (every < (int64_t)ML_LIVENESS_MAX_NS)
@@ -537,7 +547,15 @@ int memlan_evq_wait(memlan_evq_t *q, struct memlan_event *ev, int max, int timeo
                 tmo = (int64_t)(deadline - now);
         }
         uint32_t w = ml_load_relaxed(&q->h->waiter);
-        int r = w ? __ml_sys_futex_wait(&q->h->waiter, w, tmo) : 0;
+        int r;
+        if (spurious >= ML_EVQ_SPURIOUS) {
+            r = __ml_sys_futex_wait(&nap_word, 0, tmo);
+            spurious = 0;
+        } else {
+            r = w ? __ml_sys_futex_wait(&q->h->waiter, w, tmo) : 0;
+            if (r == 0 || r == -EAGAIN)
+                spurious++;
+        }
         if (r == -ETIMEDOUT)
             ml_evq_sweep(q);
     }

@@ -186,6 +186,31 @@ static int ml_reclaim_seg(memlan_fabric_t *fab, const char *name)
     return removed;
 }
 
+/* Remove ep-NAME and its socket ep-NAME.sock if nobody holds the name's lock: the socket
+ * first, both while we hold the lock (endpoint.c binds only under it). */
+static int ml_reclaim_ep(memlan_fabric_t *fab, const char *name)
+{
+    char sock[NAME_MAX + 1];
+    if (snprintf(sock, sizeof sock, "%s.sock", name) >= (int)sizeof sock)
+        return 0;
+    long fd = __ml_sys_open(fab->dirfd, name, O_RDWR | O_NOFOLLOW | O_NONBLOCK, 0);
+    if (fd < 0)
+        return 0;
+    int removed = 0;
+    struct stat a, b;
+    if (__ml_sys_fstat((int)fd, &a) == 0 && S_ISREG(a.st_mode) &&
+        __ml_sys_lock_byte((int)fd, ML_LOCK_OWNER, 0) == 0 &&
+        __ml_sys_fstatat(fab->dirfd, name, &b, AT_SYMLINK_NOFOLLOW) == 0 &&
+        a.st_ino == b.st_ino && a.st_dev == b.st_dev) {
+        if (__ml_sys_unlinkat(fab->dirfd, sock, 0) == 0)
+            removed++;
+        if (__ml_sys_unlinkat(fab->dirfd, name, 0) == 0)
+            removed++;
+    }
+    __ml_sys_close((int)fd);
+    return removed;
+}
+
 int __ml_fabric_reclaim_name(memlan_fabric_t *fab, const char *name)
 {
     return ml_reclaim_seg(fab, name);
@@ -254,22 +279,27 @@ int __ml_fabric_reclaim(memlan_fabric_t *fab)
                     __ml_sys_unlinkat(fab->dirfd, nm, 0) == 0)
                     removed++;
             } else if (strncmp(nm, "ep-", 3) == 0) {
-                /* A named endpoint (endpoint.c): ep-NAME is free once nobody holds its lock,
-                 * and ep-NAME.sock is a dead server's once ep-NAME is gone. */
+                /* A named endpoint (endpoint.c): ep-NAME is free once nobody holds its lock.
+                 * Its socket goes with it, under that lock: a server binds ep-NAME.sock only
+                 * while it holds the lock of the ep-NAME it found, so nothing we remove while
+                 * holding it can be a live server's (removing the socket after the lock file,
+                 * or on seeing no lock file, took a new server's socket from under it). */
                 size_t len = strlen(nm);
                 if (len > 8 && strcmp(nm + len - 5, ".sock") == 0) {
-                    char lock[NAME_MAX + 1];
-                    struct stat st;
+                    /* Without its lock file: a leftover (the lock file went some other way)
+                     * once nothing listens there and it is older than any bind-to-listen gap. */
+                    char lock[NAME_MAX + 1], path[sizeof(((struct sockaddr_un *)0)->sun_path)];
+                    struct stat st, sk;
                     snprintf(lock, sizeof lock, "%.*s", (int)(len - 5), nm);
+                    int pn = snprintf(path, sizeof path, "%s/%s", fab->path, nm);
                     if (__ml_sys_fstatat(fab->dirfd, lock, &st, AT_SYMLINK_NOFOLLOW) == -ENOENT &&
+                        __ml_sys_fstatat(fab->dirfd, nm, &sk, AT_SYMLINK_NOFOLLOW) == 0 &&
+                        time(NULL) - sk.st_ctime > 10 && pn > 0 && (size_t)pn < sizeof path &&
+                        __ml_sys_unix_listening(path) == 0 &&
                         __ml_sys_unlinkat(fab->dirfd, nm, 0) == 0)
                         removed++;
-                } else if (ml_reclaim_seg(fab, nm)) {
-                    char sock[NAME_MAX + 1];
-                    removed++;
-                    if (snprintf(sock, sizeof sock, "%s.sock", nm) < (int)sizeof sock &&
-                        __ml_sys_unlinkat(fab->dirfd, sock, 0) == 0)
-                        removed++;
+                } else {
+                    removed += ml_reclaim_ep(fab, nm);
                 }
             } else if (strncmp(nm, "bell-", 5) == 0 && __ml_token_valid(nm + 5)) {
                 /* A doorbell outlives nothing: remove it once its queue's segment is gone. */

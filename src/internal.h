@@ -171,5 +171,8 @@ __attribute__((visibility("default"))) void __ml_evq_spin_result(struct memlan_e
 /* A wait that stays idle looks less often: the interval doubles up to this, so an idle process
  * wakes once a second, not ten times (a peer killed with SIGKILL is noticed within it). */
 #define ML_LIVENESS_MAX_NS (1000u * 1000000u)
+/* How long a native creator's blocking send/recv waits for a peer that never attaches
+ * (include/memlan.h, memlan_channel_create). */
+#define ML_ATTACH_WAIT_NS (10000ull * 1000000u)
 
 #endif

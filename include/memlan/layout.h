@@ -196,6 +196,9 @@ struct ml_listen_rec {
                                 * Set through the mapping the process made before the change;
                                 * never cleared: it goes with the record, when the last listener
                                 * on the port closes. */
+    _Atomic uint32_t xns;      /* nonzero once a client of another network namespace offered
+                                * here: only then does an acceptor look up a non-local peer's
+                                * link-layer address (rtnetlink) for the offer's name */
 };
 #define ML_NO_OFFER_CRED 1u
 #define ML_NO_OFFER_GRANT 2u /* a fabric shared by a group: a listener of the port could not be

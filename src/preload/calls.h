@@ -100,6 +100,9 @@ MLP_CALL(int, epoll_pwait2,
           const sigset_t *mask),
          (epfd, ev, max, tmo, mask))
 MLP_CALL(FILE *, fdopen, (int fd, const char *mode), (fd, mode))
+/* A move to another network namespace (interpose.c): the rendezvous names carry it. */
+MLP_CALL(int, unshare, (int flags), (flags))
+MLP_CALL(int, setns, (int fd, int nstype), (fd, nstype))
 /* Credential changes (cred.c): a process that can no longer use the fabric stops offering. */
 MLP_CALL(int, setuid, (uid_t uid), (uid))
 MLP_CALL(int, seteuid, (uid_t uid), (uid))

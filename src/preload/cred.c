@@ -22,6 +22,14 @@
  *     since no client can know when the next drop comes.
  * A fork inherits all of it; an exec starts again.  A vfork child (which shares our memory)
  * passes straight through.  Every interposer returns exactly what libc returned, errno included.
+ *
+ * setuid and friends are async-signal-safe, and a handler may call them while its thread holds
+ * one of our locks or is inside malloc.  So nothing here waits for a lock: the records are
+ * flagged under a lock only tried (when busy, the flagging is owed, and paid by the next
+ * mlp_cred_lost, at a connect or accept); inside a handler installed through our sigaction
+ * (signals.c keeps the depth) the preparation before the change (it allocates) is skipped and
+ * the peers' wake-ups are owed too.  Handlers installed by signal() are not seen as handlers:
+ * for them only the locks are safe, not a first allocation.
  */
 #include "preload.h"
 #include "sys/sys.h"
@@ -38,6 +46,9 @@ static _Atomic uid_t mlp_cred_euid = (uid_t)-1; /* the euid the fabric was opene
 static char mlp_cred_buf[2][112];
 static _Atomic int mlp_cred_cur;
 static bool mlp_cred_said;                 /* the log line is written once per process */
+#define MLP_OWE_NO_OFFER 1u
+#define MLP_OWE_RING 2u
+static _Atomic unsigned mlp_cred_owed;     /* work a handler or a busy lock left for later */
 const char *mlp_cred_why = "this process changed its credentials";
 
 void mlp_cred_fabric_opened(void) { ml_store_relaxed(&mlp_cred_euid, geteuid()); }
@@ -92,14 +103,33 @@ static void mlp_cred_mark_lost(const char *why)
                    "its new connections stay on TCP, its accelerated ones go on",
                 mlp_cred_why, mlp_fab->path);
     }
-    mlp_lrec_no_offer(ML_NO_OFFER_CRED);
-    mlp_cred_ring_peers(true);
+    if (!mlp_lrec_no_offer(ML_NO_OFFER_CRED))
+        atomic_fetch_or(&mlp_cred_owed, MLP_OWE_NO_OFFER);
+    if (mlp_sig_in_handler())
+        atomic_fetch_or(&mlp_cred_owed, MLP_OWE_RING);
+    else
+        mlp_cred_ring_peers(true);
+}
+
+/* What a handler or a busy lock left undone, done now (tried again later if still busy). */
+static void mlp_cred_pay(void)
+{
+    unsigned owed = atomic_load(&mlp_cred_owed);
+    if (!owed || mlp_sig_in_handler() || !ml_load_acquire(&mlp_cred_gone))
+        return;
+    if ((owed & MLP_OWE_NO_OFFER) && mlp_lrec_no_offer(ML_NO_OFFER_CRED))
+        atomic_fetch_and(&mlp_cred_owed, ~MLP_OWE_NO_OFFER);
+    if ((owed & MLP_OWE_RING) && (atomic_fetch_and(&mlp_cred_owed, ~MLP_OWE_RING) & MLP_OWE_RING))
+        mlp_cred_ring_peers(true);
 }
 
 bool mlp_cred_lost(bool at_accept)
 {
-    if (ml_load_acquire(&mlp_cred_gone))
+    if (ml_load_acquire(&mlp_cred_gone)) {
+        if (ml_unlikely(atomic_load_explicit(&mlp_cred_owed, memory_order_relaxed)))
+            mlp_cred_pay();
         return true;
+    }
     if (at_accept && mlp_fab && geteuid() != ml_load_relaxed(&mlp_cred_euid)) {
         mlp_cred_check("found at accept");
         return ml_load_acquire(&mlp_cred_gone) != 0;
@@ -170,7 +200,8 @@ static void mlp_cred_before(uid_t euid)
         if (mlp_inside || mlp_cfg.off || __ml_sys_getpid() != mlp_pid)                         \
             return call; /* our own, off, or a vfork child: its memory is its parent's */     \
         int cred_errno_ = errno;                                                               \
-        mlp_cred_before(euid);                                                                 \
+        if (!mlp_sig_in_handler()) /* it allocates and locks: not in a handler */             \
+            mlp_cred_before(euid);                                                             \
         errno = cred_errno_;                                                                   \
         int cred_ret_ = call;                                                                  \
         if (cred_ret_ == 0) {                                                                  \

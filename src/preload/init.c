@@ -293,11 +293,27 @@ static void mlp_read_config(void)
     __ml_spin_env_reported();
     mlp_env_ports("MEMLAN_PORTS", mlp_cfg.ports, sizeof mlp_cfg.ports);
     mlp_env_ports("MEMLAN_NO_PORTS", mlp_cfg.no_ports, sizeof mlp_cfg.no_ports);
+    mlp_netns_refresh();
+}
+
+/* The namespace's inode, one word so that a thread reading it while another refreshes it (after
+ * an unshare or setns) sees the old or the new, never half of each. */
+static _Atomic uint64_t mlp_netns_ino;
+
+void mlp_netns_refresh(void)
+{
+    /* The calling thread's namespace (unshare and setns move only the calling thread); the
+     * process's where /proc/thread-self is missing.  Unreadable (no /proc in a chroot): the
+     * value we had stays. */
     struct stat st;
-    if (__ml_sys_fstatat(AT_FDCWD, "/proc/self/ns/net", &st, 0) == 0)
-        snprintf(mlp_cfg.netns, sizeof mlp_cfg.netns, "%llx", (unsigned long long)st.st_ino);
-    else
-        snprintf(mlp_cfg.netns, sizeof mlp_cfg.netns, "0");
+    if (__ml_sys_fstatat(AT_FDCWD, "/proc/thread-self/ns/net", &st, 0) == 0 ||
+        __ml_sys_fstatat(AT_FDCWD, "/proc/self/ns/net", &st, 0) == 0)
+        atomic_store(&mlp_netns_ino, (uint64_t)st.st_ino);
+}
+
+void mlp_netns(char *out)
+{
+    snprintf(out, 24, "%llx", (unsigned long long)atomic_load(&mlp_netns_ino));
 }
 
 /* The table holds still from the count before fork until fork returned (fdtable.c's gate). */

@@ -255,8 +255,9 @@ MLP_EXPORT int dup3(int fd, int fd2, int flags)
  * calls close_range(3, ~0U, 0) first thing, and memlan's log and fabric went with it): the range
  * is closed in pieces around them, and every fd in it with a record is closed through its record
  * first, as close() would.  CLOSE_RANGE_CLOEXEC marks the pieces, and a socket's channel file
- * follows its socket's flag; CLOSE_RANGE_UNSHARE goes with every piece (after the first it has
- * nothing left to unshare).  Bounded: one pass over the chunks of the table that exist.
+ * follows its socket's flag (records stay: the fds stay open); CLOSE_RANGE_UNSHARE is done by a
+ * probe before anything else (below).  Bounded: one pass over the chunks of the table that
+ * exist.
  */
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
@@ -275,8 +276,17 @@ static int mlp_close_range_call(unsigned first, unsigned last, int flags)
     MLP_INIT();
     if (mlp_inside || first > last || (flags & ~(CLOSE_RANGE_CLOEXEC | CLOSE_RANGE_UNSHARE)))
         return mlp_sys_close_range(first, last, flags); /* the kernel's answer, errors too */
-    bool child = mlp_vfork_child();
+    /* The kernel's verdict first, before anything of ours changes: a call it refuses (a seccomp
+     * filter's EPERM or ENOSYS, a kernel before 5.9) must leave every fd and every record as
+     * they were.  The probe closes nothing (fd ~0U cannot be open) and is judged by the same
+     * syscall with the same flags; with CLOSE_RANGE_UNSHARE it unshares the fd table, all of it,
+     * as the real call would before closing, so that what we close below, one fd at a time and
+     * in pieces, is closed in the unshared table alone, as the kernel's call would have. */
     int saved = errno;
+    if (mlp_sys_close_range(~0U, ~0U, flags) < 0)
+        return -1; /* errno: the kernel's */
+    errno = saved;
+    bool child = mlp_vfork_child();
     int max = first > (unsigned)INT32_MAX ? -1 : (int)(last > (unsigned)INT32_MAX ? INT32_MAX : last);
     unsigned lo = first;
     int rc = 0;
@@ -294,36 +304,55 @@ static int mlp_close_range_call(unsigned first, unsigned last, int flags)
         if (child)
             continue; /* the parent's records: its fds are still open */
         if (flags & CLOSE_RANGE_CLOEXEC) {
+            /* Only marked: the fd stays open, and so does its record. */
             struct mlp_sock *s = mlp_get(fd);
             if (s) {
                 if (s->ch)
                     mlp_own_fd_cloexec(s->ch->seg->fd, true);
                 mlp_put(s);
             }
-        } else if (!(flags & CLOSE_RANGE_UNSHARE)) {
-            (void)mlp_close_one(fd); /* the record, then the kernel's close, as close() */
+        } else {
+            /* The record, then the kernel's close, as close(): what an undecided or withdrawn
+             * socket still owes its peer goes out over TCP while the fd is open. */
+            (void)mlp_close_one(fd);
         }
     }
     if (lo >= first && lo <= last && mlp_sys_close_range(lo, last, flags) < 0)
         rc = -1;
-    if (rc == 0) {
+    if (rc == 0)
         errno = saved;
-        /* With CLOSE_RANGE_UNSHARE alone the records could not go before the kernel's close. */
-        if ((flags & (CLOSE_RANGE_CLOEXEC | CLOSE_RANGE_UNSHARE)) == CLOSE_RANGE_UNSHARE && !child)
-            for (int fd = mlp_fdrec_next((int)first, max); fd >= 0;
-                 fd = mlp_fdrec_next(fd + 1, max)) {
-                struct mlp_fdrec *rec = mlp_fdrec(fd);
-                if (mlp_fdrec_busy(rec) && !atomic_load_explicit(&rec->owner, memory_order_relaxed))
-                    mlp_fd_released(fd, NULL);
-            }
-        errno = saved;
-    }
     return rc;
 }
 
 MLP_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 {
     return mlp_close_range_call(first, last, flags);
+}
+
+/* ---- network namespaces: the rendezvous names carry ours, read again after a move ---- */
+
+MLP_EXPORT int unshare(int flags)
+{
+    MLP_INIT();
+    int r = mlp_real_unshare(flags);
+    if (r == 0 && (flags & CLONE_NEWNET)) {
+        int saved = errno;
+        mlp_netns_refresh();
+        errno = saved;
+    }
+    return r;
+}
+
+MLP_EXPORT int setns(int fd, int nstype)
+{
+    MLP_INIT();
+    int r = mlp_real_setns(fd, nstype);
+    if (r == 0 && (nstype == 0 || (nstype & CLONE_NEWNET))) {
+        int saved = errno;
+        mlp_netns_refresh();
+        errno = saved;
+    }
+    return r;
 }
 
 /* ---- resource limits: only noted (RLIMIT_FSIZE and memlan's log, init.c) ---- */

@@ -660,7 +660,13 @@ struct mlp_lrec {
     uid_t vouched_uid;        /* kernel confirmed (mlp_lrec_access); 0: not yet */
 };
 static struct mlp_lrec *mlp_lrecs[65536];
-static struct mlp_lrec *mlp_xrecs; /* found through la- names: other namespaces' listeners */
+/* Found through la- names: other namespaces' listeners, newest first.  An entry goes when its
+ * record is found dead (its namespace's listener gone) and the oldest when there are more than
+ * MLP_XRECS_MAX: each holds a descriptor and a mapping, and a client that outlived many
+ * namespaces' servers kept one of each per dead record, for ever. */
+static struct mlp_lrec *mlp_xrecs;
+#define MLP_XRECS_MAX 64
+static bool mlp_lrec_live(int fd);
 static int mlp_lrec_grant_one(struct mlp_lrec *r, uid_t uid);
 
 /*
@@ -854,19 +860,60 @@ static bool mlp_lrec_live(int fd)
     return fl.l_type != F_UNLCK;
 }
 
+/* Forget an entry of mlp_xrecs: its descriptor closed, its mapping retired (unmapped when the
+ * last connect or undecided socket using it lets go).  mlp_neg_mu. */
+static void mlp_xrec_drop(struct mlp_lrec *r)
+{
+    for (struct mlp_lrec **pp = &mlp_xrecs; *pp; pp = &(*pp)->next)
+        if (*pp == r) {
+            *pp = r->next;
+            break;
+        }
+    if (r->check_fd >= 0) {
+        mlp_disown_fd(r->check_fd);
+        __ml_sys_close(r->check_fd);
+    }
+    mlp_lmap_retire(r->map);
+    free(r);
+}
+
+/* Our entry for port is for the namespace netns; one made in another namespace of ours (before
+ * an unshare or setns) is taken over when nothing listens through it, else false.  mlp_neg_mu. */
+static bool mlp_lrec_rekey(struct mlp_lrec *r, const char *netns)
+{
+    if (strcmp(r->netns, netns) == 0)
+        return true;
+    if (r->nlisten > 0)
+        return false;
+    snprintf(r->netns, sizeof r->netns, "%s", netns);
+    if (r->check_fd >= 0) { /* it watches the other namespace's record */
+        mlp_disown_fd(r->check_fd);
+        __ml_sys_close(r->check_fd);
+        r->check_fd = -1;
+    }
+    return true;
+}
+
 /* Client: the live record for port in namespace netns (ours, or one an la- name led to), or
  * NULL; with *held, its mapping, held for the caller (mlp_lmap_put), or NULL. */
 static struct mlp_lrec *mlp_lrec_find(const char *netns, int port, struct ml_listen_rec **held)
 {
     *held = NULL;
-    bool ours = strcmp(netns, mlp_cfg.netns) == 0;
+    char cur[24];
+    mlp_netns(cur);
+    bool ours = strcmp(netns, cur) == 0;
     pthread_mutex_lock(&mlp_neg_mu);
-    struct mlp_lrec *r = NULL;
+    struct mlp_lrec *r = NULL, *x = NULL;
     if (ours) {
         r = mlp_lrecs[port];
+        if (r && !mlp_lrec_rekey(r, netns)) {
+            pthread_mutex_unlock(&mlp_neg_mu);
+            return NULL; /* our own listener on the port, in the namespace we left */
+        }
     } else {
         for (r = mlp_xrecs; r && (r->port != port || strcmp(r->netns, netns) != 0); r = r->next)
             ;
+        x = r;
     }
     for (int pass = 0; pass < 2; pass++) {
         if (r && r->check_fd >= 0 && mlp_lrec_live(r->check_fd))
@@ -899,8 +946,24 @@ static struct mlp_lrec *mlp_lrec_find(const char *netns, int port, struct ml_lis
             if (ours) {
                 mlp_lrecs[port] = r;
             } else {
+                /* Room for it: the entries whose records are dead go (one lock probe each,
+                 * only when an entry is added), then the oldest beyond the bound. */
+                int n = 0;
+                struct mlp_lrec *last = NULL, *next;
+                for (struct mlp_lrec *e = mlp_xrecs; e; e = next) {
+                    next = e->next;
+                    if (e->check_fd < 0 || !mlp_lrec_live(e->check_fd)) {
+                        mlp_xrec_drop(e);
+                        continue;
+                    }
+                    n++;
+                    last = e;
+                }
+                if (n >= MLP_XRECS_MAX && last)
+                    mlp_xrec_drop(last);
                 r->next = mlp_xrecs;
                 mlp_xrecs = r;
+                x = r;
             }
         }
         if (r->check_fd >= 0) {
@@ -918,6 +981,8 @@ static struct mlp_lrec *mlp_lrec_find(const char *netns, int port, struct ml_lis
         }
         r->ino = ino;
     }
+    if (!r && x)
+        mlp_xrec_drop(x); /* that namespace's listeners are gone, and with them its record */
     if (r && r->map && !mlp_lmap_hold_locked(r->map))
         r = NULL;
     if (r)
@@ -1016,8 +1081,9 @@ static void mlp_addr_link(const struct mlp_addr *a, const char *target)
  * every non-loopback address of our namespace (of its family; IPv4 too on a dual-stack one). */
 static void mlp_addr_links(int fd, const struct mlp_addr *a)
 {
-    char target[64];
-    mlp_lrec_name(target, sizeof target, mlp_cfg.netns, a->port);
+    char target[64], cur[24];
+    mlp_netns(cur);
+    mlp_lrec_name(target, sizeof target, cur, a->port);
     if (!mlp_addr_wild(a))
         return mlp_addr_link(a, target);
     int v6only = 0;
@@ -1107,10 +1173,18 @@ int mlp_on_listen(int fd)
         mlp_put(old);
         return 0;
     }
+    char cur[24];
+    mlp_netns(cur);
     pthread_mutex_lock(&mlp_neg_mu);
     struct mlp_lrec *r = mlp_lrecs[a.port];
+    if (r && !mlp_lrec_rekey(r, cur)) {
+        pthread_mutex_unlock(&mlp_neg_mu);
+        mlp_log(1, "listen fd %d port %d: not published (this process listens on the port in "
+                   "another network namespace too)", fd, a.port);
+        return 0;
+    }
     if (!r && (r = calloc(1, sizeof *r))) {
-        snprintf(r->netns, sizeof r->netns, "%s", mlp_cfg.netns);
+        snprintf(r->netns, sizeof r->netns, "%s", cur);
         r->port = a.port;
         r->lock_fd = -1;
         r->check_fd = -1;
@@ -1121,7 +1195,7 @@ int mlp_on_listen(int fd)
         int lfd;
         struct ml_listen_rec *m;
         ino_t ino;
-        err = mlp_lrec_open(mlp_cfg.netns, a.port, true, &lfd, &m, &ino);
+        err = mlp_lrec_open(cur, a.port, true, &lfd, &m, &ino);
         if (err == 0) {
             r->lock_fd = lfd;
             if (r->map != m)
@@ -1163,9 +1237,12 @@ int mlp_on_listen(int fd)
 /* Our credentials changed and the fabric is out of reach (cred.c): no client may offer on a
  * port we listen on, since we may be the one that accepts.  Through the mappings we made before:
  * they keep their access. */
-void mlp_lrec_no_offer(uint32_t why)
+bool mlp_lrec_no_offer(uint32_t why)
 {
-    pthread_mutex_lock(&mlp_neg_mu);
+    /* Tried, never waited for: the caller may be a signal handler (setuid is async-signal-safe)
+     * that came while this thread held the lock.  false: busy, try again later. */
+    if (pthread_mutex_trylock(&mlp_neg_mu) != 0)
+        return false;
     for (int port = 0; port < 65536; port++) {
         struct mlp_lrec *r = mlp_lrecs[port];
         if (r && r->nlisten > 0 && r->map && !ml_load_relaxed(&r->map->no_offer)) {
@@ -1174,6 +1251,7 @@ void mlp_lrec_no_offer(uint32_t why)
         }
     }
     pthread_mutex_unlock(&mlp_neg_mu);
+    return true;
 }
 
 /* Why a record says not to offer. */
@@ -1197,7 +1275,7 @@ void mlp_lrec_release(struct mlp_lrec *r)
         r->lock_fd = -1;
         /* The last listener on the port anywhere?  Then the record goes. */
         char name[64];
-        mlp_lrec_name(name, sizeof name, mlp_cfg.netns, r->port);
+        mlp_lrec_name(name, sizeof name, r->netns, r->port);
         if (mlp_fab && __ml_fabric_reclaim_name(mlp_fab, name) > 0)
             mlp_addr_links_drop(r->port, name);
     }
@@ -1289,7 +1367,7 @@ static int mlp_uid_cmp(const void *a, const void *b)
  * that user (sock_diag, once per record file): any member could create a port's record before
  * its server does.  NULL and acc filled, or why not to offer.
  */
-static const char *mlp_lrec_access(struct mlp_lrec *rec, const struct mlp_addr *l,
+static const char *mlp_lrec_access(const char *netns, int port, const struct mlp_addr *l,
                                    const struct mlp_addr *r, struct ml_access *acc)
 {
     memset(acc, 0, sizeof *acc);
@@ -1297,7 +1375,20 @@ static const char *mlp_lrec_access(struct mlp_lrec *rec, const struct mlp_addr *
     uint32_t u[ML_ACCESS_MAX + 1];
     const char *why = NULL;
     struct stat st;
+    char cur[24];
+    mlp_netns(cur);
     pthread_mutex_lock(&mlp_neg_mu);
+    /* Found again under the lock: another namespace's entry may have been dropped since. */
+    struct mlp_lrec *rec = NULL;
+    if (port > 0 && port < 65536 && strcmp(netns, cur) == 0)
+        rec = mlp_lrecs[port];
+    for (struct mlp_lrec *x = mlp_xrecs; !rec && x; x = x->next)
+        if (x->port == port && strcmp(x->netns, netns) == 0)
+            rec = x;
+    if (!rec) {
+        pthread_mutex_unlock(&mlp_neg_mu);
+        return "the server's listener record went away";
+    }
     int fd = rec->check_fd >= 0 ? rec->check_fd : rec->lock_fd;
     int n = fd < 0 ? -EBADF : __ml_sys_fstat(fd, &st);
     if (n == 0) {
@@ -1407,7 +1498,7 @@ void mlp_lrec_grant(uid_t uid)
 /* ---- the client side --------------------------------------------------------------------- */
 
 struct mlp_pending {
-    struct mlp_lrec *rec;
+    char netns[24];           /* the listener's namespace (a copy: the entry may be dropped) */
     struct ml_listen_rec *map;
     bool other_ns;            /* the listener is in another namespace (found by an la- name) */
     const char *no_offer;     /* set: we do not offer, and did not count ourselves in, because */
@@ -1439,18 +1530,23 @@ void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, vo
         return;
     /* A non-loopback address may be another namespace's listener's (see mlp_addr_link);
      * loopback is every namespace's own. */
-    char ns[24];
+    char ns[24], cur[24];
+    mlp_netns(cur);
     bool other = !mlp_addr_loopback(&a) && !mlp_addr_wild(&a) &&
-                 mlp_addr_netns(&a, ns, sizeof ns) && strcmp(ns, mlp_cfg.netns) != 0;
+                 mlp_addr_netns(&a, ns, sizeof ns) && strcmp(ns, cur) != 0;
     struct ml_listen_rec *lm;
-    struct mlp_lrec *r = mlp_lrec_find(other ? ns : mlp_cfg.netns, a.port, &lm);
+    struct mlp_lrec *r = mlp_lrec_find(other ? ns : cur, a.port, &lm);
     if (!r)
         return;
+    const char *rns = other ? ns : cur;
     const char *no = mlp_cred_lost(false) ? mlp_cred_why : mlp_no_offer_why(lm);
     if (no) {
         struct mlp_pending *p = malloc(sizeof *p);
         if (p)
-            *p = (struct mlp_pending){.rec = r, .map = lm, .other_ns = other, .no_offer = no};
+        {
+            *p = (struct mlp_pending){.map = lm, .other_ns = other, .no_offer = no};
+            snprintf(p->netns, sizeof p->netns, "%s", rns);
+        }
         else
             mlp_lmap_put(lm);
         *token = p;
@@ -1475,10 +1571,14 @@ void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, vo
         mlp_lmap_put(lm);
         return;
     }
-    p->rec = r;
+    snprintf(p->netns, sizeof p->netns, "%s", rns);
     p->map = lm;
     p->other_ns = other;
     p->no_offer = NULL;
+    /* Tell the acceptor to look up our link-layer address: it does that (two rtnetlink round
+     * trips) only for a record some client of another namespace has used. */
+    if (other && !ml_load_relaxed(&lm->xns))
+        ml_store_release(&lm->xns, 1u);
     /* SYNC: before connect(): an acceptor that sees our connection sees this count. */
     atomic_fetch_add_explicit(&p->map->pending, 1, memory_order_seq_cst);
     *token = p;
@@ -1661,9 +1761,9 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
         why = mlp_cred_why;
     struct ml_access acc;
     if (!why && mlp_fab->shared)
-        why = mlp_lrec_access(p->rec, &l, &r, &acc);
+        why = mlp_lrec_access(p->netns, r.port, &l, &r, &acc);
     if (!why)
-        (void)mlp_client_offer(fd, &l, &r, p->rec->netns, p->other_ns ? mac : NULL, p->map,
+        (void)mlp_client_offer(fd, &l, &r, p->netns, p->other_ns ? mac : NULL, p->map,
                                mlp_fab->shared ? &acc : NULL, &why);
     if (p) {
         mlp_pending_done(p);
@@ -1785,6 +1885,13 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
             if (s->state == MLP_UNDECIDED) {
                 int w = __ml_chan_withdraw(s->ch);
                 if (w == 0 || w == -EPROTO) { /* -EPROTO: broken, nobody can attach */
+                    /* Our side of the channel is published reset and closed: if the word was
+                     * overwritten after an acceptor claimed the offer (only garbage can make a
+                     * 1 read as 2 or anything else), that acceptor reads the ring and would
+                     * wait there for ever while we talk TCP; it ends instead (ECONNRESET), and
+                     * its close reaches us over TCP.  Nobody else can attach any more. */
+                    atomic_fetch_or(&s->me->flags, ML_SOCK_RESET);
+                    __ml_chan_abandon(s->ch);
                     s->state = MLP_TCP;
                     mlp_offer_gone(s);
                     mlp_stat_conn(s, fd, why);
@@ -1864,10 +1971,16 @@ void mlp_on_accept(int lfd, int fd, int flags)
     /* A peer on a link of ours, not one of our own addresses, may be a memlan client in another
      * namespace: its offer then names the link-layer address our neighbour table holds for it,
      * so that only the namespace at the other end of the link can have made it. */
+    /* Only a record that a client of another namespace has used (xns, set by such clients)
+     * pays for the look-up: a server accepting remote clients made two rtnetlink round trips
+     * (and two sockets) per connection for nothing.  The word is a peer's to write: it decides
+     * only which name we look for, never how long we wait. */
     uint8_t mac[6];
-    bool other_ns = !mlp_addr_loopback(&r) && !mlp_addr_eq(&l, &r) && mlp_peer_mac(&r, mac) == 0;
-    char name[160];
-    mlp_offer_name(name, sizeof name, mlp_cfg.netns, &r, &l, other_ns ? mac : NULL);
+    bool other_ns = !mlp_addr_loopback(&r) && !mlp_addr_eq(&l, &r) &&
+                    ml_load_acquire(&m->xns) != 0 && mlp_peer_mac(&r, mac) == 0;
+    char name[160], cur[24];
+    mlp_netns(cur);
+    mlp_offer_name(name, sizeof name, cur, &r, &l, other_ns ? mac : NULL);
     const char *why = NULL;
     memlan_channel_t *ch = NULL;
     uint64_t deadline = mlp_now_ns() + (uint64_t)mlp_cfg.server_wait_ms * 1000000u;

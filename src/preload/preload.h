@@ -17,6 +17,7 @@
 
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
@@ -50,8 +51,12 @@ struct mlp_config {
     size_t ring_size;         /* MEMLAN_RING_KB: ring per direction unless SO_*BUF says more */
     char ports[256];          /* MEMLAN_PORTS: only these server ports ("" = all) */
     char no_ports[256];       /* MEMLAN_NO_PORTS: never these */
-    char netns[24];           /* our network namespace, part of every rendezvous name */
 };
+/* Our network namespace (the inode of /proc/self/ns/net, in hex), part of every rendezvous
+ * name: read at start-up and again after an unshare or setns of the network namespace (init.c,
+ * interpose.c); out must hold 24 bytes. */
+void mlp_netns(char *out);
+void mlp_netns_refresh(void);
 extern struct mlp_config mlp_cfg;
 extern memlan_fabric_t *mlp_fab;     /* NULL when the fabric could not be opened (reason logged) */
 extern char mlp_fab_error[128];
@@ -204,7 +209,7 @@ void mlp_stat_conn(struct mlp_sock *s, int fd, const char *why);  /* record in m
 void mlp_stat_tcp(int fd, const char *why);
 void mlp_stat_clear(struct mlp_sock *s);
 void mlp_stat_prepare(void);         /* create our memlan stat entry now, if there is a fabric */
-void mlp_lrec_no_offer(uint32_t why);/* ML_NO_OFFER_*: in every record we listen on */
+bool mlp_lrec_no_offer(uint32_t why);/* ML_NO_OFFER_*: in every record we listen on; false: busy */
 void mlp_lrec_grant(uid_t uid);      /* a shared fabric: uid may accept on our ports (cred.c) */
 void mlp_sock_liveness(memlan_channel_t *ch, int fd); /* the kernel socket under a channel */
 
@@ -266,6 +271,7 @@ int mlp_lock_rx(struct mlp_sock *s, bool nb);
 void mlp_unlock_rx(struct mlp_sock *s);
 unsigned mlp_sig_nores_count(void); /* signals.c: handlers without SA_RESTART run on this thread */
 unsigned mlp_sig_runs(void);        /* signals.c: the same count, read without side effects */
+bool mlp_sig_in_handler(void);       /* signals.c: this thread runs a handler installed through us */
 
 extern _Atomic bool mlp_forked;      /* some socket may be shared with another process */
 

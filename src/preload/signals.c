@@ -16,25 +16,66 @@
  * and every interrupted wait then fails with EINTR (below).  A raw rt_sigaction is not seen:
  * calls its handlers interrupt restart.  glibc's own (cancellation, setxid) are installed with
  * SA_RESTART or act by themselves.
+ *
+ * Every handler installed through sigaction goes behind the trampoline (with SA_RESTART too: only
+ * those without it are counted), which also keeps the thread's handler depth, so that code that
+ * must not take a lock or allocate inside a handler can tell (cred.c: setuid is
+ * async-signal-safe).  The table is written under a spin lock taken with every signal blocked,
+ * together with the kernel's disposition, so that two threads installing handlers at once leave
+ * the table saying what the kernel does (each wrote its half before: the table could name one
+ * thread's handler, with the other's flags, while the kernel had the other's call last); the
+ * trampoline reads a handler and its flags as one, by a sequence count.  A vfork child (it shares
+ * our memory, not our dispositions) passes straight through and writes nothing of ours.
  */
 #include "preload.h"
+#include "sys/sys.h"
 
 #include <dlfcn.h>
 #include <errno.h>
 #include <signal.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #define MLP_NSIG 65
 
 static __thread unsigned mlp_nores_runs __attribute__((tls_model("initial-exec")));
+static __thread unsigned mlp_sig_depth __attribute__((tls_model("initial-exec")));
 
 /* The application's handler behind the trampoline, per signal; siginfo: it takes three
  * arguments.  Written before the kernel's disposition changes, so a delivery in between finds
- * a handler the application asked for, the old or the new. */
+ * a handler the application asked for, the old or the new; seq is odd while it is written. */
 static struct {
+    _Atomic unsigned seq;
     _Atomic(void *) fn;
     _Atomic int flags;
 } mlp_app[MLP_NSIG];
+static _Atomic int mlp_sig_lock; /* the table and the kernel's dispositions, changed together */
+
+bool mlp_sig_in_handler(void) { return mlp_sig_depth != 0; }
+
+static void mlp_app_get(int sig, void **fn, int *flags)
+{
+    for (;;) {
+        unsigned q = atomic_load(&mlp_app[sig].seq);
+        if (!(q & 1)) {
+            *fn = atomic_load(&mlp_app[sig].fn);
+            *flags = atomic_load(&mlp_app[sig].flags);
+            if (atomic_load(&mlp_app[sig].seq) == q)
+                return;
+        }
+        /* A writer on another thread (ours blocks signals while it writes): two stores. */
+        ml_cpu_relax();
+    }
+}
+
+static void mlp_app_set(int sig, void *fn, int flags)
+{
+    atomic_fetch_add(&mlp_app[sig].seq, 1u);
+    atomic_store(&mlp_app[sig].fn, fn);
+    atomic_store(&mlp_app[sig].flags, flags);
+    atomic_fetch_add(&mlp_app[sig].seq, 1u);
+}
 
 /* A handler without SA_RESTART installed where we cannot count it (siginterrupt(sig, 1),
  * sysv_signal and signal() in strict ISO C, which is __sysv_signal; sigset): from then on every
@@ -63,6 +104,12 @@ unsigned mlp_sig_nores_count(void)
     return mlp_nores_runs;
 }
 
+/* A vfork child shares our memory, not our dispositions: it must write nothing of ours. */
+static bool mlp_sig_vfork_child(void)
+{
+    return mlp_pid && (int)__ml_sys_getpid() != mlp_pid;
+}
+
 static void *mlp_sig_next(const char *name)
 {
     return dlsym(RTLD_NEXT, name);
@@ -72,7 +119,7 @@ MLP_EXPORT int siginterrupt(int sig, int flag)
 {
     int (*real)(int, int) = mlp_real_siginterrupt ? mlp_real_siginterrupt
                                                   : (int (*)(int, int))mlp_sig_next("siginterrupt");
-    if (flag)
+    if (flag && !mlp_sig_vfork_child())
         mlp_sig_set_uncounted();
     if (!real) {
         errno = ENOSYS;
@@ -87,8 +134,8 @@ MLP_EXPORT int siginterrupt(int sig, int flag)
         __sighandler_t (*real)(int, __sighandler_t) =                                          \
             mlp_real_##name ? mlp_real_##name                                                  \
                             : (__sighandler_t(*)(int, __sighandler_t))mlp_sig_next(#name);     \
-        if (h != SIG_DFL && h != SIG_IGN)                                                      \
-            mlp_sig_set_uncounted();                                            \
+        if (h != SIG_DFL && h != SIG_IGN && !mlp_sig_vfork_child())                            \
+            mlp_sig_set_uncounted();                                                           \
         if (!real) {                                                                           \
             errno = ENOSYS;                                                                    \
             return SIG_ERR;                                                                    \
@@ -101,17 +148,25 @@ MLP_SIG_UNCOUNTED(sigset)
 
 static void mlp_trampoline(int sig, siginfo_t *si, void *uc)
 {
-    mlp_nores_runs++;
-    if (sig <= 0 || sig >= MLP_NSIG)
+    if (sig <= 0 || sig >= MLP_NSIG) {
+        mlp_nores_runs++;
         return;
-    void *fn = atomic_load(&mlp_app[sig].fn);
-    int flags = atomic_load(&mlp_app[sig].flags);
+    }
+    void *fn;
+    int flags;
+    mlp_app_get(sig, &fn, &flags);
+    if (!(flags & SA_RESTART))
+        mlp_nores_runs++;
     if (fn == (void *)SIG_DFL || fn == (void *)SIG_IGN || !fn)
         return; /* cannot happen: only real handlers are installed behind us */
+    /* (a handler that leaves by siglongjmp leaves the depth up: that thread then counts as in
+     * a handler, which only makes cred.c skip what it may skip) */
+    mlp_sig_depth++;
     if (flags & SA_SIGINFO)
         ((void (*)(int, siginfo_t *, void *))fn)(sig, si, uc);
     else
         ((void (*)(int))fn)(sig);
+    mlp_sig_depth--;
 }
 
 int mlp_sigaction_real(int sig, const struct sigaction *act, struct sigaction *old)
@@ -127,37 +182,81 @@ int mlp_sigaction_real(int sig, const struct sigaction *act, struct sigaction *o
     return mlp_real_sigaction(sig, act, old);
 }
 
+/* Every signal blocked (glibc's internal ones too: the raw system call) while we hold the lock,
+ * so that no handler of this thread can come in and wait for it. */
+static void mlp_sig_block(sigset_t *saved)
+{
+    sigset_t all;
+    sigfillset(&all);
+    (void)syscall(SYS_rt_sigprocmask, SIG_SETMASK, &all, saved, _NSIG / 8);
+}
+
+static void mlp_sig_unblock(const sigset_t *saved)
+{
+    (void)syscall(SYS_rt_sigprocmask, SIG_SETMASK, saved, NULL, _NSIG / 8);
+}
+
+static void mlp_sig_lock_take(void)
+{
+    for (unsigned i = 0;; i++) {
+        int z = 0;
+        if (atomic_compare_exchange_weak(&mlp_sig_lock, &z, 1))
+            return;
+        if (i % 64 == 63)
+            (void)syscall(SYS_sched_yield); /* its holder is between two system calls */
+        else
+            ml_cpu_relax();
+    }
+}
+
 MLP_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 {
+    bool ok = sig > 0 && sig < MLP_NSIG;
+    /* A vfork child shares our memory, not our dispositions: it writes nothing of ours (its
+     * handlers go in unwrapped: it is about to exec or _exit). */
+    if (mlp_sig_vfork_child()) {
+        int r = mlp_sigaction_real(sig, act, old);
+        if (r == 0 && ok && old && old->sa_sigaction == mlp_trampoline) {
+            void *fn;
+            int flags;
+            mlp_app_get(sig, &fn, &flags);
+            if (flags & SA_SIGINFO) {
+                old->sa_sigaction = (void (*)(int, siginfo_t *, void *))fn;
+            } else {
+                old->sa_flags &= ~SA_SIGINFO;
+                old->sa_handler = (void (*)(int))fn;
+            }
+        }
+        return r;
+    }
     if (sig == SIGBUS) /* sigbus.c keeps its own handler in the kernel, for the guard */
         return mlp_sigbus_sigaction(act, old);
     struct sigaction mine;
     void *prev_fn = NULL;
     int prev_flags = 0;
-    bool wrap = act && sig > 0 && sig < MLP_NSIG && !(act->sa_flags & SA_RESTART) &&
-                act->sa_handler != SIG_DFL && act->sa_handler != SIG_IGN;
-    if (sig > 0 && sig < MLP_NSIG) {
-        prev_fn = atomic_load(&mlp_app[sig].fn);
-        prev_flags = atomic_load(&mlp_app[sig].flags);
-    }
+    bool wrap = act && ok && act->sa_handler != SIG_DFL && act->sa_handler != SIG_IGN;
+    sigset_t saved;
+    int e0 = errno;
+    mlp_sig_block(&saved);
+    mlp_sig_lock_take();
+    errno = e0;
+    if (ok)
+        mlp_app_get(sig, &prev_fn, &prev_flags);
     if (wrap) {
         mine = *act;
         mine.sa_flags |= SA_SIGINFO;
         mine.sa_sigaction = mlp_trampoline;
         void *fn = (act->sa_flags & SA_SIGINFO) ? (void *)act->sa_sigaction
                                                 : (void *)act->sa_handler;
-        /* (a delivery between the two stores may call the new handler with the old
-         * convention only if the application changes SA_SIGINFO on a live handler) */
-        atomic_store(&mlp_app[sig].flags, act->sa_flags);
-        atomic_store(&mlp_app[sig].fn, fn);
+        mlp_app_set(sig, fn, act->sa_flags);
         act = &mine;
     }
     int r = mlp_sigaction_real(sig, act, old);
     int e = errno;
-    if (r < 0 && wrap) {
-        atomic_store(&mlp_app[sig].fn, prev_fn);
-        atomic_store(&mlp_app[sig].flags, prev_flags);
-    }
+    if (r < 0 && wrap)
+        mlp_app_set(sig, prev_fn, prev_flags);
+    atomic_store(&mlp_sig_lock, 0);
+    mlp_sig_unblock(&saved);
     if (r == 0 && old && old->sa_sigaction == mlp_trampoline && (old->sa_flags & SA_SIGINFO)) {
         /* What the application installed, not our trampoline. */
         if (prev_flags & SA_SIGINFO) {

@@ -251,7 +251,7 @@ static int mlp_peer_aborted(struct mlp_sock *s, bool probe)
     bool dead = probe ? __ml_chan_check_peer(s->ch) != 0 : s->ch->peer_dead;
     if (!dead)
         return 0;
-    if (__ml_chan_peer_left_unread(s->ch))
+    if (s->ch->split || __ml_chan_peer_left_unread(s->ch)) /* split: it talks TCP, see channel.c */
         return ECONNRESET;
     return late ? EPIPE : 0;
 }
@@ -515,6 +515,21 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
             if (nb || i == n)
                 break;
             continue;
+        }
+        if (r == -EPIPE && st == MLP_UNDECIDED) {
+            /* Settled on TCP meanwhile, by another thread or a fork sibling: a settle publishes
+             * our side of the channel closed (mlp_decide), which the ring reports as EPIPE.
+             * These bytes go over TCP, after the ring's. */
+            st = mlp_decide(s, fd, false);
+            if (st == MLP_TCP) {
+                int e = mlp_tcp_catch_up(s, fd, !nb);
+                ssize_t w = e < 0 ? e : mlp_tcp_send_rest(fd, iov, n, i, off, flags);
+                if (w < 0)
+                    return done ? done : (w == -EPIPE && !(flags & MSG_NOSIGNAL)
+                                              ? (raise(SIGPIPE), w) : w);
+                return done + w;
+            }
+            break;
         }
         if (r != -EAGAIN || nb)
             break;

@@ -99,6 +99,20 @@ ssize_t __ml_sys_send(int fd, const void *buf, size_t len)
     return SYS_CALL(SYS_sendto, fd, buf, len, MSG_NOSIGNAL, NULL, 0);
 }
 
+/* The credentials of a Unix socket's peer, as the kernel took them at connect (SO_PEERCRED). */
+int __ml_sys_peer_uid(int fd, uint32_t *uid)
+{
+    struct ucred uc;
+    socklen_t len = sizeof uc;
+    long r = SYS_CALL(SYS_getsockopt, fd, SOL_SOCKET, SO_PEERCRED, &uc, &len);
+    if (r < 0)
+        return (int)r;
+    if (len < sizeof uc)
+        return -EPROTO;
+    *uid = (uint32_t)uc.uid;
+    return 0;
+}
+
 ssize_t __ml_sys_recv(int fd, void *buf, size_t len)
 {
     return SYS_CALL(SYS_recvfrom, fd, buf, len, 0, NULL, NULL);
@@ -332,6 +346,26 @@ int __ml_sys_socket_hup(int fd, uint64_t ino)
     if (r < 0)
         return (int)r;
     return (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+/* Bytes waiting on the kernel socket fd (still the socket of inode ino), with no end of stream
+ * behind them: 1 yes, 0 no, -errno.  A zero-timeout ppoll (a sandbox that refuses recvfrom, as
+ * sshd's does, allows it): POLLIN without POLLRDHUP can only be data. */
+int __ml_sys_socket_data(int fd, uint64_t ino)
+{
+    struct stat st;
+    if (fd < 0)
+        return -EBADF;
+    int r0 = __ml_sys_fstat(fd, &st);
+    if (r0 == 0 ? !S_ISSOCK(st.st_mode) || (uint64_t)st.st_ino != ino
+                : r0 != -EACCES && r0 != -EPERM && r0 != -ENOSYS)
+        return -EBADF;
+    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+    struct timespec zero = {0, 0};
+    long r = SYS_CALL(SYS_ppoll, &p, 1, &zero, NULL, 0);
+    if (r < 0)
+        return (int)r;
+    return (p.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) == POLLIN;
 }
 
 int __ml_sys_getdents(int fd, void *buf, size_t len)

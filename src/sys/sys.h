@@ -50,6 +50,7 @@ int __ml_sys_futex_wake(_Atomic uint32_t *word, int n);
 /* Is the socket fd (still the one whose inode is ino) past its peer's FIN or reset?  1 yes,
  * 0 no, negative errno when it cannot tell (fd closed or reused, the call refused).  Never waits. */
 int __ml_sys_socket_hup(int fd, uint64_t ino);
+int __ml_sys_socket_data(int fd, uint64_t ino);
 int __ml_sys_getdents(int fd, void *buf, size_t len);
 /* 1 when a Unix seqpacket socket listens at path, 0 when none does (ECONNREFUSED, or not a
  * socket), or a negative errno.  The probe connection is closed at once, so the listener's
@@ -63,6 +64,7 @@ int __ml_sys_accept4(int fd, int flags);
 int __ml_sys_connect(int fd, const void *sa, size_t len);
 ssize_t __ml_sys_send(int fd, const void *buf, size_t len);
 ssize_t __ml_sys_recv(int fd, void *buf, size_t len);
+int __ml_sys_peer_uid(int fd, uint32_t *uid);
 int __ml_sys_poll1(int fd, short events, int timeout_ms); /* 1 ready, 0 timed out */
 int __ml_sys_epoll_create(void);
 int __ml_sys_epoll_ctl(int epfd, int op, int fd, uint32_t events, uint64_t data);

@@ -7,7 +7,11 @@
  *    "nobody attached yet" and waited for ever.
  * 2. A value the protocol never writes (neither 0, 1 nor withdrawn) is a broken channel: waiting
  *    for the peer says -EPROTO, a withdrawal gives up on it (-EPROTO: the socket layer then stays
- *    on TCP instead of trying again for ever), a blocked recv ends. */
+ *    on TCP instead of trying again for ever), a blocked recv ends.
+ * 3. Nobody ever attaches (issue 20: a peer that died before attaching, or whose open of the
+ *    file failed): the creator's blocking recv and send give up 10 s after creation with
+ *    -ENOTCONN (the old code waited for ever), the offer is withdrawn so that a late attacher
+ *    is refused, and memlan_channel_wait_peer() still waits for as long as it is told. */
 #include "test.h"
 #include "channel.h"
 
@@ -56,6 +60,28 @@ int main(void)
         ASSERT_EQ(memlan_recv(a, buf, sizeof buf, 0), -ECONNRESET);
         memlan_channel_close(a);
     }
+
+    /* 3 */
+    memlan_channel_t *snd; /* made at the same time, for the send below (one 10 s wait) */
+    ASSERT_OK(memlan_channel_create(fab, &o, &snd));
+    ASSERT_OK(memlan_channel_create(fab, &o, &a));
+    t0 = ml_test_now_ns();
+    ASSERT_EQ(memlan_channel_wait_peer(a, 300), -ETIMEDOUT); /* its own bound, nothing more */
+    ASSERT_EQ(atomic_load(&a->hdr->attached), 0u);
+    r = memlan_recv(a, buf, sizeof buf, 0);
+    ms = (ml_test_now_ns() - t0) / 1000000u;
+    printf("creator's recv with nobody attached: %zd after %" PRIu64 " ms\n", r, ms);
+    ASSERT_EQ(r, -ENOTCONN);
+    ASSERT_GE(ms, 9900);
+    ASSERT_EQ(memlan_recv(a, buf, sizeof buf, 0), -ENOTCONN); /* and at once from then on */
+    memlan_channel_t *late;
+    ASSERT_EQ(memlan_channel_attach(fab, memlan_channel_token(a), &late), -EBUSY);
+    memlan_channel_close(a);
+    /* A blocked send (ring full) ends the same way. */
+    static char big[8192];
+    ASSERT_EQ(memlan_send(snd, big, sizeof big, MEMLAN_DONTWAIT), 4096);
+    ASSERT_EQ(memlan_send(snd, big, sizeof big, 0), -ENOTCONN);
+    memlan_channel_close(snd);
     ml_test_fabric_empty(fab);
     printf("attach-word: ok\n");
     return 0;

@@ -3,10 +3,11 @@
  * fdlifeconf: what happens to a connection, and to the next socket given the same fd number,
  * when the fd is released some other way than close(): close_range (with and without
  * CLOSE_RANGE_CLOEXEC), closefrom, dup2 over it, an fd above 65536, and a vfork child that closes
- * its copy before exec while the parent goes on reading.  Run once over kernel TCP and once
+ * its copy before exec while the parent goes on reading; a close_range the kernel refuses (bad
+ * flags, a seccomp filter) and CLOSE_RANGE_UNSHARE alone.  Run once over kernel TCP and once
  * under `memlan run`: the two outputs must be equal (tests/py/test_preload.py).
  *
- * usage: fdlifeconf PORT [CASE]   (CASE: run only that numbered case, 1 to 8)
+ * usage: fdlifeconf PORT [CASE]   (CASE: run only that numbered case, 1 to 10)
  * The program starts with close_range(3, ~0U, 0), as varnishd does: under memlan that also
  * closes memlan's own fds (its log), and the connections after it must still be accelerated.
  * Every wait is bounded: a peer that never sees the end prints "timeout" instead of hanging.
@@ -14,6 +15,10 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
+#include <sys/prctl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
@@ -27,6 +32,9 @@
 
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+#ifndef CLOSE_RANGE_UNSHARE
+#define CLOSE_RANGE_UNSHARE (1U << 1)
 #endif
 
 static struct sockaddr_in addr;
@@ -259,6 +267,58 @@ int main(int argc, char **argv)
     close(c);
     outcome("vfork", s);
     close(s);
+    }
+    CASE(9) {
+        /* 9. A close_range the kernel refuses changes nothing: bad flags (EINVAL), and a seccomp
+         * filter's EPERM (a sandbox); the connection goes on.  (memlan used to close the
+         * accelerated sockets in the range through their records before the refused call.) */
+        fflush(stdout);
+        pid_t pid = fork();
+        if (pid == 0) {
+            pair(&c, &s, 0);
+            int r = my_close_range((unsigned)c, (unsigned)c, 0x80);
+            printf("bad flags: %d %s\n", r, r < 0 ? strerror(errno) : "");
+            exchange("bad flags", c, s);
+            struct sock_filter f[] = {
+                BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+                BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 436 /* close_range */, 0, 1),
+                BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+                BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW)};
+            struct sock_fprog prog = {sizeof f / sizeof f[0], f};
+            if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) ||
+                prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog))
+                die("seccomp");
+            r = my_close_range((unsigned)(c < s ? c : s), ~0U, 0);
+            printf("sandbox: %d %s\n", r, r < 0 ? strerror(errno) : "");
+            exchange("sandbox", c, s);
+            close(c);
+            outcome("sandbox", s);
+            close(s);
+            fflush(stdout);
+            _exit(0);
+        }
+        int st = 0;
+        waitpid(pid, &st, 0);
+        printf("sandbox: child exit %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+    }
+    CASE(10) {
+        /* 10. CLOSE_RANGE_UNSHARE alone closes, in an unshared table: a client that wrote before
+         * the server accepted must still deliver its bytes, then the end (memlan released the
+         * record after the kernel's close, when the bytes could no longer go out). */
+        c = socket(AF_INET, SOCK_STREAM, 0);
+        if (c < 0 || connect(c, (struct sockaddr *)&addr, sizeof addr) < 0)
+            die("connect early");
+        if (send(c, "early", 5, 0) != 5)
+            die("send early");
+        if (my_close_range((unsigned)c, (unsigned)c, CLOSE_RANGE_UNSHARE) < 0)
+            die("close_range unshare");
+        printf("unshare: closed %d\n", fcntl(c, F_GETFD) < 0);
+        s = accept(lfd, NULL, NULL);
+        char b[16];
+        ssize_t n = recv(s, b, sizeof b, MSG_WAITALL);
+        printf("unshare: peer read %zd\n", n);
+        outcome("unshare", s);
+        close(s);
     }
     printf("done\n");
     return 0;

@@ -202,3 +202,160 @@ def test_source_nat_on_a_direct_link_stays_on_tcp(fabric, netns, tmp_path):
     assert "a NAT between the namespaces" in clog, clog
     assert "a NAT between the namespaces" in slog, slog
     memlan("clean")
+
+
+# A client that lives through many namespaces' servers: one connection per line on stdin, then
+# its own mappings and descriptors of listener records.
+ROUNDS_CLIENT = r"""
+import os, socket, sys
+addr, port = sys.argv[1], int(sys.argv[2])
+for line in sys.stdin:
+    c = socket.create_connection((addr, port), timeout=30)
+    c.sendall(b"x" * 1000)
+    c.shutdown(socket.SHUT_WR)
+    got = b""
+    while True:
+        b = c.recv(65536)
+        if not b:
+            break
+        got += b
+    c.close()
+    print("ok" if got == b"x" * 1000 else "MISMATCH", flush=True)
+maps = sum(1 for l in open("/proc/self/maps") if "/ls-" in l)
+fds = sum(1 for f in os.listdir("/proc/self/fd")
+          if "/ls-" in (os.readlink("/proc/self/fd/" + f) if os.path.exists("/proc/self/fd/" + f) else ""))
+print("records", maps, fds, flush=True)
+"""
+
+
+def test_dead_namespaces_records_are_let_go(fabric, netns, tmp_path):
+    """A client in one namespace connects, round after round, to a server in a new namespace
+    each time (the last one deleted): it must not keep one listener record (a mapping and a
+    descriptor) per dead namespace for ever, as it did."""
+    ns, link = netns
+    x = random.randrange(1, 250)
+    c = ns("cli")
+    clog = tmp_path / "client.log"
+    addr, port = "10.231.%d.2" % x, 47956
+    cli = subprocess.Popen(in_ns(c, clog, PY, "-c", ROUNDS_CLIENT, addr, str(port)),
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True)
+    rounds = 5
+    try:
+        prev = None
+        for i in range(rounds):
+            if prev:
+                subprocess.run(["ip", "netns", "del", prev], capture_output=True, timeout=30)
+            s = ns("srv%d" % i)
+            link(s, addr + "/24", c, "10.231.%d.1/24" % x)
+            slog = tmp_path / ("server%d.log" % i)
+            srv = subprocess.Popen(in_ns(s, slog, PY, "-c", SERVER, addr, str(port)),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            assert srv.stdout.readline().strip() == "ready", srv.stderr.read()
+            cli.stdin.write("go\n")
+            cli.stdin.flush()
+            assert cli.stdout.readline().strip() == "ok"
+            srv.communicate(timeout=60)
+            prev = s
+        cli.stdin.close()
+        out = cli.stdout.read()
+        cli.wait(timeout=30)
+    finally:
+        if cli.poll() is None:
+            cli.kill()
+            cli.wait()
+    text = clog.read_text()
+    assert text.count("accelerated (client)") == rounds, text
+    maps, fds = (int(v) for v in out.split()[1:3])
+    assert maps <= 2 and fds <= 2, "records kept after %d dead namespaces: %d mappings, %d fds" % (
+        rounds, maps, fds)
+    memlan("clean")
+
+
+# Moves itself into a new network namespace after memlan started, then listens on loopback.
+UNSHARE_SERVER = r"""
+import ctypes, os, socket, subprocess, sys
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.unshare(0x40000000) == 0, ctypes.get_errno()      # CLONE_NEWNET
+subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
+l = socket.socket()
+l.bind(("127.0.0.1", int(sys.argv[1])))
+l.listen(4)
+print("%x" % os.stat("/proc/self/ns/net").st_ino, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_namespace_entered_after_start_names_the_records(fabric, tmp_path):
+    """unshare(CLONE_NEWNET) after memlan started: the listener's record carries the new
+    namespace (it carried the one read at start-up, so a client in the old namespace connecting
+    to its own 127.0.0.1 at that port would have found it)."""
+    log = tmp_path / "memlan.log"
+    port = 47957
+    srv = subprocess.Popen([str(MEMLAN), "run", "--log", str(log), "--", PY, "-c", UNSHARE_SERVER,
+                            str(port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        ino = srv.stdout.readline().strip()
+        assert ino, srv.stderr.read()
+        recs = [f for f in os.listdir(fabric) if f.startswith("ls-")]
+        old = "%x" % os.stat("/proc/self/ns/net").st_ino
+        assert recs == ["ls-%s-%d" % (ino, port)], (recs, ino, old)
+        srv.stdin.write("\n")
+        srv.stdin.flush()
+        srv.wait(timeout=30)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    memlan("clean")
+
+
+NL_SERVER = r"""
+import socket, sys
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind((sys.argv[1], int(sys.argv[2])))
+l.listen(16)
+print("ready", flush=True)
+for i in range(int(sys.argv[3])):
+    a, _ = l.accept()
+    a.sendall(a.recv(16))
+    a.close()
+print("served", flush=True)
+"""
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
+def test_remote_clients_cost_the_acceptor_no_netlink(fabric, netns, tmp_path):
+    """Plain-TCP clients from another namespace (no memlan: to the server, remote peers): the
+    acceptor used to open two rtnetlink sockets per connection to look their link-layer
+    address up.  Now only a record that a memlan client of another namespace has used does."""
+    ns, link = netns
+    x = random.randrange(1, 250)
+    s, c = ns("srv"), ns("cli")
+    link(s, "10.231.%d.2/24" % x, c, "10.231.%d.1/24" % x)
+    n, port = 10, 47958
+    trace = tmp_path / "strace.out"
+    slog = tmp_path / "server.log"
+    srv = subprocess.Popen(["ip", "netns", "exec", s, "strace", "-f", "-qq", "-e",
+                            "trace=socket", "-o", str(trace), str(MEMLAN), "run", "--log",
+                            str(slog), "--", PY, "-c", NL_SERVER, "10.231.%d.2" % x, str(port),
+                            str(n)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert srv.stdout.readline().strip() == "ready", srv.stderr.read()
+        client = ("import socket\nfor i in range(%d):\n c = socket.create_connection(('%s', %d),"
+                  " timeout=10)\n c.sendall(b'hi')\n assert c.recv(16) == b'hi'\n c.close()\n"
+                  % (n, "10.231.%d.2" % x, port))
+        subprocess.run(["ip", "netns", "exec", c, PY, "-c", client], check=True, timeout=60,
+                       capture_output=True)
+        assert srv.stdout.readline().strip() == "served"
+        srv.wait(timeout=30)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    calls = trace.read_text()
+    assert "TCP (" in slog.read_text(), slog.read_text()
+    assert calls.count("AF_NETLINK") == 0, calls
+    memlan("clean")

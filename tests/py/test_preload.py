@@ -934,6 +934,19 @@ def test_fd_released_other_ways_matches_kernel(fabric, tmp_path):
     settle(fabric)
 
 
+def test_signal_corners_match_kernel(fabric, tmp_path):
+    """A vfork child's own handler leaves the parent's in place (it used to replace it in the
+    table memlan keeps in the memory they share); two threads installing handlers at once leave
+    the one sigaction reports running, with its convention; and (as root) a handler that drops
+    and takes back its euid every 200 us while the program connects and accepts does not
+    deadlock in memlan's credential path.  Line for line as over kernel TCP."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "sigrace", tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "parent's" in plain.stdout and " 0 of " in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    settle(fabric)
+
+
 def test_uncounted_handlers_interrupt_recv(fabric, tmp_path):
     """signal() then siginterrupt(sig, 1), and sysv_signal() (signal() in strict ISO C): the
     handler is installed without SA_RESTART by a path memlan does not count, and an alarm()
