@@ -731,6 +731,9 @@ unsigned (*__ml_wait_hook)(void);
  * spinning and before each sleep, so that a handler without SA_RESTART that ran while we were
  * not in the kernel ends the wait with EINTR as it would have ended the kernel's.  NULL: none. */
 unsigned (*__ml_intr_count)(void);
+/* The same for every handler, SA_RESTART too: with a deadline (SO_RCVTIMEO/SO_SNDTIMEO) any
+ * handler ends the wait with EINTR, as sock_intr_errno does in the kernel. */
+unsigned (*__ml_intr_any)(void);
 /* Set by the embedder when handlers it cannot count may run (siginterrupt(sig, 1) and the like):
  * a wait then never spins, so that such a handler can only find us in the kernel's sleep, whose
  * EINTR we see. */
@@ -770,7 +773,7 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
 {
     int me = __ml_getcpu();
     ml_note_cpu(cpu, (uint32_t)(me + 1));
-    unsigned (*count)(void) = __ml_intr_count;
+    unsigned (*count)(void) = deadline && __ml_intr_any ? __ml_intr_any : __ml_intr_count;
     unsigned runs0 = count ? count() : 0;
     uint64_t budget = __ml_spin_budget_ns(sp, ml_load_relaxed(peer_cpu));
     if (budget && atomic_load_explicit(&__ml_intr_blind, memory_order_relaxed))

@@ -116,6 +116,7 @@ uint32_t __ml_chan_peer_state(struct memlan_channel *ch);
 void __ml_evq_fds(struct memlan_evq *q, int **seg_fd, int **bell_fd);
 extern unsigned (*__ml_wait_hook)(void); /* see ml_wait() in channel.c */
 extern unsigned (*__ml_intr_count)(void); /* the same */
+extern unsigned (*__ml_intr_any)(void);   /* the same */
 extern _Atomic bool __ml_intr_blind;      /* the same */
 int __ml_chan_wait_rx(struct memlan_channel *ch, int flags);
 int __ml_chan_wait_tx(struct memlan_channel *ch, uint64_t want);

@@ -271,6 +271,7 @@ int mlp_lock_rx(struct mlp_sock *s, bool nb);
 void mlp_unlock_rx(struct mlp_sock *s);
 unsigned mlp_sig_nores_count(void); /* signals.c: handlers without SA_RESTART run on this thread */
 unsigned mlp_sig_runs(void);        /* signals.c: the same count, read without side effects */
+unsigned mlp_sig_runs_any(void);    /* signals.c: every handler run through us, on this thread */
 bool mlp_sig_in_handler(void);       /* signals.c: this thread runs a handler installed through us */
 
 extern _Atomic bool mlp_forked;      /* some socket may be shared with another process */

@@ -92,6 +92,11 @@ static void mlp_sig_set_uncounted(void)
 /* sigbus.c runs the program's SIGBUS handler from its own: counted the same way. */
 void mlp_sig_note_run(void) { mlp_nores_runs++; }
 
+/* Every handler run through us, SA_RESTART or not: a call with SO_RCVTIMEO or SO_SNDTIMEO fails
+ * with EINTR after any handler, as the kernel's does (sock_intr_errno). */
+static __thread unsigned mlp_any_runs __attribute__((tls_model("initial-exec")));
+unsigned mlp_sig_runs_any(void) { return mlp_any_runs; }
+
 /* The runs counted on this thread, nothing else (channel.c reads it while spinning). */
 unsigned mlp_sig_runs(void) { return mlp_nores_runs; }
 
@@ -148,6 +153,7 @@ MLP_SIG_UNCOUNTED(sigset)
 
 static void mlp_trampoline(int sig, siginfo_t *si, void *uc)
 {
+    mlp_any_runs++;
     if (sig <= 0 || sig >= MLP_NSIG) {
         mlp_nores_runs++;
         return;

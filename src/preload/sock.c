@@ -181,6 +181,7 @@ __attribute__((constructor)) static void mlp_wait_hook_init(void)
 {
     __ml_wait_hook = mlp_wait_hook;
     __ml_intr_count = mlp_sig_runs;
+    __ml_intr_any = mlp_sig_runs_any;
 }
 
 /* Take a direction's lock: 0, or what the call returns instead: -EAGAIN (nb) or -EINTR when a

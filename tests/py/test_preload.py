@@ -523,6 +523,22 @@ def test_signals_and_cancellation_match_kernel(fabric, tmp_path):
     settle(fabric)
 
 
+def test_signals_while_spinning_match_kernel(fabric, tmp_path, monkeypatch):
+    """The same with a spin of a second (MEMLAN_SPIN_US=1000000): a handler that runs while
+    the blocking call spins, not sleeps, ends it as it would have ended the kernel's (EINTR
+    without SA_RESTART, EINTR with SO_RCVTIMEO whatever the flag) and a cancellation acts; with
+    handlers memlan cannot count (siginterrupt), waits do not spin.  Before: the nores and timeo
+    cases received the next byte, cancel hung, and siginterrupt hung."""
+    monkeypatch.setenv("MEMLAN_SPIN_US", "1000000")
+    plain, under, text = scripted(SIGCONF, tmp_path)
+    assert plain.stdout.endswith("done\n") and "hang" not in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    plain, under, text = scripted(BUILD / "tests-preload" / "siginterrupt", tmp_path)
+    assert "Interrupted system call" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    settle(fabric)
+
+
 LOCKCONF = BUILD / "tests-preload" / "lockconf"
 
 
