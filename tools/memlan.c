@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -639,7 +640,8 @@ static int cmd_fabric(int argc, char **argv)
         fprintf(stderr, "memlan fabric create: no such group '%s'\n", group);
         return 1;
     }
-    if (mkdir(dir, 0700) < 0 && errno != EEXIST) {
+    bool made = mkdir(dir, 0700) == 0;
+    if (!made && errno != EEXIST) {
         fprintf(stderr, "memlan fabric create: %s: %s\n", dir, strerror(errno));
         return 1;
     }
@@ -654,12 +656,36 @@ static int cmd_fabric(int argc, char **argv)
             close(fd);
         return 1;
     }
-    if (st.st_uid != geteuid() && geteuid() != 0) {
+    /* An existing directory must be ours (root too: another user's directory stays theirs,
+     * with whatever they put in it and the right to remove anyone's files) and empty. */
+    if (st.st_uid != geteuid()) {
         fprintf(stderr, "memlan fabric create: %s: belongs to uid %u, not to us\n", dir,
                 (unsigned)st.st_uid);
         close(fd);
         return 1;
     }
+    if (!made) {
+        int dfd = dup(fd);
+        DIR *d = dfd < 0 ? NULL : fdopendir(dfd);
+        struct dirent *e;
+        bool empty = d != NULL;
+        while (d && (e = readdir(d)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+                empty = false;
+        if (d)
+            closedir(d);
+        else if (dfd >= 0)
+            close(dfd);
+        if (!empty) {
+            fprintf(stderr, "memlan fabric create: %s: exists and is not empty (a fabric is made "
+                    "from a new or empty directory)\n", dir);
+            close(fd);
+            return 1;
+        }
+    }
+    /* No ACL from before: the modes below say who may join. */
+    (void)fremovexattr(fd, "system.posix_acl_access");
+    (void)fremovexattr(fd, "system.posix_acl_default");
     mode_t mode = listable ? 03770 : 03730;
     if (fchown(fd, (uid_t)-1, gid) < 0 || fchmod(fd, mode) < 0) {
         fprintf(stderr, "memlan fabric create: %s: %s\n", dir, strerror(errno));

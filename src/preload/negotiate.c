@@ -633,7 +633,11 @@ static void mlp_ring_hint_publish(struct ml_listen_rec *m, uint32_t v)
 static size_t mlp_ring_size(int fd, uint32_t listener_hint)
 {
     uint64_t want = mlp_bufhint_of(fd);
-    if (listener_hint > want && listener_hint <= (64u << 20)) /* the record is peer-writable */
+    /* The record is peer-writable, in a shared fabric by every member: a hint sizes our file on
+     * the fabric's tmpfs, so another member's is believed up to 4 MiB only (a member wrote 64 MiB
+     * and made every client of the port allocate 128 MiB a connection). */
+    uint32_t cap = mlp_fab && mlp_fab->shared ? (4u << 20) : (64u << 20);
+    if (listener_hint > want && listener_hint <= cap)
         want = listener_hint;
     if (!want)
         return mlp_cfg.ring_size;
@@ -1673,9 +1677,11 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, cons
     if (ofd == -EEXIST) {
         /* The acceptor got there first and refused ("R"), or a stale offer has our name. */
         char buf[4] = "";
-        long rfd = __ml_sys_open(fab->dirfd, name, O_RDONLY | O_NOFOLLOW, 0);
-        if (rfd >= 0) {
-            (void)__ml_sys_read((int)rfd, buf, 1);
+        long rfd = __ml_sys_open(fab->dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, 0);
+        struct stat rst;
+        if (rfd >= 0) { /* a refusal is a regular file: a planted FIFO must not hold us */
+            if (__ml_sys_fstat((int)rfd, &rst) == 0 && S_ISREG(rst.st_mode))
+                (void)__ml_sys_read((int)rfd, buf, 1);
             __ml_sys_close((int)rfd);
         }
         __ml_sys_unlinkat(fab->dirfd, name, 0);
@@ -1923,17 +1929,41 @@ void mlp_sock_liveness(memlan_channel_t *ch, int fd)
 
 /* Open an offer: the channel's file (its fd, > 0), 0 refused or being refused ("" or "R"; our
  * own refusal is a small file, a channel never is), or -errno (-ENOENT: no offer yet). */
+/* The offer under name: its fd (> 0), 0 for a file that is not one yet (being written, or a
+ * refusal: *refused), -ENOTSUP for something that can never be one (a FIFO, a device, a
+ * directory, a symbolic link: whoever can write in the fabric may plant one; a blocking open or
+ * read of a FIFO froze the acceptor and the client), or -errno. */
 static long mlp_open_offer(const char *name, struct stat *st, bool *refused)
 {
-    long fd = __ml_sys_open(mlp_fab->dirfd, name, O_RDWR | O_NOFOLLOW, 0);
+    long fd = __ml_sys_open(mlp_fab->dirfd, name, O_RDWR | O_NOFOLLOW | O_NONBLOCK, 0);
+    if (fd == -ELOOP || fd == -EISDIR || fd == -ENXIO || fd == -ENODEV || fd == -ETXTBSY)
+        return -ENOTSUP;
     if (fd < 0)
         return fd;
-    if (__ml_sys_fstat((int)fd, st) == 0 && S_ISREG(st->st_mode) && st->st_size >= ML_PAGE)
+    if (__ml_sys_fstat((int)fd, st) < 0 || !S_ISREG(st->st_mode)) {
+        __ml_sys_close((int)fd);
+        return -ENOTSUP;
+    }
+    if (st->st_size >= ML_PAGE)
         return fd;
     char c = 0;
     *refused = __ml_sys_read((int)fd, &c, 1) == 1 && c == 'R';
     __ml_sys_close((int)fd);
     return 0;
+}
+
+/* In a shared fabric: was the offer file made by the client's user?  Any member can create a
+ * file under a connection's offer name (the name is the addresses), and the acceptor would take
+ * that member's channel for the client's connection: it would read what the server sends the
+ * client and speak for the client.  A file of our own user's is ours to trust; another user's
+ * must be the user the kernel knows the connecting socket by (sock_diag). */
+static bool mlp_offer_owner_ok(const struct stat *st, const struct mlp_addr *l,
+                               const struct mlp_addr *r)
+{
+    if (!mlp_fab->shared || st->st_uid == geteuid())
+        return true;
+    uint32_t k;
+    return mlp_diag_server_uid(l, r, &k) == 0 && k == st->st_uid;
 }
 
 /* A memlan client that closed before we accepted has taken its offer away (wrk probes the
@@ -1984,12 +2014,23 @@ void mlp_on_accept(int lfd, int fd, int flags)
     const char *why = NULL;
     memlan_channel_t *ch = NULL;
     uint64_t deadline = mlp_now_ns() + (uint64_t)mlp_cfg.server_wait_ms * 1000000u;
+    unsigned late = 0;
     for (;;) {
         /* SYNC: pending first, then the name: see mlp_pending_done(). */
         uint32_t pend = ml_load_acquire(&m->pending);
         bool refused = false;
         struct stat st;
         long k = mlp_open_offer(name, &st, &refused);
+        if (k == -ENOTSUP) {
+            why = "a file that cannot be an offer has this connection's offer name";
+            break;
+        }
+        if (k > 0 && !mlp_offer_owner_ok(&st, &l, &r)) {
+            __ml_sys_close((int)k);
+            why = "the offer under this connection's name was not made by the client's user "
+                  "(another member of the shared fabric may have made it)";
+            break;
+        }
         if (k > 0) {
             /* A file whose mapping we do not keep yet, and could, is opened a second time, for a
              * mapping that carries no lock and can be kept (see segment.c's mapping cache). */
@@ -2045,6 +2086,10 @@ void mlp_on_accept(int lfd, int fd, int flags)
             }
             if (ofd != -EEXIST) {
                 why = "could not refuse the offer";
+                break;
+            }
+            if (++late > 8) { /* something at the name that is never an offer: no spinning */
+                why = "a file that is not an offer has this connection's offer name";
                 break;
             }
             continue; /* the offer just arrived */

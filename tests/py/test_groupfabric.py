@@ -398,3 +398,85 @@ def test_redis_of_root_with_a_member_client(gfabric, pubdir):
         except subprocess.TimeoutExpired:
             srv.kill()
             srv.wait()
+
+
+# The client binds a chosen source port, so that its offer's name is known in advance.
+BOUND_CLIENT = r"""
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[2])))
+s.settimeout(15)
+s.connect(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"hello\n")
+print("echo", s.makefile("rb").readline() == b"hello\n", flush=True)
+s.close()
+"""
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink", "dir"])
+def test_group_fabric_planted_offer_name_does_not_freeze(gfabric, pubdir, kind):
+    """A member plants a FIFO, a symbolic link or a directory under another user's offer name
+    (the name is the connection's addresses): both ends go on over TCP at once, with the reason.
+    Before: a FIFO froze the acceptor's accept() and the client's connect() in a blocking read
+    for ever; a symbolic link or a directory made the acceptor spin in accept()."""
+    fab, gid = gfabric
+    port, sport = next_port(), next_port()
+    (pubdir / "srv.py").write_text(ECHO_SERVER)
+    (pubdir / "cli.py").write_text(BOUND_CLIENT)
+    slog, clog = logfile(pubdir, "server.log"), logfile(pubdir, "client.log")
+    srv = subprocess.Popen(as_user(A, gid, under(slog, ["python3", str(pubdir / "srv.py"),
+                                                        str(port), "1"])),
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        assert srv.stdout.readline().strip() == "ready"
+        ns = "%x" % os.stat("/proc/self/ns/net").st_ino
+        name = fab / ("cx-%s-7f000001p%x-7f000001p%x" % (ns, sport, port))
+        plant = {"fifo": ["mkfifo", "-m", "666", str(name)],
+                 "symlink": ["ln", "-s", "/nonexistent", str(name)],
+                 "dir": ["mkdir", str(name)]}[kind]
+        subprocess.run(as_user(C, gid, plant), check=True, timeout=10)
+        t = time.time()
+        cli = subprocess.run(as_user(B, gid, under(clog, ["python3", str(pubdir / "cli.py"),
+                                                          str(port), str(sport)])),
+                             capture_output=True, text=True, timeout=30)
+        assert cli.returncode == 0 and cli.stdout.split() == ["echo", "True"], cli
+        assert srv.stdout.readline().strip() == "ended"
+        assert srv.wait(10) == 0
+        assert time.time() - t < 10
+        assert "a file that cannot be an offer has this connection's offer name" in \
+            slog.read_text(), slog.read_text()
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+        if os.path.isdir(name) and not os.path.islink(name):
+            os.rmdir(name)
+        elif os.path.lexists(name):
+            os.unlink(name)
+
+
+def test_fabric_create_refuses_another_users_or_a_used_directory(group, tmp_path):
+    """`memlan fabric create`, even as root, makes a fabric only of a new directory or an empty
+    one of its own: a member who made the directory first (and planted files in it) would own
+    the fabric, with the right to remove or replace anyone's files.  Before: accepted, the
+    planted file kept."""
+    name, gid = group
+    d = pathlib.Path(tempfile.mkdtemp(prefix="memlan-grp-pre-", dir="/dev/shm"))
+    try:
+        os.chown(d, C, gid)
+        (d / "ls-planted").write_text("x")
+        p = subprocess.run([str(MEMLAN), "fabric", "create", "--group", name, str(d)],
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 1 and "not to us" in p.stderr, p
+        os.chown(d, 0, 0)
+        p = subprocess.run([str(MEMLAN), "fabric", "create", "--group", name, str(d)],
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 1 and "not empty" in p.stderr, p
+        (d / "ls-planted").unlink()
+        p = subprocess.run([str(MEMLAN), "fabric", "create", "--group", name, str(d)],
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0, p
+        assert (d.stat().st_mode & 0o7777) == 0o3730
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
