@@ -90,6 +90,7 @@ struct mlp_ep;
 /* A socket's direction locks (sock.c). */
 struct mlp_locks {
     pthread_mutex_t tx, rx;
+    _Atomic uint64_t pub[2]; /* the channel's published tx head and rx tail (__ml_chan_pub_share) */
 };
 
 struct mlp_sock {

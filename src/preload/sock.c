@@ -59,38 +59,64 @@ void mlp_negotiate_at_exit(void);
  * exec gets a new one, and the exec'd image is not serialised with a process that still holds
  * the socket from before (design.md, Limits).
  */
+/*
+ * The page also holds the channel's published ring positions (our tx head and rx tail as their
+ * holder last stored them: __ml_chan_pub_share), read by whoever asks about readiness without a
+ * lock and by the next process to take a lock after fork, in place of the channel's shared
+ * copies, which the peer can overwrite.  The channel is pointed at them before the page is
+ * published in s->locks, so nobody can hold a direction meanwhile: page makers take turns
+ * (mlp_locks_making), with signals blocked, since a handler of the same thread could want a page
+ * too (once per socket: two system calls beside the mmap).
+ */
+static atomic_flag mlp_locks_making = ATOMIC_FLAG_INIT;
+
 static struct mlp_locks *mlp_locks_of(struct mlp_sock *s)
 {
     struct mlp_locks *l = atomic_load_explicit(&s->locks, memory_order_acquire);
     if (ml_likely(l != NULL))
         return l;
-    struct mlp_locks *n = mmap(NULL, sizeof *n, PROT_READ | PROT_WRITE,
-                               MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (n != MAP_FAILED) {
-        pthread_mutexattr_t a;
-        pthread_mutexattr_init(&a);
-        pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-        pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-        pthread_mutex_init(&n->tx, &a);
-        pthread_mutex_init(&n->rx, &a);
-        pthread_mutexattr_destroy(&a);
-    } else {
-        n = &s->own_locks; /* zeroed at creation: PTHREAD_MUTEX_INITIALIZER */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    while (atomic_flag_test_and_set_explicit(&mlp_locks_making, memory_order_acquire))
+        ml_cpu_relax();
+    l = atomic_load_explicit(&s->locks, memory_order_acquire);
+    if (!l) {
+        struct mlp_locks *n = mmap(NULL, sizeof *n, PROT_READ | PROT_WRITE,
+                                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (n != MAP_FAILED) {
+            pthread_mutexattr_t a;
+            pthread_mutexattr_init(&a);
+            pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+            pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+            pthread_mutex_init(&n->tx, &a);
+            pthread_mutex_init(&n->rx, &a);
+            pthread_mutexattr_destroy(&a);
+            if (s->ch)
+                __ml_chan_pub_share(s->ch, n->pub);
+        } else {
+            n = &s->own_locks; /* zeroed at creation: PTHREAD_MUTEX_INITIALIZER */
+        }
+        atomic_store_explicit(&s->locks, n, memory_order_release);
+        l = n;
     }
-    if (!atomic_compare_exchange_strong(&s->locks, &l, n)) {
-        if (n != &s->own_locks)
-            munmap(n, sizeof *n);
-        return l;
-    }
-    return n;
+    atomic_flag_clear_explicit(&mlp_locks_making, memory_order_release);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return l;
 }
+
+/* A fork child: a page maker of another thread of the parent's does not exist here. */
+static void mlp_locks_after_fork(void) { atomic_flag_clear(&mlp_locks_making); }
 
 /* Its page goes with the socket's last reference (no thread holds a lock then). */
 static void mlp_locks_free(struct mlp_sock *s)
 {
     struct mlp_locks *l = atomic_exchange(&s->locks, NULL);
-    if (l && l != &s->own_locks)
+    if (l && l != &s->own_locks) {
+        if (s->ch)
+            __ml_chan_pub_share(s->ch, NULL); /* the channel outlives the page a little */
         munmap(l, sizeof *l);
+    }
 }
 
 /*
@@ -1190,6 +1216,7 @@ void mlp_after_fork_child(void)
 {
     mlp_negotiate_after_fork();
     mlp_poll_after_fork();
+    mlp_locks_after_fork();
     int max = mlp_fd_max();
     for (int fd = 0; fd <= max; fd++) {
         struct mlp_sock *s = mlp_get(fd);
