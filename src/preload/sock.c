@@ -1104,16 +1104,40 @@ void mlp_before_last_close(struct mlp_sock *s, int fd)
  * a duplicate of our own until the socket's last reference goes (mlp_sock_destroy); without it
  * the kernel socket's FIN would tell the peer that we are gone while the channel still works.
  */
-void mlp_keep_file(struct mlp_sock *s, int fd)
+static void mlp_keep_file_refs(struct mlp_sock *s, int fd, int mine)
 {
-    if (s->type != MLP_CONN || !s->ch || s->keep_fd > 0 || atomic_load(&s->refs) <= 1)
+    if (s->type != MLP_CONN || !s->ch || atomic_load(&s->refs) <= mine ||
+        atomic_exchange(&s->keep_taken, true))
         return;
     long k = __ml_sys_fcntl_dupfd(fd, 3, true);
-    if (k < 0)
+    if (k < 0) {
+        atomic_store(&s->keep_taken, false);
         return; /* no fd left: the close goes through as before, the FIN now */
+    }
     s->keep_fd = (int)k;
     mlp_own_fd(&s->keep_fd, true);
     s->ch->sock_fd = s->keep_fd; /* the liveness check's view of the kernel socket */
+}
+
+/* After fd's last record went (the caller holds the table's reference it had). */
+void mlp_keep_file(struct mlp_sock *s, int fd) { mlp_keep_file_refs(s, fd, 1); }
+
+/*
+ * Before a kernel call that closes fd before its record can go (dup2/dup3 over it, which close
+ * fd2 inside the call and leave it naming another file; close_range with CLOSE_RANGE_UNSHARE
+ * alone): if fd is its socket's last and calls are in progress, the keep-alive duplicate is
+ * taken now, while fd still names the socket.  Taken afterwards it duplicated the new file (the
+ * pipe dup2'd in: its reader never saw EOF), the liveness check looked at that, and the kernel
+ * socket's last reference had gone with the dup2: a FIN under the blocked recv.
+ */
+void mlp_keep_file_early(int fd)
+{
+    struct mlp_sock *s = mlp_get(fd);
+    if (!s)
+        return;
+    if (atomic_load(&s->nfds) <= 1)
+        mlp_keep_file_refs(s, fd, 2); /* the table's reference and ours */
+    mlp_put(s);
 }
 
 static void mlp_sock_destroy_conn(struct mlp_sock *s);

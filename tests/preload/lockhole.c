@@ -11,6 +11,8 @@
  *   dup2blk   dup2(pipe, fd) while another thread is asleep in recv on fd: the blocked recv
  *             keeps the socket (no FIN reaches the peer, its byte still arrives), and the file
  *             dup2'd in is a plain file (closing its last fd gives the pipe's reader EOF)
+ *   unshare   the same with close_range(fd, fd, CLOSE_RANGE_UNSHARE) in place of the dup2 (the
+ *             kernel closes in a table of the thread's own: the other thread's recv keeps the fd)
  *   jmplock   a timer handler siglongjmp()s out of recv(4 MB) again and again while a sender
  *             streams (some jumps land in the locked copy): recv works afterwards
  *   peekwait  recv(MSG_PEEK|MSG_WAITALL) with fewer bytes there than asked and SO_RCVTIMEO: the
@@ -28,6 +30,7 @@
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,10 +38,15 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#ifndef CLOSE_RANGE_UNSHARE
+#define CLOSE_RANGE_UNSHARE (1U << 1)
+#endif
 
 static int port;
 static char *self;
@@ -201,8 +209,9 @@ static char got;
 static ssize_t got_r;
 static void *t_recv(void *a) { (void)a; got = '-'; got_r = recv(cfd, &got, 1, 0); return NULL; }
 
-static void case_dup2blk(int l)
+static void case_dup2blk(int l, bool unshare)
 {
+    const char *name = unshare ? "unshare" : "dup2blk";
     pid_t p = fork();
     if (p == 0) {
         alarm(8);
@@ -214,18 +223,23 @@ static void case_dup2blk(int l)
         pthread_t t;
         pthread_create(&t, NULL, t_recv, NULL);
         ms(200);
-        int pp[2];
-        if (pipe(pp) < 0)
-            _exit(1);
-        printf("dup2blk: dup2 over the socket %d\n", dup2(pp[1], cfd) == cfd);
-        close(pp[1]);
-        close(cfd); /* the pipe's last write end */
-        struct pollfd pf = {.fd = pp[0], .events = POLLIN};
-        int pr = poll(&pf, 1, 500);
-        printf("dup2blk: the pipe's reader sees EOF: %s\n",
-               pr == 1 && read(pp[0], &c, 1) == 0 ? "yes" : "no");
+        if (unshare) {
+            printf("%s: close_range(CLOSE_RANGE_UNSHARE) %d\n", name,
+                   (int)syscall(SYS_close_range, cfd, cfd, CLOSE_RANGE_UNSHARE));
+        } else {
+            int pp[2];
+            if (pipe(pp) < 0)
+                _exit(1);
+            printf("%s: dup2 over the socket %d\n", name, dup2(pp[1], cfd) == cfd);
+            close(pp[1]);
+            close(cfd); /* the pipe's last write end */
+            struct pollfd pf = {.fd = pp[0], .events = POLLIN};
+            int pr = poll(&pf, 1, 500);
+            printf("%s: the pipe's reader sees EOF: %s\n", name,
+                   pr == 1 && read(pp[0], &c, 1) == 0 ? "yes" : "no");
+        }
         pthread_join(t, NULL);
-        printf("dup2blk: blocked recv %zd %c\n", got_r, got_r > 0 ? got : '-');
+        printf("%s: blocked recv %zd %c\n", name, got_r, got_r > 0 ? got : '-');
         fflush(stdout);
         _exit(0);
     }
@@ -239,8 +253,9 @@ static void case_dup2blk(int l)
     int st;
     waitpid(p, &st, 0);
     if (WIFSIGNALED(st))
-        printf("dup2blk: client killed by signal %d\n", WTERMSIG(st));
-    printf("dup2blk: server poll while the recv is asleep %d %#x\n", pr, pr > 0 ? pf.revents : 0);
+        printf("%s: client killed by signal %d\n", name, WTERMSIG(st));
+    printf("%s: server poll while the recv is asleep %d %#x\n", name, pr,
+           pr > 0 ? pf.revents : 0);
     close(c);
 }
 
@@ -386,7 +401,9 @@ int main(int argc, char **argv)
     if (!only || strstr(only, "vandal"))
         case_vandal(l);
     if (!only || strstr(only, "dup2blk"))
-        case_dup2blk(l);
+        case_dup2blk(l, false);
+    if (!only || strstr(only, "unshare"))
+        case_dup2blk(l, true);
     if (!only || strstr(only, "jmplock"))
         case_jmplock(l);
     if (!only || strstr(only, "peekwait"))
