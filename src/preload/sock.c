@@ -70,6 +70,21 @@ void mlp_negotiate_at_exit(void);
  */
 static atomic_flag mlp_locks_making = ATOMIC_FLAG_INIT;
 
+/* Error-checking, so that a thread can ask whether it holds one (EDEADLK: see mlp_lock). */
+static void mlp_dir_locks_init(struct mlp_locks *l, bool shared)
+{
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_settype(&a, PTHREAD_MUTEX_ERRORCHECK);
+    if (shared) {
+        pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+        pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    }
+    pthread_mutex_init(&l->tx, &a);
+    pthread_mutex_init(&l->rx, &a);
+    pthread_mutexattr_destroy(&a);
+}
+
 static struct mlp_locks *mlp_locks_of(struct mlp_sock *s)
 {
     struct mlp_locks *l = atomic_load_explicit(&s->locks, memory_order_acquire);
@@ -85,17 +100,12 @@ static struct mlp_locks *mlp_locks_of(struct mlp_sock *s)
         struct mlp_locks *n = mmap(NULL, sizeof *n, PROT_READ | PROT_WRITE,
                                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         if (n != MAP_FAILED) {
-            pthread_mutexattr_t a;
-            pthread_mutexattr_init(&a);
-            pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-            pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-            pthread_mutex_init(&n->tx, &a);
-            pthread_mutex_init(&n->rx, &a);
-            pthread_mutexattr_destroy(&a);
+            mlp_dir_locks_init(n, true);
             if (s->ch)
                 __ml_chan_pub_share(s->ch, n->pub);
         } else {
-            n = &s->own_locks; /* zeroed at creation: PTHREAD_MUTEX_INITIALIZER */
+            n = &s->own_locks;
+            mlp_dir_locks_init(n, false);
         }
         atomic_store_explicit(&s->locks, n, memory_order_release);
         l = n;
@@ -130,18 +140,73 @@ static void mlp_locks_free(struct mlp_sock *s)
  */
 #define MLP_HELD_MAX 8
 static __thread pthread_mutex_t *mlp_held[MLP_HELD_MAX] __attribute__((tls_model("initial-exec")));
+static __thread uintptr_t mlp_held_sp[MLP_HELD_MAX] __attribute__((tls_model("initial-exec")));
 static __thread unsigned mlp_nheld __attribute__((tls_model("initial-exec")));
 
-/* 1: the lock was taken over from a dead holder; 0: taken; -1: this thread already holds it
- * (a handler re-entered us): not taken; -2: the lock cannot be taken any more (see below). */
+/*
+ * An entry of ours for m was found: a handler re-entered a section of this thread's that is in
+ * progress beneath it, or a handler siglongjmp()ed out of a section (out of its copy, or out of
+ * the wait for the lock) and left the entry, and the lock if it had it, behind: then every later
+ * call of this thread on that direction failed with EINTR and the other threads waited for ever.
+ * Which it is, the stack says.  A section in progress beneath us is on our stack above us, by
+ * at least the kernel's signal frame (over a kilobyte); one we left by a jump is not beneath us
+ * any more: the call that finds its entry runs at or above where that section took the lock
+ * (the same loop calling again: the same depth).  A handler on the alternate signal stack may
+ * sit anywhere: there the entry is taken as a section in progress (the old answer, EINTR).
+ * sp: where this call takes the lock.  True: the entry is stale (the section was abandoned).
+ */
+#define MLP_SIGFRAME_MIN 512
+
+/* Entry i out of the list, which closes over it (newest last). */
+static void mlp_held_drop(unsigned i)
+{
+    unsigned n = mlp_nheld, top = n < MLP_HELD_MAX ? n : MLP_HELD_MAX;
+    for (; i + 1 < top; i++) {
+        mlp_held[i] = mlp_held[i + 1];
+        mlp_held_sp[i] = mlp_held_sp[i + 1];
+    }
+    mlp_nheld = n - 1;
+}
+
+static bool mlp_held_stale(unsigned i, uintptr_t sp)
+{
+    if (sp + MLP_SIGFRAME_MIN <= mlp_held_sp[i])
+        return false; /* well beneath it: a handler on top of it, or a deeper call */
+    stack_t ss;
+    if (sigaltstack(NULL, &ss) == 0 && (ss.ss_flags & SS_ONSTACK))
+        return false;
+    return true;
+}
+
+/* 1: the lock was taken over from a dead holder, or from a section of this thread's that a
+ * longjmp abandoned (the ring index must be reloaded either way); 0: taken; -1: this thread
+ * already holds it (a handler re-entered us): not taken; -2: the lock cannot be taken any more
+ * (see below). */
 static int mlp_lock(pthread_mutex_t *m)
 {
+    uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
     unsigned n = mlp_nheld;
     for (unsigned i = 0; i < n && i < MLP_HELD_MAX; i++)
-        if (mlp_held[i] == m)
-            return -1;
-    if (n < MLP_HELD_MAX)
+        if (mlp_held[i] == m) {
+            if (!mlp_held_stale(i, sp))
+                return -1;
+            /* Abandoned: the entry is ours again.  Its section may have held the lock (EDEADLK:
+             * we still do) or been waiting for it. */
+            mlp_held_sp[i] = sp;
+            int saved = errno;
+            int r = pthread_mutex_lock(m);
+            if (ml_unlikely(r == EOWNERDEAD))
+                (void)pthread_mutex_consistent(m);
+            errno = saved;
+            if (r == 0 || r == EOWNERDEAD || r == EDEADLK)
+                return 1;
+            mlp_held_drop(i);
+            return -2;
+        }
+    if (n < MLP_HELD_MAX) {
         mlp_held[n] = m;
+        mlp_held_sp[n] = sp;
+    }
     mlp_nheld = n + 1; /* after the slot: a handler sees the entry complete */
     int saved = errno;
     int r = pthread_mutex_lock(m);
@@ -174,9 +239,9 @@ static void mlp_unlock(pthread_mutex_t *m)
         while (i > 0 && mlp_held[i - 1] != m)
             i--;
         if (i > 0)
-            for (i--; i + 1 < top; i++)
-                mlp_held[i] = mlp_held[i + 1];
-        mlp_nheld = n - 1;
+            mlp_held_drop(i - 1);
+        else
+            mlp_nheld = n - 1;
     }
     errno = saved;
 }
@@ -1250,8 +1315,7 @@ void mlp_after_fork_child(void)
         if (atomic_load(&s->locks) == &s->own_locks) {
             /* Private locks are not shared with the parent: a thread of the parent's that held
              * one does not exist here. */
-            pthread_mutex_init(&s->own_locks.tx, NULL);
-            pthread_mutex_init(&s->own_locks.rx, NULL);
+            mlp_dir_locks_init(&s->own_locks, false);
         }
         s->slot = -1;
         mlp_put(s);

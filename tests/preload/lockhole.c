@@ -15,6 +15,7 @@
  *             kernel closes in a table of the thread's own: the other thread's recv keeps the fd)
  *   jmplock   a timer handler siglongjmp()s out of recv(4 MB) again and again while a sender
  *             streams (some jumps land in the locked copy): recv works afterwards
+ *   jmpsend   the same out of send(4 MB) while the peer drains: send works afterwards
  *   peekwait  recv(MSG_PEEK|MSG_WAITALL) with fewer bytes there than asked and SO_RCVTIMEO: the
  *             bytes there when the timeout runs out
  * Each case runs in a child with a time limit; a hang prints "killed by signal 14".
@@ -265,10 +266,11 @@ static sigjmp_buf jb;
 static volatile sig_atomic_t armed;
 static void on_alrm_jump(int s) { (void)s; if (armed) siglongjmp(jb, 1); }
 
-static void case_jmplock(int l)
+static void case_jmplock(int l, bool tx)
 {
+    const char *name = tx ? "jmpsend" : "jmplock";
     pid_t p = fork();
-    if (p == 0) { /* the sender: one second of data, then it waits to be killed */
+    if (p == 0) { /* the peer: streams for 2 s (or drains, for jmpsend), then waits to be killed */
         close(l);
         int s = dial();
         static char buf[1 << 16];
@@ -276,16 +278,20 @@ static void case_jmplock(int l)
         struct timespec t0, t;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         do {
-            if (send(s, buf, sizeof buf, MSG_NOSIGNAL) < 0)
+            if ((tx ? recv(s, buf, sizeof buf, 0) : send(s, buf, sizeof buf, MSG_NOSIGNAL)) <= 0)
                 break;
             clock_gettime(CLOCK_MONOTONIC, &t);
         } while (t.tv_sec - t0.tv_sec < 2);
-        send(s, "z", 1, MSG_NOSIGNAL);
+        if (!tx)
+            send(s, "z", 1, MSG_NOSIGNAL);
+        else
+            while (recv(s, buf, sizeof buf, 0) > 0)
+                ;
         sleep(8);
         _exit(0);
     }
     int c = accept(l, NULL, NULL);
-    pid_t q = fork(); /* the receiver, in a child of its own: its timer and its hang */
+    pid_t q = fork(); /* the jumping side, in a child of its own: its timer and its hang */
     if (q == 0) {
         alarm(8);
         struct sigaction sa;
@@ -309,7 +315,7 @@ static void case_jmplock(int l)
                 continue;
             }
             armed = 1;
-            ssize_t r = recv(c, big, sizeof big, 0);
+            ssize_t r = tx ? send(c, big, sizeof big, MSG_NOSIGNAL) : recv(c, big, sizeof big, 0);
             armed = 0;
             if (r > 0)
                 bytes += r;
@@ -320,18 +326,18 @@ static void case_jmplock(int l)
         setitimer(ITIMER_PROF, &off, NULL);
         armed = 0;
         if (getenv("LOCKHOLE_DEBUG"))
-            fprintf(stderr, "jmplock: jumps %ld bytes %ld\n", jumps, bytes);
+            fprintf(stderr, "%s: jumps %ld bytes %ld\n", name, jumps, bytes);
         int eintr = 0;
         ssize_t r = -1;
         for (int i = 0; i < 100; i++) {
-            r = recv(c, big, 1, 0);
+            r = tx ? send(c, "y", 1, MSG_NOSIGNAL) : recv(c, big, 1, 0);
             if (r < 0 && errno == EINTR) {
                 eintr++;
                 continue;
             }
             break;
         }
-        printf("jmplock: after the jumps recv %s, EINTR answers %d\n",
+        printf("%s: after the jumps %s %s, EINTR answers %d\n", name, tx ? "send" : "recv",
                r == 1 ? "1 byte" : r < 0 ? strerror(errno) : "0", eintr);
         fflush(stdout);
         _exit(0);
@@ -339,7 +345,7 @@ static void case_jmplock(int l)
     int st;
     waitpid(q, &st, 0);
     if (WIFSIGNALED(st))
-        printf("jmplock: receiver killed by signal %d\n", WTERMSIG(st));
+        printf("%s: %s killed by signal %d\n", name, tx ? "sender" : "receiver", WTERMSIG(st));
     kill(p, SIGKILL);
     waitpid(p, NULL, 0);
     close(c);
@@ -405,7 +411,9 @@ int main(int argc, char **argv)
     if (!only || strstr(only, "unshare"))
         case_dup2blk(l, true);
     if (!only || strstr(only, "jmplock"))
-        case_jmplock(l);
+        case_jmplock(l, false);
+    if (!only || strstr(only, "jmpsend"))
+        case_jmplock(l, true);
     if (!only || strstr(only, "peekwait"))
         case_peekwait(l);
     printf("done\n");

@@ -550,9 +550,11 @@ def test_lock_holes_match_kernel(fabric, tmp_path, monkeypatch):
     blocked recv spin (its CPU time stays under a third of the wait; it was 1.35 s of 1.5 s);
     dup2 over the last fd of a socket another thread is asleep in recv on keeps the socket (no
     FIN; before, the peer saw POLLIN|POLLRDHUP and the recv hung) and closes the file dup2'd in
-    when its last fd goes (close_range(CLOSE_RANGE_UNSHARE) too: that passed before);
+    when its last fd goes (close_range(CLOSE_RANGE_UNSHARE) too: that passed before); a
+    handler that siglongjmp()s out of recv or send while the lock is held for the copy leaves
+    the socket usable by the next call (before, every later call said EINTR);
     as over kernel TCP, line for line."""
-    monkeypatch.setenv("LOCKHOLE_CASE", "vandal,dup2blk,unshare")
+    monkeypatch.setenv("LOCKHOLE_CASE", "vandal,dup2blk,unshare,jmplock,jmpsend")
     plain, under, text = scripted(LOCKHOLE, tmp_path)
     assert plain.stdout.endswith("done\n") and "killed" not in plain.stdout, plain.stdout
     assert ": no" not in plain.stdout, plain.stdout
