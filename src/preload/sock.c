@@ -30,7 +30,9 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <linux/futex.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define ML_INT_MAX_IO 0x7ffff000 /* the most one read or write moves on Linux */
@@ -142,6 +144,26 @@ static void mlp_locks_free(struct mlp_sock *s)
 static __thread pthread_mutex_t *mlp_held[MLP_HELD_MAX] __attribute__((tls_model("initial-exec")));
 static __thread uintptr_t mlp_held_sp[MLP_HELD_MAX] __attribute__((tls_model("initial-exec")));
 static __thread unsigned mlp_nheld __attribute__((tls_model("initial-exec")));
+/* The mutex this thread is inside pthread_mutex_lock or _unlock of (NULL: none).  A jump out of
+ * those leaves a robust mutex half-done (taken but not on the thread's robust list, or off the
+ * list but not released), and unlocking it then walks the list for it: a SIGSEGV in glibc
+ * (seen: lockhole's jmplock, 2 runs in 8).  See mlp_lockop_repair. */
+static __thread pthread_mutex_t *volatile mlp_lockop __attribute__((tls_model("initial-exec")));
+
+static int mlp_mutex_lock(pthread_mutex_t *m)
+{
+    mlp_lockop = m;
+    int r = pthread_mutex_lock(m);
+    mlp_lockop = NULL;
+    return r;
+}
+
+static void mlp_mutex_unlock(pthread_mutex_t *m)
+{
+    mlp_lockop = m;
+    (void)pthread_mutex_unlock(m);
+    mlp_lockop = NULL;
+}
 
 /*
  * An entry of ours for m was found: a handler re-entered a section of this thread's that is in
@@ -182,19 +204,63 @@ static bool mlp_held_stale(unsigned i, uintptr_t sp)
  * longjmp abandoned (the ring index must be reloaded either way); 0: taken; -1: this thread
  * already holds it (a handler re-entered us): not taken; -2: the lock cannot be taken any more
  * (see below). */
-static int mlp_lock(pthread_mutex_t *m)
+/*
+ * A robust mutex this thread was inside a lock or unlock operation of when a handler jumped out
+ * (mlp_lockop).  Its state is one of: not taken (before the lock's CAS, or after the unlock's
+ * release), taken and on the thread's robust list (the usual state of a held lock), or taken
+ * and off the list (between the lock's CAS and its enqueue, or between the unlock's dequeue and
+ * its release): glibc's unlock of that last one walks the list for it and faults.  The list is
+ * the kernel's robust-futex ABI (get_robust_list: nodes linked by next, the lock word at
+ * futex_offset from a node), and the lock word is the kernel's (owner TID, FUTEX_WAITERS): a
+ * lock taken and off the list is released here as glibc's unlock would have finished it (owner
+ * 0, the word 0, waiters woken).  After this the lock is in one of the two sound states.
+ * False: the list could not be read (the old answer then: the lock is left alone).
+ */
+static bool mlp_lockop_repair(pthread_mutex_t *m)
+{
+    struct robust_list_head *head = NULL;
+    size_t len = 0;
+    if (syscall(SYS_get_robust_list, 0, &head, &len) != 0 || !head)
+        return false;
+    _Atomic int *word = (_Atomic int *)(void *)&m->__data.__lock;
+    char *node = (char *)&m->__data.__lock - head->futex_offset;
+    bool on = false;
+    struct robust_list *e = head->list.next;
+    for (int k = 0; e != &head->list; k++) {
+        if (k == 4096 || !e)
+            return false;
+        if ((char *)e == node) {
+            on = true;
+            break;
+        }
+        e = (struct robust_list *)((uintptr_t)e->next & ~(uintptr_t)1);
+    }
+    int tid = (int)syscall(SYS_gettid);
+    int w = atomic_load(word);
+    if ((w & FUTEX_TID_MASK) == tid && !on) {
+        m->__data.__owner = 0;
+        if (atomic_exchange(word, 0) & FUTEX_WAITERS)
+            (void)syscall(SYS_futex, word, FUTEX_WAKE, 1, NULL, NULL, 0);
+    }
+    mlp_lockop = NULL;
+    return true;
+}
+
+static int mlp_lock(pthread_mutex_t *m, bool robust)
 {
     uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
     unsigned n = mlp_nheld;
     for (unsigned i = 0; i < n && i < MLP_HELD_MAX; i++)
         if (mlp_held[i] == m) {
             if (!mlp_held_stale(i, sp))
-                return -1;
+                return -1; /* in progress beneath us */
+            if (mlp_lockop == m && (!robust || !mlp_lockop_repair(m)))
+                return -1; /* left half-done inside glibc, and not repairable */
             /* Abandoned: the entry is ours again.  Its section may have held the lock (EDEADLK:
              * we still do) or been waiting for it. */
             mlp_held_sp[i] = sp;
             int saved = errno;
-            int r = pthread_mutex_lock(m);
+            int r = mlp_mutex_lock(m);
             if (ml_unlikely(r == EOWNERDEAD))
                 (void)pthread_mutex_consistent(m);
             errno = saved;
@@ -209,7 +275,7 @@ static int mlp_lock(pthread_mutex_t *m)
     }
     mlp_nheld = n + 1; /* after the slot: a handler sees the entry complete */
     int saved = errno;
-    int r = pthread_mutex_lock(m);
+    int r = mlp_mutex_lock(m);
     if (ml_unlikely(r == EOWNERDEAD))
         (void)pthread_mutex_consistent(m); /* its holder died: ours now */
     errno = saved;
@@ -227,7 +293,7 @@ static int mlp_lock(pthread_mutex_t *m)
 static void mlp_unlock(pthread_mutex_t *m)
 {
     int saved = errno;
-    (void)pthread_mutex_unlock(m);
+    mlp_mutex_unlock(m);
     /* Usually the newest entry (a handler's calls end before the call they interrupted goes
      * on); the list closes over it, newest last. */
     unsigned n = mlp_nheld;
@@ -253,7 +319,8 @@ static void mlp_release_held(void *unused)
     while (mlp_nheld > 0) {
         unsigned i = --mlp_nheld;
         if (i < MLP_HELD_MAX)
-            (void)pthread_mutex_unlock(mlp_held[i]);
+            if (mlp_held[i] != mlp_lockop)
+                (void)pthread_mutex_unlock(mlp_held[i]);
     }
 }
 
@@ -275,7 +342,7 @@ __attribute__((constructor)) static void mlp_wait_hook_init(void) { __ml_wait_ho
  * per socket; every later call on that direction fails the same way, as on a reset). */
 static int mlp_lock_dir(struct mlp_sock *s, pthread_mutex_t *m, bool nb, bool tx)
 {
-    int r = mlp_lock(m);
+    int r = mlp_lock(m, m != &s->own_locks.tx && m != &s->own_locks.rx);
     if (ml_likely(r == 0) && !mlp_forked)
         return 0;
     if (r == -1)
@@ -917,7 +984,8 @@ ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned
 /* ---- receive ----------------------------------------------------------------------------- */
 
 /* MSG_PEEK: copy what is there without consuming it (MSG_WAITALL: wait for all of it). */
-static ssize_t mlp_peek(struct mlp_sock *s, const struct iovec *iov, int n, int flags, bool nb)
+static ssize_t mlp_peek_once(struct mlp_sock *s, const struct iovec *iov, int n, int flags,
+                             bool nb, sigset_t *old, bool *masked)
 {
     size_t total = mlp_iov_total(iov, n);
     unsigned naps = 0;
@@ -933,14 +1001,32 @@ static ssize_t mlp_peek(struct mlp_sock *s, const struct iovec *iov, int n, int 
             /* MSG_PEEK|MSG_WAITALL (rare): the tripwire wakes a waiter for any byte, not for
              * len of them, so look again every 50 us (without the lock) until len are there
              * or the peer is done, checking the peer's liveness (a system call) about every
-             * 100 ms. */
+             * 100 ms.  As the kernel's tcp_recvmsg, which returns what it has copied when
+             * SO_RCVTIMEO runs out or a signal comes: a last look then, and what is there.
+             * A handler may run anywhere in the loop, not only in the sleep, so signals are
+             * blocked but in the sleep (ppoll with the caller's mask): one that comes between
+             * two sleeps waits for the next, which then fails with EINTR. */
             (void)memlan_release(s->ch, 0);
             if (++naps % 2000 == 0)
                 (void)__ml_chan_check_peer(s->ch);
             mlp_unlock_rx(s);
+            int saved = errno;
+            if (!*masked) {
+                sigset_t all;
+                sigfillset(&all);
+                *masked = pthread_sigmask(SIG_BLOCK, &all, old) == 0;
+            }
+            uint64_t d = mlp_call_deadline(&dl, s->ch->rx_tmo_ns);
             struct timespec ts = {0, 50000};
-            nanosleep(&ts, NULL);
+            if ((d && __ml_now_ns() >= d) ||
+                (mlp_real_ppoll(NULL, 0, &ts, *masked ? old : NULL) < 0 && errno == EINTR))
+                flags &= ~MSG_WAITALL;
+            errno = saved;
             continue;
+        }
+        if (*masked) { /* not in the loop above any more: the caller's mask for the wait */
+            (void)pthread_sigmask(SIG_SETMASK, old, NULL);
+            *masked = false;
         }
         if (a <= 0) {
             mlp_unlock_rx(s);
@@ -959,6 +1045,19 @@ static ssize_t mlp_peek(struct mlp_sock *s, const struct iovec *iov, int n, int 
         mlp_unlock_rx(s);
         return (ssize_t)off;
     }
+}
+
+static ssize_t mlp_peek(struct mlp_sock *s, const struct iovec *iov, int n, int flags, bool nb)
+{
+    sigset_t old;
+    bool masked = false;
+    ssize_t r = mlp_peek_once(s, iov, n, flags, nb, &old, &masked);
+    if (masked) {
+        int saved = errno;
+        (void)pthread_sigmask(SIG_SETMASK, &old, NULL);
+        errno = saved;
+    }
+    return r;
 }
 
 /* One pass of a receive, the rx lock held: copy what is there into iov[*i] at byte *off on,

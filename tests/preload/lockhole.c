@@ -18,6 +18,7 @@
  *   jmpsend   the same out of send(4 MB) while the peer drains: send works afterwards
  *   peekwait  recv(MSG_PEEK|MSG_WAITALL) with fewer bytes there than asked and SO_RCVTIMEO: the
  *             bytes there when the timeout runs out
+ *   peeksig   the same without the timeout, a handler (SA_RESTART) comes: the bytes there
  * Each case runs in a child with a time limit; a hang prints "killed by signal 14".
  *
  * usage: lockhole PORT   (lockhole PORT --victim TOFD FROMFD: the vandal case's victim)
@@ -353,8 +354,13 @@ static void case_jmplock(int l, bool tx)
 
 /* ---- peekwait ---------------------------------------------------------------------------- */
 
-static void case_peekwait(int l)
+static void on_usr1(int sig) { (void)sig; }
+static pthread_t peeker;
+static void *kick_peeker(void *a) { (void)a; ms(300); pthread_kill(peeker, SIGUSR1); return NULL; }
+
+static void case_peekwait(int l, bool sig)
 {
+    const char *name = sig ? "peeksig" : "peekwait";
     pid_t p = fork();
     if (p == 0) {
         close(l);
@@ -367,20 +373,34 @@ static void case_peekwait(int l)
     pid_t q = fork();
     if (q == 0) {
         alarm(3);
-        struct timeval tv = {0, 300000};
-        setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        pthread_t t;
+        if (sig) {
+            struct sigaction sa;
+            memset(&sa, 0, sizeof sa);
+            sa.sa_handler = on_usr1;
+            sa.sa_flags = SA_RESTART;
+            sigaction(SIGUSR1, &sa, NULL);
+            peeker = pthread_self();
+            pthread_create(&t, NULL, kick_peeker, NULL);
+        } else {
+            struct timeval tv = {0, 300000};
+            setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        }
         char b[4];
         ms(100);
         ssize_t r = recv(c, b, 4, MSG_PEEK | MSG_WAITALL);
-        printf("peekwait: recv(MSG_PEEK|MSG_WAITALL) with SO_RCVTIMEO %zd %s\n", r,
+        printf("%s: recv(MSG_PEEK|MSG_WAITALL) with %s %zd %s\n", name,
+               sig ? "a handler (SA_RESTART)" : "SO_RCVTIMEO", r,
                r < 0 ? strerrorname_np(errno) : "-");
+        if (sig)
+            pthread_join(t, NULL);
         fflush(stdout);
         _exit(0);
     }
     int st;
     waitpid(q, &st, 0);
     if (WIFSIGNALED(st))
-        printf("peekwait: receiver killed by signal %d\n", WTERMSIG(st));
+        printf("%s: receiver killed by signal %d\n", name, WTERMSIG(st));
     kill(p, SIGKILL);
     waitpid(p, NULL, 0);
     close(c);
@@ -415,7 +435,9 @@ int main(int argc, char **argv)
     if (!only || strstr(only, "jmpsend"))
         case_jmplock(l, true);
     if (!only || strstr(only, "peekwait"))
-        case_peekwait(l);
+        case_peekwait(l, false);
+    if (!only || strstr(only, "peeksig"))
+        case_peekwait(l, true);
     printf("done\n");
     return 0;
 }

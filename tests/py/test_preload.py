@@ -553,8 +553,10 @@ def test_lock_holes_match_kernel(fabric, tmp_path, monkeypatch):
     when its last fd goes (close_range(CLOSE_RANGE_UNSHARE) too: that passed before); a
     handler that siglongjmp()s out of recv or send while the lock is held for the copy leaves
     the socket usable by the next call (before, every later call said EINTR);
+    recv(MSG_PEEK|MSG_WAITALL) returns the bytes there when SO_RCVTIMEO runs out or a handler
+    runs (before, it waited until the alarm killed it);
     as over kernel TCP, line for line."""
-    monkeypatch.setenv("LOCKHOLE_CASE", "vandal,dup2blk,unshare,jmplock,jmpsend")
+    monkeypatch.setenv("LOCKHOLE_CASE", "vandal,dup2blk,unshare,jmplock,jmpsend,peekwait,peeksig")
     plain, under, text = scripted(LOCKHOLE, tmp_path)
     assert plain.stdout.endswith("done\n") and "killed" not in plain.stdout, plain.stdout
     assert ": no" not in plain.stdout, plain.stdout
