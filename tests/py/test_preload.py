@@ -564,6 +564,17 @@ def test_lock_holes_match_kernel(fabric, tmp_path, monkeypatch):
     settle(fabric)
 
 
+def test_handler_inside_the_fork_gate(fabric, tmp_path):
+    """A handler that duplicates and closes a socket on threads that are doing the same, while
+    another thread forks again and again: no deadlock (the handler waited for the fork gate its
+    own thread was inside, the fork for that thread; the old code hung 10 runs in 10), as over
+    kernel TCP.  Bounded: 3 s."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "gatesig", tmp_path)
+    assert plain.stdout == "forks many, handlers many\ndone\n", plain.stdout
+    assert under.stdout == plain.stdout, under.stdout + under.stderr
+    settle(fabric)
+
+
 def test_fork_racing_connect_accept_close(fabric, tmp_path):
     """fork() in one thread while two others make short connections (connect, accept, echo,
     close): every echo right, every close seen as EOF, no hang, as over kernel TCP (issue 19:
