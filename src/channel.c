@@ -86,6 +86,10 @@ static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, 
     ch->rx.other = ch->rx.pos;
     if (ch->tx.pos - ch->tx.other > ch->size)
         ch->tx.corrupt = true;
+    for (int i = 0; i < 2; i++) {
+        rings[i]->pub = &rings[i]->own_pub;
+        atomic_store_explicit(&rings[i]->own_pub, rings[i]->pos, memory_order_relaxed);
+    }
     /* A message ring's records start on 8-byte boundaries, and our positions only ever move by
      * whole records: a position taken from shared memory that is not aligned was written by a
      * broken or hostile peer (reading a record header there would be a misaligned access). */
@@ -910,23 +914,33 @@ static bool ml_tx_ready(struct memlan_channel *ch, uint64_t unused)
 
 /*
  * Readiness, read-only.  Whoever asks whether a direction is ready (poll, epoll, the event
- * queue's collect, the arming of a tripwire) may not hold that direction: another thread, or
- * another process after fork, may be inside recv or send on it.  So readiness is computed from
- * the shared indices alone (head and tail, both stored on every publish), never from the private
- * ones (pos, other), which only the holder of the direction may read or write, and nothing
- * private is written: not the cached index, not tx_want, not the corrupt flag.  A pair of indices
- * that does not fit the ring (a peer's garbage, or a holder that moved between our two loads) is
- * read again a few times and then answered with -1, "go and look": the call that looks holds the
- * direction, checks against its private state and marks the ring corrupt if it is.
+ * queue's collect, the arming of a tripwire, a blocked call's wait) may not hold that direction:
+ * another thread, or another process after fork, may be inside recv or send on it.  So readiness
+ * never touches the private state (pos, other), which only the holder of the direction may read
+ * or write, and writes nothing: not the cached index, not tx_want, not the corrupt flag.  It is
+ * the peer's index from shared memory (head of the ring we read, tail of the ring we write)
+ * against our own index as its holder last published it in memory the peer cannot write
+ * (ring->pub: a word of our own, or of the lock page our fork children share), never the shared
+ * copy of our own index: the peer can overwrite that, and a garbage copy made readiness say
+ * "ready" for ever while the locked pass found nothing (a blocked recv spun at 100% CPU; poll
+ * said POLLIN).  A pair that does not fit the ring (a peer's garbage, or a holder that moved
+ * between our two loads) is read again a few times and then answered with -1, "go and look":
+ * the call that looks holds the direction, checks against its private state and marks the ring
+ * corrupt if it is (its own index it trusts, so garbage there is the peer's own, and final).
  */
 int64_t __ml_chan_rx_avail_ro(const struct memlan_channel *ch)
 {
     for (int k = 0; k < 4; k++) {
+        uint64_t t = atomic_load_explicit(ch->rx.pub, memory_order_acquire);
         /* SYNC: pairs with the release (seq_cst) store of head in ml_ring_produce(). */
         uint64_t h = ml_load_acquire(&ch->rx.ctl->head);
-        uint64_t t = ml_load_acquire(&ch->rx.ctl->tail);
         if (h - t <= ch->rx.size)
             return (int64_t)(h - t);
+        /* A message ring's reader takes a record by its publication word, and may be ahead of
+         * a head not yet stored (up to one ring): nothing new, not "go and look" (which woke
+         * the waiter for nothing until head caught up). */
+        if (ch->kind == MEMLAN_MSG && t - h <= ch->rx.size)
+            return 0;
     }
     return -1;
 }
@@ -936,7 +950,7 @@ int64_t __ml_chan_tx_free_ro(const struct memlan_channel *ch)
     for (int k = 0; k < 4; k++) {
         /* SYNC: pairs with the release (seq_cst) store of tail in ml_ring_consume(). */
         uint64_t t = ml_load_acquire(&ch->tx.ctl->tail);
-        uint64_t h = ml_load_acquire(&ch->tx.ctl->head);
+        uint64_t h = atomic_load_explicit(ch->tx.pub, memory_order_acquire);
         if (h - t <= ch->tx.size)
             return (int64_t)(ch->tx.size - (h - t));
     }
@@ -1526,7 +1540,7 @@ void __ml_chan_unsent_done(struct memlan_channel *ch, size_t n)
  */
 void __ml_chan_resync_tx(struct memlan_channel *ch)
 {
-    ch->tx.pos = ml_load_relaxed(&ch->tx.ctl->head);
+    ch->tx.pos = atomic_load_explicit(ch->tx.pub, memory_order_relaxed);
     ch->tx.other = ml_load_acquire(&ch->tx.ctl->tail);
     if (ch->tx.pos - ch->tx.other > ch->size)
         ch->tx.corrupt = true;
@@ -1539,8 +1553,23 @@ void __ml_chan_resync_tx(struct memlan_channel *ch)
 
 void __ml_chan_resync_rx(struct memlan_channel *ch)
 {
-    ch->rx.pos = ml_load_relaxed(&ch->rx.ctl->tail);
+    ch->rx.pos = atomic_load_explicit(ch->rx.pub, memory_order_relaxed);
     ch->rx.other = ch->rx.pos;
+}
+
+/* Publish our indices in words of the caller's (two, in memory the peer cannot reach but our
+ * fork children share) instead of our own, so that the processes that share a socket after fork
+ * read each other's positions (readiness, and __ml_chan_resync_*).  words NULL: back to our own
+ * (before those words go).  The caller makes sure that nobody holds either direction meanwhile. */
+void __ml_chan_pub_share(struct memlan_channel *ch, _Atomic uint64_t *words)
+{
+    struct ml_ring *rings[2] = {&ch->tx, &ch->rx};
+    for (int i = 0; i < 2; i++) {
+        _Atomic uint64_t *w = words ? &words[i] : &rings[i]->own_pub;
+        atomic_store_explicit(w, atomic_load_explicit(rings[i]->pub, memory_order_relaxed),
+                              memory_order_relaxed);
+        atomic_store_explicit(&rings[i]->pub, w, memory_order_release);
+    }
 }
 
 /* Bytes sent and not yet consumed by the peer. */
@@ -1550,7 +1579,7 @@ uint64_t __ml_chan_tx_queued(struct memlan_channel *ch)
     /* Read-only, from the shared indices: the caller does not hold the direction, and after
      * fork our private head may be behind another process's (see __ml_chan_rx_avail_ro). */
     uint64_t t = ml_load_acquire(&ch->tx.ctl->tail);
-    uint64_t q = ml_load_acquire(&ch->tx.ctl->head) - t;
+    uint64_t q = atomic_load_explicit(ch->tx.pub, memory_order_acquire) - t;
     return q > ch->size ? 0 : q;
 }
 

@@ -35,6 +35,13 @@ struct ml_ring {
     uint64_t other;           /* cached copy of the other side's index */
     bool corrupt;
     bool msg;                 /* a message ring: records carry publication words (below) */
+    /* pos as the holder last published it, for readers that hold nothing (readiness): never the
+     * shared copy of our own index, which the peer can overwrite (a garbage tail made a blocked
+     * recv's readiness check say "ready" for ever while the locked pass found nothing: a spin).
+     * Points at own_pub, or at a word in memory only our fork children share (the socket
+     * layer's lock page: __ml_chan_pub_share). */
+    _Atomic uint64_t *_Atomic pub;
+    _Atomic uint64_t own_pub;
 };
 
 /* Producer: free bytes, reloading tail only when fewer than want are known free.  -1 if corrupt. */
@@ -58,6 +65,7 @@ static inline int64_t ml_ring_free(struct ml_ring *r, uint64_t want)
 static inline void ml_ring_produce(struct ml_ring *r, uint64_t n)
 {
     r->pos += n;
+    atomic_store_explicit(atomic_load_explicit(&r->pub, memory_order_relaxed), r->pos, memory_order_relaxed); /* before head: never ahead */
     /* SYNC: pairs with the acquire load of head in ml_ring_avail(): the bytes written below the
      * new head are visible to the consumer before the head that covers them.  The store is a
      * seq_cst exchange, a full barrier, so that the load of the consumer's tripwire that follows
@@ -92,6 +100,7 @@ static inline int64_t ml_ring_avail(struct ml_ring *r, uint64_t want)
 static inline void ml_ring_consume(struct ml_ring *r, uint64_t n)
 {
     r->pos += n;
+    atomic_store_explicit(atomic_load_explicit(&r->pub, memory_order_relaxed), r->pos, memory_order_relaxed); /* ordered by the exchange */
     /* SYNC: pairs with the acquire load of tail in ml_ring_free(); a full barrier too, for the
      * producer's tripwire (see ml_ring_produce()). */
     (void)atomic_exchange_explicit(&r->ctl->tail, r->pos, memory_order_seq_cst);

@@ -185,22 +185,32 @@ struct mlp_sock *mlp_sock_new(int type)
  * it).  Nothing is locked: a thread that forks from a handler while it is itself inside the gate
  * (fork is async-signal-safe) waits only for the others, and a handler that installs on the
  * forking thread during the scan goes through (its socket may be inherited uncounted, the old
- * behaviour).
+ * behaviour).  A handler that interrupted its thread inside the gate (depth > 0: close, accept,
+ * dup2 are async-signal-safe) goes through while the prepare handler is still waiting for the
+ * gate to drain (it waits for that very thread, which cannot leave until the handler returns:
+ * the handler used to wait for the gate to open, a deadlock), and its count joins the ones the
+ * prepare handler waits for; once the scan has begun it waits for the gate to open as any other
+ * (its thread then holds no count: the scan began only once the counts drained).  The prepare
+ * handler says that it scans (scanning) and then looks at the counts once more, so a handler
+ * that counted itself just before is waited for.
  */
 static _Atomic int mlp_gate_busy;      /* installs and uninstalls in progress */
 static _Atomic bool mlp_gate_closed;   /* a prepare handler is counting */
+static _Atomic bool mlp_gate_scanning; /* ... and has begun its scan */
 static __thread int mlp_gate_depth __attribute__((tls_model("initial-exec")));
 static __thread bool mlp_gate_forker __attribute__((tls_model("initial-exec")));
 
 static void mlp_gate_enter(void)
 {
     for (;;) {
+        mlp_gate_depth++; /* first: a handler that comes next knows its thread is inside */
         atomic_fetch_add(&mlp_gate_busy, 1);
-        mlp_gate_depth++;
         if (ml_likely(!atomic_load(&mlp_gate_closed)) || mlp_gate_forker)
             return;
-        mlp_gate_depth--;
+        if (mlp_gate_depth > 1 && !atomic_load(&mlp_gate_scanning))
+            return; /* a handler on a thread inside: the prepare handler waits for us both */
         atomic_fetch_sub(&mlp_gate_busy, 1);
+        mlp_gate_depth--;
         while (atomic_load(&mlp_gate_closed)) {
             struct timespec ts = {0, 100000};
             nanosleep(&ts, NULL);
@@ -210,23 +220,32 @@ static void mlp_gate_enter(void)
 
 static void mlp_gate_leave(void)
 {
-    mlp_gate_depth--;
     atomic_fetch_sub(&mlp_gate_busy, 1);
+    mlp_gate_depth--;
 }
 
 void mlp_fork_gate_close(void)
 {
     mlp_gate_forker = true;
     atomic_store(&mlp_gate_closed, true);
-    /* Wait for the others' installs and uninstalls in progress (a few instructions each). */
-    while (atomic_load(&mlp_gate_busy) > mlp_gate_depth)
-        sched_yield();
+    /* Wait for the others' installs and uninstalls in progress (a few instructions each); then
+     * say that the scan begins and look again (seq_cst, as the entering side's count and its
+     * look at scanning): a handler that counted itself before seeing it is waited for too. */
+    for (;;) {
+        while (atomic_load(&mlp_gate_busy) > mlp_gate_depth)
+            sched_yield();
+        atomic_store(&mlp_gate_scanning, true);
+        if (atomic_load(&mlp_gate_busy) <= mlp_gate_depth)
+            break;
+        atomic_store(&mlp_gate_scanning, false);
+    }
 }
 
 void mlp_fork_gate_open(bool child)
 {
     if (child) /* the other threads, in the middle or not, are not in the child */
         atomic_store(&mlp_gate_busy, mlp_gate_depth);
+    atomic_store(&mlp_gate_scanning, false);
     atomic_store(&mlp_gate_closed, false);
     mlp_gate_forker = false;
 }

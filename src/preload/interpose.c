@@ -227,6 +227,8 @@ static int mlp_dup23(int fd, int fd2, int flags, bool three)
     int saved = errno;
     if (mlp_is_internal_fd(fd2) && fd != fd2 && !child)
         (void)mlp_evict_fd(fd2);
+    if (fd != fd2 && !child && mlp_fdrec(fd2))
+        mlp_keep_file_early(fd2); /* the real call closes fd2 before its record can go */
     errno = saved;
     int r = three ? mlp_real_dup3(fd, fd2, flags) : mlp_real_dup2(fd, fd2);
     if (r >= 0 && fd != fd2 && !child) {
@@ -316,6 +318,10 @@ static int mlp_close_range_call(unsigned first, unsigned last, int flags)
              * socket still owes its peer goes out over TCP while the fd is open. */
             (void)mlp_close_one(fd);
         }
+        /* CLOSE_RANGE_UNSHARE alone: the records go after the kernel's close (below), which
+         * closes in a table of the calling thread's own once there are other threads: their
+         * calls in progress keep the file in theirs, so no keep-alive duplicate is needed (one
+         * taken here would be copied into both tables, and one copy never closed). */
     }
     if (lo >= first && lo <= last && mlp_sys_close_range(lo, last, flags) < 0)
         rc = -1;

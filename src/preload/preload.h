@@ -95,6 +95,7 @@ struct mlp_ep;
 /* A socket's direction locks (sock.c). */
 struct mlp_locks {
     pthread_mutex_t tx, rx;
+    _Atomic uint64_t pub[2]; /* the channel's published tx head and rx tail (__ml_chan_pub_share) */
 };
 
 struct mlp_sock {
@@ -131,6 +132,7 @@ struct mlp_sock {
     int keep_fd;                  /* a duplicate of the kernel socket kept while calls are in
                                    * progress after its last fd was closed (0: none; see
                                    * mlp_keep_file), closed with the last reference */
+    _Atomic bool keep_taken;      /* one thread makes keep_fd (two dup2s over the last fd) */
     /* Listener: its rendezvous record. */
     int port;
     struct mlp_lrec *rec;
@@ -241,6 +243,7 @@ void mlp_before_fork(void);   /* pthread_atfork prepare: the child-to-be holds o
 void mlp_fork_failed(void);
 void mlp_before_last_close(struct mlp_sock *s, int fd);
 void mlp_keep_file(struct mlp_sock *s, int fd);
+void mlp_keep_file_early(int fd);
 int mlp_tcp_catch_up(struct mlp_sock *s, int fd, bool block);
 void mlp_at_exit(void);
 void mlp_stdio_adopt(int fd); /* stdio.c: a connection now at fd 0, 1 or 2 */

@@ -30,7 +30,9 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <linux/futex.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define ML_INT_MAX_IO 0x7ffff000 /* the most one read or write moves on Linux */
@@ -59,38 +61,74 @@ void mlp_negotiate_at_exit(void);
  * exec gets a new one, and the exec'd image is not serialised with a process that still holds
  * the socket from before (design.md, Limits).
  */
+/*
+ * The page also holds the channel's published ring positions (our tx head and rx tail as their
+ * holder last stored them: __ml_chan_pub_share), read by whoever asks about readiness without a
+ * lock and by the next process to take a lock after fork, in place of the channel's shared
+ * copies, which the peer can overwrite.  The channel is pointed at them before the page is
+ * published in s->locks, so nobody can hold a direction meanwhile: page makers take turns
+ * (mlp_locks_making), with signals blocked, since a handler of the same thread could want a page
+ * too (once per socket: two system calls beside the mmap).
+ */
+static atomic_flag mlp_locks_making = ATOMIC_FLAG_INIT;
+
+/* Error-checking, so that a thread can ask whether it holds one (EDEADLK: see mlp_lock). */
+static void mlp_dir_locks_init(struct mlp_locks *l, bool shared)
+{
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_settype(&a, PTHREAD_MUTEX_ERRORCHECK);
+    if (shared) {
+        pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+        pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    }
+    pthread_mutex_init(&l->tx, &a);
+    pthread_mutex_init(&l->rx, &a);
+    pthread_mutexattr_destroy(&a);
+}
+
 static struct mlp_locks *mlp_locks_of(struct mlp_sock *s)
 {
     struct mlp_locks *l = atomic_load_explicit(&s->locks, memory_order_acquire);
     if (ml_likely(l != NULL))
         return l;
-    struct mlp_locks *n = mmap(NULL, sizeof *n, PROT_READ | PROT_WRITE,
-                               MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    if (n != MAP_FAILED) {
-        pthread_mutexattr_t a;
-        pthread_mutexattr_init(&a);
-        pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
-        pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
-        pthread_mutex_init(&n->tx, &a);
-        pthread_mutex_init(&n->rx, &a);
-        pthread_mutexattr_destroy(&a);
-    } else {
-        n = &s->own_locks; /* zeroed at creation: PTHREAD_MUTEX_INITIALIZER */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    while (atomic_flag_test_and_set_explicit(&mlp_locks_making, memory_order_acquire))
+        ml_cpu_relax();
+    l = atomic_load_explicit(&s->locks, memory_order_acquire);
+    if (!l) {
+        struct mlp_locks *n = mmap(NULL, sizeof *n, PROT_READ | PROT_WRITE,
+                                   MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (n != MAP_FAILED) {
+            mlp_dir_locks_init(n, true);
+            if (s->ch)
+                __ml_chan_pub_share(s->ch, n->pub);
+        } else {
+            n = &s->own_locks;
+            mlp_dir_locks_init(n, false);
+        }
+        atomic_store_explicit(&s->locks, n, memory_order_release);
+        l = n;
     }
-    if (!atomic_compare_exchange_strong(&s->locks, &l, n)) {
-        if (n != &s->own_locks)
-            munmap(n, sizeof *n);
-        return l;
-    }
-    return n;
+    atomic_flag_clear_explicit(&mlp_locks_making, memory_order_release);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return l;
 }
+
+/* A fork child: a page maker of another thread of the parent's does not exist here. */
+static void mlp_locks_after_fork(void) { atomic_flag_clear(&mlp_locks_making); }
 
 /* Its page goes with the socket's last reference (no thread holds a lock then). */
 static void mlp_locks_free(struct mlp_sock *s)
 {
     struct mlp_locks *l = atomic_exchange(&s->locks, NULL);
-    if (l && l != &s->own_locks)
+    if (l && l != &s->own_locks) {
+        if (s->ch)
+            __ml_chan_pub_share(s->ch, NULL); /* the channel outlives the page a little */
         munmap(l, sizeof *l);
+    }
 }
 
 /*
@@ -104,21 +142,140 @@ static void mlp_locks_free(struct mlp_sock *s)
  */
 #define MLP_HELD_MAX 8
 static __thread pthread_mutex_t *mlp_held[MLP_HELD_MAX] __attribute__((tls_model("initial-exec")));
+static __thread uintptr_t mlp_held_sp[MLP_HELD_MAX] __attribute__((tls_model("initial-exec")));
 static __thread unsigned mlp_nheld __attribute__((tls_model("initial-exec")));
+/* The mutex this thread is inside pthread_mutex_lock or _unlock of (NULL: none).  A jump out of
+ * those leaves a robust mutex half-done (taken but not on the thread's robust list, or off the
+ * list but not released), and unlocking it then walks the list for it: a SIGSEGV in glibc
+ * (seen: lockhole's jmplock, 2 runs in 8).  See mlp_lockop_repair. */
+static __thread pthread_mutex_t *volatile mlp_lockop __attribute__((tls_model("initial-exec")));
 
-/* 1: the lock was taken over from a dead holder; 0: taken; -1: this thread already holds it
- * (a handler re-entered us): not taken; -2: the lock cannot be taken any more (see below). */
-static int mlp_lock(pthread_mutex_t *m)
+static int mlp_mutex_lock(pthread_mutex_t *m)
 {
+    mlp_lockop = m;
+    int r = pthread_mutex_lock(m);
+    mlp_lockop = NULL;
+    return r;
+}
+
+static void mlp_mutex_unlock(pthread_mutex_t *m)
+{
+    mlp_lockop = m;
+    (void)pthread_mutex_unlock(m);
+    mlp_lockop = NULL;
+}
+
+/*
+ * An entry of ours for m was found: a handler re-entered a section of this thread's that is in
+ * progress beneath it, or a handler siglongjmp()ed out of a section (out of its copy, or out of
+ * the wait for the lock) and left the entry, and the lock if it had it, behind: then every later
+ * call of this thread on that direction failed with EINTR and the other threads waited for ever.
+ * Which it is, the stack says.  A section in progress beneath us is on our stack above us, by
+ * at least the kernel's signal frame (over a kilobyte); one we left by a jump is not beneath us
+ * any more: the call that finds its entry runs at or above where that section took the lock
+ * (the same loop calling again: the same depth).  A handler on the alternate signal stack may
+ * sit anywhere: there the entry is taken as a section in progress (the old answer, EINTR).
+ * sp: where this call takes the lock.  True: the entry is stale (the section was abandoned).
+ */
+#define MLP_SIGFRAME_MIN 512
+
+/* Entry i out of the list, which closes over it (newest last). */
+static void mlp_held_drop(unsigned i)
+{
+    unsigned n = mlp_nheld, top = n < MLP_HELD_MAX ? n : MLP_HELD_MAX;
+    for (; i + 1 < top; i++) {
+        mlp_held[i] = mlp_held[i + 1];
+        mlp_held_sp[i] = mlp_held_sp[i + 1];
+    }
+    mlp_nheld = n - 1;
+}
+
+static bool mlp_held_stale(unsigned i, uintptr_t sp)
+{
+    if (sp + MLP_SIGFRAME_MIN <= mlp_held_sp[i])
+        return false; /* well beneath it: a handler on top of it, or a deeper call */
+    stack_t ss;
+    if (sigaltstack(NULL, &ss) == 0 && (ss.ss_flags & SS_ONSTACK))
+        return false;
+    return true;
+}
+
+/* 1: the lock was taken over from a dead holder, or from a section of this thread's that a
+ * longjmp abandoned (the ring index must be reloaded either way); 0: taken; -1: this thread
+ * already holds it (a handler re-entered us): not taken; -2: the lock cannot be taken any more
+ * (see below). */
+/*
+ * A robust mutex this thread was inside a lock or unlock operation of when a handler jumped out
+ * (mlp_lockop).  Its state is one of: not taken (before the lock's CAS, or after the unlock's
+ * release), taken and on the thread's robust list (the usual state of a held lock), or taken
+ * and off the list (between the lock's CAS and its enqueue, or between the unlock's dequeue and
+ * its release): glibc's unlock of that last one walks the list for it and faults.  The list is
+ * the kernel's robust-futex ABI (get_robust_list: nodes linked by next, the lock word at
+ * futex_offset from a node), and the lock word is the kernel's (owner TID, FUTEX_WAITERS): a
+ * lock taken and off the list is released here as glibc's unlock would have finished it (owner
+ * 0, the word 0, waiters woken).  After this the lock is in one of the two sound states.
+ * False: the list could not be read (the old answer then: the lock is left alone).
+ */
+static bool mlp_lockop_repair(pthread_mutex_t *m)
+{
+    struct robust_list_head *head = NULL;
+    size_t len = 0;
+    if (syscall(SYS_get_robust_list, 0, &head, &len) != 0 || !head)
+        return false;
+    _Atomic int *word = (_Atomic int *)(void *)&m->__data.__lock;
+    char *node = (char *)&m->__data.__lock - head->futex_offset;
+    bool on = false;
+    struct robust_list *e = head->list.next;
+    for (int k = 0; e != &head->list; k++) {
+        if (k == 4096 || !e)
+            return false;
+        if ((char *)e == node) {
+            on = true;
+            break;
+        }
+        e = (struct robust_list *)((uintptr_t)e->next & ~(uintptr_t)1);
+    }
+    int tid = (int)syscall(SYS_gettid);
+    int w = atomic_load(word);
+    if ((w & FUTEX_TID_MASK) == tid && !on) {
+        m->__data.__owner = 0;
+        if (atomic_exchange(word, 0) & FUTEX_WAITERS)
+            (void)syscall(SYS_futex, word, FUTEX_WAKE, 1, NULL, NULL, 0);
+    }
+    mlp_lockop = NULL;
+    return true;
+}
+
+static int mlp_lock(pthread_mutex_t *m, bool robust)
+{
+    uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
     unsigned n = mlp_nheld;
     for (unsigned i = 0; i < n && i < MLP_HELD_MAX; i++)
-        if (mlp_held[i] == m)
-            return -1;
-    if (n < MLP_HELD_MAX)
+        if (mlp_held[i] == m) {
+            if (!mlp_held_stale(i, sp))
+                return -1; /* in progress beneath us */
+            if (mlp_lockop == m && (!robust || !mlp_lockop_repair(m)))
+                return -1; /* left half-done inside glibc, and not repairable */
+            /* Abandoned: the entry is ours again.  Its section may have held the lock (EDEADLK:
+             * we still do) or been waiting for it. */
+            mlp_held_sp[i] = sp;
+            int saved = errno;
+            int r = mlp_mutex_lock(m);
+            if (ml_unlikely(r == EOWNERDEAD))
+                (void)pthread_mutex_consistent(m);
+            errno = saved;
+            if (r == 0 || r == EOWNERDEAD || r == EDEADLK)
+                return 1;
+            mlp_held_drop(i);
+            return -2;
+        }
+    if (n < MLP_HELD_MAX) {
         mlp_held[n] = m;
+        mlp_held_sp[n] = sp;
+    }
     mlp_nheld = n + 1; /* after the slot: a handler sees the entry complete */
     int saved = errno;
-    int r = pthread_mutex_lock(m);
+    int r = mlp_mutex_lock(m);
     if (ml_unlikely(r == EOWNERDEAD))
         (void)pthread_mutex_consistent(m); /* its holder died: ours now */
     errno = saved;
@@ -136,7 +293,7 @@ static int mlp_lock(pthread_mutex_t *m)
 static void mlp_unlock(pthread_mutex_t *m)
 {
     int saved = errno;
-    (void)pthread_mutex_unlock(m);
+    mlp_mutex_unlock(m);
     /* Usually the newest entry (a handler's calls end before the call they interrupted goes
      * on); the list closes over it, newest last. */
     unsigned n = mlp_nheld;
@@ -148,9 +305,9 @@ static void mlp_unlock(pthread_mutex_t *m)
         while (i > 0 && mlp_held[i - 1] != m)
             i--;
         if (i > 0)
-            for (i--; i + 1 < top; i++)
-                mlp_held[i] = mlp_held[i + 1];
-        mlp_nheld = n - 1;
+            mlp_held_drop(i - 1);
+        else
+            mlp_nheld = n - 1;
     }
     errno = saved;
 }
@@ -162,7 +319,8 @@ static void mlp_release_held(void *unused)
     while (mlp_nheld > 0) {
         unsigned i = --mlp_nheld;
         if (i < MLP_HELD_MAX)
-            (void)pthread_mutex_unlock(mlp_held[i]);
+            if (mlp_held[i] != mlp_lockop)
+                (void)pthread_mutex_unlock(mlp_held[i]);
     }
 }
 
@@ -189,7 +347,7 @@ __attribute__((constructor)) static void mlp_wait_hook_init(void)
  * per socket; every later call on that direction fails the same way, as on a reset). */
 static int mlp_lock_dir(struct mlp_sock *s, pthread_mutex_t *m, bool nb, bool tx)
 {
-    int r = mlp_lock(m);
+    int r = mlp_lock(m, m != &s->own_locks.tx && m != &s->own_locks.rx);
     if (ml_likely(r == 0) && !mlp_forked)
         return 0;
     if (r == -1)
@@ -846,7 +1004,8 @@ ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned
 /* ---- receive ----------------------------------------------------------------------------- */
 
 /* MSG_PEEK: copy what is there without consuming it (MSG_WAITALL: wait for all of it). */
-static ssize_t mlp_peek(struct mlp_sock *s, const struct iovec *iov, int n, int flags, bool nb)
+static ssize_t mlp_peek_once(struct mlp_sock *s, const struct iovec *iov, int n, int flags,
+                             bool nb, sigset_t *old, bool *masked)
 {
     size_t total = mlp_iov_total(iov, n);
     unsigned naps = 0;
@@ -862,14 +1021,32 @@ static ssize_t mlp_peek(struct mlp_sock *s, const struct iovec *iov, int n, int 
             /* MSG_PEEK|MSG_WAITALL (rare): the tripwire wakes a waiter for any byte, not for
              * len of them, so look again every 50 us (without the lock) until len are there
              * or the peer is done, checking the peer's liveness (a system call) about every
-             * 100 ms. */
+             * 100 ms.  As the kernel's tcp_recvmsg, which returns what it has copied when
+             * SO_RCVTIMEO runs out or a signal comes: a last look then, and what is there.
+             * A handler may run anywhere in the loop, not only in the sleep, so signals are
+             * blocked but in the sleep (ppoll with the caller's mask): one that comes between
+             * two sleeps waits for the next, which then fails with EINTR. */
             (void)memlan_release(s->ch, 0);
             if (++naps % 2000 == 0)
                 (void)__ml_chan_check_peer(s->ch);
             mlp_unlock_rx(s);
+            int saved = errno;
+            if (!*masked) {
+                sigset_t all;
+                sigfillset(&all);
+                *masked = pthread_sigmask(SIG_BLOCK, &all, old) == 0;
+            }
+            uint64_t d = mlp_call_deadline(&dl, s->ch->rx_tmo_ns);
             struct timespec ts = {0, 50000};
-            nanosleep(&ts, NULL);
+            if ((d && __ml_now_ns() >= d) ||
+                (mlp_real_ppoll(NULL, 0, &ts, *masked ? old : NULL) < 0 && errno == EINTR))
+                flags &= ~MSG_WAITALL;
+            errno = saved;
             continue;
+        }
+        if (*masked) { /* not in the loop above any more: the caller's mask for the wait */
+            (void)pthread_sigmask(SIG_SETMASK, old, NULL);
+            *masked = false;
         }
         if (a <= 0) {
             mlp_unlock_rx(s);
@@ -888,6 +1065,19 @@ static ssize_t mlp_peek(struct mlp_sock *s, const struct iovec *iov, int n, int 
         mlp_unlock_rx(s);
         return (ssize_t)off;
     }
+}
+
+static ssize_t mlp_peek(struct mlp_sock *s, const struct iovec *iov, int n, int flags, bool nb)
+{
+    sigset_t old;
+    bool masked = false;
+    ssize_t r = mlp_peek_once(s, iov, n, flags, nb, &old, &masked);
+    if (masked) {
+        int saved = errno;
+        (void)pthread_sigmask(SIG_SETMASK, &old, NULL);
+        errno = saved;
+    }
+    return r;
 }
 
 /* One pass of a receive, the rx lock held: copy what is there into iov[*i] at byte *off on,
@@ -1098,16 +1288,40 @@ void mlp_before_last_close(struct mlp_sock *s, int fd)
  * a duplicate of our own until the socket's last reference goes (mlp_sock_destroy); without it
  * the kernel socket's FIN would tell the peer that we are gone while the channel still works.
  */
-void mlp_keep_file(struct mlp_sock *s, int fd)
+static void mlp_keep_file_refs(struct mlp_sock *s, int fd, int mine)
 {
-    if (s->type != MLP_CONN || !s->ch || s->keep_fd > 0 || atomic_load(&s->refs) <= 1)
+    if (s->type != MLP_CONN || !s->ch || atomic_load(&s->refs) <= mine ||
+        atomic_exchange(&s->keep_taken, true))
         return;
     long k = __ml_sys_fcntl_dupfd(fd, 3, true);
-    if (k < 0)
+    if (k < 0) {
+        atomic_store(&s->keep_taken, false);
         return; /* no fd left: the close goes through as before, the FIN now */
+    }
     s->keep_fd = (int)k;
     mlp_own_fd(&s->keep_fd, true);
     s->ch->sock_fd = s->keep_fd; /* the liveness check's view of the kernel socket */
+}
+
+/* After fd's last record went (the caller holds the table's reference it had). */
+void mlp_keep_file(struct mlp_sock *s, int fd) { mlp_keep_file_refs(s, fd, 1); }
+
+/*
+ * Before a kernel call that closes fd before its record can go (dup2/dup3 over it, which close
+ * fd2 inside the call and leave it naming another file; close_range with CLOSE_RANGE_UNSHARE
+ * alone): if fd is its socket's last and calls are in progress, the keep-alive duplicate is
+ * taken now, while fd still names the socket.  Taken afterwards it duplicated the new file (the
+ * pipe dup2'd in: its reader never saw EOF), the liveness check looked at that, and the kernel
+ * socket's last reference had gone with the dup2: a FIN under the blocked recv.
+ */
+void mlp_keep_file_early(int fd)
+{
+    struct mlp_sock *s = mlp_get(fd);
+    if (!s)
+        return;
+    if (atomic_load(&s->nfds) <= 1)
+        mlp_keep_file_refs(s, fd, 2); /* the table's reference and ours */
+    mlp_put(s);
 }
 
 static void mlp_sock_destroy_conn(struct mlp_sock *s);
@@ -1210,6 +1424,7 @@ void mlp_after_fork_child(void)
 {
     mlp_negotiate_after_fork();
     mlp_poll_after_fork();
+    mlp_locks_after_fork();
     int max = mlp_fd_max();
     for (int fd = 0; fd <= max; fd++) {
         struct mlp_sock *s = mlp_get(fd);
@@ -1219,8 +1434,7 @@ void mlp_after_fork_child(void)
         if (atomic_load(&s->locks) == &s->own_locks) {
             /* Private locks are not shared with the parent: a thread of the parent's that held
              * one does not exist here. */
-            pthread_mutex_init(&s->own_locks.tx, NULL);
-            pthread_mutex_init(&s->own_locks.rx, NULL);
+            mlp_dir_locks_init(&s->own_locks, false);
         }
         s->slot = -1;
         mlp_put(s);
