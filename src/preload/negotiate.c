@@ -1490,7 +1490,15 @@ void mlp_lrec_grant(uid_t uid)
 {
     if (!mlp_fab || !mlp_fab->shared || uid == (uid_t)-1)
         return;
-    pthread_mutex_lock(&mlp_neg_mu);
+    /* Only tried: setuid is async-signal-safe, and a handler installed by signal() (which we do
+     * not see as one) may call it while its thread holds the lock.  Not granted, the new euid
+     * cannot open its clients' offers: its first accept says so in the record (ML_NO_OFFER_CRED)
+     * and the port's connections go on over TCP. */
+    if (pthread_mutex_trylock(&mlp_neg_mu) != 0) {
+        mlp_log(1, "shared fabric: uid %u not named in our listeners' records (busy): their "
+                "connections will stay on TCP", (unsigned)uid);
+        return;
+    }
     for (int port = 0; port < 65536; port++) {
         struct mlp_lrec *r = mlp_lrecs[port];
         if (r && r->nlisten > 0 && r->lock_fd >= 0)
