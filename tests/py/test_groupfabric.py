@@ -480,3 +480,92 @@ def test_fabric_create_refuses_another_users_or_a_used_directory(group, tmp_path
         assert (d.stat().st_mode & 0o7777) == 0o3730
     finally:
         shutil.rmtree(d, ignore_errors=True)
+
+
+# A member's own channel, planted under another user's offer name before that user's client
+# posts it (the name is the connection's addresses), then waiting for the acceptor to attach.
+PLANT_C = r"""
+#include "internal.h"
+#include "channel.h"
+#include <memlan.h>
+#include <memlan/layout.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+int main(int argc, char **argv)
+{
+    memlan_fabric_t *fab;
+    memlan_channel_t *ch;
+    if (argc < 3 || memlan_fabric_open(argv[1], &fab) < 0 ||
+        memlan_channel_create(fab, NULL, &ch) < 0)
+        return 2;
+    struct ml_offer_blk *ob = (void *)(ch->seg->base + ML_CHAN_OFFER_OFF);
+    memcpy(ob->token, ch->seg->token, ML_TOKEN_HEX);
+    memcpy(ob->name, argv[2], strlen(argv[2]));
+    ob->name_len = (uint32_t)strlen(argv[2]);
+    char seg[600], nm[600];
+    snprintf(seg, sizeof seg, "%s/seg-%s", argv[1], ch->seg->token);
+    snprintf(nm, sizeof nm, "%s/%s", argv[1], argv[2]);
+    if (link(seg, nm) < 0)
+        return 3;
+    printf("planted\n");
+    fflush(stdout);
+    int r = memlan_channel_wait_peer(ch, 6000);
+    printf("attached %d\n", r == 0);
+    if (r == 0) {
+        memlan_send(ch, "FORGED\n", 7, 0);
+        char buf[256];
+        ssize_t n = memlan_recv(ch, buf, sizeof buf - 1, 0);
+        printf("read %zd\n", n);
+    }
+    memlan_channel_close(ch);
+    memlan_fabric_close(fab);
+    return 0;
+}
+"""
+
+
+def test_group_fabric_member_cannot_take_another_users_connection(gfabric, pubdir):
+    """Member C plants a channel of its own under B's offer name: the acceptor (A) takes only an
+    offer made by the client's user (the kernel says who the connecting socket belongs to), so
+    C's channel is never attached, A never hears C, and B is answered (over TCP: its own offer
+    found the name taken).  Before: A attached C's channel, took C's line for B's and sent C
+    the reply meant for B."""
+    fab, gid = gfabric
+    root = pathlib.Path(__file__).resolve().parents[2]
+    build = MEMLAN.parent.parent
+    src, exe = pubdir / "plant.c", pubdir / "plant"
+    src.write_text(PLANT_C)
+    cc = subprocess.run(["cc", "-std=c11", "-D_GNU_SOURCE", "-I", str(root / "src"), "-I",
+                         str(root / "include"), "-o", str(exe), str(src),
+                         str(build / "lib" / "libmemlan.a"), "-lpthread"],
+                        capture_output=True, text=True, timeout=120)
+    assert cc.returncode == 0, cc.stderr
+    port, sport = next_port(), next_port()
+    (pubdir / "srv.py").write_text(ECHO_SERVER)
+    (pubdir / "cli.py").write_text(BOUND_CLIENT)
+    slog, clog = logfile(pubdir, "server.log"), logfile(pubdir, "client.log")
+    srv = subprocess.Popen(as_user(A, gid, under(slog, ["python3", str(pubdir / "srv.py"),
+                                                        str(port), "1"])),
+                           stdout=subprocess.PIPE, text=True)
+    c = None
+    try:
+        assert srv.stdout.readline().strip() == "ready"
+        ns = "%x" % os.stat("/proc/self/ns/net").st_ino
+        name = "cx-%s-7f000001p%x-7f000001p%x" % (ns, sport, port)
+        c = subprocess.Popen(as_user(C, gid, [str(exe), str(fab), name]), stdout=subprocess.PIPE,
+                             text=True)
+        assert c.stdout.readline().strip() == "planted"
+        cli = subprocess.run(as_user(B, gid, under(clog, ["python3", str(pubdir / "cli.py"),
+                                                          str(port), str(sport)])),
+                             capture_output=True, text=True, timeout=30)
+        assert cli.returncode == 0 and cli.stdout.split() == ["echo", "True"], cli
+        out, _ = c.communicate(timeout=30)
+        assert "attached 0" in out, out
+        assert srv.stdout.readline().strip() == "ended"
+        assert "not made by the client's user" in slog.read_text(), slog.read_text()
+    finally:
+        for p in (c, srv):
+            if p and p.poll() is None:
+                p.kill()
+                p.wait()
