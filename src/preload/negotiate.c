@@ -662,8 +662,12 @@ struct mlp_lrec {
     ino_t ino;
     ino_t vouched_ino;        /* a shared fabric's record owned by another user, whose owner the */
     uid_t vouched_uid;        /* kernel confirmed (mlp_lrec_access); 0: not yet */
+    unsigned misses;          /* acceptor: waits in a row that ended with no offer (see
+                               * mlp_on_accept: pending is peer-writable) */
 };
 static struct mlp_lrec *mlp_lrecs[65536];
+#define MLP_WAIT_MISSES 4u
+#define MLP_SHORT_WAIT_NS 2000000u /* 2 ms */
 /* Found through la- names: other namespaces' listeners, newest first.  An entry goes when its
  * record is found dead (its namespace's listener gone) and the oldest when there are more than
  * MLP_XRECS_MAX: each holds a descriptor and a mapping, and a client that outlived many
@@ -2021,7 +2025,16 @@ void mlp_on_accept(int lfd, int fd, int flags)
     mlp_offer_name(name, sizeof name, cur, &r, &l, other_ns ? mac : NULL);
     const char *why = NULL;
     memlan_channel_t *ch = NULL;
-    uint64_t deadline = mlp_now_ns() + (uint64_t)mlp_cfg.server_wait_ms * 1000000u;
+    /* pending, which makes us wait for an offer, is in the peer-writable record: anyone who can
+     * write it (any member of a shared fabric) could hold every accept of ours to the whole
+     * wait, ordinary TCP clients' too (about 20 accepts a second).  After a few waits in a row
+     * that no offer ended, we wait at most MLP_SHORT_WAIT_NS until an offer is found again: a
+     * memlan client whose offer comes later is refused and goes over TCP, the safe side. */
+    bool wait_ok = __atomic_load_n(&ls->rec->misses, __ATOMIC_RELAXED) < MLP_WAIT_MISSES;
+    uint64_t wait_ns = (uint64_t)mlp_cfg.server_wait_ms * 1000000u;
+    if (!wait_ok && wait_ns > MLP_SHORT_WAIT_NS)
+        wait_ns = MLP_SHORT_WAIT_NS;
+    uint64_t deadline = mlp_now_ns() + wait_ns;
     unsigned late = 0;
     for (;;) {
         /* SYNC: pending first, then the name: see mlp_pending_done(). */
@@ -2048,6 +2061,8 @@ void mlp_on_accept(int lfd, int fd, int flags)
             /* The name goes before the claim: a client that sees the claim knows it is gone. */
             __ml_sys_unlinkat(mlp_fab->dirfd, name, 0);
             int e = __ml_chan_attach_offer(mlp_fab, (int)k, kb < 0 ? -1 : (int)kb, &st, name, &ch);
+            if (e == 0)
+                __atomic_store_n(&ls->rec->misses, 0, __ATOMIC_RELAXED);
             if (e == -ESTALE)
                 why = "a stale offer (its channel was already reused)";
             else if (e == -EBUSY)
@@ -2087,6 +2102,8 @@ void mlp_on_accept(int lfd, int fd, int flags)
             if (ofd >= 0) {
                 (void)__ml_sys_write((int)ofd, "R", 1);
                 __ml_sys_close((int)ofd);
+                if (pend > 0 && wait_ok)
+                    __atomic_add_fetch(&ls->rec->misses, 1, __ATOMIC_RELAXED);
                 why = other_ns ? "no offer under this connection's addresses within the "
                                  "server's wait (a NAT between the namespaces changes them)"
                                : "no offer from the client within the server's wait";
