@@ -662,6 +662,10 @@ struct mlp_lrec {
     ino_t ino;
     ino_t vouched_ino;        /* a shared fabric's record owned by another user, whose owner the */
     uid_t vouched_uid;        /* kernel confirmed (mlp_lrec_access); 0: not yet */
+    struct mlp_addr vouched_at; /* ... for the server at this address and port only: another
+                               * member listening first on another address of the port made the
+                               * record, was vouched for there, and was believed for the real
+                               * server's address too */
     unsigned misses;          /* acceptor: waits in a row that ended with no offer (see
                                * mlp_on_accept: pending is peer-writable) */
 };
@@ -1409,7 +1413,8 @@ static const char *mlp_lrec_access(const char *netns, int port, const struct mlp
     } else if (n < 0) {
         why = "the server's listener record cannot be read";
     } else if (st.st_uid != 0 && st.st_uid != me &&
-               !(rec->vouched_ino == st.st_ino && rec->vouched_uid == st.st_uid)) {
+               !(rec->vouched_ino == st.st_ino && rec->vouched_uid == st.st_uid &&
+                 mlp_addr_eq(&rec->vouched_at, r) && rec->vouched_at.port == r->port)) {
         uint32_t k;
         if (mlp_diag_server_uid(l, r, &k) < 0 || k != st.st_uid) {
             why = "the listener record was not made by the server's user (another member of the "
@@ -1417,6 +1422,7 @@ static const char *mlp_lrec_access(const char *netns, int port, const struct mlp
         } else {
             rec->vouched_ino = st.st_ino;
             rec->vouched_uid = st.st_uid;
+            rec->vouched_at = *r;
         }
     }
     pthread_mutex_unlock(&mlp_neg_mu);
