@@ -327,15 +327,16 @@ int __ml_sys_futex_wake(_Atomic uint32_t *word, int n)
     return (int)SYS_CALL(SYS_futex, (uint32_t *)word, FUTEX_WAKE, n, NULL, NULL, 0);
 }
 
-int __ml_sys_socket_hup(int fd, uint64_t ino)
+/* A zero-timeout ppoll of fd, still the socket of inode ino: its revents, or -errno (-EBADF when
+ * fd is no longer that socket).  A sandbox may refuse fstat (sshd's denies it with EACCES): then
+ * the number is taken on trust.  The risk: a program that closed it through a path we do not
+ * see and got another file at that number whose poll answers would have it read as ours; a
+ * sandboxed process rarely opens anything.  ppoll, not recvfrom: sshd's filter allows it. */
+static int ml_socket_revents(int fd, uint64_t ino)
 {
     struct stat st;
     if (fd < 0)
         return -EBADF;
-    /* Still our socket?  A sandbox may refuse fstat (sshd's denies it with EACCES): then the
-     * number is taken on trust.  The risk: a program that closed it through a path we do not
-     * see and got another file at that number whose poll says hang-up would have its live peer
-     * taken for dead; a sandboxed process rarely opens anything. */
     int r0 = __ml_sys_fstat(fd, &st);
     if (r0 == 0 ? !S_ISSOCK(st.st_mode) || (uint64_t)st.st_ino != ino
                 : r0 != -EACCES && r0 != -EPERM && r0 != -ENOSYS)
@@ -343,29 +344,21 @@ int __ml_sys_socket_hup(int fd, uint64_t ino)
     struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
     struct timespec zero = {0, 0};
     long r = SYS_CALL(SYS_ppoll, &p, 1, &zero, NULL, 0);
-    if (r < 0)
-        return (int)r;
-    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+    return r < 0 ? (int)r : p.revents;
+}
+
+int __ml_sys_socket_hup(int fd, uint64_t ino)
+{
+    int ev = ml_socket_revents(fd, ino);
+    return ev < 0 ? ev : (ev & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }
 
 /* Bytes waiting on the kernel socket fd (still the socket of inode ino), with no end of stream
- * behind them: 1 yes, 0 no, -errno.  A zero-timeout ppoll (a sandbox that refuses recvfrom, as
- * sshd's does, allows it): POLLIN without POLLRDHUP can only be data. */
+ * behind them: 1 yes, 0 no, -errno.  POLLIN without POLLRDHUP can only be data. */
 int __ml_sys_socket_data(int fd, uint64_t ino)
 {
-    struct stat st;
-    if (fd < 0)
-        return -EBADF;
-    int r0 = __ml_sys_fstat(fd, &st);
-    if (r0 == 0 ? !S_ISSOCK(st.st_mode) || (uint64_t)st.st_ino != ino
-                : r0 != -EACCES && r0 != -EPERM && r0 != -ENOSYS)
-        return -EBADF;
-    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
-    struct timespec zero = {0, 0};
-    long r = SYS_CALL(SYS_ppoll, &p, 1, &zero, NULL, 0);
-    if (r < 0)
-        return (int)r;
-    return (p.revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) == POLLIN;
+    int ev = ml_socket_revents(fd, ino);
+    return ev < 0 ? ev : (ev & (POLLIN | POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) == POLLIN;
 }
 
 int __ml_sys_getdents(int fd, void *buf, size_t len)

@@ -87,6 +87,22 @@ def under(log, cmd):
     return [str(MEMLAN), "run", "--log", str(log), "--"] + cmd
 
 
+def start_echo(pubdir, gid, port, conns, client):
+    """A's echo server (conns connections) on port, with client's script beside it: (server,
+    server log, client log), the server ready."""
+    (pubdir / "srv.py").write_text(ECHO_SERVER)
+    (pubdir / "cli.py").write_text(client)
+    slog, clog = logfile(pubdir, "server.log"), logfile(pubdir, "client.log")
+    srv = subprocess.Popen(as_user(A, gid, under(slog, ["python3", str(pubdir / "srv.py"),
+                                                        str(port), str(conns)])),
+                           stdout=subprocess.PIPE, text=True)
+    if srv.stdout.readline().strip() != "ready":
+        srv.kill()
+        srv.wait()
+        raise AssertionError("the echo server did not start")
+    return srv, slog, clog
+
+
 def channels(fabdir):
     """The channel files in the fabric (listed as root, who may list a private fabric)."""
     out = []
@@ -422,16 +438,10 @@ def test_group_fabric_planted_offer_name_does_not_freeze(gfabric, pubdir, kind):
     for ever; a symbolic link or a directory made the acceptor spin in accept()."""
     fab, gid = gfabric
     port, sport = next_port(), next_port()
-    (pubdir / "srv.py").write_text(ECHO_SERVER)
-    (pubdir / "cli.py").write_text(BOUND_CLIENT)
-    slog, clog = logfile(pubdir, "server.log"), logfile(pubdir, "client.log")
-    srv = subprocess.Popen(as_user(A, gid, under(slog, ["python3", str(pubdir / "srv.py"),
-                                                        str(port), "1"])),
-                           stdout=subprocess.PIPE, text=True)
+    srv, slog, clog = start_echo(pubdir, gid, port, 1, BOUND_CLIENT)
+    ns = "%x" % os.stat("/proc/self/ns/net").st_ino
+    name = fab / ("cx-%s-7f000001p%x-7f000001p%x" % (ns, sport, port))
     try:
-        assert srv.stdout.readline().strip() == "ready"
-        ns = "%x" % os.stat("/proc/self/ns/net").st_ino
-        name = fab / ("cx-%s-7f000001p%x-7f000001p%x" % (ns, sport, port))
         plant = {"fifo": ["mkfifo", "-m", "666", str(name)],
                  "symlink": ["ln", "-s", "/nonexistent", str(name)],
                  "dir": ["mkdir", str(name)]}[kind]
@@ -542,15 +552,9 @@ def test_group_fabric_member_cannot_take_another_users_connection(gfabric, pubdi
                         capture_output=True, text=True, timeout=120)
     assert cc.returncode == 0, cc.stderr
     port, sport = next_port(), next_port()
-    (pubdir / "srv.py").write_text(ECHO_SERVER)
-    (pubdir / "cli.py").write_text(BOUND_CLIENT)
-    slog, clog = logfile(pubdir, "server.log"), logfile(pubdir, "client.log")
-    srv = subprocess.Popen(as_user(A, gid, under(slog, ["python3", str(pubdir / "srv.py"),
-                                                        str(port), "1"])),
-                           stdout=subprocess.PIPE, text=True)
+    srv, slog, clog = start_echo(pubdir, gid, port, 1, BOUND_CLIENT)
     c = None
     try:
-        assert srv.stdout.readline().strip() == "ready"
         ns = "%x" % os.stat("/proc/self/ns/net").st_ino
         name = "cx-%s-7f000001p%x-7f000001p%x" % (ns, sport, port)
         c = subprocess.Popen(as_user(C, gid, [str(exe), str(fab), name]), stdout=subprocess.PIPE,
