@@ -479,28 +479,10 @@ static int ml_chan_attach_seg(struct memlan_segment *seg, int64_t gen, const cha
     return 0;
 }
 
-/* The named endpoint's server (endpoint.c): attach only a channel whose file belongs to uid,
- * the user the kernel says is at the other end of the rendezvous socket (SO_PEERCRED); a token
- * another user's process created is refused with -EACCES before anything of it is touched. */
-int __ml_chan_attach_uid(memlan_fabric_t *fab, const char *token, uint32_t uid,
-                         memlan_channel_t **out)
-{
-    if (!fab || !out)
-        return -EINVAL;
-    *out = NULL;
-    struct memlan_segment *seg;
-    int r = __ml_seg_import(fab, token, ML_KIND_CHANNEL, true, &seg);
-    if (r < 0)
-        return r;
-    struct stat st;
-    if ((r = __ml_sys_fstat(seg->fd, &st)) < 0 || (uint32_t)st.st_uid != uid) {
-        __ml_seg_destroy(seg);
-        return r < 0 ? r : -EACCES;
-    }
-    return ml_chan_attach_seg(seg, -1, NULL, out);
-}
+#define ML_ANY_UID UINT32_MAX
 
-static int ml_chan_attach(memlan_fabric_t *fab, const char *token, int64_t gen,
+/* Attach to token's channel; uid other than ML_ANY_UID: only if its file belongs to uid. */
+static int ml_chan_attach(memlan_fabric_t *fab, const char *token, int64_t gen, uint32_t uid,
                           memlan_channel_t **out)
 {
     if (!fab || !out)
@@ -510,7 +492,22 @@ static int ml_chan_attach(memlan_fabric_t *fab, const char *token, int64_t gen,
     int r = __ml_seg_import(fab, token, ML_KIND_CHANNEL, true, &seg);
     if (r < 0)
         return r;
+    struct stat st;
+    if (uid != ML_ANY_UID &&
+        ((r = __ml_sys_fstat(seg->fd, &st)) < 0 || (uint32_t)st.st_uid != uid)) {
+        __ml_seg_destroy(seg);
+        return r < 0 ? r : -EACCES;
+    }
     return ml_chan_attach_seg(seg, gen, NULL, out);
+}
+
+/* The named endpoint's server (endpoint.c): attach only a channel whose file belongs to uid,
+ * the user the kernel says is at the other end of the rendezvous socket (SO_PEERCRED); a token
+ * another user's process created is refused with -EACCES before anything of it is touched. */
+int __ml_chan_attach_uid(memlan_fabric_t *fab, const char *token, uint32_t uid,
+                         memlan_channel_t **out)
+{
+    return ml_chan_attach(fab, token, -1, uid, out);
 }
 
 /*
@@ -546,13 +543,13 @@ int __ml_chan_attach_offer(memlan_fabric_t *fab, int fd, int fdb, const struct s
 
 int memlan_channel_attach(memlan_fabric_t *fab, const char *token, memlan_channel_t **out)
 {
-    return ml_chan_attach(fab, token, -1, out);
+    return ml_chan_attach(fab, token, -1, ML_ANY_UID, out);
 }
 
 int __ml_chan_attach_gen(memlan_fabric_t *fab, const char *token, uint32_t gen,
                          memlan_channel_t **out)
 {
-    return ml_chan_attach(fab, token, (int64_t)gen, out);
+    return ml_chan_attach(fab, token, (int64_t)gen, ML_ANY_UID, out);
 }
 
 /* ---- across exec (src/preload/exec.c) ----------------------------------------------------- */
