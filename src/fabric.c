@@ -156,30 +156,47 @@ void memlan_fabric_close(memlan_fabric_t *fab)
 
 const char *memlan_fabric_path(const memlan_fabric_t *fab) { return fab ? fab->path : NULL; }
 
-/* Remove seg-TOKEN if its owner's lock byte is free; 1 if removed. */
-static int ml_reclaim_seg(memlan_fabric_t *fab, const char *name)
+/* Open name (a regular file, never a FIFO or a link) and take its owner's byte without waiting:
+ * the fd, the owner gone, or -1.  *st: the opened file, to check that name still names it. */
+static long ml_reclaim_lock(memlan_fabric_t *fab, const char *name, struct stat *st)
 {
     long fd = __ml_sys_open(fab->dirfd, name, O_RDWR | O_NOFOLLOW | O_NONBLOCK, 0);
     if (fd < 0)
+        return -1;
+    if (__ml_sys_fstat((int)fd, st) == 0 && S_ISREG(st->st_mode) &&
+        __ml_sys_lock_byte((int)fd, ML_LOCK_OWNER, 0) == 0)
+        return fd;
+    __ml_sys_close((int)fd);
+    return -1;
+}
+
+/* Does name still name the file st describes? */
+static bool ml_still_names(memlan_fabric_t *fab, const char *name, const struct stat *st)
+{
+    struct stat b;
+    return __ml_sys_fstatat(fab->dirfd, name, &b, AT_SYMLINK_NOFOLLOW) == 0 &&
+           st->st_ino == b.st_ino && st->st_dev == b.st_dev;
+}
+
+/* Remove seg-TOKEN if its owner's lock byte is free; 1 if removed. */
+static int ml_reclaim_seg(memlan_fabric_t *fab, const char *name)
+{
+    struct stat a;
+    long fd = ml_reclaim_lock(fab, name, &a);
+    if (fd < 0)
         return 0;
     int removed = 0;
-    struct stat a, b;
-    if (__ml_sys_fstat((int)fd, &a) == 0 && S_ISREG(a.st_mode) &&
-        __ml_sys_lock_byte((int)fd, ML_LOCK_OWNER, 0) == 0 &&
-        __ml_sys_byte_held((int)fd, ML_LOCK_BRIDGE(ML_LOCK_OWNER)) == 0) {
-        /* We hold the owner's byte and nobody its bridge: the owner is gone (or is between
-         * creating the file and locking it; its nlink check after locking makes it start
-         * again).  Remove the name only if it still names the inode we locked. */
-        if (__ml_sys_fstatat(fab->dirfd, name, &b, AT_SYMLINK_NOFOLLOW) == 0 &&
-            a.st_ino == b.st_ino && a.st_dev == b.st_dev &&
-            __ml_sys_unlinkat(fab->dirfd, name, 0) == 0) {
-            removed = 1;
-            if (strncmp(name, "seg-", 4) == 0) { /* an event queue's doorbell goes with it */
-                char bell[80];
-                __ml_fabric_name(bell, sizeof bell, "bell", name + 4);
-                if (__ml_sys_unlinkat(fab->dirfd, bell, 0) == 0)
-                    removed++;
-            }
+    /* We hold the owner's byte; if nobody holds its bridge the owner is gone (or is between
+     * creating the file and locking it; its nlink check after locking makes it start again).
+     * Remove the name only if it still names the inode we locked. */
+    if (__ml_sys_byte_held((int)fd, ML_LOCK_BRIDGE(ML_LOCK_OWNER)) == 0 &&
+        ml_still_names(fab, name, &a) && __ml_sys_unlinkat(fab->dirfd, name, 0) == 0) {
+        removed = 1;
+        if (strncmp(name, "seg-", 4) == 0) { /* an event queue's doorbell goes with it */
+            char bell[80];
+            __ml_fabric_name(bell, sizeof bell, "bell", name + 4);
+            if (__ml_sys_unlinkat(fab->dirfd, bell, 0) == 0)
+                removed++;
         }
     }
     __ml_sys_close((int)fd);
@@ -193,15 +210,12 @@ static int ml_reclaim_ep(memlan_fabric_t *fab, const char *name)
     char sock[NAME_MAX + 1];
     if (snprintf(sock, sizeof sock, "%s.sock", name) >= (int)sizeof sock)
         return 0;
-    long fd = __ml_sys_open(fab->dirfd, name, O_RDWR | O_NOFOLLOW | O_NONBLOCK, 0);
+    struct stat a;
+    long fd = ml_reclaim_lock(fab, name, &a);
     if (fd < 0)
         return 0;
     int removed = 0;
-    struct stat a, b;
-    if (__ml_sys_fstat((int)fd, &a) == 0 && S_ISREG(a.st_mode) &&
-        __ml_sys_lock_byte((int)fd, ML_LOCK_OWNER, 0) == 0 &&
-        __ml_sys_fstatat(fab->dirfd, name, &b, AT_SYMLINK_NOFOLLOW) == 0 &&
-        a.st_ino == b.st_ino && a.st_dev == b.st_dev) {
+    if (ml_still_names(fab, name, &a)) {
         if (__ml_sys_unlinkat(fab->dirfd, sock, 0) == 0)
             removed++;
         if (__ml_sys_unlinkat(fab->dirfd, name, 0) == 0)
