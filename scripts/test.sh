@@ -75,7 +75,7 @@ fi
 if [ "${MEMLAN_SKIP_ASAN:-0}" != 1 ]; then
     echo "building with ASan+UBSan..."
     if make -s SAN=1 BUILD=build-asan all >/dev/null; then
-        export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
+        export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
         suite build-asan "asan: " 200000
     else
         fail=$((fail + 1)); failed+=("asan build")

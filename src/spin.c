@@ -108,7 +108,10 @@ uint64_t __ml_spin_budget_ns(struct ml_spin *sp, uint32_t peer_cpu)
         return (uint64_t)fixed * 1000u;
     if (ml_online_cpus() < 2)
         return 0;
-    if (peer_cpu != 0 && (int)peer_cpu - 1 == __ml_getcpu())
+    /* peer_cpu is the peer's word (cpu + 1, 0 when unknown): any value may be there, so it is
+     * compared unsigned (a signed peer_cpu - 1 overflowed for 0x80000000). */
+    int me = __ml_getcpu();
+    if (peer_cpu != 0 && me >= 0 && peer_cpu - 1u == (uint32_t)me)
         return 0;
     /* Relaxed atomics: the socket layer's waiters share one predictor per direction and hold
      * no lock while they wait (a lost count only shifts the guess). */

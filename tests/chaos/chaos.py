@@ -500,7 +500,9 @@ def victim_run(t, cat, argv, timeout, env):
     elif SAN_RE.search(p.stderr):
         c["asan"] += 1
         m = SAN_RE.search(p.stderr)
-        line = p.stderr[m.start():].splitlines()[0][:160]
+        # The whole line: UBSan puts the file and line before "runtime error:".
+        ls = p.stderr.rfind("\n", 0, m.start()) + 1
+        line = p.stderr[ls:].splitlines()[0][:200]
         t.note(cat, f"sanitizer: {name}: {line}")
         keep(cat, "san", argv, p.stderr)
     elif p.returncode < 0 or p.returncode in (128 + 7, 128 + 11) or \
