@@ -385,6 +385,32 @@ def test_native_library_says_a_bad_spin_setting_once(fabric):
     assert p.returncode == 0 and p.stderr.count("MEMLAN_SPIN_US") == 1, p.stderr
 
 
+def test_on_off_settings_other_than_0_or_1_are_said(fabric, tmp_path):
+    """MEMLAN_FABRIC_CREATE=yes used to leave a missing fabric uncreated without a word (only 1
+    creates), and MEMLAN_FABRIC_GROUPWIDE=yes, MEMLAN_OFF=false, MEMLAN_QUIET=yes passed unsaid.
+    Each is said once, with what it is taken for; 0 and 1 are said nothing."""
+    cmd = ["run", "--", "sh", "-c", f"{PY} -c 'print(1)'; {PY} -c \"{CONNECT}\""]
+    for var, val, taken in (("MEMLAN_FABRIC_CREATE", "yes", "not created"),
+                            ("MEMLAN_FABRIC_GROUPWIDE", "yes", "default, 0"),
+                            ("MEMLAN_OFF", "false", "nothing is accelerated"),
+                            ("MEMLAN_QUIET", "yes", "quiet from now on")):
+        p = cli(*cmd, env={var: val})
+        assert p.returncode == 0 and p.stdout == "1\nhi\n", p.stderr
+        lines = [l for l in p.stderr.splitlines() if var in l]
+        assert len(lines) == 1 and f"'{val}'" in lines[0] and taken in lines[0], p.stderr
+        for good in ("0", "1"):
+            q = cli(*cmd, env={var: good})
+            assert q.stdout == "1\nhi\n" and var not in q.stderr, q.stderr
+    # Without the preload, libmemlan says a bad MEMLAN_FABRIC_CREATE itself, once, and the
+    # missing directory is not created.
+    missing = tmp_path / "missing"
+    pingpong = str(LIB.parent.parent / "examples" / "pingpong")
+    p = subprocess.run([pingpong, "10"], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, MEMLAN_FABRIC=str(missing), MEMLAN_FABRIC_CREATE="yes"))
+    assert p.returncode != 0 and not missing.exists()
+    assert p.stderr.count("bad MEMLAN_FABRIC_CREATE='yes'") == 1, p.stderr
+
+
 FD2_REUSED = ("import os, sys; os.close(2); f = open(sys.argv[1], 'w'); assert f.fileno() == 2; "
               + CONNECT)
 
