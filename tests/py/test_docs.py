@@ -68,3 +68,39 @@ def test_memlan_1_names_every_command_and_option():
     assert {"run", "stat"} <= commands and "--fabric" in options
     assert not {c for c in commands if f"- `{c}" not in page}
     assert not {o for o in options if f"`{o}" not in page}
+
+
+def test_readme_container_example_names_a_fabric_that_exists(tmp_path):
+    """The README's docker example, as far as it can run without docker: each container mounts a
+    fresh volume and names a fabric in it.  A fabric that is not the volume itself is a directory
+    nobody made (memlan creates a named fabric only with MEMLAN_FABRIC_CREATE=1), so everything
+    stayed on TCP.  Here the volume is a fresh empty directory, the fabric the same path in it,
+    and a connection made under memlan run with the example's options must be accelerated."""
+    import os
+    import sys
+    from conftest import MEMLAN
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## Containers and network namespaces", 1)[1].split("```sh", 1)[1]
+    block = block.split("```", 1)[0].replace("\\\n", " ")
+    runs = [l for l in block.splitlines() if l.strip().startswith("docker run")]
+    assert len(runs) == 2, block
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    connect = ("import socket; l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen(4); "
+               "c = socket.create_connection(l.getsockname()); a, _ = l.accept(); "
+               "c.sendall(b'hi'); print(a.recv(2).decode())")
+    for line in runs:
+        mounts = dict(m.split(":")[:2] for m in re.findall(r"-v (\S+)", line))
+        env = dict(e.split("=", 1) for e in re.findall(r"-e (\S+)", line))
+        fab = re.search(r"--fabric (\S+)", line).group(1)
+        vol_mount = [m for v, m in mounts.items() if not v.startswith(("$", "/"))]
+        assert len(vol_mount) == 1, line
+        mount = vol_mount[0]
+        assert fab == mount or fab.startswith(mount + "/"), line
+        here = str(volume) + fab[len(mount):]
+        p = subprocess.run([str(MEMLAN), "run", "--fabric", here, "--log", "stderr", "--",
+                            sys.executable, "-c", connect], capture_output=True, text=True,
+                           timeout=60, env=dict(os.environ, **env))
+        assert p.returncode == 0 and p.stdout == "hi\n", p.stderr
+        assert "accelerated (client)" in p.stderr and "cannot accelerate" not in p.stderr, (
+            line, p.stderr)
