@@ -104,3 +104,37 @@ def test_readme_container_example_names_a_fabric_that_exists(tmp_path):
         assert p.returncode == 0 and p.stdout == "hi\n", p.stderr
         assert "accelerated (client)" in p.stderr and "cannot accelerate" not in p.stderr, (
             line, p.stderr)
+
+
+def test_return_conventions_fit_their_function_types():
+    """Each API page ends with a return-convention line; it must fit the function's type: void
+    returns nothing (memlan_svc_run's page promised libtirpc's NULL or FALSE), an int that is never
+    an error says so (memlan_spin_us's and memlan_clnt_is_fast's promised a negative errno or a
+    NULL), and only the calls that stand in for libtirpc's take libtirpc's convention."""
+    want = [("void *", "a pointer"), ("void ", "none (void)"), ("const char *", "a string"),
+            ("size_t ", "a size, never an error"), ("CLIENT *", "NULL or FALSE"),
+            ("bool_t ", "NULL or FALSE"), ("int ", None), ("ssize_t ", "a negative errno")]
+    pages = sorted((ROOT / "docs" / "api").glob("memlan_*.md"))
+    assert len(pages) > 40
+    for page in pages:
+        text = page.read_text()
+        proto = text.split("```c\n", 1)[1].split("\n", 1)[0]
+        conv = [l for l in text.splitlines() if l.startswith("Return convention:")]
+        assert len(conv) == 1, page.name
+        kind, phrase = next((k, w) for k, w in want if proto.startswith(k))
+        if phrase is None:  # an int: an errno, or said never to be one
+            phrase = "never an error" if page.stem in ("memlan_spin_us", "memlan_clnt_is_fast") \
+                else "a negative errno"
+        assert phrase in conv[0], (page.name, proto, conv[0])
+        if kind not in ("CLIENT *", "bool_t "):
+            assert "NULL or FALSE" not in conv[0], (page.name, conv[0])
+    # What the two pages claim: memlan_spin_us never fails, even on a bad MEMLAN_SPIN_US.
+    import os
+    out = subprocess.run(["python3", "-c", "import ctypes, sys; l = ctypes.CDLL(sys.argv[1]); "
+                          "print(l.memlan_spin_us())", str(LIB)], capture_output=True, text=True,
+                         env=dict(os.environ, MEMLAN_SPIN_US="abc", MEMLAN_QUIET="1"))
+    assert out.stdout.strip() == "50", out.stderr
+    out = subprocess.run(["python3", "-c", "import ctypes, sys; l = ctypes.CDLL(sys.argv[1]); "
+                          "print(l.memlan_clnt_is_fast(None))", str(LIB.parent / "libmemlan-rpc.so")],
+                         capture_output=True, text=True)
+    assert out.stdout.strip() == "0", out.stderr
