@@ -138,3 +138,19 @@ def test_return_conventions_fit_their_function_types():
                           "print(l.memlan_clnt_is_fast(None))", str(LIB.parent / "libmemlan-rpc.so")],
                          capture_output=True, text=True)
     assert out.stdout.strip() == "0", out.stderr
+
+
+def test_man_page_name_lines_are_whole():
+    """The NAME line (what whatis and apropos show) is a whole clause: its parentheses close (a
+    cut at the first ';' left 'memlan_listener_fd - ... (level-triggered'), and it is one line's
+    worth, not memlan_strerror's list of examples."""
+    for page in sorted((ROOT / "man").glob("man*/*.[137]")):
+        text = page.read_text()
+        name = text.split(".SH NAME\n", 1)[1].split("\n", 1)[0]
+        summary = name.split(r" \- ", 1)[1]
+        depth = 0
+        for ch in summary:
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+            assert depth >= 0, (page.name, summary)
+        assert depth == 0, (page.name, summary)
+        assert len(summary) <= 200, (page.name, len(summary))
