@@ -143,7 +143,7 @@ $(CLI): $(CLI_SRC) $(LIB_A) $(HDRS) bench/bench.h $(BUILD)/paths.stamp
 	$(CC) $(CFLAGS) -Ibench -DMEMLAN_BINDIR='"$(BINDIR)"' -DMEMLAN_LIBDIR='"$(LIBDIR)"' \
 	    -o $@ $(CLI_SRC) $(LIB_A) $(LDFLAGS) -lm
 
-$(RPCGEN): $(RPCGEN_SRC) tools/rpcgen/rpcgen.h
+$(RPCGEN): $(RPCGEN_SRC) tools/rpcgen/rpcgen.h include/memlan.h
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $(RPCGEN_SRC) $(LDFLAGS)
 

@@ -1018,7 +1018,7 @@ static int cmd_version(int argc, char **argv)
         fprintf(stderr, "memlan version: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    printf("memlan %d.%d\n", MEMLAN_VERSION_MAJOR, MEMLAN_VERSION_MINOR);
+    printf("memlan %d.%d.%d\n", MEMLAN_VERSION_MAJOR, MEMLAN_VERSION_MINOR, MEMLAN_VERSION_PATCH);
     return 0;
 }
 

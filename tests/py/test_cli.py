@@ -15,6 +15,14 @@ SPLIT_SAME_KEYS = ["rtt_spin_us", "rtt_sleep_us", "floor_spin_us", "floor_futex_
 
 def test_version_and_help():
     assert memlan("version").stdout.startswith("memlan ")
+    # the whole version, as memlan.pc, the libraries' real names and the man pages give it
+    # (it said "memlan 0.1" beside pkg-config's 0.1.0)
+    import pathlib
+    h = (pathlib.Path(__file__).resolve().parents[2] / "include" / "memlan.h").read_text()
+    ver = ".".join(re.search(rf"#define MEMLAN_VERSION_{p} (\d+)", h).group(1)
+                   for p in ("MAJOR", "MINOR", "PATCH"))
+    assert memlan("version").stdout == f"memlan {ver}\n"
+    assert memlan("--version").stdout == f"memlan {ver}\n"
     assert "bench" in memlan("help").stdout
     p = memlan("frobnicate", check=False)
     assert p.returncode == 2 and "unknown command" in p.stderr
@@ -497,3 +505,29 @@ def test_preload_note_never_raises_sigpipe_in_the_host():
     finally:
         os.close(w)
     assert p.returncode == 0 and p.stdout == "1\n", p.returncode
+
+
+def test_rpcgen_help_version_and_bad_options(tmp_path):
+    """memlan-rpcgen --help printed the usage on stderr and exited 1, --version was an unknown
+    option, and an unknown option or a missing value got the usage without a word of what was
+    wrong."""
+    rpcgen = MEMLAN.parent / "memlan-rpcgen"
+    run = lambda *a: subprocess.run([str(rpcgen), *a], capture_output=True, text=True,
+                                    timeout=30, cwd=tmp_path)
+    p = run("--help")
+    assert p.returncode == 0 and p.stdout.startswith("usage: memlan-rpcgen") and p.stderr == ""
+    p = run("--version")
+    assert p.returncode == 0 and re.fullmatch(r"memlan-rpcgen \d+\.\d+\.\d+\n", p.stdout)
+    assert p.stdout.split()[1] == memlan("version").stdout.split()[1]
+    for args, said in ((["--bogus", "x.x"], "unknown option '--bogus'"),
+                       (["-z", "x.x"], "unknown option '-z'"),
+                       (["x.x", "-o"], "option -o needs a value"),
+                       (["-K", "soon", "x.x"], "bad value 'soon' for -K"),
+                       (["a.x", "b.x"], "one input file only"),
+                       ([], "no input file")):
+        p = run(*args)
+        assert p.returncode == 1 and p.stdout == "", (args, p.stdout)
+        first = p.stderr.splitlines()[0]
+        assert first == "memlan-rpcgen: " + said or first.startswith("memlan-rpcgen: " + said), (
+            args, p.stderr)
+        assert "usage: memlan-rpcgen" in p.stderr
