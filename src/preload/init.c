@@ -269,7 +269,8 @@ static void mlp_read_config(void)
     mlp_note_stderr();
     const char *said = getenv(MLP_SAID_ENV);
     if (said)
-        mlp_said_before = (unsigned)strtoul(said, NULL, 10) & (MLP_SAID_CONFIG | MLP_SAID_FABRIC);
+        mlp_said_before = (unsigned)strtoul(said, NULL, 10) &
+                          (MLP_SAID_CONFIG | MLP_SAID_FABRIC | MLP_SAID_FULL);
     mlp_said = mlp_said_before;
     const char *q = getenv("MEMLAN_QUIET");
     mlp_quiet = q && *q && strcmp(q, "0") != 0;

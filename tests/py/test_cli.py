@@ -444,6 +444,36 @@ def test_preload_says_when_it_cannot_accelerate(tmp_path):
     assert own.read_text() == ""
 
 
+FULL = ("import socket; l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen(8); "
+        "cs = [socket.create_connection(l.getsockname()) for _ in range(3)]; "
+        "acc = [l.accept()[0] for _ in range(3)]; "
+        "[c.sendall(b'hi') for c in cs]; print(''.join(a.recv(2).decode() for a in acc))")
+
+
+def test_full_fabric_is_said_once(tmp_path):
+    """A fabric with no room for a channel (a 64 KiB tmpfs; a container's /dev/shm fills the same
+    way) left every new connection on TCP with the reason only in the log.  It is said once on
+    stderr by a program whose three connections all find it full (once per program, like the
+    note on an unusable fabric: siblings cannot tell each other), and the data still flows."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root to mount a small tmpfs in a private mount namespace")
+    d = tmp_path / "full"
+    d.mkdir()
+    script = (f"mount -t tmpfs -o size=64k none {d} || exit 77; "
+              f"{MEMLAN} run --fabric {d} -- {PY} -c \"{FULL}\"; rc=$?; umount {d}; exit $rc")
+    p = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                       capture_output=True, text=True, timeout=60)
+    if p.returncode == 77:
+        pytest.skip("mount refused: " + p.stderr)
+    assert p.returncode == 0 and p.stdout == "hihihi\n", p.stdout + p.stderr
+    lines = [l for l in p.stderr.splitlines() if "is full" in l]
+    assert len(lines) == 1 and str(d) in lines[0] and "stay on TCP" in lines[0], p.stderr
+    q = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                        script.replace(" run --fabric", " run --quiet --fabric")],
+                       capture_output=True, text=True, timeout=60)
+    assert q.stdout == "hihihi\n" and "is full" not in q.stderr, q.stderr
+
+
 def test_default_fabric_of_another_owner_is_said(tmp_path):
     if os.geteuid() != 0 or not shutil.which("setpriv"):
         pytest.skip("needs root to be another user")
