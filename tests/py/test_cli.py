@@ -256,6 +256,31 @@ def test_run_warns_about_static_programs(fabric, tmp_path):
     assert "statically linked" in cli("run", "--", script).stderr
     dyn = cli("run", "--", PY, "-c", "pass")
     assert dyn.returncode == 0 and "statically linked" not in dyn.stderr
+    assert "Go program" not in dyn.stderr
+
+
+GO_NOTE = """
+struct gonote { unsigned namesz, descsz, type; char name[4]; char desc[8]; };
+__attribute__((section(".note.go.buildid"), used, aligned(4)))
+static const struct gonote note = {4, 8, 4, "Go", "buildid"};
+int main(void) { return 0; }
+"""
+
+
+def test_run_warns_about_go_programs(fabric, tmp_path):
+    """A Go program makes its socket system calls itself, even when it is dynamically linked
+    (cgo), so LD_PRELOAD never sees its connections; memlan run said nothing about one (seen with
+    a cgo program: no warning, no log line, every connection on TCP).  Go programs carry a build
+    id note (owner "Go", type 4): a dynamically linked C program given that note stands in for one
+    here (building a real one takes the Go toolchain and most of a minute)."""
+    src = tmp_path / "g.c"
+    src.write_text(GO_NOTE)
+    fake = tmp_path / "gofake"
+    subprocess.run(["cc", "-o", str(fake), str(src)], check=True)
+    p = cli("run", "--", fake)
+    assert p.returncode == 0 and "is a Go program" in p.stderr and str(fake) in p.stderr, p.stderr
+    assert "not be accelerated" in p.stderr and "statically linked" not in p.stderr
+    assert cli("run", "--quiet", "--", fake).stderr == ""
 
 
 def test_stat_json_escapes_names(tmp_path):
