@@ -352,6 +352,36 @@ static void object_detail(int fd, const struct ml_seg_hdr *h, bool json, FILE *f
     }
 }
 
+/* A named endpoint, ep-NAME (memlan_listen): served while its owner byte is locked.  The lock is
+ * an OFD lock, which names no process, so its pid is unknown (JSON null).  The file may be
+ * anything a fabric member planted: opened without following a link or blocking on a FIFO. */
+static bool stat_endpoint(const char *dir, const char *file, const struct stat_opts *o, int n)
+{
+    char path[PATH_MAX + 300];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    int live = fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? held(fd, ML_LOCK_OWNER) : -1;
+    if (fd >= 0)
+        close(fd);
+    if (live < 0)
+        return false;
+    char name[MEMLAN_NAME_MAX + 1];
+    snprintf(name, sizeof name, "%s", file + 3);
+    if (o->json) {
+        printf("%s{\"kind\":\"endpoint\",\"name\":", n ? "," : "");
+        json_str(stdout, name);
+        printf(",\"pid\":null,\"live\":%s}", live ? "true" : "false");
+        return true;
+    }
+    for (char *c = name; *c; c++) /* no control characters to the terminal */
+        if ((unsigned char)*c < 0x20 || *c == 0x7f)
+            *c = '?';
+    printf("%-8s %s%7s %-5s name %s%s\n", "endpoint", o->tokens ? "                                 " : "",
+           "-", live ? "yes" : "DEAD", name, live ? "" : " (its server died; clean removes it)");
+    return true;
+}
+
 /* One snapshot of the fabric.  stat only looks: it does not open the fabric through the library,
  * whose lazy reclaim would remove the dead processes' files that stat is there to show. */
 static int stat_once(const struct stat_opts *o)
@@ -385,6 +415,13 @@ static int stat_once(const struct stat_opts *o)
     }
     struct dirent *e;
     while (d && (e = readdir(d))) {
+        size_t elen = strlen(e->d_name);
+        if (strncmp(e->d_name, "ep-", 3) == 0 && elen > 3 && elen <= 3 + MEMLAN_NAME_MAX &&
+            !(elen > 8 && strcmp(e->d_name + elen - 5, ".sock") == 0)) {
+            if (!o->pid && (!o->kind || strcmp(o->kind, "endpoint") == 0))
+                n += stat_endpoint(dir, e->d_name, o, n);
+            continue;
+        }
         if (strncmp(e->d_name, "seg-", 4) != 0)
             continue;
         char path[PATH_MAX + 300];
@@ -440,14 +477,16 @@ static void stat_usage(FILE *f)
 {
     fprintf(f,
             "usage: memlan stat [OPTIONS]\n"
-            "List the fabric's objects (processes, channels, event queues, segments), whether\n"
-            "their owner lives, and each memlan process's connections: accelerated with their\n"
-            "counters, or on TCP with the reason.  Reads only: reclaims nothing.\n"
+            "List the fabric's objects (processes, channels, event queues, segments, named\n"
+            "endpoints), whether their owner lives, and each memlan process's connections:\n"
+            "accelerated with their counters, or on TCP with the reason.  Reads only: reclaims\n"
+            "nothing.\n"
             "  --fabric DIR        the fabric directory (default $MEMLAN_FABRIC, else\n"
             "                      /dev/shm/memlan-UID)\n"
             "  --json              one JSON document: {fabric, time, objects[], connections[]}\n"
             "  --pid PID           only the objects (and connections) of process PID\n"
-            "  --kind KIND         only objects of KIND: process, channel, evq or segment\n"
+            "  --kind KIND         only objects of KIND: process, channel, evq, segment or\n"
+            "                      endpoint (an endpoint's pid is unknown: --pid leaves it out)\n"
             "                      (connections are listed with their process)\n"
             "  -i, --interval SEC  print again every SEC seconds (fractions allowed) until\n"
             "                      interrupted; with --json one document per line\n"
@@ -482,8 +521,9 @@ static int cmd_stat(int argc, char **argv)
             break;
         case 'k':
             if (strcmp(optarg, "process") && strcmp(optarg, "channel") && strcmp(optarg, "evq") &&
-                strcmp(optarg, "segment"))
-                return bad_value("stat", "--kind", optarg, "process, channel, evq or segment");
+                strcmp(optarg, "segment") && strcmp(optarg, "endpoint"))
+                return bad_value("stat", "--kind", optarg,
+                                 "process, channel, evq, segment or endpoint");
             o.kind = optarg;
             break;
         case 'i': {

@@ -340,6 +340,42 @@ def test_stat_json_is_structured(fabric):
     memlan("clean")
 
 
+ENDPOINT = """
+import sys, memlan
+fab = memlan.Fabric()
+l = fab.listen(sys.argv[1])
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_stat_lists_named_endpoints(fabric):
+    """A server on a named endpoint (memlan_listen) was invisible to memlan stat, which listed
+    only segments: a user could not see which names are served, or left by a dead server."""
+    name = 'orders"\\x'
+    root = LIB.parent.parent.parent
+    env = dict(os.environ, MEMLAN_LIB=str(LIB), PYTHONPATH=str(root / "python"))
+    srv = subprocess.Popen([PY, "-c", ENDPOINT, name], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert srv.stdout.readline().strip() == "ready"
+        st = json.loads(cli("stat", "--json").stdout)
+        eps = [o for o in st["objects"] if o["kind"] == "endpoint"]
+        assert eps == [{"kind": "endpoint", "name": name, "pid": None, "live": True}], st
+        text = cli("stat", "--kind", "endpoint").stdout
+        assert "endpoint" in text and name in text and "yes" in text, text
+        assert "endpoint" not in cli("stat", "--pid", str(srv.pid)).stdout
+        assert "endpoint" not in cli("stat", "--kind", "channel").stdout
+    finally:
+        srv.kill()
+        srv.wait(timeout=10)
+    st = json.loads(cli("stat", "--json", "--kind", "endpoint").stdout)
+    assert [o["live"] for o in st["objects"]] == [False], st
+    assert "DEAD" in cli("stat").stdout
+    cli("clean")
+    assert json.loads(cli("stat", "--json").stdout)["objects"] == []
+
+
 def test_stat_filters_and_tokens(fabric, holder):
     proc, seg, ch = holder()
     for args in (["stat"], ["stat", "--json"]):
