@@ -161,3 +161,20 @@ def test_man_page_name_lines_are_whole():
             assert depth >= 0, (page.name, summary)
         assert depth == 0, (page.name, summary)
         assert len(summary) <= 200, (page.name, len(summary))
+
+
+def test_memlan_7_names_every_fabric_file_and_named_endpoints():
+    """memlan(7) is the page for concepts: it had no word of named endpoints (memlan_listen,
+    memlan_connect), and its FILES listed seg-, bell- and rpc- but not ep- (named endpoints) nor
+    the preload's ls-, la- and cx- records, which a user finds in the fabric directory."""
+    page = (ROOT / "docs" / "man" / "memlan.7.md").read_text()
+    files = page.split("## FILES", 1)[1].split("\n## ", 1)[0]
+    src = "".join(p.read_text() for p in (ROOT / "src").rglob("*.c"))
+    prefixes = set(re.findall(r'"([a-z]{2,4})-%', src))
+    prefixes |= set(re.findall(r'__ml_fabric_name\([^;]*?"([a-z]+)"', src))
+    prefixes |= set(re.findall(r'"/?([a-z]{2,4})-(?:PROG|%s|NAME)', src))
+    assert {"seg", "bell", "ep", "ls", "la", "cx"} <= prefixes, prefixes
+    assert not {p for p in prefixes if f"`{p}-" not in files and f"/{p}-" not in files}, prefixes
+    concepts = page.split("## CONCEPTS", 1)[1].split("\n## ", 1)[0]
+    for fn in ("memlan_listen", "memlan_connect", "memlan_accept"):
+        assert f"**{fn}**(3)" in concepts, fn
