@@ -480,6 +480,26 @@ def test_on_off_settings_other_than_0_or_1_are_said(fabric, tmp_path):
     assert p.stderr.count("bad MEMLAN_FABRIC_CREATE='yes'") == 1, p.stderr
 
 
+def test_pingpong_halves_meet_by_name_alone(fabric):
+    """The C examples connect by name, but each forked its peer, so none showed two unrelated
+    programs meeting: `pingpong serve NAME` and `pingpong echo NAME`, started separately (siblings,
+    sharing nothing but the fabric and the name), do."""
+    pingpong = str(LIB.parent.parent / "examples" / "pingpong")
+    srv = subprocess.Popen([pingpong, "serve", "pp-by-name", "500"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        assert "serving pp-by-name" in srv.stdout.readline()
+        echo = subprocess.run([pingpong, "echo", "pp-by-name"], capture_output=True, text=True,
+                              timeout=60)
+        assert echo.returncode == 0, echo.stderr
+        out, err = srv.communicate(timeout=60)
+    finally:
+        srv.kill()
+    assert srv.returncode == 0 and "500 round trips of 64 B" in out, err
+    bad = subprocess.run([pingpong, "serve"], capture_output=True, text=True, timeout=10)
+    assert bad.returncode == 2 and "usage" in bad.stderr
+
+
 FD2_REUSED = ("import os, sys; os.close(2); f = open(sys.argv[1], 'w'); assert f.fileno() == 2; "
               + CONNECT)
 
