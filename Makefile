@@ -143,9 +143,9 @@ $(CLI): $(CLI_SRC) $(LIB_A) $(HDRS) bench/bench.h $(BUILD)/paths.stamp
 	$(CC) $(CFLAGS) -Ibench -DMEMLAN_BINDIR='"$(BINDIR)"' -DMEMLAN_LIBDIR='"$(LIBDIR)"' \
 	    -o $@ $(CLI_SRC) $(LIB_A) $(LDFLAGS) -lm
 
-$(RPCGEN): $(RPCGEN_SRC) tools/rpcgen/rpcgen.h
+$(RPCGEN): $(RPCGEN_SRC) tools/rpcgen/rpcgen.h include/memlan.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $(RPCGEN_SRC) $(LDFLAGS)
+	$(CC) $(CFLAGS) -DMEMLAN_RPCGEN_VERSION='"$(VERSION)"' -o $@ $(RPCGEN_SRC) $(LDFLAGS)
 
 $(BUILD)/tests/%: tests/c/%.c tests/c/test.h $(LIB_A)
 	@mkdir -p $(dir $@)

@@ -354,9 +354,10 @@ const char *memlan_strerror(int err);
 /* ---- tuning ------------------------------------------------------------------------------ */
 
 /*
- * The spin budget, in microseconds, that blocking calls spend polling before they sleep.
- * MEMLAN_SPIN_US in the environment sets it; 0 never spins.  Unset: adaptive (about one
- * cross-core wake-up, skipped when the peer last ran on our own core or we may only run on one).
+ * memlan_spin_us - the spin budget, in microseconds, that blocking calls spend polling before
+ * they sleep.  MEMLAN_SPIN_US in the environment sets it; 0 never spins.  Unset: adaptive (about
+ * one cross-core wake-up, skipped when the peer last ran on our own core or we may only run on
+ * one), and this returns its full budget, 50.
  */
 int memlan_spin_us(void);
 

@@ -56,13 +56,39 @@ def header_pages(header):
     return out
 
 
+# Functions that return an int that is never an error: their own convention line.
+NO_ERRORS = {
+    "memlan_spin_us": "Return convention: a count of microseconds, never an error; errno is never "
+                      "read or changed.",
+    "memlan_clnt_is_fast": "Return convention: 1 or 0, never an error.",
+}
+
+
+def rpc_convention(name, proto):
+    """The return convention of an ONC RPC function, by its type: libtirpc's for the calls that
+    stand in for libtirpc's (CLIENT *, bool_t), and what the others return."""
+    if name in NO_ERRORS:
+        return NO_ERRORS[name]
+    if proto.startswith(("CLIENT *", "bool_t ")):
+        return ("Return convention: libtirpc's (NULL or FALSE on failure, details through "
+                "rpc_createerr and clnt_geterr).")
+    if proto.startswith("const char *"):
+        return "Return convention: a string that belongs to memlan (never free it), never NULL."
+    if proto.startswith("void "):
+        return "Return convention: none (void)."
+    raise SystemExit(f"{name}: no return convention for its type: {proto}")
+
+
 def render(name, section, proto, body, header):
     if header == "memlan/rpc.h":
         return (f"# {name}\n\n*{section}* (`#include <memlan/rpc.h>`, link with `-lmemlan-rpc "
                 f"-ltirpc`)\n\n```c\n{proto}\n```\n\n{body}\n\n"
-                "Return convention: libtirpc's (NULL or FALSE on failure, details through "
-                "rpc_createerr and clnt_geterr). See the header comment in "
+                f"{rpc_convention(name, proto)} See the header comment in "
                 "`include/memlan/rpc.h`.\n")
+    if name in NO_ERRORS:
+        return (f"# {name}\n\n*{section}* (`#include <memlan.h>`, link with `-lmemlan`)\n\n"
+                f"```c\n{proto}\n```\n\n{body}\n\n{NO_ERRORS[name]} See the header comment in "
+                "`include/memlan.h` for thread safety.\n")
     if proto.startswith("const char *"):
         return (f"# {name}\n\n*{section}* (`#include <memlan.h>`, link with `-lmemlan`)\n\n"
                 f"```c\n{proto}\n```\n\n{body}\n\n"

@@ -130,6 +130,24 @@ def page_from_markdown(src):
     return f"man{section}/{name}.{section}", th(name, section, summary) + body(rest)
 
 
+def name_line(para):
+    """The NAME line's summary: the first clause of the description, cut only outside
+    parentheses (a cut inside left "... (level-triggered" on memlan_listener_fd's), and past 80
+    characters without its parenthesised asides, so that whatis(1) and apropos(1) show a line."""
+    depth = 0
+    for i, ch in enumerate(para):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if depth == 0 and ch in ".;:" and (i + 1 == len(para) or para[i + 1].isspace()):
+            para = para[:i]
+            break
+    while len(para) > 80:
+        shorter = re.sub(r" \([^()]*(\([^()]*\)[^()]*)*\)(?=[^()]*$)", "", para)
+        if shorter == para:
+            break
+        para = shorter
+    return para.rstrip(".;:, ")
+
+
 def api_page(name, section, proto, text, header, everything):
     """Section 3 from the Markdown that gen-api-docs.py writes for docs/api/NAME.md."""
     md = api.render(name, section, proto, text, header)
@@ -140,7 +158,7 @@ def api_page(name, section, proto, text, header, everything):
     ret = [p for p in paras if p.startswith("Return convention")]
     desc = "\n\n".join(p for p in paras if p not in ret)
     desc = re.sub(rf"^{re.escape(name)} - ", "", desc)
-    summary = re.split(r"(?<=[.;:])\s", desc.split("\n\n")[0].replace("\n", " "), 1)[0].rstrip(".;:")
+    summary = name_line(desc.split("\n\n")[0].replace("\n", " "))
     inc = re.search(r"#include <[^>]+>", meta).group(0)
     link = re.search(r"link with `([^`]+)`", meta).group(1)
     pc = "memlan-rpc" if "rpc" in header else "memlan"

@@ -55,6 +55,33 @@ void __ml_fabric_name(char *buf, size_t len, const char *prefix, const char *tok
     snprintf(buf, len, "%s-%s", prefix, token);
 }
 
+/*
+ * A bad setting of the core's (MEMLAN_SPIN_US, MEMLAN_FABRIC_CREATE): one line on stderr, once
+ * per process and setting, with the default used ("Nothing silent" in docs/design.md), written
+ * with one raw write that never raises SIGPIPE (the program owns fd 2; stdio would take its lock
+ * and buffer).  Not under the preload library (memlan run): it checks the whole environment and
+ * says it itself, and the program's own libmemlan is then a second copy of the core.
+ */
+static _Atomic unsigned ml_env_said; /* the ML_ENV_* bits said, or all once the preload has */
+
+void __ml_env_reported(void) { ml_store_relaxed(&ml_env_said, ~0u); }
+
+void __ml_env_say_bad(unsigned which, const char *name, const char *value, const char *want,
+                      const char *def)
+{
+    const char *q = getenv("MEMLAN_QUIET"), *pre = getenv("LD_PRELOAD");
+    if (pre && strstr(pre, "libmemlan-preload"))
+        return;
+    /* No data is published with the bit: the exchange only elects the one caller that speaks. */
+    if ((q && *q && strcmp(q, "0") != 0) || (atomic_fetch_or(&ml_env_said, which) & which))
+        return;
+    char line[240];
+    int n = snprintf(line, sizeof line, "memlan[%d]: bad %s='%.40s' (want %s): using the default, %s\n",
+                     (int)__ml_sys_getpid(), name, value, want, def);
+    if (n > 0)
+        (void)__ml_sys_write_nosigpipe(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
 /* The path memlan_fabric_open(NULL) uses, and whether it is the default. */
 static const char *ml_fabric_path(const char *path, char *def, size_t len, bool *explicit_path)
 {
@@ -94,6 +121,9 @@ int memlan_fabric_open(const char *path, memlan_fabric_t **out)
         return -EINVAL;
 
     const char *create = getenv("MEMLAN_FABRIC_CREATE");
+    if (create && *create && strcmp(create, "0") != 0 && strcmp(create, "1") != 0)
+        __ml_env_say_bad(ML_ENV_FABRIC_CREATE, "MEMLAN_FABRIC_CREATE", create, "0 or 1",
+                         "0 (a missing fabric directory is not created)");
     if (!explicit_path || (create && strcmp(create, "1") == 0)) {
         int r = __ml_sys_mkdir(path, 0700);
         if (r < 0 && r != -EEXIST)

@@ -154,8 +154,14 @@ void __ml_spin_set_us(int us);
 /* What the policy asks the system (cpus online, MEMLAN_SPIN_US), asked now: the preload calls it
  * at start-up, before the program can confine itself in a sandbox. */
 void __ml_spin_init(void);
-/* The preload has checked MEMLAN_SPIN_US and said what was wrong: the core says nothing more. */
-void __ml_spin_env_reported(void);
+/* fabric.c: a bad setting the core reads (one ML_ENV_* bit), said once on stderr with the
+ * default used, unless MEMLAN_QUIET or the preload library, which says the whole environment
+ * itself, is loaded. */
+enum { ML_ENV_SPIN_US = 1, ML_ENV_FABRIC_CREATE = 2 };
+void __ml_env_say_bad(unsigned which, const char *name, const char *value, const char *want,
+                      const char *def);
+/* The preload has checked the environment and said what was wrong: the core says nothing more. */
+void __ml_env_reported(void);
 
 /* evq.c: post endpoint `index` of the queue named by ref (a sender's wake-up path). */
 void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *ref, uint32_t *hint);

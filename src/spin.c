@@ -16,7 +16,8 @@
  * A MEMLAN_SPIN_US that is not a whole number from 0 to 1000000 is said once on stderr with the
  * default used, the adaptive policy ("Nothing silent" in docs/design.md), unless MEMLAN_QUIET is
  * set or the preload library, which checks and reports the whole environment itself, is loaded
- * (LD_PRELOAD names it; its own copy of the core is told by __ml_spin_env_reported).
+ * (LD_PRELOAD names it; its own copy of the core is told by __ml_env_reported): __ml_env_say_bad
+ * in fabric.c.
  */
 #include "internal.h"
 #include "sys/sys.h"
@@ -32,30 +33,6 @@
 static _Atomic int ml_spin_fixed_us = -2; /* -2 unread, -1 adaptive, >= 0 fixed */
 static _Atomic int ml_ncpu;
 
-static _Atomic int ml_spin_said; /* 1 once a bad value was said, or the preload said it */
-
-void __ml_spin_env_reported(void) { ml_store_relaxed(&ml_spin_said, 1); }
-
-/* One line on stderr, once per process, with one raw write that never raises SIGPIPE (the
- * program owns fd 2; stdio would take its lock and buffer). */
-static void ml_spin_say_bad(const char *s)
-{
-    /* Under the preload library (memlan run) the program's own libmemlan is a second copy of
-     * the core: the preload has checked the same variable and said it already. */
-    const char *q = getenv("MEMLAN_QUIET"), *pre = getenv("LD_PRELOAD");
-    if (pre && strstr(pre, "libmemlan-preload"))
-        return;
-    /* No data is published with the flag: the exchange only elects the one caller that speaks. */
-    if ((q && *q && strcmp(q, "0") != 0) || ml_xchg(&ml_spin_said, 1) != 0)
-        return;
-    char line[200];
-    int n = snprintf(line, sizeof line,
-                     "memlan[%d]: bad MEMLAN_SPIN_US='%.40s' (want 0 to 1000000): using the "
-                     "default, adaptive\n", (int)__ml_sys_getpid(), s);
-    if (n > 0)
-        (void)__ml_sys_write_nosigpipe(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
-}
-
 static int ml_spin_config(void)
 {
     int v = ml_load_relaxed(&ml_spin_fixed_us);
@@ -69,7 +46,7 @@ static int ml_spin_config(void)
         if (*end == '\0' && l >= 0 && l <= 1000000)
             v = (int)l;
         else
-            ml_spin_say_bad(s);
+            __ml_env_say_bad(ML_ENV_SPIN_US, "MEMLAN_SPIN_US", s, "0 to 1000000", "adaptive");
     }
     ml_store_relaxed(&ml_spin_fixed_us, v);
     return v;

@@ -352,6 +352,36 @@ static void object_detail(int fd, const struct ml_seg_hdr *h, bool json, FILE *f
     }
 }
 
+/* A named endpoint, ep-NAME (memlan_listen): served while its owner byte is locked.  The lock is
+ * an OFD lock, which names no process, so its pid is unknown (JSON null).  The file may be
+ * anything a fabric member planted: opened without following a link or blocking on a FIFO. */
+static bool stat_endpoint(const char *dir, const char *file, const struct stat_opts *o, int n)
+{
+    char path[PATH_MAX + 300];
+    snprintf(path, sizeof path, "%s/%s", dir, file);
+    int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+    struct stat st;
+    int live = fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? held(fd, ML_LOCK_OWNER) : -1;
+    if (fd >= 0)
+        close(fd);
+    if (live < 0)
+        return false;
+    char name[MEMLAN_NAME_MAX + 1];
+    snprintf(name, sizeof name, "%s", file + 3);
+    if (o->json) {
+        printf("%s{\"kind\":\"endpoint\",\"name\":", n ? "," : "");
+        json_str(stdout, name);
+        printf(",\"pid\":null,\"live\":%s}", live ? "true" : "false");
+        return true;
+    }
+    for (char *c = name; *c; c++) /* no control characters to the terminal */
+        if ((unsigned char)*c < 0x20 || *c == 0x7f)
+            *c = '?';
+    printf("%-8s %s%7s %-5s name %s%s\n", "endpoint", o->tokens ? "                                 " : "",
+           "-", live ? "yes" : "DEAD", name, live ? "" : " (its server died; clean removes it)");
+    return true;
+}
+
 /* One snapshot of the fabric.  stat only looks: it does not open the fabric through the library,
  * whose lazy reclaim would remove the dead processes' files that stat is there to show. */
 static int stat_once(const struct stat_opts *o)
@@ -385,6 +415,13 @@ static int stat_once(const struct stat_opts *o)
     }
     struct dirent *e;
     while (d && (e = readdir(d))) {
+        size_t elen = strlen(e->d_name);
+        if (strncmp(e->d_name, "ep-", 3) == 0 && elen > 3 && elen <= 3 + MEMLAN_NAME_MAX &&
+            !(elen > 8 && strcmp(e->d_name + elen - 5, ".sock") == 0)) {
+            if (!o->pid && (!o->kind || strcmp(o->kind, "endpoint") == 0))
+                n += stat_endpoint(dir, e->d_name, o, n);
+            continue;
+        }
         if (strncmp(e->d_name, "seg-", 4) != 0)
             continue;
         char path[PATH_MAX + 300];
@@ -440,14 +477,16 @@ static void stat_usage(FILE *f)
 {
     fprintf(f,
             "usage: memlan stat [OPTIONS]\n"
-            "List the fabric's objects (processes, channels, event queues, segments), whether\n"
-            "their owner lives, and each memlan process's connections: accelerated with their\n"
-            "counters, or on TCP with the reason.  Reads only: reclaims nothing.\n"
+            "List the fabric's objects (processes, channels, event queues, segments, named\n"
+            "endpoints), whether their owner lives, and each memlan process's connections:\n"
+            "accelerated with their counters, or on TCP with the reason.  Reads only: reclaims\n"
+            "nothing.\n"
             "  --fabric DIR        the fabric directory (default $MEMLAN_FABRIC, else\n"
             "                      /dev/shm/memlan-UID)\n"
             "  --json              one JSON document: {fabric, time, objects[], connections[]}\n"
             "  --pid PID           only the objects (and connections) of process PID\n"
-            "  --kind KIND         only objects of KIND: process, channel, evq or segment\n"
+            "  --kind KIND         only objects of KIND: process, channel, evq, segment or\n"
+            "                      endpoint (an endpoint's pid is unknown: --pid leaves it out)\n"
             "                      (connections are listed with their process)\n"
             "  -i, --interval SEC  print again every SEC seconds (fractions allowed) until\n"
             "                      interrupted; with --json one document per line\n"
@@ -482,8 +521,9 @@ static int cmd_stat(int argc, char **argv)
             break;
         case 'k':
             if (strcmp(optarg, "process") && strcmp(optarg, "channel") && strcmp(optarg, "evq") &&
-                strcmp(optarg, "segment"))
-                return bad_value("stat", "--kind", optarg, "process, channel, evq or segment");
+                strcmp(optarg, "segment") && strcmp(optarg, "endpoint"))
+                return bad_value("stat", "--kind", optarg,
+                                 "process, channel, evq, segment or endpoint");
             o.kind = optarg;
             break;
         case 'i': {
@@ -835,9 +875,32 @@ static bool which(const char *name, char *out, size_t len)
     return false;
 }
 
-/* 1 when path is an ELF executable without an interpreter (statically linked: the dynamic
- * loader, hence LD_PRELOAD, never runs), 0 when dynamic, else -1 (unreadable, not ELF).  A "#!"
- * script is judged by its interpreter, one level deep. */
+/* A note segment (PT_NOTE) at off, size bytes, holds Go's build id (owner "Go\0\0", type 4): the
+ * program is Go's, whose runtime makes its socket system calls itself, never through libc, even
+ * when it is dynamically linked (cgo), so LD_PRELOAD reaches none of its connections. */
+static bool note_is_go(int fd, uint64_t off, uint64_t size)
+{
+    unsigned char buf[4096];
+    if (size > sizeof buf)
+        size = sizeof buf;
+    ssize_t n = pread(fd, buf, (size_t)size, (off_t)off);
+    for (size_t at = 0; n > 0 && at + 12 <= (size_t)n;) {
+        uint32_t namesz, descsz, type;
+        memcpy(&namesz, buf + at, 4), memcpy(&descsz, buf + at + 4, 4), memcpy(&type, buf + at + 8, 4);
+        if (namesz > sizeof buf || descsz > sizeof buf)
+            break;
+        size_t name = at + 12;
+        if (type == 4 && namesz == 4 && name + 4 <= (size_t)n && memcmp(buf + name, "Go\0\0", 4) == 0)
+            return true;
+        at = name + ((namesz + 3u) & ~3u) + ((descsz + 3u) & ~3u);
+    }
+    return false;
+}
+
+/* What LD_PRELOAD makes of the program at path: 1 when it is an ELF executable without an
+ * interpreter (statically linked: the dynamic loader, hence LD_PRELOAD, never runs), 2 when it is
+ * a Go program (see note_is_go), 0 when dynamic, else -1 (unreadable, not ELF).  A "#!" script
+ * is judged by its interpreter, one level deep. */
 static int elf_static(const char *path, int depth, char *judged, size_t jlen)
 {
     snprintf(judged, jlen, "%s", path);
@@ -857,11 +920,13 @@ static int elf_static(const char *path, int depth, char *judged, size_t jlen)
     }
     uint64_t phoff = 0;
     unsigned phnum = 0, phentsize = 0;
+    bool is64 = false;
     if (n >= (ssize_t)sizeof(Elf64_Ehdr) && memcmp(hdr, ELFMAG, SELFMAG) == 0 &&
         hdr[EI_CLASS] == ELFCLASS64) {
         Elf64_Ehdr eh;
         memcpy(&eh, hdr, sizeof eh);
         phoff = eh.e_phoff, phnum = eh.e_phnum, phentsize = eh.e_phentsize;
+        is64 = true;
         r = 1;
     } else if (n >= (ssize_t)sizeof(Elf32_Ehdr) && memcmp(hdr, ELFMAG, SELFMAG) == 0 &&
                hdr[EI_CLASS] == ELFCLASS32) {
@@ -870,16 +935,34 @@ static int elf_static(const char *path, int depth, char *judged, size_t jlen)
         phoff = eh.e_phoff, phnum = eh.e_phnum, phentsize = eh.e_phentsize;
         r = 1;
     }
-    /* p_type is the first word of a program header in both classes. */
-    for (unsigned i = 0; i < phnum && r == 1; i++) {
-        uint32_t type;
-        if (pread(fd, &type, sizeof type, (off_t)(phoff + (uint64_t)i * phentsize)) != sizeof type)
+    if (r == 1 && phentsize < (is64 ? sizeof(Elf64_Phdr) : sizeof(Elf32_Phdr)))
+        r = -1;
+    bool go = false;
+    for (unsigned i = 0; i < phnum && r >= 0; i++) {
+        unsigned char ph[sizeof(Elf64_Phdr)];
+        uint64_t type, off, size;
+        if (pread(fd, ph, is64 ? sizeof(Elf64_Phdr) : sizeof(Elf32_Phdr),
+                  (off_t)(phoff + (uint64_t)i * phentsize)) !=
+            (ssize_t)(is64 ? sizeof(Elf64_Phdr) : sizeof(Elf32_Phdr))) {
             r = -1;
-        else if (type == PT_INTERP)
+            break;
+        }
+        if (is64) {
+            Elf64_Phdr p;
+            memcpy(&p, ph, sizeof p);
+            type = p.p_type, off = p.p_offset, size = p.p_filesz;
+        } else {
+            Elf32_Phdr p;
+            memcpy(&p, ph, sizeof p);
+            type = p.p_type, off = p.p_offset, size = p.p_filesz;
+        }
+        if (type == PT_INTERP)
             r = 0;
+        else if (type == PT_NOTE && !go)
+            go = note_is_go(fd, off, size);
     }
     close(fd);
-    return r;
+    return r >= 0 && go ? 2 : r;
 }
 
 static int cmd_run(int argc, char **argv)
@@ -971,12 +1054,14 @@ static int cmd_run(int argc, char **argv)
     }
     const char *prog = argv[optind];
     char file[PATH_MAX], judged[PATH_MAX];
-    if (!quiet && which(prog, file, sizeof file) &&
-        elf_static(file, 0, judged, sizeof judged) == 1)
-        fprintf(stderr, "memlan run: warning: %s%s%s is statically linked: LD_PRELOAD cannot "
-                        "reach it, so its connections will not be accelerated\n", file,
-                strcmp(file, judged) ? ": its interpreter " : "",
-                strcmp(file, judged) ? judged : "");
+    int reach = !quiet && which(prog, file, sizeof file) ? elf_static(file, 0, judged, sizeof judged) : 0;
+    if (reach == 1 || reach == 2)
+        fprintf(stderr, "memlan run: warning: %s%s%s %s, so its connections will not be "
+                        "accelerated\n", file, strcmp(file, judged) ? ": its interpreter " : "",
+                strcmp(file, judged) ? judged : "",
+                reach == 1 ? "is statically linked: LD_PRELOAD cannot reach it"
+                           : "is a Go program: Go makes its socket calls itself, not through libc, "
+                             "where LD_PRELOAD could reach them");
     char lib[4096];
     if (find_preload(lib, sizeof lib) < 0) {
         fprintf(stderr, "memlan run: cannot find " PRELOAD_NAME " in ../lib next to this program, in "
@@ -1018,7 +1103,7 @@ static int cmd_version(int argc, char **argv)
         fprintf(stderr, "memlan version: unexpected argument '%s'\n", argv[optind]);
         return 2;
     }
-    printf("memlan %d.%d\n", MEMLAN_VERSION_MAJOR, MEMLAN_VERSION_MINOR);
+    printf("memlan %d.%d.%d\n", MEMLAN_VERSION_MAJOR, MEMLAN_VERSION_MINOR, MEMLAN_VERSION_PATCH);
     return 0;
 }
 

@@ -21,13 +21,14 @@ import ctypes.util
 import errno as _errno
 import os
 import pathlib
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Union
 
 __all__ = ["Fabric", "Channel", "Listener", "EventQueue", "Event", "MemlanError", "Timeout",
            "STREAM", "MSG", "DONTWAIT", "WAITALL", "EV_READ", "EV_WRITE", "EV_HUP", "EV_ERR",
            "SHUT_RD", "SHUT_WR", "SHUT_RDWR", "NAME_MAX", "strerror", "library_path"]
 
 STREAM, MSG = 1, 2
+Buffer = Union[bytes, bytearray, memoryview]  # what send() takes; recv_into() needs a writable one
 DONTWAIT, WAITALL = 0x1, 0x2
 EV_READ, EV_WRITE, EV_HUP, EV_ERR = 0x1, 0x2, 0x4, 0x8
 SHUT_RD, SHUT_WR, SHUT_RDWR = 1, 2, 3
@@ -155,6 +156,7 @@ class Fabric:
 
     @property
     def path(self) -> str:
+        """The fabric's directory."""
         return _fabric_path(self._h).decode()
 
     def clean(self) -> int:
@@ -196,6 +198,7 @@ class Fabric:
         return EventQueue(h.value, self)
 
     def close(self) -> None:
+        """Release the fabric handle (not the channels made through it); idempotent."""
         if self._h:
             _fabric_close(self._h)
             self._h = None
@@ -237,6 +240,7 @@ class SendLoan(_Loan):
         self.length = n
 
     def commit(self, n: Optional[int] = None) -> None:
+        """Send the first ``n`` bytes written (default ``length``) and end the loan."""
         if self._done:
             return
         n = self.length if n is None else n
@@ -268,6 +272,7 @@ class RecvLoan(_Loan):
         self.consumed = n
 
     def release(self, n: Optional[int] = None) -> None:
+        """Consume ``n`` bytes (default ``consumed``; a message whole) and end the loan."""
         if self._done:
             return
         n = self.consumed if n is None else n
@@ -297,23 +302,27 @@ class Channel:
 
     @property
     def kind(self) -> int:
+        """STREAM or MSG."""
         return _channel_kind(self._h)
 
     @property
     def max_msg(self) -> int:
+        """The largest message a MSG channel carries (the ring size for a stream)."""
         return _channel_max_msg(self._h)
 
     def wait_peer(self, timeout: Optional[float] = None) -> None:
+        """Wait until the peer has attached; None waits for ever, raises Timeout."""
         _check(_channel_wait_peer(self._h, _ms(timeout)), "wait_peer")
 
-    def send(self, data, flags: int = 0) -> int:
+    def send(self, data: Buffer, flags: int = 0) -> int:
         """Copy ``data`` (bytes-like) into the ring; returns the count sent."""
         mv = memoryview(data).cast("B")
         buf = (ctypes.c_char * len(mv)).from_buffer_copy(mv) if mv.readonly else \
             (ctypes.c_char * len(mv)).from_buffer(mv)
         return _check(_send(self._h, buf, len(mv), flags), "send")
 
-    def sendall(self, data) -> None:
+    def sendall(self, data: Buffer) -> None:
+        """Send all of ``data`` (a blocking send on a stream sends all of it already)."""
         self.send(data)
 
     def recv(self, n: int = 65536, flags: int = 0) -> bytes:
@@ -322,7 +331,8 @@ class Channel:
         got = _check(_recv(self._h, buf, n, flags), "recv")
         return buf.raw[:got]
 
-    def recv_into(self, buffer, flags: int = 0) -> int:
+    def recv_into(self, buffer: Union[bytearray, memoryview], flags: int = 0) -> int:
+        """Receive into a writable ``buffer``; returns the count, 0 at end of stream."""
         mv = memoryview(buffer).cast("B")
         buf = (ctypes.c_char * len(mv)).from_buffer(mv)
         return _check(_recv(self._h, buf, len(mv), flags), "recv")
@@ -344,6 +354,7 @@ class Channel:
         return RecvLoan(self, p.value or 0, got)
 
     def shutdown(self, how: int = SHUT_WR) -> None:
+        """Half-close: SHUT_WR (the peer reads end of stream), SHUT_RD or SHUT_RDWR."""
         _check(_shutdown(self._h, how), "shutdown")
 
     def poll(self) -> int:
@@ -351,6 +362,7 @@ class Channel:
         return _check(_channel_poll(self._h), "poll")
 
     def close(self) -> None:
+        """Close our side (the peer sees end of stream); idempotent."""
         if self._h:
             _channel_close(self._h)
             self._h = None
@@ -382,9 +394,11 @@ class Listener:
         return Channel(h.value, self._fab)
 
     def fileno(self) -> int:
+        """An fd readable while accept(timeout=0) may give a channel (level-triggered)."""
         return _listener_fd(self._h)
 
     def close(self) -> None:
+        """Stop serving the name; accepted channels stay open; idempotent."""
         if self._h:
             _listener_close(self._h)
             self._h = None
@@ -409,12 +423,14 @@ class EventQueue:
         self._next = 1
 
     def add(self, ch: Channel, events: int = EV_READ) -> None:
+        """Report ``ch``'s readiness (EV_READ and/or EV_WRITE) through this queue."""
         key = self._next
         self._next += 1
         _check(_evq_add(self._h, ch._h, events, key), "evq add")
         self._chans[key] = ch
 
     def remove(self, ch: Channel) -> None:
+        """Stop reporting ``ch``."""
         _check(_evq_del(self._h, ch._h), "evq del")
         self._chans = {k: c for k, c in self._chans.items() if c is not ch}
 
@@ -434,6 +450,7 @@ class EventQueue:
         return _check(_evq_arm(self._h), "evq arm") == 0
 
     def close(self) -> None:
+        """Close the queue (its channels stay open); idempotent."""
         if self._h:
             _evq_close(self._h)
             self._h = None

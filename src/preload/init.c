@@ -250,18 +250,30 @@ static void mlp_env_ports(const char *name, char *out, size_t len)
     snprintf(out, len, "%s", v);
 }
 
+/* An on/off setting, 0 or 1: unset or empty is 0.  Any other value keeps the meaning documented
+ * for it (what it is taken for, in taken) and is said, so that MEMLAN_FABRIC_CREATE=yes does not
+ * quietly leave a fabric uncreated.  Only the preload says these; the core reads the same rule. */
+static bool mlp_env_flag(const char *name, bool other_is_on, const char *taken)
+{
+    const char *v = getenv(name);
+    if (!v || !*v || strcmp(v, "0") == 0)
+        return false;
+    if (strcmp(v, "1") == 0)
+        return true;
+    mlp_say(MLP_SAID_CONFIG, "bad %s='%.40s' (want 0 or 1): %s", name, v, taken);
+    return other_is_on;
+}
+
 static void mlp_read_config(void)
 {
     mlp_note_stderr();
-    const char *q = getenv("MEMLAN_QUIET");
-    mlp_quiet = q && *q && strcmp(q, "0") != 0;
     const char *said = getenv(MLP_SAID_ENV);
     if (said)
-        mlp_said_before = (unsigned)strtoul(said, NULL, 10) & (MLP_SAID_CONFIG | MLP_SAID_FABRIC);
+        mlp_said_before = (unsigned)strtoul(said, NULL, 10) &
+                          (MLP_SAID_CONFIG | MLP_SAID_FABRIC | MLP_SAID_FULL);
     mlp_said = mlp_said_before;
-    const char *v = getenv("MEMLAN_OFF");
-    const char *m = getenv("MEMLAN");
-    mlp_cfg.off = (v && *v && strcmp(v, "0") != 0) || (m && strcmp(m, "off") == 0);
+    const char *q = getenv("MEMLAN_QUIET");
+    mlp_quiet = q && *q && strcmp(q, "0") != 0;
     /* The log first, so that what is said about the other settings reaches it too. */
     mlp_fsize_note();
     const char *log = getenv("MEMLAN_LOG");
@@ -282,6 +294,17 @@ static void mlp_read_config(void)
             mlp_say(MLP_SAID_CONFIG, "cannot open MEMLAN_LOG='%.200s' for append: %s; not logging", log,
                     strerror(-fd));
     }
+    /* Quiet as every reader takes it (any value but 0); a value that is not 0 or 1 is the one
+     * note it lets through. */
+    mlp_quiet = false;
+    mlp_quiet = mlp_env_flag("MEMLAN_QUIET", true, "taken as 1, quiet from now on");
+    const char *m = getenv("MEMLAN");
+    mlp_cfg.off = mlp_env_flag("MEMLAN_OFF", true, "taken as 1, so nothing is accelerated") ||
+                  (m && strcmp(m, "off") == 0);
+    (void)mlp_env_flag("MEMLAN_FABRIC_CREATE", false,
+                       "using the default, 0 (a missing fabric directory is not created)");
+    (void)mlp_env_flag("MEMLAN_FABRIC_GROUPWIDE", false,
+                       "using the default, 0 (connections to other users need POSIX ACLs)");
     mlp_cfg.log_level = mlp_env_int("MEMLAN_LOG_LEVEL", 1, 0, 2, "1 (decisions)");
     mlp_cfg.accept_wait_ms = mlp_env_int("MEMLAN_ACCEPT_WAIT_MS", 2000, 1, 600000, "2000 ms");
     mlp_cfg.server_wait_ms = mlp_env_int("MEMLAN_SERVER_WAIT_MS", 50, 1, 60000, "50 ms");
@@ -290,7 +313,7 @@ static void mlp_read_config(void)
     /* Read by the core's spin policy (src/spin.c), which falls back the same way; said here,
      * with the rest of the configuration, so the core does not say it again. */
     (void)mlp_env_int("MEMLAN_SPIN_US", 0, 0, 1000000, "adaptive");
-    __ml_spin_env_reported();
+    __ml_env_reported();
     mlp_env_ports("MEMLAN_PORTS", mlp_cfg.ports, sizeof mlp_cfg.ports);
     mlp_env_ports("MEMLAN_NO_PORTS", mlp_cfg.no_ports, sizeof mlp_cfg.no_ports);
     mlp_netns_refresh();

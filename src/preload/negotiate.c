@@ -1361,6 +1361,7 @@ out:
 }
 
 static bool mlp_groupwide_ok; /* MEMLAN_FABRIC_GROUPWIDE=1: see mlp_client_offer */
+static _Atomic bool mlp_full_said; /* the fabric-full note, once per process image */
 static bool mlp_groupwide_read;
 
 static int mlp_uid_cmp(const void *a, const void *b)
@@ -1669,6 +1670,12 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, cons
                                    "(MEMLAN_FABRIC_GROUPWIDE=1 shares them with every member)");
         e = mlp_groupwide_ok ? __ml_chan_create_pooled(fab, mlp_ring_size(fd, hint), &ch) : e;
     }
+    if (e == -ENOSPC && !atomic_exchange(&mlp_full_said, true))
+        /* Every connection after this one may stay on TCP too: said once, not only logged (a
+         * container's 64 MB /dev/shm holds about a hundred default channels). */
+        mlp_say(MLP_SAID_FULL, "fabric %.200s is full (no space for a channel): new connections "
+                "stay on TCP until space is freed (memlan stat shows what holds it; --ring-kb "
+                "makes channels smaller)", fab->path);
     if (e < 0) {
         *why = e == -ENOSPC       ? "fabric full (no space for a channel)"
                : e == -EOPNOTSUPP ? "the shared fabric's file system has no POSIX ACLs: a channel "

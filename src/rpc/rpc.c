@@ -83,15 +83,21 @@ static pthread_once_t ml_rpc_once = PTHREAD_ONCE_INIT;
 static memlan_fabric_t *ml_rpc_fab;
 static int ml_rpc_off, ml_rpc_log, ml_rpc_noloan = 1;
 static size_t ml_rpc_ring = 2u << 20;
+static unsigned long ml_rpc_server_uid = ULONG_MAX; /* MEMLAN_RPC_SERVER_UID, or none */
 static __thread char ml_rpc_why[160];
 
 /* A bad setting is said on stderr with the default used, like the preload's ("Nothing silent"
  * in docs/design.md); ml_rpc_init runs once per process, so each is said once.  MEMLAN_QUIET
  * keeps it off stderr. */
-static void ml_rpc_bad(const char *name, const char *v, const char *want, const char *def)
+static bool ml_rpc_quiet(void)
 {
     const char *q = getenv("MEMLAN_QUIET");
-    if (q && *q && strcmp(q, "0") != 0)
+    return q && *q && strcmp(q, "0") != 0;
+}
+
+static void ml_rpc_bad(const char *name, const char *v, const char *want, const char *def)
+{
+    if (ml_rpc_quiet())
         return;
     fprintf(stderr, "memlan-rpc[%d]: bad %s='%.40s' (want %s): using the default, %s\n",
             (int)getpid(), name, v, want, def);
@@ -127,13 +133,29 @@ static void ml_rpc_init(void)
         else
             ml_rpc_bad("MEMLAN_RPC_RING_KB", kb, "16 to 1048576", "2048 KiB");
     }
+    const char *uid = getenv("MEMLAN_RPC_SERVER_UID");
+    if (uid && *uid) {
+        char *end;
+        errno = 0;
+        unsigned long v = strtoul(uid, &end, 10);
+        if (*end == '\0' && uid[0] >= '0' && uid[0] <= '9' && !errno && v < UINT32_MAX)
+            ml_rpc_server_uid = v;
+        else
+            ml_rpc_bad("MEMLAN_RPC_SERVER_UID", uid, "a uid",
+                       "none (servers of our own uid, root's and the fabric owner's)");
+    }
     if (ml_rpc_off)
         return;
     int rc = memlan_fabric_open(NULL, &ml_rpc_fab);
     if (rc < 0) {
+        /* Nothing silent: a fabric that cannot be used (missing, another user's, a sandbox)
+         * leaves every call on plain ONC RPC; said once, like the preload's note. */
         ml_rpc_fab = NULL;
-        if (ml_rpc_log)
-            fprintf(stderr, "memlan-rpc: no fabric (%s): plain ONC RPC only\n", strerror(-rc));
+        const char *dir = getenv("MEMLAN_FABRIC");
+        if (ml_rpc_log || !ml_rpc_quiet())
+            fprintf(stderr, "memlan-rpc[%d]: cannot use the fabric %s: %s; every call is plain "
+                    "ONC RPC\n", (int)getpid(), dir && *dir ? dir : "(the default)",
+                    memlan_strerror(rc));
     }
 }
 
@@ -571,12 +593,7 @@ static int ml_rpc_server_trusted(int s, const char *path, char *why, size_t whyl
                  (unsigned)pc.uid, (unsigned)sock.st_uid);
         return 0;
     }
-    const char *env = getenv("MEMLAN_RPC_SERVER_UID");
-    char *end = NULL;
-    unsigned long named = env && *env ? strtoul(env, &end, 10) : ULONG_MAX;
-    if (end && *end)
-        named = ULONG_MAX;
-    if (pc.uid == geteuid() || pc.uid == 0 || pc.uid == dir.st_uid || pc.uid == named)
+    if (pc.uid == geteuid() || pc.uid == 0 || pc.uid == dir.st_uid || pc.uid == ml_rpc_server_uid)
         return 1;
     snprintf(why, whylen, "the server is uid %u (not us, root, the fabric's owner %u or "
              "MEMLAN_RPC_SERVER_UID)", (unsigned)pc.uid, (unsigned)dir.st_uid);

@@ -15,6 +15,14 @@ SPLIT_SAME_KEYS = ["rtt_spin_us", "rtt_sleep_us", "floor_spin_us", "floor_futex_
 
 def test_version_and_help():
     assert memlan("version").stdout.startswith("memlan ")
+    # the whole version, as memlan.pc, the libraries' real names and the man pages give it
+    # (it said "memlan 0.1" beside pkg-config's 0.1.0)
+    import pathlib
+    h = (pathlib.Path(__file__).resolve().parents[2] / "include" / "memlan.h").read_text()
+    ver = ".".join(re.search(rf"#define MEMLAN_VERSION_{p} (\d+)", h).group(1)
+                   for p in ("MAJOR", "MINOR", "PATCH"))
+    assert memlan("version").stdout == f"memlan {ver}\n"
+    assert memlan("--version").stdout == f"memlan {ver}\n"
     assert "bench" in memlan("help").stdout
     p = memlan("frobnicate", check=False)
     assert p.returncode == 2 and "unknown command" in p.stderr
@@ -248,6 +256,31 @@ def test_run_warns_about_static_programs(fabric, tmp_path):
     assert "statically linked" in cli("run", "--", script).stderr
     dyn = cli("run", "--", PY, "-c", "pass")
     assert dyn.returncode == 0 and "statically linked" not in dyn.stderr
+    assert "Go program" not in dyn.stderr
+
+
+GO_NOTE = """
+struct gonote { unsigned namesz, descsz, type; char name[4]; char desc[8]; };
+__attribute__((section(".note.go.buildid"), used, aligned(4)))
+static const struct gonote note = {4, 8, 4, "Go", "buildid"};
+int main(void) { return 0; }
+"""
+
+
+def test_run_warns_about_go_programs(fabric, tmp_path):
+    """A Go program makes its socket system calls itself, even when it is dynamically linked
+    (cgo), so LD_PRELOAD never sees its connections; memlan run said nothing about one (seen with
+    a cgo program: no warning, no log line, every connection on TCP).  Go programs carry a build
+    id note (owner "Go", type 4): a dynamically linked C program given that note stands in for one
+    here (building a real one takes the Go toolchain and most of a minute)."""
+    src = tmp_path / "g.c"
+    src.write_text(GO_NOTE)
+    fake = tmp_path / "gofake"
+    subprocess.run(["cc", "-o", str(fake), str(src)], check=True)
+    p = cli("run", "--", fake)
+    assert p.returncode == 0 and "is a Go program" in p.stderr and str(fake) in p.stderr, p.stderr
+    assert "not be accelerated" in p.stderr and "statically linked" not in p.stderr
+    assert cli("run", "--quiet", "--", fake).stderr == ""
 
 
 def test_stat_json_escapes_names(tmp_path):
@@ -305,6 +338,42 @@ def test_stat_json_is_structured(fabric):
         p.stdin.close()
         p.wait(timeout=20)
     memlan("clean")
+
+
+ENDPOINT = """
+import sys, memlan
+fab = memlan.Fabric()
+l = fab.listen(sys.argv[1])
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_stat_lists_named_endpoints(fabric):
+    """A server on a named endpoint (memlan_listen) was invisible to memlan stat, which listed
+    only segments: a user could not see which names are served, or left by a dead server."""
+    name = 'orders"\\x'
+    root = LIB.parent.parent.parent
+    env = dict(os.environ, MEMLAN_LIB=str(LIB), PYTHONPATH=str(root / "python"))
+    srv = subprocess.Popen([PY, "-c", ENDPOINT, name], stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert srv.stdout.readline().strip() == "ready"
+        st = json.loads(cli("stat", "--json").stdout)
+        eps = [o for o in st["objects"] if o["kind"] == "endpoint"]
+        assert eps == [{"kind": "endpoint", "name": name, "pid": None, "live": True}], st
+        text = cli("stat", "--kind", "endpoint").stdout
+        assert "endpoint" in text and name in text and "yes" in text, text
+        assert "endpoint" not in cli("stat", "--pid", str(srv.pid)).stdout
+        assert "endpoint" not in cli("stat", "--kind", "channel").stdout
+    finally:
+        srv.kill()
+        srv.wait(timeout=10)
+    st = json.loads(cli("stat", "--json", "--kind", "endpoint").stdout)
+    assert [o["live"] for o in st["objects"]] == [False], st
+    assert "DEAD" in cli("stat").stdout
+    cli("clean")
+    assert json.loads(cli("stat", "--json").stdout)["objects"] == []
 
 
 def test_stat_filters_and_tokens(fabric, holder):
@@ -385,6 +454,52 @@ def test_native_library_says_a_bad_spin_setting_once(fabric):
     assert p.returncode == 0 and p.stderr.count("MEMLAN_SPIN_US") == 1, p.stderr
 
 
+def test_on_off_settings_other_than_0_or_1_are_said(fabric, tmp_path):
+    """MEMLAN_FABRIC_CREATE=yes used to leave a missing fabric uncreated without a word (only 1
+    creates), and MEMLAN_FABRIC_GROUPWIDE=yes, MEMLAN_OFF=false, MEMLAN_QUIET=yes passed unsaid.
+    Each is said once, with what it is taken for; 0 and 1 are said nothing."""
+    cmd = ["run", "--", "sh", "-c", f"{PY} -c 'print(1)'; {PY} -c \"{CONNECT}\""]
+    for var, val, taken in (("MEMLAN_FABRIC_CREATE", "yes", "not created"),
+                            ("MEMLAN_FABRIC_GROUPWIDE", "yes", "default, 0"),
+                            ("MEMLAN_OFF", "false", "nothing is accelerated"),
+                            ("MEMLAN_QUIET", "yes", "quiet from now on")):
+        p = cli(*cmd, env={var: val})
+        assert p.returncode == 0 and p.stdout == "1\nhi\n", p.stderr
+        lines = [l for l in p.stderr.splitlines() if var in l]
+        assert len(lines) == 1 and f"'{val}'" in lines[0] and taken in lines[0], p.stderr
+        for good in ("0", "1"):
+            q = cli(*cmd, env={var: good})
+            assert q.stdout == "1\nhi\n" and var not in q.stderr, q.stderr
+    # Without the preload, libmemlan says a bad MEMLAN_FABRIC_CREATE itself, once, and the
+    # missing directory is not created.
+    missing = tmp_path / "missing"
+    pingpong = str(LIB.parent.parent / "examples" / "pingpong")
+    p = subprocess.run([pingpong, "10"], capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, MEMLAN_FABRIC=str(missing), MEMLAN_FABRIC_CREATE="yes"))
+    assert p.returncode != 0 and not missing.exists()
+    assert p.stderr.count("bad MEMLAN_FABRIC_CREATE='yes'") == 1, p.stderr
+
+
+def test_pingpong_halves_meet_by_name_alone(fabric):
+    """The C examples connect by name, but each forked its peer, so none showed two unrelated
+    programs meeting: `pingpong serve NAME` and `pingpong echo NAME`, started separately (siblings,
+    sharing nothing but the fabric and the name), do."""
+    pingpong = str(LIB.parent.parent / "examples" / "pingpong")
+    srv = subprocess.Popen([pingpong, "serve", "pp-by-name", "500"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        assert "serving pp-by-name" in srv.stdout.readline()
+        echo = subprocess.run([pingpong, "echo", "pp-by-name"], capture_output=True, text=True,
+                              timeout=60)
+        assert echo.returncode == 0, echo.stderr
+        out, err = srv.communicate(timeout=60)
+    finally:
+        srv.kill()
+    assert srv.returncode == 0 and "500 round trips of 64 B" in out, err
+    bad = subprocess.run([pingpong, "serve"], capture_output=True, text=True, timeout=10)
+    assert bad.returncode == 2 and "usage" in bad.stderr
+
+
 FD2_REUSED = ("import os, sys; os.close(2); f = open(sys.argv[1], 'w'); assert f.fileno() == 2; "
               + CONNECT)
 
@@ -408,6 +523,36 @@ def test_preload_says_when_it_cannot_accelerate(tmp_path):
     p = cli("run", "--", PY, "-c", FD2_REUSED, own, env=env)
     assert p.returncode == 0 and p.stdout == "hi\n"
     assert own.read_text() == ""
+
+
+FULL = ("import socket; l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen(8); "
+        "cs = [socket.create_connection(l.getsockname()) for _ in range(3)]; "
+        "acc = [l.accept()[0] for _ in range(3)]; "
+        "[c.sendall(b'hi') for c in cs]; print(''.join(a.recv(2).decode() for a in acc))")
+
+
+def test_full_fabric_is_said_once(tmp_path):
+    """A fabric with no room for a channel (a 64 KiB tmpfs; a container's /dev/shm fills the same
+    way) left every new connection on TCP with the reason only in the log.  It is said once on
+    stderr by a program whose three connections all find it full (once per program, like the
+    note on an unusable fabric: siblings cannot tell each other), and the data still flows."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root to mount a small tmpfs in a private mount namespace")
+    d = tmp_path / "full"
+    d.mkdir()
+    script = (f"mount -t tmpfs -o size=64k none {d} || exit 77; "
+              f"{MEMLAN} run --fabric {d} -- {PY} -c \"{FULL}\"; rc=$?; umount {d}; exit $rc")
+    p = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script],
+                       capture_output=True, text=True, timeout=60)
+    if p.returncode == 77:
+        pytest.skip("mount refused: " + p.stderr)
+    assert p.returncode == 0 and p.stdout == "hihihi\n", p.stdout + p.stderr
+    lines = [l for l in p.stderr.splitlines() if "is full" in l]
+    assert len(lines) == 1 and str(d) in lines[0] and "stay on TCP" in lines[0], p.stderr
+    q = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c",
+                        script.replace(" run --fabric", " run --quiet --fabric")],
+                       capture_output=True, text=True, timeout=60)
+    assert q.stdout == "hihihi\n" and "is full" not in q.stderr, q.stderr
 
 
 def test_default_fabric_of_another_owner_is_said(tmp_path):
@@ -471,3 +616,29 @@ def test_preload_note_never_raises_sigpipe_in_the_host():
     finally:
         os.close(w)
     assert p.returncode == 0 and p.stdout == "1\n", p.returncode
+
+
+def test_rpcgen_help_version_and_bad_options(tmp_path):
+    """memlan-rpcgen --help printed the usage on stderr and exited 1, --version was an unknown
+    option, and an unknown option or a missing value got the usage without a word of what was
+    wrong."""
+    rpcgen = MEMLAN.parent / "memlan-rpcgen"
+    run = lambda *a: subprocess.run([str(rpcgen), *a], capture_output=True, text=True,
+                                    timeout=30, cwd=tmp_path)
+    p = run("--help")
+    assert p.returncode == 0 and p.stdout.startswith("usage: memlan-rpcgen") and p.stderr == ""
+    p = run("--version")
+    assert p.returncode == 0 and re.fullmatch(r"memlan-rpcgen \d+\.\d+\.\d+\n", p.stdout)
+    assert p.stdout.split()[1] == memlan("version").stdout.split()[1]
+    for args, said in ((["--bogus", "x.x"], "unknown option '--bogus'"),
+                       (["-z", "x.x"], "unknown option '-z'"),
+                       (["x.x", "-o"], "option -o needs a value"),
+                       (["-K", "soon", "x.x"], "bad value 'soon' for -K"),
+                       (["a.x", "b.x"], "one input file only"),
+                       ([], "no input file")):
+        p = run(*args)
+        assert p.returncode == 1 and p.stdout == "", (args, p.stdout)
+        first = p.stderr.splitlines()[0]
+        assert first == "memlan-rpcgen: " + said or first.startswith("memlan-rpcgen: " + said), (
+            args, p.stderr)
+        assert "usage: memlan-rpcgen" in p.stderr

@@ -162,6 +162,35 @@ def test_bad_settings_are_said_once_with_the_default(fabric, builds):
             assert f"'{val}'" in lines[0] and lines[0].endswith("the default, " + default), lines[0]
 
 
+def test_unusable_fabric_and_bad_server_uid_are_said(fabric, builds, tmp_path):
+    """A fabric the runtime cannot use (here a missing directory) left every call on plain ONC
+    RPC with nothing said unless MEMLAN_LOG was set, and a MEMLAN_RPC_SERVER_UID that is not a uid
+    was dropped without a word.  Each is said once per process; the calls still work over TCP;
+    MEMLAN_QUIET=1 says neither."""
+    m = builds["memlan"]
+    env = dict(os.environ, MEMLAN_FABRIC=str(tmp_path / "missing"), MEMLAN_RPC_SERVER_UID="www")
+    srv = Server([str(m / "srv")], env=env)
+    try:
+        out, _ = session([str(m / "cli"), "tcp", str(srv.port)], env=env)
+        # clnt_create, which would take the fast path: the client's own note, and the reason
+        fast = subprocess.run([str(m / "cli"), "fast", str(srv.port)], capture_output=True,
+                              text=True, timeout=60, env=env)
+        quiet = subprocess.run([str(m / "cli"), "fast", str(srv.port)], capture_output=True,
+                               text=True, timeout=60, env=dict(env, MEMLAN_QUIET="1"))
+    finally:
+        srv_err = srv.stop()
+    check_session(out)
+    err = fast.stderr
+    assert fast.returncode == 3 and "no fast path: no fabric" in err, err
+    assert quiet.returncode == 3 and "memlan-rpc" not in quiet.stderr, quiet.stderr
+    for text in (err, srv_err):
+        lines = [l for l in text.splitlines() if "cannot use the fabric" in l]
+        assert len(lines) == 1 and str(tmp_path / "missing") in lines[0], text
+        assert "plain ONC RPC" in lines[0]
+        lines = [l for l in text.splitlines() if "bad MEMLAN_RPC_SERVER_UID='www'" in l]
+        assert len(lines) == 1, text
+
+
 def test_svc_exit_returns_while_fast_calls_keep_coming(fabric, builds):
     """A procedure that calls svc_exit() makes svc_run return, as libtirpc's does, also while
     another client keeps the server busy with fast-path calls.  (The server's spin now checks

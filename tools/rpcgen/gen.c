@@ -10,6 +10,7 @@
 #include "rpcgen.h"
 
 #include <ctype.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -721,9 +722,16 @@ void gen_svc(FILE *f, struct def *defs, const struct genopts *o, int with_main)
 
 /* ---- main ------------------------------------------------------------------------------- */
 
-static void usage(void)
+/* The Makefile passes include/memlan.h's version; a build of this file alone (the fuzz test's)
+ * says so instead. */
+#ifndef MEMLAN_RPCGEN_VERSION
+#define MEMLAN_RPCGEN_VERSION "(version unknown: built outside the Makefile)"
+#endif
+
+/* The usage on stdout for --help (exit 0), on stderr after an error (exit 1, as rpcgen). */
+static void usage_to(FILE *f, int status)
 {
-    fprintf(stderr,
+    fprintf(f,
             "usage: memlan-rpcgen [-CLMb] [-Dname[=value]] [-K secs] [-i size] [-Y path] infile\n"
             "       memlan-rpcgen [-c | -h | -l | -m] [-M] [-o outfile] infile\n"
             "       memlan-rpcgen [-s nettype]* [-o outfile] infile\n"
@@ -733,8 +741,20 @@ static void usage(void)
             "  -M MT-safe stubs  -N arguments by value, several allowed\n"
             "  -o output file  -D define for #if\n"
             "  with no -h/-c/-l/-m/-s: all four files (NAME.h, NAME_xdr.c, NAME_clnt.c, "
-            "NAME_svc.c)\n");
-    exit(1);
+            "NAME_svc.c)\n"
+            "  --help, --version\n");
+    exit(status);
+}
+
+static void usage(void) { usage_to(stderr, 1); }
+
+/* What was wrong, then the usage. */
+static void usage_error(const char *fmt, const char *what)
+{
+    fprintf(stderr, "memlan-rpcgen: ");
+    fprintf(stderr, fmt, what);
+    fputc('\n', stderr);
+    usage();
 }
 
 static FILE *open_out(const char *path)
@@ -763,9 +783,17 @@ int main(int argc, char **argv)
     struct defines defs = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
+        if (strcmp(a, "--help") == 0)
+            usage_to(stdout, 0);
+        if (strcmp(a, "--version") == 0) {
+            printf("memlan-rpcgen %s\n", MEMLAN_RPCGEN_VERSION);
+            return 0;
+        }
+        if (a[0] == '-' && a[1] == '-')
+            usage_error("unknown option '%s'", a);
         if (a[0] != '-' || !a[1]) {
             if (in)
-                usage();
+                usage_error("one input file only: '%s' is a second", a);
             in = a;
             continue;
         }
@@ -775,7 +803,7 @@ int main(int argc, char **argv)
             if (strchr("oDsnKiYS", c)) {
                 val = a[j + 1] ? a + j + 1 : (i + 1 < argc ? argv[++i] : NULL);
                 if (!val)
-                    usage();
+                    usage_error("option -%s needs a value", (char[]){c, 0});
             }
             switch (c) {
             case 'h': case 'c': case 'l': case 'm':
@@ -829,21 +857,26 @@ int main(int argc, char **argv)
                     usage();
                 o.nettypes[o.nnettypes++] = (char *)val;
                 break;
-            case 'K':
-                o.timeout_secs = atoi(val);
+            case 'K': {
+                char *end;
+                long secs = strtol(val, &end, 10);
+                if (*end || end == val || secs < -1 || secs > INT_MAX)
+                    usage_error("bad value '%s' for -K: seconds, or -1", val);
+                o.timeout_secs = (int)secs;
                 break;
+            }
             case 'i':
             case 'Y':
                 break; /* no inline code; no cpp */
             default:
-                usage();
+                usage_error("unknown option '-%s'", (char[]){c, 0});
             }
             if (val)
                 break;
         }
     }
     if (!in)
-        usage();
+        usage_error("%s", "no input file");
     size_t inl = strlen(in);
     if (inl < 3 || strcmp(in + inl - 2, ".x") != 0) {
         fprintf(stderr, "memlan-rpcgen: %s: the input file's name must end in .x\n", in);
