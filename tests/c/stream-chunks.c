@@ -13,10 +13,20 @@
  * 2. A receive of a full ring into a buffer writable for 2.5 chunks: the producer finds the
  *    first two chunks' room free again (none before).
  * 3. The ring still works after both: the rest goes through and is read in order.
+ *
+ * The tripwire check owed for the chunks is made in mid-copy only when the peer waits on another
+ * cpu (a woken peer on ours could only take our time slice); always at the end of the call.
+ * 4. A sleeping consumer on another cpu is woken after the send's first chunk: its armed
+ *    tripwire is found cleared after a send that faulted in its third chunk.
+ * 5. On our cpu it is not: the tripwire is still armed (woken at the end of the call, or when
+ *    the ring is full).
+ * 6, 7. The same for a producer waiting for room and a receive that faults in its third chunk
+ *    (checked after half a ring released).
  */
 #include "test.h"
 #include "channel.h"
 
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 
@@ -42,6 +52,45 @@ static void die_quietly(void)
     struct rlimit no = {0, 0};
     (void)setrlimit(RLIMIT_CORE, &no);
     signal(SIGSEGV, SIG_DFL);
+}
+
+/* Parts 4-7: a fresh pair; the peer's tripwire armed as a sleeper's, its cpu ours or another;
+ * a child's send (recv) faults in its third chunk.  Returns whether the tripwire was cleared. */
+static int woken_mid_copy(memlan_fabric_t *fab, int recv_side, int same_cpu)
+{
+    struct memlan_channel_opts o = {.kind = MEMLAN_STREAM, .ring_size = RING};
+    memlan_channel_t *a, *b;
+    ASSERT_OK(memlan_channel_create(fab, &o, &a));
+    ASSERT_OK(memlan_channel_attach(fab, memlan_channel_token(a), &b));
+    static uint8_t out[RING];
+    uint32_t me = (uint32_t)sched_getcpu() + 1;
+    _Atomic uint32_t *word, *cpu;
+    if (recv_side) {
+        ASSERT_EQ(memlan_send(a, out, RING, MEMLAN_DONTWAIT), RING);
+        word = &a->tx.ctl->tx_wait; /* a, the producer, "waits for room" */
+        cpu = &a->tx.ctl->tx_cpu;
+    } else {
+        word = &b->rx.ctl->rx_wait; /* b, the consumer, "waits for data" */
+        cpu = &b->rx.ctl->rx_cpu;
+    }
+    atomic_store(cpu, same_cpu ? me : me + 1);
+    atomic_store(word, ML_WAIT_FUTEX);
+    pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+        die_quietly();
+        if (recv_side)
+            (void)memlan_recv(b, guarded(PROT_READ), RING, 0);
+        else
+            (void)memlan_send(a, guarded(PROT_NONE), RING, 0);
+        _exit(3);
+    }
+    ASSERT_EQ(ml_test_wait_child(pid), 128 + SIGSEGV);
+    int cleared = atomic_load(word) == 0;
+    atomic_store(word, 0u);
+    memlan_channel_close(b);
+    memlan_channel_close(a);
+    return cleared;
 }
 
 int main(void)
@@ -112,6 +161,16 @@ int main(void)
 
     memlan_channel_close(b);
     memlan_channel_close(a);
+
+    /* 4-7: on one cpu, so that ours stays ours (the child inherits it). */
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(sched_getcpu(), &one);
+    ASSERT_OK(sched_setaffinity(0, sizeof one, &one));
+    ASSERT_EQ(woken_mid_copy(fab, 0, 0), 1);
+    ASSERT_EQ(woken_mid_copy(fab, 0, 1), 0);
+    ASSERT_EQ(woken_mid_copy(fab, 1, 0), 1);
+    ASSERT_EQ(woken_mid_copy(fab, 1, 1), 0);
     ml_test_fabric_empty(fab);
     printf("stream-chunks: ok\n");
     return 0;
