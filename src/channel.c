@@ -29,6 +29,7 @@
 #define ML_DEFAULT_RING (256u * 1024u)
 #define ML_MIN_RING     ML_PAGE
 #define ML_MAX_RING     (1u << 30)
+#define ML_STREAM_CHUNK (64u * 1024u)
 
 /* Readable bytes at our receive position.  A message ring's fast paths (recv, peek, spinning)
  * leave head alone (head_too false): see ml_ring_msg_avail. */
@@ -1126,6 +1127,45 @@ static inline void ml_tx_publish(struct memlan_channel *ch, uint64_t n)
     __ml_chan_wake_rmw(ch, &ch->tx.ctl->rx_wait, &ch->tx.ctl->rx_ref);
 }
 
+/* The wake-up check owed for stream bytes published (or released) by ml_ring_produce (or
+ * ml_ring_consume) without one: the seq_cst exchange that published them is the barrier F1 needs,
+ * and any later seq_cst load of the tripwire still follows it. */
+static inline void ml_tx_wake_pending(struct memlan_channel *ch, uint64_t *unwoken)
+{
+    if (*unwoken) {
+        *unwoken = 0;
+        __ml_chan_wake_rmw(ch, &ch->tx.ctl->rx_wait, &ch->tx.ctl->rx_ref);
+    }
+}
+
+static inline void ml_rx_wake_pending(struct memlan_channel *ch, uint64_t *unwoken)
+{
+    if (*unwoken) {
+        *unwoken = 0;
+        __ml_chan_wake_rmw(ch, &ch->rx.ctl->tx_wait, &ch->rx.ctl->tx_ref);
+    }
+}
+
+/* Whether a tripwire check in the middle of a long copy can help (see design.md, "Stream
+ * chunks"): the peer last waited on another cpu (0: not known, taken as another), where a woken
+ * peer runs while we copy on.  On our cpu it could only take our time slice to find part of what
+ * it waits for: a 1 MiB send to a sleeping reader on one core made 1.8 times the context
+ * switches of one check per ring.  The word is the peer's to write: it decides only how early
+ * a wake-up comes, never whether we wait or for how long. */
+static inline bool ml_peer_elsewhere(_Atomic uint32_t *peer_cpu)
+{
+    uint32_t p = ml_load_relaxed(peer_cpu);
+    return p == 0 || (int)p - 1 != __ml_getcpu();
+}
+
+/* A stream copy longer than this is cut into pieces, each published (or released) as soon as it
+ * is copied: a quarter of the ring, at most 64 KiB. */
+static inline uint64_t ml_stream_chunk(const struct memlan_channel *ch)
+{
+    uint64_t c = ch->size / 4;
+    return c < ML_STREAM_CHUNK ? c : ML_STREAM_CHUNK;
+}
+
 static ssize_t ml_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flags, bool checked);
 
 ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags)
@@ -1149,11 +1189,20 @@ ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags
     }
     size_t done = 0;
     const uint8_t *src = buf;
+    const uint64_t chunk = ml_stream_chunk(ch);
+    uint64_t unwoken = 0; /* published since our last look at the consumer's tripwire */
+    bool first = true;
+    int mid = -1; /* checks in mid-copy: not yet asked */
     while (done < len) {
         int64_t fr = ml_ring_free(&ch->tx, 1);
-        if (ml_unlikely(fr < 0))
+        if (ml_unlikely(fr < 0)) {
+            ml_tx_wake_pending(ch, &unwoken);
             return done ? (ssize_t)done : -EPROTO;
+        }
         if (fr == 0) {
+            /* The consumer hears of what we published before we stop or wait: a wait here
+             * with its wake-up still owed would be each side waiting for the other. */
+            ml_tx_wake_pending(ch, &unwoken);
             if (done && (flags & MEMLAN_DONTWAIT))
                 break;
             if ((e = ml_tx_error(ch)))
@@ -1170,11 +1219,25 @@ ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags
                 return done ? (ssize_t)done : (e ? e : r);
             continue;
         }
-        size_t n = len - done < (uint64_t)fr ? len - done : (size_t)fr;
+        /* One chunk at a time, each published as soon as it is copied: the consumer copies
+         * out the first while we copy in the next (see design.md, "Stream chunks"). */
+        uint64_t n = len - done < (uint64_t)fr ? len - done : (uint64_t)fr;
+        if (n > chunk)
+            n = chunk;
         memcpy(ml_ring_at(&ch->tx, ch->tx.pos), src + done, n);
-        ml_tx_publish(ch, n);
+        ml_ring_produce(&ch->tx, n);
+        ch->bytes_tx += n;
+        unwoken += n;
         done += n;
+        if (done < len && (first || unwoken >= ch->size / 2)) {
+            first = false;
+            if (mid < 0)
+                mid = ml_peer_elsewhere(&ch->tx.ctl->rx_cpu);
+            if (mid)
+                ml_tx_wake_pending(ch, &unwoken);
+        }
     }
+    ml_tx_wake_pending(ch, &unwoken);
     return (ssize_t)done;
 }
 
@@ -1321,12 +1384,26 @@ static int64_t ml_msg_next(struct memlan_channel *ch, uint64_t avail, const uint
     return (int64_t)rec;
 }
 
+static ssize_t ml_recv(memlan_channel_t *ch, uint8_t *dst, size_t len, int flags,
+                       uint64_t *unwoken);
+
 ssize_t memlan_recv(memlan_channel_t *ch, void *buf, size_t len, int flags)
 {
     if (!ch || (!buf && len))
         return -EINVAL;
-    uint8_t *dst = buf;
+    uint64_t unwoken = 0;
+    ssize_t r = ml_recv(ch, buf, len, flags, &unwoken);
+    ml_rx_wake_pending(ch, &unwoken); /* the producer hears of the room before we return */
+    return r;
+}
+
+/* memlan_recv; *unwoken: stream bytes released with the producer's wake-up still owed. */
+static ssize_t ml_recv(memlan_channel_t *ch, uint8_t *dst, size_t len, int flags,
+                       uint64_t *unwoken)
+{
     size_t done = 0;
+    const uint64_t chunk = ml_stream_chunk(ch);
+    int mid = -1; /* checks in mid-copy: not yet asked */
     for (;;) {
         if (ml_unlikely(ch->rx.corrupt))
             return done ? (ssize_t)done : -EPROTO;
@@ -1349,16 +1426,36 @@ ssize_t memlan_recv(memlan_channel_t *ch, void *buf, size_t len, int flags)
                 ch->msgs_rx++;
                 return (ssize_t)n;
             }
-            size_t n = len - done < (uint64_t)a ? len - done : (size_t)a;
+            /* A chunk at a time, each released as soon as it is copied out: the producer
+             * refills the ring behind us.  Its wake-up waits for half a ring's worth (a blocked
+             * producer waits for that much room) when it waits on another cpu, else for the
+             * end of the call. */
+            uint64_t n = len - done < (uint64_t)a ? len - done : (uint64_t)a;
+            if (n > chunk)
+                n = chunk;
             memcpy(dst + done, ml_ring_at(&ch->rx, ch->rx.pos), n);
-            ml_rx_release(ch, n);
+            ml_ring_consume(&ch->rx, n);
+            ch->bytes_rx += n;
+            *unwoken += n;
             done += n;
-            if (done == len || !(flags & MEMLAN_WAITALL))
+            if (done == len)
                 return (ssize_t)done;
+            if (*unwoken >= ch->size / 2) {
+                if (mid < 0)
+                    mid = ml_peer_elsewhere(&ch->rx.ctl->tx_cpu);
+                if (mid)
+                    ml_rx_wake_pending(ch, unwoken);
+            }
+            /* Not full yet: take what else is there, what came meanwhile included (the
+             * look reloads head once our cached copy is used up), as the kernel's
+             * tcp_recvmsg copies on while its queue has data.  Waits only with WAITALL. */
             continue;
         }
         if (len == 0)
             return 0;
+        if (done && !(flags & MEMLAN_WAITALL))
+            return (ssize_t)done;
+        ml_rx_wake_pending(ch, unwoken); /* before any wait: the producer may wait for room */
         int r = ml_rx_empty(ch, done ? (flags & ~MEMLAN_DONTWAIT) : flags);
         if (r <= 0)
             return done ? (ssize_t)done : r;
