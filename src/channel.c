@@ -68,6 +68,9 @@ static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, 
     };
     uint8_t *data[2] = {seg->base + ML_PAGE, seg->base + ML_PAGE + 2 * seg->mirror};
     struct ml_ring *rings[2] = {&ch->tx, &ch->rx};
+    struct ml_chan_refs *refs = (struct ml_chan_refs *)(seg->base + ML_CHAN_REFS_OFF);
+    ch->tx_refs = &refs[side];
+    ch->rx_refs = &refs[1 - side];
     for (int i = 0; i < 2; i++) {
         int idx = i == 0 ? side : 1 - side; /* tx is ring[side] */
         struct ml_ring *r = rings[i];
@@ -241,6 +244,7 @@ static void ml_chan_reset(struct memlan_segment *seg)
     ml_store_relaxed(&ctl[1]->tx_cpu, peer_tx_cpu);
     memset(b + ML_CHAN_SOCK_OFF, 0, 2 * sizeof(struct ml_sock_side));
     memset(b + ML_CHAN_OFFER_OFF, 0, sizeof(struct ml_offer_blk)); /* no longer offered */
+    memset(b + ML_CHAN_REFS_OFF, 0, 2 * sizeof(struct ml_chan_refs));
     ml_store_relaxed(&c->side_state[0], ML_SIDE_OPEN);
     ml_store_relaxed(&c->side_state[1], ML_SIDE_OPEN);
     c->side_pid[1] = 0;
@@ -474,7 +478,7 @@ static int ml_chan_attach_seg(struct memlan_segment *seg, int64_t gen, const cha
     ml_chan_bind(ch, seg, 1);
     /* Tell a creator that may be waiting in memlan_channel_wait_peer(): it waits on the producer
      * tripwire of its own sending ring, which is our receiving ring. */
-    __ml_chan_wake(ch, &ch->rx.ctl->tx_wait, &ch->rx.ctl->tx_ref);
+    __ml_chan_wake(ch, &ch->rx.ctl->tx_wait, ch->rx_refs->tx);
     *out = ch;
     return 0;
 }
@@ -692,19 +696,33 @@ static bool ml_peer_dead(struct memlan_channel *ch)
 }
 
 void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
-                         const struct ml_evq_ref *ref)
+                         const struct ml_evq_ref *refs)
 {
-    /* The word is a set of waiter kinds: a thread blocked in the library (futex) and the event
-     * queue that poll and epoll sleep on can both wait on one direction (a blocked recv and a
-     * poll of the same socket from another thread); each gets its wake-up. */
+    /* The word is a set of waiters: threads blocked in the library (futex) and the event queues
+     * that poll and epoll sleep on, one bit per registration slot, can all wait on one direction
+     * (a blocked recv and a poll of the same socket from another thread; a parent's epoll set
+     * and its fork child's poll); each gets its wake-up.  Bits past the slots (a peer's
+     * garbage) name nothing. */
     uint32_t w = ml_xchg(word, 0u);
     if (w & ML_WAIT_FUTEX) {
         __ml_sys_futex_wake(word, INT32_MAX);
         ch->wakeups++;
     }
-    if (w & ML_WAIT_EVQ) {
-        __ml_evq_post_ref(ch->seg->fab, ref, &ch->peer_evq_hint);
+    if (w & ML_WAIT_EVQ_ANY) {
+        for (uint32_t i = 0; i < ML_EVQ_REFS; i++)
+            if (w & ML_WAIT_EVQ_REF(i))
+                __ml_evq_post_ref(ch->seg->fab, &refs[i], &ch->peer_evq_hint[i]);
         ch->wakeups++;
+    }
+}
+
+/* Post to every queue the peer registered, armed or not (src/preload/cred.c: a peer that must
+ * stop sleeping on its queue for us is woken to see that). */
+void __ml_chan_post_peer_refs(struct memlan_channel *ch)
+{
+    for (uint32_t i = 0; i < ML_EVQ_REFS; i++) {
+        __ml_evq_post_ref(ch->seg->fab, &ch->tx_refs->rx[i], &ch->peer_evq_hint[i]);
+        __ml_evq_post_ref(ch->seg->fab, &ch->rx_refs->tx[i], &ch->peer_evq_hint[i]);
     }
 }
 
@@ -713,8 +731,8 @@ static void ml_set_state(struct memlan_channel *ch, uint32_t st)
     /* SYNC: pairs with the acquire load in ml_peer_state(). */
     ml_store_release(&ch->hdr->side_state[ch->side], st);
     /* Wake the peer whichever way it waits: for data on our tx ring, for space on our rx ring. */
-    __ml_chan_wake(ch, &ch->tx.ctl->rx_wait, &ch->tx.ctl->rx_ref);
-    __ml_chan_wake(ch, &ch->rx.ctl->tx_wait, &ch->rx.ctl->tx_ref);
+    __ml_chan_wake(ch, &ch->tx.ctl->rx_wait, ch->tx_refs->rx);
+    __ml_chan_wake(ch, &ch->rx.ctl->tx_wait, ch->rx_refs->tx);
 }
 
 /* ---- waiting ----------------------------------------------------------------------------- */
@@ -1076,11 +1094,13 @@ bool __ml_chan_arm_evq(struct memlan_channel *ch, uint32_t events)
 {
     if (!ch->evq)
         return false;
-    /* Our bit only: a thread blocked in recv or send may sleep on the same word. */
+    /* Our bit only: a thread blocked in recv or send may sleep on the same word, and other
+     * processes sharing the socket (fork) arm their own registration slots' bits. */
+    uint32_t bit = ML_WAIT_EVQ_REF(ch->evq_ref);
     if (events & MEMLAN_EV_READ)
-        ml_fetch_or(&ch->rx.ctl->rx_wait, ML_WAIT_EVQ);
+        ml_fetch_or(&ch->rx.ctl->rx_wait, bit);
     if (events & MEMLAN_EV_WRITE)
-        ml_fetch_or(&ch->tx.ctl->tx_wait, ML_WAIT_EVQ);
+        ml_fetch_or(&ch->tx.ctl->tx_wait, bit);
     ml_fence(); /* SYNC: pairs with the fence in __ml_chan_wake() */
     /* Read-only: the arming thread need not hold the directions (see __ml_chan_rx_avail_ro). */
     return ((events & MEMLAN_EV_READ) && ml_rx_ready_ro(ch)) ||
@@ -1123,7 +1143,7 @@ static inline void ml_tx_publish(struct memlan_channel *ch, uint64_t n)
 {
     ml_ring_produce(&ch->tx, n);
     ch->bytes_tx += n;
-    __ml_chan_wake_rmw(ch, &ch->tx.ctl->rx_wait, &ch->tx.ctl->rx_ref);
+    __ml_chan_wake_rmw(ch, &ch->tx.ctl->rx_wait, ch->tx_refs->rx);
 }
 
 static ssize_t ml_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flags, bool checked);
@@ -1292,7 +1312,7 @@ static inline void ml_rx_release(struct memlan_channel *ch, uint64_t n)
 {
     ml_ring_consume(&ch->rx, n);
     ch->bytes_rx += n;
-    __ml_chan_wake_rmw(ch, &ch->rx.ctl->tx_wait, &ch->rx.ctl->tx_ref);
+    __ml_chan_wake_rmw(ch, &ch->rx.ctl->tx_wait, ch->rx_refs->tx);
 }
 
 /*

@@ -491,6 +491,22 @@ def test_epoll_semantics_match_kernel(fabric, tmp_path):
     settle(fabric)
 
 
+FORKWAKE = BUILD / "tests-preload" / "forkwake"
+
+
+def test_fork_child_poll_leaves_parent_woken(fabric, tmp_path):
+    """A fork child polls the socket its parent waits on (then exits, or sleeps): the parent,
+    asleep in epoll_wait on a set made before the fork or in poll, is still woken by its peer's
+    next byte, round after round, as over kernel TCP (issue 18 item 4: the child's poll rewrote
+    the direction's one event-queue reference, and the parent's set was never posted again)."""
+    plain, under, text = scripted(FORKWAKE, tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert plain.stdout.count("most rounds: yes") == 4, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    assert text.count("accelerated (client)") == 1 and text.count("accelerated (accepted") == 1, text
+    settle(fabric)
+
+
 RESETCONF = BUILD / "tests-preload" / "resetconf"
 
 
