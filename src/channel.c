@@ -784,6 +784,32 @@ static int ml_dead_err(const struct memlan_channel *ch)
 
 #define ML_WAIT_SPURIOUS 64u
 
+/* ml_wait's spin (__ml_spin_run): readiness as the spin reads it, and, every 32 rounds, a
+ * cancellation point (every 1024) and the handlers that ran while we spun. */
+struct ml_wait_spin {
+    struct memlan_channel *ch;
+    bool (*spin_ready)(struct memlan_channel *, uint64_t);
+    uint64_t arg;
+    unsigned (*count)(void);
+    unsigned runs0;
+};
+
+static int ml_wait_spin_look(struct ml_spinning *s, void *a)
+{
+    struct ml_wait_spin *w = a;
+    return w->spin_ready(w->ch, w->arg) ? 1 : 0;
+}
+
+static int ml_wait_spin_tick(struct ml_spinning *s, void *a)
+{
+    struct ml_wait_spin *w = a;
+    if (__ml_wait_hook && (s->round & 1023) == 0)
+        (void)__ml_wait_hook(); /* a cancellation point while spinning too */
+    if (w->count && w->count() != w->runs0 && !w->spin_ready(w->ch, w->arg))
+        return -EINTR; /* a handler ran: the kernel's call would have ended */
+    return 0;
+}
+
 static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic uint32_t *cpu,
                    _Atomic uint32_t *peer_cpu, struct ml_spin *sp,
                    bool (*ready)(struct memlan_channel *, uint64_t),
@@ -797,29 +823,18 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
     uint64_t budget = __ml_spin_budget_ns(sp, ml_load_relaxed(peer_cpu));
     if (budget && atomic_load_explicit(&__ml_intr_blind, memory_order_relaxed))
         budget = 0;
-    if (budget) {
-        uint64_t start = __ml_now_ns(), end = start + budget;
-        for (unsigned i = 1;; i++) {
-            if (spin_ready(ch, arg)) {
-                __ml_spin_result(sp, true);
-                /* Relaxed atomics: the socket layer's waiters hold no lock (see
-                 * __ml_chan_wait_ro). */
-                uint64_t hits = __atomic_add_fetch(&ch->spin_hits, 1, __ATOMIC_RELAXED);
-                if (word == &ch->rx.ctl->rx_wait)
-                    ml_store_relaxed(&ch->rx.ctl->spin_hits, hits);
-                return 0;
-            }
-            ml_cpu_relax();
-            if ((i & 31) == 0) {
-                if (__ml_wait_hook && (i & 1023) == 0)
-                    (void)__ml_wait_hook(); /* a cancellation point while spinning too */
-                if (count && count() != runs0 && !spin_ready(ch, arg))
-                    return -EINTR; /* a handler ran: the kernel's call would have ended */
-                if (__ml_now_ns() >= end)
-                    break;
-            }
-        }
-        __ml_spin_result(sp, false);
+    struct ml_wait_spin ws = {ch, spin_ready, arg, count, runs0};
+    struct ml_spinning spin = {.sp = sp, .budget = budget, .every = 32, .look = ml_wait_spin_look,
+                               .tick = ml_wait_spin_tick, .arg = &ws};
+    int sr = __ml_spin_run(&spin);
+    if (sr < 0)
+        return sr;
+    if (sr > 0) {
+        /* Relaxed atomics: the socket layer's waiters hold no lock (see __ml_chan_wait_ro). */
+        uint64_t hits = __atomic_add_fetch(&ch->spin_hits, 1, __ATOMIC_RELAXED);
+        if (word == &ch->rx.ctl->rx_wait)
+            ml_store_relaxed(&ch->rx.ctl->spin_hits, hits);
+        return 0;
     }
     int64_t every = ML_LIVENESS_NS;
     /* Rounds in a row that ended without data, a timeout or a signal: woken, our bit taken, or

@@ -575,6 +575,20 @@ static bool ml_evq_pending(struct memlan_evq *q)
 
 #define ML_EVQ_SPURIOUS 64u
 
+/* memlan_evq_wait's spin (__ml_spin_run): a look at the summary words, and a collect when one
+ * is set. */
+struct ml_evq_spin {
+    struct memlan_evq *q;
+    struct memlan_event *ev;
+    int max;
+};
+
+static int ml_evq_spin_look(struct ml_spinning *s, void *a)
+{
+    struct ml_evq_spin *w = a;
+    return ml_evq_pending(w->q) ? ml_evq_collect(w->q, w->ev, w->max) : 0;
+}
+
 int memlan_evq_wait(memlan_evq_t *q, struct memlan_event *ev, int max, int timeout_ms)
 {
     if (!q || !ev || max <= 0)
@@ -584,20 +598,12 @@ int memlan_evq_wait(memlan_evq_t *q, struct memlan_event *ev, int max, int timeo
         return n;
     uint64_t deadline = timeout_ms < 0 ? 0 : __ml_now_ns() + (uint64_t)timeout_ms * 1000000u;
     /* the peer that posts last ran where we are: spinning would only hold its core */
-    uint64_t budget = __ml_spin_budget_ns(&q->spin, ml_load_relaxed(&q->h->post_cpu));
-    if (budget) {
-        uint64_t end = __ml_now_ns() + budget;
-        for (unsigned i = 1;; i++) {
-            if (ml_evq_pending(q) && (n = ml_evq_collect(q, ev, max))) {
-                __ml_spin_result(&q->spin, true);
-                return n;
-            }
-            ml_cpu_relax();
-            if ((i & 31) == 0 && __ml_now_ns() >= end)
-                break;
-        }
-        __ml_spin_result(&q->spin, false);
-    }
+    struct ml_evq_spin look = {q, ev, max};
+    struct ml_spinning spin = {
+        .sp = &q->spin, .budget = __ml_spin_budget_ns(&q->spin, ml_load_relaxed(&q->h->post_cpu)),
+        .every = 32, .look = ml_evq_spin_look, .arg = &look};
+    if ((n = __ml_spin_run(&spin)) > 0)
+        return n;
     int64_t every = ML_LIVENESS_NS; /* the sweep's interval, doubling while idle */
     /* Rounds in a row that found nothing: bits set that name no channel, our waiter bit
      * cleared, a wake-up for nothing.  The header and bitmaps are writable by every poster, and
@@ -645,14 +651,15 @@ int memlan_evq_wait(memlan_evq_t *q, struct memlan_event *ev, int max, int timeo
 
 int memlan_evq_fd(memlan_evq_t *q) { return q ? q->bell : -EINVAL; }
 
-/* For a waiter that spins over the queue in its own loop (memlan_svc_run, which must also watch
- * kernel fds): the spin policy of memlan_evq_wait, with the same view of who posted last. */
+/* For a waiter that spins over the queue with looks of its own (memlan_svc_run, which must also
+ * watch kernel fds): the spin policy of memlan_evq_wait, with the same view of who posted last,
+ * and its record of how spins end (for __ml_spin_run). */
 uint64_t __ml_evq_spin_budget(struct memlan_evq *q)
 {
     return __ml_spin_budget_ns(&q->spin, ml_load_relaxed(&q->h->post_cpu));
 }
 
-void __ml_evq_spin_result(struct memlan_evq *q, bool success) { __ml_spin_result(&q->spin, success); }
+struct ml_spin *__ml_evq_spin(struct memlan_evq *q) { return &q->spin; }
 
 int memlan_evq_arm(memlan_evq_t *q)
 {

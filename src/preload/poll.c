@@ -461,6 +461,22 @@ static struct timespec mlp_ts(int64_t ns)
 
 /* ---- poll -------------------------------------------------------------------------------- */
 
+/* poll's spin (__ml_spin_run): is any of our sockets ready for what it is asked? */
+struct mlp_poll_spin {
+    struct pollfd *fds;
+    struct mlp_sock **socks;
+    nfds_t n;
+};
+
+static int mlp_poll_spin_look(struct ml_spinning *sp, void *a)
+{
+    struct mlp_poll_spin *w = a;
+    for (nfds_t i = 0; i < w->n; i++)
+        if (w->socks[i] && mlp_sock_revents(w->socks[i], w->fds[i].fd, w->fds[i].events) > 0)
+            return 1;
+    return 0;
+}
+
 int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask)
 {
     struct mlp_sock *stack_socks[64];
@@ -526,22 +542,12 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             for (nfds_t i = 0; i < n; i++)
                 if (socks[i] && socks[i]->state == MLP_ACCEL)
                     ml_store_relaxed(&socks[i]->ch->rx.ctl->rx_cpu, (uint32_t)me);
-            uint64_t budget = __ml_spin_budget_ns(&mlp_poll_spin, (uint32_t)pcpu);
-            if (budget) {
-                uint64_t end = mlp_now_ns() + budget;
-                bool hit = false;
-                for (unsigned it = 1; !hit; it++) {
-                    for (nfds_t i = 0; i < n && !hit; i++)
-                        if (socks[i] && mlp_sock_revents(socks[i], fds[i].fd, fds[i].events) > 0)
-                            hit = true;
-                    ml_cpu_relax();
-                    if ((it & 15) == 0 && mlp_now_ns() >= end)
-                        break;
-                }
-                __ml_spin_result(&mlp_poll_spin, hit);
-                if (hit)
-                    continue;
-            }
+            struct mlp_poll_spin look = {fds, socks, n};
+            struct ml_spinning spin = {
+                .sp = &mlp_poll_spin, .budget = __ml_spin_budget_ns(&mlp_poll_spin, (uint32_t)pcpu),
+                .every = 16, .look = mlp_poll_spin_look, .arg = &look};
+            if (__ml_spin_run(&spin) > 0)
+                continue;
         }
         /* 3. Arm, and sleep in the kernel on the kernel fds and the doorbell. */
         bool nap = false;
@@ -2012,6 +2018,22 @@ static int mlp_ep_kernel_only(int epfd, struct mlp_ep *e, struct epoll_event *ou
     }
 }
 
+/* epoll_wait's spin (__ml_spin_run): a collect of the set's ready list. */
+struct mlp_ep_spin {
+    int epfd;
+    struct mlp_ep *e;
+    struct epoll_event *out;
+    int max;
+    bool *undecided;
+    uint64_t *gen;
+};
+
+static int mlp_ep_spin_look(struct ml_spinning *sp, void *a)
+{
+    struct mlp_ep_spin *w = a;
+    return mlp_ep_collect(w->epfd, w->e, w->out, w->max, w->undecided, w->gen);
+}
+
 int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_ns,
                    const sigset_t *mask)
 {
@@ -2061,18 +2083,11 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             got += mlp_ep_collect(epfd, e, out + got, max - got, &undecided, &gen);
         if (!got && !spun && timeout_ns != 0) {
             spun = true;
-            uint64_t budget = __ml_spin_budget_ns(&mlp_poll_spin, e->peer_cpu);
-            if (budget) {
-                uint64_t end = mlp_now_ns() + budget;
-                for (unsigned it = 1;; it++) {
-                    if ((got = mlp_ep_collect(epfd, e, out, max, &undecided, &gen)))
-                        break;
-                    ml_cpu_relax();
-                    if ((it & 3) == 0 && mlp_now_ns() >= end)
-                        break;
-                }
-                __ml_spin_result(&mlp_poll_spin, got > 0);
-            }
+            struct mlp_ep_spin look = {epfd, e, out, max, &undecided, &gen};
+            struct ml_spinning spin = {
+                .sp = &mlp_poll_spin, .budget = __ml_spin_budget_ns(&mlp_poll_spin, e->peer_cpu),
+                .every = 4, .look = mlp_ep_spin_look, .arg = &look};
+            got = __ml_spin_run(&spin);
         }
         if (got) {
             ret = got;
