@@ -691,6 +691,30 @@ void memlan_evq_close(memlan_evq_t *q)
     free(q);
 }
 
+/* A fork child's copy of its parent's queue: let go of our copies of it (the mapping, the
+ * descriptors, the memory), leaving the queue, its file and its doorbell to the parent; its
+ * channels forget it (their registrations are the parent's).  Kept, the copy was memory nobody
+ * would free, and its mapping held the parent's liveness lock for as long as the child lived. */
+void __ml_evq_forget(struct memlan_evq *q)
+{
+    if (!q)
+        return;
+    for (uint32_t i = 0, seen = 0; i < q->capacity && seen < q->used; i++) {
+        struct memlan_channel *ch = q->slots[i].ch;
+        if (!ch)
+            continue;
+        seen++;
+        if (ch->evq == q)
+            ch->evq = NULL;
+    }
+    if (q->bell >= 0)
+        __ml_sys_close(q->bell);
+    q->seg->owner = false; /* not ours to unlink */
+    __ml_seg_destroy(q->seg);
+    free(q->slots);
+    free(q);
+}
+
 /* Where q keeps its descriptors, for a caller that relocates them (the preload layer keeps its
  * own fds at high numbers, out of the application's way). */
 void __ml_evq_fds(struct memlan_evq *q, int **seg_fd, int **bell_fd)

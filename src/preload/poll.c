@@ -46,10 +46,24 @@ static pthread_mutex_t mlp_home_mu = PTHREAD_MUTEX_INITIALIZER; /* which queue a
 static bool mlp_queue_add(struct mlp_sock *s, bool under_epmu);
 static void mlp_unhome(struct mlp_sock *s);
 
+/* A fork child lets go of its copy of a queue of its parent's (__ml_evq_forget): our copies of
+ * its descriptors are closed, the parent's stay. */
+static void mlp_q_forget(memlan_evq_t *q)
+{
+    if (!q)
+        return;
+    int *sfd, *bfd;
+    __ml_evq_fds(q, &sfd, &bfd);
+    mlp_disown_fd(*sfd);
+    mlp_disown_fd(*bfd);
+    __ml_evq_forget(q);
+}
+
 void mlp_poll_after_fork(void)
 {
-    /* The parent's queue is the parent's: its doorbell would wake the parent.  Forget it (the
-     * fd is shared, so not closed) and make our own on first use. */
+    /* The parent's queue is the parent's: its doorbell would wake the parent.  Let go of our
+     * copy and make our own on first use. */
+    mlp_q_forget(mlp_q);
     mlp_q = NULL;
     pthread_mutex_init(&mlp_q_mu, NULL);
     pthread_mutex_init(&mlp_pw_mu, NULL);
@@ -1309,6 +1323,14 @@ static void mlp_epoll_after_fork(void)
     pthread_mutex_init(&mlp_epmu, NULL);
     pthread_mutex_init(&mlp_eps_mu, NULL);
     pthread_mutex_init(&mlp_kset_mu, NULL);
+    /* Closed sets kept for reuse keep their queues: the parent's here, which a set the child
+     * makes would have taken over (its members posting to the parent's queue). */
+    for (struct mlp_ep *f = mlp_eps_free; f; f = f->next_free) {
+        mlp_q_forget(f->q);
+        f->q = NULL;
+        f->q_failed = false;
+        pthread_mutex_init(&f->qmu, NULL);
+    }
     if (!mlp_eps)
         return;
     for (int fd = 0; fd < mlp_neps && fd <= mlp_eps_max; fd++) {
@@ -1319,7 +1341,9 @@ static void mlp_epoll_after_fork(void)
         e->sleepers = 0;
         /* Its own queue is the parent's (its doorbell stays in the shared kernel set, as the
          * process's does): the child's members post to the child's queue until the set has
-         * one of its own again, made at its next setup. */
+         * one of its own again, made at its next setup.  A set under several fds is met once
+         * per fd: its copy is let go of at the first. */
+        mlp_q_forget(e->q);
         e->q = NULL;
         e->q_failed = false;
         e->k_pbell = e->k_sbell = false;

@@ -404,6 +404,8 @@ def test_reuseport_listeners_in_two_processes(fabric, tmp_path):
     script = tmp_path / "rp.py"
     script.write_text(REUSEPORT_SERVER)
     port = next_port()
+    while not port_free(port, strict=True):  # the servers set no SO_REUSEADDR: no TIME_WAIT
+        port = next_port()
     py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
     logs = [tmp_path / "rp0.log", tmp_path / "rp1.log"]
     srvs = [subprocess.Popen([str(MEMLAN), "run", "--log", str(lg), "--", py, str(script),
@@ -994,6 +996,33 @@ def test_vfork_exec_leaves_no_memory_behind(fabric, tmp_path):
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
     assert text.count("accelerated (client)") == 1, text
     settle(fabric)
+
+
+FORKQUEUE = BUILD / "tests-preload" / "forkqueue"
+
+
+def test_fork_child_keeps_no_queue_of_its_parent_alive(fabric, tmp_path):
+    """A process that slept in poll and in epoll_wait (two event queues of its own) forks a child
+    and leaves by _exit: while the child lives, memlan clean removes the parent's queues (the
+    child lets go of its copies at fork).  Before: the child's copies held the dead parent's
+    queues' liveness lock, and their files stayed until the child went."""
+    log = tmp_path / "memlan.log"
+    p = subprocess.Popen([str(MEMLAN), "run", "--log", str(log), "--", str(FORKQUEUE),
+                          str(next_port())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        line = p.stdout.readline()
+        assert line.startswith("child "), line
+        p.wait(timeout=10)
+        time.sleep(0.05)
+        memlan("clean")
+        left = sorted(f for f in os.listdir(fabric) if f.startswith("bell-"))
+        assert left == [], left
+    finally:
+        p.stdin.close()  # the child leaves
+        p.stdout.close()
+        time.sleep(0.2)
+        settle(fabric)
 
 
 FDLIFECONF = BUILD / "tests-preload" / "fdlifeconf"
