@@ -45,6 +45,7 @@ int main(int argc, char **argv)
     fflush(stdout);
     pid_t pid = fork();
     if (pid == 0) {
+        alarm(30); /* not inherited: bounded even if nobody closes our stdin */
         while (read(0, &b, 1) > 0)
             ;
         _exit(0);

@@ -47,6 +47,7 @@ static void die(const char *what)
  * "q" quits. */
 static void peer(int port)
 {
+    alarm(60); /* bounded, whatever becomes of the parent */
     int c = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
@@ -85,6 +86,7 @@ static bool round_(int s, int ep, int stay, int k)
     if (pid < 0)
         die("fork");
     if (pid == 0) {
+        alarm(30); /* not inherited: a parent that fails must not leave us asleep for ever */
         struct pollfd pf = {.fd = s, .events = POLLIN};
         int r = poll(&pf, 1, 20);
         char m = r == 0 ? '.' : 'x';
@@ -150,6 +152,7 @@ int main(int argc, char **argv)
         return 2;
     setvbuf(stdout, NULL, _IOLBF, 0);
     signal(SIGPIPE, SIG_IGN);
+    alarm(60);
     int port = atoi(argv[1]);
     int l = socket(AF_INET, SOCK_STREAM, 0);
     int one = 1;
