@@ -69,6 +69,9 @@ static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, 
     };
     uint8_t *data[2] = {seg->base + ML_PAGE, seg->base + ML_PAGE + 2 * seg->mirror};
     struct ml_ring *rings[2] = {&ch->tx, &ch->rx};
+    struct ml_chan_refs *refs = (struct ml_chan_refs *)(seg->base + ML_CHAN_REFS_OFF);
+    ch->tx_refs = &refs[side];
+    ch->rx_refs = &refs[1 - side];
     for (int i = 0; i < 2; i++) {
         int idx = i == 0 ? side : 1 - side; /* tx is ring[side] */
         struct ml_ring *r = rings[i];
@@ -242,6 +245,7 @@ static void ml_chan_reset(struct memlan_segment *seg)
     ml_store_relaxed(&ctl[1]->tx_cpu, peer_tx_cpu);
     memset(b + ML_CHAN_SOCK_OFF, 0, 2 * sizeof(struct ml_sock_side));
     memset(b + ML_CHAN_OFFER_OFF, 0, sizeof(struct ml_offer_blk)); /* no longer offered */
+    memset(b + ML_CHAN_REFS_OFF, 0, 2 * sizeof(struct ml_chan_refs));
     ml_store_relaxed(&c->side_state[0], ML_SIDE_OPEN);
     ml_store_relaxed(&c->side_state[1], ML_SIDE_OPEN);
     c->side_pid[1] = 0;
@@ -475,7 +479,7 @@ static int ml_chan_attach_seg(struct memlan_segment *seg, int64_t gen, const cha
     ml_chan_bind(ch, seg, 1);
     /* Tell a creator that may be waiting in memlan_channel_wait_peer(): it waits on the producer
      * tripwire of its own sending ring, which is our receiving ring. */
-    __ml_chan_wake(ch, &ch->rx.ctl->tx_wait, &ch->rx.ctl->tx_ref);
+    __ml_chan_wake(ch, &ch->rx.ctl->tx_wait, ch->rx_refs->tx);
     *out = ch;
     return 0;
 }
@@ -693,19 +697,33 @@ static bool ml_peer_dead(struct memlan_channel *ch)
 }
 
 void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
-                         const struct ml_evq_ref *ref)
+                         const struct ml_evq_ref *refs)
 {
-    /* The word is a set of waiter kinds: a thread blocked in the library (futex) and the event
-     * queue that poll and epoll sleep on can both wait on one direction (a blocked recv and a
-     * poll of the same socket from another thread); each gets its wake-up. */
+    /* The word is a set of waiters: threads blocked in the library (futex) and the event queues
+     * that poll and epoll sleep on, one bit per registration slot, can all wait on one direction
+     * (a blocked recv and a poll of the same socket from another thread; a parent's epoll set
+     * and its fork child's poll); each gets its wake-up.  Bits past the slots (a peer's
+     * garbage) name nothing. */
     uint32_t w = ml_xchg(word, 0u);
     if (w & ML_WAIT_FUTEX) {
         __ml_sys_futex_wake(word, INT32_MAX);
         ch->wakeups++;
     }
-    if (w & ML_WAIT_EVQ) {
-        __ml_evq_post_ref(ch->seg->fab, ref, &ch->peer_evq_hint);
+    if (w & ML_WAIT_EVQ_ANY) {
+        for (uint32_t i = 0; i < ML_EVQ_REFS; i++)
+            if (w & ML_WAIT_EVQ_REF(i))
+                __ml_evq_post_ref(ch->seg->fab, &refs[i], &ch->peer_evq_hint[i]);
         ch->wakeups++;
+    }
+}
+
+/* Post to every queue the peer registered, armed or not (src/preload/cred.c: a peer that must
+ * stop sleeping on its queue for us is woken to see that). */
+void __ml_chan_post_peer_refs(struct memlan_channel *ch)
+{
+    for (uint32_t i = 0; i < ML_EVQ_REFS; i++) {
+        __ml_evq_post_ref(ch->seg->fab, &ch->tx_refs->rx[i], &ch->peer_evq_hint[i]);
+        __ml_evq_post_ref(ch->seg->fab, &ch->rx_refs->tx[i], &ch->peer_evq_hint[i]);
     }
 }
 
@@ -714,8 +732,8 @@ static void ml_set_state(struct memlan_channel *ch, uint32_t st)
     /* SYNC: pairs with the acquire load in ml_peer_state(). */
     ml_store_release(&ch->hdr->side_state[ch->side], st);
     /* Wake the peer whichever way it waits: for data on our tx ring, for space on our rx ring. */
-    __ml_chan_wake(ch, &ch->tx.ctl->rx_wait, &ch->tx.ctl->rx_ref);
-    __ml_chan_wake(ch, &ch->rx.ctl->tx_wait, &ch->rx.ctl->tx_ref);
+    __ml_chan_wake(ch, &ch->tx.ctl->rx_wait, ch->tx_refs->rx);
+    __ml_chan_wake(ch, &ch->rx.ctl->tx_wait, ch->rx_refs->tx);
 }
 
 /* ---- waiting ----------------------------------------------------------------------------- */
@@ -767,6 +785,32 @@ static int ml_dead_err(const struct memlan_channel *ch)
 
 #define ML_WAIT_SPURIOUS 64u
 
+/* ml_wait's spin (__ml_spin_run): readiness as the spin reads it, and, every 32 rounds, a
+ * cancellation point (every 1024) and the handlers that ran while we spun. */
+struct ml_wait_spin {
+    struct memlan_channel *ch;
+    bool (*spin_ready)(struct memlan_channel *, uint64_t);
+    uint64_t arg;
+    unsigned (*count)(void);
+    unsigned runs0;
+};
+
+static int ml_wait_spin_look(struct ml_spinning *s, void *a)
+{
+    struct ml_wait_spin *w = a;
+    return w->spin_ready(w->ch, w->arg) ? 1 : 0;
+}
+
+static int ml_wait_spin_tick(struct ml_spinning *s, void *a)
+{
+    struct ml_wait_spin *w = a;
+    if (__ml_wait_hook && (s->round & 1023) == 0)
+        (void)__ml_wait_hook(); /* a cancellation point while spinning too */
+    if (w->count && w->count() != w->runs0 && !w->spin_ready(w->ch, w->arg))
+        return -EINTR; /* a handler ran: the kernel's call would have ended */
+    return 0;
+}
+
 static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic uint32_t *cpu,
                    _Atomic uint32_t *peer_cpu, struct ml_spin *sp,
                    bool (*ready)(struct memlan_channel *, uint64_t),
@@ -780,29 +824,18 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
     uint64_t budget = __ml_spin_budget_ns(sp, ml_load_relaxed(peer_cpu));
     if (budget && atomic_load_explicit(&__ml_intr_blind, memory_order_relaxed))
         budget = 0;
-    if (budget) {
-        uint64_t start = __ml_now_ns(), end = start + budget;
-        for (unsigned i = 1;; i++) {
-            if (spin_ready(ch, arg)) {
-                __ml_spin_result(sp, true);
-                /* Relaxed atomics: the socket layer's waiters hold no lock (see
-                 * __ml_chan_wait_ro). */
-                uint64_t hits = __atomic_add_fetch(&ch->spin_hits, 1, __ATOMIC_RELAXED);
-                if (word == &ch->rx.ctl->rx_wait)
-                    ml_store_relaxed(&ch->rx.ctl->spin_hits, hits);
-                return 0;
-            }
-            ml_cpu_relax();
-            if ((i & 31) == 0) {
-                if (__ml_wait_hook && (i & 1023) == 0)
-                    (void)__ml_wait_hook(); /* a cancellation point while spinning too */
-                if (count && count() != runs0 && !spin_ready(ch, arg))
-                    return -EINTR; /* a handler ran: the kernel's call would have ended */
-                if (__ml_now_ns() >= end)
-                    break;
-            }
-        }
-        __ml_spin_result(sp, false);
+    struct ml_wait_spin ws = {ch, spin_ready, arg, count, runs0};
+    struct ml_spinning spin = {.sp = sp, .budget = budget, .every = 32, .look = ml_wait_spin_look,
+                               .tick = ml_wait_spin_tick, .arg = &ws};
+    int sr = __ml_spin_run(&spin);
+    if (sr < 0)
+        return sr;
+    if (sr > 0) {
+        /* Relaxed atomics: the socket layer's waiters hold no lock (see __ml_chan_wait_ro). */
+        uint64_t hits = __atomic_add_fetch(&ch->spin_hits, 1, __ATOMIC_RELAXED);
+        if (word == &ch->rx.ctl->rx_wait)
+            ml_store_relaxed(&ch->rx.ctl->spin_hits, hits);
+        return 0;
     }
     int64_t every = ML_LIVENESS_NS;
     /* Rounds in a row that ended without data, a timeout or a signal: woken, our bit taken, or
@@ -1077,11 +1110,13 @@ bool __ml_chan_arm_evq(struct memlan_channel *ch, uint32_t events)
 {
     if (!ch->evq)
         return false;
-    /* Our bit only: a thread blocked in recv or send may sleep on the same word. */
+    /* Our bit only: a thread blocked in recv or send may sleep on the same word, and other
+     * processes sharing the socket (fork) arm their own registration slots' bits. */
+    uint32_t bit = ML_WAIT_EVQ_REF(ch->evq_ref);
     if (events & MEMLAN_EV_READ)
-        ml_fetch_or(&ch->rx.ctl->rx_wait, ML_WAIT_EVQ);
+        ml_fetch_or(&ch->rx.ctl->rx_wait, bit);
     if (events & MEMLAN_EV_WRITE)
-        ml_fetch_or(&ch->tx.ctl->tx_wait, ML_WAIT_EVQ);
+        ml_fetch_or(&ch->tx.ctl->tx_wait, bit);
     ml_fence(); /* SYNC: pairs with the fence in __ml_chan_wake() */
     /* Read-only: the arming thread need not hold the directions (see __ml_chan_rx_avail_ro). */
     return ((events & MEMLAN_EV_READ) && ml_rx_ready_ro(ch)) ||
@@ -1124,7 +1159,7 @@ static inline void ml_tx_publish(struct memlan_channel *ch, uint64_t n)
 {
     ml_ring_produce(&ch->tx, n);
     ch->bytes_tx += n;
-    __ml_chan_wake_rmw(ch, &ch->tx.ctl->rx_wait, &ch->tx.ctl->rx_ref);
+    __ml_chan_wake_rmw(ch, &ch->tx.ctl->rx_wait, ch->tx_refs->rx);
 }
 
 /* The wake-up check owed for stream bytes published (or released) by ml_ring_produce (or
@@ -1355,7 +1390,7 @@ static inline void ml_rx_release(struct memlan_channel *ch, uint64_t n)
 {
     ml_ring_consume(&ch->rx, n);
     ch->bytes_rx += n;
-    __ml_chan_wake_rmw(ch, &ch->rx.ctl->tx_wait, &ch->rx.ctl->tx_ref);
+    __ml_chan_wake_rmw(ch, &ch->rx.ctl->tx_wait, ch->rx_refs->tx);
 }
 
 /*

@@ -19,7 +19,10 @@ _Static_assert(ML_CHAN_CTL1_OFF + sizeof(struct ml_ring_ctl) <= ML_CHAN_SOCK_OFF
                "controls before the socket blocks");
 _Static_assert(ML_CHAN_SOCK_OFF + 2 * sizeof(struct ml_sock_side) <= ML_CHAN_OFFER_OFF,
                "socket blocks before the offer");
-_Static_assert(ML_CHAN_OFFER_OFF + sizeof(struct ml_offer_blk) <= ML_PAGE, "all in page 0");
+_Static_assert(ML_CHAN_OFFER_OFF + sizeof(struct ml_offer_blk) <= ML_CHAN_REFS_OFF,
+               "the offer before the registrations");
+_Static_assert(ML_CHAN_REFS_OFF % ML_CACHELINE == 0 &&
+               ML_CHAN_REFS_OFF + 2 * sizeof(struct ml_chan_refs) <= ML_PAGE, "all in page 0");
 
 struct memlan_channel {
     struct memlan_segment *seg;
@@ -28,6 +31,7 @@ struct memlan_channel {
     uint32_t kind;            /* MEMLAN_STREAM or MEMLAN_MSG, private copy */
     uint64_t size;            /* ring size, private copy */
     struct ml_ring tx, rx;
+    struct ml_chan_refs *tx_refs, *rx_refs; /* the registrations of each ring (layout.h) */
     struct ml_spin spin_rx, spin_tx;
     uint64_t tx_want;         /* free bytes the sender waits for */
     uint64_t reserved;        /* bytes given by the last reserve */
@@ -46,7 +50,9 @@ struct memlan_channel {
     /* Event queue registration (evq.c). */
     struct memlan_evq *evq;
     uint32_t evq_index, evq_events;
-    uint32_t peer_evq_hint;   /* where the peer's queue last sat in our import cache */
+    uint32_t evq_ref;         /* the registration slot we claimed (valid while evq is set) */
+    int32_t evq_pid;          /* who claimed it: a fork child's copy never frees its parent's */
+    uint32_t peer_evq_hint[ML_EVQ_REFS]; /* where each peer queue last sat in our import cache */
     void *udata;
     /* The kernel socket under the channel (set by the socket layer; sock_ino 0: none).  Asked
      * about the peer's death when its liveness lock cannot be, and whether bytes arrived on it
@@ -58,28 +64,29 @@ struct memlan_channel {
 };
 
 void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
-                         const struct ml_evq_ref *ref);
+                         const struct ml_evq_ref *refs);
 
 /* After publishing: wake the other side if, and only if, it armed its tripwire. */
 static inline void __ml_chan_wake(struct memlan_channel *ch, _Atomic uint32_t *word,
-                                  const struct ml_evq_ref *ref)
+                                  const struct ml_evq_ref *refs)
 {
     ml_fence(); /* SYNC: pairs with the fence after arming in ml_wait() and __ml_chan_arm_evq() */
     if (ml_unlikely(ml_load_relaxed(word) != 0))
-        __ml_chan_wake_slow(ch, word, ref);
+        __ml_chan_wake_slow(ch, word, refs);
 }
 
 /* The same, right after a seq_cst exchange (ring produce/consume), which is already the full
  * barrier the handshake needs. */
 static inline void __ml_chan_wake_rmw(struct memlan_channel *ch, _Atomic uint32_t *word,
-                                      const struct ml_evq_ref *ref)
+                                      const struct ml_evq_ref *refs)
 {
     /* SYNC: F1; pairs with the fence after arming in ml_wait() and __ml_chan_arm_evq() */
     if (ml_unlikely(atomic_load_explicit(word, memory_order_seq_cst) != 0))
-        __ml_chan_wake_slow(ch, word, ref);
+        __ml_chan_wake_slow(ch, word, refs);
 }
 
 bool __ml_chan_arm_evq(struct memlan_channel *ch, uint32_t events);
+void __ml_chan_post_peer_refs(struct memlan_channel *ch);
 int __ml_chan_check_peer(struct memlan_channel *ch);
 void __ml_evq_post_local(struct memlan_evq *q, uint32_t index);
 
@@ -115,6 +122,7 @@ bool __ml_chan_peer_left_unread(struct memlan_channel *ch);
 void __ml_chan_kick_rx(struct memlan_channel *ch);
 uint32_t __ml_chan_peer_state(struct memlan_channel *ch);
 void __ml_evq_fds(struct memlan_evq *q, int **seg_fd, int **bell_fd);
+void __ml_evq_forget(struct memlan_evq *q);
 extern unsigned (*__ml_wait_hook)(void); /* see ml_wait() in channel.c */
 extern unsigned (*__ml_intr_count)(void); /* the same */
 extern unsigned (*__ml_intr_any)(void);   /* the same */

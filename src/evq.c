@@ -10,8 +10,8 @@
  * endpoints); posts to an endpoint that is already pending merge into one event; nothing can
  * overflow, so nothing is lost.
  *
- * A channel's tripwire in ML_WAIT_EVQ mode names the queue's token and the endpoint's index (an
- * ml_evq_ref in the ring control).  The sender that trips it imports the queue (once; imports are
+ * A channel's tripwire in event-queue mode names the queue's token and the endpoint's index (an
+ * ml_evq_ref in the channel's registration slots, one per waiting process: see below).  The sender that trips it imports the queue (once; imports are
  * cached per process) and posts.  The queue's waiter sleeps on a futex (memlan_evq_wait) or on a
  * FIFO doorbell in the fabric (memlan_evq_fd), which any process of the fabric can open and write
  * without passing file descriptors around.
@@ -359,6 +359,93 @@ fail:
     return r;
 }
 
+/* ---- registration slots ------------------------------------------------------------------ */
+
+/*
+ * A direction names up to ML_EVQ_REFS queues (layout.h, struct ml_chan_refs): each process that
+ * waits on the socket through a queue (a parent's epoll set, its fork child's poll) claims a slot
+ * of its own, arms that slot's bit, and frees the slot when it leaves the queue.  (With one
+ * reference per direction, a fork child's poll wrote its own queue over the parent's, and its
+ * exit took the registration away: the parent's set was never posted again.)  A process killed
+ * before it could free its slot leaves it claimed: when every slot is taken, the slots whose
+ * queue's owner no longer holds its liveness lock are freed.  The slots are in memory the peer
+ * can write: a peer that fills them only costs us the wake-ups (the socket layer then naps). */
+static bool ml_ref_queue_dead(memlan_fabric_t *fab, const struct ml_evq_ref *r)
+{
+    char tok[MEMLAN_TOKEN_LEN + 1], name[80];
+    memcpy(tok, r->token, MEMLAN_TOKEN_LEN);
+    tok[MEMLAN_TOKEN_LEN] = '\0';
+    if (!__ml_token_valid(tok))
+        return true;
+    __ml_fabric_name(name, sizeof name, "seg", tok);
+    long fd = __ml_sys_open(fab->dirfd, name, O_RDONLY | O_NONBLOCK | O_NOFOLLOW, 0);
+    if (fd < 0)
+        return fd == -ENOENT;
+    int held = __ml_sys_byte_held((int)fd, ML_LOCK_OWNER);
+    __ml_sys_close((int)fd);
+    return held == 0;
+}
+
+static void ml_refs_reclaim(memlan_fabric_t *fab, struct memlan_channel *ch)
+{
+    for (uint32_t i = 0; i < ML_EVQ_REFS; i++) {
+        struct ml_evq_ref *r = &ch->rx_refs->rx[i];
+        if (ml_load_acquire(&r->valid) != ML_REF_VALID)
+            continue;
+        char tok[ML_TOKEN_HEX];
+        memcpy(tok, r->token, sizeof tok);
+        if (!ml_ref_queue_dead(fab, r))
+            continue;
+        uint32_t v = ML_REF_VALID;
+        if (!atomic_compare_exchange_strong(&r->valid, &v, ML_REF_CLAIMING))
+            continue;
+        /* Still the dead queue's, not one claimed again meanwhile by another process? */
+        bool same = memcmp(tok, r->token, sizeof tok) == 0;
+        if (same)
+            ml_store_release(&ch->tx_refs->tx[i].valid, 0u);
+        ml_store_release(&r->valid, same ? 0u : ML_REF_VALID);
+    }
+}
+
+/* Claim a free slot and name (q, index) in it, both ways; -EBUSY when none is free. */
+static int ml_ref_claim(struct memlan_evq *q, struct memlan_channel *ch, uint32_t index)
+{
+    for (int pass = 0; pass < 2; pass++) {
+        for (uint32_t i = 0; i < ML_EVQ_REFS; i++) {
+            struct ml_evq_ref *rx = &ch->rx_refs->rx[i], *tx = &ch->tx_refs->tx[i];
+            uint32_t z = 0;
+            if (!atomic_compare_exchange_strong(&rx->valid, &z, ML_REF_CLAIMING))
+                continue;
+            memcpy(rx->token, q->seg->token, MEMLAN_TOKEN_LEN);
+            memcpy(tx->token, q->seg->token, MEMLAN_TOKEN_LEN);
+            rx->index = tx->index = index;
+            /* SYNC: the poster copies a slot and uses it only if valid read ML_REF_VALID; the
+             * tripwire's arming store and fence (__ml_chan_arm_evq) publish both to it. */
+            ml_store_release(&tx->valid, ML_REF_VALID);
+            ml_store_release(&rx->valid, ML_REF_VALID);
+            ch->evq_ref = i;
+            ch->evq_pid = (int32_t)__ml_pid();
+            return 0;
+        }
+        if (pass == 0)
+            ml_refs_reclaim(q->seg->fab, ch);
+    }
+    return -EBUSY;
+}
+
+/* Disarm our slot's bits so that the peer stops posting, then free the slot.  Only the process
+ * that claimed it: a fork child's copy of its parent's registration is the parent's. */
+static void ml_ref_free(struct memlan_channel *ch)
+{
+    if (ch->evq_pid != (int32_t)__ml_pid())
+        return;
+    uint32_t bit = ML_WAIT_EVQ_REF(ch->evq_ref);
+    ml_fetch_and(&ch->rx.ctl->rx_wait, ~bit);
+    ml_fetch_and(&ch->tx.ctl->tx_wait, ~bit);
+    ml_store_release(&ch->tx_refs->tx[ch->evq_ref].valid, 0u);
+    ml_store_release(&ch->rx_refs->rx[ch->evq_ref].valid, 0u);
+}
+
 int memlan_evq_add(memlan_evq_t *q, memlan_channel_t *ch, uint32_t events, void *udata)
 {
     if (!q || !ch || !(events & (MEMLAN_EV_READ | MEMLAN_EV_WRITE)) ||
@@ -369,6 +456,11 @@ int memlan_evq_add(memlan_evq_t *q, memlan_channel_t *ch, uint32_t events, void 
     if (q->free_head == ML_EVQ_NONE)
         return -ENOSPC;
     uint32_t i = q->free_head;
+    /* The registration must be in place before the tripwires are armed in EVQ mode: the arming
+     * store and fence in __ml_chan_arm_evq() publish it to the peer's waker. */
+    int r = ml_ref_claim(q, ch, i);
+    if (r < 0)
+        return r;
     q->free_head = q->slots[i].next_free;
     q->slots[i] = (struct ml_evq_slot){.ch = ch, .udata = udata, .events = events};
     q->used++;
@@ -376,12 +468,6 @@ int memlan_evq_add(memlan_evq_t *q, memlan_channel_t *ch, uint32_t events, void 
     ch->evq_index = i;
     ch->evq_events = events;
     ch->udata = udata;
-    /* The references must be in place before the tripwires are armed in EVQ mode: the arming
-     * store and fence in __ml_chan_arm_evq() publish them to the peer's waker. */
-    struct ml_evq_ref ref = {.index = i, .valid = 1};
-    memcpy(ref.token, q->seg->token, MEMLAN_TOKEN_LEN);
-    memcpy(&ch->rx.ctl->rx_ref, &ref, sizeof ref);
-    memcpy(&ch->tx.ctl->tx_ref, &ref, sizeof ref);
     /* Always watch the receive side: HUP and ERR come that way. */
     if (__ml_chan_arm_evq(ch, events | MEMLAN_EV_READ))
         __ml_evq_post_local(q, i);
@@ -395,11 +481,7 @@ int memlan_evq_del(memlan_evq_t *q, memlan_channel_t *ch)
     if (ch->evq != q)
         return -ENOENT;
     uint32_t i = ch->evq_index;
-    /* Disarm first so the peer stops posting, then forget the reference. */
-    ml_fetch_and(&ch->rx.ctl->rx_wait, ~ML_WAIT_EVQ);
-    ml_fetch_and(&ch->tx.ctl->tx_wait, ~ML_WAIT_EVQ);
-    ch->rx.ctl->rx_ref.valid = 0;
-    ch->tx.ctl->tx_ref.valid = 0;
+    ml_ref_free(ch);
     q->slots[i] = (struct ml_evq_slot){.next_free = q->free_head};
     q->free_head = i;
     q->used--;
@@ -493,6 +575,20 @@ static bool ml_evq_pending(struct memlan_evq *q)
 
 #define ML_EVQ_SPURIOUS 64u
 
+/* memlan_evq_wait's spin (__ml_spin_run): a look at the summary words, and a collect when one
+ * is set. */
+struct ml_evq_spin {
+    struct memlan_evq *q;
+    struct memlan_event *ev;
+    int max;
+};
+
+static int ml_evq_spin_look(struct ml_spinning *s, void *a)
+{
+    struct ml_evq_spin *w = a;
+    return ml_evq_pending(w->q) ? ml_evq_collect(w->q, w->ev, w->max) : 0;
+}
+
 int memlan_evq_wait(memlan_evq_t *q, struct memlan_event *ev, int max, int timeout_ms)
 {
     if (!q || !ev || max <= 0)
@@ -502,20 +598,12 @@ int memlan_evq_wait(memlan_evq_t *q, struct memlan_event *ev, int max, int timeo
         return n;
     uint64_t deadline = timeout_ms < 0 ? 0 : __ml_now_ns() + (uint64_t)timeout_ms * 1000000u;
     /* the peer that posts last ran where we are: spinning would only hold its core */
-    uint64_t budget = __ml_spin_budget_ns(&q->spin, ml_load_relaxed(&q->h->post_cpu));
-    if (budget) {
-        uint64_t end = __ml_now_ns() + budget;
-        for (unsigned i = 1;; i++) {
-            if (ml_evq_pending(q) && (n = ml_evq_collect(q, ev, max))) {
-                __ml_spin_result(&q->spin, true);
-                return n;
-            }
-            ml_cpu_relax();
-            if ((i & 31) == 0 && __ml_now_ns() >= end)
-                break;
-        }
-        __ml_spin_result(&q->spin, false);
-    }
+    struct ml_evq_spin look = {q, ev, max};
+    struct ml_spinning spin = {
+        .sp = &q->spin, .budget = __ml_spin_budget_ns(&q->spin, ml_load_relaxed(&q->h->post_cpu)),
+        .every = 32, .look = ml_evq_spin_look, .arg = &look};
+    if ((n = __ml_spin_run(&spin)) > 0)
+        return n;
     int64_t every = ML_LIVENESS_NS; /* the sweep's interval, doubling while idle */
     /* Rounds in a row that found nothing: bits set that name no channel, our waiter bit
      * cleared, a wake-up for nothing.  The header and bitmaps are writable by every poster, and
@@ -563,14 +651,15 @@ int memlan_evq_wait(memlan_evq_t *q, struct memlan_event *ev, int max, int timeo
 
 int memlan_evq_fd(memlan_evq_t *q) { return q ? q->bell : -EINVAL; }
 
-/* For a waiter that spins over the queue in its own loop (memlan_svc_run, which must also watch
- * kernel fds): the spin policy of memlan_evq_wait, with the same view of who posted last. */
+/* For a waiter that spins over the queue with looks of its own (memlan_svc_run, which must also
+ * watch kernel fds): the spin policy of memlan_evq_wait, with the same view of who posted last,
+ * and its record of how spins end (for __ml_spin_run). */
 uint64_t __ml_evq_spin_budget(struct memlan_evq *q)
 {
     return __ml_spin_budget_ns(&q->spin, ml_load_relaxed(&q->h->post_cpu));
 }
 
-void __ml_evq_spin_result(struct memlan_evq *q, bool success) { __ml_spin_result(&q->spin, success); }
+struct ml_spin *__ml_evq_spin(struct memlan_evq *q) { return &q->spin; }
 
 int memlan_evq_arm(memlan_evq_t *q)
 {
@@ -597,6 +686,30 @@ void memlan_evq_close(memlan_evq_t *q)
     __ml_sys_unlinkat(q->seg->fab->dirfd, name, 0);
     __ml_sys_close(q->bell);
     ml_store_release(&q->seg->hdr->state, ML_SEG_REVOKED);
+    __ml_seg_destroy(q->seg);
+    free(q->slots);
+    free(q);
+}
+
+/* A fork child's copy of its parent's queue: let go of our copies of it (the mapping, the
+ * descriptors, the memory), leaving the queue, its file and its doorbell to the parent; its
+ * channels forget it (their registrations are the parent's).  Kept, the copy was memory nobody
+ * would free, and its mapping held the parent's liveness lock for as long as the child lived. */
+void __ml_evq_forget(struct memlan_evq *q)
+{
+    if (!q)
+        return;
+    for (uint32_t i = 0, seen = 0; i < q->capacity && seen < q->used; i++) {
+        struct memlan_channel *ch = q->slots[i].ch;
+        if (!ch)
+            continue;
+        seen++;
+        if (ch->evq == q)
+            ch->evq = NULL;
+    }
+    if (q->bell >= 0)
+        __ml_sys_close(q->bell);
+    q->seg->owner = false; /* not ours to unlink */
     __ml_seg_destroy(q->seg);
     free(q->slots);
     free(q);

@@ -163,14 +163,44 @@ void __ml_env_say_bad(unsigned which, const char *name, const char *value, const
 /* The preload has checked the environment and said what was wrong: the core says nothing more. */
 void __ml_env_reported(void);
 
+/*
+ * spin.c: the one spin loop that every waiter runs before it sleeps (the channel's blocking
+ * calls, memlan_evq_wait, poll and select, epoll_wait, memlan_svc_run); each then sleeps its own
+ * way.  Fill in sp, budget (__ml_spin_budget_ns's answer, or 0: no spin), every, look, tick and
+ * arg, then call __ml_spin_run, which answers:
+ *  - look's value, > 0: ready (told to sp as a spin that succeeded);
+ *  - tick's value, < 0: the spin was stopped (a handler ran: the call ends), told to sp as nothing;
+ *  - tick's value, > 0: the spin was stopped, told to sp as a success if a look found work;
+ *  - 0: the budget ran out, told to sp as a success only if a look found work (ml_spin_found).
+ */
+struct ml_spinning {
+    struct ml_spin *sp;       /* the policy's record of how spins end */
+    uint64_t budget;          /* ns; a tick may change it (the budget counts from start) */
+    unsigned every;           /* rounds between ticks and looks at the clock: a power of two */
+    int (*look)(struct ml_spinning *s, void *arg);  /* every round: > 0 ready; 0 nothing yet */
+    int (*tick)(struct ml_spinning *s, void *arg);  /* every `every` rounds (NULL: none) */
+    void *arg;
+    /* Kept by the loop, for look and tick to read (and ml_spin_found to change). */
+    uint64_t start;           /* __ml_now_ns() when the budget started */
+    unsigned round;           /* 1, 2, ... */
+    bool found;
+};
+__attribute__((visibility("default"))) int __ml_spin_run(struct ml_spinning *s);
+/* A look found work and the spin goes on (memlan_svc_run serves calls while they keep coming):
+ * a fresh budget from now (the caller's clock reading), and the spin counts as a success. */
+static inline void ml_spin_found(struct ml_spinning *s, uint64_t now)
+{
+    s->found = true;
+    s->start = now;
+}
+
 /* evq.c: post endpoint `index` of the queue named by ref (a sender's wake-up path). */
 void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *ref, uint32_t *hint);
 /* evq.c: the spin policy of memlan_evq_wait for a caller that spins over a queue itself
  * (memlan_svc_run in libmemlan-rpc, hence exported in the MEMLAN_PRIVATE version node). */
 struct memlan_evq;
 __attribute__((visibility("default"))) uint64_t __ml_evq_spin_budget(struct memlan_evq *q);
-__attribute__((visibility("default"))) void __ml_evq_spin_result(struct memlan_evq *q,
-                                                                 bool success);
+__attribute__((visibility("default"))) struct ml_spin *__ml_evq_spin(struct memlan_evq *q);
 
 /* How often a side blocked on a channel checks that its peer still lives. */
 #define ML_LIVENESS_NS (100u * 1000000u)

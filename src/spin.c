@@ -2,7 +2,8 @@
 /*
  * spin.c - the spin-then-sleep policy (Damianakis et al.; ORL's "poll, then one interrupt").
  *
- * A waiter first polls for about the cost of one wake-up, then arms its tripwire and sleeps.  On
+ * A waiter first polls for about the cost of one wake-up, then arms its tripwire and sleeps.
+ * Every waiter spins in the one loop here (__ml_spin_run), with its own look at readiness.  On
  * this kind of machine a cross-core futex wake costs tens of microseconds, so spinning that long
  * before sleeping at most doubles the cost of a wait that would have slept anyway, and saves the
  * whole wake-up whenever the peer answers in time.
@@ -107,6 +108,36 @@ void __ml_spin_result(struct ml_spin *sp, bool success)
     } else if (f < UINT32_MAX) {
         __atomic_store_n(&sp->fails, f + 1, __ATOMIC_RELAXED);
     }
+}
+
+/* The one spin loop (internal.h).  Every caller used to have a copy of its own (the channel's
+ * waits, the event queue, poll, epoll, the RPC server). */
+int __ml_spin_run(struct ml_spinning *s)
+{
+    if (!s->budget)
+        return 0;
+    s->start = __ml_now_ns();
+    s->found = false;
+    for (s->round = 1;; s->round++) {
+        int r = s->look(s, s->arg);
+        if (r > 0) {
+            __ml_spin_result(s->sp, true);
+            return r;
+        }
+        ml_cpu_relax();
+        if ((s->round & (s->every - 1)) != 0)
+            continue;
+        if (s->tick && (r = s->tick(s, s->arg)) != 0) {
+            if (r > 0)
+                __ml_spin_result(s->sp, s->found);
+            return r;
+        }
+        /* start only moves to a clock reading taken before this one (ml_spin_found) */
+        if (__ml_now_ns() - s->start >= s->budget)
+            break;
+    }
+    __ml_spin_result(s->sp, s->found);
+    return 0;
 }
 
 /* For memlan bench: change the policy within one process (-1 = adaptive). */

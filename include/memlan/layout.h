@@ -19,8 +19,9 @@
 #include <stddef.h>
 
 #define ML_SEG_MAGIC       0x47534e414c4d454dull /* "MEMLANSG" little-endian */
-#define ML_LAYOUT_VERSION  3u /* 2: tripwire words are sets of waiter kinds; 3: message records
-                                 * carry publication words (src/ring.h) */
+#define ML_LAYOUT_VERSION  4u /* 2: tripwire words are sets of waiter kinds; 3: message records
+                                 * carry publication words (src/ring.h); 4: a direction names up
+                                 * to ML_EVQ_REFS event queues (struct ml_chan_refs) */
 #define ML_CACHELINE       64
 #define ML_TOKEN_HEX       32 /* a token is 128 random bits written as lowercase hex */
 
@@ -70,29 +71,48 @@ struct ml_seg_hdr {
  *
  * rx_wait is the consumer's tripwire (it waits for data), tx_wait the producer's (it waits for
  * space).  A set of bits: 0 = not armed, ML_WAIT_FUTEX = a thread sleeps on the word,
- * ML_WAIT_EVQ = post to the event queue named by the matching ml_evq_ref; both may be set at once
- * (a thread blocked in recv while another polls the socket).  Only the side that waits arms a
- * word, by OR-ing its bit in; the other side clears the whole word with an exchange and wakes
- * every kind it found; a waiter that stops waiting clears its own bit only.
+ * ML_WAIT_EVQ_REF(i) = post to the event queue that registration slot i of the direction names
+ * (struct ml_chan_refs); any of them may be set at once (a thread blocked in recv while another
+ * polls the socket, a parent's epoll set and its fork child's poll).  Only the side that waits
+ * arms a word, by OR-ing its bit in; the other side clears the whole word with an exchange and
+ * wakes every waiter it found; a waiter that stops waiting clears its own bit only.
  */
 #define ML_WAIT_FUTEX 1u
-#define ML_WAIT_EVQ   2u
+#define ML_EVQ_REFS   8u                         /* event queues per direction */
+#define ML_WAIT_EVQ_REF(i) (2u << (i))            /* slot i's bit */
+#define ML_WAIT_EVQ   ML_WAIT_EVQ_REF(0)
+#define ML_WAIT_EVQ_ANY (((1u << ML_EVQ_REFS) - 1) << 1)
 
+/* An event queue registration.  valid: 0 free, ML_REF_CLAIMING while its claimer writes it,
+ * ML_REF_VALID once it names a queue; a process claims a free slot with a compare-and-swap of
+ * valid (the processes that share a socket after fork each claim their own) and frees its own. */
+#define ML_REF_VALID    1u
+#define ML_REF_CLAIMING 2u
 struct ml_evq_ref {
     char token[ML_TOKEN_HEX];  /* the event queue segment */
     uint32_t index;            /* the endpoint's bit in it */
-    uint32_t valid;            /* 1 when set */
+    _Atomic uint32_t valid;
 };
+
+/* A ring's registrations, in the channel's first page (ML_CHAN_REFS_OFF, ring 0's then ring
+ * 1's): rx[] written by the ring's consumer's side, tx[] by its producer's; slot i of rx[] and of
+ * tx[] belong to one registration, whose owner claimed rx[i].  The waker posts to slot i when
+ * it finds ML_WAIT_EVQ_REF(i) in the matching tripwire word. */
+struct ml_chan_refs {
+    struct ml_evq_ref rx[ML_EVQ_REFS];
+    struct ml_evq_ref tx[ML_EVQ_REFS];
+};
+#define ML_CHAN_REFS_OFF 2304u
 
 struct ml_ring_ctl {
     _Alignas(ML_CACHELINE) _Atomic uint64_t head;     /* producer's line */
     _Alignas(ML_CACHELINE) _Atomic uint64_t tail;     /* consumer's line */
     _Alignas(ML_CACHELINE) _Atomic uint32_t rx_wait;  /* consumer's tripwire */
     _Atomic uint32_t rx_cpu;                          /* consumer's cpu when it last waited */
-    struct ml_evq_ref rx_ref;                         /* where to post when rx_wait == EVQ */
+    uint32_t unused_rx[10];   /* was the one event-queue reference (version 3): ml_chan_refs */
     _Alignas(ML_CACHELINE) _Atomic uint32_t tx_wait;  /* producer's tripwire */
     _Atomic uint32_t tx_cpu;                          /* producer's cpu when it last waited */
-    struct ml_evq_ref tx_ref;
+    uint32_t unused_tx[10];
     /* Counters, written only by their own side; for memlan stat. */
     _Alignas(ML_CACHELINE) _Atomic uint64_t wakeups;  /* system calls made to wake the consumer */
     _Atomic uint64_t sleeps;                          /* times the consumer went to sleep */
@@ -277,5 +297,7 @@ _Static_assert(sizeof(struct ml_chan_hdr) == 64, "channel header is one line");
 _Static_assert(sizeof(struct ml_sock_side) == 64, "socket side block is one line");
 _Static_assert(sizeof(struct ml_msg_hdr) == ML_MSG_ALIGN, "message header");
 _Static_assert(offsetof(struct ml_evq_hdr, waiter) == 64, "evq waiter on its own line");
+_Static_assert(sizeof(struct ml_evq_ref) == 40, "a registration is 40 bytes");
+_Static_assert(ML_EVQ_REFS + 1 <= 32, "every slot has a bit in the tripwire word");
 
 #endif

@@ -160,10 +160,8 @@ static void mlp_cred_ring_peers(bool nopost)
             bool post = nopost ? !(atomic_fetch_or(&s->me->flags, ML_SOCK_NOPOST) & ML_SOCK_NOPOST)
                                : !s->cred_primed;
             s->cred_primed = true;
-            if (post) {
-                __ml_evq_post_ref(mlp_fab, &ch->tx.ctl->rx_ref, &ch->peer_evq_hint);
-                __ml_evq_post_ref(mlp_fab, &ch->rx.ctl->tx_ref, &ch->peer_evq_hint);
-            }
+            if (post)
+                __ml_chan_post_peer_refs(ch);
         }
         mlp_put(s);
     }

@@ -320,9 +320,31 @@ static char *const *mlp_exec_env(struct mlp_carry *c, char *const envp[])
     return ne;
 }
 
+/*
+ * A vfork child runs in its parent's memory: what it allocates for an exec that succeeds (the
+ * environment, the carried lists) stays in the parent's heap, and nobody frees it (about 400
+ * bytes per vfork and exec: tests/preload/vforkexec).  So before the call a vfork child hands
+ * its allocations to the thread that vforked (thread-local storage, which the child shares), and
+ * takes them back if the exec fails; that thread's next exec, in itself or in its next vfork
+ * child, frees them: the child that made them has exec'd or exited by then, since the thread
+ * was suspended until it did.
+ */
+static __thread void *mlp_vfork_left[4] __attribute__((tls_model("initial-exec")));
+
+static void mlp_vfork_left_set(const struct mlp_carry *c)
+{
+    mlp_vfork_left[0] = c ? c->env : NULL;
+    mlp_vfork_left[1] = c ? c->bridges : NULL;
+    mlp_vfork_left[2] = c ? c->gave : NULL;
+    mlp_vfork_left[3] = c ? c->took : NULL;
+}
+
 static char *const *mlp_exec_prepare(struct mlp_carry *c, char *const envp[])
 {
     static char *const empty[] = {NULL};
+    for (int i = 0; i < 4; i++)
+        free(mlp_vfork_left[i]);
+    mlp_vfork_left_set(NULL);
     memset(c, 0, sizeof *c);
     c->memfd = -1;
     if (!envp)
@@ -466,7 +488,10 @@ void mlp_exec_adopt(void)
     do {                                                                                       \
         struct mlp_carry c;                                                                    \
         char *const *env = mlp_exec_prepare(&c, envp);                                         \
+        if (mlp_vfork_child())                                                                 \
+            mlp_vfork_left_set(&c);                                                            \
         int r = (call);                                                                        \
+        mlp_vfork_left_set(NULL); /* it failed: ours to free */                                \
         mlp_exec_undo(&c);                                                                     \
         return r;                                                                              \
     } while (0)

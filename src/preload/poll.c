@@ -46,10 +46,24 @@ static pthread_mutex_t mlp_home_mu = PTHREAD_MUTEX_INITIALIZER; /* which queue a
 static bool mlp_queue_add(struct mlp_sock *s, bool under_epmu);
 static void mlp_unhome(struct mlp_sock *s);
 
+/* A fork child lets go of its copy of a queue of its parent's (__ml_evq_forget): our copies of
+ * its descriptors are closed, the parent's stay. */
+static void mlp_q_forget(memlan_evq_t *q)
+{
+    if (!q)
+        return;
+    int *sfd, *bfd;
+    __ml_evq_fds(q, &sfd, &bfd);
+    mlp_disown_fd(*sfd);
+    mlp_disown_fd(*bfd);
+    __ml_evq_forget(q);
+}
+
 void mlp_poll_after_fork(void)
 {
-    /* The parent's queue is the parent's: its doorbell would wake the parent.  Forget it (the
-     * fd is shared, so not closed) and make our own on first use. */
+    /* The parent's queue is the parent's: its doorbell would wake the parent.  Let go of our
+     * copy and make our own on first use. */
+    mlp_q_forget(mlp_q);
     mlp_q = NULL;
     pthread_mutex_init(&mlp_q_mu, NULL);
     pthread_mutex_init(&mlp_pw_mu, NULL);
@@ -461,6 +475,22 @@ static struct timespec mlp_ts(int64_t ns)
 
 /* ---- poll -------------------------------------------------------------------------------- */
 
+/* poll's spin (__ml_spin_run): is any of our sockets ready for what it is asked? */
+struct mlp_poll_spin {
+    struct pollfd *fds;
+    struct mlp_sock **socks;
+    nfds_t n;
+};
+
+static int mlp_poll_spin_look(struct ml_spinning *sp, void *a)
+{
+    struct mlp_poll_spin *w = a;
+    for (nfds_t i = 0; i < w->n; i++)
+        if (w->socks[i] && mlp_sock_revents(w->socks[i], w->fds[i].fd, w->fds[i].events) > 0)
+            return 1;
+    return 0;
+}
+
 int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask)
 {
     struct mlp_sock *stack_socks[64];
@@ -526,22 +556,12 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             for (nfds_t i = 0; i < n; i++)
                 if (socks[i] && socks[i]->state == MLP_ACCEL)
                     ml_store_relaxed(&socks[i]->ch->rx.ctl->rx_cpu, (uint32_t)me);
-            uint64_t budget = __ml_spin_budget_ns(&mlp_poll_spin, (uint32_t)pcpu);
-            if (budget) {
-                uint64_t end = mlp_now_ns() + budget;
-                bool hit = false;
-                for (unsigned it = 1; !hit; it++) {
-                    for (nfds_t i = 0; i < n && !hit; i++)
-                        if (socks[i] && mlp_sock_revents(socks[i], fds[i].fd, fds[i].events) > 0)
-                            hit = true;
-                    ml_cpu_relax();
-                    if ((it & 15) == 0 && mlp_now_ns() >= end)
-                        break;
-                }
-                __ml_spin_result(&mlp_poll_spin, hit);
-                if (hit)
-                    continue;
-            }
+            struct mlp_poll_spin look = {fds, socks, n};
+            struct ml_spinning spin = {
+                .sp = &mlp_poll_spin, .budget = __ml_spin_budget_ns(&mlp_poll_spin, (uint32_t)pcpu),
+                .every = 16, .look = mlp_poll_spin_look, .arg = &look};
+            if (__ml_spin_run(&spin) > 0)
+                continue;
         }
         /* 3. Arm, and sleep in the kernel on the kernel fds and the doorbell. */
         bool nap = false;
@@ -1303,6 +1323,14 @@ static void mlp_epoll_after_fork(void)
     pthread_mutex_init(&mlp_epmu, NULL);
     pthread_mutex_init(&mlp_eps_mu, NULL);
     pthread_mutex_init(&mlp_kset_mu, NULL);
+    /* Closed sets kept for reuse keep their queues: the parent's here, which a set the child
+     * makes would have taken over (its members posting to the parent's queue). */
+    for (struct mlp_ep *f = mlp_eps_free; f; f = f->next_free) {
+        mlp_q_forget(f->q);
+        f->q = NULL;
+        f->q_failed = false;
+        pthread_mutex_init(&f->qmu, NULL);
+    }
     if (!mlp_eps)
         return;
     for (int fd = 0; fd < mlp_neps && fd <= mlp_eps_max; fd++) {
@@ -1313,7 +1341,9 @@ static void mlp_epoll_after_fork(void)
         e->sleepers = 0;
         /* Its own queue is the parent's (its doorbell stays in the shared kernel set, as the
          * process's does): the child's members post to the child's queue until the set has
-         * one of its own again, made at its next setup. */
+         * one of its own again, made at its next setup.  A set under several fds is met once
+         * per fd: its copy is let go of at the first. */
+        mlp_q_forget(e->q);
         e->q = NULL;
         e->q_failed = false;
         e->k_pbell = e->k_sbell = false;
@@ -2012,6 +2042,22 @@ static int mlp_ep_kernel_only(int epfd, struct mlp_ep *e, struct epoll_event *ou
     }
 }
 
+/* epoll_wait's spin (__ml_spin_run): a collect of the set's ready list. */
+struct mlp_ep_spin {
+    int epfd;
+    struct mlp_ep *e;
+    struct epoll_event *out;
+    int max;
+    bool *undecided;
+    uint64_t *gen;
+};
+
+static int mlp_ep_spin_look(struct ml_spinning *sp, void *a)
+{
+    struct mlp_ep_spin *w = a;
+    return mlp_ep_collect(w->epfd, w->e, w->out, w->max, w->undecided, w->gen);
+}
+
 int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_ns,
                    const sigset_t *mask)
 {
@@ -2061,18 +2107,11 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             got += mlp_ep_collect(epfd, e, out + got, max - got, &undecided, &gen);
         if (!got && !spun && timeout_ns != 0) {
             spun = true;
-            uint64_t budget = __ml_spin_budget_ns(&mlp_poll_spin, e->peer_cpu);
-            if (budget) {
-                uint64_t end = mlp_now_ns() + budget;
-                for (unsigned it = 1;; it++) {
-                    if ((got = mlp_ep_collect(epfd, e, out, max, &undecided, &gen)))
-                        break;
-                    ml_cpu_relax();
-                    if ((it & 3) == 0 && mlp_now_ns() >= end)
-                        break;
-                }
-                __ml_spin_result(&mlp_poll_spin, got > 0);
-            }
+            struct mlp_ep_spin look = {epfd, e, out, max, &undecided, &gen};
+            struct ml_spinning spin = {
+                .sp = &mlp_poll_spin, .budget = __ml_spin_budget_ns(&mlp_poll_spin, e->peer_cpu),
+                .every = 4, .look = mlp_ep_spin_look, .arg = &look};
+            got = __ml_spin_run(&spin);
         }
         if (got) {
             ret = got;

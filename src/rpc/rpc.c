@@ -1244,6 +1244,38 @@ done:
     return TRUE;
 }
 
+/* memlan_svc_run's spin (__ml_spin_run): serve the calls that came, and go on spinning while
+ * they keep coming; every 16 rounds see whether a procedure called svc_exit(), and every
+ * millisecond give the kernel fds (TCP clients, new connections) a look. */
+struct ml_svc_spin {
+    struct pollfd *pf;
+    nfds_t nk;
+    uint64_t kpoll;
+    int n;                    /* what that look at the kernel fds said */
+};
+
+static int ml_svc_spin_look(struct ml_spinning *s, void *a)
+{
+    if (ml_svc_fast(0) > 0)
+        ml_spin_found(s, __ml_now_ns());
+    return 0;
+}
+
+static int ml_svc_spin_tick(struct ml_spinning *s, void *a)
+{
+    struct ml_svc_spin *w = a;
+    if (svc_max_pollfd == 0 && svc_pollfd == NULL)
+        return 1; /* a procedure called svc_exit() */
+    uint64_t now = __ml_now_ns();
+    if (now - w->kpoll >= 1000000u) {
+        w->kpoll = now;
+        if ((w->n = poll(w->pf, w->nk, 0)) > 0)
+            return 1;
+        s->budget = __ml_evq_spin_budget(ml_svc_q);
+    }
+    return 0;
+}
+
 void memlan_svc_run(void)
 {
     struct pollfd *pf = NULL;
@@ -1283,32 +1315,13 @@ void memlan_svc_run(void)
          * only hold the core it needs), shorter after spins that found nothing.  While calls
          * keep coming the spin goes on, with a look at the kernel fds (TCP clients, new
          * connections) every millisecond so that they are not starved. */
-        int n = 0;
-        uint64_t budget = ml_nconns ? __ml_evq_spin_budget(ml_svc_q) : 0;
-        if (budget) {
-            uint64_t t0 = __ml_now_ns(), kpoll = t0, now;
-            bool found = false;
-            for (unsigned i = 1;; i++) {
-                if (ml_svc_fast(0) > 0) {
-                    found = true;
-                    t0 = __ml_now_ns();
-                }
-                if ((i & 15) != 0)
-                    continue;
-                if (svc_max_pollfd == 0 && svc_pollfd == NULL)
-                    break; /* a procedure called svc_exit() */
-                now = __ml_now_ns();
-                if (now - kpoll >= 1000000u) {
-                    kpoll = now;
-                    if ((n = poll(pf, (nfds_t)(need - 1), 0)) > 0)
-                        break;
-                    budget = __ml_evq_spin_budget(ml_svc_q);
-                }
-                if (now - t0 >= budget)
-                    break;
-            }
-            __ml_evq_spin_result(ml_svc_q, found);
-        }
+        struct ml_svc_spin w = {.pf = pf, .nk = (nfds_t)(need - 1), .kpoll = __ml_now_ns()};
+        struct ml_spinning spin = {.sp = __ml_evq_spin(ml_svc_q),
+                                   .budget = ml_nconns ? __ml_evq_spin_budget(ml_svc_q) : 0,
+                                   .every = 16, .look = ml_svc_spin_look,
+                                   .tick = ml_svc_spin_tick, .arg = &w};
+        (void)__ml_spin_run(&spin);
+        int n = w.n;
         if (svc_max_pollfd == 0 && svc_pollfd == NULL)
             break; /* svc_exit() while we spun */
         if (n <= 0) {
