@@ -1169,7 +1169,7 @@ static inline void ml_tx_wake_pending(struct memlan_channel *ch, uint64_t *unwok
 {
     if (*unwoken) {
         *unwoken = 0;
-        __ml_chan_wake_rmw(ch, &ch->tx.ctl->rx_wait, &ch->tx.ctl->rx_ref);
+        __ml_chan_wake_rmw(ch, &ch->tx.ctl->rx_wait, ch->tx_refs->rx);
     }
 }
 
@@ -1177,7 +1177,7 @@ static inline void ml_rx_wake_pending(struct memlan_channel *ch, uint64_t *unwok
 {
     if (*unwoken) {
         *unwoken = 0;
-        __ml_chan_wake_rmw(ch, &ch->rx.ctl->tx_wait, &ch->rx.ctl->tx_ref);
+        __ml_chan_wake_rmw(ch, &ch->rx.ctl->tx_wait, ch->rx_refs->tx);
     }
 }
 
