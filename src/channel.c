@@ -858,6 +858,11 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
             spurious = 0;
         else if (r == 0 || r == -EAGAIN)
             spurious++;
+        if (r == -ETIMEDOUT && slice && __ml_now_ns() >= slice) {
+            /* The slice's end, not the liveness interval's: the caller looks on its own way. */
+            ml_fetch_and(word, ~ML_WAIT_FUTEX);
+            return ready(ch, arg) ? 0 : -ETIME;
+        }
         if (r == -ETIMEDOUT && (ml_peer_dead(ch) || ml_attach_expired(ch, ready))) {
             ml_fetch_and(word, ~ML_WAIT_FUTEX);
             return ready(ch, arg) ? 0 : ml_dead_err(ch);

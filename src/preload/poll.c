@@ -790,6 +790,8 @@ int mlp_sock_sleep(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline
         } else if (r == 0) {
             (void)__ml_chan_check_peer(ch); /* the liveness look, as the futex's timeout */
         } else {
+            /* Awake: a drain (ours or another thread's) need not write our eventfd. */
+            atomic_store(&pw->rung, 1);
             if (k[bell].revents)
                 mlp_queue_drain();
             if (kf >= 0 && k[kf].revents) {
