@@ -89,12 +89,28 @@ void mlp_poll_at_exit(void)
 static uint64_t mlp_q_failed_ns;
 static bool mlp_q_failure_said;
 
+/* A handler that interrupted its thread while it made the queue (under mlp_q_mu) gets none
+ * rather than wait for itself: tests/preload/pollsig hung so, its handler's epoll_ctl waiting
+ * for the lock its thread's first poll held (a loaded machine makes the creation slow). */
+static memlan_evq_t *mlp_queue_make(void);
+static __thread bool mlp_q_making __attribute__((tls_model("initial-exec")));
+
 static memlan_evq_t *mlp_queue(void)
 {
     if (mlp_q || !mlp_fab)
         return mlp_q;
     if (mlp_q_failed_ns && mlp_now_ns() - mlp_q_failed_ns < 1000000000u)
         return NULL;
+    if (mlp_q_making)
+        return NULL;
+    mlp_q_making = true;
+    memlan_evq_t *r = mlp_queue_make();
+    mlp_q_making = false;
+    return r;
+}
+
+static memlan_evq_t *mlp_queue_make(void)
+{
     pthread_mutex_lock(&mlp_q_mu);
     if (!mlp_q) {
         memlan_evq_t *q;
@@ -330,8 +346,18 @@ static void mlp_pw_wake(struct mlp_sock *s)
 }
 
 /* Our own shutdown ended what a thread of ours waits for: wake those asleep in poll, select or a
- * blocking call's long sleep (mlp_sock_sleep) on s. */
-void mlp_poll_kick(struct mlp_sock *s) { mlp_pw_wake(s); }
+ * blocking call's long sleep (mlp_sock_sleep) on s.  shutdown may come from a handler that
+ * interrupted its thread inside mlp_pw_mu: the lock is only tried, and when it is busy the
+ * sleepers find the shutdown at their next liveness look. */
+void mlp_poll_kick(struct mlp_sock *s)
+{
+    if (!__atomic_load_n(&s->pw, __ATOMIC_ACQUIRE) || pthread_mutex_trylock(&mlp_pw_mu) != 0)
+        return;
+    for (struct mlp_pwreg *r = s->pw; r; r = r->next)
+        if (r->gen == mlp_pw_gen)
+            mlp_pw_ring(r->w);
+    pthread_mutex_unlock(&mlp_pw_mu);
+}
 
 /* ---- one socket's readiness -------------------------------------------------------------- */
 
@@ -794,9 +820,10 @@ int mlp_sock_sleep(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline
             atomic_store(&pw->rung, 1);
             if (k[bell].revents)
                 mlp_queue_drain();
-            if (kf >= 0 && k[kf].revents) {
+            if (kf >= 0 && k[kf].revents && !ch->rd_eof_when_empty) {
                 /* The kernel socket ended, or the fd is no longer it (closed under us before
-                 * the keep-alive duplicate took over): only our socket's end counts. */
+                 * the keep-alive duplicate took over): only our socket's end counts, and not
+                 * our own SHUT_RD made meanwhile (the kernel says RDHUP for it too). */
                 if (__ml_sys_socket_hup(ch->sock_fd, ch->sock_ino) != 1) {
                     ret = -ENOSYS;
                 } else if (mlp_check_peer(s)) {

@@ -2,9 +2,9 @@
 /*
  * forkexit: a fork child that leaves without closing its copies (_exit, SIGKILL, a failed exec
  * then _exit) must not delay the end of the connection: when the last process holding the
- * accepted end goes, the client's waiter (blocking recv, poll, epoll level- and edge-triggered, a
- * nonblocking recv) sees EOF at once, or ECONNRESET when the accepted end was closed with bytes
- * unread, as over kernel TCP (issue 19, item 11).  Run once over kernel TCP and once under
+ * accepted end goes, the client's waiter (blocking recv, a blocking send, poll, epoll level- and
+ * edge-triggered, a nonblocking recv) sees EOF at once, or ECONNRESET when the accepted end was
+ * closed with bytes unread, as over kernel TCP (issue 19, item 11).  Run once over kernel TCP and once under
  * `memlan run`: the two outputs must be equal (tests/py/test_preload.py).
  *
  * usage: forkexit PORT
