@@ -815,7 +815,7 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
                    _Atomic uint32_t *peer_cpu, struct ml_spin *sp,
                    bool (*ready)(struct memlan_channel *, uint64_t),
                    bool (*spin_ready)(struct memlan_channel *, uint64_t), uint64_t arg,
-                   uint64_t deadline)
+                   uint64_t deadline, uint64_t slice)
 {
     int me = __ml_getcpu();
     ml_note_cpu(cpu, (uint32_t)(me + 1));
@@ -867,6 +867,14 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
             if (deadline - now < (uint64_t)tmo)
                 tmo = (int64_t)(deadline - now);
         }
+        if (slice) {
+            if (now >= slice) {
+                ml_fetch_and(word, ~ML_WAIT_FUTEX);
+                return ready(ch, arg) ? 0 : -ETIME;
+            }
+            if (slice - now < (uint64_t)tmo)
+                tmo = (int64_t)(slice - now);
+        }
         __atomic_fetch_add(&ch->sleeps, 1, __ATOMIC_RELAXED);
         /* Sleep while the word still holds our bit, whatever else it holds (a waker clears the
          * whole word; a poller that arms meanwhile changes it, and we look again). */
@@ -884,6 +892,11 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
             spurious = 0;
         else if (r == 0 || r == -EAGAIN)
             spurious++;
+        if (r == -ETIMEDOUT && slice && __ml_now_ns() >= slice) {
+            /* The slice's end, not the liveness interval's: the caller looks on its own way. */
+            ml_fetch_and(word, ~ML_WAIT_FUTEX);
+            return ready(ch, arg) ? 0 : -ETIME;
+        }
         if (r == -ETIMEDOUT && (ml_peer_dead(ch) || ml_attach_expired(ch, ready))) {
             ml_fetch_and(word, ~ML_WAIT_FUTEX);
             return ready(ch, arg) ? 0 : ml_dead_err(ch);
@@ -1024,7 +1037,7 @@ int memlan_channel_wait_peer(memlan_channel_t *ch, int timeout_ms)
      * every one, on the core the server needs to accept it). */
     static struct ml_spin attach_spin;
     int r = ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->tx.ctl->rx_cpu,
-                    &attach_spin, ml_attached, ml_attached, 0, ml_deadline(timeout_ms));
+                    &attach_spin, ml_attached, ml_attached, 0, ml_deadline(timeout_ms), 0);
     if (r < 0)
         return r;
     if (ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE)
@@ -1047,7 +1060,7 @@ int __ml_chan_wait_rx(struct memlan_channel *ch, int flags)
     (void)flags;
     int r = ml_wait(ch, &ch->rx.ctl->rx_wait, &ch->rx.ctl->rx_cpu, &ch->tx.ctl->rx_cpu,
                     &ch->spin_rx, ml_rx_ready, ml_rx_ready_spin, 0,
-                    ml_deadline_ns(ch->rx_tmo_ns));
+                    ml_deadline_ns(ch->rx_tmo_ns), 0);
     return r == -ETIMEDOUT ? -EAGAIN : r; /* SO_RCVTIMEO's convention */
 }
 
@@ -1055,7 +1068,7 @@ int __ml_chan_wait_tx(struct memlan_channel *ch, uint64_t want)
 {
     ch->tx_want = want;
     int r = ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->rx.ctl->tx_cpu,
-                    &ch->spin_tx, ml_tx_ready, ml_tx_ready, 0, ml_deadline_ns(ch->tx_tmo_ns));
+                    &ch->spin_tx, ml_tx_ready, ml_tx_ready, 0, ml_deadline_ns(ch->tx_tmo_ns), 0);
     return r == -ETIMEDOUT ? -EAGAIN : r;
 }
 
@@ -1084,16 +1097,32 @@ static bool ml_tx_ready_unlocked(struct memlan_channel *ch, uint64_t want)
  * __ml_now_ns's clock, 0 = none.  0: look again (under the lock: another thread may have taken
  * what came); -EAGAIN at the deadline; -EINTR; -ECONNRESET: the peer died (look again too).
  */
+/* What __ml_chan_wait_ro waits for, looked at once. */
+bool __ml_chan_ready_ro(struct memlan_channel *ch, int dir, uint64_t want)
+{
+    return dir == 0 ? ml_rx_ready_unlocked(ch, 0) : ml_tx_ready_unlocked(ch, want ? want : 1);
+}
+
 int __ml_chan_wait_ro(struct memlan_channel *ch, int dir, uint64_t want, uint64_t deadline)
+{
+    return __ml_chan_wait_ro_slice(ch, dir, want, deadline, 0);
+}
+
+/* The same, giving up with -ETIME at slice (ns on the same clock, 0 = never) when nothing came:
+ * unlike a deadline, a slice changes nothing of what a signal does to the wait (SA_RESTART).
+ * The socket layer sleeps on the futex for a short slice, then where the kernel socket can wake
+ * it too (see mlp_wait_dir in src/preload/sock.c). */
+int __ml_chan_wait_ro_slice(struct memlan_channel *ch, int dir, uint64_t want, uint64_t deadline,
+                            uint64_t slice)
 {
     int r;
     if (dir == 0)
         r = ml_wait(ch, &ch->rx.ctl->rx_wait, &ch->rx.ctl->rx_cpu, &ch->tx.ctl->rx_cpu,
-                    &ch->spin_rx, ml_rx_ready_unlocked, ml_rx_ready_unlocked, 0, deadline);
+                    &ch->spin_rx, ml_rx_ready_unlocked, ml_rx_ready_unlocked, 0, deadline, slice);
     else
         r = ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->rx.ctl->tx_cpu,
                     &ch->spin_tx, ml_tx_ready_unlocked, ml_tx_ready_unlocked, want ? want : 1,
-                    deadline);
+                    deadline, slice);
     return r == -ETIMEDOUT ? -EAGAIN : r;
 }
 

@@ -130,6 +130,9 @@ extern _Atomic bool __ml_intr_blind;      /* the same */
 int __ml_chan_wait_rx(struct memlan_channel *ch, int flags);
 int __ml_chan_wait_tx(struct memlan_channel *ch, uint64_t want);
 int __ml_chan_wait_ro(struct memlan_channel *ch, int dir, uint64_t want, uint64_t deadline);
+bool __ml_chan_ready_ro(struct memlan_channel *ch, int dir, uint64_t want);
+int __ml_chan_wait_ro_slice(struct memlan_channel *ch, int dir, uint64_t want, uint64_t deadline,
+                            uint64_t slice);
 void __ml_chan_kick_tx(struct memlan_channel *ch);
 
 #endif

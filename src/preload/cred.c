@@ -53,6 +53,9 @@ const char *mlp_cred_why = "this process changed its credentials";
 
 void mlp_cred_fabric_opened(void) { ml_store_relaxed(&mlp_cred_euid, geteuid()); }
 
+/* Is the fabric out of our reach (a credential change, a refused creation)?  No system call. */
+bool mlp_fabric_out(void) { return ml_load_acquire(&mlp_cred_gone) != 0; }
+
 static void mlp_cred_ring_peers(bool nopost);
 static void mlp_cred_mark_lost(const char *why);
 

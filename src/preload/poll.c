@@ -59,6 +59,12 @@ static void mlp_q_forget(memlan_evq_t *q)
     __ml_evq_forget(q);
 }
 
+/* Threads whose eventfd a blocking call's long sleep made (mlp_sock_sleep): at most
+ * MLP_SLEEP_EFDS, so that a program with a thread per connection does not get an fd of ours per
+ * thread (its own opens would meet RLIMIT_NOFILE sooner); the others sleep on the futex. */
+#define MLP_SLEEP_EFDS 64
+static _Atomic int mlp_pw_sleepers;
+
 void mlp_poll_after_fork(void)
 {
     /* The parent's queue is the parent's: its doorbell would wake the parent.  Let go of our
@@ -69,6 +75,7 @@ void mlp_poll_after_fork(void)
     pthread_mutex_init(&mlp_pw_mu, NULL);
     pthread_mutex_init(&mlp_home_mu, NULL);
     mlp_pw_gen++;
+    atomic_store(&mlp_pw_sleepers, 0);
     mlp_epoll_after_fork();
 }
 
@@ -96,12 +103,28 @@ void mlp_poll_at_exit(void)
 static uint64_t mlp_q_failed_ns;
 static bool mlp_q_failure_said;
 
+/* A handler that interrupted its thread while it made the queue (under mlp_q_mu) gets none
+ * rather than wait for itself: tests/preload/pollsig hung so, its handler's epoll_ctl waiting
+ * for the lock its thread's first poll held (a loaded machine makes the creation slow). */
+static memlan_evq_t *mlp_queue_make(void);
+static __thread bool mlp_q_making __attribute__((tls_model("initial-exec")));
+
 static memlan_evq_t *mlp_queue(void)
 {
     if (mlp_q || !mlp_fab)
         return mlp_q;
     if (mlp_q_failed_ns && mlp_now_ns() - mlp_q_failed_ns < 1000000000u)
         return NULL;
+    if (mlp_q_making)
+        return NULL;
+    mlp_q_making = true;
+    memlan_evq_t *r = mlp_queue_make();
+    mlp_q_making = false;
+    return r;
+}
+
+static memlan_evq_t *mlp_queue_make(void)
+{
     pthread_mutex_lock(&mlp_q_mu);
     if (!mlp_q) {
         memlan_evq_t *q;
@@ -158,6 +181,9 @@ struct mlp_pwait {
     _Atomic int rung;
     struct mlp_pwreg *regs;  /* nregs linked, of cap */
     int nregs, cap;
+    int busy;                /* a poll, select or mlp_sock_sleep of the thread is using it: a
+                              * handler's blocking call that interrupted it does not take it */
+    bool sleeper;            /* made by mlp_sock_sleep: counted in mlp_pw_sleepers */
 };
 
 static pthread_key_t mlp_pw_key;
@@ -247,6 +273,8 @@ static void mlp_pw_free(void *p)
     if (!w)
         return;
     if (w->gen == mlp_pw_gen) {
+        if (w->sleeper)
+            atomic_fetch_sub(&mlp_pw_sleepers, 1);
         mlp_pw_unregister_all(w);
         free(w->regs);
         if (w->efd >= 0) {
@@ -328,6 +356,20 @@ static void mlp_pw_wake(struct mlp_sock *s)
         mlp_pw_ring(r->w);
         pp = &r->next;
     }
+    pthread_mutex_unlock(&mlp_pw_mu);
+}
+
+/* Our own shutdown ended what a thread of ours waits for: wake those asleep in poll, select or a
+ * blocking call's long sleep (mlp_sock_sleep) on s.  shutdown may come from a handler that
+ * interrupted its thread inside mlp_pw_mu: the lock is only tried, and when it is busy the
+ * sleepers find the shutdown at their next liveness look. */
+void mlp_poll_kick(struct mlp_sock *s)
+{
+    if (!__atomic_load_n(&s->pw, __ATOMIC_ACQUIRE) || pthread_mutex_trylock(&mlp_pw_mu) != 0)
+        return;
+    for (struct mlp_pwreg *r = s->pw; r; r = r->next)
+        if (r->gen == mlp_pw_gen)
+            mlp_pw_ring(r->w);
     pthread_mutex_unlock(&mlp_pw_mu);
 }
 
@@ -440,7 +482,7 @@ static void mlp_queue_drain(void)
  * whose every process has closed the kernel socket can never write again.  True while it is
  * still open to question. */
 #define MLP_FIN_GRACE_NS 1000000000ull
-static bool mlp_check_peer(struct mlp_sock *s)
+bool mlp_check_peer(struct mlp_sock *s)
 {
     if (s->type != MLP_CONN || !s->ch || s->state != MLP_ACCEL)
         return false;
@@ -574,6 +616,8 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             if (naccel && !pw && (pw = mlp_pw_get()) && !mlp_pw_register_all(pw, socks, n))
                 pw = NULL;
             if (pw)
+                pw->busy++;
+            if (pw)
                 mlp_pw_clear(pw);
             else if (naccel)
                 nap = true; /* no wake-up of our own: look again soon */
@@ -679,8 +723,10 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
         }
         /* Woken by the doorbell or a spurious FIN: compute again. */
     }
-    if (pw)
+    if (pw) {
         mlp_pw_unregister_all(pw);
+        pw->busy = 0;
+    }
     for (nfds_t i = 0; i < n; i++)
         if (socks[i])
             mlp_put(socks[i]);
@@ -689,6 +735,151 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
         free(k);
     }
     return ret;
+}
+
+/* ---- a blocking call's long sleep ------------------------------------------------------- */
+
+static void mlp_sleep_cancelled(void *arg)
+{
+    struct mlp_pwait *pw = arg;
+    mlp_pw_unregister_all(pw);
+    pw->busy = 0;
+}
+
+/*
+ * A blocked recv or send that found nothing on the ring's futex for a short slice sleeps here
+ * (sock.c, mlp_wait_dir), as poll does for one socket: armed on the process's event queue, in
+ * ppoll on the queue's doorbell, the thread's eventfd and the kernel socket under the channel.
+ * The kernel socket is what the futex cannot watch: its FIN comes when the last process holding
+ * the peer's socket has closed it or died (_exit, a signal, a failed exec), which no code of the
+ * peer's announces (issue 19, item 11).  The FIN only wakes us: the peer's liveness lock then
+ * decides (mlp_check_peer: a FIN that comes before the lock goes is looked at again every
+ * millisecond, for at most MLP_FIN_GRACE_NS).  It is watched only while the peer's side is open
+ * and our own SHUT_RD (which the kernel socket reports as its own RDHUP) has not been made.
+ * One sleep, of at most *live (the liveness interval, doubled here up to its maximum), ended by
+ * a timeout with a liveness look as the futex sleep's timeout makes.  0: look again; -EAGAIN:
+ * the deadline; -EINTR: a handler ran; -ENOSYS: cannot sleep so here (no event queue, no
+ * eventfd, a kernel socket no longer ours to watch, this thread's waiter in use by the poll this
+ * call interrupted from a handler, a vfork child): the caller sleeps on the futex.
+ */
+int mlp_sock_sleep(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline, int64_t *live)
+{
+    struct memlan_channel *ch = s->ch;
+    if (mlp_vfork_child() || !ch || s->state != MLP_ACCEL || !ch->sock_ino || mlp_peer_nopost(s))
+        return -ENOSYS;
+    /* A process that lost the fabric (its credentials changed, a sandbox refused a creation)
+     * makes nothing new for this (a sandbox may kill for what it did not expect): only a queue
+     * and an eventfd made before serve. */
+    bool mine = mlp_pw_self && mlp_pw_self->gen == mlp_pw_gen;
+    if (mlp_fabric_out() ? !mlp_q || !mine : !mlp_queue())
+        return -ENOSYS;
+    struct mlp_pwait *pw;
+    if (mine) {
+        pw = mlp_pw_self;
+    } else {
+        if (atomic_fetch_add(&mlp_pw_sleepers, 1) >= MLP_SLEEP_EFDS) {
+            atomic_fetch_sub(&mlp_pw_sleepers, 1);
+            return -ENOSYS;
+        }
+        if (!(pw = mlp_pw_get())) {
+            atomic_fetch_sub(&mlp_pw_sleepers, 1);
+            return -ENOSYS;
+        }
+        pw->sleeper = true;
+    }
+    if (pw->busy)
+        return -ENOSYS;
+    pw->busy = 1;
+    int ret = 0, saved = errno;
+    struct mlp_sock *one[1] = {s};
+    if (!mlp_pw_register_all(pw, one, 1)) {
+        pw->busy = 0;
+        errno = saved;
+        return -ENOSYS;
+    }
+    pthread_cleanup_push(mlp_sleep_cancelled, pw);
+    mlp_pw_clear(pw);
+    bool ready = false;
+    if (!mlp_queue_add(s, false))
+        ret = -ENOSYS;
+    else if ((void)__ml_chan_arm_evq(ch, dir ? MEMLAN_EV_WRITE : MEMLAN_EV_READ),
+             __ml_chan_ready_ro(ch, dir, want)) /* a send waits for want bytes of room */
+        ready = true;
+    else if (memlan_evq_arm(mlp_q) == 1) {
+        mlp_queue_drain();
+        ready = true;
+    }
+    if (ret == 0 && !ready) {
+        struct pollfd k[3];
+        nfds_t nk = 0;
+        int kf = -1;
+        if (__ml_chan_peer_state(ch) == ML_SIDE_OPEN && !ch->peer_dead && !ch->rd_eof_when_empty) {
+            kf = (int)nk;
+            k[nk++] = (struct pollfd){.fd = ch->sock_fd, .events = POLLRDHUP};
+        }
+        int bell = (int)nk;
+        k[nk++] = (struct pollfd){.fd = memlan_evq_fd(mlp_q), .events = POLLIN};
+        k[nk++] = (struct pollfd){.fd = pw->efd, .events = POLLIN};
+        int64_t left = *live;
+        if (*live < (int64_t)ML_LIVENESS_MAX_NS)
+            *live = *live * 2 < (int64_t)ML_LIVENESS_MAX_NS ? *live * 2 : (int64_t)ML_LIVENESS_MAX_NS;
+        int64_t dl = mlp_left(deadline);
+        if (dl == 0)
+            ret = -EAGAIN;
+        else if (dl > 0 && dl < left)
+            left = dl;
+        struct timespec ts = mlp_ts(left);
+        int r = ret ? 0 : mlp_real_ppoll(k, nk, &ts, NULL);
+        if (ret) {
+        } else if (r < 0) {
+            ret = errno == EINTR ? -EINTR : -ENOSYS;
+        } else if (r == 0) {
+            (void)__ml_chan_check_peer(ch); /* the liveness look, as the futex's timeout */
+        } else {
+            /* Awake: a drain (ours or another thread's) need not write our eventfd. */
+            atomic_store(&pw->rung, 1);
+            if (k[bell].revents)
+                mlp_queue_drain();
+            if (kf >= 0 && k[kf].revents && !ch->rd_eof_when_empty) {
+                /* The kernel socket ended, or the fd is no longer it (closed under us before
+                 * the keep-alive duplicate took over): only our socket's end counts, and not
+                 * our own SHUT_RD made meanwhile (the kernel says RDHUP for it too). */
+                if (__ml_sys_socket_hup(ch->sock_fd, ch->sock_ino) != 1) {
+                    ret = -ENOSYS;
+                } else if (mlp_check_peer(s)) {
+                    struct timespec d = {0, 1000000}; /* the FIN before the lock: again soon */
+                    if (mlp_real_ppoll(NULL, 0, &d, NULL) < 0 && errno == EINTR)
+                        ret = -EINTR;
+                }
+            }
+        }
+    }
+    pthread_cleanup_pop(0);
+    mlp_pw_unregister_all(pw);
+    pw->busy = 0;
+    errno = saved;
+    return ret;
+}
+
+/* A nonblocking call found nothing to read: has the peer's kernel socket ended with every
+ * process of the peer's side gone?  Nothing would ever tell a program that only calls recv
+ * (no poll) otherwise.  One look at the kernel socket (a system call) per socket per
+ * millisecond at most; the peer's liveness lock decides, as for a FIN seen by poll.  True when
+ * the peer is now known dead (look again under the lock: EOF, or the reset). */
+bool mlp_end_look(struct mlp_sock *s)
+{
+    struct memlan_channel *ch = s->ch;
+    if (!ch || s->state != MLP_ACCEL || ch->peer_dead || !ch->sock_ino ||
+        ch->rd_eof_when_empty || __ml_chan_peer_state(ch) != ML_SIDE_OPEN)
+        return false;
+    uint64_t now = mlp_now_ns(), t = atomic_load_explicit(&s->look_ns, memory_order_relaxed);
+    if (now - t < 1000000u ||
+        !atomic_compare_exchange_strong(&s->look_ns, &t, now))
+        return false;
+    if (__ml_sys_socket_hup(ch->sock_fd, ch->sock_ino) != 1)
+        return false;
+    (void)mlp_check_peer(s);
+    return ch->peer_dead;
 }
 
 /* ---- select, through poll ---------------------------------------------------------------- */

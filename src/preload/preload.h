@@ -125,6 +125,9 @@ struct mlp_sock {
     struct mlp_ep *qep;           /* poll.c: the set whose queue its channel is in now, NULL for
                                    * the process's queue or none (mlp_home_mu) */
     _Atomic uint64_t fin_ns;      /* when its kernel socket's FIN came, the peer still alive */
+    _Atomic uint64_t look_ns;     /* a nonblocking call's last look at the kernel socket (poll.c,
+                                   * mlp_end_look) */
+    _Atomic uint32_t eagains;     /* nonblocking receives in a row that found the ring empty */
     pthread_mutex_t mu;           /* state changes: withdrawal, close */
     struct mlp_locks *_Atomic locks; /* sock.c: the direction locks (a page only fork children
                                       * share), made at the first lock; NULL before */
@@ -221,6 +224,7 @@ void mlp_sock_liveness(memlan_channel_t *ch, int fd); /* the kernel socket under
 void mlp_rlimit_changing(int res, const struct rlimit *rl); /* init.c: before setrlimit */
 void mlp_poll_prepare_thread(void); /* poll.c: this thread's wake-up, made before a sandbox */
 bool mlp_cred_lost(bool at_accept);  /* true: no new connection of ours may use the fabric */
+bool mlp_fabric_out(void);            /* the same, as last found: no system call */
 extern const char *mlp_cred_why;     /* why, for our own connections' log lines and memlan stat */
 void mlp_cred_fabric_opened(void);   /* negotiate.c: the credentials the fabric was opened with */
 void mlp_fabric_refused(const char *what, int err); /* a create failed: EACCES/EPERM count */
@@ -253,6 +257,10 @@ void mlp_stdio_exited(void);  /* stdio.c: the connections are gone (a later writ
 /* Readiness (poll.c): poll(2) semantics of one socket now; revents in POLL* bits. */
 short mlp_sock_revents(struct mlp_sock *s, int fd, short events);
 int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask);
+int mlp_sock_sleep(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline, int64_t *live);
+bool mlp_end_look(struct mlp_sock *s);
+bool mlp_check_peer(struct mlp_sock *s);
+void mlp_poll_kick(struct mlp_sock *s);
 int mlp_select(int n, fd_set *r, fd_set *w, fd_set *e, int64_t timeout_ns, const sigset_t *mask,
                int64_t *left_ns);
 int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handled);

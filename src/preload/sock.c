@@ -530,10 +530,61 @@ static uint64_t mlp_call_deadline(uint64_t *dl, uint64_t tmo_ns)
 
 /* Sleep, holding no lock of the socket, until the direction (0 receive, 1 send: want bytes of
  * room) may have moved.  0: take the lock and look again; -EAGAIN: the timeout ran out; -EINTR. */
+/*
+ * The end of a connection whose last peer process left without a close of ours (its _exit, a
+ * signal, a failed exec after fork, the child of a fork that never closed its copy) is told by
+ * no code of the peer's: only the kernel knows, by the FIN of the kernel socket under the
+ * channel, which goes when the last process holding it goes, and by the peer's liveness lock.
+ * The ring's futex cannot watch a socket, so a blocking call sleeps on the futex only for
+ * MLP_SLICE_NS (a request and its answer, where a wake-up's cost matters), then in ppoll with
+ * the kernel socket (mlp_sock_sleep, poll.c), where the FIN wakes it at once and the lock then
+ * decides.  Before, it learned of such an end only at its next liveness look (100 ms, doubling
+ * to 1 s while it waited): about 0.9 s late (tests/preload/forkexit.c).
+ */
+#define MLP_SLICE_NS 10000000ull
+
+static int mlp_wait_long(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline)
+{
+    /* As ml_wait does (channel.c): a handler without SA_RESTART, or any with a deadline, ends
+     * the wait with EINTR; one with SA_RESTART does not. */
+    unsigned (*count)(void) = deadline && __ml_intr_any ? __ml_intr_any : __ml_intr_count;
+    unsigned runs0 = count ? count() : 0;
+    int64_t live = ML_LIVENESS_NS;
+    for (;;) {
+        if (__ml_chan_ready_ro(s->ch, dir, want))
+            return 0;
+        unsigned intr0 = __ml_wait_hook ? __ml_wait_hook() : 0; /* a cancellation point */
+        if (count && count() != runs0)
+            return __ml_chan_ready_ro(s->ch, dir, want) ? 0 : -EINTR;
+        int r = mlp_sock_sleep(s, dir, want, deadline, &live);
+        if (r == -ENOSYS)
+            return __ml_chan_wait_ro(s->ch, dir, want, deadline);
+        if (r == -EINTR) {
+            if (__ml_chan_ready_ro(s->ch, dir, want))
+                return 0;
+            if (deadline || !__ml_wait_hook || __ml_wait_hook() != intr0)
+                return -EINTR;
+            continue;
+        }
+        if (r < 0)
+            return r; /* -EAGAIN: the deadline */
+        if (s->ch->peer_dead)
+            return 0; /* the look under the lock says how it ended */
+    }
+}
+
 static int mlp_wait_dir(struct mlp_sock *s, int dir, uint64_t want, uint64_t *dl)
 {
     uint64_t tmo = dir == 0 ? s->ch->rx_tmo_ns : s->ch->tx_tmo_ns;
-    int r = __ml_chan_wait_ro(s->ch, dir, want, mlp_call_deadline(dl, tmo));
+    uint64_t deadline = mlp_call_deadline(dl, tmo);
+    int r;
+    if (s->state != MLP_ACCEL || !s->ch->sock_ino) {
+        r = __ml_chan_wait_ro(s->ch, dir, want, deadline);
+    } else {
+        r = __ml_chan_wait_ro_slice(s->ch, dir, want, deadline, mlp_now_ns() + MLP_SLICE_NS);
+        if (r == -ETIME)
+            r = mlp_wait_long(s, dir, want, deadline);
+    }
     return r == -ECONNRESET ? 0 : r; /* the peer died: the look under the lock says how */
 }
 
@@ -1003,6 +1054,20 @@ ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned
 
 /* ---- receive ----------------------------------------------------------------------------- */
 
+/* A nonblocking receive found the ring empty.  A program that only calls recv (no poll or
+ * epoll, which watch the kernel socket) would never learn of an end that no close of the peer's
+ * announced (tests/preload/forkexit.c, exit-nb): from the second empty answer in a row (no bytes
+ * between them), the kernel socket is looked at (mlp_end_look, at most once a millisecond).  An
+ * event-driven program's recv-until-EAGAIN gets data before each EAGAIN, and never pays for the
+ * look.  True when the peer is found gone: look again under the lock. */
+static bool mlp_eagain_look(struct mlp_sock *s)
+{
+    if (atomic_fetch_add_explicit(&s->eagains, 1, memory_order_relaxed) == 0)
+        return false;
+    return mlp_end_look(s);
+}
+
+
 /* MSG_PEEK: copy what is there without consuming it (MSG_WAITALL: wait for all of it). */
 static ssize_t mlp_peek_once(struct mlp_sock *s, const struct iovec *iov, int n, int flags,
                              bool nb, sigset_t *old, bool *masked)
@@ -1132,8 +1197,12 @@ ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     if (total == 0)
         return 0;
     mlp_sync_timeouts(s, fd);
-    if (flags & MSG_PEEK)
-        return mlp_rx_error(s, mlp_peek(s, iov, n, flags, nb));
+    if (flags & MSG_PEEK) {
+        ssize_t p = mlp_peek(s, iov, n, flags, nb);
+        if (p == -EAGAIN && nb && mlp_eagain_look(s))
+            p = mlp_peek(s, iov, n, flags, nb);
+        return mlp_rx_error(s, p);
+    }
     /* MSG_WAITALL waits only on a blocking call: nonblocking (or MSG_DONTWAIT), the kernel
      * returns what is there once some arrived.  Between its waits another thread may read,
      * as in the kernel (sk_wait_data releases the socket lock). */
@@ -1142,15 +1211,22 @@ ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     int i = 0;
     size_t off = 0;
     uint64_t dl = 0;
+    bool looked = false;
     for (;;) {
         if ((r = mlp_lock_rx(s, nb)) < 0)
             return done ? done : r; /* a handler re-entered us, or the lock is broken */
         r = mlp_rx_pass(s, iov, n, &i, &off, (flags & MSG_TRUNC) != 0);
         mlp_unlock_rx(s);
         if (r > 0) {
+            if (ml_unlikely(atomic_load_explicit(&s->eagains, memory_order_relaxed)))
+                atomic_store_explicit(&s->eagains, 0, memory_order_relaxed);
             done += r;
             if (!waitall || i == n)
                 break;
+            continue;
+        }
+        if (r == -EAGAIN && nb && !done && !looked && mlp_eagain_look(s)) {
+            looked = true; /* the peer's end, found on the kernel socket: look again */
             continue;
         }
         if (r != -EAGAIN || nb || (done && !waitall))
@@ -1183,6 +1259,7 @@ int mlp_shutdown(struct mlp_sock *s, int fd, int how)
             /* Reads return what is queued, then 0, as Linux does after SHUT_RD. */
             s->ch->rd_eof_when_empty = true;
             __ml_chan_kick_rx(s->ch);
+            mlp_poll_kick(s); /* a recv in its long sleep (mlp_sock_sleep) */
         }
         if (how == SHUT_WR || how == SHUT_RDWR) {
             /* From a handler that interrupted our own send: only flags change, so unlocked. */
@@ -1191,6 +1268,7 @@ int mlp_shutdown(struct mlp_sock *s, int fd, int how)
             if (locked)
                 mlp_unlock_tx(s);
             __ml_chan_kick_tx(s->ch); /* a send asleep for room ends: EPIPE, as the kernel's */
+            mlp_poll_kick(s);
         }
     }
     /* The kernel socket too: it keeps ss and the peer's kernel view in step. */

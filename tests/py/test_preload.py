@@ -645,6 +645,24 @@ def test_shutdown_in_fork_child_stops_parent_writes(fabric, tmp_path):
     settle(fabric)
 
 
+FORKEXIT = BUILD / "tests-preload" / "forkexit"
+
+
+def test_fork_child_leaving_without_close_ends_promptly(fabric, tmp_path):
+    """A fork child that leaves without closing its copy of the accepted end (_exit, SIGKILL, a
+    failed exec then _exit; before or after the parent's close): the client's blocking recv,
+    blocking send, poll, epoll (level, edge) and nonblocking recv see EOF, or ECONNRESET when
+    bytes were left unread, within 300 ms of the end, as over kernel TCP (issue 19, item 11).
+    Before, a blocking recv or send learned of it at its next liveness look, about 0.9 s late,
+    and a nonblocking recv answered EAGAIN for ever (poll and epoll already woke on the FIN)."""
+    plain, under, text = scripted(FORKEXIT, tmp_path)
+    assert plain.stdout.endswith("done\n") and "LATE" not in plain.stdout, plain.stdout
+    assert "ECONNRESET" in plain.stdout and "exit-nb: after 0" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (client)") == 13, text
+    settle(fabric)
+
+
 EXECCONF = BUILD / "tests-preload" / "execconf"
 
 
