@@ -628,8 +628,8 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
                     nap = true; /* the claim does not ring: look again soon */
                 else if (mlp_arm(socks[i], fds[i].events, false))
                     ready = -1;
-                else if (!mlp_q || mlp_peer_nopost(socks[i]))
-                    nap = true;
+                else if (!mlp_q || mlp_peer_nopost(socks[i]) || !socks[i]->ch->evq)
+                    nap = true; /* no post can reach us (no queue, or no registration slot) */
             }
             if (ready < 0)
                 continue;
@@ -2077,8 +2077,12 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
                 goto look;
             mlp_rl_push(m);
             *undecided = true; /* still changing: the caller naps 1 ms rather than sleeping */
-        } else if (!mlp_q) {
-            mlp_rl_push(m); /* cannot be armed: look again */
+        } else if (!mlp_q || !s->ch->evq) {
+            /* Cannot be armed (no queue, or every registration slot of the direction taken:
+             * more processes wait on it than it has slots): no post can put it back on the
+             * list, so it stays there, and the caller naps rather than sleeping. */
+            mlp_rl_push(m);
+            *undecided = true;
         }
     }
     return got;
@@ -2111,7 +2115,8 @@ static void mlp_ep_prune(struct mlp_ep *e)
         mlp_rl_del(m);
         if (m->disabled)
             continue;
-        if (mlp_member_ready(m) || mlp_arm(m->s, (short)(m->events & 0xffff), true) || !mlp_q) {
+        if (mlp_member_ready(m) || mlp_arm(m->s, (short)(m->events & 0xffff), true) || !mlp_q ||
+            !m->s->ch->evq) {
             ready = true; /* back on the list (at its tail) for the next wait to report */
             mlp_rl_push(m);
         }

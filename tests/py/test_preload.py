@@ -663,6 +663,22 @@ def test_fork_child_leaving_without_close_ends_promptly(fabric, tmp_path):
     settle(fabric)
 
 
+SLOTSFULL = BUILD / "tests-preload" / "slotsfull"
+
+
+def test_waiter_without_a_registration_slot_still_hears(fabric, tmp_path):
+    """Nine processes wait on one connection, one more than a direction has event-queue
+    registration slots: eight fork children poll it, then the parent waits with epoll, then with
+    poll.  Every waiter reports the byte the server sends, as over kernel TCP.  Before, the
+    parent's epoll member, whose registration could not be made, left the ready list unarmed
+    and was never reported: epoll_wait timed out with the byte in the ring."""
+    plain, under, text = scripted(SLOTSFULL, tmp_path)
+    assert plain.stdout.endswith("done\n") and "reported 1; 8 of 8" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (client)") == 3, text
+    settle(fabric)
+
+
 EXECCONF = BUILD / "tests-preload" / "execconf"
 
 
