@@ -24,6 +24,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,10 +36,35 @@ struct ml_evq_slot {
     uint32_t next_free;
 };
 
-struct memlan_evq {
-    struct memlan_segment *seg;
+/*
+ * A queue is one segment in a private fabric.  In a shared one, its bitmaps and waiter word are
+ * words its posters write, and a poster that may clear another's bits (or the waiter word, so
+ * that the next poster does not ring) makes us miss that wake-up.  So the queue is in parts,
+ * each a segment of the same geometry, and a channel's peer posts to the part that only the
+ * users who may write that channel's file may write (design.md, "Event queues"): part 0 is ours
+ * alone (0600; channels between two processes of our user), a part per set of other users
+ * (0600 and their ACL), and a group-wide part (0666) for group-wide channels.  Whoever can clear
+ * a wake-up in a part could stall those channels anyway, by writing their own pages.  The parts
+ * share one doorbell FIFO (a hard link per part, so that a poster finds it by its part's token);
+ * a FIFO only adds wake-ups for whoever may write it but not read it.
+ */
+#define ML_EVQ_PARTS 9
+struct ml_evq_part {
+    struct memlan_segment *seg;  /* NULL: a free slot */
     struct ml_evq_hdr *h;
     _Atomic uint64_t *leaf, *sum;
+    bool wide;                   /* any member of the fabric may write it */
+    struct ml_access users;      /* else who besides us (and root) may */
+    uint32_t refs;               /* channels registered in it */
+};
+
+struct memlan_evq {
+    struct memlan_segment *seg; /* part 0's */
+    struct ml_evq_hdr *h;
+    _Atomic uint64_t *leaf, *sum;
+    struct ml_evq_part part[ML_EVQ_PARTS];
+    uint32_t nparts;            /* slots in use or used: part[0..nparts) */
+    uint32_t uid;               /* the owner of part 0's file */
     uint32_t capacity;
     int bell;                 /* FIFO read end (opened O_RDWR so it always has a writer) */
     struct ml_evq_slot *slots;
@@ -293,6 +319,123 @@ void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared, ui
 
 /* ---- the queue's owner ------------------------------------------------------------------- */
 
+/* Make the segment of part p: the queue's geometry, writable by us and, in a shared fabric,
+ * by any member (wide) or by users only (none: ours alone). */
+static int ml_evq_part_make(struct memlan_evq *q, memlan_fabric_t *fab, struct ml_evq_part *p,
+                            bool wide, const struct ml_access *users)
+{
+    uint32_t capacity = q->capacity;
+    uint32_t lw = capacity / 64, sw = (lw + 63) / 64;
+    uint64_t body_off = sizeof(struct ml_seg_hdr);
+    uint64_t leaf_off = body_off + sizeof(struct ml_evq_hdr);
+    uint64_t sum_off = leaf_off + (uint64_t)lw * 8;
+    uint64_t body_size = sum_off + (uint64_t)sw * 8 - body_off;
+    struct memlan_segment *seg;
+    int r = wide ? __ml_seg_create(fab, ML_KIND_EVQ, MEMLAN_MODE_RW, body_off, body_size, 0, &seg)
+                 : __ml_seg_create_private(fab, ML_KIND_EVQ, MEMLAN_MODE_RW, body_off, body_size,
+                                           0, &seg);
+    if (r < 0)
+        return r;
+    if (!wide && users && users->n > 0 &&
+        (r = __ml_acl_private(seg->fd, users->uids, (int)users->n)) < 0) {
+        __ml_seg_destroy(seg);
+        return r;
+    }
+    struct ml_evq_hdr *h = (struct ml_evq_hdr *)(seg->base + body_off);
+    h->capacity = capacity;
+    h->leaf_words = lw;
+    h->sum_words = sw;
+    h->leaf_off = leaf_off;
+    h->sum_off = sum_off;
+    *p = (struct ml_evq_part){.seg = seg, .h = h, .wide = wide};
+    if (users)
+        p->users = *users;
+    p->leaf = (_Atomic uint64_t *)(seg->base + leaf_off);
+    p->sum = (_Atomic uint64_t *)(seg->base + sum_off);
+    return 0;
+}
+
+/* Undo a part other than 0: its doorbell name, then its file. */
+static void ml_evq_part_drop(struct memlan_evq *q, struct ml_evq_part *p)
+{
+    char name[80];
+    __ml_fabric_name(name, sizeof name, "bell", p->seg->token);
+    __ml_sys_unlinkat(q->seg->fab->dirfd, name, 0);
+    ml_store_release(&p->seg->hdr->state, ML_SEG_REVOKED);
+    __ml_seg_destroy(p->seg);
+    *p = (struct ml_evq_part){0};
+}
+
+/* The part ch's peer posts to (made if need be), or -ENOSPC when every slot holds channels. */
+static int ml_evq_part_for(struct memlan_evq *q, const struct memlan_channel *ch)
+{
+    memlan_fabric_t *fab = q->seg->fab;
+    if (!fab->shared)
+        return 0;
+    bool wide = !ch->posters_private;
+    struct ml_access set = {0};
+    for (uint32_t i = 0; !wide && i < ch->posters.n && i < ML_ACCESS_MAX; i++) {
+        uint32_t u = ch->posters.uids[i];
+        if (u == q->uid || u == 0)
+            continue;
+        uint32_t j = 0;
+        while (j < set.n && set.uids[j] < u)
+            j++;
+        if (j < set.n && set.uids[j] == u)
+            continue;
+        memmove(&set.uids[j + 1], &set.uids[j], (set.n - j) * sizeof set.uids[0]);
+        set.uids[j] = u;
+        set.n++;
+    }
+    if (!wide && set.n == 0)
+        return 0;
+    int freeslot = -1;
+    for (uint32_t k = 1; k < q->nparts; k++) {
+        struct ml_evq_part *p = &q->part[k];
+        if (!p->seg || p->refs == 0) {
+            if (freeslot < 0)
+                freeslot = (int)k;
+            continue;
+        }
+        if (p->wide == wide &&
+            (wide || (p->users.n == set.n &&
+                      memcmp(p->users.uids, set.uids, set.n * sizeof set.uids[0]) == 0)))
+            return (int)k;
+    }
+    for (uint32_t k = 1; k < q->nparts; k++) { /* an idle part of the same set: reuse it */
+        struct ml_evq_part *p = &q->part[k];
+        if (p->seg && p->wide == wide &&
+            (wide || (p->users.n == set.n &&
+                      memcmp(p->users.uids, set.uids, set.n * sizeof set.uids[0]) == 0)))
+            return (int)k;
+    }
+    if (freeslot < 0) {
+        if (q->nparts == ML_EVQ_PARTS)
+            return -ENOSPC;
+        freeslot = (int)q->nparts++;
+    }
+    struct ml_evq_part *p = &q->part[freeslot];
+    if (p->seg)
+        ml_evq_part_drop(q, p);
+    int r = ml_evq_part_make(q, fab, p, wide, &set);
+    if (r == 0) {
+        /* the doorbell by this part's name too: a poster opens bell-TOKEN of the token it has */
+        char bell[80], name[80];
+        __ml_fabric_name(bell, sizeof bell, "bell", q->seg->token);
+        __ml_fabric_name(name, sizeof name, "bell", p->seg->token);
+        r = __ml_sys_linkat(fab->dirfd, bell, fab->dirfd, name);
+        if (r < 0) {
+            __ml_seg_destroy(p->seg);
+            *p = (struct ml_evq_part){0};
+        }
+    }
+    if (r < 0)
+        return r;
+    __ml_seg_drop_fd(p->seg); /* the mapping keeps our lock: no descriptor in the host's way */
+    __ml_seg_publish(p->seg);
+    return freeslot;
+}
+
 int memlan_evq_create(memlan_fabric_t *fab, unsigned capacity, memlan_evq_t **out)
 {
     if (!fab || !out || capacity > (1u << 24))
@@ -301,11 +444,6 @@ int memlan_evq_create(memlan_fabric_t *fab, unsigned capacity, memlan_evq_t **ou
     if (capacity == 0)
         capacity = 4096;
     capacity = (capacity + 63) & ~63u;
-    uint32_t lw = capacity / 64, sw = (lw + 63) / 64;
-    uint64_t body_off = sizeof(struct ml_seg_hdr);
-    uint64_t leaf_off = body_off + sizeof(struct ml_evq_hdr);
-    uint64_t sum_off = leaf_off + (uint64_t)lw * 8;
-    uint64_t body_size = sum_off + (uint64_t)sw * 8 - body_off;
     struct memlan_evq *q = calloc(1, sizeof *q);
     if (!q)
         return -ENOMEM;
@@ -314,9 +452,15 @@ int memlan_evq_create(memlan_fabric_t *fab, unsigned capacity, memlan_evq_t **ou
         free(q);
         return -ENOMEM;
     }
-    int r = __ml_seg_create(fab, ML_KIND_EVQ, MEMLAN_MODE_RW, body_off, body_size, 0, &q->seg);
+    q->capacity = capacity;
+    /* Part 0 is ours alone, even in a shared fabric (other users post to parts of their own). */
+    int r = ml_evq_part_make(q, fab, &q->part[0], false, NULL);
     if (r < 0)
         goto fail;
+    q->nparts = 1;
+    q->seg = q->part[0].seg;
+    struct stat st;
+    q->uid = __ml_sys_fstat(q->seg->fd, &st) == 0 ? (uint32_t)st.st_uid : (uint32_t)fab->uid;
     char name[80];
     __ml_fabric_name(name, sizeof name, "bell", q->seg->token);
     r = __ml_sys_mknodat(fab->dirfd, name, S_IFIFO | (fab->shared ? 0622 : 0600));
@@ -336,15 +480,9 @@ int memlan_evq_create(memlan_fabric_t *fab, unsigned capacity, memlan_evq_t **ou
         goto fail_seg;
     }
     q->bell = (int)fd;
-    q->h = (struct ml_evq_hdr *)(q->seg->base + body_off);
-    q->h->capacity = capacity;
-    q->h->leaf_words = lw;
-    q->h->sum_words = sw;
-    q->h->leaf_off = leaf_off;
-    q->h->sum_off = sum_off;
-    q->leaf = (_Atomic uint64_t *)(q->seg->base + leaf_off);
-    q->sum = (_Atomic uint64_t *)(q->seg->base + sum_off);
-    q->capacity = capacity;
+    q->h = q->part[0].h;
+    q->leaf = q->part[0].leaf;
+    q->sum = q->part[0].sum;
     for (uint32_t i = 0; i < capacity; i++)
         q->slots[i].next_free = i + 1 < capacity ? i + 1 : ML_EVQ_NONE;
     q->free_head = 0;
@@ -368,6 +506,12 @@ int memlan_evq_add(memlan_evq_t *q, memlan_channel_t *ch, uint32_t events, void 
         return -EEXIST;
     if (q->free_head == ML_EVQ_NONE)
         return -ENOSPC;
+    int part = ml_evq_part_for(q, ch);
+    if (part < 0)
+        return part;
+    struct ml_evq_part *p = &q->part[part];
+    p->refs++;
+    ch->evq_part = (uint32_t)part;
     uint32_t i = q->free_head;
     q->free_head = q->slots[i].next_free;
     q->slots[i] = (struct ml_evq_slot){.ch = ch, .udata = udata, .events = events};
@@ -379,7 +523,7 @@ int memlan_evq_add(memlan_evq_t *q, memlan_channel_t *ch, uint32_t events, void 
     /* The references must be in place before the tripwires are armed in EVQ mode: the arming
      * store and fence in __ml_chan_arm_evq() publish them to the peer's waker. */
     struct ml_evq_ref ref = {.index = i, .valid = 1};
-    memcpy(ref.token, q->seg->token, MEMLAN_TOKEN_LEN);
+    memcpy(ref.token, p->seg->token, MEMLAN_TOKEN_LEN);
     memcpy(&ch->rx.ctl->rx_ref, &ref, sizeof ref);
     memcpy(&ch->tx.ctl->tx_ref, &ref, sizeof ref);
     /* Always watch the receive side: HUP and ERR come that way. */
@@ -403,6 +547,8 @@ int memlan_evq_del(memlan_evq_t *q, memlan_channel_t *ch)
     q->slots[i] = (struct ml_evq_slot){.next_free = q->free_head};
     q->free_head = i;
     q->used--;
+    if (ch->evq_part < q->nparts && q->part[ch->evq_part].refs)
+        q->part[ch->evq_part].refs--;
     ch->evq = NULL;
     return 0;
 }
@@ -415,30 +561,31 @@ int memlan_evq_del(memlan_evq_t *q, memlan_channel_t *ch)
  * below nwords (the last summary word has bits past the end when nwords is not a multiple of
  * 64), and then a leaf bit names an endpoint below capacity.  A bit out of range is dropped.
  */
-static int ml_evq_collect(struct memlan_evq *q, struct memlan_event *ev, int max)
+static int ml_evq_collect_part(struct memlan_evq *q, struct ml_evq_part *p,
+                               struct memlan_event *ev, int n, int max)
 {
-    int n = 0;
     uint32_t nwords = q->capacity / 64;
     uint32_t sw = (nwords + 63) / 64;
+    _Atomic uint64_t *sum = p->sum, *leaf = p->leaf;
     for (uint32_t s = 0; s < sw; s++) {
-        if (ml_load_relaxed(&q->sum[s]) == 0)
+        if (ml_load_relaxed(&sum[s]) == 0)
             continue;
-        uint64_t sbits = ml_xchg(&q->sum[s], 0ull);
+        uint64_t sbits = ml_xchg(&sum[s], 0ull);
         while (sbits) {
             uint32_t lw = s * 64 + (uint32_t)__builtin_ctzll(sbits);
             sbits &= sbits - 1;
             if (lw >= nwords)
                 continue; /* no such leaf word: garbage from a peer */
             if (n >= max) { /* no room: put the summary bit back for the next call */
-                ml_fetch_or(&q->sum[s], 1ull << (lw % 64));
+                ml_fetch_or(&sum[s], 1ull << (lw % 64));
                 continue;
             }
-            uint64_t bits = ml_xchg(&q->leaf[lw], 0ull);
+            uint64_t bits = ml_xchg(&leaf[lw], 0ull);
             while (bits) {
                 uint32_t i = lw * 64 + (uint32_t)__builtin_ctzll(bits);
                 bits &= bits - 1;
                 if (n >= max) {
-                    ml_evq_set(q->leaf, q->sum, i);
+                    ml_evq_set(leaf, sum, i);
                     continue;
                 }
                 struct ml_evq_slot *sl = &q->slots[i];
@@ -469,6 +616,15 @@ static int ml_evq_collect(struct memlan_evq *q, struct memlan_event *ev, int max
     return n;
 }
 
+static int ml_evq_collect(struct memlan_evq *q, struct memlan_event *ev, int max)
+{
+    int n = 0;
+    for (uint32_t k = 0; k < q->nparts; k++)
+        if (q->part[k].seg)
+            n = ml_evq_collect_part(q, &q->part[k], ev, n, max);
+    return n;
+}
+
 /* Idle sweep: look at a few peers' liveness, so that a dead peer is reported in bounded time. */
 static void ml_evq_sweep(struct memlan_evq *q)
 {
@@ -485,10 +641,31 @@ static void ml_evq_sweep(struct memlan_evq *q)
 static bool ml_evq_pending(struct memlan_evq *q)
 {
     uint32_t sw = (q->capacity / 64 + 63) / 64;
-    for (uint32_t s = 0; s < sw; s++)
-        if (ml_load_relaxed(&q->sum[s]))
-            return true;
+    for (uint32_t k = 0; k < q->nparts; k++)
+        for (uint32_t s = 0; q->part[k].seg && s < sw; s++)
+            if (ml_load_relaxed(&q->part[k].sum[s]))
+                return true;
     return false;
+}
+
+/* Arm (bits) or disarm (0) the waiter word of every part: a poster rings if its part's is set. */
+static void ml_evq_arm_all(struct memlan_evq *q, uint32_t bits)
+{
+    for (uint32_t k = 0; k < q->nparts; k++)
+        if (q->part[k].seg) {
+            if (bits)
+                ml_fetch_or(&q->part[k].h->waiter, bits);
+            else
+                ml_xchg(&q->part[k].h->waiter, 0u);
+        }
+}
+
+/* Read what the doorbell holds (a pipe's read returns what it has: a short read emptied it). */
+static void ml_evq_bell_drain(struct memlan_evq *q)
+{
+    char buf[64];
+    while (__ml_sys_read(q->bell, buf, sizeof buf) == (long)sizeof buf)
+        ;
 }
 
 #define ML_EVQ_SPURIOUS 64u
@@ -524,11 +701,15 @@ int memlan_evq_wait(memlan_evq_t *q, struct memlan_event *ev, int max, int timeo
      * sweep's interval on a word of our own, then sweep as a timeout would. */
     unsigned spurious = 0;
     _Atomic uint32_t nap_word = 0;
+    /* With parts, a poster can wake only its own part's futex word: we sleep on the doorbell
+     * that they all ring instead. */
+    bool parts = q->nparts > 1;
+    uint32_t mine = parts ? ML_EVQ_WAIT_FD : ML_EVQ_WAIT_FUTEX;
     for (;;) {
-        ml_fetch_or(&q->h->waiter, ML_EVQ_WAIT_FUTEX);
+        ml_evq_arm_all(q, mine);
         ml_fence(); /* SYNC: pairs with the fence in ml_evq_ring() */
         if (spurious < ML_EVQ_SPURIOUS && ml_evq_pending(q)) {
-            ml_xchg(&q->h->waiter, 0u);
+            ml_evq_arm_all(q, 0);
             if ((n = ml_evq_collect(q, ev, max)))
                 return n;
             if (++spurious < ML_EVQ_SPURIOUS)
@@ -540,7 +721,7 @@ int memlan_evq_wait(memlan_evq_t *q, struct memlan_event *ev, int max, int timeo
         uint64_t now = __ml_now_ns();
         if (deadline) {
             if (now >= deadline) {
-                ml_xchg(&q->h->waiter, 0u);
+                ml_evq_arm_all(q, 0);
                 return 0;
             }
             if (deadline - now < (uint64_t)tmo)
@@ -551,6 +732,15 @@ int memlan_evq_wait(memlan_evq_t *q, struct memlan_event *ev, int max, int timeo
         if (spurious >= ML_EVQ_SPURIOUS) {
             r = __ml_sys_futex_wait(&nap_word, 0, tmo);
             spurious = 0;
+        } else if (parts) {
+            r = __ml_sys_poll1(q->bell, POLLIN, (int)((tmo + 999999) / 1000000));
+            if (r > 0) {
+                ml_evq_bell_drain(q);
+                spurious++;
+                r = 0;
+            } else if (r == 0) {
+                r = -ETIMEDOUT;
+            }
         } else {
             r = w ? __ml_sys_futex_wait(&q->h->waiter, w, tmo) : 0;
             if (r == 0 || r == -EAGAIN)
@@ -576,11 +766,8 @@ int memlan_evq_arm(memlan_evq_t *q)
 {
     if (!q)
         return -EINVAL;
-    char buf[64];
-    /* A pipe's read returns what it holds, so a short read emptied it: no second call. */
-    while (__ml_sys_read(q->bell, buf, sizeof buf) == (long)sizeof buf)
-        ;
-    ml_fetch_or(&q->h->waiter, ML_EVQ_WAIT_FD);
+    ml_evq_bell_drain(q);
+    ml_evq_arm_all(q, ML_EVQ_WAIT_FD);
     ml_fence(); /* SYNC: pairs with the fence in ml_evq_ring() */
     return ml_evq_pending(q) ? 1 : 0;
 }
@@ -592,6 +779,9 @@ void memlan_evq_close(memlan_evq_t *q)
     for (uint32_t i = 0; i < q->capacity; i++)
         if (q->slots[i].ch)
             memlan_evq_del(q, q->slots[i].ch);
+    for (uint32_t k = 1; k < q->nparts; k++)
+        if (q->part[k].seg)
+            ml_evq_part_drop(q, &q->part[k]);
     char name[80];
     __ml_fabric_name(name, sizeof name, "bell", q->seg->token);
     __ml_sys_unlinkat(q->seg->fab->dirfd, name, 0);

@@ -573,3 +573,173 @@ def test_group_fabric_member_cannot_take_another_users_connection(gfabric, pubdi
             if p and p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def seg_files(fabdir, kind):
+    """The seg- files of kind in the fabric (listed and read as root)."""
+    out = []
+    for f in os.listdir(fabdir):
+        if not f.startswith("seg-"):
+            continue
+        try:
+            with open(fabdir / f, "rb") as fh:
+                h = fh.read(128)
+        except OSError:
+            continue
+        if len(h) == 128 and h[:8] == b"MEMLANSG" and struct.unpack_from("<I", h, 24)[0] == kind:
+            out.append(fabdir / f)
+    return out
+
+
+# A's epoll echo server: its channels post to its event queues.
+EPOLL_SERVER = r"""
+import selectors, socket, sys
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", int(sys.argv[1])))
+ls.listen(8)
+ls.setblocking(False)
+sel = selectors.DefaultSelector()
+sel.register(ls, selectors.EVENT_READ)
+print("ready", flush=True)
+ended = 0
+while ended < int(sys.argv[2]):
+    for key, _ in sel.select(timeout=30):
+        if key.fileobj is ls:
+            try:
+                c, _ = ls.accept()
+            except BlockingIOError:
+                continue
+            c.setblocking(False)
+            sel.register(c, selectors.EVENT_READ)
+            continue
+        c = key.fileobj
+        try:
+            data = c.recv(65536)
+        except BlockingIOError:
+            continue
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            sel.unregister(c)
+            c.close()
+            ended += 1
+            continue
+        c.setblocking(True)
+        c.sendall(data)
+        c.setblocking(False)
+"""
+
+# B's client: one round trip, "up", waits for "go" on stdin, then round trips (each given at most
+# 5 s) until stdin says "stop": how many it made and how many timed out.
+PINGPONG_CLIENT = r"""
+import select, socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.settimeout(5)
+s.sendall(b"x" * 64)
+got = b""
+while len(got) < 64:
+    got += s.recv(64)
+print("up", flush=True)
+sys.stdin.readline()
+done = lost = 0
+while not select.select([sys.stdin], [], [], 0)[0] and done < 200000:
+    s.sendall(b"y" * 64)
+    got = b""
+    try:
+        while len(got) < 64:
+            b = s.recv(64 - len(got))
+            if not b:
+                break
+            got += b
+    except socket.timeout:
+        lost += 1
+        break
+    done += 1
+print("done", done, "lost", lost, flush=True)
+s.close()
+"""
+
+# C: opens what it is given read-write and, for a few seconds, zeroes everything past each
+# file's segment header (the queue's geometry, waiter word and bitmaps), over and over.
+EVQ_VANDAL = r"""
+import mmap, os, sys, time
+maps = []
+for p in sys.argv[2:]:
+    try:
+        fd = os.open(p, os.O_RDWR)
+    except OSError as e:
+        print(p, "ERR", e.errno, flush=True)
+        continue
+    n = os.fstat(fd).st_size
+    maps.append(mmap.mmap(fd, n))
+    os.close(fd)
+    print(p, "OPENED", flush=True)
+print("vandal", len(maps), flush=True)
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    for m in maps:
+        m[128:] = bytes(len(m) - 128)
+"""
+
+
+def test_group_fabric_member_cannot_clear_anothers_wakeups(gfabric, pubdir):
+    """Finding 1 of the group fabric's review: event queues were 0666, so a third member C
+    could zero another member's queue (geometry, waiter word, bits) and make its epoll server
+    miss wake-ups.  Each peer now posts to a part of the queue that only the users who may write
+    that connection's channel may write: C opens no queue, and the round trips never stall."""
+    fab, gid = gfabric
+    port = next_port()
+    (pubdir / "srv.py").write_text(EPOLL_SERVER)
+    (pubdir / "cli.py").write_text(PINGPONG_CLIENT)
+    (pubdir / "vandal.py").write_text(EVQ_VANDAL)
+    slog, clog = logfile(pubdir, "server.log"), logfile(pubdir, "client.log")
+    srv = subprocess.Popen(as_user(A, gid, under(slog, ["python3", str(pubdir / "srv.py"),
+                                                        str(port), "1"])),
+                           stdout=subprocess.PIPE, text=True)
+    cli = vandal = None
+    try:
+        assert srv.stdout.readline().strip() == "ready"
+        cli = subprocess.Popen(as_user(B, gid, under(clog, ["python3", str(pubdir / "cli.py"),
+                                                            str(port)])),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert cli.stdout.readline().strip() == "up"
+        assert "accelerated (client)" in clog.read_text(), clog.read_text()
+        queues = seg_files(fab, 3)
+        assert queues, os.listdir(fab)
+        vandal = subprocess.Popen(as_user(C, gid, ["python3", str(pubdir / "vandal.py"), "3"] +
+                                          [str(q) for q in queues]),
+                                  stdout=subprocess.PIPE, text=True)
+        rows = []
+        while True:
+            line = vandal.stdout.readline()
+            if not line or line.startswith("vandal"):
+                break
+            rows.append(line.strip())
+        cli.stdin.write("go\n")
+        cli.stdin.flush()
+        vandal.wait(30)
+        cli.stdin.write("stop\n")
+        cli.stdin.flush()
+        out = cli.stdout.readline().split()
+        cli.wait(30)
+        assert out[0] == "done" and int(out[1]) > 0, out
+        assert out[3] == "0", f"round trips stalled while C zeroed the queues: {out} {rows}"
+        assert all(" ERR 13" in r for r in rows), rows
+        # B posts to the part of A's queue made for it (and A to B's): open to B (A), not to C.
+        qs = seg_files(fab, 3)
+        assert all((q.stat().st_mode & 0o007) == 0 for q in qs), [oct(q.stat().st_mode) for q in qs]
+        assert any(" OPENED " in r for r in probe_as(B, gid, qs)), "B cannot post to A"
+        assert any(" OPENED " in r for r in probe_as(A, gid, qs)), "A cannot post to B"
+    finally:
+        for p in (vandal, cli):
+            if p and p.poll() is None:
+                p.kill()
+                p.wait()
+        if srv.poll() is None:
+            srv.terminate()
+            try:
+                srv.wait(10)
+            except subprocess.TimeoutExpired:
+                srv.kill()
+                srv.wait()
