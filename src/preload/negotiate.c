@@ -14,7 +14,8 @@
  *     that fd if the offer block still names it (the core's CAS on the channel's attached word is
  *     the claim).  Not found and nobody pending: the
  *     client is not memlan.  Not found but clients pending: it waits a little for the offer, then
- *     refuses by creating the offer's name itself ("R"), which the late client finds.
+ *     refuses by marking the offer's name in the record (refused[]), which the late client
+ *     finds there while it waits for the claim, and withdraws.
  *   - Until the claim the client's socket is undecided: what it writes goes into the ring (the
  *     acceptor will read it, or the client will send it over TCP), and it decides TCP itself when
  *     the server talks over TCP (so it is not memlan) or when no claim comes within
@@ -1278,6 +1279,37 @@ static const char *mlp_no_offer_why(const struct ml_listen_rec *m)
                : "the server's record says not to offer";
 }
 
+/* A refusal's key: the offer's name hashed (FNV-1a), never 0 (an empty entry). */
+static uint64_t mlp_refusal_key(const char *name)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++)
+        h = (h ^ *c) * 0x100000001b3ull;
+    return h ? h : 1;
+}
+
+/* The acceptor gave up on name's offer: say so in the record (no file is made).  SYNC: the
+ * exchange is a full barrier before the acceptor's last look for the offer, paired with the
+ * client's fence between posting its offer and looking here (mlp_refused_in): either the
+ * acceptor's look finds the offer, or the client finds the refusal. */
+static void mlp_refuse_mark(struct ml_listen_rec *m, const char *name)
+{
+    uint32_t i = ml_fetch_add(&m->refused_next, 1u) % ML_LREC_REFUSED;
+    (void)ml_xchg(&m->refused[i], mlp_refusal_key(name));
+}
+
+/* Has an acceptor refused the offer under name?  The words are any member's to write: a false
+ * yes sends us to TCP, a false no leaves us to the accept wait. */
+static bool mlp_refused_in(const struct ml_listen_rec *m, const char *name)
+{
+    uint64_t k = mlp_refusal_key(name);
+    ml_fence(); /* SYNC: pairs with the exchange in mlp_refuse_mark() */
+    for (unsigned i = 0; i < ML_LREC_REFUSED; i++)
+        if (ml_load_relaxed((_Atomic uint64_t *)&m->refused[i]) == k)
+            return true;
+    return false;
+}
+
 void mlp_lrec_release(struct mlp_lrec *r)
 {
     pthread_mutex_lock(&mlp_neg_mu);
@@ -1886,6 +1918,8 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
             why = "the channel's attach word is corrupt"; /* peer garbage: give up, bounded */
         } else if (s->lmap && (why = mlp_no_offer_why(s->lmap))) {
             /* the acceptor changed its credentials after we offered: it cannot take it */
+        } else if (s->lmap && s->offer[0] && mlp_refused_in(s->lmap, s->offer)) {
+            why = "the server accepted before our offer arrived and refused it";
         } else if (!wait && mlp_now_ns() - s->peek_ns < 100000) {
             return MLP_UNDECIDED; /* a poll scan or spin: peek the kernel at most every 100 us */
         } else {
@@ -1945,10 +1979,8 @@ void mlp_sock_liveness(memlan_channel_t *ch, int fd)
     }
 }
 
-/* Open an offer: the channel's file (its fd, > 0), 0 refused or being refused ("" or "R"; our
- * own refusal is a small file, a channel never is), or -errno (-ENOENT: no offer yet). */
-/* The offer under name: its fd (> 0), 0 for a file that is not one yet (being written, or a
- * refusal: *refused), -ENOTSUP for something that can never be one (a FIFO, a device, a
+/* The offer under name: its fd (> 0), 0 for a small file that is not one (a refusal file of
+ * an older memlan: *refused), -ENOTSUP for something that can never be one (a FIFO, a device, a
  * directory, a symbolic link: whoever can write in the fabric may plant one; a blocking open or
  * read of a FIFO froze the acceptor and the client), or -errno. */
 static long mlp_open_offer(const char *name, struct stat *st, bool *refused)
@@ -2041,7 +2073,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
     if (!wait_ok && wait_ns > MLP_SHORT_WAIT_NS)
         wait_ns = MLP_SHORT_WAIT_NS;
     uint64_t deadline = mlp_now_ns() + wait_ns;
-    unsigned late = 0;
+    bool marked = false;
     for (;;) {
         /* SYNC: pending first, then the name: see mlp_pending_done(). */
         uint32_t pend = ml_load_acquire(&m->pending);
@@ -2102,28 +2134,23 @@ void mlp_on_accept(int lfd, int fd, int flags)
             break;
         }
         if (mlp_now_ns() >= deadline) {
-            /* Refuse: whoever creates the name first decides. */
-            long ofd = __ml_sys_open(mlp_fab->dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW,
-                                     mlp_fab->shared ? 0644 : 0600);
-            if (ofd >= 0) {
-                (void)__ml_sys_write((int)ofd, "R", 1);
-                __ml_sys_close((int)ofd);
-                if (pend > 0 && wait_ok)
-                    __atomic_add_fetch(&ls->rec->misses, 1, __ATOMIC_RELAXED);
-                why = other_ns ? "no offer under this connection's addresses within the "
-                                 "server's wait (a NAT between the namespaces changes them)"
-                               : "no offer from the client within the server's wait";
-                break;
+            /* Refuse: mark the refusal in the record, then look once more.  An offer posted
+             * before the mark is found and taken; a client that posts after it finds the mark
+             * and withdraws (mlp_decide).  Refusals used to be files under the offer's name,
+             * which in a shared fabric's sticky directory the client could not remove: they
+             * stayed until our next sweep. */
+            if (!marked) {
+                mlp_refuse_mark(m, name);
+                marked = true;
+                continue;
             }
-            if (ofd != -EEXIST) {
-                why = "could not refuse the offer";
-                break;
-            }
-            if (++late > 8) { /* something at the name that is never an offer: no spinning */
-                why = "a file that is not an offer has this connection's offer name";
-                break;
-            }
-            continue; /* the offer just arrived */
+            if (pend > 0 && wait_ok)
+                __atomic_add_fetch(&ls->rec->misses, 1, __ATOMIC_RELAXED);
+            why = k == 0 ? "a file that is not an offer has this connection's offer name"
+                  : other_ns ? "no offer under this connection's addresses within the "
+                               "server's wait (a NAT between the namespaces changes them)"
+                             : "no offer from the client within the server's wait";
+            break;
         }
         if (k == -ENOENT) {
             atomic_fetch_add(&m->waiters, 1);

@@ -743,3 +743,126 @@ def test_group_fabric_member_cannot_clear_anothers_wakeups(gfabric, pubdir):
             except subprocess.TimeoutExpired:
                 srv.kill()
                 srv.wait()
+
+
+def lrec_path(fab, port):
+    return fab / ("ls-%x-%d" % (os.stat("/proc/self/ns/net").st_ino, port))
+
+
+def lrec_poke(fab, port, off, fmt, value):
+    """Write a field of a port's listener record, as root (any member could)."""
+    import mmap
+    fd = os.open(lrec_path(fab, port), os.O_RDWR)
+    try:
+        m = mmap.mmap(fd, 4096)
+        struct.pack_into(fmt, m, off, value)
+        m.close()
+    finally:
+        os.close(fd)
+
+
+# Plain clients (no memlan): each connects, has a line echoed, closes.
+PLAIN_CLIENTS = r"""
+import socket, sys
+ok = 0
+for _ in range(int(sys.argv[2])):
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=15)
+    s.sendall(b"hi\n")
+    ok += s.makefile("rb").readline() == b"hi\n"
+    s.close()
+print("ok", ok, flush=True)
+"""
+
+
+def test_group_fabric_refusals_leave_no_files(gfabric, pubdir):
+    """Finding 2 of the group fabric's review: an acceptor that gave up waiting for an offer
+    refused it with a file ("R") under the offer's name, which stayed in the sticky directory
+    until its next sweep (the client, another user, may not remove it; a client that never
+    offered never came for it).  Refusals are now marks in the listener record: after N
+    refusals the fabric holds no offer name.  Provoked by a `pending` count a member left in
+    the record, so that A waits for the offers of N plain clients and refuses each."""
+    fab, gid = gfabric
+    port = next_port()
+    n = 12
+    srv, slog, clog = start_echo(pubdir, gid, port, n, PLAIN_CLIENTS)
+    try:
+        lrec_poke(fab, port, 64, "<I", 1)  # pending: "a client is posting its offer"
+        cli = subprocess.run(as_user(B, gid, ["python3", str(pubdir / "cli.py"), str(port),
+                                              str(n)]),
+                             capture_output=True, text=True, timeout=60)
+        assert cli.stdout.split() == ["ok", str(n)], cli
+        for _ in range(n):
+            assert srv.stdout.readline().strip() == "ended"
+        s = slog.read_text()
+        assert s.count("within the server's wait") == n, s[-3000:]
+        left = [f for f in os.listdir(fab) if f.startswith("cx-")]
+        assert left == [], f"{len(left)} refusal files after {n} refusals: {left[:3]}"
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+
+
+# A's server: listens, waits until stdin says "accept", then echoes one line.
+LATE_SERVER = r"""
+import socket, sys
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", int(sys.argv[1])))
+ls.listen(8)
+print("ready", flush=True)
+sys.stdin.readline()
+c, _ = ls.accept()
+line = c.makefile("rb").readline()
+c.sendall(line)
+c.close()
+print("ended", flush=True)
+"""
+
+
+def fnv1a(s):
+    h = 0xcbf29ce484222325
+    for c in s.encode():
+        h = ((h ^ c) * 0x100000001b3) & 0xffffffffffffffff
+    return h or 1
+
+
+def test_group_fabric_client_finds_its_refusal_in_the_record(gfabric, pubdir):
+    """The other half of the refusal: a client whose offer is untaken finds the acceptor's
+    mark for its offer's name in the listener record and goes over TCP, removing its offer
+    (no file is left).  The mark is written here before the client connects; A accepts only
+    after the client has decided.  Before: no marks; the offer was taken (accelerated)."""
+    fab, gid = gfabric
+    port, sport = next_port(), next_port()
+    (pubdir / "srv.py").write_text(LATE_SERVER)
+    (pubdir / "cli.py").write_text(BOUND_CLIENT)
+    slog, clog = logfile(pubdir, "server.log"), logfile(pubdir, "client.log")
+    srv = subprocess.Popen(as_user(A, gid, under(slog, ["python3", str(pubdir / "srv.py"),
+                                                        str(port)])),
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert srv.stdout.readline().strip() == "ready"
+        ns = "%x" % os.stat("/proc/self/ns/net").st_ino
+        name = "cx-%s-7f000001p%x-7f000001p%x" % (ns, sport, port)
+        lrec_poke(fab, port, 136, "<Q", fnv1a(name))
+        cli = subprocess.Popen(as_user(B, gid, under(clog, ["python3", str(pubdir / "cli.py"),
+                                                            str(port), str(sport)])),
+                               stdout=subprocess.PIPE, text=True)
+        deadline = time.time() + 5
+        while "refused it" not in clog.read_text() and time.time() < deadline \
+                and cli.poll() is None:
+            time.sleep(0.05)
+        c = clog.read_text()
+        srv.stdin.write("accept\n")
+        srv.stdin.flush()
+        assert cli.stdout.readline().split() == ["echo", "True"]
+        assert cli.wait(30) == 0
+        assert "the server accepted before our offer arrived and refused it" in c, c
+        assert "accelerated" not in clog.read_text()
+        assert srv.stdout.readline().strip() == "ended"
+        assert [f for f in os.listdir(fab) if f.startswith("cx-")] == []
+    finally:
+        for p in (srv,):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
