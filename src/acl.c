@@ -65,7 +65,7 @@ static int ml_acl_read(int fd, struct ml_acl_ent *e, int max)
     int saved = errno;
     long n = ml_acl_get(fd, buf, sizeof buf);
     errno = saved;
-    if (n == -ENODATA) {
+    if (n == -ENODATA || n == -EOPNOTSUPP) { /* no ACL, or no ACLs here: the mode says */
         struct stat st;
         int r = __ml_sys_fstat(fd, &st);
         if (r < 0)

@@ -200,6 +200,10 @@ struct ml_listen_rec {
     _Atomic uint32_t xns;      /* nonzero once a client of another network namespace offered
                                 * here: only then does an acceptor look up a non-local peer's
                                 * link-layer address (rtnetlink) for the offer's name */
+    _Atomic uint32_t groupwide;/* nonzero: a listener of the port takes channels that every
+                                * member of a shared fabric may open (MEMLAN_FABRIC_GROUPWIDE=1
+                                * on its side); a hint for clients, which the acceptor checks
+                                * again itself */
     /* Refusals: an acceptor that gave up waiting for a connection's offer writes the hash of
      * the offer's name here (round robin), then looks for the offer once more; a client whose
      * offer is still untaken looks here and withdraws.  No file is made for a refusal.  Peer

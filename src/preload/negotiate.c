@@ -680,6 +680,7 @@ static struct mlp_lrec *mlp_lrecs[65536];
 static struct mlp_lrec *mlp_xrecs;
 #define MLP_XRECS_MAX 64
 static bool mlp_lrec_live(int fd);
+static bool mlp_groupwide(void);
 static int mlp_lrec_grant_one(struct mlp_lrec *r, uid_t uid);
 
 /*
@@ -1219,6 +1220,8 @@ int mlp_on_listen(int fd)
              * euid must be named in it (its owner's is, as the owner). */
             if (mlp_fab->shared)
                 (void)mlp_lrec_grant_one(r, geteuid());
+            if (mlp_fab->shared && mlp_groupwide())
+                ml_store_release(&m->groupwide, 1u);
         }
     }
     if (err == 0)
@@ -1394,6 +1397,19 @@ out:
 
 static bool mlp_groupwide_ok; /* MEMLAN_FABRIC_GROUPWIDE=1: see mlp_client_offer */
 static bool mlp_groupwide_read;
+
+/* Did the user ask for group-wide channels (MEMLAN_FABRIC_GROUPWIDE=1)?  Both ends must: a
+ * client offers one only to a port whose record says a listener takes them, and an acceptor
+ * takes one only when it asked itself (the record is any member's to write). */
+static bool mlp_groupwide(void)
+{
+    if (!__atomic_load_n(&mlp_groupwide_read, __ATOMIC_ACQUIRE)) {
+        const char *g = getenv("MEMLAN_FABRIC_GROUPWIDE");
+        mlp_groupwide_ok = g && strcmp(g, "1") == 0;
+        __atomic_store_n(&mlp_groupwide_read, true, __ATOMIC_RELEASE);
+    }
+    return mlp_groupwide_ok;
+}
 
 static int mlp_uid_cmp(const void *a, const void *b)
 {
@@ -1688,24 +1704,26 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, cons
     if (e == -EOPNOTSUPP && acc) {
         /* A shared fabric on a file system without POSIX ACLs: no channel can be private to its
          * two ends.  Files every member can open only when the user asked for them. */
-        if (!mlp_groupwide_read) {
-            const char *g = getenv("MEMLAN_FABRIC_GROUPWIDE");
-            mlp_groupwide_ok = g && strcmp(g, "1") == 0;
-            mlp_groupwide_read = true;
-        }
+        bool gw = mlp_groupwide();
         mlp_say(MLP_SAID_FABRIC, "fabric %.200s: its file system has no POSIX ACLs, so a channel "
                 "cannot be private to its two ends: %s", fab->path,
-                mlp_groupwide_ok ? "channels to other users are readable and writable by every "
-                                   "member (MEMLAN_FABRIC_GROUPWIDE=1)"
-                                 : "connections to other users stay on TCP "
-                                   "(MEMLAN_FABRIC_GROUPWIDE=1 shares them with every member)");
-        e = mlp_groupwide_ok ? __ml_chan_create_pooled(fab, mlp_ring_size(fd, hint), &ch) : e;
+                gw ? "channels to other users are readable and writable by every member where "
+                     "the server asks for that too (MEMLAN_FABRIC_GROUPWIDE=1 on both sides)"
+                   : "connections to other users stay on TCP "
+                     "(MEMLAN_FABRIC_GROUPWIDE=1 on both sides shares them with every member)");
+        if (gw && ml_load_acquire(&lmap->groupwide))
+            e = __ml_chan_create_pooled(fab, mlp_ring_size(fd, hint), &ch);
+        else if (gw)
+            e = -EPERM;
     }
     if (e < 0) {
         *why = e == -ENOSPC       ? "fabric full (no space for a channel)"
                : e == -EOPNOTSUPP ? "the shared fabric's file system has no POSIX ACLs: a channel "
                                     "to another user cannot be private"
-                                  : "channel creation failed";
+               : e == -EPERM ? "the shared fabric's file system has no POSIX ACLs and the server "
+                               "does not take channels every member can open (it would need "
+                               "MEMLAN_FABRIC_GROUPWIDE=1 too)"
+                             : "channel creation failed";
         return e;
     }
     mlp_own_fd(&ch->seg->fd, mlp_fd_cloexec(fd));
@@ -2088,6 +2106,16 @@ void mlp_on_accept(int lfd, int fd, int flags)
             __ml_sys_close((int)k);
             why = "the offer under this connection's name was not made by the client's user "
                   "(another member of the shared fabric may have made it)";
+            break;
+        }
+        struct ml_access wr;
+        if (k > 0 && mlp_fab->shared && __ml_acl_writers((int)k, &wr) != 0 && !mlp_groupwide()) {
+            /* A channel any member may open would show them what we send: only when we asked
+             * for that ourselves.  The client finds the refusal and withdraws. */
+            __ml_sys_close((int)k);
+            mlp_refuse_mark(m, name);
+            why = "the client's channel is readable by every member of the shared fabric (this "
+                  "side did not ask for that: MEMLAN_FABRIC_GROUPWIDE=1)";
             break;
         }
         if (k > 0) {

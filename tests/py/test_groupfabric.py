@@ -866,3 +866,62 @@ def test_group_fabric_client_finds_its_refusal_in_the_record(gfabric, pubdir):
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def build_plant(pubdir):
+    root = pathlib.Path(__file__).resolve().parents[2]
+    build = MEMLAN.parent.parent
+    src, exe = pubdir / "plant.c", pubdir / "plant"
+    src.write_text(PLANT_C)
+    cc = subprocess.run(["cc", "-std=c11", "-D_GNU_SOURCE", "-I", str(root / "src"), "-I",
+                         str(root / "include"), "-o", str(exe), str(src),
+                         str(build / "lib" / "libmemlan.a"), "-lpthread"],
+                        capture_output=True, text=True, timeout=120)
+    assert cc.returncode == 0, cc.stderr
+    return exe
+
+
+@pytest.mark.parametrize("server_asks", [False, True])
+def test_group_fabric_groupwide_channel_needs_the_servers_consent(gfabric, pubdir, server_asks):
+    """Finding 3 of the group fabric's review: MEMLAN_FABRIC_GROUPWIDE=1 (channels every member
+    may open, where the file system has no ACLs) was the client's choice alone, and A attached
+    any group-wide channel a client of another user offered: every member could then read what
+    A sent.  Now A takes one only with MEMLAN_FABRIC_GROUPWIDE=1 itself (its record says so, for
+    clients).  B offers a group-wide channel (memlan_channel_create's 0666 file) for its own
+    connection: without A's consent A refuses it and B's line is echoed over TCP; with it, A
+    attaches."""
+    fab, gid = gfabric
+    exe = build_plant(pubdir)
+    port, sport = next_port(), next_port()
+    if server_asks:
+        os.environ["MEMLAN_FABRIC_GROUPWIDE"] = "1"
+    try:
+        srv, slog, clog = start_echo(pubdir, gid, port, 1, BOUND_CLIENT)
+    finally:
+        os.environ.pop("MEMLAN_FABRIC_GROUPWIDE", None)
+    c = None
+    try:
+        rec = lrec_path(fab, port).read_bytes()
+        assert struct.unpack_from("<I", rec, 88)[0] == (1 if server_asks else 0)
+        ns = "%x" % os.stat("/proc/self/ns/net").st_ino
+        name = "cx-%s-7f000001p%x-7f000001p%x" % (ns, sport, port)
+        c = subprocess.Popen(as_user(B, gid, [str(exe), str(fab), name]), stdout=subprocess.PIPE,
+                             text=True)
+        assert c.stdout.readline().strip() == "planted"
+        cli = subprocess.run(as_user(B, gid, ["python3", str(pubdir / "cli.py"), str(port),
+                                              str(sport)]),
+                             capture_output=True, text=True, timeout=30)
+        out, _ = c.communicate(timeout=30)
+        s = slog.read_text()
+        if server_asks:
+            assert "attached 1" in out, out + s
+        else:
+            assert "attached 0" in out, out + s
+            assert cli.returncode == 0 and cli.stdout.split() == ["echo", "True"], cli
+            assert "readable by every member of the shared fabric" in s, s
+        assert srv.stdout.readline().strip() == "ended"
+    finally:
+        for p in (c, srv):
+            if p and p.poll() is None:
+                p.kill()
+                p.wait()
