@@ -56,7 +56,9 @@ struct ml_evq_part {
     bool wide;                   /* any member of the fabric may write it */
     struct ml_access users;      /* else who besides us (and root) may */
     uint32_t refs;               /* channels registered in it */
+    uint64_t idle_ns;            /* when refs last fell to 0 */
 };
+#define ML_EVQ_PART_IDLE_NS (5ull * 1000000000u) /* an idle part goes at an add after this */
 
 struct memlan_evq {
     struct memlan_segment *seg; /* part 0's */
@@ -372,6 +374,15 @@ static int ml_evq_part_for(struct memlan_evq *q, const struct memlan_channel *ch
     memlan_fabric_t *fab = q->seg->fab;
     if (!fab->shared)
         return 0;
+    /* Parts whose channels have all gone, long enough ago, go: a user that stopped connecting
+     * keeps no file and mapping of ours (a part is made again for its next connection). */
+    uint64_t now = __ml_now_ns();
+    for (uint32_t k = 1; k < q->nparts; k++)
+        if (q->part[k].seg && q->part[k].refs == 0 &&
+            now - q->part[k].idle_ns > ML_EVQ_PART_IDLE_NS)
+            ml_evq_part_drop(q, &q->part[k]);
+    while (q->nparts > 1 && !q->part[q->nparts - 1].seg)
+        q->nparts--;
     bool wide = !ch->posters_private;
     struct ml_access set = {0};
     for (uint32_t i = 0; !wide && i < ch->posters.n && i < ML_ACCESS_MAX; i++) {
@@ -547,8 +558,9 @@ int memlan_evq_del(memlan_evq_t *q, memlan_channel_t *ch)
     q->slots[i] = (struct ml_evq_slot){.next_free = q->free_head};
     q->free_head = i;
     q->used--;
-    if (ch->evq_part < q->nparts && q->part[ch->evq_part].refs)
-        q->part[ch->evq_part].refs--;
+    if (ch->evq_part < q->nparts && q->part[ch->evq_part].refs &&
+        --q->part[ch->evq_part].refs == 0)
+        q->part[ch->evq_part].idle_ns = __ml_now_ns();
     ch->evq = NULL;
     return 0;
 }

@@ -140,6 +140,7 @@ void __ml_seg_drop_fd(struct memlan_segment *seg);
  * from the cache or else from fdb (a second open of the same file, taken; -1 for none, then the
  * mapping is made from fd and is not cacheable). */
 bool __ml_mapcache_wants_open(const struct stat *st);
+void __ml_mapcache_expire(void); /* at every accept: idle mappings go */
 int __ml_seg_import_cached(memlan_fabric_t *fab, int fd, int fdb, const struct stat *st,
                            struct memlan_segment **out);
 

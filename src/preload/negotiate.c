@@ -2047,6 +2047,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
     struct mlp_sock *ls = mlp_get(lfd);
     if (!ls)
         return;
+    __ml_mapcache_expire();
     if (ls->type != MLP_LISTENER || !mlp_fab) {
         mlp_put(ls);
         return;
