@@ -57,6 +57,7 @@ struct ml_evq_part {
     struct ml_access users;      /* else who besides us (and root) may */
     uint32_t refs;               /* channels registered in it */
     uint64_t idle_ns;            /* when refs last fell to 0 */
+    _Atomic bool live;           /* published: seg, h, leaf, sum are set and stay (see below) */
 };
 #define ML_EVQ_PART_IDLE_NS (5ull * 1000000000u) /* an idle part goes at an add after this */
 
@@ -66,6 +67,10 @@ struct memlan_evq {
     _Atomic uint64_t *leaf, *sum;
     struct ml_evq_part part[ML_EVQ_PARTS];
     uint32_t nparts;            /* slots in use or used: part[0..nparts) */
+    /* memlan_evq_arm runs in any thread, beside the adds (which the caller serialises with
+     * collecting) that make and drop parts: it counts itself here around its look at the
+     * parts, and a drop unpublishes a part (live), then waits for no reader before unmapping. */
+    _Atomic uint32_t readers;
     uint32_t uid;               /* the owner of part 0's file */
     uint32_t capacity;
     int bell;                 /* FIFO read end (opened O_RDWR so it always has a writer) */
@@ -349,23 +354,49 @@ static int ml_evq_part_make(struct memlan_evq *q, memlan_fabric_t *fab, struct m
     h->sum_words = sw;
     h->leaf_off = leaf_off;
     h->sum_off = sum_off;
-    *p = (struct ml_evq_part){.seg = seg, .h = h, .wide = wide};
-    if (users)
-        p->users = *users;
+    /* field by field: live is read by other threads (it stays false until published) */
+    p->seg = seg;
+    p->h = h;
+    p->wide = wide;
+    p->users = users ? *users : (struct ml_access){0};
+    p->refs = 0;
+    p->idle_ns = 0;
     p->leaf = (_Atomic uint64_t *)(seg->base + leaf_off);
     p->sum = (_Atomic uint64_t *)(seg->base + sum_off);
     return 0;
 }
 
-/* Undo a part other than 0: its doorbell name, then its file. */
-static void ml_evq_part_drop(struct memlan_evq *q, struct ml_evq_part *p)
+/* Forget an unpublished part's fields (live is false and stays so). */
+static void ml_evq_part_clear(struct ml_evq_part *p)
 {
+    p->seg = NULL;
+    p->h = NULL;
+    p->leaf = p->sum = NULL;
+    p->refs = 0;
+    p->users.n = 0;
+}
+
+/* Undo a part other than 0: its doorbell name, then its file.  false: readers kept coming (it
+ * stays, published, for a later add to try again). */
+static bool ml_evq_part_drop(struct memlan_evq *q, struct ml_evq_part *p, bool closing)
+{
+    /* SYNC: seq_cst store, then the readers count (seq_cst), paired with memlan_evq_arm's
+     * increment, then its load of live: either it sees the part gone or we see it. */
+    atomic_store(&p->live, false);
+    for (unsigned i = 0; atomic_load(&q->readers) != 0; i++) {
+        if (i == 1000 && !closing) {
+            atomic_store(&p->live, true);
+            return false;
+        }
+        (void)__ml_sys_sched_yield();
+    }
     char name[80];
     __ml_fabric_name(name, sizeof name, "bell", p->seg->token);
     __ml_sys_unlinkat(q->seg->fab->dirfd, name, 0);
     ml_store_release(&p->seg->hdr->state, ML_SEG_REVOKED);
     __ml_seg_destroy(p->seg);
-    *p = (struct ml_evq_part){0};
+    ml_evq_part_clear(p);
+    return true;
 }
 
 /* The part ch's peer posts to (made if need be), or -ENOSPC when every slot holds channels. */
@@ -380,9 +411,9 @@ static int ml_evq_part_for(struct memlan_evq *q, const struct memlan_channel *ch
     for (uint32_t k = 1; k < q->nparts; k++)
         if (q->part[k].seg && q->part[k].refs == 0 &&
             now - q->part[k].idle_ns > ML_EVQ_PART_IDLE_NS)
-            ml_evq_part_drop(q, &q->part[k]);
+            (void)ml_evq_part_drop(q, &q->part[k], false);
     while (q->nparts > 1 && !q->part[q->nparts - 1].seg)
-        q->nparts--;
+        __atomic_store_n(&q->nparts, q->nparts - 1, __ATOMIC_RELAXED);
     bool wide = !ch->posters_private;
     struct ml_access set = {0};
     for (uint32_t i = 0; !wide && i < ch->posters.n && i < ML_ACCESS_MAX; i++) {
@@ -420,14 +451,15 @@ static int ml_evq_part_for(struct memlan_evq *q, const struct memlan_channel *ch
                       memcmp(p->users.uids, set.uids, set.n * sizeof set.uids[0]) == 0)))
             return (int)k;
     }
+    if (freeslot >= 0 && q->part[freeslot].seg && !ml_evq_part_drop(q, &q->part[freeslot], false))
+        freeslot = -1;
     if (freeslot < 0) {
         if (q->nparts == ML_EVQ_PARTS)
             return -ENOSPC;
-        freeslot = (int)q->nparts++;
+        freeslot = (int)q->nparts;
+        __atomic_store_n(&q->nparts, q->nparts + 1, __ATOMIC_RELAXED);
     }
     struct ml_evq_part *p = &q->part[freeslot];
-    if (p->seg)
-        ml_evq_part_drop(q, p);
     int r = ml_evq_part_make(q, fab, p, wide, &set);
     if (r == 0) {
         /* the doorbell by this part's name too: a poster opens bell-TOKEN of the token it has */
@@ -437,13 +469,14 @@ static int ml_evq_part_for(struct memlan_evq *q, const struct memlan_channel *ch
         r = __ml_sys_linkat(fab->dirfd, bell, fab->dirfd, name);
         if (r < 0) {
             __ml_seg_destroy(p->seg);
-            *p = (struct ml_evq_part){0};
+            ml_evq_part_clear(p);
         }
     }
     if (r < 0)
         return r;
     __ml_seg_drop_fd(p->seg); /* the mapping keeps our lock: no descriptor in the host's way */
     __ml_seg_publish(p->seg);
+    ml_store_release(&p->live, true);
     return freeslot;
 }
 
@@ -470,6 +503,7 @@ int memlan_evq_create(memlan_fabric_t *fab, unsigned capacity, memlan_evq_t **ou
         goto fail;
     q->nparts = 1;
     q->seg = q->part[0].seg;
+    atomic_store(&q->part[0].live, true);
     struct stat st;
     q->uid = __ml_sys_fstat(q->seg->fd, &st) == 0 ? (uint32_t)st.st_uid : (uint32_t)fab->uid;
     char name[80];
@@ -653,8 +687,9 @@ static void ml_evq_sweep(struct memlan_evq *q)
 static bool ml_evq_pending(struct memlan_evq *q)
 {
     uint32_t sw = (q->capacity / 64 + 63) / 64;
-    for (uint32_t k = 0; k < q->nparts; k++)
-        for (uint32_t s = 0; q->part[k].seg && s < sw; s++)
+    uint32_t np = __atomic_load_n(&q->nparts, __ATOMIC_RELAXED);
+    for (uint32_t k = 0; k < np; k++)
+        for (uint32_t s = 0; ml_load_acquire(&q->part[k].live) && s < sw; s++)
             if (ml_load_relaxed(&q->part[k].sum[s]))
                 return true;
     return false;
@@ -663,8 +698,9 @@ static bool ml_evq_pending(struct memlan_evq *q)
 /* Arm (bits) or disarm (0) the waiter word of every part: a poster rings if its part's is set. */
 static void ml_evq_arm_all(struct memlan_evq *q, uint32_t bits)
 {
-    for (uint32_t k = 0; k < q->nparts; k++)
-        if (q->part[k].seg) {
+    uint32_t np = __atomic_load_n(&q->nparts, __ATOMIC_RELAXED);
+    for (uint32_t k = 0; k < np; k++)
+        if (ml_load_acquire(&q->part[k].live)) {
             if (bits)
                 ml_fetch_or(&q->part[k].h->waiter, bits);
             else
@@ -779,9 +815,14 @@ int memlan_evq_arm(memlan_evq_t *q)
     if (!q)
         return -EINVAL;
     ml_evq_bell_drain(q);
+    /* Any thread may arm while another adds (and makes or drops a part): count ourselves in
+     * (see ml_evq_part_drop). */
+    atomic_fetch_add(&q->readers, 1u);
     ml_evq_arm_all(q, ML_EVQ_WAIT_FD);
     ml_fence(); /* SYNC: pairs with the fence in ml_evq_ring() */
-    return ml_evq_pending(q) ? 1 : 0;
+    int r = ml_evq_pending(q) ? 1 : 0;
+    atomic_fetch_sub(&q->readers, 1u);
+    return r;
 }
 
 void memlan_evq_close(memlan_evq_t *q)
@@ -793,7 +834,7 @@ void memlan_evq_close(memlan_evq_t *q)
             memlan_evq_del(q, q->slots[i].ch);
     for (uint32_t k = 1; k < q->nparts; k++)
         if (q->part[k].seg)
-            ml_evq_part_drop(q, &q->part[k]);
+            (void)ml_evq_part_drop(q, &q->part[k], true);
     char name[80];
     __ml_fabric_name(name, sizeof name, "bell", q->seg->token);
     __ml_sys_unlinkat(q->seg->fab->dirfd, name, 0);
