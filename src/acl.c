@@ -165,6 +165,26 @@ int __ml_acl_private(int fd, const uint32_t *uids, int n)
     return ml_acl_put(fd, e, k);
 }
 
+/* An event queue's doorbell FIFO: its owner reads and writes, uids[0..n) (sorted, unique,
+ * without the owner) only write (a reader could take rings away from the owner), and with wide
+ * the group and others write too.  Written whole each time the queue's parts change. */
+int __ml_acl_bell(int fd, const uint32_t *uids, int n, bool wide)
+{
+    struct ml_acl_ent e[ML_ACL_MAXENT];
+    if (n < 0 || n > ML_ACL_MAXENT - 4)
+        return -E2BIG;
+    int k = 0;
+    uint16_t g = wide ? 2 : 0;
+    e[k++] = (struct ml_acl_ent){ML_ACL_USER_OBJ, 6, ML_ACL_NOID};
+    for (int i = 0; i < n; i++)
+        e[k++] = (struct ml_acl_ent){ML_ACL_USER, 2, uids[i]};
+    e[k++] = (struct ml_acl_ent){ML_ACL_GROUP_OBJ, g, ML_ACL_NOID};
+    if (n > 0)
+        e[k++] = (struct ml_acl_ent){ML_ACL_MASK, 2, ML_ACL_NOID};
+    e[k++] = (struct ml_acl_ent){ML_ACL_OTHER, g, ML_ACL_NOID};
+    return ml_acl_put(fd, e, k);
+}
+
 /* Who may write fd's file (the owner, and the named users whose entry the mask lets write):
  * 0 and out filled (sorted, unique, root left out: it may write anything anyway), 1 when the
  * group class or others may write (or more than ML_ACCESS_MAX users may), or -errno. */

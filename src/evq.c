@@ -376,6 +376,36 @@ static void ml_evq_part_clear(struct ml_evq_part *p)
     p->users.n = 0;
 }
 
+/* Who may ring the doorbell: the users of the parts there are, write only (a reader could take
+ * rings away from us), and everyone when a group-wide part is there.  Written whole, so that a
+ * dropped part's users go too. */
+static int ml_evq_bell_acl(struct memlan_evq *q)
+{
+    uint32_t u[ML_EVQ_PARTS * ML_ACCESS_MAX] = {0};
+    int n = 0;
+    bool wide = false;
+    for (uint32_t k = 1; k < q->nparts; k++) {
+        struct ml_evq_part *p = &q->part[k];
+        if (!p->seg)
+            continue;
+        wide |= p->wide;
+        for (uint32_t i = 0; !p->wide && i < p->users.n; i++) {
+            int j = 0;
+            while (j < n && u[j] < p->users.uids[i])
+                j++;
+            if (j < n && u[j] == p->users.uids[i])
+                continue;
+            memmove(&u[j + 1], &u[j], (size_t)(n - j) * sizeof u[0]);
+            u[j] = p->users.uids[i];
+            n++;
+        }
+    }
+    int r = __ml_acl_bell(q->bell, u, n, wide);
+    if (r == -EOPNOTSUPP && n == 0) /* no ACLs here: the mode says it */
+        r = __ml_sys_fchmod(q->bell, wide ? 0622 : 0600);
+    return r;
+}
+
 /* Undo a part other than 0: its doorbell name, then its file.  false: readers kept coming (it
  * stays, published, for a later add to try again). */
 static bool ml_evq_part_drop(struct memlan_evq *q, struct ml_evq_part *p, bool closing)
@@ -396,6 +426,8 @@ static bool ml_evq_part_drop(struct memlan_evq *q, struct ml_evq_part *p, bool c
     ml_store_release(&p->seg->hdr->state, ML_SEG_REVOKED);
     __ml_seg_destroy(p->seg);
     ml_evq_part_clear(p);
+    if (!closing)
+        (void)ml_evq_bell_acl(q); /* its users may ring no more */
     return true;
 }
 
@@ -467,7 +499,14 @@ static int ml_evq_part_for(struct memlan_evq *q, const struct memlan_channel *ch
         __ml_fabric_name(bell, sizeof bell, "bell", q->seg->token);
         __ml_fabric_name(name, sizeof name, "bell", p->seg->token);
         r = __ml_sys_linkat(fab->dirfd, bell, fab->dirfd, name);
+        bool linked = r == 0;
+        /* and the part's users may ring it (set on the open FIFO: mknodat's mode went through
+         * the umask) */
+        if (r == 0)
+            r = ml_evq_bell_acl(q);
         if (r < 0) {
+            if (linked)
+                __ml_sys_unlinkat(fab->dirfd, name, 0);
             __ml_seg_destroy(p->seg);
             ml_evq_part_clear(p);
         }
@@ -508,19 +547,14 @@ int memlan_evq_create(memlan_fabric_t *fab, unsigned capacity, memlan_evq_t **ou
     q->uid = __ml_sys_fstat(q->seg->fd, &st) == 0 ? (uint32_t)st.st_uid : (uint32_t)fab->uid;
     char name[80];
     __ml_fabric_name(name, sizeof name, "bell", q->seg->token);
-    r = __ml_sys_mknodat(fab->dirfd, name, S_IFIFO | (fab->shared ? 0622 : 0600));
+    /* Ours alone at first, even in a shared fabric: each part's users are let in to write
+     * (never read) as the part is made (ml_evq_part_for). */
+    r = __ml_sys_mknodat(fab->dirfd, name, S_IFIFO | 0600);
     if (r < 0)
         goto fail_seg;
     long fd = __ml_sys_open(fab->dirfd, name, O_RDWR | O_NONBLOCK | O_NOFOLLOW, 0);
     if (fd < 0) {
         r = (int)fd;
-        __ml_sys_unlinkat(fab->dirfd, name, 0);
-        goto fail_seg;
-    }
-    /* mknodat's mode went through the umask (0022 or 0077 make it 0600): in a shared fabric
-     * another user's peer must be able to ring the bell, so set it on the open FIFO itself. */
-    if (fab->shared && (r = __ml_sys_fchmod((int)fd, 0622)) < 0) {
-        __ml_sys_close((int)fd);
         __ml_sys_unlinkat(fab->dirfd, name, 0);
         goto fail_seg;
     }

@@ -96,6 +96,7 @@ unsigned long __ml_guard_recoveries(void);
  * only); private: make fd readable and writable by its owner and uids[0..n) only. */
 int __ml_acl_users(int fd, uint32_t *uids, int max);
 int __ml_acl_add_user(int fd, uint32_t uid);
+int __ml_acl_bell(int fd, const uint32_t *uids, int n, bool wide); /* see evq.c */
 int __ml_acl_private(int fd, const uint32_t *uids, int n);
 /* acl.c: who may write fd's file besides root: 0 and *out (sorted), 1 for anyone of the group
  * or others (or too many to name), -errno (see evq.c's parts). */

@@ -683,6 +683,32 @@ while time.monotonic() < end:
 """
 
 
+RING = r"""
+import os, sys
+for p in sys.argv[2:]:
+    try:
+        fd = os.open(p, (os.O_WRONLY if sys.argv[1] == "w" else os.O_RDONLY) | os.O_NONBLOCK)
+        os.close(fd)
+        print(p, "RANG" if sys.argv[1] == "w" else "READ")
+    except OSError as e:
+        print(p, "ERR", e.errno)
+"""
+
+
+def ring_as(uid, gid, fifos):
+    p = subprocess.run(as_user(uid, gid, ["python3", "-c", RING, "w"] + [str(f) for f in fifos]),
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.splitlines()
+
+
+def probe_fifo_read_as(uid, gid, fifos):
+    p = subprocess.run(as_user(uid, gid, ["python3", "-c", RING, "r"] + [str(f) for f in fifos]),
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.splitlines()
+
+
 def test_group_fabric_member_cannot_clear_anothers_wakeups(gfabric, pubdir):
     """Finding 1 of the group fabric's review: event queues were 0666, so a third member C
     could zero another member's queue (geometry, waiter word, bits) and make its epoll server
@@ -719,6 +745,15 @@ def test_group_fabric_member_cannot_clear_anothers_wakeups(gfabric, pubdir):
         cli.stdin.write("go\n")
         cli.stdin.flush()
         vandal.wait(30)
+        # The doorbells (while both run): B and A may ring each other's, write only; C none (it
+        # could only add wake-ups, but as many as it likes: a member's process would go round).
+        bells = [fab / f for f in os.listdir(fab) if f.startswith("bell-")]
+        abells = [b for b in bells if b.stat().st_uid == A]
+        assert abells, bells
+        rung = ring_as(C, gid, bells)
+        assert rung and all(" ERR 13" in r for r in rung), rung
+        assert any(" RANG" in r for r in ring_as(B, gid, abells)), "B cannot ring A's doorbell"
+        assert not any(" READ" in r for r in probe_fifo_read_as(B, gid, abells)), "B reads A's"
         cli.stdin.write("stop\n")
         cli.stdin.flush()
         out = cli.stdout.readline().split()
