@@ -642,8 +642,10 @@ while len(got) < 64:
     got += s.recv(64)
 print("up", flush=True)
 sys.stdin.readline()
+import time
 done = lost = 0
-while not select.select([sys.stdin], [], [], 0)[0] and done < 200000:
+end = time.monotonic() + 60
+while not select.select([sys.stdin], [], [], 0)[0] and done < 10000000 and time.monotonic() < end:
     s.sendall(b"y" * 64)
     got = b""
     try:
@@ -748,11 +750,18 @@ def test_group_fabric_member_cannot_clear_anothers_wakeups(gfabric, pubdir):
         # The doorbells (while both run): B and A may ring each other's, write only; C none (it
         # could only add wake-ups, but as many as it likes: a member's process would go round).
         bells = [fab / f for f in os.listdir(fab) if f.startswith("bell-")]
-        abells = [b for b in bells if b.stat().st_uid == A]
+        abells = []
+        for b in bells:  # a queue's part may go meanwhile, its doorbell name with it
+            try:
+                if b.stat().st_uid == A:
+                    abells.append(b)
+            except FileNotFoundError:
+                pass
         assert abells, bells
         rung = ring_as(C, gid, bells)
         assert rung and all(" ERR 13" in r for r in rung), rung
-        assert any(" RANG" in r for r in ring_as(B, gid, abells)), "B cannot ring A's doorbell"
+        rb = ring_as(B, gid, abells)
+        assert any(" RANG" in r for r in rb), (rb, os.listdir(fab))
         assert not any(" READ" in r for r in probe_fifo_read_as(B, gid, abells)), "B reads A's"
         cli.stdin.write("stop\n")
         cli.stdin.flush()
