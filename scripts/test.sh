@@ -82,8 +82,8 @@ if [ "${MEMLAN_SKIP_ASAN:-0}" != 1 ]; then
     fi
 fi
 
-# The chaos suite's short version (kill storms, the vandal, a full fabric: about 45 s); it uses
-# fabrics of its own, and build-asan's examples when they were built.
+# The chaos suite's short version (kill storms, the vandal, a full fabric, a cross-user vandal
+# when root: about 55 s); it uses fabrics of its own, and build-asan's examples when built.
 run "chaos (short)" env BUILD="$PWD/$BUILD" python3 tests/chaos/chaos.py
 
 left=$(find "$MEMLAN_FABRIC" -mindepth 1 | wc -l)

@@ -65,7 +65,7 @@ static int ml_acl_read(int fd, struct ml_acl_ent *e, int max)
     int saved = errno;
     long n = ml_acl_get(fd, buf, sizeof buf);
     errno = saved;
-    if (n == -ENODATA) {
+    if (n == -ENODATA || n == -EOPNOTSUPP) { /* no ACL, or no ACLs here: the mode says */
         struct stat st;
         int r = __ml_sys_fstat(fd, &st);
         if (r < 0)
@@ -163,4 +163,73 @@ int __ml_acl_private(int fd, const uint32_t *uids, int n)
         e[k++] = (struct ml_acl_ent){ML_ACL_MASK, 6, ML_ACL_NOID};
     e[k++] = (struct ml_acl_ent){ML_ACL_OTHER, 0, ML_ACL_NOID};
     return ml_acl_put(fd, e, k);
+}
+
+/* An event queue's doorbell FIFO: its owner reads and writes, uids[0..n) (sorted, unique,
+ * without the owner) only write (a reader could take rings away from the owner), and with wide
+ * the group and others write too.  Written whole each time the queue's parts change. */
+int __ml_acl_bell(int fd, const uint32_t *uids, int n, bool wide)
+{
+    struct ml_acl_ent e[ML_ACL_MAXENT];
+    if (n < 0 || n > ML_ACL_MAXENT - 4)
+        return -E2BIG;
+    int k = 0;
+    uint16_t g = wide ? 2 : 0;
+    e[k++] = (struct ml_acl_ent){ML_ACL_USER_OBJ, 6, ML_ACL_NOID};
+    for (int i = 0; i < n; i++)
+        e[k++] = (struct ml_acl_ent){ML_ACL_USER, 2, uids[i]};
+    e[k++] = (struct ml_acl_ent){ML_ACL_GROUP_OBJ, g, ML_ACL_NOID};
+    if (n > 0)
+        e[k++] = (struct ml_acl_ent){ML_ACL_MASK, 2, ML_ACL_NOID};
+    e[k++] = (struct ml_acl_ent){ML_ACL_OTHER, g, ML_ACL_NOID};
+    return ml_acl_put(fd, e, k);
+}
+
+/* Who may write fd's file (the owner, and the named users whose entry the mask lets write):
+ * 0 and out filled (sorted, unique, root left out: it may write anything anyway), 1 when the
+ * group class or others may write (or more than ML_ACCESS_MAX users may), or -errno. */
+int __ml_acl_writers(int fd, struct ml_access *out)
+{
+    struct stat st;
+    struct ml_acl_ent e[ML_ACL_MAXENT];
+    int r = __ml_sys_fstat(fd, &st);
+    if (r < 0)
+        return r;
+    int n = ml_acl_read(fd, e, ML_ACL_MAXENT);
+    if (n < 0)
+        return n;
+    uint16_t mask = 7;
+    for (int i = 0; i < n; i++)
+        if (e[i].tag == ML_ACL_MASK)
+            mask = e[i].perm;
+    out->n = 0;
+    uint32_t cand[ML_ACL_MAXENT + 1];
+    int k = 0;
+    cand[k++] = (uint32_t)st.st_uid;
+    for (int i = 0; i < n; i++) {
+        uint16_t eff = e[i].tag == ML_ACL_OTHER || e[i].tag == ML_ACL_USER_OBJ ? e[i].perm
+                                                                               : e[i].perm & mask;
+        if (!(eff & 2))
+            continue;
+        if (e[i].tag == ML_ACL_GROUP_OBJ || e[i].tag == ML_ACL_GROUP || e[i].tag == ML_ACL_OTHER)
+            return 1;
+        if (e[i].tag == ML_ACL_USER)
+            cand[k++] = e[i].id;
+    }
+    for (int i = 0; i < k; i++) {
+        uint32_t u = cand[i];
+        if (u == 0)
+            continue;
+        uint32_t j = 0;
+        while (j < out->n && out->uids[j] < u)
+            j++;
+        if (j < out->n && out->uids[j] == u)
+            continue;
+        if (out->n == ML_ACCESS_MAX)
+            return 1;
+        memmove(&out->uids[j + 1], &out->uids[j], (out->n - j) * sizeof out->uids[0]);
+        out->uids[j] = u;
+        out->n++;
+    }
+    return 0;
 }

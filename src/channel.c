@@ -415,6 +415,10 @@ int __ml_chan_create_pooled_for(memlan_fabric_t *fab, size_t ring_size,
     }
     ml_chan_init(ch, seg, MEMLAN_STREAM, rs);
     ch->poolable = true;
+    if (acc && fab->shared) { /* 0600 and the acceptors' ACL: they (and we) may write it */
+        ch->posters_private = true;
+        ch->posters = *acc;
+    }
     ch->forks = ml_forks;
     __ml_seg_publish(seg);
     *out = ch;
@@ -474,6 +478,10 @@ static int ml_chan_attach_seg(struct memlan_segment *seg, int64_t gen, const cha
         return -ENOMEM;
     }
     c->side_pid[1] = (int32_t)__ml_pid();
+    /* Who may write the file, for our event queue (evq.c): its owner and ACL say; a file the
+     * group may write, or one we cannot read the ACL of, counts as the group's. */
+    if (seg->fab->shared && seg->fd >= 0)
+        ch->posters_private = __ml_acl_writers(seg->fd, &ch->posters) == 0;
     __ml_seg_drop_fd(seg); /* the lock lives on in the mappings */
     ch->kind = kind == ML_CHAN_MSG ? MEMLAN_MSG : MEMLAN_STREAM;
     ml_chan_bind(ch, seg, 1);
@@ -605,6 +613,8 @@ int __ml_chan_adopt(memlan_fabric_t *fab, const char *token, int fd, int side,
         return -ENOMEM;
     }
     seg->owner = side == 0; /* the creator's side removes the name when it closes */
+    if (fab->shared) /* as at attach: who may write the file (evq.c) */
+        ch->posters_private = __ml_acl_writers(seg->fd, &ch->posters) == 0;
     __ml_seg_drop_fd(seg);
     ch->peer_seen = true; /* attached was 1 (checked above) */
     ch->kind = kind == ML_CHAN_MSG ? MEMLAN_MSG : MEMLAN_STREAM;

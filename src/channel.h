@@ -53,6 +53,12 @@ struct memlan_channel {
     uint32_t evq_ref;         /* the registration slot we claimed (valid while evq is set) */
     int32_t evq_pid;          /* who claimed it: a fork child's copy never frees its parent's */
     uint32_t peer_evq_hint[ML_EVQ_REFS]; /* where each peer queue last sat in our import cache */
+    uint32_t evq_part;        /* the part of our queue the peer posts to (evq.c) */
+    /* Who may write the channel's file, besides root (evq.c registers the channel in a part of
+     * its queue that only they and we may write): posters_private false means any member of a
+     * shared fabric (group-wide files, and whatever could not be told). */
+    bool posters_private;
+    struct ml_access posters;
     void *udata;
     /* The kernel socket under the channel (set by the socket layer; sock_ino 0: none).  Asked
      * about the peer's death when its liveness lock cannot be, and whether bytes arrived on it

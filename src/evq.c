@@ -24,6 +24,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,10 +36,42 @@ struct ml_evq_slot {
     uint32_t next_free;
 };
 
-struct memlan_evq {
-    struct memlan_segment *seg;
+/*
+ * A queue is one segment in a private fabric.  In a shared one, its bitmaps and waiter word are
+ * words its posters write, and a poster that may clear another's bits (or the waiter word, so
+ * that the next poster does not ring) makes us miss that wake-up.  So the queue is in parts,
+ * each a segment of the same geometry, and a channel's peer posts to the part that only the
+ * users who may write that channel's file may write (design.md, "Event queues"): part 0 is ours
+ * alone (0600; channels between two processes of our user), a part per set of other users
+ * (0600 and their ACL), and a group-wide part (0666) for group-wide channels.  Whoever can clear
+ * a wake-up in a part could stall those channels anyway, by writing their own pages.  The parts
+ * share one doorbell FIFO (a hard link per part, so that a poster finds it by its part's token);
+ * a FIFO only adds wake-ups for whoever may write it but not read it.
+ */
+#define ML_EVQ_PARTS 9
+struct ml_evq_part {
+    struct memlan_segment *seg;  /* NULL: a free slot */
     struct ml_evq_hdr *h;
     _Atomic uint64_t *leaf, *sum;
+    bool wide;                   /* any member of the fabric may write it */
+    struct ml_access users;      /* else who besides us (and root) may */
+    uint32_t refs;               /* channels registered in it */
+    uint64_t idle_ns;            /* when refs last fell to 0 */
+    _Atomic bool live;           /* published: seg, h, leaf, sum are set and stay (see below) */
+};
+#define ML_EVQ_PART_IDLE_NS (5ull * 1000000000u) /* an idle part goes at an add after this */
+
+struct memlan_evq {
+    struct memlan_segment *seg; /* part 0's */
+    struct ml_evq_hdr *h;
+    _Atomic uint64_t *leaf, *sum;
+    struct ml_evq_part part[ML_EVQ_PARTS];
+    uint32_t nparts;            /* slots in use or used: part[0..nparts) */
+    /* memlan_evq_arm runs in any thread, beside the adds (which the caller serialises with
+     * collecting) that make and drop parts: it counts itself here around its look at the
+     * parts, and a drop unpublishes a part (live), then waits for no reader before unmapping. */
+    _Atomic uint32_t readers;
+    uint32_t uid;               /* the owner of part 0's file */
     uint32_t capacity;
     int bell;                 /* FIFO read end (opened O_RDWR so it always has a writer) */
     struct ml_evq_slot *slots;
@@ -293,6 +326,206 @@ void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared, ui
 
 /* ---- the queue's owner ------------------------------------------------------------------- */
 
+/* Make the segment of part p: the queue's geometry, writable by us and, in a shared fabric,
+ * by any member (wide) or by users only (none: ours alone). */
+static int ml_evq_part_make(struct memlan_evq *q, memlan_fabric_t *fab, struct ml_evq_part *p,
+                            bool wide, const struct ml_access *users)
+{
+    uint32_t capacity = q->capacity;
+    uint32_t lw = capacity / 64, sw = (lw + 63) / 64;
+    uint64_t body_off = sizeof(struct ml_seg_hdr);
+    uint64_t leaf_off = body_off + sizeof(struct ml_evq_hdr);
+    uint64_t sum_off = leaf_off + (uint64_t)lw * 8;
+    uint64_t body_size = sum_off + (uint64_t)sw * 8 - body_off;
+    struct memlan_segment *seg;
+    int r = wide ? __ml_seg_create(fab, ML_KIND_EVQ, MEMLAN_MODE_RW, body_off, body_size, 0, &seg)
+                 : __ml_seg_create_private(fab, ML_KIND_EVQ, MEMLAN_MODE_RW, body_off, body_size,
+                                           0, &seg);
+    if (r < 0)
+        return r;
+    if (!wide && users && users->n > 0 &&
+        (r = __ml_acl_private(seg->fd, users->uids, (int)users->n)) < 0) {
+        __ml_seg_destroy(seg);
+        return r;
+    }
+    /* A part beyond 0 is made inside an add, where nobody relocates its descriptor: the
+     * preload keeps it out of the application's way (part 0's is relocated by its creator,
+     * __ml_evq_fds). */
+    if (p != &q->part[0] && __ml_fd_keep)
+        __ml_fd_keep(&seg->fd);
+    struct ml_evq_hdr *h = (struct ml_evq_hdr *)(seg->base + body_off);
+    h->capacity = capacity;
+    h->leaf_words = lw;
+    h->sum_words = sw;
+    h->leaf_off = leaf_off;
+    h->sum_off = sum_off;
+    /* field by field: live is read by other threads (it stays false until published) */
+    p->seg = seg;
+    p->h = h;
+    p->wide = wide;
+    p->users = users ? *users : (struct ml_access){0};
+    p->refs = 0;
+    p->idle_ns = 0;
+    p->leaf = (_Atomic uint64_t *)(seg->base + leaf_off);
+    p->sum = (_Atomic uint64_t *)(seg->base + sum_off);
+    return 0;
+}
+
+/* Forget an unpublished part's fields (live is false and stays so). */
+static void ml_evq_part_clear(struct ml_evq_part *p)
+{
+    p->seg = NULL;
+    p->h = NULL;
+    p->leaf = p->sum = NULL;
+    p->refs = 0;
+    p->users.n = 0;
+}
+
+/* Who may ring the doorbell: the users of the parts there are, write only (a reader could take
+ * rings away from us), and everyone when a group-wide part is there.  Written whole, so that a
+ * dropped part's users go too. */
+static int ml_evq_bell_acl(struct memlan_evq *q)
+{
+    uint32_t u[ML_EVQ_PARTS * ML_ACCESS_MAX] = {0};
+    int n = 0;
+    bool wide = false;
+    for (uint32_t k = 1; k < q->nparts; k++) {
+        struct ml_evq_part *p = &q->part[k];
+        if (!p->seg)
+            continue;
+        wide |= p->wide;
+        for (uint32_t i = 0; !p->wide && i < p->users.n; i++) {
+            int j = 0;
+            while (j < n && u[j] < p->users.uids[i])
+                j++;
+            if (j < n && u[j] == p->users.uids[i])
+                continue;
+            memmove(&u[j + 1], &u[j], (size_t)(n - j) * sizeof u[0]);
+            u[j] = p->users.uids[i];
+            n++;
+        }
+    }
+    int r = __ml_acl_bell(q->bell, u, n, wide);
+    if (r == -EOPNOTSUPP && n == 0) /* no ACLs here: the mode says it */
+        r = __ml_sys_fchmod(q->bell, wide ? 0622 : 0600);
+    return r;
+}
+
+/* Undo a part other than 0: its doorbell name, then its file.  false: readers kept coming (it
+ * stays, published, for a later add to try again). */
+static bool ml_evq_part_drop(struct memlan_evq *q, struct ml_evq_part *p, bool closing)
+{
+    /* SYNC: seq_cst store, then the readers count (seq_cst), paired with memlan_evq_arm's
+     * increment, then its load of live: either it sees the part gone or we see it. */
+    atomic_store(&p->live, false);
+    for (unsigned i = 0; atomic_load(&q->readers) != 0; i++) {
+        if (i == 1000 && !closing) {
+            atomic_store(&p->live, true);
+            return false;
+        }
+        (void)__ml_sys_sched_yield();
+    }
+    char name[80];
+    __ml_fabric_name(name, sizeof name, "bell", p->seg->token);
+    __ml_sys_unlinkat(q->seg->fab->dirfd, name, 0);
+    ml_store_release(&p->seg->hdr->state, ML_SEG_REVOKED);
+    if (__ml_fd_drop)
+        __ml_fd_drop(p->seg->fd);
+    __ml_seg_destroy(p->seg);
+    ml_evq_part_clear(p);
+    if (!closing)
+        (void)ml_evq_bell_acl(q); /* its users may ring no more */
+    return true;
+}
+
+/* The part ch's peer posts to (made if need be), or -ENOSPC when every slot holds channels. */
+static int ml_evq_part_for(struct memlan_evq *q, const struct memlan_channel *ch)
+{
+    memlan_fabric_t *fab = q->seg->fab;
+    if (!fab->shared)
+        return 0;
+    /* Parts whose channels have all gone, long enough ago, go: a user that stopped connecting
+     * keeps no file and mapping of ours (a part is made again for its next connection). */
+    uint64_t now = __ml_now_ns();
+    for (uint32_t k = 1; k < q->nparts; k++)
+        if (q->part[k].seg && q->part[k].refs == 0 &&
+            now - q->part[k].idle_ns > ML_EVQ_PART_IDLE_NS)
+            (void)ml_evq_part_drop(q, &q->part[k], false);
+    while (q->nparts > 1 && !q->part[q->nparts - 1].seg)
+        __atomic_store_n(&q->nparts, q->nparts - 1, __ATOMIC_RELAXED);
+    bool wide = !ch->posters_private;
+    struct ml_access set = {0};
+    for (uint32_t i = 0; !wide && i < ch->posters.n && i < ML_ACCESS_MAX; i++) {
+        uint32_t u = ch->posters.uids[i];
+        if (u == q->uid || u == 0)
+            continue;
+        uint32_t j = 0;
+        while (j < set.n && set.uids[j] < u)
+            j++;
+        if (j < set.n && set.uids[j] == u)
+            continue;
+        memmove(&set.uids[j + 1], &set.uids[j], (set.n - j) * sizeof set.uids[0]);
+        set.uids[j] = u;
+        set.n++;
+    }
+    if (!wide && set.n == 0)
+        return 0;
+    int freeslot = -1;
+    for (uint32_t k = 1; k < q->nparts; k++) {
+        struct ml_evq_part *p = &q->part[k];
+        if (!p->seg || p->refs == 0) {
+            if (freeslot < 0)
+                freeslot = (int)k;
+            continue;
+        }
+        if (p->wide == wide &&
+            (wide || (p->users.n == set.n &&
+                      memcmp(p->users.uids, set.uids, set.n * sizeof set.uids[0]) == 0)))
+            return (int)k;
+    }
+    for (uint32_t k = 1; k < q->nparts; k++) { /* an idle part of the same set: reuse it */
+        struct ml_evq_part *p = &q->part[k];
+        if (p->seg && p->wide == wide &&
+            (wide || (p->users.n == set.n &&
+                      memcmp(p->users.uids, set.uids, set.n * sizeof set.uids[0]) == 0)))
+            return (int)k;
+    }
+    if (freeslot >= 0 && q->part[freeslot].seg && !ml_evq_part_drop(q, &q->part[freeslot], false))
+        freeslot = -1;
+    if (freeslot < 0) {
+        if (q->nparts == ML_EVQ_PARTS)
+            return -ENOSPC;
+        freeslot = (int)q->nparts;
+        __atomic_store_n(&q->nparts, q->nparts + 1, __ATOMIC_RELAXED);
+    }
+    struct ml_evq_part *p = &q->part[freeslot];
+    int r = ml_evq_part_make(q, fab, p, wide, &set);
+    if (r == 0) {
+        /* the doorbell by this part's name too: a poster opens bell-TOKEN of the token it has */
+        char bell[80], name[80];
+        __ml_fabric_name(bell, sizeof bell, "bell", q->seg->token);
+        __ml_fabric_name(name, sizeof name, "bell", p->seg->token);
+        r = __ml_sys_linkat(fab->dirfd, bell, fab->dirfd, name);
+        bool linked = r == 0;
+        /* and the part's users may ring it (set on the open FIFO: mknodat's mode went through
+         * the umask) */
+        if (r == 0)
+            r = ml_evq_bell_acl(q);
+        if (r < 0) {
+            if (linked)
+                __ml_sys_unlinkat(fab->dirfd, name, 0);
+            __ml_seg_destroy(p->seg);
+            ml_evq_part_clear(p);
+        }
+    }
+    if (r < 0)
+        return r;
+    __ml_seg_drop_fd(p->seg); /* the mapping keeps our lock: no descriptor in the host's way */
+    __ml_seg_publish(p->seg);
+    ml_store_release(&p->live, true);
+    return freeslot;
+}
+
 int memlan_evq_create(memlan_fabric_t *fab, unsigned capacity, memlan_evq_t **out)
 {
     if (!fab || !out || capacity > (1u << 24))
@@ -301,11 +534,6 @@ int memlan_evq_create(memlan_fabric_t *fab, unsigned capacity, memlan_evq_t **ou
     if (capacity == 0)
         capacity = 4096;
     capacity = (capacity + 63) & ~63u;
-    uint32_t lw = capacity / 64, sw = (lw + 63) / 64;
-    uint64_t body_off = sizeof(struct ml_seg_hdr);
-    uint64_t leaf_off = body_off + sizeof(struct ml_evq_hdr);
-    uint64_t sum_off = leaf_off + (uint64_t)lw * 8;
-    uint64_t body_size = sum_off + (uint64_t)sw * 8 - body_off;
     struct memlan_evq *q = calloc(1, sizeof *q);
     if (!q)
         return -ENOMEM;
@@ -314,12 +542,21 @@ int memlan_evq_create(memlan_fabric_t *fab, unsigned capacity, memlan_evq_t **ou
         free(q);
         return -ENOMEM;
     }
-    int r = __ml_seg_create(fab, ML_KIND_EVQ, MEMLAN_MODE_RW, body_off, body_size, 0, &q->seg);
+    q->capacity = capacity;
+    /* Part 0 is ours alone, even in a shared fabric (other users post to parts of their own). */
+    int r = ml_evq_part_make(q, fab, &q->part[0], false, NULL);
     if (r < 0)
         goto fail;
+    q->nparts = 1;
+    q->seg = q->part[0].seg;
+    atomic_store(&q->part[0].live, true);
+    struct stat st;
+    q->uid = __ml_sys_fstat(q->seg->fd, &st) == 0 ? (uint32_t)st.st_uid : (uint32_t)fab->uid;
     char name[80];
     __ml_fabric_name(name, sizeof name, "bell", q->seg->token);
-    r = __ml_sys_mknodat(fab->dirfd, name, S_IFIFO | (fab->shared ? 0622 : 0600));
+    /* Ours alone at first, even in a shared fabric: each part's users are let in to write
+     * (never read) as the part is made (ml_evq_part_for). */
+    r = __ml_sys_mknodat(fab->dirfd, name, S_IFIFO | 0600);
     if (r < 0)
         goto fail_seg;
     long fd = __ml_sys_open(fab->dirfd, name, O_RDWR | O_NONBLOCK | O_NOFOLLOW, 0);
@@ -328,23 +565,10 @@ int memlan_evq_create(memlan_fabric_t *fab, unsigned capacity, memlan_evq_t **ou
         __ml_sys_unlinkat(fab->dirfd, name, 0);
         goto fail_seg;
     }
-    /* mknodat's mode went through the umask (0022 or 0077 make it 0600): in a shared fabric
-     * another user's peer must be able to ring the bell, so set it on the open FIFO itself. */
-    if (fab->shared && (r = __ml_sys_fchmod((int)fd, 0622)) < 0) {
-        __ml_sys_close((int)fd);
-        __ml_sys_unlinkat(fab->dirfd, name, 0);
-        goto fail_seg;
-    }
     q->bell = (int)fd;
-    q->h = (struct ml_evq_hdr *)(q->seg->base + body_off);
-    q->h->capacity = capacity;
-    q->h->leaf_words = lw;
-    q->h->sum_words = sw;
-    q->h->leaf_off = leaf_off;
-    q->h->sum_off = sum_off;
-    q->leaf = (_Atomic uint64_t *)(q->seg->base + leaf_off);
-    q->sum = (_Atomic uint64_t *)(q->seg->base + sum_off);
-    q->capacity = capacity;
+    q->h = q->part[0].h;
+    q->leaf = q->part[0].leaf;
+    q->sum = q->part[0].sum;
     for (uint32_t i = 0; i < capacity; i++)
         q->slots[i].next_free = i + 1 < capacity ? i + 1 : ML_EVQ_NONE;
     q->free_head = 0;
@@ -407,8 +631,10 @@ static void ml_refs_reclaim(memlan_fabric_t *fab, struct memlan_channel *ch)
     }
 }
 
-/* Claim a free slot and name (q, index) in it, both ways; -EBUSY when none is free. */
-static int ml_ref_claim(struct memlan_evq *q, struct memlan_channel *ch, uint32_t index)
+/* Claim a free slot and name (the part token of q, index) in it, both ways; -EBUSY when none is
+ * free. */
+static int ml_ref_claim(struct memlan_evq *q, struct memlan_channel *ch, const char *token,
+                        uint32_t index)
 {
     for (int pass = 0; pass < 2; pass++) {
         for (uint32_t i = 0; i < ML_EVQ_REFS; i++) {
@@ -416,8 +642,8 @@ static int ml_ref_claim(struct memlan_evq *q, struct memlan_channel *ch, uint32_
             uint32_t z = 0;
             if (!atomic_compare_exchange_strong(&rx->valid, &z, ML_REF_CLAIMING))
                 continue;
-            memcpy(rx->token, q->seg->token, MEMLAN_TOKEN_LEN);
-            memcpy(tx->token, q->seg->token, MEMLAN_TOKEN_LEN);
+            memcpy(rx->token, token, MEMLAN_TOKEN_LEN);
+            memcpy(tx->token, token, MEMLAN_TOKEN_LEN);
             rx->index = tx->index = index;
             /* SYNC: the poster copies a slot and uses it only if valid read ML_REF_VALID; the
              * tripwire's arming store and fence (__ml_chan_arm_evq) publish both to it. */
@@ -455,12 +681,19 @@ int memlan_evq_add(memlan_evq_t *q, memlan_channel_t *ch, uint32_t events, void 
         return -EEXIST;
     if (q->free_head == ML_EVQ_NONE)
         return -ENOSPC;
+    int part = ml_evq_part_for(q, ch);
+    if (part < 0)
+        return part;
+    struct ml_evq_part *p = &q->part[part];
     uint32_t i = q->free_head;
     /* The registration must be in place before the tripwires are armed in EVQ mode: the arming
-     * store and fence in __ml_chan_arm_evq() publish it to the peer's waker. */
-    int r = ml_ref_claim(q, ch, i);
+     * store and fence in __ml_chan_arm_evq() publish it to the peer's waker.  It names the part
+     * the peer may write (a part just made and left unused goes with the idle ones). */
+    int r = ml_ref_claim(q, ch, p->seg->token, i);
     if (r < 0)
         return r;
+    p->refs++;
+    ch->evq_part = (uint32_t)part;
     q->free_head = q->slots[i].next_free;
     q->slots[i] = (struct ml_evq_slot){.ch = ch, .udata = udata, .events = events};
     q->used++;
@@ -485,6 +718,9 @@ int memlan_evq_del(memlan_evq_t *q, memlan_channel_t *ch)
     q->slots[i] = (struct ml_evq_slot){.next_free = q->free_head};
     q->free_head = i;
     q->used--;
+    if (ch->evq_part < q->nparts && q->part[ch->evq_part].refs &&
+        --q->part[ch->evq_part].refs == 0)
+        q->part[ch->evq_part].idle_ns = __ml_now_ns();
     ch->evq = NULL;
     return 0;
 }
@@ -497,30 +733,31 @@ int memlan_evq_del(memlan_evq_t *q, memlan_channel_t *ch)
  * below nwords (the last summary word has bits past the end when nwords is not a multiple of
  * 64), and then a leaf bit names an endpoint below capacity.  A bit out of range is dropped.
  */
-static int ml_evq_collect(struct memlan_evq *q, struct memlan_event *ev, int max)
+static int ml_evq_collect_part(struct memlan_evq *q, struct ml_evq_part *p,
+                               struct memlan_event *ev, int n, int max)
 {
-    int n = 0;
     uint32_t nwords = q->capacity / 64;
     uint32_t sw = (nwords + 63) / 64;
+    _Atomic uint64_t *sum = p->sum, *leaf = p->leaf;
     for (uint32_t s = 0; s < sw; s++) {
-        if (ml_load_relaxed(&q->sum[s]) == 0)
+        if (ml_load_relaxed(&sum[s]) == 0)
             continue;
-        uint64_t sbits = ml_xchg(&q->sum[s], 0ull);
+        uint64_t sbits = ml_xchg(&sum[s], 0ull);
         while (sbits) {
             uint32_t lw = s * 64 + (uint32_t)__builtin_ctzll(sbits);
             sbits &= sbits - 1;
             if (lw >= nwords)
                 continue; /* no such leaf word: garbage from a peer */
             if (n >= max) { /* no room: put the summary bit back for the next call */
-                ml_fetch_or(&q->sum[s], 1ull << (lw % 64));
+                ml_fetch_or(&sum[s], 1ull << (lw % 64));
                 continue;
             }
-            uint64_t bits = ml_xchg(&q->leaf[lw], 0ull);
+            uint64_t bits = ml_xchg(&leaf[lw], 0ull);
             while (bits) {
                 uint32_t i = lw * 64 + (uint32_t)__builtin_ctzll(bits);
                 bits &= bits - 1;
                 if (n >= max) {
-                    ml_evq_set(q->leaf, q->sum, i);
+                    ml_evq_set(leaf, sum, i);
                     continue;
                 }
                 struct ml_evq_slot *sl = &q->slots[i];
@@ -551,6 +788,15 @@ static int ml_evq_collect(struct memlan_evq *q, struct memlan_event *ev, int max
     return n;
 }
 
+static int ml_evq_collect(struct memlan_evq *q, struct memlan_event *ev, int max)
+{
+    int n = 0;
+    for (uint32_t k = 0; k < q->nparts; k++)
+        if (q->part[k].seg)
+            n = ml_evq_collect_part(q, &q->part[k], ev, n, max);
+    return n;
+}
+
 /* Idle sweep: look at a few peers' liveness, so that a dead peer is reported in bounded time. */
 static void ml_evq_sweep(struct memlan_evq *q)
 {
@@ -567,10 +813,33 @@ static void ml_evq_sweep(struct memlan_evq *q)
 static bool ml_evq_pending(struct memlan_evq *q)
 {
     uint32_t sw = (q->capacity / 64 + 63) / 64;
-    for (uint32_t s = 0; s < sw; s++)
-        if (ml_load_relaxed(&q->sum[s]))
-            return true;
+    uint32_t np = __atomic_load_n(&q->nparts, __ATOMIC_RELAXED);
+    for (uint32_t k = 0; k < np; k++)
+        for (uint32_t s = 0; ml_load_acquire(&q->part[k].live) && s < sw; s++)
+            if (ml_load_relaxed(&q->part[k].sum[s]))
+                return true;
     return false;
+}
+
+/* Arm (bits) or disarm (0) the waiter word of every part: a poster rings if its part's is set. */
+static void ml_evq_arm_all(struct memlan_evq *q, uint32_t bits)
+{
+    uint32_t np = __atomic_load_n(&q->nparts, __ATOMIC_RELAXED);
+    for (uint32_t k = 0; k < np; k++)
+        if (ml_load_acquire(&q->part[k].live)) {
+            if (bits)
+                ml_fetch_or(&q->part[k].h->waiter, bits);
+            else
+                ml_xchg(&q->part[k].h->waiter, 0u);
+        }
+}
+
+/* Read what the doorbell holds (a pipe's read returns what it has: a short read emptied it). */
+static void ml_evq_bell_drain(struct memlan_evq *q)
+{
+    char buf[64];
+    while (__ml_sys_read(q->bell, buf, sizeof buf) == (long)sizeof buf)
+        ;
 }
 
 #define ML_EVQ_SPURIOUS 64u
@@ -612,11 +881,15 @@ int memlan_evq_wait(memlan_evq_t *q, struct memlan_event *ev, int max, int timeo
      * sweep's interval on a word of our own, then sweep as a timeout would. */
     unsigned spurious = 0;
     _Atomic uint32_t nap_word = 0;
+    /* With parts, a poster can wake only its own part's futex word: we sleep on the doorbell
+     * that they all ring instead. */
+    bool parts = q->nparts > 1;
+    uint32_t mine = parts ? ML_EVQ_WAIT_FD : ML_EVQ_WAIT_FUTEX;
     for (;;) {
-        ml_fetch_or(&q->h->waiter, ML_EVQ_WAIT_FUTEX);
+        ml_evq_arm_all(q, mine);
         ml_fence(); /* SYNC: pairs with the fence in ml_evq_ring() */
         if (spurious < ML_EVQ_SPURIOUS && ml_evq_pending(q)) {
-            ml_xchg(&q->h->waiter, 0u);
+            ml_evq_arm_all(q, 0);
             if ((n = ml_evq_collect(q, ev, max)))
                 return n;
             if (++spurious < ML_EVQ_SPURIOUS)
@@ -628,7 +901,7 @@ int memlan_evq_wait(memlan_evq_t *q, struct memlan_event *ev, int max, int timeo
         uint64_t now = __ml_now_ns();
         if (deadline) {
             if (now >= deadline) {
-                ml_xchg(&q->h->waiter, 0u);
+                ml_evq_arm_all(q, 0);
                 return 0;
             }
             if (deadline - now < (uint64_t)tmo)
@@ -639,6 +912,15 @@ int memlan_evq_wait(memlan_evq_t *q, struct memlan_event *ev, int max, int timeo
         if (spurious >= ML_EVQ_SPURIOUS) {
             r = __ml_sys_futex_wait(&nap_word, 0, tmo);
             spurious = 0;
+        } else if (parts) {
+            r = __ml_sys_poll1(q->bell, POLLIN, (int)((tmo + 999999) / 1000000));
+            if (r > 0) {
+                ml_evq_bell_drain(q);
+                spurious++;
+                r = 0;
+            } else if (r == 0) {
+                r = -ETIMEDOUT;
+            }
         } else {
             r = w ? __ml_sys_futex_wait(&q->h->waiter, w, tmo) : 0;
             if (r == 0 || r == -EAGAIN)
@@ -665,13 +947,15 @@ int memlan_evq_arm(memlan_evq_t *q)
 {
     if (!q)
         return -EINVAL;
-    char buf[64];
-    /* A pipe's read returns what it holds, so a short read emptied it: no second call. */
-    while (__ml_sys_read(q->bell, buf, sizeof buf) == (long)sizeof buf)
-        ;
-    ml_fetch_or(&q->h->waiter, ML_EVQ_WAIT_FD);
+    ml_evq_bell_drain(q);
+    /* Any thread may arm while another adds (and makes or drops a part): count ourselves in
+     * (see ml_evq_part_drop). */
+    atomic_fetch_add(&q->readers, 1u);
+    ml_evq_arm_all(q, ML_EVQ_WAIT_FD);
     ml_fence(); /* SYNC: pairs with the fence in ml_evq_ring() */
-    return ml_evq_pending(q) ? 1 : 0;
+    int r = ml_evq_pending(q) ? 1 : 0;
+    atomic_fetch_sub(&q->readers, 1u);
+    return r;
 }
 
 void memlan_evq_close(memlan_evq_t *q)
@@ -681,6 +965,9 @@ void memlan_evq_close(memlan_evq_t *q)
     for (uint32_t i = 0; i < q->capacity; i++)
         if (q->slots[i].ch)
             memlan_evq_del(q, q->slots[i].ch);
+    for (uint32_t k = 1; k < q->nparts; k++)
+        if (q->part[k].seg)
+            (void)ml_evq_part_drop(q, &q->part[k], true);
     char name[80];
     __ml_fabric_name(name, sizeof name, "bell", q->seg->token);
     __ml_sys_unlinkat(q->seg->fab->dirfd, name, 0);
@@ -709,6 +996,15 @@ void __ml_evq_forget(struct memlan_evq *q)
     }
     if (q->bell >= 0)
         __ml_sys_close(q->bell);
+    for (uint32_t k = 1; k < q->nparts; k++) { /* the parts too: the parent's, not ours */
+        struct memlan_segment *ps = q->part[k].seg;
+        if (!ps)
+            continue;
+        if (__ml_fd_drop)
+            __ml_fd_drop(ps->fd);
+        ps->owner = false;
+        __ml_seg_destroy(ps);
+    }
     q->seg->owner = false; /* not ours to unlink */
     __ml_seg_destroy(q->seg);
     free(q->slots);

@@ -96,7 +96,11 @@ unsigned long __ml_guard_recoveries(void);
  * only); private: make fd readable and writable by its owner and uids[0..n) only. */
 int __ml_acl_users(int fd, uint32_t *uids, int max);
 int __ml_acl_add_user(int fd, uint32_t uid);
+int __ml_acl_bell(int fd, const uint32_t *uids, int n, bool wide); /* see evq.c */
 int __ml_acl_private(int fd, const uint32_t *uids, int n);
+/* acl.c: who may write fd's file besides root: 0 and *out (sorted), 1 for anyone of the group
+ * or others (or too many to name), -errno (see evq.c's parts). */
+int __ml_acl_writers(int fd, struct ml_access *out);
 
 /* fabric.c */
 int __ml_token_valid(const char *token);
@@ -137,6 +141,7 @@ void __ml_seg_drop_fd(struct memlan_segment *seg);
  * from the cache or else from fdb (a second open of the same file, taken; -1 for none, then the
  * mapping is made from fd and is not cacheable). */
 bool __ml_mapcache_wants_open(const struct stat *st);
+void __ml_mapcache_expire(void); /* at every accept: idle mappings go */
 int __ml_seg_import_cached(memlan_fabric_t *fab, int fd, int fdb, const struct stat *st,
                            struct memlan_segment **out);
 

@@ -376,6 +376,19 @@ bool __ml_mapcache_wants_open(const struct stat *st)
     return !has;
 }
 
+/* Any accept, accelerated or not: let go of mappings idle too long.  Accelerated accepts and
+ * closes did it alone, so a server whose later connections all went over TCP (a member had
+ * truncated its port's record, say) kept its last 8 clients' channel mappings for good. */
+void __ml_mapcache_expire(void)
+{
+    if (__atomic_load_n(&ml_nmapc, __ATOMIC_RELAXED) == 0)
+        return;
+    pthread_once(&ml_mapc_once, ml_mapc_init);
+    pthread_mutex_lock(&ml_mapc_mu);
+    ml_mapc_expire(__ml_now_ns());
+    pthread_mutex_unlock(&ml_mapc_mu);
+}
+
 /* A closing cacheable segment's mapping: into the cache (or unmapped). */
 static void ml_mapc_park(struct memlan_segment *seg)
 {

@@ -199,6 +199,7 @@ struct ml_offer_blk {
  * record does not offer at all.
  */
 #define ML_LREC_MAGIC 0x434552504c4d454dull /* "MEMLPREC" */
+#define ML_LREC_REFUSED 64u
 
 struct ml_listen_rec {
     uint64_t magic;
@@ -219,6 +220,17 @@ struct ml_listen_rec {
     _Atomic uint32_t xns;      /* nonzero once a client of another network namespace offered
                                 * here: only then does an acceptor look up a non-local peer's
                                 * link-layer address (rtnetlink) for the offer's name */
+    _Atomic uint32_t groupwide;/* nonzero: a listener of the port takes channels that every
+                                * member of a shared fabric may open (MEMLAN_FABRIC_GROUPWIDE=1
+                                * on its side); a hint for clients, which the acceptor checks
+                                * again itself */
+    /* Refusals: an acceptor that gave up waiting for a connection's offer writes the hash of
+     * the offer's name here (round robin), then looks for the offer once more; a client whose
+     * offer is still untaken looks here and withdraws.  No file is made for a refusal.  Peer
+     * input: a wrong entry only sends a client to TCP, a missing one makes it wait its
+     * MEMLAN_ACCEPT_WAIT_MS (appended to the record: older readers ignore them). */
+    _Alignas(ML_CACHELINE) _Atomic uint32_t refused_next;
+    _Atomic uint64_t refused[ML_LREC_REFUSED];
 };
 #define ML_NO_OFFER_CRED 1u
 #define ML_NO_OFFER_GRANT 2u /* a fabric shared by a group: a listener of the port could not be
@@ -288,6 +300,7 @@ struct ml_evq_hdr {
 };
 
 _Static_assert(sizeof(struct ml_seg_hdr) == 128, "segment header is 128 bytes");
+_Static_assert(offsetof(struct ml_listen_rec, refused) == 136, "refusals after the first line");
 _Static_assert(offsetof(struct ml_seg_hdr, state) == 64, "state offset");
 _Static_assert(offsetof(struct ml_ring_ctl, tail) == 64, "tail on its own line");
 _Static_assert(offsetof(struct ml_ring_ctl, rx_wait) == 128, "rx tripwire on its own line");

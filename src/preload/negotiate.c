@@ -14,7 +14,8 @@
  *     that fd if the offer block still names it (the core's CAS on the channel's attached word is
  *     the claim).  Not found and nobody pending: the
  *     client is not memlan.  Not found but clients pending: it waits a little for the offer, then
- *     refuses by creating the offer's name itself ("R"), which the late client finds.
+ *     refuses by marking the offer's name in the record (refused[]), which the late client
+ *     finds there while it waits for the claim, and withdraws.
  *   - Until the claim the client's socket is undecided: what it writes goes into the ring (the
  *     acceptor will read it, or the client will send it over TCP), and it decides TCP itself when
  *     the server talks over TCP (so it is not memlan) or when no claim comes within
@@ -679,6 +680,7 @@ static struct mlp_lrec *mlp_lrecs[65536];
 static struct mlp_lrec *mlp_xrecs;
 #define MLP_XRECS_MAX 64
 static bool mlp_lrec_live(int fd);
+static bool mlp_groupwide(void);
 static int mlp_lrec_grant_one(struct mlp_lrec *r, uid_t uid);
 
 /*
@@ -1218,6 +1220,8 @@ int mlp_on_listen(int fd)
              * euid must be named in it (its owner's is, as the owner). */
             if (mlp_fab->shared)
                 (void)mlp_lrec_grant_one(r, geteuid());
+            if (mlp_fab->shared && mlp_groupwide())
+                ml_store_release(&m->groupwide, 1u);
         }
     }
     if (err == 0)
@@ -1276,6 +1280,37 @@ static const char *mlp_no_offer_why(const struct ml_listen_rec *m)
            : v == ML_NO_OFFER_GRANT
                ? "a server process cannot be named as an acceptor in the shared fabric's record"
                : "the server's record says not to offer";
+}
+
+/* A refusal's key: the offer's name hashed (FNV-1a), never 0 (an empty entry). */
+static uint64_t mlp_refusal_key(const char *name)
+{
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const unsigned char *c = (const unsigned char *)name; *c; c++)
+        h = (h ^ *c) * 0x100000001b3ull;
+    return h ? h : 1;
+}
+
+/* The acceptor gave up on name's offer: say so in the record (no file is made).  SYNC: the
+ * exchange is a full barrier before the acceptor's last look for the offer, paired with the
+ * client's fence between posting its offer and looking here (mlp_refused_in): either the
+ * acceptor's look finds the offer, or the client finds the refusal. */
+static void mlp_refuse_mark(struct ml_listen_rec *m, const char *name)
+{
+    uint32_t i = ml_fetch_add(&m->refused_next, 1u) % ML_LREC_REFUSED;
+    (void)ml_xchg(&m->refused[i], mlp_refusal_key(name));
+}
+
+/* Has an acceptor refused the offer under name?  The words are any member's to write: a false
+ * yes sends us to TCP, a false no leaves us to the accept wait. */
+static bool mlp_refused_in(const struct ml_listen_rec *m, const char *name)
+{
+    uint64_t k = mlp_refusal_key(name);
+    ml_fence(); /* SYNC: pairs with the exchange in mlp_refuse_mark() */
+    for (unsigned i = 0; i < ML_LREC_REFUSED; i++)
+        if (ml_load_relaxed((_Atomic uint64_t *)&m->refused[i]) == k)
+            return true;
+    return false;
 }
 
 void mlp_lrec_release(struct mlp_lrec *r)
@@ -1363,6 +1398,19 @@ out:
 static bool mlp_groupwide_ok; /* MEMLAN_FABRIC_GROUPWIDE=1: see mlp_client_offer */
 static _Atomic bool mlp_full_said; /* the fabric-full note, once per process image */
 static bool mlp_groupwide_read;
+
+/* Did the user ask for group-wide channels (MEMLAN_FABRIC_GROUPWIDE=1)?  Both ends must: a
+ * client offers one only to a port whose record says a listener takes them, and an acceptor
+ * takes one only when it asked itself (the record is any member's to write). */
+static bool mlp_groupwide(void)
+{
+    if (!__atomic_load_n(&mlp_groupwide_read, __ATOMIC_ACQUIRE)) {
+        const char *g = getenv("MEMLAN_FABRIC_GROUPWIDE");
+        mlp_groupwide_ok = g && strcmp(g, "1") == 0;
+        __atomic_store_n(&mlp_groupwide_read, true, __ATOMIC_RELEASE);
+    }
+    return mlp_groupwide_ok;
+}
 
 static int mlp_uid_cmp(const void *a, const void *b)
 {
@@ -1657,18 +1705,17 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, cons
     if (e == -EOPNOTSUPP && acc) {
         /* A shared fabric on a file system without POSIX ACLs: no channel can be private to its
          * two ends.  Files every member can open only when the user asked for them. */
-        if (!mlp_groupwide_read) {
-            const char *g = getenv("MEMLAN_FABRIC_GROUPWIDE");
-            mlp_groupwide_ok = g && strcmp(g, "1") == 0;
-            mlp_groupwide_read = true;
-        }
+        bool gw = mlp_groupwide();
         mlp_say(MLP_SAID_FABRIC, "fabric %.200s: its file system has no POSIX ACLs, so a channel "
                 "cannot be private to its two ends: %s", fab->path,
-                mlp_groupwide_ok ? "channels to other users are readable and writable by every "
-                                   "member (MEMLAN_FABRIC_GROUPWIDE=1)"
-                                 : "connections to other users stay on TCP "
-                                   "(MEMLAN_FABRIC_GROUPWIDE=1 shares them with every member)");
-        e = mlp_groupwide_ok ? __ml_chan_create_pooled(fab, mlp_ring_size(fd, hint), &ch) : e;
+                gw ? "channels to other users are readable and writable by every member where "
+                     "the server asks for that too (MEMLAN_FABRIC_GROUPWIDE=1 on both sides)"
+                   : "connections to other users stay on TCP "
+                     "(MEMLAN_FABRIC_GROUPWIDE=1 on both sides shares them with every member)");
+        if (gw && ml_load_acquire(&lmap->groupwide))
+            e = __ml_chan_create_pooled(fab, mlp_ring_size(fd, hint), &ch);
+        else if (gw)
+            e = -EPERM;
     }
     if (e == -ENOSPC && !atomic_exchange(&mlp_full_said, true))
         /* Every connection after this one may stay on TCP too: said once, not only logged (a
@@ -1680,7 +1727,10 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, cons
         *why = e == -ENOSPC       ? "fabric full (no space for a channel)"
                : e == -EOPNOTSUPP ? "the shared fabric's file system has no POSIX ACLs: a channel "
                                     "to another user cannot be private"
-                                  : "channel creation failed";
+               : e == -EPERM ? "the shared fabric's file system has no POSIX ACLs and the server "
+                               "does not take channels every member can open (it would need "
+                               "MEMLAN_FABRIC_GROUPWIDE=1 too)"
+                             : "channel creation failed";
         return e;
     }
     mlp_own_fd(&ch->seg->fd, mlp_fd_cloexec(fd));
@@ -1893,6 +1943,8 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
             why = "the channel's attach word is corrupt"; /* peer garbage: give up, bounded */
         } else if (s->lmap && (why = mlp_no_offer_why(s->lmap))) {
             /* the acceptor changed its credentials after we offered: it cannot take it */
+        } else if (s->lmap && s->offer[0] && mlp_refused_in(s->lmap, s->offer)) {
+            why = "the server accepted before our offer arrived and refused it";
         } else if (!wait && mlp_now_ns() - s->peek_ns < 100000) {
             return MLP_UNDECIDED; /* a poll scan or spin: peek the kernel at most every 100 us */
         } else {
@@ -1952,10 +2004,8 @@ void mlp_sock_liveness(memlan_channel_t *ch, int fd)
     }
 }
 
-/* Open an offer: the channel's file (its fd, > 0), 0 refused or being refused ("" or "R"; our
- * own refusal is a small file, a channel never is), or -errno (-ENOENT: no offer yet). */
-/* The offer under name: its fd (> 0), 0 for a file that is not one yet (being written, or a
- * refusal: *refused), -ENOTSUP for something that can never be one (a FIFO, a device, a
+/* The offer under name: its fd (> 0), 0 for a small file that is not one (a refusal file of
+ * an older memlan: *refused), -ENOTSUP for something that can never be one (a FIFO, a device, a
  * directory, a symbolic link: whoever can write in the fabric may plant one; a blocking open or
  * read of a FIFO froze the acceptor and the client), or -errno. */
 static long mlp_open_offer(const char *name, struct stat *st, bool *refused)
@@ -2004,6 +2054,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
     struct mlp_sock *ls = mlp_get(lfd);
     if (!ls)
         return;
+    __ml_mapcache_expire();
     if (ls->type != MLP_LISTENER || !mlp_fab) {
         mlp_put(ls);
         return;
@@ -2048,7 +2099,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
     if (!wait_ok && wait_ns > MLP_SHORT_WAIT_NS)
         wait_ns = MLP_SHORT_WAIT_NS;
     uint64_t deadline = mlp_now_ns() + wait_ns;
-    unsigned late = 0;
+    bool marked = false;
     for (;;) {
         /* SYNC: pending first, then the name: see mlp_pending_done(). */
         uint32_t pend = ml_load_acquire(&m->pending);
@@ -2063,6 +2114,16 @@ void mlp_on_accept(int lfd, int fd, int flags)
             __ml_sys_close((int)k);
             why = "the offer under this connection's name was not made by the client's user "
                   "(another member of the shared fabric may have made it)";
+            break;
+        }
+        struct ml_access wr;
+        if (k > 0 && mlp_fab->shared && __ml_acl_writers((int)k, &wr) != 0 && !mlp_groupwide()) {
+            /* A channel any member may open would show them what we send: only when we asked
+             * for that ourselves.  The client finds the refusal and withdraws. */
+            __ml_sys_close((int)k);
+            mlp_refuse_mark(m, name);
+            why = "the client's channel is readable by every member of the shared fabric (this "
+                  "side did not ask for that: MEMLAN_FABRIC_GROUPWIDE=1)";
             break;
         }
         if (k > 0) {
@@ -2109,28 +2170,23 @@ void mlp_on_accept(int lfd, int fd, int flags)
             break;
         }
         if (mlp_now_ns() >= deadline) {
-            /* Refuse: whoever creates the name first decides. */
-            long ofd = __ml_sys_open(mlp_fab->dirfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW,
-                                     mlp_fab->shared ? 0644 : 0600);
-            if (ofd >= 0) {
-                (void)__ml_sys_write((int)ofd, "R", 1);
-                __ml_sys_close((int)ofd);
-                if (pend > 0 && wait_ok)
-                    __atomic_add_fetch(&ls->rec->misses, 1, __ATOMIC_RELAXED);
-                why = other_ns ? "no offer under this connection's addresses within the "
-                                 "server's wait (a NAT between the namespaces changes them)"
-                               : "no offer from the client within the server's wait";
-                break;
+            /* Refuse: mark the refusal in the record, then look once more.  An offer posted
+             * before the mark is found and taken; a client that posts after it finds the mark
+             * and withdraws (mlp_decide).  Refusals used to be files under the offer's name,
+             * which in a shared fabric's sticky directory the client could not remove: they
+             * stayed until our next sweep. */
+            if (!marked) {
+                mlp_refuse_mark(m, name);
+                marked = true;
+                continue;
             }
-            if (ofd != -EEXIST) {
-                why = "could not refuse the offer";
-                break;
-            }
-            if (++late > 8) { /* something at the name that is never an offer: no spinning */
-                why = "a file that is not an offer has this connection's offer name";
-                break;
-            }
-            continue; /* the offer just arrived */
+            if (pend > 0 && wait_ok)
+                __atomic_add_fetch(&ls->rec->misses, 1, __ATOMIC_RELAXED);
+            why = k == 0 ? "a file that is not an offer has this connection's offer name"
+                  : other_ns ? "no offer under this connection's addresses within the "
+                               "server's wait (a NAT between the namespaces changes them)"
+                             : "no offer from the client within the server's wait";
+            break;
         }
         if (k == -ENOENT) {
             atomic_fetch_add(&m->waiters, 1);

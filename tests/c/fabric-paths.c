@@ -4,9 +4,10 @@
  * 1. MEMLAN_FABRIC naming a missing directory is -ENOENT and creates nothing, unless
  *    MEMLAN_FABRIC_CREATE=1.
  * 2. (root) The private mode: a directory 0733, searchable but not listable.  A user who cannot
- *    read it opens it as a fabric, creates a channel and an event queue; the queue's doorbell is
- *    0622 despite a umask of 077; a second user attaches to the channel and can open the doorbell
- *    to ring it.
+ *    read it opens it as a fabric, creates a channel and an event queue and registers the
+ *    channel (group-wide, as the native API makes it: the queue's group-wide part is made); the
+ *    doorbell is then 0622 despite a umask of 077; a second user attaches to the channel and can
+ *    open the doorbell to ring it.
  * 3. (root) The default fabric, /dev/shm/memlan-UID, for an unused uid: a symlink (even to a
  *    directory of that user's) is refused with -ELOOP and a message that says so; a directory of
  *    someone else's, or open to others, with -EACCES; the user's own 0700 directory works.
@@ -69,6 +70,7 @@ static void part_private(void)
         ASSERT_OK(memlan_fabric_open(dir, &fab));
         ASSERT_OK(memlan_channel_create(fab, NULL, &ch));
         ASSERT_OK(memlan_evq_create(fab, 64, &q));
+        ASSERT_OK(memlan_evq_add(q, ch, MEMLAN_EV_READ, NULL));
         char name[600];
         int *segfd, *bellfd;
         __ml_evq_fds((struct memlan_evq *)q, &segfd, &bellfd);

@@ -20,14 +20,25 @@ Categories, each counted and printed, never hidden:
   vandal-trunc   truncation of fabric files only (every victim must live: src/guard.c turns a
                  fault in a shrunk file into an error on that connection)
   fullfab        a 2 MiB tmpfs fabric (unshare -m): no signal, no hang
+  vandal-xuser   a fabric shared by a group (`memlan fabric create --group`, listable), users
+                 made by the suite: an epoll echo server as A (daemon), clients as B (nobody),
+                 and a vandal as C (bin), itself a client of A's with a connection held open,
+                 that writes random values into (and truncates) every fabric file it can open
+                 (its own granted channel, the part of A's event queue made for it, listener
+                 records), rings every doorbell, and plants FIFOs and files under the offer
+                 names of connections it sees in /proc/net/tcp.  B's runs must all succeed (C may
+                 spoil only its own connection: a failed B run counts as "spoiled"); A must live,
+                 end every connection, keep its fds and mappings, and leave nothing of A's or
+                 B's after `memlan clean`.  Needs root (skipped, and said, otherwise).
 Per victim run: crash (killed by a signal), hang (ran past its timeout), asan (a sanitizer
 report), error (a nonzero exit: allowed, the victim's own connection was spoiled).
-Exit status 1 when any category has a crash, hang, asan report or leak.
+Exit status 1 when any category has a crash, hang, asan report, leak or spoiled run.
 """
 import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -243,7 +254,7 @@ class Tally:
 
     def cat(self, name):
         return self.cats.setdefault(name, {"runs": 0, "crash": 0, "hang": 0, "asan": 0,
-                                           "leak": 0, "error": 0, "notes": []})
+                                           "leak": 0, "error": 0, "spoiled": 0, "notes": []})
 
     def note(self, name, text):
         n = self.cat(name)["notes"]
@@ -539,6 +550,226 @@ def vandal_phase(t, cat, fab, mode, seconds, build, asan, seed):
             pass
 
 
+# ---- another user of a group fabric ---------------------------------------------------------
+
+XA, XB, XC = 1, 65534, 2  # daemon, nobody, bin (as tests/py/test_groupfabric.py)
+
+# B's client: n round trips of checked data; exit 1 on wrong bytes or an early end.
+XCLIENT = r"""
+import socket, sys
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+for i in range(int(sys.argv[2])):
+    m = b"%08d" % i * 32
+    c.sendall(m); got = b""
+    while len(got) < len(m):
+        d = c.recv(65536)
+        if not d: sys.exit(1)
+        got += d
+    if got != m: sys.exit(1)
+c.close()
+"""
+
+
+def as_user(uid, gid, cmd):
+    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", f"--groups={gid}", "--"] + cmd
+
+
+def xvandal(fab, port, seconds, seed):
+    """Runs as C, a member of the group: what a member can reach, attacked for seconds."""
+    rng = random.Random(seed)
+    end = time.time() + seconds
+    acts = {"write": 0, "trunc": 0, "ring": 0, "plant": 0, "denied": 0}
+    ns = "%x" % os.stat("/proc/self/ns/net").st_ino
+    for _ in range(10_000_000):
+        if time.time() > end:
+            break
+        if rng.random() < 0.1:
+            # plant under the offer name of a connection to port that /proc/net/tcp shows
+            try:
+                rows = open("/proc/net/tcp").read().splitlines()[1:]
+            except OSError:
+                rows = []
+            for row in rows:
+                f = row.split()
+                lp, rp = int(f[1].split(":")[1], 16), int(f[2].split(":")[1], 16)
+                if rp != port or rng.random() < 0.5:
+                    continue
+                nm = os.path.join(fab, "cx-%s-7f000001p%x-7f000001p%x" % (ns, lp, port))
+                try:
+                    if rng.random() < 0.5:
+                        os.mkfifo(nm, 0o666)
+                    else:  # never a blocking open: the name may be a FIFO already
+                        fd = os.open(nm, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
+                                     os.O_NONBLOCK, 0o666)
+                        try:
+                            os.write(fd, rng.choice([b"", b"R", os.urandom(64)]))
+                        finally:
+                            os.close(fd)
+                    acts["plant"] += 1
+                except OSError:
+                    pass
+            continue
+        try:
+            names = os.listdir(fab)
+        except OSError:
+            break
+        if not names:
+            time.sleep(0.002); continue
+        path = os.path.join(fab, rng.choice(names))
+        try:
+            st = os.lstat(path)
+        except OSError:
+            continue
+        if st.st_mode & 0o170000 == 0o010000:  # a doorbell: ring it, many times
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+                try:
+                    for _ in range(rng.randint(1, 64)):
+                        os.write(fd, b"x")
+                    acts["ring"] += 1
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
+            except OSError:
+                acts["denied"] += 1
+            continue
+        if st.st_mode & 0o170000 != 0o100000:
+            continue
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            acts["denied"] += 1
+            continue
+        try:
+            size = os.fstat(fd).st_size
+            if size == 0:
+                continue
+            if rng.random() < 0.03:
+                os.ftruncate(fd, rng.choice([0, 4096, size // 2]))
+                acts["trunc"] += 1
+                continue
+            for _ in range(rng.randint(1, 16)):
+                off = rng.randrange(min(size, 16384)) if rng.random() < 0.8 else rng.randrange(size)
+                w = rng.choice([1, 4, 8])
+                off -= off % w
+                if off + w > size:
+                    continue
+                v = rng.choice(INTERESTING) if rng.random() < 0.5 else rng.getrandbits(64)
+                os.pwrite(fd, (v & ((1 << (8 * w)) - 1)).to_bytes(w, "little"), off)
+            acts["write"] += 1
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        time.sleep(0.0005)
+    print(json.dumps(acts), flush=True)
+
+
+def xuser_phase(t, seconds, rounds, seed):
+    cat = "vandal-xuser"
+    c = t.cat(cat)
+    if os.geteuid() != 0:
+        t.note(cat, "skipped: needs root (makes a group, runs three users)"); return
+    if not all(shutil.which(x) for x in ("setpriv", "groupadd", "groupdel")):
+        t.note(cat, "skipped: setpriv/groupadd not installed"); return
+    gname = "mlchaos%d" % (os.getpid() % 100000)
+    subprocess.run(["groupdel", gname], capture_output=True)
+    if subprocess.run(["groupadd", gname], capture_output=True).returncode != 0:
+        t.note(cat, "skipped: groupadd failed"); return
+    import grp
+    gid = grp.getgrnam(gname).gr_gid
+    fab = tempfile.mkdtemp(prefix="memlan-chaos-grp-", dir="/dev/shm")
+    os.rmdir(fab)
+    procs = []
+    try:
+        p = subprocess.run([MEMLAN, "fabric", "create", "--group", gname, "--mode", "listable",
+                            fab], capture_output=True, text=True, timeout=30)
+        if p.returncode != 0:
+            t.note(cat, f"skipped: fabric create: {p.stderr.strip()[:100]}"); return
+        env = dict(os.environ, MEMLAN_FABRIC=fab)
+        port = next_port()
+        # the other users need an interpreter and a copy of this file that they may read
+        xpy = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else "python3"
+        tmp = tempfile.mkdtemp(prefix="memlan-chaos-x-")
+        os.chmod(tmp, 0o755)
+        me = os.path.join(tmp, "chaos.py")
+        shutil.copy(os.path.abspath(__file__), me)
+        os.chmod(me, 0o644)
+        procs.append(tmp)
+        srv = subprocess.Popen(as_user(XA, gid, [MEMLAN, "run", "--", xpy, "-c", SERVER, "epoll",
+                                                 str(port)]),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        procs.append(srv)
+        if srv.stdout.readline().strip() != "ready":
+            c["crash"] += 1; t.note(cat, "A's server did not start"); return
+        xc = [MEMLAN, "run", "--", xpy, "-c", XCLIENT, str(port), str(rounds)]
+        victim_run(t, cat, as_user(XB, gid, xc), 30, env)
+        settle_server(srv)
+        base = (fds_of(srv.pid), maps_of(srv.pid, fab))
+        # C: a client of A's with a connection held open (its own to spoil), and the vandal
+        held = subprocess.Popen(as_user(XC, gid, [MEMLAN, "run", "--", xpy, "-c", STREAMER,
+                                                  str(port)]),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, text=True, env=env)
+        procs.append(held)
+        held.stdout.readline()
+        v = subprocess.Popen(as_user(XC, gid, [xpy, me, "--xvandal", fab, str(port), str(seconds),
+                                               str(seed)]),
+                             stdout=subprocess.PIPE, text=True, env=env)
+        procs.append(v)
+        end = time.time() + seconds
+        for _ in range(100000):
+            if time.time() > end:
+                break
+            before = c["error"]
+            victim_run(t, cat, as_user(XB, gid, xc), 30, env)
+            if c["error"] > before:  # B's connection spoiled: only C's may be
+                c["error"] -= 1; c["spoiled"] += 1
+                if c["spoiled"] <= 3:
+                    t.note(cat, "a run of B's failed (its bytes are not C's to spoil)")
+        try:
+            out, _ = v.communicate(timeout=60)
+            t.note(cat, f"vandal (C) acts: {out.strip()}")
+        except subprocess.TimeoutExpired:
+            t.note(cat, "the vandal did not stop")
+        kill_stop(held)
+        # A lives, every connection ends, its fds and mappings come back (one clean connection
+        # first, as in kill-clients: the acceptor's mapping cache lets dead clients' go then)
+        time.sleep(5.3)
+        victim_run(t, cat, as_user(XB, gid, xc), 30, env)
+        st = settle_server(srv)
+        now = (fds_of(srv.pid), maps_of(srv.pid, fab))
+        if srv.poll() is not None:
+            c["crash"] += 1; t.note(cat, f"A's server died: {srv.returncode}")
+        elif st is None or st[0] != 0:
+            c["hang"] += 1; t.note(cat, f"A's connections still open: {st}")
+        # fds: 2 of slack, the imported event queue (segment and doorbell) of the latest client
+        # that polled, which A lets go of at its next import (design.md, Event queues)
+        if base[0] >= 0 and (now[0] > base[0] + 2 or now[1] > base[1]):
+            c["leak"] += 1
+        t.note(cat, f"A's server fds,maps {base} -> {now}")
+        kill_stop(srv)
+        subprocess.run([MEMLAN, "clean"], capture_output=True, timeout=30, env=env)
+        left = []
+        for n in os.listdir(fab):
+            try:
+                if os.lstat(os.path.join(fab, n)).st_uid in (XA, XB):
+                    left.append(n)
+            except OSError:
+                pass
+        if left:
+            c["leak"] += 1; t.note(cat, f"A's or B's files left after clean: {left[:4]}")
+    finally:
+        for p in procs:
+            if isinstance(p, str):
+                shutil.rmtree(p, ignore_errors=True)
+            else:
+                kill_stop(p)
+        shutil.rmtree(fab, ignore_errors=True)
+        subprocess.run(["groupdel", gname], capture_output=True)
+
+
 # ---- a full fabric -------------------------------------------------------------------------
 
 def fullfab_inner(build, rounds):
@@ -624,6 +855,9 @@ def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--vandal":
         vandal(sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5]))
         return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "--xvandal":
+        xvandal(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]))
+        return 0
     if len(sys.argv) > 1 and sys.argv[1] == "--fullfab-inner":
         fullfab_inner(BUILD, int(sys.argv[2]))
         return 0
@@ -661,31 +895,35 @@ def main():
                          seed + 2)
         if want("fullfab"):
             fullfab(t, L(10) if long else 1)
+        if want("vandal-xuser"):
+            xuser_phase(t, L(300) if long else 4, 200, seed + 3)
     finally:
         for n in os.listdir(fab):
             os.unlink(os.path.join(fab, n))
         os.rmdir(fab)
     bad = 0
     print(f"chaos ({'long' if long else 'short'}, seed {seed}, {time.time() - t0:.0f} s)")
-    print(f"{'category':22} {'runs':>6} {'crash':>6} {'hang':>5} {'asan':>5} {'leak':>5} {'error':>6}")
+    print(f"{'category':22} {'runs':>6} {'crash':>6} {'hang':>5} {'asan':>5} {'leak':>5} {'error':>6}"
+          f" {'spoiled':>7}")
     for name, c in t.cats.items():
         print(f"{name:22} {c['runs']:6} {c['crash']:6} {c['hang']:5} {c['asan']:5} {c['leak']:5} "
-              f"{c['error']:6}")
+              f"{c['error']:6} {c['spoiled']:7}")
         if c.get("lsan_at_error_exit"):
             print(f"    {c['lsan_at_error_exit']} error exits with an LSan report of the "
                   "example's own unclosed handles (not counted as sanitizer reports)")
         for n in c["notes"]:
             print(f"    {n}")
-        bad += c["crash"] + c["hang"] + c["asan"] + c["leak"]
+        bad += c["crash"] + c["hang"] + c["asan"] + c["leak"] + c["spoiled"]
     if long:
         cmd = " ".join(["CHAOS_SCALE=%g" % scale] * (scale != 1) + ["CHAOS_SEED=%d" % seed,
                                                                    "tests/chaos/chaos.py --long"])
         print(f"\nMarkdown for docs/results.md (`{cmd}`, {time.time() - t0:.0f} s):\n")
-        print("| category | runs | crashes | hangs | ASan/UBSan | leaks | errors (allowed) |")
-        print("|---|---:|---:|---:|---:|---:|---:|")
+        print("| category | runs | crashes | hangs | ASan/UBSan | leaks | errors (allowed) | "
+              "spoiled |")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
         for name, c in t.cats.items():
             print(f"| {name} | {c['runs']} | {c['crash']} | {c['hang']} | {c['asan']} | "
-                  f"{c['leak']} | {c['error']} |")
+                  f"{c['leak']} | {c['error']} | {c['spoiled']} |")
     if "--json" in sys.argv:
         print(json.dumps({"seed": seed, "seconds": round(time.time() - t0), "cats": t.cats}))
     print("chaos:", "FAIL" if bad else "ok", f"({bad} crashes, hangs, sanitizer reports or leaks)")

@@ -573,3 +573,399 @@ def test_group_fabric_member_cannot_take_another_users_connection(gfabric, pubdi
             if p and p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def seg_files(fabdir, kind):
+    """The seg- files of kind in the fabric (listed and read as root)."""
+    out = []
+    for f in os.listdir(fabdir):
+        if not f.startswith("seg-"):
+            continue
+        try:
+            with open(fabdir / f, "rb") as fh:
+                h = fh.read(128)
+        except OSError:
+            continue
+        if len(h) == 128 and h[:8] == b"MEMLANSG" and struct.unpack_from("<I", h, 24)[0] == kind:
+            out.append(fabdir / f)
+    return out
+
+
+# A's epoll echo server: its channels post to its event queues.
+EPOLL_SERVER = r"""
+import selectors, socket, sys
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", int(sys.argv[1])))
+ls.listen(8)
+ls.setblocking(False)
+sel = selectors.DefaultSelector()
+sel.register(ls, selectors.EVENT_READ)
+print("ready", flush=True)
+ended = 0
+while ended < int(sys.argv[2]):
+    for key, _ in sel.select(timeout=30):
+        if key.fileobj is ls:
+            try:
+                c, _ = ls.accept()
+            except BlockingIOError:
+                continue
+            c.setblocking(False)
+            sel.register(c, selectors.EVENT_READ)
+            continue
+        c = key.fileobj
+        try:
+            data = c.recv(65536)
+        except BlockingIOError:
+            continue
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            sel.unregister(c)
+            c.close()
+            ended += 1
+            continue
+        c.setblocking(True)
+        c.sendall(data)
+        c.setblocking(False)
+"""
+
+# B's client: one round trip, "up", waits for "go" on stdin, then round trips (each given at most
+# 5 s) until stdin says "stop": how many it made and how many timed out.
+PINGPONG_CLIENT = r"""
+import select, socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.settimeout(5)
+s.sendall(b"x" * 64)
+got = b""
+while len(got) < 64:
+    got += s.recv(64)
+print("up", flush=True)
+sys.stdin.readline()
+import time
+done = lost = 0
+end = time.monotonic() + 60
+while not select.select([sys.stdin], [], [], 0)[0] and done < 10000000 and time.monotonic() < end:
+    s.sendall(b"y" * 64)
+    got = b""
+    try:
+        while len(got) < 64:
+            b = s.recv(64 - len(got))
+            if not b:
+                break
+            got += b
+    except socket.timeout:
+        lost += 1
+        break
+    done += 1
+print("done", done, "lost", lost, flush=True)
+s.close()
+"""
+
+# C: opens what it is given read-write and, for a few seconds, zeroes everything past each
+# file's segment header (the queue's geometry, waiter word and bitmaps), over and over.
+EVQ_VANDAL = r"""
+import mmap, os, sys, time
+maps = []
+for p in sys.argv[2:]:
+    try:
+        fd = os.open(p, os.O_RDWR)
+    except OSError as e:
+        print(p, "ERR", e.errno, flush=True)
+        continue
+    n = os.fstat(fd).st_size
+    maps.append(mmap.mmap(fd, n))
+    os.close(fd)
+    print(p, "OPENED", flush=True)
+print("vandal", len(maps), flush=True)
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    for m in maps:
+        m[128:] = bytes(len(m) - 128)
+"""
+
+
+RING = r"""
+import os, sys
+for p in sys.argv[2:]:
+    try:
+        fd = os.open(p, (os.O_WRONLY if sys.argv[1] == "w" else os.O_RDONLY) | os.O_NONBLOCK)
+        os.close(fd)
+        print(p, "RANG" if sys.argv[1] == "w" else "READ")
+    except OSError as e:
+        print(p, "ERR", e.errno)
+"""
+
+
+def ring_as(uid, gid, fifos):
+    p = subprocess.run(as_user(uid, gid, ["python3", "-c", RING, "w"] + [str(f) for f in fifos]),
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.splitlines()
+
+
+def probe_fifo_read_as(uid, gid, fifos):
+    p = subprocess.run(as_user(uid, gid, ["python3", "-c", RING, "r"] + [str(f) for f in fifos]),
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stderr
+    return p.stdout.splitlines()
+
+
+def test_group_fabric_member_cannot_clear_anothers_wakeups(gfabric, pubdir):
+    """Finding 1 of the group fabric's review: event queues were 0666, so a third member C
+    could zero another member's queue (geometry, waiter word, bits) and make its epoll server
+    miss wake-ups.  Each peer now posts to a part of the queue that only the users who may write
+    that connection's channel may write: C opens no queue, and the round trips never stall."""
+    fab, gid = gfabric
+    port = next_port()
+    (pubdir / "srv.py").write_text(EPOLL_SERVER)
+    (pubdir / "cli.py").write_text(PINGPONG_CLIENT)
+    (pubdir / "vandal.py").write_text(EVQ_VANDAL)
+    slog, clog = logfile(pubdir, "server.log"), logfile(pubdir, "client.log")
+    srv = subprocess.Popen(as_user(A, gid, under(slog, ["python3", str(pubdir / "srv.py"),
+                                                        str(port), "1"])),
+                           stdout=subprocess.PIPE, text=True)
+    cli = vandal = None
+    try:
+        assert srv.stdout.readline().strip() == "ready"
+        cli = subprocess.Popen(as_user(B, gid, under(clog, ["python3", str(pubdir / "cli.py"),
+                                                            str(port)])),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert cli.stdout.readline().strip() == "up"
+        assert "accelerated (client)" in clog.read_text(), clog.read_text()
+        queues = seg_files(fab, 3)
+        assert queues, os.listdir(fab)
+        vandal = subprocess.Popen(as_user(C, gid, ["python3", str(pubdir / "vandal.py"), "3"] +
+                                          [str(q) for q in queues]),
+                                  stdout=subprocess.PIPE, text=True)
+        rows = []
+        while True:
+            line = vandal.stdout.readline()
+            if not line or line.startswith("vandal"):
+                break
+            rows.append(line.strip())
+        cli.stdin.write("go\n")
+        cli.stdin.flush()
+        vandal.wait(30)
+        # The doorbells (while both run): B and A may ring each other's, write only; C none (it
+        # could only add wake-ups, but as many as it likes: a member's process would go round).
+        bells = [fab / f for f in os.listdir(fab) if f.startswith("bell-")]
+        abells = []
+        for b in bells:  # a queue's part may go meanwhile, its doorbell name with it
+            try:
+                if b.stat().st_uid == A:
+                    abells.append(b)
+            except FileNotFoundError:
+                pass
+        assert abells, bells
+        rung = ring_as(C, gid, bells)
+        assert rung and all(" ERR 13" in r for r in rung), rung
+        rb = ring_as(B, gid, abells)
+        assert any(" RANG" in r for r in rb), (rb, os.listdir(fab))
+        assert not any(" READ" in r for r in probe_fifo_read_as(B, gid, abells)), "B reads A's"
+        cli.stdin.write("stop\n")
+        cli.stdin.flush()
+        out = cli.stdout.readline().split()
+        cli.wait(30)
+        assert out[0] == "done" and int(out[1]) > 0, out
+        assert out[3] == "0", f"round trips stalled while C zeroed the queues: {out} {rows}"
+        assert all(" ERR 13" in r for r in rows), rows
+        # B posts to the part of A's queue made for it (and A to B's): open to B (A), not to C.
+        qs = seg_files(fab, 3)
+        assert all((q.stat().st_mode & 0o007) == 0 for q in qs), [oct(q.stat().st_mode) for q in qs]
+        assert any(" OPENED " in r for r in probe_as(B, gid, qs)), "B cannot post to A"
+        assert any(" OPENED " in r for r in probe_as(A, gid, qs)), "A cannot post to B"
+    finally:
+        for p in (vandal, cli):
+            if p and p.poll() is None:
+                p.kill()
+                p.wait()
+        if srv.poll() is None:
+            srv.terminate()
+            try:
+                srv.wait(10)
+            except subprocess.TimeoutExpired:
+                srv.kill()
+                srv.wait()
+
+
+def lrec_path(fab, port):
+    return fab / ("ls-%x-%d" % (os.stat("/proc/self/ns/net").st_ino, port))
+
+
+def lrec_poke(fab, port, off, fmt, value):
+    """Write a field of a port's listener record, as root (any member could)."""
+    import mmap
+    fd = os.open(lrec_path(fab, port), os.O_RDWR)
+    try:
+        m = mmap.mmap(fd, 4096)
+        struct.pack_into(fmt, m, off, value)
+        m.close()
+    finally:
+        os.close(fd)
+
+
+# Plain clients (no memlan): each connects, has a line echoed, closes.
+PLAIN_CLIENTS = r"""
+import socket, sys
+ok = 0
+for _ in range(int(sys.argv[2])):
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=15)
+    s.sendall(b"hi\n")
+    ok += s.makefile("rb").readline() == b"hi\n"
+    s.close()
+print("ok", ok, flush=True)
+"""
+
+
+def test_group_fabric_refusals_leave_no_files(gfabric, pubdir):
+    """Finding 2 of the group fabric's review: an acceptor that gave up waiting for an offer
+    refused it with a file ("R") under the offer's name, which stayed in the sticky directory
+    until its next sweep (the client, another user, may not remove it; a client that never
+    offered never came for it).  Refusals are now marks in the listener record: after N
+    refusals the fabric holds no offer name.  Provoked by a `pending` count a member left in
+    the record, so that A waits for the offers of N plain clients and refuses each."""
+    fab, gid = gfabric
+    port = next_port()
+    n = 12
+    srv, slog, clog = start_echo(pubdir, gid, port, n, PLAIN_CLIENTS)
+    try:
+        lrec_poke(fab, port, 64, "<I", 1)  # pending: "a client is posting its offer"
+        cli = subprocess.run(as_user(B, gid, ["python3", str(pubdir / "cli.py"), str(port),
+                                              str(n)]),
+                             capture_output=True, text=True, timeout=60)
+        assert cli.stdout.split() == ["ok", str(n)], cli
+        for _ in range(n):
+            assert srv.stdout.readline().strip() == "ended"
+        s = slog.read_text()
+        assert s.count("within the server's wait") == n, s[-3000:]
+        left = [f for f in os.listdir(fab) if f.startswith("cx-")]
+        assert left == [], f"{len(left)} refusal files after {n} refusals: {left[:3]}"
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+
+
+# A's server: listens, waits until stdin says "accept", then echoes one line.
+LATE_SERVER = r"""
+import socket, sys
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", int(sys.argv[1])))
+ls.listen(8)
+print("ready", flush=True)
+sys.stdin.readline()
+c, _ = ls.accept()
+line = c.makefile("rb").readline()
+c.sendall(line)
+c.close()
+print("ended", flush=True)
+"""
+
+
+def fnv1a(s):
+    h = 0xcbf29ce484222325
+    for c in s.encode():
+        h = ((h ^ c) * 0x100000001b3) & 0xffffffffffffffff
+    return h or 1
+
+
+def test_group_fabric_client_finds_its_refusal_in_the_record(gfabric, pubdir):
+    """The other half of the refusal: a client whose offer is untaken finds the acceptor's
+    mark for its offer's name in the listener record and goes over TCP, removing its offer
+    (no file is left).  The mark is written here before the client connects; A accepts only
+    after the client has decided.  Before: no marks; the offer was taken (accelerated)."""
+    fab, gid = gfabric
+    port, sport = next_port(), next_port()
+    (pubdir / "srv.py").write_text(LATE_SERVER)
+    (pubdir / "cli.py").write_text(BOUND_CLIENT)
+    slog, clog = logfile(pubdir, "server.log"), logfile(pubdir, "client.log")
+    srv = subprocess.Popen(as_user(A, gid, under(slog, ["python3", str(pubdir / "srv.py"),
+                                                        str(port)])),
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert srv.stdout.readline().strip() == "ready"
+        ns = "%x" % os.stat("/proc/self/ns/net").st_ino
+        name = "cx-%s-7f000001p%x-7f000001p%x" % (ns, sport, port)
+        lrec_poke(fab, port, 136, "<Q", fnv1a(name))
+        cli = subprocess.Popen(as_user(B, gid, under(clog, ["python3", str(pubdir / "cli.py"),
+                                                            str(port), str(sport)])),
+                               stdout=subprocess.PIPE, text=True)
+        deadline = time.time() + 5
+        while "refused it" not in clog.read_text() and time.time() < deadline \
+                and cli.poll() is None:
+            time.sleep(0.05)
+        c = clog.read_text()
+        srv.stdin.write("accept\n")
+        srv.stdin.flush()
+        assert cli.stdout.readline().split() == ["echo", "True"]
+        assert cli.wait(30) == 0
+        assert "the server accepted before our offer arrived and refused it" in c, c
+        assert "accelerated" not in clog.read_text()
+        assert srv.stdout.readline().strip() == "ended"
+        assert [f for f in os.listdir(fab) if f.startswith("cx-")] == []
+    finally:
+        for p in (srv,):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def build_plant(pubdir):
+    root = pathlib.Path(__file__).resolve().parents[2]
+    build = MEMLAN.parent.parent
+    src, exe = pubdir / "plant.c", pubdir / "plant"
+    src.write_text(PLANT_C)
+    cc = subprocess.run(["cc", "-std=c11", "-D_GNU_SOURCE", "-I", str(root / "src"), "-I",
+                         str(root / "include"), "-o", str(exe), str(src),
+                         str(build / "lib" / "libmemlan.a"), "-lpthread"],
+                        capture_output=True, text=True, timeout=120)
+    assert cc.returncode == 0, cc.stderr
+    return exe
+
+
+@pytest.mark.parametrize("server_asks", [False, True])
+def test_group_fabric_groupwide_channel_needs_the_servers_consent(gfabric, pubdir, server_asks):
+    """Finding 3 of the group fabric's review: MEMLAN_FABRIC_GROUPWIDE=1 (channels every member
+    may open, where the file system has no ACLs) was the client's choice alone, and A attached
+    any group-wide channel a client of another user offered: every member could then read what
+    A sent.  Now A takes one only with MEMLAN_FABRIC_GROUPWIDE=1 itself (its record says so, for
+    clients).  B offers a group-wide channel (memlan_channel_create's 0666 file) for its own
+    connection: without A's consent A refuses it and B's line is echoed over TCP; with it, A
+    attaches."""
+    fab, gid = gfabric
+    exe = build_plant(pubdir)
+    port, sport = next_port(), next_port()
+    if server_asks:
+        os.environ["MEMLAN_FABRIC_GROUPWIDE"] = "1"
+    try:
+        srv, slog, clog = start_echo(pubdir, gid, port, 1, BOUND_CLIENT)
+    finally:
+        os.environ.pop("MEMLAN_FABRIC_GROUPWIDE", None)
+    c = None
+    try:
+        rec = lrec_path(fab, port).read_bytes()
+        assert struct.unpack_from("<I", rec, 88)[0] == (1 if server_asks else 0)
+        ns = "%x" % os.stat("/proc/self/ns/net").st_ino
+        name = "cx-%s-7f000001p%x-7f000001p%x" % (ns, sport, port)
+        c = subprocess.Popen(as_user(B, gid, [str(exe), str(fab), name]), stdout=subprocess.PIPE,
+                             text=True)
+        assert c.stdout.readline().strip() == "planted"
+        cli = subprocess.run(as_user(B, gid, ["python3", str(pubdir / "cli.py"), str(port),
+                                              str(sport)]),
+                             capture_output=True, text=True, timeout=30)
+        out, _ = c.communicate(timeout=30)
+        s = slog.read_text()
+        if server_asks:
+            assert "attached 1" in out, out + s
+        else:
+            assert "attached 0" in out, out + s
+            assert cli.returncode == 0 and cli.stdout.split() == ["echo", "True"], cli
+            assert "readable by every member of the shared fabric" in s, s
+        assert srv.stdout.readline().strip() == "ended"
+    finally:
+        for p in (c, srv):
+            if p and p.poll() is None:
+                p.kill()
+                p.wait()
