@@ -763,6 +763,14 @@ def test_group_fabric_member_cannot_clear_anothers_wakeups(gfabric, pubdir):
         rb = ring_as(B, gid, abells)
         assert any(" RANG" in r for r in rb), (rb, os.listdir(fab))
         assert not any(" READ" in r for r in probe_fifo_read_as(B, gid, abells)), "B reads A's"
+        # Every descriptor of ours in A (queues and their parts, doorbells, imports) is out of
+        # the program's way, at or above the preload's high base (64 here), never a low number
+        # the program could take for its own.  A guard: it passes without the relocation of a
+        # part's descriptor too (evq.c), which this run may not need.
+        fds = {int(n): os.readlink(f"/proc/{srv.pid}/fd/{n}")
+               for n in os.listdir(f"/proc/{srv.pid}/fd")}
+        ours_low = {n: t for n, t in fds.items() if t.startswith(str(fab)) and n < 64}
+        assert not ours_low, (ours_low, fds)
         cli.stdin.write("stop\n")
         cli.stdin.flush()
         out = cli.stdout.readline().split()
