@@ -183,6 +183,7 @@ struct mlp_pwait {
     int nregs, cap;
     int busy;                /* a poll, select or mlp_sock_sleep of the thread is using it: a
                               * handler's blocking call that interrupted it does not take it */
+    uintptr_t busy_sp;       /* where that call took it (mlp_pw_take) */
     bool sleeper;            /* made by mlp_sock_sleep: counted in mlp_pw_sleepers */
 };
 
@@ -323,6 +324,34 @@ static struct mlp_pwait *mlp_pw_get(void)
 }
 
 void mlp_poll_prepare_thread(void) { (void)mlp_pw_get(); }
+
+/*
+ * Take the thread's waiter for a call (poll, select, a blocking call's long sleep).  It is busy
+ * while a call of this thread uses it: either that call is in progress beneath us (a signal
+ * handler interrupted it: we must not touch its registrations, and do without), or a handler
+ * left it by siglongjmp, or it was cancelled and this is its thread's destructor's business.
+ * The stack tells which, as for a direction lock (sock.c, mlp_held_stale): a call in progress
+ * beneath us is above us on our stack by at least the kernel's signal frame; one we left by a
+ * jump is not beneath us any more.  On the alternate signal stack the answer is "in progress".
+ * An abandoned call's registrations, and the references it lent them, are given back here.
+ * sp: where this call takes it.  False: do without (nap).
+ */
+#define MLP_PW_SIGFRAME_MIN 512
+
+static bool mlp_pw_take(struct mlp_pwait *w, uintptr_t sp)
+{
+    if (w->busy) {
+        if (sp + MLP_PW_SIGFRAME_MIN <= w->busy_sp)
+            return false; /* in progress beneath us */
+        stack_t ss;
+        if (sigaltstack(NULL, &ss) == 0 && (ss.ss_flags & SS_ONSTACK))
+            return false;
+        mlp_pw_unregister_all(w); /* abandoned: what it held goes now */
+    }
+    w->busy = 1;
+    w->busy_sp = sp;
+    return true;
+}
 
 /* Before arming: forget earlier rings (a read first, then rung = 0; see above). */
 static void mlp_pw_clear(struct mlp_pwait *w)
@@ -533,6 +562,21 @@ static int mlp_poll_spin_look(struct ml_spinning *sp, void *a)
     return 0;
 }
 
+struct mlp_poll_arrays {
+    void *socks, *k;
+};
+
+static void mlp_poll_cancelled(void *arg)
+{
+    struct mlp_poll_arrays *a = arg;
+    free(a->socks);
+    free(a->k);
+}
+
+/* pthread_cleanup_push's setjmp: cancellation runs the handler and unwinds on, it never
+ * resumes this function, so no local it could clobber is read again. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wclobbered"
 int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask)
 {
     struct mlp_sock *stack_socks[64];
@@ -565,8 +609,12 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
     if (nep)
         mlp_nested_refresh();
     uint64_t deadline = timeout_ns < 0 ? 0 : mlp_now_ns() + (uint64_t)timeout_ns;
-    bool spun = false;
+    bool spun = false, lent = false;
     int ret;
+    /* Cancelled in the ppoll below: the arrays go (the references were lent to the thread's
+     * waiter before it, which the thread's end gives back). */
+    struct mlp_poll_arrays arrays = {n > 64 ? socks : NULL, n > 64 ? k : NULL};
+    pthread_cleanup_push(mlp_poll_cancelled, &arrays);
     for (;;) {
         /* 1. What is ready now, without sleeping. */
         int ready = 0;
@@ -577,8 +625,9 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             short r = mlp_sock_revents(socks[i], fds[i].fd, fds[i].events);
             if (r < 0) { /* it fell to TCP */
                 if (pw)
-                    mlp_pw_unregister(pw, socks[i]);
-                mlp_put(socks[i]);
+                    mlp_pw_unregister(pw, socks[i]); /* the lent reference, if lent */
+                if (!lent)
+                    mlp_put(socks[i]);
                 socks[i] = NULL;
                 continue;
             }
@@ -613,10 +662,23 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
              * for one of our own sockets after we armed it (we would sleep past it). */
             if (nested)
                 mlp_nested_refresh();
-            if (naccel && !pw && (pw = mlp_pw_get()) && !mlp_pw_register_all(pw, socks, n))
-                pw = NULL;
-            if (pw)
-                pw->busy++;
+            if (naccel && !pw && (pw = mlp_pw_get())) {
+                if (!mlp_pw_take(pw, (uintptr_t)__builtin_frame_address(0))) {
+                    pw = NULL;
+                } else if (!mlp_pw_register_all(pw, socks, n)) {
+                    pw->busy = 0;
+                    pw = NULL;
+                } else {
+                    /* The registrations hold a reference to each socket: ours go, so that a
+                     * call that never returns (cancelled in the ppoll below, or left by a
+                     * handler's siglongjmp) leaves nothing but the thread's waiter holding
+                     * them, which its next call or the thread's end gives back. */
+                    for (nfds_t i = 0; i < n; i++)
+                        if (socks[i])
+                            mlp_put(socks[i]);
+                    lent = true;
+                }
+            }
             if (pw)
                 mlp_pw_clear(pw);
             else if (naccel)
@@ -723,11 +785,12 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
         }
         /* Woken by the doorbell or a spurious FIN: compute again. */
     }
+    pthread_cleanup_pop(0);
     if (pw) {
-        mlp_pw_unregister_all(pw);
+        mlp_pw_unregister_all(pw); /* puts the lent references */
         pw->busy = 0;
     }
-    for (nfds_t i = 0; i < n; i++)
+    for (nfds_t i = 0; i < n && !lent; i++)
         if (socks[i])
             mlp_put(socks[i]);
     if (n > 64) {
@@ -736,6 +799,7 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
     }
     return ret;
 }
+#pragma GCC diagnostic pop
 
 /* ---- a blocking call's long sleep ------------------------------------------------------- */
 
@@ -787,9 +851,8 @@ int mlp_sock_sleep(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline
         }
         pw->sleeper = true;
     }
-    if (pw->busy)
+    if (!mlp_pw_take(pw, (uintptr_t)__builtin_frame_address(0)))
         return -ENOSYS;
-    pw->busy = 1;
     int ret = 0, saved = errno;
     struct mlp_sock *one[1] = {s};
     if (!mlp_pw_register_all(pw, one, 1)) {

@@ -4,7 +4,10 @@
  * point), another thread then reuses its stack, and data arrives: the process must go on as
  * over kernel TCP (memlan once left the cancelled thread's registration on the socket, on its
  * stack, and the next wake-up walked it: SIGSEGV).  Then a thread that leaves poll through
- * siglongjmp from a signal handler, and the same.
+ * siglongjmp from a signal handler, and the same; then the main thread leaves its own poll by
+ * siglongjmp and polls again.  Last, the connection is closed: the peer must read EOF, as over
+ * kernel TCP (memlan kept each abandoned poll's references to the socket, so the close did not
+ * end the connection and the peer waited: "peer: no eof").
  *
  * usage: pollcancel PORT
  */
@@ -60,6 +63,13 @@ static void *jumper(void *a)
     return NULL;
 }
 
+static void *killer(void *a)
+{
+    usleep(300000); /* the target is asleep in poll */
+    pthread_kill(*(pthread_t *)a, SIGUSR1);
+    return NULL;
+}
+
 static int wait_data(const char *what, int n)
 {
     struct pollfd p = {fd, POLLIN, 0};
@@ -91,14 +101,17 @@ int main(int argc, char **argv)
         char b;
         if (connect(c, (void *)&a, sizeof a) < 0 || read(c, &b, 1) != 1)
             _exit(1);
-        for (int k = 0; k < 2; k++) { /* one round per case: wait for the word, then send */
+        for (int k = 0; k < 3; k++) { /* one round per case: wait for the word, then send */
             if (read(go[0], &b, 1) != 1)
                 _exit(1);
             usleep(100000);
             if (write(c, "data", 4) != 4)
                 _exit(1);
         }
-        sleep(1);
+        struct pollfd p = {c, POLLIN, 0};
+        int r = poll(&p, 1, 3000);
+        ssize_t g = r == 1 ? read(c, &b, 1) : -1;
+        printf("peer: %s\n", g == 0 ? "eof" : "no eof");
         _exit(0);
     }
     fd = accept(l, NULL, NULL);
@@ -131,6 +144,21 @@ int main(int argc, char **argv)
         return 1;
     bad |= wait_data("after a poller left by siglongjmp", 4);
     pthread_join(s, NULL);
+
+    pthread_t self = pthread_self(), k3;
+    pthread_sigmask(SIG_UNBLOCK, &blk, NULL);
+    pthread_create(&k3, NULL, killer, &self);
+    if (sigsetjmp(jb, 1) == 0) {
+        struct pollfd p = {fd, POLLIN, 0};
+        poll(&p, 1, -1);
+    }
+    pthread_join(k3, NULL);
+    pthread_sigmask(SIG_BLOCK, &blk, NULL);
+    if (write(go[1], "3", 1) != 1)
+        return 1;
+    bad |= wait_data("after this thread left its poll by siglongjmp", 4);
+
+    close(fd); /* the peer reads EOF */
 
     int st;
     waitpid(pid, &st, 0);
