@@ -117,7 +117,8 @@ def main():
     finally:
         subprocess.run([str(MEMLAN), "clean"], stdout=subprocess.DEVNULL)
         shutil.rmtree(fab, ignore_errors=True)
-    print("\nratios (memlan / kernel TCP; targets from issue 3):")
+    print("\nratios (memlan / kernel TCP, both measured in this run; RTT: below 1 is faster, "
+          "throughput: above 1 is faster):")
     for place, r in res["rtt_us"].items():
         t = r["tcp"]["avg"]
         print(f"  RTT {place:9s} default spin {r['memlan']['avg'] / t:6.3f}   "
