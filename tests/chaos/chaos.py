@@ -384,6 +384,19 @@ INTERESTING = [0, 1, 2, 3, 0x7f, 0x80, 0xff, 0xffff, 0x7fffffff, 0x80000000, 0xf
                0xffffffffffffffff, 0x8000000000000000, 4096, 65536, 1 << 40]
 
 
+def scribble(rng, fd, size, head_p):
+    """1-16 aligned writes of boundary or random values into fd (size bytes): into its first
+    16 KiB (headers, control pages) with probability head_p, anywhere otherwise."""
+    for _ in range(rng.randint(1, 16)):
+        off = rng.randrange(min(size, 16384)) if rng.random() < head_p else rng.randrange(size)
+        w = rng.choice([1, 4, 8])
+        off -= off % w
+        if off + w > size:
+            continue
+        v = rng.choice(INTERESTING) if rng.random() < 0.5 else rng.getrandbits(64)
+        os.pwrite(fd, (v & ((1 << (8 * w)) - 1)).to_bytes(w, "little"), off)
+
+
 def vandal(fab, mode, seconds, seed):
     """Runs in its own process.  mode: write (values, unlink, replace) or trunc."""
     rng = random.Random(seed)
@@ -420,15 +433,7 @@ def vandal(fab, mode, seconds, seed):
                     f.write(os.urandom(min(size, 1 << 20)))
                 os.rename(tmp, path)
             else:
-                for _ in range(rng.randint(1, 16)):
-                    # headers (first pages) most often, anywhere else sometimes
-                    off = rng.randrange(min(size, 16384)) if rng.random() < 0.7 else rng.randrange(size)
-                    w = rng.choice([1, 4, 8])
-                    off -= off % w
-                    if off + w > size:
-                        continue
-                    v = rng.choice(INTERESTING) if rng.random() < 0.5 else rng.getrandbits(64)
-                    os.pwrite(fd, (v & ((1 << (8 * w)) - 1)).to_bytes(w, "little"), off)
+                scribble(rng, fd, size, 0.7)  # headers (first pages) most often
             acts += 1
         except OSError:
             pass
@@ -649,14 +654,7 @@ def xvandal(fab, port, seconds, seed):
                 os.ftruncate(fd, rng.choice([0, 4096, size // 2]))
                 acts["trunc"] += 1
                 continue
-            for _ in range(rng.randint(1, 16)):
-                off = rng.randrange(min(size, 16384)) if rng.random() < 0.8 else rng.randrange(size)
-                w = rng.choice([1, 4, 8])
-                off -= off % w
-                if off + w > size:
-                    continue
-                v = rng.choice(INTERESTING) if rng.random() < 0.5 else rng.getrandbits(64)
-                os.pwrite(fd, (v & ((1 << (8 * w)) - 1)).to_bytes(w, "little"), off)
+            scribble(rng, fd, size, 0.8)
             acts["write"] += 1
         except OSError:
             pass
