@@ -337,7 +337,9 @@ int memlan_evq_fd(memlan_evq_t *q);
  * waiting (do not sleep: call memlan_evq_wait with timeout 0). */
 int memlan_evq_arm(memlan_evq_t *q);
 
-/* memlan_evq_close - remove every channel from q, close its fd and free it. */
+/* memlan_evq_close - remove every channel from q, close its fd and free it.  In a fork child, on
+ * the handle it inherited, it frees the child's copies only (mappings, descriptors, memory): the
+ * queue, its files and its registrations stay the creator's, which goes on using them. */
 void memlan_evq_close(memlan_evq_t *q);
 
 /* ---- errors ------------------------------------------------------------------------------ */

@@ -72,6 +72,7 @@ struct memlan_evq {
      * parts, and a drop unpublishes a part (live), then waits for no reader before unmapping. */
     _Atomic uint32_t readers;
     uint32_t uid;               /* the owner of part 0's file */
+    int32_t pid;                /* the creator: its files are not a fork child's to remove */
     uint32_t capacity;
     int bell;                 /* FIFO read end (opened O_RDWR so it always has a writer) */
     struct ml_evq_slot *slots;
@@ -566,6 +567,7 @@ int memlan_evq_create(memlan_fabric_t *fab, unsigned capacity, memlan_evq_t **ou
         goto fail_seg;
     }
     q->bell = (int)fd;
+    q->pid = (int32_t)__ml_pid();
     q->h = q->part[0].h;
     q->leaf = q->part[0].leaf;
     q->sum = q->part[0].sum;
@@ -962,6 +964,12 @@ void memlan_evq_close(memlan_evq_t *q)
 {
     if (!q)
         return;
+    /* A fork child's close of the handle it inherited drops its own copies only: the files, the
+     * doorbell, the parts and the registrations are the creator's, whose queue goes on. */
+    if (q->pid != (int32_t)__ml_pid()) {
+        __ml_evq_forget(q);
+        return;
+    }
     for (uint32_t i = 0; i < q->capacity; i++)
         if (q->slots[i].ch)
             memlan_evq_del(q, q->slots[i].ch);
