@@ -1,0 +1,205 @@
+# SPDX-License-Identifier: Apache-2.0 OR MIT
+"""The native API in a fabric shared by a group: a named endpoint's connection is its two ends'
+alone, as the socket layer's are (issue 20).
+
+A serves a name (memlan_listen) as one member, B connects (memlan_connect) as another, and the
+third member C, told the channel's token, tries every way in: memlan_channel_attach, a raw
+memlan_segment_import, and a plain open of the file.  Each is refused (EACCES) and C reads
+nothing, while A and B exchange their bytes through the channel (with A waiting on an event
+queue, which takes B's posts in a part of B's alone).  Before, the channel file was 0666 and C
+read the connection's bytes.
+
+Needs root (users and a group are made and removed): skipped otherwise.
+"""
+import os
+import pathlib
+import struct
+import subprocess
+
+import pytest
+
+from conftest import MEMLAN
+from test_groupfabric import A, B, C, as_user, gfabric, group, pubdir  # noqa: F401 (fixtures)
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="makes a group and runs other users")
+
+EP_C = r"""
+#include <errno.h>
+#include <fcntl.h>
+#include <memlan.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int serve(memlan_fabric_t *fab, const char *name)
+{
+    memlan_listener_t *l;
+    memlan_channel_t *ch;
+    memlan_evq_t *q;
+    struct memlan_event ev[4];
+    if (memlan_listen(fab, name, 0, &l) < 0)
+        return 2;
+    printf("ready\n");
+    fflush(stdout);
+    int r = memlan_accept(l, 20000, &ch);
+    if (r < 0) {
+        printf("accept %d\n", r);
+        return 3;
+    }
+    if ((r = memlan_evq_create(fab, 64, &q)) < 0 ||
+        (r = memlan_evq_add(q, ch, MEMLAN_EV_READ, ch)) < 0) {
+        printf("evq %d\n", r);
+        return 4;
+    }
+    char buf[256];
+    long total = 0;
+    for (int rounds = 0; rounds < 1000; rounds++) {
+        ssize_t n = memlan_recv(ch, buf, sizeof buf, MEMLAN_DONTWAIT);
+        if (n == -EAGAIN) {
+            if (memlan_evq_wait(q, ev, 4, 20000) <= 0)
+                break;
+            continue;
+        }
+        if (n <= 0)
+            break;
+        total += n;
+        if (memlan_send(ch, buf, (size_t)n, 0) != n)
+            break;
+    }
+    printf("served %ld\n", total);
+    memlan_evq_close(q);
+    memlan_channel_close(ch);
+    memlan_listener_close(l);
+    return 0;
+}
+
+static int connect_to(memlan_fabric_t *fab, const char *name, const char *secret)
+{
+    memlan_channel_t *ch;
+    int r = memlan_connect(fab, name, NULL, 5000, &ch);
+    if (r < 0) {
+        printf("connect %d\n", r);
+        return 2;
+    }
+    printf("token %s\n", memlan_channel_token(ch));
+    fflush(stdout);
+    char line[16];
+    if (!fgets(line, sizeof line, stdin)) /* C has looked */
+        return 3;
+    size_t len = strlen(secret), got = 0;
+    char buf[256];
+    if (memlan_send(ch, secret, len, 0) != (ssize_t)len)
+        return 4;
+    while (got < len) {
+        ssize_t n = memlan_recv(ch, buf + got, sizeof buf - got, 0);
+        if (n <= 0)
+            return 5;
+        got += (size_t)n;
+    }
+    printf("echo %s\n", got == len && memcmp(buf, secret, len) == 0 ? "ok" : "wrong");
+    memlan_channel_close(ch);
+    return 0;
+}
+
+static int probe(memlan_fabric_t *fab, const char *dir, const char *token)
+{
+    memlan_channel_t *ch;
+    memlan_segment_t *seg;
+    int a = memlan_channel_attach(fab, token, &ch);
+    int i = memlan_segment_import(fab, token, MEMLAN_MODE_RO, &seg);
+    char path[600];
+    snprintf(path, sizeof path, "%s/seg-%s", dir, token);
+    int fd = open(path, O_RDONLY);
+    int o = fd < 0 ? -errno : 0;
+    long n = 0;
+    if (fd >= 0) {
+        char buf[65536];
+        ssize_t k;
+        while ((k = read(fd, buf, sizeof buf)) > 0)
+            n += k;
+        close(fd);
+    }
+    printf("attach %d import %d open %d read %ld\n", a, i, o, n);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    memlan_fabric_t *fab;
+    if (argc < 4 || memlan_fabric_open(argv[2], &fab) < 0)
+        return 9;
+    if (!strcmp(argv[1], "serve"))
+        return serve(fab, argv[3]);
+    if (!strcmp(argv[1], "connect") && argc > 4)
+        return connect_to(fab, argv[3], argv[4]);
+    if (!strcmp(argv[1], "probe"))
+        return probe(fab, argv[2], argv[3]);
+    return 9;
+}
+"""
+
+
+TAGS = {1: "user_obj", 2: "user", 4: "group_obj", 8: "group", 0x10: "mask", 0x20: "other"}
+
+
+def acl(path):
+    """{(tag, id or None): perm} of path's POSIX access ACL (the kernel's xattr format)."""
+    raw = os.getxattr(path, "system.posix_acl_access")
+    out = {}
+    for k in range(4, len(raw), 8):
+        tag, perm, uid = struct.unpack_from("<HHI", raw, k)
+        out[(TAGS[tag], uid if tag in (2, 8) else None)] = perm
+    return out
+
+
+def build_ep(pubdir):
+    root = pathlib.Path(__file__).resolve().parents[2]
+    build = MEMLAN.parent.parent
+    src, exe = pubdir / "ep.c", pubdir / "ep"
+    src.write_text(EP_C)
+    cc = subprocess.run(["cc", "-std=c11", "-D_GNU_SOURCE", "-I", str(root / "include"), "-o",
+                         str(exe), str(src), str(build / "lib" / "libmemlan.a"), "-lpthread"],
+                        capture_output=True, text=True, timeout=120)
+    assert cc.returncode == 0, cc.stderr
+    return exe
+
+
+def test_group_fabric_native_endpoint_is_private_to_its_two_ends(gfabric, pubdir):
+    fab, gid = gfabric
+    exe = build_ep(pubdir)
+    name = "ep%d" % os.getpid()
+    secret = "native-secret-%d" % os.getpid()
+    srv = cli = None
+    try:
+        srv = subprocess.Popen(as_user(A, gid, [str(exe), "serve", str(fab), name]),
+                               stdout=subprocess.PIPE, text=True)
+        assert srv.stdout.readline().strip() == "ready"
+        cli = subprocess.Popen(as_user(B, gid, [str(exe), "connect", str(fab), name, secret]),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        said = cli.stdout.readline().split()
+        assert len(said) == 2 and said[0] == "token", said
+        token = said[1]
+        st = os.stat(fab / ("seg-" + token))
+        assert st.st_uid == B and (st.st_mode & 0o007) == 0, oct(st.st_mode)
+        # its ACL: the owner (B) and A read-write, the group class and others nothing
+        assert acl(fab / ("seg-" + token)) == {("user_obj", None): 6, ("user", A): 6,
+                                                 ("group_obj", None): 0, ("mask", None): 6,
+                                                 ("other", None): 0}
+        p = subprocess.run(as_user(C, gid, [str(exe), "probe", str(fab), token]),
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0, p.stderr
+        # EACCES (-13) every way, and not one byte read
+        assert p.stdout.split() == ["attach", "-13", "import", "-13", "open", "-13", "read",
+                                    "0"], p.stdout
+        # a member of B's own user could (the two ends are users, not processes)
+        out, _ = cli.communicate("go\n", timeout=30)
+        assert cli.returncode == 0 and "echo ok" in out, out
+        assert srv.stdout.readline().split() == ["served", str(len(secret))]
+        srv.wait(timeout=30)
+        assert srv.returncode == 0
+    finally:
+        for x in (cli, srv):
+            if x and x.poll() is None:
+                x.kill()
+                x.wait()
