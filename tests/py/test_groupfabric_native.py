@@ -27,9 +27,13 @@ EP_C = r"""
 #include <errno.h>
 #include <fcntl.h>
 #include <memlan.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 static int serve(memlan_fabric_t *fab, const char *name)
@@ -102,6 +106,37 @@ static int connect_to(memlan_fabric_t *fab, const char *name, const char *secret
     return 0;
 }
 
+/* A client that hands over a channel the whole group may write (an older libmemlan's 0666
+ * file, or a member's on purpose), speaking the endpoint's hello itself: the server's answer. */
+static int wide(memlan_fabric_t *fab, const char *dir, const char *name)
+{
+    memlan_channel_t *ch;
+    if (memlan_channel_create(fab, NULL, &ch) < 0)
+        return 2;
+    char path[600];
+    snprintf(path, sizeof path, "%s/seg-%s", dir, memlan_channel_token(ch));
+    if (chmod(path, 0666) < 0)
+        return 3;
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    snprintf(sa.sun_path, sizeof sa.sun_path, "%s/ep-%s.sock", dir, name);
+    int s = socket(AF_UNIX, SOCK_SEQPACKET, 0);
+    if (s < 0 || connect(s, (struct sockaddr *)&sa, sizeof sa) < 0)
+        return 4;
+    struct {
+        uint32_t magic, version;
+        char token[33];
+        char pad[7];
+    } h = {0x6d6c6570u, 1u, {0}, {0}};
+    memcpy(h.token, memlan_channel_token(ch), 32);
+    int32_t answer = 1;
+    if (send(s, &h, sizeof h, 0) != (ssize_t)sizeof h ||
+        recv(s, &answer, sizeof answer, 0) != (ssize_t)sizeof answer)
+        return 5;
+    printf("answer %d\n", answer);
+    memlan_channel_close(ch);
+    return 0;
+}
+
 static int probe(memlan_fabric_t *fab, const char *dir, const char *token)
 {
     memlan_channel_t *ch;
@@ -133,6 +168,8 @@ int main(int argc, char **argv)
         return serve(fab, argv[3]);
     if (!strcmp(argv[1], "connect") && argc > 4)
         return connect_to(fab, argv[3], argv[4]);
+    if (!strcmp(argv[1], "wide"))
+        return wide(fab, argv[2], argv[3]);
     if (!strcmp(argv[1], "probe"))
         return probe(fab, argv[2], argv[3]);
     return 9;
@@ -203,3 +240,30 @@ def test_group_fabric_native_endpoint_is_private_to_its_two_ends(gfabric, pubdir
             if x and x.poll() is None:
                 x.kill()
                 x.wait()
+
+
+def test_group_fabric_native_server_refuses_a_channel_others_may_write(gfabric, pubdir):
+    """B hands A's endpoint a channel of its own that the whole group may write (chmod 0666: an
+    older libmemlan's file, or B on purpose): A refuses it (-EACCES), since every member could
+    read what A sends there, and goes on to serve B's proper connection.  Before, A attached
+    it (answer 0)."""
+    fab, gid = gfabric
+    exe = build_ep(pubdir)
+    name = "epw%d" % os.getpid()
+    srv = None
+    try:
+        srv = subprocess.Popen(as_user(A, gid, [str(exe), "serve", str(fab), name]),
+                               stdout=subprocess.PIPE, text=True)
+        assert srv.stdout.readline().strip() == "ready"
+        w = subprocess.run(as_user(B, gid, [str(exe), "wide", str(fab), name]),
+                           capture_output=True, text=True, timeout=30)
+        assert w.returncode == 0 and w.stdout.split() == ["answer", "-13"], (w.stdout, w.stderr)
+        cli = subprocess.run(as_user(B, gid, [str(exe), "connect", str(fab), name, "fine"]),
+                             input="go\n", capture_output=True, text=True, timeout=30)
+        assert cli.returncode == 0 and "echo ok" in cli.stdout, cli
+        assert srv.stdout.readline().split() == ["served", "4"]
+        srv.wait(timeout=30)
+    finally:
+        if srv and srv.poll() is None:
+            srv.kill()
+            srv.wait()
