@@ -107,6 +107,16 @@ int __ml_token_valid(const char *token);
 int __ml_token_new(char out[MEMLAN_TOKEN_LEN + 1]);
 void __ml_fabric_name(char *buf, size_t len, const char *prefix, const char *token);
 int __ml_fabric_reclaim(memlan_fabric_t *fab);
+/* memlan_fabric_clean with an account of what it left (memlan clean says it): files it may not
+ * open and so could not judge, dead files it may not remove, and files too new to judge
+ * without opening them; each with the first such name. */
+struct ml_clean_report {
+    int removed;
+    int unopened, kept, young;
+    char unopened_name[64], kept_name[64], young_name[64];
+    uint32_t dir_uid; /* the fabric directory's owner */
+};
+int __ml_fabric_clean_report(memlan_fabric_t *fab, struct ml_clean_report *rep);
 /* Why memlan_fabric_open(NULL) failed with err, in words (for logs): buf. */
 const char *__ml_fabric_explain(int err, char *buf, size_t len);
 /* The lazy sweep: once per handle, before the first file it creates (or when the caller says). */

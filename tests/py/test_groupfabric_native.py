@@ -267,3 +267,102 @@ def test_group_fabric_native_server_refuses_a_channel_others_may_write(gfabric, 
         if srv and srv.poll() is None:
             srv.kill()
             srv.wait()
+
+
+HOLD_SERVER = r"""
+import socket, sys, time
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", int(sys.argv[1])))
+ls.listen(8)
+print("ready", flush=True)
+c, _ = ls.accept()
+c.sendall(c.recv(16))
+print("echoed", flush=True)
+time.sleep(60)
+"""
+
+HOLD_CLIENT = r"""
+import socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"ping")
+print("got", s.recv(16).decode(), flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.fixture
+def owned_fabric(group):
+    """A private group fabric made by a member that is not root (sys, uid 3) with its
+    documented command: the fabric's owner."""
+    name, gid = group
+    d = pathlib.Path("/dev/shm/memlan-grp-own-%d" % os.getpid())
+    subprocess.run(["rm", "-rf", str(d)])
+    p = subprocess.run(as_user(OWNER, gid, [str(MEMLAN), "fabric", "create", "--group", name,
+                                            str(d)]), capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert d.stat().st_uid == OWNER
+    yield d, gid
+    subprocess.run(["rm", "-rf", str(d)])
+
+
+OWNER = 3  # sys
+
+
+def test_group_fabric_owner_cleans_other_members_dead_files(owned_fabric, pubdir):
+    """A (daemon) serves and B (nobody) connects under memlan run in a fabric whose owner is a
+    member (sys), not root; both are SIGKILLed, leaving their channel (0600 with an ACL naming
+    A and B) and their stat records (0644), none of which the owner may open.
+    The owner's `memlan clean` removes them all (the kernel's /proc/locks says no lock is held
+    on them) once they are 10 s old, and says which it left and why while they are younger; a
+    member's says that it may not list the fabric.  Before: the owner's clean removed what it
+    could open (the listener record), said "removed 1 file(s)" and left the rest silently."""
+    from test_apps import next_port
+    fab, gid = owned_fabric
+    (pubdir / "srv.py").write_text(HOLD_SERVER)
+    (pubdir / "cli.py").write_text(HOLD_CLIENT)
+    env = dict(os.environ, MEMLAN_FABRIC=str(fab))
+    port = next_port()
+    srv = cli = None
+    try:
+        srv = subprocess.Popen(as_user(A, gid, [str(MEMLAN), "run", "--", "python3",
+                                                str(pubdir / "srv.py"), str(port)]),
+                               stdout=subprocess.PIPE, text=True, env=env)
+        assert srv.stdout.readline().strip() == "ready"
+        cli = subprocess.Popen(as_user(B, gid, [str(MEMLAN), "run", "--", "python3",
+                                                str(pubdir / "cli.py"), str(port)]),
+                               stdout=subprocess.PIPE, text=True, env=env)
+        assert cli.stdout.readline().split() == ["got", "ping"]
+        assert srv.stdout.readline().strip() == "echoed"
+    finally:
+        for x in (cli, srv):
+            if x and x.poll() is None:
+                x.kill()
+                x.wait()
+    left = sorted(os.listdir(fab))
+    others = [f for f in left if f.startswith(("seg-", "cx-"))]
+    assert others and all(os.stat(fab / f).st_uid in (A, B) for f in others), left
+    # the connection was accelerated: B's channel, private to A and B
+    assert any(os.stat(fab / f).st_uid == B and ("user", A) in acl(fab / f) for f in others
+               if "system.posix_acl_access" in os.listxattr(fab / f)), left
+
+    def clean(uid):
+        return subprocess.run(as_user(uid, gid, [str(MEMLAN), "clean"]), capture_output=True,
+                              text=True, timeout=30, env=env)
+
+    # a member may not list a private fabric: it is told whose job it is
+    p = clean(C)
+    assert p.returncode == 1 and "listed only by its owner (uid 3) and root" in p.stderr, p
+    # while they are new the owner leaves them, and says so
+    p = clean(OWNER)
+    assert p.returncode == 0, p
+    assert "made less than 10 s ago left" in p.stderr, p
+    assert [f for f in os.listdir(fab) if f.startswith(("seg-", "cx-"))], os.listdir(fab)
+    # 10 s later (their times set back, as root) they go, every one
+    for f in os.listdir(fab):
+        if f.startswith(("seg-", "cx-")):
+            st = os.stat(fab / f)
+            os.utime(fab / f, (st.st_atime - 60, st.st_mtime - 60))
+    p = clean(OWNER)
+    assert p.returncode == 0 and p.stderr == "", p
+    assert sorted(os.listdir(fab)) == [], os.listdir(fab)
