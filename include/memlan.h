@@ -317,9 +317,11 @@ int memlan_evq_create(memlan_fabric_t *fab, unsigned capacity, memlan_evq_t **ou
  * memlan_evq_add - report ch's readiness (MEMLAN_EV_READ and/or MEMLAN_EV_WRITE; HUP and ERR are
  * always reported) through this queue, edge-triggered: an event comes when the channel becomes
  * ready; drain it (recv or send until -EAGAIN) to get the next.  A channel already ready when
- * added gives an event at once.  -EEXIST if ch is in a queue, -ENOSPC when the queue is full,
- * -EBUSY when ch's direction already names as many queues as it can (8, across the processes
- * that share it after fork).
+ * added gives an event at once.  -EEXIST if ch is in a queue, -ENOSPC when the queue is full
+ * or, in a fabric shared by a group, when it already serves channels of 32 other sets of users
+ * (each set gets a part of the queue that only they may post to; said once on stderr), -EBUSY
+ * when ch's direction already names as many queues as it can (8, across the processes that
+ * share it after fork).
  */
 int memlan_evq_add(memlan_evq_t *q, memlan_channel_t *ch, uint32_t events, void *udata);
 

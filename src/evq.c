@@ -48,7 +48,12 @@ struct ml_evq_slot {
  * share one doorbell FIFO (a hard link per part, so that a poster finds it by its part's token);
  * a FIFO only adds wake-ups for whoever may write it but not read it.
  */
-#define ML_EVQ_PARTS 9
+/* Part 0 and up to 32 others: bounded, as each part costs a file, a mapping and a look at its
+ * summary words per wait and per arm, and the doorbell's ACL names each part's users (at most
+ * 60 there).  Past it memlan_evq_add says -ENOSPC, and the first time a process meets it, it is
+ * said (__ml_say_once): under memlan run such sockets are looked at every 1 ms.  (It was 8
+ * others, silently.) */
+#define ML_EVQ_PARTS 33
 struct ml_evq_part {
     struct memlan_segment *seg;  /* NULL: a free slot */
     struct ml_evq_hdr *h;
@@ -494,8 +499,14 @@ static int ml_evq_part_for(struct memlan_evq *q, const struct memlan_channel *ch
     if (freeslot >= 0 && q->part[freeslot].seg && !ml_evq_part_drop(q, &q->part[freeslot], false))
         freeslot = -1;
     if (freeslot < 0) {
-        if (q->nparts == ML_EVQ_PARTS)
+        if (q->nparts == ML_EVQ_PARTS) {
+            __ml_say_once(ML_NOTE_EVQ_PARTS,
+                          "an event queue of this process serves connections of 32 other sets "
+                          "of users, its most: a connection of a further user is not registered "
+                          "with it (memlan_evq_add: ENOSPC; under memlan run, poll and epoll "
+                          "look at it every 1 ms instead of sleeping)");
             return -ENOSPC;
+        }
         freeslot = (int)q->nparts;
         __atomic_store_n(&q->nparts, q->nparts + 1, __ATOMIC_RELAXED);
     }

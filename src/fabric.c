@@ -83,6 +83,27 @@ void __ml_env_say_bad(unsigned which, const char *name, const char *value, const
         (void)__ml_sys_write_nosigpipe(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }
 
+void (*__ml_note)(unsigned topic, const char *msg);
+static _Atomic unsigned ml_notes_said;
+
+void __ml_say_once(unsigned topic, const char *msg)
+{
+    /* SYNC: none; the exchange only elects the one caller that speaks. */
+    if (atomic_fetch_or(&ml_notes_said, topic) & topic)
+        return;
+    if (__ml_note) {
+        __ml_note(topic, msg);
+        return;
+    }
+    const char *q = getenv("MEMLAN_QUIET");
+    if (q && *q && strcmp(q, "0") != 0)
+        return;
+    char line[400];
+    int n = snprintf(line, sizeof line, "memlan[%d]: %s\n", (int)__ml_sys_getpid(), msg);
+    if (n > 0)
+        (void)__ml_sys_write_nosigpipe(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
 /* The path memlan_fabric_open(NULL) uses, and whether it is the default. */
 static const char *ml_fabric_path(const char *path, char *def, size_t len, bool *explicit_path)
 {

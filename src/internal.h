@@ -74,6 +74,12 @@ struct memlan_segment {
  * *fdp to a private number, drop forgets it before it is closed.  NULL: plain fds. */
 extern void (*__ml_fd_keep)(int *fdp);
 extern void (*__ml_fd_drop)(int fd);
+/* A limit the core met that the user should hear of (one line, no newline): said once per
+ * process and topic (ML_NOTE_*).  The socket layer sets __ml_note to say it its own way (stderr
+ * and its log); else libmemlan writes it on stderr unless MEMLAN_QUIET. */
+enum { ML_NOTE_EVQ_PARTS = 1 };
+extern void (*__ml_note)(unsigned topic, const char *msg);
+void __ml_say_once(unsigned topic, const char *msg);
 
 /* guard.c: a fabric file shrunk under a registered mapping is recovered, not a SIGBUS. */
 int __ml_guard_add(void *base, size_t len);  /* the slot, or -1 (not guarded) */
