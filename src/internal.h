@@ -86,6 +86,10 @@ int __ml_guard_add(void *base, size_t len);  /* the slot, or -1 (not guarded) */
 void __ml_guard_del(int slot);               /* before the munmap; -1 is nothing */
 void __ml_guard_del_at(const void *base);    /* the same, found by address (a scan: rare uses) */
 bool __ml_guard_broken(int slot);            /* was the mapping replaced? */
+/* A system call of ours on [p, p + n) in a registered mapping failed with EFAULT (a file shrunk
+ * under it): recover the mapping as the handler would; true if it was ours (the caller then
+ * ends the connection, never passes EFAULT on). */
+bool __ml_guard_fault_in(const void *p, size_t n);
 /* In a SIGBUS handler: was this fault in a registered mapping (now replaced)? */
 bool __ml_guard_recover(const siginfo_t *si);
 /* In a SIGBUS handler: the default action for sig, as the kernel would take it. */
