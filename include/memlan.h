@@ -136,7 +136,10 @@ struct memlan_channel_opts {
  * not keep the creator waiting for ever: a blocking send, recv, reserve or peek that still waits
  * for one 10 s after creation (up to a second later) withdraws the channel (a late attach fails
  * with -EBUSY) and fails with -ENOTCONN, as every later call does.  To wait longer, or for ever,
- * call memlan_channel_wait_peer() first.
+ * call memlan_channel_wait_peer() first.  In a fabric shared by a group the channel's file is
+ * private to the creator's user (mode 0600): only processes of that user (and root) can attach
+ * (another member gets -EACCES, even with the token); a channel between two users is made by
+ * memlan_connect(), which grants the server's user alone.
  */
 int memlan_channel_create(memlan_fabric_t *fab, const struct memlan_channel_opts *opts,
                           memlan_channel_t **out);
@@ -283,7 +286,11 @@ void memlan_listener_close(memlan_listener_t *l);
  * for the server to accept it; 0 = try once: -EAGAIN at once when the server's queue is full,
  * else its answer is awaited as long as a server waits for a client's hello (2 s).  The server
  * attaches only a channel created by the user the kernel says connected (SO_PEERCRED), and
- * refuses another's with -EACCES.  Returns 0 and *out, a channel the server has attached; -EINVAL
+ * refuses another's with -EACCES.  In a fabric shared by a group the channel is its two ends'
+ * alone: its file is 0600 and the server's user (the one that made the listening socket, by
+ * SO_PEERCRED) is granted read-write by a POSIX ACL; no other member can open it (-EACCES), and
+ * the server takes no channel a third user may write (-EACCES).  A file system without ACLs
+ * gives -EOPNOTSUPP for a server of another user.  Returns 0 and *out, a channel the server has attached; -EINVAL
  * or -ENAMETOOLONG for a bad name, as memlan_listen; -ECONNREFUSED when nobody serves the name;
  * -ETIMEDOUT when the server did not accept in time; -EPROTOTYPE when the server takes only the
  * other kind; an error the server met attaching; or an errno from channel creation.  Thread-safe.
@@ -310,9 +317,11 @@ int memlan_evq_create(memlan_fabric_t *fab, unsigned capacity, memlan_evq_t **ou
  * memlan_evq_add - report ch's readiness (MEMLAN_EV_READ and/or MEMLAN_EV_WRITE; HUP and ERR are
  * always reported) through this queue, edge-triggered: an event comes when the channel becomes
  * ready; drain it (recv or send until -EAGAIN) to get the next.  A channel already ready when
- * added gives an event at once.  -EEXIST if ch is in a queue, -ENOSPC when the queue is full,
- * -EBUSY when ch's direction already names as many queues as it can (8, across the processes
- * that share it after fork).
+ * added gives an event at once.  -EEXIST if ch is in a queue, -ENOSPC when the queue is full
+ * or, in a fabric shared by a group, when it already serves channels of 32 other sets of users
+ * (each set gets a part of the queue that only they may post to; said once on stderr), -EBUSY
+ * when ch's direction already names as many queues as it can (8, across the processes that
+ * share it after fork).
  */
 int memlan_evq_add(memlan_evq_t *q, memlan_channel_t *ch, uint32_t events, void *udata);
 
@@ -337,7 +346,9 @@ int memlan_evq_fd(memlan_evq_t *q);
  * waiting (do not sleep: call memlan_evq_wait with timeout 0). */
 int memlan_evq_arm(memlan_evq_t *q);
 
-/* memlan_evq_close - remove every channel from q, close its fd and free it. */
+/* memlan_evq_close - remove every channel from q, close its fd and free it.  In a fork child, on
+ * the handle it inherited, it frees the child's copies only (mappings, descriptors, memory): the
+ * queue, its files and its registrations stay the creator's, which goes on using them. */
 void memlan_evq_close(memlan_evq_t *q);
 
 /* ---- errors ------------------------------------------------------------------------------ */

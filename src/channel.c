@@ -135,10 +135,28 @@ static int ml_chan_new_seg(memlan_fabric_t *fab, uint64_t rs, struct memlan_segm
     return r;
 }
 
+static int ml_chan_new_private(memlan_fabric_t *fab, uint64_t rs, const struct ml_access *acc,
+                               struct memlan_segment **seg);
+
 int memlan_channel_create(memlan_fabric_t *fab, const struct memlan_channel_opts *opts,
                           memlan_channel_t **out)
 {
-    if (!fab || !out)
+    return __ml_chan_create_for(fab, opts, NULL, out);
+}
+
+/*
+ * A native channel.  In a shared fabric its file is private to its two ends, as the socket
+ * layer's are: created 0600 (never widened), and acc's users (sorted, unique, neither the
+ * creator's euid nor root; NULL: none) granted read-write by an ACL before anyone can learn the
+ * token.  memlan_connect() names the server's user there; a channel made by
+ * memlan_channel_create() is attached by processes of its creator's user (and root) only.
+ * (Before, the file was 0666: any member that learnt the token could read and write the
+ * connection.)
+ */
+int __ml_chan_create_for(memlan_fabric_t *fab, const struct memlan_channel_opts *opts,
+                         const struct ml_access *acc, memlan_channel_t **out)
+{
+    if (!fab || !out || (acc && acc->n > ML_ACCESS_MAX))
         return -EINVAL;
     *out = NULL;
     int kind = opts && opts->kind ? opts->kind : MEMLAN_STREAM;
@@ -151,12 +169,18 @@ int memlan_channel_create(memlan_fabric_t *fab, const struct memlan_channel_opts
     if (!ch)
         return -ENOMEM;
     struct memlan_segment *seg;
-    int r = ml_chan_new_seg(fab, rs, &seg);
+    static const struct ml_access none;
+    int r = fab->shared ? ml_chan_new_private(fab, rs, acc ? acc : &none, &seg)
+                        : ml_chan_new_seg(fab, rs, &seg);
     if (r < 0) {
         free(ch);
         return r;
     }
     ml_chan_init(ch, seg, kind, rs);
+    if (fab->shared) { /* its writers: us and acc's users (evq.c's parts) */
+        ch->posters_private = true;
+        ch->posters = acc ? *acc : none;
+    }
     ch->attach_by = __ml_now_ns() + ML_ATTACH_WAIT_NS;
     __ml_seg_publish(seg);
     *out = ch;
@@ -510,6 +534,21 @@ static int ml_chan_attach(memlan_fabric_t *fab, const char *token, int64_t gen, 
         ((r = __ml_sys_fstat(seg->fd, &st)) < 0 || (uint32_t)st.st_uid != uid)) {
         __ml_seg_destroy(seg);
         return r < 0 ? r : -EACCES;
+    }
+    /* In a shared fabric the named endpoint's server takes only a channel its two ends alone
+     * may write: a file the group, others or a third user may write would hand our side of the
+     * connection to them (a client of an older libmemlan made 0666 files). */
+    if (uid != ML_ANY_UID && fab->shared) {
+        struct ml_access w;
+        int k = __ml_acl_writers(seg->fd, &w);
+        uint32_t me = (uint32_t)geteuid();
+        for (uint32_t i = 0; k == 0 && i < w.n; i++)
+            if (w.uids[i] != uid && w.uids[i] != me)
+                k = 1;
+        if (k != 0) {
+            __ml_seg_destroy(seg);
+            return k < 0 ? k : -EACCES;
+        }
     }
     return ml_chan_attach_seg(seg, gen, NULL, out);
 }

@@ -114,6 +114,11 @@ int __ml_chan_adopt(memlan_fabric_t *fab, const char *token, int fd, int side,
                     memlan_channel_t **out);
 uint32_t __ml_chan_attach_state(const struct memlan_channel *ch);
 void __ml_chan_abandon(struct memlan_channel *ch);
+/* A native channel private to its creator and acc's users in a shared fabric (endpoint.c). */
+struct ml_access;
+__attribute__((visibility("default"))) int
+__ml_chan_create_for(memlan_fabric_t *fab, const struct memlan_channel_opts *opts,
+                     const struct ml_access *acc, memlan_channel_t **out);
 int __ml_chan_attach_uid(memlan_fabric_t *fab, const char *token, uint32_t uid,
                          memlan_channel_t **out);
 size_t __ml_chan_unsent(struct memlan_channel *ch, const void **ptr);

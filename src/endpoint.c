@@ -344,7 +344,20 @@ int memlan_connect(memlan_fabric_t *fab, const char *name, const struct memlan_c
     }
     if (r == -ENOENT)
         r = -ECONNREFUSED; /* nobody serves the name */
-    if (r < 0 || (r = memlan_channel_create(fab, opts, &ch)) < 0)
+    if (r < 0)
+        goto out;
+    /* In a shared fabric the channel is its two ends' alone: the server's user (the kernel's
+     * word: the credentials its listening socket was made with) is granted it by an ACL before
+     * the token leaves us; nobody else of the group can open it. */
+    struct ml_access acc = {0};
+    if (fab->shared) {
+        uint32_t su;
+        if ((r = __ml_sys_peer_uid(s, &su)) < 0)
+            goto out;
+        if (su != 0 && su != (uint32_t)geteuid())
+            acc = (struct ml_access){.n = 1, .uids = {su}};
+    }
+    if ((r = __ml_chan_create_for(fab, opts, &acc, &ch)) < 0)
         goto out;
     struct ml_ep_hello h = {.magic = ML_EP_MAGIC, .version = ML_EP_VERSION};
     memcpy(h.token, memlan_channel_token(ch), sizeof h.token);

@@ -48,7 +48,12 @@ struct ml_evq_slot {
  * share one doorbell FIFO (a hard link per part, so that a poster finds it by its part's token);
  * a FIFO only adds wake-ups for whoever may write it but not read it.
  */
-#define ML_EVQ_PARTS 9
+/* Part 0 and up to 32 others: bounded, as each part costs a file, a mapping and a look at its
+ * summary words per wait and per arm, and the doorbell's ACL names each part's users (at most
+ * 60 there).  Past it memlan_evq_add says -ENOSPC, and the first time a process meets it, it is
+ * said (__ml_say_once): under memlan run such sockets are looked at every 1 ms.  (It was 8
+ * others, silently.) */
+#define ML_EVQ_PARTS 33
 struct ml_evq_part {
     struct memlan_segment *seg;  /* NULL: a free slot */
     struct ml_evq_hdr *h;
@@ -72,6 +77,7 @@ struct memlan_evq {
      * parts, and a drop unpublishes a part (live), then waits for no reader before unmapping. */
     _Atomic uint32_t readers;
     uint32_t uid;               /* the owner of part 0's file */
+    int32_t pid;                /* the creator: its files are not a fork child's to remove */
     uint32_t capacity;
     int bell;                 /* FIFO read end (opened O_RDWR so it always has a writer) */
     struct ml_evq_slot *slots;
@@ -493,8 +499,14 @@ static int ml_evq_part_for(struct memlan_evq *q, const struct memlan_channel *ch
     if (freeslot >= 0 && q->part[freeslot].seg && !ml_evq_part_drop(q, &q->part[freeslot], false))
         freeslot = -1;
     if (freeslot < 0) {
-        if (q->nparts == ML_EVQ_PARTS)
+        if (q->nparts == ML_EVQ_PARTS) {
+            __ml_say_once(ML_NOTE_EVQ_PARTS,
+                          "an event queue of this process serves connections of 32 other sets "
+                          "of users, its most: a connection of a further user is not registered "
+                          "with it (memlan_evq_add: ENOSPC; under memlan run, poll and epoll "
+                          "look at it every 1 ms instead of sleeping)");
             return -ENOSPC;
+        }
         freeslot = (int)q->nparts;
         __atomic_store_n(&q->nparts, q->nparts + 1, __ATOMIC_RELAXED);
     }
@@ -566,6 +578,7 @@ int memlan_evq_create(memlan_fabric_t *fab, unsigned capacity, memlan_evq_t **ou
         goto fail_seg;
     }
     q->bell = (int)fd;
+    q->pid = (int32_t)__ml_pid();
     q->h = q->part[0].h;
     q->leaf = q->part[0].leaf;
     q->sum = q->part[0].sum;
@@ -962,6 +975,12 @@ void memlan_evq_close(memlan_evq_t *q)
 {
     if (!q)
         return;
+    /* A fork child's close of the handle it inherited drops its own copies only: the files, the
+     * doorbell, the parts and the registrations are the creator's, whose queue goes on. */
+    if (q->pid != (int32_t)__ml_pid()) {
+        __ml_evq_forget(q);
+        return;
+    }
     for (uint32_t i = 0; i < q->capacity; i++)
         if (q->slots[i].ch)
             memlan_evq_del(q, q->slots[i].ch);

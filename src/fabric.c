@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/sysmacros.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -78,6 +79,27 @@ void __ml_env_say_bad(unsigned which, const char *name, const char *value, const
     char line[240];
     int n = snprintf(line, sizeof line, "memlan[%d]: bad %s='%.40s' (want %s): using the default, %s\n",
                      (int)__ml_sys_getpid(), name, value, want, def);
+    if (n > 0)
+        (void)__ml_sys_write_nosigpipe(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+void (*__ml_note)(unsigned topic, const char *msg);
+static _Atomic unsigned ml_notes_said;
+
+void __ml_say_once(unsigned topic, const char *msg)
+{
+    /* SYNC: none; the exchange only elects the one caller that speaks. */
+    if (atomic_fetch_or(&ml_notes_said, topic) & topic)
+        return;
+    if (__ml_note) {
+        __ml_note(topic, msg);
+        return;
+    }
+    const char *q = getenv("MEMLAN_QUIET");
+    if (q && *q && strcmp(q, "0") != 0)
+        return;
+    char line[400];
+    int n = snprintf(line, sizeof line, "memlan[%d]: %s\n", (int)__ml_sys_getpid(), msg);
     if (n > 0)
         (void)__ml_sys_write_nosigpipe(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
 }
@@ -186,11 +208,190 @@ void memlan_fabric_close(memlan_fabric_t *fab)
 
 const char *memlan_fabric_path(const memlan_fabric_t *fab) { return fab ? fab->path : NULL; }
 
+/*
+ * An explicit clean (memlan_fabric_clean, `memlan clean`) by the fabric directory's owner in a
+ * shared fabric: the other members' private files (their channels, 0600 with an ACL naming the
+ * two ends; their stat records, 0644) cannot be opened, so their lock bytes cannot be probed,
+ * yet the directory's owner may remove them (the sticky bit lets it).  The kernel lists every
+ * OFD lock in /proc/locks (by device and inode, whoever holds it, in any pid namespace), which
+ * any user may read: a file whose owner's byte and bridge byte no lock covers is dead, provided
+ * it was last modified more than ML_CLEAN_YOUNG_S ago (its creator locks it right after
+ * creating it, O_EXCL; a file not yet locked may be that young).  Only the explicit clean does this (never the lazy
+ * sweep, which runs inside other programs); everything it could not judge or remove is counted
+ * for the caller to say.
+ */
+#define ML_CLEAN_YOUNG_S 10
+
+struct ml_lockent {
+    uint64_t dev, ino;
+};
+
+struct ml_clean_ctx {
+    struct ml_clean_report *rep;
+    bool dir_owner;        /* we own the directory: we may remove any file in it */
+    int nlocks;            /* -1: /proc/locks not read yet; -2: unreadable */
+    struct ml_lockent *locks; /* locks covering byte 0 or 2, sorted */
+};
+
+static int ml_lockent_cmp(const void *a, const void *b)
+{
+    const struct ml_lockent *x = a, *y = b;
+    if (x->dev != y->dev)
+        return x->dev < y->dev ? -1 : 1;
+    return x->ino < y->ino ? -1 : x->ino > y->ino;
+}
+
+/* Read /proc/locks once: the (device, inode) of every lock (held or waited for) that covers
+ * byte ML_LOCK_OWNER or its bridge byte. */
+static void ml_clean_read_locks(struct ml_clean_ctx *cx)
+{
+    cx->nlocks = -2;
+    long fd = __ml_sys_open(AT_FDCWD, "/proc/locks", O_RDONLY, 0);
+    if (fd < 0)
+        return;
+    size_t cap = 1 << 16, len = 0;
+    char *buf = malloc(cap + 1);
+    for (;;) {
+        if (!buf)
+            break;
+        if (len == cap) {
+            if (cap >= (64u << 20)) /* bounded: a table this big is not read whole */
+                break;
+            char *nb = realloc(buf, 2 * cap + 1);
+            if (!nb)
+                break;
+            buf = nb;
+            cap *= 2;
+        }
+        ssize_t n = __ml_sys_read((int)fd, buf + len, cap - len);
+        if (n == -EINTR)
+            continue;
+        if (n <= 0) {
+            if (n == 0) {
+                buf[len] = 0;
+                cx->nlocks = 0;
+            }
+            break;
+        }
+        len += (size_t)n;
+    }
+    __ml_sys_close((int)fd);
+    if (cx->nlocks != 0) {
+        free(buf);
+        return;
+    }
+    size_t lines = 0;
+    for (size_t i = 0; i < len; i++)
+        lines += buf[i] == '\n';
+    cx->locks = malloc((lines + 1) * sizeof *cx->locks);
+    if (!cx->locks) {
+        free(buf);
+        cx->nlocks = -2;
+        return;
+    }
+    int n = 0;
+    for (char *line = buf, *next; line && *line; line = next) {
+        next = strchr(line, '\n');
+        if (next)
+            *next++ = 0;
+        /* "1: OFDLCK  ADVISORY  WRITE -1 00:1b:1249797 0 0", a waiter with "->" before the
+         * type; the end is a number or EOF.  The device field is the first with two colons. */
+        char *tok, *save = NULL;
+        unsigned maj, min;
+        unsigned long long ino, start = 0, end = 0;
+        bool got = false, eof = false;
+        int after = 0;
+        for (tok = strtok_r(line, " \t", &save); tok; tok = strtok_r(NULL, " \t", &save)) {
+            if (!got) {
+                char c;
+                if (sscanf(tok, "%x:%x:%llu%c", &maj, &min, &ino, &c) == 3)
+                    got = true;
+                continue;
+            }
+            if (after == 0)
+                start = strtoull(tok, NULL, 10);
+            else if (after == 1) {
+                eof = strcmp(tok, "EOF") == 0;
+                end = eof ? 0 : strtoull(tok, NULL, 10);
+            }
+            after++;
+        }
+        if (!got || after < 2)
+            continue;
+        bool covers = false;
+        for (unsigned long long b = ML_LOCK_OWNER; b <= ML_LOCK_BRIDGE(ML_LOCK_OWNER); b += 2)
+            covers |= start <= b && (eof || end >= b);
+        if (covers)
+            cx->locks[n++] = (struct ml_lockent){makedev(maj, min), ino};
+    }
+    free(buf);
+    qsort(cx->locks, (size_t)n, sizeof *cx->locks, ml_lockent_cmp);
+    cx->nlocks = n;
+}
+
+static void ml_clean_note(int *count, char *first, size_t len, const char *name)
+{
+    if ((*count)++ == 0)
+        snprintf(first, len, "%s", name);
+}
+
+/* name could not be opened (err): judge it by /proc/locks where we may remove it.  1 if removed
+ * (its doorbell too, counted). */
+static int ml_clean_unopened(memlan_fabric_t *fab, struct ml_clean_ctx *cx, const char *name,
+                             long err)
+{
+    struct ml_clean_report *rep = cx->rep;
+    struct stat st;
+    if (err != -EACCES && err != -EPERM)
+        return 0; /* gone meanwhile, or not ours to judge (a FIFO, a link) */
+    if (!cx->dir_owner || __ml_sys_fstatat(fab->dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISREG(st.st_mode)) {
+        ml_clean_note(&rep->unopened, rep->unopened_name, sizeof rep->unopened_name, name);
+        return 0;
+    }
+    if (cx->nlocks == -1)
+        ml_clean_read_locks(cx);
+    if (cx->nlocks < 0) {
+        ml_clean_note(&rep->unopened, rep->unopened_name, sizeof rep->unopened_name, name);
+        return 0;
+    }
+    struct ml_lockent key = {(uint64_t)st.st_dev, (uint64_t)st.st_ino};
+    if (bsearch(&key, cx->locks, (size_t)cx->nlocks, sizeof key, ml_lockent_cmp))
+        return 0; /* live */
+    /* Its age by mtime, a bound from below (creation sets it, writes move it on; unlinking
+     * another name of it, as this sweep does with an offer's, moves only ctime). */
+    if (time(NULL) - st.st_mtime <= ML_CLEAN_YOUNG_S) {
+        ml_clean_note(&rep->young, rep->young_name, sizeof rep->young_name, name);
+        return 0;
+    }
+    /* Remove the name only if it still names the inode we judged. */
+    struct stat b;
+    if (__ml_sys_fstatat(fab->dirfd, name, &b, AT_SYMLINK_NOFOLLOW) != 0 ||
+        b.st_ino != st.st_ino || b.st_dev != st.st_dev)
+        return 0;
+    long r = __ml_sys_unlinkat(fab->dirfd, name, 0);
+    if (r < 0) {
+        ml_clean_note(&rep->kept, rep->kept_name, sizeof rep->kept_name, name);
+        return 0;
+    }
+    int removed = 1;
+    if (strncmp(name, "seg-", 4) == 0) {
+        char bell[80];
+        __ml_fabric_name(bell, sizeof bell, "bell", name + 4);
+        if (__ml_sys_unlinkat(fab->dirfd, bell, 0) == 0)
+            removed++;
+    }
+    return removed;
+}
+
 /* Open name (a regular file, never a FIFO or a link) and take its owner's byte without waiting:
- * the fd, the owner gone, or -1.  *st: the opened file, to check that name still names it. */
-static long ml_reclaim_lock(memlan_fabric_t *fab, const char *name, struct stat *st)
+ * the fd, the owner gone, or -1.  *st: the opened file, to check that name still names it.
+ * *err: why the open failed (0 when it did not). */
+static long ml_reclaim_lock_err(memlan_fabric_t *fab, const char *name, struct stat *st,
+                                long *err)
 {
     long fd = __ml_sys_open(fab->dirfd, name, O_RDWR | O_NOFOLLOW | O_NONBLOCK, 0);
+    *err = fd < 0 ? fd : 0;
     if (fd < 0)
         return -1;
     if (__ml_sys_fstat((int)fd, st) == 0 && S_ISREG(st->st_mode) &&
@@ -198,6 +399,12 @@ static long ml_reclaim_lock(memlan_fabric_t *fab, const char *name, struct stat 
         return fd;
     __ml_sys_close((int)fd);
     return -1;
+}
+
+static long ml_reclaim_lock(memlan_fabric_t *fab, const char *name, struct stat *st)
+{
+    long err;
+    return ml_reclaim_lock_err(fab, name, st, &err);
 }
 
 /* Does name still name the file st describes? */
@@ -208,19 +415,25 @@ static bool ml_still_names(memlan_fabric_t *fab, const char *name, const struct 
            st->st_ino == b.st_ino && st->st_dev == b.st_dev;
 }
 
-/* Remove seg-TOKEN if its owner's lock byte is free; 1 if removed. */
-static int ml_reclaim_seg(memlan_fabric_t *fab, const char *name)
+/* Remove seg-TOKEN if its owner's lock byte is free; 1 if removed.  cx: an explicit clean's
+ * account (NULL in the lazy sweep). */
+static int ml_reclaim_seg_cx(memlan_fabric_t *fab, const char *name, struct ml_clean_ctx *cx)
 {
     struct stat a;
-    long fd = ml_reclaim_lock(fab, name, &a);
+    long err;
+    long fd = ml_reclaim_lock_err(fab, name, &a, &err);
     if (fd < 0)
-        return 0;
+        return cx && err < 0 ? ml_clean_unopened(fab, cx, name, err) : 0;
     int removed = 0;
     /* We hold the owner's byte; if nobody holds its bridge the owner is gone (or is between
      * creating the file and locking it; its nlink check after locking makes it start again).
      * Remove the name only if it still names the inode we locked. */
+    long u = -1;
     if (__ml_sys_byte_held((int)fd, ML_LOCK_BRIDGE(ML_LOCK_OWNER)) == 0 &&
-        ml_still_names(fab, name, &a) && __ml_sys_unlinkat(fab->dirfd, name, 0) == 0) {
+        ml_still_names(fab, name, &a) && (u = __ml_sys_unlinkat(fab->dirfd, name, 0)) < 0 &&
+        cx && (u == -EPERM || u == -EACCES))
+        ml_clean_note(&cx->rep->kept, cx->rep->kept_name, sizeof cx->rep->kept_name, name);
+    if (u == 0) {
         removed = 1;
         if (strncmp(name, "seg-", 4) == 0) { /* an event queue's doorbell goes with it */
             char bell[80];
@@ -255,12 +468,40 @@ static int ml_reclaim_ep(memlan_fabric_t *fab, const char *name)
     return removed;
 }
 
+static int ml_reclaim_seg(memlan_fabric_t *fab, const char *name)
+{
+    return ml_reclaim_seg_cx(fab, name, NULL);
+}
+
 int __ml_fabric_reclaim_name(memlan_fabric_t *fab, const char *name)
 {
     return ml_reclaim_seg(fab, name);
 }
 
-int __ml_fabric_reclaim(memlan_fabric_t *fab)
+static int ml_fabric_reclaim_cx(memlan_fabric_t *fab, struct ml_clean_ctx *cx);
+
+int __ml_fabric_reclaim(memlan_fabric_t *fab) { return ml_fabric_reclaim_cx(fab, NULL); }
+
+int __ml_fabric_clean_report(memlan_fabric_t *fab, struct ml_clean_report *rep)
+{
+    if (!fab || !rep)
+        return -EINVAL;
+    memset(rep, 0, sizeof *rep);
+    struct stat d;
+    int r = __ml_sys_fstat(fab->dirfd, &d);
+    if (r < 0)
+        return r;
+    rep->dir_uid = (uint32_t)d.st_uid;
+    struct ml_clean_ctx cx = {.rep = rep, .dir_owner = d.st_uid == geteuid() && fab->shared,
+                              .nlocks = -1};
+    r = ml_fabric_reclaim_cx(fab, &cx);
+    free(cx.locks);
+    if (r >= 0)
+        rep->removed = r;
+    return r;
+}
+
+static int ml_fabric_reclaim_cx(memlan_fabric_t *fab, struct ml_clean_ctx *cx)
 {
     long dfd = __ml_sys_open(fab->dirfd, ".", O_RDONLY | O_DIRECTORY, 0);
     if (dfd < 0)
@@ -276,10 +517,10 @@ int __ml_fabric_reclaim(memlan_fabric_t *fab)
             off += d->d_reclen;
             const char *nm = d->d_name;
             if (strncmp(nm, "seg-", 4) == 0 && __ml_token_valid(nm + 4)) {
-                removed += ml_reclaim_seg(fab, nm);
+                removed += ml_reclaim_seg_cx(fab, nm, cx);
             } else if (strncmp(nm, "ls-", 3) == 0) {
                 /* A listener record: its listeners hold read locks on byte 0. */
-                removed += ml_reclaim_seg(fab, nm);
+                removed += ml_reclaim_seg_cx(fab, nm, cx);
             } else if (strncmp(nm, "la-", 3) == 0) {
                 /* An address record (src/preload/negotiate.c): a symbolic link to a listener
                  * record, stale once that record is gone or no listener holds it. */
@@ -308,7 +549,7 @@ int __ml_fabric_reclaim(memlan_fabric_t *fab)
                 if (__ml_sys_fstatat(fab->dirfd, nm, &st, AT_SYMLINK_NOFOLLOW) != 0)
                     continue;
                 if (S_ISREG(st.st_mode) && st.st_size >= ML_PAGE) {
-                    removed += ml_reclaim_seg(fab, nm);
+                    removed += ml_reclaim_seg_cx(fab, nm, cx);
                 } else if (time(NULL) - st.st_mtime > 10 &&
                            __ml_sys_unlinkat(fab->dirfd, nm, 0) == 0) {
                     removed++;
@@ -368,7 +609,6 @@ void __ml_fabric_sweep_once(memlan_fabric_t *fab)
 
 int memlan_fabric_clean(memlan_fabric_t *fab)
 {
-    if (!fab)
-        return -EINVAL;
-    return __ml_fabric_reclaim(fab);
+    struct ml_clean_report rep;
+    return __ml_fabric_clean_report(fab, &rep);
 }

@@ -190,6 +190,43 @@ bool __ml_guard_recover(const siginfo_t *si)
     return false;
 }
 
+/*
+ * A system call we made on mapped fabric memory (a send from a ring, a read into one) failed
+ * with EFAULT: the kernel met the same shrunk file that a user-space access would have met with
+ * SIGBUS, but a system call gets no signal, only the error, which must not reach the program
+ * (its own buffers were not involved).  If [p, p + n) lies inside a registered mapping, the
+ * mapping is recovered as the handler would (replaced by private memory, marked broken) and
+ * true is returned: the caller ends the connection (ECONNRESET) instead.  False: not ours.
+ */
+bool __ml_guard_fault_in(const void *p, size_t n)
+{
+    uintptr_t a = (uintptr_t)p;
+    int total = atomic_load(&ml_guard_nchunks) * ML_GUARD_CHUNK;
+    for (int i = 0; i < total; i++) {
+        struct ml_guard_slot *s = ml_guard_slot(i);
+        if (!s)
+            continue;
+        uint64_t q = atomic_load_explicit(&s->seq, memory_order_acquire);
+        if (q & 1)
+            continue;
+        uintptr_t b = atomic_load(&s->base);
+        size_t len = atomic_load(&s->len);
+        if (atomic_load_explicit(&s->seq, memory_order_acquire) != q || b <= 1 || a < b ||
+            a - b >= len || n > len - (a - b))
+            continue;
+        if (atomic_load_explicit(&s->broken, memory_order_acquire))
+            return true; /* recovered already (by the handler, or another thread) */
+        void *m;
+        if (__ml_sys_mmap(&m, (void *)b, len, PROT_READ | PROT_WRITE,
+                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0) < 0)
+            return false;
+        atomic_store_explicit(&s->broken, 1, memory_order_release);
+        atomic_fetch_add(&ml_guard_recovered, 1);
+        return true;
+    }
+    return false;
+}
+
 /* Another SIGBUS in a program whose disposition is the default: that default, exactly. */
 void __ml_guard_default(int sig, siginfo_t *si)
 {

@@ -74,12 +74,22 @@ struct memlan_segment {
  * *fdp to a private number, drop forgets it before it is closed.  NULL: plain fds. */
 extern void (*__ml_fd_keep)(int *fdp);
 extern void (*__ml_fd_drop)(int fd);
+/* A limit the core met that the user should hear of (one line, no newline): said once per
+ * process and topic (ML_NOTE_*).  The socket layer sets __ml_note to say it its own way (stderr
+ * and its log); else libmemlan writes it on stderr unless MEMLAN_QUIET. */
+enum { ML_NOTE_EVQ_PARTS = 1 };
+extern void (*__ml_note)(unsigned topic, const char *msg);
+void __ml_say_once(unsigned topic, const char *msg);
 
 /* guard.c: a fabric file shrunk under a registered mapping is recovered, not a SIGBUS. */
 int __ml_guard_add(void *base, size_t len);  /* the slot, or -1 (not guarded) */
 void __ml_guard_del(int slot);               /* before the munmap; -1 is nothing */
 void __ml_guard_del_at(const void *base);    /* the same, found by address (a scan: rare uses) */
 bool __ml_guard_broken(int slot);            /* was the mapping replaced? */
+/* A system call of ours on [p, p + n) in a registered mapping failed with EFAULT (a file shrunk
+ * under it): recover the mapping as the handler would; true if it was ours (the caller then
+ * ends the connection, never passes EFAULT on). */
+bool __ml_guard_fault_in(const void *p, size_t n);
 /* In a SIGBUS handler: was this fault in a registered mapping (now replaced)? */
 bool __ml_guard_recover(const siginfo_t *si);
 /* In a SIGBUS handler: the default action for sig, as the kernel would take it. */
@@ -107,6 +117,16 @@ int __ml_token_valid(const char *token);
 int __ml_token_new(char out[MEMLAN_TOKEN_LEN + 1]);
 void __ml_fabric_name(char *buf, size_t len, const char *prefix, const char *token);
 int __ml_fabric_reclaim(memlan_fabric_t *fab);
+/* memlan_fabric_clean with an account of what it left (memlan clean says it): files it may not
+ * open and so could not judge, dead files it may not remove, and files too new to judge
+ * without opening them; each with the first such name. */
+struct ml_clean_report {
+    int removed;
+    int unopened, kept, young;
+    char unopened_name[64], kept_name[64], young_name[64];
+    uint32_t dir_uid; /* the fabric directory's owner */
+};
+int __ml_fabric_clean_report(memlan_fabric_t *fab, struct ml_clean_report *rep);
 /* Why memlan_fabric_open(NULL) failed with err, in words (for logs): buf. */
 const char *__ml_fabric_explain(int err, char *buf, size_t len);
 /* The lazy sweep: once per handle, before the first file it creates (or when the caller says). */

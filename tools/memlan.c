@@ -16,6 +16,7 @@
 #include "bench.h"
 #include "memlan.h"
 #include "memlan/layout.h"
+#include "internal.h"
 #include "preload/ports.h"
 
 #include <dirent.h>
@@ -604,7 +605,17 @@ static int cmd_clean(int argc, char **argv)
         fprintf(stderr, "memlan clean: cannot open the fabric: %s\n", memlan_strerror(r));
         return 1;
     }
-    r = memlan_fabric_clean(fab);
+    struct ml_clean_report rep;
+    r = __ml_fabric_clean_report(fab, &rep);
+    if (r == -EACCES && rep.dir_uid != (uint32_t)geteuid()) {
+        fprintf(stderr,
+                "memlan clean: cannot list %s: a private shared fabric (searchable, not "
+                "listable) is listed only by its owner (uid %u) and root; run memlan clean as "
+                "one of them\n",
+                memlan_fabric_path(fab), (unsigned)rep.dir_uid);
+        memlan_fabric_close(fab);
+        return 1;
+    }
     if (r < 0) {
         fprintf(stderr, "memlan clean: %s\n", memlan_strerror(r));
         memlan_fabric_close(fab);
@@ -612,6 +623,28 @@ static int cmd_clean(int argc, char **argv)
     }
     printf("memlan clean: removed %d file(s) of dead processes from %s\n", r,
            memlan_fabric_path(fab));
+    /* What was left and why, in a fabric shared by a group (design.md, "Fabric"). */
+    bool owner = rep.dir_uid == (uint32_t)geteuid();
+    if (rep.unopened)
+        fprintf(stderr,
+                "memlan clean: %d file(s) of other users not checked (%s...): this user may "
+                "not open them (a member's channels are its two ends' alone)%s; run memlan "
+                "clean as %s\n",
+                rep.unopened, rep.unopened_name,
+                owner ? " and cannot read /proc/locks" : "", owner ? "root" : "the fabric's owner "
+                "or root");
+    if (rep.kept)
+        fprintf(stderr,
+                "memlan clean: %d dead file(s) of other users left (%s...): the fabric is "
+                "sticky, so only their owner, the fabric's owner (uid %u) or root may remove "
+                "them\n",
+                rep.kept, rep.kept_name, (unsigned)rep.dir_uid);
+    if (rep.young)
+        fprintf(stderr,
+                "memlan clean: %d file(s) of other users made less than 10 s ago left (%s...): "
+                "too new to tell dead from being set up without opening them; run memlan "
+                "clean again later\n",
+                rep.young, rep.young_name);
     memlan_fabric_close(fab);
     return 0;
 }

@@ -270,7 +270,7 @@ static void mlp_read_config(void)
     const char *said = getenv(MLP_SAID_ENV);
     if (said)
         mlp_said_before = (unsigned)strtoul(said, NULL, 10) &
-                          (MLP_SAID_CONFIG | MLP_SAID_FABRIC | MLP_SAID_FULL);
+                          (MLP_SAID_CONFIG | MLP_SAID_FABRIC | MLP_SAID_FULL | MLP_SAID_EVQ);
     mlp_said = mlp_said_before;
     const char *q = getenv("MEMLAN_QUIET");
     mlp_quiet = q && *q && strcmp(q, "0") != 0;
@@ -362,6 +362,13 @@ static void mlp_atfork_child(void)
 
 static void mlp_keep_fd(int *fdp) { mlp_own_fd(fdp, true); }
 
+/* A limit the core met (__ml_say_once): said our way, on stderr and in the log. */
+static void mlp_core_note(unsigned topic, const char *msg)
+{
+    (void)topic; /* one core topic so far: the event queue's parts */
+    mlp_say(MLP_SAID_EVQ, "%s", msg);
+}
+
 static void mlp_init_once(void)
 {
     int inside = mlp_inside;
@@ -374,6 +381,7 @@ static void mlp_init_once(void)
     mlp_fdtable_init();
     __ml_fd_keep = mlp_keep_fd;
     __ml_fd_drop = mlp_disown_fd;
+    __ml_note = mlp_core_note;
     mlp_sigbus_init(); /* before anything is mapped */
     mlp_read_config();
     __ml_spin_init(); /* nothing asked of the system later that a sandbox could refuse */

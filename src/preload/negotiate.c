@@ -1905,6 +1905,8 @@ int mlp_flush_unsent(struct mlp_sock *s, int fd, bool block)
         int e = w < 0 ? errno : EIO;
         if (e == EINTR)
             continue;
+        if (e == EFAULT && __ml_guard_fault_in(p, n))
+            return -ECONNRESET; /* the ring's file was shrunk under us: those bytes are lost */
         if (e != EAGAIN || !block)
             return -e;
         struct pollfd pf = {.fd = fd, .events = POLLOUT};

@@ -774,6 +774,14 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     return mlp_tx_error(s, r, flags);
 }
 
+/* A system call of ours on ring memory (p, n) failed with e: EFAULT there is the ring's file
+ * shrunk under us (guard.c recovers the mapping), which the program must see as the
+ * connection's end (ECONNRESET), never as EFAULT: its own buffers were not involved. */
+static int mlp_ring_fault(int e, const void *p, size_t n)
+{
+    return e == -EFAULT && __ml_guard_fault_in(p, n) ? -ECONNRESET : e;
+}
+
 /* sendfile(2) into an accelerated socket: the file's bytes are read straight into the ring. */
 ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t count)
 {
@@ -821,7 +829,7 @@ ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t coun
             if (got <= 0) {
                 (void)memlan_commit(s->ch, 0);
                 if (got < 0)
-                    err = -errno;
+                    err = mlp_ring_fault(-errno, p, want);
                 end = true;
                 break;
             }
@@ -982,7 +990,7 @@ ssize_t mlp_splice_from(struct mlp_sock *s, int fd, int pipe, size_t len, unsign
         }
         w = mlp_real_write(pipe, p, n < room ? n : room);
         if (w < 0)
-            w = -errno;
+            w = mlp_ring_fault(-errno, p, n < room ? n : room);
         (void)memlan_release(s->ch, w > 0 ? (size_t)w : 0);
         mlp_unlock_rx(s);
         break;
@@ -1046,7 +1054,7 @@ ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned
     }
     size_t want = len < (size_t)room ? len : (size_t)room;
     ssize_t got = mlp_real_read(pipe, p, want);
-    int e = got < 0 ? -errno : 0;
+    int e = got < 0 ? mlp_ring_fault(-errno, p, want) : 0;
     (void)memlan_commit(s->ch, got > 0 ? (size_t)got : 0);
     mlp_unlock_tx(s);
     return got < 0 ? e : got;

@@ -26,6 +26,7 @@
 #include "memlan.h"
 #include "memlan/rpc.h"
 #include "../internal.h"
+#include "../channel.h"
 #include "../sys/sys.h"
 
 #include <errno.h>
@@ -575,7 +576,8 @@ static int ml_rpc_host_is_local(const char *host)
  * write the fabric directory could have unlinked the real server's socket and bound one of
  * its own, to take the client's calls.  On refusal, *why says who it was.
  */
-static int ml_rpc_server_trusted(int s, const char *path, char *why, size_t whylen)
+static int ml_rpc_server_trusted(int s, const char *path, char *why, size_t whylen,
+                                 uint32_t *server_uid)
 {
     struct ucred pc;
     socklen_t pl = sizeof pc;
@@ -593,6 +595,7 @@ static int ml_rpc_server_trusted(int s, const char *path, char *why, size_t whyl
                  (unsigned)pc.uid, (unsigned)sock.st_uid);
         return 0;
     }
+    *server_uid = (uint32_t)pc.uid;
     if (pc.uid == geteuid() || pc.uid == 0 || pc.uid == dir.st_uid || pc.uid == ml_rpc_server_uid)
         return 1;
     snprintf(why, whylen, "the server is uid %u (not us, root, the fabric's owner %u or "
@@ -622,7 +625,8 @@ static CLIENT *ml_clnt_fast(const char *host, rpcprog_t prog, rpcvers_t vers)
         return NULL;
     }
     char who[160];
-    if (!ml_rpc_server_trusted(s, sa.sun_path, who, sizeof who)) {
+    uint32_t su = 0;
+    if (!ml_rpc_server_trusted(s, sa.sun_path, who, sizeof who, &su)) {
         ml_rpc_say("prog %lu vers %lu: socket not trusted, no channel handed over: %s",
                    (unsigned long)prog, (unsigned long)vers, who);
         close(s);
@@ -630,7 +634,12 @@ static CLIENT *ml_clnt_fast(const char *host, rpcprog_t prog, rpcvers_t vers)
     }
     struct ml_clnt *c = calloc(1, sizeof *c);
     struct memlan_channel_opts o = {.kind = MEMLAN_MSG, .ring_size = ml_rpc_ring};
-    int rc = c ? memlan_channel_create(ml_rpc_fab, &o, &c->ch) : -ENOMEM;
+    /* In a shared fabric the channel is private to its two ends: the server's user (by the
+     * kernel, above) is granted it, nobody else of the group (channel.c). */
+    struct ml_access acc = {0};
+    if (su != 0 && su != (uint32_t)geteuid())
+        acc = (struct ml_access){.n = 1, .uids = {su}};
+    int rc = c ? __ml_chan_create_for(ml_rpc_fab, &o, &acc, &c->ch) : -ENOMEM;
     if (rc == 0 && (rc = memlan_evq_create(ml_rpc_fab, 1, &c->q)) == 0)
         rc = memlan_evq_add(c->q, c->ch, MEMLAN_EV_READ, c);
     if (rc < 0) {

@@ -501,6 +501,7 @@ PLANT_C = r"""
 #include <memlan/layout.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 int main(int argc, char **argv)
 {
@@ -516,7 +517,8 @@ int main(int argc, char **argv)
     char seg[600], nm[600];
     snprintf(seg, sizeof seg, "%s/seg-%s", argv[1], ch->seg->token);
     snprintf(nm, sizeof nm, "%s/%s", argv[1], argv[2]);
-    if (link(seg, nm) < 0)
+    /* group-wide, as an older libmemlan (or a member on purpose) makes it: the owner may */
+    if (chmod(seg, 0666) < 0 || link(seg, nm) < 0)
         return 3;
     printf("planted\n");
     fflush(stdout);
@@ -939,7 +941,8 @@ def test_group_fabric_groupwide_channel_needs_the_servers_consent(gfabric, pubdi
     may open, where the file system has no ACLs) was the client's choice alone, and A attached
     any group-wide channel a client of another user offered: every member could then read what
     A sent.  Now A takes one only with MEMLAN_FABRIC_GROUPWIDE=1 itself (its record says so, for
-    clients).  B offers a group-wide channel (memlan_channel_create's 0666 file) for its own
+    clients).  B offers a group-wide channel (a 0666 file: made with memlan_channel_create, then
+    chmod 0666, as its file was before native channels were private) for its own
     connection: without A's consent A refuses it and B's line is echoed over TCP; with it, A
     attaches."""
     fab, gid = gfabric

@@ -7,9 +7,12 @@ error and the processes live on; and the guard's handler, which is in the kernel
 accelerated connection on, leaves every other SIGBUS exactly as the program set it up.
 """
 import os
+import struct
 import subprocess
 import sys
 import time
+
+import pytest
 
 from conftest import BUILD, MEMLAN
 from test_preload import next_port, scripted, settle
@@ -117,6 +120,99 @@ def test_shrunk_fabric_files_end_connections_not_processes(fabric, tmp_path):
         sout, _ = srv.communicate(timeout=30)
         assert srv.returncode == 0, (srv.returncode, sout)
         assert "server done" in sout
+    finally:
+        for p in (cli, srv):
+            if p and p.poll() is None:
+                p.kill()
+                p.wait()
+    settle(fabric)
+
+
+SYSCALL_SERVER = r"""
+import errno, os, socket, sys
+l = socket.socket(); l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", int(sys.argv[1]))); l.listen(8)
+print("ready", flush=True)
+c, _ = l.accept()
+how = sys.argv[2]
+if how == "splice":   # the bytes wait in the ring: splice() looks at them there
+    while not c.recv(1, socket.MSG_PEEK):
+        pass
+print("accepted", flush=True)
+sys.stdin.readline()          # the test cut the rings off the channel's file now
+r, w = os.pipe()
+f = os.open(sys.argv[3], os.O_RDONLY)
+try:
+    if how == "splice":
+        n = os.splice(c.fileno(), w, 65536)
+    elif how == "sendfile":
+        n = os.sendfile(c.fileno(), f, 0, 65536)
+    else:                     # splice from a pipe into the socket: read into the ring
+        os.write(w, b"y" * 1000)
+        n = os.splice(r, c.fileno(), 1000)
+    print("result", n, flush=True)
+except OSError as e:
+    print("result", errno.errorcode.get(e.errno, e.errno), flush=True)
+c.close()
+"""
+
+SYSCALL_CLIENT = r"""
+import socket, sys, time
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+c.sendall(b"x" * 1000)
+print("sent", flush=True)
+sys.stdin.readline()
+c.close()
+"""
+
+
+@pytest.mark.parametrize("how", ["splice", "sendfile", "splice-to"])
+def test_shrunk_ring_in_a_system_call_is_not_efault(fabric, tmp_path, how):
+    """The channel's file cut back to its first page (its rings gone) while the server holds
+    the connection; then the server moves bytes with a call that memlan carries out as a system
+    call on ring memory: splice(socket -> pipe) writes to the pipe from the ring, sendfile reads
+    the file into the ring, splice(pipe -> socket) reads the pipe into the ring.  The kernel
+    cannot fault those in and answers EFAULT, which the program must never see (none of its
+    buffers was involved): the connection ends (ECONNRESET; sendfile's bytes are "sent" once
+    after the end, as TCP takes a write after a reset), as a user-space access to the same
+    memory does through the guard.  Before: EFAULT reached the program, in all three."""
+    port = next_port()
+    data = tmp_path / "data"
+    data.write_bytes(b"z" * 65536)
+    log = tmp_path / "memlan.log"
+    run = [str(MEMLAN), "run", "--log", str(log), "--", PY, "-c"]
+    srv = subprocess.Popen(run + [SYSCALL_SERVER, str(port), "to" if how == "splice-to" else how,
+                                  str(data)],
+                           stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
+    cli = None
+    try:
+        assert srv.stdout.readline() == "ready\n"
+        cli = subprocess.Popen(run + [SYSCALL_CLIENT, str(port)], stdout=subprocess.PIPE,
+                               stdin=subprocess.PIPE, text=True)
+        assert cli.stdout.readline() == "sent\n"
+        assert srv.stdout.readline() == "accepted\n"
+        assert "accelerated (accepted" in log.read_text()
+        cut = 0
+        for name in os.listdir(fabric):
+            p = fabric / name
+            with open(p, "rb") as fh:
+                h = fh.read(128)
+            if len(h) == 128 and h[:8] == b"MEMLANSG" and struct.unpack_from("<I", h, 24)[0] == 2:
+                os.truncate(p, 4096)  # the header page stays: the rings go
+                cut += 1
+        assert cut == 1
+        srv.stdin.write("go\n")
+        srv.stdin.flush()
+        out, _ = srv.communicate(timeout=60)
+        assert srv.returncode == 0, (srv.returncode, out)
+        assert "result EFAULT" not in out, out
+        # sendfile after the end is "sent" once, as over TCP (the peer's kernel answers it with
+        # a reset), so its answer may be the count
+        ok = ["result ECONNRESET"] + (["result 65536"] if how == "sendfile" else [])
+        assert out.strip() in ok, out
+        cli.stdin.write("done\n")
+        cli.stdin.flush()
+        cli.communicate(timeout=30)
     finally:
         for p in (cli, srv):
             if p and p.poll() is None:
