@@ -1,13 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * pollcancel: a thread asleep in poll() on a connection is cancelled (poll is a cancellation
- * point), another thread then reuses its stack, and data arrives: the process must go on as
- * over kernel TCP (memlan once left the cancelled thread's registration on the socket, on its
- * stack, and the next wake-up walked it: SIGSEGV).  Then a thread that leaves poll through
- * siglongjmp from a signal handler, and the same; then the main thread leaves its own poll by
- * siglongjmp and polls again.  Last, the connection is closed: the peer must read EOF, as over
- * kernel TCP (memlan kept each abandoned poll's references to the socket, so the close did not
- * end the connection and the peer waited: "peer: no eof").
+ * point; once after 300 ms, once after 2 ms), another thread then reuses its stack, and data
+ * arrives: the process must go on as over kernel TCP (memlan once left the cancelled thread's
+ * registration on the socket, on its stack, and the next wake-up walked it: SIGSEGV).  Then a
+ * thread that leaves poll through siglongjmp from a signal handler (after 300 ms, and after
+ * 2 ms, while a poll of one socket sleeps on the ring's futex), and the same; then the main
+ * thread leaves its own poll by siglongjmp and polls again.  Last, the connection is closed: the
+ * peer must read EOF, as over kernel TCP (memlan kept each abandoned poll's references to the
+ * socket, so the close did not end the connection and the peer waited: "peer: no eof").
  *
  * usage: pollcancel PORT
  */
@@ -124,6 +125,17 @@ int main(int argc, char **argv)
     usleep(300000); /* asleep in poll */
     pthread_cancel(t);
     pthread_join(t, NULL);
+    /* Cancelled within its first milliseconds, where a poll of one socket sleeps on the ring's
+     * futex (its first 10 ms) rather than in ppoll. */
+    pthread_create(&t, NULL, poller, NULL);
+    usleep(2000);
+    pthread_cancel(t);
+    void *how = NULL;
+    pthread_join(t, &how);
+    if (how != PTHREAD_CANCELED) { /* poll returned (EINTR) instead */
+        printf("a poller cancelled after 2 ms was not cancelled\n");
+        bad = 1;
+    }
     pthread_create(&s, NULL, scribble, NULL);
     if (write(go[1], "1", 1) != 1)
         return 1;
@@ -137,6 +149,12 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &blk, NULL); /* only the jumper takes it */
     pthread_create(&t, NULL, jumper, NULL);
     usleep(300000);
+    pthread_kill(t, SIGUSR1);
+    pthread_join(t, NULL);
+    /* And one that jumps within its first milliseconds, out of the ring's futex (a poll of one
+     * socket sleeps there first): its reference must not stay behind either. */
+    pthread_create(&t, NULL, jumper, NULL);
+    usleep(2000);
     pthread_kill(t, SIGUSR1);
     pthread_join(t, NULL);
     pthread_create(&s, NULL, scribble, NULL);
