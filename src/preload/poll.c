@@ -629,13 +629,10 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
     for (;;) {
         /* 1. What is ready now, without sleeping. */
         int ready = 0;
-        nfds_t nkernel = 0; /* fds only the kernel can answer for */
         for (nfds_t i = 0; i < n; i++) {
             fds[i].revents = 0;
-            if (!socks[i]) {
-                nkernel += fds[i].fd >= 0;
+            if (!socks[i])
                 continue;
-            }
             short r = mlp_sock_revents(socks[i], fds[i].fd, fds[i].events);
             if (r < 0) { /* it fell to TCP */
                 if (pw)
@@ -643,19 +640,10 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
                 if (!lent)
                     mlp_put(socks[i]);
                 socks[i] = NULL;
-                nkernel++;
                 continue;
             }
             fds[i].revents = r;
             ready += r != 0;
-        }
-        /* Something is ready and every fd is an accelerated socket (or ignored): nothing is
-         * left for the kernel to say, and a ppoll that cannot sleep would only cost a system
-         * call.  With a mask the ppoll stays: it delivers what the mask unblocks, as poll(2)
-         * would. */
-        if (ready && mask == NULL && nkernel == 0) {
-            ret = ready;
-            break;
         }
         /* 1a. One accelerated socket, waited on for reading, and nothing else: sleep on the
          * ring's futex, where the peer's send wakes this very thread, for a slice, as a blocking
@@ -674,6 +662,12 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
         if (fast && !ready && socks[0] && socks[0]->state == MLP_ACCEL && socks[0]->ch->sock_ino &&
             __atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED) == 0 && !pw && (fw = mlp_pw_get()) &&
             mlp_pw_take(fw, (uintptr_t)__builtin_frame_address(0))) {
+            /* A peer that died without a close while we were not looking: its FIN is in the
+             * kernel socket, which the futex cannot watch (one look a millisecond at most). */
+            if (mlp_end_look(socks[0])) {
+                fw->busy = 0;
+                continue;
+            }
             /* Our reference is lent to the thread's waiter while we sleep, as the long sleep's
              * are: a handler that siglongjmp()s out of the wait leaves it there, and the next
              * call of the thread that takes the waiter, or the thread's end, gives it back. */
