@@ -73,6 +73,13 @@ $(BUILD)/obj/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -fPIC -c $< -o $@
 
+# The preload's cleanup handlers (pthread_cleanup_push in poll.c and sock.c) must be unwinding
+# cleanups, as glibc's own are: without -fexceptions glibc registers each in the thread, and a
+# handler's siglongjmp out of a poll left the registration pointing into a dead frame, which a
+# later pthread_exit or pthread_cancel of that thread jumped into (SIGSEGV; over kernel TCP it
+# exits cleanly: tests/preload/pollcancel.c).
+$(PRELOAD_OBJ): CFLAGS += -fexceptions
+
 # libtirpc's headers are a build dependency; `make` says so rather than installing them.
 $(RPC_OBJ): src/rpc/rpc.c include/memlan/rpc.h $(HDRS)
 	@mkdir -p $(dir $@)

@@ -3,7 +3,8 @@
 # bench/rpc.sh [SECONDS] - ONC RPC round trips: null, 1 KB and 64 KB echo, for libtirpc over
 # kernel TCP, the same libtirpc binaries under `memlan run`, and memlan-rpcgen's fast path;
 # two sides pinned to different cores (split) and to one core (same); then the fast path with
-# several client threads and one server thread.  Ratios are to libtirpc over TCP in this run.
+# several client threads and one server thread, and libtirpc with 1 and 4 client threads on the
+# server's core.  Ratios are to libtirpc over TCP in this run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${1:-2}
@@ -70,4 +71,13 @@ for th in 1 2 4; do
     start 0 "$W/m/srv"
     out=$(taskset -c 1 "$W/m/cli" fast $port null 0 $SECS $th); stop
     echo "fast path, null, $th client thread(s) on cpu 1, server on cpu 0: $(echo "$out" | awk '{print $6}') calls/s"
+done
+# several client threads, each with a connection of its own, all on one core with the server: libtirpc
+# over kernel TCP and the same binaries under `memlan run` (issue 22: no slower than kernel TCP)
+for th in 1 4; do
+    start 0 "$W/s/srv"; t=$(taskset -c 0 "$W/s/cli" tcp $port null 0 $SECS $th | awk '{print $6}'); stop
+    start 0 "$B/bin/memlan" run -- "$W/s/srv"
+    r=$(taskset -c 0 "$B/bin/memlan" run -- "$W/s/cli" tcp $port null 0 $SECS $th | awk '{print $6}'); stop
+    echo "same, null, $th client thread(s): libtirpc/TCP $t calls/s, under memlan run $r calls/s," \
+         "run/tcp $(echo "$r / $t" | bc -l | cut -c1-5)"
 done

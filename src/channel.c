@@ -917,10 +917,12 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
                 tmo = (int64_t)(deadline - now);
         }
         if (slice) {
-            if (now >= slice) {
-                ml_fetch_and(word, ~ML_WAIT_FUTEX);
+            /* The slice's end leaves our bit set: another thread (or process) may be asleep on
+             * the same word, and clearing the bit that all futex waiters share would take its
+             * next wake-up (it slept on to its own timeout: found in review).  A stale bit costs
+             * the peer one futex wake that finds nobody. */
+            if (now >= slice)
                 return ready(ch, arg) ? 0 : -ETIME;
-            }
             if (slice - now < (uint64_t)tmo)
                 tmo = (int64_t)(slice - now);
         }
@@ -942,8 +944,8 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
         else if (r == 0 || r == -EAGAIN)
             spurious++;
         if (r == -ETIMEDOUT && slice && __ml_now_ns() >= slice) {
-            /* The slice's end, not the liveness interval's: the caller looks on its own way. */
-            ml_fetch_and(word, ~ML_WAIT_FUTEX);
+            /* The slice's end, not the liveness interval's: the caller looks on its own way
+             * (our bit stays set, as above). */
             return ready(ch, arg) ? 0 : -ETIME;
         }
         if (r == -ETIMEDOUT && (ml_peer_dead(ch) || ml_attach_expired(ch, ready))) {

@@ -184,6 +184,7 @@ struct mlp_pwait {
     int busy;                /* a poll, select or mlp_sock_sleep of the thread is using it: a
                               * handler's blocking call that interrupted it does not take it */
     uintptr_t busy_sp;       /* where that call took it (mlp_pw_take) */
+    struct mlp_sock *held;   /* a reference lent by a poll asleep on one socket's futex (1a) */
     bool sleeper;            /* made by mlp_sock_sleep: counted in mlp_pw_sleepers */
 };
 
@@ -191,9 +192,14 @@ static pthread_key_t mlp_pw_key;
 static pthread_once_t mlp_pw_once = PTHREAD_ONCE_INIT;
 static __thread struct mlp_pwait *mlp_pw_self __attribute__((tls_model("initial-exec")));
 
-/* Unlink every registration of w and drop their references. */
+/* Unlink every registration of w and drop their references, and the one lent to it. */
 static void mlp_pw_unregister_all(struct mlp_pwait *w)
 {
+    if (w->held) {
+        struct mlp_sock *s = w->held;
+        w->held = NULL;
+        mlp_put(s);
+    }
     if (!w->nregs)
         return;
     pthread_mutex_lock(&mlp_pw_mu);
@@ -610,9 +616,14 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
         mlp_nested_refresh();
     uint64_t deadline = timeout_ns < 0 ? 0 : mlp_now_ns() + (uint64_t)timeout_ns;
     bool spun = false, lent = false;
+    /* The futex path (below): open until a wake-up on it found nothing poll reports. */
+    bool fast = mask == NULL && n == 1 && timeout_ns != 0 && socks[0] &&
+                (fds[0].events & (POLLIN | POLLRDNORM)) &&
+                !(fds[0].events & (POLLOUT | POLLWRNORM | POLLWRBAND));
+    bool fast_woke = false;
     int ret;
     /* Cancelled in the ppoll below: the arrays go (the references were lent to the thread's
-     * waiter before it, which the thread's end gives back). */
+     * waiter before it, which the thread's end gives back; so is the one of a futex wait, 1a). */
     struct mlp_poll_arrays arrays = {n > 64 ? socks : NULL, n > 64 ? k : NULL};
     pthread_cleanup_push(mlp_poll_cancelled, &arrays);
     for (;;) {
@@ -634,6 +645,59 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             fds[i].revents = r;
             ready += r != 0;
         }
+        /* 1a. One accelerated socket, waited on for reading, and nothing else: sleep on the
+         * ring's futex, where the peer's send wakes this very thread, for a slice, as a blocking
+         * recv does (sock.c, mlp_wait_dir).  The long sleep below wakes through the process's
+         * doorbell, which every thread asleep in poll watches: with several threads each polling
+         * its own connection before a read (libtirpc's clients, thread-per-connection servers)
+         * each post woke them all and one of them forwarded it (perf: 2.4 context switches and
+         * 5 system calls a call with 4 RPC client threads on one core, against 1 and 3 over
+         * kernel TCP).  The slice's end, a kernel fd, a mask, or a wake-up that brought nothing
+         * poll reports (SO_RCVLOWAT-like thresholds, a ring that is not live) leave it for the
+         * path below.  A deadline makes any handler's run end the wait (EINTR), SA_RESTART or
+         * not, as poll(2) does; "none" is a deadline that never comes. */
+        if (fast && fast_woke && !ready)
+            fast = false;
+        struct mlp_pwait *fw = NULL;
+        if (fast && !ready && socks[0] && socks[0]->state == MLP_ACCEL && socks[0]->ch->sock_ino &&
+            __atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED) == 0 && !pw && (fw = mlp_pw_get()) &&
+            mlp_pw_take(fw, (uintptr_t)__builtin_frame_address(0))) {
+            /* A peer that died without a close while we were not looking: its FIN is in the
+             * kernel socket, which the futex cannot watch (one look a millisecond at most). */
+            if (mlp_end_look(socks[0])) {
+                fw->busy = 0;
+                continue;
+            }
+            /* Our reference is lent to the thread's waiter while we sleep, as the long sleep's
+             * are: a handler that siglongjmp()s out of the wait leaves it there, and the next
+             * call of the thread that takes the waiter, or the thread's end, gives it back. */
+            fw->held = socks[0];
+            uint64_t dl = timeout_ns < 0 ? UINT64_MAX : deadline;
+            int r = __ml_chan_wait_ro_slice(socks[0]->ch, 0, 1, dl, mlp_now_ns() + MLP_SLICE_NS);
+            /* poll is a cancellation point: a pthread_cancel whose signal interrupted the futex
+             * acts here, the reference still lent, as it would in the kernel's poll, rather
+             * than become an EINTR.  (glibc sends no signal to a thread outside its own
+             * cancellable calls: then it acts at the slice's end, in the ppoll below.) */
+            if (r == -EINTR && __ml_wait_hook)
+                (void)__ml_wait_hook();
+            fw->held = NULL;
+            fw->busy = 0;
+            fast_woke = true;
+            if (r == -EINTR) {
+                ret = -EINTR;
+                break;
+            }
+            if (r == -EAGAIN) { /* the deadline */
+                fds[0].revents = 0;
+                ret = 0;
+                break;
+            }
+            if (r != 0 && r != -ECONNRESET)
+                fast = false; /* the slice's end (-ETIME), or anything else: the long way */
+            spun = true;      /* the futex wait spun first, by the channel's policy */
+            continue;
+        }
+        fast = false;
         /* 2. Spin on the channels for a while before sleeping. */
         if (!ready && !spun && timeout_ns != 0 && naccel) {
             spun = true;

@@ -254,6 +254,11 @@ void mlp_stdio_adopt(int fd); /* stdio.c: a connection now at fd 0, 1 or 2 */
 void mlp_stdio_at_exit(void); /* stdio.c: flush our streams before the connections go */
 void mlp_stdio_exited(void);  /* stdio.c: the connections are gone (a later write is split) */
 
+/* A blocking wait on an accelerated socket sleeps on the ring's futex only for this long (a
+ * request and its answer, where a wake-up's cost matters), then where the kernel socket can wake
+ * it too (mlp_sock_sleep, mlp_poll's ppoll): see sock.c, mlp_wait_dir, and poll.c. */
+#define MLP_SLICE_NS 10000000ull
+
 /* Readiness (poll.c): poll(2) semantics of one socket now; revents in POLL* bits. */
 short mlp_sock_revents(struct mlp_sock *s, int fd, short events);
 int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask);

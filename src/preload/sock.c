@@ -541,8 +541,6 @@ static uint64_t mlp_call_deadline(uint64_t *dl, uint64_t tmo_ns)
  * decides.  Before, it learned of such an end only at its next liveness look (100 ms, doubling
  * to 1 s while it waited): about 0.9 s late (tests/preload/forkexit.c).
  */
-#define MLP_SLICE_NS 10000000ull
-
 static int mlp_wait_long(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline)
 {
     /* As ml_wait does (channel.c): a handler without SA_RESTART, or any with a deadline, ends

@@ -4,7 +4,7 @@
  * workers do), and a client that keeps only one of them busy.  Plain POSIX; run over kernel TCP
  * and under `memlan run` (tests/py/test_preload.py).
  *
- * usage: epollherd THREADS PINGS [nest]
+ * usage: epollherd THREADS PINGS [nest|poll]
  *
  * The parent is the server: it accepts THREADS connections and gives one to each of THREADS
  * threads, each with its own epoll set (level-triggered EPOLLIN), echoing whatever arrives.  A
@@ -20,9 +20,13 @@
  * thread's set, added with EPOLLIN and then modified to no events (as UCX's async thread holds its
  * interfaces' sets): it must never be woken until the eventfd is written at the end.  The line
  * then also has "async_switches" and "async_returns".
+ *
+ * With "poll", each server thread polls its connection (poll(2), POLLIN) before reading it
+ * instead, as thread-per-connection servers and libtirpc's clients do.
  */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -59,6 +63,8 @@ static long switches(void)
     return v;
 }
 
+static bool use_poll; /* "poll": poll(2) on the connection instead of an epoll set */
+
 struct worker {
     pthread_t t;
     int fd;
@@ -70,22 +76,23 @@ struct worker {
 static void *serve(void *p)
 {
     struct worker *w = p;
-    int ep = w->ep >= 0 ? w->ep : epoll_create1(EPOLL_CLOEXEC);
-    if (ep < 0)
+    int ep = w->ep >= 0 ? w->ep : use_poll ? -1 : epoll_create1(EPOLL_CLOEXEC);
+    if (ep < 0 && !use_poll)
         die("epoll_create1");
     struct epoll_event ev = {.events = EPOLLIN, .data.fd = w->fd};
-    if (epoll_ctl(ep, EPOLL_CTL_ADD, w->fd, &ev) < 0)
+    if (!use_poll && epoll_ctl(ep, EPOLL_CTL_ADD, w->fd, &ev) < 0)
         die("epoll_ctl");
     long s0 = switches();
     char buf[4096];
     for (;;) {
         struct epoll_event out[4];
-        int n = epoll_wait(ep, out, 4, 10000);
+        struct pollfd pf = {.fd = w->fd, .events = POLLIN};
+        int n = use_poll ? poll(&pf, 1, 10000) : epoll_wait(ep, out, 4, 10000);
         w->returns++;
         if (n <= 0) {
             /* nothing for 10 s, or an error: a wake-up was lost */
-            fprintf(stderr, "epollherd: thread on fd %d: epoll_wait %d: %s\n", w->fd, n,
-                    n ? strerror(errno) : "timed out");
+            fprintf(stderr, "epollherd: thread on fd %d: %s %d: %s\n", w->fd,
+                    use_poll ? "poll" : "epoll_wait", n, n ? strerror(errno) : "timed out");
             w->status = 1;
             break;
         }
@@ -109,7 +116,8 @@ static void *serve(void *p)
         w->echoed += r;
     }
     w->switches = switches() - s0;
-    close(ep);
+    if (ep >= 0)
+        close(ep);
     return NULL;
 }
 
@@ -193,10 +201,12 @@ static int client(int port, int threads, int pings)
 
 int main(int argc, char **argv)
 {
-    if (argc != 3 && !(argc == 4 && strcmp(argv[3], "nest") == 0))
-        return fprintf(stderr, "usage: epollherd THREADS PINGS [nest]\n"), 2;
+    if (argc != 3 &&
+        !(argc == 4 && (strcmp(argv[3], "nest") == 0 || strcmp(argv[3], "poll") == 0)))
+        return fprintf(stderr, "usage: epollherd THREADS PINGS [nest|poll]\n"), 2;
     int threads = atoi(argv[1]), pings = atoi(argv[2]);
-    bool nest = argc == 4;
+    bool nest = argc == 4 && strcmp(argv[3], "nest") == 0;
+    use_poll = argc == 4 && !nest;
     if (threads < 1 || threads > MAXT || pings < 1)
         return fprintf(stderr, "epollherd: 1..%d threads, pings > 0\n", MAXT), 2;
     int l = socket(AF_INET, SOCK_STREAM, 0);

@@ -1,13 +1,16 @@
 /* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * pollcancel: a thread asleep in poll() on a connection is cancelled (poll is a cancellation
- * point), another thread then reuses its stack, and data arrives: the process must go on as
- * over kernel TCP (memlan once left the cancelled thread's registration on the socket, on its
- * stack, and the next wake-up walked it: SIGSEGV).  Then a thread that leaves poll through
- * siglongjmp from a signal handler, and the same; then the main thread leaves its own poll by
- * siglongjmp and polls again.  Last, the connection is closed: the peer must read EOF, as over
- * kernel TCP (memlan kept each abandoned poll's references to the socket, so the close did not
- * end the connection and the peer waited: "peer: no eof").
+ * point; once after 300 ms, once after 2 ms), another thread then reuses its stack, and data
+ * arrives: the process must go on as over kernel TCP (memlan once left the cancelled thread's
+ * registration on the socket, on its stack, and the next wake-up walked it: SIGSEGV).  Then a
+ * thread that leaves poll through siglongjmp from a signal handler (after 300 ms, and after
+ * 2 ms, while a poll of one socket sleeps on the ring's futex, that thread then ending by
+ * pthread_exit: memlan's poll had registered a cleanup with glibc that the jump left behind,
+ * and the exit jumped into its dead frame, SIGSEGV), and the same; then the main
+ * thread leaves its own poll by siglongjmp and polls again.  Last, the connection is closed: the
+ * peer must read EOF, as over kernel TCP (memlan kept each abandoned poll's references to the
+ * socket, so the close did not end the connection and the peer waited: "peer: no eof").
  *
  * usage: pollcancel PORT
  */
@@ -51,7 +54,6 @@ static void on_alarm(int sig)
 
 static void *jumper(void *a)
 {
-    (void)a;
     sigset_t s;
     sigemptyset(&s);
     sigaddset(&s, SIGUSR1);
@@ -60,6 +62,8 @@ static void *jumper(void *a)
         struct pollfd p = {fd, POLLIN, 0};
         poll(&p, 1, -1);
     }
+    if (a)
+        pthread_exit(NULL); /* unwinds through nothing of the poll's (it once jumped into it) */
     return NULL;
 }
 
@@ -97,6 +101,7 @@ int main(int argc, char **argv)
         return 1;
     pid_t pid = fork();
     if (pid == 0) {
+        alarm(60); /* not inherited: bound the peer too, should its parent die */
         int c = socket(AF_INET, SOCK_STREAM, 0);
         char b;
         if (connect(c, (void *)&a, sizeof a) < 0 || read(c, &b, 1) != 1)
@@ -124,6 +129,17 @@ int main(int argc, char **argv)
     usleep(300000); /* asleep in poll */
     pthread_cancel(t);
     pthread_join(t, NULL);
+    /* Cancelled within its first milliseconds, where a poll of one socket sleeps on the ring's
+     * futex (its first 10 ms) rather than in ppoll. */
+    pthread_create(&t, NULL, poller, NULL);
+    usleep(2000);
+    pthread_cancel(t);
+    void *how = NULL;
+    pthread_join(t, &how);
+    if (how != PTHREAD_CANCELED) { /* poll returned (EINTR) instead */
+        printf("a poller cancelled after 2 ms was not cancelled\n");
+        bad = 1;
+    }
     pthread_create(&s, NULL, scribble, NULL);
     if (write(go[1], "1", 1) != 1)
         return 1;
@@ -137,6 +153,12 @@ int main(int argc, char **argv)
     pthread_sigmask(SIG_BLOCK, &blk, NULL); /* only the jumper takes it */
     pthread_create(&t, NULL, jumper, NULL);
     usleep(300000);
+    pthread_kill(t, SIGUSR1);
+    pthread_join(t, NULL);
+    /* And one that jumps within its first milliseconds, out of the ring's futex (a poll of one
+     * socket sleeps there first): its reference must not stay behind either. */
+    pthread_create(&t, NULL, jumper, (void *)1);
+    usleep(2000);
     pthread_kill(t, SIGUSR1);
     pthread_join(t, NULL);
     pthread_create(&s, NULL, scribble, NULL);
