@@ -44,6 +44,7 @@ static void mlp_nested_refresh(void);
 static bool mlp_ep_poll_nest(int fd);
 static pthread_mutex_t mlp_home_mu = PTHREAD_MUTEX_INITIALIZER; /* which queue a channel is in */
 static bool mlp_queue_add(struct mlp_sock *s, bool under_epmu);
+static bool mlp_arm_et(struct mlp_member *m, uint32_t reported);
 static void mlp_unhome(struct mlp_sock *s);
 
 /* A fork child lets go of its copy of a queue of its parent's (__ml_evq_forget): our copies of
@@ -1369,11 +1370,12 @@ static bool mlp_member_ready(struct mlp_member *m)
     return rev < 0 || (mlp_ev_from_poll(rev) & (m->events | EPOLLERR | EPOLLHUP)) != 0;
 }
 
-static void mlp_rl_push(struct mlp_member *m)
+/* Put m on its set's ready list without waking anyone (mlp_epmu held). */
+static bool mlp_rl_link(struct mlp_member *m)
 {
     struct mlp_ep *e = m->ep;
     if (m->queued || m->disabled)
-        return;
+        return false;
     m->queued = true;
     m->rnext = NULL;
     m->rprev = e->rtail;
@@ -1384,6 +1386,14 @@ static void mlp_rl_push(struct mlp_member *m)
     e->rtail = m;
     e->nready++;
     e->gen++;
+    return true;
+}
+
+static void mlp_rl_push(struct mlp_member *m)
+{
+    struct mlp_ep *e = m->ep;
+    if (!mlp_rl_link(m))
+        return;
     /* A set inside another looks readable to it through the eventfd: only while a member is
      * really ready, as the kernel's set answers a poll by checking its ready list. */
     if (e->sleepers || (e->nested && mlp_member_ready(m)))
@@ -1906,6 +1916,33 @@ static bool mlp_ep_poll_nest(int fd)
     return true;
 }
 
+/* EPOLL_CTL_MOD has just enabled m again (mlp_epmu held; a thread sleeps on its set): may the
+ * sleepers stay asleep?  The kernel's ep_modify wakes them only if the fd is ready then.  Yes when
+ * m is a settled socket of ours that posts to its set's own queue, whose doorbell the sleepers
+ * hear, and arming it there finds it not ready: its next change posts and wakes them.  m goes on
+ * the list either way (the next wait looks at it).  Anything else rings, as before: libntirpc
+ * (nfs-ganesha) re-arms its one-shot connection with MOD before it replies, and the ring woke
+ * its loop thread for nothing once per request (on one cpu, ahead of the reply). */
+static bool mlp_member_quiet(struct mlp_member *m)
+{
+    struct mlp_sock *s = m->s;
+    struct mlp_ep *e = m->ep;
+    if (m->disabled || e->nested || !e->in_kernel || !e->k_sbell || !e->q ||
+        s->type != MLP_CONN || s->state != MLP_ACCEL || !s->ch || !mlp_q ||
+        ml_load_relaxed(&mlp_nopost_seen) || atomic_load(&s->fin_ns) || mlp_peer_nopost(s))
+        return false;
+    struct mlp_ep *forced = NULL;
+    if (mlp_home_want(s, &forced) != e || forced || s->qep != e || s->ch->evq != e->q)
+        return false;
+    bool et = (m->events & EPOLLET) != 0;
+    if (et ? mlp_arm_et(m, 0) : mlp_arm(s, (short)(m->events & 0xffff), true))
+        return false; /* ready (or turned ready as we armed) */
+    /* Armed in e's queue, unless it moved meanwhile (a poll on it from another thread). */
+    if (s->qep != e || s->ch->evq != e->q || s->state != MLP_ACCEL)
+        return false;
+    return !mlp_member_ready(m);
+}
+
 int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handled)
 {
     *handled = false;
@@ -2028,7 +2065,12 @@ int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handle
         m->disabled = false;
         m->undecided_seen = 0;
         mlp_rl_del(m);
-        mlp_rl_push(m); /* like the kernel's insert: looked at on the next wait */
+        /* like the kernel's insert: looked at on the next wait; the sleepers woken only if it
+         * may be ready */
+        if (op == EPOLL_CTL_MOD && e->sleepers && mlp_member_quiet(m))
+            (void)mlp_rl_link(m);
+        else
+            mlp_rl_push(m);
     }
     pthread_mutex_unlock(&mlp_epmu);
     for (int i = 0; i < 3; i++)
