@@ -1070,6 +1070,12 @@ struct mlp_ep {
                                          * was asked about by poll/select */
     int nfds;                           /* fds naming the set (dup), under mlp_eps_mu */
     uint32_t peer_cpu;                  /* where the peer of the last ready socket waited + 1 */
+    /* The last event reported (mlp_ep_harvest; read without the lock by mlp_ep_handler_here): by
+     * which thread, on which cpu, for which fd and socket, and our published send index then. */
+    uintptr_t rep_thr;
+    int rep_cpu, rep_fd;
+    void *rep_s;
+    uint64_t rep_tx, rep_rx;
     struct mlp_ep *next_free;
     /* Wake-ups (see "One doorbell per set" in design.md).  Kept when the set is reused: */
     memlan_evq_t *q;                    /* the set's own queue, made at its first setup */
@@ -2160,7 +2166,18 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
                 /* Same-core detection for the spin (as recv and poll do): where the peer waits,
                  * and where we do. */
                 e->peer_cpu = ml_load_relaxed(&s->ch->tx.ctl->rx_cpu);
-                ml_store_relaxed(&s->ch->rx.ctl->rx_cpu, (uint32_t)(__ml_getcpu() + 1));
+                int cpu = __ml_getcpu();
+                ml_store_relaxed(&s->ch->rx.ctl->rx_cpu, (uint32_t)(cpu + 1));
+                __atomic_store_n(&e->rep_thr, (uintptr_t)pthread_self(), __ATOMIC_RELAXED);
+                __atomic_store_n(&e->rep_cpu, cpu, __ATOMIC_RELAXED);
+                __atomic_store_n(&e->rep_fd, m->fd, __ATOMIC_RELAXED);
+                __atomic_store_n(&e->rep_s, (void *)s, __ATOMIC_RELAXED);
+                __atomic_store_n(&e->rep_tx,
+                                 atomic_load_explicit(s->ch->tx.pub, memory_order_relaxed),
+                                 __ATOMIC_RELAXED);
+                __atomic_store_n(&e->rep_rx,
+                                 atomic_load_explicit(s->ch->rx.pub, memory_order_relaxed),
+                                 __ATOMIC_RELAXED);
             }
             if (m->events & EPOLLONESHOT)
                 m->disabled = true;
@@ -2359,6 +2376,35 @@ static int mlp_ep_spin_look(struct ml_spinning *sp, void *a)
     return mlp_ep_collect(w->epfd, w->e, w->out, w->max, w->undecided, w->gen);
 }
 
+/* Is another thread of ours still handling this set's last event, on the cpu we are on?  The
+ * event was reported here and nothing has been sent on its socket since, so its peer waits for
+ * an answer; and either another thread took it, or we did and have not read it (we handed it
+ * on).  A spin here could then only hold off the thread that must give that answer (nfs-ganesha:
+ * libntirpc's loop passes to a fresh pool thread as the old one handles the request, and with
+ * its threads on one cpu the new loop thread spun ahead of every reply).  A thread that took the
+ * event itself and has read or answered (a plain server, a stream's reader) spins as before. */
+static bool mlp_ep_handler_here(struct mlp_ep *e)
+{
+    uintptr_t thr = __atomic_load_n(&e->rep_thr, __ATOMIC_RELAXED);
+    if (!thr)
+        return false;
+    int cpu = __ml_getcpu();
+    if (cpu < 0 || __atomic_load_n(&e->rep_cpu, __ATOMIC_RELAXED) != cpu)
+        return false;
+    struct mlp_sock *s = mlp_get(__atomic_load_n(&e->rep_fd, __ATOMIC_RELAXED));
+    if (!s)
+        return false;
+    bool owed = (void *)s == __atomic_load_n(&e->rep_s, __ATOMIC_RELAXED) &&
+                s->type == MLP_CONN && s->state == MLP_ACCEL && s->ch &&
+                atomic_load_explicit(s->ch->tx.pub, memory_order_relaxed) ==
+                    __atomic_load_n(&e->rep_tx, __ATOMIC_RELAXED) &&
+                (thr != (uintptr_t)pthread_self() ||
+                 atomic_load_explicit(s->ch->rx.pub, memory_order_relaxed) ==
+                     __atomic_load_n(&e->rep_rx, __ATOMIC_RELAXED));
+    mlp_put(s);
+    return owed;
+}
+
 int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_ns,
                    const sigset_t *mask)
 {
@@ -2410,7 +2456,9 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             spun = true;
             struct mlp_ep_spin look = {epfd, e, out, max, &undecided, &gen};
             struct ml_spinning spin = {
-                .sp = &mlp_poll_spin, .budget = __ml_spin_budget_ns(&mlp_poll_spin, e->peer_cpu),
+                .sp = &mlp_poll_spin,
+                .budget = mlp_ep_handler_here(e) ? 0
+                                                 : __ml_spin_budget_ns(&mlp_poll_spin, e->peer_cpu),
                 .every = 4, .look = mlp_ep_spin_look, .arg = &look};
             got = __ml_spin_run(&spin);
         }
