@@ -1071,7 +1071,8 @@ struct mlp_ep {
     int nfds;                           /* fds naming the set (dup), under mlp_eps_mu */
     uint32_t peer_cpu;                  /* where the peer of the last ready socket waited + 1 */
     /* The last event reported (mlp_ep_harvest; read without the lock by mlp_ep_handler_here): by
-     * which thread, on which cpu, for which fd and socket, and our published send index then. */
+     * which thread, on which cpu, for which fd and socket, and our published send and receive
+     * indices then (reset with the set when it is reused). */
     uintptr_t rep_thr;
     int rep_cpu, rep_fd;
     void *rep_s;
