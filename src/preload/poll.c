@@ -44,6 +44,7 @@ static void mlp_nested_refresh(void);
 static bool mlp_ep_poll_nest(int fd);
 static pthread_mutex_t mlp_home_mu = PTHREAD_MUTEX_INITIALIZER; /* which queue a channel is in */
 static bool mlp_queue_add(struct mlp_sock *s, bool under_epmu);
+static bool mlp_arm_et(struct mlp_member *m, uint32_t reported);
 static void mlp_unhome(struct mlp_sock *s);
 
 /* A fork child lets go of its copy of a queue of its parent's (__ml_evq_forget): our copies of
@@ -1133,6 +1134,13 @@ struct mlp_ep {
                                          * was asked about by poll/select */
     int nfds;                           /* fds naming the set (dup), under mlp_eps_mu */
     uint32_t peer_cpu;                  /* where the peer of the last ready socket waited + 1 */
+    /* The last event reported (mlp_ep_harvest; read without the lock by mlp_ep_handler_here): by
+     * which thread, on which cpu, for which fd and socket, and our published send and receive
+     * indices then (reset with the set when it is reused). */
+    uintptr_t rep_thr;
+    int rep_cpu, rep_fd;
+    void *rep_s;
+    uint64_t rep_tx, rep_rx;
     struct mlp_ep *next_free;
     /* Wake-ups (see "One doorbell per set" in design.md).  Kept when the set is reused: */
     memlan_evq_t *q;                    /* the set's own queue, made at its first setup */
@@ -1433,11 +1441,12 @@ static bool mlp_member_ready(struct mlp_member *m)
     return rev < 0 || (mlp_ev_from_poll(rev) & (m->events | EPOLLERR | EPOLLHUP)) != 0;
 }
 
-static void mlp_rl_push(struct mlp_member *m)
+/* Put m on its set's ready list without waking anyone (mlp_epmu held). */
+static bool mlp_rl_link(struct mlp_member *m)
 {
     struct mlp_ep *e = m->ep;
     if (m->queued || m->disabled)
-        return;
+        return false;
     m->queued = true;
     m->rnext = NULL;
     m->rprev = e->rtail;
@@ -1448,6 +1457,14 @@ static void mlp_rl_push(struct mlp_member *m)
     e->rtail = m;
     e->nready++;
     e->gen++;
+    return true;
+}
+
+static void mlp_rl_push(struct mlp_member *m)
+{
+    struct mlp_ep *e = m->ep;
+    if (!mlp_rl_link(m))
+        return;
     /* A set inside another looks readable to it through the eventfd: only while a member is
      * really ready, as the kernel's set answers a poll by checking its ready list. */
     if (e->sleepers || (e->nested && mlp_member_ready(m)))
@@ -1970,6 +1987,33 @@ static bool mlp_ep_poll_nest(int fd)
     return true;
 }
 
+/* EPOLL_CTL_MOD has just enabled m again (mlp_epmu held; a thread sleeps on its set): may the
+ * sleepers stay asleep?  The kernel's ep_modify wakes them only if the fd is ready then.  Yes when
+ * m is a settled socket of ours that posts to its set's own queue, whose doorbell the sleepers
+ * hear, and arming it there finds it not ready: its next change posts and wakes them.  m goes on
+ * the list either way (the next wait looks at it).  Anything else rings, as before: libntirpc
+ * (nfs-ganesha) re-arms its one-shot connection with MOD before it replies, and the ring woke
+ * its loop thread for nothing once per request (on one cpu, ahead of the reply). */
+static bool mlp_member_quiet(struct mlp_member *m)
+{
+    struct mlp_sock *s = m->s;
+    struct mlp_ep *e = m->ep;
+    if (m->disabled || e->nested || !e->in_kernel || !e->k_sbell || !e->q ||
+        s->type != MLP_CONN || s->state != MLP_ACCEL || !s->ch || !mlp_q ||
+        ml_load_relaxed(&mlp_nopost_seen) || atomic_load(&s->fin_ns) || mlp_peer_nopost(s))
+        return false;
+    struct mlp_ep *forced = NULL;
+    if (mlp_home_want(s, &forced) != e || forced || s->qep != e || s->ch->evq != e->q)
+        return false;
+    bool et = (m->events & EPOLLET) != 0;
+    if (et ? mlp_arm_et(m, 0) : mlp_arm(s, (short)(m->events & 0xffff), true))
+        return false; /* ready (or turned ready as we armed) */
+    /* Armed in e's queue, unless it moved meanwhile (a poll on it from another thread). */
+    if (s->qep != e || s->ch->evq != e->q || s->state != MLP_ACCEL)
+        return false;
+    return !mlp_member_ready(m);
+}
+
 int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handled)
 {
     *handled = false;
@@ -2092,7 +2136,12 @@ int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handle
         m->disabled = false;
         m->undecided_seen = 0;
         mlp_rl_del(m);
-        mlp_rl_push(m); /* like the kernel's insert: looked at on the next wait */
+        /* like the kernel's insert: looked at on the next wait; the sleepers woken only if it
+         * may be ready */
+        if (op == EPOLL_CTL_MOD && e->sleepers && mlp_member_quiet(m))
+            (void)mlp_rl_link(m);
+        else
+            mlp_rl_push(m);
     }
     pthread_mutex_unlock(&mlp_epmu);
     for (int i = 0; i < 3; i++)
@@ -2182,7 +2231,18 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
                 /* Same-core detection for the spin (as recv and poll do): where the peer waits,
                  * and where we do. */
                 e->peer_cpu = ml_load_relaxed(&s->ch->tx.ctl->rx_cpu);
-                ml_store_relaxed(&s->ch->rx.ctl->rx_cpu, (uint32_t)(__ml_getcpu() + 1));
+                int cpu = __ml_getcpu();
+                ml_store_relaxed(&s->ch->rx.ctl->rx_cpu, (uint32_t)(cpu + 1));
+                __atomic_store_n(&e->rep_thr, (uintptr_t)pthread_self(), __ATOMIC_RELAXED);
+                __atomic_store_n(&e->rep_cpu, cpu, __ATOMIC_RELAXED);
+                __atomic_store_n(&e->rep_fd, m->fd, __ATOMIC_RELAXED);
+                __atomic_store_n(&e->rep_s, (void *)s, __ATOMIC_RELAXED);
+                __atomic_store_n(&e->rep_tx,
+                                 atomic_load_explicit(s->ch->tx.pub, memory_order_relaxed),
+                                 __ATOMIC_RELAXED);
+                __atomic_store_n(&e->rep_rx,
+                                 atomic_load_explicit(s->ch->rx.pub, memory_order_relaxed),
+                                 __ATOMIC_RELAXED);
             }
             if (m->events & EPOLLONESHOT)
                 m->disabled = true;
@@ -2381,6 +2441,35 @@ static int mlp_ep_spin_look(struct ml_spinning *sp, void *a)
     return mlp_ep_collect(w->epfd, w->e, w->out, w->max, w->undecided, w->gen);
 }
 
+/* Is another thread of ours still handling this set's last event, on the cpu we are on?  The
+ * event was reported here and nothing has been sent on its socket since, so its peer waits for
+ * an answer; and either another thread took it, or we did and have not read it (we handed it
+ * on).  A spin here could then only hold off the thread that must give that answer (nfs-ganesha:
+ * libntirpc's loop passes to a fresh pool thread as the old one handles the request, and with
+ * its threads on one cpu the new loop thread spun ahead of every reply).  A thread that took the
+ * event itself and has read or answered (a plain server, a stream's reader) spins as before. */
+static bool mlp_ep_handler_here(struct mlp_ep *e)
+{
+    uintptr_t thr = __atomic_load_n(&e->rep_thr, __ATOMIC_RELAXED);
+    if (!thr)
+        return false;
+    int cpu = __ml_getcpu();
+    if (cpu < 0 || __atomic_load_n(&e->rep_cpu, __ATOMIC_RELAXED) != cpu)
+        return false;
+    struct mlp_sock *s = mlp_get(__atomic_load_n(&e->rep_fd, __ATOMIC_RELAXED));
+    if (!s)
+        return false;
+    bool owed = (void *)s == __atomic_load_n(&e->rep_s, __ATOMIC_RELAXED) &&
+                s->type == MLP_CONN && s->state == MLP_ACCEL && s->ch &&
+                atomic_load_explicit(s->ch->tx.pub, memory_order_relaxed) ==
+                    __atomic_load_n(&e->rep_tx, __ATOMIC_RELAXED) &&
+                (thr != (uintptr_t)pthread_self() ||
+                 atomic_load_explicit(s->ch->rx.pub, memory_order_relaxed) ==
+                     __atomic_load_n(&e->rep_rx, __ATOMIC_RELAXED));
+    mlp_put(s);
+    return owed;
+}
+
 int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_ns,
                    const sigset_t *mask)
 {
@@ -2432,7 +2521,9 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             spun = true;
             struct mlp_ep_spin look = {epfd, e, out, max, &undecided, &gen};
             struct ml_spinning spin = {
-                .sp = &mlp_poll_spin, .budget = __ml_spin_budget_ns(&mlp_poll_spin, e->peer_cpu),
+                .sp = &mlp_poll_spin,
+                .budget = mlp_ep_handler_here(e) ? 0
+                                                 : __ml_spin_budget_ns(&mlp_poll_spin, e->peer_cpu),
                 .every = 4, .look = mlp_ep_spin_look, .arg = &look};
             got = __ml_spin_run(&spin);
         }
