@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* The RPC tests' client: one scripted session against echo.x's server whose every outcome is
  * printed, so that runs over different paths (memlan's fast path, libtirpc over TCP, stock
- * stubs) can be compared line for line.  Usage: echo_client fast|tcp PORT */
+ * stubs) can be compared line for line.
+ * Usage: echo_client fast|tcp PORT [exit | pings N | echoes N] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,6 +146,28 @@ int main(int argc, char **argv)
         printf("%ld pings: %ld failed\n", n, failed);
         clnt_destroy(cl);
         return 0;
+    }
+    if (argc > 4 && !strcmp(argv[3], "echoes")) { /* PORT echoes N: N checked echoes, 0 B to
+                                                    * 300 KB (spilled past the ring) */
+        static const u_int sz[] = {0, 1, 100, 4096, 70000, 300000};
+        long n = atol(argv[4]), wrong = 0, failed = 0;
+        for (long i = 0; i < n; i++) {
+            u_int len = sz[i % (long)(sizeof sz / sizeof sz[0])];
+            data d = {len, malloc(len ? len : 1)};
+            for (u_int j = 0; j < len; j++)
+                d.data_val[j] = (char)(i + j);
+            data *r = echo_1(&d, cl);
+            if (!r)
+                failed++;
+            else {
+                wrong += r->data_len != len || (len && memcmp(r->data_val, d.data_val, len));
+                clnt_freeres(cl, (xdrproc_t)xdr_data, (caddr_t)r);
+            }
+            free(d.data_val);
+        }
+        printf("%ld echoes: %ld wrong, %ld failed\n", n, wrong, failed);
+        clnt_destroy(cl);
+        return wrong || failed;
     }
     printf("null: %s\n", ping_1(NULL, cl) ? "ok" : clnt_sperrno(clnt_stat_of(cl)));
     u_int sizes[] = {0, 1, 3, 4, 5, 1000, 4096, 65536, 200000, 500000, MAXDATA};
