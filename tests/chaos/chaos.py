@@ -471,7 +471,7 @@ def victims(build, asan, rpcdir):
         v.append([MEMLAN, "run", "--", PY, "-c", ECHO_PAIR, "200"])
     if rpcdir:
         # a memlan-rpcgen server and client (tests/rpc/echo.x) over the RPC runtime's fast path
-        v.append([PY, os.path.abspath(__file__), "--rpc-victim", rpcdir, "pings", "300"])
+        v.append([PY, os.path.abspath(__file__), "--rpc-victim", rpcdir, "pings1", "300"])
         v.append([PY, os.path.abspath(__file__), "--rpc-victim", rpcdir, "echoes", "24"])
     return v
 
@@ -533,7 +533,7 @@ def rpc_victim(d, what, n):
             break
         try:
             e = subprocess.run([cli, path, port, "exit"], capture_output=True, text=True,
-                               timeout=10)
+                               timeout=5)
             if e.returncode < 0:
                 kill_stop(srv)
                 return 200 - e.returncode
@@ -543,7 +543,7 @@ def rpc_victim(d, what, n):
             pass
         bad = True
     try:
-        rc = srv.wait(timeout=10)
+        rc = srv.wait(timeout=8)
     except subprocess.TimeoutExpired:
         sys.stderr.write("rpc victim: the server did not stop\n")
         kill_stop(srv)
@@ -645,7 +645,8 @@ def vandal_phase(t, cat, mode, seconds, build, asan, seed, jobs=1, runs=0):
     if asan:
         env0["ASAN_OPTIONS"] = "detect_leaks=1:abort_on_error=0:exitcode=99"
         env0["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
-    end = time.time() + seconds
+    t0 = time.time()
+    end = t0 + seconds
     fabs = []
 
     def name_of(argv):
@@ -678,6 +679,11 @@ def vandal_phase(t, cat, mode, seconds, build, asan, seed, jobs=1, runs=0):
                               else "9-12"] += 1
                 else:
                     c["noact"] += 1; b["noact"] += 1
+                if PROGRESS and (c["runs"] + c["noact"]) % 500 == 0:
+                    print(f"{cat}: {c['runs']} runs, {c['noact']} without an act, "
+                          f"{sum(c['acts'].values())} acts, {c['crash']} crashes, {c['hang']} "
+                          f"hangs, {c['asan']} sanitizer, {time.time() - t0:.0f} s",
+                          file=sys.stderr, flush=True)
                 if out == "lsan-at-error":
                     c["error"] += 1; b["error"] += 1
                     c["lsan_at_error_exit"] = c.get("lsan_at_error_exit", 0) + 1
@@ -716,6 +722,7 @@ def vandal_phase(t, cat, mode, seconds, build, asan, seed, jobs=1, runs=0):
 
 
 RPCDIRS = {}
+PROGRESS = "--long" in sys.argv  # a line on stderr every 500 runs
 
 
 def tidy(fab, env):
