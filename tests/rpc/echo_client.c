@@ -2,7 +2,8 @@
 /* The RPC tests' client: one scripted session against echo.x's server whose every outcome is
  * printed, so that runs over different paths (memlan's fast path, libtirpc over TCP, stock
  * stubs) can be compared line for line.
- * Usage: echo_client fast|tcp PORT [exit | pings N | pings1 N | echoes N] */
+ * Usage: echo_client fast|tcp PORT [exit | pings N | pings1 N | echoes N |
+ *        flood N] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,6 +153,32 @@ int main(int argc, char **argv)
          * most, and the first failure ends the run (exit 1) */
         struct timeval two = {2, 0};
         clnt_control(cl, CLSET_TIMEOUT, (char *)&two);
+    }
+    if (argc > 4 && !strcmp(argv[3], "flood")) { /* PORT flood N: a ping, "up", a line read,
+                                                   * then N echoes of 4 KB, 100 ms each at
+                                                   * most, on after failures */
+        struct timeval tenth = {0, 100000};
+        clnt_control(cl, CLSET_TIMEOUT, (char *)&tenth);
+        if (!ping_1(NULL, cl))
+            return 1;
+        printf("up\n"); /* then a line on stdin (the test stops the server meanwhile) */
+        fflush(stdout);
+        char line[8];
+        if (!fgets(line, sizeof line, stdin))
+            return 1;
+        long n = atol(argv[4]), failed = 0;
+        static char blk[4096];
+        for (long i = 0; i < n; i++) {
+            data d = {sizeof blk, blk};
+            data *r = echo_1(&d, cl);
+            if (!r)
+                failed++;
+            else
+                clnt_freeres(cl, (xdrproc_t)xdr_data, (caddr_t)r);
+        }
+        printf("%ld echoes: %ld failed\n", n, failed);
+        clnt_destroy(cl);
+        return 0;
     }
     if (argc > 4 && !strcmp(argv[3], "pings1")) { /* PORT pings1 N: as pings, to a failure */
         long n = atol(argv[4]), i = 0;
