@@ -12,11 +12,18 @@ Categories, each counted and printed, never hidden:
   kill-servers   SIGKILL of an epoll server mid-stream, restarted, against a threaded client that
                  reconnects: every connection ends with EOF or ECONNRESET, no hang, fds and
                  mappings bounded, fabric empty after clean
-  vandal         random values written into every file of the fabric (channel pages and rings,
-                 event queues, ls- records, stat records; RPC segments only when an RPC
-                 program runs there: no RPC victim yet), files unlinked and replaced, while
-                 native examples and a `memlan run` echo pair run (each with a timeout)
-  vandal-asan    the same against the ASan+UBSan examples (build-asan), when built
+  vandal         a vandal synchronised with each victim run: while the victim lives, 1-12
+                 acts 0.2-3 ms apart against the files of the fabric that this victim made
+                 (random values into channel pages and rings, event queues, ls- records, stat
+                 records, RPC segments; unlink or replace, 1% each; doorbells rung; the RPC
+                 runtime's socket seldom unlinked or replaced).  Victims: the native examples,
+                 a `memlan run` echo pair, and a memlan-rpcgen server and client (echo.x) over
+                 the RPC runtime's fast path.  Only a run that saw an act counts as a victim
+                 run; one that ended first is counted apart (noact), its failures all the same.
+                 CHAOS_JOBS workers (default 2 in --long) run side by side, each with a fabric
+                 of its own; CHAOS_RUNS stops a category after so many runs.
+  vandal-asan    the same against the ASan+UBSan examples and RPC programs (ASAN_BUILD, default
+                 build-asan), when built
   vandal-trunc   truncation of fabric files only (every victim must live: src/guard.c turns a
                  fault in a shrunk file into an error on that connection)
   fullfab        a 2 MiB tmpfs fabric (unshare -m): no signal, no hang
