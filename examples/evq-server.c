@@ -122,13 +122,15 @@ int main(int argc, char **argv)
         }
         open -= n;
     }
+    /* Close before waiting: a client whose connection was spoiled (counted as ended here while
+     * it still waits for an answer) would otherwise wait for ever, and we for it. */
+    for (int i = 0; i < nc; i++)
+        memlan_channel_close(ch[i]);
     int ok = 1, st;
     while (wait(&st) > 0)
         ok &= WIFEXITED(st) && WEXITSTATUS(st) == 0;
     printf("evq-server: %d clients, %ld requests answered through one event queue\n", nc,
            answered);
-    for (int i = 0; i < nc; i++)
-        memlan_channel_close(ch[i]);
     memlan_evq_close(q);
     memlan_fabric_close(fab);
     free(ch);

@@ -70,6 +70,9 @@ static int measure(memlan_listener_t *l, int wait_ms, int n)
         if (!rtt || memlan_send(ch, msg, sizeof msg, 0) != sizeof msg ||
             memlan_recv(ch, msg, sizeof msg, 0) != sizeof msg) {
             fprintf(stderr, "pingpong: exchange %d failed\n", i);
+            memlan_channel_close(ch); /* or the echo, waiting for the next ping, and our caller,
+                                       * waiting for the echo to exit, would wait for ever */
+            free(rtt);
             return 1;
         }
         rtt[i] = now_us() - t0;

@@ -68,16 +68,18 @@ int main(void)
         const struct order *o = p;
         if (n != (ssize_t)sizeof *o || o->id != seen || strcmp(o->symbol, "MEML") != 0) {
             fprintf(stderr, "zerocopy: bad order %u\n", seen);
-            return 1;
+            break;
         }
         sum += o->price;
         seen++;
         memlan_release(ch, 0);
     }
+    /* Close before waiting: a consumer that stopped early (an error, a bad order) would
+     * otherwise wait for a producer blocked for ever on the full ring it no longer reads. */
+    memlan_channel_close(ch);
     int st;
     waitpid(pid, &st, 0);
     printf("zerocopy: %u orders read in place, total price %.0f\n", seen, sum);
-    memlan_channel_close(ch);
     memlan_fabric_close(fab);
     return seen == N && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
 }

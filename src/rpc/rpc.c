@@ -362,7 +362,25 @@ static enum clnt_stat ml_clnt_call(CLIENT *cl, rpcproc_t proc, xdrproc_t xargs, 
     }
     void *buf;
     size_t want = spill ? hdr + sizeof(struct ml_rpc_spill) : hdr + asize;
-    ssize_t room = memlan_reserve(c->ch, &buf, want, 0);
+    /* Room in the ring, waited for no longer than the call's timeout (25 s for a batched call):
+     * a server that does not read (stopped, hostile, or its indices spoiled) must not hold the
+     * caller for ever, as it did in a blocking reserve.  The ring is full only when the server
+     * is behind (batched calls): the sleeps start at 20 us and double up to 1 ms, so that a
+     * stream of batched calls waits about as long as the server takes to make room. */
+    long wait_ms = tout.tv_sec * 1000L + tout.tv_usec / 1000;
+    int64_t until = ml_rpc_now_ms() + (wait_ms > 0 ? wait_ms : 25000);
+    long nap_ns = 20000;
+    ssize_t room;
+    while ((room = memlan_reserve(c->ch, &buf, want, MEMLAN_DONTWAIT)) == -EAGAIN) {
+        if (ml_rpc_now_ms() >= until) {
+            c->err.re_status = RPC_TIMEDOUT;
+            goto out;
+        }
+        struct timespec nap = {0, nap_ns};
+        nanosleep(&nap, NULL);
+        if (nap_ns < 1000000)
+            nap_ns *= 2;
+    }
     if (room < 0) {
         c->err.re_errno = (int)-room;
         c->err.re_status = room == -EMSGSIZE ? RPC_CANTENCODEARGS : RPC_CANTSEND;

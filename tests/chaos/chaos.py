@@ -12,11 +12,18 @@ Categories, each counted and printed, never hidden:
   kill-servers   SIGKILL of an epoll server mid-stream, restarted, against a threaded client that
                  reconnects: every connection ends with EOF or ECONNRESET, no hang, fds and
                  mappings bounded, fabric empty after clean
-  vandal         random values written into every file of the fabric (channel pages and rings,
-                 event queues, ls- records, stat records; RPC segments only when an RPC
-                 program runs there: no RPC victim yet), files unlinked and replaced, while
-                 native examples and a `memlan run` echo pair run (each with a timeout)
-  vandal-asan    the same against the ASan+UBSan examples (build-asan), when built
+  vandal         a vandal synchronised with each victim run: while the victim lives, 1-12
+                 acts 0.2-3 ms apart against the files of the fabric that this victim made
+                 (random values into channel pages and rings, event queues, ls- records, stat
+                 records, RPC segments; unlink or replace, 1% each; doorbells rung; the RPC
+                 runtime's socket seldom unlinked or replaced).  Victims: the native examples,
+                 a `memlan run` echo pair, and a memlan-rpcgen server and client (echo.x) over
+                 the RPC runtime's fast path.  Only a run that saw an act counts as a victim
+                 run; one that ended first is counted apart (noact), its failures all the same.
+                 CHAOS_JOBS workers (default 2 in --long) run side by side, each with a fabric
+                 of its own; CHAOS_RUNS stops a category after so many runs.
+  vandal-asan    the same against the ASan+UBSan examples and RPC programs (ASAN_BUILD, default
+                 build-asan), when built
   vandal-trunc   truncation of fabric files only (every victim must live: src/guard.c turns a
                  fault in a shrunk file into an error on that connection)
   fullfab        a 2 MiB tmpfs fabric (unshare -m): no signal, no hang
@@ -416,59 +423,342 @@ def scribble(rng, fd, size, head_p):
         os.pwrite(fd, (v & ((1 << (8 * w)) - 1)).to_bytes(w, "little"), off)
 
 
-def vandal(fab, mode, seconds, seed):
-    """Runs in its own process.  mode: write (values, unlink, replace) or trunc."""
-    rng = random.Random(seed)
-    end = time.time() + seconds
-    acts = 0
-    for _ in range(10_000_000):
-        if time.time() > end:
-            break
+def vandal_act(rng, path, mode):
+    """One act of the vandal against path, a file of the fabric: its kind, or None when
+    nothing was done (the file went away, or nothing to do with it)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return None
+    fmt = st.st_mode & 0o170000
+    if fmt == 0o010000:  # a doorbell: ring it (write mode), or unlink it
+        if mode == "trunc":
+            return None
         try:
-            names = os.listdir(fab)
+            if rng.random() < 0.1:
+                os.unlink(path); return "unlink"
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+            try:
+                for _ in range(rng.randint(1, 64)):
+                    os.write(fd, b"x")
+            finally:
+                os.close(fd)
+            return "ring"
         except OSError:
-            break
-        if not names:
-            time.sleep(0.002); continue
-        name = rng.choice(names)
-        path = os.path.join(fab, name)
+            return None
+    if fmt == 0o140000:  # a socket (the RPC runtime's rpc-PROG-VERS.sock): unlink or replace,
+        if mode == "trunc" or rng.random() < 0.9:  # seldom (each ends the run's fast path)
+            return None
         try:
-            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+            if rng.random() < 0.5:
+                os.unlink(path); return "unlink"
+            replace_file(rng, path, 4096)
+            return "replace"
         except OSError:
-            continue
-        try:
-            st = os.fstat(fd)
-            if not (st.st_mode & 0o170000 == 0o100000) or st.st_size == 0:
-                continue
-            size = st.st_size
-            r = rng.random()
-            if mode == "trunc":
-                os.ftruncate(fd, rng.choice([0, 4096, size // 2, max(0, size - 4096)]))
-            elif r < 0.02:
-                os.unlink(path)
-            elif r < 0.04:
-                tmp = os.path.join(fab, ".v%d" % rng.randrange(1 << 30))
-                with open(tmp, "wb") as f:
-                    f.write(os.urandom(min(size, 1 << 20)))
-                os.rename(tmp, path)
-            else:
-                scribble(rng, fd, size, 0.7)  # headers (first pages) most often
-            acts += 1
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-        time.sleep(0.0005)
-    print(acts)
+            return None
+    if fmt != 0o100000:
+        return None
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return None
+        if mode == "trunc":
+            os.ftruncate(fd, rng.choice([0, 4096, size // 2, max(0, size - 4096)]))
+            return "trunc"
+        r = rng.random()
+        if r < 0.01:
+            os.unlink(path); return "unlink"
+        if r < 0.02:
+            replace_file(rng, path, size); return "replace"
+        scribble(rng, fd, size, 0.7)  # headers (first pages) most often
+        return "write"
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
-def victims(build, asan):
+def replace_file(rng, path, size):
+    tmp = os.path.join(os.path.dirname(path), ".v%d" % rng.randrange(1 << 30))
+    with open(tmp, "wb") as f:
+        f.write(os.urandom(min(size, 1 << 20)))
+    os.rename(tmp, path)
+
+
+def victims(build, asan, rpcdir):
     ex = os.path.join(build, "examples")
     v = [[os.path.join(ex, "pingpong"), "20000"], [os.path.join(ex, "stream"), "16"],
          [os.path.join(ex, "zerocopy")], [os.path.join(ex, "evq-server"), "16", "50"]]
     if not asan:
         v.append([MEMLAN, "run", "--", PY, "-c", ECHO_PAIR, "200"])
+    if rpcdir:
+        # a memlan-rpcgen server and client (tests/rpc/echo.x) over the RPC runtime's fast path
+        v.append([PY, os.path.abspath(__file__), "--rpc-victim", rpcdir, "pings1", "300"])
+        v.append([PY, os.path.abspath(__file__), "--rpc-victim", rpcdir, "echoes", "24"])
     return v
+
+
+def build_rpc(build, asan, log):
+    """echo.x's server and client made with BUILD's memlan-rpcgen, linked with BUILD's
+    libmemlan-rpc (instrumented for build-asan, and so are the stubs then): a directory, or None
+    (said in the log) when they cannot be built."""
+    d = tempfile.mkdtemp(prefix="memlan-chaos-rpc-")
+    src = os.path.join(ROOT, "tests", "rpc")
+    try:
+        for f in ("echo.x", "echo_impl.c", "echo_client.c"):
+            shutil.copy(os.path.join(src, f), d)
+        gen = os.path.join(build, "bin", "memlan-rpcgen")
+        for opt, out in (("-h", "echo.h"), ("-c", "echo_xdr.c"), ("-l", "echo_clnt.c"),
+                         ("-m", "echo_svc.c")):
+            subprocess.run([gen, opt, "-o", out, "echo.x"], cwd=d, check=True,
+                           capture_output=True, timeout=60,
+                           env=dict(os.environ, ASAN_OPTIONS="detect_leaks=0"))
+        lib = os.path.join(build, "lib")
+        flags = ["-std=gnu11", "-O1", "-g", "-I" + os.path.join(ROOT, "include"),
+                 "-I/usr/include/tirpc"]
+        if asan:
+            flags += ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
+        libs = ["-L" + lib, "-Wl,-rpath," + lib, "-lmemlan-rpc", "-lmemlan", "-ltirpc"]
+        for out, srcs in (("srv", ["echo_impl.c", "echo_svc.c"]),
+                          ("cli", ["echo_client.c", "echo_clnt.c"])):
+            subprocess.run(["cc", *flags, "-o", out, *srcs, "echo_xdr.c", *libs], cwd=d,
+                           check=True, capture_output=True, timeout=120)
+        return d
+    except (OSError, subprocess.SubprocessError) as e:
+        log(f"RPC victims not built: {str(e)[:120]}")
+        shutil.rmtree(d, ignore_errors=True)
+        return None
+
+
+def rpc_victim(d, what, n):
+    """One RPC victim run (in its own process, under the vandal): the server, a fast-path
+    client of n calls, then the server asked to stop (svc_exit) over the fast path or, when
+    that path was spoiled, over TCP.  Stderr of both goes to ours (sanitizer reports).  Exit
+    status: 0 when both ended well, 1 when a connection was spoiled (allowed), 200+SIG when
+    either died of signal SIG, 124 when the server did not stop."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = str(s.getsockname()[1])
+    s.close()
+    srv = subprocess.Popen([os.path.join(d, "srv"), port], stdout=subprocess.PIPE, text=True)
+    if srv.stdout.readline().strip() != "ready":
+        rc = srv.wait()
+        return 200 - rc if rc < 0 else 1
+    cli = os.path.join(d, "cli")
+    rc = subprocess.run([cli, "fast", port, what, str(n)], stdout=subprocess.DEVNULL).returncode
+    if rc < 0:
+        kill_stop(srv)
+        return 200 - rc
+    bad = rc != 0
+    for path in ("fast", "tcp"):
+        if srv.poll() is not None:
+            break
+        try:
+            e = subprocess.run([cli, path, port, "exit"], capture_output=True, text=True,
+                               timeout=5)
+            if e.returncode < 0:
+                kill_stop(srv)
+                return 200 - e.returncode
+            if "exit: ok" in e.stdout:
+                break
+        except subprocess.TimeoutExpired:
+            pass
+        bad = True
+    try:
+        rc = srv.wait(timeout=8)
+    except subprocess.TimeoutExpired:
+        sys.stderr.write("rpc victim: the server did not stop\n")
+        kill_stop(srv)
+        return 124
+    if rc < 0:
+        return 200 - rc
+    return 1 if bad or rc != 3 else 0
+
+
+def vandal_run(rng, fab, argv, mode, env, timeout):
+    """One victim run under a vandal synchronised with it: while the victim lives, up to k
+    acts (k drawn from 1-12, 0.2-3 ms apart) against files of the fabric that the victim made
+    (those not there before it started).  Returns (outcome, acts by kind, stderr, where)."""
+    before = set()
+    for n in os.listdir(fab):
+        try:
+            before.add((n, os.lstat(os.path.join(fab, n)).st_ino))
+        except OSError:
+            pass
+    p = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         env=env, errors="replace", start_new_session=True)
+    errbuf = []
+    import threading
+    rd = threading.Thread(target=lambda: errbuf.append(p.stderr.read()), daemon=True)
+    rd.start()
+    k = rng.randint(1, 12)
+    acts = {}
+    deadline = time.time() + timeout
+    nxt = time.time() + rng.uniform(0.0002, 0.003)
+    hung = False
+    while p.poll() is None:
+        now = time.time()
+        if now > deadline:
+            hung = True
+            break
+        if sum(acts.values()) >= k or now < nxt:
+            time.sleep(0.0002 if sum(acts.values()) < k else 0.005)
+            continue
+        nxt = now + rng.uniform(0.0002, 0.003)
+        try:
+            names = os.listdir(fab)
+        except OSError:
+            break
+        rng.shuffle(names)
+        for n in names:
+            path = os.path.join(fab, n)
+            try:
+                key = (n, os.lstat(path).st_ino)
+            except OSError:
+                continue
+            if key in before or n.startswith(".v"):
+                continue
+            if p.poll() is not None:  # an act counts only against a live victim
+                break
+            kind = vandal_act(rng, path, mode)
+            if kind:
+                acts[kind] = acts.get(kind, 0) + 1
+                break
+    where = ""
+    if hung:
+        where = hang_where(p.pid)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    rd.join(30)
+    err = errbuf[0] if errbuf else ""
+    if hung:
+        return "hang", acts, err, where
+    rc = p.returncode
+    if "ERROR: LeakSanitizer" in err and not re.search(
+            r"ERROR: AddressSanitizer|runtime error:", err) and rc != 0:
+        # The example gave up on its spoiled connection and returned without closing its
+        # handles: LSan at that exit is the example's, counted and shown, not a failure.
+        return "lsan-at-error", acts, err, ""
+    if SAN_RE.search(err):
+        return "asan", acts, err, ""
+    if rc < 0 or rc in (128 + 7, 128 + 11) or rc >= 200 or \
+            (rc == 1 and "AddressSanitizer:DEADLYSIGNAL" in err):
+        return "crash", acts, err, ""
+    if rc == 124 and "did not stop" in err:
+        return "hang", acts, err, ""
+    return ("error" if rc else "ok"), acts, err, ""
+
+
+def vandal_phase(t, cat, mode, seconds, build, asan, seed, jobs=1, runs=0):
+    """Victims one after another in each of jobs workers (threads), each with a fabric of its
+    own and the vandal synchronised with its victim (vandal_run).  A run that saw no act is
+    not a vandal victim run: it is counted apart (noact), its failures all the same.  Stops
+    after seconds, or once runs victim runs are counted (when runs > 0)."""
+    import threading
+    c = t.cat(cat)
+    c.update(noact=0, acts={}, hist={"1": 0, "2-4": 0, "5-8": 0, "9-12": 0}, by={})
+    mu = threading.Lock()
+    key = (build, asan)
+    if key not in RPCDIRS:  # built once per build (vandal and vandal-trunc share it)
+        RPCDIRS[key] = build_rpc(build, asan, lambda s: t.note(cat, s))
+    rpcdir = RPCDIRS[key]
+    vs = victims(build, asan, rpcdir)
+    env0 = dict(os.environ)
+    if asan:
+        env0["ASAN_OPTIONS"] = "detect_leaks=1:abort_on_error=0:exitcode=99"
+        env0["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
+    t0 = time.time()
+    end = t0 + seconds
+    fabs = []
+
+    def name_of(argv):
+        if argv[0] == MEMLAN:
+            return "memlan-run echo"
+        if "--rpc-victim" in argv:
+            return "rpc " + argv[-2]
+        return os.path.basename(argv[0])
+
+    def worker(i):
+        rng = random.Random(seed * 1000003 + i)
+        fab = tempfile.mkdtemp(prefix="memlan-chaos-v%d-" % i, dir="/dev/shm")
+        fabs.append(fab)
+        env = dict(env0, MEMLAN_FABRIC=fab)
+        for j in range(1_000_000):
+            with mu:
+                if time.time() > end or (runs and c["runs"] >= runs):
+                    break
+            argv = rng.choice(vs)
+            out, acts, err, where = vandal_run(rng, fab, argv, mode, env, 30)
+            n = sum(acts.values())
+            nm = name_of(argv)
+            with mu:
+                b = c["by"].setdefault(nm, {"runs": 0, "noact": 0, "acts": 0, "error": 0})
+                if n:
+                    c["runs"] += 1; b["runs"] += 1; b["acts"] += n
+                    for kd, v in acts.items():
+                        c["acts"][kd] = c["acts"].get(kd, 0) + v
+                    c["hist"]["1" if n == 1 else "2-4" if n <= 4 else "5-8" if n <= 8
+                              else "9-12"] += 1
+                else:
+                    c["noact"] += 1; b["noact"] += 1
+                if PROGRESS and (c["runs"] + c["noact"]) % 500 == 0:
+                    print(f"{cat}: {c['runs']} runs, {c['noact']} without an act, "
+                          f"{sum(c['acts'].values())} acts, {c['crash']} crashes, {c['hang']} "
+                          f"hangs, {c['asan']} sanitizer, {time.time() - t0:.0f} s",
+                          file=sys.stderr, flush=True)
+                if out == "lsan-at-error":
+                    c["error"] += 1; b["error"] += 1
+                    c["lsan_at_error_exit"] = c.get("lsan_at_error_exit", 0) + 1
+                elif out == "error":
+                    c["error"] += 1; b["error"] += 1
+                elif out in ("crash", "hang", "asan"):
+                    c[out] += 1
+                    line = where
+                    if out == "asan":
+                        m = SAN_RE.search(err)
+                        ls = err.rfind("\n", 0, m.start()) + 1
+                        line = err[ls:].splitlines()[0][:200]
+                    elif out == "crash":
+                        line = (err.strip().splitlines() or [""])[-1][:200]
+                    t.note(cat, f"{out}: {nm} ({n} acts {acts}): {line[:200]}")
+            if out in ("crash", "hang", "asan"):
+                keep(cat, out, argv, (where + "\n" if where else "") + err)
+            if j % 50 == 49:
+                tidy(fab, env)
+        tidy(fab, env)
+
+    ws = [threading.Thread(target=worker, args=(i,)) for i in range(jobs)]
+    for w in ws:
+        w.start()
+    for w in ws:
+        w.join()
+    for fab in fabs:
+        shutil.rmtree(fab, ignore_errors=True)
+    tot = sum(c["acts"].values())
+    t.note(cat, f"{c['runs']} victim runs with an act, {tot} acts ({tot / max(1, c['runs']):.1f}"
+                f" per run; runs by acts {c['hist']}; kinds {c['acts']}); {c['noact']} runs "
+                f"ended before any act (not counted)")
+    for nm, b in sorted(c["by"].items()):
+        t.note(cat, f"  {nm}: {b['runs']} runs, {b['acts']} acts, {b['error']} errors, "
+                    f"{b['noact']} without an act")
+
+
+RPCDIRS = {}
+PROGRESS = "--long" in sys.argv  # a line on stderr every 500 runs
+
+
+def tidy(fab, env):
+    """memlan clean, then what is left (the vandal's replaced files are nobody's)."""
+    subprocess.run([MEMLAN, "clean"], capture_output=True, timeout=30, env=env)
+    for n in os.listdir(fab):
+        try:
+            os.unlink(os.path.join(fab, n))
+        except OSError:
+            pass
 
 
 SAN_RE = re.compile(r"ERROR: AddressSanitizer|runtime error:|ERROR: LeakSanitizer")
@@ -547,31 +837,6 @@ def victim_run(t, cat, argv, timeout, env):
         t.note(cat, f"signal {sig}: {name}")
     elif p.returncode != 0:
         c["error"] += 1
-
-
-def vandal_phase(t, cat, fab, mode, seconds, build, asan, seed):
-    env = dict(os.environ, MEMLAN_FABRIC=fab)
-    if asan:
-        env["ASAN_OPTIONS"] = "detect_leaks=1:abort_on_error=0:exitcode=99"
-        env["UBSAN_OPTIONS"] = "print_stacktrace=1:halt_on_error=1"
-    v = subprocess.Popen([PY, os.path.abspath(__file__), "--vandal", fab, mode, str(seconds),
-                          str(seed)], stdout=subprocess.PIPE, text=True)
-    rng = random.Random(seed)
-    vs = victims(build, asan)
-    end = time.time() + seconds
-    for _ in range(100000):
-        if time.time() > end:
-            break
-        victim_run(t, cat, rng.choice(vs), 30, env)
-    out, _ = v.communicate(timeout=60)
-    t.note(cat, f"vandal acts: {out.strip()}")
-    subprocess.run([MEMLAN, "clean"], capture_output=True, timeout=30, env=env)
-    # the vandal's replaced files are nobody's: clean leaves some; remove what is left
-    for n in os.listdir(fab):
-        try:
-            os.unlink(os.path.join(fab, n))
-        except OSError:
-            pass
 
 
 # ---- another user of a group fabric ---------------------------------------------------------
@@ -869,9 +1134,8 @@ def fullfab(t, rounds):
 # ---- main ----------------------------------------------------------------------------------
 
 def main():
-    if len(sys.argv) > 1 and sys.argv[1] == "--vandal":
-        vandal(sys.argv[2], sys.argv[3], float(sys.argv[4]), int(sys.argv[5]))
-        return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "--rpc-victim":
+        return rpc_victim(sys.argv[2], sys.argv[3], int(sys.argv[4]))
     if len(sys.argv) > 1 and sys.argv[1] == "--xvandal":
         xvandal(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]))
         return 0
@@ -889,7 +1153,7 @@ def main():
     t0 = time.time()
     fab = tempfile.mkdtemp(prefix="memlan-chaos-", dir="/dev/shm")
     os.environ["MEMLAN_FABRIC"] = fab
-    asan_build = os.path.join(ROOT, "build-asan")
+    asan_build = os.environ.get("ASAN_BUILD", os.path.join(ROOT, "build-asan"))
     have_asan = os.path.exists(os.path.join(asan_build, "examples", "pingpong"))
     try:
         only = os.environ.get("CHAOS_ONLY", "").split(",")
@@ -900,16 +1164,19 @@ def main():
             kill_clients_all(t, fab, L(200) if long else 8, rng)
         if want("kill-servers"):
             kill_servers(t, fab, L(300) if long else 6, rng)
+        jobs = int(os.environ.get("CHAOS_JOBS", "2" if long else "1"))
+        runs = int(os.environ.get("CHAOS_RUNS", "0"))  # stop a vandal category after so many
         if want("vandal"):
-            vandal_phase(t, "vandal", fab, "write", L(600) if long else 8, BUILD, False, seed)
+            vandal_phase(t, "vandal", "write", L(600) if long else 8, BUILD, False, seed, jobs,
+                         runs)
         if want("vandal-asan") and have_asan:
-            vandal_phase(t, "vandal-asan", fab, "write", L(600) if long else 6, asan_build, True,
-                         seed + 1)
+            vandal_phase(t, "vandal-asan", "write", L(600) if long else 6, asan_build, True,
+                         seed + 1, jobs, runs)
         elif want("vandal-asan"):
             t.note("vandal-asan", "skipped: build-asan not built (make SAN=1 BUILD=build-asan)")
         if want("vandal-trunc"):
-            vandal_phase(t, "vandal-trunc", fab, "trunc", L(120) if long else 3, BUILD, False,
-                         seed + 2)
+            vandal_phase(t, "vandal-trunc", "trunc", L(120) if long else 3, BUILD, False,
+                         seed + 2, jobs, runs)
         if want("fullfab"):
             fullfab(t, L(10) if long else 1)
         if want("vandal-xuser"):
@@ -918,6 +1185,9 @@ def main():
         for n in os.listdir(fab):
             os.unlink(os.path.join(fab, n))
         os.rmdir(fab)
+        for d in RPCDIRS.values():
+            if d:
+                shutil.rmtree(d, ignore_errors=True)
     bad = 0
     print(f"chaos ({'long' if long else 'short'}, seed {seed}, {time.time() - t0:.0f} s)")
     print(f"{'category':22} {'runs':>6} {'crash':>6} {'hang':>5} {'asan':>5} {'leak':>5} {'error':>6}"

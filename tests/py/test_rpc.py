@@ -9,6 +9,7 @@ import os
 import pathlib
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -647,3 +648,30 @@ def test_client_hands_no_channel_to_a_foreign_socket(fabric, builds):
             f.unlink()
     assert said == "nothing", "the client handed its channel token to uid 65534"
     assert p.returncode == 3 and "not trusted" in p.stderr and "uid 65534" in p.stderr, p.stderr
+
+
+def test_call_into_a_full_ring_times_out(fabric, builds):
+    """A server that stops reading (SIGSTOP here; a hostile one, or one whose ring indices a
+    vandal spoiled, the same): the client's calls fill the 16 KiB ring and each later call must
+    still end at its timeout (100 ms), not block for ever in memlan_reserve (found by the chaos
+    suite's vandal: an RPC client asleep for ever, its 2 s timeout long past)."""
+    m = builds["memlan"]
+    env = dict(os.environ, MEMLAN_RPC_RING_KB="16")
+    srv = Server([str(m / "srv")], env=env)
+    try:
+        cli = subprocess.Popen([str(m / "cli"), "fast", str(srv.port), "flood", "12"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+        assert cli.stdout.readline().strip() == "up", cli.communicate()
+        os.kill(srv.p.pid, signal.SIGSTOP)
+        try:
+            out, err = cli.communicate("go\n", timeout=30)
+        except subprocess.TimeoutExpired:
+            cli.kill()
+            cli.communicate()
+            raise AssertionError("a call blocked past its timeout (the ring full)")
+    finally:
+        os.kill(srv.p.pid, signal.SIGCONT)
+        srv.stop()
+        memlan("clean")
+    assert cli.returncode == 0 and "12 echoes: 12 failed" in out, out + err

@@ -1,10 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* The RPC tests' client: one scripted session against echo.x's server whose every outcome is
  * printed, so that runs over different paths (memlan's fast path, libtirpc over TCP, stock
- * stubs) can be compared line for line.  Usage: echo_client fast|tcp PORT */
+ * stubs) can be compared line for line.
+ * Usage: echo_client fast|tcp PORT [exit | pings N | pings1 N | echoes N |
+ *        flood N] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include "echo.h"
 
@@ -145,6 +148,76 @@ int main(int argc, char **argv)
         printf("%ld pings: %ld failed\n", n, failed);
         clnt_destroy(cl);
         return 0;
+    }
+    if (argc > 4 && (!strcmp(argv[3], "echoes") || !strcmp(argv[3], "pings1"))) {
+        /* for the chaos suite, whose vandal may spoil this connection: each call waits 2 s at
+         * most, and the first failure ends the run (exit 1) */
+        struct timeval two = {2, 0};
+        clnt_control(cl, CLSET_TIMEOUT, (char *)&two);
+    }
+    if (argc > 4 && !strcmp(argv[3], "flood")) { /* PORT flood N: a ping, "up", a line read,
+                                                   * then N echoes of 4 KB, 100 ms each at
+                                                   * most, on after failures */
+        struct timeval tenth = {0, 100000};
+        clnt_control(cl, CLSET_TIMEOUT, (char *)&tenth);
+        if (!ping_1(NULL, cl))
+            return 1;
+        printf("up\n"); /* then a line on stdin (the test stops the server meanwhile) */
+        fflush(stdout);
+        char line[8];
+        if (!fgets(line, sizeof line, stdin))
+            return 1;
+        long n = atol(argv[4]), failed = 0;
+        static char blk[4096];
+        for (long i = 0; i < n; i++) {
+            data d = {sizeof blk, blk};
+            data *r = echo_1(&d, cl);
+            if (!r)
+                failed++;
+            else
+                clnt_freeres(cl, (xdrproc_t)xdr_data, (caddr_t)r);
+        }
+        printf("%ld echoes: %ld failed\n", n, failed);
+        clnt_destroy(cl);
+        return 0;
+    }
+    if (argc > 4 && !strcmp(argv[3], "pings1")) { /* PORT pings1 N: as pings, to a failure */
+        long n = atol(argv[4]), i = 0;
+        time_t t0 = time(NULL);
+        while (i < n && time(NULL) - t0 < 5 && ping_1(NULL, cl)) /* 5 s in all, at most */
+            i++;
+        printf("%ld of %ld pings\n", i, n);
+        clnt_destroy(cl);
+        return i < n;
+    }
+    if (argc > 4 && !strcmp(argv[3], "echoes")) { /* PORT echoes N: N checked echoes, 0 B to
+                                                    * 300 KB (spilled past the ring) */
+        static const u_int sz[] = {0, 1, 100, 4096, 70000, 300000};
+        long n = atol(argv[4]), wrong = 0, failed = 0;
+        time_t t0 = time(NULL);
+        for (long i = 0; i < n; i++) {
+            if (time(NULL) - t0 >= 5) { /* 5 s in all, at most: a spoiled, slow connection */
+                failed++;
+                break;
+            }
+            u_int len = sz[i % (long)(sizeof sz / sizeof sz[0])];
+            data d = {len, malloc(len ? len : 1)};
+            for (u_int j = 0; j < len; j++)
+                d.data_val[j] = (char)(i + j);
+            data *r = echo_1(&d, cl);
+            if (!r) {
+                failed++;
+                free(d.data_val);
+                break;
+            } else {
+                wrong += r->data_len != len || (len && memcmp(r->data_val, d.data_val, len));
+                clnt_freeres(cl, (xdrproc_t)xdr_data, (caddr_t)r);
+            }
+            free(d.data_val);
+        }
+        printf("%ld echoes: %ld wrong, %ld failed\n", n, wrong, failed);
+        clnt_destroy(cl);
+        return wrong || failed;
     }
     printf("null: %s\n", ping_1(NULL, cl) ? "ok" : clnt_sperrno(clnt_stat_of(cl)));
     u_int sizes[] = {0, 1, 3, 4, 5, 1000, 4096, 65536, 200000, 500000, MAXDATA};
