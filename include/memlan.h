@@ -110,7 +110,9 @@ int memlan_segment_check(const memlan_segment_t *seg);
  */
 int memlan_segment_revoke(memlan_segment_t *seg);
 
-/* memlan_segment_close - unmap; an exporter's close also revokes and removes the file. */
+/* memlan_segment_close - unmap; an exporter's close also revokes and removes the file.  In a fork
+ * child, on a handle it inherited, it frees the child's copies only (mapping, descriptor, memory):
+ * the export stays the parent's. */
 void memlan_segment_close(memlan_segment_t *seg);
 
 /* ---- channels ---------------------------------------------------------------------------- */
@@ -230,7 +232,9 @@ size_t memlan_channel_max_msg(const memlan_channel_t *ch);
 /* memlan_channel_kind - MEMLAN_STREAM or MEMLAN_MSG, or -EINVAL for NULL. */
 int memlan_channel_kind(const memlan_channel_t *ch);
 
-/* memlan_channel_close - close our side: the peer reads what we sent, then EOF. */
+/* memlan_channel_close - close our side: the peer reads what we sent, then EOF.  In a fork child,
+ * on a handle it inherited, it frees the child's copies only: no end is published and the channel
+ * stays the parent's, as a socket's close in a fork child leaves the parent's connection open. */
 void memlan_channel_close(memlan_channel_t *ch);
 
 /* ---- named endpoints --------------------------------------------------------------------- */

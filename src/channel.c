@@ -1671,7 +1671,7 @@ int memlan_channel_poll(memlan_channel_t *ch)
     return ev;
 }
 
-void memlan_channel_close(memlan_channel_t *ch)
+void __ml_chan_end(struct memlan_channel *ch)
 {
     if (!ch)
         return;
@@ -1680,6 +1680,26 @@ void memlan_channel_close(memlan_channel_t *ch)
     ml_set_state(ch, ML_SIDE_CLOSED);
     if (!ml_pool_park(ch))
         __ml_seg_destroy(ch->seg);
+    free(ch);
+}
+
+void memlan_channel_close(memlan_channel_t *ch)
+{
+    if (!ch)
+        return;
+    if (ch->seg->pid == (int32_t)__ml_pid()) {
+        __ml_chan_end(ch);
+        return;
+    }
+    /* A fork child's close of the handle it inherited: our copies go (the queue membership as
+     * memlan_evq_del judges it, the mapping, the descriptor, the memory), and nothing else: no
+     * end is published, the file stays, nothing is parked in our pool.  The channel is the
+     * process's that made the handle, which goes on using it, as a socket's close in a fork
+     * child leaves the parent's connection alone. */
+    if (ch->evq)
+        (void)memlan_evq_del(ch->evq, ch);
+    ch->seg->owner = false;
+    __ml_seg_destroy(ch->seg);
     free(ch);
 }
 

@@ -108,6 +108,10 @@ int __ml_chan_attach_offer(memlan_fabric_t *fab, int fd, int fdb, const struct s
 int __ml_chan_attach_gen(memlan_fabric_t *fab, const char *token, uint32_t gen,
                          memlan_channel_t **out);
 uint32_t __ml_chan_generation(const struct memlan_channel *ch);
+/* Close our side as its last holder, whichever process made the handle (the socket layer's
+ * close after fork: it counts its holders itself).  memlan_channel_close() is this in the process
+ * that made the handle, and in a fork child lets go of the child's copies only. */
+void __ml_chan_end(struct memlan_channel *ch);
 int __ml_chan_withdraw(struct memlan_channel *ch);
 int __ml_chan_exec_bridge(struct memlan_channel *ch);
 int __ml_chan_adopt(memlan_fabric_t *fab, const char *token, int fd, int side,

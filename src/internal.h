@@ -60,6 +60,9 @@ struct memlan_segment {
     uint64_t body_off, body_size;
     uint64_t mirror;          /* a channel's ring size: each ring's data is mapped twice */
     bool owner;               /* we created it */
+    int32_t pid;              /* the process that made this handle: a fork child's close of its
+                               * inherited copy lets go of its copies only (memlan_segment_close,
+                               * memlan_channel_close) */
     bool writable;
     bool cacheable;           /* an acceptor's channel mapping made without our lock: see
                                * segment.c's mapping cache; fd/hold carry the lock instead */

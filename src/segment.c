@@ -85,6 +85,7 @@ static int ml_seg_create(memlan_fabric_t *fab, uint32_t kind, int mode, uint64_t
     struct memlan_segment *seg = calloc(1, sizeof *seg);
     if (!seg)
         return -ENOMEM;
+    seg->pid = (int32_t)__ml_pid();
     char name[80];
     long fd;
     int r;
@@ -278,6 +279,7 @@ int __ml_seg_import_fd(memlan_fabric_t *fab, const char *token, int fd, uint32_t
         r = -ENOMEM;
         goto fail;
     }
+    seg->pid = (int32_t)__ml_pid();
     seg->fab = fab;
     seg->fd = (int)fd;
     seg->ino = (uint64_t)st.st_ino;
@@ -464,6 +466,8 @@ int __ml_seg_import_cached(memlan_fabric_t *fab, int fd, int fdb, const struct s
     if (fdb >= 0)
         __ml_sys_close(fdb);
     struct memlan_segment *seg = calloc(1, sizeof *seg);
+    if (seg)
+        seg->pid = (int32_t)__ml_pid();
     if (!seg) {
         __ml_guard_del(e.guard);
         __ml_sys_munmap(e.base, e.vsize);
@@ -663,7 +667,13 @@ int memlan_segment_revoke(memlan_segment_t *seg)
 
 void memlan_segment_close(memlan_segment_t *seg)
 {
-    if (seg && seg->owner)
+    if (!seg)
+        return;
+    /* A fork child's close of the handle it inherited lets go of its own copies (mapping,
+     * descriptor, memory): the segment and its file are the exporter's, which goes on. */
+    if (seg->pid != (int32_t)__ml_pid())
+        seg->owner = false;
+    if (seg->owner)
         (void)memlan_segment_revoke(seg);
     __ml_seg_destroy(seg);
 }

@@ -1763,13 +1763,13 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, cons
         *why = buf[0] == 'R' ? "the server accepted before our offer arrived and refused it"
                              : "a stale offer had this connection's name";
         mlp_disown_fd(ch->seg->fd);
-        memlan_channel_close(ch);
+        __ml_chan_end(ch);
         return -EEXIST;
     }
     if (ofd < 0) {
         *why = "could not post the offer";
         mlp_disown_fd(ch->seg->fd);
-        memlan_channel_close(ch);
+        __ml_chan_end(ch);
         return (int)ofd;
     }
 
@@ -1777,7 +1777,7 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, cons
     if (!s) {
         __ml_sys_unlinkat(fab->dirfd, name, 0);
         mlp_disown_fd(ch->seg->fd);
-        memlan_channel_close(ch);
+        __ml_chan_end(ch);
         *why = "out of memory";
         return -ENOMEM;
     }
@@ -2207,7 +2207,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
     struct mlp_sock *s = mlp_sock_new(MLP_CONN);
     if (!s) {
         mlp_disown_fd(ch->seg->fd);
-        memlan_channel_close(ch);
+        __ml_chan_end(ch);
         mlp_stat_tcp_addrs(fd, &l, &r, "out of memory");
         return;
     }
@@ -2255,7 +2255,7 @@ void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *tok
     }
     if (why) {
         if (ch)
-            memlan_channel_close(ch);
+            __ml_chan_end(ch);
         mlp_log(0, "fd %d: the connection carried across exec is lost (%s): shut down", fds[0],
                 why);
         (void)mlp_real_shutdown(fds[0], SHUT_RDWR);

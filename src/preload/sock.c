@@ -1455,7 +1455,7 @@ static void mlp_sock_destroy_conn(struct mlp_sock *s)
          * The flag goes before the close that publishes our end. */
         if (__ml_chan_rx_avail_ro(s->ch) > 0 || (atomic_load(&s->me->flags) & ML_SOCK_LINGER0))
             atomic_fetch_or(&s->me->flags, ML_SOCK_RESET);
-        memlan_channel_close(s->ch);
+        __ml_chan_end(s->ch);
     } else {
         if (s->ch->evq)
             (void)memlan_evq_del(s->ch->evq, s->ch);
