@@ -28,6 +28,7 @@ static int client(const char *name, int i, int nreq)
         fprintf(stderr, "evq-server: client %d: connect %s: %s\n", i, name, memlan_strerror(r));
         return 1;
     }
+    memlan_channel_set_timeout(c, 5000, 5000); /* an answer 5 s late is not coming */
     for (uint64_t k = 1; k <= (uint64_t)nreq; k++) {
         uint64_t v = k * 1000 + (uint64_t)i, back;
         if (memlan_send(c, &v, sizeof v, 0) != sizeof v ||

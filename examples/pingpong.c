@@ -43,6 +43,9 @@ static int echo(const char *name)
         fprintf(stderr, "pingpong: connect %s: %s\n", name, memlan_strerror(r));
         return 1;
     }
+    /* The measurer pings at once and without pause: 5 s of silence means it is gone or its
+     * ping was lost (a spoiled ring), and waiting on would be for ever. */
+    memlan_channel_set_timeout(peer, 5000, 5000);
     char msg[64];
     ssize_t got;
     while ((got = memlan_recv(peer, msg, sizeof msg, 0)) > 0)
@@ -63,6 +66,7 @@ static int measure(memlan_listener_t *l, int wait_ms, int n)
         fprintf(stderr, "pingpong: accept: %s\n", memlan_strerror(r));
         return 1;
     }
+    memlan_channel_set_timeout(ch, 5000, 5000); /* an echo 5 s late is not coming */
     double *rtt = malloc(sizeof *rtt * (size_t)n);
     char msg[64] = "ping";
     for (int i = 0; i < n; i++) {

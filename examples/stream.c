@@ -39,6 +39,7 @@ int main(int argc, char **argv)
             fprintf(stderr, "stream: connect %s: %s\n", name, memlan_strerror(r));
             _exit(1);
         }
+        memlan_channel_set_timeout(tx, -1, 5000); /* a reader that stopped reading */
         static uint8_t buf[65536];
         for (uint64_t off = 0; off < total; off += sizeof buf) {
             for (size_t i = 0; i < sizeof buf; i++)
@@ -56,6 +57,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "stream: accept: %s\n", memlan_strerror(r));
         return 1;
     }
+    memlan_channel_set_timeout(ch, 5000, -1); /* a sender that went silent */
     static uint8_t buf[65536];
     uint64_t got = 0;
     struct timespec t0, t1;
@@ -71,12 +73,16 @@ int main(int argc, char **argv)
         got += (uint64_t)n;
     }
     clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (n < 0)
+        fprintf(stderr, "stream: recv: %s\n", memlan_strerror((int)n));
+    /* Close before waiting: a reader that stopped on an error would otherwise wait for a
+     * sender blocked on the full ring it no longer reads. */
+    memlan_channel_close(ch);
     int st;
     waitpid(pid, &st, 0);
     double s = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
     printf("stream: %llu bytes received and checked, %.0f MB/s (checking included)\n",
            (unsigned long long)got, (double)got / s / 1e6);
-    memlan_channel_close(ch);
     memlan_fabric_close(fab);
     return n == 0 && got == total && WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
 }

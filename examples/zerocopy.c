@@ -35,6 +35,7 @@ int main(void)
         memlan_channel_t *tx;
         if (memlan_channel_attach(fab, memlan_channel_token(ch), &tx) < 0)
             _exit(1);
+        memlan_channel_set_timeout(tx, -1, 5000); /* a consumer that stopped reading */
         for (unsigned i = 0; i < N; i++) {
             void *slot;
             if (memlan_reserve(tx, &slot, sizeof(struct order), 0) < 0)
@@ -58,6 +59,7 @@ int main(void)
         memlan_fabric_close(fab);
         return 1;
     }
+    memlan_channel_set_timeout(ch, 5000, -1); /* a producer that went silent */
     unsigned seen = 0;
     double sum = 0;
     for (;;) { /* consumer: read each order where it lies */

@@ -170,7 +170,8 @@ int memlan_channel_wait_peer(memlan_channel_t *ch, int timeout_ms);
  * whole or not at all; -EMSGSIZE if len exceeds memlan_channel_max_msg().
  * Errors: -EPIPE after the peer closed or after our own shutdown; -ECONNRESET when the peer died
  * or the channel was revoked; -ENOTCONN when no peer attached in time (memlan_channel_create);
- * -EPROTO when the shared indices are corrupt.
+ * -EPROTO when the shared indices are corrupt; -ETIMEDOUT when a send timeout
+ * (memlan_channel_set_timeout) passed with nothing sent (a stream returns what it sent before).
  */
 ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags);
 
@@ -180,7 +181,8 @@ ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags
  * stream (the peer shut down or closed and everything it sent has been read), -EAGAIN with
  * MEMLAN_DONTWAIT when nothing is there, -ECONNRESET when the peer died with nothing left to
  * read, -ENOTCONN when no peer attached in time (memlan_channel_create), -EPROTO on corrupt
- * indices or records.  On a message channel a zero-length message also
+ * indices or records, -ETIMEDOUT when a receive timeout (memlan_channel_set_timeout) passed with
+ * nothing there.  On a message channel a zero-length message also
  * returns 0: when that matters, tell it from end of stream with memlan_channel_poll(), which
  * reports MEMLAN_EV_HUP once the peer is done.
  */
@@ -231,6 +233,17 @@ size_t memlan_channel_max_msg(const memlan_channel_t *ch);
 
 /* memlan_channel_kind - MEMLAN_STREAM or MEMLAN_MSG, or -EINVAL for NULL. */
 int memlan_channel_kind(const memlan_channel_t *ch);
+
+/*
+ * memlan_channel_set_timeout - bound ch's blocking calls, as SO_RCVTIMEO and SO_SNDTIMEO bound a
+ * socket's: memlan_recv and memlan_peek wait at most recv_ms for something to read, memlan_send
+ * and memlan_reserve at most send_ms for room, then return -ETIMEDOUT (a stream's send or
+ * recv returns the count it moved before, if any).  -1: no bound (the default).  A peer that
+ * stops sending, or whose bytes were spoiled on the way, otherwise holds a blocking call for as
+ * long as the peer lives.  Returns 0; -EINVAL for NULL or a value below -1 or equal to 0 (not
+ * to wait at all, pass MEMLAN_DONTWAIT).
+ */
+int memlan_channel_set_timeout(memlan_channel_t *ch, int recv_ms, int send_ms);
 
 /* memlan_channel_close - close our side: the peer reads what we sent, then EOF.  In a fork child,
  * on a handle it inherited, it frees the child's copies only: no end is published and the channel

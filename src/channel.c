@@ -679,6 +679,15 @@ int memlan_channel_kind(const memlan_channel_t *ch)
     return ch ? (int)ch->kind : -EINVAL;
 }
 
+int memlan_channel_set_timeout(memlan_channel_t *ch, int recv_ms, int send_ms)
+{
+    if (!ch || recv_ms < -1 || recv_ms == 0 || send_ms < -1 || send_ms == 0)
+        return -EINVAL;
+    ch->rx_tmo_ns = recv_ms < 0 ? 0 : (uint64_t)recv_ms * 1000000u;
+    ch->tx_tmo_ns = send_ms < 0 ? 0 : (uint64_t)send_ms * 1000000u;
+    return 0;
+}
+
 /* ---- liveness and state ------------------------------------------------------------------ */
 
 static uint32_t ml_peer_state(const struct memlan_channel *ch)
@@ -1112,7 +1121,7 @@ int __ml_chan_wait_rx(struct memlan_channel *ch, int flags)
     int r = ml_wait(ch, &ch->rx.ctl->rx_wait, &ch->rx.ctl->rx_cpu, &ch->tx.ctl->rx_cpu,
                     &ch->spin_rx, ml_rx_ready, ml_rx_ready_spin, 0,
                     ml_deadline_ns(ch->rx_tmo_ns), 0);
-    return r == -ETIMEDOUT ? -EAGAIN : r; /* SO_RCVTIMEO's convention */
+    return r; /* -ETIMEDOUT at memlan_channel_set_timeout's bound */
 }
 
 int __ml_chan_wait_tx(struct memlan_channel *ch, uint64_t want)
@@ -1120,7 +1129,7 @@ int __ml_chan_wait_tx(struct memlan_channel *ch, uint64_t want)
     ch->tx_want = want;
     int r = ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->rx.ctl->tx_cpu,
                     &ch->spin_tx, ml_tx_ready, ml_tx_ready, 0, ml_deadline_ns(ch->tx_tmo_ns), 0);
-    return r == -ETIMEDOUT ? -EAGAIN : r;
+    return r;
 }
 
 /* Read-only readiness for waiters that hold no direction (see __ml_chan_wait_ro). */
@@ -1461,7 +1470,7 @@ static int ml_rx_empty(struct memlan_channel *ch, int flags)
         int64_t a = ml_rx_avail(ch, true);
         return a > 0 ? 1 : r;
     }
-    if (r == -EINTR || r == -EAGAIN)
+    if (r == -EINTR || r == -EAGAIN || r == -ETIMEDOUT)
         return r;
     return 1;
 }

@@ -36,7 +36,9 @@ struct memlan_channel {
     uint64_t tx_want;         /* free bytes the sender waits for */
     uint64_t reserved;        /* bytes given by the last reserve */
     uint64_t peeked;          /* bytes (record) given by the last peek */
-    uint64_t rx_tmo_ns, tx_tmo_ns; /* blocking recv / send give up after these (0 = never) */
+    uint64_t rx_tmo_ns, tx_tmo_ns; /* blocking recv / send give up after these (0 = never):
+                                    * memlan_channel_set_timeout, or the socket layer's
+                                    * SO_RCVTIMEO / SO_SNDTIMEO for its own waits */
     bool shut_rd, shut_wr, peer_dead;
     bool peer_seen;           /* creator: the attached word once read 1 (see ml_peer_dead) */
     bool split;               /* the peer talks over the kernel socket: it decided TCP */

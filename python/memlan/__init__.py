@@ -91,6 +91,7 @@ _channel_kind = _fn("memlan_channel_kind", _c, _P)
 _channel_max_msg = _fn("memlan_channel_max_msg", _sz, _P)
 _channel_poll = _fn("memlan_channel_poll", _c, _P)
 _channel_close = _fn("memlan_channel_close", None, _P)
+_channel_set_timeout = _fn("memlan_channel_set_timeout", _c, _P, _c, _c)
 _send = _fn("memlan_send", _ssz, _P, _P, _sz, _c)
 _recv = _fn("memlan_recv", _ssz, _P, _P, _sz, _c)
 _reserve = _fn("memlan_reserve", _ssz, _P, _PP, _sz, _c)
@@ -313,6 +314,18 @@ class Channel:
     def wait_peer(self, timeout: Optional[float] = None) -> None:
         """Wait until the peer has attached; None waits for ever, raises Timeout."""
         _check(_channel_wait_peer(self._h, _ms(timeout)), "wait_peer")
+
+    def set_timeout(self, recv: Optional[float] = None, send: Optional[float] = None) -> None:
+        """Bound blocking recv/peek (``recv`` seconds) and send/reserve (``send`` seconds), as
+        a socket's SO_RCVTIMEO/SO_SNDTIMEO; None: no bound.  A call that waits that long with
+        nothing moved raises Timeout."""
+        def ms(t: Optional[float]) -> int:
+            if t is None:
+                return -1
+            if t <= 0:
+                raise ValueError("a timeout must be positive (None: no bound)")
+            return max(1, int(t * 1000 + 0.999))
+        _check(_channel_set_timeout(self._h, ms(recv), ms(send)), "set_timeout")
 
     def send(self, data: Buffer, flags: int = 0) -> int:
         """Copy ``data`` (bytes-like) into the ring; returns the count sent."""

@@ -5,9 +5,10 @@ import os
 import signal
 import struct
 import subprocess
+import sys
 import time
 
-from conftest import BUILD, memlan
+from conftest import BUILD, LIB, ROOT, memlan
 
 ML_KIND_CHANNEL = 2
 
@@ -69,3 +70,42 @@ def test_zerocopy_ends_when_its_ring_is_spoiled(fabric):
         memlan("clean")
     assert spoiled, "the ring was never found"
     assert p.returncode in (0, 1), (p.returncode, err)
+
+
+SILENT = """
+import sys, memlan
+with memlan.Fabric() as fab, fab.listen(sys.argv[1], memlan.MSG) as srv:
+    print("up", flush=True)
+    ch = srv.accept(timeout=20)
+    print("accepted" if ch else "none", flush=True)
+    sys.stdin.read()  # silent until the test is done
+"""
+
+
+def test_pingpong_echo_ends_when_its_peer_goes_silent(fabric):
+    """A peer that accepts and then sends nothing, as a measurer whose ping the vandal spoiled
+    looks to the echo: the echo gives up after its 5 s receive timeout and exits 1.  Before,
+    it waited in memlan_recv for as long as the peer lived (the chaos suite's pingpong hangs,
+    both processes asleep in memlan_recv)."""
+    env = dict(os.environ, MEMLAN_FABRIC=str(fabric), MEMLAN_LIB=str(LIB),
+               PYTHONPATH=str(ROOT / "python"))
+    name = f"silent-{os.getpid()}"
+    srv = subprocess.Popen([sys.executable, "-c", SILENT, name], env=env, stdin=subprocess.PIPE,
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        assert srv.stdout.readline().strip() == "up"
+        t0 = time.monotonic()
+        echo = subprocess.Popen([str(BUILD / "examples" / "pingpong"), "echo", name], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            _, err = echo.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            echo.kill()
+            echo.communicate()
+            raise AssertionError("pingpong echo still waits on a silent peer after 30 s")
+        assert srv.stdout.readline().strip() == "accepted"
+        assert echo.returncode == 1, (echo.returncode, err)
+        assert time.monotonic() - t0 >= 4.9  # it waited out its bound, no less
+    finally:
+        srv.stdin.close()
+        srv.wait(timeout=30)

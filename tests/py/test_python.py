@@ -109,6 +109,32 @@ def test_event_queue_and_listener_fd(ml):
             c.close()
 
 
+def test_channel_timeouts_raise_timeout(ml):
+    """set_timeout bounds a blocking recv on a silent peer and a send into a ring the peer does
+    not read: each raises Timeout after the bound (not before); None lifts it."""
+    import time
+    with ml.Fabric() as fab:
+        c = fab.channel(kind=ml.MSG, ring_size=4096)
+        p = fab.attach(c.token)
+        c.set_timeout(recv=0.15, send=0.1)
+        t0 = time.monotonic()
+        with pytest.raises(ml.Timeout):
+            c.recv()
+        assert time.monotonic() - t0 >= 0.149
+        p.send(b"hi")
+        assert c.recv() == b"hi"
+        with pytest.raises(ml.Timeout):
+            for _ in range(1000):
+                c.send(b"x" * 256)
+        with pytest.raises(ValueError):
+            c.set_timeout(recv=0)
+        c.set_timeout()
+        with pytest.raises(ml.MemlanError):
+            c.send(b"x" * 256, ml.DONTWAIT)
+        p.close()
+        c.close()
+
+
 def test_strerror_is_memlans():
     sys.path.insert(0, str(PY))
     os.environ.setdefault("MEMLAN_LIB", str(LIB))
