@@ -795,6 +795,8 @@ struct ml_conn {
     struct sockaddr_in caller;   /* svc_getcaller: 127.0.0.1, port by privilege (see below) */
     memlan_segment_t *spill_in;  /* the client's calls' spill segment, imported */
     memlan_segment_t *spill_out; /* our replies' spill segment */
+    int reply_failed;            /* a reply found no room in time (or could not be sent): the
+                                  * connection ends after this call */
     struct ml_conn *next;
 };
 
@@ -804,6 +806,7 @@ static int ml_nprogs;
 static memlan_evq_t *ml_svc_q;
 static struct ml_conn *ml_conns;
 static int ml_nconns;
+#define ML_REPLY_WAIT_MS 2000 /* the longest a reply waits for room in its client's ring */
 
 static void ml_conn_close(struct ml_conn *c);
 
@@ -889,6 +892,8 @@ static bool_t ml_x_reply(SVCXPRT *x, struct rpc_msg *m)
 {
     struct ml_conn *c = x->xp_p1;
     void *buf;
+    if (c->reply_failed)
+        return FALSE; /* (the svcerr_systemerr a stub sends after a failed reply: no 2nd wait) */
     int ok_results = m->rm_reply.rp_stat == MSG_ACCEPTED && m->acpted_rply.ar_stat == SUCCESS;
     unsigned long rsize = 0;
     if (ok_results) {
@@ -911,9 +916,20 @@ static bool_t ml_x_reply(SVCXPRT *x, struct rpc_msg *m)
             return FALSE;
     }
     size_t want = sizeof(struct ml_rpc_reply) + (spill ? sizeof(struct ml_rpc_spill) : rsize);
+    /* Room for the reply, waited for ML_REPLY_WAIT_MS at most (the channel's send timeout, set
+     * at the hello): a client that sends calls and never reads their replies (batched calls, a
+     * stopped or hostile client) must not hold the server, and every other client, for ever.
+     * Past it the connection ends, as libtirpc ends a nonblocking connection whose write made no
+     * progress for 2 s. */
     ssize_t room = memlan_reserve(c->ch, &buf, want, 0);
-    if (room < 0)
+    if (room < 0) {
+        c->reply_failed = 1;
+        static int said; /* the first always (unless MEMLAN_QUIET), each with MEMLAN_LOG */
+        if (room == -ETIMEDOUT && (ml_rpc_log || (!said++ && !ml_rpc_quiet())))
+            fprintf(stderr, "memlan-rpc[%d]: client pid %d read no reply for %d ms: its "
+                    "connection ends\n", (int)getpid(), (int)c->peer.pid, ML_REPLY_WAIT_MS);
         return FALSE;
+    }
     struct ml_rpc_reply r = {c->xid, (uint32_t)m->rm_reply.rp_stat, 0, 0, 0};
     size_t len = sizeof r;
     if (m->rm_reply.rp_stat == MSG_ACCEPTED) {
@@ -945,7 +961,10 @@ static bool_t ml_x_reply(SVCXPRT *x, struct rpc_msg *m)
         }
     }
     memcpy(buf, &r, sizeof r);
-    return memlan_commit(c->ch, len) == 0;
+    if (memlan_commit(c->ch, len) == 0)
+        return TRUE;
+    c->reply_failed = 1;
+    return FALSE;
 }
 
 static void ml_x_destroy(SVCXPRT *x)
@@ -1078,7 +1097,7 @@ static int ml_conn_serve_one(struct ml_conn *c)
         ml_spill_trim(&c->spill_in);
     }
     memlan_release(c->ch, (size_t)n);
-    return 1;
+    return c->reply_failed ? -1 : 1;
 }
 
 /* Serve what is waiting on every ready channel; returns how many calls were served. */
@@ -1127,6 +1146,8 @@ static void ml_svc_hello(struct ml_prog *p, int s)
     if (!c)
         goto out;
     int rc = memlan_channel_attach(ml_rpc_fab, h.token, &c->ch);
+    if (rc == 0)
+        memlan_channel_set_timeout(c->ch, -1, ML_REPLY_WAIT_MS); /* see ml_x_reply */
     if (rc == 0 && (rc = memlan_evq_add(ml_svc_q, c->ch, MEMLAN_EV_READ, c)) < 0)
         memlan_channel_close(c->ch);
     if (rc < 0) {

@@ -675,3 +675,36 @@ def test_call_into_a_full_ring_times_out(fabric, builds):
         srv.stop()
         memlan("clean")
     assert cli.returncode == 0 and "12 echoes: 12 failed" in out, out + err
+
+
+def test_client_that_reads_no_replies_holds_no_one_up(fabric, builds):
+    """A client that sends batched calls and never reads their replies (a hostile or stopped
+    one, the same) fills its 16 KiB reply ring: the server waits for room 2 s at most, then ends
+    that connection and says so, and goes on serving everyone else.  (Before: the server slept
+    in a blocking memlan_reserve for ever, and no other client got an answer.)"""
+    m = builds["memlan"]
+    env = dict(os.environ, MEMLAN_RPC_RING_KB="16")
+    srv = Server([str(m / "srv")], env=env)
+    hog = None
+    err = ""
+    try:
+        hog = subprocess.Popen([str(m / "cli"), "fast", str(srv.port), "batch", "40"],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=env)
+        assert hog.stdout.readline().strip() == "up", hog.communicate()
+        time.sleep(0.5)  # its calls in, the ring of replies full: the server waits on it
+        try:
+            p = subprocess.run([str(m / "cli"), "fast", str(srv.port), "pings", "20"],
+                               capture_output=True, text=True, timeout=20, env=env)
+        except subprocess.TimeoutExpired:
+            raise AssertionError("another client got no answer in 20 s: the server is held")
+        assert p.returncode == 0 and "20 pings: 0 failed" in p.stdout, p.stdout + p.stderr
+        out, _ = hog.communicate("go\n", timeout=60)
+        assert hog.returncode == 0 and "40 batched" in out, out
+    finally:
+        if hog and hog.poll() is None:
+            hog.kill()
+            hog.wait()
+        err = srv.stop()
+        memlan("clean")
+    assert "read no reply for 2000 ms: its connection ends" in err, err

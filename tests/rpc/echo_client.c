@@ -3,7 +3,7 @@
  * printed, so that runs over different paths (memlan's fast path, libtirpc over TCP, stock
  * stubs) can be compared line for line.
  * Usage: echo_client fast|tcp PORT [exit | pings N | pings1 N | echoes N |
- *        flood N] */
+ *        flood N | batch N] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -178,6 +178,34 @@ int main(int argc, char **argv)
                 clnt_freeres(cl, (xdrproc_t)xdr_data, (caddr_t)r);
         }
         printf("%ld echoes: %ld failed\n", n, failed);
+        clnt_destroy(cl);
+        return 0;
+    }
+    if (argc > 4 && !strcmp(argv[3], "batch")) { /* PORT batch N: a ping, "up", then N batched
+                                                   * echoes of 4 KB whose replies it never reads,
+                                                   * then holds its connection to a stdin line */
+        if (!ping_1(NULL, cl))
+            return 1;
+        printf("up\n");
+        fflush(stdout);
+        struct timeval zero = {0, 0};
+        static char blk[4096];
+        data d = {sizeof blk, blk}, r;
+        long n = atol(argv[4]), sent = 0;
+        time_t t0 = time(NULL);
+        for (long i = 0; i < n && time(NULL) - t0 < 10; i++) {
+            memset(&r, 0, sizeof r);
+            /* timeout 0: sent, no reply waited for (a batched call, clnt_call(3)); a full
+             * ring is waited for 25 s at most */
+            enum clnt_stat st = clnt_call(cl, ECHO, (xdrproc_t)xdr_data, (caddr_t)&d,
+                                          (xdrproc_t)NULL, NULL, zero);
+            sent += st == RPC_TIMEDOUT || st == RPC_SUCCESS;
+        }
+        printf("%ld batched, %ld sent\n", n, sent);
+        fflush(stdout);
+        char line[8];
+        if (!fgets(line, sizeof line, stdin))
+            return 1;
         clnt_destroy(cl);
         return 0;
     }
