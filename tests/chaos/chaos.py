@@ -854,6 +854,23 @@ def hang_where(pid):
     return "; ".join(out)
 
 
+def hang_stacks(pid):
+    """With CHAOS_LOGDIR and gdb: every thread's stack of each process of a hung victim's
+    session (20 s at most each), for the log kept of the hang."""
+    if not LOGDIR or not shutil.which("gdb"):
+        return ""
+    out = []
+    for d in [x.split()[0] for x in hang_where(pid).split("; ") if x]:
+        try:
+            g = subprocess.run(["gdb", "-p", d, "-batch", "-nx", "-ex", "thread apply all bt"],
+                               capture_output=True, text=True, timeout=20)
+            out.append(f"--- {d}\n" + "\n".join(x for x in g.stdout.splitlines()
+                                                if x.startswith(("#", "Thread"))))
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return "\n".join(out)
+
+
 def victim_run(t, cat, argv, timeout, env):
     c = t.cat(cat)
     c["runs"] += 1
@@ -865,9 +882,10 @@ def victim_run(t, cat, argv, timeout, env):
         c["hang"] += 1
         where = hang_where(p.pid)
         t.note(cat, f"hang: {os.path.basename(argv[0])} {argv[-1][:20]}: {where[:200]}")
+        stacks = hang_stacks(p.pid)
         os.killpg(p.pid, signal.SIGKILL)  # its own session: the victim and its children
         _, err = p.communicate()
-        keep(cat, "hang", argv, where + "\n" + (err or ""))
+        keep(cat, "hang", argv, where + "\n" + stacks + "\n" + (err or ""))
         return
     p.stderr = err
     name = os.path.basename(argv[0]) if argv[0] != MEMLAN else "memlan-run echo"
