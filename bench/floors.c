@@ -41,11 +41,13 @@ uint64_t bench_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* A timed loop ends at end once it has LAT_MIN_SAMPLES samples, and at hard_end whatever it has:
- * on a loaded machine the warm-up alone once took the whole time, and a floor of 0 came out. */
+/* A timed loop ends at end once it has LAT_MIN_SAMPLES samples, at hard_end once it has one, and
+ * four times as late again whatever it has: on a loaded machine the warm-up alone once took the
+ * whole time up to hard_end, and a figure of 0 (no sample) came out as a measurement. */
 int bench_enough(long n, uint64_t now, uint64_t end, uint64_t hard_end)
 {
-    return (now >= end && n >= LAT_MIN_SAMPLES) || now >= hard_end;
+    return (now >= end && n >= LAT_MIN_SAMPLES) || (now >= hard_end && n > 0) ||
+           now >= hard_end + 4 * (hard_end - end);
 }
 
 int bench_cpus(int *cpus, int max)
