@@ -30,10 +30,22 @@ def test_zerocopy_ends_when_its_ring_is_spoiled(fabric):
     """The vandal garbles the records of zerocopy's ring (producer -> consumer) while they flow:
     the consumer's memlan_peek fails and it stops reading.  It used to wait for its producer
     then, which was blocked for ever on the full ring that nobody read (a hang the chaos suite
-    saw about once in ten runs); it now closes the channel first, and both end."""
+    saw about once in ten runs); it now closes the channel first, and both end.  A run that
+    ended before the ring was found (a fast machine, or a slow vandal) is run again, 5 at most."""
+    for attempt in range(5):
+        spoiled, rc, err = spoil_zerocopy(fabric)
+        if spoiled:
+            break
+    assert spoiled, "the ring was never found in 5 runs"
+    assert rc in (0, 1), (rc, err)
+
+
+def spoil_zerocopy(fabric):
+    """One zerocopy run with its ring spoiled while it flows: (writes, return code, stderr)."""
     p = subprocess.Popen([str(BUILD / "examples" / "zerocopy")], stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True)
     spoiled = 0
+    err = ""
     try:
         deadline = time.time() + 5
         while p.poll() is None and time.time() < deadline and spoiled < 2000:
@@ -68,8 +80,7 @@ def test_zerocopy_ends_when_its_ring_is_spoiled(fabric):
             pass
         p.wait()
         memlan("clean")
-    assert spoiled, "the ring was never found"
-    assert p.returncode in (0, 1), (p.returncode, err)
+    return spoiled, p.returncode, err
 
 
 SILENT = """
