@@ -7,11 +7,16 @@ want=(redis-server:redis-server memcached:memcached nginx:nginx-light wrk:wrk
       iperf3:iperf3 sockperf:sockperf pgbench:postgresql-client
       /usr/lib/postgresql/15/bin/postgres:postgresql memcslap:libmemcached-tools curl:curl
       rpcbind:rpcbind git:git rsync:rsync /usr/sbin/sshd:openssh-server ssh:openssh-client
-      ip:iproute2 nft:nftables mpicc.mpich:mpich mpiexec.mpich:mpich strace:strace)
+      ip:iproute2 nft:nftables mpiexec.mpich:mpich strace:strace
+      /usr/include/x86_64-linux-gnu/mpich/mpi.h:libmpich-dev)
+# The MPICH header's directory is per architecture (mpicc.mpich comes with the runtime package,
+# mpi.h only with libmpich-dev: checking the compiler left test_seeds without the header).
+arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
 missing=()
 for w in "${want[@]}"; do
     cmd=${w%%:*} pkg=${w#*:}
-    if [[ $cmd == /* ]]; then [[ -x $cmd ]] && continue
+    cmd=${cmd//x86_64-linux-gnu/$arch}
+    if [[ $cmd == /* ]]; then [[ -e $cmd ]] && continue
     else command -v "$cmd" >/dev/null 2>&1 && continue; fi
     missing+=("$pkg")
 done

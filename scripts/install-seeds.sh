@@ -15,7 +15,7 @@ want=(/usr/bin/ganesha.nfsd:nfs-ganesha
       /usr/include/omniORB4/CORBA.h:libomniorb4-dev
       g++:g++
       mpicc.openmpi:libopenmpi-dev mpirun.openmpi:openmpi-bin
-      mpicc.mpich:libmpich-dev mpiexec.mpich:mpich
+      /usr/include/x86_64-linux-gnu/mpich/mpi.h:libmpich-dev mpiexec.mpich:mpich
       unshare:util-linux ip:iproute2)
 # The FSAL's directory is per architecture.
 arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
