@@ -7,7 +7,8 @@ want=(redis-server:redis-server memcached:memcached nginx:nginx-light wrk:wrk
       iperf3:iperf3 sockperf:sockperf pgbench:postgresql-client
       /usr/lib/postgresql/15/bin/postgres:postgresql memcslap:libmemcached-tools curl:curl
       rpcbind:rpcbind git:git rsync:rsync /usr/sbin/sshd:openssh-server ssh:openssh-client
-      ip:iproute2 nft:nftables mpicc.mpich:mpich mpiexec.mpich:mpich strace:strace)
+      ip:iproute2 nft:nftables mpicc.mpich:mpich mpiexec.mpich:mpich strace:strace
+      /usr/sbin/lighttpd:lighttpd)
 missing=()
 for w in "${want[@]}"; do
     cmd=${w%%:*} pkg=${w#*:}

@@ -13,6 +13,7 @@ import pathlib
 import pwd
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -20,7 +21,7 @@ import time
 
 import pytest
 
-from conftest import MEMLAN, port_free
+from conftest import MEMLAN, as_user, gfabric, group, logfile, port_free, pubdir  # noqa: F401 (fixtures)
 
 PORT = [21600]  # below the ephemeral range, as in test_preload
 
@@ -349,3 +350,196 @@ def test_sockperf_modes(fabric, tmp_path, mode):
     finally:
         srv.stop()
     settle()
+
+
+# ---- servers that drop to their own user, as Debian ships them ---------------------------------
+# Debian starts lighttpd, mosquitto and haproxy as root; each drops to its own user (www-data,
+# mosquitto, haproxy) after binding.  A per-user fabric would be out of their reach after the drop
+# (plain TCP, said), so these tests give them a group fabric (`memlan fabric create --group`) that
+# the dropped user stays a member of, as the nginx test in test_groupfabric does, and require the
+# connections to be accelerated: a silent fall-back to TCP fails them.  Needs root.
+
+CLIENT_UID = 1  # daemon: the clients run as another member of the group
+CRED_CHANGED = "changed its credentials"
+
+
+def owned_dir(path, user):
+    """A directory the server's user writes (its logs, as /var/log/lighttpd is www-data's)."""
+    path.mkdir()
+    pw = pwd.getpwnam(user)
+    os.chown(path, pw.pw_uid, pw.pw_gid)
+    return path
+
+
+def member(gid, cmd):
+    """cmd run as the client user, a member of the fabric's group only."""
+    return as_user(CLIENT_UID, gid, cmd)
+
+
+def member_run(gid, cmd, log, timeout=60, **kw):
+    p = subprocess.run(member(gid, wrap(cmd, log)), capture_output=True, text=True,
+                       timeout=timeout, **kw)
+    assert p.returncode == 0, f"{cmd} exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+    return p.stdout
+
+
+def alive_for(proc, seconds):
+    """Is proc still running after seconds?  (issue 18: mosquitto died of SIGBUS about 1 s after
+    its last client left, lighttpd of SIGSEGV within 0.5 s of its first memlan client.)"""
+    end = time.time() + seconds
+    while time.time() < end:
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.05)
+    return proc.poll() is None
+
+
+def sigterm_exit(proc, timeout=10):
+    """SIGTERM to proc (by its PID), its exit status: a signal number is -N."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return "hung after SIGTERM"
+
+
+def kill_quietly(proc):
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def counted(log, what):
+    return log.read_text().count(what) if log.exists() else 0
+
+
+LIGHTTPD_CONF = """
+# /etc/lighttpd/lighttpd.conf as Debian ships it (bookworm), with the paths, the address and the
+# group made the test's.
+server.modules = (
+\t"mod_indexfile",
+\t"mod_access",
+\t"mod_alias",
+\t"mod_redirect",
+)
+server.document-root        = "{d}/www"
+server.errorlog             = "{d}/log/error.log"
+server.pid-file             = "{d}/lighttpd.pid"
+server.username             = "www-data"
+server.groupname            = "{group}"
+server.bind                 = "127.0.0.1"
+server.port                 = {port}
+server.feature-flags       += ("server.h2proto" => "enable")
+server.feature-flags       += ("server.h2c"     => "enable")
+server.feature-flags       += ("server.graceful-shutdown-timeout" => 5)
+server.http-parseopts = (
+  "header-strict"           => "enable",
+  "host-strict"             => "enable",
+  "host-normalize"          => "enable",
+  "url-normalize-unreserved"=> "enable",
+  "url-normalize-required"  => "enable",
+  "url-ctrls-reject"        => "enable",
+  "url-path-2f-decode"      => "enable",
+  "url-path-dotseg-remove"  => "enable",
+)
+index-file.names            = ( "index.php", "index.html" )
+url.access-deny             = ( "~", ".inc" )
+static-file.exclude-extensions = ( ".php", ".pl", ".fcgi" )
+include_shell "/usr/share/lighttpd/create-mime.conf.pl"
+server.modules += (
+\t"mod_dirlisting",
+\t"mod_staticfile",
+)
+"""
+
+# Many requests on one keep-alive connection (http.client reuses it while the server keeps it):
+# small ones, and the big file every 25th, each checked.  Prints the requests made and the
+# connections used.
+KEEPALIVE_CLIENT = r"""
+import hashlib, http.client, sys
+port, n, big_sha, small = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4].encode()
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+socks = set()
+for i in range(n):
+    path = "/big.bin" if i % 25 == 0 else "/small.txt"
+    c.request("GET", path)
+    r = c.getresponse()
+    body = r.read()
+    socks.add(id(c.sock))
+    assert r.status == 200 and not r.will_close, (i, r.status, r.will_close)
+    if path == "/big.bin":
+        assert hashlib.sha256(body).hexdigest() == big_sha, i
+    else:
+        assert body == small, (i, body[:100])
+c.close()
+print("ok", n, len(socks))
+"""
+
+
+def test_lighttpd_as_debian_ships_it(gfabric, group, pubdir):
+    """lighttpd as root dropping to www-data in the fabric's group, static files to curl and to
+    keep-alive clients, all accelerated; alive after its clients leave, a clean SIGTERM exit."""
+    if os.geteuid() != 0:
+        pytest.skip("lighttpd drops from root to www-data: needs root")
+    need("lighttpd", "curl", "/usr/share/lighttpd/create-mime.conf.pl")
+    fab, gid = gfabric
+    www = pubdir / "www"
+    www.mkdir()
+    big, small = os.urandom(8 << 20), b"small file %s\n" % os.urandom(8).hex().encode()
+    (www / "big.bin").write_bytes(big)
+    (www / "small.txt").write_bytes(small)
+    for p in (www, www / "big.bin", www / "small.txt"):
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+    owned_dir(pubdir / "log", "www-data")
+    got = owned_dir(pubdir / "got", "daemon")
+    port = next_port()
+    conf = pubdir / "lighttpd.conf"
+    conf.write_text(LIGHTTPD_CONF.format(d=pubdir, group=group[0], port=port))
+    slog, clog = logfile(pubdir, "server.log"), logfile(pubdir, "client.log")
+    script = pubdir / "ka.py"
+    script.write_text(KEEPALIVE_CLIENT)
+    srv = subprocess.Popen(wrap(["lighttpd", "-D", "-f", str(conf)], slog),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    kas = []
+    try:
+        wait_port(port, srv)
+        url = f"http://127.0.0.1:{port}"
+        sha = hashlib.sha256(big).hexdigest()
+        # curl: two fetches on one keep-alive connection, then one on a fresh connection.
+        member_run(gid, ["curl", "-sf", "-o", str(got / "1"), f"{url}/big.bin",
+                         "-o", str(got / "2"), f"{url}/big.bin"], clog)
+        member_run(gid, ["curl", "-sf", "-H", "Connection: close", "-o", str(got / "3"),
+                         f"{url}/big.bin"], clog)
+        for f in ("1", "2", "3"):
+            assert hashlib.sha256((got / f).read_bytes()).hexdigest() == sha, f
+        assert counted(clog, "accelerated (client)") == 2, clog.read_text()[-3000:]
+        # Four keep-alive clients at once, 400 requests each on one connection.
+        for _ in range(4):
+            kas.append(subprocess.Popen(member(gid, wrap(["python3", str(script), str(port), "400",
+                                                          sha, small.decode()], clog)),
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        for k in kas:
+            out, err = k.communicate(timeout=120)
+            assert k.returncode == 0 and out.split() == ["ok", "400", "1"], (out, err[-2000:])
+        c, s = clog.read_text(), slog.read_text()
+        # Every connection accelerated, at both ends; none fell back to TCP.
+        assert c.count("accelerated (client)") == 6 and tcp_reasons(clog) == [], c[-3000:]
+        assert s.count("accelerated (accepted") == 6 and tcp_reasons(slog) == [], s[-3000:]
+        assert "out of reach" not in s and CRED_CHANGED not in s, s[-3000:]
+        # The server outlives its clients' leaving, and still serves.
+        assert alive_for(srv, 2.0), f"lighttpd exited {srv.returncode}: {srv.stderr.read()}"
+        member_run(gid, ["curl", "-sf", "-o", str(got / "4"), f"{url}/small.txt"], clog)
+        assert (got / "4").read_bytes() == small
+        assert counted(clog, "accelerated (client)") == 7
+        assert alive_for(srv, 1.0), f"lighttpd exited {srv.returncode}"
+        # SIGTERM: a clean exit, said in its error log.
+        rc = sigterm_exit(srv)
+        err = (pubdir / "log" / "error.log").read_text()
+        assert rc == 0, f"lighttpd's exit after SIGTERM: {rc}\n{err[-2000:]}"
+        assert "server stopped" in err and "signal" not in err.replace("server stopped", ""), err
+    finally:
+        for k in kas:
+            kill_quietly(k)
+        kill_quietly(srv)
