@@ -543,3 +543,89 @@ def test_lighttpd_as_debian_ships_it(gfabric, group, pubdir):
         for k in kas:
             kill_quietly(k)
         kill_quietly(srv)
+
+
+MOSQUITTO_CONF = """
+# /etc/mosquitto/mosquitto.conf as Debian ships it (bookworm), with the test's paths (Debian's
+# /run/mosquitto and /var/lib/mosquitto belong to the mosquitto user), and a listener on the
+# test's port, as a conf.d file would add it.
+pid_file {d}/run/mosquitto.pid
+persistence true
+persistence_location {d}/lib/
+log_dest file {d}/log/mosquitto.log
+user mosquitto
+listener {port} 127.0.0.1
+allow_anonymous true
+"""
+
+
+def test_mosquitto_as_debian_ships_it(gfabric, group, pubdir):
+    """mosquitto as root dropping to its user (a member of the fabric's group), mosquitto_pub and
+    mosquitto_sub as another member: every message in order across a subscriber's leaving and
+    rejoining, a 256 KiB retained message checked, all accelerated; the broker alive 2.5 s after
+    its last client left (issue 18: SIGBUS about 1 s after), a clean exit on SIGTERM."""
+    if os.geteuid() != 0:
+        pytest.skip("mosquitto drops from root to its user: needs root")
+    need("mosquitto", "mosquitto_pub", "mosquitto_sub")
+    fab, gid = gfabric
+    pwd.getpwnam("mosquitto")
+    # The broker's user joins the group: initgroups at its drop gives it the fabric (the group,
+    # and this membership with it, goes with the fixture).
+    subprocess.run(["gpasswd", "-a", "mosquitto", group[0]], check=True, capture_output=True)
+    for d in ("run", "lib", "log"):
+        owned_dir(pubdir / d, "mosquitto")
+    port = next_port()
+    conf = pubdir / "mosquitto.conf"
+    conf.write_text(MOSQUITTO_CONF.format(d=pubdir, port=port))
+    slog, clog = logfile(pubdir, "server.log"), logfile(pubdir, "client.log")
+    srv = subprocess.Popen(wrap(["mosquitto", "-c", str(conf)], slog),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    mqtt = ["-h", "127.0.0.1", "-p", str(port)]
+    sub = ["mosquitto_sub"] + mqtt + ["-c", "-i", "memlan-sub", "-q", "1", "-t", "test/seq"]
+    pub = ["mosquitto_pub"] + mqtt + ["-q", "1", "-t", "test/seq", "-l"]
+    live = None
+    try:
+        wait_port(port, srv)
+        n = 500
+        lines = "".join(f"{i} {hashlib.sha256(str(i).encode()).hexdigest()}\n" for i in range(n))
+        want = lines.splitlines()
+        # A persistent session: the broker keeps what is published while the subscriber is away.
+        member_run(gid, sub + ["-E"], clog)
+        live = subprocess.Popen(member(gid, wrap(sub + ["-C", str(n // 2), "-W", "60"], clog)),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        member_run(gid, pub, clog, input="".join(l + "\n" for l in want[:n // 2]))
+        out, err = live.communicate(timeout=60)
+        assert live.returncode == 0 and out.splitlines() == want[:n // 2], (out[-500:], err)
+        # The subscriber has left; the second half is published meanwhile, then it rejoins.
+        member_run(gid, pub, clog, input="".join(l + "\n" for l in want[n // 2:]))
+        out = member_run(gid, sub + ["-C", str(n - n // 2), "-W", "30"], clog)
+        assert out.splitlines() == want[n // 2:], out[-500:]
+        # A large retained message, read back whole.
+        big = os.urandom(128 << 10).hex().encode()
+        (pubdir / "big").write_bytes(big)
+        os.chmod(pubdir / "big", 0o644)
+        member_run(gid, ["mosquitto_pub"] + mqtt + ["-q", "1", "-r", "-t", "test/big", "-f",
+                                                    str(pubdir / "big")], clog)
+        got = subprocess.run(member(gid, wrap(["mosquitto_sub"] + mqtt + ["-t", "test/big", "-C",
+                                                                          "1", "-N", "-W", "30"],
+                                              clog)), capture_output=True, timeout=60)
+        assert got.returncode == 0 and hashlib.sha256(got.stdout).digest() == \
+            hashlib.sha256(big).digest(), (len(got.stdout), got.stderr[-500:])
+        c, s = clog.read_text(), slog.read_text()
+        conns = 6  # -E, the live subscriber, two publishers, the rejoin, the big pub; sub next
+        assert c.count("accelerated (client)") == conns + 1 and tcp_reasons(clog) == [], c[-3000:]
+        assert s.count("accelerated (accepted") == conns + 1 and tcp_reasons(slog) == [], s[-3000:]
+        assert "out of reach" not in s and CRED_CHANGED not in s, s[-3000:]
+        # The last client has gone: the broker lives on, and still serves.
+        assert alive_for(srv, 2.5), f"mosquitto exited {srv.returncode}: {srv.stderr.read()}"
+        got = member_run(gid, ["mosquitto_sub"] + mqtt + ["-t", "test/big", "-C", "1", "-N", "-W",
+                                                          "30"], clog)
+        assert got.encode() == big
+        assert alive_for(srv, 2.5), f"mosquitto exited {srv.returncode}: {srv.stderr.read()}"
+        rc = sigterm_exit(srv)
+        log = (pubdir / "log" / "mosquitto.log").read_text()
+        assert rc == 0, f"mosquitto's exit after SIGTERM: {rc}\n{log[-2000:]}"
+        assert "terminating" in log, log[-2000:]
+    finally:
+        kill_quietly(live)
+        kill_quietly(srv)
