@@ -8,7 +8,8 @@ want=(redis-server:redis-server memcached:memcached nginx:nginx-light wrk:wrk
       /usr/lib/postgresql/15/bin/postgres:postgresql memcslap:libmemcached-tools curl:curl
       rpcbind:rpcbind git:git rsync:rsync /usr/sbin/sshd:openssh-server ssh:openssh-client
       ip:iproute2 nft:nftables mpicc.mpich:mpich mpiexec.mpich:mpich strace:strace
-      /usr/sbin/lighttpd:lighttpd /usr/sbin/mosquitto:mosquitto mosquitto_sub:mosquitto-clients)
+      /usr/sbin/lighttpd:lighttpd /usr/sbin/mosquitto:mosquitto mosquitto_sub:mosquitto-clients
+      /usr/sbin/haproxy:haproxy)
 missing=()
 for w in "${want[@]}"; do
     cmd=${w%%:*} pkg=${w#*:}

@@ -629,3 +629,154 @@ def test_mosquitto_as_debian_ships_it(gfabric, group, pubdir):
     finally:
         kill_quietly(live)
         kill_quietly(srv)
+
+
+HAPROXY_CFG = """
+# /etc/haproxy/haproxy.cfg as Debian ships it (bookworm): chrooted, dropping to its user (here
+# in the fabric's group), its stats socket exposing the listeners for a seamless reload; logs to
+# stderr (the test has no syslog), the test's paths, a frontend and a backend on test ports.
+global
+\tlog stderr format raw local0
+\tchroot {d}/chroot
+\tstats socket {d}/run/admin.sock mode 660 level admin expose-fd listeners
+\tstats timeout 30s
+\tuser haproxy
+\tgroup {group}
+
+defaults
+\tlog\tglobal
+\tmode\thttp
+\toption\thttplog
+\toption\tdontlognull
+\ttimeout connect 5000
+\ttimeout client  50000
+\ttimeout server  50000
+
+frontend fe
+\tbind 127.0.0.1:{port}
+
+\tdefault_backend be
+
+backend be
+\tserver s1 127.0.0.1:{bport}
+"""
+
+# One connection per request until the stop file appears (60 s at most): every answer checked.
+# Prints a line when the first requests are through, then a summary.
+HTTP_LOOP = r"""
+import hashlib, http.client, os, sys, time
+port, stop, want = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+n = bad = 0
+worst = 0.0
+errors = []
+end = time.time() + 60
+while time.time() < end and not os.path.exists(stop):
+    t = time.time()
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        c.request("GET", "/f.bin")
+        r = c.getresponse()
+        body = r.read()
+        c.close()
+        if r.status != 200 or hashlib.sha256(body).hexdigest() != want:
+            bad += 1
+            errors.append("status %d, %d bytes" % (r.status, len(body)))
+    except Exception as e:
+        bad += 1
+        errors.append(repr(e))
+    n += 1
+    worst = max(worst, time.time() - t)
+    if n == 20:
+        print("started", flush=True)
+print("requests", n, "failed", bad, "worst %.3f" % worst, errors[:3], flush=True)
+"""
+
+
+def children_of(pid):
+    try:
+        return sorted(int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split())
+    except OSError:
+        return []
+
+
+def test_haproxy_master_worker_reload(gfabric, group, pubdir):
+    """haproxy in master-worker mode (-W), chrooted and dropping to its user as Debian ships it,
+    in front of a Python backend, all under memlan; two reloads (SIGUSR2 to the master: the new
+    master takes the listeners from the old worker over a unix socket, SCM_RIGHTS) while a
+    client makes one connection per request: no request fails or waits, every answer checked,
+    and every client connection accelerated, after the reloads too.  Before the preload published
+    a listener received that way, the connections after a reload were plain TCP ("no memlan
+    listener on this port")."""
+    if os.geteuid() != 0:
+        pytest.skip("haproxy drops from root to its user: needs root")
+    need("haproxy")
+    fab, gid = gfabric
+    pwd.getpwnam("haproxy")
+    (pubdir / "chroot").mkdir()
+    (pubdir / "run").mkdir()
+    www = pubdir / "www"
+    www.mkdir()
+    data = os.urandom(256 << 10)
+    (www / "f.bin").write_bytes(data)
+    os.chmod(www, 0o755)
+    os.chmod(www / "f.bin", 0o644)
+    port, bport = next_port(), next_port()
+    cfg = pubdir / "haproxy.cfg"
+    cfg.write_text(HAPROXY_CFG.format(d=pubdir, group=group[0], port=port, bport=bport))
+    slog, blog, clog = (logfile(pubdir, n) for n in ("server.log", "backend.log", "client.log"))
+    script = pubdir / "loop.py"
+    script.write_text(HTTP_LOOP)
+    stop = pubdir / "stop"
+    out = open(pubdir / "haproxy.out", "w")
+    backend = srv = loop = None
+    try:
+        backend = subprocess.Popen(member(gid, wrap(["python3", "-m", "http.server", "-b",
+                                                     "127.0.0.1", str(bport)], blog)),
+                                   cwd=www, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(bport, backend)
+        srv = subprocess.Popen(wrap(["haproxy", "-W", "-f", str(cfg), "-p",
+                                     str(pubdir / "run" / "haproxy.pid")], slog),
+                               stdout=out, stderr=subprocess.STDOUT)
+        wait_port(port, srv)
+        loop = subprocess.Popen(member(gid, wrap(["python3", str(script), str(port), str(stop),
+                                                  hashlib.sha256(data).hexdigest()], clog)),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert loop.stdout.readline().strip() == "started", loop.stderr.read()
+        workers = [children_of(srv.pid)]
+        for _ in range(2):
+            old = children_of(srv.pid)
+            srv.send_signal(signal.SIGUSR2)
+            # The new worker takes over and the old one leaves (bounded: 15 s).
+            end = time.time() + 15
+            while time.time() < end:
+                now = children_of(srv.pid)
+                if now and not set(now) & set(old):
+                    break
+                time.sleep(0.05)
+            workers.append(children_of(srv.pid))
+            assert workers[-1] and not set(workers[-1]) & set(old), workers
+            time.sleep(1.0)  # requests to the new worker
+        stop.touch()
+        res, err = loop.communicate(timeout=30)
+        m = re.match(r"requests (\d+) failed (\d+) worst ([\d.]+)", res)
+        assert loop.returncode == 0 and m, res + err
+        n, bad, worst = int(m.group(1)), int(m.group(2)), float(m.group(3))
+        assert bad == 0, res
+        assert worst < 1.0, f"a request waited {worst} s: {res}"
+        c, s = clog.read_text(), slog.read_text()
+        # Every client connection accelerated, before and after the reloads; none fell back.
+        assert tcp_reasons(clog) == [], (workers, [l for l in c.splitlines() if "TCP" in l][:5])
+        assert c.count("accelerated (client)") == n, (n, c[-3000:])
+        assert s.count("a listening socket received (SCM_RIGHTS)") >= 2, s[-3000:]
+        assert srv.poll() is None, "the master exited"
+        rc = sigterm_exit(srv)
+        log = (pubdir / "haproxy.out").read_text()
+        assert rc == 0, f"haproxy's exit after SIGTERM: {rc}\n{log[-3000:]}"
+        for bad_end in ("Segmentation fault", "Bus error", "Aborted", "Killed"):
+            assert bad_end not in log, log[-3000:]
+    finally:
+        kill_quietly(loop)
+        if srv is not None and srv.poll() is None:
+            sigterm_exit(srv)  # the master stops its workers (killed, it would leave them)
+        kill_quietly(backend)
+        out.close()
