@@ -8,7 +8,9 @@ want=(redis-server:redis-server memcached:memcached nginx:nginx-light wrk:wrk
       /usr/lib/postgresql/15/bin/postgres:postgresql memcslap:libmemcached-tools curl:curl
       rpcbind:rpcbind git:git rsync:rsync /usr/sbin/sshd:openssh-server ssh:openssh-client
       ip:iproute2 nft:nftables mpiexec.mpich:mpich strace:strace
-      /usr/include/x86_64-linux-gnu/mpich/mpi.h:libmpich-dev)
+      /usr/include/x86_64-linux-gnu/mpich/mpi.h:libmpich-dev
+      /usr/sbin/lighttpd:lighttpd /usr/sbin/mosquitto:mosquitto mosquitto_sub:mosquitto-clients
+      /usr/sbin/haproxy:haproxy)
 # The MPICH header's directory is per architecture (mpicc.mpich comes with the runtime package,
 # mpi.h only with libmpich-dev: checking the compiler left test_seeds without the header).
 arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)

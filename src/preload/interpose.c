@@ -607,11 +607,28 @@ MLP_EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags,
     return mlp_ret(r);
 }
 
+/* A kernel recvmsg's control messages: listening sockets passed with SCM_RIGHTS are published
+ * (negotiate.c).  Not inside a signal handler of ours, which may have come while this thread held
+ * the locks that publishing takes: such a listener stays unpublished (its clients use TCP).
+ * errno as the call left it. */
+static inline void mlp_after_recvmsg(const struct msghdr *msg)
+{
+    if (ml_unlikely(msg->msg_controllen > 0) && !mlp_inside && !mlp_sig_in_handler()) {
+        int saved = errno;
+        mlp_on_fds_received(msg);
+        errno = saved;
+    }
+}
+
 MLP_EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 {
     struct mlp_sock *s = mlp_conn(fd);
-    if (ml_likely(!s))
-        return mlp_real_recvmsg(fd, msg, flags);
+    if (ml_likely(!s)) {
+        ssize_t r = mlp_real_recvmsg(fd, msg, flags);
+        if (r >= 0)
+            mlp_after_recvmsg(msg);
+        return r;
+    }
     ssize_t r;
     if (msg->msg_iovlen > IOV_MAX) {
         r = -EMSGSIZE;
@@ -647,8 +664,12 @@ MLP_EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags,
                         struct timespec *tmo)
 {
     struct mlp_sock *s = mlp_conn(fd);
-    if (ml_likely(!s))
-        return mlp_real_recvmmsg(fd, v, n, flags, tmo);
+    if (ml_likely(!s)) {
+        int r = mlp_real_recvmmsg(fd, v, n, flags, tmo);
+        for (int i = 0; i < r; i++)
+            mlp_after_recvmsg(&v[i].msg_hdr);
+        return r;
+    }
     if (n > 1024) /* UIO_MAXIOV, as the kernel caps vlen */
         n = 1024;
     uint64_t end = 0;

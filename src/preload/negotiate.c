@@ -1250,6 +1250,55 @@ int mlp_on_listen(int fd)
     return 0;
 }
 
+/*
+ * Listening TCP sockets received over SCM_RIGHTS in m (haproxy's reload: the new master takes the
+ * old worker's listeners through its stats socket; a socket handed on by a supervisor) are
+ * published as if this process had called listen() on them, so that its accepts take clients'
+ * offers.  Unpublished, a port whose sender had closed its copy had no record (its clients went
+ * to TCP), and one whose sender still held it had a record with no acceptor that looked (each
+ * client waited MEMLAN_ACCEPT_WAIT_MS for its offer to be taken, then went to TCP).  A socket made
+ * in another network namespace than ours (SIOCGSKNS, where we may ask it) is not published: its
+ * port is not our namespace's.  Connected sockets received so stay the kernel's ("Not
+ * supported").  The caller keeps errno.
+ */
+void mlp_on_fds_received(const struct msghdr *m)
+{
+    if (mlp_cfg.off || !m->msg_control || m->msg_controllen < sizeof(struct cmsghdr))
+        return;
+    const char *end = (const char *)m->msg_control + m->msg_controllen;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR((struct msghdr *)m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS ||
+            c->cmsg_len < CMSG_LEN(0))
+            continue;
+        const unsigned char *data = CMSG_DATA(c);
+        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        if ((const char *)data > end)
+            break;
+        if (n > (size_t)(end - (const char *)data) / sizeof(int))
+            n = (size_t)(end - (const char *)data) / sizeof(int);
+        for (size_t i = 0; i < n; i++) {
+            int fd, acc = 0;
+            memcpy(&fd, data + i * sizeof fd, sizeof fd);
+            socklen_t l = sizeof acc;
+            if (mlp_real_getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &l) < 0 || !acc)
+                continue;
+            uint64_t ino;
+            char ours[24], theirs[24];
+            if (__ml_sys_socket_netns(fd, &ino) == 0) {
+                mlp_netns(ours);
+                snprintf(theirs, sizeof theirs, "%llx", (unsigned long long)ino);
+                if (strcmp(ours, theirs) != 0) {
+                    mlp_log(1, "fd %d: a listening socket received from another network "
+                               "namespace: not published", fd);
+                    continue;
+                }
+            }
+            mlp_log(1, "fd %d: a listening socket received (SCM_RIGHTS)", fd);
+            (void)mlp_on_listen(fd);
+        }
+    }
+}
+
 /* Our credentials changed and the fabric is out of reach (cred.c): no client may offer on a
  * port we listen on, since we may be the one that accepts.  Through the mappings we made before:
  * they keep their access. */

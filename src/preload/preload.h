@@ -192,6 +192,8 @@ int mlp_reset_state(struct mlp_sock *s, bool probe);
 int mlp_reset_take(struct mlp_sock *s, bool probe, bool by_recv); /* its errno, once */
 void mlp_bufhint_clear(int fd);
 int mlp_on_listen(int fd);
+struct msghdr;
+void mlp_on_fds_received(const struct msghdr *m);
 void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, void **token);
 void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, void *token, int rc,
                          int err);

@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <linux/sockios.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -359,6 +360,20 @@ int __ml_sys_socket_data(int fd, uint64_t ino)
 {
     int ev = ml_socket_revents(fd, ino);
     return ev < 0 ? ev : (ev & (POLLIN | POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) == POLLIN;
+}
+
+int __ml_sys_socket_netns(int fd, uint64_t *ino)
+{
+    long ns = SYS_CALL(SYS_ioctl, fd, SIOCGSKNS, 0); /* a new fd, close-on-exec */
+    if (ns < 0)
+        return (int)ns;
+    struct stat st;
+    int r = __ml_sys_fstat((int)ns, &st);
+    (void)__ml_sys_close((int)ns);
+    if (r < 0)
+        return r;
+    *ino = (uint64_t)st.st_ino;
+    return 0;
 }
 
 int __ml_sys_getdents(int fd, void *buf, size_t len)

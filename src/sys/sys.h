@@ -52,6 +52,9 @@ int __ml_sys_futex_wake(_Atomic uint32_t *word, int n);
 int __ml_sys_socket_hup(int fd, uint64_t ino);
 int __ml_sys_socket_data(int fd, uint64_t ino);
 int __ml_sys_getdents(int fd, void *buf, size_t len);
+/* The inode of the network namespace the socket fd was made in, into *ino: 0, or a negative
+ * errno (-EPERM without CAP_NET_ADMIN over that namespace, -ENOTTY on a kernel before 4.9). */
+int __ml_sys_socket_netns(int fd, uint64_t *ino);
 /* 1 when a Unix seqpacket socket listens at path, 0 when none does (ECONNREFUSED, or not a
  * socket), or a negative errno.  The probe connection is closed at once, so the listener's
  * accept sees a peer that hung up. */

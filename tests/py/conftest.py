@@ -44,6 +44,58 @@ def fabric(monkeypatch):
     assert left == [], f"fabric files left behind: {left}"
 
 
+@pytest.fixture
+def group():
+    """A temporary group, removed afterwards."""
+    name = f"mlg{os.getpid() % 100000}"
+    subprocess.run(["groupdel", name], capture_output=True)
+    subprocess.run(["groupadd", name], check=True, capture_output=True)
+    import grp
+    gid = grp.getgrnam(name).gr_gid
+    yield name, gid
+    subprocess.run(["groupdel", name], capture_output=True)
+
+
+@pytest.fixture
+def gfabric(group, monkeypatch):
+    """A private group fabric made by the documented command (mode 3730, root's)."""
+    name, gid = group
+    d = pathlib.Path(tempfile.mkdtemp(prefix="memlan-grp-", dir="/dev/shm"))
+    d.rmdir()
+    p = subprocess.run([str(MEMLAN), "fabric", "create", "--group", name, str(d)],
+                       capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stdout + p.stderr
+    st = d.stat()
+    assert st.st_gid == gid and (st.st_mode & 0o7777) == 0o3730, oct(st.st_mode)
+    monkeypatch.setenv("MEMLAN_FABRIC", str(d))
+    yield d, gid
+    subprocess.run([str(MEMLAN), "clean"], capture_output=True, timeout=30)
+    left = sorted(os.listdir(d))
+    shutil.rmtree(d, ignore_errors=True)
+    assert [f for f in left if f.startswith(("seg-", "cx-"))] == [], f"left behind: {left}"
+
+
+@pytest.fixture
+def pubdir():
+    """A directory that an unprivileged account can read (pytest's tmp_path is 0700)."""
+    d = pathlib.Path(tempfile.mkdtemp(prefix="memlan-priv-"))
+    os.chmod(d, 0o755)
+    yield d
+    if not os.environ.get("KEEP"): shutil.rmtree(d, ignore_errors=True)
+
+
+def as_user(uid, gid, cmd):
+    """cmd run as uid with gid as its only group (and primary)."""
+    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", f"--groups={gid}", "--"] + cmd
+
+
+def logfile(d, name):
+    p = d / name
+    p.write_text("")
+    os.chmod(p, 0o666)
+    return p
+
+
 def memlan(*args, timeout=120, check=True):
     """Run the memlan CLI and return the CompletedProcess."""
     p = subprocess.run([str(MEMLAN), *args], capture_output=True, text=True, timeout=timeout)

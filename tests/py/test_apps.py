@@ -13,6 +13,7 @@ import pathlib
 import pwd
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -20,7 +21,7 @@ import time
 
 import pytest
 
-from conftest import MEMLAN, port_free
+from conftest import MEMLAN, as_user, gfabric, group, logfile, port_free, pubdir  # noqa: F401 (fixtures)
 
 PORT = [21600]  # below the ephemeral range, as in test_preload
 
@@ -349,3 +350,437 @@ def test_sockperf_modes(fabric, tmp_path, mode):
     finally:
         srv.stop()
     settle()
+
+
+# ---- servers that drop to their own user, as Debian ships them ---------------------------------
+# Debian starts lighttpd, mosquitto and haproxy as root; each drops to its own user (www-data,
+# mosquitto, haproxy) after binding.  A per-user fabric would be out of their reach after the drop
+# (plain TCP, said), so these tests give them a group fabric (`memlan fabric create --group`) that
+# the dropped user stays a member of, as the nginx test in test_groupfabric does, and require the
+# connections to be accelerated: a silent fall-back to TCP fails them.  Needs root.
+
+CLIENT_UID = 1  # daemon: the clients run as another member of the group
+CRED_CHANGED = "changed its credentials"
+
+
+def owned_dir(path, user):
+    """A directory the server's user writes (its logs, as /var/log/lighttpd is www-data's)."""
+    path.mkdir()
+    pw = pwd.getpwnam(user)
+    os.chown(path, pw.pw_uid, pw.pw_gid)
+    return path
+
+
+def member(gid, cmd):
+    """cmd run as the client user, a member of the fabric's group only."""
+    return as_user(CLIENT_UID, gid, cmd)
+
+
+def member_run(gid, cmd, log, timeout=60, **kw):
+    p = subprocess.run(member(gid, wrap(cmd, log)), capture_output=True, text=True,
+                       timeout=timeout, **kw)
+    assert p.returncode == 0, f"{cmd} exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+    return p.stdout
+
+
+def alive_for(proc, seconds):
+    """Is proc still running after seconds?  (issue 18: mosquitto died of SIGBUS about 1 s after
+    its last client left, lighttpd of SIGSEGV within 0.5 s of its first memlan client.)"""
+    end = time.time() + seconds
+    while time.time() < end:
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.05)
+    return proc.poll() is None
+
+
+def sigterm_exit(proc, timeout=10):
+    """SIGTERM to proc (by its PID), its exit status: a signal number is -N."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        return "hung after SIGTERM"
+
+
+def kill_quietly(proc):
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def counted(log, what):
+    return log.read_text().count(what) if log.exists() else 0
+
+
+LIGHTTPD_CONF = """
+# /etc/lighttpd/lighttpd.conf as Debian ships it (bookworm), with the paths, the address and the
+# group made the test's.
+server.modules = (
+\t"mod_indexfile",
+\t"mod_access",
+\t"mod_alias",
+\t"mod_redirect",
+)
+server.document-root        = "{d}/www"
+server.errorlog             = "{d}/log/error.log"
+server.pid-file             = "{d}/lighttpd.pid"
+server.username             = "www-data"
+server.groupname            = "{group}"
+server.bind                 = "127.0.0.1"
+server.port                 = {port}
+server.feature-flags       += ("server.h2proto" => "enable")
+server.feature-flags       += ("server.h2c"     => "enable")
+server.feature-flags       += ("server.graceful-shutdown-timeout" => 5)
+server.http-parseopts = (
+  "header-strict"           => "enable",
+  "host-strict"             => "enable",
+  "host-normalize"          => "enable",
+  "url-normalize-unreserved"=> "enable",
+  "url-normalize-required"  => "enable",
+  "url-ctrls-reject"        => "enable",
+  "url-path-2f-decode"      => "enable",
+  "url-path-dotseg-remove"  => "enable",
+)
+index-file.names            = ( "index.php", "index.html" )
+url.access-deny             = ( "~", ".inc" )
+static-file.exclude-extensions = ( ".php", ".pl", ".fcgi" )
+include_shell "/usr/share/lighttpd/create-mime.conf.pl"
+server.modules += (
+\t"mod_dirlisting",
+\t"mod_staticfile",
+)
+"""
+
+# Many requests on one keep-alive connection (http.client reuses it while the server keeps it):
+# small ones, and the big file every 25th, each checked.  Prints the requests made and the
+# connections used.
+KEEPALIVE_CLIENT = r"""
+import hashlib, http.client, sys
+port, n, big_sha, small = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4].encode()
+c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+socks = set()
+for i in range(n):
+    path = "/big.bin" if i % 25 == 0 else "/small.txt"
+    c.request("GET", path)
+    r = c.getresponse()
+    body = r.read()
+    socks.add(id(c.sock))
+    assert r.status == 200 and not r.will_close, (i, r.status, r.will_close)
+    if path == "/big.bin":
+        assert hashlib.sha256(body).hexdigest() == big_sha, i
+    else:
+        assert body == small, (i, body[:100])
+c.close()
+print("ok", n, len(socks))
+"""
+
+
+def test_lighttpd_as_debian_ships_it(gfabric, group, pubdir):
+    """lighttpd as root dropping to www-data in the fabric's group, static files to curl and to
+    keep-alive clients, all accelerated; alive after its clients leave, a clean SIGTERM exit."""
+    if os.geteuid() != 0:
+        pytest.skip("lighttpd drops from root to www-data: needs root")
+    need("lighttpd", "curl", "/usr/share/lighttpd/create-mime.conf.pl")
+    fab, gid = gfabric
+    www = pubdir / "www"
+    www.mkdir()
+    big, small = os.urandom(8 << 20), b"small file %s\n" % os.urandom(8).hex().encode()
+    (www / "big.bin").write_bytes(big)
+    (www / "small.txt").write_bytes(small)
+    for p in (www, www / "big.bin", www / "small.txt"):
+        os.chmod(p, 0o755 if p.is_dir() else 0o644)
+    owned_dir(pubdir / "log", "www-data")
+    got = owned_dir(pubdir / "got", "daemon")
+    port = next_port()
+    conf = pubdir / "lighttpd.conf"
+    conf.write_text(LIGHTTPD_CONF.format(d=pubdir, group=group[0], port=port))
+    slog, clog = logfile(pubdir, "server.log"), logfile(pubdir, "client.log")
+    script = pubdir / "ka.py"
+    script.write_text(KEEPALIVE_CLIENT)
+    srv = subprocess.Popen(wrap(["lighttpd", "-D", "-f", str(conf)], slog),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    kas = []
+    try:
+        wait_port(port, srv)
+        url = f"http://127.0.0.1:{port}"
+        sha = hashlib.sha256(big).hexdigest()
+        # curl: two fetches on one keep-alive connection, then one on a fresh connection.
+        member_run(gid, ["curl", "-sf", "-o", str(got / "1"), f"{url}/big.bin",
+                         "-o", str(got / "2"), f"{url}/big.bin"], clog)
+        member_run(gid, ["curl", "-sf", "-H", "Connection: close", "-o", str(got / "3"),
+                         f"{url}/big.bin"], clog)
+        for f in ("1", "2", "3"):
+            assert hashlib.sha256((got / f).read_bytes()).hexdigest() == sha, f
+        assert counted(clog, "accelerated (client)") == 2, clog.read_text()[-3000:]
+        # Four keep-alive clients at once, 400 requests each on one connection.
+        for _ in range(4):
+            kas.append(subprocess.Popen(member(gid, wrap(["python3", str(script), str(port), "400",
+                                                          sha, small.decode()], clog)),
+                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        for k in kas:
+            out, err = k.communicate(timeout=120)
+            assert k.returncode == 0 and out.split() == ["ok", "400", "1"], (out, err[-2000:])
+        c, s = clog.read_text(), slog.read_text()
+        # Every connection accelerated, at both ends; none fell back to TCP.
+        assert c.count("accelerated (client)") == 6 and tcp_reasons(clog) == [], c[-3000:]
+        assert s.count("accelerated (accepted") == 6 and tcp_reasons(slog) == [], s[-3000:]
+        assert "out of reach" not in s and CRED_CHANGED not in s, s[-3000:]
+        # The server outlives its clients' leaving, and still serves.
+        assert alive_for(srv, 2.0), f"lighttpd exited {srv.returncode}: {srv.stderr.read()}"
+        member_run(gid, ["curl", "-sf", "-o", str(got / "4"), f"{url}/small.txt"], clog)
+        assert (got / "4").read_bytes() == small
+        assert counted(clog, "accelerated (client)") == 7
+        assert alive_for(srv, 1.0), f"lighttpd exited {srv.returncode}"
+        # SIGTERM: a clean exit, said in its error log.
+        rc = sigterm_exit(srv)
+        err = (pubdir / "log" / "error.log").read_text()
+        assert rc == 0, f"lighttpd's exit after SIGTERM: {rc}\n{err[-2000:]}"
+        assert "server stopped" in err and "signal" not in err.replace("server stopped", ""), err
+    finally:
+        for k in kas:
+            kill_quietly(k)
+        kill_quietly(srv)
+
+
+MOSQUITTO_CONF = """
+# /etc/mosquitto/mosquitto.conf as Debian ships it (bookworm), with the test's paths (Debian's
+# /run/mosquitto and /var/lib/mosquitto belong to the mosquitto user), and a listener on the
+# test's port, as a conf.d file would add it.
+pid_file {d}/run/mosquitto.pid
+persistence true
+persistence_location {d}/lib/
+log_dest file {d}/log/mosquitto.log
+user mosquitto
+listener {port} 127.0.0.1
+allow_anonymous true
+"""
+
+
+def test_mosquitto_as_debian_ships_it(gfabric, group, pubdir):
+    """mosquitto as root dropping to its user (a member of the fabric's group), mosquitto_pub and
+    mosquitto_sub as another member: every message in order across a subscriber's leaving and
+    rejoining, a 256 KiB retained message checked, all accelerated; the broker alive 2.5 s after
+    its last client left (issue 18: SIGBUS about 1 s after), a clean exit on SIGTERM."""
+    if os.geteuid() != 0:
+        pytest.skip("mosquitto drops from root to its user: needs root")
+    need("mosquitto", "mosquitto_pub", "mosquitto_sub")
+    fab, gid = gfabric
+    pwd.getpwnam("mosquitto")
+    # The broker's user joins the group: initgroups at its drop gives it the fabric (the group,
+    # and this membership with it, goes with the fixture).
+    subprocess.run(["gpasswd", "-a", "mosquitto", group[0]], check=True, capture_output=True)
+    for d in ("run", "lib", "log"):
+        owned_dir(pubdir / d, "mosquitto")
+    port = next_port()
+    conf = pubdir / "mosquitto.conf"
+    conf.write_text(MOSQUITTO_CONF.format(d=pubdir, port=port))
+    slog, clog = logfile(pubdir, "server.log"), logfile(pubdir, "client.log")
+    srv = subprocess.Popen(wrap(["mosquitto", "-c", str(conf)], slog),
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    mqtt = ["-h", "127.0.0.1", "-p", str(port)]
+    sub = ["mosquitto_sub"] + mqtt + ["-c", "-i", "memlan-sub", "-q", "1", "-t", "test/seq"]
+    pub = ["mosquitto_pub"] + mqtt + ["-q", "1", "-t", "test/seq", "-l"]
+    live = None
+    try:
+        wait_port(port, srv)
+        n = 500
+        lines = "".join(f"{i} {hashlib.sha256(str(i).encode()).hexdigest()}\n" for i in range(n))
+        want = lines.splitlines()
+        # A persistent session: the broker keeps what is published while the subscriber is away.
+        member_run(gid, sub + ["-E"], clog)
+        live = subprocess.Popen(member(gid, wrap(sub + ["-C", str(n // 2), "-W", "60"], clog)),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        member_run(gid, pub, clog, input="".join(l + "\n" for l in want[:n // 2]))
+        out, err = live.communicate(timeout=60)
+        assert live.returncode == 0 and out.splitlines() == want[:n // 2], (out[-500:], err)
+        # The subscriber has left; the second half is published meanwhile, then it rejoins.
+        member_run(gid, pub, clog, input="".join(l + "\n" for l in want[n // 2:]))
+        out = member_run(gid, sub + ["-C", str(n - n // 2), "-W", "30"], clog)
+        assert out.splitlines() == want[n // 2:], out[-500:]
+        # A large retained message, read back whole.
+        big = os.urandom(128 << 10).hex().encode()
+        (pubdir / "big").write_bytes(big)
+        os.chmod(pubdir / "big", 0o644)
+        member_run(gid, ["mosquitto_pub"] + mqtt + ["-q", "1", "-r", "-t", "test/big", "-f",
+                                                    str(pubdir / "big")], clog)
+        got = subprocess.run(member(gid, wrap(["mosquitto_sub"] + mqtt + ["-t", "test/big", "-C",
+                                                                          "1", "-N", "-W", "30"],
+                                              clog)), capture_output=True, timeout=60)
+        assert got.returncode == 0 and hashlib.sha256(got.stdout).digest() == \
+            hashlib.sha256(big).digest(), (len(got.stdout), got.stderr[-500:])
+        c, s = clog.read_text(), slog.read_text()
+        conns = 6  # -E, the live subscriber, two publishers, the rejoin, the big pub; sub next
+        assert c.count("accelerated (client)") == conns + 1 and tcp_reasons(clog) == [], c[-3000:]
+        assert s.count("accelerated (accepted") == conns + 1 and tcp_reasons(slog) == [], s[-3000:]
+        assert "out of reach" not in s and CRED_CHANGED not in s, s[-3000:]
+        # The last client has gone: the broker lives on, and still serves.
+        assert alive_for(srv, 2.5), f"mosquitto exited {srv.returncode}: {srv.stderr.read()}"
+        got = member_run(gid, ["mosquitto_sub"] + mqtt + ["-t", "test/big", "-C", "1", "-N", "-W",
+                                                          "30"], clog)
+        assert got.encode() == big
+        assert alive_for(srv, 2.5), f"mosquitto exited {srv.returncode}: {srv.stderr.read()}"
+        rc = sigterm_exit(srv)
+        log = (pubdir / "log" / "mosquitto.log").read_text()
+        assert rc == 0, f"mosquitto's exit after SIGTERM: {rc}\n{log[-2000:]}"
+        assert "terminating" in log, log[-2000:]
+    finally:
+        kill_quietly(live)
+        kill_quietly(srv)
+
+
+HAPROXY_CFG = """
+# /etc/haproxy/haproxy.cfg as Debian ships it (bookworm): chrooted, dropping to its user (here
+# in the fabric's group), its stats socket exposing the listeners for a seamless reload; logs to
+# stderr (the test has no syslog), the test's paths, a frontend and a backend on test ports.
+global
+\tlog stderr format raw local0
+\tchroot {d}/chroot
+\tstats socket {d}/run/admin.sock mode 660 level admin expose-fd listeners
+\tstats timeout 30s
+\tuser haproxy
+\tgroup {group}
+
+defaults
+\tlog\tglobal
+\tmode\thttp
+\toption\thttplog
+\toption\tdontlognull
+\ttimeout connect 5000
+\ttimeout client  50000
+\ttimeout server  50000
+
+frontend fe
+\tbind 127.0.0.1:{port}
+
+\tdefault_backend be
+
+backend be
+\tserver s1 127.0.0.1:{bport}
+"""
+
+# One connection per request until the stop file appears (60 s at most): every answer checked.
+# Prints a line when the first requests are through, then a summary.
+HTTP_LOOP = r"""
+import hashlib, http.client, os, sys, time
+port, stop, want = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+n = bad = 0
+worst = 0.0
+errors = []
+end = time.time() + 60
+while time.time() < end and not os.path.exists(stop):
+    t = time.time()
+    try:
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        c.request("GET", "/f.bin")
+        r = c.getresponse()
+        body = r.read()
+        c.close()
+        if r.status != 200 or hashlib.sha256(body).hexdigest() != want:
+            bad += 1
+            errors.append("status %d, %d bytes" % (r.status, len(body)))
+    except Exception as e:
+        bad += 1
+        errors.append(repr(e))
+    n += 1
+    worst = max(worst, time.time() - t)
+    if n == 20:
+        print("started", flush=True)
+print("requests", n, "failed", bad, "worst %.3f" % worst, errors[:3], flush=True)
+"""
+
+
+def children_of(pid):
+    try:
+        return sorted(int(c) for c in open(f"/proc/{pid}/task/{pid}/children").read().split())
+    except OSError:
+        return []
+
+
+def test_haproxy_master_worker_reload(gfabric, group, pubdir):
+    """haproxy in master-worker mode (-W), chrooted and dropping to its user as Debian ships it,
+    in front of a Python backend, all under memlan; two reloads (SIGUSR2 to the master: the new
+    master takes the listeners from the old worker over a unix socket, SCM_RIGHTS) while a
+    client makes one connection per request: no request fails or waits, every answer (64 KiB)
+    checked, and every client connection accelerated, after the reloads too.  Before the preload published
+    a listener received that way, the connections after a reload were plain TCP ("no memlan
+    listener on this port")."""
+    if os.geteuid() != 0:
+        pytest.skip("haproxy drops from root to its user: needs root")
+    need("haproxy")
+    fab, gid = gfabric
+    pwd.getpwnam("haproxy")
+    (pubdir / "chroot").mkdir()
+    (pubdir / "run").mkdir()
+    www = pubdir / "www"
+    www.mkdir()
+    # Smaller than a connection's ring (256 KiB): haproxy 2.6.12 drops the tail of a response
+    # still in its output buffer when the soft stop releases the connection, which a full send
+    # buffer causes over kernel TCP as well (tune.sndbuf.client 16384, no memlan: 4 responses of
+    # 256 KiB short by 3,406 bytes in 12 reloads); a full ring did the same under memlan.
+    data = os.urandom(64 << 10)
+    (www / "f.bin").write_bytes(data)
+    os.chmod(www, 0o755)
+    os.chmod(www / "f.bin", 0o644)
+    port, bport = next_port(), next_port()
+    cfg = pubdir / "haproxy.cfg"
+    cfg.write_text(HAPROXY_CFG.format(d=pubdir, group=group[0], port=port, bport=bport))
+    slog, blog, clog = (logfile(pubdir, n) for n in ("server.log", "backend.log", "client.log"))
+    script = pubdir / "loop.py"
+    script.write_text(HTTP_LOOP)
+    stop = pubdir / "stop"
+    out = open(pubdir / "haproxy.out", "w")
+    backend = srv = loop = None
+    try:
+        backend = subprocess.Popen(member(gid, wrap(["python3", "-m", "http.server", "-b",
+                                                     "127.0.0.1", str(bport)], blog)),
+                                   cwd=www, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(bport, backend)
+        srv = subprocess.Popen(wrap(["haproxy", "-W", "-f", str(cfg), "-p",
+                                     str(pubdir / "run" / "haproxy.pid")], slog),
+                               stdout=out, stderr=subprocess.STDOUT)
+        wait_port(port, srv)
+        loop = subprocess.Popen(member(gid, wrap(["python3", str(script), str(port), str(stop),
+                                                  hashlib.sha256(data).hexdigest()], clog)),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert loop.stdout.readline().strip() == "started", loop.stderr.read()
+        workers = [children_of(srv.pid)]
+        for _ in range(2):
+            old = children_of(srv.pid)
+            srv.send_signal(signal.SIGUSR2)
+            # The new worker takes over and the old one leaves (bounded: 15 s).
+            end = time.time() + 15
+            while time.time() < end:
+                now = children_of(srv.pid)
+                if now and not set(now) & set(old):
+                    break
+                time.sleep(0.05)
+            workers.append(children_of(srv.pid))
+            assert workers[-1] and not set(workers[-1]) & set(old), workers
+            time.sleep(1.0)  # requests to the new worker
+        stop.touch()
+        res, err = loop.communicate(timeout=30)
+        m = re.match(r"requests (\d+) failed (\d+) worst ([\d.]+)", res)
+        assert loop.returncode == 0 and m, res + err
+        n, bad, worst = int(m.group(1)), int(m.group(2)), float(m.group(3))
+        assert bad == 0, res
+        assert worst < 1.0, f"a request waited {worst} s: {res}"
+        c, s = clog.read_text(), slog.read_text()
+        # Every client connection accelerated, before and after the reloads; none fell back.
+        assert tcp_reasons(clog) == [], (workers, [l for l in c.splitlines() if "TCP" in l][:5])
+        assert c.count("accelerated (client)") == n, (n, c[-3000:])
+        assert s.count("a listening socket received (SCM_RIGHTS)") >= 2, s[-3000:]
+        assert srv.poll() is None, "the master exited"
+        rc = sigterm_exit(srv)
+        log = (pubdir / "haproxy.out").read_text()
+        assert rc == 0, f"haproxy's exit after SIGTERM: {rc}\n{log[-3000:]}"
+        for bad_end in ("Segmentation fault", "Bus error", "Aborted", "Killed"):
+            assert bad_end not in log, log[-3000:]
+    finally:
+        kill_quietly(loop)
+        if srv is not None and srv.poll() is None:
+            sigterm_exit(srv)  # the master stops its workers (killed, it would leave them)
+        kill_quietly(backend)
+        out.close()

@@ -23,43 +23,12 @@ import time
 
 import pytest
 
-from conftest import MEMLAN
+from conftest import MEMLAN, as_user, gfabric, group, logfile  # noqa: F401 (fixtures)
 from test_apps import NGINX_CONF, need, next_port, wait_port
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="makes a group and runs other users")
 
 A, B, C = 1, 65534, 2  # daemon, nobody, bin
-
-
-@pytest.fixture
-def group():
-    """A temporary group, removed afterwards."""
-    name = f"mlg{os.getpid() % 100000}"
-    subprocess.run(["groupdel", name], capture_output=True)
-    subprocess.run(["groupadd", name], check=True, capture_output=True)
-    import grp
-    gid = grp.getgrnam(name).gr_gid
-    yield name, gid
-    subprocess.run(["groupdel", name], capture_output=True)
-
-
-@pytest.fixture
-def gfabric(group, monkeypatch):
-    """A private group fabric made by the documented command (mode 3730, root's)."""
-    name, gid = group
-    d = pathlib.Path(tempfile.mkdtemp(prefix="memlan-grp-", dir="/dev/shm"))
-    d.rmdir()
-    p = subprocess.run([str(MEMLAN), "fabric", "create", "--group", name, str(d)],
-                       capture_output=True, text=True, timeout=30)
-    assert p.returncode == 0, p.stdout + p.stderr
-    st = d.stat()
-    assert st.st_gid == gid and (st.st_mode & 0o7777) == 0o3730, oct(st.st_mode)
-    monkeypatch.setenv("MEMLAN_FABRIC", str(d))
-    yield d, gid
-    subprocess.run([str(MEMLAN), "clean"], capture_output=True, timeout=30)
-    left = sorted(os.listdir(d))
-    shutil.rmtree(d, ignore_errors=True)
-    assert [f for f in left if f.startswith(("seg-", "cx-"))] == [], f"left behind: {left}"
 
 
 @pytest.fixture
@@ -69,18 +38,6 @@ def pubdir():
     yield d
     if not os.environ.get("KEEP"):
         shutil.rmtree(d, ignore_errors=True)
-
-
-def as_user(uid, gid, cmd):
-    """cmd run as uid with gid as its only group (and primary)."""
-    return ["setpriv", f"--reuid={uid}", f"--regid={gid}", f"--groups={gid}", "--"] + cmd
-
-
-def logfile(d, name):
-    p = d / name
-    p.write_text("")
-    os.chmod(p, 0o666)
-    return p
 
 
 def under(log, cmd):

@@ -1192,3 +1192,22 @@ def test_uncounted_handlers_interrupt_recv(fabric, tmp_path):
     assert under.stdout.splitlines() == plain.stdout.splitlines()
     assert "accelerated (accepted" in text, text
     settle(fabric)
+
+
+FDPASSLISTEN = BUILD / "tests-preload" / "fdpasslisten"
+
+
+def test_listener_received_over_scm_rights_is_published(fabric, tmp_path):
+    """A listening socket handed to another process over a unix socket (SCM_RIGHTS), as
+    haproxy's reload hands its listeners from the old worker to the new master: the receiver's
+    accept takes the client's offer, promptly, whether the sender has closed its copy or still
+    holds it.  Before, the receiver did not publish the socket: with the sender gone the client
+    found no listener record (TCP), with the sender still there it offered to a record nobody
+    that accepted looked at and waited 2 s (MEMLAN_ACCEPT_WAIT_MS) before going on over TCP."""
+    plain, under, text = scripted(FDPASSLISTEN, tmp_path)
+    assert plain.stdout.count("prompt") == 2 and plain.stdout.endswith("done\n"), plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    assert text.count("a listening socket received (SCM_RIGHTS)") == 2, text
+    assert text.count("accelerated (client)") == 2 and text.count("accelerated (accepted") == 2, text
+    assert "TCP (" not in text, text
+    settle(fabric)

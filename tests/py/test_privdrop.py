@@ -25,22 +25,13 @@ import time
 
 import pytest
 
-from conftest import MEMLAN
+from conftest import MEMLAN, pubdir  # noqa: F401 (fixture)
 from test_apps import NGINX_CONF, Server, need, next_port, run, settle, tcp_reasons, wait_port, wrap
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the servers drop from root: needs root")
 
 # The rule's reason, as the logs and memlan stat give it.
 CRED = "changed its credentials"
-
-
-@pytest.fixture
-def pubdir():
-    """A directory that an unprivileged account can read (pytest's tmp_path is 0700)."""
-    d = pathlib.Path(tempfile.mkdtemp(prefix="memlan-priv-"))
-    os.chmod(d, 0o755)
-    yield d
-    if not os.environ.get("KEEP"): shutil.rmtree(d, ignore_errors=True)
 
 
 def stalls(times, bound=0.5):

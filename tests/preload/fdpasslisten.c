@@ -1,0 +1,175 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
+/*
+ * fdpasslisten: a listening TCP socket handed to another process over a unix socket
+ * (SCM_RIGHTS), as haproxy's reload hands its listeners from the old worker to the new master:
+ * the receiver accepts a client's connection on it and echoes, promptly.  Two cases: the sender
+ * closes its copy and exits before the client connects ("gone"), or keeps it open, never
+ * accepting, until the echo is done ("alive").  The output is the same over kernel TCP and
+ * under memlan; the log of the run under memlan says whether the connections were accelerated.
+ *
+ * usage: fdpasslisten PORT
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static struct sockaddr_in addr;
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static void send_fd(int sp, int fd)
+{
+    char byte = 'L';
+    struct iovec v = {&byte, 1};
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } u;
+    memset(&u, 0, sizeof u);
+    struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = u.buf,
+                       .msg_controllen = sizeof u.buf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    if (sendmsg(sp, &m, 0) != 1) {
+        perror("sendmsg");
+        exit(1);
+    }
+}
+
+static int recv_fd(int sp)
+{
+    char byte;
+    struct iovec v = {&byte, 1};
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } u;
+    struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = u.buf,
+                       .msg_controllen = sizeof u.buf};
+    if (recvmsg(sp, &m, MSG_CMSG_CLOEXEC) != 1)
+        return -1;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+        return -1;
+    int fd;
+    memcpy(&fd, CMSG_DATA(c), sizeof fd);
+    return fd;
+}
+
+/* The client: one request, one answer. */
+static void client(const char *tag)
+{
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    struct timeval tv = {5, 0};
+    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (connect(c, (struct sockaddr *)&addr, sizeof addr) < 0) {
+        perror("connect");
+        _exit(1);
+    }
+    char req[32], got[64] = "";
+    int n = snprintf(req, sizeof req, "ping %s", tag);
+    if (send(c, req, (size_t)n, 0) != n)
+        _exit(1);
+    ssize_t r = recv(c, got, sizeof got - 1, 0);
+    printf("%s: client got \"%s\"\n", tag, r > 0 ? got : "(nothing)");
+    close(c);
+    _exit(0);
+}
+
+static int run_case(const char *tag, int sender_stays)
+{
+    int sp[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp) < 0)
+        return 1;
+    char x;
+    pid_t snd = fork();
+    if (snd == 0) { /* the old worker: binds, listens, hands the socket over */
+        close(sp[0]);
+        int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+        setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (bind(l, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(l, 8) < 0) {
+            perror("listen");
+            _exit(1);
+        }
+        send_fd(sp[1], l);
+        if (read(sp[1], &x, 1) != 1) /* received */
+            _exit(1);
+        if (sender_stays && read(sp[1], &x, 1) != 1) /* told to go */
+            _exit(1);
+        close(l);
+        _exit(0);
+    }
+    close(sp[1]);
+    int l = recv_fd(sp[0]);
+    int acc = 0;
+    socklen_t al = sizeof acc;
+    getsockopt(l, SOL_SOCKET, SO_ACCEPTCONN, &acc, &al);
+    printf("%s: received a socket, listening %d\n", tag, acc);
+    if (l < 0 || write(sp[0], "r", 1) != 1)
+        return 1;
+    int st;
+    if (!sender_stays)
+        waitpid(snd, &st, 0);
+    double t0 = now();
+    pid_t cli = fork();
+    if (cli == 0)
+        client(tag);
+    struct pollfd p = {l, POLLIN, 0};
+    int pr = poll(&p, 1, 5000);
+    int s = pr == 1 ? accept(l, NULL, NULL) : -1;
+    if (s < 0) {
+        printf("%s: no connection to accept (poll %d)\n", tag, pr);
+        kill(cli, SIGKILL);
+    } else {
+        char req[64] = "";
+        struct timeval tv = {5, 0};
+        setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+        ssize_t r = recv(s, req, sizeof req - 1, 0);
+        printf("%s: server got \"%s\"\n", tag, r > 0 ? req : "(nothing)");
+        if (send(s, "pong", 4, 0) != 4)
+            printf("%s: send failed: %s\n", tag, strerrorname_np(errno));
+        close(s);
+    }
+    waitpid(cli, &st, 0);
+    double dt = now() - t0;
+    printf("%s: %s\n", tag, dt < 1.0 ? "prompt" : "SLOW (over 1 s)");
+    if (sender_stays && write(sp[0], "g", 1) != 1)
+        return 1;
+    if (sender_stays)
+        waitpid(snd, &st, 0);
+    close(l);
+    close(sp[0]);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2)
+        return 2;
+    setvbuf(stdout, NULL, _IONBF, 0);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)atoi(argv[1]));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (run_case("gone", 0) || run_case("alive", 1))
+        return 1;
+    printf("done\n");
+    return 0;
+}
