@@ -159,7 +159,7 @@ $(BUILD)/tests/%: tests/c/%.c tests/c/test.h $(LIB_A)
 	$(CC) $(CFLAGS) -Itests/c -o $@ $< $(LIB_A) $(LDFLAGS)
 
 # Programs that the preload tests run over kernel TCP and under memlan: plain POSIX, no memlan.
-$(BUILD)/tests-preload/%: tests/preload/%.c
+$(BUILD)/tests-preload/%: tests/preload/%.c $(wildcard tests/preload/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) -std=c11 -D_GNU_SOURCE -Wall -Wextra $(WERROR) $(OPT) -o $@ $< $(LDFLAGS)
 

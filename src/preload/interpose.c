@@ -93,6 +93,15 @@ MLP_EXPORT int listen(int fd, int backlog)
 static int mlp_accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flags)
 {
     int r = mlp_real_accept4(fd, addr, len, flags);
+    /* A listener received over SCM_RIGHTS is published at its first accept (not from a signal
+     * handler of ours, which may have interrupted this thread inside the locks that publishing
+     * takes; nor in a vfork child, whose memory is its parent's) */
+    if (r >= 0 && !mlp_inside && ml_unlikely(!mlp_fd_is_ours(fd)) && !mlp_vfork_child() &&
+        !mlp_sig_in_handler()) {
+        int saved = errno;
+        mlp_accept_received(fd);
+        errno = saved;
+    }
     if (r >= 0 && !mlp_inside && mlp_fd_is_ours(fd)) {
         int saved = errno;
         mlp_on_accept(fd, r, flags);
@@ -607,15 +616,14 @@ MLP_EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags,
     return mlp_ret(r);
 }
 
-/* A kernel recvmsg's control messages: listening sockets passed with SCM_RIGHTS are published
- * (negotiate.c).  Not inside a signal handler of ours, which may have come while this thread held
- * the locks that publishing takes: such a listener stays unpublished (its clients use TCP).
- * errno as the call left it. */
+/* A kernel recvmsg's control messages: descriptors passed with SCM_RIGHTS are marked, memory
+ * only (negotiate.c, mlp_mark_received); a listener among them is published at its first accept.
+ * Not in a vfork child, whose records are its parent's.  errno as the call left it. */
 static inline void mlp_after_recvmsg(const struct msghdr *msg)
 {
-    if (ml_unlikely(msg->msg_controllen > 0) && !mlp_inside && !mlp_sig_in_handler()) {
+    if (ml_unlikely(msg->msg_controllen > 0) && !mlp_inside && !mlp_vfork_child()) {
         int saved = errno;
-        mlp_on_fds_received(msg);
+        mlp_mark_received(msg);
         errno = saved;
     }
 }
@@ -1101,6 +1109,13 @@ MLP_EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max,
 MLP_EXPORT pid_t fork(void)
 {
     MLP_INIT();
+    /* listeners received over SCM_RIGHTS: published before the children inherit them (not from
+     * a signal handler of ours: it may have come inside the locks that publishing takes) */
+    if (!mlp_inside && !mlp_vfork_child() && !mlp_sig_in_handler()) {
+        int saved = errno;
+        mlp_publish_received();
+        errno = saved;
+    }
     pid_t p = mlp_real_fork();
     if (p < 0) { /* the prepare handler counted the child that was not born */
         int e = errno;

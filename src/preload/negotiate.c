@@ -618,6 +618,8 @@ void mlp_bufhint_clear(int fd)
         return;
     if (ml_load_relaxed(&rec->linger0))
         ml_store_relaxed(&rec->linger0, (uint8_t)0);
+    if (ml_load_relaxed(&rec->received))
+        ml_store_relaxed(&rec->received, (uint8_t)0);
     if (ml_load_relaxed(&rec->bufhint[0]) || ml_load_relaxed(&rec->bufhint[1])) {
         ml_store_relaxed(&rec->bufhint[0], 0u);
         ml_store_relaxed(&rec->bufhint[1], 0u);
@@ -1251,17 +1253,20 @@ int mlp_on_listen(int fd)
 }
 
 /*
- * Listening TCP sockets received over SCM_RIGHTS in m (haproxy's reload: the new master takes the
- * old worker's listeners through its stats socket; a socket handed on by a supervisor) are
- * published as if this process had called listen() on them, so that its accepts take clients'
- * offers.  Unpublished, a port whose sender had closed its copy had no record (its clients went
- * to TCP), and one whose sender still held it had a record with no acceptor that looked (each
- * client waited MEMLAN_ACCEPT_WAIT_MS for its offer to be taken, then went to TCP).  A socket made
- * in another network namespace than ours (SIOCGSKNS, where we may ask it) is not published: its
- * port is not our namespace's.  Connected sockets received so stay the kernel's ("Not
- * supported").  The caller keeps errno.
+ * Descriptors received over SCM_RIGHTS (recvmsg, recvmmsg) are marked in their per-fd records,
+ * and a marked listening TCP socket is published at the process's next fork or the socket's
+ * first accept (mlp_publish_received, mlp_accept_received), as if this process had called
+ * listen() on it: haproxy's reload hands the old worker's listeners to the new master this way,
+ * and the workers it forks accept on them; unpublished, their clients went over TCP.  The mark is memory only, no system call and no lock: recvmsg is called
+ * by sandboxed processes (vsftpd's child takes its data connections so, under a seccomp filter
+ * that kills for getsockopt) and from signal handlers, and neither may meet a call or a lock of
+ * ours there.  It is cleared wherever the fd is released, as the record's other fields are; a
+ * stale mark costs one look at the next accept on that number.
  */
-void mlp_on_fds_received(const struct msghdr *m)
+static _Atomic bool mlp_received_marks; /* some fd may carry the mark: look before a fork */
+static void mlp_received_publish(int fd, const char *when);
+
+void mlp_mark_received(const struct msghdr *m)
 {
     if (mlp_cfg.off || !m->msg_control || m->msg_controllen < sizeof(struct cmsghdr))
         return;
@@ -1271,33 +1276,71 @@ void mlp_on_fds_received(const struct msghdr *m)
             c->cmsg_len < CMSG_LEN(0))
             continue;
         const unsigned char *data = CMSG_DATA(c);
-        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
         if ((const char *)data > end)
             break;
+        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
         if (n > (size_t)(end - (const char *)data) / sizeof(int))
             n = (size_t)(end - (const char *)data) / sizeof(int);
         for (size_t i = 0; i < n; i++) {
-            int fd, acc = 0;
+            int fd;
             memcpy(&fd, data + i * sizeof fd, sizeof fd);
-            socklen_t l = sizeof acc;
-            if (mlp_real_getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &l) < 0 || !acc)
-                continue;
-            uint64_t ino;
-            char ours[24], theirs[24];
-            if (__ml_sys_socket_netns(fd, &ino) == 0) {
-                mlp_netns(ours);
-                snprintf(theirs, sizeof theirs, "%llx", (unsigned long long)ino);
-                if (strcmp(ours, theirs) != 0) {
-                    mlp_log(1, "fd %d: a listening socket received from another network "
-                               "namespace: not published", fd);
-                    continue;
-                }
+            struct mlp_fdrec *rec = fd >= 0 ? mlp_fdrec_make(fd) : NULL;
+            if (rec) {
+                ml_store_relaxed(&rec->received, (uint8_t)1);
+                atomic_store_explicit(&mlp_received_marks, true, memory_order_release);
             }
-            mlp_log(1, "fd %d: a listening socket received (SCM_RIGHTS)", fd);
-            (void)mlp_on_listen(fd);
         }
     }
 }
+
+/* Before a fork: every marked listener is published by the parent, whose children inherit the
+ * publication and accept (haproxy's new master receives the listeners as root, then forks the
+ * workers, which drop to their user: a record a worker made would not be its socket's owner's,
+ * and clients would refuse it).  A sandboxed process seldom forks; one that only forwards the
+ * sockets without forking publishes nothing. */
+void mlp_publish_received(void)
+{
+    if (!atomic_exchange_explicit(&mlp_received_marks, false, memory_order_acq_rel))
+        return;
+    int max = mlp_fd_max();
+    for (int fd = mlp_fdrec_next(0, max); fd >= 0; fd = mlp_fdrec_next(fd + 1, max)) {
+        struct mlp_fdrec *rec = mlp_fdrec(fd);
+        if (rec && ml_load_relaxed(&rec->received) && !mlp_fd_is_ours(fd))
+            mlp_received_publish(fd, "before a fork");
+    }
+}
+
+/* An accept on fd, which is not ours and may carry the mark above: once, if it is a listening
+ * TCP socket of our network namespace (SIOCGSKNS, where we may ask: it needs CAP_NET_ADMIN over
+ * the socket's namespace), publish it (mlp_on_listen), so that this accept and the next take
+ * clients' offers.  A process that only holds or forwards such a socket never publishes it, so
+ * no client waits for an acceptor that does not look.  The caller keeps errno. */
+static void mlp_received_publish(int fd, const char *when)
+{
+    struct mlp_fdrec *rec = mlp_fdrec(fd);
+    if (!rec || !ml_load_relaxed(&rec->received))
+        return;
+    ml_store_relaxed(&rec->received, (uint8_t)0);
+    int acc = 0;
+    socklen_t l = sizeof acc;
+    if (mlp_real_getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &l) < 0 || !acc)
+        return;
+    uint64_t ino;
+    char ours[24], theirs[24];
+    if (__ml_sys_socket_netns(fd, &ino) == 0) {
+        mlp_netns(ours);
+        snprintf(theirs, sizeof theirs, "%llx", (unsigned long long)ino);
+        if (strcmp(ours, theirs) != 0) {
+            mlp_log(1, "fd %d: a listening socket received from another network namespace: "
+                       "not published", fd);
+            return;
+        }
+    }
+    mlp_log(1, "fd %d: a listening socket received over SCM_RIGHTS: published (%s)", fd, when);
+    (void)mlp_on_listen(fd);
+}
+
+void mlp_accept_received(int fd) { mlp_received_publish(fd, "its first accept"); }
 
 /* Our credentials changed and the fabric is out of reach (cred.c): no client may offer on a
  * port we listen on, since we may be the one that accepts.  Through the mappings we made before:

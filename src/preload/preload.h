@@ -156,6 +156,8 @@ struct mlp_fdrec {
     _Atomic uint8_t linger0;         /* SO_LINGER 0 set before the connection existed */
     _Atomic uint8_t epfd;            /* an epoll fd the program made */
     _Atomic int tcp_slot;            /* memlan stat line of a plain TCP connection + 1, or 0 */
+    _Atomic uint8_t received;        /* came over SCM_RIGHTS: published at its first accept if
+                                      * it is a listening TCP socket (mlp_accept_received) */
 };
 struct mlp_fdrec *mlp_fdrec(int fd);      /* NULL: no record, nothing of ours */
 struct mlp_fdrec *mlp_fdrec_make(int fd); /* NULL only past the table or out of memory */
@@ -193,7 +195,9 @@ int mlp_reset_take(struct mlp_sock *s, bool probe, bool by_recv); /* its errno, 
 void mlp_bufhint_clear(int fd);
 int mlp_on_listen(int fd);
 struct msghdr;
-void mlp_on_fds_received(const struct msghdr *m);
+void mlp_mark_received(const struct msghdr *m);
+void mlp_accept_received(int fd);
+void mlp_publish_received(void);
 void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, void **token);
 void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, void *token, int rc,
                          int err);

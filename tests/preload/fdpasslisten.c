@@ -23,6 +23,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fdpass.h"
+
 static struct sockaddr_in addr;
 
 static double now(void)
@@ -34,45 +36,13 @@ static double now(void)
 
 static void send_fd(int sp, int fd)
 {
-    char byte = 'L';
-    struct iovec v = {&byte, 1};
-    union {
-        struct cmsghdr h;
-        char buf[CMSG_SPACE(sizeof(int))];
-    } u;
-    memset(&u, 0, sizeof u);
-    struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = u.buf,
-                       .msg_controllen = sizeof u.buf};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &fd, sizeof fd);
-    if (sendmsg(sp, &m, 0) != 1) {
+    if (fdpass_send(sp, fd) < 0) {
         perror("sendmsg");
         exit(1);
     }
 }
 
-static int recv_fd(int sp)
-{
-    char byte;
-    struct iovec v = {&byte, 1};
-    union {
-        struct cmsghdr h;
-        char buf[CMSG_SPACE(sizeof(int))];
-    } u;
-    struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = u.buf,
-                       .msg_controllen = sizeof u.buf};
-    if (recvmsg(sp, &m, MSG_CMSG_CLOEXEC) != 1)
-        return -1;
-    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-    if (!c || c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-        return -1;
-    int fd;
-    memcpy(&fd, CMSG_DATA(c), sizeof fd);
-    return fd;
-}
+static int recv_fd(int sp) { return fdpass_recv(sp, MSG_CMSG_CLOEXEC); }
 
 /* The client: one request, one answer. */
 static void client(const char *tag)

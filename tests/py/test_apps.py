@@ -771,7 +771,7 @@ def test_haproxy_master_worker_reload(gfabric, group, pubdir):
         # Every client connection accelerated, before and after the reloads; none fell back.
         assert tcp_reasons(clog) == [], (workers, [l for l in c.splitlines() if "TCP" in l][:5])
         assert c.count("accelerated (client)") == n, (n, c[-3000:])
-        assert s.count("a listening socket received (SCM_RIGHTS)") >= 2, s[-3000:]
+        assert s.count("a listening socket received over SCM_RIGHTS: published") >= 2, s[-3000:]
         assert srv.poll() is None, "the master exited"
         rc = sigterm_exit(srv)
         log = (pubdir / "haproxy.out").read_text()
