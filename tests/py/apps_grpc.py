@@ -6,6 +6,7 @@ is declared with the generic handler API and bytes in and out, so that no stub i
     apps_grpc.py server PORT      serve until a client calls Quit (120 s at most)
     apps_grpc.py client PORT N    connect (10 s at most), N unary calls one by one, N in flight
                                   at once, a server stream of 5N messages, a client stream of N,
+                                  N/3 calls from each of 4 threads on channels of their own,
                                   then Quit; every answer checked
 """
 import hashlib
@@ -16,13 +17,10 @@ from concurrent import futures
 
 import grpc
 
-
-def val(i):
-    return hashlib.sha256(b"%d" % i).digest() * (1 + (i * 7) % 400)  # 32 B .. 12.8 KB
+from apps_common import answer, in_threads, val
 
 
-def answer(m):
-    return hashlib.sha256(m).digest() + m[::-1]
+THREADS = 4  # the client's callers on connections of their own
 
 
 def same(b):
@@ -84,6 +82,18 @@ def client(port, n):
     assert got == k, (got, k)
     want = hashlib.sha256(b"".join(val(i) for i in range(n))).digest()
     assert method("stream_unary", "Collect")((val(i) for i in range(n)), timeout=30) == want
+    # T threads, each on a channel (a connection) of its own, calling at once.
+    def caller(t):
+        # A subchannel pool of its own: not the connection of the channel above.
+        c = grpc.insecure_channel("127.0.0.1:%d" % port,
+                                  options=[("grpc.use_local_subchannel_pool", 1)])
+        e = c.unary_unary("/t.T/Echo", request_serializer=same, response_deserializer=same)
+        for i in range(n // 3):
+            v = val(t * n + i)
+            assert e(v, timeout=20) == answer(v), (t, i)
+        c.close()
+
+    in_threads(caller, THREADS)
     assert method("unary_unary", "Quit")(b"", timeout=10) == b"bye"
     ch.close()
     print("ok", n, k, flush=True)

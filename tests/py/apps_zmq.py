@@ -17,26 +17,19 @@ Every wait is bounded; a failure exits non-zero with the reason.
 """
 import hashlib
 import sys
-import threading
 import time
 
 import zmq
 
+from apps_common import answer, in_threads, val
+
 T = 20000  # ms: the longest any receive waits
-
-
-def val(i):
-    return hashlib.sha256(b"%d" % i).digest() * (1 + (i * 7) % 400)  # 32 B .. 12.8 KB
 
 
 def rx(s, role):
     if not s.poll(T):
         sys.exit("%s: nothing within %d ms" % (role, T))
     return s.recv_multipart()
-
-
-def answer(m):
-    return hashlib.sha256(m).digest() + m[::-1]
 
 
 def rep(ctx, ep, n):
@@ -115,29 +108,19 @@ def router(ctx, ep, n, k):
 
 
 def dealers(ctx, ep, n, k):
-    bad = []
-
     def dealer(t):
-        try:
-            s = ctx.socket(zmq.DEALER)
-            name = b"d%d" % t
-            s.setsockopt(zmq.IDENTITY, name)
-            s.connect(ep)
-            for i in range(n):
-                v = val(i * k + t)
-                s.send(v)
-                r, = rx(s, "dealer")
-                assert r == name + b":" + hashlib.sha256(v).digest(), (t, i)
-            s.close()
-        except BaseException as e:  # SystemExit from rx too
-            bad.append(repr(e))
+        s = ctx.socket(zmq.DEALER)
+        name = b"d%d" % t
+        s.setsockopt(zmq.IDENTITY, name)
+        s.connect(ep)
+        for i in range(n):
+            v = val(i * k + t)
+            s.send(v)
+            r, = rx(s, "dealer")
+            assert r == name + b":" + hashlib.sha256(v).digest(), (t, i)
+        s.close()
 
-    th = [threading.Thread(target=dealer, args=(t,)) for t in range(k)]
-    for t in th:
-        t.start()
-    for t in th:
-        t.join(60)
-    assert not bad and not any(t.is_alive() for t in th), bad
+    in_threads(dealer, k)  # SystemExit from rx fails it too
     print("ok", n * k)
 
 
