@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from conftest import port_free
+from conftest import logfile, port_free
 from test_apps import accelerated, need, run, service_dir, settle, tcp_reasons, wait_port, wrap
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -228,10 +228,7 @@ def mariadb_run(work, user):
                     "--auth-root-authentication-method=socket"] + user,
                    check=True, capture_output=True, timeout=120)
     port = next_port()
-    slog, clog = work / "server.log", work / "client.log"
-    for f in (slog, clog):
-        f.touch()
-        os.chmod(f, 0o666)
+    slog, clog = logfile(work, "server.log"), logfile(work, "client.log")  # mysql writes them too
     srv = Proc(["mariadbd", "--no-defaults", f"--datadir={data}", "--bind-address=127.0.0.1",
                 f"--port={port}", f"--socket={sock}", f"--pid-file={work}/pid",
                 f"--log-error={work}/error.log", "--innodb-buffer-pool-size=32M",
