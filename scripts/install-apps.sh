@@ -3,6 +3,13 @@
 # Install the real programs that the integration suite and bench/apps run under memlan
 # (Debian packages). Idempotent: installs only what is missing. Needs root or sudo.
 set -euo pipefail
+# gRPC as most of its users get it, for the python that runs the tests: PyPI's grpcio, whose
+# EventEngine poller thread sleeps in epoll_wait while other threads add sockets (Debian's older
+# python3-grpcio polls from the application's threads).
+if ! python3 -c 'import grpc' 2>/dev/null; then
+    echo "install-apps: installing grpcio for $(command -v python3)"
+    PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet grpcio || echo "install-apps: pip could not install grpcio"
+fi
 want=(redis-server:redis-server memcached:memcached nginx:nginx-light wrk:wrk
       iperf3:iperf3 sockperf:sockperf pgbench:postgresql-client
       /usr/lib/postgresql/15/bin/postgres:postgresql memcslap:libmemcached-tools curl:curl
@@ -10,7 +17,10 @@ want=(redis-server:redis-server memcached:memcached nginx:nginx-light wrk:wrk
       ip:iproute2 nft:nftables mpiexec.mpich:mpich strace:strace
       /usr/include/x86_64-linux-gnu/mpich/mpi.h:libmpich-dev
       /usr/sbin/lighttpd:lighttpd /usr/sbin/mosquitto:mosquitto mosquitto_sub:mosquitto-clients
-      /usr/sbin/haproxy:haproxy)
+      /usr/sbin/haproxy:haproxy
+      /usr/lib/python3/dist-packages/zmq/__init__.py:python3-zmq
+      /usr/lib/python3/dist-packages/grpc/__init__.py:python3-grpcio
+      mariadbd:mariadb-server mariadb-slap:mariadb-client)
 # The MPICH header's directory is per architecture (mpicc.mpich comes with the runtime package,
 # mpi.h only with libmpich-dev: checking the compiler left test_seeds without the header).
 arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)

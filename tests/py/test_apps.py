@@ -6,6 +6,7 @@ checks that the data is right (not only that the programs ran), and reads memlan
 check the path each connection took: accelerated with both ends under memlan, TCP with the reason
 when one end is plain.  Every process is stopped by its PID; every load is bounded.
 """
+import contextlib
 import hashlib
 import json
 import os
@@ -262,21 +263,29 @@ def pg_bin(name):
     return name
 
 
+@contextlib.contextmanager
+def service_dir(fabric, tmp_path, user):
+    """Where a server that runs as its own user (postgres, mysql) keeps its files.  As root: a
+    directory that user can reach, and the fabric shared explicitly with it; yields (dir, True).
+    Otherwise everything runs as the caller: yields (tmp_path, False)."""
+    if os.geteuid() != 0:
+        yield tmp_path, False
+        return
+    pwd.getpwnam(user)
+    work = pathlib.Path(tempfile.mkdtemp(prefix=f"memlan-{user}-"))
+    try:
+        os.chmod(work, 0o777)
+        os.chmod(fabric, 0o1777)
+        yield work, True
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def test_postgres_pgbench(fabric, tmp_path):
     need(pg_bin("postgres"), pg_bin("initdb"), "pgbench", "psql")
-    as_user = []
-    work = tmp_path
-    if os.geteuid() == 0:  # postgres refuses to run as root: run everything as its own user
-        pwd.getpwnam("postgres")
-        as_user = ["runuser", "-u", "postgres", "--"]
-        work = pathlib.Path(tempfile.mkdtemp(prefix="memlan-pg-"))  # reachable by that user
-        os.chmod(work, 0o777)
-        os.chmod(fabric, 0o1777)  # a fabric shared explicitly with that user
-    try:
-        pg_run(as_user, work)
-    finally:
-        if work != tmp_path:
-            shutil.rmtree(work, ignore_errors=True)
+    with service_dir(fabric, tmp_path, "postgres") as (work, root):
+        # postgres refuses to run as root: run everything as its own user
+        pg_run(["runuser", "-u", "postgres", "--"] if root else [], work)
     settle()
 
 
