@@ -637,17 +637,7 @@ MLP_EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
             mlp_after_recvmsg(msg);
         return r;
     }
-    ssize_t r;
-    if (msg->msg_iovlen > IOV_MAX) {
-        r = -EMSGSIZE;
-    } else {
-        r = mlp_recv(s, fd, msg->msg_iov, (int)msg->msg_iovlen, flags);
-        if (r >= 0 && s->state != MLP_TCP) {
-            msg->msg_namelen = 0;
-            msg->msg_controllen = 0;
-            msg->msg_flags = 0;
-        }
-    }
+    ssize_t r = mlp_recvmsg(s, fd, msg, flags);
     mlp_put(s);
     return mlp_ret(r);
 }
@@ -693,15 +683,9 @@ MLP_EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags,
     unsigned got = 0;
     ssize_t r = 0;
     while (got < n) {
-        struct msghdr *m = &v[got].msg_hdr;
-        r = m->msg_iovlen > IOV_MAX ? -EMSGSIZE : mlp_recv(s, fd, m->msg_iov, (int)m->msg_iovlen, f);
+        r = mlp_recvmsg(s, fd, &v[got].msg_hdr, f);
         if (r < 0)
             break;
-        if (s->state != MLP_TCP) {
-            m->msg_namelen = 0;
-            m->msg_controllen = 0;
-            m->msg_flags = 0;
-        }
         v[got++].msg_len = (unsigned)r;
         if (flags & MSG_WAITFORONE)
             f |= MSG_DONTWAIT;

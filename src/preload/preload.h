@@ -238,6 +238,7 @@ void mlp_fabric_refused(const char *what, int err); /* a create failed: EACCES/E
 /* Data path (sock.c).  All return bytes or -errno. */
 ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags);
 ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags);
+ssize_t mlp_recvmsg(struct mlp_sock *s, int fd, struct msghdr *m, int flags);
 ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t count);
 ssize_t mlp_splice_from(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned flags);
 ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned flags);

@@ -1184,6 +1184,33 @@ static ssize_t mlp_rx_pass(struct mlp_sock *s, const struct iovec *iov, int n, i
     return moved;
 }
 
+/* recvmsg's and recvmmsg's entry: on a connection settled on TCP, the kernel's recvmsg with the
+ * caller's header, so that the name, control messages and flags it returns are the kernel's
+ * (through a header of ours the caller's msg_controllen stayed as it had set it, and a program
+ * that walked CMSG_FIRSTHDR read its own uninitialised buffer); on a channel, no name, no control
+ * message, no flag. */
+ssize_t mlp_recvmsg(struct mlp_sock *s, int fd, struct msghdr *m, int flags)
+{
+    if (m->msg_iovlen > IOV_MAX)
+        return -EMSGSIZE;
+    if (!(flags & (MSG_OOB | MSG_ERRQUEUE))) {
+        int st = mlp_rx_settle(s, fd, (flags & MSG_DONTWAIT) || mlp_nonblock(s));
+        if (st < 0)
+            return st;
+        if (st == MLP_TCP) {
+            ssize_t r = mlp_real_recvmsg(fd, m, flags);
+            return r < 0 ? -errno : r;
+        }
+    }
+    ssize_t r = mlp_recv(s, fd, m->msg_iov, (int)m->msg_iovlen, flags);
+    if (r >= 0) {
+        m->msg_namelen = 0;
+        m->msg_controllen = 0;
+        m->msg_flags = 0;
+    }
+    return r;
+}
+
 ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags)
 {
     if (flags & MSG_OOB)

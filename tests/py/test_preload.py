@@ -1196,6 +1196,28 @@ def test_uncounted_handlers_interrupt_recv(fabric, tmp_path):
 
 FDPASSLISTEN = BUILD / "tests-preload" / "fdpasslisten"
 SANDBOXRECV = BUILD / "tests-preload" / "sandboxrecv"
+RECVMSGTCP = BUILD / "tests-preload" / "recvmsgtcp"
+
+
+def test_recvmsg_on_a_connection_settled_on_tcp_matches_kernel(fabric, tmp_path):
+    """recvmsg and recvmmsg with a name, a control buffer and flags preset, on a memlan socket
+    whose connection settled on TCP (the client's offer gone before the server's accept): the
+    header comes back as the kernel leaves it.  (Before: the caller's msg_namelen 16,
+    msg_controllen 64 and msg_flags 0x40000 came back as set, with a 'control message' made of
+    the caller's own buffer.)"""
+    plain = subprocess.run([str(RECVMSGTCP), str(next_port())], capture_output=True, text=True,
+                           timeout=60)
+    assert plain.returncode == 0 and plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    log = tmp_path / "memlan.log"
+    env = dict(os.environ, MEMLAN_ACCEPT_WAIT_MS="1")
+    under = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", str(RECVMSGTCP),
+                            str(next_port())], capture_output=True, text=True, timeout=60,
+                           env=env)
+    assert under.returncode == 0, under.stdout + under.stderr
+    text = log.read_text()
+    assert "no memlan acceptor took the offer" in text, text  # the client's socket, TCP
+    assert sorted(under.stdout.splitlines()) == sorted(plain.stdout.splitlines()), under.stdout
+    settle(fabric)  # the client's stat record: it ended with _exit
 
 
 def test_sandboxed_receiver_of_fds_is_not_killed(fabric, tmp_path):
