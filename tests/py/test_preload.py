@@ -464,14 +464,15 @@ def test_stat_shows_connections_and_reasons(fabric, tmp_path):
     settle(fabric)
 
 
-def scripted(prog, tmp_path):
-    """Run a scripted test program over kernel TCP, then under memlan: (plain, under, log)."""
-    plain = subprocess.run([str(prog), str(next_port())], capture_output=True, text=True,
+def scripted(prog, tmp_path, *args):
+    """Run a scripted test program over kernel TCP, then under memlan: (plain, under, log).
+    args: more arguments after the port."""
+    plain = subprocess.run([str(prog), str(next_port()), *args], capture_output=True, text=True,
                            timeout=60)
     assert plain.returncode == 0, plain.stdout + plain.stderr
     log = tmp_path / "memlan.log"
     under = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", str(prog),
-                            str(next_port())], capture_output=True, text=True, timeout=60)
+                            str(next_port()), *args], capture_output=True, text=True, timeout=60)
     assert under.returncode == 0, under.stdout + under.stderr
     return plain, under, log.read_text()
 
@@ -1104,6 +1105,22 @@ def test_host_process_events_match_kernel(fabric, tmp_path, prog):
     assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
     assert under.stdout.splitlines() == plain.stdout.splitlines()
     assert "accelerated (accepted" in text, text
+    settle(fabric)
+
+
+def test_waits_left_by_siglongjmp_keep_nothing(fabric, tmp_path):
+    """pollcancel two: threads leave poll (its long sleep, and the ring's futex) and epoll_wait
+    by siglongjmp and live on without another poll; the program then closes the connections
+    they waited on, and the peer reads EOF on each, as over kernel TCP; the epoll set the third
+    one slept on still reports, and then sleeps.  Before, each abandoned wait kept its
+    reference to the socket until the thread's next poll (the close did not end the connection:
+    "peer: A no eof", "peer: B no eof"), and the set's sleeper count stayed up, so that its
+    eventfd stayed rung and a later epoll_wait of 300 ms spun for all of it ("BUSY")."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "pollcancel", tmp_path, "two")
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "no eof" not in plain.stdout and "slept" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (accepted") == 4, text
     settle(fabric)
 
 
