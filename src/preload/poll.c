@@ -640,6 +640,24 @@ static struct timespec mlp_ts(int64_t ns)
 
 /* ---- poll -------------------------------------------------------------------------------- */
 
+/*
+ * A vfork child runs in its parent's memory, on the vforking thread's stack and thread-local
+ * storage, with a copy of its fd table, until it execs or exits.  What its waits would make there
+ * (the process's event queue, the thread's waiter and its eventfd, an epoll set's record and
+ * queue) would stay in the parent naming descriptors that exist only in the child: the parent's
+ * next poll slept on the child's dead doorbell (POLLNVAL at once) and spun.  So a vfork child's
+ * poll and select make nothing and take nothing: they look at the rings (read-only) and nap 1 ms
+ * at a time in the real ppoll on the kernel fds; its epoll calls are the kernel's (a set it makes
+ * gets no record; an accelerated socket it adds is its idle kernel socket: only its end is seen).
+ * Asked (a getpid) only where a call would first sleep or make a record: vf is -1 until then.
+ */
+static bool mlp_vf(int *vf)
+{
+    if (*vf < 0)
+        *vf = mlp_vfork_child();
+    return *vf;
+}
+
 /* poll's spin (__ml_spin_run): is any of our sockets ready for what it is asked? */
 struct mlp_poll_spin {
     struct pollfd *fds;
@@ -732,6 +750,7 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
                 (fds[0].events & (POLLIN | POLLRDNORM)) &&
                 !(fds[0].events & (POLLOUT | POLLWRNORM | POLLWRBAND));
     bool fast_woke = false;
+    int vf = -1; /* a vfork child (mlp_vf) */
     int ret;
     /* Left by a jump or cancelled (the ppoll below, the futex wait's hook): what the call holds
      * at that moment goes (its references, its waiter's registrations, its arrays). */
@@ -774,8 +793,8 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             fast = false;
         struct mlp_pwait *fw = NULL;
         if (fast && !ready && socks[0] && socks[0]->state == MLP_ACCEL && socks[0]->ch->sock_ino &&
-            __atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED) == 0 && !pw && (fw = mlp_pw_get()) &&
-            mlp_pw_take(fw, (uintptr_t)__builtin_frame_address(0), &u.w)) {
+            __atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED) == 0 && !pw && !mlp_vf(&vf) &&
+            (fw = mlp_pw_get()) && mlp_pw_take(fw, (uintptr_t)__builtin_frame_address(0), &u.w)) {
             /* A peer that died without a close while we were not looking: its FIN is in the
              * kernel socket, which the futex cannot watch (one look a millisecond at most). */
             if (mlp_end_look(socks[0])) {
@@ -840,7 +859,9 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
         /* 3. Arm, and sleep in the kernel on the kernel fds and the doorbell. */
         bool nap = false;
         bool nested = __atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED) != 0;
-        if (!ready && timeout_ns != 0) {
+        if (!ready && timeout_ns != 0 && mlp_vf(&vf)) {
+            nap = true; /* a vfork child: nothing armed, nothing made (above) */
+        } else if (!ready && timeout_ns != 0) {
             /* Nested sets first: the refresh drains the queue, which must not swallow a post
              * for one of our own sockets after we armed it (we would sleep past it). */
             if (nested)
@@ -903,7 +924,7 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             nk++;
         }
         int bell = -1;
-        if (mlp_q && (naccel || nested)) {
+        if (mlp_q && (naccel || nested) && vf != 1) {
             bell = (int)nk;
             k[nk++] = (struct pollfd){.fd = memlan_evq_fd(mlp_q), .events = POLLIN};
         }
@@ -2174,7 +2195,8 @@ int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handle
             pthread_mutex_unlock(&mlp_epmu);
             if (old)
                 mlp_put(old);
-        } else if (!s && (op == EPOLL_CTL_ADD ? mlp_is_epoll_fd(fd) : mlp_fdrec_is_epoll(fd))) {
+        } else if (!s && (op == EPOLL_CTL_ADD ? mlp_is_epoll_fd(fd) : mlp_fdrec_is_epoll(fd)) &&
+                   !mlp_vfork_child()) {
             /* An epoll fd inside another: it must look readable to the outer set when our
              * members are ready, if the outer set asks. */
             *handled = true;
@@ -2182,6 +2204,10 @@ int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handle
         }
         if (s)
             mlp_put(s);
+        return 0;
+    }
+    if ((!e0 || op == EPOLL_CTL_ADD) && mlp_vfork_child()) {
+        mlp_put(s); /* a vfork child makes no record or member (see mlp_vf): the kernel's call */
         return 0;
     }
     *handled = true;
@@ -2664,8 +2690,12 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
     /* Every set has a record, members or not: a thread asleep on a set must hear of a member
      * that another thread adds (gRPC's and tokio's pattern), and a set that had members must
      * never hand the application an event of ours. */
-    struct mlp_ep *e = mlp_ep_get(epfd, true);
-    if (!e) { /* beyond the table (or no memory): the kernel's answer, filtered */
+    int vf = -1; /* a vfork child (mlp_vf): it makes no record */
+    struct mlp_ep *e = mlp_ep_get(epfd, false);
+    if (!e && !mlp_vf(&vf))
+        e = mlp_ep_get(epfd, true);
+    if (!e) { /* beyond the table (or no memory, or a vfork child's set): the kernel's answer,
+               * filtered */
         int r = mlp_ep_kwait(epfd, out, max, timeout_ns < 0 ? -1 : timeout_ns, mask);
         bool ours = false;
         return r > 0 ? mlp_ep_filter(out, r, &ours) : r;
@@ -2721,7 +2751,9 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             break;
         }
         bool slept = false;
-        if (timeout_ns != 0) {
+        if (timeout_ns != 0 && mlp_vf(&vf)) {
+            undecided = true; /* a vfork child sets nothing up: nap and look again */
+        } else if (timeout_ns != 0) {
             mlp_ep_setup(epfd, e);
             mlp_nested_refresh();
             pthread_mutex_lock(&mlp_epmu);

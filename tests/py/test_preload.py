@@ -1154,6 +1154,22 @@ def test_vfork_exec_leaves_no_memory_behind(fabric, tmp_path):
     settle(fabric)
 
 
+def test_vfork_child_waits_make_nothing_in_the_parent(fabric, tmp_path):
+    """vforkpoll: a vfork child polls, selects and epoll_waits (20 ms each) on its parent's
+    connection, with and without a byte waiting, then leaves by _exit or by exec; the parent then
+    waits 300 ms in an idle poll (it must sleep), and gets a byte through poll and through an
+    epoll set of its own, as over kernel TCP.  Before, the child made the process's event queue
+    and the thread's eventfd in the parent's memory, with descriptors only the child had: every
+    later poll of the parent found the dead doorbell and spun (about 290 ms of cpu in 300 ms:
+    "BUSY")."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "vforkpoll", tmp_path)
+    assert plain.stdout.endswith("done\n") and "BUSY" not in plain.stdout, plain.stdout
+    assert "exit-byte: child poll 1 0x1, select 1; exit 0" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (client)") == 1, text
+    settle(fabric)
+
+
 FORKQUEUE = BUILD / "tests-preload" / "forkqueue"
 
 
