@@ -188,8 +188,8 @@ struct mlp_pwait {
     uintptr_t busy_sp;       /* where that call took it (mlp_pw_take) */
     struct mlp_sock *held;   /* a reference lent by a poll asleep on one socket's futex (1a) */
     bool sleeper;            /* made by mlp_sock_sleep: counted in mlp_pw_sleepers */
-    volatile bool left;      /* busy, but its call was left (mlp_wait_left could not give back
-                              * what it held): the next take gives it back */
+    volatile bool left;      /* busy, but its call was left and its cleanup (mlp_pw_left) could
+                              * not give back what it held: the next take gives it back */
 };
 
 static pthread_key_t mlp_pw_key;
@@ -253,19 +253,14 @@ static bool mlp_lock_left(pthread_mutex_t *m)
  * a cleanup (false: this thread holds mlp_pw_mu, nothing was done). */
 static bool mlp_pw_unregister_some(struct mlp_pwait *w, bool left)
 {
-    if (!w->nregs) {
-        struct mlp_sock *h = w->held;
-        w->held = NULL;
-        if (h)
-            mlp_put(h);
+    struct mlp_sock *h = w->held;
+    w->held = NULL; /* first: a jump between the two leaks it, never puts it twice */
+    if (h)
+        mlp_put(h); /* outside mlp_pw_mu: the last put may destroy the socket */
+    if (!w->nregs)
         return true;
-    }
     if (left ? !mlp_lock_left(&mlp_pw_mu) : pthread_mutex_lock(&mlp_pw_mu) != 0)
         return false;
-    struct mlp_sock *h = w->held;
-    w->held = NULL;
-    if (h)
-        mlp_put(h);
     for (int i = 0; i < w->nregs; i++) {
         struct mlp_pwreg *r = &w->regs[i];
         if (!r->s)
