@@ -1020,7 +1020,7 @@ MLP_EXPORT int epoll_create(int size)
 {
     MLP_INIT();
     int r = mlp_real_epoll_create(size);
-    if (r >= 0)
+    if (r >= 0 && !mlp_vfork_child()) /* a vfork child's set has no record (poll.c, mlp_vf) */
         mlp_epoll_created(r);
     return r;
 }
@@ -1029,7 +1029,7 @@ MLP_EXPORT int epoll_create1(int flags)
 {
     MLP_INIT();
     int r = mlp_real_epoll_create1(flags);
-    if (r >= 0)
+    if (r >= 0 && !mlp_vfork_child())
         mlp_epoll_created(r);
     return r;
 }

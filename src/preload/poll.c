@@ -28,6 +28,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -187,23 +188,79 @@ struct mlp_pwait {
     uintptr_t busy_sp;       /* where that call took it (mlp_pw_take) */
     struct mlp_sock *held;   /* a reference lent by a poll asleep on one socket's futex (1a) */
     bool sleeper;            /* made by mlp_sock_sleep: counted in mlp_pw_sleepers */
+    volatile bool left;      /* busy, but its call was left and its cleanup (mlp_pw_left) could
+                              * not give back what it held: the next take gives it back */
 };
 
 static pthread_key_t mlp_pw_key;
 static pthread_once_t mlp_pw_once = PTHREAD_ONCE_INIT;
 static __thread struct mlp_pwait *mlp_pw_self __attribute__((tls_model("initial-exec")));
 
-/* Unlink every registration of w and drop their references, and the one lent to it. */
-static void mlp_pw_unregister_all(struct mlp_pwait *w)
+/* ---- waits left by a jump or a cancellation ------------------------------------------------ */
+
+/*
+ * A thread may never come back from one of our waits: a signal handler that siglongjmp()s out of
+ * it (over kernel TCP the kernel's call had returned before the handler ran, and nothing of it
+ * remains), or pthread_cancel in one of its cancellation points (ppoll, the futex wait's hook).
+ * What the wait holds must then go as the thread leaves it, not at the thread's next wait, which
+ * may never come: an abandoned poll's reference kept a closed socket open (its peer never read
+ * EOF) and a sleeper count kept an epoll set's eventfd rung (every later wait on it spun).  glibc
+ * runs the cleanup buffers of _pthread_cleanup_push for the frames that a longjmp or siglongjmp
+ * (__pthread_cleanup_upto) or a cancellation's unwinding passes, so each wait (mlp_poll,
+ * mlp_sock_sleep, mlp_epoll_wait) registers one over its whole loop, naming in a record of its
+ * own what it holds at each moment (its waiter, its own socket references, its heap arrays, an
+ * epoll set's counts).  The record's fields are written before the thing they name is taken
+ * and cleared before it is given back, so that a jump at any instruction gives back at most
+ * what is held (a leak at worst, never a second put).  The cleanup runs in the jumping
+ * handler's context: our locks are free there unless the handler interrupted our own code
+ * inside one of them (a nested call of a handler, itself left by a jump), so the two locks a
+ * cleanup takes are taken only when this thread does not hold them (mlp_lock_left), and what
+ * it cannot give back now is marked (mlp_pwait.left) for the thread's next take.  Without
+ * _pthread_cleanup_push (not glibc), a cancellation still runs the same cleanup (the -fexceptions
+ * pthread_cleanup_push) and a jump leaves the wait for the thread's next take or its end.
+ */
+extern void _pthread_cleanup_push(struct _pthread_cleanup_buffer *b, void (*fn)(void *), void *a)
+    __attribute__((weak));
+extern void _pthread_cleanup_pop(struct _pthread_cleanup_buffer *b, int execute)
+    __attribute__((weak));
+
+static inline void mlp_left_push(struct _pthread_cleanup_buffer *b, void (*fn)(void *), void *a)
 {
-    if (w->held) {
-        struct mlp_sock *s = w->held;
-        w->held = NULL;
-        mlp_put(s);
-    }
+    if (_pthread_cleanup_push && _pthread_cleanup_pop)
+        _pthread_cleanup_push(b, fn, a);
+}
+
+static inline void mlp_left_pop(struct _pthread_cleanup_buffer *b)
+{
+    if (_pthread_cleanup_push && _pthread_cleanup_pop)
+        _pthread_cleanup_pop(b, 0);
+}
+
+/* Lock m from a cleanup: false if this very thread holds it (see above). */
+static bool mlp_lock_left(pthread_mutex_t *m)
+{
+    if (pthread_mutex_trylock(m) == 0)
+        return true;
+#ifdef __GLIBC__
+    if (m->__data.__owner == (int)syscall(SYS_gettid))
+        return false;
+#endif
+    pthread_mutex_lock(m);
+    return true;
+}
+
+/* Unlink every registration of w and drop their references, and the one lent to it.  left: from
+ * a cleanup (false: this thread holds mlp_pw_mu, nothing was done). */
+static bool mlp_pw_unregister_some(struct mlp_pwait *w, bool left)
+{
+    struct mlp_sock *h = w->held;
+    w->held = NULL; /* first: a jump between the two leaks it, never puts it twice */
+    if (h)
+        mlp_put(h); /* outside mlp_pw_mu: the last put may destroy the socket */
     if (!w->nregs)
-        return;
-    pthread_mutex_lock(&mlp_pw_mu);
+        return true;
+    if (left ? !mlp_lock_left(&mlp_pw_mu) : pthread_mutex_lock(&mlp_pw_mu) != 0)
+        return false;
     for (int i = 0; i < w->nregs; i++) {
         struct mlp_pwreg *r = &w->regs[i];
         if (!r->s)
@@ -215,12 +272,26 @@ static void mlp_pw_unregister_all(struct mlp_pwait *w)
             }
     }
     pthread_mutex_unlock(&mlp_pw_mu);
-    for (int i = 0; i < w->nregs; i++)
-        if (w->regs[i].s) {
-            mlp_put(w->regs[i].s); /* after the lock: the last put may destroy the socket */
-            w->regs[i].s = NULL;
-        }
+    for (int i = 0; i < w->nregs; i++) {
+        struct mlp_sock *s = w->regs[i].s;
+        w->regs[i].s = NULL; /* first: a jump between the two leaks it, never puts it twice */
+        if (s)
+            mlp_put(s); /* after the lock: the last put may destroy the socket */
+    }
     w->nregs = 0;
+    return true;
+}
+
+static void mlp_pw_unregister_all(struct mlp_pwait *w) { (void)mlp_pw_unregister_some(w, false); }
+
+/* A cleanup gives back what w's call held (or marks it for the next take). */
+static void mlp_pw_left(struct mlp_pwait *w)
+{
+    w->left = true;
+    if (mlp_pw_unregister_some(w, true)) {
+        w->busy = 0;
+        w->left = false;
+    }
 }
 
 /* One socket leaves (it fell to TCP during the call). */
@@ -341,20 +412,31 @@ void mlp_poll_prepare_thread(void) { (void)mlp_pw_get(); }
  * beneath us is above us on our stack by at least the kernel's signal frame; one we left by a
  * jump is not beneath us any more.  On the alternate signal stack the answer is "in progress".
  * An abandoned call's registrations, and the references it lent them, are given back here.
- * sp: where this call takes it.  False: do without (nap).
+ * With glibc's cleanup buffers an abandoned call has given its waiter back already, or marked it
+ * left: then busy and not left is always a call in progress beneath us.
+ * sp: where this call takes it; slot: the call's cleanup record, which names w from then on.
+ * False: do without (nap).
  */
 #define MLP_PW_SIGFRAME_MIN 512
 
-static bool mlp_pw_take(struct mlp_pwait *w, uintptr_t sp)
+static bool mlp_pw_take(struct mlp_pwait *w, uintptr_t sp, struct mlp_pwait *volatile *slot)
 {
-    if (w->busy) {
+    if (w->busy && !w->left) {
+        /* With glibc's cleanup buffers a call left by a jump or a cancellation gave the waiter
+         * back (or marked it left): busy means in progress beneath us. */
+        if (_pthread_cleanup_push && _pthread_cleanup_pop)
+            return false;
         if (sp + MLP_PW_SIGFRAME_MIN <= w->busy_sp)
             return false; /* in progress beneath us */
         stack_t ss;
         if (sigaltstack(NULL, &ss) == 0 && (ss.ss_flags & SS_ONSTACK))
             return false;
-        mlp_pw_unregister_all(w); /* abandoned: what it held goes now */
     }
+    if (w->busy) {
+        mlp_pw_unregister_all(w); /* abandoned: what it held goes now */
+        w->left = false;
+    }
+    *slot = w; /* the call's cleanup record names it before it is busy (see above) */
     w->busy = 1;
     w->busy_sp = sp;
     return true;
@@ -553,6 +635,24 @@ static struct timespec mlp_ts(int64_t ns)
 
 /* ---- poll -------------------------------------------------------------------------------- */
 
+/*
+ * A vfork child runs in its parent's memory, on the vforking thread's stack and thread-local
+ * storage, with a copy of its fd table, until it execs or exits.  What its waits would make there
+ * (the process's event queue, the thread's waiter and its eventfd, an epoll set's record and
+ * queue) would stay in the parent naming descriptors that exist only in the child: the parent's
+ * next poll slept on the child's dead doorbell (POLLNVAL at once) and spun.  So a vfork child's
+ * poll and select make nothing and take nothing: they look at the rings (read-only) and nap 1 ms
+ * at a time in the real ppoll on the kernel fds; its epoll calls are the kernel's (a set it makes
+ * gets no record; an accelerated socket it adds is its idle kernel socket: only its end is seen).
+ * Asked (a getpid) only where a call would first sleep or make a record: vf is -1 until then.
+ */
+static bool mlp_vf(int *vf)
+{
+    if (*vf < 0)
+        *vf = mlp_vfork_child();
+    return *vf;
+}
+
 /* poll's spin (__ml_spin_run): is any of our sockets ready for what it is asked? */
 struct mlp_poll_spin {
     struct pollfd *fds;
@@ -569,15 +669,38 @@ static int mlp_poll_spin_look(struct ml_spinning *sp, void *a)
     return 0;
 }
 
-struct mlp_poll_arrays {
-    void *socks, *k;
+/* What a poll holds, for its cleanup (see "waits left by a jump or a cancellation"). */
+struct mlp_poll_undo {
+    struct _pthread_cleanup_buffer buf;
+    struct mlp_sock **socks;
+    nfds_t n;
+    volatile bool own;            /* socks[] hold the call's own references (not lent) */
+    struct mlp_pwait *volatile w; /* the waiter the call took */
+    void *volatile heap[2];       /* socks and k, when on the heap */
 };
 
-static void mlp_poll_cancelled(void *arg)
+/* Run by a jump or cancellation out of the poll, or by its end: idempotent. */
+static void mlp_poll_left(void *arg)
 {
-    struct mlp_poll_arrays *a = arg;
-    free(a->socks);
-    free(a->k);
+    struct mlp_poll_undo *u = arg;
+    struct mlp_pwait *w = u->w;
+    if (w) {
+        mlp_pw_left(w);
+        u->w = NULL;
+    }
+    if (u->own) {
+        u->own = false;
+        for (nfds_t i = 0; i < u->n; i++) {
+            struct mlp_sock *s = u->socks[i];
+            u->socks[i] = NULL;
+            if (s)
+                mlp_put(s);
+        }
+    }
+    void *a = u->heap[0], *b = u->heap[1];
+    u->heap[0] = u->heap[1] = NULL;
+    free(a);
+    free(b);
 }
 
 /* pthread_cleanup_push's setjmp: cancellation runs the handler and unwinds on, it never
@@ -622,11 +745,14 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
                 (fds[0].events & (POLLIN | POLLRDNORM)) &&
                 !(fds[0].events & (POLLOUT | POLLWRNORM | POLLWRBAND));
     bool fast_woke = false;
+    int vf = -1; /* a vfork child (mlp_vf) */
     int ret;
-    /* Cancelled in the ppoll below: the arrays go (the references were lent to the thread's
-     * waiter before it, which the thread's end gives back; so is the one of a futex wait, 1a). */
-    struct mlp_poll_arrays arrays = {n > 64 ? socks : NULL, n > 64 ? k : NULL};
-    pthread_cleanup_push(mlp_poll_cancelled, &arrays);
+    /* Left by a jump or cancelled (the ppoll below, the futex wait's hook): what the call holds
+     * at that moment goes (its references, its waiter's registrations, its arrays). */
+    struct mlp_poll_undo u = {.socks = socks, .n = n, .own = true, .w = NULL,
+                              .heap = {n > 64 ? socks : NULL, n > 64 ? k : NULL}};
+    pthread_cleanup_push(mlp_poll_left, &u);
+    mlp_left_push(&u.buf, mlp_poll_left, &u);
     for (;;) {
         /* 1. What is ready now, without sleeping. */
         int ready = 0;
@@ -636,11 +762,12 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
                 continue;
             short r = mlp_sock_revents(socks[i], fds[i].fd, fds[i].events);
             if (r < 0) { /* it fell to TCP */
+                struct mlp_sock *gone = socks[i];
+                socks[i] = NULL; /* first: the cleanup must not put it too */
                 if (pw)
-                    mlp_pw_unregister(pw, socks[i]); /* the lent reference, if lent */
+                    mlp_pw_unregister(pw, gone); /* the lent reference, if lent */
                 if (!lent)
-                    mlp_put(socks[i]);
-                socks[i] = NULL;
+                    mlp_put(gone);
                 continue;
             }
             fds[i].revents = r;
@@ -661,17 +788,20 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             fast = false;
         struct mlp_pwait *fw = NULL;
         if (fast && !ready && socks[0] && socks[0]->state == MLP_ACCEL && socks[0]->ch->sock_ino &&
-            __atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED) == 0 && !pw && (fw = mlp_pw_get()) &&
-            mlp_pw_take(fw, (uintptr_t)__builtin_frame_address(0))) {
+            __atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED) == 0 && !pw && !mlp_vf(&vf) &&
+            (fw = mlp_pw_get()) && mlp_pw_take(fw, (uintptr_t)__builtin_frame_address(0), &u.w)) {
             /* A peer that died without a close while we were not looking: its FIN is in the
              * kernel socket, which the futex cannot watch (one look a millisecond at most). */
             if (mlp_end_look(socks[0])) {
                 fw->busy = 0;
+                u.w = NULL;
                 continue;
             }
             /* Our reference is lent to the thread's waiter while we sleep, as the long sleep's
-             * are: a handler that siglongjmp()s out of the wait leaves it there, and the next
-             * call of the thread that takes the waiter, or the thread's end, gives it back. */
+             * are: a handler that siglongjmp()s out of the wait, or a cancellation, gives it back
+             * through the cleanup (without glibc's cleanup buffers: the thread's next take of
+             * the waiter, or the thread's end). */
+            u.own = false;
             fw->held = socks[0];
             uint64_t dl = timeout_ns < 0 ? UINT64_MAX : deadline;
             int r = __ml_chan_wait_ro_slice(socks[0]->ch, 0, 1, dl, mlp_now_ns() + MLP_SLICE_NS);
@@ -681,8 +811,10 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
              * cancellable calls: then it acts at the slice's end, in the ppoll below.) */
             if (r == -EINTR && __ml_wait_hook)
                 (void)__ml_wait_hook();
-            fw->held = NULL;
+            fw->held = NULL; /* then own again: a jump in between leaks it, never puts it twice */
+            u.own = true;
             fw->busy = 0;
+            u.w = NULL;
             fast_woke = true;
             if (r == -EINTR) {
                 ret = -EINTR;
@@ -722,22 +854,27 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
         /* 3. Arm, and sleep in the kernel on the kernel fds and the doorbell. */
         bool nap = false;
         bool nested = __atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED) != 0;
-        if (!ready && timeout_ns != 0) {
+        if (!ready && timeout_ns != 0 && mlp_vf(&vf)) {
+            nap = true; /* a vfork child: nothing armed, nothing made (above) */
+        } else if (!ready && timeout_ns != 0) {
             /* Nested sets first: the refresh drains the queue, which must not swallow a post
              * for one of our own sockets after we armed it (we would sleep past it). */
             if (nested)
                 mlp_nested_refresh();
             if (naccel && !pw && (pw = mlp_pw_get())) {
-                if (!mlp_pw_take(pw, (uintptr_t)__builtin_frame_address(0))) {
+                if (!mlp_pw_take(pw, (uintptr_t)__builtin_frame_address(0), &u.w)) {
                     pw = NULL;
                 } else if (!mlp_pw_register_all(pw, socks, n)) {
                     pw->busy = 0;
+                    u.w = NULL;
                     pw = NULL;
                 } else {
                     /* The registrations hold a reference to each socket: ours go, so that a
                      * call that never returns (cancelled in the ppoll below, or left by a
                      * handler's siglongjmp) leaves nothing but the thread's waiter holding
-                     * them, which its next call or the thread's end gives back. */
+                     * them, which the cleanup gives back (without glibc's cleanup buffers: the
+                     * thread's next call, or its end). */
+                    u.own = false;
                     for (nfds_t i = 0; i < n; i++)
                         if (socks[i])
                             mlp_put(socks[i]);
@@ -782,7 +919,7 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             nk++;
         }
         int bell = -1;
-        if (mlp_q && (naccel || nested)) {
+        if (mlp_q && (naccel || nested) && vf != 1) {
             bell = (int)nk;
             k[nk++] = (struct pollfd){.fd = memlan_evq_fd(mlp_q), .events = POLLIN};
         }
@@ -850,29 +987,36 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
         }
         /* Woken by the doorbell or a spurious FIN: compute again. */
     }
-    pthread_cleanup_pop(0);
+    /* The end: the lent references (the waiter's), or our own, and the arrays go, still inside
+     * the cleanup's reach (a waiter left busy with no cleanup to free it would be lost). */
     if (pw) {
         mlp_pw_unregister_all(pw); /* puts the lent references */
         pw->busy = 0;
+        u.w = NULL;
     }
-    for (nfds_t i = 0; i < n && !lent; i++)
-        if (socks[i])
-            mlp_put(socks[i]);
-    if (n > 64) {
-        free(socks);
-        free(k);
-    }
+    mlp_poll_left(&u);
+    mlp_left_pop(&u.buf);
+    pthread_cleanup_pop(0);
     return ret;
 }
 #pragma GCC diagnostic pop
 
 /* ---- a blocking call's long sleep ------------------------------------------------------- */
 
-static void mlp_sleep_cancelled(void *arg)
+/* What a blocking call's long sleep holds: the waiter it took (see mlp_poll_undo). */
+struct mlp_sleep_undo {
+    struct _pthread_cleanup_buffer buf;
+    struct mlp_pwait *volatile w;
+};
+
+static void mlp_sleep_left(void *arg)
 {
-    struct mlp_pwait *pw = arg;
-    mlp_pw_unregister_all(pw);
-    pw->busy = 0;
+    struct mlp_sleep_undo *u = arg;
+    struct mlp_pwait *w = u->w;
+    if (w) {
+        mlp_pw_left(w);
+        u->w = NULL;
+    }
 }
 
 /*
@@ -916,16 +1060,22 @@ int mlp_sock_sleep(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline
         }
         pw->sleeper = true;
     }
-    if (!mlp_pw_take(pw, (uintptr_t)__builtin_frame_address(0)))
-        return -ENOSYS;
+    struct mlp_sleep_undo u = {.w = NULL};
     int ret = 0, saved = errno;
+    mlp_left_push(&u.buf, mlp_sleep_left, &u);
+    if (!mlp_pw_take(pw, (uintptr_t)__builtin_frame_address(0), &u.w)) {
+        mlp_left_pop(&u.buf);
+        return -ENOSYS;
+    }
     struct mlp_sock *one[1] = {s};
     if (!mlp_pw_register_all(pw, one, 1)) {
         pw->busy = 0;
+        u.w = NULL;
+        mlp_left_pop(&u.buf);
         errno = saved;
         return -ENOSYS;
     }
-    pthread_cleanup_push(mlp_sleep_cancelled, pw);
+    pthread_cleanup_push(mlp_sleep_left, &u);
     mlp_pw_clear(pw);
     bool ready = false;
     if (!mlp_queue_add(s, false))
@@ -985,6 +1135,8 @@ int mlp_sock_sleep(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline
     pthread_cleanup_pop(0);
     mlp_pw_unregister_all(pw);
     pw->busy = 0;
+    u.w = NULL;
+    mlp_left_pop(&u.buf);
     errno = saved;
     return ret;
 }
@@ -2038,7 +2190,8 @@ int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handle
             pthread_mutex_unlock(&mlp_epmu);
             if (old)
                 mlp_put(old);
-        } else if (!s && (op == EPOLL_CTL_ADD ? mlp_is_epoll_fd(fd) : mlp_fdrec_is_epoll(fd))) {
+        } else if (!s && (op == EPOLL_CTL_ADD ? mlp_is_epoll_fd(fd) : mlp_fdrec_is_epoll(fd)) &&
+                   !mlp_vfork_child()) {
             /* An epoll fd inside another: it must look readable to the outer set when our
              * members are ready, if the outer set asks. */
             *handled = true;
@@ -2046,6 +2199,10 @@ int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handle
         }
         if (s)
             mlp_put(s);
+        return 0;
+    }
+    if ((!e0 || op == EPOLL_CTL_ADD) && mlp_vfork_child()) {
+        mlp_put(s); /* a vfork child makes no record or member (see mlp_vf): the kernel's call */
         return 0;
     }
     *handled = true;
@@ -2397,6 +2554,40 @@ static int mlp_ep_filter(struct epoll_event *out, int r, bool *ours)
 
 #define MLP_EP_SWITCH 1000000000 /* mlp_ep_kernel_only: a member of ours came, wait the whole way */
 
+/* What an epoll_wait holds on its set (see "waits left by a jump or a cancellation"): its count
+ * in waiters, and in sleepers (1: counted alone, as mlp_ep_kernel_only does; 2: under mlp_epmu,
+ * the last sleeper draining a rung eventfd).  A count left behind kept the set's eventfd rung,
+ * and every later wait on the set woke at once and spun. */
+struct mlp_ep_undo {
+    struct _pthread_cleanup_buffer buf;
+    struct mlp_ep *e;
+    volatile bool waiter;
+    volatile int sleeper;
+};
+
+static void mlp_ep_left(void *arg)
+{
+    struct mlp_ep_undo *u = arg;
+    struct mlp_ep *e = u->e;
+    if (u->waiter) {
+        u->waiter = false;
+        __atomic_sub_fetch(&e->waiters, 1, __ATOMIC_RELAXED);
+    }
+    int sl = u->sleeper;
+    if (sl == 1) {
+        u->sleeper = 0;
+        atomic_fetch_sub(&e->sleepers, 1);
+    } else if (sl == 2 && mlp_lock_left(&mlp_epmu)) {
+        u->sleeper = 0;
+        if (--e->sleepers == 0 && e->efd_rung && !e->nested) {
+            uint64_t v;
+            (void)__ml_sys_read(e->efd, &v, sizeof v);
+            e->efd_rung = false;
+        }
+        pthread_mutex_unlock(&mlp_epmu);
+    }
+}
+
 /* A set with no member of ours: the kernel's answer, with our fds out of the set and any tagged
  * leftover filtered.  The thread counts as a sleeper, so that a member added meanwhile by another
  * thread rings the set's eventfd (mlp_ep_setup) and this wait goes on the whole way. */
@@ -2404,25 +2595,40 @@ static int mlp_ep_kernel_only(int epfd, struct mlp_ep *e, struct epoll_event *ou
                               int64_t timeout_ns, uint64_t deadline, const sigset_t *mask)
 {
     mlp_ep_unsetup(epfd, e);
+    struct mlp_ep_undo u = {.e = e};
+    int ret;
+    mlp_left_push(&u.buf, mlp_ep_left, &u);
+    pthread_cleanup_push(mlp_ep_left, &u);
     for (;;) {
         /* No lock: threads with a set each (tokio, Envoy) must not meet on a process-wide one.
          * SYNC: the seq_cst increment pairs with the fence in mlp_ep_setup(). */
         atomic_fetch_add(&e->sleepers, 1);
+        u.sleeper = 1; /* after the count, and cleared before it: a jump leaks, never undoes twice */
         if (__atomic_load_n(&e->n, __ATOMIC_SEQ_CST) > 0) {
+            u.sleeper = 0;
             atomic_fetch_sub(&e->sleepers, 1);
-            return MLP_EP_SWITCH;
+            ret = MLP_EP_SWITCH;
+            break;
         }
         int64_t left = timeout_ns < 0 ? -1 : mlp_left(deadline);
         int r = mlp_ep_kwait(epfd, out, max, left, mask);
+        u.sleeper = 0;
         atomic_fetch_sub(&e->sleepers, 1); /* a ring for us stays on the eventfd: the whole
                                             * wait that follows takes it */
-        if (r <= 0)
-            return r;
+        if (r <= 0) {
+            ret = r;
+            break;
+        }
         bool ours = false;
         int w = e->tagged ? mlp_ep_filter(out, r, &ours) : r;
-        if (w || (timeout_ns >= 0 && mlp_left(deadline) == 0))
-            return w;
+        if (w || (timeout_ns >= 0 && mlp_left(deadline) == 0)) {
+            ret = w;
+            break;
+        }
     }
+    pthread_cleanup_pop(0);
+    mlp_left_pop(&u.buf);
+    return ret;
 }
 
 /* epoll_wait's spin (__ml_spin_run): a collect of the set's ready list. */
@@ -2479,8 +2685,12 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
     /* Every set has a record, members or not: a thread asleep on a set must hear of a member
      * that another thread adds (gRPC's and tokio's pattern), and a set that had members must
      * never hand the application an event of ours. */
-    struct mlp_ep *e = mlp_ep_get(epfd, true);
-    if (!e) { /* beyond the table (or no memory): the kernel's answer, filtered */
+    int vf = -1; /* a vfork child (mlp_vf): it makes no record */
+    struct mlp_ep *e = mlp_ep_get(epfd, false);
+    if (!e && !mlp_vf(&vf))
+        e = mlp_ep_get(epfd, true);
+    if (!e) { /* beyond the table (or no memory, or a vfork child's set): the kernel's answer,
+               * filtered */
         int r = mlp_ep_kwait(epfd, out, max, timeout_ns < 0 ? -1 : timeout_ns, mask);
         bool ours = false;
         return r > 0 ? mlp_ep_filter(out, r, &ours) : r;
@@ -2494,7 +2704,11 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
     bool spun = false;
     int ret;
     int64_t live = ML_LIVENESS_NS;
+    struct mlp_ep_undo u = {.e = e};
+    mlp_left_push(&u.buf, mlp_ep_left, &u);
+    pthread_cleanup_push(mlp_ep_left, &u);
     __atomic_add_fetch(&e->waiters, 1, __ATOMIC_RELAXED);
+    u.waiter = true;
     for (;;) {
         bool undecided = false;
         uint64_t gen = 0;
@@ -2532,13 +2746,17 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             break;
         }
         bool slept = false;
-        if (timeout_ns != 0) {
+        if (timeout_ns != 0 && mlp_vf(&vf)) {
+            undecided = true; /* a vfork child sets nothing up: nap and look again */
+        } else if (timeout_ns != 0) {
             mlp_ep_setup(epfd, e);
             mlp_nested_refresh();
             pthread_mutex_lock(&mlp_epmu);
             bool changed = e->gen != gen;
-            if (!changed)
+            if (!changed) {
                 e->sleepers++;
+                u.sleeper = 2;
+            }
             pthread_mutex_unlock(&mlp_epmu);
             if (changed)
                 continue;
@@ -2551,6 +2769,7 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
                 undecided = true; /* no doorbell to wake us: nap and look again */
             } else if ((pb && memlan_evq_arm(mlp_q) == 1) | (sb && memlan_evq_arm(e->q) == 1)) {
                 pthread_mutex_lock(&mlp_epmu); /* a post came in as we armed: collect it */
+                u.sleeper = 0;
                 e->sleepers--;
                 pthread_mutex_unlock(&mlp_epmu);
                 continue;
@@ -2585,6 +2804,7 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
         }
         if (slept) {
             pthread_mutex_lock(&mlp_epmu);
+            u.sleeper = 0;
             if (--e->sleepers == 0 && e->efd_rung && !e->nested) {
                 uint64_t v;
                 (void)__ml_sys_read(e->efd, &v, sizeof v);
@@ -2605,7 +2825,10 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             break;
         }
     }
+    u.waiter = false;
     __atomic_sub_fetch(&e->waiters, 1, __ATOMIC_RELAXED);
+    pthread_cleanup_pop(0);
+    mlp_left_pop(&u.buf);
     if (e->nested)
         mlp_ep_nested_leave(e);
     return ret;

@@ -7,7 +7,13 @@
  * closed with bytes unread, as over kernel TCP (issue 19, item 11).  Run once over kernel TCP and once under
  * `memlan run`: the two outputs must be equal (tests/py/test_preload.py).
  *
- * usage: forkexit PORT
+ * usage: forkexit PORT [CASE]
+ *
+ * many-recv (run only when named): 72 connections, each with a thread blocked in recv without
+ * SO_RCVTIMEO, more than memlan makes eventfds for (64: the others sleep on the ring's futex); a
+ * fork child holds the 72 accepted ends, the parent closes its copies, and the child's _exit is
+ * the end.  Every receiver must read EOF within 400 ms of it (before: 64 did, the others learned
+ * of it at their next liveness look, up to 0.9 s late).
  *
  * The client's waiter starts 1.6 s before the end, so that a waiter that learns of the end only
  * by looking at its peer's liveness (100 ms, doubling to 1 s while it waits) learns it about 0.9 s
@@ -20,6 +26,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,8 +57,8 @@ static uint64_t now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-/* A settled pair: c the client end, s the accepted end. */
-static void pair(int *c, int *s)
+/* A settled pair: c the client end, s the accepted end; tmo: bound the client's blocking calls. */
+static void pair_tmo(int *c, int *s, int tmo)
 {
     *c = socket(AF_INET, SOCK_STREAM, 0);
     if (*c < 0 || connect(*c, (struct sockaddr *)&addr, sizeof addr) < 0)
@@ -61,10 +68,14 @@ static void pair(int *c, int *s)
     if (*s < 0 || send(*s, "hi", 2, 0) != 2 || recv(*c, b, 2, MSG_WAITALL) != 2 ||
         send(*c, "ok", 2, 0) != 2 || recv(*s, b, 2, MSG_WAITALL) != 2)
         die("settle");
+    if (!tmo)
+        return;
     struct timeval tv = {5, 0}; /* bound every blocking wait of the client */
     setsockopt(*c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     setsockopt(*c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
 }
+
+static void pair(int *c, int *s) { pair_tmo(c, s, 1); }
 
 /* How the child leaves. */
 enum how { EXIT, KILL, EXECFAIL };
@@ -221,6 +232,79 @@ static void nonblocking(const char *name, enum how how, int unread)
     close(c);
 }
 
+/* many-recv: see the top.  No receiver has a timeout: the wait for them is bounded here (5 s),
+ * and the process's exit ends any still blocked. */
+#define MANY 72
+#define MANY_PROMPT_NS 400000000ull
+
+struct many_rx {
+    int fd;
+    ssize_t r;
+    uint64_t done_ns;
+};
+
+static _Atomic int many_done;
+
+static void *many_run(void *arg)
+{
+    struct many_rx *m = arg;
+    char b[8];
+    m->r = recv(m->fd, b, sizeof b, 0);
+    m->done_ns = now_ns();
+    atomic_fetch_add(&many_done, 1);
+    return NULL;
+}
+
+static void many(const char *name)
+{
+    static struct many_rx m[MANY];
+    int s[MANY];
+    for (int i = 0; i < MANY; i++)
+        pair_tmo(&m[i].fd, &s[i], 0);
+    pid_t p = fork();
+    if (p < 0)
+        die("fork");
+    if (p == 0) { /* holds every accepted end, and leaves without a close */
+        usleep(BEFORE_US);
+        _exit(0);
+    }
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setstacksize(&at, 256 << 10);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    for (int i = 0; i < MANY; i++) {
+        pthread_t t;
+        if (pthread_create(&t, &at, many_run, &m[i]) != 0)
+            die("thread");
+    }
+    for (int i = 0; i < MANY; i++)
+        close(s[i]);
+    int st;
+    waitpid(p, &st, 0); /* the child's death is the end */
+    uint64_t end = now_ns();
+    for (int i = 0; i < 500 && atomic_load(&many_done) < MANY; i++)
+        usleep(10000);
+    int eof = 0, prompt = 0;
+    uint64_t worst = 0;
+    for (int i = 0; i < MANY; i++) {
+        if (!m[i].done_ns)
+            continue;
+        uint64_t lag = m[i].done_ns > end ? m[i].done_ns - end : 0;
+        eof += m[i].r == 0;
+        prompt += m[i].r == 0 && lag < MANY_PROMPT_NS;
+        worst = lag > worst ? lag : worst;
+    }
+    int done = atomic_load(&many_done);
+    printf("%s: %d of %d read EOF, %d of %d within 400 ms; %s\n", name, eof, MANY, prompt, MANY,
+           prompt == MANY ? "prompt" : "LATE");
+    fprintf(stderr, "%s: %d returned, worst %.1f ms after the end\n", name, done,
+            (double)worst / 1e6);
+    if (done < MANY)
+        exit(1); /* receivers still blocked: the process's exit ends them */
+    for (int i = 0; i < MANY; i++)
+        close(m[i].fd);
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
@@ -233,9 +317,15 @@ int main(int argc, char **argv)
     addr = (struct sockaddr_in){.sin_family = AF_INET,
                                 .sin_port = htons((uint16_t)atoi(argv[1]))};
     addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(lfd, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(lfd, 16) < 0)
+    if (bind(lfd, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(lfd, 128) < 0)
         die("listen");
     const char *only = argc > 2 ? argv[2] : NULL;
+    if (only && strcmp(only, "many-recv") == 0) {
+        many(only);
+        close(lfd);
+        printf("done\n");
+        return 0;
+    }
 #define CASE(n, ...) if (!only || strcmp(only, n) == 0) one(n, __VA_ARGS__)
     CASE("exit-recv", EXIT, RECV, 0, 0);
     CASE("kill-recv", KILL, RECV, 0, 0);

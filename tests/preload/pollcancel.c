@@ -12,7 +12,16 @@
  * peer must read EOF, as over kernel TCP (memlan kept each abandoned poll's references to the
  * socket, so the close did not end the connection and the peer waited: "peer: no eof").
  *
- * usage: pollcancel PORT
+ * usage: pollcancel PORT [two]
+ *
+ * two: threads that leave their waits by siglongjmp and then live on without another poll: one
+ * asleep in poll on connection A (300 ms: poll's long sleep), one in poll on B (2 ms: the ring's
+ * futex), one in epoll_wait on a set holding C (300 ms).  Then the program closes A, B and C:
+ * the peer must read EOF on each, as over kernel TCP, where the jump left nothing in the kernel
+ * (memlan kept each abandoned wait's reference to its socket until the thread's next poll, which
+ * never came, so the close did not end the connection: "peer: A no eof").  Last, the epoll set
+ * whose sleeper jumped away (it holds D too) reports D's byte, then is waited on again for 300 ms
+ * with nothing to report: it must sleep (a sleeper count left behind must not keep it waking).
  */
 #include <arpa/inet.h>
 #include <poll.h>
@@ -22,6 +31,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -84,9 +95,138 @@ static int wait_data(const char *what, int n)
     return got == n ? 0 : 1;
 }
 
+/* ---- two: waits left by siglongjmp, their threads living on ---- */
+
+static __thread sigjmp_buf tjb;
+static int hold[2];  /* the jumpers wait here once they have jumped */
+static int jumped[2]; /* and say so here */
+
+static void on_usr2(int sig)
+{
+    (void)sig;
+    siglongjmp(tjb, 1);
+}
+
+struct jumper2 {
+    int fd, ep; /* ep >= 0: epoll_wait on it, else poll on fd */
+    pthread_t t;
+};
+
+static void *jumper2(void *a)
+{
+    struct jumper2 *j = a;
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGUSR2);
+    pthread_sigmask(SIG_UNBLOCK, &s, NULL);
+    if (sigsetjmp(tjb, 1) == 0) {
+        if (j->ep >= 0) {
+            struct epoll_event ev;
+            epoll_wait(j->ep, &ev, 1, -1);
+        } else {
+            struct pollfd p = {j->fd, POLLIN, 0};
+            poll(&p, 1, -1);
+        }
+        return NULL; /* woken without the jump: the peer said nothing, so cannot be */
+    }
+    pthread_sigmask(SIG_BLOCK, &s, NULL);
+    char b;
+    if (write(jumped[1], "j", 1) != 1 || read(hold[0], &b, 1) != 1) /* live on, no poll */
+        return NULL;
+    return NULL;
+}
+
+static double cpu_ms(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e3 +
+           (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e3;
+}
+
+static int two(int l, struct sockaddr_in *a)
+{
+    int go[2];
+    if (pipe(go) < 0 || pipe(hold) < 0 || pipe(jumped) < 0)
+        return 1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        alarm(60);
+        int c[4];
+        char b;
+        for (int i = 0; i < 4; i++) { /* accepted in this order */
+            c[i] = socket(AF_INET, SOCK_STREAM, 0);
+            if (connect(c[i], (void *)a, sizeof *a) < 0 || read(c[i], &b, 1) != 1)
+                _exit(1);
+        }
+        if (read(go[0], &b, 1) != 1)
+            _exit(1);
+        for (int i = 0; i < 3; i++) {
+            struct pollfd p = {c[i], POLLIN, 0};
+            int r = poll(&p, 1, 3000);
+            ssize_t g = r == 1 ? read(c[i], &b, 1) : -1;
+            printf("peer: %c %s\n", "ABC"[i], g == 0 ? "eof" : "no eof");
+        }
+        if (write(c[3], "x", 1) != 1 || read(go[0], &b, 1) != 1)
+            _exit(1);
+        _exit(0);
+    }
+    int fd3[4];
+    for (int i = 0; i < 4; i++)
+        if ((fd3[i] = accept(l, NULL, NULL)) < 0 || write(fd3[i], "g", 1) != 1)
+            return 1;
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = fd3[2]};
+    if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd3[2], &ev) < 0)
+        return 1;
+    ev.data.fd = fd3[3];
+    if (epoll_ctl(ep, EPOLL_CTL_ADD, fd3[3], &ev) < 0)
+        return 1;
+    signal(SIGUSR2, on_usr2);
+    sigset_t blk;
+    sigemptyset(&blk);
+    sigaddset(&blk, SIGUSR2);
+    pthread_sigmask(SIG_BLOCK, &blk, NULL); /* only the jumpers take it */
+    struct jumper2 j[3] = {{fd3[0], -1, 0}, {fd3[1], -1, 0}, {-1, ep, 0}};
+    const unsigned after_us[3] = {300000, 2000, 300000};
+    char b;
+    for (int i = 0; i < 3; i++) {
+        pthread_create(&j[i].t, NULL, jumper2, &j[i]);
+        usleep(after_us[i]);
+        pthread_kill(j[i].t, SIGUSR2);
+        if (read(jumped[0], &b, 1) != 1)
+            return 1;
+    }
+    for (int i = 0; i < 3; i++)
+        close(fd3[i]); /* the peer reads EOF on each */
+    if (write(go[1], "1", 1) != 1)
+        return 1;
+    /* The set whose sleeper jumped away: D's byte, then nothing: it must sleep. */
+    int n = epoll_wait(ep, &ev, 1, 10000);
+    printf("epoll_wait for D: %d, %s, recv %zd\n", n, n == 1 && ev.data.fd == fd3[3] ? "D" : "?",
+           recv(fd3[3], &b, 1, MSG_DONTWAIT));
+    double c0 = cpu_ms();
+    n = epoll_wait(ep, &ev, 1, 300);
+    double used = cpu_ms() - c0;
+    printf("epoll_wait after the jump: %d, %s\n", n, used < 100 ? "slept" : "BUSY");
+    fprintf(stderr, "epoll_wait after the jump: %.1f ms of cpu in 300 ms\n", used);
+    int st;
+    if (write(go[1], "2", 1) != 1)
+        return 1;
+    waitpid(pid, &st, 0);
+    close(fd3[3]);
+    if (write(hold[1], "xxx", 3) != 3)
+        return 1;
+    for (int i = 0; i < 3; i++)
+        pthread_join(j[i].t, NULL);
+    close(ep);
+    printf("done\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 2)
+    if (argc != 2 && argc != 3)
         return 2;
     setvbuf(stdout, NULL, _IOLBF, 0);
     alarm(60);
@@ -94,8 +234,10 @@ int main(int argc, char **argv)
     setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[1])),
                             .sin_addr.s_addr = htonl(0x7f000001)};
-    if (bind(l, (void *)&a, sizeof a) < 0 || listen(l, 1) < 0)
+    if (bind(l, (void *)&a, sizeof a) < 0 || listen(l, 4) < 0)
         return 1;
+    if (argc == 3)
+        return strcmp(argv[2], "two") == 0 ? two(l, &a) : 2;
     int go[2];
     if (pipe(go) < 0)
         return 1;

@@ -464,14 +464,15 @@ def test_stat_shows_connections_and_reasons(fabric, tmp_path):
     settle(fabric)
 
 
-def scripted(prog, tmp_path):
-    """Run a scripted test program over kernel TCP, then under memlan: (plain, under, log)."""
-    plain = subprocess.run([str(prog), str(next_port())], capture_output=True, text=True,
+def scripted(prog, tmp_path, *args):
+    """Run a scripted test program over kernel TCP, then under memlan: (plain, under, log).
+    args: more arguments after the port."""
+    plain = subprocess.run([str(prog), str(next_port()), *args], capture_output=True, text=True,
                            timeout=60)
     assert plain.returncode == 0, plain.stdout + plain.stderr
     log = tmp_path / "memlan.log"
     under = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", str(prog),
-                            str(next_port())], capture_output=True, text=True, timeout=60)
+                            str(next_port()), *args], capture_output=True, text=True, timeout=60)
     assert under.returncode == 0, under.stdout + under.stderr
     return plain, under, log.read_text()
 
@@ -660,6 +661,20 @@ def test_fork_child_leaving_without_close_ends_promptly(fabric, tmp_path):
     assert "ECONNRESET" in plain.stdout and "exit-nb: after 0" in plain.stdout, plain.stdout
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
     assert text.count("accelerated (client)") == 13, text
+    settle(fabric)
+
+
+def test_many_blocked_receivers_see_a_fork_childs_end(fabric, tmp_path):
+    """forkexit many-recv: 72 threads blocked in recv without SO_RCVTIMEO, one per connection,
+    more than memlan makes eventfds for (64); a fork child holds every accepted end and leaves
+    by _exit.  Every receiver reads EOF within 400 ms of the child's end, as over kernel TCP.
+    Before, the 8 without an eventfd slept on the ring's futex until their next liveness look
+    (64 of 72 prompt, the last about 910 ms late)."""
+    plain, under, text = scripted(FORKEXIT, tmp_path, "many-recv")
+    assert plain.stdout.endswith("done\n") and "LATE" not in plain.stdout, plain.stdout
+    assert "72 of 72 within 400 ms" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (client)") == 72, text
     settle(fabric)
 
 
@@ -1107,6 +1122,22 @@ def test_host_process_events_match_kernel(fabric, tmp_path, prog):
     settle(fabric)
 
 
+def test_waits_left_by_siglongjmp_keep_nothing(fabric, tmp_path):
+    """pollcancel two: threads leave poll (its long sleep, and the ring's futex) and epoll_wait
+    by siglongjmp and live on without another poll; the program then closes the connections
+    they waited on, and the peer reads EOF on each, as over kernel TCP; the epoll set the third
+    one slept on still reports, and then sleeps.  Before, each abandoned wait kept its
+    reference to the socket until the thread's next poll (the close did not end the connection:
+    "peer: A no eof", "peer: B no eof"), and the set's sleeper count stayed up, so that its
+    eventfd stayed rung and a later epoll_wait of 300 ms spun for all of it ("BUSY")."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "pollcancel", tmp_path, "two")
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "no eof" not in plain.stdout and "slept" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (accepted") == 4, text
+    settle(fabric)
+
+
 VFORKEXEC = BUILD / "tests-preload" / "vforkexec"
 
 
@@ -1118,6 +1149,22 @@ def test_vfork_exec_leaves_no_memory_behind(fabric, tmp_path):
     plain, under, text = scripted(VFORKEXEC, tmp_path)
     assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
     assert "as before" in plain.stdout, plain.stdout + plain.stderr
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (client)") == 1, text
+    settle(fabric)
+
+
+def test_vfork_child_waits_make_nothing_in_the_parent(fabric, tmp_path):
+    """vforkpoll: a vfork child polls, selects and epoll_waits (20 ms each) on its parent's
+    connection, with and without a byte waiting, then leaves by _exit or by exec; the parent then
+    waits 300 ms in an idle poll (it must sleep), and gets a byte through poll and through an
+    epoll set of its own, as over kernel TCP.  Before, the child made the process's event queue
+    and the thread's eventfd in the parent's memory, with descriptors only the child had: every
+    later poll of the parent found the dead doorbell and spun (about 290 ms of cpu in 300 ms:
+    "BUSY")."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "vforkpoll", tmp_path)
+    assert plain.stdout.endswith("done\n") and "BUSY" not in plain.stdout, plain.stdout
+    assert "exit-byte: child poll 1 0x1, select 1; exit 0" in plain.stdout, plain.stdout
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
     assert text.count("accelerated (client)") == 1, text
     settle(fabric)
