@@ -1257,11 +1257,12 @@ int mlp_on_listen(int fd)
  * and a marked listening TCP socket is published at the process's next fork or the socket's
  * first accept (mlp_publish_received, mlp_accept_received), as if this process had called
  * listen() on it: haproxy's reload hands the old worker's listeners to the new master this way,
- * and the workers it forks accept on them; unpublished, their clients went over TCP.  The mark is memory only, no system call and no lock: recvmsg is called
- * by sandboxed processes (vsftpd's child takes its data connections so, under a seccomp filter
- * that kills for getsockopt) and from signal handlers, and neither may meet a call or a lock of
- * ours there.  It is cleared wherever the fd is released, as the record's other fields are; a
- * stale mark costs one look at the next accept on that number.
+ * and the workers it forks accept on them; unpublished, their clients went over TCP.  The mark
+ * is memory only, no system call and no lock: recvmsg is called by sandboxed processes (vsftpd's
+ * child takes its data connections so, under a seccomp filter that kills for getsockopt) and
+ * from signal handlers, and neither may meet a call or a lock of ours there.  It is cleared
+ * wherever the fd is released, as the record's other fields are; a stale mark costs one look at
+ * the next fork or accept.
  */
 static _Atomic bool mlp_received_marks; /* some fd may carry the mark: look before a fork */
 static void mlp_received_publish(int fd, const char *when);
@@ -1310,8 +1311,8 @@ void mlp_publish_received(void)
     }
 }
 
-/* An accept on fd, which is not ours and may carry the mark above: once, if it is a listening
- * TCP socket of our network namespace (SIOCGSKNS, where we may ask: it needs CAP_NET_ADMIN over
+/* fd, not ours, may carry the mark above (at a fork, or an accept on it): once, if it is a
+ * listening TCP socket of our network namespace (SIOCGSKNS, where we may ask: it needs CAP_NET_ADMIN over
  * the socket's namespace), publish it (mlp_on_listen), so that this accept and the next take
  * clients' offers.  A process that only holds or forwards such a socket never publishes it, so
  * no client waits for an acceptor that does not look.  The caller keeps errno. */
