@@ -1312,9 +1312,9 @@ void mlp_publish_received(void)
 }
 
 /* fd, not ours, may carry the mark above (at a fork, or an accept on it): once, if it is a
- * listening TCP socket of our network namespace (SIOCGSKNS, where we may ask: it needs CAP_NET_ADMIN over
- * the socket's namespace), publish it (mlp_on_listen), so that this accept and the next take
- * clients' offers.  A process that only holds or forwards such a socket never publishes it, so
+ * listening TCP socket of our network namespace (SIOCGSKNS, where we may ask: it needs
+ * CAP_NET_ADMIN over the socket's namespace), publish it (mlp_on_listen), so that its accepts
+ * take clients' offers.  A process that only holds or forwards such a socket never publishes it, so
  * no client waits for an acceptor that does not look.  The caller keeps errno. */
 static void mlp_received_publish(int fd, const char *when)
 {
