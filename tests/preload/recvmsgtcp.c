@@ -41,6 +41,10 @@ static void take(int fd, int mm, const char *who)
 
 int main(int argc, char **argv)
 {
+    if (argc < 2) {
+        fprintf(stderr, "usage: %s PORT\n", argv[0]);
+        return 2;
+    }
     setvbuf(stdout, NULL, _IONBF, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[1])),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
