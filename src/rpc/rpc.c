@@ -795,8 +795,11 @@ struct ml_conn {
     struct sockaddr_in caller;   /* svc_getcaller: 127.0.0.1, port by privilege (see below) */
     memlan_segment_t *spill_in;  /* the client's calls' spill segment, imported */
     memlan_segment_t *spill_out; /* our replies' spill segment */
-    int reply_failed;            /* a reply found no room in time (or could not be sent): the
-                                  * connection ends after this call */
+    int reply_failed;            /* a reply could not be made or sent: the connection ends
+                                  * after this call */
+    char *parked;                /* a reply that found no room in the ring, encoded, waiting for
+                                  * room (the connection's calls are not read meanwhile) */
+    size_t parked_len;
     struct ml_conn *next;
 };
 
@@ -806,7 +809,6 @@ static int ml_nprogs;
 static memlan_evq_t *ml_svc_q;
 static struct ml_conn *ml_conns;
 static int ml_nconns;
-#define ML_REPLY_WAIT_MS 2000 /* the longest a reply waits for room in its client's ring */
 
 static void ml_conn_close(struct ml_conn *c);
 
@@ -892,8 +894,8 @@ static bool_t ml_x_reply(SVCXPRT *x, struct rpc_msg *m)
 {
     struct ml_conn *c = x->xp_p1;
     void *buf;
-    if (c->reply_failed)
-        return FALSE; /* (the svcerr_systemerr a stub sends after a failed reply: no 2nd wait) */
+    if (c->reply_failed || c->parked)
+        return FALSE; /* (the svcerr_systemerr a stub sends after a failed reply) */
     int ok_results = m->rm_reply.rp_stat == MSG_ACCEPTED && m->acpted_rply.ar_stat == SUCCESS;
     unsigned long rsize = 0;
     if (ok_results) {
@@ -916,18 +918,21 @@ static bool_t ml_x_reply(SVCXPRT *x, struct rpc_msg *m)
             return FALSE;
     }
     size_t want = sizeof(struct ml_rpc_reply) + (spill ? sizeof(struct ml_rpc_spill) : rsize);
-    /* Room for the reply, waited for ML_REPLY_WAIT_MS at most (the channel's send timeout, set
-     * at the hello): a client that sends calls and never reads their replies (batched calls, a
-     * stopped or hostile client) must not hold the server, and every other client, for ever.
-     * Past it the connection ends, as libtirpc ends a nonblocking connection whose write made no
-     * progress for 2 s. */
-    ssize_t room = memlan_reserve(c->ch, &buf, want, 0);
-    if (room < 0) {
+    /* Room for the reply, never waited for: a client that sends calls and does not read their
+     * replies (batched calls, a slow, stopped or hostile client) must not hold the server, and
+     * every other client, for any time.  Without room the reply is encoded aside and parked on
+     * its connection, whose calls are not read until the client has made room for it
+     * (ml_conn_flush); the others are served meanwhile. */
+    ssize_t room = memlan_reserve(c->ch, &buf, want, MEMLAN_DONTWAIT);
+    if (room == -EAGAIN) {
+        if (!(c->parked = malloc(want))) {
+            c->reply_failed = 1;
+            return FALSE;
+        }
+        buf = c->parked;
+        room = (ssize_t)want;
+    } else if (room < 0) {
         c->reply_failed = 1;
-        static int said; /* the first always (unless MEMLAN_QUIET), each with MEMLAN_LOG */
-        if (room == -ETIMEDOUT && (ml_rpc_log || (!said++ && !ml_rpc_quiet())))
-            fprintf(stderr, "memlan-rpc[%d]: client pid %d read no reply for %d ms: its "
-                    "connection ends\n", (int)getpid(), (int)c->peer.pid, ML_REPLY_WAIT_MS);
         return FALSE;
     }
     struct ml_rpc_reply r = {c->xid, (uint32_t)m->rm_reply.rp_stat, 0, 0, 0};
@@ -946,8 +951,11 @@ static bool_t ml_x_reply(SVCXPRT *x, struct rpc_msg *m)
             xdrmem_create(&xr, (char *)buf + sizeof r, (u_int)((size_t)room - sizeof r),
                           XDR_ENCODE);
             xdrproc_t proc = m->acpted_rply.ar_results.proc;
-            if (!proc(&xr, m->acpted_rply.ar_results.where))
-                return FALSE; /* unencodable: nothing committed */
+            if (!proc(&xr, m->acpted_rply.ar_results.where)) {
+                free(c->parked); /* unencodable: nothing committed, nothing parked */
+                c->parked = NULL;
+                return FALSE;
+            }
             len += xdr_getpos(&xr);
             XDR_DESTROY(&xr);
         }
@@ -961,10 +969,37 @@ static bool_t ml_x_reply(SVCXPRT *x, struct rpc_msg *m)
         }
     }
     memcpy(buf, &r, sizeof r);
+    if (c->parked) {
+        c->parked_len = len;
+        return TRUE; /* sent as far as the stub can tell: ml_conn_flush delivers it */
+    }
     if (memlan_commit(c->ch, len) == 0)
         return TRUE;
     c->reply_failed = 1;
     return FALSE;
+}
+
+/* A parked reply into the ring, once there is room: 1 when delivered (or none was parked), 0
+ * while the ring is still full, -1 when the connection is broken.  The connection is in the
+ * queue for room (MEMLAN_EV_WRITE) only while a reply is parked: a send-ready event per reply
+ * read would wake the server for every call of every client. */
+static int ml_conn_flush(struct ml_conn *c)
+{
+    if (!c->parked)
+        return 1;
+    void *buf;
+    ssize_t room = memlan_reserve(c->ch, &buf, c->parked_len, MEMLAN_DONTWAIT);
+    if (room == -EAGAIN) /* a client gone with its ring full: the end, not a wait */
+        return (memlan_channel_poll(c->ch) & (MEMLAN_EV_HUP | MEMLAN_EV_ERR)) ? -1 : 0;
+    if (room < 0)
+        return -1;
+    memcpy(buf, c->parked, c->parked_len);
+    free(c->parked);
+    c->parked = NULL;
+    if (memlan_commit(c->ch, c->parked_len) < 0)
+        return -1;
+    memlan_evq_del(ml_svc_q, c->ch);
+    return memlan_evq_add(ml_svc_q, c->ch, MEMLAN_EV_READ, c) < 0 ? -1 : 1;
 }
 
 static void ml_x_destroy(SVCXPRT *x)
@@ -997,6 +1032,7 @@ static void ml_conn_close(struct ml_conn *c)
     ml_nconns--;
     memlan_evq_del(ml_svc_q, c->ch);
     memlan_channel_close(c->ch);
+    free(c->parked);
     if (c->spill_in)
         memlan_segment_close(c->spill_in);
     if (c->spill_out)
@@ -1027,6 +1063,9 @@ static int ml_cred_agrees(const struct ml_conn *c, const struct authunix_parms *
 static int ml_conn_serve_one(struct ml_conn *c)
 {
     const void *msg;
+    int f = ml_conn_flush(c); /* a parked reply first: no call is read before it is out */
+    if (f <= 0)
+        return f;
     ssize_t n = memlan_peek(c->ch, &msg, MEMLAN_DONTWAIT);
     if (n == -EAGAIN)
         return 0;
@@ -1097,7 +1136,14 @@ static int ml_conn_serve_one(struct ml_conn *c)
         ml_spill_trim(&c->spill_in);
     }
     memlan_release(c->ch, (size_t)n);
-    return c->reply_failed ? -1 : 1;
+    if (c->reply_failed)
+        return -1;
+    if (c->parked) { /* told when the client makes room (an event at once if it has already) */
+        memlan_evq_del(ml_svc_q, c->ch);
+        if (memlan_evq_add(ml_svc_q, c->ch, MEMLAN_EV_READ | MEMLAN_EV_WRITE, c) < 0)
+            return -1;
+    }
+    return 1;
 }
 
 /* Serve what is waiting on every ready channel; returns how many calls were served. */
@@ -1146,8 +1192,6 @@ static void ml_svc_hello(struct ml_prog *p, int s)
     if (!c)
         goto out;
     int rc = memlan_channel_attach(ml_rpc_fab, h.token, &c->ch);
-    if (rc == 0)
-        memlan_channel_set_timeout(c->ch, -1, ML_REPLY_WAIT_MS); /* see ml_x_reply */
     if (rc == 0 && (rc = memlan_evq_add(ml_svc_q, c->ch, MEMLAN_EV_READ, c)) < 0)
         memlan_channel_close(c->ch);
     if (rc < 0) {

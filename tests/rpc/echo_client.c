@@ -182,8 +182,8 @@ int main(int argc, char **argv)
         return 0;
     }
     if (argc > 4 && !strcmp(argv[3], "batch")) { /* PORT batch N: a ping, "up", then N batched
-                                                   * echoes of 4 KB whose replies it never reads,
-                                                   * then holds its connection to a stdin line */
+                                                   * echoes of 4 KB whose replies it does not
+                                                   * read, then, after a stdin line, a ping */
         if (!ping_1(NULL, cl))
             return 1;
         printf("up\n");
@@ -206,6 +206,9 @@ int main(int argc, char **argv)
         char line[8];
         if (!fgets(line, sizeof line, stdin))
             return 1;
+        struct timeval ten = {10, 0}; /* the ping reads past the echoes' replies, by xid */
+        clnt_control(cl, CLSET_TIMEOUT, (char *)&ten);
+        printf("ping after: %s\n", ping_1(NULL, cl) ? "ok" : clnt_sperrno(clnt_stat_of(cl)));
         clnt_destroy(cl);
         return 0;
     }
