@@ -36,7 +36,8 @@ if ! python3 -c 'import setuptools, wheel' 2>/dev/null; then
 fi
 
 # The real programs the integration tests run (redis, memcached, nginx, PostgreSQL, iperf3,
-# sockperf, wrk, curl, lighttpd, mosquitto, haproxy), from Debian's packages.
+# sockperf, wrk, curl, lighttpd, mosquitto, haproxy, python3-zmq, python3-grpcio, MariaDB), from
+# Debian's packages, and PyPI's grpcio for the suite's python.
 scripts/install-apps.sh || echo "install-apps failed: the tests of real programs will fail"
 # The papers' systems (nfs-ganesha, libnfs, omniORB, Open MPI, MPICH) for tests/py/test_seeds.py;
 # a test whose system could not be installed skips, saying why.
