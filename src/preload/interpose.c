@@ -93,11 +93,8 @@ MLP_EXPORT int listen(int fd, int backlog)
 static int mlp_accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flags)
 {
     int r = mlp_real_accept4(fd, addr, len, flags);
-    /* A listener received over SCM_RIGHTS is published at its first accept (not from a signal
-     * handler of ours, which may have interrupted this thread inside the locks that publishing
-     * takes; nor in a vfork child, whose memory is its parent's) */
-    if (r >= 0 && !mlp_inside && ml_unlikely(!mlp_fd_is_ours(fd)) && !mlp_vfork_child() &&
-        !mlp_sig_in_handler()) {
+    /* A listener received over SCM_RIGHTS is published at its first accept (negotiate.c) */
+    if (r >= 0 && !mlp_inside && ml_unlikely(!mlp_fd_is_ours(fd))) {
         int saved = errno;
         mlp_accept_received(fd);
         errno = saved;

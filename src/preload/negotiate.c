@@ -1341,7 +1341,18 @@ static void mlp_received_publish(int fd, const char *when)
     (void)mlp_on_listen(fd);
 }
 
-void mlp_accept_received(int fd) { mlp_received_publish(fd, "its first accept"); }
+/* An accept on fd, not ours: the mark looked at first (memory only: no system call for the
+ * accepts of a listener that is not a received one); not from a signal handler of ours, which
+ * may have interrupted this thread inside the locks that publishing takes, nor in a vfork child,
+ * whose memory is its parent's. */
+void mlp_accept_received(int fd)
+{
+    struct mlp_fdrec *rec = mlp_fdrec(fd);
+    if (ml_likely(!rec || !ml_load_relaxed(&rec->received)) || mlp_sig_in_handler() ||
+        mlp_vfork_child())
+        return;
+    mlp_received_publish(fd, "its first accept");
+}
 
 /* Our credentials changed and the fabric is out of reach (cred.c): no client may offer on a
  * port we listen on, since we may be the one that accepts.  Through the mappings we made before:
