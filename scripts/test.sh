@@ -52,6 +52,9 @@ suite() { # build dir, label, stress count
         *) run "$label$(basename "$t")" "$t" ;;
         esac
     done
+    # The native API's full-barrier path too (the asymmetric barrier is its default where the
+    # kernel offers membarrier; the preload always keeps the full barrier).
+    run "${label}tripwire-lost-wakeup MEMLAN_FENCE=1" env MEMLAN_FENCE=1 "$b/tests/tripwire-lost-wakeup"
     run "${label}example pingpong" "$b/examples/pingpong" 20000
     run "${label}example stream" "$b/examples/stream" 128
     run "${label}example zerocopy" "$b/examples/zerocopy"

@@ -47,6 +47,74 @@ static uint64_t ml_pow2_up(uint64_t v)
     return p;
 }
 
+/* ---- the asymmetric barrier (design.md, "The asymmetric barrier") ------------------------- */
+
+#ifndef MEMBARRIER_CMD_QUERY
+#define MEMBARRIER_CMD_QUERY 0
+#endif
+#define ML_MB_GLOBAL_EXPEDITED          (1 << 1)
+#define ML_MB_REGISTER_GLOBAL_EXPEDITED (1 << 2)
+
+/* 0: not tried; 1: registered (ring.h); -1: off (preload, MEMLAN_FENCE=1, refused). */
+_Atomic int __ml_mb_on;
+
+/* The preload never makes the barrier: it lives in programs that may confine themselves with a
+ * seccomp filter that kills for membarrier (sshd's), and it cannot know when they will. */
+void __ml_mb_off(void) { ml_store_relaxed(&__ml_mb_on, -1); }
+
+static void ml_mb_child(void)
+{
+    /* Registration belongs to the address space; a fork child registers its own (a second
+     * registration is harmless), or falls back to the full barrier. */
+    if (ml_load_relaxed(&__ml_mb_on) > 0 &&
+        __ml_sys_membarrier(ML_MB_REGISTER_GLOBAL_EXPEDITED) != 0)
+        ml_store_relaxed(&__ml_mb_on, -1);
+}
+
+/* Whether this process's waiters make the barrier: tried once, at the first channel. */
+static bool ml_mb_enable(void)
+{
+    int v = ml_load_relaxed(&__ml_mb_on);
+    if (ml_likely(v != 0))
+        return v > 0;
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    pthread_mutex_lock(&mu);
+    if ((v = ml_load_relaxed(&__ml_mb_on)) == 0) {
+        const char *e = getenv("MEMLAN_FENCE");
+        if (e && *e && strcmp(e, "0") != 0 && strcmp(e, "1") != 0)
+            __ml_env_say_bad(ML_ENV_FENCE, "MEMLAN_FENCE", e, "0 or 1",
+                             "0 (the asymmetric barrier where the kernel offers it)");
+        int q = __ml_sys_membarrier(MEMBARRIER_CMD_QUERY);
+        v = -1;
+        if (!(e && strcmp(e, "1") == 0) && q > 0 && (q & ML_MB_GLOBAL_EXPEDITED) &&
+            (q & ML_MB_REGISTER_GLOBAL_EXPEDITED) &&
+            __ml_sys_membarrier(ML_MB_REGISTER_GLOBAL_EXPEDITED) == 0) {
+            v = 1;
+            pthread_atfork(NULL, NULL, ml_mb_child);
+        }
+        ml_store_relaxed(&__ml_mb_on, v);
+    }
+    pthread_mutex_unlock(&mu);
+    return v > 0;
+}
+
+/* A waiter that declared the barrier makes it after arming.  If the kernel refuses it (a
+ * seccomp filter installed since, with an error), the declaration is taken back and the
+ * channel's sleeps are bounded (1 ms) from then on: a publication that read the declaration
+ * before it went may still come without a barrier. */
+void __ml_mb_barrier(struct memlan_channel *ch)
+{
+    if (ml_likely(!ml_load_relaxed(&ch->mb)))
+        return;
+    if (__ml_sys_membarrier(ML_MB_GLOBAL_EXPEDITED) == 0)
+        return;
+    ml_store_relaxed(&ch->mb, false);
+    ml_store_relaxed(&ch->mb_lost, true);
+    ml_store_relaxed(&ch->rx.ctl->rx_mb, 0u);
+    ml_store_relaxed(&ch->tx.ctl->tx_mb, 0u);
+    ml_fence();
+}
+
 /* Say which cpu we wait on (1 + cpu; a hint for the peer's spin policy).  Written only when it
  * changed: the word shares the line of our tripwire, which the peer reads after every publish,
  * and each store would take that line away from it. */
@@ -108,6 +176,14 @@ static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, 
     uint32_t cpu = (uint32_t)(__ml_getcpu() + 1);
     ml_note_cpu(&ch->rx.ctl->rx_cpu, cpu);
     ml_note_cpu(&ch->tx.ctl->tx_cpu, cpu);
+    /* Declare, before we can arm, whether our waits make the asymmetric barrier: the peer's
+     * publications toward us may then leave out theirs (ring.h, ml_ring_nofence).  Written
+     * either way: a pooled file's words were the last attacher's (ml_chan_reset zeroes them
+     * too). */
+    bool mb = ml_mb_enable();
+    ml_store_relaxed(&ch->mb, mb);
+    ml_store_relaxed(&ch->rx.ctl->rx_mb, mb ? 1u : 0u);
+    ml_store_relaxed(&ch->tx.ctl->tx_mb, mb ? 1u : 0u);
 }
 
 /* A new channel's header, once its segment exists: the geometry and our side. */
@@ -909,12 +985,15 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
          * (poll or epoll in another thread) may be armed on the same word. */
         ml_fetch_or(word, ML_WAIT_FUTEX);
         ml_fence(); /* SYNC: pairs with the fence in __ml_chan_wake() */
+        __ml_mb_barrier(ch); /* SYNC: F1', for a peer that publishes without a barrier */
         if (ready(ch, arg)) {
             ml_fetch_and(word, ~ML_WAIT_FUTEX);
             return 0;
         }
         uint64_t now = __ml_now_ns();
         int64_t tmo = every;
+        if (ml_unlikely(ml_load_relaxed(&ch->mb_lost)) && tmo > 1000000)
+            tmo = 1000000; /* see __ml_mb_barrier() */
         if (every < (int64_t)ML_LIVENESS_MAX_NS)
             every = every * 2 < (int64_t)ML_LIVENESS_MAX_NS ? every * 2 : ML_LIVENESS_MAX_NS;
         if (deadline) {
@@ -1207,6 +1286,7 @@ bool __ml_chan_arm_evq(struct memlan_channel *ch, uint32_t events)
     if (events & MEMLAN_EV_WRITE)
         ml_fetch_or(&ch->tx.ctl->tx_wait, bit);
     ml_fence(); /* SYNC: pairs with the fence in __ml_chan_wake() */
+    __ml_mb_barrier(ch); /* SYNC: F1', for a peer that publishes without a barrier */
     /* Read-only: the arming thread need not hold the directions (see __ml_chan_rx_avail_ro). */
     return ((events & MEMLAN_EV_READ) && ml_rx_ready_ro(ch)) ||
            ((events & MEMLAN_EV_WRITE) && ml_tx_ready_ro(ch));
@@ -1246,14 +1326,16 @@ static int ml_tx_error(struct memlan_channel *ch)
 
 static inline void ml_tx_publish(struct memlan_channel *ch, uint64_t n)
 {
-    ml_ring_produce(&ch->tx, n);
+    ml_ring_produce(&ch->tx, n, ml_ring_nofence(&ch->tx.ctl->rx_mb));
     ch->bytes_tx += n;
     __ml_chan_wake_rmw(ch, &ch->tx.ctl->rx_wait, ch->tx_refs->rx);
 }
 
 /* The wake-up check owed for stream bytes published (or released) by ml_ring_produce (or
  * ml_ring_consume) without one: the seq_cst exchange that published them is the barrier F1 needs,
- * and any later seq_cst load of the tripwire still follows it. */
+ * and any later seq_cst load of the tripwire still follows it (with nofence, the compiler
+ * barrier after the store keeps the load after it, and the waiter's membarrier does the rest:
+ * F1'). */
 static inline void ml_tx_wake_pending(struct memlan_channel *ch, uint64_t *unwoken)
 {
     if (*unwoken) {
@@ -1349,7 +1431,7 @@ ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags
         if (n > chunk)
             n = chunk;
         memcpy(ml_ring_at(&ch->tx, ch->tx.pos), src + done, n);
-        ml_ring_produce(&ch->tx, n);
+        ml_ring_produce(&ch->tx, n, ml_ring_nofence(&ch->tx.ctl->rx_mb));
         ch->bytes_tx += n;
         unwoken += n;
         done += n;
@@ -1477,7 +1559,7 @@ static int ml_rx_empty(struct memlan_channel *ch, int flags)
 
 static inline void ml_rx_release(struct memlan_channel *ch, uint64_t n)
 {
-    ml_ring_consume(&ch->rx, n);
+    ml_ring_consume(&ch->rx, n, ml_ring_nofence(&ch->rx.ctl->tx_mb));
     ch->bytes_rx += n;
     __ml_chan_wake_rmw(ch, &ch->rx.ctl->tx_wait, ch->rx_refs->tx);
 }
@@ -1558,7 +1640,7 @@ static ssize_t ml_recv(memlan_channel_t *ch, uint8_t *dst, size_t len, int flags
             if (n > chunk)
                 n = chunk;
             memcpy(dst + done, ml_ring_at(&ch->rx, ch->rx.pos), n);
-            ml_ring_consume(&ch->rx, n);
+            ml_ring_consume(&ch->rx, n, ml_ring_nofence(&ch->rx.ctl->tx_mb));
             ch->bytes_rx += n;
             *unwoken += n;
             done += n;

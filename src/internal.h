@@ -185,7 +185,7 @@ void __ml_spin_init(void);
 /* fabric.c: a bad setting the core reads (one ML_ENV_* bit), said once on stderr with the
  * default used, unless MEMLAN_QUIET or the preload library, which says the whole environment
  * itself, is loaded. */
-enum { ML_ENV_SPIN_US = 1, ML_ENV_FABRIC_CREATE = 2 };
+enum { ML_ENV_SPIN_US = 1, ML_ENV_FABRIC_CREATE = 2, ML_ENV_FENCE = 4 };
 void __ml_env_say_bad(unsigned which, const char *name, const char *value, const char *want,
                       const char *def);
 /* The preload has checked the environment and said what was wrong: the core says nothing more. */

@@ -61,17 +61,43 @@ static inline int64_t ml_ring_free(struct ml_ring *r, uint64_t want)
     return (int64_t)(r->size - (r->pos - t));
 }
 
-/* Producer: publish n more bytes. */
-static inline void ml_ring_produce(struct ml_ring *r, uint64_t n)
+/*
+ * The asymmetric barrier (docs/design.md, "The asymmetric barrier").  > 0: this process is
+ * registered for membarrier's global expedited barrier, so a waiter that makes that barrier
+ * after arming orders our publishing store before our later load of its tripwire, and a
+ * publication toward such a waiter needs no full barrier of its own.  0 or < 0: every
+ * publication makes one (the preload sets it < 0, and so does MEMLAN_FENCE=1: channel.c).
+ */
+extern _Atomic int __ml_mb_on;
+
+/* Whether a publication may leave out the full barrier: we are registered, and the waiter on
+ * the other side declared (decl, a word in its tripwire's line, which the wake check reads
+ * next anyway) that it makes the barrier.  A peer that declares and does not only loses its
+ * own wake-ups. */
+static inline bool ml_ring_nofence(_Atomic uint32_t *decl)
+{
+    return atomic_load_explicit(&__ml_mb_on, memory_order_relaxed) > 0 &&
+           atomic_load_explicit(decl, memory_order_relaxed) == 1;
+}
+
+/* Producer: publish n more bytes; nofence: see ml_ring_nofence(). */
+static inline void ml_ring_produce(struct ml_ring *r, uint64_t n, bool nofence)
 {
     r->pos += n;
     atomic_store_explicit(atomic_load_explicit(&r->pub, memory_order_relaxed), r->pos, memory_order_relaxed); /* before head: never ahead */
     /* SYNC: pairs with the acquire load of head in ml_ring_avail(): the bytes written below the
-     * new head are visible to the consumer before the head that covers them.  The store is a
-     * seq_cst exchange, a full barrier, so that the load of the consumer's tripwire that follows
-     * in __ml_chan_wake_rmw() cannot pass it (the Dekker handshake F1): on x86 one locked
-     * instruction instead of a store and an mfence. */
-    (void)atomic_exchange_explicit(&r->ctl->head, r->pos, memory_order_seq_cst);
+     * new head are visible to the consumer before the head that covers them.  Without nofence
+     * the store is a seq_cst exchange, a full barrier, so that the load of the consumer's
+     * tripwire that follows in __ml_chan_wake_rmw() cannot pass it (the Dekker handshake F1):
+     * on x86 one locked instruction instead of a store and an mfence.  With nofence it is a
+     * release store, and the compiler barrier keeps that load after it in program order; the
+     * consumer's membarrier after arming stands in for the hardware barrier (F1'). */
+    if (nofence) {
+        atomic_store_explicit(&r->ctl->head, r->pos, memory_order_release);
+        atomic_signal_fence(memory_order_seq_cst);
+    } else {
+        (void)atomic_exchange_explicit(&r->ctl->head, r->pos, memory_order_seq_cst);
+    }
 }
 
 /* Consumer: readable bytes, reloading head only when fewer than want are known.  -1 if corrupt. */
@@ -96,14 +122,19 @@ static inline int64_t ml_ring_avail(struct ml_ring *r, uint64_t want)
     return (int64_t)(h - r->pos);
 }
 
-/* Consumer: free n bytes. */
-static inline void ml_ring_consume(struct ml_ring *r, uint64_t n)
+/* Consumer: free n bytes; nofence: see ml_ring_nofence(). */
+static inline void ml_ring_consume(struct ml_ring *r, uint64_t n, bool nofence)
 {
     r->pos += n;
     atomic_store_explicit(atomic_load_explicit(&r->pub, memory_order_relaxed), r->pos, memory_order_relaxed); /* ordered by the exchange */
     /* SYNC: pairs with the acquire load of tail in ml_ring_free(); a full barrier too, for the
-     * producer's tripwire (see ml_ring_produce()). */
-    (void)atomic_exchange_explicit(&r->ctl->tail, r->pos, memory_order_seq_cst);
+     * producer's tripwire (see ml_ring_produce()), unless nofence (F1'). */
+    if (nofence) {
+        atomic_store_explicit(&r->ctl->tail, r->pos, memory_order_release);
+        atomic_signal_fence(memory_order_seq_cst);
+    } else {
+        (void)atomic_exchange_explicit(&r->ctl->tail, r->pos, memory_order_seq_cst);
+    }
 }
 
 static inline uint8_t *ml_ring_at(const struct ml_ring *r, uint64_t idx)

@@ -109,10 +109,16 @@ struct ml_ring_ctl {
     _Alignas(ML_CACHELINE) _Atomic uint64_t tail;     /* consumer's line */
     _Alignas(ML_CACHELINE) _Atomic uint32_t rx_wait;  /* consumer's tripwire */
     _Atomic uint32_t rx_cpu;                          /* consumer's cpu when it last waited */
-    uint32_t unused_rx[10];   /* was the one event-queue reference (version 3): ml_chan_refs */
+    /* 1: the consumer makes a membarrier (global, expedited) after arming rx_wait and before its
+     * re-check, so the producer may publish without a full barrier ("The asymmetric barrier" in
+     * docs/design.md).  Written by the consumer's side when it binds; 0 in a file that an older
+     * library wrote, which only keeps the barrier. */
+    _Atomic uint32_t rx_mb;
+    uint32_t unused_rx[9];    /* was the one event-queue reference (version 3): ml_chan_refs */
     _Alignas(ML_CACHELINE) _Atomic uint32_t tx_wait;  /* producer's tripwire */
     _Atomic uint32_t tx_cpu;                          /* producer's cpu when it last waited */
-    uint32_t unused_tx[10];
+    _Atomic uint32_t tx_mb;   /* the same for the producer's arming of tx_wait (room) */
+    uint32_t unused_tx[9];
     /* Counters, written only by their own side; for memlan stat. */
     _Alignas(ML_CACHELINE) _Atomic uint64_t wakeups;  /* system calls made to wake the consumer */
     _Atomic uint64_t sleeps;                          /* times the consumer went to sleep */

@@ -323,6 +323,16 @@ int __ml_sys_futex_wait(_Atomic uint32_t *word, uint32_t expect, int64_t timeout
     return (int)r;
 }
 
+int __ml_sys_membarrier(int cmd)
+{
+#ifdef SYS_membarrier
+    return (int)SYS_CALL(SYS_membarrier, cmd, 0, 0);
+#else
+    (void)cmd;
+    return -ENOSYS;
+#endif
+}
+
 int __ml_sys_futex_wake(_Atomic uint32_t *word, int n)
 {
     return (int)SYS_CALL(SYS_futex, (uint32_t *)word, FUTEX_WAKE, n, NULL, NULL, 0);

@@ -47,6 +47,8 @@ int __ml_sys_lock_range(int fd, off_t start, off_t len); /* a write lock, never 
 /* futex on a word in shared memory (never FUTEX_PRIVATE: the waker is another process). */
 int __ml_sys_futex_wait(_Atomic uint32_t *word, uint32_t expect, int64_t timeout_ns);
 int __ml_sys_futex_wake(_Atomic uint32_t *word, int n);
+/* membarrier(2): cmd with flags 0; 0 or the command's result (QUERY: a mask), or -errno. */
+int __ml_sys_membarrier(int cmd);
 /* Is the socket fd (still the one whose inode is ino) past its peer's FIN or reset?  1 yes,
  * 0 no, negative errno when it cannot tell (fd closed or reused, the call refused).  Never waits. */
 int __ml_sys_socket_hup(int fd, uint64_t ino);
