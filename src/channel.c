@@ -62,57 +62,89 @@ _Atomic int __ml_mb_on;
  * seccomp filter that kills for membarrier (sshd's), and it cannot know when they will. */
 void __ml_mb_off(void) { ml_store_relaxed(&__ml_mb_on, -1); }
 
-static void ml_mb_child(void)
-{
-    /* Registration belongs to the address space; a fork child registers its own (a second
-     * registration is harmless), or falls back to the full barrier. */
-    if (ml_load_relaxed(&__ml_mb_on) > 0 &&
-        __ml_sys_membarrier(ML_MB_REGISTER_GLOBAL_EXPEDITED) != 0)
-        ml_store_relaxed(&__ml_mb_on, -1);
-}
-
-/* Whether this process's waiters make the barrier: tried once, at the first channel. */
+/* Whether this process may skip the publisher's barrier: decided once, at the first channel.
+ * MEMLAN_FENCE=1 makes no system call at all (a program confined by a filter that kills for
+ * membarrier sets it).  No lock: two threads that race here both query and register (a second
+ * registration is harmless) and the first to publish its answer wins, so a fork in the middle
+ * leaves the child nothing held.  Registration belongs to the address space and a fork child
+ * inherits it (exec drops it, and our state with it), so a child registers nothing again: one
+ * that confined itself after its parent's first channel must not be killed for a call it does
+ * not need. */
 static bool ml_mb_enable(void)
 {
     int v = ml_load_relaxed(&__ml_mb_on);
     if (ml_likely(v != 0))
         return v > 0;
-    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-    pthread_mutex_lock(&mu);
-    if ((v = ml_load_relaxed(&__ml_mb_on)) == 0) {
-        const char *e = getenv("MEMLAN_FENCE");
-        if (e && *e && strcmp(e, "0") != 0 && strcmp(e, "1") != 0)
-            __ml_env_say_bad(ML_ENV_FENCE, "MEMLAN_FENCE", e, "0 or 1",
-                             "0 (the asymmetric barrier where the kernel offers it)");
+    const char *e = getenv("MEMLAN_FENCE");
+    if (e && *e && strcmp(e, "0") != 0 && strcmp(e, "1") != 0)
+        __ml_env_say_bad(ML_ENV_FENCE, "MEMLAN_FENCE", e, "0 or 1",
+                         "0 (the asymmetric barrier where the kernel offers it)");
+    v = -1;
+    if (!(e && strcmp(e, "1") == 0)) {
         int q = __ml_sys_membarrier(MEMBARRIER_CMD_QUERY);
-        v = -1;
-        if (!(e && strcmp(e, "1") == 0) && q > 0 && (q & ML_MB_GLOBAL_EXPEDITED) &&
-            (q & ML_MB_REGISTER_GLOBAL_EXPEDITED) &&
-            __ml_sys_membarrier(ML_MB_REGISTER_GLOBAL_EXPEDITED) == 0) {
+        if (q > 0 && (q & ML_MB_GLOBAL_EXPEDITED) && (q & ML_MB_REGISTER_GLOBAL_EXPEDITED) &&
+            __ml_sys_membarrier(ML_MB_REGISTER_GLOBAL_EXPEDITED) == 0)
             v = 1;
-            pthread_atfork(NULL, NULL, ml_mb_child);
-        }
-        ml_store_relaxed(&__ml_mb_on, v);
     }
-    pthread_mutex_unlock(&mu);
+    int z = 0;
+    if (!atomic_compare_exchange_strong(&__ml_mb_on, &z, v))
+        return z > 0; /* decided meanwhile (another thread, or the preload's -1) */
     return v > 0;
 }
 
-/* A waiter that declared the barrier makes it after arming.  If the kernel refuses it (a
- * seccomp filter installed since, with an error), the declaration is taken back and the
- * channel's sleeps are bounded (1 ms) from then on: a publication that read the declaration
- * before it went may still come without a barrier. */
-void __ml_mb_barrier(struct memlan_channel *ch)
+/* A waiter's declaration policy, before it arms a tripwire of ring r (decl: our declaration
+ * word for that tripwire): on while the ring moved at least ML_MB_OPS_PER_ARM of our operations
+ * since we last armed one of its tripwires (a stream of messages, where the barrier the peer
+ * leaves out per publication costs more than ours per sleep), off otherwise (one message per
+ * sleep, as a request and its reply: a barrier per sleep would cost that round trip a system
+ * call on each side).  Never on where this process may not make the barrier.  A change bumps
+ * the sequence in the word's upper bits, so that an acknowledgement of an earlier "off" is never
+ * taken for this one. */
+#define ML_MB_OPS_PER_ARM 16u
+
+static void ml_mb_policy(struct memlan_channel *ch, struct ml_ring *r, _Atomic uint32_t *decl)
 {
-    if (ml_likely(!ml_load_relaxed(&ch->mb)))
+    uint64_t n = r->ops - r->ops_at_arm;
+    r->ops_at_arm = r->ops;
+    bool on = n >= ML_MB_OPS_PER_ARM && ml_load_relaxed(&__ml_mb_on) > 0 &&
+              !ml_load_relaxed(&ch->mb_lost);
+    uint32_t d = ml_load_relaxed(decl);
+    if (on != (bool)(d & 1))
+        ml_store_relaxed(decl, (((d >> 1) + 1) << 1) | (on ? 1u : 0u));
+}
+
+/* Between sleeps, every 64 operations on ring r: a side that moves messages without arming
+ * (a spinning receiver of a stream never sleeps) declares on as soon as it has made
+ * ML_MB_OPS_PER_ARM of them since it last armed.  Turning on is safe at any time: from then on
+ * our waits make the barrier. */
+static inline void ml_mb_busy(struct memlan_channel *ch, struct ml_ring *r, _Atomic uint32_t *decl)
+{
+    if (ml_likely((r->ops & 63) != 0) || r->ops - r->ops_at_arm < ML_MB_OPS_PER_ARM ||
+        ml_load_relaxed(&__ml_mb_on) <= 0 || ml_load_relaxed(&ch->mb_lost))
         return;
-    if (__ml_sys_membarrier(ML_MB_GLOBAL_EXPEDITED) == 0)
-        return;
-    ml_store_relaxed(&ch->mb, false);
+    uint32_t d = ml_load_relaxed(decl);
+    if (!(d & 1))
+        ml_store_relaxed(decl, (((d >> 1) + 1) << 1) | 1u);
+}
+
+/* After arming a tripwire (decl: our declaration word for it, ack: the peer's acknowledgement)
+ * and the fence, before the re-check: the barrier, unless our declaration is off and the peer
+ * has acknowledged it.  0, or -1 when the re-check alone cannot be trusted (the kernel refused
+ * the barrier: a seccomp filter installed since, with an error): the caller bounds its sleep
+ * (1 ms), and the channel never declares again. */
+int __ml_mb_wait_barrier(struct memlan_channel *ch, _Atomic uint32_t *decl, _Atomic uint32_t *ack)
+{
+    uint32_t d = ml_load_relaxed(decl);
+    /* SYNC: pairs with the release store of the acknowledgement in ml_ring_nofence(). */
+    if (ml_likely(!(d & 1)) && ml_load_acquire(ack) == d)
+        return 0;
+    if (ml_load_relaxed(&ch->mb_lost) == false &&
+        __ml_sys_membarrier(ML_MB_GLOBAL_EXPEDITED) == 0)
+        return 0;
     ml_store_relaxed(&ch->mb_lost, true);
-    ml_store_relaxed(&ch->rx.ctl->rx_mb, 0u);
-    ml_store_relaxed(&ch->tx.ctl->tx_mb, 0u);
-    ml_fence();
+    if (d & 1)
+        ml_store_relaxed(decl, (((d >> 1) + 1) << 1));
+    return -1;
 }
 
 /* Say which cpu we wait on (1 + cpu; a hint for the peer's spin policy).  Written only when it
@@ -176,14 +208,9 @@ static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, 
     uint32_t cpu = (uint32_t)(__ml_getcpu() + 1);
     ml_note_cpu(&ch->rx.ctl->rx_cpu, cpu);
     ml_note_cpu(&ch->tx.ctl->tx_cpu, cpu);
-    /* Declare, before we can arm, whether our waits make the asymmetric barrier: the peer's
-     * publications toward us may then leave out theirs (ring.h, ml_ring_nofence).  Written
-     * either way: a pooled file's words were the last attacher's (ml_chan_reset zeroes them
-     * too). */
-    bool mb = ml_mb_enable();
-    ml_store_relaxed(&ch->mb, mb);
-    ml_store_relaxed(&ch->rx.ctl->rx_mb, mb ? 1u : 0u);
-    ml_store_relaxed(&ch->tx.ctl->tx_mb, mb ? 1u : 0u);
+    /* The asymmetric barrier: register the process (once), and start with our declarations
+     * off, acknowledged by nobody yet (a new or reset file holds zeros, which match). */
+    (void)ml_mb_enable();
 }
 
 /* A new channel's header, once its segment exists: the geometry and our side. */
@@ -980,20 +1007,28 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
      * own instead, then ask, as a timeout would. */
     unsigned spurious = 0;
     _Atomic uint32_t nap_word = 0;
+    /* The asymmetric barrier of this tripwire: our declaration for it and the peer's
+     * acknowledgement (a wait for data on our receiving ring, or for room on our sending one). */
+    bool rxw = word == &ch->rx.ctl->rx_wait;
+    struct ml_ring *mr = rxw ? &ch->rx : &ch->tx;
+    _Atomic uint32_t *decl = rxw ? &ch->rx.ctl->rx_mb : &ch->tx.ctl->tx_mb;
+    _Atomic uint32_t *ack = rxw ? &ch->rx.ctl->rx_mb_ack : &ch->tx.ctl->tx_mb_ack;
+    ml_mb_policy(ch, mr, decl);
     for (;;) {
         /* Arm, fence, re-check: see the header comment.  Our bit only: an event-queue waiter
          * (poll or epoll in another thread) may be armed on the same word. */
         ml_fetch_or(word, ML_WAIT_FUTEX);
         ml_fence(); /* SYNC: pairs with the fence in __ml_chan_wake() */
-        __ml_mb_barrier(ch); /* SYNC: F1', for a peer that publishes without a barrier */
+        /* SYNC: F1', for a peer that publishes without a barrier */
+        bool bounded = __ml_mb_wait_barrier(ch, decl, ack) < 0;
         if (ready(ch, arg)) {
             ml_fetch_and(word, ~ML_WAIT_FUTEX);
             return 0;
         }
         uint64_t now = __ml_now_ns();
         int64_t tmo = every;
-        if (ml_unlikely(ml_load_relaxed(&ch->mb_lost)) && tmo > 1000000)
-            tmo = 1000000; /* see __ml_mb_barrier() */
+        if (ml_unlikely(bounded) && tmo > 1000000)
+            tmo = 1000000; /* see __ml_mb_wait_barrier() */
         if (every < (int64_t)ML_LIVENESS_MAX_NS)
             every = every * 2 < (int64_t)ML_LIVENESS_MAX_NS ? every * 2 : ML_LIVENESS_MAX_NS;
         if (deadline) {
@@ -1281,12 +1316,22 @@ bool __ml_chan_arm_evq(struct memlan_channel *ch, uint32_t events)
     /* Our bit only: a thread blocked in recv or send may sleep on the same word, and other
      * processes sharing the socket (fork) arm their own registration slots' bits. */
     uint32_t bit = ML_WAIT_EVQ_REF(ch->evq_ref);
-    if (events & MEMLAN_EV_READ)
+    if (events & MEMLAN_EV_READ) {
+        ml_mb_policy(ch, &ch->rx, &ch->rx.ctl->rx_mb);
         ml_fetch_or(&ch->rx.ctl->rx_wait, bit);
-    if (events & MEMLAN_EV_WRITE)
+    }
+    if (events & MEMLAN_EV_WRITE) {
+        ml_mb_policy(ch, &ch->tx, &ch->tx.ctl->tx_mb);
         ml_fetch_or(&ch->tx.ctl->tx_wait, bit);
+    }
     ml_fence(); /* SYNC: pairs with the fence in __ml_chan_wake() */
-    __ml_mb_barrier(ch); /* SYNC: F1', for a peer that publishes without a barrier */
+    /* SYNC: F1', for a peer that publishes without a barrier.  A refused barrier (-1) cannot be
+     * made up for here: the event queue's waiter sleeps on its own terms (a known gap, in
+     * design.md). */
+    if (events & MEMLAN_EV_READ)
+        (void)__ml_mb_wait_barrier(ch, &ch->rx.ctl->rx_mb, &ch->rx.ctl->rx_mb_ack);
+    if (events & MEMLAN_EV_WRITE)
+        (void)__ml_mb_wait_barrier(ch, &ch->tx.ctl->tx_mb, &ch->tx.ctl->tx_mb_ack);
     /* Read-only: the arming thread need not hold the directions (see __ml_chan_rx_avail_ro). */
     return ((events & MEMLAN_EV_READ) && ml_rx_ready_ro(ch)) ||
            ((events & MEMLAN_EV_WRITE) && ml_tx_ready_ro(ch));
@@ -1326,9 +1371,10 @@ static int ml_tx_error(struct memlan_channel *ch)
 
 static inline void ml_tx_publish(struct memlan_channel *ch, uint64_t n)
 {
-    ml_ring_produce(&ch->tx, n, ml_ring_nofence(&ch->tx.ctl->rx_mb));
+    ml_ring_produce(&ch->tx, n, ml_ring_nofence(&ch->tx, &ch->tx.ctl->rx_mb, &ch->tx.ctl->rx_mb_ack));
     ch->bytes_tx += n;
     __ml_chan_wake_rmw(ch, &ch->tx.ctl->rx_wait, ch->tx_refs->rx);
+    ml_mb_busy(ch, &ch->tx, &ch->tx.ctl->tx_mb);
 }
 
 /* The wake-up check owed for stream bytes published (or released) by ml_ring_produce (or
@@ -1431,7 +1477,8 @@ ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags
         if (n > chunk)
             n = chunk;
         memcpy(ml_ring_at(&ch->tx, ch->tx.pos), src + done, n);
-        ml_ring_produce(&ch->tx, n, ml_ring_nofence(&ch->tx.ctl->rx_mb));
+        ml_ring_produce(&ch->tx, n, ml_ring_nofence(&ch->tx, &ch->tx.ctl->rx_mb, &ch->tx.ctl->rx_mb_ack));
+        ml_mb_busy(ch, &ch->tx, &ch->tx.ctl->tx_mb);
         ch->bytes_tx += n;
         unwoken += n;
         done += n;
@@ -1559,9 +1606,10 @@ static int ml_rx_empty(struct memlan_channel *ch, int flags)
 
 static inline void ml_rx_release(struct memlan_channel *ch, uint64_t n)
 {
-    ml_ring_consume(&ch->rx, n, ml_ring_nofence(&ch->rx.ctl->tx_mb));
+    ml_ring_consume(&ch->rx, n, ml_ring_nofence(&ch->rx, &ch->rx.ctl->tx_mb, &ch->rx.ctl->tx_mb_ack));
     ch->bytes_rx += n;
     __ml_chan_wake_rmw(ch, &ch->rx.ctl->tx_wait, ch->rx_refs->tx);
+    ml_mb_busy(ch, &ch->rx, &ch->rx.ctl->rx_mb);
 }
 
 /*
@@ -1640,7 +1688,8 @@ static ssize_t ml_recv(memlan_channel_t *ch, uint8_t *dst, size_t len, int flags
             if (n > chunk)
                 n = chunk;
             memcpy(dst + done, ml_ring_at(&ch->rx, ch->rx.pos), n);
-            ml_ring_consume(&ch->rx, n, ml_ring_nofence(&ch->rx.ctl->tx_mb));
+            ml_ring_consume(&ch->rx, n, ml_ring_nofence(&ch->rx, &ch->rx.ctl->tx_mb, &ch->rx.ctl->tx_mb_ack));
+            ml_mb_busy(ch, &ch->rx, &ch->rx.ctl->rx_mb);
             ch->bytes_rx += n;
             *unwoken += n;
             done += n;

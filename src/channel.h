@@ -39,10 +39,9 @@ struct memlan_channel {
     uint64_t rx_tmo_ns, tx_tmo_ns; /* blocking recv / send give up after these (0 = never):
                                     * memlan_channel_set_timeout, or the socket layer's
                                     * SO_RCVTIMEO / SO_SNDTIMEO for its own waits */
-    /* Our waits make the asymmetric barrier after arming (declared in the rings' rx_mb and
-     * tx_mb); mb_lost: the kernel refused it once, and our sleeps are bounded since (channel.c,
-     * __ml_mb_barrier). */
-    _Atomic bool mb, mb_lost;
+    /* The kernel refused the asymmetric barrier once: we never declare it again, and a sleep
+     * that still needs it is bounded (channel.c, __ml_mb_wait_barrier). */
+    _Atomic bool mb_lost;
     bool shut_rd, shut_wr, peer_dead;
     bool peer_seen;           /* creator: the attached word once read 1 (see ml_peer_dead) */
     bool split;               /* the peer talks over the kernel socket: it decided TCP */
@@ -99,7 +98,7 @@ static inline void __ml_chan_wake_rmw(struct memlan_channel *ch, _Atomic uint32_
 
 bool __ml_chan_arm_evq(struct memlan_channel *ch, uint32_t events);
 void __ml_mb_off(void);
-void __ml_mb_barrier(struct memlan_channel *ch);
+int __ml_mb_wait_barrier(struct memlan_channel *ch, _Atomic uint32_t *decl, _Atomic uint32_t *ack);
 void __ml_chan_post_peer_refs(struct memlan_channel *ch);
 int __ml_chan_check_peer(struct memlan_channel *ch);
 void __ml_evq_post_local(struct memlan_evq *q, uint32_t index);

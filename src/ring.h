@@ -42,6 +42,11 @@ struct ml_ring {
      * layer's lock page: __ml_chan_pub_share). */
     _Atomic uint64_t *_Atomic pub;
     _Atomic uint64_t own_pub;
+    /* The asymmetric barrier (ml_ring_nofence, channel.c): the other side's declaration as we
+     * last read and acknowledged it; our publications on this ring, and their count when we
+     * last armed a tripwire of this ring (the declaration policy). */
+    uint32_t mb_seen;
+    uint64_t ops, ops_at_arm;
 };
 
 /* Producer: free bytes, reloading tail only when fewer than want are known free.  -1 if corrupt. */
@@ -70,20 +75,29 @@ static inline int64_t ml_ring_free(struct ml_ring *r, uint64_t want)
  */
 extern _Atomic int __ml_mb_on;
 
-/* Whether a publication may leave out the full barrier: we are registered, and the waiter on
- * the other side declared (decl, a word in its tripwire's line, which the wake check reads
- * next anyway) that it makes the barrier.  A peer that declares and does not only loses its
- * own wake-ups. */
-static inline bool ml_ring_nofence(_Atomic uint32_t *decl)
+/* Before a publication: the other side's waiter's declaration (decl, in the line of its
+ * tripwire, which the wake check reads next anyway), acknowledged in ack (a line of ours) when
+ * it changed, and whether this publication may leave out the full barrier: the waiter declared
+ * that it makes the barrier, and we are registered.  The acknowledgement is stored before this
+ * publication's own stores and after every earlier one's (release): a waiter that finds its
+ * "off" acknowledged knows that every publication made without a barrier is visible to it.  A
+ * peer that declares and does not make the barrier, or acknowledges falsely, only loses its own
+ * wake-ups. */
+static inline bool ml_ring_nofence(struct ml_ring *r, _Atomic uint32_t *decl, _Atomic uint32_t *ack)
 {
-    return atomic_load_explicit(&__ml_mb_on, memory_order_relaxed) > 0 &&
-           atomic_load_explicit(decl, memory_order_relaxed) == 1;
+    uint32_t d = atomic_load_explicit(decl, memory_order_relaxed);
+    if (__builtin_expect(d != r->mb_seen, 0)) {
+        r->mb_seen = d;
+        atomic_store_explicit(ack, d, memory_order_release);
+    }
+    return (d & 1) && atomic_load_explicit(&__ml_mb_on, memory_order_relaxed) > 0;
 }
 
 /* Producer: publish n more bytes; nofence: see ml_ring_nofence(). */
 static inline void ml_ring_produce(struct ml_ring *r, uint64_t n, bool nofence)
 {
     r->pos += n;
+    r->ops++;
     atomic_store_explicit(atomic_load_explicit(&r->pub, memory_order_relaxed), r->pos, memory_order_relaxed); /* before head: never ahead */
     /* SYNC: pairs with the acquire load of head in ml_ring_avail(): the bytes written below the
      * new head are visible to the consumer before the head that covers them.  Without nofence
@@ -126,6 +140,7 @@ static inline int64_t ml_ring_avail(struct ml_ring *r, uint64_t want)
 static inline void ml_ring_consume(struct ml_ring *r, uint64_t n, bool nofence)
 {
     r->pos += n;
+    r->ops++;
     atomic_store_explicit(atomic_load_explicit(&r->pub, memory_order_relaxed), r->pos, memory_order_relaxed); /* ordered by the exchange */
     /* SYNC: pairs with the acquire load of tail in ml_ring_free(); a full barrier too, for the
      * producer's tripwire (see ml_ring_produce()), unless nofence (F1'). */

@@ -106,13 +106,16 @@ struct ml_chan_refs {
 
 struct ml_ring_ctl {
     _Alignas(ML_CACHELINE) _Atomic uint64_t head;     /* producer's line */
+    _Atomic uint32_t rx_mb_ack;  /* the producer's copy of the last rx_mb it read (see rx_mb) */
     _Alignas(ML_CACHELINE) _Atomic uint64_t tail;     /* consumer's line */
+    _Atomic uint32_t tx_mb_ack;  /* the consumer's copy of the last tx_mb it read */
     _Alignas(ML_CACHELINE) _Atomic uint32_t rx_wait;  /* consumer's tripwire */
     _Atomic uint32_t rx_cpu;                          /* consumer's cpu when it last waited */
-    /* 1: the consumer makes a membarrier (global, expedited) after arming rx_wait and before its
-     * re-check, so the producer may publish without a full barrier ("The asymmetric barrier" in
-     * docs/design.md).  Written by the consumer's side when it binds; 0 in a file that an older
-     * library wrote, which only keeps the barrier. */
+    /* The consumer's declaration: (sequence << 1) | on.  on: it makes a membarrier (global,
+     * expedited) after arming rx_wait and before its re-check, so the producer may publish
+     * without a full barrier; off: it does not, once the producer has acknowledged this value
+     * in rx_mb_ack ("The asymmetric barrier" in docs/design.md).  0 in a new file, and in one
+     * an older library wrote, which keeps the barrier. */
     _Atomic uint32_t rx_mb;
     uint32_t unused_rx[9];    /* was the one event-queue reference (version 3): ml_chan_refs */
     _Alignas(ML_CACHELINE) _Atomic uint32_t tx_wait;  /* producer's tripwire */

@@ -1,26 +1,33 @@
 /* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* asym-barrier: the asymmetric barrier (design.md, "The asymmetric barrier").
- *   mode    where the kernel offers membarrier's global expedited barrier, both sides of a
- *           native channel declare it (rx_mb, tx_mb) and the process is registered; with
- *           MEMLAN_FENCE=1 (a child that sets it before its first channel) neither, and every
- *           publication keeps its full barrier.
- *   stream  messages at an irregular pace to a receiver that never spins (every empty look
- *           arms and sleeps), and the reverse (a sender that waits for room on a small ring):
- *           each message carries its send time, and none may arrive 90 ms or more after it
- *           was sent.  A lost wake-up leaves its waiter asleep until its liveness look (100 ms
- *           at first), with the message waiting.
+ *   mode    where the kernel offers membarrier's global expedited barrier the process registers
+ *           at its first channel; step by step (an event queue's arming runs the policy), a
+ *           receiver that sleeps for each message never declares the barrier, one that took
+ *           100 messages since its last sleep declares it at its next, the sender acknowledges
+ *           each change at its next publication, and a receiver that never sleeps declares
+ *           within 64 receives; a receiver of bursts in another process declares too.  With
+ *           MEMLAN_FENCE=1 (a child that sets it before its first channel) nothing registers
+ *           and nothing is declared.
+ *   late    messages in bursts and at irregular paces to a receiver that never spins (every
+ *           empty look arms and sleeps), through a small ring (the sender waits for room too):
+ *           each carries its send time, and none may arrive 90 ms or more after it was sent.
+ *           A lost wake-up leaves its waiter asleep until its liveness look (100 ms at first).
  *   litmus  the store-buffering pattern on a channel's own words, both processes released
  *           together n times: the producer publishes with ml_ring_produce(nofence) and loads
- *           the consumer's tripwire; the consumer arms it, fences, makes the barrier
- *           (__ml_mb_barrier) and looks for the bytes.  Neither seeing the other's store is a
- *           lost wake-up: it must never happen.  The same without the consumer's barrier is
- *           run first as a control and only reported: how often it happens there says how
- *           sharp the test is on this machine (2 to 7 in 200,000 on the project's VM: a barrier
- *           that stopped working would most likely show in the 100,000 with it). */
+ *           the consumer's tripwire; the consumer, its declaration on, arms, fences, makes the
+ *           barrier (__ml_mb_wait_barrier) and looks for the bytes.  Neither seeing the other's
+ *           store is a lost wake-up: it must never happen.  The same without the consumer's
+ *           barrier runs first as a control and is only reported: how often it happens there
+ *           says how sharp the test is on this machine (2 to 7 in 200,000 on the project's VM:
+ *           a barrier that stopped working would most likely show in the rounds with it). */
 #include "test.h"
 #include "channel.h"
 
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <stddef.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 
@@ -32,6 +39,14 @@ static bool kernel_offers(void)
     return q > 0 && (q & 2) && (q & 4);
 }
 
+/* Zeroed memory this process and its fork children share. */
+static void *shared(size_t n)
+{
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    ASSERT_TRUE(p != MAP_FAILED);
+    return p;
+}
+
 static void spin_ns(uint64_t ns)
 {
     uint64_t end = ml_test_now_ns() + ns;
@@ -39,31 +54,37 @@ static void spin_ns(uint64_t ns)
         ;
 }
 
-/* n messages a -> b at an irregular pace; returns how many arrived late (and the worst). */
-static int stream(memlan_fabric_t *fab, int n, uint32_t ring, int pace_ns, uint64_t *worst)
+struct late_sh {
+    int late, sleeps;
+    uint32_t rx_decl_seq, rx_decl_on_seen;
+    uint64_t worst;
+};
+
+/* n messages of size bytes a -> b, in bursts of burst with a pause of pause_ns after each, or
+ * (burst 1) a random pause below pause_ns after each.  Returns how many arrived late. */
+static int stream(memlan_fabric_t *fab, int n, uint32_t ring, int size, int burst, int pause_ns,
+                  struct late_sh *out)
 {
     memlan_channel_t *ch;
     struct memlan_channel_opts o = {.kind = MEMLAN_MSG, .ring_size = ring};
-    int *late = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    ASSERT_TRUE(late != MAP_FAILED);
-    uint64_t *w = (uint64_t *)(void *)(late + 2);
+    struct late_sh *sh = shared(4096);
     pid_t pid = ml_test_fork_peer(fab, &o, &ch);
     if (pid == 0) {
-        /* The receiver: never spins, so every empty look arms its tripwire and sleeps. */
         uint64_t stamp[128];
         for (int i = 0; i < n; i++) {
             ssize_t r = memlan_recv(ch, stamp, sizeof stamp, 0);
-            ASSERT_EQ(r, (ssize_t)sizeof stamp);
+            ASSERT_EQ(r, (ssize_t)size);
             uint64_t d = ml_test_now_ns() - stamp[0];
             ASSERT_EQ(stamp[1], (uint64_t)i);
             if (d >= LATE_NS)
-                late[0]++;
-            if (d > *w)
-                *w = d;
-            if ((i & 255) == 0 && pace_ns)
-                spin_ns((uint64_t)pace_ns * 64); /* let the ring fill: the sender waits for room */
+                sh->late++;
+            if (d > sh->worst)
+                sh->worst = d;
+            uint32_t decl = ml_load_relaxed(&ch->rx.ctl->rx_mb);
+            sh->rx_decl_seq = decl >> 1;
+            sh->rx_decl_on_seen |= decl & 1;
         }
-        late[1] = (int)ch->sleeps;
+        sh->sleeps = (int)ch->sleeps;
         memlan_channel_close(ch);
         _exit(0);
     }
@@ -72,18 +93,17 @@ static int stream(memlan_fabric_t *fab, int n, uint32_t ring, int pace_ns, uint6
     for (int i = 0; i < n; i++) {
         stamp[0] = ml_test_now_ns();
         stamp[1] = (uint64_t)i;
-        ASSERT_EQ(memlan_send(ch, stamp, sizeof stamp, 0), (ssize_t)sizeof stamp);
-        if (pace_ns)
-            spin_ns(ml_test_rand(&seed) % (uint64_t)pace_ns);
+        ASSERT_EQ(memlan_send(ch, stamp, (size_t)size, 0), (ssize_t)size);
+        if (burst > 1 && (i + 1) % burst == 0)
+            spin_ns((uint64_t)pause_ns);
+        else if (burst == 1 && pause_ns)
+            spin_ns(ml_test_rand(&seed) % (uint64_t)pause_ns);
     }
     ASSERT_EQ(ml_test_wait_child(pid), 0);
-    printf("  receiver slept %d times, sender %d times, %d wake-up calls\n", late[1],
-           (int)ch->sleeps, (int)ch->wakeups);
     memlan_channel_close(ch);
-    int r = late[0];
-    *worst = *w;
-    munmap(late, 4096);
-    return r;
+    *out = *sh;
+    munmap(sh, 4096);
+    return out->late;
 }
 
 struct litmus_sh {
@@ -98,18 +118,19 @@ static int litmus(memlan_fabric_t *fab, int n, bool barrier)
 {
     memlan_channel_t *ch;
     struct memlan_channel_opts o = {.kind = MEMLAN_STREAM, .ring_size = 4096};
-    struct litmus_sh *sh = mmap(NULL, sizeof *sh, PROT_READ | PROT_WRITE,
-                                MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-    ASSERT_TRUE(sh != MAP_FAILED);
+    struct litmus_sh *sh = shared(sizeof *sh);
     pid_t pid = ml_test_fork_peer(fab, &o, &ch);
     if (pid == 0) {
+        /* Declared on, as a receiver of a stream of messages would be. */
+        ml_store_relaxed(&ch->rx.ctl->rx_mb, 3u);
         for (int i = 1; i <= n; i++) {
             while (atomic_load(&sh->go) != i)
                 ;
             ml_fetch_or(&ch->rx.ctl->rx_wait, ML_WAIT_FUTEX);
             ml_fence();
             if (barrier)
-                __ml_mb_barrier(ch);
+                ASSERT_EQ(__ml_mb_wait_barrier(ch, &ch->rx.ctl->rx_mb, &ch->rx.ctl->rx_mb_ack),
+                          0);
             /* This iteration's 8 bytes, as a waiter's re-check looks (head reloaded when the
              * cached one does not cover them); whatever is there is consumed, so an earlier
              * iteration's late bytes never count for a later one. */
@@ -156,20 +177,170 @@ static int litmus(memlan_fabric_t *fab, int n, bool barrier)
     return both;
 }
 
-static void mode(memlan_fabric_t *fab, bool want)
+/* The declaration policy, step by step in one thread: b is in an event queue, so a receive
+ * that finds nothing arms b's tripwire there (as a poller's sleep would) and runs the policy. */
+static uint32_t arm_b(memlan_channel_t *b)
+{
+    char buf[64];
+    ASSERT_EQ(memlan_recv(b, buf, sizeof buf, MEMLAN_DONTWAIT), -EAGAIN);
+    return ml_load_relaxed(&b->rx.ctl->rx_mb);
+}
+
+static void policy(memlan_fabric_t *fab, bool offered)
 {
     memlan_channel_t *a, *b;
-    ASSERT_OK(memlan_channel_create(fab, NULL, &a));
+    struct memlan_channel_opts o = {.kind = MEMLAN_MSG, .ring_size = 65536};
+    ASSERT_OK(memlan_channel_create(fab, &o, &a));
     ASSERT_OK(memlan_channel_attach(fab, memlan_channel_token(a), &b));
-    ASSERT_EQ(ml_load_relaxed(&a->mb), want);
-    ASSERT_EQ(ml_load_relaxed(&b->mb), want);
-    ASSERT_EQ(ml_load_relaxed(&a->rx.ctl->rx_mb), want ? 1u : 0u);
-    ASSERT_EQ(ml_load_relaxed(&a->tx.ctl->tx_mb), want ? 1u : 0u);
-    ASSERT_EQ(ml_load_relaxed(&b->rx.ctl->rx_mb), want ? 1u : 0u);
-    ASSERT_EQ(ml_load_relaxed(&b->tx.ctl->tx_mb), want ? 1u : 0u);
-    ASSERT_EQ(ml_load_relaxed(&__ml_mb_on) > 0, want);
+    memlan_evq_t *q;
+    ASSERT_OK(memlan_evq_create(fab, 0, &q));
+    ASSERT_OK(memlan_evq_add(q, b, MEMLAN_EV_READ, b));
+    char buf[64] = {0};
+    /* One message per sleep, as a request and its reply: never declared. */
+    for (int i = 0; i < 100; i++) {
+        ASSERT_EQ(memlan_send(a, buf, 8, 0), 8);
+        ASSERT_EQ(memlan_recv(b, buf, sizeof buf, 0), 8);
+        ASSERT_EQ(arm_b(b), 0u);
+    }
+    /* 100 messages between two sleeps: on at the second sleep. */
+    for (int i = 0; i < 100; i++)
+        ASSERT_EQ(memlan_send(a, buf, 8, 0), 8);
+    for (int i = 0; i < 100; i++)
+        ASSERT_EQ(memlan_recv(b, buf, sizeof buf, 0), 8);
+    uint32_t d = arm_b(b);
+    ASSERT_EQ(d, offered ? 3u : 0u); /* sequence 1, on */
+    /* The sender reads it at its next publication and acknowledges it in its own line. */
+    ASSERT_EQ(memlan_send(a, buf, 8, 0), 8);
+    ASSERT_EQ(ml_load_relaxed(&a->tx.ctl->rx_mb_ack), d);
+    ASSERT_EQ(memlan_recv(b, buf, sizeof buf, 0), 8);
+    /* One message per sleep again: off (sequence 2), not acknowledged until the sender's next
+     * publication, which reads it and makes the full barrier. */
+    d = arm_b(b);
+    ASSERT_EQ(d, offered ? 4u : 0u);
+    if (offered)
+        ASSERT_NE(ml_load_relaxed(&b->rx.ctl->rx_mb_ack), d);
+    ASSERT_EQ(memlan_send(a, buf, 8, 0), 8);
+    ASSERT_EQ(ml_load_relaxed(&b->rx.ctl->rx_mb_ack), d);
+    ASSERT_EQ(memlan_recv(b, buf, sizeof buf, 0), 8);
+    /* A receiver that never sleeps (a spinning one) declares after 64 receives. */
+    for (int i = 0; i < 300; i++) {
+        ASSERT_EQ(memlan_send(a, buf, 8, 0), 8);
+        ASSERT_EQ(memlan_recv(b, buf, sizeof buf, 0), 8);
+    }
+    ASSERT_EQ(ml_load_relaxed(&b->rx.ctl->rx_mb) & 1u, offered ? 1u : 0u);
+    memlan_evq_close(q);
     memlan_channel_close(a);
     memlan_channel_close(b);
+}
+
+/* From here on membarrier fails with EPERM in this process (a seccomp filter). */
+static void refuse_membarrier(void)
+{
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_membarrier, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog p = {.len = sizeof f / sizeof f[0], .filter = f};
+    ASSERT_OK(prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0));
+    ASSERT_OK(prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &p));
+}
+
+struct path_sh {
+    _Atomic int sent, drain;
+};
+
+/* Each way a waiter arms, with its declaration on, must make the barrier: with membarrier
+ * refused from the arming on, the channel records the refusal (mb_lost), its declaration goes
+ * off, and the wait still ends with the data (the bounded sleep).  which: 0 a blocking recv's
+ * sleep, 1 a blocking send's wait for room, 2 an event queue's arming at EAGAIN. */
+static void barrier_path(memlan_fabric_t *fab, int which)
+{
+    memlan_channel_t *ch;
+    struct memlan_channel_opts o = {.kind = MEMLAN_MSG, .ring_size = 4096};
+    struct path_sh *sh = shared(sizeof *sh);
+    pid_t pid = ml_test_fork_peer(fab, &o, &ch);
+    char buf[64] = {0};
+    if (pid == 0) {
+        memlan_evq_t *q = NULL;
+        if (which == 2) {
+            ASSERT_OK(memlan_evq_create(fab, 0, &q));
+            ASSERT_OK(memlan_evq_add(q, ch, MEMLAN_EV_READ, ch));
+        }
+        if (which == 1) {
+            /* Fill our sending ring without waiting: the blocking send below waits for room
+             * with every one of those sends since its last wait. */
+            int k = 0;
+            while (memlan_send(ch, buf, sizeof buf, MEMLAN_DONTWAIT) == (ssize_t)sizeof buf)
+                k++;
+            ASSERT_GE(k, 20);
+        } else {
+            /* 40 messages taken without a wait in between. */
+            while (!atomic_load(&sh->sent))
+                ;
+            for (int i = 0; i < 40; i++)
+                ASSERT_EQ(memlan_recv(ch, buf, sizeof buf, MEMLAN_DONTWAIT), (ssize_t)sizeof buf);
+        }
+        refuse_membarrier();
+        atomic_store(&sh->drain, 1);
+        if (which == 0) {
+            ASSERT_EQ(memlan_recv(ch, buf, sizeof buf, 0), (ssize_t)sizeof buf);
+        } else if (which == 1) {
+            ASSERT_EQ(memlan_send(ch, buf, sizeof buf, 0), (ssize_t)sizeof buf);
+        } else {
+            ASSERT_EQ(memlan_recv(ch, buf, sizeof buf, MEMLAN_DONTWAIT), -EAGAIN);
+            struct memlan_event ev;
+            ASSERT_EQ(memlan_evq_wait(q, &ev, 1, 5000), 1);
+            ASSERT_EQ(memlan_recv(ch, buf, sizeof buf, MEMLAN_DONTWAIT), (ssize_t)sizeof buf);
+        }
+        ASSERT_TRUE(ml_load_relaxed(&ch->mb_lost));
+        _Atomic uint32_t *decl = which == 1 ? &ch->tx.ctl->tx_mb : &ch->rx.ctl->rx_mb;
+        ASSERT_EQ(ml_load_relaxed(decl) & 1u, 0u);
+        if (q)
+            memlan_evq_close(q);
+        memlan_channel_close(ch);
+        _exit(0);
+    }
+    ASSERT_OK(memlan_channel_wait_peer(ch, 10000));
+    if (which != 1) {
+        for (int i = 0; i < 40; i++)
+            ASSERT_EQ(memlan_send(ch, buf, sizeof buf, 0), (ssize_t)sizeof buf);
+        atomic_store(&sh->sent, 1);
+    }
+    while (!atomic_load(&sh->drain))
+        ;
+    usleep(30 * 1000); /* the waiter is asleep by now */
+    if (which == 1) {
+        for (int i = 0; i < 10; i++)
+            ASSERT_EQ(memlan_recv(ch, buf, sizeof buf, 0), (ssize_t)sizeof buf);
+    } else {
+        ASSERT_EQ(memlan_send(ch, buf, sizeof buf, 0), (ssize_t)sizeof buf);
+    }
+    ASSERT_EQ(ml_test_wait_child(pid), 0);
+    memlan_channel_close(ch);
+    munmap(sh, sizeof *sh);
+}
+
+static int late_runs(memlan_fabric_t *fab, int n, bool want_on)
+{
+    int late = 0;
+    struct late_sh r;
+    /* Bursts of 200 64 B messages into a 64 KiB ring: the receiver drains each burst, then
+     * sleeps, with 200 receives since its last sleep: it declares. */
+    late += stream(fab, n, 65536, 64, 200, 2000000 / 20, &r);
+    printf("  bursts: %d of %d late, worst %.3f ms, receiver slept %d times, declared %s "
+           "(sequence %u)\n", r.late, n, (double)r.worst / 1e6, r.sleeps,
+           r.rx_decl_on_seen ? "on" : "never", r.rx_decl_seq);
+    ASSERT_EQ(r.rx_decl_on_seen, want_on ? 1u : 0u);
+    /* 1 KiB records at irregular paces through a 16 KiB ring (15 records: the sender waits for
+     * room too); the publishing store waits behind the payload's lines in the store buffer. */
+    for (int k = 0; k < 3; k++) {
+        late += stream(fab, n, 16384, 1024, 1, k == 0 ? 0 : k == 1 ? 2000 : 20000, &r);
+        printf("  pace %d: %d of %d late, worst %.3f ms, receiver slept %d times\n", k, r.late,
+               n, (double)r.worst / 1e6, r.sleeps);
+    }
+    return late;
 }
 
 int main(int argc, char **argv)
@@ -183,27 +354,39 @@ int main(int argc, char **argv)
     pid_t pid = fork();
     if (pid == 0) {
         setenv("MEMLAN_FENCE", "1", 1);
-        mode(fab, false);
+        ASSERT_EQ(late_runs(fab, n / 10, false), 0);
+        policy(fab, false);
+        ASSERT_TRUE(ml_load_relaxed(&__ml_mb_on) < 0);
+        printf("  (the above with MEMLAN_FENCE=1)\n");
+        fflush(stdout);
         _exit(0);
     }
     ASSERT_EQ(ml_test_wait_child(pid), 0);
-    mode(fab, offered);
-    int late = 0;
-    for (int k = 0; k < 3; k++) {
-        uint64_t worst = 0;
-        /* 1 KiB records (the publishing store waits behind the payload's lines in the store
-         * buffer, which widens the window a missing barrier leaves open) in a 16 KiB ring,
-         * which holds 15 of them: the sender waits for room too. */
-        int l = stream(fab, n, 16384, k == 0 ? 0 : k == 1 ? 2000 : 20000, &worst);
-        printf("  pace %d: %d of %d late, worst %.3f ms\n", k, l, n, (double)worst / 1e6);
-        late += l;
-    }
-    ASSERT_EQ(late, 0);
+    ASSERT_EQ(late_runs(fab, n, offered), 0);
+    ASSERT_EQ(ml_load_relaxed(&__ml_mb_on) > 0, offered);
+    policy(fab, offered);
     if (offered) {
-        int ctl = litmus(fab, 200000, false);
-        int with = litmus(fab, n, true);
-        printf("  litmus: without the consumer's barrier %d of 200000 missed each other (a "
-               "control), with it %d of %d\n", ctl, with, n);
+        for (int w = 0; w < 3; w++)
+            barrier_path(fab, w);
+        printf("  each arming path made the barrier (recorded its refusal)\n");
+        /* The control first, in rounds, until it has found 10 misses or spent 4 s; then the
+         * rounds with the barrier, enough that a barrier that did nothing would be expected
+         * to miss about 20 times (at most 8 s). */
+        long ctl_n = 0, ctl = 0, with_n = 0, with = 0;
+        uint64_t t = ml_test_now_ns();
+        while (ctl < 10 && ml_test_now_ns() - t < 4000000000ull) {
+            ctl += litmus(fab, 50000, false);
+            ctl_n += 50000;
+        }
+        long need = ctl ? 20 * ctl_n / ctl : n;
+        t = ml_test_now_ns();
+        while (with_n < need && ml_test_now_ns() - t < 8000000000ull) {
+            with += litmus(fab, 50000, true);
+            with_n += 50000;
+        }
+        printf("  litmus: without the consumer's barrier %ld of %ld missed each other (a "
+               "control), with it %ld of %ld (a barrier that did nothing: about %.0f expected)\n",
+               ctl, ctl_n, with, with_n, ctl_n ? (double)with_n * (double)ctl / (double)ctl_n : 0);
         ASSERT_EQ(with, 0);
     }
     ml_test_fabric_empty(fab);
