@@ -93,22 +93,37 @@ static bool ml_mb_enable(void)
 }
 
 /* A waiter's declaration policy, before it arms a tripwire of ring r (decl: our declaration
- * word for that tripwire): on while the ring moved at least ML_MB_OPS_PER_ARM of our operations
+ * word for that tripwire).  On once the ring moved at least ML_MB_OPS_PER_ARM of our operations
  * since we last armed one of its tripwires (a stream of messages, where the barrier the peer
- * leaves out per publication costs more than ours per sleep), off otherwise (one message per
- * sleep, as a request and its reply: a barrier per sleep would cost that round trip a system
- * call on each side).  Never on where this process may not make the barrier.  A change bumps
- * the sequence in the word's upper bits, so that an acknowledgement of an earlier "off" is never
- * taken for this one. */
+ * leaves out per publication costs more than ours per sleep); off after ML_MB_LOW_ARMS arms in
+ * a row with fewer than ML_MB_FEW_OPS each (one message per sleep, as a request and its reply:
+ * a barrier per sleep would cost each round trip a system call on each side).  Between the two,
+ * as it was: a receiver that keeps up with a stream sleeps after a few messages at times, and
+ * each change costs barriers until the publisher acknowledges it (flipping on every such sleep
+ * made 2,673 changes in 5 M messages).  Never on where this process may not make the barrier.
+ * A change bumps the sequence in the word's upper bits, so that an acknowledgement of an
+ * earlier "off" is never taken for this one. */
 #define ML_MB_OPS_PER_ARM 16u
+#define ML_MB_FEW_OPS     4u
+#define ML_MB_LOW_ARMS    4u
 
 static void ml_mb_policy(struct memlan_channel *ch, struct ml_ring *r, _Atomic uint32_t *decl)
 {
     uint64_t n = r->ops - r->ops_at_arm;
     r->ops_at_arm = r->ops;
-    bool on = n >= ML_MB_OPS_PER_ARM && ml_load_relaxed(&__ml_mb_on) > 0 &&
-              !ml_load_relaxed(&ch->mb_lost);
     uint32_t d = ml_load_relaxed(decl);
+    bool on = d & 1;
+    if (n >= ML_MB_OPS_PER_ARM) {
+        on = true;
+        r->mb_low = 0;
+    } else if (n < ML_MB_FEW_OPS) {
+        if (++r->mb_low >= ML_MB_LOW_ARMS)
+            on = false;
+    } else {
+        r->mb_low = 0;
+    }
+    if (ml_load_relaxed(&__ml_mb_on) <= 0 || ml_load_relaxed(&ch->mb_lost))
+        on = false;
     if (on != (bool)(d & 1))
         ml_store_relaxed(decl, (((d >> 1) + 1) << 1) | (on ? 1u : 0u));
 }

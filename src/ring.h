@@ -45,7 +45,7 @@ struct ml_ring {
     /* The asymmetric barrier (ml_ring_nofence, channel.c): the other side's declaration as we
      * last read and acknowledged it; our publications on this ring, and their count when we
      * last armed a tripwire of this ring (the declaration policy). */
-    uint32_t mb_seen;
+    uint32_t mb_seen, mb_low;
     uint64_t ops, ops_at_arm;
 };
 

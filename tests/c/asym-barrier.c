@@ -213,8 +213,14 @@ static void policy(memlan_fabric_t *fab, bool offered)
     ASSERT_EQ(memlan_send(a, buf, 8, 0), 8);
     ASSERT_EQ(ml_load_relaxed(&a->tx.ctl->rx_mb_ack), d);
     ASSERT_EQ(memlan_recv(b, buf, sizeof buf, 0), 8);
-    /* One message per sleep again: off (sequence 2), not acknowledged until the sender's next
-     * publication, which reads it and makes the full barrier. */
+    /* One message per sleep again: still on for three sleeps, off at the fourth (sequence 2),
+     * not acknowledged until the sender's next publication, which reads it and makes the full
+     * barrier. */
+    for (int i = 0; i < 3; i++) {
+        ASSERT_EQ(arm_b(b), offered ? 3u : 0u);
+        ASSERT_EQ(memlan_send(a, buf, 8, 0), 8);
+        ASSERT_EQ(memlan_recv(b, buf, sizeof buf, 0), 8);
+    }
     d = arm_b(b);
     ASSERT_EQ(d, offered ? 4u : 0u);
     if (offered)
@@ -371,18 +377,18 @@ int main(int argc, char **argv)
         printf("  each arming path made the barrier (recorded its refusal)\n");
         /* The control first, in rounds, until it has found 10 misses or spent 4 s; then the
          * rounds with the barrier, enough that a barrier that did nothing would be expected
-         * to miss about 20 times (at most 8 s). */
+         * to miss about 20 times (at most 6 s). */
         long ctl_n = 0, ctl = 0, with_n = 0, with = 0;
         uint64_t t = ml_test_now_ns();
-        while (ctl < 10 && ml_test_now_ns() - t < 4000000000ull) {
-            ctl += litmus(fab, 50000, false);
-            ctl_n += 50000;
+        while (ctl < 10 && ml_test_now_ns() - t < 3000000000ull) {
+            ctl += litmus(fab, 20000, false);
+            ctl_n += 20000;
         }
         long need = ctl ? 20 * ctl_n / ctl : n;
         t = ml_test_now_ns();
-        while (with_n < need && ml_test_now_ns() - t < 8000000000ull) {
-            with += litmus(fab, 50000, true);
-            with_n += 50000;
+        while (with_n < need && ml_test_now_ns() - t < 6000000000ull) {
+            with += litmus(fab, 10000, true);
+            with_n += 10000;
         }
         printf("  litmus: without the consumer's barrier %ld of %ld missed each other (a "
                "control), with it %ld of %ld (a barrier that did nothing: about %.0f expected)\n",
