@@ -120,6 +120,8 @@ struct mlp_sock {
     _Atomic bool lock_broken;     /* a direction lock said ENOTRECOVERABLE (said once) */
     struct mlp_member *epm;       /* its epoll memberships (poll.c, under its lock) */
     struct mlp_pwreg *pw;         /* threads asleep in poll/select on it (poll.c, mlp_pw_mu) */
+    _Atomic int lent;             /* references lent to a thread's waiter (mlp_pwait.held) by
+                                   * polls asleep on its futex (poll.c, mlp_poll_fork_drop) */
     struct mlp_ep *_Atomic home_ep; /* poll.c: the one epoll set it is in, whose own queue it
                                      * should post to; NULL: the process's queue (mlp_epmu) */
     struct mlp_ep *qep;           /* poll.c: the set whose queue its channel is in now, NULL for

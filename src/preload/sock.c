@@ -41,6 +41,7 @@ int mlp_flush_unsent(struct mlp_sock *s, int fd, bool block);
 void mlp_negotiate_after_fork(void);
 void mlp_poll_after_fork(void);
 void mlp_poll_forget(struct mlp_sock *s);
+void mlp_poll_fork_drop(struct mlp_sock *s);
 void mlp_poll_at_exit(void);
 void mlp_negotiate_at_exit(void);
 
@@ -1570,6 +1571,11 @@ void mlp_after_fork_child(void)
         if (!s)
             continue;
         pthread_mutex_init(&s->mu, NULL);
+        /* What the parent's other threads' waits lent it (they do not exist here), for a socket
+         * we hold (counted above): its only other references are ours, which the fd table
+         * keeps, so the puts are never its last. */
+        if (s->type == MLP_CONN && s->fork_gen == mlp_fork_gen)
+            mlp_poll_fork_drop(s);
         if (atomic_load(&s->locks) == &s->own_locks) {
             /* Private locks are not shared with the parent: a thread of the parent's that held
              * one does not exist here. */
