@@ -43,6 +43,8 @@ struct memlan_channel {
      * tx_mb); mb_lost: the kernel refused it once, and our sleeps are bounded since (channel.c,
      * __ml_mb_barrier). */
     _Atomic bool mb, mb_lost;
+    uint32_t rx_lowat;        /* the socket layer's SO_RCVLOWAT: the bytes that make the
+                               * receive side ready to a waiter (0 or 1: any byte) */
     bool shut_rd, shut_wr, peer_dead;
     bool peer_seen;           /* creator: the attached word once read 1 (see ml_peer_dead) */
     bool split;               /* the peer talks over the kernel socket: it decided TCP */
@@ -157,5 +159,6 @@ bool __ml_chan_ready_ro(struct memlan_channel *ch, int dir, uint64_t want);
 int __ml_chan_wait_ro_slice(struct memlan_channel *ch, int dir, uint64_t want, uint64_t deadline,
                             uint64_t slice);
 void __ml_chan_kick_tx(struct memlan_channel *ch);
+bool __ml_chan_rx_at_mark_ro(const struct memlan_channel *ch);
 
 #endif

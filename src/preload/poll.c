@@ -561,7 +561,8 @@ static int mlp_revents(struct mlp_sock *s, int fd)
     bool dead = ch->peer_dead;
     bool rd_done = ps != ML_SIDE_OPEN || dead || ch->rd_eof_when_empty;
     int rev = 0;
-    if (rd_done || __ml_chan_rx_avail_ro(ch) != 0) /* -1: cannot tell, let recv look */
+    /* The bytes of SO_RCVLOWAT, or cannot tell (let recv look), or the end. */
+    if (rd_done || __ml_chan_rx_at_mark_ro(ch))
         rev |= POLLIN | POLLRDNORM;
     if (rd_done)
         rev |= POLLRDHUP;

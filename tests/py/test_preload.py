@@ -529,6 +529,26 @@ def test_fork_while_a_thread_sleeps_in_poll(fabric, tmp_path):
     settle(fabric)
 
 
+RCVLOWAT = BUILD / "tests-preload" / "rcvlowat"
+
+
+def test_rcvlowat_matches_kernel(fabric, tmp_path):
+    """SO_RCVLOWAT 10, set on the listener, on the accepted socket and on the client's socket
+    before connect: poll, select and epoll (level and edge) report nothing with 4 bytes queued
+    and EPOLLIN with 10; a blocking recv waits for the mark's bytes, a nonblocking one takes
+    what is there; a poll and an epoll_wait asleep wake at once when the mark comes down; the
+    end below the mark is readable: as over kernel TCP, line for line.  Before, any byte made
+    an accelerated socket readable and a blocking recv returned it ("poll 1 0x1" with 4 bytes,
+    "recv of 256, 4 then 6 bytes come: 4")."""
+    plain, under, text = scripted(RCVLOWAT, tmp_path)
+    assert plain.stdout.endswith("done, peer 0\n"), plain.stdout + plain.stderr
+    assert "4 bytes queued: poll 0 0, select 0, epoll 0 0" in plain.stdout, plain.stdout
+    assert "within 50 ms: no" not in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (client)") == 3, text
+    settle(fabric)
+
+
 RESETCONF = BUILD / "tests-preload" / "resetconf"
 
 
