@@ -1190,9 +1190,26 @@ int64_t __ml_chan_tx_free_ro(const struct memlan_channel *ch)
     return -1;
 }
 
+/*
+ * Are there bytes to read at the receive mark (the socket layer's SO_RCVLOWAT), or can we not
+ * tell (go and look)?  Read-only.  As the kernel's TCP: a socket is readable to poll, select and
+ * epoll, and a blocked recv is woken, only once the mark's bytes are queued (or at the end of the
+ * stream, which the callers look at); a recv that finds some returns them (sock.c).  The mark is
+ * at most the ring: a full ring is readable, since its sender can add nothing (the kernel grows
+ * its receive buffer for the mark instead, and wakes a reader when it cannot).
+ */
+bool __ml_chan_rx_at_mark_ro(const struct memlan_channel *ch)
+{
+    int64_t a = __ml_chan_rx_avail_ro(ch);
+    if (a <= 0)
+        return a != 0;
+    uint64_t mark = ch->rx_lowat < ch->rx.size ? ch->rx_lowat : ch->rx.size;
+    return (uint64_t)a >= mark;
+}
+
 static bool ml_rx_ready_ro(struct memlan_channel *ch)
 {
-    if (__ml_chan_rx_avail_ro(ch) != 0) /* data, or cannot tell: either way, go and look */
+    if (__ml_chan_rx_at_mark_ro(ch)) /* data, or cannot tell: either way, go and look */
         return true;
     return ml_peer_state(ch) != ML_SIDE_OPEN || ch->peer_dead || ch->shut_rd ||
            ch->rd_eof_when_empty ||
@@ -1812,8 +1829,7 @@ int memlan_channel_poll(memlan_channel_t *ch)
     uint32_t ps = ml_peer_state(ch);
     /* Read-only (see __ml_chan_rx_avail_ro): the event queue's collect asks this of channels
      * that other threads may be sending or receiving on.  -1: cannot tell, go and look. */
-    int64_t a = __ml_chan_rx_avail_ro(ch);
-    if (a != 0 || ps != ML_SIDE_OPEN || ch->shut_rd)
+    if (__ml_chan_rx_at_mark_ro(ch) || ps != ML_SIDE_OPEN || ch->shut_rd)
         ev |= MEMLAN_EV_READ;
     if (ps != ML_SIDE_OPEN)
         ev |= MEMLAN_EV_HUP;
@@ -1970,7 +1986,8 @@ uint64_t __ml_chan_tx_queued(struct memlan_channel *ch)
 /* Did the peer leave bytes we sent unread (the kernel would answer its close with a reset)? */
 bool __ml_chan_peer_left_unread(struct memlan_channel *ch) { return __ml_chan_tx_queued(ch) != 0; }
 
-/* Wake a thread of ours blocked in recv (after shutdown(SHUT_RD) from another thread). */
+/* Wake a thread of ours blocked in recv (after shutdown(SHUT_RD) from another thread, or a lower
+ * SO_RCVLOWAT). */
 void __ml_chan_kick_rx(struct memlan_channel *ch)
 {
     if (ml_fetch_and(&ch->rx.ctl->rx_wait, ~ML_WAIT_FUTEX) & ML_WAIT_FUTEX)

@@ -42,6 +42,8 @@ struct memlan_channel {
     /* The kernel refused the asymmetric barrier once: we never declare it again, and a sleep
      * that still needs it is bounded (channel.c, __ml_mb_wait_barrier). */
     _Atomic bool mb_lost;
+    uint32_t rx_lowat;        /* the socket layer's SO_RCVLOWAT: the bytes that make the
+                               * receive side ready to a waiter (0 or 1: any byte) */
     bool shut_rd, shut_wr, peer_dead;
     bool peer_seen;           /* creator: the attached word once read 1 (see ml_peer_dead) */
     bool split;               /* the peer talks over the kernel socket: it decided TCP */
@@ -156,5 +158,6 @@ bool __ml_chan_ready_ro(struct memlan_channel *ch, int dir, uint64_t want);
 int __ml_chan_wait_ro_slice(struct memlan_channel *ch, int dir, uint64_t want, uint64_t deadline,
                             uint64_t slice);
 void __ml_chan_kick_tx(struct memlan_channel *ch);
+bool __ml_chan_rx_at_mark_ro(const struct memlan_channel *ch);
 
 #endif

@@ -852,6 +852,8 @@ MLP_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_
     }
     if (level == SOL_SOCKET && name == SO_LINGER)
         mlp_note_linger(fd, val, len);
+    if (level == SOL_SOCKET && name == SO_RCVLOWAT)
+        mlp_note_lowat(fd, val, len);
     struct mlp_sock *s = mlp_conn(fd);
     if (s) {
         mlp_setsockopt(s, level, name, val, len);

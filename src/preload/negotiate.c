@@ -29,6 +29,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <ifaddrs.h>
 #include <linux/futex.h>
@@ -605,6 +606,33 @@ void mlp_note_linger(int fd, const void *val, socklen_t len)
         ml_store_relaxed(&rec->linger0, on);
 }
 
+/* SO_RCVLOWAT as the kernel takes it (sock_setsockopt): a negative value is INT_MAX, 0 is 1. */
+uint32_t mlp_lowat_value(const void *val)
+{
+    int v;
+    memcpy(&v, val, sizeof v);
+    return v < 0 ? (uint32_t)INT_MAX : v == 0 ? 1u : (uint32_t)v;
+}
+
+/* SO_RCVLOWAT set on an fd, kept for the channel it may get (the socket's, or those accepted from
+ * a listener, which inherit it as the kernel's do); an accelerated socket's own is its channel's
+ * (sock.c, mlp_setsockopt). */
+void mlp_note_lowat(int fd, const void *val, socklen_t len)
+{
+    if (len < sizeof(int))
+        return;
+    uint32_t v = mlp_lowat_value(val);
+    struct mlp_fdrec *rec = v > 1 ? mlp_fdrec_make(fd) : mlp_fdrec(fd);
+    if (rec)
+        ml_store_relaxed(&rec->rcvlowat, v > 1 ? v : 0u);
+}
+
+static uint32_t mlp_lowat_of(int fd)
+{
+    struct mlp_fdrec *rec = mlp_fdrec(fd);
+    return rec ? ml_load_relaxed(&rec->rcvlowat) : 0u;
+}
+
 static uint32_t mlp_linger_flag(int fd)
 {
     struct mlp_fdrec *rec = mlp_fdrec(fd);
@@ -620,6 +648,8 @@ void mlp_bufhint_clear(int fd)
         ml_store_relaxed(&rec->linger0, (uint8_t)0);
     if (ml_load_relaxed(&rec->received))
         ml_store_relaxed(&rec->received, (uint8_t)0);
+    if (ml_load_relaxed(&rec->rcvlowat))
+        ml_store_relaxed(&rec->rcvlowat, 0u);
     if (ml_load_relaxed(&rec->bufhint[0]) || ml_load_relaxed(&rec->bufhint[1])) {
         ml_store_relaxed(&rec->bufhint[0], 0u);
         ml_store_relaxed(&rec->bufhint[1], 0u);
@@ -1886,6 +1916,7 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, cons
         return -ENOMEM;
     }
     s->ch = ch;
+    ch->rx_lowat = mlp_lowat_of(fd);
     s->side = 0;
     s->me = mlp_side_block(ch, 0);
     ml_store_relaxed(&s->me->holders, 1u);
@@ -2316,6 +2347,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
         return;
     }
     s->ch = ch;
+    ch->rx_lowat = mlp_lowat_of(lfd); /* the listener's, inherited as the kernel's is */
     s->side = 1;
     s->me = mlp_side_block(ch, 1);
     ml_store_relaxed(&s->me->holders, 1u);
@@ -2372,6 +2404,10 @@ void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *tok
     mlp_sock_liveness(ch, fds[0]);
     ch->rd_eof_when_empty = (flags & MLP_CARRY_RD_EOF) != 0;
     ch->shut_rd = (flags & MLP_CARRY_SHUT_RD) != 0;
+    int lw = 0;
+    socklen_t lwl = sizeof lw;
+    if (mlp_real_getsockopt(fds[0], SOL_SOCKET, SO_RCVLOWAT, &lw, &lwl) == 0 && lw > 1)
+        ch->rx_lowat = (uint32_t)lw; /* the kernel socket's, as the image before us set it */
     struct mlp_addr l, r;
     bool have = mlp_sock_addrs(fds[0], &l, &r, NULL, 0) == 0;
     s->slot = mlp_proc_slot();

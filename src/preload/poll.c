@@ -254,6 +254,8 @@ static bool mlp_lock_left(pthread_mutex_t *m)
 static bool mlp_pw_unregister_some(struct mlp_pwait *w, bool left)
 {
     struct mlp_sock *h = w->held;
+    if (h)
+        atomic_fetch_sub(&h->lent, 1); /* before held goes (mlp_poll_fork_drop) */
     w->held = NULL; /* first: a jump between the two leaks it, never puts it twice */
     if (h)
         mlp_put(h); /* outside mlp_pw_mu: the last put may destroy the socket */
@@ -477,6 +479,47 @@ static void mlp_pw_wake(struct mlp_sock *s)
     pthread_mutex_unlock(&mlp_pw_mu);
 }
 
+/*
+ * In a fork child (sock.c, mlp_after_fork_child), for each socket the child was counted a holder
+ * of: the waits of the parent's other threads (asleep in poll, select or a blocking call's long
+ * sleep as it forked) left it registrations and lent references, each a reference to the socket
+ * in the child's copy of the parent's memory, which nothing here would ever give back (their
+ * threads do not exist here): the child's close of the socket did not end its hold, so the
+ * connection did not end when the parent closed too, until the child exited
+ * (tests/preload/forkasleep.c).  They go now: the registrations are unlinked from the child's
+ * copy of the socket's list and the references put; the parent's own (its threads still asleep,
+ * their registrations with the event queue in the channel's shared page) are the parent's and
+ * untouched.  The forking thread's own waiter keeps what it has: a handler that forked may have
+ * interrupted its own poll, which gives them back when it returns.  Registrations are linked after
+ * their reference is taken and unlinked before it is put, and a lent reference is counted in
+ * s->lent after it is lent and uncounted before it is taken back, so what is found here is
+ * never more than is held: a wait caught in between at the fork leaves a reference behind (as
+ * before), never a put too many.
+ */
+void mlp_poll_fork_drop(struct mlp_sock *s)
+{
+    struct mlp_pwait *own = mlp_pw_self;
+    int drop = 0;
+    for (struct mlp_pwreg **pp = &s->pw; *pp;) {
+        struct mlp_pwreg *r = *pp;
+        if (r->w == own) {
+            pp = &r->next;
+            continue;
+        }
+        *pp = r->next;
+        r->s = NULL;
+        drop++;
+    }
+    int mine = own && own->held == s;
+    int lent = atomic_load(&s->lent) - mine;
+    if (lent > 0) {
+        atomic_store(&s->lent, mine);
+        drop += lent;
+    }
+    while (drop-- > 0)
+        mlp_put(s); /* never the last: the child's fd table holds it */
+}
+
 /* Our own shutdown ended what a thread of ours waits for: wake those asleep in poll, select or a
  * blocking call's long sleep (mlp_sock_sleep) on s.  shutdown may come from a handler that
  * interrupted its thread inside mlp_pw_mu: the lock is only tried, and when it is busy the
@@ -518,7 +561,8 @@ static int mlp_revents(struct mlp_sock *s, int fd)
     bool dead = ch->peer_dead;
     bool rd_done = ps != ML_SIDE_OPEN || dead || ch->rd_eof_when_empty;
     int rev = 0;
-    if (rd_done || __ml_chan_rx_avail_ro(ch) != 0) /* -1: cannot tell, let recv look */
+    /* The bytes of SO_RCVLOWAT, or cannot tell (let recv look), or the end. */
+    if (rd_done || __ml_chan_rx_at_mark_ro(ch))
         rev |= POLLIN | POLLRDNORM;
     if (rd_done)
         rev |= POLLRDHUP;
@@ -803,6 +847,7 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
              * the waiter, or the thread's end). */
             u.own = false;
             fw->held = socks[0];
+            atomic_fetch_add(&socks[0]->lent, 1); /* after held is set (mlp_poll_fork_drop) */
             uint64_t dl = timeout_ns < 0 ? UINT64_MAX : deadline;
             int r = __ml_chan_wait_ro_slice(socks[0]->ch, 0, 1, dl, mlp_now_ns() + MLP_SLICE_NS);
             /* poll is a cancellation point: a pthread_cancel whose signal interrupted the futex
@@ -811,6 +856,7 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
              * cancellable calls: then it acts at the slice's end, in the ppoll below.) */
             if (r == -EINTR && __ml_wait_hook)
                 (void)__ml_wait_hook();
+            atomic_fetch_sub(&socks[0]->lent, 1); /* before held goes (mlp_poll_fork_drop) */
             fw->held = NULL; /* then own again: a jump in between leaks it, never puts it twice */
             u.own = true;
             fw->busy = 0;

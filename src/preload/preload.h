@@ -120,6 +120,8 @@ struct mlp_sock {
     _Atomic bool lock_broken;     /* a direction lock said ENOTRECOVERABLE (said once) */
     struct mlp_member *epm;       /* its epoll memberships (poll.c, under its lock) */
     struct mlp_pwreg *pw;         /* threads asleep in poll/select on it (poll.c, mlp_pw_mu) */
+    _Atomic int lent;             /* references lent to a thread's waiter (mlp_pwait.held) by
+                                   * polls asleep on its futex (poll.c, mlp_poll_fork_drop) */
     struct mlp_ep *_Atomic home_ep; /* poll.c: the one epoll set it is in, whose own queue it
                                      * should post to; NULL: the process's queue (mlp_epmu) */
     struct mlp_ep *qep;           /* poll.c: the set whose queue its channel is in now, NULL for
@@ -158,6 +160,7 @@ struct mlp_fdrec {
     _Atomic int tcp_slot;            /* memlan stat line of a plain TCP connection + 1, or 0 */
     _Atomic uint8_t received;        /* came over SCM_RIGHTS: published at its first accept if
                                       * it is a listening TCP socket (mlp_accept_received) */
+    _Atomic uint32_t rcvlowat;       /* SO_RCVLOWAT set (above 1), for a channel to come */
 };
 struct mlp_fdrec *mlp_fdrec(int fd);      /* NULL: no record, nothing of ours */
 struct mlp_fdrec *mlp_fdrec_make(int fd); /* NULL only past the table or out of memory */
@@ -188,6 +191,8 @@ void mlp_own_fd_cloexec(int fd, bool cloexec);
 /* SO_RCVBUF/SO_SNDBUF set by the program size the rings (negotiate.c). */
 void mlp_note_bufsize(int fd, int name);
 void mlp_note_linger(int fd, const void *val, socklen_t len); /* SO_LINGER, before connecting */
+void mlp_note_lowat(int fd, const void *val, socklen_t len);  /* SO_RCVLOWAT, for a channel */
+uint32_t mlp_lowat_value(const void *val);                    /* SO_RCVLOWAT as the kernel's */
 struct ml_sock_side *mlp_side_block(memlan_channel_t *ch, int side);
 /* sock.c: 0 none, 1 a reset to report, 2 reported; probe: ask whether the peer died (syscalls) */
 int mlp_reset_state(struct mlp_sock *s, bool probe);

@@ -41,6 +41,7 @@ int mlp_flush_unsent(struct mlp_sock *s, int fd, bool block);
 void mlp_negotiate_after_fork(void);
 void mlp_poll_after_fork(void);
 void mlp_poll_forget(struct mlp_sock *s);
+void mlp_poll_fork_drop(struct mlp_sock *s);
 void mlp_poll_at_exit(void);
 void mlp_negotiate_at_exit(void);
 
@@ -1266,8 +1267,14 @@ ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     }
     /* MSG_WAITALL waits only on a blocking call: nonblocking (or MSG_DONTWAIT), the kernel
      * returns what is there once some arrived.  Between its waits another thread may read,
-     * as in the kernel (sk_wait_data releases the socket lock). */
+     * as in the kernel (sk_wait_data releases the socket lock).  A blocking call returns once
+     * it has the bytes of SO_RCVLOWAT (at most len; all of len with MSG_WAITALL), as TCP's
+     * (sock_rcvlowat); its waits end as the kernel's do, once the mark's bytes are queued
+     * (__ml_chan_rx_at_mark_ro), or at the end, a signal, the timeout (with what it has). */
     bool waitall = (flags & MSG_WAITALL) && !nb;
+    size_t target = waitall ? total : s->ch->rx_lowat > 1 ? s->ch->rx_lowat : 1;
+    if (target > total)
+        target = total;
     ssize_t done = 0, r;
     int i = 0;
     size_t off = 0;
@@ -1282,7 +1289,7 @@ ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
             if (ml_unlikely(atomic_load_explicit(&s->eagains, memory_order_relaxed)))
                 atomic_store_explicit(&s->eagains, 0, memory_order_relaxed);
             done += r;
-            if (!waitall || i == n)
+            if (nb || i == n || (size_t)done >= target)
                 break;
             continue;
         }
@@ -1290,7 +1297,7 @@ ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
             looked = true; /* the peer's end, found on the kernel socket: look again */
             continue;
         }
-        if (r != -EAGAIN || nb || (done && !waitall))
+        if (r != -EAGAIN || nb || (size_t)done >= target)
             break;
         if ((r = mlp_wait_dir(s, 0, 1, &dl)) < 0)
             break;
@@ -1380,6 +1387,18 @@ int mlp_setsockopt(struct mlp_sock *s, int level, int name, const void *val, soc
             atomic_fetch_or(&s->me->flags, ML_SOCK_LINGER0);
         else
             atomic_fetch_and(&s->me->flags, ~ML_SOCK_LINGER0);
+        return 0;
+    }
+    if (name == SO_RCVLOWAT && len >= sizeof(int)) {
+        uint32_t old = s->ch->rx_lowat;
+        s->ch->rx_lowat = mlp_lowat_value(val);
+        /* Lowered: what is queued may be enough now; the kernel wakes its waiters too
+         * (tcp_set_rcvlowat).  Ours: the ring's futex, and whoever waits through our queue. */
+        if (s->ch->rx_lowat < old && s->state == MLP_ACCEL && __ml_chan_rx_at_mark_ro(s->ch)) {
+            __ml_chan_kick_rx(s->ch);
+            if (s->ch->evq)
+                __ml_evq_post_local(s->ch->evq, s->ch->evq_index);
+        }
         return 0;
     }
     if (len < sizeof(struct timeval))
@@ -1570,6 +1589,11 @@ void mlp_after_fork_child(void)
         if (!s)
             continue;
         pthread_mutex_init(&s->mu, NULL);
+        /* What the parent's other threads' waits lent it (they do not exist here), for a socket
+         * we hold (counted above): its only other references are ours, which the fd table
+         * keeps, so the puts are never its last. */
+        if (s->type == MLP_CONN && s->fork_gen == mlp_fork_gen)
+            mlp_poll_fork_drop(s);
         if (atomic_load(&s->locks) == &s->own_locks) {
             /* Private locks are not shared with the parent: a thread of the parent's that held
              * one does not exist here. */

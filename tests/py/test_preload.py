@@ -510,6 +510,45 @@ def test_fork_child_poll_leaves_parent_woken(fabric, tmp_path):
     settle(fabric)
 
 
+FORKASLEEP = BUILD / "tests-preload" / "forkasleep"
+
+
+def test_fork_while_a_thread_sleeps_in_poll(fabric, tmp_path):
+    """A process forks while another of its threads sleeps in poll (or epoll_wait) on a
+    connection; the child closes its copy, the parent closes its own after the sleeper returned
+    (or before the child's close): the peer reads EOF within 1 s of the last close, and the
+    sleeper is still woken by each byte, as over kernel TCP.  Before, the child kept the
+    references of the registrations it inherited from the sleeping poll (a thread that does not
+    exist in it), so its close did not end its hold and the peer read no EOF while the child
+    lived ("peer: n" in both poll cases; the epoll_wait cases held nothing and passed)."""
+    plain, under, text = scripted(FORKASLEEP, tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert plain.stdout.count("peer: e") == 4 and "most waits: no" not in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (client)") == 4, text
+    settle(fabric)
+
+
+RCVLOWAT = BUILD / "tests-preload" / "rcvlowat"
+
+
+def test_rcvlowat_matches_kernel(fabric, tmp_path):
+    """SO_RCVLOWAT 10, set on the listener, on the accepted socket and on the client's socket
+    before connect: poll, select and epoll (level and edge) report nothing with 4 bytes queued
+    and EPOLLIN with 10; a blocking recv waits for the mark's bytes, a nonblocking one takes
+    what is there; a poll and an epoll_wait asleep wake at once when the mark comes down; the
+    end below the mark is readable: as over kernel TCP, line for line.  Before, any byte made
+    an accelerated socket readable and a blocking recv returned it ("poll 1 0x1" with 4 bytes,
+    "recv of 256, 4 then 6 bytes come: 4")."""
+    plain, under, text = scripted(RCVLOWAT, tmp_path)
+    assert plain.stdout.endswith("done, peer 0\n"), plain.stdout + plain.stderr
+    assert "4 bytes queued: poll 0 0, select 0, epoll 0 0" in plain.stdout, plain.stdout
+    assert "within 50 ms: no" not in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (client)") == 3, text
+    settle(fabric)
+
+
 RESETCONF = BUILD / "tests-preload" / "resetconf"
 
 
