@@ -1138,6 +1138,22 @@ def test_waits_left_by_siglongjmp_keep_nothing(fabric, tmp_path):
     settle(fabric)
 
 
+def test_calls_left_by_siglongjmp_or_cancel_keep_nothing(fabric, tmp_path):
+    """callleft: blocking recv, read, send and write left by a SIGALRM handler's siglongjmp or
+    by pthread_cancel (in the kernel socket's ppoll and on the ring's futex), then the program
+    closes each connection and the peer reads EOF, as over kernel TCP; accept left the same
+    ways; and a storm of jumps out of a receiving thread's calls (in the ring copy too), after
+    each of which another thread's nonblocking recv answers at once.  Before, each call kept its
+    reference to the socket ("peer: A no eof" for all six) and a jump out of the copy left the
+    receive lock held ("another thread's nonblocking recv is stuck")."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "callleft", tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "no eof" not in plain.stdout and "storm: jumped" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (accepted") == 8, text
+    settle(fabric)
+
+
 VFORKEXEC = BUILD / "tests-preload" / "vforkexec"
 
 
@@ -1291,3 +1307,4 @@ def test_listener_received_over_scm_rights_is_published(fabric, tmp_path):
     assert text.count("accelerated (client)") == 2 and text.count("accelerated (accepted") == 2, text
     assert "TCP (" not in text, text
     settle(fabric)
+
