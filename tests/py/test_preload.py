@@ -1308,3 +1308,21 @@ def test_listener_received_over_scm_rights_is_published(fabric, tmp_path):
     assert "TCP (" not in text, text
     settle(fabric)
 
+
+def test_listener_received_published_at_its_first_accept(fabric, tmp_path):
+    """fdpasslisten accept: the receiver never forks once it holds the received listener (its
+    client was forked before), so the socket is published at its first accept, not at a fork.
+    Sender alive: its record stands, the client offers, the receiver's first accept publishes
+    and takes the offer, and both connections are accelerated.  Sender gone: the first client
+    finds no record (TCP, as for any listener nobody published), the second finds the one the
+    first accept made.  (With mlp_accept_received disabled: no publication, and each client of
+    the alive case offered to a record whose only holder never accepts and waited
+    MEMLAN_ACCEPT_WAIT_MS: "connection 1 SLOW (over 1 s)".)"""
+    plain, under, text = scripted(FDPASSLISTEN, tmp_path, "accept")
+    assert plain.stdout.count("prompt") == 4 and plain.stdout.endswith("done\n"), plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    assert text.count("received over SCM_RIGHTS: published (its first accept)") == 2, text
+    assert "published (before a fork)" not in text, text
+    assert text.count("accelerated (client)") == 3 and text.count("accelerated (accepted") == 3, text
+    assert text.count("TCP (no memlan listener on this port") == 1, text
+    settle(fabric)
