@@ -131,7 +131,10 @@ bool mlp_fd_is_ours(int fd)
     return r && atomic_load_explicit(&r->sock, memory_order_relaxed);
 }
 
-struct mlp_sock *mlp_get(int fd)
+/* A reference to fd's socket (NULL: none).  slot (mlp_get_slot): the cleanup record of a call,
+ * written right after the count, so that a jump leaves at most the instruction between the two
+ * (a leak at worst, never a put of a reference not taken). */
+static inline struct mlp_sock *mlp_get_into(int fd, struct mlp_sock *volatile *slot)
 {
     struct mlp_fdrec *r = mlp_fdrec(fd);
     if (ml_likely(!r))
@@ -141,10 +144,21 @@ struct mlp_sock *mlp_get(int fd)
         if (ml_likely(!s))
             return NULL;
         atomic_fetch_add(&s->refs, 1);
+        if (slot)
+            *slot = s;
         if (atomic_load(&r->sock) == s)
             return s;
+        if (slot)
+            *slot = NULL;
         mlp_put(s); /* the fd changed under us: try again */
     }
+}
+
+struct mlp_sock *mlp_get(int fd) { return mlp_get_into(fd, NULL); }
+
+struct mlp_sock *mlp_get_slot(int fd, struct mlp_sock *volatile *slot)
+{
+    return mlp_get_into(fd, slot);
 }
 
 void mlp_put(struct mlp_sock *s)

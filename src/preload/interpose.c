@@ -50,6 +50,24 @@ static inline struct mlp_sock *mlp_conn(int fd)
     return s;
 }
 
+/* mlp_conn for a call that may block or take a direction's lock: its reference is named in c,
+ * whose cleanup gives it back if the call is left by a jump or a cancellation (sock.c,
+ * mlp_call_begin).  NULL: pass the call through (c is off again). */
+static inline struct mlp_sock *mlp_conn_call(int fd, struct mlp_call *c)
+{
+    if (ml_unlikely(!mlp_ready))
+        mlp_init();
+    if (mlp_inside || ml_likely(!mlp_fd_is_ours(fd)))
+        return NULL;
+    mlp_call_begin(c);
+    struct mlp_sock *s = mlp_get_slot(fd, &c->s);
+    if (ml_unlikely(s && s->type != MLP_CONN))
+        s = NULL;
+    if (!s)
+        mlp_call_end(c);
+    return s;
+}
+
 static inline ssize_t mlp_ret(ssize_t r)
 {
     if (r < 0) {
@@ -504,12 +522,13 @@ MLP_EXPORT int ioctl(int fd, unsigned long req, ...)
 
 static ssize_t mlp_read_call(int fd, void *buf, size_t len)
 {
-    struct mlp_sock *s = mlp_conn(fd);
+    struct mlp_call c;
+    struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))
         return mlp_real_read(fd, buf, len);
     struct iovec v = {buf, len};
     ssize_t r = mlp_recv(s, fd, &v, 1, 0);
-    mlp_put(s);
+    mlp_call_end(&c);
     return mlp_ret(r);
 }
 
@@ -520,12 +539,13 @@ MLP_EXPORT ssize_t read(int fd, void *buf, size_t len)
 
 static ssize_t mlp_write_call(int fd, const void *buf, size_t len)
 {
-    struct mlp_sock *s = mlp_conn(fd);
+    struct mlp_call c;
+    struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))
         return mlp_real_write(fd, buf, len);
     struct iovec v = {(void *)buf, len};
     ssize_t r = mlp_send(s, fd, &v, 1, 0);
-    mlp_put(s);
+    mlp_call_end(&c);
     return mlp_ret(r);
 }
 
@@ -536,32 +556,35 @@ MLP_EXPORT ssize_t write(int fd, const void *buf, size_t len)
 
 MLP_EXPORT ssize_t readv(int fd, const struct iovec *iov, int n)
 {
-    struct mlp_sock *s = mlp_conn(fd);
+    struct mlp_call c;
+    struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))
         return mlp_real_readv(fd, iov, n);
     ssize_t r = n < 0 || n > IOV_MAX ? -EINVAL : mlp_recv(s, fd, iov, n, 0);
-    mlp_put(s);
+    mlp_call_end(&c);
     return mlp_ret(r);
 }
 
 MLP_EXPORT ssize_t writev(int fd, const struct iovec *iov, int n)
 {
-    struct mlp_sock *s = mlp_conn(fd);
+    struct mlp_call c;
+    struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))
         return mlp_real_writev(fd, iov, n);
     ssize_t r = n < 0 || n > IOV_MAX ? -EINVAL : mlp_send(s, fd, iov, n, 0);
-    mlp_put(s);
+    mlp_call_end(&c);
     return mlp_ret(r);
 }
 
 static ssize_t mlp_recv_call(int fd, void *buf, size_t len, int flags)
 {
-    struct mlp_sock *s = mlp_conn(fd);
+    struct mlp_call c;
+    struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))
         return mlp_real_recv(fd, buf, len, flags);
     struct iovec v = {buf, len};
     ssize_t r = mlp_recv(s, fd, &v, 1, flags);
-    mlp_put(s);
+    mlp_call_end(&c);
     return mlp_ret(r);
 }
 
@@ -572,26 +595,28 @@ MLP_EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags)
 
 MLP_EXPORT ssize_t send(int fd, const void *buf, size_t len, int flags)
 {
-    struct mlp_sock *s = mlp_conn(fd);
+    struct mlp_call c;
+    struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))
         return mlp_real_send(fd, buf, len, flags);
     struct iovec v = {(void *)buf, len};
     ssize_t r = mlp_send(s, fd, &v, 1, flags);
-    mlp_put(s);
+    mlp_call_end(&c);
     return mlp_ret(r);
 }
 
 static ssize_t mlp_recvfrom_call(int fd, void *buf, size_t len, int flags, struct sockaddr *addr,
                             socklen_t *alen)
 {
-    struct mlp_sock *s = mlp_conn(fd);
+    struct mlp_call c;
+    struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))
         return mlp_real_recvfrom(fd, buf, len, flags, addr, alen);
     struct iovec v = {buf, len};
     ssize_t r = mlp_recv(s, fd, &v, 1, flags);
     if (r >= 0 && addr && alen && s->state != MLP_TCP)
         *alen = 0; /* a connected TCP socket reports no source address */
-    mlp_put(s);
+    mlp_call_end(&c);
     return mlp_ret(r);
 }
 
@@ -604,12 +629,13 @@ MLP_EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct soc
 MLP_EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags,
                           const struct sockaddr *addr, socklen_t alen)
 {
-    struct mlp_sock *s = mlp_conn(fd);
+    struct mlp_call c;
+    struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))
         return mlp_real_sendto(fd, buf, len, flags, addr, alen);
     struct iovec v = {(void *)buf, len};
     ssize_t r = mlp_send(s, fd, &v, 1, flags); /* TCP ignores the address */
-    mlp_put(s);
+    mlp_call_end(&c);
     return mlp_ret(r);
 }
 
@@ -627,7 +653,8 @@ static inline void mlp_after_recvmsg(const struct msghdr *msg)
 
 MLP_EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 {
-    struct mlp_sock *s = mlp_conn(fd);
+    struct mlp_call c;
+    struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s)) {
         ssize_t r = mlp_real_recvmsg(fd, msg, flags);
         if (r >= 0)
@@ -635,19 +662,20 @@ MLP_EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
         return r;
     }
     ssize_t r = mlp_recvmsg(s, fd, msg, flags);
-    mlp_put(s);
+    mlp_call_end(&c);
     return mlp_ret(r);
 }
 
 MLP_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
-    struct mlp_sock *s = mlp_conn(fd);
+    struct mlp_call c;
+    struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))
         return mlp_real_sendmsg(fd, msg, flags);
     ssize_t r = msg->msg_iovlen > IOV_MAX ? -EMSGSIZE
                                           : mlp_send(s, fd, msg->msg_iov, (int)msg->msg_iovlen,
                                                      flags);
-    mlp_put(s);
+    mlp_call_end(&c);
     return mlp_ret(r);
 }
 
@@ -658,7 +686,8 @@ MLP_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 MLP_EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags,
                         struct timespec *tmo)
 {
-    struct mlp_sock *s = mlp_conn(fd);
+    struct mlp_call c;
+    struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s)) {
         int r = mlp_real_recvmmsg(fd, v, n, flags, tmo);
         for (int i = 0; i < r; i++)
@@ -670,7 +699,7 @@ MLP_EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags,
     uint64_t end = 0;
     if (tmo) {
         if (tmo->tv_sec < 0 || tmo->tv_nsec < 0 || tmo->tv_nsec >= 1000000000) {
-            mlp_put(s);
+            mlp_call_end(&c);
             errno = EINVAL;
             return -1;
         }
@@ -697,7 +726,7 @@ MLP_EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags,
         if (r == 0)
             break; /* end of stream: the kernel's next entry would read 0 again; it stops */
     }
-    mlp_put(s);
+    mlp_call_end(&c);
     if (got)
         return (int)got;
     return (int)mlp_ret(r);
@@ -705,7 +734,8 @@ MLP_EXPORT int recvmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags,
 
 MLP_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
 {
-    struct mlp_sock *s = mlp_conn(fd);
+    struct mlp_call c;
+    struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))
         return mlp_real_sendmmsg(fd, v, n, flags);
     if (n > 1024)
@@ -720,7 +750,7 @@ MLP_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
             break;
         v[sent++].msg_len = (unsigned)r;
     }
-    mlp_put(s);
+    mlp_call_end(&c);
     if (sent)
         return (int)sent;
     return (int)mlp_ret(r);
@@ -732,7 +762,8 @@ MLP_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
 static ssize_t mlp_rwv2(bool wr, int fd, const struct iovec *iov, int n, off64_t off, int flags,
                         bool *handled)
 {
-    struct mlp_sock *s = mlp_conn(fd);
+    struct mlp_call c;
+    struct mlp_sock *s = mlp_conn_call(fd, &c);
     *handled = s != NULL;
     if (!s)
         return 0;
@@ -745,7 +776,7 @@ static ssize_t mlp_rwv2(bool wr, int fd, const struct iovec *iov, int n, off64_t
         r = -EOPNOTSUPP;
     else
         r = wr ? mlp_send(s, fd, iov, n, 0) : mlp_recv(s, fd, iov, n, 0);
-    mlp_put(s);
+    mlp_call_end(&c);
     return mlp_ret(r);
 }
 
@@ -785,8 +816,9 @@ MLP_EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int n, off64_t o
 MLP_EXPORT ssize_t splice(int in, off64_t *inoff, int out, off64_t *outoff, size_t len,
                           unsigned int flags)
 {
-    struct mlp_sock *si = mlp_conn(in);
-    struct mlp_sock *so = si ? NULL : mlp_conn(out);
+    struct mlp_call c;
+    struct mlp_sock *si = mlp_conn_call(in, &c);
+    struct mlp_sock *so = si ? NULL : mlp_conn_call(out, &c);
     if (ml_likely(!si && !so))
         return mlp_real_splice(in, inoff, out, outoff, len, flags);
     struct stat st;
@@ -804,37 +836,40 @@ MLP_EXPORT ssize_t splice(int in, off64_t *inoff, int out, off64_t *outoff, size
     else
         r = si ? mlp_splice_from(si, in, out, len, flags) : mlp_splice_to(so, out, in, len, flags);
     errno = saved;
-    mlp_put(si ? si : so);
+    mlp_call_end(&c);
     return mlp_ret(r);
 }
 
 MLP_EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t count)
 {
-    struct mlp_sock *s = mlp_conn(out);
+    struct mlp_call c;
+    struct mlp_sock *s = mlp_conn_call(out, &c);
     if (ml_likely(!s))
         return mlp_real_sendfile(out, in, off, count);
     ssize_t r = mlp_sendfile(s, out, in, off, count);
-    mlp_put(s);
+    mlp_call_end(&c);
     return mlp_ret(r);
 }
 
 MLP_EXPORT ssize_t sendfile64(int out, int in, off64_t *off, size_t count)
 {
-    struct mlp_sock *s = mlp_conn(out);
+    struct mlp_call c;
+    struct mlp_sock *s = mlp_conn_call(out, &c);
     if (ml_likely(!s))
         return (mlp_real_sendfile64 ? mlp_real_sendfile64 : mlp_real_sendfile)(out, in, off, count);
     ssize_t r = mlp_sendfile(s, out, in, off, count);
-    mlp_put(s);
+    mlp_call_end(&c);
     return mlp_ret(r);
 }
 
 MLP_EXPORT int shutdown(int fd, int how)
 {
-    struct mlp_sock *s = mlp_conn(fd);
+    struct mlp_call c;
+    struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))
         return mlp_real_shutdown(fd, how);
     int r = mlp_shutdown(s, fd, how);
-    mlp_put(s);
+    mlp_call_end(&c);
     return (int)mlp_ret(r);
 }
 

@@ -218,24 +218,9 @@ static __thread struct mlp_pwait *mlp_pw_self __attribute__((tls_model("initial-
  * it cannot give back now is marked (mlp_pwait.left) for the thread's next take.  Without
  * _pthread_cleanup_push (not glibc), a cancellation still runs the same cleanup (the -fexceptions
  * pthread_cleanup_push) and a jump leaves the wait for the thread's next take or its end.
+ * (mlp_left_push, preload.h; the calls that wait, recv and send, do the same: sock.c's
+ * mlp_call_begin.)
  */
-extern void _pthread_cleanup_push(struct _pthread_cleanup_buffer *b, void (*fn)(void *), void *a)
-    __attribute__((weak));
-extern void _pthread_cleanup_pop(struct _pthread_cleanup_buffer *b, int execute)
-    __attribute__((weak));
-
-static inline void mlp_left_push(struct _pthread_cleanup_buffer *b, void (*fn)(void *), void *a)
-{
-    if (_pthread_cleanup_push && _pthread_cleanup_pop)
-        _pthread_cleanup_push(b, fn, a);
-}
-
-static inline void mlp_left_pop(struct _pthread_cleanup_buffer *b)
-{
-    if (_pthread_cleanup_push && _pthread_cleanup_pop)
-        _pthread_cleanup_pop(b, 0);
-}
-
 /* Lock m from a cleanup: false if this very thread holds it (see above). */
 static bool mlp_lock_left(pthread_mutex_t *m)
 {

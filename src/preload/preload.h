@@ -180,6 +180,37 @@ bool mlp_fd_is_ours(int fd);                   /* quick test without a reference
 int mlp_fd_max(void);
 void mlp_fdtable_init(void);
 void mlp_sock_destroy(struct mlp_sock *s);     /* sock.c: when the last reference goes */
+
+/* A cleanup that glibc runs for the frames a longjmp, a siglongjmp or a cancellation's unwinding
+ * passes (poll.c, "waits left by a jump or a cancellation"); nothing without glibc's. */
+extern void _pthread_cleanup_push(struct _pthread_cleanup_buffer *b, void (*fn)(void *), void *a)
+    __attribute__((weak));
+extern void _pthread_cleanup_pop(struct _pthread_cleanup_buffer *b, int execute)
+    __attribute__((weak));
+
+static inline void mlp_left_push(struct _pthread_cleanup_buffer *b, void (*fn)(void *), void *a)
+{
+    if (_pthread_cleanup_push && _pthread_cleanup_pop)
+        _pthread_cleanup_push(b, fn, a);
+}
+
+static inline void mlp_left_pop(struct _pthread_cleanup_buffer *b)
+{
+    if (_pthread_cleanup_push && _pthread_cleanup_pop)
+        _pthread_cleanup_pop(b, 0);
+}
+
+/* A call on a connection (read, recv, write, send and their kin, splice, sendfile, shutdown):
+ * the interposer's reference to the socket, and the direction locks the call takes, are given
+ * back by its cleanup when a handler's siglongjmp or a cancellation leaves the call (sock.c). */
+struct mlp_call {
+    struct _pthread_cleanup_buffer buf;
+    struct mlp_sock *volatile s; /* the call's reference (NULL: given back) */
+    unsigned nheld;              /* the direction locks this thread held as the call began */
+};
+void mlp_call_begin(struct mlp_call *c);  /* the cleanup on; then the reference (mlp_get_slot) */
+void mlp_call_end(struct mlp_call *c);    /* the reference put, then the cleanup off */
+struct mlp_sock *mlp_get_slot(int fd, struct mlp_sock *volatile *slot); /* fdtable.c */
 /* Our own fds (segments, records, the log) live at high numbers and are remembered. */
 void mlp_own_fd(int *fdp, bool cloexec);
 void mlp_disown_fd(int fd);

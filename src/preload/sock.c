@@ -325,6 +325,76 @@ static void mlp_release_held(void *unused)
     }
 }
 
+/*
+ * A call on a connection that never returns: a signal handler siglongjmp()s out of it (wherever
+ * it was: asleep, waiting for a direction's lock, or copying with the lock held), or the thread is
+ * cancelled in one of its waits (recv, read, send and write are cancellation points).  Over
+ * kernel TCP the interrupted system call had ended before the handler ran, and nothing of it
+ * remained; here the call holds its reference to the socket (so the program's close did not end
+ * the connection: the peer never read EOF) and perhaps a direction's lock (every other thread,
+ * and every process sharing the socket after fork, then waited for it for ever).  The
+ * interposer registers a cleanup over the call (mlp_call_begin: glibc's _pthread_cleanup_push,
+ * whose buffers a longjmp's __pthread_cleanup_upto and a cancellation's unwinding run for the
+ * frames they pass) that gives back the locks the call took and then its reference.  A lock
+ * the call holds is given back as a section left by a jump is taken over (mlp_lock): the ring
+ * position it may have moved without publishing is reloaded (the copy it was making is
+ * abandoned, its bytes stay in the ring), then it is released.  A lock the jump caught inside
+ * glibc's lock or unlock is repaired first when it can be (mlp_lockop_repair), else its entry is
+ * left for this thread's next call, as before.  The cleanup runs in the handler's context; what it
+ * touches is this thread's own list, the lock words and the socket's reference count.
+ */
+static void mlp_call_left(void *arg)
+{
+    struct mlp_call *c = arg;
+    struct mlp_sock *s = c->s;
+    if (!s)
+        return;
+#ifdef __GLIBC__
+    int tid = -1;
+    while (mlp_nheld > c->nheld) {
+        unsigned i = mlp_nheld - 1;
+        if (i < MLP_HELD_MAX) {
+            pthread_mutex_t *m = mlp_held[i];
+            struct mlp_locks *l = atomic_load_explicit(&s->locks, memory_order_acquire);
+            bool robust = m != &s->own_locks.tx && m != &s->own_locks.rx;
+            if (mlp_lockop == m && (!robust || !mlp_lockop_repair(m)))
+                break; /* half-done inside glibc: left to this thread's next call (mlp_lock) */
+            if (tid < 0)
+                tid = (int)syscall(SYS_gettid);
+            if (m->__data.__owner == tid) {
+                if (l && s->ch && m == &l->tx)
+                    __ml_chan_resync_tx(s->ch);
+                else if (l && s->ch && m == &l->rx)
+                    __ml_chan_resync_rx(s->ch);
+                (void)pthread_mutex_unlock(m); /* mlp_lockop may name an outer call's */
+            }
+        }
+        mlp_nheld = i;
+    }
+#endif
+    c->s = NULL; /* first: a jump between the two leaks the reference, never puts it twice */
+    mlp_put(s);
+}
+
+/* The record goes on before the reference is taken and comes off after it is put, and names it
+ * only while it is held: a jump anywhere leaves at most the instruction between the count and
+ * the record's word (mlp_get_slot, and here) undone, a leak, never a second put. */
+void mlp_call_begin(struct mlp_call *c)
+{
+    c->s = NULL;
+    c->nheld = mlp_nheld;
+    mlp_left_push(&c->buf, mlp_call_left, c);
+}
+
+void mlp_call_end(struct mlp_call *c)
+{
+    struct mlp_sock *s = c->s;
+    c->s = NULL;
+    if (s)
+        mlp_put(s);
+    mlp_left_pop(&c->buf);
+}
+
 /* ml_wait() calls this before each sleep and after an interrupted one (channel.c): a blocking
  * call on an accelerated socket is a cancellation point, as the kernel's is, and the count of
  * handlers without SA_RESTART that ran here decides whether an interrupted call restarts. */

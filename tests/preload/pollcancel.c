@@ -68,8 +68,9 @@ static void *jumper(void *a)
     sigset_t s;
     sigemptyset(&s);
     sigaddset(&s, SIGUSR1);
-    pthread_sigmask(SIG_UNBLOCK, &s, NULL);
     if (sigsetjmp(jb, 1) == 0) {
+        /* Unblocked once jb is set: a signal sent before this thread ran is taken here. */
+        pthread_sigmask(SIG_UNBLOCK, &s, NULL);
         struct pollfd p = {fd, POLLIN, 0};
         poll(&p, 1, -1);
     }
@@ -118,8 +119,9 @@ static void *jumper2(void *a)
     sigset_t s;
     sigemptyset(&s);
     sigaddset(&s, SIGUSR2);
-    pthread_sigmask(SIG_UNBLOCK, &s, NULL);
     if (sigsetjmp(tjb, 1) == 0) {
+        /* Unblocked once tjb is set: a signal sent before this thread ran is taken here. */
+        pthread_sigmask(SIG_UNBLOCK, &s, NULL);
         if (j->ep >= 0) {
             struct epoll_event ev;
             epoll_wait(j->ep, &ev, 1, -1);

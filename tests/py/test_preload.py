@@ -1177,6 +1177,22 @@ def test_waits_left_by_siglongjmp_keep_nothing(fabric, tmp_path):
     settle(fabric)
 
 
+def test_calls_left_by_siglongjmp_or_cancel_keep_nothing(fabric, tmp_path):
+    """callleft: blocking recv, read, send and write left by a SIGALRM handler's siglongjmp or
+    by pthread_cancel (in the kernel socket's ppoll and on the ring's futex), then the program
+    closes each connection and the peer reads EOF, as over kernel TCP; accept left the same
+    ways; and a storm of jumps out of a receiving thread's calls (in the ring copy too), after
+    each of which another thread's nonblocking recv answers at once.  Before, each call kept its
+    reference to the socket ("peer: A no eof" for all six) and a jump out of the copy left the
+    receive lock held ("another thread's nonblocking recv is stuck")."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "callleft", tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "no eof" not in plain.stdout and "storm: jumped" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (accepted") == 8, text
+    settle(fabric)
+
+
 VFORKEXEC = BUILD / "tests-preload" / "vforkexec"
 
 
@@ -1329,4 +1345,23 @@ def test_listener_received_over_scm_rights_is_published(fabric, tmp_path):
     assert text.count("a listening socket received over SCM_RIGHTS: published") == 2, text
     assert text.count("accelerated (client)") == 2 and text.count("accelerated (accepted") == 2, text
     assert "TCP (" not in text, text
+    settle(fabric)
+
+
+def test_listener_received_published_at_its_first_accept(fabric, tmp_path):
+    """fdpasslisten accept: the receiver never forks once it holds the received listener (its
+    client was forked before), so the socket is published at its first accept, not at a fork.
+    Sender alive: its record stands, the client offers, the receiver's first accept publishes
+    and takes the offer, and both connections are accelerated.  Sender gone: the first client
+    finds no record (TCP, as for any listener nobody published), the second finds the one the
+    first accept made.  (With mlp_accept_received disabled: no publication, and each client of
+    the alive case offered to a record whose only holder never accepts and waited
+    MEMLAN_ACCEPT_WAIT_MS: "connection 1 SLOW (over 1 s)".)"""
+    plain, under, text = scripted(FDPASSLISTEN, tmp_path, "accept")
+    assert plain.stdout.count("prompt") == 4 and plain.stdout.endswith("done\n"), plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    assert text.count("received over SCM_RIGHTS: published (its first accept)") == 2, text
+    assert "published (before a fork)" not in text, text
+    assert text.count("accelerated (client)") == 3 and text.count("accelerated (accepted") == 3, text
+    assert text.count("TCP (no memlan listener on this port") == 1, text
     settle(fabric)
