@@ -73,8 +73,9 @@ $(BUILD)/obj/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -fPIC -c $< -o $@
 
-# The preload's cleanup handlers (pthread_cleanup_push in poll.c and sock.c) must be unwinding
-# cleanups, as glibc's own are: without -fexceptions glibc registers each in the thread, and a
+# The preload's cleanup handlers (pthread_cleanup_push in pqueue.c, poll.c, epoll.c, sock.c and
+# interpose.c) must be unwinding cleanups, as glibc's own are: without -fexceptions glibc
+# registers each in the thread, and a
 # handler's siglongjmp out of a poll left the registration pointing into a dead frame, which a
 # later pthread_exit or pthread_cancel of that thread jumped into (SIGSEGV; over kernel TCP it
 # exits cleanly: tests/preload/pollcancel.c).

@@ -118,13 +118,13 @@ struct mlp_sock {
     _Atomic bool tmo_synced;      /* SO_RCVTIMEO/SO_SNDTIMEO copied from the kernel socket */
     _Atomic bool split_told;      /* bytes found on the idle kernel socket were reported */
     _Atomic bool lock_broken;     /* a direction lock said ENOTRECOVERABLE (said once) */
-    struct mlp_member *epm;       /* its epoll memberships (poll.c, under its lock) */
-    struct mlp_pwreg *pw;         /* threads asleep in poll/select on it (poll.c, mlp_pw_mu) */
+    struct mlp_member *epm;       /* its epoll memberships (epoll.c, under its lock) */
+    struct mlp_pwreg *pw;         /* threads asleep in poll/select on it (pqueue.c, mlp_pw_mu) */
     _Atomic int lent;             /* references lent to a thread's waiter (mlp_pwait.held) by
-                                   * polls asleep on its futex (poll.c, mlp_poll_fork_drop) */
-    struct mlp_ep *_Atomic home_ep; /* poll.c: the one epoll set it is in, whose own queue it
+                                   * polls asleep on its futex (pqueue.c, mlp_poll_fork_drop) */
+    struct mlp_ep *_Atomic home_ep; /* epoll.c: the one epoll set it is in, whose own queue it
                                      * should post to; NULL: the process's queue (mlp_epmu) */
-    struct mlp_ep *qep;           /* poll.c: the set whose queue its channel is in now, NULL for
+    struct mlp_ep *qep;           /* epoll.c: the set whose queue its channel is in now, NULL for
                                    * the process's queue or none (mlp_home_mu) */
     _Atomic uint64_t fin_ns;      /* when its kernel socket's FIN came, the peer still alive */
     _Atomic uint64_t look_ns;     /* a nonblocking call's last look at the kernel socket (poll.c,
@@ -182,7 +182,7 @@ void mlp_fdtable_init(void);
 void mlp_sock_destroy(struct mlp_sock *s);     /* sock.c: when the last reference goes */
 
 /* A cleanup that glibc runs for the frames a longjmp, a siglongjmp or a cancellation's unwinding
- * passes (poll.c, "waits left by a jump or a cancellation"); nothing without glibc's. */
+ * passes (pqueue.c, "waits left by a jump or a cancellation"); nothing without glibc's. */
 extern void _pthread_cleanup_push(struct _pthread_cleanup_buffer *b, void (*fn)(void *), void *a)
     __attribute__((weak));
 extern void _pthread_cleanup_pop(struct _pthread_cleanup_buffer *b, int execute)
@@ -264,7 +264,7 @@ void mlp_sock_liveness(memlan_channel_t *ch, int fd); /* the kernel socket under
  * so once, flags the records of the ports it listens on (clients stop offering), and makes every
  * new connection plain TCP at once; its accelerated connections go on. */
 void mlp_rlimit_changing(int res, const struct rlimit *rl); /* init.c: before setrlimit */
-void mlp_poll_prepare_thread(void); /* poll.c: this thread's wake-up, made before a sandbox */
+void mlp_poll_prepare_thread(void); /* pqueue.c: this thread's wake-up, made before a sandbox */
 bool mlp_cred_lost(bool at_accept);  /* true: no new connection of ours may use the fabric */
 bool mlp_fabric_out(void);            /* the same, as last found: no system call */
 extern const char *mlp_cred_why;     /* why, for our own connections' log lines and memlan stat */

@@ -1,0 +1,1630 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
+/*
+ * epoll.c - epoll over any mix of accelerated and kernel fds, nested sets included.
+ *
+ * epoll keeps, per epoll set (the kernel's open file: every fd naming it, dup or original, maps
+ * to one struct mlp_ep), a ready list of members that may be ready (the kernel's design): the
+ * event queue names the sockets that changed, each such socket's memberships go on their sets'
+ * lists, and epoll_wait looks only at its list.  A member found not ready leaves the list with its
+ * tripwire armed, so the next change posts it again: O(1) per ready socket, never a scan.  The
+ * process's queue and the per-thread wake-ups are pqueue.c's; one socket's readiness is poll.c's.
+ */
+#include "preload.h"
+#include "readiness.h"
+#include "sys/sys.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+/* ---- epoll ------------------------------------------------------------------------------- */
+
+/*
+ * Per epoll set (the kernel's open file, which dup and fork share: mlp_eps[] maps each fd naming
+ * it to one struct mlp_ep, counted in nfds), the accelerated members, which the kernel's set does
+ * not see as such: each one's kernel fd is registered for EPOLLRDHUP|EPOLLET only (its peer's
+ * FIN), tagged so that its events are recognised.  The set also holds two fds of ours: the
+ * process's doorbell and the set's own eventfd, which another thread rings after it put members
+ * on this set's ready list.
+ *
+ * One mutex guards every set's members and ready list: members are few per call, the work under
+ * it is short, and a single-threaded server (most of them) never contends for it.  A member holds
+ * a reference on its socket; it goes when the socket's last fd is closed or the set is closed.
+ */
+#define MLP_TAG      0x6d6c000000000000ull /* never a user-space pointer */
+#define MLP_TAG_MASK 0xffff000000000000ull
+#define MLP_TAG_BELL (MLP_TAG | 0xffffffffull)
+#define MLP_TAG_WAKE (MLP_TAG | 0xfffffffeull)
+#define MLP_TAG_SBELL (MLP_TAG | 0xfffffffdull) /* the set's own queue's doorbell */
+#define MLP_SETQ_CAP 16384 /* a set's own queue; members beyond it post to the process's */
+#define MLP_KPOLL_NS 50000ull /* the kernel set is asked at least this often (OpenOnload's way) */
+#define MLP_EXCL_OK  (EPOLLIN | EPOLLOUT | EPOLLRDNORM | EPOLLWRNORM | EPOLLERR | EPOLLHUP | \
+                      EPOLLWAKEUP | EPOLLET | EPOLLEXCLUSIVE)
+
+struct mlp_ep;
+
+struct mlp_member {
+    struct mlp_ep *ep;
+    int fd;
+    struct mlp_sock *s;                 /* a reference */
+    uint32_t events;
+    epoll_data_t data;
+    bool disabled;                      /* EPOLLONESHOT fired */
+    bool queued;                        /* on ep's ready list */
+    uint32_t undecided_seen;            /* edge-triggered, undecided: bits already reported */
+    struct mlp_member *rprev, *rnext;   /* the ready list */
+    struct mlp_member *snext;           /* the socket's memberships */
+};
+
+struct mlp_ep {
+    struct mlp_member **byfd;           /* fd -> member */
+    int nbyfd;
+    int n;                              /* members */
+    struct mlp_member *rhead, *rtail;   /* ready list */
+    int nready;
+    uint64_t gen;                       /* insertions into the ready list */
+    _Atomic int sleepers;               /* threads asleep in the kernel on this set */
+    int waiters;                        /* threads inside epoll_wait on this set */
+    int efd;                            /* eventfd, -1 until needed */
+    bool efd_rung;
+    bool in_kernel;                     /* doorbell and eventfd added to the kernel set */
+    bool tagged;                        /* the kernel set ever held an fd of ours, or a tagged
+                                         * member: its answers are filtered from then on */
+    _Atomic uint64_t kpoll_ns;          /* when the kernel set was last asked */
+    bool nested;                        /* this set is itself a member of another set, or
+                                         * was asked about by poll/select */
+    int nfds;                           /* fds naming the set (dup), under mlp_eps_mu */
+    uint32_t peer_cpu;                  /* where the peer of the last ready socket waited + 1 */
+    /* The last event reported (mlp_ep_harvest; read without the lock by mlp_ep_handler_here): by
+     * which thread, on which cpu, for which fd and socket, and our published send and receive
+     * indices then (reset with the set when it is reused). */
+    uintptr_t rep_thr;
+    int rep_cpu, rep_fd;
+    void *rep_s;
+    uint64_t rep_tx, rep_rx;
+    struct mlp_ep *next_free;
+    /* Wake-ups (see "One doorbell per set" in design.md).  Kept when the set is reused: */
+    memlan_evq_t *q;                    /* the set's own queue, made at its first setup */
+    bool q_failed;                      /* it could not be made: the process's queue only */
+    pthread_mutex_t qmu;                /* q's slot table */
+    /* Reset when the set is reused: */
+    _Atomic bool pbell;                 /* some member may post to the process's queue: the
+                                         * process's doorbell belongs in the kernel set */
+    bool k_pbell, k_sbell;              /* in the kernel set now (mlp_kset_mu) */
+    int watch;                          /* outer sets that watch this one for EPOLLIN, plus one
+                                         * for a poll on it; nested while > 0 (mlp_epmu) */
+    bool poll_watched;                  /* that one was counted */
+    struct mlp_nest *nest;              /* the sets inside this one (mlp_epmu) */
+    int nnest, capnest;
+    uint64_t life;                      /* bumped at each reuse, so that a stale nest entry
+                                         * naming an earlier set in this record is ignored */
+};
+
+/* A set inside this one, and whether this one watches it for EPOLLIN. */
+struct mlp_nest {
+    struct mlp_ep *inner;
+    uint64_t life;
+    int fd;
+    bool watch;
+};
+
+static struct mlp_ep **mlp_eps;
+static int mlp_neps;
+static int mlp_eps_max = -1;          /* highest epoll fd that ever had a set */
+static struct mlp_ep *mlp_eps_free;   /* closed sets, reused: never freed, since another thread
+                                       * may still be inside epoll_wait on a closed epoll fd */
+static pthread_mutex_t mlp_eps_mu = PTHREAD_MUTEX_INITIALIZER; /* the table of sets */
+static pthread_mutex_t mlp_epmu = PTHREAD_MUTEX_INITIALIZER;   /* members and ready lists */
+int mlp_nnested;                      /* sets that are members of other sets */
+static pthread_mutex_t mlp_kset_mu = PTHREAD_MUTEX_INITIALIZER; /* our fds in kernel sets */
+
+/* The epoll fds the program made are marked in their fd records (a duplicate is looked up). */
+void mlp_epoll_created(int epfd)
+{
+    struct mlp_fdrec *r = mlp_fdrec_make(epfd);
+    if (r)
+        atomic_store_explicit(&r->epfd, 1, memory_order_relaxed);
+}
+
+
+static struct mlp_ep *mlp_ep_get(int epfd, bool create)
+{
+    if (epfd < 0)
+        return NULL;
+    if (!mlp_eps) {
+        if (!create)
+            return NULL;
+        pthread_mutex_lock(&mlp_eps_mu);
+        if (!mlp_eps) {
+            void *p;
+            if (__ml_sys_mmap(&p, NULL, (1u << 20) * sizeof(void *), PROT_READ | PROT_WRITE,
+                              MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) == 0) {
+                mlp_neps = 1 << 20;
+                mlp_eps = p;
+            }
+        }
+        pthread_mutex_unlock(&mlp_eps_mu);
+    }
+    if (!mlp_eps || epfd >= mlp_neps)
+        return NULL;
+    struct mlp_ep *e = __atomic_load_n(&mlp_eps[epfd], __ATOMIC_ACQUIRE);
+    if (e || !create)
+        return e;
+    pthread_mutex_lock(&mlp_eps_mu);
+    e = mlp_eps[epfd];
+    if (!e) {
+        bool reused = false;
+        if ((e = mlp_eps_free)) {
+            mlp_eps_free = e->next_free;
+            reused = true;
+        } else {
+            e = malloc(sizeof *e);
+        }
+        if (e) {
+            /* A reused set is reset under the members' lock: a thread still waiting on the
+             * closed epoll fd it belonged to may touch its counters. */
+            pthread_mutex_lock(&mlp_epmu);
+            memlan_evq_t *q = reused ? e->q : NULL;
+            bool q_failed = reused && e->q_failed;
+            uint64_t life = reused ? e->life + 1 : 1;
+            if (reused)
+                pthread_mutex_lock(&e->qmu);
+            memset((char *)e, 0, offsetof(struct mlp_ep, q));
+            memset((char *)e + offsetof(struct mlp_ep, pbell), 0,
+                   sizeof *e - offsetof(struct mlp_ep, pbell));
+            e->efd = -1;
+            e->nfds = 1;
+            e->q = q;
+            e->q_failed = q_failed;
+            e->life = life;
+            if (reused)
+                pthread_mutex_unlock(&e->qmu);
+            else
+                pthread_mutex_init(&e->qmu, NULL);
+            pthread_mutex_unlock(&mlp_epmu);
+            if (epfd > mlp_eps_max)
+                mlp_eps_max = epfd;
+            mlp_epoll_created(epfd); /* its record says so: its close forgets the set */
+            __atomic_store_n(&mlp_eps[epfd], e, __ATOMIC_RELEASE);
+        }
+    }
+    pthread_mutex_unlock(&mlp_eps_mu);
+    return e;
+}
+
+/* ---- the ready list (mlp_epmu held) ---- */
+
+static void mlp_ep_ring(struct mlp_ep *e)
+{
+    if (e->efd_rung || e->efd < 0)
+        return;
+    uint64_t one = 1;
+    (void)__ml_sys_write(e->efd, &one, sizeof one);
+    e->efd_rung = true;
+}
+
+static uint32_t mlp_ev_from_poll(int rev);
+
+/* ---- which queue a socket posts to -------------------------------------------------------- */
+
+/*
+ * A socket whose only epoll membership is in a set that is not nested posts to that set's own
+ * queue, whose doorbell only that set's kernel set holds: a post wakes the threads asleep on that
+ * set and no others.  Any other socket (in no set, in two, watched by poll or select, in a nested
+ * set) posts to the process's queue, whose doorbell is in the sets that may have such a member
+ * (pbell) and in every poll.  The choice is made where the socket is armed (mlp_queue_add), so a
+ * move happens only where the socket is about to be looked at again anyway; each move re-arms and
+ * re-checks in the new queue (memlan_evq_add), and, outside the members' lock, marks the socket,
+ * so that a thread asleep on the old queue's doorbell wakes and looks again.
+ */
+
+/* s's epoll memberships changed (mlp_epmu held): which set's queue should it post to? */
+static void mlp_home_hint(struct mlp_sock *s)
+{
+    struct mlp_member *m = s->epm;
+    struct mlp_ep *h = m && !m->snext && !m->ep->nested ? m->ep : NULL;
+    __atomic_store_n(&s->home_ep, h, __ATOMIC_RELAXED);
+}
+
+/* While a nested set exists, every wait of the process sleeps with the process's doorbell: its
+ * members post there, and whoever drains the queue makes the nested set's readiness true for
+ * the set (or poll) that watches it. */
+static bool mlp_ep_wants_pbell(struct mlp_ep *e)
+{
+    return !__atomic_load_n(&e->q, __ATOMIC_ACQUIRE) || atomic_load(&e->pbell) ||
+           __atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED);
+}
+
+/* Take s's channel out of whatever queue it is in (mlp_home_mu held). */
+static void mlp_unhome_locked(struct mlp_sock *s)
+{
+    memlan_evq_t *q = s->ch->evq;
+    struct mlp_ep *h = s->qep;
+    if (q && h && q == h->q) {
+        pthread_mutex_lock(&h->qmu);
+        (void)memlan_evq_del(q, s->ch);
+        pthread_mutex_unlock(&h->qmu);
+    } else if (q && q == mlp_q) {
+        pthread_mutex_lock(&mlp_q_mu);
+        (void)memlan_evq_del(q, s->ch);
+        pthread_mutex_unlock(&mlp_q_mu);
+    } else if (q) {
+        s->ch->evq = NULL; /* a queue from before fork: the parent's to keep */
+    }
+    s->qep = NULL;
+}
+
+void mlp_unhome(struct mlp_sock *s)
+{
+    pthread_mutex_lock(&mlp_home_mu);
+    mlp_unhome_locked(s);
+    pthread_mutex_unlock(&mlp_home_mu);
+}
+
+/* s left e: it no longer posts to e's queue (whose set may close and be reused). */
+static void mlp_unhome_from(struct mlp_sock *s, struct mlp_ep *e)
+{
+    if (s->qep != e)
+        return;
+    pthread_mutex_lock(&mlp_home_mu);
+    if (s->qep == e)
+        mlp_unhome_locked(s);
+    pthread_mutex_unlock(&mlp_home_mu);
+}
+
+/* The set s should post to, or NULL for the process's queue.  A poll or select waiting on s
+ * sleeps on the process's doorbell, so then s posts there, and its set must hear that bell. */
+static struct mlp_ep *mlp_home_want(struct mlp_sock *s, struct mlp_ep **forced)
+{
+    struct mlp_ep *h = __atomic_load_n(&s->home_ep, __ATOMIC_RELAXED);
+    if (!h)
+        return NULL;
+    if (__atomic_load_n(&s->pw, __ATOMIC_ACQUIRE) || h->nested) {
+        *forced = h;
+        return NULL;
+    }
+    return __atomic_load_n(&h->q, __ATOMIC_ACQUIRE) ? h : NULL;
+}
+
+/* Make sure s's channel posts to the queue it should (above); false if it cannot post to any
+ * (then we nap instead).  under_epmu: the caller holds the members' lock and is the set's own
+ * waiter, awake: no mark is needed, nor allowed. */
+bool mlp_queue_add(struct mlp_sock *s, bool under_epmu)
+{
+    memlan_evq_t *p = mlp_queue();
+    if (!p)
+        return false;
+    struct mlp_ep *forced = NULL;
+    struct mlp_ep *h = mlp_home_want(s, &forced);
+    if (s->qep == h && s->ch->evq == (h ? h->q : p) && (!forced || atomic_load(&forced->pbell)))
+        return true;
+    pthread_mutex_lock(&mlp_home_mu);
+    forced = NULL;
+    h = mlp_home_want(s, &forced);
+    /* its waiter takes the process's doorbell once it looks again: marked below */
+    bool flipped = forced && !atomic_exchange(&forced->pbell, true);
+    bool moved = false, ok = true;
+    if (s->qep != h || s->ch->evq != (h ? h->q : p)) {
+        moved = s->ch->evq != NULL;
+        mlp_unhome_locked(s);
+        ok = false;
+        if (h) {
+            pthread_mutex_lock(&h->qmu);
+            ok = memlan_evq_add(h->q, s->ch, MEMLAN_EV_READ | MEMLAN_EV_WRITE, s) == 0;
+            pthread_mutex_unlock(&h->qmu);
+            if (ok)
+                s->qep = h;
+            else
+                atomic_store(&h->pbell, true); /* its queue is full: this one posts to ours */
+        }
+        if (!ok) {
+            pthread_mutex_lock(&mlp_q_mu); /* the queue's slot table is not thread-safe */
+            ok = memlan_evq_add(p, s->ch, MEMLAN_EV_READ | MEMLAN_EV_WRITE, s) == 0;
+            pthread_mutex_unlock(&mlp_q_mu);
+        }
+    }
+    pthread_mutex_unlock(&mlp_home_mu);
+    if ((moved || flipped) && !under_epmu)
+        mlp_mark_sock(s);
+    return ok;
+}
+
+/* Take the events of e's own queue (as mlp_queue_drain does the process's). */
+static void mlp_ep_drain(struct mlp_ep *e)
+{
+    memlan_evq_t *q = __atomic_load_n(&e->q, __ATOMIC_ACQUIRE);
+    if (!q)
+        return;
+    struct memlan_event ev[64];
+    int n;
+    do {
+        pthread_mutex_lock(&e->qmu);
+        n = e->q == q ? memlan_evq_wait(q, ev, 64, 0) : 0;
+        pthread_mutex_unlock(&e->qmu);
+        for (int i = 0; i < n; i++)
+            if (ev[i].udata)
+                mlp_mark_sock(ev[i].udata);
+    } while (n == 64);
+}
+
+/* e's own queue, made at its first setup (not under mlp_epmu); NULL if it cannot be. */
+static memlan_evq_t *mlp_ep_queue(struct mlp_ep *e)
+{
+    memlan_evq_t *q = __atomic_load_n(&e->q, __ATOMIC_ACQUIRE);
+    if (q || e->q_failed || !mlp_fab || mlp_cred_lost(false))
+        return q;
+    pthread_mutex_lock(&e->qmu);
+    if (!e->q && !e->q_failed) {
+        if (memlan_evq_create(mlp_fab, MLP_SETQ_CAP, &q) == 0) {
+            int *sfd, *bfd;
+            __ml_evq_fds(q, &sfd, &bfd);
+            mlp_own_fd(sfd, true);
+            mlp_own_fd(bfd, true);
+            __atomic_store_n(&e->q, q, __ATOMIC_RELEASE);
+        } else {
+            e->q_failed = true; /* the process's queue serves it */
+        }
+    }
+    q = e->q;
+    pthread_mutex_unlock(&e->qmu);
+    return q;
+}
+
+/* Is m worth reporting now?  Unknown (undecided, gone to TCP, or cannot tell): yes. */
+static bool mlp_member_ready(struct mlp_member *m)
+{
+    struct mlp_sock *s = m->s;
+    if (m->disabled)
+        return false;
+    if (s->type != MLP_CONN || s->state != MLP_ACCEL || !s->ch)
+        return true;
+    int rev = mlp_revents(s, m->fd);
+    return rev < 0 || (mlp_ev_from_poll(rev) & (m->events | EPOLLERR | EPOLLHUP)) != 0;
+}
+
+/* Put m on its set's ready list without waking anyone (mlp_epmu held). */
+static bool mlp_rl_link(struct mlp_member *m)
+{
+    struct mlp_ep *e = m->ep;
+    if (m->queued || m->disabled)
+        return false;
+    m->queued = true;
+    m->rnext = NULL;
+    m->rprev = e->rtail;
+    if (e->rtail)
+        e->rtail->rnext = m;
+    else
+        e->rhead = m;
+    e->rtail = m;
+    e->nready++;
+    e->gen++;
+    return true;
+}
+
+static void mlp_rl_push(struct mlp_member *m)
+{
+    struct mlp_ep *e = m->ep;
+    if (!mlp_rl_link(m))
+        return;
+    /* A set inside another looks readable to it through the eventfd: only while a member is
+     * really ready, as the kernel's set answers a poll by checking its ready list. */
+    if (e->sleepers || (e->nested && mlp_member_ready(m)))
+        mlp_ep_ring(e);
+}
+
+static void mlp_rl_del(struct mlp_member *m)
+{
+    struct mlp_ep *e = m->ep;
+    if (!m->queued)
+        return;
+    if (m->rprev)
+        m->rprev->rnext = m->rnext;
+    else
+        e->rhead = m->rnext;
+    if (m->rnext)
+        m->rnext->rprev = m->rprev;
+    else
+        e->rtail = m->rprev;
+    m->queued = false;
+    e->nready--;
+}
+
+/* A socket changed: every set it is in may have something to say. */
+void mlp_mark_sock(struct mlp_sock *s)
+{
+    mlp_pw_wake(s);
+    if (!__atomic_load_n(&s->epm, __ATOMIC_RELAXED))
+        return;
+    /* EPOLLEXCLUSIVE as the kernel's wake-up does it: the memberships with it are visited in
+     * turn and the visit stops at the first set that a thread is waiting on; the sets before it
+     * (nobody waiting) keep the event on their ready lists. */
+    bool woke = false;
+    pthread_mutex_lock(&mlp_epmu);
+    for (struct mlp_member *m = s->epm; m; m = m->snext) {
+        if (!(m->events & EPOLLEXCLUSIVE)) {
+            mlp_rl_push(m);
+        } else if (!woke) {
+            mlp_rl_push(m);
+            woke = __atomic_load_n(&m->ep->waiters, __ATOMIC_RELAXED) > 0;
+        }
+    }
+    pthread_mutex_unlock(&mlp_epmu);
+}
+
+/* Unlink m everywhere and free it; returns its socket reference for the caller to drop once the
+ * lock is released. */
+static struct mlp_sock *mlp_member_free(struct mlp_member *m)
+{
+    struct mlp_ep *e = m->ep;
+    struct mlp_sock *s = m->s;
+    mlp_rl_del(m);
+    for (struct mlp_member **pp = &s->epm; *pp; pp = &(*pp)->snext)
+        if (*pp == m) {
+            *pp = m->snext;
+            break;
+        }
+    if (m->fd < e->nbyfd && e->byfd[m->fd] == m)
+        e->byfd[m->fd] = NULL;
+    __atomic_store_n(&e->n, e->n - 1, __ATOMIC_RELAXED);
+    free(m);
+    mlp_home_hint(s);
+    if (s->type == MLP_CONN && s->ch)
+        mlp_unhome_from(s, e);
+    return s;
+}
+
+static void mlp_put_all(struct mlp_sock **v, int n)
+{
+    for (int i = 0; i < n; i++)
+        mlp_put(v[i]);
+}
+
+/* close(fd) of an epoll fd: forget its members. */
+void mlp_epoll_forget_fd(int fd)
+{
+    /* On every close(): a load first, so that closing ordinary fds writes nothing. */
+    struct mlp_fdrec *r = mlp_fdrec(fd);
+    if (r && atomic_load_explicit(&r->epfd, memory_order_relaxed))
+        atomic_store_explicit(&r->epfd, 0, memory_order_relaxed);
+    if (!mlp_eps || fd < 0 || fd >= mlp_neps || !__atomic_load_n(&mlp_eps[fd], __ATOMIC_RELAXED))
+        return;
+    pthread_mutex_lock(&mlp_eps_mu);
+    struct mlp_ep *e = __atomic_exchange_n(&mlp_eps[fd], NULL, __ATOMIC_ACQ_REL);
+    bool last = e && --e->nfds == 0;
+    pthread_mutex_unlock(&mlp_eps_mu);
+    if (!last)
+        return; /* another fd (a dup) still names the set, as the kernel's file lives on */
+    for (;;) {
+        struct mlp_sock *puts[64];
+        int np = 0;
+        pthread_mutex_lock(&mlp_epmu);
+        for (int i = 0; i < e->nbyfd && np < 64; i++)
+            if (e->byfd[i])
+                puts[np++] = mlp_member_free(e->byfd[i]);
+        pthread_mutex_unlock(&mlp_epmu);
+        mlp_put_all(puts, np);
+        if (np < 64)
+            break;
+    }
+    pthread_mutex_lock(&mlp_epmu);
+    if (e->nested) {
+        e->nested = false;
+        __atomic_sub_fetch(&mlp_nnested, 1, __ATOMIC_RELAXED);
+    }
+    e->watch = 0;
+    /* The sets inside it are watched by one set less (the kernel's file goes with its last fd). */
+    struct mlp_nest *nest = e->nest;
+    int nnest = e->nnest;
+    e->nest = NULL;
+    e->nnest = e->capnest = 0;
+    pthread_mutex_unlock(&mlp_epmu);
+    for (int i = 0; i < nnest; i++) {
+        struct mlp_ep *in = nest[i].inner;
+        pthread_mutex_lock(&mlp_epmu);
+        bool live = nest[i].watch && in != e && in->life == nest[i].life && in->nfds > 0;
+        pthread_mutex_unlock(&mlp_epmu);
+        if (live)
+            mlp_ep_watch(nest[i].fd, in, -1);
+    }
+    free(nest);
+    pthread_mutex_lock(&mlp_epmu);
+    if (e->efd >= 0) {
+        mlp_disown_fd(e->efd);
+        __ml_sys_close(e->efd);
+        e->efd = -1;
+    }
+    free(e->byfd);
+    e->byfd = NULL;
+    e->nbyfd = 0;
+    pthread_mutex_unlock(&mlp_epmu);
+    pthread_mutex_lock(&mlp_eps_mu);
+    e->next_free = mlp_eps_free;
+    mlp_eps_free = e;
+    pthread_mutex_unlock(&mlp_eps_mu);
+}
+
+/* dup, dup2, dup3, F_DUPFD of fd onto nfd (already released): if fd is an epoll fd, nfd names
+ * the same set, as it names the same kernel file.  The set is made now if it was not yet, so that
+ * both fds find one. */
+void mlp_epoll_dup(int fd, int nfd)
+{
+    struct mlp_fdrec *r = mlp_fdrec(fd);
+    if (!r || !atomic_load_explicit(&r->epfd, memory_order_relaxed) || fd == nfd)
+        return;
+    mlp_epoll_created(nfd);
+    struct mlp_ep *e = mlp_ep_get(fd, true);
+    if (!e || nfd < 0 || nfd >= mlp_neps)
+        return;
+    pthread_mutex_lock(&mlp_eps_mu);
+    if (__atomic_load_n(&mlp_eps[fd], __ATOMIC_RELAXED) == e &&
+        !__atomic_load_n(&mlp_eps[nfd], __ATOMIC_RELAXED)) {
+        e->nfds++;
+        if (nfd > mlp_eps_max)
+            mlp_eps_max = nfd;
+        __atomic_store_n(&mlp_eps[nfd], e, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&mlp_eps_mu);
+}
+
+/* exit(): every epoll set lets go of its members, as the kernel's sets do when the process's
+ * files close, so that the sockets' last references go and their peers read EOF at once (a
+ * forked child that exits while its parent has already closed: the child is the last holder). */
+void mlp_epoll_at_exit(void)
+{
+    if (!mlp_eps)
+        return;
+    for (int fd = 0; fd < mlp_neps && fd <= mlp_eps_max; fd++)
+        mlp_epoll_forget_fd(fd);
+}
+
+/* The socket's last fd is closing: it leaves every set, as the kernel's file does. */
+void mlp_epoll_sock_gone(struct mlp_sock *s)
+{
+    if (!__atomic_load_n(&s->epm, __ATOMIC_RELAXED))
+        return;
+    struct mlp_sock *puts[64];
+    int np = 0;
+    pthread_mutex_lock(&mlp_epmu);
+    while (s->epm && np < 64)
+        puts[np++] = mlp_member_free(s->epm);
+    pthread_mutex_unlock(&mlp_epmu);
+    mlp_put_all(puts, np);
+    if (s->epm)
+        mlp_epoll_sock_gone(s);
+}
+
+/* After fork: our queue is new, so every member must arm again, and the set needs our doorbell. */
+void mlp_epoll_after_fork(void)
+{
+    pthread_mutex_init(&mlp_epmu, NULL);
+    pthread_mutex_init(&mlp_eps_mu, NULL);
+    pthread_mutex_init(&mlp_kset_mu, NULL);
+    /* Closed sets kept for reuse keep their queues: the parent's here, which a set the child
+     * makes would have taken over (its members posting to the parent's queue). */
+    for (struct mlp_ep *f = mlp_eps_free; f; f = f->next_free) {
+        mlp_q_forget(f->q);
+        f->q = NULL;
+        f->q_failed = false;
+        pthread_mutex_init(&f->qmu, NULL);
+    }
+    if (!mlp_eps)
+        return;
+    for (int fd = 0; fd < mlp_neps && fd <= mlp_eps_max; fd++) {
+        struct mlp_ep *e = mlp_eps[fd];
+        if (!e)
+            continue;
+        e->in_kernel = false;
+        e->sleepers = 0;
+        /* Its own queue is the parent's (its doorbell stays in the shared kernel set, as the
+         * process's does): the child's members post to the child's queue until the set has
+         * one of its own again, made at its next setup.  A set under several fds is met once
+         * per fd: its copy is let go of at the first. */
+        mlp_q_forget(e->q);
+        e->q = NULL;
+        e->q_failed = false;
+        e->k_pbell = e->k_sbell = false;
+        atomic_store(&e->pbell, true);
+        pthread_mutex_init(&e->qmu, NULL);
+        for (int i = 0; i < e->nbyfd; i++)
+            if (e->byfd[i])
+                mlp_rl_push(e->byfd[i]);
+    }
+}
+
+static uint32_t mlp_ev_from_poll(int rev)
+{
+    uint32_t ev = 0;
+    if (rev & POLLIN) ev |= EPOLLIN | EPOLLRDNORM;
+    if (rev & POLLOUT) ev |= EPOLLOUT | EPOLLWRNORM;
+    if (rev & POLLRDHUP) ev |= EPOLLRDHUP;
+    if (rev & POLLHUP) ev |= EPOLLHUP;
+    if (rev & POLLERR) ev |= EPOLLERR;
+    return ev;
+}
+
+/* Our fds go into the kernel set while the set has a member of ours, and leave it when the last
+ * goes (mlp_ep_unsetup): a set of kernel fds only must never be woken by our posts, nor hand the
+ * application an event of ours.  They are the set's eventfd, the set's own queue's doorbell (its
+ * members' posts) and, while some member may post to the process's queue (pbell), the process's
+ * doorbell; a nested set holds neither doorbell.  mlp_kset_mu orders setup and unsetup, so that
+ * an unsetup that saw no member cannot undo the setup of a member added meanwhile. */
+static void mlp_ep_setup(int epfd, struct mlp_ep *e)
+{
+    memlan_evq_t *sq = e->nested ? NULL : mlp_ep_queue(e);
+    bool want_p = !e->nested && mlp_ep_wants_pbell(e), want_s = sq != NULL;
+    if (e->in_kernel && e->k_sbell == want_s && (e->k_pbell || !want_p))
+        return;
+    memlan_evq_t *q = mlp_queue();
+    pthread_mutex_lock(&mlp_kset_mu);
+    want_p = !e->nested && mlp_ep_wants_pbell(e);
+    want_s = !e->nested && sq != NULL;
+    if (e->in_kernel && e->k_sbell == want_s && (e->k_pbell || !want_p)) {
+        pthread_mutex_unlock(&mlp_kset_mu);
+        return;
+    }
+    pthread_mutex_lock(&mlp_epmu);
+    if (e->efd < 0) {
+        long fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+        if (fd >= 0) {
+            e->efd = (int)fd;
+            mlp_own_fd(&e->efd, true);
+        }
+    }
+    int efd = e->efd;
+    e->tagged = true;
+    pthread_mutex_unlock(&mlp_epmu);
+    bool ok = (q != NULL || sq != NULL) && efd >= 0;
+    if (want_p && !e->k_pbell) {
+        struct epoll_event bev = {.events = EPOLLIN, .data.u64 = MLP_TAG_BELL};
+        if (q && (mlp_real_epoll_ctl(epfd, EPOLL_CTL_ADD, memlan_evq_fd(q), &bev) == 0 ||
+                  errno == EEXIST))
+            e->k_pbell = true;
+        else
+            ok = false;
+    }
+    if (want_s && !e->k_sbell) {
+        struct epoll_event sev = {.events = EPOLLIN, .data.u64 = MLP_TAG_SBELL};
+        if (mlp_real_epoll_ctl(epfd, EPOLL_CTL_ADD, memlan_evq_fd(sq), &sev) == 0 ||
+            errno == EEXIST)
+            e->k_sbell = true;
+        else
+            ok = false;
+    } else if (!want_s && e->k_sbell && e->q) {
+        (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, memlan_evq_fd(e->q), NULL);
+        e->k_sbell = false;
+    }
+    if (efd >= 0 && !e->in_kernel) {
+        struct epoll_event wev = {.events = EPOLLIN, .data.u64 = MLP_TAG_WAKE};
+        if (mlp_real_epoll_ctl(epfd, EPOLL_CTL_ADD, efd, &wev) < 0 && errno != EEXIST)
+            ok = false;
+    }
+    e->in_kernel = ok;
+    /* A thread already asleep on this set entered it when the set had no member of ours, and
+     * sleeps in the kernel on the application's fds alone: wake it to wait the whole way.
+     * SYNC: the fence orders the caller's store of e->n before the load of sleepers; pairs with
+     * the increment of sleepers before the load of e->n in mlp_ep_kernel_only(). */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load(&e->sleepers)) {
+        pthread_mutex_lock(&mlp_epmu);
+        mlp_ep_ring(e);
+        pthread_mutex_unlock(&mlp_epmu);
+    }
+    pthread_mutex_unlock(&mlp_kset_mu);
+}
+
+/* The set has no member of ours left: our fds leave its kernel set. */
+static void mlp_ep_unsetup(int epfd, struct mlp_ep *e)
+{
+    if (!e->in_kernel && !e->k_pbell && !e->k_sbell)
+        return;
+    pthread_mutex_lock(&mlp_kset_mu);
+    if (__atomic_load_n(&e->n, __ATOMIC_RELAXED) == 0 && !e->nested) {
+        if (mlp_q && e->k_pbell)
+            (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, memlan_evq_fd(mlp_q), NULL);
+        e->k_pbell = false;
+        if (e->q && e->k_sbell)
+            (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, memlan_evq_fd(e->q), NULL);
+        e->k_sbell = false;
+        pthread_mutex_lock(&mlp_epmu);
+        if (e->efd >= 0 && e->in_kernel) {
+            (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, e->efd, NULL);
+            if (e->efd_rung && !e->sleepers) {
+                uint64_t v;
+                (void)__ml_sys_read(e->efd, &v, sizeof v);
+                e->efd_rung = false;
+            }
+        }
+        pthread_mutex_unlock(&mlp_epmu);
+        e->in_kernel = false;
+    }
+    pthread_mutex_unlock(&mlp_kset_mu);
+}
+
+static bool mlp_fdrec_is_epoll(int fd)
+{
+    struct mlp_fdrec *r = mlp_fdrec(fd);
+    return r && atomic_load_explicit(&r->epfd, memory_order_relaxed);
+}
+
+static bool mlp_is_epoll_fd(int fd)
+{
+    struct mlp_fdrec *r = mlp_fdrec(fd);
+    if (r && atomic_load_explicit(&r->epfd, memory_order_relaxed))
+        return true;
+    if (fd >= 0 && fd < (1 << 16))
+        return false; /* below 65536 only a duplicate of one is missed, as before */
+    char path[48], link[32];
+    snprintf(path, sizeof path, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(path, link, sizeof link - 1);
+    if (n < 0)
+        return false;
+    link[n] = 0;
+    return strcmp(link, "anon_inode:[eventpoll]") == 0;
+}
+
+/* The set at fd is watched by another set (or by poll).  Its readiness there must be its
+ * members': the doorbells leave its kernel set (any post would make it look readable), its
+ * members move to the process's queue (each is put on the ready list, and the prune re-arms it
+ * there), and its eventfd says whether a member is ready.  Waits on it, and every wait of the
+ * process, take the doorbell's part. */
+static void mlp_ep_make_nested(int fd, struct mlp_ep *inner)
+{
+    if (!inner)
+        return;
+    pthread_mutex_lock(&mlp_kset_mu);
+    if (mlp_q && inner->k_pbell)
+        (void)mlp_real_epoll_ctl(fd, EPOLL_CTL_DEL, memlan_evq_fd(mlp_q), NULL);
+    if (inner->q && inner->k_sbell)
+        (void)mlp_real_epoll_ctl(fd, EPOLL_CTL_DEL, memlan_evq_fd(inner->q), NULL);
+    inner->k_pbell = inner->k_sbell = false;
+    pthread_mutex_unlock(&mlp_kset_mu);
+    pthread_mutex_lock(&mlp_epmu);
+    for (int i = 0; i < inner->nbyfd; i++)
+        if (inner->byfd[i]) {
+            mlp_home_hint(inner->byfd[i]->s);
+            mlp_rl_push(inner->byfd[i]);
+        }
+    pthread_mutex_unlock(&mlp_epmu);
+    mlp_ep_nested_leave(inner);
+}
+
+/* Nobody watches the set at fd any more: it is a set like any other again, whose members move
+ * back to its own queue as they are armed (the process's doorbell stays in it for those that
+ * have not yet). */
+static void mlp_ep_unnest(struct mlp_ep *inner)
+{
+    pthread_mutex_lock(&mlp_epmu);
+    atomic_store(&inner->pbell, true);
+    for (int i = 0; i < inner->nbyfd; i++)
+        if (inner->byfd[i]) {
+            mlp_home_hint(inner->byfd[i]->s);
+            mlp_rl_push(inner->byfd[i]);
+        }
+    if (inner->sleepers)
+        mlp_ep_ring(inner); /* a waiter on it takes the doorbells back before it sleeps again */
+    pthread_mutex_unlock(&mlp_epmu);
+}
+
+/* One more (d = 1) or one less (d = -1) watcher of inner, the set at fd.  A set inside another
+ * that does not ask for EPOLLIN on it (UCX's async thread keeps its interfaces' sets in its own
+ * with no events, most of the time) is not nested: nobody can see its readiness, and treating it
+ * as nested put the process's doorbell in the outer set and woke that thread on every post. */
+void mlp_ep_watch(int fd, struct mlp_ep *inner, int d)
+{
+    pthread_mutex_lock(&mlp_epmu);
+    int before = inner->watch;
+    inner->watch += d;
+    if (inner->watch < 0)
+        inner->watch = 0;
+    bool nest = before == 0 && inner->watch > 0, unnest = before > 0 && inner->watch == 0;
+    if (nest)
+        inner->nested = true;
+    else if (unnest)
+        inner->nested = false;
+    pthread_mutex_unlock(&mlp_epmu);
+    if (nest) {
+        __atomic_add_fetch(&mlp_nnested, 1, __ATOMIC_RELAXED);
+        mlp_ep_make_nested(fd, inner);
+        /* A thread asleep on a set without the process's doorbell (the one watching inner among
+         * them) wakes to take it. */
+        pthread_mutex_lock(&mlp_epmu);
+        for (int i = 0; i <= mlp_eps_max && i < mlp_neps; i++) {
+            struct mlp_ep *o = __atomic_load_n(&mlp_eps[i], __ATOMIC_ACQUIRE);
+            if (o && o->sleepers && !o->k_pbell && !o->nested)
+                mlp_ep_ring(o);
+        }
+        pthread_mutex_unlock(&mlp_epmu);
+    } else if (unnest) {
+        __atomic_sub_fetch(&mlp_nnested, 1, __ATOMIC_RELAXED);
+        mlp_ep_unnest(inner);
+    }
+}
+
+/* epoll_ctl(outer, op, fd) where fd is an epoll fd: the call is made here, and then whether outer
+ * watches fd's set for EPOLLIN is noted.  A new watcher makes the set nested before the call, so
+ * that the outer set never sees it readable for a post of ours. */
+static int mlp_epoll_ctl_nest(int epfd, int op, int fd, struct epoll_event *ev)
+{
+    struct mlp_ep *outer = mlp_ep_get(epfd, true), *inner = mlp_ep_get(fd, true);
+    if (!outer || !inner || outer == inner) {
+        if (inner && outer != inner && op == EPOLL_CTL_ADD && !inner->poll_watched) {
+            inner->poll_watched = true; /* cannot be told apart: watched for good */
+            mlp_ep_watch(fd, inner, 1);
+        }
+        int r = mlp_real_epoll_ctl(epfd, op, fd, ev);
+        return r < 0 ? -errno : r;
+    }
+    bool want = op != EPOLL_CTL_DEL && ev && (ev->events & (EPOLLIN | EPOLLRDNORM));
+    pthread_mutex_lock(&mlp_epmu);
+    struct mlp_nest *n = NULL;
+    for (int i = 0; i < outer->nnest; i++)
+        if (outer->nest[i].fd == fd) {
+            n = &outer->nest[i];
+            break;
+        }
+    bool had = n && n->watch && n->inner == inner && n->life == inner->life;
+    pthread_mutex_unlock(&mlp_epmu);
+    if (want && !had)
+        mlp_ep_watch(fd, inner, 1);
+    int r = mlp_real_epoll_ctl(epfd, op, fd, ev);
+    if (r < 0) {
+        int err = errno;
+        if (want && !had)
+            mlp_ep_watch(fd, inner, -1);
+        return -err;
+    }
+    pthread_mutex_lock(&mlp_epmu);
+    n = NULL;
+    for (int i = 0; i < outer->nnest; i++)
+        if (outer->nest[i].fd == fd) {
+            n = &outer->nest[i];
+            break;
+        }
+    if (op == EPOLL_CTL_DEL) {
+        if (n)
+            *n = outer->nest[--outer->nnest];
+    } else {
+        if (!n && outer->nnest == outer->capnest) {
+            int cap = outer->capnest ? outer->capnest * 2 : 8;
+            void *p = realloc(outer->nest, (size_t)cap * sizeof *outer->nest);
+            if (p) {
+                outer->nest = p;
+                outer->capnest = cap;
+            }
+        }
+        if (!n && outer->nnest < outer->capnest)
+            n = &outer->nest[outer->nnest++];
+        if (n)
+            *n = (struct mlp_nest){.inner = inner, .life = inner->life, .fd = fd, .watch = want};
+        else if (want)
+            inner->poll_watched = true; /* no room to remember it: watched for good */
+    }
+    pthread_mutex_unlock(&mlp_epmu);
+    if (!want && had)
+        mlp_ep_watch(fd, inner, -1);
+    return 0;
+}
+
+/* Does poll or select on fd need our path: an epoll fd whose set holds a member of ours (or is
+ * nested already)?  Its kernel file alone cannot say when those members are ready. */
+bool mlp_epoll_has_ours(int fd)
+{
+    struct mlp_ep *e = mlp_ep_get(fd, false);
+    return e && (__atomic_load_n(&e->n, __ATOMIC_RELAXED) || e->nested);
+}
+
+/* poll or select on fd: if it is such an epoll fd, it becomes a nested set (as if it were in
+ * another set), so that its kernel file is readable only while a member is ready. */
+bool mlp_ep_poll_nest(int fd)
+{
+    struct mlp_fdrec *r = mlp_fdrec(fd);
+    if (!r || !atomic_load_explicit(&r->epfd, memory_order_relaxed) || !mlp_epoll_has_ours(fd))
+        return false;
+    struct mlp_ep *e = mlp_ep_get(fd, false);
+    if (e && !e->poll_watched) {
+        e->poll_watched = true; /* nested for good, until its last fd closes */
+        mlp_ep_watch(fd, e, 1);
+    }
+    return true;
+}
+
+/* EPOLL_CTL_MOD has just enabled m again (mlp_epmu held; a thread sleeps on its set): may the
+ * sleepers stay asleep?  The kernel's ep_modify wakes them only if the fd is ready then.  Yes when
+ * m is a settled socket of ours that posts to its set's own queue, whose doorbell the sleepers
+ * hear, and arming it there finds it not ready: its next change posts and wakes them.  m goes on
+ * the list either way (the next wait looks at it).  Anything else rings, as before: libntirpc
+ * (nfs-ganesha) re-arms its one-shot connection with MOD before it replies, and the ring woke
+ * its loop thread for nothing once per request (on one cpu, ahead of the reply). */
+static bool mlp_member_quiet(struct mlp_member *m)
+{
+    struct mlp_sock *s = m->s;
+    struct mlp_ep *e = m->ep;
+    if (m->disabled || e->nested || !e->in_kernel || !e->k_sbell || !e->q ||
+        s->type != MLP_CONN || s->state != MLP_ACCEL || !s->ch || !mlp_q ||
+        ml_load_relaxed(&mlp_nopost_seen) || atomic_load(&s->fin_ns) || mlp_peer_nopost(s))
+        return false;
+    struct mlp_ep *forced = NULL;
+    if (mlp_home_want(s, &forced) != e || forced || s->qep != e || s->ch->evq != e->q)
+        return false;
+    bool et = (m->events & EPOLLET) != 0;
+    if (et ? mlp_arm_et(m, 0) : mlp_arm(s, (short)(m->events & 0xffff), true))
+        return false; /* ready (or turned ready as we armed) */
+    /* Armed in e's queue, unless it moved meanwhile (a poll on it from another thread). */
+    if (s->qep != e || s->ch->evq != e->q || s->state != MLP_ACCEL)
+        return false;
+    return !mlp_member_ready(m);
+}
+
+int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handled)
+{
+    *handled = false;
+    struct mlp_sock *s = mlp_get(fd);
+    struct mlp_ep *e0 = mlp_ep_get(epfd, false);
+    struct mlp_member *known = NULL;
+    if (e0) {
+        pthread_mutex_lock(&mlp_epmu);
+        if (fd >= 0 && fd < e0->nbyfd)
+            known = e0->byfd[fd];
+        pthread_mutex_unlock(&mlp_epmu);
+    }
+    bool ours = s && s->type == MLP_CONN && s->state != MLP_TCP;
+    if (!ours) {
+        if (known) {
+            /* It fell to TCP (or fd is something else now): forget the member, and the
+             * application's call goes to the kernel as it is (ADD gets EEXIST, as it would). */
+            struct mlp_sock *old = NULL;
+            pthread_mutex_lock(&mlp_epmu);
+            if (fd < e0->nbyfd && e0->byfd[fd] == known)
+                old = mlp_member_free(known);
+            pthread_mutex_unlock(&mlp_epmu);
+            if (old)
+                mlp_put(old);
+        } else if (!s && (op == EPOLL_CTL_ADD ? mlp_is_epoll_fd(fd) : mlp_fdrec_is_epoll(fd)) &&
+                   !mlp_vfork_child()) {
+            /* An epoll fd inside another: it must look readable to the outer set when our
+             * members are ready, if the outer set asks. */
+            *handled = true;
+            return mlp_epoll_ctl_nest(epfd, op, fd, ev);
+        }
+        if (s)
+            mlp_put(s);
+        return 0;
+    }
+    if ((!e0 || op == EPOLL_CTL_ADD) && mlp_vfork_child()) {
+        mlp_put(s); /* a vfork child makes no record or member (see mlp_vf): the kernel's call */
+        return 0;
+    }
+    *handled = true;
+    if (op != EPOLL_CTL_ADD && op != EPOLL_CTL_MOD && op != EPOLL_CTL_DEL) {
+        mlp_put(s);
+        return -EINVAL;
+    }
+    if (op != EPOLL_CTL_DEL && !ev) {
+        mlp_put(s);
+        return -EFAULT;
+    }
+    uint32_t want = ev ? ev->events : 0;
+    if (op == EPOLL_CTL_ADD && (want & EPOLLEXCLUSIVE) && (want & ~(uint32_t)MLP_EXCL_OK)) {
+        mlp_put(s);
+        return -EINVAL;
+    }
+    struct mlp_ep *e = mlp_ep_get(epfd, true);
+    if (!e) {
+        mlp_put(s);
+        return -ENOMEM;
+    }
+    /* The kernel checks epfd, fd, op, EEXIST/ENOENT and EPOLLEXCLUSIVE with MOD for us, on the
+     * kernel fd.  Edge-triggered: the FIN is reported once, not on every wait after it. */
+    struct epoll_event kev = {.events = EPOLLRDHUP | EPOLLET, .data.u64 = MLP_TAG | (uint32_t)fd};
+    e->tagged = true; /* before the kernel holds the tag: a wait that sees it must filter it */
+    if (want & EPOLLEXCLUSIVE)
+        kev.events = EPOLLIN | EPOLLET | EPOLLEXCLUSIVE; /* RDHUP is not allowed with it */
+    int r = mlp_real_epoll_ctl(epfd, op, fd, op == EPOLL_CTL_DEL ? NULL : &kev);
+    if (r < 0) {
+        r = -errno;
+        mlp_put(s);
+        return r;
+    }
+    struct mlp_sock *drop[3] = {NULL, NULL, NULL};
+    pthread_mutex_lock(&mlp_epmu);
+    struct mlp_member *m = fd < e->nbyfd ? e->byfd[fd] : NULL;
+    if (m && m->s != s) { /* a member for a socket this fd no longer names */
+        drop[0] = mlp_member_free(m);
+        m = NULL;
+    }
+    if (op == EPOLL_CTL_DEL) {
+        if (m)
+            drop[1] = mlp_member_free(m);
+        drop[2] = s;
+    } else {
+        if (!m) {
+            if (fd >= e->nbyfd) {
+                int nn = e->nbyfd ? e->nbyfd : 64;
+                while (nn <= fd)
+                    nn *= 2;
+                void *p = realloc(e->byfd, (size_t)nn * sizeof *e->byfd);
+                if (p) {
+                    memset((struct mlp_member **)p + e->nbyfd, 0,
+                           (size_t)(nn - e->nbyfd) * sizeof *e->byfd);
+                    e->byfd = p;
+                    e->nbyfd = nn;
+                }
+            }
+            if (fd < e->nbyfd && (m = calloc(1, sizeof *m))) {
+                m->ep = e;
+                m->fd = fd;
+                m->s = s; /* our reference becomes the member's */
+                m->snext = s->epm;
+                __atomic_store_n(&s->epm, m, __ATOMIC_RELEASE);
+                e->byfd[fd] = m;
+                __atomic_store_n(&e->n, e->n + 1, __ATOMIC_RELAXED);
+                mlp_home_hint(s);
+                if (m->snext) {
+                    /* In two sets now: it posts to the process's queue, whose doorbell each of
+                     * its sets must hear; one asleep without it wakes to take it. */
+                    for (struct mlp_member *o = s->epm; o; o = o->snext)
+                        if (!atomic_exchange(&o->ep->pbell, true) && o->ep->sleepers)
+                            mlp_ep_ring(o->ep);
+                }
+            } else {
+                pthread_mutex_unlock(&mlp_epmu);
+                (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL);
+                if (drop[0])
+                    mlp_put(drop[0]);
+                mlp_put(s);
+                return -ENOMEM;
+            }
+        } else {
+            drop[2] = s; /* the member has its reference already */
+        }
+        m->events = want;
+        m->data = ev->data;
+        m->disabled = false;
+        m->undecided_seen = 0;
+        mlp_rl_del(m);
+        /* like the kernel's insert: looked at on the next wait; the sleepers woken only if it
+         * may be ready */
+        if (op == EPOLL_CTL_MOD && e->sleepers && mlp_member_quiet(m))
+            (void)mlp_rl_link(m);
+        else
+            mlp_rl_push(m);
+    }
+    pthread_mutex_unlock(&mlp_epmu);
+    for (int i = 0; i < 3; i++)
+        if (drop[i])
+            mlp_put(drop[i]);
+    if (op != EPOLL_CTL_DEL)
+        mlp_ep_setup(epfd, e);
+    return 0;
+}
+
+/* A member whose socket fell to TCP: hand it to the kernel with the application's events, and
+ * forget it (mlp_epmu held).  Returns the reference to drop. */
+static struct mlp_sock *mlp_member_to_kernel(int epfd, struct mlp_member *m)
+{
+    struct epoll_event kev = {.events = m->disabled ? 0 : m->events, .data = m->data};
+    kev.events &= ~(uint32_t)EPOLLEXCLUSIVE;
+    (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_MOD, m->fd, &kev);
+    return mlp_member_free(m);
+}
+
+/* Arm an edge-triggered member after a look that reported `reported` (or found nothing).  The
+ * kernel's next edge is new data, or write space after the socket was full: so the read tripwire
+ * is armed even while data waits, and the write tripwire only while the ring is full (armed with
+ * space free, every read by the peer would post a write "edge" the kernel never makes).  True if
+ * something not yet reported turned up meanwhile: its writer may have missed the tripwire. */
+bool mlp_arm_et(struct mlp_member *m, uint32_t reported)
+{
+    struct mlp_sock *s = m->s;
+    if (!mlp_queue_add(s, true))
+        return false;
+    uint32_t ev = 0;
+    if (m->events & (EPOLLIN | EPOLLRDNORM | EPOLLRDHUP))
+        ev |= MEMLAN_EV_READ;
+    if ((m->events & (EPOLLOUT | EPOLLWRNORM)) && __ml_chan_tx_free_ro(s->ch) == 0)
+        ev |= MEMLAN_EV_WRITE;
+    if (!ev)
+        return false;
+    (void)__ml_chan_arm_evq(s->ch, ev); /* its fence orders the arm before the look below */
+    int rev = mlp_revents(s, m->fd);
+    if (rev < 0)
+        return true;
+    return (mlp_ev_from_poll(rev) & (m->events | EPOLLERR | EPOLLHUP) & ~reported) != 0;
+}
+
+/* Take up to max ready events off e's ready list (mlp_epmu held).  Sockets to drop go to puts.
+ * *undecided: some member waits for its connection to settle (it must be looked at again soon). */
+static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, int max,
+                          bool *undecided, struct mlp_sock **puts, int *np)
+{
+    int got = 0;
+    for (int k = e->nready; k > 0 && got < max && e->rhead && *np < 64; k--) {
+        struct mlp_member *m = e->rhead;
+        mlp_rl_del(m);
+        struct mlp_sock *s = m->s;
+        if (m->disabled)
+            continue;
+        int looks = 0;
+        bool et = (m->events & EPOLLET) != 0;
+        uint32_t reported = 0; /* edge-triggered: bits already reported for the current edge */
+    look:;
+        int rev = s->type == MLP_CONN && s->state != MLP_TCP ? mlp_revents(s, m->fd) : -1;
+        if (rev < 0) {
+            puts[(*np)++] = mlp_member_to_kernel(epfd, m);
+            continue;
+        }
+        uint32_t ev = mlp_ev_from_poll(rev) & (m->events | EPOLLERR | EPOLLHUP);
+        bool und = s->state == MLP_UNDECIDED;
+        if (und) {
+            *undecided = true;
+            if (et) {
+                uint32_t fresh = ev & ~m->undecided_seen;
+                m->undecided_seen |= ev;
+                ev = fresh;
+            }
+        } else if (m->undecided_seen) {
+            /* Settled: what was reported while undecided is no new edge now. */
+            reported |= m->undecided_seen;
+            m->undecided_seen = 0;
+        }
+        if (et && !und)
+            ev &= ~reported;
+        if (ev) {
+            out[got].events = ev;
+            out[got].data = m->data;
+            got++;
+            if (!und && s->ch) {
+                /* Same-core detection for the spin (as recv and poll do): where the peer waits,
+                 * and where we do. */
+                e->peer_cpu = ml_load_relaxed(&s->ch->tx.ctl->rx_cpu);
+                int cpu = __ml_getcpu();
+                ml_store_relaxed(&s->ch->rx.ctl->rx_cpu, (uint32_t)(cpu + 1));
+                __atomic_store_n(&e->rep_thr, (uintptr_t)pthread_self(), __ATOMIC_RELAXED);
+                __atomic_store_n(&e->rep_cpu, cpu, __ATOMIC_RELAXED);
+                __atomic_store_n(&e->rep_fd, m->fd, __ATOMIC_RELAXED);
+                __atomic_store_n(&e->rep_s, (void *)s, __ATOMIC_RELAXED);
+                __atomic_store_n(&e->rep_tx,
+                                 atomic_load_explicit(s->ch->tx.pub, memory_order_relaxed),
+                                 __ATOMIC_RELAXED);
+                __atomic_store_n(&e->rep_rx,
+                                 atomic_load_explicit(s->ch->rx.pub, memory_order_relaxed),
+                                 __ATOMIC_RELAXED);
+            }
+            if (m->events & EPOLLONESHOT)
+                m->disabled = true;
+            else if (und || !et)
+                mlp_rl_push(m); /* level-triggered: looked at again on the next wait */
+            else if (mlp_arm_et(m, reported | ev))
+                mlp_rl_push(m); /* a new edge already: the next wait reports it */
+        } else if (und) {
+            mlp_rl_push(m);
+        } else if (atomic_load(&s->fin_ns) && mlp_check_peer(s)) {
+            mlp_rl_push(m); /* its FIN came before its lock went: nap and look again */
+            *undecided = true;
+        } else if (et ? mlp_arm_et(m, reported) : mlp_arm(s, (short)(m->events & 0xffff), true)) {
+            /* It changed as we armed.  Look at it again now: its writer may have written before
+             * it could see the tripwire, and then no post comes; a caller that got nothing here
+             * would sleep past the data (a ping-pong server hung so).  Only this member: the
+             * others may already be in this answer, and the kernel reports an fd once per call. */
+            if (++looks < 3)
+                goto look;
+            mlp_rl_push(m);
+            *undecided = true; /* still changing: the caller naps 1 ms rather than sleeping */
+        } else if (!mlp_q || !s->ch->evq) {
+            /* Cannot be armed (no queue, or every registration slot of the direction taken:
+             * more processes wait on it than it has slots): no post can put it back on the
+             * list, so it stays there, and the caller naps rather than sleeping. */
+            mlp_rl_push(m);
+            *undecided = true;
+        }
+    }
+    return got;
+}
+
+static int mlp_ep_collect(int epfd, struct mlp_ep *e, struct epoll_event *out, int max,
+                          bool *undecided, uint64_t *gen)
+{
+    struct mlp_sock *puts[64];
+    int np = 0;
+    mlp_queue_drain();
+    mlp_ep_drain(e);
+    pthread_mutex_lock(&mlp_epmu);
+    int got = e->rhead ? mlp_ep_harvest(epfd, e, out, max, undecided, puts, &np) : 0;
+    if (gen)
+        *gen = e->gen;
+    pthread_mutex_unlock(&mlp_epmu);
+    mlp_put_all(puts, np);
+    return got;
+}
+
+/* A set inside another set looks readable to the outer one through its eventfd: keep that true
+ * to the members (mlp_epmu held).  Members found not ready leave the ready list armed, as a wait
+ * would leave them; the eventfd stays rung only while one is ready or cannot be told. */
+static void mlp_ep_prune(struct mlp_ep *e)
+{
+    bool ready = false;
+    for (int k = e->nready; k > 0 && e->rhead && !ready; k--) {
+        struct mlp_member *m = e->rhead;
+        mlp_rl_del(m);
+        if (m->disabled)
+            continue;
+        if (mlp_member_ready(m) || mlp_arm(m->s, (short)(m->events & 0xffff), true) || !mlp_q ||
+            !m->s->ch->evq) {
+            ready = true; /* back on the list (at its tail) for the next wait to report */
+            mlp_rl_push(m);
+        }
+    }
+    if (ready) {
+        mlp_ep_ring(e);
+    } else if (e->efd_rung) { /* the list is empty now */
+        uint64_t v;
+        (void)__ml_sys_read(e->efd, &v, sizeof v);
+        e->efd_rung = false;
+    }
+}
+
+void mlp_ep_nested_leave(struct mlp_ep *e)
+{
+    pthread_mutex_lock(&mlp_epmu);
+    mlp_ep_prune(e);
+    pthread_mutex_unlock(&mlp_epmu);
+    if (mlp_q && memlan_evq_arm(mlp_q) == 1)
+        mlp_queue_drain(); /* rings e's eventfd if it concerns e */
+}
+
+/* Before any wait of a process that has nested sets sleeps: take the queue's events and make
+ * every nested set's readiness true, so that an outer set (or poll) reports an inner one only
+ * when a member of it is ready.  The sleeping wait has the doorbell, which nested sets do not. */
+void mlp_nested_refresh(void)
+{
+    if (!__atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED) || !mlp_eps)
+        return;
+    mlp_queue_drain();
+    pthread_mutex_lock(&mlp_epmu);
+    for (int fd = 0; fd <= mlp_eps_max && fd < mlp_neps; fd++) {
+        struct mlp_ep *e = __atomic_load_n(&mlp_eps[fd], __ATOMIC_ACQUIRE);
+        if (e && e->nested)
+            mlp_ep_prune(e);
+    }
+    pthread_mutex_unlock(&mlp_epmu);
+    if (mlp_q && memlan_evq_arm(mlp_q) == 1)
+        mlp_queue_drain();
+}
+
+/* The kernel set's answer, waiting up to left ns (-1: for ever).  epoll_pwait, in milliseconds
+ * rounded up, unless the application itself called epoll_pwait2: a kernel before 5.11 or a
+ * seccomp filter that predates it refuses epoll_pwait2 (ENOSYS, EPERM, or SIGSYS), and a program
+ * that never called it must not meet that because of us. */
+__thread bool mlp_ep_ns __attribute__((tls_model("initial-exec"))); /* set by the epoll_pwait2 interposer around its call */
+static _Atomic bool mlp_no_pwait2;
+
+static int mlp_ep_kwait(int epfd, struct epoll_event *out, int max, int64_t left,
+                        const sigset_t *mask)
+{
+    if (mlp_ep_ns && mlp_real_epoll_pwait2 && !atomic_load_explicit(&mlp_no_pwait2,
+                                                                    memory_order_relaxed)) {
+        struct timespec ts = mlp_ts(left < 0 ? 0 : left);
+        int r = mlp_real_epoll_pwait2(epfd, out, max, left < 0 ? NULL : &ts, mask);
+        if (r >= 0)
+            return r;
+        if (errno != ENOSYS)
+            return -errno;
+        atomic_store(&mlp_no_pwait2, true);
+    }
+    int r = mlp_real_epoll_pwait(epfd, out, max,
+                                 left < 0 ? -1 : (int)((left + 999999) / 1000000), mask);
+    return r < 0 ? -errno : r;
+}
+
+/* Keep the application's events of a kernel answer and act on ours: a member's FIN (look at its
+ * peer, put it on its sets' lists), the doorbell or the set's eventfd (*ours: look again).  No
+ * event of ours ever reaches the application. */
+static int mlp_ep_filter(struct epoll_event *out, int r, bool *ours)
+{
+    int w = 0;
+    for (int i = 0; i < r; i++) {
+        uint64_t d = out[i].data.u64;
+        if ((d & MLP_TAG_MASK) == MLP_TAG) {
+            if (d != MLP_TAG_BELL && d != MLP_TAG_WAKE && d != MLP_TAG_SBELL) {
+                struct mlp_sock *s = mlp_get((int)(uint32_t)d);
+                if (s) {
+                    (void)mlp_check_peer(s);
+                    mlp_mark_sock(s);
+                    mlp_put(s);
+                }
+            }
+            *ours = true;
+            continue;
+        }
+        out[w++] = out[i];
+    }
+    return w;
+}
+
+#define MLP_EP_SWITCH 1000000000 /* mlp_ep_kernel_only: a member of ours came, wait the whole way */
+
+/* What an epoll_wait holds on its set (see "waits left by a jump or a cancellation"): its count
+ * in waiters, and in sleepers (1: counted alone, as mlp_ep_kernel_only does; 2: under mlp_epmu,
+ * the last sleeper draining a rung eventfd).  A count left behind kept the set's eventfd rung,
+ * and every later wait on the set woke at once and spun. */
+struct mlp_ep_undo {
+    struct _pthread_cleanup_buffer buf;
+    struct mlp_ep *e;
+    volatile bool waiter;
+    volatile int sleeper;
+};
+
+static void mlp_ep_left(void *arg)
+{
+    struct mlp_ep_undo *u = arg;
+    struct mlp_ep *e = u->e;
+    if (u->waiter) {
+        u->waiter = false;
+        __atomic_sub_fetch(&e->waiters, 1, __ATOMIC_RELAXED);
+    }
+    int sl = u->sleeper;
+    if (sl == 1) {
+        u->sleeper = 0;
+        atomic_fetch_sub(&e->sleepers, 1);
+    } else if (sl == 2 && mlp_lock_left(&mlp_epmu)) {
+        u->sleeper = 0;
+        if (--e->sleepers == 0 && e->efd_rung && !e->nested) {
+            uint64_t v;
+            (void)__ml_sys_read(e->efd, &v, sizeof v);
+            e->efd_rung = false;
+        }
+        pthread_mutex_unlock(&mlp_epmu);
+    }
+}
+
+/* A set with no member of ours: the kernel's answer, with our fds out of the set and any tagged
+ * leftover filtered.  The thread counts as a sleeper, so that a member added meanwhile by another
+ * thread rings the set's eventfd (mlp_ep_setup) and this wait goes on the whole way. */
+static int mlp_ep_kernel_only(int epfd, struct mlp_ep *e, struct epoll_event *out, int max,
+                              int64_t timeout_ns, uint64_t deadline, const sigset_t *mask)
+{
+    mlp_ep_unsetup(epfd, e);
+    struct mlp_ep_undo u = {.e = e};
+    int ret;
+    mlp_left_push(&u.buf, mlp_ep_left, &u);
+    pthread_cleanup_push(mlp_ep_left, &u);
+    for (;;) {
+        /* No lock: threads with a set each (tokio, Envoy) must not meet on a process-wide one.
+         * SYNC: the seq_cst increment pairs with the fence in mlp_ep_setup(). */
+        atomic_fetch_add(&e->sleepers, 1);
+        u.sleeper = 1; /* after the count, and cleared before it: a jump leaks, never undoes twice */
+        if (__atomic_load_n(&e->n, __ATOMIC_SEQ_CST) > 0) {
+            u.sleeper = 0;
+            atomic_fetch_sub(&e->sleepers, 1);
+            ret = MLP_EP_SWITCH;
+            break;
+        }
+        int64_t left = timeout_ns < 0 ? -1 : mlp_left(deadline);
+        int r = mlp_ep_kwait(epfd, out, max, left, mask);
+        u.sleeper = 0;
+        atomic_fetch_sub(&e->sleepers, 1); /* a ring for us stays on the eventfd: the whole
+                                            * wait that follows takes it */
+        if (r <= 0) {
+            ret = r;
+            break;
+        }
+        bool ours = false;
+        int w = e->tagged ? mlp_ep_filter(out, r, &ours) : r;
+        if (w || (timeout_ns >= 0 && mlp_left(deadline) == 0)) {
+            ret = w;
+            break;
+        }
+    }
+    pthread_cleanup_pop(0);
+    mlp_left_pop(&u.buf);
+    return ret;
+}
+
+/* epoll_wait's spin (__ml_spin_run): a collect of the set's ready list. */
+struct mlp_ep_spin {
+    int epfd;
+    struct mlp_ep *e;
+    struct epoll_event *out;
+    int max;
+    bool *undecided;
+    uint64_t *gen;
+};
+
+static int mlp_ep_spin_look(struct ml_spinning *sp, void *a)
+{
+    struct mlp_ep_spin *w = a;
+    return mlp_ep_collect(w->epfd, w->e, w->out, w->max, w->undecided, w->gen);
+}
+
+/* Is another thread of ours still handling this set's last event, on the cpu we are on?  The
+ * event was reported here and nothing has been sent on its socket since, so its peer waits for
+ * an answer; and either another thread took it, or we did and have not read it (we handed it
+ * on).  A spin here could then only hold off the thread that must give that answer (nfs-ganesha:
+ * libntirpc's loop passes to a fresh pool thread as the old one handles the request, and with
+ * its threads on one cpu the new loop thread spun ahead of every reply).  A thread that took the
+ * event itself and has read or answered (a plain server, a stream's reader) spins as before. */
+static bool mlp_ep_handler_here(struct mlp_ep *e)
+{
+    uintptr_t thr = __atomic_load_n(&e->rep_thr, __ATOMIC_RELAXED);
+    if (!thr)
+        return false;
+    int cpu = __ml_getcpu();
+    if (cpu < 0 || __atomic_load_n(&e->rep_cpu, __ATOMIC_RELAXED) != cpu)
+        return false;
+    struct mlp_sock *s = mlp_get(__atomic_load_n(&e->rep_fd, __ATOMIC_RELAXED));
+    if (!s)
+        return false;
+    bool owed = (void *)s == __atomic_load_n(&e->rep_s, __ATOMIC_RELAXED) &&
+                s->type == MLP_CONN && s->state == MLP_ACCEL && s->ch &&
+                atomic_load_explicit(s->ch->tx.pub, memory_order_relaxed) ==
+                    __atomic_load_n(&e->rep_tx, __ATOMIC_RELAXED) &&
+                (thr != (uintptr_t)pthread_self() ||
+                 atomic_load_explicit(s->ch->rx.pub, memory_order_relaxed) ==
+                     __atomic_load_n(&e->rep_rx, __ATOMIC_RELAXED));
+    mlp_put(s);
+    return owed;
+}
+
+int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_ns,
+                   const sigset_t *mask)
+{
+    if (max <= 0)
+        return -EINVAL;
+    uint64_t deadline = timeout_ns < 0 ? 0 : mlp_now_ns() + (uint64_t)timeout_ns;
+    /* Every set has a record, members or not: a thread asleep on a set must hear of a member
+     * that another thread adds (gRPC's and tokio's pattern), and a set that had members must
+     * never hand the application an event of ours. */
+    int vf = -1; /* a vfork child (mlp_vf): it makes no record */
+    struct mlp_ep *e = mlp_ep_get(epfd, false);
+    if (!e && !mlp_vf(&vf))
+        e = mlp_ep_get(epfd, true);
+    if (!e) { /* beyond the table (or no memory, or a vfork child's set): the kernel's answer,
+               * filtered */
+        int r = mlp_ep_kwait(epfd, out, max, timeout_ns < 0 ? -1 : timeout_ns, mask);
+        bool ours = false;
+        return r > 0 ? mlp_ep_filter(out, r, &ours) : r;
+    }
+    if (!__atomic_load_n(&e->n, __ATOMIC_RELAXED) && !e->nested &&
+        !__atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED)) {
+        int r = mlp_ep_kernel_only(epfd, e, out, max, timeout_ns, deadline, mask);
+        if (r != MLP_EP_SWITCH)
+            return r;
+    }
+    bool spun = false;
+    int ret;
+    int64_t live = ML_LIVENESS_NS;
+    struct mlp_ep_undo u = {.e = e};
+    mlp_left_push(&u.buf, mlp_ep_left, &u);
+    pthread_cleanup_push(mlp_ep_left, &u);
+    __atomic_add_fetch(&e->waiters, 1, __ATOMIC_RELAXED);
+    u.waiter = true;
+    for (;;) {
+        bool undecided = false;
+        uint64_t gen = 0;
+        int got = 0;
+        /* The kernel's fds get their turn at a bounded interval, and at least half the answer
+         * then, even while members of ours fill every answer (libevent's 32 events and more
+         * busy connections: its listener was never reported); but not on every call, which cost
+         * a system call per answer. */
+        uint64_t now = mlp_now_ns();
+        if (now - __atomic_load_n(&e->kpoll_ns, __ATOMIC_RELAXED) >= MLP_KPOLL_NS) {
+            __atomic_store_n(&e->kpoll_ns, now, __ATOMIC_RELAXED);
+            mlp_nested_refresh(); /* a set inside this one must look ready only if it is */
+            int r = mlp_ep_kwait(epfd, out, max > 1 ? (max + 1) / 2 : 1, 0, NULL);
+            if (r < 0) {
+                ret = r;
+                break;
+            }
+            bool ours = false;
+            got = mlp_ep_filter(out, r, &ours);
+        }
+        if (got < max)
+            got += mlp_ep_collect(epfd, e, out + got, max - got, &undecided, &gen);
+        if (!got && !spun && timeout_ns != 0) {
+            spun = true;
+            struct mlp_ep_spin look = {epfd, e, out, max, &undecided, &gen};
+            struct ml_spinning spin = {
+                .sp = &mlp_poll_spin,
+                .budget = mlp_ep_handler_here(e) ? 0
+                                                 : __ml_spin_budget_ns(&mlp_poll_spin, e->peer_cpu),
+                .every = 4, .look = mlp_ep_spin_look, .arg = &look};
+            got = __ml_spin_run(&spin);
+        }
+        if (got) {
+            ret = got;
+            break;
+        }
+        bool slept = false;
+        if (timeout_ns != 0 && mlp_vf(&vf)) {
+            undecided = true; /* a vfork child sets nothing up: nap and look again */
+        } else if (timeout_ns != 0) {
+            mlp_ep_setup(epfd, e);
+            mlp_nested_refresh();
+            pthread_mutex_lock(&mlp_epmu);
+            bool changed = e->gen != gen;
+            if (!changed) {
+                e->sleepers++;
+                u.sleeper = 2;
+            }
+            pthread_mutex_unlock(&mlp_epmu);
+            if (changed)
+                continue;
+            slept = true;
+            /* The doorbells this set sleeps with: its own queue's, and the process's while a
+             * member may post there (a nested set sleeps with the process's, below). */
+            bool pb = e->nested || e->k_pbell, sb = !e->nested && e->k_sbell && e->q;
+            if (!e->in_kernel || (!pb && !sb) || (pb && !mlp_q) ||
+                ml_load_relaxed(&mlp_nopost_seen)) {
+                undecided = true; /* no doorbell to wake us: nap and look again */
+            } else if ((pb && memlan_evq_arm(mlp_q) == 1) | (sb && memlan_evq_arm(e->q) == 1)) {
+                pthread_mutex_lock(&mlp_epmu); /* a post came in as we armed: collect it */
+                u.sleeper = 0;
+                e->sleepers--;
+                pthread_mutex_unlock(&mlp_epmu);
+                continue;
+            }
+        }
+        int64_t left = mlp_left(deadline);
+        if (timeout_ns < 0)
+            left = -1;
+        if (undecided && (left < 0 || left > 1000000))
+            left = 1000000;
+        if (slept && (left < 0 || left > live)) { /* the liveness bound, as in mlp_poll */
+            left = live;
+            live = live * 2 < (int64_t)ML_LIVENESS_MAX_NS ? live * 2 : (int64_t)ML_LIVENESS_MAX_NS;
+        }
+        int r = 0;
+        bool bell = false;
+        if (left != 0 && e->nested && mlp_q) {
+            /* The doorbell is not in a nested set's kernel set: sleep on both, then look. */
+            struct timespec ts = mlp_ts(left < 0 ? 0 : left);
+            struct pollfd pf[2] = {{.fd = epfd, .events = POLLIN},
+                                   {.fd = memlan_evq_fd(mlp_q), .events = POLLIN}};
+            r = mlp_real_ppoll(pf, 2, left < 0 ? NULL : &ts, mask);
+            if (r < 0)
+                r = -errno;
+            else
+                bell = pf[1].revents != 0;
+            left = 0;
+        }
+        if (r >= 0) {
+            __atomic_store_n(&e->kpoll_ns, mlp_now_ns(), __ATOMIC_RELAXED);
+            r = mlp_ep_kwait(epfd, out, max, left, mask);
+        }
+        if (slept) {
+            pthread_mutex_lock(&mlp_epmu);
+            u.sleeper = 0;
+            if (--e->sleepers == 0 && e->efd_rung && !e->nested) {
+                uint64_t v;
+                (void)__ml_sys_read(e->efd, &v, sizeof v);
+                e->efd_rung = false;
+            }
+            pthread_mutex_unlock(&mlp_epmu);
+        }
+        if (r < 0) {
+            ret = r;
+            break;
+        }
+        bool again = bell;
+        int w = mlp_ep_filter(out, r, &again);
+        if (again && w < max)
+            w += mlp_ep_collect(epfd, e, out + w, max - w, &undecided, NULL);
+        if (w || mlp_left(deadline) == 0) {
+            ret = w;
+            break;
+        }
+    }
+    u.waiter = false;
+    __atomic_sub_fetch(&e->waiters, 1, __ATOMIC_RELAXED);
+    pthread_cleanup_pop(0);
+    mlp_left_pop(&u.buf);
+    if (e->nested)
+        mlp_ep_nested_leave(e);
+    return ret;
+}

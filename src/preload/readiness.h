@@ -1,0 +1,84 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
+/*
+ * readiness.h - what pqueue.c (the process's event queue, the per-thread wake-ups), poll.c
+ * (one socket's readiness, poll, select, the long sleep) and epoll.c share.  Internal to the
+ * preload; nothing here is exported from the library.
+ */
+#ifndef MLP_READINESS_H
+#define MLP_READINESS_H
+
+#include "preload.h"
+
+#include <poll.h>
+#include <time.h>
+
+struct mlp_ep;
+struct mlp_member;
+
+/* The most threads with an eventfd of their own for a blocking call's long sleep (pqueue.c). */
+#define MLP_SLEEP_EFDS 64
+
+/* A thread's registration on one socket it waits for, and its waiter (pqueue.c). */
+struct mlp_pwreg {
+    struct mlp_pwait *w;
+    unsigned gen;
+    struct mlp_sock *s;      /* a reference, NULL once unregistered */
+    struct mlp_pwreg *next;
+};
+
+/* A thread's waiter.  Its registrations live here, not on the poll call's stack: a thread
+ * cancelled or longjmp'd out of its sleep (ppoll is a cancellation point) leaves them linked, and
+ * they must stay valid until its next poll or its exit unlinks them. */
+struct mlp_pwait {
+    int efd;                 /* ours (a high number), EFD_NONBLOCK */
+    unsigned gen;            /* the process it was made in (mlp_pw_gen) */
+    _Atomic int rung;
+    struct mlp_pwreg *regs;  /* nregs linked, of cap */
+    int nregs, cap;
+    int busy;                /* a poll, select or mlp_sock_sleep of the thread is using it: a
+                              * handler's blocking call that interrupted it does not take it */
+    uintptr_t busy_sp;       /* where that call took it (mlp_pw_take) */
+    struct mlp_sock *held;   /* a reference lent by a poll asleep on one socket's futex (1a) */
+    bool sleeper;            /* made by mlp_sock_sleep: counted in mlp_pw_sleepers */
+    volatile bool left;      /* busy, but its call was left and its cleanup (mlp_pw_left) could
+                              * not give back what it held: the next take gives it back */
+};
+
+extern pthread_mutex_t mlp_home_mu;
+extern _Atomic bool mlp_nopost_seen;
+extern struct ml_spin mlp_poll_spin;
+extern unsigned mlp_pw_gen;
+extern __thread struct mlp_pwait *mlp_pw_self __attribute__((tls_model("initial-exec")));
+extern _Atomic int mlp_pw_sleepers;
+extern memlan_evq_t *mlp_q;
+extern pthread_mutex_t mlp_q_mu;
+
+bool mlp_arm(struct mlp_sock *s, short events, bool under_epmu);
+bool mlp_arm_et(struct mlp_member *m, uint32_t reported);
+void mlp_ep_nested_leave(struct mlp_ep *e);
+bool mlp_ep_poll_nest(int fd);
+void mlp_ep_watch(int fd, struct mlp_ep *inner, int d);
+void mlp_epoll_after_fork(void);
+int64_t mlp_left(uint64_t deadline);
+bool mlp_lock_left(pthread_mutex_t *m);
+void mlp_mark_sock(struct mlp_sock *s);
+void mlp_nested_refresh(void);
+bool mlp_peer_nopost(struct mlp_sock *s);
+void mlp_pw_clear(struct mlp_pwait *w);
+struct mlp_pwait *mlp_pw_get(void);
+void mlp_pw_left(struct mlp_pwait *w);
+bool mlp_pw_register_all(struct mlp_pwait *w, struct mlp_sock **socks, nfds_t n);
+bool mlp_pw_take(struct mlp_pwait *w, uintptr_t sp, struct mlp_pwait *volatile *slot);
+void mlp_pw_unregister(struct mlp_pwait *w, struct mlp_sock *s);
+void mlp_pw_wake(struct mlp_sock *s);
+void mlp_q_forget(memlan_evq_t *q);
+memlan_evq_t *mlp_queue(void);
+bool mlp_queue_add(struct mlp_sock *s, bool under_epmu);
+void mlp_queue_drain(void);
+int mlp_revents(struct mlp_sock *s, int fd);
+struct timespec mlp_ts(int64_t ns);
+void mlp_unhome(struct mlp_sock *s);
+bool mlp_vf(int *vf);
+void mlp_pw_unregister_all(struct mlp_pwait *w);
+
+#endif
