@@ -627,8 +627,19 @@ void mlp_note_lowat(int fd, const void *val, socklen_t len)
         ml_store_relaxed(&rec->rcvlowat, v > 1 ? v : 0u);
 }
 
+/* The mark a new channel starts with: the kernel socket's own (setsockopt passes it to the
+ * kernel too, and an accepted socket's is the listener's as the kernel copied it).  Asked, not
+ * taken from the fd's record: a record whose fd was closed behind our back (fclose's internal
+ * close) gave its mark to the next socket on that number, which then waited for bytes kernel
+ * TCP never asked for, and a record knows nothing of a dup or of a mark set on a listener by
+ * another process after a fork (a review found each).  The record is the fall-back where the
+ * kernel will not say. */
 static uint32_t mlp_lowat_of(int fd)
 {
+    int v = 0;
+    socklen_t l = sizeof v;
+    if (mlp_real_getsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &v, &l) == 0)
+        return v > 1 ? (uint32_t)v : 0u;
     struct mlp_fdrec *rec = mlp_fdrec(fd);
     return rec ? ml_load_relaxed(&rec->rcvlowat) : 0u;
 }
@@ -2347,7 +2358,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
         return;
     }
     s->ch = ch;
-    ch->rx_lowat = mlp_lowat_of(lfd); /* the listener's, inherited as the kernel's is */
+    ch->rx_lowat = mlp_lowat_of(fd); /* the listener's, as the kernel copied it */
     s->side = 1;
     s->me = mlp_side_block(ch, 1);
     ml_store_relaxed(&s->me->holders, 1u);

@@ -549,6 +549,25 @@ def test_rcvlowat_matches_kernel(fabric, tmp_path):
     settle(fabric)
 
 
+LOWATSTALE = BUILD / "tests-preload" / "lowatstale"
+
+
+def test_rcvlowat_is_the_kernel_sockets(fabric, tmp_path):
+    """A new connection's SO_RCVLOWAT is its kernel socket's: not a mark left on the fd number
+    by a socket that fclose closed behind the preload (1, not 100), the mark of a dup'ed socket
+    whose original was closed (10), and for an accepted socket the listener's mark as the kernel
+    copied it, not one set on the listener later.  Found in review: the channel took the mark
+    from the fd's record ("stale: ... poll 0 0x0" and a recv held to its 1 s timeout where
+    kernel TCP said "poll 1 0x1"; the dup and listener cases the other way round)."""
+    plain, under, text = scripted(LOWATSTALE, tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "stale: the new socket has the closed one's number: yes" in plain.stdout
+    assert "dup: mark 10, 4 bytes queued: poll 0 0x0" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout
+    assert text.count("accelerated (client)") == 3, text
+    settle(fabric)
+
+
 RESETCONF = BUILD / "tests-preload" / "resetconf"
 
 
