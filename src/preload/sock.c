@@ -1085,10 +1085,17 @@ ssize_t mlp_splice_from(struct mlp_sock *s, int fd, int pipe, size_t len, unsign
             }
             continue;
         }
+        /* The write and the release are one step for a handler: one that left us between
+         * them (siglongjmp at the write's return) left the bytes both in the pipe and in the
+         * ring, and the next splice delivered them twice (a review saw the stream corrupted). */
+        sigset_t all, old;
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);
         w = mlp_real_write(pipe, p, n < room ? n : room);
         if (w < 0)
             w = mlp_ring_fault(-errno, p, n < room ? n : room);
         (void)memlan_release(s->ch, w > 0 ? (size_t)w : 0);
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
         mlp_unlock_rx(s);
         break;
     }
@@ -1150,9 +1157,15 @@ ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned
         return mlp_tx_error(s, room, 0);
     }
     size_t want = len < (size_t)room ? len : (size_t)room;
+    /* The read and the commit are one step for a handler (see mlp_splice_from): bytes taken
+     * from the pipe and not committed would be lost. */
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
     ssize_t got = mlp_real_read(pipe, p, want);
     int e = got < 0 ? mlp_ring_fault(-errno, p, want) : 0;
     (void)memlan_commit(s->ch, got > 0 ? (size_t)got : 0);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     mlp_unlock_tx(s);
     return got < 0 ? e : got;
 }
