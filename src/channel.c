@@ -92,27 +92,62 @@ static bool ml_mb_enable(void)
     return v > 0;
 }
 
-/* A waiter's declaration policy, before it arms a tripwire of ring r (decl: our declaration
- * word for that tripwire).  On once the ring moved at least ML_MB_OPS_PER_ARM of our operations
- * since we last armed one of its tripwires (a stream of messages, where the barrier the peer
- * leaves out per publication costs more than ours per sleep); off after ML_MB_LOW_ARMS arms in
- * a row with fewer than ML_MB_FEW_OPS each (one message per sleep, as a request and its reply:
- * a barrier per sleep would cost each round trip a system call on each side).  Between the two,
- * as it was: a receiver that keeps up with a stream sleeps after a few messages at times, and
- * each change costs barriers until the publisher acknowledges it (flipping on every such sleep
- * made 2,673 changes in 5 M messages).  Never on where this process may not make the barrier.
- * A change bumps the sequence in the word's upper bits, so that an acknowledgement of an
- * earlier "off" is never taken for this one. */
+/*
+ * A waiter's declaration for one tripwire: (sequence << 2) | (after_on << 1) | on.
+ *   on        our arming of it makes the barrier; the publisher may leave out its own.
+ *   after_on  off, and the value before it was on: until the publisher has acknowledged this
+ *             value, a publication that read the "on" may still come without a barrier, so
+ *             our arming still makes the barrier.  An off that follows an off needs no
+ *             acknowledgement: every publication since read an off.
+ * Every change bumps the sequence, with a compare-and-swap (an event queue's arming in another
+ * thread may change it too), so that a value is never put back: an acknowledgement of an
+ * earlier value never passes for this one.  We declare on only once the publisher has
+ * acknowledged something (a first "off" value, the probe): a peer whose library predates these
+ * words never acknowledges, always publishes with the full barrier, and must never cost us one.
+ */
+#define ML_MB_ON       1u
+#define ML_MB_AFTER_ON 2u
+#define ML_MB_NEXT(d, bits) (((((d) >> 2) + 1) << 2) | (bits))
+
+/* Turn the declaration on (or write the probe, if the peer never acknowledged anything yet),
+ * or off: false if another writer changed it first (it stays theirs). */
+static void ml_mb_set(_Atomic uint32_t *decl, _Atomic uint32_t *ack, bool on)
+{
+    uint32_t d = ml_load_relaxed(decl);
+    if (on == (bool)(d & ML_MB_ON))
+        return;
+    uint32_t want;
+    if (on)
+        want = ml_load_acquire(ack) != 0 ? ML_MB_NEXT(d, ML_MB_ON)
+               : d == 0 ? ML_MB_NEXT(d, 0u) /* the probe */ : d;
+    else
+        want = ML_MB_NEXT(d, ML_MB_AFTER_ON);
+    if (want != d)
+        (void)atomic_compare_exchange_strong(decl, &d, want);
+}
+
+/* The policy, when we are about to arm a tripwire of ring r (decl and ack: its words).  On once
+ * the ring moved at least ML_MB_OPS_PER_ARM of our operations since we last armed one of its
+ * tripwires (a stream of messages, where the barrier the peer leaves out per publication costs
+ * more than ours per sleep); off after ML_MB_LOW_ARMS arms in a row with fewer than
+ * ML_MB_FEW_OPS each (one message per sleep, as a request and its reply: a barrier per sleep
+ * would cost each round trip a system call on each side).  Between the two, as it was: a
+ * receiver that keeps up with a stream sleeps after a few messages at times, and flipping at
+ * each such sleep made 2,673 changes in 5 M messages.  Nothing where this process may not make
+ * the barrier (the preload, MEMLAN_FENCE=1), which also keeps the preload's waiters, which hold
+ * no lock, from writing the ring's private counters. */
 #define ML_MB_OPS_PER_ARM 16u
 #define ML_MB_FEW_OPS     4u
 #define ML_MB_LOW_ARMS    4u
 
-static void ml_mb_policy(struct memlan_channel *ch, struct ml_ring *r, _Atomic uint32_t *decl)
+static void ml_mb_policy(struct memlan_channel *ch, struct ml_ring *r, _Atomic uint32_t *decl,
+                         _Atomic uint32_t *ack)
 {
+    if (ml_load_relaxed(&__ml_mb_on) <= 0)
+        return;
     uint64_t n = r->ops - r->ops_at_arm;
     r->ops_at_arm = r->ops;
-    uint32_t d = ml_load_relaxed(decl);
-    bool on = d & 1;
+    bool on = ml_load_relaxed(decl) & ML_MB_ON;
     if (n >= ML_MB_OPS_PER_ARM) {
         on = true;
         r->mb_low = 0;
@@ -122,44 +157,60 @@ static void ml_mb_policy(struct memlan_channel *ch, struct ml_ring *r, _Atomic u
     } else {
         r->mb_low = 0;
     }
-    if (ml_load_relaxed(&__ml_mb_on) <= 0 || ml_load_relaxed(&ch->mb_lost))
+    if (ml_load_relaxed(&ch->mb_lost))
         on = false;
-    if (on != (bool)(d & 1))
-        ml_store_relaxed(decl, (((d >> 1) + 1) << 1) | (on ? 1u : 0u));
+    ml_mb_set(decl, ack, on);
 }
 
 /* Between sleeps, every 64 operations on ring r: a side that moves messages without arming
- * (a spinning receiver of a stream never sleeps) declares on as soon as it has made
- * ML_MB_OPS_PER_ARM of them since it last armed.  Turning on is safe at any time: from then on
- * our waits make the barrier. */
-static inline void ml_mb_busy(struct memlan_channel *ch, struct ml_ring *r, _Atomic uint32_t *decl)
+ * (a spinning receiver of a stream never sleeps; nor does a request and reply whose answers
+ * come within the spin) declares on as soon as it has made ML_MB_OPS_PER_ARM of them since it
+ * last armed.  Its sends and receives then leave out the barrier, and each of its rare sleeps
+ * makes one.  Turning on is safe at any time: from then on our waits make the barrier. */
+static inline void ml_mb_busy(struct memlan_channel *ch, struct ml_ring *r, _Atomic uint32_t *decl,
+                              _Atomic uint32_t *ack)
 {
     if (ml_likely((r->ops & 63) != 0) || r->ops - r->ops_at_arm < ML_MB_OPS_PER_ARM ||
         ml_load_relaxed(&__ml_mb_on) <= 0 || ml_load_relaxed(&ch->mb_lost))
         return;
-    uint32_t d = ml_load_relaxed(decl);
-    if (!(d & 1))
-        ml_store_relaxed(decl, (((d >> 1) + 1) << 1) | 1u);
+    ml_mb_set(decl, ack, true);
 }
 
-/* After arming a tripwire (decl: our declaration word for it, ack: the peer's acknowledgement)
- * and the fence, before the re-check: the barrier, unless our declaration is off and the peer
- * has acknowledged it.  0, or -1 when the re-check alone cannot be trusted (the kernel refused
- * the barrier: a seccomp filter installed since, with an error): the caller bounds its sleep
- * (1 ms), and the channel never declares again. */
-int __ml_mb_wait_barrier(struct memlan_channel *ch, _Atomic uint32_t *decl, _Atomic uint32_t *ack)
+/* Whether our arming of a tripwire (decl, ack: its words) must make the barrier: the
+ * declaration is on, or off after an on that the publisher has not acknowledged yet.  Never
+ * where this process may not make it: the words are the peer's to write too, and a peer's "on"
+ * must never make the preload (or MEMLAN_FENCE=1) call membarrier (a review killed such a
+ * victim with SIGSYS). */
+static bool ml_mb_needed(_Atomic uint32_t *decl, _Atomic uint32_t *ack)
 {
+    if (ml_load_relaxed(&__ml_mb_on) <= 0)
+        return false;
     uint32_t d = ml_load_relaxed(decl);
     /* SYNC: pairs with the release store of the acknowledgement in ml_ring_nofence(). */
-    if (ml_likely(!(d & 1)) && ml_load_acquire(ack) == d)
-        return 0;
-    if (ml_load_relaxed(&ch->mb_lost) == false &&
-        __ml_sys_membarrier(ML_MB_GLOBAL_EXPEDITED) == 0)
+    return (d & ML_MB_ON) || ((d & ML_MB_AFTER_ON) && ml_load_acquire(ack) != d);
+}
+
+/* The barrier, for the declarations decl and decl2 (NULL: none), with their acks: 0, or -1 when
+ * the re-check alone cannot be trusted (the kernel refused it: a seccomp filter installed
+ * since, with an error): the channel never declares again, and its sleeps are bounded (1 ms)
+ * until the publisher acknowledges the off. */
+static int ml_mb_barrier(struct memlan_channel *ch, _Atomic uint32_t *decl, _Atomic uint32_t *ack,
+                         _Atomic uint32_t *decl2, _Atomic uint32_t *ack2)
+{
+    __atomic_add_fetch(&ch->mb_barriers, 1, __ATOMIC_RELAXED);
+    if (!ml_load_relaxed(&ch->mb_lost) && __ml_sys_membarrier(ML_MB_GLOBAL_EXPEDITED) == 0)
         return 0;
     ml_store_relaxed(&ch->mb_lost, true);
-    if (d & 1)
-        ml_store_relaxed(decl, (((d >> 1) + 1) << 1));
+    if (decl)
+        ml_mb_set(decl, ack, false);
+    if (decl2)
+        ml_mb_set(decl2, ack2, false);
     return -1;
+}
+
+int __ml_mb_wait_barrier(struct memlan_channel *ch, _Atomic uint32_t *decl, _Atomic uint32_t *ack)
+{
+    return ml_mb_needed(decl, ack) ? ml_mb_barrier(ch, decl, ack, NULL, NULL) : 0;
 }
 
 /* Say which cpu we wait on (1 + cpu; a hint for the peer's spin policy).  Written only when it
@@ -1028,7 +1079,7 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
     struct ml_ring *mr = rxw ? &ch->rx : &ch->tx;
     _Atomic uint32_t *decl = rxw ? &ch->rx.ctl->rx_mb : &ch->tx.ctl->tx_mb;
     _Atomic uint32_t *ack = rxw ? &ch->rx.ctl->rx_mb_ack : &ch->tx.ctl->tx_mb_ack;
-    ml_mb_policy(ch, mr, decl);
+    ml_mb_policy(ch, mr, decl, ack);
     for (;;) {
         /* Arm, fence, re-check: see the header comment.  Our bit only: an event-queue waiter
          * (poll or epoll in another thread) may be armed on the same word. */
@@ -1349,21 +1400,22 @@ bool __ml_chan_arm_evq(struct memlan_channel *ch, uint32_t events)
      * processes sharing the socket (fork) arm their own registration slots' bits. */
     uint32_t bit = ML_WAIT_EVQ_REF(ch->evq_ref);
     if (events & MEMLAN_EV_READ) {
-        ml_mb_policy(ch, &ch->rx, &ch->rx.ctl->rx_mb);
+        ml_mb_policy(ch, &ch->rx, &ch->rx.ctl->rx_mb, &ch->rx.ctl->rx_mb_ack);
         ml_fetch_or(&ch->rx.ctl->rx_wait, bit);
     }
     if (events & MEMLAN_EV_WRITE) {
-        ml_mb_policy(ch, &ch->tx, &ch->tx.ctl->tx_mb);
+        ml_mb_policy(ch, &ch->tx, &ch->tx.ctl->tx_mb, &ch->tx.ctl->tx_mb_ack);
         ml_fetch_or(&ch->tx.ctl->tx_wait, bit);
     }
     ml_fence(); /* SYNC: pairs with the fence in __ml_chan_wake() */
     /* SYNC: F1', for a peer that publishes without a barrier.  A refused barrier (-1) cannot be
      * made up for here: the event queue's waiter sleeps on its own terms (a known gap, in
      * design.md). */
-    if (events & MEMLAN_EV_READ)
-        (void)__ml_mb_wait_barrier(ch, &ch->rx.ctl->rx_mb, &ch->rx.ctl->rx_mb_ack);
-    if (events & MEMLAN_EV_WRITE)
-        (void)__ml_mb_wait_barrier(ch, &ch->tx.ctl->tx_mb, &ch->tx.ctl->tx_mb_ack);
+    bool mr = (events & MEMLAN_EV_READ) && ml_mb_needed(&ch->rx.ctl->rx_mb, &ch->rx.ctl->rx_mb_ack);
+    bool mw = (events & MEMLAN_EV_WRITE) && ml_mb_needed(&ch->tx.ctl->tx_mb, &ch->tx.ctl->tx_mb_ack);
+    if (mr || mw) /* one barrier orders both tripwires */
+        (void)ml_mb_barrier(ch, mr ? &ch->rx.ctl->rx_mb : NULL, &ch->rx.ctl->rx_mb_ack,
+                            mw ? &ch->tx.ctl->tx_mb : NULL, &ch->tx.ctl->tx_mb_ack);
     /* Read-only: the arming thread need not hold the directions (see __ml_chan_rx_avail_ro). */
     return ((events & MEMLAN_EV_READ) && ml_rx_ready_ro(ch)) ||
            ((events & MEMLAN_EV_WRITE) && ml_tx_ready_ro(ch));
@@ -1406,7 +1458,7 @@ static inline void ml_tx_publish(struct memlan_channel *ch, uint64_t n)
     ml_ring_produce(&ch->tx, n, ml_ring_nofence(&ch->tx, &ch->tx.ctl->rx_mb, &ch->tx.ctl->rx_mb_ack));
     ch->bytes_tx += n;
     __ml_chan_wake_rmw(ch, &ch->tx.ctl->rx_wait, ch->tx_refs->rx);
-    ml_mb_busy(ch, &ch->tx, &ch->tx.ctl->tx_mb);
+    ml_mb_busy(ch, &ch->tx, &ch->tx.ctl->tx_mb, &ch->tx.ctl->tx_mb_ack);
 }
 
 /* The wake-up check owed for stream bytes published (or released) by ml_ring_produce (or
@@ -1510,7 +1562,7 @@ ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags
             n = chunk;
         memcpy(ml_ring_at(&ch->tx, ch->tx.pos), src + done, n);
         ml_ring_produce(&ch->tx, n, ml_ring_nofence(&ch->tx, &ch->tx.ctl->rx_mb, &ch->tx.ctl->rx_mb_ack));
-        ml_mb_busy(ch, &ch->tx, &ch->tx.ctl->tx_mb);
+        ml_mb_busy(ch, &ch->tx, &ch->tx.ctl->tx_mb, &ch->tx.ctl->tx_mb_ack);
         ch->bytes_tx += n;
         unwoken += n;
         done += n;
@@ -1641,7 +1693,7 @@ static inline void ml_rx_release(struct memlan_channel *ch, uint64_t n)
     ml_ring_consume(&ch->rx, n, ml_ring_nofence(&ch->rx, &ch->rx.ctl->tx_mb, &ch->rx.ctl->tx_mb_ack));
     ch->bytes_rx += n;
     __ml_chan_wake_rmw(ch, &ch->rx.ctl->tx_wait, ch->rx_refs->tx);
-    ml_mb_busy(ch, &ch->rx, &ch->rx.ctl->rx_mb);
+    ml_mb_busy(ch, &ch->rx, &ch->rx.ctl->rx_mb, &ch->rx.ctl->rx_mb_ack);
 }
 
 /*
@@ -1721,7 +1773,7 @@ static ssize_t ml_recv(memlan_channel_t *ch, uint8_t *dst, size_t len, int flags
                 n = chunk;
             memcpy(dst + done, ml_ring_at(&ch->rx, ch->rx.pos), n);
             ml_ring_consume(&ch->rx, n, ml_ring_nofence(&ch->rx, &ch->rx.ctl->tx_mb, &ch->rx.ctl->tx_mb_ack));
-            ml_mb_busy(ch, &ch->rx, &ch->rx.ctl->rx_mb);
+            ml_mb_busy(ch, &ch->rx, &ch->rx.ctl->rx_mb, &ch->rx.ctl->rx_mb_ack);
             ch->bytes_rx += n;
             *unwoken += n;
             done += n;

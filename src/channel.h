@@ -74,6 +74,7 @@ struct memlan_channel {
     uint64_t sock_ino;
     /* Counters for memlan stat and the bench. */
     uint64_t bytes_tx, bytes_rx, msgs_tx, msgs_rx, wakeups, sleeps, spin_hits;
+    uint64_t mb_barriers;     /* asymmetric barriers our armings made (channel.c, ml_mb_barrier) */
 };
 
 void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
