@@ -414,7 +414,7 @@ static void mlp_adopt_line(char *line)
         if (sscanf(line, "L %lu%n", &ino, &off) != 1)
             return;
         int n = mlp_parse_fds(line + off, ino, fds, 64);
-        if (n <= 0 || mlp_on_listen(fds[0]) < 0)
+        if (n <= 0 || mlp_on_listen(fds[0], false) < 0)
             return;
         struct mlp_sock *s = mlp_get(fds[0]);
         if (s) {

@@ -96,15 +96,32 @@ MLP_EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
     return r;
 }
 
+/* A socket bound to a port is published before the kernel's listen: a client that connects as
+ * soon as the port answers (one that polls for it, as a test harness or a supervisor does) found
+ * no record in the moment between the kernel's listen and ours, and stayed on TCP.  Published
+ * first, a client that finds the record and connects before the kernel listens gets the kernel's
+ * ECONNREFUSED, as it would anyway.  A listen that fails takes the publication back; an unbound
+ * socket (listen binds it to a port of the kernel's choosing) is published after. */
 MLP_EXPORT int listen(int fd, int backlog)
 {
     MLP_INIT();
-    int r = mlp_real_listen(fd, backlog);
-    if (r == 0 && !mlp_inside && !mlp_cfg.off) {
-        int saved = errno;
-        mlp_on_listen(fd);
-        errno = saved;
+    bool pre = false;
+    int saved = errno;
+    if (!mlp_inside && !mlp_cfg.off && !mlp_fd_is_ours(fd)) {
+        mlp_on_listen(fd, true);
+        pre = mlp_fd_is_ours(fd);
     }
+    errno = saved;
+    int r = mlp_real_listen(fd, backlog);
+    int err = errno;
+    if (r < 0 && pre) {
+        struct mlp_sock *s = mlp_uninstall(fd);
+        if (s)
+            mlp_put(s);
+    } else if (r == 0 && !pre && !mlp_inside && !mlp_cfg.off) {
+        mlp_on_listen(fd, false);
+    }
+    errno = r < 0 ? err : saved;
     return r;
 }
 

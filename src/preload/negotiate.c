@@ -1201,7 +1201,7 @@ static bool mlp_addr_netns(const struct mlp_addr *a, char *netns, size_t nslen)
     return mlp_lrec_name_ok(cur, netns, nslen, a->port);
 }
 
-int mlp_on_listen(int fd)
+int mlp_on_listen(int fd, bool before)
 {
     if (mlp_cfg.off)
         return 0;
@@ -1218,6 +1218,8 @@ int mlp_on_listen(int fd)
     if (getsockname(fd, (struct sockaddr *)&ss, &l) < 0 ||
         !mlp_addr_of((struct sockaddr *)&ss, l, &a))
         return 0;
+    if (before && a.port == 0)
+        return 0; /* not bound yet: the kernel's listen picks the port, we publish after it */
     const char *why;
     if (!mlp_port_allowed(a.port, &why)) {
         mlp_log(1, "listen fd %d port %d: not published (%s)", fd, a.port, why);
@@ -1379,7 +1381,7 @@ static void mlp_received_publish(int fd, const char *when)
         }
     }
     mlp_log(1, "fd %d: a listening socket received over SCM_RIGHTS: published (%s)", fd, when);
-    (void)mlp_on_listen(fd);
+    (void)mlp_on_listen(fd, false);
 }
 
 /* An accept on fd, not ours: the mark looked at first (memory only: no system call for the

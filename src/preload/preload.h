@@ -229,7 +229,7 @@ struct ml_sock_side *mlp_side_block(memlan_channel_t *ch, int side);
 int mlp_reset_state(struct mlp_sock *s, bool probe);
 int mlp_reset_take(struct mlp_sock *s, bool probe, bool by_recv); /* its errno, once */
 void mlp_bufhint_clear(int fd);
-int mlp_on_listen(int fd);
+int mlp_on_listen(int fd, bool before); /* before: ahead of the kernel's listen (bound sockets only) */
 struct msghdr;
 void mlp_mark_received(const struct msghdr *m);
 void mlp_accept_received(int fd);

@@ -584,6 +584,23 @@ def test_splice_left_by_a_jump_moves_each_byte_once(fabric, tmp_path):
     settle(fabric)
 
 
+LISTENRACE = BUILD / "tests-preload" / "listenrace"
+
+
+def test_client_connecting_as_the_port_opens_is_accelerated(fabric, tmp_path):
+    """A client that retries connect until the server's port answers (20 rounds, the server
+    listening 0-3 ms after it bound): every connection accelerated, because the listener is
+    published before the kernel's listen.  Published after it, such a client found no record
+    and stayed on TCP: 0 to 2 of the 20 were accelerated in three runs."""
+    plain, under, text = scripted(LISTENRACE, tmp_path)
+    PORT[0] += 40  # each run used its port and the 19 after it
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    assert text.count("accelerated (client)") == 20, text
+    assert ": TCP (" not in text, text
+    settle(fabric)
+
+
 RESETCONF = BUILD / "tests-preload" / "resetconf"
 
 
