@@ -110,7 +110,7 @@ static bool ml_mb_enable(void)
 #define ML_MB_NEXT(d, bits) (((((d) >> 2) + 1) << 2) | (bits))
 
 /* Turn the declaration on (or write the probe, if the peer never acknowledged anything yet),
- * or off: false if another writer changed it first (it stays theirs). */
+ * or off.  If another writer changed it first, theirs stands. */
 static void ml_mb_set(_Atomic uint32_t *decl, _Atomic uint32_t *ack, bool on)
 {
     uint32_t d = ml_load_relaxed(decl);

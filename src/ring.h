@@ -79,8 +79,10 @@ extern _Atomic int __ml_mb_on;
  * tripwire, which the wake check reads next anyway), acknowledged in ack (a line of ours) when
  * it changed, and whether this publication may leave out the full barrier: the waiter declared
  * that it makes the barrier, and we are registered.  The acknowledgement is stored before this
- * publication's own stores and after every earlier one's (release): a waiter that finds its
- * "off" acknowledged knows that every publication made without a barrier is visible to it.  A
+ * publication's head or tail and after every earlier publication's stores (release): a waiter
+ * that finds its "off" acknowledged knows that every publication made without a barrier is
+ * visible to it (a message record's header, stored before, belongs to a publication that read
+ * the change and makes the exchange if it read an off).  A
  * peer that declares and does not make the barrier, or acknowledges falsely, only loses its own
  * wake-ups. */
 static inline bool ml_ring_nofence(struct ml_ring *r, _Atomic uint32_t *decl, _Atomic uint32_t *ack)
