@@ -416,6 +416,7 @@ static void mlp_adopt_line(char *line)
         int n = mlp_parse_fds(line + off, ino, fds, 64);
         if (n <= 0 || mlp_on_listen(fds[0], false) < 0)
             return;
+        mlp_lowat_inherited(fds[0]); /* a mark the image before us set on the listener */
         struct mlp_sock *s = mlp_get(fds[0]);
         if (s) {
             for (int i = 1; i < n; i++)

@@ -617,11 +617,27 @@ uint32_t mlp_lowat_value(const void *val)
 /* SO_RCVLOWAT set on an fd, kept for the channel it may get (the socket's, or those accepted from
  * a listener, which inherit it as the kernel's do); an accelerated socket's own is its channel's
  * (sock.c, mlp_setsockopt). */
+/* Some socket of this process image may carry a mark above 1: set by setsockopt here, or found
+ * on a socket carried across exec.  Until then a new channel's mark is 1 without a look at the
+ * kernel: the accept path made no getsockopt before, and a sandbox that kills for it (vsftpd's
+ * post-login child) must not meet one there for a mark nobody set. */
+static _Atomic bool mlp_lowat_seen;
+
+void mlp_lowat_inherited(int fd)
+{
+    int v = 0;
+    socklen_t l = sizeof v;
+    if (mlp_real_getsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &v, &l) == 0 && v > 1)
+        ml_store_relaxed(&mlp_lowat_seen, true);
+}
+
 void mlp_note_lowat(int fd, const void *val, socklen_t len)
 {
     if (len < sizeof(int))
         return;
     uint32_t v = mlp_lowat_value(val);
+    if (v > 1 && !ml_load_relaxed(&mlp_lowat_seen))
+        ml_store_relaxed(&mlp_lowat_seen, true);
     struct mlp_fdrec *rec = v > 1 ? mlp_fdrec_make(fd) : mlp_fdrec(fd);
     if (rec)
         ml_store_relaxed(&rec->rcvlowat, v > 1 ? v : 0u);
@@ -636,6 +652,8 @@ void mlp_note_lowat(int fd, const void *val, socklen_t len)
  * kernel will not say. */
 static uint32_t mlp_lowat_of(int fd)
 {
+    if (!ml_load_relaxed(&mlp_lowat_seen))
+        return 0;
     int v = 0;
     socklen_t l = sizeof v;
     if (mlp_real_getsockopt(fd, SOL_SOCKET, SO_RCVLOWAT, &v, &l) == 0)
@@ -2419,8 +2437,10 @@ void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *tok
     ch->shut_rd = (flags & MLP_CARRY_SHUT_RD) != 0;
     int lw = 0;
     socklen_t lwl = sizeof lw;
-    if (mlp_real_getsockopt(fds[0], SOL_SOCKET, SO_RCVLOWAT, &lw, &lwl) == 0 && lw > 1)
+    if (mlp_real_getsockopt(fds[0], SOL_SOCKET, SO_RCVLOWAT, &lw, &lwl) == 0 && lw > 1) {
         ch->rx_lowat = (uint32_t)lw; /* the kernel socket's, as the image before us set it */
+        ml_store_relaxed(&mlp_lowat_seen, true);
+    }
     struct mlp_addr l, r;
     bool have = mlp_sock_addrs(fds[0], &l, &r, NULL, 0) == 0;
     s->slot = mlp_proc_slot();

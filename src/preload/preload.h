@@ -229,6 +229,7 @@ struct ml_sock_side *mlp_side_block(memlan_channel_t *ch, int side);
 int mlp_reset_state(struct mlp_sock *s, bool probe);
 int mlp_reset_take(struct mlp_sock *s, bool probe, bool by_recv); /* its errno, once */
 void mlp_bufhint_clear(int fd);
+void mlp_lowat_inherited(int fd); /* a socket carried across exec: its SO_RCVLOWAT counts */
 int mlp_on_listen(int fd, bool before); /* before: ahead of the kernel's listen (bound sockets only) */
 struct msghdr;
 void mlp_mark_received(const struct msghdr *m);
