@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -174,6 +175,15 @@ int memlan_channel_wait_peer(memlan_channel_t *ch, int timeout_ms);
  * (memlan_channel_set_timeout) passed with nothing sent (a stream returns what it sent before).
  */
 ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags);
+
+/*
+ * memlan_sendv - memlan_send of the iovcnt buffers of iov taken as one, in order (writev's
+ * gather).  A stream publishes them as it would one buffer of their total length, so a header
+ * and its payload cost the consumer one wake-up check, not one each; a message channel sends
+ * them as one message.  -EINVAL if iovcnt is below 0 or above IOV_MAX, or the lengths' sum
+ * exceeds SSIZE_MAX.  Otherwise as memlan_send.
+ */
+ssize_t memlan_sendv(memlan_channel_t *ch, const struct iovec *iov, int iovcnt, int flags);
 
 /*
  * memlan_recv - copy out up to len bytes (stream) or one message (message; a message longer than

@@ -23,6 +23,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -1504,27 +1505,51 @@ static inline uint64_t ml_stream_chunk(const struct memlan_channel *ch)
 
 static ssize_t ml_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flags, bool checked);
 
-ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags)
+/* Copy n bytes from the cursor's place in its vector to dst, and move the cursor past them (the
+ * caller knows that many are there). */
+static void ml_gather(uint8_t *dst, struct ml_iov_cur *c, uint64_t n)
 {
-    if (!ch || (!buf && len))
-        return -EINVAL;
-    int e = ml_tx_error(ch);
-    if (e)
-        return e;
-    if (ch->kind == MEMLAN_MSG) {
-        if (len > memlan_channel_max_msg(ch))
-            return -EMSGSIZE;
-        void *p;
-        ssize_t r = ml_reserve(ch, &p, len, flags, true);
-        if (r < 0)
-            return r;
-        if (len) /* buf may be NULL for an empty message */
-            memcpy(p, buf, len);
-        r = memlan_commit(ch, len);
-        return r < 0 ? r : (ssize_t)len;
+    while (n) {
+        const struct iovec *v = &c->iov[c->i];
+        size_t l = v->iov_len - c->off;
+        if (l == 0) { /* an empty piece */
+            c->i++;
+            c->off = 0;
+            continue;
+        }
+        if (l > n)
+            l = (size_t)n;
+        memcpy(dst, (const uint8_t *)v->iov_base + c->off, l);
+        dst += l;
+        n -= l;
+        c->off += l;
+        if (c->off == v->iov_len) {
+            c->i++;
+            c->off = 0;
+        }
     }
+}
+
+/* Bytes from the cursor to the end of its vector, or -EINVAL if their sum overflows. */
+static ssize_t ml_iov_left(const struct ml_iov_cur *c)
+{
+    size_t t = 0;
+    for (int i = c->i; i < c->n; i++) {
+        size_t l = c->iov[i].iov_len - (i == c->i ? c->off : 0);
+        if (l > (size_t)SSIZE_MAX - t)
+            return -EINVAL;
+        t += l;
+    }
+    return (ssize_t)t;
+}
+
+/* A stream send of the len bytes at the cursor (memlan_send and memlan_sendv): the bytes of all
+ * the vector's pieces go into the ring together, a chunk at a time, so a vector costs the
+ * publications and wake-up checks of one buffer of its total length, not one per piece. */
+static ssize_t ml_stream_send(memlan_channel_t *ch, struct ml_iov_cur *c, size_t len, int flags)
+{
+    int e;
     size_t done = 0;
-    const uint8_t *src = buf;
     const uint64_t chunk = ml_stream_chunk(ch);
     uint64_t unwoken = 0; /* published since our last look at the consumer's tripwire */
     bool first = true;
@@ -1560,7 +1585,7 @@ ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags
         uint64_t n = len - done < (uint64_t)fr ? len - done : (uint64_t)fr;
         if (n > chunk)
             n = chunk;
-        memcpy(ml_ring_at(&ch->tx, ch->tx.pos), src + done, n);
+        ml_gather(ml_ring_at(&ch->tx, ch->tx.pos), c, n);
         ml_ring_produce(&ch->tx, n, ml_ring_nofence(&ch->tx, &ch->tx.ctl->rx_mb, &ch->tx.ctl->rx_mb_ack));
         ml_mb_busy(ch, &ch->tx, &ch->tx.ctl->tx_mb, &ch->tx.ctl->tx_mb_ack);
         ch->bytes_tx += n;
@@ -1576,6 +1601,56 @@ ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags
     }
     ml_tx_wake_pending(ch, &unwoken);
     return (ssize_t)done;
+}
+
+/* A message of len bytes, gathered from the cursor: whole or not at all. */
+static ssize_t ml_msg_send(memlan_channel_t *ch, struct ml_iov_cur *c, size_t len, int flags)
+{
+    if (len > memlan_channel_max_msg(ch))
+        return -EMSGSIZE;
+    void *p;
+    ssize_t r = ml_reserve(ch, &p, len, flags, true);
+    if (r < 0)
+        return r;
+    ml_gather(p, c, len);
+    r = memlan_commit(ch, len);
+    return r < 0 ? r : (ssize_t)len;
+}
+
+ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags)
+{
+    if (!ch || (!buf && len))
+        return -EINVAL;
+    int e = ml_tx_error(ch);
+    if (e)
+        return e;
+    struct iovec v = {.iov_base = (void *)buf, .iov_len = len};
+    struct ml_iov_cur c = {.iov = &v, .n = 1};
+    return ch->kind == MEMLAN_MSG ? ml_msg_send(ch, &c, len, flags)
+                                  : ml_stream_send(ch, &c, len, flags);
+}
+
+ssize_t __ml_chan_sendv(struct memlan_channel *ch, struct ml_iov_cur *c, int flags)
+{
+    ssize_t len = ml_iov_left(c);
+    if (len < 0)
+        return len;
+    int e = ml_tx_error(ch);
+    if (e)
+        return e;
+    return ch->kind == MEMLAN_MSG ? ml_msg_send(ch, c, (size_t)len, flags)
+                                  : ml_stream_send(ch, c, (size_t)len, flags);
+}
+
+ssize_t memlan_sendv(memlan_channel_t *ch, const struct iovec *iov, int iovcnt, int flags)
+{
+    if (!ch || iovcnt < 0 || iovcnt > IOV_MAX || (!iov && iovcnt))
+        return -EINVAL;
+    for (int i = 0; i < iovcnt; i++)
+        if (!iov[i].iov_base && iov[i].iov_len)
+            return -EINVAL;
+    struct ml_iov_cur c = {.iov = iov, .n = iovcnt};
+    return __ml_chan_sendv(ch, &c, flags);
 }
 
 ssize_t memlan_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flags)

@@ -8,6 +8,8 @@
 #include "internal.h"
 #include "ring.h"
 
+#include <sys/uio.h>
+
 /* Where the two ring control blocks sit in a channel segment's first page. */
 #define ML_CHAN_CTL0_OFF 256u
 #define ML_CHAN_CTL1_OFF 640u
@@ -160,5 +162,15 @@ int __ml_chan_wait_ro_slice(struct memlan_channel *ch, int dir, uint64_t want, u
                             uint64_t slice);
 void __ml_chan_kick_tx(struct memlan_channel *ch);
 bool __ml_chan_rx_at_mark_ro(const struct memlan_channel *ch);
+
+/* A place in a vector of buffers: piece i, byte off of it.  __ml_chan_sendv sends from it to the
+ * vector's end (memlan_sendv's rules, no argument checks: the caller's vector is known good) and
+ * leaves it past what was sent. */
+struct ml_iov_cur {
+    const struct iovec *iov;
+    int n, i;
+    size_t off;
+};
+ssize_t __ml_chan_sendv(struct memlan_channel *ch, struct ml_iov_cur *c, int flags);
 
 #endif

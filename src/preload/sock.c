@@ -739,22 +739,21 @@ static ssize_t mlp_tcp_send_rest(int fd, const struct iovec *iov, int n, int i, 
 }
 
 /* One pass of a send, the tx lock held: copy from iov[*i] at byte *off on as much as the ring
- * takes now.  Bytes moved (the position advanced), else the channel's answer (-EAGAIN: full). */
+ * takes now, all the pieces together (one publication per chunk, not one per piece: a header
+ * and its payload wake the reader once).  Bytes moved (the position advanced), else the
+ * channel's answer (-EAGAIN: full). */
 static ssize_t mlp_tx_pass(struct mlp_sock *s, const struct iovec *iov, int n, int *i,
                            size_t *off)
 {
-    ssize_t moved = 0;
-    for (; *i < n; (*i)++, *off = 0) {
-        while (*off < iov[*i].iov_len) {
-            ssize_t r = memlan_send(s->ch, (char *)iov[*i].iov_base + *off,
-                                    iov[*i].iov_len - *off, MEMLAN_DONTWAIT);
-            if (r <= 0)
-                return moved ? moved : r;
-            *off += (size_t)r;
-            moved += r;
-        }
+    struct ml_iov_cur c = {.iov = iov, .n = n, .i = *i, .off = *off};
+    ssize_t r = __ml_chan_sendv(s->ch, &c, MEMLAN_DONTWAIT);
+    while (c.i < n && c.off == iov[c.i].iov_len) { /* empty pieces at the end */
+        c.i++;
+        c.off = 0;
     }
-    return moved;
+    *i = c.i;
+    *off = c.off;
+    return r;
 }
 
 /* A blocking send of at most half the ring goes in whole or not at all (the tx lock held): it
