@@ -274,7 +274,10 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
      * members is ready; make that true before the first look, which may not sleep. */
     if (nep)
         mlp_nested_refresh();
-    uint64_t deadline = timeout_ns < 0 ? 0 : mlp_now_ns() + (uint64_t)timeout_ns;
+    /* A poll that must not wait (timeout 0: Open MPI's and libevent's progress loops make
+     * several a message) reads no clock: it has no deadline to keep. */
+    const bool zero = timeout_ns == 0;
+    uint64_t deadline = timeout_ns <= 0 ? 0 : mlp_now_ns() + (uint64_t)timeout_ns;
     bool spun = false, lent = false;
     /* The futex path (below): open until a wake-up on it found nothing poll reports. */
     bool fast = mask == NULL && n == 1 && timeout_ns != 0 && socks[0] &&
@@ -463,7 +466,7 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
         }
         if (pw)
             k[nk++] = (struct pollfd){.fd = pw->efd, .events = POLLIN};
-        int64_t left = ready ? 0 : mlp_left(deadline);
+        int64_t left = ready || zero ? 0 : mlp_left(deadline);
         if (timeout_ns < 0 && !ready)
             left = -1;
         if (nap && (left < 0 || left > 1000000))
@@ -515,7 +518,7 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
                     got++;
             }
         }
-        if (got || ready || mlp_left(deadline) == 0) {
+        if (got || ready || zero || mlp_left(deadline) == 0) {
             ret = got;
             break;
         }
