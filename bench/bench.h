@@ -71,6 +71,8 @@ void lat_from_samples(struct lat *l, double *us, long n);
 int floor_cacheline(const char *placement, double seconds, struct lat *out);
 int floor_futex(const char *placement, double seconds, struct lat *out);
 int floor_ring(const char *placement, double seconds, double *Mps);
+int floor_pipe(const char *placement, double seconds, double *MBps);
+int floor_cma(const char *placement, double seconds, double *MBps);
 void floor_memcpy(double *xt_MBps, double *xr_MBps, size_t block);
 
 /* The generic two-process measurements (bench.c). */

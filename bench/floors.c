@@ -10,6 +10,10 @@
  *               costs, two wake-ups
  *   ring        a minimal single-producer single-consumer ring moving 64 B messages one way:
  *               the floor for a message rate
+ *   pipe        the same ring moving 1 MiB messages in 64 KiB pieces: the floor for a stream
+ *               that copies twice, copy-in and copy-out overlapping on the two cpus
+ *   cma         process_vm_readv of 1 MiB from the other process: what one copy through the
+ *               kernel moves (a single-copy bulk path's best)
  *   memcpy      Xt, copying 64 KB blocks from private memory into a shared ring-sized region,
  *               and Xr, out of it; SCILAN's bound X_max = Xt*Xr/(Xt+Xr) follows
  * and the kernel's transports (TCP loopback, Unix socket, pipe) as endpoints for bench.c.
@@ -30,6 +34,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -268,39 +273,51 @@ int floor_futex(const char *placement, double seconds, struct lat *out)
 }
 
 /*
- * The minimal ring: what a 60-line single-producer single-consumer byte ring moves, 64 B
- * messages one way, between the same two cpus.  head and tail on their own lines, each side
- * caching the other's index and reloading it only when the ring looks full or empty; the producer
- * copies each message in from a private buffer and publishes it with a release store of head, the
- * consumer copies it out and frees it with a release store of tail.  No wake-ups, no checks, no
- * headers: the floor for memlan's message rate.
+ * The minimal ring: what a 60-line single-producer single-consumer byte ring moves one way
+ * between the same two cpus.  head and tail on their own lines, each side caching the other's
+ * index and reloading it only when the ring looks full or empty; the producer copies each piece
+ * in from a private buffer and publishes it with a release store of head, the consumer copies it
+ * out to a private buffer and frees it with a release store of tail.  No wake-ups, no checks, no
+ * headers.  With 64 B messages, one piece each: the floor for memlan's message rate
+ * (floor_ring).  With 1 MiB messages in 64 KiB pieces through the same 256 KiB ring, as
+ * memlan's streams cut them ("Stream chunks" in docs/design.md): the floor for a two-copy
+ * stream, copy-in and copy-out overlapping on the two cpus (floor_pipe).
  */
 #define RING_SIZE (256u * 1024u)
-#define RING_MSG  64u
 
 struct floor_ring {
     _Alignas(64) _Atomic uint64_t head;
     _Alignas(64) _Atomic uint64_t tail;
     _Alignas(64) _Atomic uint32_t stop;  /* producer: head is final */
-    _Alignas(64) double Mps;             /* consumer's result */
+    _Alignas(64) double MBps;            /* consumer's result */
     _Alignas(4096) uint8_t data[RING_SIZE];
 };
 
-int floor_ring(const char *placement, double seconds, double *Mps)
+/* msg bytes a message, moved in pieces of piece bytes (a divisor of msg and of RING_SIZE). */
+static int ring_run(const char *placement, double seconds, size_t msg, size_t piece,
+                    double *MBps)
 {
-    *Mps = 0;
+    *MBps = 0;
     struct floor_ring *s = shared_page(sizeof *s);
-    if (!s)
+    uint8_t *buf = malloc(msg);
+    if (!s || !buf) {
+        if (s)
+            munmap(s, sizeof *s);
+        free(buf);
         return -ENOMEM;
+    }
+    memset(buf, 7, msg);
     int yield = strcmp(placement, "same") == 0;
+    /* The clock every 1024th piece of 64 B, every 16th of 64 KiB: about every 64 KiB-1 MiB. */
+    uint64_t every = piece >= 4096 ? 16 : 1024;
     pid_t pid = fork();
     if (pid < 0) {
         munmap(s, sizeof *s);
+        free(buf);
         return -errno;
     }
     if (pid == 0) {
         bench_pin(placement, 1);
-        uint8_t buf[RING_MSG];
         uint64_t pos = 0, head = 0, t0 = 0, t1 = 0, n = 0, n1 = 0;
         for (;;) {
             if (pos == head) {
@@ -318,48 +335,138 @@ int floor_ring(const char *placement, double seconds, double *Mps)
             }
             if (!t0)
                 t0 = bench_now_ns();
-            memcpy(buf, s->data + (pos & (RING_SIZE - 1)), RING_MSG);
+            memcpy(buf + pos % msg, s->data + (pos & (RING_SIZE - 1)), piece);
             __asm__ __volatile__("" : : "r"(buf) : "memory");
-            pos += RING_MSG;
+            pos += piece;
             n++;
             atomic_store_explicit(&s->tail, pos, memory_order_release);
-            if ((n & 1023) == 0) {
+            if ((n & (every - 1)) == 0) {
                 t1 = bench_now_ns();
-                n1 = n - 1; /* messages after the first, by t1 */
+                n1 = n - 1; /* pieces after the first, by t1 */
             }
         }
         if (t1 > t0)
-            s->Mps = (double)n1 * 1e3 / (double)(t1 - t0);
+            s->MBps = (double)n1 * (double)piece * 1e3 / (double)(t1 - t0);
         _exit(0);
     }
     bench_pin(placement, 0);
-    uint8_t msg[RING_MSG];
-    memset(msg, 7, sizeof msg);
     uint64_t pos = 0, tail = 0;
     uint64_t end = bench_now_ns() + (uint64_t)(seconds * 1e9);
     for (uint64_t i = 1;; i++) {
-        while (pos + RING_MSG - tail > RING_SIZE) {
+        while (pos + piece - tail > RING_SIZE) {
             tail = atomic_load_explicit(&s->tail, memory_order_acquire);
-            if (pos + RING_MSG - tail > RING_SIZE) {
+            if (pos + piece - tail > RING_SIZE) {
                 if (yield)
                     sched_yield();
                 else
                     relax();
             }
         }
-        memcpy(s->data + (pos & (RING_SIZE - 1)), msg, RING_MSG);
-        pos += RING_MSG;
+        memcpy(s->data + (pos & (RING_SIZE - 1)), buf + pos % msg, piece);
+        pos += piece;
         atomic_store_explicit(&s->head, pos, memory_order_release);
-        if ((i & 1023) == 0 && bench_now_ns() >= end)
+        if ((i & (every - 1)) == 0 && bench_now_ns() >= end)
             break;
     }
     atomic_store_explicit(&s->stop, 1, memory_order_release);
     int st;
     waitpid(pid, &st, 0);
-    *Mps = s->Mps;
+    *MBps = s->MBps;
     munmap(s, sizeof *s);
+    free(buf);
     bench_pin("none", 0);
-    return *Mps > 0 ? 0 : -EIO;
+    return *MBps > 0 ? 0 : -EIO;
+}
+
+int floor_ring(const char *placement, double seconds, double *Mps)
+{
+    double MBps;
+    int r = ring_run(placement, seconds, 64, 64, &MBps);
+    *Mps = MBps / 64;
+    return r;
+}
+
+int floor_pipe(const char *placement, double seconds, double *MBps)
+{
+    return ring_run(placement, seconds, 1u << 20, 64u * 1024u, MBps);
+}
+
+/*
+ * One copy through the kernel: process_vm_readv of a 1 MiB buffer of the other process (the
+ * child, on the other cpu, which wrote it once and then sleeps) into a private one, over and
+ * over.  What a single-copy bulk path built on it could move at best: the source is never
+ * rewritten, so after the first pass its lines are in both cpus' caches.  -EPERM (or another
+ * error) where the kernel refuses (Yama's ptrace_scope, a seccomp filter): the figure is then
+ * missing.
+ */
+int floor_cma(const char *placement, double seconds, double *MBps)
+{
+    *MBps = 0;
+    size_t n = 1u << 20;
+    int go[2], back[2];
+    if (pipe(go))
+        return -errno;
+    if (pipe(back)) {
+        int e = -errno;
+        close(go[0]);
+        close(go[1]);
+        return e;
+    }
+    pid_t pid = fork();
+    if (pid < 0) {
+        int e = -errno;
+        close(go[0]);
+        close(go[1]);
+        close(back[0]);
+        close(back[1]);
+        return e;
+    }
+    if (pid == 0) {
+        close(go[1]);
+        close(back[0]);
+        bench_pin(placement, 1);
+        uint8_t *src = malloc(n);
+        if (!src)
+            _exit(1);
+        memset(src, 5, n);
+        uintptr_t a = (uintptr_t)src;
+        char c;
+        if (write(back[1], &a, sizeof a) != (ssize_t)sizeof a)
+            _exit(1);
+        (void)read(go[0], &c, 1); /* until the parent is done */
+        _exit(0);
+    }
+    close(go[0]);
+    close(back[1]);
+    bench_pin(placement, 0);
+    uintptr_t a = 0;
+    int r = 0;
+    uint8_t *dst = malloc(n);
+    if (read(back[0], &a, sizeof a) != (ssize_t)sizeof a || !dst) {
+        r = -EIO;
+    } else {
+        memset(dst, 0, n);
+        struct iovec l = {dst, n}, rem = {(void *)a, n};
+        uint64_t t0 = bench_now_ns(), end = t0 + (uint64_t)(seconds * 1e9), t = t0, bytes = 0;
+        while (t < end) {
+            ssize_t got = process_vm_readv(pid, &l, 1, &rem, 1, 0);
+            if (got != (ssize_t)n) {
+                r = got < 0 ? -errno : -EIO;
+                break;
+            }
+            bytes += n;
+            t = bench_now_ns();
+        }
+        if (!r && t > t0)
+            *MBps = (double)bytes * 1e3 / (double)(t - t0);
+    }
+    free(dst);
+    close(go[1]); /* the child's read ends */
+    close(back[0]);
+    int st;
+    waitpid(pid, &st, 0);
+    bench_pin("none", 0);
+    return r;
 }
 
 void floor_memcpy(double *xt, double *xr, size_t block)

@@ -76,6 +76,13 @@ def test_bench_json_has_every_figure(fabric, tmp_path):
         assert abs(vs["rate_64_vs_ring"] * r[placement]["floor_ring_64_Mps"]
                    - r[placement]["rate_64_Mps"]) < 0.01 * r[placement]["rate_64_Mps"] + 0.001
         assert vs["bw_64k_vs_xmax"] > 0 and vs["bw_1m_vs_xmax"] > 0
+        # the 1 MiB floors: two copies through a minimal ring, always measured; one copy by
+        # process_vm_readv, null only where the kernel refuses it
+        assert r[placement]["floor_pipe_1m_MBps"] > 0
+        assert abs(vs["bw_1m_vs_pipe"] * r[placement]["floor_pipe_1m_MBps"]
+                   - r[placement]["bw_1m_MBps"]) < 0.01 * r[placement]["bw_1m_MBps"] + 0.1
+        cma = r[placement]["floor_cma_1m_MBps"]
+        assert cma is None or (cma > 0 and vs["cma_1m_vs_xmax"] > 0)
         # X_max is derived from Xt and Xr exactly as SCILAN defines it.
         xt, xr = r[placement]["xt_MBps"], r[placement]["xr_MBps"]
         assert abs(r[placement]["xmax_64k_MBps"] - xt * xr / (xt + xr)) < 0.2
