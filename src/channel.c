@@ -2084,15 +2084,16 @@ void __ml_chan_resync_rx(struct memlan_channel *ch)
     ch->rx.other = ch->rx.pos;
 }
 
-/* Publish our indices in words of the caller's (two, in memory the peer cannot reach but our
- * fork children share) instead of our own, so that the processes that share a socket after fork
- * read each other's positions (readiness, and __ml_chan_resync_*).  words NULL: back to our own
- * (before those words go).  The caller makes sure that nobody holds either direction meanwhile. */
-void __ml_chan_pub_share(struct memlan_channel *ch, _Atomic uint64_t *words)
+/* Publish our indices in words of the caller's (tx head and rx tail, in memory the peer cannot
+ * reach but our fork children share) instead of our own, so that the processes that share a
+ * socket after fork read each other's positions (readiness, and __ml_chan_resync_*).  NULL: back
+ * to our own (before those words go).  The caller makes sure that nobody holds either direction meanwhile. */
+void __ml_chan_pub_share(struct memlan_channel *ch, _Atomic uint64_t *tx, _Atomic uint64_t *rx)
 {
     struct ml_ring *rings[2] = {&ch->tx, &ch->rx};
+    _Atomic uint64_t *words[2] = {tx, rx};
     for (int i = 0; i < 2; i++) {
-        _Atomic uint64_t *w = words ? &words[i] : &rings[i]->own_pub;
+        _Atomic uint64_t *w = words[i] ? words[i] : &rings[i]->own_pub;
         atomic_store_explicit(w, atomic_load_explicit(rings[i]->pub, memory_order_relaxed),
                               memory_order_relaxed);
         atomic_store_explicit(&rings[i]->pub, w, memory_order_release);

@@ -141,7 +141,7 @@ size_t __ml_chan_unsent(struct memlan_channel *ch, const void **ptr);
 void __ml_chan_unsent_done(struct memlan_channel *ch, size_t n);
 void __ml_chan_resync_tx(struct memlan_channel *ch);
 void __ml_chan_resync_rx(struct memlan_channel *ch);
-void __ml_chan_pub_share(struct memlan_channel *ch, _Atomic uint64_t *words);
+void __ml_chan_pub_share(struct memlan_channel *ch, _Atomic uint64_t *tx, _Atomic uint64_t *rx);
 int64_t __ml_chan_rx_avail_ro(const struct memlan_channel *ch); /* -1: cannot tell, go and look */
 int64_t __ml_chan_tx_free_ro(const struct memlan_channel *ch);
 uint64_t __ml_chan_tx_queued(struct memlan_channel *ch);

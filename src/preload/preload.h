@@ -19,6 +19,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <pthread.h>
+#include <stddef.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -93,10 +94,20 @@ struct mlp_member;
 struct mlp_ep;
 
 /* A socket's direction locks (sock.c). */
+/* Each direction's lock and its published ring position (the channel's tx head, rx tail:
+ * __ml_chan_pub_share) share 128 bytes of their own: a thread that sends and another that
+ * receives on the same socket never write each other's lines (128: the pair of lines an
+ * adjacent-line prefetcher fetches together).  Issue 21: both mutexes and both positions were
+ * in two lines that every send and every receive wrote. */
+#define MLP_LOCKDIR_BYTES 128
 struct mlp_locks {
-    pthread_mutex_t tx, rx;
-    _Atomic uint64_t pub[2]; /* the channel's published tx head and rx tail (__ml_chan_pub_share) */
+    pthread_mutex_t tx;
+    _Atomic uint64_t pub_tx;
+    char pad_tx[MLP_LOCKDIR_BYTES - sizeof(pthread_mutex_t) - sizeof(uint64_t)];
+    pthread_mutex_t rx;
+    _Atomic uint64_t pub_rx;
 };
+_Static_assert(offsetof(struct mlp_locks, rx) == MLP_LOCKDIR_BYTES, "rx lock on lines of its own");
 
 struct mlp_sock {
     _Atomic int refs;             /* fd table entries + calls in progress */

@@ -105,7 +105,7 @@ static struct mlp_locks *mlp_locks_of(struct mlp_sock *s)
         if (n != MAP_FAILED) {
             mlp_dir_locks_init(n, true);
             if (s->ch)
-                __ml_chan_pub_share(s->ch, n->pub);
+                __ml_chan_pub_share(s->ch, &n->pub_tx, &n->pub_rx);
         } else {
             n = &s->own_locks;
             mlp_dir_locks_init(n, false);
@@ -127,7 +127,7 @@ static void mlp_locks_free(struct mlp_sock *s)
     struct mlp_locks *l = atomic_exchange(&s->locks, NULL);
     if (l && l != &s->own_locks) {
         if (s->ch)
-            __ml_chan_pub_share(s->ch, NULL); /* the channel outlives the page a little */
+            __ml_chan_pub_share(s->ch, NULL, NULL); /* the channel outlives the page a little */
         munmap(l, sizeof *l);
     }
 }
