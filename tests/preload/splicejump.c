@@ -29,13 +29,13 @@ static volatile long bad = -1, got;
 
 static void on_alarm(int sig) { (void)sig; if (armed) siglongjmp(jb, 1); }
 
+/* Started with SIGALRM blocked (inherited from main, which blocks it around the
+ * pthread_create): a block made here, after the start, left a window in which the timer's
+ * signal could reach this thread, whose handler then jumped onto main's stack (under load: a
+ * SIGSEGV, or both threads spinning in the same call, over kernel TCP and under memlan alike). */
 static void *drain(void *a)
 {
     (void)a;
-    sigset_t m;
-    sigemptyset(&m);
-    sigaddset(&m, SIGALRM);
-    pthread_sigmask(SIG_BLOCK, &m, NULL);
     static unsigned char b[65536];
     long off = 0;
     for (;;) {
@@ -91,7 +91,12 @@ int main(int argc, char **argv)
     int fd = accept(lfd, NULL, NULL);
     if (pipe(pp) < 0) return 1;
     pthread_t t;
+    sigset_t m, old;
+    sigemptyset(&m);
+    sigaddset(&m, SIGALRM);
+    pthread_sigmask(SIG_BLOCK, &m, &old);
     pthread_create(&t, NULL, drain, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
     struct sigaction sa = {.sa_handler = on_alarm};
     sigemptyset(&sa.sa_mask);
     sigaction(SIGALRM, &sa, NULL);
