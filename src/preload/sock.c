@@ -718,6 +718,22 @@ static ssize_t mlp_iov_total(const struct iovec *iov, int n, bool nocopy)
     return (ssize_t)t;
 }
 
+/* The first ML_INT_MAX_IO bytes of iov (n pieces, at most IOV_MAX) into v: the pieces kept.  One
+ * read or write moves at most that on Linux (MAX_RW_COUNT: rw_verify_area and import_iovec cut
+ * every call to it), and a program may keep the count in an int. */
+static int mlp_iov_cut(const struct iovec *iov, int n, struct iovec *v)
+{
+    size_t left = ML_INT_MAX_IO;
+    int k = 0;
+    for (int i = 0; i < n && k < IOV_MAX && left; i++) {
+        v[k] = iov[i];
+        if (v[k].iov_len > left)
+            v[k].iov_len = left;
+        left -= v[k++].iov_len;
+    }
+    return k;
+}
+
 /* ---- send -------------------------------------------------------------------------------- */
 
 /* SO_RCVTIMEO and SO_SNDTIMEO live in the kernel socket, which takes every setsockopt: set before
@@ -791,6 +807,15 @@ static ssize_t mlp_tx_whole(struct mlp_sock *s, const struct iovec *iov, int n, 
     return r < 0 ? r : (ssize_t)total;
 }
 
+/* A send of more than ML_INT_MAX_IO bytes: of the first ML_INT_MAX_IO (off the common path, for
+ * its array). */
+static __attribute__((noinline)) ssize_t mlp_send_cut(struct mlp_sock *s, int fd,
+                                                      const struct iovec *iov, int n, int flags)
+{
+    struct iovec v[IOV_MAX];
+    return mlp_send(s, fd, v, mlp_iov_cut(iov, n, v), flags);
+}
+
 ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags)
 {
     if (flags & MSG_OOB)
@@ -810,6 +835,8 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     ssize_t t = mlp_iov_total(iov, n, false);
     if (t <= 0)
         return t;
+    if (ml_unlikely(t > ML_INT_MAX_IO))
+        return mlp_send_cut(s, fd, iov, n, flags);
     size_t total = (size_t)t;
     mlp_sync_timeouts(s, fd);
     ssize_t done = 0, r;
@@ -1341,6 +1368,14 @@ ssize_t mlp_recvmsg(struct mlp_sock *s, int fd, struct msghdr *m, int flags)
     return r;
 }
 
+/* A receive into more than ML_INT_MAX_IO bytes: into the first ML_INT_MAX_IO (see mlp_send_cut). */
+static __attribute__((noinline)) ssize_t mlp_recv_cut(struct mlp_sock *s, int fd,
+                                                      const struct iovec *iov, int n, int flags)
+{
+    struct iovec v[IOV_MAX];
+    return mlp_recv(s, fd, v, mlp_iov_cut(iov, n, v), flags);
+}
+
 ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags)
 {
     if (flags & MSG_OOB)
@@ -1359,6 +1394,8 @@ ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     ssize_t t = mlp_iov_total(iov, n, (flags & MSG_TRUNC) != 0);
     if (t <= 0)
         return t;
+    if (ml_unlikely(t > ML_INT_MAX_IO))
+        return mlp_recv_cut(s, fd, iov, n, flags);
     size_t total = (size_t)t;
     mlp_sync_timeouts(s, fd);
     if (flags & MSG_PEEK) {
