@@ -697,10 +697,11 @@ static uint64_t mlp_tx_want(struct mlp_sock *s, size_t left)
  * then __import_iovec): a length negative as an ssize_t anywhere is -EINVAL, then a piece that
  * cannot be there is -EFAULT (a NULL vector, a NULL base under a length, or pieces past
  * SSIZE_MAX together, which no address space holds).  The kernel finds a NULL base only when
- * it copies (a nonblocking call with no room or no data says EAGAIN first); we say EFAULT at
- * once, except where nothing is copied: a receive with MSG_TRUNC (nocopy) discards the bytes,
- * and TCP takes a NULL buffer for it.  Unchecked, a sum that wrapped sent a short count of a
- * vector the kernel refuses, and a NULL base crashed the copy (tests/preload/iovedge.c). */
+ * it copies (a call that stops before, with no room or no data, or on a closed connection, says
+ * EAGAIN or EPIPE first); we say EFAULT at once, except where nothing is copied: a receive
+ * with MSG_TRUNC (nocopy) discards the bytes, and TCP takes a NULL buffer for it.  Unchecked,
+ * a sum that wrapped sent a short count of a vector the kernel refuses, and a NULL base
+ * crashed the copy (tests/preload/iovedge.c). */
 static ssize_t mlp_iov_total(const struct iovec *iov, int n, bool nocopy)
 {
     if (n > 0 && !iov)
