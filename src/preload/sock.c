@@ -693,12 +693,46 @@ static uint64_t mlp_tx_want(struct mlp_sock *s, size_t left)
     return left < half ? (left ? left : 1) : (half ? half : 1);
 }
 
-static size_t mlp_iov_total(const struct iovec *iov, int n)
+/* The vector's total, checked as the kernel checks it before it moves a byte (iovec_from_user,
+ * then __import_iovec): a length negative as an ssize_t anywhere is -EINVAL, then a piece that
+ * cannot be there is -EFAULT (a NULL vector, a NULL base under a length, or pieces past
+ * SSIZE_MAX together, which no address space holds).  The kernel finds a NULL base only when
+ * it copies (a call that stops before, with no room or no data, or on a closed connection, says
+ * EAGAIN or EPIPE first); we say EFAULT at once, except where nothing is copied: a receive
+ * with MSG_TRUNC (nocopy) discards the bytes, and TCP takes a NULL buffer for it.  Unchecked,
+ * a sum that wrapped sent a short count of a vector the kernel refuses, and a NULL base
+ * crashed the copy (tests/preload/iovedge.c). */
+static ssize_t mlp_iov_total(const struct iovec *iov, int n, bool nocopy)
 {
-    size_t t = 0;
+    if (n > 0 && !iov)
+        return -EFAULT;
     for (int i = 0; i < n; i++)
-        t += iov[i].iov_len;
-    return t;
+        if (iov[i].iov_len > (size_t)SSIZE_MAX)
+            return -EINVAL;
+    size_t t = 0;
+    for (int i = 0; i < n; i++) {
+        size_t l = iov[i].iov_len;
+        if ((!iov[i].iov_base && l && !nocopy) || l > (size_t)SSIZE_MAX - t)
+            return -EFAULT;
+        t += l;
+    }
+    return (ssize_t)t;
+}
+
+/* The first ML_INT_MAX_IO bytes of iov (n pieces, at most IOV_MAX) into v: the pieces kept.  One
+ * read or write moves at most that on Linux (MAX_RW_COUNT: rw_verify_area and import_iovec cut
+ * every call to it), and a program may keep the count in an int. */
+static int mlp_iov_cut(const struct iovec *iov, int n, struct iovec *v)
+{
+    size_t left = ML_INT_MAX_IO;
+    int k = 0;
+    for (int i = 0; i < n && k < IOV_MAX && left; i++) {
+        v[k] = iov[i];
+        if (v[k].iov_len > left)
+            v[k].iov_len = left;
+        left -= v[k++].iov_len;
+    }
+    return k;
 }
 
 /* ---- send -------------------------------------------------------------------------------- */
@@ -774,6 +808,15 @@ static ssize_t mlp_tx_whole(struct mlp_sock *s, const struct iovec *iov, int n, 
     return r < 0 ? r : (ssize_t)total;
 }
 
+/* A send of more than ML_INT_MAX_IO bytes: of the first ML_INT_MAX_IO (off the common path, for
+ * its array). */
+static __attribute__((noinline)) ssize_t mlp_send_cut(struct mlp_sock *s, int fd,
+                                                      const struct iovec *iov, int n, int flags)
+{
+    struct iovec v[IOV_MAX];
+    return mlp_send(s, fd, v, mlp_iov_cut(iov, n, v), flags);
+}
+
 ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags)
 {
     if (flags & MSG_OOB)
@@ -790,9 +833,12 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
         ssize_t r = mlp_real_sendmsg(fd, &mh, flags);
         return r < 0 ? -errno : r;
     }
-    size_t total = mlp_iov_total(iov, n);
-    if (total == 0)
-        return 0;
+    ssize_t t = mlp_iov_total(iov, n, false);
+    if (t <= 0)
+        return t;
+    if (ml_unlikely(t > ML_INT_MAX_IO))
+        return mlp_send_cut(s, fd, iov, n, flags);
+    size_t total = (size_t)t;
     mlp_sync_timeouts(s, fd);
     ssize_t done = 0, r;
     int i = 0;
@@ -1189,7 +1235,7 @@ static bool mlp_eagain_look(struct mlp_sock *s)
 static ssize_t mlp_peek_once(struct mlp_sock *s, const struct iovec *iov, int n, int flags,
                              bool nb, sigset_t *old, bool *masked)
 {
-    size_t total = mlp_iov_total(iov, n);
+    size_t total = (size_t)mlp_iov_total(iov, n, true); /* checked by the caller */
     unsigned naps = 0;
     uint64_t dl = 0;
     for (;;) {
@@ -1239,7 +1285,8 @@ static ssize_t mlp_peek_once(struct mlp_sock *s, const struct iovec *iov, int n,
         size_t left = (size_t)a < total ? (size_t)a : total, off = 0;
         for (int i = 0; i < n && left; i++) {
             size_t c = iov[i].iov_len < left ? iov[i].iov_len : left;
-            memcpy(iov[i].iov_base, (const char *)p + off, c);
+            if (!(flags & MSG_TRUNC)) /* TCP's MSG_TRUNC copies nothing, peeking or not */
+                memcpy(iov[i].iov_base, (const char *)p + off, c);
             off += c;
             left -= c;
         }
@@ -1322,6 +1369,14 @@ ssize_t mlp_recvmsg(struct mlp_sock *s, int fd, struct msghdr *m, int flags)
     return r;
 }
 
+/* A receive into more than ML_INT_MAX_IO bytes: into the first ML_INT_MAX_IO (see mlp_send_cut). */
+static __attribute__((noinline)) ssize_t mlp_recv_cut(struct mlp_sock *s, int fd,
+                                                      const struct iovec *iov, int n, int flags)
+{
+    struct iovec v[IOV_MAX];
+    return mlp_recv(s, fd, v, mlp_iov_cut(iov, n, v), flags);
+}
+
 ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags)
 {
     if (flags & MSG_OOB)
@@ -1337,9 +1392,12 @@ ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
         ssize_t r = mlp_real_recvmsg(fd, &mh, flags);
         return r < 0 ? -errno : r;
     }
-    size_t total = mlp_iov_total(iov, n);
-    if (total == 0)
-        return 0;
+    ssize_t t = mlp_iov_total(iov, n, (flags & MSG_TRUNC) != 0);
+    if (t <= 0)
+        return t;
+    if (ml_unlikely(t > ML_INT_MAX_IO))
+        return mlp_recv_cut(s, fd, iov, n, flags);
+    size_t total = (size_t)t;
     mlp_sync_timeouts(s, fd);
     if (flags & MSG_PEEK) {
         ssize_t p = mlp_peek(s, iov, n, flags, nb);

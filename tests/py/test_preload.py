@@ -585,6 +585,38 @@ def test_small_writev_arrives_whole(fabric, tmp_path):
     settle(fabric)
 
 
+IOVEDGE = BUILD / "tests-preload" / "iovedge"
+
+
+def test_bad_vectors_answer_as_the_kernel(fabric, tmp_path):
+    """send, writev, sendmsg, recv and readv with vectors the kernel refuses (a NULL base under a
+    length, a NULL vector, a length negative as an ssize_t, lengths whose sum wraps): the errno
+    the kernel gives and nothing moved, on accelerated connections as over kernel TCP.  Before,
+    a NULL base crashed the program (SIGSEGV) or sent the pieces before it, and a wrapped sum
+    moved a short count (8) of a vector the kernel refuses, or crashed."""
+    plain, under, text = scripted(IOVEDGE, tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "SIGSEGV" not in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout
+    assert text.count("accelerated (client)") == plain.stdout.count("exit 0"), text
+    settle(fabric)
+
+
+BIGIO = BUILD / "tests-preload" / "bigio"
+
+
+def test_one_call_moves_at_most_max_rw_count(fabric, tmp_path):
+    """A blocking write of 3 GiB, a writev of two 1.5 GiB pieces and a recv(MSG_WAITALL) into
+    3 GiB each return 2147479552 (Linux's MAX_RW_COUNT), as over kernel TCP, and every byte
+    arrives.  Before, under memlan, each returned 3221225472, which a program keeping the count
+    in an int reads as negative."""
+    plain, under, text = scripted(BIGIO, tmp_path)
+    assert "write of 3221225472 returned 2147479552" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    assert text.count("accelerated (client)") == 1, text
+    settle(fabric)
+
+
 SPLICEJUMP = BUILD / "tests-preload" / "splicejump"
 
 
