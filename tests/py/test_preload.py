@@ -1060,9 +1060,9 @@ def test_a_loop_handoff_asks_the_kernel_set_once_a_wait(fabric, tmp_path):
                             "trace=epoll_wait,epoll_pwait,epoll_pwait2", "-e", "signal=none",
                             "-o", str(trace)] + argv, capture_output=True, text=True,
                            timeout=180, env=dict(os.environ, MEMLAN_SPIN_US="0"))
-        assert r.returncode == 0, r.stdout + r.stderr
         if mode == "memlan":
             settle(fabric)
+        assert r.returncode == 0, r.stdout + r.stderr
         out = json.loads(r.stdout.strip().splitlines()[-1])
         assert out["ok"] and out["echoed"] == pings * 64, out
         text = trace.read_text(errors="replace")
