@@ -1594,8 +1594,12 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             left = 0;
         }
         if (r >= 0) {
-            __atomic_store_n(&e->kpoll_ns, mlp_now_ns(), __ATOMIC_RELAXED);
+            /* The kernel set is asked for the whole wait, up to its return: that is when it was
+             * last asked.  Stamped before the wait, a sleep longer than MLP_KPOLL_NS made the
+             * next epoll_wait ask it again at once, for nothing (nfs-ganesha: the thread that
+             * takes the loop over from the one this wait woke, once per request). */
             r = mlp_ep_kwait(epfd, out, max, left, mask);
+            __atomic_store_n(&e->kpoll_ns, mlp_now_ns(), __ATOMIC_RELAXED);
         }
         if (slept) {
             pthread_mutex_lock(&mlp_epmu);

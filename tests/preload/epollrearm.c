@@ -115,6 +115,18 @@ static bool started; /* the loop has taken its first count (under mu) */
 static long loop_switches, loop_returns, worker_switches, echoed, mod_wakes;
 static int status;
 
+/* epoll_wait on the set, for up to 10 s.  Under a tracer (strace, in the test that counts these
+ * waits) a signal the program ignores still interrupts it (EINTR: epoll_wait is never restarted,
+ * signal(7)), as the client child's SIGCHLD does at its exit: wait again. */
+static int wait_events(struct epoll_event *out)
+{
+    int n;
+    do
+        n = epoll_wait(ep, out, 4, 10000);
+    while (n < 0 && errno == EINTR);
+    return n;
+}
+
 static void *loop(void *arg)
 {
     (void)arg;
@@ -126,7 +138,7 @@ static void *loop(void *arg)
     pthread_mutex_unlock(&mu);
     for (;;) {
         struct epoll_event out[4];
-        int n = epoll_wait(ep, out, 4, 10000);
+        int n = wait_events(out);
         loop_returns++;
         if (n <= 0) {
             /* nothing for 10 s, or an error: a wake-up was lost */
@@ -244,7 +256,7 @@ static void *pool_thread(void *arg)
         struct epoll_event out[4];
         long p0 = preempted();
         loop_entries++;
-        int n = epoll_wait(ep, out, 4, 10000);
+        int n = wait_events(out);
         mine += preempted() - p0;
         pthread_mutex_lock(&mu);
         loop_returns++;
