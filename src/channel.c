@@ -1506,10 +1506,11 @@ static inline uint64_t ml_stream_chunk(const struct memlan_channel *ch)
 static ssize_t ml_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flags, bool checked);
 
 /* Copy n bytes from the cursor's place in its vector to dst, and move the cursor past them (the
- * caller knows that many are there). */
+ * caller counted that many there; the bound on the pieces keeps a vector that another thread of
+ * the program shortens meanwhile from taking us past its end). */
 static void ml_gather(uint8_t *dst, struct ml_iov_cur *c, uint64_t n)
 {
-    while (n) {
+    while (n && c->i < c->n) {
         const struct iovec *v = &c->iov[c->i];
         size_t l = v->iov_len - c->off;
         if (l == 0) { /* an empty piece */
