@@ -1544,10 +1544,13 @@ static ssize_t ml_iov_left(const struct ml_iov_cur *c)
     return (ssize_t)t;
 }
 
-/* A stream send of the len bytes at the cursor (memlan_send and memlan_sendv): the bytes of all
- * the vector's pieces go into the ring together, a chunk at a time, so a vector costs the
- * publications and wake-up checks of one buffer of its total length, not one per piece. */
-static ssize_t ml_stream_send(memlan_channel_t *ch, struct ml_iov_cur *c, size_t len, int flags)
+/* A stream send of len bytes: from src (memlan_send), or from the cursor c (memlan_sendv: the
+ * bytes of all the vector's pieces go into the ring together, a chunk at a time, so a vector
+ * costs the publications and wake-up checks of one buffer of its total length, not one per
+ * piece).  One buffer keeps its plain copy: through the cursor, a 64 B send and receive in one
+ * thread took 16 ns against 11. */
+static ssize_t ml_stream_send(memlan_channel_t *ch, const uint8_t *src, struct ml_iov_cur *c,
+                              size_t len, int flags)
 {
     int e;
     size_t done = 0;
@@ -1586,7 +1589,10 @@ static ssize_t ml_stream_send(memlan_channel_t *ch, struct ml_iov_cur *c, size_t
         uint64_t n = len - done < (uint64_t)fr ? len - done : (uint64_t)fr;
         if (n > chunk)
             n = chunk;
-        ml_gather(ml_ring_at(&ch->tx, ch->tx.pos), c, n);
+        if (c)
+            ml_gather(ml_ring_at(&ch->tx, ch->tx.pos), c, n);
+        else
+            memcpy(ml_ring_at(&ch->tx, ch->tx.pos), src + done, n);
         ml_ring_produce(&ch->tx, n, ml_ring_nofence(&ch->tx, &ch->tx.ctl->rx_mb, &ch->tx.ctl->rx_mb_ack));
         ml_mb_busy(ch, &ch->tx, &ch->tx.ctl->tx_mb, &ch->tx.ctl->tx_mb_ack);
         ch->bytes_tx += n;
@@ -1604,8 +1610,9 @@ static ssize_t ml_stream_send(memlan_channel_t *ch, struct ml_iov_cur *c, size_t
     return (ssize_t)done;
 }
 
-/* A message of len bytes, gathered from the cursor: whole or not at all. */
-static ssize_t ml_msg_send(memlan_channel_t *ch, struct ml_iov_cur *c, size_t len, int flags)
+/* A message of len bytes, from src or gathered from the cursor c: whole or not at all. */
+static ssize_t ml_msg_send(memlan_channel_t *ch, const void *src, struct ml_iov_cur *c,
+                           size_t len, int flags)
 {
     if (len > memlan_channel_max_msg(ch))
         return -EMSGSIZE;
@@ -1613,7 +1620,10 @@ static ssize_t ml_msg_send(memlan_channel_t *ch, struct ml_iov_cur *c, size_t le
     ssize_t r = ml_reserve(ch, &p, len, flags, true);
     if (r < 0)
         return r;
-    ml_gather(p, c, len);
+    if (c)
+        ml_gather(p, c, len);
+    else if (len) /* src may be NULL for an empty message */
+        memcpy(p, src, len);
     r = memlan_commit(ch, len);
     return r < 0 ? r : (ssize_t)len;
 }
@@ -1625,10 +1635,8 @@ ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags
     int e = ml_tx_error(ch);
     if (e)
         return e;
-    struct iovec v = {.iov_base = (void *)buf, .iov_len = len};
-    struct ml_iov_cur c = {.iov = &v, .n = 1};
-    return ch->kind == MEMLAN_MSG ? ml_msg_send(ch, &c, len, flags)
-                                  : ml_stream_send(ch, &c, len, flags);
+    return ch->kind == MEMLAN_MSG ? ml_msg_send(ch, buf, NULL, len, flags)
+                                  : ml_stream_send(ch, buf, NULL, len, flags);
 }
 
 ssize_t __ml_chan_sendv(struct memlan_channel *ch, struct ml_iov_cur *c, int flags)
@@ -1639,8 +1647,18 @@ ssize_t __ml_chan_sendv(struct memlan_channel *ch, struct ml_iov_cur *c, int fla
     int e = ml_tx_error(ch);
     if (e)
         return e;
-    return ch->kind == MEMLAN_MSG ? ml_msg_send(ch, c, (size_t)len, flags)
-                                  : ml_stream_send(ch, c, (size_t)len, flags);
+    if (ch->kind == MEMLAN_MSG)
+        return ml_msg_send(ch, NULL, c, (size_t)len, flags);
+    if (c->n - c->i == 1) { /* one piece left (a send, a write): the plain copy */
+        const uint8_t *src = (const uint8_t *)c->iov[c->i].iov_base + c->off;
+        ssize_t r = ml_stream_send(ch, src, NULL, (size_t)len, flags);
+        if (r > 0 && (c->off += (size_t)r) == c->iov[c->i].iov_len) {
+            c->i++;
+            c->off = 0;
+        }
+        return r;
+    }
+    return ml_stream_send(ch, NULL, c, (size_t)len, flags);
 }
 
 ssize_t memlan_sendv(memlan_channel_t *ch, const struct iovec *iov, int iovcnt, int flags)
