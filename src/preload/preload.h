@@ -93,8 +93,7 @@ struct mlp_lrec;
 struct mlp_member;
 struct mlp_ep;
 
-/* A socket's direction locks (sock.c). */
-/* Each direction's lock and its published ring position (the channel's tx head, rx tail:
+/* A socket's direction locks (sock.c).  Each direction's lock and its published ring position (the channel's tx head, rx tail:
  * __ml_chan_pub_share) share 128 bytes of their own: a thread that sends and another that
  * receives on the same socket never write each other's lines (128: the pair of lines an
  * adjacent-line prefetcher fetches together).  Issue 21: both mutexes and both positions were

@@ -1232,10 +1232,9 @@ static bool mlp_eagain_look(struct mlp_sock *s)
 
 
 /* MSG_PEEK: copy what is there without consuming it (MSG_WAITALL: wait for all of it). */
-static ssize_t mlp_peek_once(struct mlp_sock *s, const struct iovec *iov, int n, int flags,
-                             bool nb, sigset_t *old, bool *masked)
+static ssize_t mlp_peek_once(struct mlp_sock *s, const struct iovec *iov, int n, size_t total,
+                             int flags, bool nb, sigset_t *old, bool *masked)
 {
-    size_t total = (size_t)mlp_iov_total(iov, n, true); /* checked by the caller */
     unsigned naps = 0;
     uint64_t dl = 0;
     for (;;) {
@@ -1296,11 +1295,13 @@ static ssize_t mlp_peek_once(struct mlp_sock *s, const struct iovec *iov, int n,
     }
 }
 
-static ssize_t mlp_peek(struct mlp_sock *s, const struct iovec *iov, int n, int flags, bool nb)
+/* total: the vector's bytes, as mlp_recv checked them. */
+static ssize_t mlp_peek(struct mlp_sock *s, const struct iovec *iov, int n, size_t total,
+                        int flags, bool nb)
 {
     sigset_t old;
     bool masked = false;
-    ssize_t r = mlp_peek_once(s, iov, n, flags, nb, &old, &masked);
+    ssize_t r = mlp_peek_once(s, iov, n, total, flags, nb, &old, &masked);
     if (masked) {
         int saved = errno;
         (void)pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -1400,9 +1401,9 @@ ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     size_t total = (size_t)t;
     mlp_sync_timeouts(s, fd);
     if (flags & MSG_PEEK) {
-        ssize_t p = mlp_peek(s, iov, n, flags, nb);
+        ssize_t p = mlp_peek(s, iov, n, total, flags, nb);
         if (p == -EAGAIN && nb && mlp_eagain_look(s))
-            p = mlp_peek(s, iov, n, flags, nb);
+            p = mlp_peek(s, iov, n, total, flags, nb);
         return mlp_rx_error(s, p);
     }
     /* MSG_WAITALL waits only on a blocking call: nonblocking (or MSG_DONTWAIT), the kernel
