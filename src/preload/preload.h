@@ -137,8 +137,8 @@ struct mlp_sock {
     struct mlp_ep *qep;           /* epoll.c: the set whose queue its channel is in now, NULL for
                                    * the process's queue or none (mlp_home_mu) */
     _Atomic uint64_t fin_ns;      /* when its kernel socket's FIN came, the peer still alive */
-    _Atomic uint64_t look_ns;     /* a nonblocking call's last look at the kernel socket (poll.c,
-                                   * mlp_end_look) */
+    _Atomic uint64_t look_ns;     /* the last look at the kernel socket by a call that must not
+                                   * wait (poll.c, mlp_look_due; the coarse clock) */
     _Atomic uint32_t eagains;     /* nonblocking receives in a row that found the ring empty */
     pthread_mutex_t mu;           /* state changes: withdrawal, close */
     struct mlp_locks *_Atomic locks; /* sock.c: the direction locks (a page only fork children
@@ -318,6 +318,7 @@ short mlp_sock_revents(struct mlp_sock *s, int fd, short events);
 int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask);
 int mlp_sock_sleep(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline, int64_t *live);
 bool mlp_end_look(struct mlp_sock *s);
+bool mlp_look_due(struct mlp_sock *s, uint64_t now);
 bool mlp_check_peer(struct mlp_sock *s);
 void mlp_poll_kick(struct mlp_sock *s);
 int mlp_select(int n, fd_set *r, fd_set *w, fd_set *e, int64_t timeout_ns, const sigset_t *mask,
@@ -351,5 +352,6 @@ extern _Atomic bool mlp_forked;      /* some socket may be shared with another p
 #define MLP_RESTORE_ERRNO errno = mlp_saved_errno_
 
 uint64_t mlp_now_ns(void);
+uint64_t mlp_coarse_ns(void);
 
 #endif

@@ -30,34 +30,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static void die(const char *what)
-{
-    printf("FAIL %s: %s\n", what, strerror(errno));
-    fflush(stdout);
-    exit(1);
-}
-
-static void pin(int cpu)
-{
-    cpu_set_t all, one;
-    if (sched_getaffinity(0, sizeof all, &all) != 0 || CPU_COUNT(&all) < 2)
-        return;
-    int k = 0;
-    for (int c = 0; c < CPU_SETSIZE; c++)
-        if (CPU_ISSET(c, &all) && k++ == cpu) {
-            CPU_ZERO(&one);
-            CPU_SET(c, &one);
-            sched_setaffinity(0, sizeof one, &one);
-            return;
-        }
-}
-
-static double now_s(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
+#include "twoends.h"
 
 int main(int argc, char **argv)
 {
