@@ -34,7 +34,9 @@ def available():
     """None when this kernel gives per-thread schedstat, else why not."""
     try:
         fields = open(f"/proc/self/task/{threading.get_native_id()}/schedstat").read().split()
-        int(fields[0]), int(fields[1])
+        if int(fields[0]) == 0 and int(fields[1]) == 0:
+            # sched_info off: every thread reads "0 0 0", this one too after all it has run
+            return "/proc/PID/task/TID/schedstat reads 0 0 (scheduler statistics off)"
         return None
     except (OSError, ValueError, IndexError, AttributeError) as e:
         return f"/proc/PID/task/TID/schedstat unreadable ({e.__class__.__name__}: {e})"
