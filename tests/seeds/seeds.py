@@ -129,12 +129,15 @@ def _group_state(pgid):
     return "; ".join(rows)
 
 
-def run_group(argv, timeout, **kw):
+def run_group(argv, timeout, started=None, **kw):
     """subprocess.run in a process group of its own: on a timeout every process of the group
-    (a launcher's ranks included) is killed, and the error says what each was doing."""
+    (a launcher's ranks included) is killed, and the error says what each was doing.
+    started(pid), when given, is called as soon as the process is there."""
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          stdin=subprocess.DEVNULL, start_new_session=True, **kw)
     try:
+        if started:
+            started(p.pid)
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         state = _group_state(p.pid)
