@@ -40,7 +40,6 @@ char mlp_fab_error[128];
 _Atomic int mlp_pid;
 _Atomic int mlp_ready;
 __thread int mlp_inside __attribute__((tls_model("initial-exec")));
-_Atomic bool mlp_forked;
 
 static pthread_once_t mlp_once = PTHREAD_ONCE_INIT;
 
@@ -358,14 +357,12 @@ static void mlp_atfork_prepare(void)
 
 static void mlp_atfork_parent(void)
 {
-    mlp_forked = true;
     mlp_fork_gate_open(false);
 }
 
 static void mlp_atfork_child(void)
 {
     mlp_pid = (int)__ml_sys_getpid();
-    mlp_forked = true;
     mlp_fork_gate_open(true);
     mlp_after_fork_child();
 }

@@ -125,6 +125,8 @@ struct mlp_sock {
                                    * before a credential change */
     int slot;                     /* our line in the process's stat segment, -1 if none */
     unsigned fork_gen;            /* last fork this socket was counted in (holders) */
+    _Atomic bool forked;          /* it was in the table at a fork: another process may
+                                   * hold it and move its ring positions (sock.c, mlp_lock_dir) */
     _Atomic bool tmo_synced;      /* SO_RCVTIMEO/SO_SNDTIMEO copied from the kernel socket */
     _Atomic bool split_told;      /* bytes found on the idle kernel socket were reported */
     _Atomic bool lock_broken;     /* a direction lock said ENOTRECOVERABLE (said once) */
@@ -345,7 +347,6 @@ unsigned mlp_sig_runs(void);        /* signals.c: the same count, read without s
 unsigned mlp_sig_runs_any(void);    /* signals.c: every handler run through us, on this thread */
 bool mlp_sig_in_handler(void);       /* signals.c: this thread runs a handler installed through us */
 
-extern _Atomic bool mlp_forked;      /* some socket may be shared with another process */
 
 /* Save and restore errno around our own work inside an interposer. */
 #define MLP_SAVE_ERRNO int mlp_saved_errno_ = errno
