@@ -497,7 +497,14 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             live = live * 2 < (int64_t)ML_LIVENESS_MAX_NS ? live * 2 : (int64_t)ML_LIVENESS_MAX_NS;
         }
         struct timespec ts = mlp_ts(left < 0 ? 0 : left);
-        int r = kask || nk > n ? mlp_real_ppoll(k, nk, left < 0 ? NULL : &ts, mask) : 0;
+        /* Without the system call poll is still a cancellation point, as glibc's is at every
+         * call (a thread whose loop polls sockets of ours whose peers have shut down, with
+         * nothing to ask the kernel, was never cancelled). */
+        int r = 0;
+        if (kask || nk > n)
+            r = mlp_real_ppoll(k, nk, left < 0 ? NULL : &ts, mask);
+        else
+            pthread_testcancel();
         if (r < 0 && errno == EINVAL && nk > n) {
             /* More fds than RLIMIT_NOFILE allows (sshd's sandboxed child sets it to 1, for its
              * own poll of one fd): ours go, and without them we nap and look again. */
@@ -516,10 +523,12 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
         if (bell >= 0 && k[bell].revents)
             mlp_queue_drain();
         int got = 0;
+        bool checked = false;
         for (nfds_t i = 0; i < n; i++) {
             if (socks[i]) {
                 if (k[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
                     (void)mlp_check_peer(socks[i]);
+                    checked = true;
                     short rv = mlp_sock_revents(socks[i], fds[i].fd, fds[i].events);
                     if (rv > 0) {
                         fds[i].revents = rv;
@@ -533,6 +542,18 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
                 fds[i].revents = k[i].revents;
                 if (fds[i].revents)
                     got++;
+            }
+        }
+        /* A socket in the set twice is asked of once a look (mlp_look_due): its other entries
+         * were computed before the peer's end was found, and must say what the asked one says,
+         * as the kernel's entries of one fd do. */
+        for (nfds_t i = 0; checked && i < n; i++) {
+            if (socks[i] && k[i].fd < 0) {
+                short rv = mlp_sock_revents(socks[i], fds[i].fd, fds[i].events);
+                if (rv > 0) {
+                    got += !fds[i].revents;
+                    fds[i].revents = rv;
+                }
             }
         }
         if (got || ready || zero || mlp_left(deadline) == 0) {

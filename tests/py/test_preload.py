@@ -597,7 +597,10 @@ def test_zero_timeout_polls_ask_the_kernel_once_a_millisecond(fabric, tmp_path):
     socket at most once a millisecond (plus a few), where it was asked at every poll before
     (4154 asks in 4154 polls over 88 ms); the pipe is reported by the first poll after its
     write, the killed peer's end is seen (within 5 s), and every line the program prints is
-    kernel TCP's."""
+    kernel TCP's: the socket twice in one set, both entries report the end in the same answer
+    (the entry not asked was empty: "end, the same socket again in the set:"), and a thread
+    that polls the ended socket in a loop is cancelled (no system call was left to act on the
+    cancellation: "a thread polling it is cancelled: no (5 s)")."""
     runs = {}
     for mode in ("kernel", "memlan"):
         trace = tmp_path / f"strace-{mode}.out"
@@ -619,6 +622,7 @@ def test_zero_timeout_polls_ask_the_kernel_once_a_millisecond(fabric, tmp_path):
     plain, under = runs["kernel"][0], runs["memlan"][0]
     assert plain.endswith("done\n") and "pipe reported at once: yes" in plain, plain
     assert "end: POLLIN POLLRDHUP" in plain and "read at the end: 0" in plain, plain
+    assert "again in the set: POLLIN POLLRDHUP" in plain and "cancelled: yes" in plain, plain
     assert under.splitlines() == plain.splitlines()
     text = (tmp_path / "memlan.log").read_text()
     assert "accelerated (client)" in text, text
