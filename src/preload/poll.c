@@ -146,6 +146,14 @@ bool mlp_check_peer(struct mlp_sock *s)
         atomic_store(&s->fin_ns, 0);
         return false;
     }
+    /* After our own SHUT_RD the kernel socket says RDHUP of itself, FIN or not: only the lock
+     * (just asked) can tell the peer's end then.  The FIN alone decided after the grace, and a
+     * live peer that went on reading was declared dead a second into the polls of a program
+     * that had shut down its reading side: its writes failed with EPIPE. */
+    if (ch->rd_eof_when_empty) {
+        atomic_store(&s->fin_ns, 0);
+        return false;
+    }
     uint64_t now = mlp_now_ns(), t = 0;
     if (atomic_compare_exchange_strong(&s->fin_ns, &t, now))
         return true;

@@ -632,6 +632,28 @@ def test_zero_timeout_polls_ask_the_kernel_once_a_millisecond(fabric, tmp_path):
     assert polls >= 2000 and asks <= ms + 10, runs["memlan"][1:]
 
 
+SHUTRDWRITE = BUILD / "tests-preload" / "shutrdwrite"
+
+
+@pytest.mark.parametrize("args", [("0",), ("10",), ("0", "killed")])
+def test_own_shut_rd_leaves_the_peer_alive(fabric, tmp_path, args):
+    """After our own shutdown(SHUT_RD) a program writes for 1.5 s, each write after a poll for
+    POLLOUT (zero timeout, and 10 ms): every write succeeds and the peer reads every byte, as
+    over kernel TCP.  The kernel socket's own RDHUP was taken for the peer's FIN, and a second
+    later the live peer was declared dead ("after SHUT_RD: POLLOUT POLLHUP POLLERR, some writes
+    failed").  killed: the peer killed after our SHUT_RD is still seen, its writes failing
+    within a second (its liveness lock tells)."""
+    plain, under, text = scripted(SHUTRDWRITE, tmp_path, *args)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    if "killed" in args:
+        assert "POLLHUP POLLERR, some writes failed" in plain.stdout, plain.stdout
+    else:
+        assert "POLLOUT, no writes failed" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    assert "accelerated (client)" in text, text
+    settle(fabric)
+
+
 IOVEDGE = BUILD / "tests-preload" / "iovedge"
 
 
