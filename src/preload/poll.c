@@ -61,7 +61,7 @@ int mlp_revents(struct mlp_sock *s, int fd)
         rev |= POLLRDHUP;
     if (ps == ML_SIDE_CLOSED || dead || ch->shut_wr || __ml_chan_tx_free_ro(ch) != 0)
         rev |= POLLOUT | POLLWRNORM;
-    if ((ps != ML_SIDE_OPEN || dead) && ch->shut_wr)
+    if (rd_done && ch->shut_wr) /* both ways shut, whoever shut them: our SHUT_RDWR too */
         rev |= POLLHUP;
     if (rd_done) {
         int rs = mlp_reset_state(s, false); /* a reset: the kernel's socket is closed, HUP for good */

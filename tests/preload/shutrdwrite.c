@@ -6,7 +6,9 @@
  * was taken for the peer's FIN: a second later the live peer was declared dead, poll said
  * POLLHUP|POLLERR and the writes failed with EPIPE.  With "killed", the peer is killed after
  * our SHUT_RD instead: the writes must fail (EPIPE) within a second, and poll say POLLHUP and
- * POLLERR, as over kernel TCP (the peer's liveness lock tells that end now).
+ * POLLERR, as over kernel TCP (the peer's liveness lock tells that end now).  Without it, we
+ * then shut down our writing side too: with both ways shut poll says POLLHUP at once, the peer
+ * still alive, as the kernel does (memlan said it only once the peer had ended).
  *
  * usage: shutrdwrite PORT TIMEOUT_MS [killed]  (TIMEOUT_MS: the polls' timeout, 0 or more)
  */
@@ -91,6 +93,14 @@ int main(int argc, char **argv)
     } else {
         if (shutdown(c, SHUT_WR))
             die("shutdown SHUT_WR");
+        /* Both ways shut, the peer alive: the kernel says POLLHUP (memlan said it only once
+         * the peer had ended too). */
+        struct pollfd p = {.fd = c, .events = POLLIN | POLLOUT | POLLRDHUP};
+        if (poll(&p, 1, tmo) != 1)
+            die("poll after SHUT_WR");
+        printf("after SHUT_WR too:%s%s%s%s\n", p.revents & POLLIN ? " POLLIN" : "",
+               p.revents & POLLOUT ? " POLLOUT" : "", p.revents & POLLRDHUP ? " POLLRDHUP" : "",
+               p.revents & POLLHUP ? " POLLHUP" : "");
         long n = -1;
         if (read(tell[0], &n, sizeof n) != sizeof n)
             die("peer's count");

@@ -641,14 +641,17 @@ def test_own_shut_rd_leaves_the_peer_alive(fabric, tmp_path, args):
     POLLOUT (zero timeout, and 10 ms): every write succeeds and the peer reads every byte, as
     over kernel TCP.  The kernel socket's own RDHUP was taken for the peer's FIN, and a second
     later the live peer was declared dead ("after SHUT_RD: POLLOUT POLLHUP POLLERR, some writes
-    failed").  killed: the peer killed after our SHUT_RD is still seen, its writes failing
-    within a second (its liveness lock tells)."""
+    failed").  Then our SHUT_WR too: poll says POLLHUP at once, the peer still alive, as the
+    kernel does (memlan said "after SHUT_WR too: POLLIN POLLOUT POLLRDHUP", its POLLHUP only
+    after the peer's end).  killed: the peer killed after our SHUT_RD is still seen, its writes
+    failing within a second (its liveness lock tells)."""
     plain, under, text = scripted(SHUTRDWRITE, tmp_path, *args)
     assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
     if "killed" in args:
         assert "POLLHUP POLLERR, some writes failed" in plain.stdout, plain.stdout
     else:
         assert "POLLOUT, no writes failed" in plain.stdout, plain.stdout
+        assert "SHUT_WR too: POLLIN POLLOUT POLLRDHUP POLLHUP" in plain.stdout, plain.stdout
     assert under.stdout.splitlines() == plain.stdout.splitlines()
     assert "accelerated (client)" in text, text
     settle(fabric)
