@@ -61,7 +61,7 @@ int mlp_revents(struct mlp_sock *s, int fd)
         rev |= POLLRDHUP;
     if (ps == ML_SIDE_CLOSED || dead || ch->shut_wr || __ml_chan_tx_free_ro(ch) != 0)
         rev |= POLLOUT | POLLWRNORM;
-    if ((ps != ML_SIDE_OPEN || dead) && ch->shut_wr)
+    if (rd_done && ch->shut_wr) /* both ways shut, whoever shut them: our SHUT_RDWR too */
         rev |= POLLHUP;
     if (rd_done) {
         int rs = mlp_reset_state(s, false); /* a reset: the kernel's socket is closed, HUP for good */
@@ -143,6 +143,14 @@ bool mlp_check_peer(struct mlp_sock *s)
     struct memlan_channel *ch = s->ch;
     (void)__ml_chan_check_peer(ch);
     if (ch->peer_dead || __ml_chan_peer_state(ch) != ML_SIDE_OPEN) {
+        atomic_store(&s->fin_ns, 0);
+        return false;
+    }
+    /* After our own SHUT_RD the kernel socket says RDHUP of itself, FIN or not: only the lock
+     * (just asked) can tell the peer's end then.  The FIN alone decided after the grace, and a
+     * live peer that went on reading was declared dead a second into the polls of a program
+     * that had shut down its reading side: its writes failed with EPIPE. */
+    if (ch->rd_eof_when_empty) {
         atomic_store(&s->fin_ns, 0);
         return false;
     }
@@ -497,7 +505,14 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             live = live * 2 < (int64_t)ML_LIVENESS_MAX_NS ? live * 2 : (int64_t)ML_LIVENESS_MAX_NS;
         }
         struct timespec ts = mlp_ts(left < 0 ? 0 : left);
-        int r = kask || nk > n ? mlp_real_ppoll(k, nk, left < 0 ? NULL : &ts, mask) : 0;
+        /* Without the system call poll is still a cancellation point, as glibc's is at every
+         * call (a thread whose loop polls sockets of ours whose peers have shut down, with
+         * nothing to ask the kernel, was never cancelled). */
+        int r = 0;
+        if (kask || nk > n)
+            r = mlp_real_ppoll(k, nk, left < 0 ? NULL : &ts, mask);
+        else
+            pthread_testcancel();
         if (r < 0 && errno == EINVAL && nk > n) {
             /* More fds than RLIMIT_NOFILE allows (sshd's sandboxed child sets it to 1, for its
              * own poll of one fd): ours go, and without them we nap and look again. */
@@ -516,10 +531,12 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
         if (bell >= 0 && k[bell].revents)
             mlp_queue_drain();
         int got = 0;
+        bool checked = false;
         for (nfds_t i = 0; i < n; i++) {
             if (socks[i]) {
                 if (k[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) {
                     (void)mlp_check_peer(socks[i]);
+                    checked = true;
                     short rv = mlp_sock_revents(socks[i], fds[i].fd, fds[i].events);
                     if (rv > 0) {
                         fds[i].revents = rv;
@@ -533,6 +550,18 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
                 fds[i].revents = k[i].revents;
                 if (fds[i].revents)
                     got++;
+            }
+        }
+        /* A socket in the set twice is asked of once a look (mlp_look_due): its other entries
+         * were computed before the peer's end was found, and must say what the asked one says,
+         * as the kernel's entries of one fd do. */
+        for (nfds_t i = 0; checked && i < n; i++) {
+            if (socks[i] && k[i].fd < 0) {
+                short rv = mlp_sock_revents(socks[i], fds[i].fd, fds[i].events);
+                if (rv > 0) {
+                    got += !fds[i].revents;
+                    fds[i].revents = rv;
+                }
             }
         }
         if (got || ready || zero || mlp_left(deadline) == 0) {

@@ -10,7 +10,10 @@
  * it, which it writes once, three quarters of the way, and which the first poll after that must
  * report.  Then it kills the child (SIGKILL: the child's files are closed by its exit, no
  * close of its own) and polls with a zero timeout, for 5 s at most, until the socket reports
- * something; prints what, and what a read then returns.  On stderr: the socket's fd, the number
+ * something, the socket twice in the set; prints what each entry says (the kernel's are alike),
+ * and what a read then returns.  Last, a thread whose only cancellation point is a loop of
+ * zero-timeout polls of the ended socket is cancelled: it must end (joined within 5 s).
+ * On stderr: the socket's fd, the number
  * of polls made and the milliseconds the run took (for a test that counts, under strace, how
  * often the kernel was asked of the socket).
  */
@@ -19,6 +22,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -38,17 +42,24 @@ static void show(const char *what, short rev)
            rev & POLLERR ? " POLLERR" : "", rev & POLLNVAL ? " POLLNVAL" : "");
 }
 
+/* Polls fd with a zero timeout until cancelled: poll is its only cancellation point. */
+static void *poller(void *arg)
+{
+    int fd = *(int *)arg;
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        (void)poll(&p, 1, 0);
+    }
+    return NULL;
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2)
         return 2;
     int port = atoi(argv[1]), rounds = argc > 2 ? atoi(argv[2]) : 2000;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 1))
-        die("listen");
+    struct sockaddr_in a;
+    int l = listen_here(port, &a), one = 1;
     pid_t pid = fork();
     if (pid < 0)
         die("fork");
@@ -115,15 +126,27 @@ int main(int argc, char **argv)
     printf("rounds: %d\npipe reported at once: %s\n", rounds, pipe_first == 1 ? "yes" : "no");
     if (kill(pid, SIGKILL) || waitpid(pid, NULL, 0) != pid)
         die("kill");
-    short rev = 0;
-    for (double end = now_s() + 5; !rev && now_s() < end;) {
-        struct pollfd p = {.fd = c, .events = POLLIN | POLLRDHUP};
-        if (poll(&p, 1, 0) < 0)
+    short rev = 0, again = 0;
+    for (double end = now_s() + 5; !(rev | again) && now_s() < end;) {
+        struct pollfd p[2] = {{.fd = c, .events = POLLIN | POLLRDHUP},
+                              {.fd = c, .events = POLLIN | POLLRDHUP}};
+        if (poll(p, 2, 0) < 0)
             die("poll at the end");
         polls++;
-        rev = p.revents;
+        rev = p[0].revents;
+        again = p[1].revents;
     }
     show("end", rev);
+    show("end, the same socket again in the set", again);
+    pthread_t t;
+    if (pthread_create(&t, NULL, poller, &c) != 0)
+        die("pthread_create");
+    usleep(20000);
+    struct timespec dl;
+    clock_gettime(CLOCK_REALTIME, &dl);
+    dl.tv_sec += 5;
+    int joined = pthread_cancel(t) == 0 && pthread_timedjoin_np(t, NULL, &dl) == 0;
+    printf("a thread polling it is cancelled: %s\n", joined ? "yes" : "no (5 s)");
     char b;
     ssize_t r = read(c, &b, 1);
     printf("read at the end: %zd%s%s\n", r, r < 0 ? " " : "", r < 0 ? strerror(errno) : "");

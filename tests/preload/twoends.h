@@ -1,13 +1,16 @@
 /* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* tests/preload: what the two-process test programs share: a failure line, pinning to the
- * n-th allowed cpu, a monotonic clock in seconds. */
+ * n-th allowed cpu, a monotonic clock in seconds, a listener on the loopback. */
 #ifndef MEMLAN_TESTS_TWOENDS_H
 #define MEMLAN_TESTS_TWOENDS_H
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 static inline void die(const char *what)
@@ -38,5 +41,17 @@ static inline double now_s(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* A listener on 127.0.0.1:port (SO_REUSEADDR); *a: its address, for connect. */
+static inline int listen_here(int port, struct sockaddr_in *a)
+{
+    *a = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (l < 0 || bind(l, (struct sockaddr *)a, sizeof *a) || listen(l, 1))
+        die("listen");
+    return l;
 }
 #endif

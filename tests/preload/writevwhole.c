@@ -37,12 +37,8 @@ int main(int argc, char **argv)
     if (argc < 2)
         return 2;
     int port = atoi(argv[1]), rounds = argc > 2 ? atoi(argv[2]) : 20000;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 1))
-        die("listen");
+    struct sockaddr_in a;
+    int l = listen_here(port, &a), one = 1;
     pid_t pid = fork();
     if (pid < 0)
         die("fork");

@@ -597,7 +597,10 @@ def test_zero_timeout_polls_ask_the_kernel_once_a_millisecond(fabric, tmp_path):
     socket at most once a millisecond (plus a few), where it was asked at every poll before
     (4154 asks in 4154 polls over 88 ms); the pipe is reported by the first poll after its
     write, the killed peer's end is seen (within 5 s), and every line the program prints is
-    kernel TCP's."""
+    kernel TCP's: the socket twice in one set, both entries report the end in the same answer
+    (the entry not asked was empty: "end, the same socket again in the set:"), and a thread
+    that polls the ended socket in a loop is cancelled (no system call was left to act on the
+    cancellation: "a thread polling it is cancelled: no (5 s)")."""
     runs = {}
     for mode in ("kernel", "memlan"):
         trace = tmp_path / f"strace-{mode}.out"
@@ -619,6 +622,7 @@ def test_zero_timeout_polls_ask_the_kernel_once_a_millisecond(fabric, tmp_path):
     plain, under = runs["kernel"][0], runs["memlan"][0]
     assert plain.endswith("done\n") and "pipe reported at once: yes" in plain, plain
     assert "end: POLLIN POLLRDHUP" in plain and "read at the end: 0" in plain, plain
+    assert "again in the set: POLLIN POLLRDHUP" in plain and "cancelled: yes" in plain, plain
     assert under.splitlines() == plain.splitlines()
     text = (tmp_path / "memlan.log").read_text()
     assert "accelerated (client)" in text, text
@@ -626,6 +630,31 @@ def test_zero_timeout_polls_ask_the_kernel_once_a_millisecond(fabric, tmp_path):
     assert kasks >= kpolls, runs["kernel"][1:]  # the control: strace sees every poll
     _, polls, asks, ms = runs["memlan"]
     assert polls >= 2000 and asks <= ms + 10, runs["memlan"][1:]
+
+
+SHUTRDWRITE = BUILD / "tests-preload" / "shutrdwrite"
+
+
+@pytest.mark.parametrize("args", [("0",), ("10",), ("0", "killed")])
+def test_own_shut_rd_leaves_the_peer_alive(fabric, tmp_path, args):
+    """After our own shutdown(SHUT_RD) a program writes for 1.5 s, each write after a poll for
+    POLLOUT (zero timeout, and 10 ms): every write succeeds and the peer reads every byte, as
+    over kernel TCP.  The kernel socket's own RDHUP was taken for the peer's FIN, and a second
+    later the live peer was declared dead ("after SHUT_RD: POLLOUT POLLHUP POLLERR, some writes
+    failed").  Then our SHUT_WR too: poll says POLLHUP at once, the peer still alive, as the
+    kernel does (memlan said "after SHUT_WR too: POLLIN POLLOUT POLLRDHUP", its POLLHUP only
+    after the peer's end).  killed: the peer killed after our SHUT_RD is still seen, its writes
+    failing within a second (its liveness lock tells)."""
+    plain, under, text = scripted(SHUTRDWRITE, tmp_path, *args)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    if "killed" in args:
+        assert "POLLHUP POLLERR, some writes failed" in plain.stdout, plain.stdout
+    else:
+        assert "POLLOUT, no writes failed" in plain.stdout, plain.stdout
+        assert "SHUT_WR too: POLLIN POLLOUT POLLRDHUP POLLHUP" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    assert "accelerated (client)" in text, text
+    settle(fabric)
 
 
 IOVEDGE = BUILD / "tests-preload" / "iovedge"
