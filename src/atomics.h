@@ -26,6 +26,14 @@
 /* A full fence: the store-then-load (Dekker) ordering that the tripwire protocol needs. */
 #define ml_fence()             atomic_thread_fence(memory_order_seq_cst)
 
+/* A word in a line the peer reads (where we wait, say): stored only when it changes, so that a
+ * wait that says the same as the last one leaves the peer's copy of the line valid. */
+static inline void ml_note_cpu(_Atomic uint32_t *word, uint32_t cpu)
+{
+    if (ml_load_relaxed(word) != cpu)
+        ml_store_relaxed(word, cpu);
+}
+
 static inline void ml_cpu_relax(void)
 {
 #if defined(__x86_64__) || defined(__i386__)

@@ -217,12 +217,6 @@ int __ml_mb_wait_barrier(struct memlan_channel *ch, _Atomic uint32_t *decl, _Ato
 /* Say which cpu we wait on (1 + cpu; a hint for the peer's spin policy).  Written only when it
  * changed: the word shares the line of our tripwire, which the peer reads after every publish,
  * and each store would take that line away from it. */
-static inline void ml_note_cpu(_Atomic uint32_t *word, uint32_t cpu)
-{
-    if (ml_load_relaxed(word) != cpu)
-        ml_store_relaxed(word, cpu);
-}
-
 static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, int side)
 {
     struct ml_chan_hdr *c = (struct ml_chan_hdr *)(seg->base + seg->body_off);

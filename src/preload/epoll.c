@@ -1184,7 +1184,7 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
                  * and where we do. */
                 e->peer_cpu = ml_load_relaxed(&s->ch->tx.ctl->rx_cpu);
                 int cpu = __ml_getcpu();
-                ml_store_relaxed(&s->ch->rx.ctl->rx_cpu, (uint32_t)(cpu + 1));
+                ml_note_cpu(&s->ch->rx.ctl->rx_cpu, (uint32_t)(cpu + 1));
                 __atomic_store_n(&e->rep_thr, (uintptr_t)pthread_self(), __ATOMIC_RELAXED);
                 __atomic_store_n(&e->rep_cpu, cpu, __ATOMIC_RELAXED);
                 __atomic_store_n(&e->rep_fd, m->fd, __ATOMIC_RELAXED);

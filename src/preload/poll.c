@@ -392,7 +392,7 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             int me = __ml_getcpu() + 1;
             for (nfds_t i = 0; i < n; i++)
                 if (socks[i] && socks[i]->state == MLP_ACCEL)
-                    ml_store_relaxed(&socks[i]->ch->rx.ctl->rx_cpu, (uint32_t)me);
+                    ml_note_cpu(&socks[i]->ch->rx.ctl->rx_cpu, (uint32_t)me);
             struct mlp_poll_spin look = {fds, socks, n};
             struct ml_spinning spin = {
                 .sp = &mlp_poll_spin, .budget = __ml_spin_budget_ns(&mlp_poll_spin, (uint32_t)pcpu),
