@@ -198,6 +198,28 @@ ssize_t memlan_sendv(memlan_channel_t *ch, const struct iovec *iov, int iovcnt, 
  */
 ssize_t memlan_recv(memlan_channel_t *ch, void *buf, size_t len, int flags);
 
+/* One message of memlan_recv_msgs: buf and len are the caller's (where to copy it, and how much
+ * room there is); got is set to the bytes copied (the message's length, or len if it was longer:
+ * the rest is dropped, as memlan_recv drops it). */
+struct memlan_msg {
+    void *buf;
+    size_t len;
+    size_t got;
+};
+
+/*
+ * memlan_recv_msgs - receive up to n messages of a message channel in one call (recvmmsg's
+ * batch): every message already there, up to n, copied into v[0], v[1], ... in order, and freed
+ * to the sender with one publication and one wake-up check for all of them, where memlan_recv
+ * makes one of each per message.  It waits (unless MEMLAN_DONTWAIT) only for the first message.
+ * Returns how many it received (1 to n; a zero-length message counts, with got 0), 0 at end of
+ * stream or when n is 0, or what memlan_recv returns for the first message (-EAGAIN, -ECONNRESET,
+ * -ENOTCONN, -EPROTO, -ETIMEDOUT); a corrupt record after the first ends the batch before it,
+ * and the next call reports it.  -EINVAL on a stream channel (memlan_recv already takes every
+ * byte there is, up to len) or for a NULL v with n > 0.
+ */
+int memlan_recv_msgs(memlan_channel_t *ch, struct memlan_msg *v, unsigned n, int flags);
+
 /*
  * memlan_reserve / memlan_commit - zero-copy send.  reserve gives *ptr to at least min bytes of
  * contiguous free space in the ring (blocking unless MEMLAN_DONTWAIT) and returns how many bytes

@@ -1889,11 +1889,10 @@ static ssize_t ml_recv(memlan_channel_t *ch, uint8_t *dst, size_t len, int flags
     }
 }
 
-ssize_t memlan_peek(memlan_channel_t *ch, const void **ptr, int flags)
+/* Bytes readable at our position (> 0), waiting for them unless MEMLAN_DONTWAIT; or what the
+ * call returns instead: 0 at end of stream, -errno (ml_rx_empty). */
+static int64_t ml_rx_wait_avail(struct memlan_channel *ch, int flags)
 {
-    if (!ch || !ptr)
-        return -EINVAL;
-    *ptr = NULL;
     for (;;) {
         if (ml_unlikely(ch->rx.corrupt))
             return -EPROTO;
@@ -1902,25 +1901,77 @@ ssize_t memlan_peek(memlan_channel_t *ch, const void **ptr, int flags)
         int64_t a = ml_rx_avail(ch, false);
         if (ml_unlikely(a < 0))
             return -EPROTO;
-        if (a > 0) {
-            if (ch->kind == MEMLAN_MSG) {
-                const uint8_t *p;
-                uint64_t l;
-                int64_t rec = ml_msg_next(ch, (uint64_t)a, &p, &l);
-                if (rec < 0)
-                    return rec;
-                ch->peeked = (uint64_t)rec;
-                *ptr = p;
-                return (ssize_t)l;
-            }
-            ch->peeked = (uint64_t)a;
-            *ptr = ml_ring_at(&ch->rx, ch->rx.pos);
-            return (ssize_t)a;
-        }
+        if (a > 0)
+            return a;
         int r = ml_rx_empty(ch, flags);
         if (r <= 0)
             return r;
     }
+}
+
+int memlan_recv_msgs(memlan_channel_t *ch, struct memlan_msg *v, unsigned n, int flags)
+{
+    if (!ch || (!v && n) || ch->kind != MEMLAN_MSG)
+        return -EINVAL;
+    if (n == 0)
+        return 0;
+    if (n > INT_MAX)
+        n = INT_MAX;
+    int64_t a = ml_rx_wait_avail(ch, flags);
+    if (a <= 0)
+        return (int)a;
+    /* Each record is read where the one before it ended: the position moves on privately, and
+     * one release publishes it and tells the sender of the room, for them all.  At most n,
+     * whatever the peer publishes meanwhile; a corrupt record after the first ends the batch
+     * before it (rx.corrupt stays set: the next call and poll report it). */
+    unsigned k = 0;
+    uint64_t total = 0;
+    for (;;) {
+        const uint8_t *p;
+        uint64_t l;
+        int64_t rec = ml_msg_next(ch, (uint64_t)a, &p, &l);
+        if (rec <= 0)
+            break;
+        size_t c = l < v[k].len ? (size_t)l : v[k].len;
+        if (c)
+            memcpy(v[k].buf, p, c);
+        v[k].got = c;
+        k++;
+        ch->rx.pos += (uint64_t)rec;
+        total += (uint64_t)rec;
+        if (k == n || (a = ml_rx_avail(ch, false)) <= 0)
+            break;
+    }
+    if (total) {
+        ch->msgs_rx += k;
+        ch->rx.ops += k - 1;  /* one a message, as memlan_recv counts (the barrier policy) */
+        ch->bytes_rx += total;
+        ml_rx_release(ch, 0); /* publishes the position moved above */
+    }
+    return k ? (int)k : -EPROTO;
+}
+
+ssize_t memlan_peek(memlan_channel_t *ch, const void **ptr, int flags)
+{
+    if (!ch || !ptr)
+        return -EINVAL;
+    *ptr = NULL;
+    int64_t a = ml_rx_wait_avail(ch, flags);
+    if (a <= 0)
+        return (ssize_t)a;
+    if (ch->kind == MEMLAN_MSG) {
+        const uint8_t *p;
+        uint64_t l;
+        int64_t rec = ml_msg_next(ch, (uint64_t)a, &p, &l);
+        if (rec < 0)
+            return rec;
+        ch->peeked = (uint64_t)rec;
+        *ptr = p;
+        return (ssize_t)l;
+    }
+    ch->peeked = (uint64_t)a;
+    *ptr = ml_ring_at(&ch->rx, ch->rx.pos);
+    return (ssize_t)a;
 }
 
 int memlan_release(memlan_channel_t *ch, size_t len)
