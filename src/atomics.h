@@ -26,8 +26,9 @@
 /* A full fence: the store-then-load (Dekker) ordering that the tripwire protocol needs. */
 #define ml_fence()             atomic_thread_fence(memory_order_seq_cst)
 
-/* A word in a line the peer reads (where we wait, say): stored only when it changes, so that a
- * wait that says the same as the last one leaves the peer's copy of the line valid. */
+/* Say which cpu we wait on (1 + cpu; a hint for the peer's spin policy).  Written only when it
+ * changed: the word shares the line of our tripwire, which the peer reads after every publish,
+ * and each store would take that line away from it. */
 static inline void ml_note_cpu(_Atomic uint32_t *word, uint32_t cpu)
 {
     if (ml_load_relaxed(word) != cpu)

@@ -214,9 +214,6 @@ int __ml_mb_wait_barrier(struct memlan_channel *ch, _Atomic uint32_t *decl, _Ato
     return ml_mb_needed(decl, ack) ? ml_mb_barrier(ch, decl, ack, NULL, NULL) : 0;
 }
 
-/* Say which cpu we wait on (1 + cpu; a hint for the peer's spin policy).  Written only when it
- * changed: the word shares the line of our tripwire, which the peer reads after every publish,
- * and each store would take that line away from it. */
 static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, int side)
 {
     struct ml_chan_hdr *c = (struct ml_chan_hdr *)(seg->base + seg->body_off);

@@ -347,7 +347,6 @@ unsigned mlp_sig_runs(void);        /* signals.c: the same count, read without s
 unsigned mlp_sig_runs_any(void);    /* signals.c: every handler run through us, on this thread */
 bool mlp_sig_in_handler(void);       /* signals.c: this thread runs a handler installed through us */
 
-
 /* Save and restore errno around our own work inside an interposer. */
 #define MLP_SAVE_ERRNO int mlp_saved_errno_ = errno
 #define MLP_RESTORE_ERRNO errno = mlp_saved_errno_
