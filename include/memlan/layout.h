@@ -161,7 +161,7 @@ struct ml_chan_hdr {
  * locks live in memory only our side's processes can reach, src/preload/sock.c).  The first 16
  * bytes held lock words and owner pids once; they are unused and never read.
  */
-#define ML_SOCK_NONBLOCK   1u
+#define ML_SOCK_NONBLOCK   1u  /* unused: O_NONBLOCK lives in the lock page, out of the peer's reach */
 #define ML_SOCK_LINGER0    2u  /* SO_LINGER on with a zero time: close aborts */
 #define ML_SOCK_RESET      4u  /* closed with unread bytes (or LINGER0): the peer gets a reset */
 #define ML_SOCK_RESET_TOLD 8u  /* the peer's reset was reported (once, as the kernel's sk_err) */

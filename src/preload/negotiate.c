@@ -1952,8 +1952,8 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, cons
     s->me = mlp_side_block(ch, 0);
     ml_store_relaxed(&s->me->holders, 1u);
     long fl = mlp_real_fcntl(fd, F_GETFL, 0);
-    ml_store_relaxed(&s->me->flags,
-                     ((fl > 0 && (fl & O_NONBLOCK)) ? ML_SOCK_NONBLOCK : 0u) | mlp_linger_flag(fd));
+    ml_store_relaxed(&s->me->flags, mlp_linger_flag(fd));
+    mlp_set_nonblock(s, fl > 0 && (fl & O_NONBLOCK));
     s->state = MLP_UNDECIDED;
     s->lmap = mlp_lmap_hold(lmap) ? lmap : NULL; /* put by mlp_sock_destroy */
     mlp_sock_liveness(ch, fd);
@@ -2382,8 +2382,8 @@ void mlp_on_accept(int lfd, int fd, int flags)
     s->side = 1;
     s->me = mlp_side_block(ch, 1);
     ml_store_relaxed(&s->me->holders, 1u);
-    ml_store_relaxed(&s->me->flags,
-                     ((flags & SOCK_NONBLOCK) ? ML_SOCK_NONBLOCK : 0u) | mlp_linger_flag(lfd));
+    ml_store_relaxed(&s->me->flags, mlp_linger_flag(lfd));
+    mlp_set_nonblock(s, (flags & SOCK_NONBLOCK) != 0);
     if (mlp_linger_flag(lfd))
         mlp_note_linger(fd, &(struct linger){1, 0}, sizeof(struct linger));
     s->state = MLP_ACCEL;
@@ -2435,6 +2435,9 @@ void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *tok
     mlp_sock_liveness(ch, fds[0]);
     ch->rd_eof_when_empty = (flags & MLP_CARRY_RD_EOF) != 0;
     ch->shut_rd = (flags & MLP_CARRY_SHUT_RD) != 0;
+    /* O_NONBLOCK is the open file's: the kernel kept it across exec, and says it. */
+    long fl = mlp_real_fcntl(fds[0], F_GETFL, 0);
+    mlp_set_nonblock(s, fl > 0 && (fl & O_NONBLOCK));
     int lw = 0;
     socklen_t lwl = sizeof lw;
     if (mlp_real_getsockopt(fds[0], SOL_SOCKET, SO_RCVLOWAT, &lw, &lwl) == 0 && lw > 1) {

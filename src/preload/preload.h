@@ -97,7 +97,8 @@ struct mlp_ep;
  * __ml_chan_pub_share) share 128 bytes of their own: a thread that sends and another that
  * receives on the same socket never write each other's lines (128: the pair of lines an
  * adjacent-line prefetcher fetches together).  Issue 21: both mutexes and both positions were
- * in two lines that every send and every receive wrote. */
+ * in two lines that every send and every receive wrote.  The socket's file status flags, which
+ * every call reads and fcntl writes, sit on lines of their own after them. */
 #define MLP_LOCKDIR_BYTES 128
 struct mlp_locks {
     pthread_mutex_t tx;
@@ -105,8 +106,15 @@ struct mlp_locks {
     char pad_tx[MLP_LOCKDIR_BYTES - sizeof(pthread_mutex_t) - sizeof(uint64_t)];
     pthread_mutex_t rx;
     _Atomic uint64_t pub_rx;
+    char pad_rx[MLP_LOCKDIR_BYTES - sizeof(pthread_mutex_t) - sizeof(uint64_t)];
+    _Atomic uint32_t fl;          /* MLP_FL_NONBLOCK: O_NONBLOCK of the open file, which fork
+                                   * children share with us (never in the channel, which the peer
+                                   * can write: a peer that set or cleared our O_NONBLOCK there
+                                   * decided whether our calls block) */
 };
 _Static_assert(offsetof(struct mlp_locks, rx) == MLP_LOCKDIR_BYTES, "rx lock on lines of its own");
+_Static_assert(offsetof(struct mlp_locks, fl) == 2 * MLP_LOCKDIR_BYTES, "flags on lines of their own");
+#define MLP_FL_NONBLOCK 1u
 
 struct mlp_sock {
     _Atomic int refs;             /* fd table entries + calls in progress */
@@ -143,8 +151,9 @@ struct mlp_sock {
                                    * wait (poll.c, mlp_look_due; the coarse clock) */
     _Atomic uint32_t eagains;     /* nonblocking receives in a row that found the ring empty */
     pthread_mutex_t mu;           /* state changes: withdrawal, close */
-    struct mlp_locks *_Atomic locks; /* sock.c: the direction locks (a page only fork children
-                                      * share), made at the first lock; NULL before */
+    struct mlp_locks *_Atomic locks; /* sock.c: the direction locks and the file status flags
+                                      * (a page only fork children share), made with the
+                                      * connection's channel; NULL before */
     struct mlp_locks own_locks;   /* the private fall-back when that page cannot be made */
     int keep_fd;                  /* a duplicate of the kernel socket kept while calls are in
                                    * progress after its last fd was closed (0: none; see

@@ -454,15 +454,20 @@ void mlp_unlock_rx(struct mlp_sock *s) { mlp_unlock(&mlp_locks_of(s)->rx); }
 
 bool mlp_nonblock(struct mlp_sock *s)
 {
-    return (ml_load_relaxed(&s->me->flags) & ML_SOCK_NONBLOCK) != 0;
+    return (atomic_load_explicit(&mlp_locks_of(s)->fl, memory_order_relaxed) &
+            MLP_FL_NONBLOCK) != 0;
 }
 
+/* Written only when it changes: every call reads the line. */
 void mlp_set_nonblock(struct mlp_sock *s, bool on)
 {
+    _Atomic uint32_t *fl = &mlp_locks_of(s)->fl;
+    if (((atomic_load_explicit(fl, memory_order_relaxed) & MLP_FL_NONBLOCK) != 0) == on)
+        return;
     if (on)
-        atomic_fetch_or(&s->me->flags, ML_SOCK_NONBLOCK);
+        atomic_fetch_or(fl, MLP_FL_NONBLOCK);
     else
-        atomic_fetch_and(&s->me->flags, ~ML_SOCK_NONBLOCK);
+        atomic_fetch_and(fl, ~MLP_FL_NONBLOCK);
 }
 
 /* ---- errors ------------------------------------------------------------------------------ */

@@ -63,9 +63,11 @@ q.close()
 print("served", flush=True)
 """
 
-VANDAL = r"""
-import mmap, os, random, socket, struct, sys, time
-fab, P, secs, victim = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+# A vandal's first lines: it connects to port P (accelerated), then maps every channel file of
+# the fabric fab writable (maps) and says how many.  test_hostile_flags.py's vandal starts so too.
+VANDAL_MAPS = r"""
+import mmap, os, random, select, socket, struct, sys, time
+fab, P = sys.argv[1], int(sys.argv[2])
 c = socket.create_connection(("127.0.0.1", P))
 c.sendall(b"h")                                   # settles the connection (accelerated)
 time.sleep(0.2)
@@ -83,6 +85,10 @@ for name in os.listdir(fab):
     if struct.unpack_from("<I", m, 24)[0] == 2:   # ML_KIND_CHANNEL
         maps.append(m)
 print("maps", len(maps), flush=True)
+"""
+
+VANDAL = VANDAL_MAPS + r"""
+secs, victim = float(sys.argv[3]), int(sys.argv[4])
 rng = random.Random(20)
 vals = [(2, 0), (2, -1), (2, os.getpid()), (2, victim), (1, os.getpid()), (1, 0)]
 c.setblocking(False)
