@@ -165,6 +165,13 @@ void mlp_put(struct mlp_sock *s)
 {
     if (atomic_fetch_sub(&s->refs, 1) != 1)
         return;
+    if (mlp_fast_defer(s))
+        return;
+    mlp_sock_finish(s);
+}
+
+void mlp_sock_finish(struct mlp_sock *s)
+{
     mlp_sock_destroy(s);
     pthread_mutex_lock(&mlp_free_mu);
     s->next_free = mlp_free_list;
@@ -182,8 +189,9 @@ struct mlp_sock *mlp_sock_new(int type)
     if (!s && !(s = calloc(1, sizeof *s)))
         return NULL;
     /* refs is never cleared by memset: a thread holding a stale pointer may be incrementing it
-     * (it then sees the fd changed and drops its reference).  It is 0 here and 1 for the caller. */
-    memset((char *)s + sizeof s->refs, 0, sizeof *s - sizeof s->refs);
+     * (it then sees the fd changed and drops its reference).  It is 0 here and 1 for the caller.
+     * Nor are the fast words, which such a thread may hold or wait for (sock.c). */
+    memset((char *)s + sizeof s->refs, 0, offsetof(struct mlp_sock, fast_pad0) - sizeof s->refs);
     atomic_fetch_add(&s->refs, 1);
     s->type = type;
     s->slot = -1;
@@ -259,8 +267,17 @@ void mlp_fork_gate_close(void)
 
 void mlp_fork_gate_open(bool child)
 {
-    if (child) /* the other threads, in the middle or not, are not in the child */
+    if (child) { /* the other threads, in the middle or not, are not in the child */
         atomic_store(&mlp_gate_busy, mlp_gate_depth);
+        /* A parent's thread may have held the free list's lock at the fork, or a free socket's
+         * fast word for a moment (a stale pointer's take, sock.c: mlp_fast_begin): neither is
+         * held by anybody here. */
+        pthread_mutex_init(&mlp_free_mu, NULL);
+        for (struct mlp_sock *s = mlp_free_list; s; s = s->next_free) {
+            atomic_store_explicit(&s->ftx, 0, memory_order_relaxed);
+            atomic_store_explicit(&s->frx, 0, memory_order_relaxed);
+        }
+    }
     atomic_store(&mlp_gate_scanning, false);
     atomic_store(&mlp_gate_closed, false);
     mlp_gate_forker = false;

@@ -68,6 +68,27 @@ static inline struct mlp_sock *mlp_conn_call(int fd, struct mlp_call *c)
     return s;
 }
 
+/* The fast path first (sock.c, mlp_send_fast): MLP_PASS when fd is none of ours (the kernel's
+ * call), MLP_SLOW when the regular path must make the call, else its result. */
+#define MLP_PASS (MLP_SLOW - 1)
+static inline ssize_t mlp_fast_tx(int fd, const struct iovec *v, int n, int flags)
+{
+    if (ml_unlikely(!mlp_ready))
+        mlp_init();
+    if (mlp_inside || ml_likely(!mlp_fd_is_ours(fd)))
+        return MLP_PASS;
+    return mlp_send_fast(fd, v, n, flags);
+}
+
+static inline ssize_t mlp_fast_rx(int fd, const struct iovec *v, int n, int flags)
+{
+    if (ml_unlikely(!mlp_ready))
+        mlp_init();
+    if (mlp_inside || ml_likely(!mlp_fd_is_ours(fd)))
+        return MLP_PASS;
+    return mlp_recv_fast(fd, v, n, flags);
+}
+
 static inline ssize_t mlp_ret(ssize_t r)
 {
     if (r < 0) {
@@ -549,11 +570,16 @@ MLP_EXPORT int ioctl(int fd, unsigned long req, ...)
 
 static ssize_t mlp_read_call(int fd, void *buf, size_t len)
 {
+    struct iovec v = {buf, len};
+    ssize_t f = mlp_fast_rx(fd, &v, 1, 0);
+    if (ml_likely(f == MLP_PASS))
+        return mlp_real_read(fd, buf, len);
+    if (f != MLP_SLOW)
+        return f;
     struct mlp_call c;
     struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))
         return mlp_real_read(fd, buf, len);
-    struct iovec v = {buf, len};
     ssize_t r = mlp_recv(s, fd, &v, 1, 0);
     mlp_call_end(&c);
     return mlp_ret(r);
@@ -566,11 +592,16 @@ MLP_EXPORT ssize_t read(int fd, void *buf, size_t len)
 
 static ssize_t mlp_write_call(int fd, const void *buf, size_t len)
 {
+    struct iovec v = {(void *)buf, len};
+    ssize_t f = mlp_fast_tx(fd, &v, 1, 0);
+    if (ml_likely(f == MLP_PASS))
+        return mlp_real_write(fd, buf, len);
+    if (f != MLP_SLOW)
+        return f;
     struct mlp_call c;
     struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))
         return mlp_real_write(fd, buf, len);
-    struct iovec v = {(void *)buf, len};
     ssize_t r = mlp_send(s, fd, &v, 1, 0);
     mlp_call_end(&c);
     return mlp_ret(r);
@@ -583,6 +614,9 @@ MLP_EXPORT ssize_t write(int fd, const void *buf, size_t len)
 
 MLP_EXPORT ssize_t readv(int fd, const struct iovec *iov, int n)
 {
+    ssize_t f = n < 0 || n > IOV_MAX ? MLP_SLOW : mlp_fast_rx(fd, iov, n, 0);
+    if (f != MLP_SLOW && f != MLP_PASS)
+        return f;
     struct mlp_call c;
     struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))
@@ -594,6 +628,9 @@ MLP_EXPORT ssize_t readv(int fd, const struct iovec *iov, int n)
 
 MLP_EXPORT ssize_t writev(int fd, const struct iovec *iov, int n)
 {
+    ssize_t f = n < 0 || n > IOV_MAX ? MLP_SLOW : mlp_fast_tx(fd, iov, n, 0);
+    if (f != MLP_SLOW && f != MLP_PASS)
+        return f;
     struct mlp_call c;
     struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))
@@ -605,11 +642,16 @@ MLP_EXPORT ssize_t writev(int fd, const struct iovec *iov, int n)
 
 static ssize_t mlp_recv_call(int fd, void *buf, size_t len, int flags)
 {
+    struct iovec v = {buf, len};
+    ssize_t f = mlp_fast_rx(fd, &v, 1, flags);
+    if (ml_likely(f == MLP_PASS))
+        return mlp_real_recv(fd, buf, len, flags);
+    if (f != MLP_SLOW)
+        return f;
     struct mlp_call c;
     struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))
         return mlp_real_recv(fd, buf, len, flags);
-    struct iovec v = {buf, len};
     ssize_t r = mlp_recv(s, fd, &v, 1, flags);
     mlp_call_end(&c);
     return mlp_ret(r);
@@ -622,11 +664,16 @@ MLP_EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags)
 
 MLP_EXPORT ssize_t send(int fd, const void *buf, size_t len, int flags)
 {
+    struct iovec v = {(void *)buf, len};
+    ssize_t f = mlp_fast_tx(fd, &v, 1, flags);
+    if (ml_likely(f == MLP_PASS))
+        return mlp_real_send(fd, buf, len, flags);
+    if (f != MLP_SLOW)
+        return f;
     struct mlp_call c;
     struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))
         return mlp_real_send(fd, buf, len, flags);
-    struct iovec v = {(void *)buf, len};
     ssize_t r = mlp_send(s, fd, &v, 1, flags);
     mlp_call_end(&c);
     return mlp_ret(r);
@@ -635,11 +682,19 @@ MLP_EXPORT ssize_t send(int fd, const void *buf, size_t len, int flags)
 static ssize_t mlp_recvfrom_call(int fd, void *buf, size_t len, int flags, struct sockaddr *addr,
                             socklen_t *alen)
 {
+    struct iovec v = {buf, len};
+    ssize_t f = mlp_fast_rx(fd, &v, 1, flags);
+    if (ml_likely(f == MLP_PASS))
+        return mlp_real_recvfrom(fd, buf, len, flags, addr, alen);
+    if (f != MLP_SLOW) {
+        if (addr && alen)
+            *alen = 0; /* a connected TCP socket reports no source address */
+        return f;
+    }
     struct mlp_call c;
     struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))
         return mlp_real_recvfrom(fd, buf, len, flags, addr, alen);
-    struct iovec v = {buf, len};
     ssize_t r = mlp_recv(s, fd, &v, 1, flags);
     if (r >= 0 && addr && alen && s->state != MLP_TCP)
         *alen = 0; /* a connected TCP socket reports no source address */
@@ -656,11 +711,16 @@ MLP_EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct soc
 MLP_EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags,
                           const struct sockaddr *addr, socklen_t alen)
 {
+    struct iovec v = {(void *)buf, len};
+    ssize_t f = mlp_fast_tx(fd, &v, 1, flags);
+    if (ml_likely(f == MLP_PASS))
+        return mlp_real_sendto(fd, buf, len, flags, addr, alen);
+    if (f != MLP_SLOW)
+        return f;
     struct mlp_call c;
     struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))
         return mlp_real_sendto(fd, buf, len, flags, addr, alen);
-    struct iovec v = {(void *)buf, len};
     ssize_t r = mlp_send(s, fd, &v, 1, flags); /* TCP ignores the address */
     mlp_call_end(&c);
     return mlp_ret(r);

@@ -98,7 +98,9 @@ struct mlp_ep;
  * receives on the same socket never write each other's lines (128: the pair of lines an
  * adjacent-line prefetcher fetches together).  Issue 21: both mutexes and both positions were
  * in two lines that every send and every receive wrote.  The socket's file status flags, which
- * every call reads and fcntl writes, sit on lines of their own after them. */
+ * every call reads and fcntl writes, sit on lines of their own after them.  These are the
+ * robust mutexes that a socket shared with fork children takes; one never forked takes the
+ * fast words in struct mlp_sock instead (sock.c, mlp_lock_dir). */
 #define MLP_LOCKDIR_BYTES 128
 struct mlp_locks {
     pthread_mutex_t tx;
@@ -163,6 +165,16 @@ struct mlp_sock {
     int port;
     struct mlp_lrec *rec;
     struct mlp_sock *next_free;
+    _Atomic bool finish_pending;  /* its last reference went while this thread held a fast word
+                                   * beneath a handler: the word's give-back finishes it */
+    /* The fast words (sock.c), each on lines of its own: 0, or the holder's thread id with a
+     * waiters bit.  Never cleared by reuse (mlp_sock_new): a call that holds one holds the
+     * socket without a reference (mlp_fast_begin), so a stale pointer's word stays a lock. */
+    char fast_pad0[MLP_LOCKDIR_BYTES];
+    _Atomic uint32_t ftx;
+    char fast_pad1[MLP_LOCKDIR_BYTES - sizeof(uint32_t)];
+    _Atomic uint32_t frx;
+    char fast_pad2[MLP_LOCKDIR_BYTES - sizeof(uint32_t)];
 };
 
 /*
@@ -193,6 +205,8 @@ bool mlp_vfork_child(void);               /* a vfork child: touch no memlan stat
 struct mlp_sock *mlp_sock_new(int type);
 struct mlp_sock *mlp_get(int fd);
 void mlp_put(struct mlp_sock *s);
+void mlp_sock_finish(struct mlp_sock *s);      /* its teardown, then the free list */
+bool mlp_fast_defer(struct mlp_sock *s);       /* sock.c: its finish waits for our fast word */
 int mlp_install(int fd, struct mlp_sock *s);   /* the table takes a reference */
 struct mlp_sock *mlp_uninstall(int fd);        /* returns the table's reference, or NULL */
 void mlp_fork_gate_close(void);                /* prepare handler: installs wait (fdtable.c) */
@@ -227,6 +241,7 @@ static inline void mlp_left_pop(struct _pthread_cleanup_buffer *b)
 struct mlp_call {
     struct _pthread_cleanup_buffer buf;
     struct mlp_sock *volatile s; /* the call's reference (NULL: given back) */
+    struct mlp_sock *volatile fast; /* or the socket whose fast word it holds (mlp_fast_begin) */
     unsigned nheld;              /* the direction locks this thread held as the call began */
 };
 void mlp_call_begin(struct mlp_call *c);  /* the cleanup on; then the reference (mlp_get_slot) */
@@ -294,6 +309,11 @@ void mlp_cred_fabric_opened(void);   /* negotiate.c: the credentials the fabric 
 void mlp_fabric_refused(const char *what, int err); /* a create failed: EACCES/EPERM count */
 
 /* Data path (sock.c).  All return bytes or -errno. */
+/* A send or receive on a socket never forked, by its fast word alone (no reference): bytes, or
+ * MLP_SLOW before anything moved (the regular path's turn: waits, errors, the end). */
+#define MLP_SLOW (-100000)
+ssize_t mlp_send_fast(int fd, const struct iovec *iov, int n, int flags);
+ssize_t mlp_recv_fast(int fd, const struct iovec *iov, int n, int flags);
 ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags);
 ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags);
 ssize_t mlp_recvmsg(struct mlp_sock *s, int fd, struct msghdr *m, int flags);

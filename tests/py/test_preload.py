@@ -632,6 +632,26 @@ def test_zero_timeout_polls_ask_the_kernel_once_a_millisecond(fabric, tmp_path):
     assert polls >= 2000 and asks <= ms + 10, runs["memlan"][1:]
 
 
+FASTCLOSE = BUILD / "tests-preload" / "fastclose"
+
+
+def test_close_under_a_call_that_holds_the_socket_by_its_word(fabric, tmp_path):
+    """A SIGALRM handler closes the socket its thread is receiving a stream on (60 rounds, both
+    ends in one process, so the preload's fast path takes the calls: it holds a socket by its
+    direction's word, without a reference); then a thread's sending socket is closed by another
+    thread.  As over kernel TCP: the receive after the close says EBADF, the sender whose peer
+    closed gets a reset or EPIPE, the sender whose own socket was closed gets EBADF.  Under
+    memlan the handler's close lands on top of a copy in progress in most rounds (39-59 of 60
+    in a build that counted them): the teardown waits for the copy's give-back
+    (mlp_fast_defer), so nothing is unmapped under it (make test-preload-asan runs it too)."""
+    plain, under, text = scripted(FASTCLOSE, tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "EBADF after: 60" in plain.stdout and "next send EBADF: 60" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    assert text.count("accelerated (client)") == 120, text
+    settle(fabric)
+
+
 SHUTRDWRITE = BUILD / "tests-preload" / "shutrdwrite"
 
 
