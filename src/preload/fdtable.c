@@ -131,6 +131,40 @@ bool mlp_fd_is_ours(int fd)
     return r && atomic_load_explicit(&r->sock, memory_order_relaxed);
 }
 
+/*
+ * For a data call (read, write, send, recv and their kin): does fd name one of our sockets?  A
+ * close of one of our connections releases the fd's record before the kernel's close (so that a
+ * number the kernel gives again is never taken for ours), and a call another thread started in
+ * between saw no record and went to the kernel socket under the channel: its bytes went into a
+ * socket nobody reads (the stream split, and a blocking send then waited for ever), or it read
+ * from one nobody writes.  The close marks the record (closing) first; a call that finds it so
+ * waits for the kernel's close and then looks again: the fd is closed (the kernel says EBADF, as
+ * to a call after a close) or names what was opened there since.  A handler on top of the close
+ * of its own thread does not wait (the call is after the close, as far as it can know).
+ */
+bool mlp_fd_is_ours_call(int fd)
+{
+    struct mlp_fdrec *r = mlp_fdrec(fd);
+    if (!r)
+        return false;
+    if (ml_likely(atomic_load_explicit(&r->sock, memory_order_acquire) != NULL))
+        return true;
+    uint32_t c = atomic_load_explicit(&r->closing, memory_order_acquire);
+    if (ml_likely(c == 0))
+        return false;
+    uint32_t me = mlp_thread_id();
+    while (c != 0 && (c & ~MLP_CLOSING_WAITERS) != me) {
+        if (!(c & MLP_CLOSING_WAITERS) &&
+            !atomic_compare_exchange_strong(&r->closing, &c, c | MLP_CLOSING_WAITERS))
+            continue;
+        int saved = errno;
+        (void)__ml_sys_futex_wait(&r->closing, c | MLP_CLOSING_WAITERS, -1);
+        errno = saved;
+        c = atomic_load_explicit(&r->closing, memory_order_acquire);
+    }
+    return atomic_load_explicit(&r->sock, memory_order_acquire) != NULL;
+}
+
 /* A reference to fd's socket (NULL: none).  slot (mlp_get_slot): the cleanup record of a call,
  * written right after the count, so that a jump leaves at most the instruction between the two
  * (a leak at worst, never a put of a reference not taken). */

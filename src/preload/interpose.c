@@ -57,7 +57,7 @@ static inline struct mlp_sock *mlp_conn_call(int fd, struct mlp_call *c)
 {
     if (ml_unlikely(!mlp_ready))
         mlp_init();
-    if (mlp_inside || ml_likely(!mlp_fd_is_ours(fd)))
+    if (mlp_inside || ml_likely(!mlp_fd_is_ours_call(fd)))
         return NULL;
     mlp_call_begin(c);
     struct mlp_sock *s = mlp_get_slot(fd, &c->s);
@@ -75,7 +75,7 @@ static inline ssize_t mlp_fast_tx(int fd, const struct iovec *v, int n, int flag
 {
     if (ml_unlikely(!mlp_ready))
         mlp_init();
-    if (mlp_inside || ml_likely(!mlp_fd_is_ours(fd)))
+    if (mlp_inside || ml_likely(!mlp_fd_is_ours_call(fd)))
         return MLP_PASS;
     return mlp_send_fast(fd, v, n, flags);
 }
@@ -84,7 +84,7 @@ static inline ssize_t mlp_fast_rx(int fd, const struct iovec *v, int n, int flag
 {
     if (ml_unlikely(!mlp_ready))
         mlp_init();
-    if (mlp_inside || ml_likely(!mlp_fd_is_ours(fd)))
+    if (mlp_inside || ml_likely(!mlp_fd_is_ours_call(fd)))
         return MLP_PASS;
     return mlp_recv_fast(fd, v, n, flags);
 }
@@ -220,15 +220,29 @@ static void mlp_fd_released(int fd, char *offer)
     mlp_stat_tcp_closed(fd);
 }
 
-/* close(fd) with its record: the record first, the kernel's close, then the offer's name. */
+/* close(fd) with its record: the record first, the kernel's close, then the offer's name.  A
+ * connection of ours is marked closing meanwhile (fdtable.c, mlp_fd_is_ours_call): a data call
+ * of another thread waits for the kernel's close instead of using the kernel socket under the
+ * channel.  (A connection on TCP is its kernel socket: no mark.) */
 static int mlp_close_one(int fd)
 {
     int saved = errno;
     char offer[sizeof ((struct mlp_sock *)0)->offer];
     offer[0] = 0;
+    struct mlp_fdrec *rec = mlp_fdrec(fd);
+    struct mlp_sock *s = rec ? atomic_load(&rec->sock) : NULL;
+    bool mark = s && s->type == MLP_CONN && atomic_load(&s->state) != MLP_TCP;
+    if (mark)
+        atomic_store(&rec->closing, mlp_thread_id());
     mlp_fd_released(fd, offer);
     errno = saved;
     int r = mlp_real_close(fd);
+    if (mark) {
+        saved = errno;
+        if (atomic_exchange(&rec->closing, 0) & MLP_CLOSING_WAITERS)
+            (void)__ml_sys_futex_wake(&rec->closing, INT_MAX);
+        errno = saved;
+    }
     if (ml_unlikely(offer[0])) {
         saved = errno;
         mlp_offer_unlink_name(offer);

@@ -194,7 +194,11 @@ struct mlp_fdrec {
     _Atomic uint8_t received;        /* came over SCM_RIGHTS: published at its first accept if
                                       * it is a listening TCP socket (mlp_accept_received) */
     _Atomic uint32_t rcvlowat;       /* SO_RCVLOWAT set (above 1), for a channel to come */
+    _Atomic uint32_t closing;        /* a close of our connection on fd is between its record's
+                                      * release and the kernel's close: its thread's id
+                                      * (mlp_thread_id), | MLP_CLOSING_WAITERS (interpose.c) */
 };
+#define MLP_CLOSING_WAITERS 0x80000000u
 struct mlp_fdrec *mlp_fdrec(int fd);      /* NULL: no record, nothing of ours */
 struct mlp_fdrec *mlp_fdrec_make(int fd); /* NULL only past the table or out of memory */
 int mlp_fdrec_next(int fd, int max);      /* next fd >= fd that may have a record, or -1 */
@@ -212,6 +216,8 @@ struct mlp_sock *mlp_uninstall(int fd);        /* returns the table's reference,
 void mlp_fork_gate_close(void);                /* prepare handler: installs wait (fdtable.c) */
 void mlp_fork_gate_open(bool child);
 bool mlp_fd_is_ours(int fd);                   /* quick test without a reference */
+bool mlp_fd_is_ours_call(int fd);              /* the same for a data call (waits out a close) */
+uint32_t mlp_thread_id(void);                  /* sock.c: this thread's id of ours, never 0 */
 int mlp_fd_max(void);
 void mlp_fdtable_init(void);
 void mlp_sock_destroy(struct mlp_sock *s);     /* sock.c: when the last reference goes */

@@ -201,6 +201,8 @@ static inline uint32_t mlp_tid(void)
     return t;
 }
 
+uint32_t mlp_thread_id(void) { return mlp_tid(); }
+
 static inline bool mlp_fast_mine(_Atomic uint32_t *w)
 {
     return (atomic_load_explicit(w, memory_order_relaxed) & MLP_FAST_TID) == mlp_tid();

@@ -640,7 +640,10 @@ def test_close_under_a_call_that_holds_the_socket_by_its_word(fabric, tmp_path):
     ends in one process, so the preload's fast path takes the calls: it holds a socket by its
     direction's word, without a reference); then a thread's sending socket is closed by another
     thread.  As over kernel TCP: the receive after the close says EBADF, the sender whose peer
-    closed gets a reset or EPIPE, the sender whose own socket was closed gets EBADF.  Under
+    closed gets a reset or EPIPE, the sender whose own socket was closed gets EBADF.  Before the
+    close marked the record (closing), a send that started between the record's release and the
+    kernel's close went to the kernel socket under the channel ("the stream is split" in the
+    log) and blocked for ever: "the sender never ended", 8-10 runs in 30.  Under
     memlan the handler's close lands on top of a copy in progress in most rounds (39-59 of 60
     in a build that counted them): the teardown waits for the copy's give-back
     (mlp_fast_defer), so nothing is unmapped under it (make test-preload-asan runs it too)."""
