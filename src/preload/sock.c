@@ -250,25 +250,38 @@ static void mlp_fast_unlock(_Atomic uint32_t *w)
 }
 
 /* Wait until no thread other than this one holds the fast word; give up at the deadline
- * (CLOCK_MONOTONIC ns; 0: never).  False: given up. */
+ * (CLOCK_MONOTONIC ns; 0: never).  False: given up.  A give-back wakes one sleeper, and that
+ * may be this waiter, which takes nothing and so gives nothing back: a taker asleep behind it
+ * slept on for ever (the fork's drain, asleep first, took the wake-up of a sender that came
+ * after it: tests/preload/forkdrain.c).  A waiter that slept passes a wake-up on as it leaves
+ * (one too many wakes a taker that looks and sleeps again). */
 static bool mlp_fast_drain(_Atomic uint32_t *w, uint64_t deadline)
 {
     uint32_t me = mlp_tid();
+    bool slept = false, done;
+    int saved = errno;
     for (;;) {
         uint32_t v = atomic_load(w);
-        if (v == 0 || (v & MLP_FAST_TID) == me)
-            return true;
+        if (v == 0 || (v & MLP_FAST_TID) == me) {
+            done = true;
+            break;
+        }
         uint64_t now = mlp_now_ns();
-        if (deadline && now >= deadline)
-            return false;
+        if (deadline && now >= deadline) {
+            done = false;
+            break;
+        }
         if (!(v & MLP_FAST_WAITERS) &&
             !atomic_compare_exchange_strong(w, &v, v | MLP_FAST_WAITERS))
             continue;
-        int saved = errno;
         (void)__ml_sys_futex_wait(w, v | MLP_FAST_WAITERS,
                                   deadline ? (int64_t)(deadline - now) : -1);
-        errno = saved;
+        slept = true;
     }
+    if (slept)
+        (void)__ml_sys_futex_wake(w, 1);
+    errno = saved;
+    return done;
 }
 
 /* A socket's last reference went (mlp_put) while this thread holds one of its fast words: a

@@ -655,6 +655,21 @@ def test_close_under_a_call_that_holds_the_socket_by_its_word(fabric, tmp_path):
     settle(fabric)
 
 
+FORKDRAIN = BUILD / "tests-preload" / "forkdrain"
+
+
+def test_fork_drain_passes_the_wake_up_on(fabric, tmp_path):
+    """A thread forks while another's send holds the socket's send word (its copy stopped in the
+    program's SIGSEGV handler for 50 ms), and a third thread sends 20 ms into the fork: both
+    sends end, as over kernel TCP.  The fork's drain, asleep on the word first, took the
+    give-back's one wake-up and left without passing it on: the third sender slept for ever."""
+    plain, under, text = scripted(FORKDRAIN, tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    assert text.count("accelerated (client)") == 1, text
+    settle(fabric)
+
+
 SHUTRDWRITE = BUILD / "tests-preload" / "shutrdwrite"
 
 
