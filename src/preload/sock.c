@@ -1754,17 +1754,20 @@ ssize_t mlp_send_fast(int fd, const struct iovec *iov, int n, int flags)
 {
     if (flags & ~(MSG_DONTWAIT | MSG_NOSIGNAL))
         return MLP_SLOW;
-    ssize_t t = mlp_iov_total(iov, n, false);
-    if (t <= 0 || t > ML_INT_MAX_IO)
-        return MLP_SLOW;
     struct mlp_call c;
     struct mlp_sock *s = mlp_fast_begin(fd, &c, true);
     if (!s)
         return MLP_SLOW;
+    /* The vector is read only now, the socket known to be on the channel: on one settled on
+     * TCP the regular path hands it to the kernel unread, and one the kernel cannot read is
+     * EFAULT there, not a SIGSEGV here (tests/preload/iovtcp.c). */
+    ssize_t t = mlp_iov_total(iov, n, false);
+    ssize_t r = MLP_SLOW;
+    if (t <= 0 || t > ML_INT_MAX_IO)
+        goto out;
     /* As the regular path's first ring operation: a process that confines itself later may be
      * killed for the getsockopt (sshd's pre-authentication child is, for any). */
     mlp_sync_timeouts(s, fd);
-    ssize_t r = MLP_SLOW;
     if ((flags & MSG_DONTWAIT) || mlp_nonblock(s)) {
         int i = 0;
         size_t off = 0;
@@ -1772,6 +1775,7 @@ ssize_t mlp_send_fast(int fd, const struct iovec *iov, int n, int flags)
     } else if ((size_t)t <= s->ch->size / 2) {
         r = mlp_tx_whole(s, iov, n, (size_t)t); /* as mlp_send's: whole or nothing */
     }
+out:
     mlp_fast_end(s, &c, true);
     return r > 0 ? r : MLP_SLOW;
 }
@@ -1780,15 +1784,15 @@ ssize_t mlp_recv_fast(int fd, const struct iovec *iov, int n, int flags)
 {
     if (flags & ~MSG_DONTWAIT)
         return MLP_SLOW;
-    ssize_t t = mlp_iov_total(iov, n, false);
-    if (t <= 0 || t > ML_INT_MAX_IO)
-        return MLP_SLOW;
     struct mlp_call c;
     struct mlp_sock *s = mlp_fast_begin(fd, &c, false);
     if (!s)
         return MLP_SLOW;
-    mlp_sync_timeouts(s, fd); /* see mlp_send_fast */
+    ssize_t t = mlp_iov_total(iov, n, false); /* read now: see mlp_send_fast */
     ssize_t r = MLP_SLOW;
+    if (t <= 0 || t > ML_INT_MAX_IO)
+        goto out;
+    mlp_sync_timeouts(s, fd); /* see mlp_send_fast */
     if ((flags & MSG_DONTWAIT) || mlp_nonblock(s) || s->ch->rx_lowat <= 1) {
         int i = 0;
         size_t off = 0;
@@ -1796,6 +1800,7 @@ ssize_t mlp_recv_fast(int fd, const struct iovec *iov, int n, int flags)
         if (r > 0 && ml_unlikely(atomic_load_explicit(&s->eagains, memory_order_relaxed)))
             atomic_store_explicit(&s->eagains, 0, memory_order_relaxed);
     }
+out:
     mlp_fast_end(s, &c, false);
     return r > 0 ? r : MLP_SLOW;
 }

@@ -716,6 +716,21 @@ def test_bad_vectors_answer_as_the_kernel(fabric, tmp_path):
     settle(fabric)
 
 
+IOVTCP = BUILD / "tests-preload" / "iovtcp"
+
+
+def test_bad_vector_pointer_on_a_tcp_settled_socket_is_the_kernels(fabric, tmp_path):
+    """readv and writev with a vector pointer to no page, on a connection memlan offered and that
+    settled on TCP (its server spoke first): EFAULT from the kernel both, as without memlan.
+    The fast path (7819344) summed the vector before it looked at the socket: SIGSEGV."""
+    plain, under, text = scripted(IOVTCP, tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "readv: -1 Bad address" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    assert "TCP (the server spoke over TCP first" in text, text
+    settle(fabric)
+
+
 BIGIO = BUILD / "tests-preload" / "bigio"
 
 
