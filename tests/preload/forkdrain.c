@@ -79,17 +79,8 @@ int main(int argc, char **argv)
         return 2;
     struct sockaddr_in a;
     int l = listen_here(atoi(argv[1]), &a);
-    c = socket(AF_INET, SOCK_STREAM, 0);
-    if (c < 0 || connect(c, (struct sockaddr *)&a, sizeof a) != 0)
-        die("connect");
-    int s = accept(l, NULL, NULL);
-    if (s < 0)
-        die("accept");
-    char b[8192];
-    /* Both ends settled: a byte each way. */
-    if (send(c, "a", 1, 0) != 1 || recv(s, b, 1, 0) != 1 || send(s, "b", 1, 0) != 1 ||
-        recv(c, b, 1, 0) != 1)
-        die("the first exchange");
+    int s;
+    c = settled_pair(l, &a, &s);
     page = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (page == MAP_FAILED)
         die("mmap");

@@ -54,4 +54,20 @@ static inline int listen_here(int port, struct sockaddr_in *a)
         die("listen");
     return l;
 }
+
+/* A connection to the listener l at a, a byte each way (under memlan both ends are settled on
+ * the channel then): the client's fd; *acc: the accepted one. */
+static inline int settled_pair(int l, struct sockaddr_in *a, int *acc)
+{
+    char b;
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    if (c < 0 || connect(c, (struct sockaddr *)a, sizeof *a) != 0)
+        die("connect");
+    if ((*acc = accept(l, NULL, NULL)) < 0)
+        die("accept");
+    if (send(c, "a", 1, 0) != 1 || recv(*acc, &b, 1, 0) != 1 || send(*acc, "b", 1, 0) != 1 ||
+        recv(c, &b, 1, 0) != 1)
+        die("the first exchange");
+    return c;
+}
 #endif
