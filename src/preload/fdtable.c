@@ -177,7 +177,16 @@ static inline struct mlp_sock *mlp_get_into(int fd, struct mlp_sock *volatile *s
         struct mlp_sock *s = atomic_load_explicit(&r->sock, memory_order_acquire);
         if (ml_likely(!s))
             return NULL;
-        atomic_fetch_add(&s->refs, 1);
+        /* Never up from 0: a socket whose last reference went is being torn down (a thread
+         * that loaded it just before its close and added after the teardown's put would put it
+         * a second time: two teardowns).  Its record is gone by then: look again. */
+        int v = atomic_load_explicit(&s->refs, memory_order_relaxed);
+        do {
+            if (v == 0)
+                break;
+        } while (!atomic_compare_exchange_weak(&s->refs, &v, v + 1));
+        if (v == 0)
+            continue;
         if (slot)
             *slot = s;
         if (atomic_load(&r->sock) == s)

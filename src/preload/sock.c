@@ -182,23 +182,45 @@ static void mlp_mutex_unlock(pthread_mutex_t *m)
  */
 #define MLP_FAST_WAITERS 0x80000000u
 #define MLP_FAST_TID     0x3fffffffu
-/* This thread's id for the words: a number of ours, never 0, given at its first take (no system
- * call: gettid is one, and a sandbox may kill for it; sshd's pre-authentication filter does).
- * Unique among the live threads of a process; a fork child's thread keeps its own. */
+/* This thread's id for the words: its kernel thread id, unique among the live threads of the
+ * machine, read without a system call (gettid is one, and a sandbox may kill for it: sshd's
+ * pre-authentication filter does).  glibc keeps it in its thread descriptor and writes it into a
+ * mutex it locks (__data.__owner, which mlp_call_left reads already); a fork child's thread has a
+ * new one (mlp_after_fork_child forgets the cache).  Elsewhere: a number of ours from a counter.
+ * Not a counter with glibc: 2^30 threads made over a server's life would wrap it, and a new
+ * thread could take the id of a live one that holds a word. */
 static __thread uint32_t mlp_tid_cache __attribute__((tls_model("initial-exec")));
-static _Atomic uint32_t mlp_tid_next;
+
+static __attribute__((noinline)) uint32_t mlp_tid_slow(void)
+{
+    uint32_t t = 0;
+#ifdef __GLIBC__
+    pthread_mutex_t m;
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_settype(&a, PTHREAD_MUTEX_ERRORCHECK);
+    pthread_mutex_init(&m, &a);
+    pthread_mutexattr_destroy(&a);
+    if (pthread_mutex_lock(&m) == 0) {
+        t = (uint32_t)m.__data.__owner & MLP_FAST_TID;
+        pthread_mutex_unlock(&m);
+    }
+    pthread_mutex_destroy(&m);
+#endif
+    if (t == 0) {
+        static _Atomic uint32_t next = 1u << 22; /* above pid_max: never a kernel id */
+        do
+            t = (atomic_fetch_add_explicit(&next, 1, memory_order_relaxed) + 1) & MLP_FAST_TID;
+        while (t < (1u << 22));
+    }
+    mlp_tid_cache = t;
+    return t;
+}
 
 static inline uint32_t mlp_tid(void)
 {
     uint32_t t = mlp_tid_cache;
-    if (ml_unlikely(t == 0)) {
-        do
-            t = (atomic_fetch_add_explicit(&mlp_tid_next, 1, memory_order_relaxed) + 1) &
-                MLP_FAST_TID;
-        while (t == 0);
-        mlp_tid_cache = t;
-    }
-    return t;
+    return ml_likely(t != 0) ? t : mlp_tid_slow();
 }
 
 uint32_t mlp_thread_id(void) { return mlp_tid(); }
@@ -558,8 +580,8 @@ static void mlp_call_left(void *arg)
         c->s = NULL; /* first: a jump between the two leaks the reference, never puts it twice */
         mlp_put(s);
     } else {
-        c->fast = NULL;
         mlp_fast_finish_check(s);
+        c->fast = NULL;
     }
 }
 
@@ -1736,18 +1758,21 @@ static struct mlp_sock *mlp_fast_begin(int fd, struct mlp_call *c, bool tx)
         }
         mlp_unlock(w, MLP_LK_FAST);
     }
+    mlp_fast_finish_check(s); /* before c->fast goes: see mlp_fast_end */
     c->fast = NULL;
     mlp_left_pop(&c->buf);
-    mlp_fast_finish_check(s);
     return NULL;
 }
 
 static void mlp_fast_end(struct mlp_sock *s, struct mlp_call *c, bool tx)
 {
     mlp_unlock(tx ? &s->ftx : &s->frx, MLP_LK_FAST);
+    /* The deferred teardown before c->fast goes: a jump between the two runs the cleanup, whose
+     * second look finds nothing pending (an exchange), where a jump after c->fast went and before
+     * the look lost the teardown. */
+    mlp_fast_finish_check(s);
     c->fast = NULL;
     mlp_left_pop(&c->buf);
-    mlp_fast_finish_check(s);
 }
 
 ssize_t mlp_send_fast(int fd, const struct iovec *iov, int n, int flags)
@@ -2099,6 +2124,7 @@ void mlp_fork_failed(void) { mlp_holders_add(-1); }
 
 void mlp_after_fork_child(void)
 {
+    mlp_tid_cache = 0; /* the parent's thread id was copied with this thread's storage */
     mlp_negotiate_after_fork();
     mlp_poll_after_fork();
     mlp_locks_after_fork();
