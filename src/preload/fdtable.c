@@ -20,6 +20,7 @@
 #include "sys/sys.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <sched.h>
 #include <time.h>
 #include <fcntl.h>
@@ -316,6 +317,10 @@ void mlp_fork_gate_open(bool child)
          * fast word for a moment (a stale pointer's take, sock.c: mlp_fast_begin): neither is
          * held by anybody here. */
         pthread_mutex_init(&mlp_free_mu, NULL);
+        /* Nor is a close that was between its record's release and the kernel's close: its mark
+         * would keep every data call on the number waiting for ever (mlp_fd_is_ours_call). */
+        for (int fd = mlp_fdrec_next(0, INT_MAX); fd >= 0; fd = mlp_fdrec_next(fd + 1, INT_MAX))
+            atomic_store_explicit(&mlp_fdrec(fd)->closing, 0, memory_order_relaxed);
         for (struct mlp_sock *s = mlp_free_list; s; s = s->next_free) {
             atomic_store_explicit(&s->ftx, 0, memory_order_relaxed);
             atomic_store_explicit(&s->frx, 0, memory_order_relaxed);

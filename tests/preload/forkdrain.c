@@ -15,43 +15,12 @@
  *
  * usage: forkdrain PORT
  */
-#include "twoends.h"
+#include "heldsend.h"
 
-#include <pthread.h>
-#include <signal.h>
-#include <stdatomic.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
-static char *page;                 /* two pages: the first readable, the second not (at first) */
-static volatile sig_atomic_t in_handler, release;
-static _Atomic int h_done, l_done;
+static _Atomic int l_done;
 static int c = -1;
-
-static void sleep_ms(long ms)
-{
-    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
-    nanosleep(&ts, NULL);
-}
-
-static void on_segv(int sig)
-{
-    (void)sig;
-    in_handler = 1;
-    for (int i = 0; i < 5000 && !release; i++)
-        sleep_ms(1);
-    mprotect(page + 4096, 4096, PROT_READ | PROT_WRITE);
-}
-
-/* The send whose copy faults on its own buffer's second page. */
-static void *send_h(void *arg)
-{
-    (void)arg;
-    (void)send(c, page + 4096 - 256, 4096, 0);
-    atomic_store(&h_done, 1);
-    return NULL;
-}
 
 static void *send_l(void *arg)
 {
@@ -81,19 +50,8 @@ int main(int argc, char **argv)
     int l = listen_here(atoi(argv[1]), &a);
     int s;
     c = settled_pair(l, &a, &s);
-    page = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (page == MAP_FAILED)
-        die("mmap");
-    memset(page, 'p', 8192);
-    mprotect(page + 4096, 4096, PROT_NONE);
-    struct sigaction sa = {.sa_handler = on_segv};
-    sigaction(SIGSEGV, &sa, NULL);
-
-    pthread_t h, g, lt;
-    pthread_create(&h, NULL, send_h, NULL);
-    double end = now_s() + 5;
-    while (!in_handler && !atomic_load(&h_done) && now_s() < end)
-        sleep_ms(1);
+    pthread_t g, lt;
+    pthread_t h = held_send_start(c);
     pthread_create(&g, NULL, helper, &lt);
     pid_t pid = fork();
     if (pid == 0)
@@ -104,7 +62,7 @@ int main(int argc, char **argv)
     waitpid(pid, &st, 0);
     printf("fork: child exited %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
     pthread_join(g, NULL);
-    end = now_s() + 3;
+    double end = now_s() + 3;
     while (!(atomic_load(&l_done) && atomic_load(&h_done)) && now_s() < end)
         sleep_ms(1);
     printf("the faulting send ended: %s\n", atomic_load(&h_done) ? "yes" : "no");
