@@ -141,7 +141,8 @@ bool mlp_fd_is_ours(int fd)
  * from one nobody writes.  The close marks the record (closing) first; a call that finds it so
  * waits for the kernel's close and then looks again: the fd is closed (the kernel says EBADF, as
  * to a call after a close) or names what was opened there since.  A handler on top of the close
- * of its own thread does not wait (the call is after the close, as far as it can know).
+ * of its own thread does not wait (the call is after the close, as far as it can know), nor one
+ * on top of a call of ours that holds a lock (below).
  */
 bool mlp_fd_is_ours_call(int fd)
 {
@@ -152,6 +153,11 @@ bool mlp_fd_is_ours_call(int fd)
         return true;
     uint32_t c = atomic_load_explicit(&r->closing, memory_order_acquire);
     if (ml_likely(c == 0))
+        return false;
+    /* Nor does a handler on top of a call of ours that holds a lock (a fast word): the close
+     * may be waiting for that very lock (its teardown takes the words, mlp_sock_destroy), and
+     * the handler's thread cannot give it back before the handler returns. */
+    if (mlp_holds_lock())
         return false;
     uint32_t me = mlp_thread_id();
     while (c != 0 && (c & ~MLP_CLOSING_WAITERS) != me) {

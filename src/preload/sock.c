@@ -225,6 +225,10 @@ static inline uint32_t mlp_tid(void)
 
 uint32_t mlp_thread_id(void) { return mlp_tid(); }
 
+/* This thread holds a lock of ours (a fast word, a direction's mutex): a handler on top of a call
+ * of ours, or a section a jump abandoned. */
+bool mlp_holds_lock(void) { return mlp_nheld != 0; }
+
 static inline bool mlp_fast_mine(_Atomic uint32_t *w)
 {
     return (atomic_load_explicit(w, memory_order_relaxed) & MLP_FAST_TID) == mlp_tid();

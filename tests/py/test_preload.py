@@ -659,6 +659,23 @@ def test_close_under_a_call_that_holds_the_socket_by_its_word(fabric, tmp_path):
     settle(fabric)
 
 
+CLOSEMARK = BUILD / "tests-preload" / "closemark"
+
+
+def test_close_mark_no_deadlock_under_a_handler_on_a_word_holder(fabric, tmp_path):
+    """A thread's send holds the socket's send word (its copy stopped in the program's SIGSEGV
+    handler), main closes the socket, and the handler sends a byte on it: every call ends, and
+    the sender's next send says EBADF, as over kernel TCP.  The close's teardown waits for the
+    word (mlp_sock_destroy) with the fd's record marked closing; the handler's send waited for
+    the mark (22539bd): a deadlock, "FAIL hung (alarm)" after 30 s.  A thread that holds a lock
+    of ours does not wait for a mark now (its send goes to the kernel, as before the mark)."""
+    plain, under, _ = scripted(CLOSEMARK, tmp_path, "handler")
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    assert "stopped in the handler" in under.stderr, under.stderr
+    settle(fabric)
+
+
 FORKDRAIN = BUILD / "tests-preload" / "forkdrain"
 
 

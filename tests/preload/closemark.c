@@ -1,0 +1,162 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
+/*
+ * closemark: a close that waits while another thread's call is stopped inside its send, and what
+ * a call on the closing fd does meanwhile.  A thread (the sender) sends a page that is mapped
+ * PROT_NONE on a settled connection, both ends in this process; main closes that connection
+ * while the send is stopped; the stop lasts 300 ms after main began its close.  Over kernel
+ * TCP the send fails with EFAULT at once and the stop comes after it; under memlan the copy of
+ * the preload's fast path faults (a documented limit: SIGSEGV where the kernel says EFAULT), the
+ * handler maps the page and stops there, with the send's fast word held: the close's teardown
+ * waits for the word (mlp_sock_destroy) with the fd's record marked closing.
+ *
+ * usage: closemark PORT MODE
+ *   handler: the stop (in the SIGSEGV handler under memlan) sends a byte on the closing fd.
+ *            Kernel TCP: EBADF (the close came first); the call must end either way (with the
+ *            mark, it waited for the close, which waited for the handler's thread: a deadlock).
+ *   fork:    another thread forks during the stop; the child sends a byte on that fd (alarm
+ *            5 s).  The child must end (the mark, copied into the child, was never cleared
+ *            there: nobody in the child was closing, and the child waited for ever).
+ * Prints the same lines over kernel TCP and memlan; "FAIL ..." and exit 1 on a failure; a
+ * process alarm of 30 s ends a hang.
+ */
+#include "twoends.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static int conn = -1;
+static char *page;
+static long pagesz;
+static int fork_mode;
+static _Atomic int closing, fork_now, child_done;
+static _Atomic int stopped; /* the sender reached its stop (either way) */
+static _Atomic int failed;
+
+static void on_alarm(int sig)
+{
+    (void)sig;
+    static const char m[] = "FAIL hung (alarm)\n";
+    (void)!write(1, m, sizeof m - 1);
+    _exit(1);
+}
+
+static void nap_ms(int ms)
+{
+    struct timespec t = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&t, NULL);
+}
+
+/* Bounded: the process alarm ends everything first. */
+static void wait_for(_Atomic int *flag)
+{
+    for (int i = 0; i < 60000 && !atomic_load(flag); i++)
+        nap_ms(1);
+}
+
+/* The stop: after main began its close, 300 ms, then the mode's call. */
+static void stop(void)
+{
+    atomic_store(&stopped, 1);
+    wait_for(&closing);
+    nap_ms(300);
+    if (fork_mode) {
+        atomic_store(&fork_now, 1);
+        wait_for(&child_done);
+    } else {
+        int saved = errno;
+        ssize_t r = send(conn, "x", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+        fprintf(stderr, "the stop's send: %zd (%s)\n", r, r < 0 ? strerror(errno) : "-");
+        errno = saved;
+    }
+}
+
+static void on_segv(int sig, siginfo_t *si, void *uc)
+{
+    (void)sig;
+    (void)uc;
+    char *a = si->si_addr;
+    if (a < page || a >= page + pagesz)
+        abort();
+    mprotect(page, (size_t)pagesz, PROT_READ | PROT_WRITE);
+    fprintf(stderr, "the send's copy faulted: stopped in the handler\n");
+    stop();
+}
+
+static void *sender(void *arg)
+{
+    (void)arg;
+    ssize_t r = send(conn, page, (size_t)pagesz, MSG_NOSIGNAL);
+    if (r < 0 && errno == EFAULT)
+        stop(); /* kernel TCP: the stop after the call */
+    else if (r != pagesz) {
+        printf("FAIL the send: %zd (%s)\n", r, r < 0 ? strerror(errno) : "short");
+        atomic_store(&failed, 1);
+    }
+    r = send(conn, "y", 1, MSG_NOSIGNAL);
+    printf("a send after the close: %s\n", r < 0 && errno == EBADF ? "EBADF" : "not EBADF");
+    return NULL;
+}
+
+static void *forker(void *arg)
+{
+    (void)arg;
+    wait_for(&fork_now);
+    pid_t p = fork();
+    if (p == 0) {
+        alarm(5);
+        (void)send(conn, "z", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+        _exit(0);
+    }
+    int st = 0;
+    if (p < 0 || waitpid(p, &st, 0) != p) {
+        printf("FAIL fork or waitpid: %s\n", strerror(errno));
+        atomic_store(&failed, 1);
+    } else if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
+        printf("the child's send on the closing fd: ended\n");
+    } else {
+        printf("FAIL the child's send on the closing fd: status %#x (0x100: it hung)\n", st);
+        atomic_store(&failed, 1);
+    }
+    atomic_store(&child_done, 1);
+    return NULL;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 3)
+        return 2;
+    fork_mode = strcmp(argv[2], "fork") == 0;
+    setvbuf(stdout, NULL, _IONBF, 0);
+    signal(SIGALRM, on_alarm);
+    alarm(30);
+    pagesz = sysconf(_SC_PAGESIZE);
+    page = mmap(NULL, (size_t)pagesz, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (page == MAP_FAILED)
+        die("mmap");
+    struct sigaction sa = {.sa_sigaction = on_segv, .sa_flags = SA_SIGINFO};
+    sigaction(SIGSEGV, &sa, NULL);
+    struct sockaddr_in a;
+    int l = listen_here(atoi(argv[1]), &a), s;
+    conn = settled_pair(l, &a, &s);
+    pthread_t ts, tf;
+    if (fork_mode)
+        pthread_create(&tf, NULL, forker, NULL);
+    pthread_create(&ts, NULL, sender, NULL);
+    wait_for(&stopped);
+    atomic_store(&closing, 1);
+    int r = close(conn);
+    pthread_join(ts, NULL);
+    if (fork_mode)
+        pthread_join(tf, NULL);
+    printf("close: %d\n", r); /* after the others' lines: under memlan the close ends last */
+    close(s);
+    close(l);
+    if (atomic_load(&failed))
+        return 1;
+    printf("done\n");
+    return 0;
+}
