@@ -220,10 +220,23 @@ static void mlp_fd_released(int fd, char *offer)
     mlp_stat_tcp_closed(fd);
 }
 
+/* The end of a close's mark: cleared, its waiters woken. */
+static void mlp_close_unmark(void *arg)
+{
+    struct mlp_fdrec *rec = arg;
+    int saved = errno;
+    if (atomic_exchange(&rec->closing, 0) & MLP_CLOSING_WAITERS)
+        (void)__ml_sys_futex_wake(&rec->closing, INT_MAX);
+    errno = saved;
+}
+
 /* close(fd) with its record: the record first, the kernel's close, then the offer's name.  A
  * connection of ours is marked closing meanwhile (fdtable.c, mlp_fd_is_ours_call): a data call
  * of another thread waits for the kernel's close instead of using the kernel socket under the
- * channel.  (A connection on TCP is its kernel socket: no mark.) */
+ * channel.  (A connection on TCP is its kernel socket: no mark.)  A close that never ends (a
+ * cancellation, which glibc's close acts on before the kernel's; a handler's siglongjmp out of
+ * the teardown's wait) clears the mark by its cleanup: it stayed, and every later data call of
+ * another thread on that fd number waited for ever for a thread that had gone. */
 static int mlp_close_one(int fd)
 {
     int saved = errno;
@@ -232,16 +245,17 @@ static int mlp_close_one(int fd)
     struct mlp_fdrec *rec = mlp_fdrec(fd);
     struct mlp_sock *s = rec ? atomic_load(&rec->sock) : NULL;
     bool mark = s && s->type == MLP_CONN && atomic_load(&s->state) != MLP_TCP;
-    if (mark)
+    struct _pthread_cleanup_buffer left;
+    if (mark) {
         atomic_store(&rec->closing, mlp_thread_id());
+        mlp_left_push(&left, mlp_close_unmark, rec);
+    }
     mlp_fd_released(fd, offer);
     errno = saved;
     int r = mlp_real_close(fd);
     if (mark) {
-        saved = errno;
-        if (atomic_exchange(&rec->closing, 0) & MLP_CLOSING_WAITERS)
-            (void)__ml_sys_futex_wake(&rec->closing, INT_MAX);
-        errno = saved;
+        mlp_left_pop(&left);
+        mlp_close_unmark(rec);
     }
     if (ml_unlikely(offer[0])) {
         saved = errno;

@@ -16,6 +16,10 @@
  *   fork:    another thread forks during the stop; the child sends a byte on that fd (alarm
  *            5 s).  The child must end (the mark, copied into the child, was never cleared
  *            there: nobody in the child was closing, and the child waited for ever).
+ *   cancel:  a thread with a cancellation pending closes the fd (glibc's close acts on it before
+ *            the kernel's: the thread ends, the fd stays open); then main sends a byte on it.
+ *            The send must end (the mark of the close that never finished was never cleared,
+ *            and the send waited for ever for a thread that was gone).
  * Prints the same lines over kernel TCP and memlan; "FAIL ..." and exit 1 on a failure; a
  * process alarm of 30 s ends a hang.
  */
@@ -26,6 +30,7 @@
 #include <stdatomic.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 static int conn = -1;
@@ -125,6 +130,29 @@ static void *forker(void *arg)
     return NULL;
 }
 
+static void *cancelled_closer(void *arg)
+{
+    (void)arg;
+    pthread_cancel(pthread_self()); /* deferred: it acts at the next cancellation point */
+    int r = close(conn);
+    printf("FAIL the close returned %d under a pending cancellation\n", r);
+    atomic_store(&failed, 1);
+    return NULL;
+}
+
+static int cancel_mode(void)
+{
+    pthread_t t;
+    void *res = NULL;
+    pthread_create(&t, NULL, cancelled_closer, NULL);
+    pthread_join(t, &res);
+    printf("the close was cancelled: %s\n", res == PTHREAD_CANCELED ? "yes" : "no");
+    printf("the fd after it: %s\n", fcntl(conn, F_GETFD) >= 0 ? "open" : "closed");
+    ssize_t r = send(conn, "x", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    printf("a send on it: %s\n", r == 1 ? "1" : r < 0 ? strerror(errno) : "other");
+    return close(conn) == 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 3)
@@ -142,6 +170,15 @@ int main(int argc, char **argv)
     struct sockaddr_in a;
     int l = listen_here(atoi(argv[1]), &a), s;
     conn = settled_pair(l, &a, &s);
+    if (strcmp(argv[2], "cancel") == 0) {
+        int rc = cancel_mode() | atomic_load(&failed);
+        close(s);
+        close(l);
+        if (rc)
+            return 1;
+        printf("done\n");
+        return 0;
+    }
     pthread_t ts, tf;
     if (fork_mode)
         pthread_create(&tf, NULL, forker, NULL);

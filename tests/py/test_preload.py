@@ -676,6 +676,19 @@ def test_close_mark_no_deadlock_under_a_handler_on_a_word_holder(fabric, tmp_pat
     settle(fabric)
 
 
+def test_cancelled_close_leaves_no_mark(fabric, tmp_path):
+    """A thread with a cancellation pending closes a connection (glibc's close acts on it before
+    the kernel's close: the thread ends and the fd stays open); main then sends a byte on the fd:
+    the send ends (1, as over kernel TCP).  The close's mark (22539bd) was never cleared: the
+    send waited for ever for the gone thread ("FAIL hung (alarm)").  The mark now has a cleanup
+    that glibc runs for a cancellation or a siglongjmp out of the close."""
+    plain, under, _ = scripted(CLOSEMARK, tmp_path, "cancel")
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "the close was cancelled: yes" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    settle(fabric)
+
+
 FORKDRAIN = BUILD / "tests-preload" / "forkdrain"
 
 
