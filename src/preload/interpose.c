@@ -220,14 +220,34 @@ static void mlp_fd_released(int fd, char *offer)
     mlp_stat_tcp_closed(fd);
 }
 
-/* The end of a close's mark: cleared, its waiters woken. */
+/* A close's mark on rec: this thread's id.  A mark already there (another thread's close of the
+ * same fd, or a close of what was opened at its number since the first close's kernel close) is
+ * written over, and its waiters are woken to look again: a plain store lost their flag, and
+ * neither close's end woke them (they slept for ever). */
+static void mlp_close_mark(struct mlp_fdrec *rec)
+{
+    if (ml_unlikely(atomic_exchange(&rec->closing, mlp_thread_id()) & MLP_CLOSING_WAITERS)) {
+        int saved = errno;
+        (void)__ml_sys_futex_wake(&rec->closing, INT_MAX);
+        errno = saved;
+    }
+}
+
+/* The end of a close's mark: cleared, its waiters woken, if it is still this thread's (a later
+ * close's mark over it is that close's to clear). */
 static void mlp_close_unmark(void *arg)
 {
     struct mlp_fdrec *rec = arg;
-    int saved = errno;
-    if (atomic_exchange(&rec->closing, 0) & MLP_CLOSING_WAITERS)
-        (void)__ml_sys_futex_wake(&rec->closing, INT_MAX);
-    errno = saved;
+    uint32_t me = mlp_thread_id(), c = atomic_load(&rec->closing);
+    while ((c & ~MLP_CLOSING_WAITERS) == me)
+        if (atomic_compare_exchange_weak(&rec->closing, &c, 0)) {
+            if (c & MLP_CLOSING_WAITERS) {
+                int saved = errno;
+                (void)__ml_sys_futex_wake(&rec->closing, INT_MAX);
+                errno = saved;
+            }
+            return;
+        }
 }
 
 /* close(fd) with its record: the record first, the kernel's close, then the offer's name.  A
@@ -247,7 +267,7 @@ static int mlp_close_one(int fd)
     bool mark = s && s->type == MLP_CONN && atomic_load(&s->state) != MLP_TCP;
     struct _pthread_cleanup_buffer left;
     if (mark) {
-        atomic_store(&rec->closing, mlp_thread_id());
+        mlp_close_mark(rec);
         mlp_left_push(&left, mlp_close_unmark, rec);
     }
     mlp_fd_released(fd, offer);

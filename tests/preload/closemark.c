@@ -16,6 +16,10 @@
  *   fork:    another thread forks during the stop; the child sends a byte on that fd (alarm
  *            5 s).  The child must end (the mark, copied into the child, was never cleared
  *            there: nobody in the child was closing, and the child waited for ever).
+ *   reuse:   during the stop a thread (the waiter) sends a byte on the closing fd, and another
+ *            closes the fd too, opens a connection that gets its number and closes that: the
+ *            waiter's send must end (EBADF over kernel TCP, or 1 on the new connection).  The second close's mark was
+ *            written over the first's, its waiters' flag lost, and nobody woke the waiter.
  *   cancel:  a thread with a cancellation pending closes the fd (glibc's close acts on it before
  *            the kernel's: the thread ends, the fd stays open); then main sends a byte on it.
  *            The send must end (the mark of the close that never finished was never cleared,
@@ -40,6 +44,11 @@ static int fork_mode;
 static _Atomic int closing, fork_now, child_done;
 static _Atomic int stopped; /* the sender reached its stop (either way) */
 static _Atomic int failed;
+static int reuse_mode;
+static _Atomic int reuse_now, reuse_done;
+static int reuse_close = 99;
+static struct sockaddr_in addr;
+static int lsn = -1;
 
 static void on_alarm(int sig)
 {
@@ -71,6 +80,9 @@ static void stop(void)
     if (fork_mode) {
         atomic_store(&fork_now, 1);
         wait_for(&child_done);
+    } else if (reuse_mode) {
+        atomic_store(&reuse_now, 1);
+        wait_for(&reuse_done);
     } else {
         int saved = errno;
         ssize_t r = send(conn, "x", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -130,6 +142,37 @@ static void *forker(void *arg)
     return NULL;
 }
 
+static void *waiter(void *arg)
+{
+    (void)arg;
+    wait_for(&closing);
+    nap_ms(100);
+    /* EBADF, or a byte sent on the new connection at that number, woken just before its
+     * close (either is a kernel's answer to a call that raced two closes and an open). */
+    ssize_t r = send(conn, "w", 1, MSG_NOSIGNAL);
+    printf("the waiting send: %s\n", r == 1 || (r < 0 && errno == EBADF) ? "ended" : "other");
+    return NULL;
+}
+
+static void *reuser(void *arg)
+{
+    (void)arg;
+    wait_for(&reuse_now);
+    int fd = conn;
+    reuse_close = close(fd);
+    int s2, c2 = settled_pair(lsn, &addr, &s2);
+    if (c2 != fd) {
+        printf("FAIL the new connection got fd %d, not %d\n", c2, fd);
+        atomic_store(&failed, 1);
+    }
+    nap_ms(50);
+    close(c2);
+    close(s2);
+    nap_ms(50);
+    atomic_store(&reuse_done, 1);
+    return NULL;
+}
+
 static void *cancelled_closer(void *arg)
 {
     (void)arg;
@@ -158,6 +201,7 @@ int main(int argc, char **argv)
     if (argc != 3)
         return 2;
     fork_mode = strcmp(argv[2], "fork") == 0;
+    reuse_mode = strcmp(argv[2], "reuse") == 0;
     setvbuf(stdout, NULL, _IONBF, 0);
     signal(SIGALRM, on_alarm);
     alarm(30);
@@ -170,6 +214,8 @@ int main(int argc, char **argv)
     struct sockaddr_in a;
     int l = listen_here(atoi(argv[1]), &a), s;
     conn = settled_pair(l, &a, &s);
+    addr = a;
+    lsn = l;
     if (strcmp(argv[2], "cancel") == 0) {
         int rc = cancel_mode() | atomic_load(&failed);
         close(s);
@@ -179,9 +225,13 @@ int main(int argc, char **argv)
         printf("done\n");
         return 0;
     }
-    pthread_t ts, tf;
+    pthread_t ts, tf, tw, tr;
     if (fork_mode)
         pthread_create(&tf, NULL, forker, NULL);
+    if (reuse_mode) {
+        pthread_create(&tw, NULL, waiter, NULL);
+        pthread_create(&tr, NULL, reuser, NULL);
+    }
     pthread_create(&ts, NULL, sender, NULL);
     wait_for(&stopped);
     atomic_store(&closing, 1);
@@ -189,6 +239,13 @@ int main(int argc, char **argv)
     pthread_join(ts, NULL);
     if (fork_mode)
         pthread_join(tf, NULL);
+    if (reuse_mode) {
+        pthread_join(tw, NULL);
+        pthread_join(tr, NULL);
+        /* Two closes of one fd: one closed it, the other found it closed. */
+        printf("the two closes: %s\n", (r == 0) + (reuse_close == 0) == 1 ? "one 0" : "not one 0");
+        r = 0;
+    }
     printf("close: %d\n", r); /* after the others' lines: under memlan the close ends last */
     close(s);
     close(l);

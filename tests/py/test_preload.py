@@ -662,6 +662,16 @@ def test_close_under_a_call_that_holds_the_socket_by_its_word(fabric, tmp_path):
 CLOSEMARK = BUILD / "tests-preload" / "closemark"
 
 
+def closemark(fabric, tmp_path, mode, line, stalled=True):
+    """closemark MODE both ways: kernel TCP's run ends with done and has line; memlan's prints
+    the same lines (and its send's copy stopped in the handler, where the mode uses the stop)."""
+    plain, under, _ = scripted(CLOSEMARK, tmp_path, mode)
+    assert plain.stdout.endswith("done\n") and line in plain.stdout, plain.stdout + plain.stderr
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    assert not stalled or "stopped in the handler" in under.stderr, under.stderr
+    settle(fabric)
+
+
 def test_close_mark_no_deadlock_under_a_handler_on_a_word_holder(fabric, tmp_path):
     """A thread's send holds the socket's send word (its copy stopped in the program's SIGSEGV
     handler), main closes the socket, and the handler sends a byte on it: every call ends, and
@@ -669,11 +679,7 @@ def test_close_mark_no_deadlock_under_a_handler_on_a_word_holder(fabric, tmp_pat
     word (mlp_sock_destroy) with the fd's record marked closing; the handler's send waited for
     the mark (22539bd): a deadlock, "FAIL hung (alarm)" after 30 s.  A thread that holds a lock
     of ours does not wait for a mark now (its send goes to the kernel, as before the mark)."""
-    plain, under, _ = scripted(CLOSEMARK, tmp_path, "handler")
-    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
-    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
-    assert "stopped in the handler" in under.stderr, under.stderr
-    settle(fabric)
+    closemark(fabric, tmp_path, "handler", "a send after the close: EBADF")
 
 
 def test_cancelled_close_leaves_no_mark(fabric, tmp_path):
@@ -682,11 +688,17 @@ def test_cancelled_close_leaves_no_mark(fabric, tmp_path):
     the send ends (1, as over kernel TCP).  The close's mark (22539bd) was never cleared: the
     send waited for ever for the gone thread ("FAIL hung (alarm)").  The mark now has a cleanup
     that glibc runs for a cancellation or a siglongjmp out of the close."""
-    plain, under, _ = scripted(CLOSEMARK, tmp_path, "cancel")
-    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
-    assert "the close was cancelled: yes" in plain.stdout, plain.stdout
-    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
-    settle(fabric)
+    closemark(fabric, tmp_path, "cancel", "the close was cancelled: yes", stalled=False)
+
+
+def test_close_mark_written_over_wakes_its_waiters(fabric, tmp_path):
+    """While main's close of a connection waits for a send stopped in the program's SIGSEGV
+    handler, a thread's send waits for that close's mark, and another thread closes the fd
+    too, gets a new connection at its number and closes it: the waiting send ends, as over
+    kernel TCP.  The second mark was a plain store over the first (its waiters' flag lost), and
+    neither close's end woke the waiter ("FAIL hung (alarm)").  A mark written over now wakes
+    the old one's waiters, and a close clears only its own mark."""
+    closemark(fabric, tmp_path, "reuse", "the waiting send: ended")
 
 
 FORKDRAIN = BUILD / "tests-preload" / "forkdrain"
