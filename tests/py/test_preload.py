@@ -687,7 +687,12 @@ def test_cancelled_close_leaves_no_mark(fabric, tmp_path):
     the kernel's close: the thread ends and the fd stays open); main then sends a byte on the fd:
     the send ends (1, as over kernel TCP).  The close's mark (22539bd) was never cleared: the
     send waited for ever for the gone thread ("FAIL hung (alarm)").  The mark now has a cleanup
-    that glibc runs for a cancellation or a siglongjmp out of the close."""
+    that glibc runs for a cancellation or a siglongjmp out of the close.  Not in the ASan build:
+    a cancellation's unwinding leaves the redzones of the frames it passes poisoned, and the
+    thread's exit in ASan's runtime writes there (a false stack-buffer-overflow in sigaltstack,
+    google/sanitizers#1399)."""
+    if b"libasan" in (BUILD / "lib" / "libmemlan-preload.so").read_bytes():
+        pytest.skip("ASan: a cancelled thread's exit reports a false stack-buffer-overflow")
     closemark(fabric, tmp_path, "cancel", "the close was cancelled: yes", stalled=False)
 
 
