@@ -13,17 +13,16 @@
  *   handler: the stop (in the SIGSEGV handler under memlan) sends a byte on the closing fd.
  *            Kernel TCP: EBADF (the close came first); the call must end either way (with the
  *            mark, it waited for the close, which waited for the handler's thread: a deadlock).
- *   fork:    another thread forks during the stop; the child sends a byte on that fd (alarm
- *            5 s).  The child must end (the mark, copied into the child, was never cleared
- *            there: nobody in the child was closing, and the child waited for ever).
  *   reuse:   during the stop a thread (the waiter) sends a byte on the closing fd, and another
  *            closes the fd too, opens a connection that gets its number and closes that: the
- *            waiter's send must end (EBADF over kernel TCP, or 1 on the new connection).  The second close's mark was
- *            written over the first's, its waiters' flag lost, and nobody woke the waiter.
+ *            waiter's send must end (EBADF over kernel TCP, or 1 on the new connection).  The
+ *            second close's mark was written over the first's, its waiters' flag lost, and
+ *            nobody woke the waiter.
  *   cancel:  a thread with a cancellation pending closes the fd (glibc's close acts on it before
  *            the kernel's: the thread ends, the fd stays open); then main sends a byte on it.
  *            The send must end (the mark of the close that never finished was never cleared,
  *            and the send waited for ever for a thread that was gone).
+ * (A fork in the middle of such a close: closefork.c.)
  * Prints the same lines over kernel TCP and memlan; "FAIL ..." and exit 1 on a failure; a
  * process alarm of 30 s ends a hang.
  */
@@ -33,15 +32,13 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <sys/mman.h>
-#include <sys/wait.h>
 #include <fcntl.h>
 #include <unistd.h>
 
 static int conn = -1;
 static char *page;
 static long pagesz;
-static int fork_mode;
-static _Atomic int closing, fork_now, child_done;
+static _Atomic int closing;
 static _Atomic int stopped; /* the sender reached its stop (either way) */
 static _Atomic int failed;
 static int reuse_mode;
@@ -77,10 +74,7 @@ static void stop(void)
     atomic_store(&stopped, 1);
     wait_for(&closing);
     nap_ms(300);
-    if (fork_mode) {
-        atomic_store(&fork_now, 1);
-        wait_for(&child_done);
-    } else if (reuse_mode) {
+    if (reuse_mode) {
         atomic_store(&reuse_now, 1);
         wait_for(&reuse_done);
     } else {
@@ -115,30 +109,6 @@ static void *sender(void *arg)
     }
     r = send(conn, "y", 1, MSG_NOSIGNAL);
     printf("a send after the close: %s\n", r < 0 && errno == EBADF ? "EBADF" : "not EBADF");
-    return NULL;
-}
-
-static void *forker(void *arg)
-{
-    (void)arg;
-    wait_for(&fork_now);
-    pid_t p = fork();
-    if (p == 0) {
-        alarm(5);
-        (void)send(conn, "z", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
-        _exit(0);
-    }
-    int st = 0;
-    if (p < 0 || waitpid(p, &st, 0) != p) {
-        printf("FAIL fork or waitpid: %s\n", strerror(errno));
-        atomic_store(&failed, 1);
-    } else if (WIFEXITED(st) && WEXITSTATUS(st) == 0) {
-        printf("the child's send on the closing fd: ended\n");
-    } else {
-        printf("FAIL the child's send on the closing fd: status %#x (0x100: it hung)\n", st);
-        atomic_store(&failed, 1);
-    }
-    atomic_store(&child_done, 1);
     return NULL;
 }
 
@@ -200,7 +170,6 @@ int main(int argc, char **argv)
 {
     if (argc != 3)
         return 2;
-    fork_mode = strcmp(argv[2], "fork") == 0;
     reuse_mode = strcmp(argv[2], "reuse") == 0;
     setvbuf(stdout, NULL, _IONBF, 0);
     signal(SIGALRM, on_alarm);
@@ -225,9 +194,7 @@ int main(int argc, char **argv)
         printf("done\n");
         return 0;
     }
-    pthread_t ts, tf, tw, tr;
-    if (fork_mode)
-        pthread_create(&tf, NULL, forker, NULL);
+    pthread_t ts, tw, tr;
     if (reuse_mode) {
         pthread_create(&tw, NULL, waiter, NULL);
         pthread_create(&tr, NULL, reuser, NULL);
@@ -237,8 +204,6 @@ int main(int argc, char **argv)
     atomic_store(&closing, 1);
     int r = close(conn);
     pthread_join(ts, NULL);
-    if (fork_mode)
-        pthread_join(tf, NULL);
     if (reuse_mode) {
         pthread_join(tw, NULL);
         pthread_join(tr, NULL);
