@@ -144,6 +144,8 @@ bool mlp_fd_is_ours(int fd)
  * of its own thread does not wait (the call is after the close, as far as it can know), nor one
  * on top of a call of ours that holds a lock (below).
  */
+#define MLP_CLOSING_WAIT_NS 2000000000ull
+
 bool mlp_fd_is_ours_call(int fd)
 {
     struct mlp_fdrec *r = mlp_fdrec(fd);
@@ -159,13 +161,23 @@ bool mlp_fd_is_ours_call(int fd)
      * the handler's thread cannot give it back before the handler returns. */
     if (mlp_holds_lock())
         return false;
+    /* And never for ever: a close can wait for a lock this thread holds that no list of ours
+     * counts (a handler on top of a section under mlp_epmu or a socket's mu, while the close
+     * needs it).  Past MLP_CLOSING_WAIT_NS the call goes on as before the mark existed: to the
+     * kernel socket (design.md, Limits). */
     uint32_t me = mlp_thread_id();
+    uint64_t until = 0;
     while (c != 0 && (c & ~MLP_CLOSING_WAITERS) != me) {
         if (!(c & MLP_CLOSING_WAITERS) &&
             !atomic_compare_exchange_strong(&r->closing, &c, c | MLP_CLOSING_WAITERS))
             continue;
+        uint64_t now = mlp_now_ns();
+        if (!until)
+            until = now + MLP_CLOSING_WAIT_NS;
+        else if (now >= until)
+            return false;
         int saved = errno;
-        (void)__ml_sys_futex_wait(&r->closing, c | MLP_CLOSING_WAITERS, -1);
+        (void)__ml_sys_futex_wait(&r->closing, c | MLP_CLOSING_WAITERS, (int64_t)(until - now));
         errno = saved;
         c = atomic_load_explicit(&r->closing, memory_order_acquire);
     }
