@@ -402,7 +402,7 @@ static bool mlp_lockop_repair(pthread_mutex_t *m)
         }
         e = (struct robust_list *)((uintptr_t)e->next & ~(uintptr_t)1);
     }
-    int tid = (int)syscall(SYS_gettid);
+    int tid = (int)mlp_tid(); /* no system call: a sandbox may kill for gettid */
     int w = atomic_load(word);
     if ((w & FUTEX_TID_MASK) == tid && !on) {
         m->__data.__owner = 0;
@@ -568,7 +568,7 @@ static void mlp_call_left(void *arg)
             if (mlp_lockop == m && (!robust || !mlp_lockop_repair(m)))
                 break; /* half-done inside glibc: left to this thread's next call (mlp_lock) */
             if (tid < 0)
-                tid = (int)syscall(SYS_gettid);
+                tid = (int)mlp_tid();
             if (m->__data.__owner == tid) {
                 if (l && s->ch && m == &l->tx)
                     __ml_chan_resync_tx(s->ch);
