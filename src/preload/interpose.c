@@ -89,6 +89,20 @@ static inline ssize_t mlp_fast_rx(int fd, const struct iovec *v, int n, int flag
     return mlp_recv_fast(fd, v, n, flags);
 }
 
+/* The same for sendmsg and recvmsg: the header is read only for an fd of ours (the kernel says
+ * EFAULT for a bad one on any other), and a NULL one is the regular path's. */
+static inline ssize_t mlp_fast_msg(int fd, struct msghdr *msg, int flags, bool tx)
+{
+    if (ml_unlikely(!mlp_ready))
+        mlp_init();
+    if (mlp_inside || ml_likely(!mlp_fd_is_ours_call(fd)))
+        return MLP_PASS;
+    if (!msg || msg->msg_iovlen > IOV_MAX)
+        return MLP_SLOW;
+    return tx ? mlp_send_fast(fd, msg->msg_iov, (int)msg->msg_iovlen, flags)
+              : mlp_recv_fast(fd, msg->msg_iov, (int)msg->msg_iovlen, flags);
+}
+
 static inline ssize_t mlp_ret(ssize_t r)
 {
     if (r < 0) {
@@ -788,6 +802,13 @@ static inline void mlp_after_recvmsg(const struct msghdr *msg)
 
 MLP_EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 {
+    ssize_t f = mlp_fast_msg(fd, msg, flags, false);
+    if (f != MLP_SLOW && f != MLP_PASS) {
+        msg->msg_namelen = 0; /* on a channel: no name, no control message, no flag */
+        msg->msg_controllen = 0;
+        msg->msg_flags = 0;
+        return f;
+    }
     struct mlp_call c;
     struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s)) {
@@ -803,6 +824,9 @@ MLP_EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 
 MLP_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
+    ssize_t f = mlp_fast_msg(fd, (struct msghdr *)msg, flags, true);
+    if (f != MLP_SLOW && f != MLP_PASS)
+        return f;
     struct mlp_call c;
     struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))

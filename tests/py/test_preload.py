@@ -756,6 +756,23 @@ def test_fork_during_a_close_leaves_the_child_no_mark(fabric, tmp_path):
     settle(fabric)
 
 
+RECVMSGCHAN = BUILD / "tests-preload" / "recvmsgchan"
+
+
+def test_recvmsg_header_on_the_fast_path_is_the_kernels(fabric, tmp_path):
+    """sendmsg, then recvmsg with a name buffer, a control buffer and msg_flags preset, with and
+    without MSG_DONTWAIT, on a connection settled on the channel with the bytes already there:
+    the preload's fast path takes both calls, and the header comes back as the kernel's (0, 0, 0,
+    no control message), as over kernel TCP.  (A fast recvmsg that left the header alone gave
+    "msg_namelen 32, msg_controllen 64, msg_flags 0x1234, cmsg present".)"""
+    plain, under, text = scripted(RECVMSGCHAN, tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "MSG_DONTWAIT: 5, msg_namelen 0" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    assert "accelerated (client)" in text, text
+    settle(fabric)
+
+
 SHUTRDWRITE = BUILD / "tests-preload" / "shutrdwrite"
 
 
