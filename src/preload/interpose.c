@@ -71,31 +71,28 @@ static inline struct mlp_sock *mlp_conn_call(int fd, struct mlp_call *c)
 /* The fast path first (sock.c, mlp_send_fast): MLP_PASS when fd is none of ours (the kernel's
  * call), MLP_SLOW when the regular path must make the call, else its result. */
 #define MLP_PASS (MLP_SLOW - 1)
-static inline ssize_t mlp_fast_tx(int fd, const struct iovec *v, int n, int flags)
+static inline bool mlp_fast_ours(int fd)
 {
     if (ml_unlikely(!mlp_ready))
         mlp_init();
-    if (mlp_inside || ml_likely(!mlp_fd_is_ours_call(fd)))
-        return MLP_PASS;
-    return mlp_send_fast(fd, v, n, flags);
+    return !mlp_inside && ml_unlikely(mlp_fd_is_ours_call(fd));
+}
+
+static inline ssize_t mlp_fast_tx(int fd, const struct iovec *v, int n, int flags)
+{
+    return mlp_fast_ours(fd) ? mlp_send_fast(fd, v, n, flags) : MLP_PASS;
 }
 
 static inline ssize_t mlp_fast_rx(int fd, const struct iovec *v, int n, int flags)
 {
-    if (ml_unlikely(!mlp_ready))
-        mlp_init();
-    if (mlp_inside || ml_likely(!mlp_fd_is_ours_call(fd)))
-        return MLP_PASS;
-    return mlp_recv_fast(fd, v, n, flags);
+    return mlp_fast_ours(fd) ? mlp_recv_fast(fd, v, n, flags) : MLP_PASS;
 }
 
 /* The same for sendmsg and recvmsg: the header is read only for an fd of ours (the kernel says
  * EFAULT for a bad one on any other), and a NULL one is the regular path's. */
 static inline ssize_t mlp_fast_msg(int fd, struct msghdr *msg, int flags, bool tx)
 {
-    if (ml_unlikely(!mlp_ready))
-        mlp_init();
-    if (mlp_inside || ml_likely(!mlp_fd_is_ours_call(fd)))
+    if (!mlp_fast_ours(fd))
         return MLP_PASS;
     if (!msg || msg->msg_iovlen > IOV_MAX)
         return MLP_SLOW;
