@@ -254,7 +254,8 @@ static int mlp_fast_lock(_Atomic uint32_t *w)
             continue;
         }
         if (spin < 64) {
-            ml_cpu_relax(); /* holders never sleep with it: most give it back in a moment */
+            ml_cpu_relax(); /* most holders give it back within a copy (sendfile's file read and
+                             * splice's pipe read are the long ones: then the futex) */
             continue;
         }
         if (!(v & MLP_FAST_WAITERS) &&

@@ -7,8 +7,8 @@
  * Under memlan a close of an accelerated connection marks the fd's record (closing) until its
  * kernel close, and a data call that finds the mark waits for it.  Here the close is held in
  * the middle: another thread's send holds the socket's send word (its copy stopped by a fault
- * on its own buffer, which the program's SIGSEGV handler mends 100 ms later), and the close's
- * teardown waits for that word.  The fork comes meanwhile; the child has the mark in its copy
+ * on its own buffer, which the program's SIGSEGV handler mends once the child has answered), and
+ * the close's teardown waits for that word.  The fork comes meanwhile; the child has the mark in its copy
  * of the record and no closer to clear it: its receive waited for ever.
  *
  * usage: closefork PORT

@@ -744,9 +744,9 @@ CLOSEFORK = BUILD / "tests-preload" / "closefork"
 
 def test_fork_during_a_close_leaves_the_child_no_mark(fabric, tmp_path):
     """A process forks while a thread is inside close() of a connection (under memlan its
-    teardown waits for another thread's send, whose copy a SIGSEGV handler holds for 100 ms),
-    and the child receives on that fd number without waiting: the call returns, as over kernel
-    TCP.  Before, the child kept the record's closing mark with no closer to clear it, and its
+    teardown waits for another thread's send, whose copy a SIGSEGV handler holds until the child
+    has answered), and the child receives on that fd number without waiting: the call returns,
+    as over kernel TCP.  Before, the child kept the record's closing mark with no closer to clear it, and its
     receive waited for ever ("returned: no (it waited)", the child's 5 s alarm)."""
     plain, under, text = scripted(CLOSEFORK, tmp_path)
     assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
