@@ -1030,6 +1030,17 @@ static int ml_wait_spin_tick(struct ml_spinning *s, void *a)
     return 0;
 }
 
+/* The same tick for a spin that holds its direction (__ml_chan_spin_rx_ro): no cancellation
+ * point there (a cancelled holder would keep the direction from every other thread). */
+static int ml_hold_spin_tick(struct ml_spinning *s, void *a)
+{
+    (void)s;
+    struct ml_wait_spin *w = a;
+    if (w->count && w->count() != w->runs0 && !w->spin_ready(w->ch, w->arg))
+        return -EINTR;
+    return 0;
+}
+
 static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic uint32_t *cpu,
                    _Atomic uint32_t *peer_cpu, struct ml_spin *sp,
                    bool (*ready)(struct memlan_channel *, uint64_t),
@@ -1043,6 +1054,11 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
     uint64_t budget = __ml_spin_budget_ns(sp, ml_load_relaxed(peer_cpu));
     if (budget && atomic_load_explicit(&__ml_intr_blind, memory_order_relaxed))
         budget = 0;
+    if (ml_unlikely(sp == &ch->spin_rx && ml_load_relaxed(&ch->rx_spun_ns))) {
+        /* The receive spun that much already, holding the direction (__ml_chan_spin_rx_ro). */
+        uint64_t spun = atomic_exchange_explicit(&ch->rx_spun_ns, 0, memory_order_relaxed);
+        budget = budget > spun ? budget - spun : 0;
+    }
     struct ml_wait_spin ws = {ch, spin_ready, arg, count, runs0};
     struct ml_spinning spin = {.sp = sp, .budget = budget, .every = 32, .look = ml_wait_spin_look,
                                .tick = ml_wait_spin_tick, .arg = &ws};
@@ -1373,6 +1389,36 @@ int __ml_chan_wait_ro_slice(struct memlan_channel *ch, int dir, uint64_t want, u
                     &ch->spin_tx, ml_tx_ready_unlocked, ml_tx_ready_unlocked, want ? want : 1,
                     deadline, slice);
     return r == -ETIMEDOUT ? -EAGAIN : r;
+}
+
+/* The spin of a socket layer's blocking receive that holds its direction (sock.c,
+ * mlp_recv_fast: the ring was empty).  Readiness as the regular wait reads it, read-only: a
+ * handler that runs on top of the spin may borrow the direction and move its position.  No
+ * cancellation point and no sleep: the holder gives the direction back within cap_ns, the spin
+ * policy's budget at most (none where the policy spins none: the peer on our cpu, one cpu,
+ * MEMLAN_SPIN_US=0, or a SO_RCVTIMEO shorter than the spin).  1: ready (bytes, the end, an
+ * error: the holder looks); 0: the budget ran out (the regular wait then spins that much
+ * less); -EINTR: a handler without SA_RESTART ran (with a timeout: any handler) and nothing
+ * is ready, where the kernel's receive would have ended. */
+int __ml_chan_spin_rx_ro(struct memlan_channel *ch, uint64_t cap_ns)
+{
+    unsigned (*count)(void) = ch->rx_tmo_ns && __ml_intr_any ? __ml_intr_any : __ml_intr_count;
+    uint64_t budget = __ml_spin_budget_ns(&ch->spin_rx, ml_load_relaxed(&ch->tx.ctl->rx_cpu));
+    if (budget > cap_ns)
+        budget = cap_ns;
+    if (!budget || (ch->rx_tmo_ns && ch->rx_tmo_ns <= budget) ||
+        atomic_load_explicit(&__ml_intr_blind, memory_order_relaxed))
+        return 0;
+    if (ml_load_relaxed(&ch->rx_spun_ns)) /* an earlier spin's, whose wait never came */
+        ml_store_relaxed(&ch->rx_spun_ns, 0);
+    ml_note_cpu(&ch->rx.ctl->rx_cpu, (uint32_t)(__ml_getcpu() + 1));
+    struct ml_wait_spin ws = {ch, ml_rx_ready_unlocked, 0, count, count ? count() : 0};
+    struct ml_spinning spin = {.sp = &ch->spin_rx, .budget = budget, .every = 32,
+                               .look = ml_wait_spin_look, .tick = ml_hold_spin_tick, .arg = &ws};
+    int r = __ml_spin_run(&spin);
+    if (r == 0)
+        atomic_store_explicit(&ch->rx_spun_ns, budget, memory_order_relaxed);
+    return r;
 }
 
 /* Wake our own waiters for room: a shutdown of our writing side ends their wait (EPIPE). */

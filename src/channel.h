@@ -35,6 +35,10 @@ struct memlan_channel {
     struct ml_ring tx, rx;
     struct ml_chan_refs *tx_refs, *rx_refs; /* the registrations of each ring (layout.h) */
     struct ml_spin spin_rx, spin_tx;
+    /* ns the socket layer's receive spun holding its direction before it took the regular
+     * path's wait (__ml_chan_spin_rx_ro), which spins that much less (relaxed: a lost or
+     * stolen count only changes how long a spin is) */
+    _Atomic uint64_t rx_spun_ns;
     uint64_t tx_want;         /* free bytes the sender waits for */
     uint64_t reserved;        /* bytes given by the last reserve */
     uint64_t peeked;          /* bytes (record) given by the last peek */
@@ -160,6 +164,7 @@ int __ml_chan_wait_ro(struct memlan_channel *ch, int dir, uint64_t want, uint64_
 bool __ml_chan_ready_ro(struct memlan_channel *ch, int dir, uint64_t want);
 int __ml_chan_wait_ro_slice(struct memlan_channel *ch, int dir, uint64_t want, uint64_t deadline,
                             uint64_t slice);
+int __ml_chan_spin_rx_ro(struct memlan_channel *ch, uint64_t cap_ns);
 void __ml_chan_kick_tx(struct memlan_channel *ch);
 bool __ml_chan_rx_at_mark_ro(const struct memlan_channel *ch);
 

@@ -116,7 +116,10 @@ int __ml_spin_run(struct ml_spinning *s)
 {
     if (!s->budget)
         return 0;
-    s->start = __ml_now_ns();
+    /* No clock yet: a wait's answer often comes within the first rounds, and a clock reading
+     * (about 20 ns under a hypervisor) on entry was on a round trip's path.  The budget counts
+     * from the first tick's reading; the rounds before it are every pauses at most. */
+    s->start = 0;
     s->found = false;
     for (s->round = 1;; s->round++) {
         int r = s->look(s, s->arg);
@@ -133,7 +136,10 @@ int __ml_spin_run(struct ml_spinning *s)
             return r;
         }
         /* start only moves to a clock reading taken before this one (ml_spin_found) */
-        if (__ml_now_ns() - s->start >= s->budget)
+        uint64_t now = __ml_now_ns();
+        if (!s->start)
+            s->start = now;
+        else if (now - s->start >= s->budget)
             break;
     }
     __ml_spin_result(s->sp, s->found);

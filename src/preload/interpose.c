@@ -69,7 +69,8 @@ static inline struct mlp_sock *mlp_conn_call(int fd, struct mlp_call *c)
 }
 
 /* The fast path first (sock.c, mlp_send_fast): MLP_PASS when fd is none of ours (the kernel's
- * call), MLP_SLOW when the regular path must make the call, else its result. */
+ * call), MLP_SLOW when the regular path must make the call, else its result (-1 with errno
+ * set: a receive's spin ended by a handler). */
 #define MLP_PASS (MLP_SLOW - 1)
 static inline bool mlp_fast_ours(int fd)
 {
@@ -746,9 +747,9 @@ static ssize_t mlp_recvfrom_call(int fd, void *buf, size_t len, int flags, struc
     if (ml_likely(f == MLP_PASS))
         return mlp_real_recvfrom(fd, buf, len, flags, addr, alen);
     if (f != MLP_SLOW) {
-        if (addr && alen)
+        if (f >= 0 && addr && alen)
             *alen = 0; /* a connected TCP socket reports no source address */
-        return f;
+        return f; /* -1 with errno: a blocking receive's spin ended by a handler (EINTR) */
     }
     struct mlp_call c;
     struct mlp_sock *s = mlp_conn_call(fd, &c);
@@ -801,10 +802,12 @@ MLP_EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 {
     ssize_t f = mlp_fast_msg(fd, msg, flags, false);
     if (f != MLP_SLOW && f != MLP_PASS) {
-        msg->msg_namelen = 0; /* on a channel: no name, no control message, no flag */
-        msg->msg_controllen = 0;
-        msg->msg_flags = 0;
-        return f;
+        if (f >= 0) {
+            msg->msg_namelen = 0; /* on a channel: no name, no control message, no flag */
+            msg->msg_controllen = 0;
+            msg->msg_flags = 0;
+        }
+        return f; /* -1 with errno: see mlp_recvfrom_call */
     }
     struct mlp_call c;
     struct mlp_sock *s = mlp_conn_call(fd, &c);

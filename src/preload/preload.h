@@ -317,7 +317,8 @@ void mlp_fabric_refused(const char *what, int err); /* a create failed: EACCES/E
 
 /* Data path (sock.c).  All return bytes or -errno. */
 /* A send or receive on a socket never forked, by its fast word alone (no reference): bytes, or
- * MLP_SLOW before anything moved (the regular path's turn: waits, errors, the end). */
+ * MLP_SLOW before anything moved (the regular path's turn: waits, errors, the end), or (a
+ * receive whose spin a handler ended) -1 with errno EINTR. */
 #define MLP_SLOW (-100000)
 ssize_t mlp_send_fast(int fd, const struct iovec *iov, int n, int flags);
 ssize_t mlp_recv_fast(int fd, const struct iovec *iov, int n, int flags);

@@ -144,11 +144,16 @@ static void mlp_locks_free(struct mlp_sock *s)
 #define MLP_HELD_MAX 8
 /* A lock: a direction's fast word, its robust process-shared mutex, or a private mutex (the
  * fall-back without a page). */
-enum { MLP_LK_FAST, MLP_LK_ROBUST, MLP_LK_PRIVATE };
+enum { MLP_LK_FAST, MLP_LK_ROBUST, MLP_LK_PRIVATE, MLP_LK_BORROWED };
 static __thread void *mlp_held[MLP_HELD_MAX] __attribute__((tls_model("initial-exec")));
 static __thread unsigned char mlp_held_kind[MLP_HELD_MAX] __attribute__((tls_model("initial-exec")));
 static __thread uintptr_t mlp_held_sp[MLP_HELD_MAX] __attribute__((tls_model("initial-exec")));
 static __thread unsigned mlp_nheld __attribute__((tls_model("initial-exec")));
+/* The fast word this thread holds while its blocking receive spins for bytes (mlp_rx_hold_spin),
+ * NULL otherwise.  The spin reads shared memory only, so a handler that runs on top of it may
+ * use the direction: it borrows the word (an entry of kind MLP_LK_BORROWED, given back to the
+ * spin, not to the socket), as it would have taken it had the receive waited without it. */
+static __thread void *volatile mlp_spin_word __attribute__((tls_model("initial-exec")));
 /* The mutex this thread is inside pthread_mutex_lock or _unlock of (NULL: none).  A jump out of
  * those leaves a robust mutex half-done (taken but not on the thread's robust list, or off the
  * list but not released), and unlocking it then walks the list for it: a SIGSEGV in glibc
@@ -438,8 +443,20 @@ static int mlp_lock(void *m, int kind)
     unsigned n = mlp_nheld;
     for (unsigned i = 0; i < n && i < MLP_HELD_MAX; i++)
         if (mlp_held[i] == m) {
-            if (!mlp_held_stale(i, sp))
-                return -1; /* in progress beneath us */
+            if (!mlp_held_stale(i, sp)) {
+                if (m != mlp_spin_word || n >= MLP_HELD_MAX)
+                    return -1; /* in progress beneath us */
+                /* A receive's spin beneath us, between two looks: borrowed until our
+                 * mlp_unlock, and not lent again meanwhile. */
+                mlp_spin_word = NULL;
+                mlp_held[n] = m;
+                mlp_held_kind[n] = MLP_LK_BORROWED;
+                mlp_held_sp[n] = sp;
+                mlp_nheld = n + 1;
+                return 0;
+            }
+            if (m == mlp_spin_word)
+                mlp_spin_word = NULL; /* the spin was abandoned too */
             if (mlp_lockop == m && (!robust || !mlp_lockop_repair(m)))
                 return -1; /* left half-done inside glibc, and not repairable */
             /* Abandoned: the entry is ours again.  Its section may have held the lock (EDEADLK:
@@ -488,17 +505,24 @@ static int mlp_lock(void *m, int kind)
 static void mlp_unlock(void *m, int kind)
 {
     int saved = errno;
-    mlp_give(m, kind);
     /* Usually the newest entry (a handler's calls end before the call they interrupted goes
      * on); the list closes over it, newest last. */
     unsigned n = mlp_nheld;
+    unsigned top = n < MLP_HELD_MAX ? n : MLP_HELD_MAX, i = top;
+    while (i > 0 && mlp_held[i - 1] != m)
+        i--;
+    if (i > 0 && mlp_held_kind[i - 1] == MLP_LK_BORROWED) {
+        /* Borrowed from a receive's spin beneath us: back to it, not to the socket. */
+        mlp_held_drop(i - 1);
+        mlp_spin_word = m;
+        errno = saved;
+        return;
+    }
+    mlp_give(m, kind);
     if (n > 0) {
         /* Only m's own entry goes: the search once stopped at entry 0 whatever it held, and
          * removed another lock's entry (a later re-entry then went undetected).  An m past
          * the list's room was never entered: nothing to remove but the count. */
-        unsigned top = n < MLP_HELD_MAX ? n : MLP_HELD_MAX, i = top;
-        while (i > 0 && mlp_held[i - 1] != m)
-            i--;
         if (i > 0)
             mlp_held_drop(i - 1);
         else
@@ -511,9 +535,12 @@ static void mlp_unlock(void *m, int kind)
 static void mlp_release_held(void *unused)
 {
     (void)unused;
+    mlp_spin_word = NULL;
     while (mlp_nheld > 0) {
         unsigned i = --mlp_nheld;
-        if (i < MLP_HELD_MAX) {
+        if (i < MLP_HELD_MAX && mlp_held_kind[i] == MLP_LK_BORROWED) {
+            continue; /* the spin's own entry, beneath, gives the word back */
+        } else if (i < MLP_HELD_MAX) {
             if (mlp_held_kind[i] == MLP_LK_FAST) {
                 if (mlp_fast_mine(mlp_held[i]))
                     mlp_fast_unlock(mlp_held[i]);
@@ -552,7 +579,14 @@ static void mlp_call_left(void *arg)
     int tid = -1;
     while (mlp_nheld > c->nheld) {
         unsigned i = mlp_nheld - 1;
-        if (i < MLP_HELD_MAX && mlp_held_kind[i] == MLP_LK_FAST) {
+        if (i < MLP_HELD_MAX && mlp_held_kind[i] == MLP_LK_BORROWED) {
+            /* Borrowed from a receive's spin beneath (which a jump past it leaves next: its
+             * own cleanup gives the word back): the position we may have moved is reloaded,
+             * and the word goes back to the spin. */
+            if (s->ch && mlp_held[i] == &s->frx)
+                __ml_chan_resync_rx(s->ch);
+            mlp_spin_word = mlp_held[i];
+        } else if (i < MLP_HELD_MAX && mlp_held_kind[i] == MLP_LK_FAST) {
             /* One atomic step each way: never half-done. */
             _Atomic uint32_t *w = mlp_held[i];
             if (mlp_fast_mine(w)) {
@@ -560,6 +594,8 @@ static void mlp_call_left(void *arg)
                     __ml_chan_resync_tx(s->ch);
                 else if (s->ch && w == &s->frx)
                     __ml_chan_resync_rx(s->ch);
+                if (mlp_spin_word == w)
+                    mlp_spin_word = NULL; /* a jump out of the spin itself */
                 mlp_fast_unlock(w);
             }
         } else if (i < MLP_HELD_MAX) {
@@ -1810,9 +1846,65 @@ out:
     return r > 0 ? r : MLP_SLOW;
 }
 
+/*
+ * A blocking receive on the fast path that found the ring empty spins for its bytes holding the
+ * word, up to MLP_HOLD_SPIN_NS (the spin policy's budget at most: none where it spins none),
+ * before it gives the word back to take the regular path, whose wait then spins that much less.
+ * Before, the answer of a request and reply always came through the regular path: a reference
+ * and a second take of the lock, and its wait's two clock readings.  The word is held a few
+ * microseconds at most: another thread's receive on the socket, a close or a fork's drain
+ * waits that long.  The spin reads shared memory only (__ml_chan_spin_rx_ro), so a handler on
+ * top of it borrows the word (mlp_spin_word), and a handler without SA_RESTART ends it with
+ * EINTR as it ends the kernel's receive.  Found ready, the socket is looked up again: a handler
+ * may have closed it, or a fork made it shared (the mutex from then on).
+ */
+#define MLP_HOLD_SPIN_NS 20000u
+
+/* 1: found ready, the socket still ours on the fast word; MLP_SLOW: not (the budget ran out,
+ * or the socket changed under a handler); -EINTR. */
+static int mlp_rx_hold_spin(struct mlp_sock *s, int fd)
+{
+    void *prev = mlp_spin_word;
+    mlp_spin_word = &s->frx;
+    atomic_signal_fence(memory_order_seq_cst);
+    int k = __ml_chan_spin_rx_ro(s->ch, MLP_HOLD_SPIN_NS);
+    atomic_signal_fence(memory_order_seq_cst);
+    mlp_spin_word = prev;
+    atomic_signal_fence(memory_order_seq_cst);
+    if (k < 0)
+        return k; /* -EINTR */
+    struct mlp_fdrec *rec = mlp_fdrec(fd);
+    if (k == 0 || atomic_load(&s->forked) || !rec ||
+        atomic_load_explicit(&rec->sock, memory_order_acquire) != s ||
+        s->state != MLP_ACCEL)
+        return MLP_SLOW;
+    return 1;
+}
+
+/* A blocking MSG_WAITALL receive on the fast path: whole or nothing.  Only once the ring holds
+ * all of it (after a spin, if need be) does it copy; else MLP_SLOW with nothing moved. */
+static ssize_t mlp_rx_whole(struct mlp_sock *s, int fd, const struct iovec *iov, int n,
+                            size_t total)
+{
+    if (total > s->ch->size)
+        return MLP_SLOW;
+    int64_t a = __ml_chan_rx_avail_ro(s->ch);
+    if (a >= 0 && (uint64_t)a < total) {
+        int k = mlp_rx_hold_spin(s, fd);
+        if (k != 1)
+            return k;
+        a = __ml_chan_rx_avail_ro(s->ch);
+    }
+    if (a < 0 || (uint64_t)a < total)
+        return MLP_SLOW; /* cannot tell, or not all of it yet: the regular path waits */
+    int i = 0;
+    size_t off = 0;
+    return mlp_rx_pass(s, iov, n, &i, &off, false);
+}
+
 ssize_t mlp_recv_fast(int fd, const struct iovec *iov, int n, int flags)
 {
-    if (flags & ~MSG_DONTWAIT)
+    if (flags & ~(MSG_DONTWAIT | MSG_WAITALL))
         return MLP_SLOW;
     struct mlp_call c;
     struct mlp_sock *s = mlp_fast_begin(fd, &c, false);
@@ -1823,15 +1915,28 @@ ssize_t mlp_recv_fast(int fd, const struct iovec *iov, int n, int flags)
     if (t <= 0 || t > ML_INT_MAX_IO)
         goto out;
     mlp_sync_timeouts(s, fd); /* see mlp_send_fast */
-    if ((flags & MSG_DONTWAIT) || mlp_nonblock(s) || s->ch->rx_lowat <= 1) {
+    bool nb = (flags & MSG_DONTWAIT) || mlp_nonblock(s);
+    if (!nb && (flags & MSG_WAITALL)) {
+        r = mlp_rx_whole(s, fd, iov, n, (size_t)t);
+    } else if (nb || s->ch->rx_lowat <= 1) {
+        /* MSG_WAITALL waits only on a blocking call (as the kernel's) */
         int i = 0;
         size_t off = 0;
         r = mlp_rx_pass(s, iov, n, &i, &off, false);
-        if (r > 0 && ml_unlikely(atomic_load_explicit(&s->eagains, memory_order_relaxed)))
-            atomic_store_explicit(&s->eagains, 0, memory_order_relaxed);
+        if (r == -EAGAIN && !nb && (r = mlp_rx_hold_spin(s, fd)) == 1) {
+            i = 0;
+            off = 0;
+            r = mlp_rx_pass(s, iov, n, &i, &off, false);
+        }
     }
+    if (r > 0 && ml_unlikely(atomic_load_explicit(&s->eagains, memory_order_relaxed)))
+        atomic_store_explicit(&s->eagains, 0, memory_order_relaxed);
 out:
     mlp_fast_end(s, &c, false);
+    if (r == -EINTR) {
+        errno = EINTR;
+        return -1;
+    }
     return r > 0 ? r : MLP_SLOW;
 }
 
