@@ -956,6 +956,20 @@ uint64_t __ml_evq_spin_budget(struct memlan_evq *q)
 
 struct ml_spin *__ml_evq_spin(struct memlan_evq *q) { return &q->spin; }
 
+/* One part (the queue's own, which lives as long as the queue: no reader count needed), its
+ * summary words clear.  With more parts, false: a part may go under a reader that does not
+ * count itself (ml_evq_part_drop). */
+bool __ml_evq_quiet(struct memlan_evq *q)
+{
+    if (__atomic_load_n(&q->nparts, __ATOMIC_RELAXED) != 1)
+        return false;
+    uint32_t sw = (q->capacity / 64 + 63) / 64;
+    for (uint32_t s = 0; s < sw; s++)
+        if (ml_load_relaxed(&q->part[0].sum[s]))
+            return false;
+    return true;
+}
+
 int memlan_evq_arm(memlan_evq_t *q)
 {
     if (!q)

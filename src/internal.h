@@ -229,6 +229,9 @@ void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *ref, uint3
 struct memlan_evq;
 __attribute__((visibility("default"))) uint64_t __ml_evq_spin_budget(struct memlan_evq *q);
 __attribute__((visibility("default"))) struct ml_spin *__ml_evq_spin(struct memlan_evq *q);
+/* evq.c: nothing posted to the queue, certainly (false: cannot tell, go and collect).  Without
+ * the lock that collecting takes: the socket layer's epoll spin looks here first. */
+bool __ml_evq_quiet(struct memlan_evq *q);
 
 /* How often a side blocked on a channel checks that its peer still lives. */
 #define ML_LIVENESS_NS (100u * 1000000u)
