@@ -168,10 +168,13 @@ static void mlp_trampoline(int sig, siginfo_t *si, void *uc)
     /* (a handler that leaves by siglongjmp leaves the depth up: that thread then counts as in
      * a handler, which only makes cred.c skip what it may skip) */
     mlp_sig_depth++;
+    /* A receive's spin beneath holds its word: lent back for the handler's run (sock.c) */
+    void *lent = mlp_spin_lend();
     if (flags & SA_SIGINFO)
         ((void (*)(int, siginfo_t *, void *))fn)(sig, si, uc);
     else
         ((void (*)(int))fn)(sig);
+    mlp_spin_unlend(lent);
     mlp_sig_depth--;
 }
 

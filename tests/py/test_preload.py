@@ -683,6 +683,27 @@ def test_handler_receives_on_top_of_a_receive_that_spins(fabric, tmp_path):
     settle(fabric)
 
 
+SPINHELD = BUILD / "tests-preload" / "spinheld"
+
+
+def test_handler_on_top_of_a_receive_that_spins_holds_no_word(fabric, tmp_path):
+    """A SIGALRM handler (SA_RESTART) makes a blocking receive on the socket its thread is
+    blocked receiving on, 300 rounds, the timer 1-25 us into the thread's receive; once the
+    handler started, another thread makes a MSG_DONTWAIT receive on that socket and only then
+    sends the handler's byte.  Over kernel TCP the nonblocking receive answers EAGAIN every
+    round.  Under memlan the thread's receive first spins holding the direction's fast word: if
+    the handler ran on top of that spin with the word still held, the other thread's
+    nonblocking receive waited for the word and the handler for its byte, for ever (the
+    watchdog's FAIL line)."""
+    plain, under, text = scripted(SPINHELD, tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "answered EAGAIN in 300;" in plain.stdout, plain.stdout
+    assert under.stdout.endswith("done\n"), under.stdout + under.stderr
+    assert "answered EAGAIN in 300;" in under.stdout, under.stdout
+    assert text.count("accelerated (accepted") == 1, text
+    settle(fabric)
+
+
 CLOSEMARK = BUILD / "tests-preload" / "closemark"
 
 
