@@ -704,6 +704,25 @@ def test_handler_on_top_of_a_receive_that_spins_holds_no_word(fabric, tmp_path):
     settle(fabric)
 
 
+SPINJUMP = BUILD / "tests-preload" / "spinjump"
+
+
+def test_jump_out_of_a_handler_on_a_receive_that_spins_keeps_nothing(fabric, tmp_path):
+    """A SIGALRM handler siglongjmp()s out of a blocking receive 1-25 us into it, 300 rounds
+    (in odd ones after a nonblocking receive of its own on the socket): under memlan often out
+    of the receive's spin, whose word the trampoline lent back to the socket for the handler's
+    run.  Each round another thread's nonblocking receive answers EAGAIN (nobody keeps the
+    word); at the end a byte arrives and the close reaches the peer as the end (nobody keeps the
+    socket: the lent reference was put), as over kernel TCP."""
+    plain, under, text = scripted(SPINJUMP, tmp_path)
+    want = ("rounds 300: jumped out 300, the helper's nonblocking recv answered EAGAIN in 300; "
+            "'z' arrived; the peer's recv after the close: 0\ndone\n")
+    assert plain.stdout == want, plain.stdout + plain.stderr
+    assert under.stdout == want, under.stdout + under.stderr
+    assert text.count("accelerated (accepted") == 1, text
+    settle(fabric)
+
+
 CLOSEMARK = BUILD / "tests-preload" / "closemark"
 
 
