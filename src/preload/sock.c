@@ -597,7 +597,7 @@ void mlp_spin_unlend(void *w)
     errno = saved;
 }
 
-/* A lent entry left by a jump or a cancellation: the word, if taken again, and the reference. */
+/* A lent entry left by a cancellation: the word, if taken again, and the reference. */
 static void mlp_lent_left(void *w)
 {
     if (mlp_fast_mine(w))
@@ -651,6 +651,8 @@ static void mlp_call_left(void *arg)
     struct mlp_sock *s = c->s ? c->s : c->fast;
     if (!s)
         return;
+    void *lent[MLP_HELD_MAX];
+    unsigned nlent = 0;
 #ifdef __GLIBC__
     int tid = -1;
     while (mlp_nheld > c->nheld) {
@@ -663,7 +665,11 @@ static void mlp_call_left(void *arg)
                 __ml_chan_resync_rx(s->ch);
             mlp_spin_word = mlp_held[i];
         } else if (i < MLP_HELD_MAX && mlp_held_kind[i] == MLP_LK_LENT) {
-            mlp_lent_left(mlp_held[i]); /* a jump out of a handler on top of the spin */
+            /* A jump out of a handler on top of the spin: the word, if taken again, now; the
+             * reference last (its put may be the socket's last: nothing of it is read after) */
+            if (mlp_fast_mine(mlp_held[i]))
+                mlp_fast_unlock(mlp_held[i]);
+            lent[nlent++] = mlp_held[i];
         } else if (i < MLP_HELD_MAX && mlp_held_kind[i] == MLP_LK_FAST) {
             /* One atomic step each way: never half-done. */
             _Atomic uint32_t *w = mlp_held[i];
@@ -702,6 +708,8 @@ static void mlp_call_left(void *arg)
         mlp_fast_finish_check(s);
         c->fast = NULL;
     }
+    while (nlent > 0)
+        mlp_put(mlp_frx_sock(lent[--nlent]));
 }
 
 /* The record goes on before the reference is taken and comes off after it is put, and names it
