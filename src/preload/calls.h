@@ -134,6 +134,10 @@ MLP_CALL(int, siginterrupt, (int sig, int flag), (sig, flag))
 MLP_CALL(__sighandler_t, sysv_signal, (int sig, __sighandler_t h), (sig, h))
 MLP_CALL(__sighandler_t, __sysv_signal, (int sig, __sighandler_t h), (sig, h))
 MLP_CALL(__sighandler_t, sigset, (int sig, __sighandler_t h), (sig, h))
+/* signal() and bsd_signal(): through our sigaction (signals.c: the trampoline lends a spinning
+ * receive's word back for the handler's run) */
+MLP_CALL(__sighandler_t, signal, (int sig, __sighandler_t h), (sig, h))
+MLP_CALL(__sighandler_t, bsd_signal, (int sig, __sighandler_t h), (sig, h))
 MLP_CALL(int, sigaction, (int sig, const struct sigaction *act, struct sigaction *old),
          (sig, act, old))
 /* RLIMIT_FSIZE: memlan's own log must not be written past it (SIGXFSZ would kill the host). */

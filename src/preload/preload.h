@@ -210,6 +210,8 @@ struct mlp_sock *mlp_sock_new(int type);
 struct mlp_sock *mlp_get(int fd);
 void mlp_put(struct mlp_sock *s);
 void mlp_sock_finish(struct mlp_sock *s);      /* its teardown, then the free list */
+void *mlp_spin_lend(void);                     /* sock.c: a handler starts (signals.c) */
+void mlp_spin_unlend(void *w);                 /* sock.c: and returns */
 bool mlp_fast_defer(struct mlp_sock *s);       /* sock.c: its finish waits for our fast word */
 int mlp_install(int fd, struct mlp_sock *s);   /* the table takes a reference */
 struct mlp_sock *mlp_uninstall(int fd);        /* returns the table's reference, or NULL */

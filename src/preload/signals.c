@@ -10,7 +10,9 @@
  * calling thread (one thread-local increment, async-signal-safe) and then calls it with the
  * arguments the kernel gave; ml_wait() restarts an interrupted sleep when the count did not move.
  * sigaction() reports the application's own handler and flags back, never the trampoline.
- * signal() and bsd_signal() install with SA_RESTART (glibc's BSD semantics): nothing to count.
+ * signal() and bsd_signal() install with SA_RESTART (glibc's BSD semantics): nothing to count,
+ * but they are installed through our sigaction all the same (the trampoline lends a spinning
+ * receive's word back for the handler's run: sock.c, mlp_spin_lend).
  * siginterrupt(sig, 1), sysv_signal (signal() in strict ISO C) and sigset install without it
  * through glibc's internals, where no count can be kept: they are interposed only to note it,
  * and every interrupted wait then fails with EINTR (below).  A raw rt_sigaction is not seen:
@@ -120,12 +122,23 @@ static void *mlp_sig_next(const char *name)
     return dlsym(RTLD_NEXT, name);
 }
 
+/* The signals siginterrupt(sig, 1) named last (glibc's own set, _sigintr, mirrored): signal()
+ * installs their handlers without SA_RESTART. */
+static _Atomic uint64_t mlp_sig_intr_set;
+
 MLP_EXPORT int siginterrupt(int sig, int flag)
 {
     int (*real)(int, int) = mlp_real_siginterrupt ? mlp_real_siginterrupt
                                                   : (int (*)(int, int))mlp_sig_next("siginterrupt");
     if (flag && !mlp_sig_vfork_child())
         mlp_sig_set_uncounted();
+    if (sig > 0 && sig < MLP_NSIG && !mlp_sig_vfork_child()) {
+        uint64_t bit = 1ull << (sig - 1);
+        if (flag)
+            atomic_fetch_or(&mlp_sig_intr_set, bit);
+        else
+            atomic_fetch_and(&mlp_sig_intr_set, ~bit);
+    }
     if (!real) {
         errno = ENOSYS;
         return -1;
@@ -168,10 +181,13 @@ static void mlp_trampoline(int sig, siginfo_t *si, void *uc)
     /* (a handler that leaves by siglongjmp leaves the depth up: that thread then counts as in
      * a handler, which only makes cred.c skip what it may skip) */
     mlp_sig_depth++;
+    /* A receive's spin beneath holds its word: lent back for the handler's run (sock.c) */
+    void *lent = mlp_spin_lend();
     if (flags & SA_SIGINFO)
         ((void (*)(int, siginfo_t *, void *))fn)(sig, si, uc);
     else
         ((void (*)(int))fn)(sig);
+    mlp_spin_unlend(lent);
     mlp_sig_depth--;
 }
 
@@ -274,4 +290,49 @@ MLP_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction 
     }
     errno = e;
     return r;
+}
+
+/*
+ * signal() and bsd_signal(): glibc installs their handlers through its internal sigaction, past
+ * ours, so the trampoline never ran them.  Nothing needed counting (SA_RESTART), but the
+ * trampoline also lends a receive's spinning word back to its socket for the handler's run
+ * (sock.c, mlp_spin_lend): without it a handler that blocks kept every other thread's call on
+ * that direction waiting (tests/preload/spinheld.c, its "signal" run).  So they install through
+ * our sigaction, as glibc's do through its own: the signal blocked while its handler runs,
+ * SA_RESTART unless siginterrupt(sig, 1) named it.  SIGBUS keeps the old way (sigbus.c: a
+ * disposition installed by signal() replaces the guard's handler, as documented there).
+ */
+static __sighandler_t mlp_bsd_signal(__sighandler_t (*real)(int, __sighandler_t),
+                                     const char *name, int sig, __sighandler_t h)
+{
+    if (sig == SIGBUS || mlp_sig_vfork_child()) {
+        if (!real)
+            real = (__sighandler_t(*)(int, __sighandler_t))mlp_sig_next(name);
+        if (!real) {
+            errno = ENOSYS;
+            return SIG_ERR;
+        }
+        return real(sig, h);
+    }
+    if (h == SIG_ERR || sig <= 0 || sig >= MLP_NSIG) {
+        errno = EINVAL;
+        return SIG_ERR;
+    }
+    struct sigaction act = {.sa_handler = h}, old;
+    sigemptyset(&act.sa_mask);
+    sigaddset(&act.sa_mask, sig);
+    act.sa_flags = (atomic_load(&mlp_sig_intr_set) >> (sig - 1)) & 1 ? 0 : SA_RESTART;
+    if (sigaction(sig, &act, &old) < 0)
+        return SIG_ERR;
+    return old.sa_handler;
+}
+
+MLP_EXPORT __sighandler_t signal(int sig, __sighandler_t h)
+{
+    return mlp_bsd_signal(mlp_real_signal, "signal", sig, h);
+}
+
+MLP_EXPORT __sighandler_t bsd_signal(int sig, __sighandler_t h)
+{
+    return mlp_bsd_signal(mlp_real_bsd_signal, "bsd_signal", sig, h);
 }

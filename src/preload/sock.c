@@ -26,6 +26,7 @@
 #include <poll.h>
 #include <linux/sockios.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -143,8 +144,9 @@ static void mlp_locks_free(struct mlp_sock *s)
  */
 #define MLP_HELD_MAX 8
 /* A lock: a direction's fast word, its robust process-shared mutex, or a private mutex (the
- * fall-back without a page). */
-enum { MLP_LK_FAST, MLP_LK_ROBUST, MLP_LK_PRIVATE, MLP_LK_BORROWED };
+ * fall-back without a page); a receive's spin's word borrowed by a handler on top of it, or lent
+ * back to the socket while one runs (mlp_spin_lend: not held, and matched by no lock or unlock). */
+enum { MLP_LK_FAST, MLP_LK_ROBUST, MLP_LK_PRIVATE, MLP_LK_BORROWED, MLP_LK_LENT };
 static __thread void *mlp_held[MLP_HELD_MAX] __attribute__((tls_model("initial-exec")));
 static __thread unsigned char mlp_held_kind[MLP_HELD_MAX] __attribute__((tls_model("initial-exec")));
 static __thread uintptr_t mlp_held_sp[MLP_HELD_MAX] __attribute__((tls_model("initial-exec")));
@@ -442,7 +444,7 @@ static int mlp_lock(void *m, int kind)
     uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
     unsigned n = mlp_nheld;
     for (unsigned i = 0; i < n && i < MLP_HELD_MAX; i++)
-        if (mlp_held[i] == m) {
+        if (mlp_held[i] == m && mlp_held_kind[i] != MLP_LK_LENT) {
             if (!mlp_held_stale(i, sp)) {
                 if (m != mlp_spin_word || n >= MLP_HELD_MAX)
                     return -1; /* in progress beneath us */
@@ -509,7 +511,7 @@ static void mlp_unlock(void *m, int kind)
      * on); the list closes over it, newest last. */
     unsigned n = mlp_nheld;
     unsigned top = n < MLP_HELD_MAX ? n : MLP_HELD_MAX, i = top;
-    while (i > 0 && mlp_held[i - 1] != m)
+    while (i > 0 && (mlp_held[i - 1] != m || mlp_held_kind[i - 1] == MLP_LK_LENT))
         i--;
     if (i > 0 && mlp_held_kind[i - 1] == MLP_LK_BORROWED) {
         /* Borrowed from a receive's spin beneath us: back to it, not to the socket. */
@@ -531,6 +533,78 @@ static void mlp_unlock(void *m, int kind)
     errno = saved;
 }
 
+/*
+ * A handler that runs on top of a receive's spin (mlp_rx_hold_spin) may run for as long as it
+ * likes: it may block, in a receive of its own or anywhere else.  Held all that while, the
+ * spin's word kept every other thread's call on the direction waiting, a nonblocking receive
+ * and the socket's close too, where the kernel's socket lock is never held across a handler
+ * (tests/preload/spinheld.c: the other thread's MSG_DONTWAIT receive waited for the handler, and
+ * the handler for a byte that thread was to send: a hang).  So the trampoline (signals.c) lends
+ * the word back to the socket for the handler's run: the socket held by a reference meanwhile
+ * (its record is never freed, so the take is safe; none is taken from 0: a teardown under way
+ * waits for the spin, as before), the spin's entry marked lent (no lock or unlock of ours
+ * matches it: the handler's own calls take the word as any thread's do), the word given back.
+ * Once the handler returns the word is taken again (another thread's holder gives it back
+ * within a copy or a spin), the entry is the spin's again and the reference goes (its last:
+ * the teardown waits for our give-back, mlp_fast_defer).  The spin reads shared memory only
+ * and looks at the socket again before it copies (fd record, forked flag, state).  A jump out
+ * of the handler leaves the entry lent: the call's cleanup puts the reference, and gives the
+ * word back if it had been taken again.  A handler installed behind our back (signal(), a raw
+ * rt_sigaction) is not seen here: it borrows the held word as before (mlp_lock).
+ */
+static struct mlp_sock *mlp_frx_sock(void *w)
+{
+    return (struct mlp_sock *)(void *)((char *)w - offsetof(struct mlp_sock, frx));
+}
+
+void *mlp_spin_lend(void)
+{
+    void *w = mlp_spin_word;
+    if (ml_likely(!w))
+        return NULL;
+    unsigned n = mlp_nheld, top = n < MLP_HELD_MAX ? n : MLP_HELD_MAX, i = top;
+    while (i > 0 && (mlp_held[i - 1] != w || mlp_held_kind[i - 1] != MLP_LK_FAST))
+        i--;
+    if (i == 0 || !mlp_fast_mine(w))
+        return NULL;
+    struct mlp_sock *s = mlp_frx_sock(w);
+    int v = atomic_load_explicit(&s->refs, memory_order_relaxed);
+    do {
+        if (v == 0)
+            return NULL;
+    } while (!atomic_compare_exchange_weak(&s->refs, &v, v + 1));
+    mlp_held_kind[i - 1] = MLP_LK_LENT;
+    mlp_spin_word = NULL;
+    atomic_signal_fence(memory_order_seq_cst);
+    mlp_fast_unlock(w);
+    return w;
+}
+
+void mlp_spin_unlend(void *w)
+{
+    if (ml_likely(!w))
+        return;
+    int saved = errno;
+    (void)mlp_fast_lock(w); /* 0, or EDEADLK: held already */
+    unsigned n = mlp_nheld, top = n < MLP_HELD_MAX ? n : MLP_HELD_MAX, i = top;
+    while (i > 0 && (mlp_held[i - 1] != w || mlp_held_kind[i - 1] != MLP_LK_LENT))
+        i--;
+    if (i > 0)
+        mlp_held_kind[i - 1] = MLP_LK_FAST;
+    mlp_spin_word = w;
+    atomic_signal_fence(memory_order_seq_cst);
+    mlp_put(mlp_frx_sock(w));
+    errno = saved;
+}
+
+/* A lent entry left by a cancellation: the word, if taken again, and the reference. */
+static void mlp_lent_left(void *w)
+{
+    if (mlp_fast_mine(w))
+        mlp_fast_unlock(w);
+    mlp_put(mlp_frx_sock(w));
+}
+
 /* Cancellation (pthread_cancel) acts in a blocking wait: every lock the thread holds goes. */
 static void mlp_release_held(void *unused)
 {
@@ -540,6 +614,8 @@ static void mlp_release_held(void *unused)
         unsigned i = --mlp_nheld;
         if (i < MLP_HELD_MAX && mlp_held_kind[i] == MLP_LK_BORROWED) {
             continue; /* the spin's own entry, beneath, gives the word back */
+        } else if (i < MLP_HELD_MAX && mlp_held_kind[i] == MLP_LK_LENT) {
+            mlp_lent_left(mlp_held[i]);
         } else if (i < MLP_HELD_MAX) {
             if (mlp_held_kind[i] == MLP_LK_FAST) {
                 if (mlp_fast_mine(mlp_held[i]))
@@ -575,6 +651,8 @@ static void mlp_call_left(void *arg)
     struct mlp_sock *s = c->s ? c->s : c->fast;
     if (!s)
         return;
+    void *lent[MLP_HELD_MAX];
+    unsigned nlent = 0;
 #ifdef __GLIBC__
     int tid = -1;
     while (mlp_nheld > c->nheld) {
@@ -586,6 +664,12 @@ static void mlp_call_left(void *arg)
             if (s->ch && mlp_held[i] == &s->frx)
                 __ml_chan_resync_rx(s->ch);
             mlp_spin_word = mlp_held[i];
+        } else if (i < MLP_HELD_MAX && mlp_held_kind[i] == MLP_LK_LENT) {
+            /* A jump out of a handler on top of the spin: the word, if taken again, now; the
+             * reference last (its put may be the socket's last: nothing of it is read after) */
+            if (mlp_fast_mine(mlp_held[i]))
+                mlp_fast_unlock(mlp_held[i]);
+            lent[nlent++] = mlp_held[i];
         } else if (i < MLP_HELD_MAX && mlp_held_kind[i] == MLP_LK_FAST) {
             /* One atomic step each way: never half-done. */
             _Atomic uint32_t *w = mlp_held[i];
@@ -624,6 +708,8 @@ static void mlp_call_left(void *arg)
         mlp_fast_finish_check(s);
         c->fast = NULL;
     }
+    while (nlent > 0)
+        mlp_put(mlp_frx_sock(lent[--nlent]));
 }
 
 /* The record goes on before the reference is taken and comes off after it is put, and names it

@@ -673,6 +673,48 @@ def test_handler_receives_on_top_of_a_receive_that_spins(fabric, tmp_path):
     settle(fabric)
 
 
+SPINHELD = BUILD / "tests-preload" / "spinheld"
+
+
+@pytest.mark.parametrize("how", ["sigaction", "signal"])
+def test_handler_on_top_of_a_receive_that_spins_holds_no_word(fabric, tmp_path, how):
+    """A SIGALRM handler (SA_RESTART) makes a blocking receive on the socket its thread is
+    blocked receiving on, 300 rounds, the timer 1-25 us into the thread's receive; once the
+    handler started, another thread makes a MSG_DONTWAIT receive on that socket and only then
+    sends the handler's byte.  Over kernel TCP the nonblocking receive answers EAGAIN every
+    round.  Under memlan the thread's receive first spins holding the direction's fast word: if
+    the handler ran on top of that spin with the word still held, the other thread's
+    nonblocking receive waited for the word and the handler for its byte, for ever (the
+    watchdog's FAIL line); with the handler installed by signal(), which glibc installs past
+    our sigaction, too, until signal() went through it."""
+    plain, under, text = scripted(SPINHELD, tmp_path, *(["signal"] if how == "signal" else []))
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "answered EAGAIN in 300;" in plain.stdout, plain.stdout
+    assert under.stdout.endswith("done\n"), under.stdout + under.stderr
+    assert "answered EAGAIN in 300;" in under.stdout, under.stdout
+    assert text.count("accelerated (accepted") == 1, text
+    settle(fabric)
+
+
+SPINJUMP = BUILD / "tests-preload" / "spinjump"
+
+
+def test_jump_out_of_a_handler_on_a_receive_that_spins_keeps_nothing(fabric, tmp_path):
+    """A SIGALRM handler siglongjmp()s out of a blocking receive 1-25 us into it, 300 rounds
+    (in odd ones after a nonblocking receive of its own on the socket): under memlan often out
+    of the receive's spin, whose word the trampoline lent back to the socket for the handler's
+    run.  Each round another thread's nonblocking receive answers EAGAIN (nobody keeps the
+    word); at the end a byte arrives and the close reaches the peer as the end (nobody keeps the
+    socket: the lent reference was put), as over kernel TCP."""
+    plain, under, text = scripted(SPINJUMP, tmp_path)
+    want = ("rounds 300: jumped out 300, the helper's nonblocking recv answered EAGAIN in 300; "
+            "'z' arrived; the peer's recv after the close: 0\ndone\n")
+    assert plain.stdout == want, plain.stdout + plain.stderr
+    assert under.stdout == want, under.stdout + under.stderr
+    assert text.count("accelerated (accepted") == 1, text
+    settle(fabric)
+
+
 CLOSEMARK = BUILD / "tests-preload" / "closemark"
 
 
