@@ -601,6 +601,51 @@ void mlp_epoll_sock_gone(struct mlp_sock *s)
         mlp_epoll_sock_gone(s);
 }
 
+/* An fd naming the set e, or -1 (a look at the table without its lock: the caller holds
+ * mlp_epmu, which mlp_eps_mu is never taken under). */
+static int mlp_ep_some_fd(struct mlp_ep *e)
+{
+    for (int i = 0; mlp_eps && i <= mlp_eps_max && i < mlp_neps; i++)
+        if (__atomic_load_n(&mlp_eps[i], __ATOMIC_ACQUIRE) == e)
+            return i;
+    return -1;
+}
+
+/* fd is about to stop naming its socket (close, close_range, a dup2 or dup3 over it) while
+ * another fd of ours still names it.  A member parked under fd (the application deleted it)
+ * leaves its set now, its kernel entry with it: the kernel keys the entry by file and fd
+ * number, and only now can fd still name it.  Left in place, the entry outlived the fd (the
+ * file lives on under the other), and the socket brought back under that number (dup2) met
+ * EEXIST on its ADD, which the kernel, whose entry the DEL had removed, answers 0
+ * (tests/preload/epollpark2.c).  Only while another fd names the socket: at its last the
+ * kernel's entry goes with the file, and where the file lives on in a fork child that parked
+ * it too, the child's copy of the member still counts on the entry. */
+void mlp_epoll_fd_closing(int fd)
+{
+    struct mlp_sock *s = mlp_get(fd);
+    if (!s)
+        return;
+    struct mlp_sock *puts[64];
+    int np = 0;
+    if (__atomic_load_n(&s->epm, __ATOMIC_RELAXED) && atomic_load(&s->nfds) > 1) {
+        pthread_mutex_lock(&mlp_epmu);
+        for (struct mlp_member **pp = &s->epm; *pp && np < 64;) {
+            struct mlp_member *m = *pp;
+            if (!m->parked || m->fd != fd) {
+                pp = &m->snext;
+                continue;
+            }
+            int epfd = mlp_ep_some_fd(m->ep);
+            if (epfd >= 0)
+                (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL);
+            puts[np++] = mlp_member_free(m); /* unlinks it: *pp is the next one */
+        }
+        pthread_mutex_unlock(&mlp_epmu);
+    }
+    mlp_put_all(puts, np); /* never the last: we hold one */
+    mlp_put(s);
+}
+
 /* After fork: our queue is new, so every member must arm again, and the set needs our doorbell. */
 void mlp_epoll_after_fork(void)
 {
@@ -1039,7 +1084,10 @@ int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handle
      */
     pthread_mutex_lock(&mlp_epmu);
     struct mlp_member *pm = fd < e->nbyfd ? e->byfd[fd] : NULL;
-    bool known_here = pm && pm->s == s && !(pm->events & EPOLLEXCLUSIVE);
+    /* A MOD with EPOLLEXCLUSIVE goes to the kernel, whose EINVAL for it comes before its
+     * ENOENT (a parked member) and its change (a live one). */
+    bool known_here = pm && pm->s == s && !(pm->events & EPOLLEXCLUSIVE) &&
+                      !(op == EPOLL_CTL_MOD && (want & EPOLLEXCLUSIVE));
     int early = 1; /* 1: go on */
     if (known_here && pm->parked && op != EPOLL_CTL_ADD) {
         early = -ENOENT;

@@ -1,0 +1,73 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
+/*
+ * epollpark2: more of epoll_ctl's answers around a member deleted (parked under memlan: its
+ * kernel entry stays, src/preload/epoll.c, "Parked members"), printed line by line over kernel
+ * TCP and under memlan (tests/py/test_preload.py): a MOD with EPOLLEXCLUSIVE of a deleted member
+ * (the kernel's EINVAL comes before its ENOENT), and the deleted member's fd closed while a
+ * duplicate keeps the socket open, its number then brought back to the same socket (the
+ * kernel's entry was deleted: the ADD succeeds).
+ *
+ * usage: epollpark2 PORT
+ */
+#include "twoends.h"
+
+#include "epollprint.h"
+
+#include <unistd.h>
+
+int main(int argc, char **argv)
+{
+    if (argc != 2)
+        return 2;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    struct sockaddr_in a;
+    int l = listen_here(atoi(argv[1]), &a);
+    int peer, c = settled_pair(l, &a, &peer);
+    if ((ep = epoll_create1(0)) < 0)
+        die("epoll_create1");
+
+    /* EPOLLEXCLUSIVE with MOD is refused before the member is looked for. */
+    ctl("add", EPOLL_CTL_ADD, c, EPOLLIN);
+    ctl("mod exclusive", EPOLL_CTL_MOD, c, EPOLLIN | EPOLLEXCLUSIVE);
+    ctl("del", EPOLL_CTL_DEL, c, 0);
+    ctl("mod exclusive after del", EPOLL_CTL_MOD, c, EPOLLIN | EPOLLEXCLUSIVE);
+    ctl("mod after del", EPOLL_CTL_MOD, c, EPOLLIN);
+
+    /* Deleted, then its fd closed while a duplicate keeps the socket; the number's epoll_ctl
+     * meanwhile says EBADF; the socket brought back to the same number and added. */
+    int d = dup(c);
+    if (d < 0)
+        die("dup");
+    close(c);
+    ctl("del the closed fd", EPOLL_CTL_DEL, c, 0);
+    if (dup2(d, c) != c)
+        die("dup2");
+    ctl("add it back under its number", EPOLL_CTL_ADD, c, EPOLLOUT);
+    wait_("wait", 100);
+    ctl("del", EPOLL_CTL_DEL, c, 0);
+    ctl("del again", EPOLL_CTL_DEL, c, 0);
+
+    /* The same, the number taken meanwhile by a pipe that is added and deleted. */
+    ctl("add", EPOLL_CTL_ADD, c, EPOLLOUT);
+    ctl("del", EPOLL_CTL_DEL, c, 0);
+    close(c);
+    int p[2];
+    if (pipe(p) != 0)
+        die("pipe");
+    printf("the pipe has the number: %s\n", p[0] == c ? "yes" : "no");
+    ctl("add the pipe", EPOLL_CTL_ADD, p[0], EPOLLIN);
+    ctl("del the pipe", EPOLL_CTL_DEL, p[0], 0);
+    if (dup2(d, p[0]) != p[0])
+        die("dup2");
+    ctl("add the socket back under the number", EPOLL_CTL_ADD, p[0], EPOLLOUT);
+    wait_("wait", 100);
+    ctl("del", EPOLL_CTL_DEL, p[0], 0);
+    close(p[0]);
+    close(p[1]);
+    close(d);
+    close(peer);
+    close(ep);
+    close(l);
+    printf("done\n");
+    return 0;
+}
