@@ -831,6 +831,24 @@ static void mlp_ep_make_nested(int fd, struct mlp_ep *inner)
         (void)mlp_real_epoll_ctl(fd, EPOLL_CTL_DEL, memlan_evq_fd(inner->q), NULL);
     inner->k_pbell = inner->k_sbell = false;
     pthread_mutex_unlock(&mlp_kset_mu);
+    /* Its parked members leave it, their kernel entries with them: an entry's FIN (the peer's
+     * shutdown, long after the application deleted the member) made the set readable to the
+     * outer one, which the kernel's set, without the entry, is not.  Nested now, its DELs go
+     * to the kernel (mlp_epoll_ctl), so none is parked after this. */
+    for (;;) {
+        struct mlp_sock *puts[64];
+        int np = 0;
+        pthread_mutex_lock(&mlp_epmu);
+        for (int i = 0; i < inner->nbyfd && np < 64; i++)
+            if (inner->byfd[i] && inner->byfd[i]->parked) {
+                (void)mlp_real_epoll_ctl(fd, EPOLL_CTL_DEL, i, NULL);
+                puts[np++] = mlp_member_free(inner->byfd[i]);
+            }
+        pthread_mutex_unlock(&mlp_epmu);
+        mlp_put_all(puts, np);
+        if (np < 64)
+            break;
+    }
     pthread_mutex_lock(&mlp_epmu);
     for (int i = 0; i < inner->nbyfd; i++)
         if (inner->byfd[i]) {
@@ -1085,9 +1103,12 @@ int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handle
     pthread_mutex_lock(&mlp_epmu);
     struct mlp_member *pm = fd < e->nbyfd ? e->byfd[fd] : NULL;
     /* A MOD with EPOLLEXCLUSIVE goes to the kernel, whose EINVAL for it comes before its
-     * ENOENT (a parked member) and its change (a live one). */
+     * ENOENT (a parked member) and its change (a live one).  So does a DEL in a set inside
+     * another (nested: mlp_ep_make_nested): a parked member's kernel entry would make the set
+     * readable there at the member's FIN. */
     bool known_here = pm && pm->s == s && !(pm->events & EPOLLEXCLUSIVE) &&
-                      !(op == EPOLL_CTL_MOD && (want & EPOLLEXCLUSIVE));
+                      !(op == EPOLL_CTL_MOD && (want & EPOLLEXCLUSIVE)) &&
+                      !(op == EPOLL_CTL_DEL && e->nested && !pm->parked);
     int early = 1; /* 1: go on */
     if (known_here && pm->parked && op != EPOLL_CTL_ADD) {
         early = -ENOENT;

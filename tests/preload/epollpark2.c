@@ -5,7 +5,8 @@
  * TCP and under memlan (tests/py/test_preload.py): a MOD with EPOLLEXCLUSIVE of a deleted member
  * (the kernel's EINVAL comes before its ENOENT), and the deleted member's fd closed while a
  * duplicate keeps the socket open, its number then brought back to the same socket (the
- * kernel's entry was deleted: the ADD succeeds).
+ * kernel's entry was deleted: the ADD succeeds); and a set inside another, from which a member
+ * was deleted, not readable there when that member's peer shuts down.
  *
  * usage: epollpark2 PORT
  */
@@ -64,6 +65,39 @@ int main(int argc, char **argv)
     ctl("del", EPOLL_CTL_DEL, p[0], 0);
     close(p[0]);
     close(p[1]);
+
+    /* A set inside another (watched for EPOLLIN): a member deleted from it must not make it
+     * readable there at its peer's FIN.  Deleted before the set went inside, then one deleted
+     * after. */
+    int in = ep, out = epoll_create1(0), peer2, c2 = settled_pair(l, &a, &peer2);
+    ctl("add", EPOLL_CTL_ADD, d, EPOLLIN);
+    ctl("del", EPOLL_CTL_DEL, d, 0);
+    ep = out;
+    ctl("the set into another", EPOLL_CTL_ADD, in, EPOLLIN);
+    ep = in;
+    if (shutdown(peer, SHUT_WR) != 0)
+        die("shutdown");
+    ep = out;
+    wait_("the other set, the peer of one deleted before shut down", 200);
+    ep = in;
+    wait_("the set", 0);
+    ctl("add another", EPOLL_CTL_ADD, c2, EPOLLIN);
+    ctl("del it", EPOLL_CTL_DEL, c2, 0);
+    ctl("del it again", EPOLL_CTL_DEL, c2, 0);
+    if (shutdown(peer2, SHUT_WR) != 0)
+        die("shutdown");
+    ep = out;
+    wait_("the other set, the peer of one deleted inside shut down", 200);
+    ep = in;
+    wait_("the set", 0);
+    ctl("add it back", EPOLL_CTL_ADD, c2, EPOLLIN);
+    ep = out;
+    wait_("the other set, it added back", 200);
+    ep = in;
+    wait_("the set", 0);
+    close(out);
+    close(c2);
+    close(peer2);
     close(d);
     close(peer);
     close(ep);

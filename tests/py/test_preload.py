@@ -1889,13 +1889,14 @@ def test_epoll_ctl_of_our_members_skips_the_kernel(fabric, tmp_path):
 EPOLLPARK2 = BUILD / "tests-preload" / "epollpark2"
 
 
-def test_epoll_parked_member_answers_and_its_fd_closed_under_a_dup(fabric, tmp_path):
+def test_epoll_parked_member_answers_dup_close_and_nested_set(fabric, tmp_path):
     """A member deleted under memlan is parked, its kernel entry kept (src/preload/epoll.c,
     "Parked members"): a MOD with EPOLLEXCLUSIVE of it must still get the kernel's EINVAL (not
     ENOENT), and its fd closed while a duplicate keeps the socket open must take the entry with
     it, so that the socket brought back under that number (dup2) is added (0), not refused
-    (EEXIST: the entry, keyed by file and fd number, had outlived the fd), and reported.  Line
-    for line against kernel TCP."""
+    (EEXIST: the entry, keyed by file and fd number, had outlived the fd), and reported; and a
+    set inside another must not look readable there when the peer of a member deleted from it
+    shuts down (the parked entry's FIN did make it so).  Line for line against kernel TCP."""
     plain = subprocess.run([str(EPOLLPARK2), str(next_port())], capture_output=True, text=True,
                            timeout=60)
     log = tmp_path / "memlan.log"
@@ -1905,7 +1906,8 @@ def test_epoll_parked_member_answers_and_its_fd_closed_under_a_dup(fabric, tmp_p
     assert plain.returncode == 0 and plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
     assert "mod exclusive after del: -1 Invalid argument" in plain.stdout, plain.stdout
     assert "add it back under its number: 0" in plain.stdout, plain.stdout
+    assert "the other set, the peer of one deleted inside shut down: 0\n" in plain.stdout
     assert under.returncode == 0, under.stdout + under.stderr
     assert under.stdout.splitlines() == plain.stdout.splitlines()
     text = log.read_text()
-    assert text.count("accelerated (client)") == 1, text
+    assert text.count("accelerated (client)") == 2, text
