@@ -627,7 +627,9 @@ void mlp_epoll_fd_closing(int fd)
         return;
     struct mlp_sock *puts[64];
     int np = 0;
-    if (__atomic_load_n(&s->epm, __ATOMIC_RELAXED) && atomic_load(&s->nfds) > 1) {
+    /* Not in a handler: the thread it interrupted may hold mlp_epmu. */
+    if (__atomic_load_n(&s->epm, __ATOMIC_RELAXED) && atomic_load(&s->nfds) > 1 &&
+        !mlp_sig_in_handler()) {
         pthread_mutex_lock(&mlp_epmu);
         for (struct mlp_member **pp = &s->epm; *pp && np < 64;) {
             struct mlp_member *m = *pp;
@@ -644,6 +646,46 @@ void mlp_epoll_fd_closing(int fd)
     }
     mlp_put_all(puts, np); /* never the last: we hold one */
     mlp_put(s);
+}
+
+/* Every parked member of e (the set at epfd) leaves it, its kernel entry deleted: as if the
+ * application's DELs had gone to the kernel. */
+static void mlp_ep_unpark(int epfd, struct mlp_ep *e)
+{
+    for (;;) {
+        struct mlp_sock *puts[64];
+        int np = 0;
+        pthread_mutex_lock(&mlp_epmu);
+        for (int i = 0; i < e->nbyfd && np < 64; i++)
+            if (e->byfd[i] && e->byfd[i]->parked) {
+                (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, i, NULL);
+                puts[np++] = mlp_member_free(e->byfd[i]);
+            }
+        pthread_mutex_unlock(&mlp_epmu);
+        mlp_put_all(puts, np); /* never the last: the member's fd holds one */
+        if (np < 64)
+            break;
+    }
+}
+
+/* Before fork and exec (not in a vfork child, whose records are its parent's): every parked
+ * member leaves its set, its kernel entry deleted.  The kernel's set outlives our records of it
+ * there.  A fork child shares it, with a copy of our records that its epoll_ctl changes without
+ * the parent's knowing: the child's ADD back of a member the parent had deleted answered 0 from
+ * its copy and left the kernel alone, and the parent's own ADD back answered 0 too, where the
+ * kernel, which the child's ADD reached, says EEXIST.  An image that exec gives the set to has
+ * no record of it at all: its ADD of the carried socket met the parked entry (EEXIST; the
+ * kernel: 0).  Deleted now, each such ADD goes to the kernel, and the kernel answers it.  (A
+ * member the application has not deleted is the kernel's entry in either process, as before.) */
+void mlp_epoll_unpark_all(void)
+{
+    if (!mlp_eps || mlp_vfork_child() || mlp_sig_in_handler())
+        return; /* a handler's fork or exec: the thread it interrupted may hold mlp_epmu */
+    for (int fd = 0; fd <= mlp_eps_max && fd < mlp_neps; fd++) {
+        struct mlp_ep *e = __atomic_load_n(&mlp_eps[fd], __ATOMIC_ACQUIRE);
+        if (e && __atomic_load_n(&e->n, __ATOMIC_RELAXED))
+            mlp_ep_unpark(fd, e); /* a set under several fds: its first leaves none parked */
+    }
 }
 
 /* After fork: our queue is new, so every member must arm again, and the set needs our doorbell. */
@@ -835,20 +877,7 @@ static void mlp_ep_make_nested(int fd, struct mlp_ep *inner)
      * shutdown, long after the application deleted the member) made the set readable to the
      * outer one, which the kernel's set, without the entry, is not.  Nested now, its DELs go
      * to the kernel (mlp_epoll_ctl), so none is parked after this. */
-    for (;;) {
-        struct mlp_sock *puts[64];
-        int np = 0;
-        pthread_mutex_lock(&mlp_epmu);
-        for (int i = 0; i < inner->nbyfd && np < 64; i++)
-            if (inner->byfd[i] && inner->byfd[i]->parked) {
-                (void)mlp_real_epoll_ctl(fd, EPOLL_CTL_DEL, i, NULL);
-                puts[np++] = mlp_member_free(inner->byfd[i]);
-            }
-        pthread_mutex_unlock(&mlp_epmu);
-        mlp_put_all(puts, np);
-        if (np < 64)
-            break;
-    }
+    mlp_ep_unpark(fd, inner);
     pthread_mutex_lock(&mlp_epmu);
     for (int i = 0; i < inner->nbyfd; i++)
         if (inner->byfd[i]) {

@@ -6,25 +6,36 @@
  * (the kernel's EINVAL comes before its ENOENT), and the deleted member's fd closed while a
  * duplicate keeps the socket open, its number then brought back to the same socket (the
  * kernel's entry was deleted: the ADD succeeds); and a set inside another, from which a member
- * was deleted, not readable there when that member's peer shuts down.
+ * was deleted, not readable there when that member's peer shuts down; and a member deleted before
+ * fork, added back by the child and then by the parent (the kernel's set is shared: 0, then
+ * EEXIST), or before exec, added back by the new image (0).
  *
- * usage: epollpark2 PORT
+ * usage: epollpark2 PORT (and, as the exec'd image: epollpark2 exec EPFD FD)
  */
 #include "twoends.h"
 
 #include "epollprint.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 int main(int argc, char **argv)
 {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    if (argc == 4) { /* the image exec gave the set and the socket to: EP FD */
+        ep = atoi(argv[2]);
+        int fd = atoi(argv[3]);
+        ctl("after exec, add", EPOLL_CTL_ADD, fd, EPOLLOUT);
+        wait_("after exec, wait", 100);
+        ctl("after exec, del", EPOLL_CTL_DEL, fd, 0);
+        return 0;
+    }
     if (argc != 2)
         return 2;
-    setvbuf(stdout, NULL, _IOLBF, 0);
     struct sockaddr_in a;
     int l = listen_here(atoi(argv[1]), &a);
     int peer, c = settled_pair(l, &a, &peer);
-    if ((ep = epoll_create1(0)) < 0)
+    if ((ep = epoll_create(1)) < 0) /* no close-on-exec: the exec'd image below gets it */
         die("epoll_create1");
 
     /* EPOLLEXCLUSIVE with MOD is refused before the member is looked for. */
@@ -98,6 +109,39 @@ int main(int argc, char **argv)
     close(out);
     close(c2);
     close(peer2);
+
+    /* Deleted, then fork: the kernel's set is the child's too.  The child adds the socket back
+     * (the kernel: 0), then the parent does (the kernel: EEXIST, the child's entry). */
+    int peer3, c3 = settled_pair(l, &a, &peer3);
+    ctl("add", EPOLL_CTL_ADD, c3, EPOLLOUT);
+    ctl("del", EPOLL_CTL_DEL, c3, 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+        ctl("the fork child adds it back", EPOLL_CTL_ADD, c3, EPOLLOUT);
+        _exit(0);
+    }
+    if (pid < 0 || waitpid(pid, NULL, 0) != pid)
+        die("fork");
+    ctl("the parent adds it back", EPOLL_CTL_ADD, c3, EPOLLOUT);
+    ctl("del", EPOLL_CTL_DEL, c3, 0);
+    ctl("del again", EPOLL_CTL_DEL, c3, 0);
+
+    /* Deleted, then the set and the socket given to a new image (fork and exec): its ADD is
+     * the kernel's 0. */
+    ctl("add", EPOLL_CTL_ADD, c3, EPOLLOUT);
+    ctl("del", EPOLL_CTL_DEL, c3, 0);
+    char epa[16], fda[16];
+    snprintf(epa, sizeof epa, "%d", ep);
+    snprintf(fda, sizeof fda, "%d", c3);
+    if ((pid = fork()) == 0) {
+        execl(argv[0], argv[0], "exec", epa, fda, (char *)NULL);
+        _exit(9);
+    }
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid || st != 0)
+        die("exec");
+    close(c3);
+    close(peer3);
     close(d);
     close(peer);
     close(ep);
