@@ -58,6 +58,8 @@ struct mlp_member {
     bool disabled;                      /* EPOLLONESHOT fired, or parked */
     bool parked;                        /* the application deleted it; the kernel's entry stays
                                          * (mlp_epoll_ctl: "Parked members") */
+    bool shared;                        /* it was in the set at a fork: the kernel's set is the
+                                         * other process's too, its answers the kernel's */
     bool queued;                        /* on ep's ready list */
     uint32_t undecided_seen;            /* edge-triggered, undecided: bits already reported */
     struct mlp_member *rprev, *rnext;   /* the ready list */
@@ -649,8 +651,8 @@ void mlp_epoll_fd_closing(int fd)
 }
 
 /* Every parked member of e (the set at epfd) leaves it, its kernel entry deleted: as if the
- * application's DELs had gone to the kernel. */
-static void mlp_ep_unpark(int epfd, struct mlp_ep *e)
+ * application's DELs had gone to the kernel.  share: the others are marked shared (a fork). */
+static void mlp_ep_unpark(int epfd, struct mlp_ep *e, bool share)
 {
     for (;;) {
         struct mlp_sock *puts[64];
@@ -660,6 +662,8 @@ static void mlp_ep_unpark(int epfd, struct mlp_ep *e)
             if (e->byfd[i] && e->byfd[i]->parked) {
                 (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, i, NULL);
                 puts[np++] = mlp_member_free(e->byfd[i]);
+            } else if (e->byfd[i] && share) {
+                e->byfd[i]->shared = true;
             }
         pthread_mutex_unlock(&mlp_epmu);
         mlp_put_all(puts, np); /* never the last: the member's fd holds one */
@@ -675,16 +679,21 @@ static void mlp_ep_unpark(int epfd, struct mlp_ep *e)
  * its copy and left the kernel alone, and the parent's own ADD back answered 0 too, where the
  * kernel, which the child's ADD reached, says EEXIST.  An image that exec gives the set to has
  * no record of it at all: its ADD of the carried socket met the parked entry (EEXIST; the
- * kernel: 0).  Deleted now, each such ADD goes to the kernel, and the kernel answers it.  (A
- * member the application has not deleted is the kernel's entry in either process, as before.) */
-void mlp_epoll_unpark_all(void)
+ * kernel: 0).  Deleted now, each such ADD goes to the kernel, and the kernel answers it.
+ * fork: the members left are marked shared, in both processes, and parked or answered from our
+ * record never again: a DEL or MOD of one by either process goes to the kernel, as before the
+ * parking.  (The child's DEL of a member both held parked it in the child's copy alone, and the
+ * parent's MOD then answered 0, the kernel ENOENT; the parent's DEL, and the child's ADD met
+ * EEXIST from its copy, the kernel 0: a connection handed to a child that waits on the set.)
+ * A member added after the fork is the adder's own, parked as any. */
+void mlp_epoll_unpark_all(bool fork)
 {
     if (!mlp_eps || mlp_vfork_child() || mlp_sig_in_handler())
         return; /* a handler's fork or exec: the thread it interrupted may hold mlp_epmu */
     for (int fd = 0; fd <= mlp_eps_max && fd < mlp_neps; fd++) {
         struct mlp_ep *e = __atomic_load_n(&mlp_eps[fd], __ATOMIC_ACQUIRE);
         if (e && __atomic_load_n(&e->n, __ATOMIC_RELAXED))
-            mlp_ep_unpark(fd, e); /* a set under several fds: its first leaves none parked */
+            mlp_ep_unpark(fd, e, fork); /* a set under several fds: its first leaves none */
     }
 }
 
@@ -877,7 +886,7 @@ static void mlp_ep_make_nested(int fd, struct mlp_ep *inner)
      * shutdown, long after the application deleted the member) made the set readable to the
      * outer one, which the kernel's set, without the entry, is not.  Nested now, its DELs go
      * to the kernel (mlp_epoll_ctl), so none is parked after this. */
-    mlp_ep_unpark(fd, inner);
+    mlp_ep_unpark(fd, inner, false);
     pthread_mutex_lock(&mlp_epmu);
     for (int i = 0; i < inner->nbyfd; i++)
         if (inner->byfd[i]) {
@@ -1137,7 +1146,7 @@ int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handle
      * readable there at the member's FIN. */
     bool known_here = pm && pm->s == s && !(pm->events & EPOLLEXCLUSIVE) &&
                       !(op == EPOLL_CTL_MOD && (want & EPOLLEXCLUSIVE)) &&
-                      !(op == EPOLL_CTL_DEL && e->nested && !pm->parked);
+                      !(op == EPOLL_CTL_DEL && e->nested && !pm->parked) && !pm->shared;
     int early = 1; /* 1: go on */
     if (known_here && pm->parked && op != EPOLL_CTL_ADD) {
         early = -ENOENT;

@@ -8,7 +8,8 @@
  * kernel's entry was deleted: the ADD succeeds); and a set inside another, from which a member
  * was deleted, not readable there when that member's peer shuts down; and a member deleted before
  * fork, added back by the child and then by the parent (the kernel's set is shared: 0, then
- * EEXIST), or before exec, added back by the new image (0).
+ * EEXIST), one in the set at fork deleted by one process and modified or added by the other
+ * (ENOENT, 0), or one deleted before exec, added back by the new image (0).
  *
  * usage: epollpark2 PORT (and, as the exec'd image: epollpark2 exec EPFD FD)
  */
@@ -123,6 +124,34 @@ int main(int argc, char **argv)
     if (pid < 0 || waitpid(pid, NULL, 0) != pid)
         die("fork");
     ctl("the parent adds it back", EPOLL_CTL_ADD, c3, EPOLLOUT);
+    ctl("del", EPOLL_CTL_DEL, c3, 0);
+    ctl("add", EPOLL_CTL_ADD, c3, EPOLLOUT);
+
+    /* In the set at fork: the child deletes it, the parent's MOD is ENOENT, its ADD 0. */
+    if ((pid = fork()) == 0) {
+        ctl("the fork child deletes it", EPOLL_CTL_DEL, c3, 0);
+        _exit(0);
+    }
+    if (pid < 0 || waitpid(pid, NULL, 0) != pid)
+        die("fork");
+    ctl("the parent modifies it", EPOLL_CTL_MOD, c3, EPOLLOUT);
+    ctl("the parent adds it", EPOLL_CTL_ADD, c3, EPOLLOUT);
+    /* In the set at fork: the parent deletes it, then the child adds it (0). */
+    int go[2];
+    if (pipe(go) != 0)
+        die("pipe");
+    if ((pid = fork()) == 0) {
+        char x;
+        if (read(go[0], &x, 1) != 1)
+            _exit(1);
+        ctl("the fork child adds it", EPOLL_CTL_ADD, c3, EPOLLOUT);
+        _exit(0);
+    }
+    ctl("the parent deletes it", EPOLL_CTL_DEL, c3, 0);
+    if (pid < 0 || write(go[1], "g", 1) != 1 || waitpid(pid, NULL, 0) != pid)
+        die("fork");
+    close(go[0]);
+    close(go[1]);
     ctl("del", EPOLL_CTL_DEL, c3, 0);
     ctl("del again", EPOLL_CTL_DEL, c3, 0);
 
