@@ -58,6 +58,8 @@ struct mlp_member {
     bool disabled;                      /* EPOLLONESHOT fired, or parked */
     bool parked;                        /* the application deleted it; the kernel's entry stays
                                          * (mlp_epoll_ctl: "Parked members") */
+    bool shared;                        /* it was in the set at a fork: the kernel's set is the
+                                         * other process's too, its answers the kernel's */
     bool queued;                        /* on ep's ready list */
     uint32_t undecided_seen;            /* edge-triggered, undecided: bits already reported */
     struct mlp_member *rprev, *rnext;   /* the ready list */
@@ -601,6 +603,100 @@ void mlp_epoll_sock_gone(struct mlp_sock *s)
         mlp_epoll_sock_gone(s);
 }
 
+/* An fd naming the set e, or -1 (a look at the table without its lock: the caller holds
+ * mlp_epmu, which mlp_eps_mu is never taken under). */
+static int mlp_ep_some_fd(struct mlp_ep *e)
+{
+    for (int i = 0; mlp_eps && i <= mlp_eps_max && i < mlp_neps; i++)
+        if (__atomic_load_n(&mlp_eps[i], __ATOMIC_ACQUIRE) == e)
+            return i;
+    return -1;
+}
+
+/* fd is about to stop naming its socket (close, close_range, a dup2 or dup3 over it) while
+ * another fd of ours still names it.  A member parked under fd (the application deleted it)
+ * leaves its set now, its kernel entry with it: the kernel keys the entry by file and fd
+ * number, and only now can fd still name it.  Left in place, the entry outlived the fd (the
+ * file lives on under the other), and the socket brought back under that number (dup2) met
+ * EEXIST on its ADD, which the kernel, whose entry the DEL had removed, answers 0
+ * (tests/preload/epollpark2.c).  Only while another fd names the socket: at its last the
+ * kernel's entry goes with the file, and where the file lives on in a fork child that parked
+ * it too, the child's copy of the member still counts on the entry. */
+void mlp_epoll_fd_closing(int fd)
+{
+    struct mlp_sock *s = mlp_get(fd);
+    if (!s)
+        return;
+    struct mlp_sock *puts[64];
+    int np = 0;
+    /* Not in a handler: the thread it interrupted may hold mlp_epmu. */
+    if (__atomic_load_n(&s->epm, __ATOMIC_RELAXED) && atomic_load(&s->nfds) > 1 &&
+        !mlp_sig_in_handler()) {
+        pthread_mutex_lock(&mlp_epmu);
+        for (struct mlp_member **pp = &s->epm; *pp && np < 64;) {
+            struct mlp_member *m = *pp;
+            if (!m->parked || m->fd != fd) {
+                pp = &m->snext;
+                continue;
+            }
+            int epfd = mlp_ep_some_fd(m->ep);
+            if (epfd >= 0)
+                (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL);
+            puts[np++] = mlp_member_free(m); /* unlinks it: *pp is the next one */
+        }
+        pthread_mutex_unlock(&mlp_epmu);
+    }
+    mlp_put_all(puts, np); /* never the last: we hold one */
+    mlp_put(s);
+}
+
+/* Every parked member of e (the set at epfd) leaves it, its kernel entry deleted: as if the
+ * application's DELs had gone to the kernel.  share: the others are marked shared (a fork). */
+static void mlp_ep_unpark(int epfd, struct mlp_ep *e, bool share)
+{
+    for (;;) {
+        struct mlp_sock *puts[64];
+        int np = 0;
+        pthread_mutex_lock(&mlp_epmu);
+        for (int i = 0; i < e->nbyfd && np < 64; i++)
+            if (e->byfd[i] && e->byfd[i]->parked) {
+                (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, i, NULL);
+                puts[np++] = mlp_member_free(e->byfd[i]);
+            } else if (e->byfd[i] && share) {
+                e->byfd[i]->shared = true;
+            }
+        pthread_mutex_unlock(&mlp_epmu);
+        mlp_put_all(puts, np); /* never the last: the member's fd holds one */
+        if (np < 64)
+            break;
+    }
+}
+
+/* Before fork and exec (not in a vfork child, whose records are its parent's): every parked
+ * member leaves its set, its kernel entry deleted.  The kernel's set outlives our records of it
+ * there.  A fork child shares it, with a copy of our records that its epoll_ctl changes without
+ * the parent's knowing: the child's ADD back of a member the parent had deleted answered 0 from
+ * its copy and left the kernel alone, and the parent's own ADD back answered 0 too, where the
+ * kernel, which the child's ADD reached, says EEXIST.  An image that exec gives the set to has
+ * no record of it at all: its ADD of the carried socket met the parked entry (EEXIST; the
+ * kernel: 0).  Deleted now, each such ADD goes to the kernel, and the kernel answers it.
+ * fork: the members left are marked shared, in both processes, and parked or answered from our
+ * record never again: a DEL or MOD of one by either process goes to the kernel, as before the
+ * parking.  (The child's DEL of a member both held parked it in the child's copy alone, and the
+ * parent's MOD then answered 0, the kernel ENOENT; the parent's DEL, and the child's ADD met
+ * EEXIST from its copy, the kernel 0: a connection handed to a child that waits on the set.)
+ * A member added after the fork is the adder's own, parked as any. */
+void mlp_epoll_unpark_all(bool fork)
+{
+    if (!mlp_eps || mlp_vfork_child() || mlp_sig_in_handler())
+        return; /* a handler's fork or exec: the thread it interrupted may hold mlp_epmu */
+    for (int fd = 0; fd <= mlp_eps_max && fd < mlp_neps; fd++) {
+        struct mlp_ep *e = __atomic_load_n(&mlp_eps[fd], __ATOMIC_ACQUIRE);
+        if (e && __atomic_load_n(&e->n, __ATOMIC_RELAXED))
+            mlp_ep_unpark(fd, e, fork); /* a set under several fds: its first leaves none */
+    }
+}
+
 /* After fork: our queue is new, so every member must arm again, and the set needs our doorbell. */
 void mlp_epoll_after_fork(void)
 {
@@ -786,6 +882,11 @@ static void mlp_ep_make_nested(int fd, struct mlp_ep *inner)
         (void)mlp_real_epoll_ctl(fd, EPOLL_CTL_DEL, memlan_evq_fd(inner->q), NULL);
     inner->k_pbell = inner->k_sbell = false;
     pthread_mutex_unlock(&mlp_kset_mu);
+    /* Its parked members leave it, their kernel entries with them: an entry's FIN (the peer's
+     * shutdown, long after the application deleted the member) made the set readable to the
+     * outer one, which the kernel's set, without the entry, is not.  Nested now, its DELs go
+     * to the kernel (mlp_epoll_ctl), so none is parked after this. */
+    mlp_ep_unpark(fd, inner, false);
     pthread_mutex_lock(&mlp_epmu);
     for (int i = 0; i < inner->nbyfd; i++)
         if (inner->byfd[i]) {
@@ -1039,7 +1140,13 @@ int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handle
      */
     pthread_mutex_lock(&mlp_epmu);
     struct mlp_member *pm = fd < e->nbyfd ? e->byfd[fd] : NULL;
-    bool known_here = pm && pm->s == s && !(pm->events & EPOLLEXCLUSIVE);
+    /* A MOD with EPOLLEXCLUSIVE goes to the kernel, whose EINVAL for it comes before its
+     * ENOENT (a parked member) and its change (a live one).  So does a DEL in a set inside
+     * another (nested: mlp_ep_make_nested): a parked member's kernel entry would make the set
+     * readable there at the member's FIN. */
+    bool known_here = pm && pm->s == s && !(pm->events & EPOLLEXCLUSIVE) &&
+                      !(op == EPOLL_CTL_MOD && (want & EPOLLEXCLUSIVE)) &&
+                      !(op == EPOLL_CTL_DEL && e->nested && !pm->parked) && !pm->shared;
     int early = 1; /* 1: go on */
     if (known_here && pm->parked && op != EPOLL_CTL_ADD) {
         early = -ENOENT;

@@ -488,6 +488,7 @@ void mlp_exec_adopt(void)
 #define MLP_EXEC(call)                                                                         \
     do {                                                                                       \
         struct mlp_carry c;                                                                    \
+        mlp_epoll_unpark_all(false); /* a set the new image inherits: no parked entry */      \
         char *const *env = mlp_exec_prepare(&c, envp);                                         \
         if (mlp_vfork_child())                                                                 \
             mlp_vfork_left_set(&c);                                                            \

@@ -351,6 +351,7 @@ void mlp_netns(char *out)
 /* The table holds still from the count before fork until fork returned (fdtable.c's gate). */
 static void mlp_atfork_prepare(void)
 {
+    mlp_epoll_unpark_all(true); /* the kernel's sets are shared from now on */
     mlp_fork_gate_close();
     mlp_before_fork();
 }

@@ -291,6 +291,8 @@ static int mlp_close_one(int fd)
         mlp_close_mark(rec);
         mlp_left_push(&left, mlp_close_unmark, rec);
     }
+    if (s)
+        mlp_epoll_fd_closing(fd); /* while fd still names the socket */
     mlp_fd_released(fd, offer);
     errno = saved;
     int r = mlp_real_close(fd);
@@ -368,8 +370,10 @@ static int mlp_dup23(int fd, int fd2, int flags, bool three)
     int saved = errno;
     if (mlp_is_internal_fd(fd2) && fd != fd2 && !child)
         (void)mlp_evict_fd(fd2);
-    if (fd != fd2 && !child && mlp_fdrec(fd2))
+    if (fd != fd2 && !child && mlp_fdrec(fd2)) {
         mlp_keep_file_early(fd2); /* the real call closes fd2 before its record can go */
+        mlp_epoll_fd_closing(fd2);
+    }
     errno = saved;
     int r = three ? mlp_real_dup3(fd, fd2, flags) : mlp_real_dup2(fd, fd2);
     if (r >= 0 && fd != fd2 && !child) {

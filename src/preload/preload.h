@@ -370,6 +370,8 @@ int mlp_epoll_wait(int epfd, struct epoll_event *ev, int max, int64_t timeout_ns
                    const sigset_t *mask);
 void mlp_epoll_forget_fd(int fd);
 void mlp_epoll_sock_gone(struct mlp_sock *s);
+void mlp_epoll_fd_closing(int fd); /* fd stops naming its socket, which another fd still names */
+void mlp_epoll_unpark_all(bool fork); /* before fork and exec: parked members leave their sets */
 void mlp_epoll_created(int epfd); /* epoll_create: an fd that may go inside another set */
 void mlp_epoll_dup(int fd, int nfd); /* nfd (released) now names fd's set, if fd is an epoll fd */
 bool mlp_epoll_has_ours(int fd);     /* an epoll set with members of ours: poll needs our path */

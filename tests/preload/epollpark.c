@@ -12,29 +12,9 @@
  */
 #include "twoends.h"
 
-#include <sys/epoll.h>
+#include "epollprint.h"
+
 #include <unistd.h>
-
-static int ep;
-
-static void ctl(const char *what, int op, int fd, uint32_t events)
-{
-    struct epoll_event e = {.events = events, .data.u64 = 7};
-    int r = epoll_ctl(ep, op, fd, &e);
-    printf("%s: %d %s\n", what, r, r < 0 ? strerror(errno) : "");
-}
-
-/* What a wait of up to ms says, the events masked to the bits both sides define alike. */
-static void wait_(const char *what, int ms)
-{
-    struct epoll_event e[4];
-    int r = epoll_wait(ep, e, 4, ms);
-    printf("%s: %d", what, r);
-    for (int i = 0; i < r; i++)
-        printf(" [%llu %#x]", (unsigned long long)e[i].data.u64,
-               e[i].events & (EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLHUP | EPOLLERR));
-    printf("\n");
-}
 
 int main(int argc, char **argv)
 {

@@ -1890,3 +1890,39 @@ def test_epoll_ctl_of_our_members_skips_the_kernel(fabric, tmp_path):
     assert runs["memlan"][1] <= calls // 2, (runs["memlan"][1], calls)
     text = (tmp_path / "memlan.log").read_text()
     assert text.count("accelerated (client)") == 2, text
+
+
+EPOLLPARK2 = BUILD / "tests-preload" / "epollpark2"
+
+
+def test_epoll_parked_member_answers_dup_close_nested_fork_exec(fabric, tmp_path):
+    """A member deleted under memlan is parked, its kernel entry kept (src/preload/epoll.c,
+    "Parked members"): a MOD with EPOLLEXCLUSIVE of it must still get the kernel's EINVAL (not
+    ENOENT), and its fd closed while a duplicate keeps the socket open must take the entry with
+    it, so that the socket brought back under that number (dup2) is added (0), not refused
+    (EEXIST: the entry, keyed by file and fd number, had outlived the fd), and reported; and a
+    set inside another must not look readable there when the peer of a member deleted from it
+    shuts down (the parked entry's FIN did make it so); and a member deleted before fork, added
+    back by the child and then by the parent, must get the kernel's 0 and then EEXIST (the set
+    is shared: each answered 0 from its own copy of the parked record); one in the set at fork
+    deleted by either process must be ENOENT to the other's MOD and 0 to its ADD (they answered
+    0 and EEXIST from their own copies); and one deleted before exec must be added by the new
+    image (0, not the parked entry's EEXIST).  Line for line against kernel TCP."""
+    plain = subprocess.run([str(EPOLLPARK2), str(next_port())], capture_output=True, text=True,
+                           timeout=60)
+    log = tmp_path / "memlan.log"
+    under = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", str(EPOLLPARK2),
+                            str(next_port())], capture_output=True, text=True, timeout=60)
+    settle(fabric)
+    assert plain.returncode == 0 and plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "mod exclusive after del: -1 Invalid argument" in plain.stdout, plain.stdout
+    assert "add it back under its number: 0" in plain.stdout, plain.stdout
+    assert "the other set, the peer of one deleted inside shut down: 0\n" in plain.stdout
+    assert "the parent adds it back: -1 File exists" in plain.stdout, plain.stdout
+    assert "the parent modifies it: -1 No such file" in plain.stdout, plain.stdout
+    assert "the fork child adds it: 0" in plain.stdout, plain.stdout
+    assert "after exec, add: 0" in plain.stdout, plain.stdout
+    assert under.returncode == 0, under.stdout + under.stderr
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    text = log.read_text()
+    assert text.count("accelerated (client)") == 3, text
