@@ -20,14 +20,10 @@
  *
  * usage: spinheld PORT [signal]
  */
-#include "twoends.h"
+#include "spinround.h"
 
-#include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
-#include <sys/time.h>
-#include <unistd.h>
 
 #define ROUNDS 300
 #define WAIT_S 10.0 /* no wait of the test's lasts longer */
@@ -71,16 +67,7 @@ static int eagain_rounds, other_rounds;
 static void *helper(void *arg)
 {
     (void)arg;
-    sigset_t m;
-    sigemptyset(&m);
-    sigaddset(&m, SIGALRM);
-    pthread_sigmask(SIG_BLOCK, &m, NULL); /* the timer's signal is the main thread's */
-    pin(1);
-    /* A receive that waits here, on the other cpu: the spin policy spins only for a peer that
-     * last waited on a cpu other than ours (see spinlend.c). */
-    char x;
-    if (recv(sfd, &x, 1, 0) != 1)
-        die("recv x");
+    spin_helper_start(sfd);
     for (int k = 0; k < ROUNDS; k++) {
         await_phase(k, 2);
         atomic_store(&helper_in_recv, 1);
@@ -137,28 +124,19 @@ int main(int argc, char **argv)
     sigemptyset(&sa.sa_mask);
     if (argc == 3 ? signal(SIGALRM, on_alarm) == SIG_ERR : sigaction(SIGALRM, &sa, NULL) != 0)
         die("sigaction");
-    sigset_t m;
-    sigemptyset(&m);
-    sigaddset(&m, SIGALRM);
-    pthread_sigmask(SIG_BLOCK, &m, NULL); /* the threads made here block it */
+    spin_block_alarm(SIG_BLOCK); /* the threads made here block it */
     pthread_t t, w;
     if (pthread_create(&t, NULL, helper, NULL) != 0 ||
         pthread_create(&w, NULL, watchdog, NULL) != 0)
         die("pthread_create");
-    pthread_sigmask(SIG_UNBLOCK, &m, NULL);
-    pin(0); /* after the helper's start: it inherits the mask to choose its own cpu from */
-    usleep(20000);
-    if (send(rfd, "x", 1, 0) != 1)
-        die("send x");
+    spin_block_alarm(SIG_UNBLOCK);
+    spin_main_start(rfd);
     int h_ok = 0, m_ok = 0;
     for (int k = 0; k < ROUNDS; k++) {
         h_ret = -2;
         atomic_store(&round_no, k); /* after the last round's phase 0 */
         atomic_store(&phase, 1);
-        /* The timer fires on this thread's cpu (see spinlend.c) */
-        struct itimerval it = {.it_value = {.tv_usec = 1 + k % 25}};
-        if (setitimer(ITIMER_REAL, &it, NULL) != 0)
-            die("setitimer");
+        spin_timer(k);
         char c = 0;
         ssize_t r = recv(rfd, &c, 1, 0);
         await_phase(k, 3);

@@ -9,15 +9,11 @@
  *
  * usage: spinjump PORT
  */
-#include "twoends.h"
+#include "spinround.h"
 
-#include <pthread.h>
 #include <setjmp.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
-#include <sys/time.h>
-#include <unistd.h>
 
 #define ROUNDS 300
 
@@ -39,14 +35,7 @@ static void on_alarm(int sig)
 static void *helper(void *arg)
 {
     (void)arg;
-    sigset_t m;
-    sigemptyset(&m);
-    sigaddset(&m, SIGALRM);
-    pthread_sigmask(SIG_BLOCK, &m, NULL);
-    pin(1);
-    char x;
-    if (recv(sfd, &x, 1, 0) != 1)
-        die("recv x");
+    spin_helper_start(sfd);
     for (int k = 0; k < ROUNDS; k++) {
         double end = now_s() + 10;
         while (atomic_load(&go) != k + 1)
@@ -79,17 +68,12 @@ int main(int argc, char **argv)
     pthread_t t;
     if (pthread_create(&t, NULL, helper, NULL) != 0)
         die("pthread_create");
-    pin(0);
-    usleep(20000);
-    if (send(rfd, "x", 1, 0) != 1)
-        die("send x");
+    spin_main_start(rfd);
     int jumped = 0;
     for (int k = 0; k < ROUNDS; k++) {
         round_k = k;
         if (sigsetjmp(jb, 1) == 0) {
-            struct itimerval it = {.it_value = {.tv_usec = 1 + k % 25}};
-            if (setitimer(ITIMER_REAL, &it, NULL) != 0)
-                die("setitimer");
+            spin_timer(k);
             char c;
             ssize_t r = recv(rfd, &c, 1, 0);
             printf("FAIL round %d: recv returned %zd\n", k, r);

@@ -14,14 +14,10 @@
  *
  * usage: spinlend PORT
  */
-#include "twoends.h"
+#include "spinround.h"
 
-#include <pthread.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
-#include <sys/time.h>
-#include <unistd.h>
 
 #define ROUNDS 300
 #define WAIT_S 10.0 /* no wait of the helper's lasts longer */
@@ -63,16 +59,7 @@ static void await_phase(int p)
 static void *helper(void *arg)
 {
     (void)arg;
-    sigset_t m;
-    sigemptyset(&m);
-    sigaddset(&m, SIGALRM);
-    pthread_sigmask(SIG_BLOCK, &m, NULL); /* the timer's signal is the main thread's */
-    pin(1);
-    /* A receive that waits here, on the other cpu: the spin policy spins only for a peer that
-     * last waited on a cpu other than ours (the accepted end waited on the main thread's). */
-    char x;
-    if (recv(sfd, &x, 1, 0) != 1)
-        die("recv x");
+    spin_helper_start(sfd);
     for (int k = 0; k < ROUNDS; k++) {
         await_phase(2);
         if (send(sfd, "h", 1, 0) != 1)
@@ -99,19 +86,12 @@ int main(int argc, char **argv)
     pthread_t t;
     if (pthread_create(&t, NULL, helper, NULL) != 0)
         die("pthread_create");
-    pin(0); /* after the helper's start: it inherits the mask to choose its own cpu from */
-    usleep(20000);
-    if (send(rfd, "x", 1, 0) != 1)
-        die("send x");
+    spin_main_start(rfd);
     int h_ok = 0, m_ok = 0, shown = 0;
     for (int k = 0; k < ROUNDS; k++) {
         h_ret = -2;
         atomic_store(&phase, 1);
-        /* The timer fires on this thread's cpu: its signal comes without a cross-cpu
-         * interrupt (tens of microseconds in a VM, past the spin) */
-        struct itimerval it = {.it_value = {.tv_usec = 1 + k % 25}};
-        if (setitimer(ITIMER_REAL, &it, NULL) != 0)
-            die("setitimer");
+        spin_timer(k);
         char c = 0;
         ssize_t r = recv(rfd, &c, 1, 0);
         int e = errno;
