@@ -57,18 +57,8 @@ int main(int argc, char **argv)
 {
     if (argc != 2)
         return 2;
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    struct sockaddr_in a;
-    int l = listen_here(atoi(argv[1]), &a);
-    rfd = settled_pair(l, &a, &sfd);
-    struct sigaction sa = {.sa_handler = on_alarm, .sa_flags = SA_RESTART};
-    sigemptyset(&sa.sa_mask);
-    if (sigaction(SIGALRM, &sa, NULL) != 0)
-        die("sigaction");
     pthread_t t;
-    if (pthread_create(&t, NULL, helper, NULL) != 0)
-        die("pthread_create");
-    spin_main_start(rfd);
+    int l = spin_setup(argv[1], on_alarm, helper, &t, &rfd, &sfd);
     int jumped = 0;
     for (int k = 0; k < ROUNDS; k++) {
         round_k = k;

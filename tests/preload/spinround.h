@@ -44,6 +44,26 @@ static inline void spin_main_start(int rfd)
         die("send x");
 }
 
+/* What spinlend and spinjump begin with: the pair (*rfd the main thread's end, *sfd the helper's),
+ * handler for SIGALRM with SA_RESTART, the helper thread (*t, to join), the main thread's start.
+ * The listener. */
+static inline int spin_setup(const char *port, void (*handler)(int), void *(*helper)(void *),
+                             pthread_t *t, int *rfd, int *sfd)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    struct sockaddr_in a;
+    int l = listen_here(atoi(port), &a);
+    *rfd = settled_pair(l, &a, sfd);
+    struct sigaction sa = {.sa_handler = handler, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGALRM, &sa, NULL) != 0)
+        die("sigaction");
+    if (pthread_create(t, NULL, helper, NULL) != 0)
+        die("pthread_create");
+    spin_main_start(*rfd);
+    return l;
+}
+
 /* The timer, for round k's receive: it fires on this thread's cpu, so its signal comes without a
  * cross-cpu interrupt (tens of microseconds in a VM, past the spin). */
 static inline void spin_timer(int k)
