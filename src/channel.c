@@ -882,6 +882,17 @@ static bool ml_peer_dead(struct memlan_channel *ch)
         ch->peer_seen = true;
     }
     int alive = __ml_seg_alive(ch->seg, ch->side == 0 ? ML_LOCK_ATTACHER : ML_LOCK_OWNER);
+    /* A socket's peer that called exit() took the file's name away with its connections still
+     * working (ML_SOCK_UNNAMED, set only while its side is open): a missing name is no death
+     * then, its kernel socket tells (below).  A hostile peer that sets the flag gains nothing: it
+     * decides when its kernel socket ends anyway. */
+    bool unnamed =
+        alive == 0 && ch->sock_ino &&
+        (ml_load_relaxed(&((struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF))[1 - ch->side]
+                              .flags) &
+         ML_SOCK_UNNAMED);
+    if (unnamed)
+        alive = -1;
     if (alive == 0 && ml_peer_state(ch) != ML_SIDE_CLOSED)
         ch->peer_dead = true;
     /* The lock cannot be asked: the file must be opened by name, which a process that changed

@@ -154,6 +154,7 @@ void __ml_chan_kick_rx(struct memlan_channel *ch);
 uint32_t __ml_chan_peer_state(struct memlan_channel *ch);
 void __ml_evq_fds(struct memlan_evq *q, int **seg_fd, int **bell_fd);
 void __ml_evq_forget(struct memlan_evq *q);
+void __ml_evq_unname(struct memlan_evq *q);
 extern unsigned (*__ml_wait_hook)(void); /* see ml_wait() in channel.c */
 extern unsigned (*__ml_intr_count)(void); /* the same */
 extern unsigned (*__ml_intr_any)(void);   /* the same */

@@ -1011,6 +1011,37 @@ void memlan_evq_close(memlan_evq_t *q)
     free(q);
 }
 
+/*
+ * exit() in the queue's process: its files and doorbells lose their names, and nothing else
+ * changes: other threads may wait on the queue, and peers that imported it may post to it, until
+ * the process is gone (the mapping, the descriptors and the registrations go with it).  A peer
+ * that would import it from now on finds no name and looks at its channels again every liveness
+ * interval instead.  Counted among the parts' readers, as memlan_evq_arm is, so that a part an
+ * add drops meanwhile is unmapped only after our look.
+ */
+void __ml_evq_unname(struct memlan_evq *q)
+{
+    if (!q || q->pid != (int32_t)__ml_pid())
+        return;
+    atomic_fetch_add(&q->readers, 1);
+    uint32_t np = __atomic_load_n(&q->nparts, __ATOMIC_RELAXED);
+    for (uint32_t k = 0; k < np && k < ML_EVQ_PARTS; k++) {
+        struct memlan_segment *seg = q->seg;
+        if (k > 0) {
+            if (!atomic_load(&q->part[k].live))
+                continue;
+            seg = q->part[k].seg;
+        }
+        if (!seg || !seg->owner)
+            continue;
+        char name[80];
+        __ml_fabric_name(name, sizeof name, "bell", seg->token);
+        __ml_sys_unlinkat(q->seg->fab->dirfd, name, 0);
+        __ml_seg_unname(seg);
+    }
+    atomic_fetch_sub(&q->readers, 1);
+}
+
 /* A fork child's copy of its parent's queue: let go of our copies of it (the mapping, the
  * descriptors, the memory), leaving the queue, its file and its doorbell to the parent; its
  * channels forget it (their registrations are the parent's).  Kept, the copy was memory nobody

@@ -146,6 +146,9 @@ int __ml_seg_create_private(memlan_fabric_t *fab, uint32_t kind, int mode, uint6
 int __ml_seg_import(memlan_fabric_t *fab, const char *token, uint32_t kind, bool writable,
                     struct memlan_segment **out);
 void __ml_seg_destroy(struct memlan_segment *seg);
+/* Remove seg's name (if it is still seg's file and we own it) and nothing else: the mapping
+ * and the descriptor stay, and a later destroy unlinks nothing.  For exit(): see sock.c. */
+void __ml_seg_unname(struct memlan_segment *seg);
 void __ml_seg_publish(struct memlan_segment *seg);
 /* 1 when the byte's holder lives, 0 when dead, negative errno on error. */
 struct stat;

@@ -586,6 +586,14 @@ static void ml_seg_unlink(struct memlan_segment *seg)
         __ml_sys_unlinkat(seg->fab->dirfd, name, 0);
 }
 
+void __ml_seg_unname(struct memlan_segment *seg)
+{
+    if (!seg || !seg->owner)
+        return;
+    ml_seg_unlink(seg);
+    seg->owner = false;
+}
+
 void __ml_seg_destroy(struct memlan_segment *seg)
 {
     if (!seg)

@@ -169,6 +169,10 @@ struct ml_chan_hdr {
 #define ML_SOCK_NOPOST     32u /* we changed credentials and may not reach the peer's event queue
                                 * (a file we would have to open by name): the peer must not sleep
                                 * on its queue for us, but look again every millisecond */
+#define ML_SOCK_UNNAMED    64u /* our process called exit() and took the channel file's name away
+                                * while the connection still works: our liveness is no longer our
+                                * lock (the peer cannot open the file by name to ask it) but our
+                                * kernel socket, which the process holds until it is gone */
 
 struct ml_sock_side {
     _Alignas(ML_CACHELINE) uint32_t unused[4]; /* were lock words: ignored, never read */

@@ -576,15 +576,26 @@ void mlp_epoll_dup(int fd, int nfd)
     pthread_mutex_unlock(&mlp_eps_mu);
 }
 
-/* exit(): every epoll set lets go of its members, as the kernel's sets do when the process's
- * files close, so that the sockets' last references go and their peers read EOF at once (a
- * forked child that exits while its parent has already closed: the child is the last holder). */
+/* exit(): the sets' own queues lose their names (mlp_at_exit); the sets and their queues stay
+ * for the threads that may still wait on them until the process is gone.  A set's memory is
+ * never freed (a closed set waits on the free list, with its queue, for reuse), so the table is
+ * read without its lock; the free list needs it, and a set whose lock another thread holds (or
+ * that this thread's interrupted code holds: exit() from a handler) leaves its files to the
+ * next sweep. */
 void mlp_epoll_at_exit(void)
 {
     if (!mlp_eps)
         return;
-    for (int fd = 0; fd < mlp_neps && fd <= mlp_eps_max; fd++)
-        mlp_epoll_forget_fd(fd);
+    for (int fd = 0; fd < mlp_neps && fd <= mlp_eps_max; fd++) {
+        struct mlp_ep *e = __atomic_load_n(&mlp_eps[fd], __ATOMIC_ACQUIRE);
+        if (e)
+            __ml_evq_unname(__atomic_load_n(&e->q, __ATOMIC_ACQUIRE));
+    }
+    if (pthread_mutex_trylock(&mlp_eps_mu) != 0)
+        return;
+    for (struct mlp_ep *e = mlp_eps_free; e; e = e->next_free)
+        __ml_evq_unname(__atomic_load_n(&e->q, __ATOMIC_ACQUIRE));
+    pthread_mutex_unlock(&mlp_eps_mu);
 }
 
 /* The socket's last fd is closing: it leaves every set, as the kernel's file does. */

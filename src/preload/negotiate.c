@@ -2480,16 +2480,12 @@ void mlp_negotiate_after_fork(void)
     }
 }
 
-/* exit(): our stat entry goes with us (after _exit or a signal, the next reclaim removes it). */
+/* exit(): the spare channels of the pool go (nobody uses them), and our stat entry's file loses
+ * its name; its mapping stays for the threads that still count in it until the process is gone
+ * (mlp_at_exit).  After _exit or a signal, the next reclaim removes the file. */
 void mlp_negotiate_at_exit(void)
 {
     if (mlp_fab)
-        __ml_chan_pool_drain(mlp_fab); /* the channels the closes above put in the pool */
-    if (mlp_proc) {
-        mlp_disown_fd(mlp_proc->fd);
-        __ml_seg_destroy(mlp_proc);
-        mlp_proc = NULL;
-        mlp_proc_hdr = NULL;
-        mlp_proc_conns = NULL;
-    }
+        __ml_chan_pool_drain(mlp_fab);
+    __ml_seg_unname(mlp_proc);
 }

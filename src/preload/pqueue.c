@@ -69,17 +69,9 @@ void mlp_poll_forget(struct mlp_sock *s)
     mlp_unhome(s);
 }
 
-void mlp_poll_at_exit(void)
-{
-    if (mlp_q) {
-        int *sfd, *bfd;
-        __ml_evq_fds(mlp_q, &sfd, &bfd);
-        mlp_disown_fd(*sfd);
-        mlp_disown_fd(*bfd);
-        memlan_evq_close(mlp_q);
-        mlp_q = NULL;
-    }
-}
+/* exit(): the queue's files lose their names; the queue stays for the threads that still wait
+ * on it until the process is gone (mlp_at_exit). */
+void mlp_poll_at_exit(void) { __ml_evq_unname(mlp_q); }
 
 /* A failed creation (a process that changed its credentials cannot create files in the fabric)
  * is said once per process and tried again at most once a second, not at every poll. */

@@ -135,6 +135,7 @@ struct mlp_sock {
                                    * before a credential change */
     int slot;                     /* our line in the process's stat segment, -1 if none */
     unsigned fork_gen;            /* last fork this socket was counted in (holders) */
+    _Atomic bool exit_let_go;     /* exit() gave our holders count back (sock.c, mlp_at_exit) */
     _Atomic bool forked;          /* it was in the table at a fork: another process may
                                    * hold it and move its ring positions (sock.c, mlp_lock_dir) */
     _Atomic bool tmo_synced;      /* SO_RCVTIMEO/SO_SNDTIMEO copied from the kernel socket */
@@ -292,7 +293,6 @@ void mlp_offer_gone(struct mlp_sock *s);
 void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *token,
                     unsigned flags);
 void mlp_exec_adopt(void);  /* constructor: take up what the image before us carried */
-void mlp_epoll_at_exit(void);
 extern __thread char *mlp_defer_offer_unlink; /* a buffer of sizeof mlp_sock.offer, or NULL */
 void mlp_offer_unlink_name(const char *name);
 void mlp_lrec_release(struct mlp_lrec *r);
@@ -345,9 +345,8 @@ void mlp_keep_file(struct mlp_sock *s, int fd);
 void mlp_keep_file_early(int fd);
 int mlp_tcp_catch_up(struct mlp_sock *s, int fd, bool block);
 void mlp_at_exit(void);
+void mlp_epoll_at_exit(void); /* epoll.c: the sets' queues lose their names */
 void mlp_stdio_adopt(int fd); /* stdio.c: a connection now at fd 0, 1 or 2 */
-void mlp_stdio_at_exit(void); /* stdio.c: flush our streams before the connections go */
-void mlp_stdio_exited(void);  /* stdio.c: the connections are gone (a later write is split) */
 
 /* A blocking wait on an accelerated socket sleeps on the ring's futex only for this long (a
  * request and its answer, where a wake-up's cost matters), then where the kernel socket can wake

@@ -874,7 +874,9 @@ static int mlp_peer_aborted(struct mlp_sock *s, bool probe)
     bool dead = probe ? __ml_chan_check_peer(s->ch) != 0 : s->ch->peer_dead;
     if (!dead)
         return 0;
-    if (s->ch->split || __ml_chan_peer_left_unread(s->ch)) /* split: it talks TCP, see channel.c */
+    /* split: it talks TCP, see channel.c; SO_LINGER 0: the kernel's close at its end aborts */
+    if (s->ch->split || __ml_chan_peer_left_unread(s->ch) ||
+        (atomic_load(&mlp_side_block(s->ch, 1 - s->side)->flags) & ML_SOCK_LINGER0))
         return ECONNRESET;
     return late ? EPIPE : 0;
 }
@@ -2246,8 +2248,9 @@ static void mlp_sock_destroy_conn(struct mlp_sock *s)
     mlp_stat_clear(s);
     int fd = s->ch->seg->fd;
     mlp_disown_fd(fd);
-    /* Only the last process holding our side ends the connection; the others just let go. */
-    bool last = atomic_fetch_sub(&s->me->holders, 1) <= 1;
+    /* Only the last process holding our side ends the connection; the others just let go (as a
+     * process that gave its count back at exit() has). */
+    bool last = !atomic_load(&s->exit_let_go) && atomic_fetch_sub(&s->me->holders, 1) <= 1;
     if (last && s->state == MLP_ACCEL) {
         /* Closed with the peer's bytes unread, or SO_LINGER zero: the kernel would send a reset.
          * The flag goes before the close that publishes our end. */
@@ -2344,27 +2347,73 @@ void mlp_after_fork_child(void)
          * forked, it takes the mutex, but its teardown takes the words. */
         atomic_store_explicit(&s->ftx, 0, memory_order_relaxed);
         atomic_store_explicit(&s->frx, 0, memory_order_relaxed);
+        atomic_store_explicit(&s->exit_let_go, false, memory_order_relaxed); /* counted anew */
         s->slot = -1;
         mlp_put(s);
     }
 }
 
-/* exit() closes nothing of ours: do what close() would have, so the peer reads EOF at once
- * instead of noticing our death.  (_exit and signals skip this; the peer then sees us gone.) */
+/* At exit: take the name of the channel's file away if the connection is ours alone and open
+ * (see mlp_at_exit), saying so first in our side's block (ML_SOCK_UNNAMED): the peer, finding no
+ * name, then judges our liveness by the kernel socket, which ends with the process. */
+static void mlp_unname_at_exit(struct mlp_sock *s)
+{
+    struct memlan_channel *ch = s->ch;
+    if (s->state != MLP_ACCEL || !ch || !s->me || s->side != 0 || !ch->seg->owner ||
+        !ch->sock_ino || atomic_load(&s->me->holders) != 1 ||
+        ml_load_acquire(&ch->hdr->side_state[ch->side]) != ML_SIDE_OPEN)
+        return;
+    atomic_fetch_or(&s->me->flags, ML_SOCK_UNNAMED);
+    __ml_seg_unname(ch->seg);
+}
+
+/* At exit, a side other processes hold too (fork): give our count back, as our close would
+ * have, so that the last of them to close ends the connection then (else the count we leave
+ * behind makes every close a "not the last" one, and the end the kernel FIN's: correct, but the
+ * channel's file waits for a sweep).  Once, whatever closes later. */
+static void mlp_let_go_at_exit(struct mlp_sock *s)
+{
+    if (!atomic_exchange(&s->exit_let_go, true))
+        atomic_fetch_sub(&s->me->holders, 1);
+}
+
+/*
+ * exit() ends no connection.  The kernel closes a process's sockets only when the process is
+ * gone: after the exit handlers, the ELF destructors and glibc's flush of stdio, and all that
+ * while the process's other threads still run.  Every byte a send takes until then reaches the
+ * peer, and ours do the same: the process's end is the connections' end (the kernel sockets'
+ * FIN wakes the peers, whose look at our liveness finds us gone: "The end nobody announces").
+ * Taking the connections down here, as this handler did, sent what other threads wrote
+ * afterwards to the kernel socket under the channel, where nobody reads it, and unmapped the
+ * event queue under threads that polled it (tests/preload/exitrace.c).
+ *
+ * What goes now is what needs none of the memory other threads may still be using: an offer
+ * nobody took is withdrawn (its bytes go over TCP, as a close would send them), listeners' records
+ * go (a client from now on connects over TCP), and the files of our connections, our event
+ * queue and our stat entry lose their names, so that nothing is left in the fabric once the
+ * process is gone.  (_exit and signals skip this: their files wait for the next sweep.)
+ */
 void mlp_at_exit(void)
 {
-    mlp_stdio_at_exit(); /* output still in our streams, through the channel while it is there */
-    mlp_epoll_at_exit();
     int max = mlp_fd_max();
     for (int fd = 0; fd <= max; fd++) {
-        struct mlp_sock *s = mlp_uninstall(fd);
+        struct mlp_sock *s = mlp_get(fd);
         if (!s)
             continue;
-        if (atomic_load(&s->nfds) == 0)
+        if (s->type == MLP_LISTENER) {
+            struct mlp_sock *u = mlp_uninstall(fd);
+            if (u)
+                mlp_put(u);
+        } else if (s->type == MLP_CONN && s->state != MLP_ACCEL) {
             mlp_before_last_close(s, fd);
+        } else if (s->type == MLP_CONN && s->me && atomic_load(&s->me->holders) > 1) {
+            mlp_let_go_at_exit(s);
+        } else if (s->type == MLP_CONN) {
+            mlp_unname_at_exit(s);
+        }
         mlp_put(s);
     }
+    mlp_epoll_at_exit();
     mlp_poll_at_exit();
     mlp_negotiate_at_exit();
-    mlp_stdio_exited();
 }

@@ -55,17 +55,16 @@ struct mlp_ck {
     FILE *f;
     char *pre;
     size_t pre_len, pre_off;
-    bool std, keep_fd, late_told;
+    bool std, keep_fd;
 };
 
-/* The streams memlan made and has not seen closed: flushed at exit before the connections go
- * (mlp_stdio_at_exit), and the only streams other than glibc's static three that a swap may
- * replace.  Lock-free slots (a fork or a signal never finds a lock held); a stream that finds
- * no free slot is still made, but neither flushed early at exit nor replaced. */
+/* The streams memlan made and has not seen closed: the only streams other than glibc's static
+ * three that a swap may replace.  Lock-free slots (a fork or a signal never finds a lock held); a
+ * stream that finds no free slot is still made, but not replaced.  (glibc flushes them at exit,
+ * after every exit handler, through the channel: exit() ends no connection, sock.c.) */
 #define MLP_NSTREAMS 64
 static FILE *_Atomic mlp_streams[MLP_NSTREAMS];
 static struct mlp_ck *_Atomic mlp_cookies[MLP_NSTREAMS]; /* each stream's cookie */
-static atomic_bool mlp_exited; /* mlp_at_exit took the connections down */
 
 static bool mlp_stream_track(FILE *f, struct mlp_ck *c)
 {
@@ -121,11 +120,6 @@ static ssize_t mlp_ck_write(void *v, const char *buf, size_t len)
 {
     struct mlp_ck *c = v;
     int fd = c->f->_fileno;
-    if (ml_unlikely(atomic_load(&mlp_exited)) && !c->late_told && !mlp_fd_is_ours(fd)) {
-        c->late_told = true; /* a destructor, or an exit handler that ran after ours */
-        mlp_log(0, "fd %d: %zu bytes written through stdio after memlan's exit handler took the "
-                   "connections down reach the kernel socket: the stream is split", fd, len);
-    }
     size_t done = 0;
     while (done < len) {
         ssize_t r = mlp_io_write(fd, buf + done, len - done);
@@ -351,28 +345,3 @@ void mlp_stdio_adopt(int fd)
     errno = saved;
 }
 
-/* Before the connections go at exit: glibc flushes its streams only after every exit handler
- * (_IO_cleanup), when our writes would reach the idle kernel socket.  A stream another thread
- * holds is left to glibc (its bytes then reach the kernel socket, and the write says so). */
-void mlp_stdio_at_exit(void)
-{
-    int inside = mlp_inside;
-    mlp_inside = 0;
-    for (int i = 0; i < MLP_NSTREAMS; i++) {
-        FILE *f = atomic_load(&mlp_streams[i]);
-        if (!f)
-            continue;
-        if (ftrylockfile(f) == 0) {
-            int saved = errno;
-            (void)fflush_unlocked(f);
-            errno = saved;
-            funlockfile(f);
-        } else {
-            mlp_log(1, "fd %d: another thread holds a stream through the channel at exit: its "
-                       "output is not flushed before the connections go", f->_fileno);
-        }
-    }
-    mlp_inside = inside;
-}
-
-void mlp_stdio_exited(void) { atomic_store(&mlp_exited, true); }

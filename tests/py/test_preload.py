@@ -1120,6 +1120,30 @@ def test_fork_child_leaving_without_close_ends_promptly(fabric, tmp_path):
     settle(fabric)
 
 
+EXITRACE = BUILD / "tests-preload" / "exitrace"
+
+
+@pytest.mark.parametrize("case,rounds", [("poll", 20), ("thread", 20), ("dtor", 5), ("linger", 5),
+                                         ("shared", 5)])
+def test_exit_ends_no_connection_before_the_process_does(fabric, tmp_path, case, rounds):
+    """exitrace: a child's main thread calls exit() while its other threads send and busy-poll
+    (epoll_wait and poll with timeout 0), or an ELF destructor and glibc's final stdio flush write
+    after memlan's exit handler, or the socket has SO_LINGER 0, or a grandchild that shares the
+    connection exits first.  Over kernel TCP every byte whose send returned reaches the parent,
+    the child exits 0, and the lingering socket's end is a reset; under memlan too, with nothing
+    of the children left in the fabric (shared: the grandchild's exit() gives its count back).  Before, the exit
+    handler ended the connections: later sends went to the kernel socket under the channel,
+    unread (poll: 8 and 11 rounds of 20 lost about 4 MB each; dtor, linger and shared passed
+    then: linger and shared guard the end's reset and the files now that the process's end is
+    the connection's)."""
+    plain, under, text = scripted(EXITRACE, tmp_path, case, str(rounds))
+    assert plain.stdout.endswith(f"{case} rounds {rounds} bad 0\n"), plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (client)") == rounds * (3 if case == "poll" else 1), text
+    assert "split" not in text, text
+    assert os.listdir(fabric) == [], os.listdir(fabric)  # every name went at exit()
+
+
 def test_many_blocked_receivers_see_a_fork_childs_end(fabric, tmp_path):
     """forkexit many-recv: 72 threads blocked in recv without SO_RCVTIMEO, one per connection,
     more than memlan makes eventfds for (64); a fork child holds every accepted end and leaves

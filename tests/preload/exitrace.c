@@ -1,0 +1,306 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
+/*
+ * exitrace: what a process does with its connections after exit() has begun.  exit() runs the
+ * exit handlers (memlan's among them), then the ELF destructors, then glibc's flush of stdio,
+ * and only then does the kernel end the process; other threads run all the while.  Over kernel
+ * TCP every byte a send accepted in that time reaches the peer, and nothing dies of it.  Each
+ * round forks a child that connects to this process (the parent), does the case's thing and calls
+ * exit(0); the parent reads the connection to its end and checks.
+ *
+ * usage: exitrace PORT CASE [ROUNDS]
+ *   dtor:   the child sends "a", then exits; an ELF destructor sends "bye" and a stdio stream on
+ *           the socket holds "-late" that glibc flushes at the very end: the parent must read
+ *           "abye-late".  (Before: memlan's exit handler had ended the connection, and both went
+ *           to the kernel socket under the channel, never read: the parent read "a".)
+ *   thread: a thread of the child sends 1 KiB pieces and counts, after each send returned, the
+ *           bytes sent (in memory the parent reads); the child's main thread exits a moment
+ *           later.  The parent must read at least what was counted.
+ *   shared: the child forks a grandchild that holds the connection too and exits at once; then
+ *           the child sends "s" and exits.  The parent must read "s" and its end.  (With
+ *           `memlan run`, the Python test also wants the fabric empty afterwards: the
+ *           grandchild's exit() gives its holders count back, so the child's exit() knows the
+ *           channel is its own and takes its file's name.)
+ *   linger: the child sets SO_LINGER with a zero time, sends "a" and exits: the parent's reads
+ *           must end with ECONNRESET (the kernel's close at the process's end aborts).
+ *   poll:   threads of the child busy-poll (epoll_wait and poll with timeout 0) and send while
+ *           the main thread exits (before: the exit handler unmapped the process's event queue
+ *           under the polling thread).  The child must exit with status 0.
+ * A child's status other than exit 0 fails the round.  Prints "CASE rounds N bad B"; exit 1 if
+ * B > 0.  Every wait is bounded (10 s a round).
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "twoends.h"
+
+static struct sockaddr_in addr;
+static int lfd;
+static atomic_int started;
+static atomic_ulong *counted; /* shared with the children: bytes whose send had returned */
+static int dtor_fd = -1;
+
+static int dial(void)
+{
+    int c = socket(AF_INET, SOCK_STREAM, 0);
+    if (c < 0 || connect(c, (struct sockaddr *)&addr, sizeof addr) < 0)
+        die("connect");
+    return c;
+}
+
+__attribute__((destructor)) static void late_send(void)
+{
+    if (dtor_fd >= 0 && send(dtor_fd, "bye", 3, MSG_NOSIGNAL) != 3)
+        _exit(3);
+}
+
+/* ---- the poll case's threads -------------------------------------------------------------- */
+
+struct two {
+    int a, b;
+};
+
+static void *epoller(void *p)
+{
+    struct two *t = p;
+    int ep = epoll_create1(0);
+    struct epoll_event ev = {.events = EPOLLIN, .data.fd = t->a};
+    if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, t->a, &ev) < 0)
+        die("epoll");
+    atomic_fetch_add(&started, 1);
+    char buf[64];
+    for (unsigned long i = 0; i < 200000000ul; i++) { /* bounded; exit() ends it long before */
+        struct epoll_event got[4];
+        if (epoll_wait(ep, got, 4, 0) > 0 && recv(t->a, buf, sizeof buf, MSG_DONTWAIT) < 0 &&
+            errno != EAGAIN)
+            break;
+        if ((i & 63) == 0)
+            (void)send(t->b, "x", 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+    }
+    return NULL;
+}
+
+static void *poller(void *p)
+{
+    struct two *t = p;
+    atomic_fetch_add(&started, 1);
+    for (unsigned long i = 0; i < 200000000ul; i++) {
+        struct pollfd pf = {.fd = t->a, .events = POLLIN};
+        (void)poll(&pf, 1, 0);
+    }
+    return NULL;
+}
+
+/* Sends to the parent and counts what each send took. */
+static void *sender(void *p)
+{
+    int fd = *(int *)p;
+    char buf[1024];
+    memset(buf, 'x', sizeof buf);
+    atomic_fetch_add(&started, 1);
+    for (unsigned long i = 0; i < 200000000ul; i++) {
+        ssize_t n = send(fd, buf, sizeof buf, MSG_NOSIGNAL);
+        if (n < 0)
+            break;
+        atomic_fetch_add(counted, (unsigned long)n);
+    }
+    return NULL;
+}
+
+/* A connection within the child, through a listener of its own (any free port). */
+static void local_pair(struct two *t)
+{
+    static int l2 = -1;
+    static struct sockaddr_in a2;
+    if (l2 < 0) {
+        socklen_t len = sizeof a2;
+        a2.sin_family = AF_INET;
+        a2.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        l2 = socket(AF_INET, SOCK_STREAM, 0);
+        if (l2 < 0 || bind(l2, (struct sockaddr *)&a2, sizeof a2) < 0 || listen(l2, 8) < 0 ||
+            getsockname(l2, (struct sockaddr *)&a2, &len) < 0)
+            die("listen 2");
+    }
+    t->a = socket(AF_INET, SOCK_STREAM, 0);
+    if (t->a < 0 || connect(t->a, (struct sockaddr *)&a2, sizeof a2) < 0)
+        die("connect 2");
+    t->b = accept(l2, NULL, NULL);
+    if (t->b < 0)
+        die("accept 2");
+}
+
+static void child(const char *cas, unsigned round)
+{
+    int c = dial();
+    char k;
+    if (recv(c, &k, 1, MSG_WAITALL) != 1) /* the parent has accepted: the connection is settled */
+        die("recv");
+    pthread_t th;
+    if (!strcmp(cas, "linger")) {
+        struct linger lg = {1, 0};
+        if (setsockopt(c, SOL_SOCKET, SO_LINGER, &lg, sizeof lg) < 0 || send(c, "a", 1, 0) != 1)
+            die("linger");
+        exit(0);
+    }
+    if (!strcmp(cas, "shared")) {
+        pid_t g = fork(); /* it holds the connection too, and leaves by exit() at once */
+        if (g == 0)
+            exit(0);
+        int st;
+        if (g < 0 || waitpid(g, &st, 0) != g || !WIFEXITED(st) || WEXITSTATUS(st) != 0)
+            die("grandchild");
+        if (send(c, "s", 1, 0) != 1)
+            die("send");
+        exit(0);
+    }
+    if (!strcmp(cas, "dtor")) {
+        if (send(c, "a", 1, 0) != 1)
+            die("send");
+        FILE *f = fdopen(dup(c), "w");
+        if (!f || fputs("-late", f) < 0) /* stays in the stream's buffer until exit's flush */
+            die("fdopen");
+        /* The destructor's "bye" must come before the stream's flush: glibc flushes after the
+         * destructors, as exit(3) says. */
+        dtor_fd = c;
+        exit(0);
+    }
+    int want = 1;
+    if (pthread_create(&th, NULL, sender, &c) != 0)
+        die("pthread_create");
+    if (!strcmp(cas, "poll")) {
+        static struct two e, p;
+        local_pair(&e);
+        local_pair(&p);
+        void *(*fn[])(void *) = {epoller, poller};
+        void *arg[] = {&e, &p};
+        for (int i = 0; i < 2; i++)
+            if (pthread_create(&th, NULL, fn[i], arg[i]) != 0)
+                die("pthread_create");
+        want = 3;
+    }
+    while (atomic_load(&started) < want)
+        sched_yield();
+    /* Let them run a little, a different while each round, then leave. */
+    struct timespec ts = {0, 200000 + (long)(round % 7) * 150000};
+    nanosleep(&ts, NULL);
+    exit(0);
+}
+
+static uint64_t now_ms(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000 + (uint64_t)t.tv_nsec / 1000000;
+}
+
+/* One round: the child's connection accepted and read to its end. */
+static int round_once(const char *cas, unsigned r)
+{
+    atomic_store(counted, 0);
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid < 0)
+        die("fork");
+    if (pid == 0)
+        child(cas, r);
+    int a = accept(lfd, NULL, NULL);
+    if (a < 0 || send(a, "k", 1, 0) != 1)
+        die("accept");
+    struct timeval tv = {10, 0};
+    setsockopt(a, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char got[64] = {0};
+    size_t have = 0;
+    unsigned long total = 0;
+    int err = 0;
+    for (;;) {
+        char buf[65536];
+        ssize_t n = recv(a, buf, sizeof buf, 0);
+        if (n <= 0) {
+            err = n < 0 ? errno : 0;
+            break;
+        }
+        if (have + (size_t)n < sizeof got) {
+            memcpy(got + have, buf, (size_t)n);
+            have += (size_t)n;
+        }
+        total += (unsigned long)n;
+    }
+    close(a);
+    int st;
+    uint64_t t0 = now_ms();
+    while (waitpid(pid, &st, WNOHANG) != pid) {
+        if (now_ms() - t0 > 10000) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &st, 0);
+            printf("round %u: the child hung\n", r);
+            return 1;
+        }
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    int bad = 0;
+    if (WIFSIGNALED(st)) {
+        printf("round %u: the child was killed by signal %d\n", r, WTERMSIG(st));
+        bad = 1;
+    } else if (WEXITSTATUS(st) != 0) {
+        printf("round %u: the child's status was %d\n", r, WEXITSTATUS(st));
+        bad = 1;
+    }
+    if (!strcmp(cas, "linger")) {
+        if (err != ECONNRESET) {
+            printf("round %u: recv ended with %s, not a reset\n", r, err ? strerror(err) : "EOF");
+            bad = 1;
+        }
+    } else if (err) {
+        printf("round %u: recv: %s\n", r, strerror(err));
+        bad = 1;
+    }
+    if (!strcmp(cas, "shared") && strcmp(got, "s") != 0) {
+        printf("round %u: read \"%s\", not \"s\"\n", r, got);
+        bad = 1;
+    }
+    if (!strcmp(cas, "dtor") && strcmp(got, "abye-late") != 0) {
+        printf("round %u: read \"%s\", not \"abye-late\"\n", r, got);
+        bad = 1;
+    }
+    unsigned long c = atomic_load(counted);
+    if (!strcmp(cas, "thread") || !strcmp(cas, "poll")) {
+        if (total < c) {
+            printf("round %u: read %lu bytes of the %lu whose send had returned\n", r, total, c);
+            bad = 1;
+        }
+    }
+    return bad;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3)
+        return 2;
+    const char *cas = argv[2];
+    unsigned rounds = argc > 3 ? (unsigned)atoi(argv[3]) : 20;
+    signal(SIGPIPE, SIG_IGN);
+    counted = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (counted == MAP_FAILED)
+        die("mmap");
+    lfd = listen_here(atoi(argv[1]), &addr);
+    unsigned bad = 0;
+    for (unsigned r = 0; r < rounds; r++)
+        bad += (unsigned)round_once(cas, r);
+    printf("%s rounds %u bad %u\n", cas, rounds, bad);
+    return bad ? 1 : 0;
+}
