@@ -713,9 +713,12 @@ def test_haproxy_master_worker_reload(gfabric, group, pubdir):
     in front of a Python backend, all under memlan; two reloads (SIGUSR2 to the master: the new
     master takes the listeners from the old worker over a unix socket, SCM_RIGHTS) while a
     client makes one connection per request: no request fails or waits, every answer (64 KiB)
-    checked, and every client connection accelerated, after the reloads too.  Before the preload published
-    a listener received that way, the connections after a reload were plain TCP ("no memlan
-    listener on this port")."""
+    checked, and every client connection accelerated, after the reloads too, but for design.md's
+    one window: haproxy soft-stops the old worker (its listener's record goes) a few ms before the
+    new master forks, and the listener the new master received is published at that fork, so a
+    client that connects in between chooses plain TCP before the first byte ("no memlan listener
+    on this port", seen in 4 of 41 runs, 1 connection each).  Before the preload published a
+    listener received that way, every connection after a reload was plain TCP."""
     if os.geteuid() != 0:
         pytest.skip("haproxy drops from root to its user: needs root")
     need("haproxy")
@@ -777,9 +780,14 @@ def test_haproxy_master_worker_reload(gfabric, group, pubdir):
         assert bad == 0, res
         assert worst < 1.0, f"a request waited {worst} s: {res}"
         c, s = clog.read_text(), slog.read_text()
-        # Every client connection accelerated, before and after the reloads; none fell back.
-        assert tcp_reasons(clog) == [], (workers, [l for l in c.splitlines() if "TCP" in l][:5])
-        assert c.count("accelerated (client)") == n, (n, c[-3000:])
+        # Every client connection accelerated, before and after the reloads, but for the reload
+        # window (at most 2 connections a reload); the last 20 settled after the last reload.
+        why = tcp_reasons(clog)
+        assert set(why) <= {"no memlan listener on this port in the fabric"}, (workers, why)
+        assert len(why) <= 4, (workers, [l for l in c.splitlines() if "TCP" in l][:5])
+        assert c.count("accelerated (client)") == n - len(why), (n, c[-3000:])
+        ends = [l for l in c.splitlines() if "accelerated (client)" in l or ": TCP (" in l]
+        assert len(ends) == n and all("accelerated" in l for l in ends[-20:]), ends[-20:]
         assert s.count("a listening socket received over SCM_RIGHTS: published") >= 2, s[-3000:]
         assert srv.poll() is None, "the master exited"
         rc = sigterm_exit(srv)
