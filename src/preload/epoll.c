@@ -151,6 +151,7 @@ static struct mlp_ep *mlp_ep_get(int epfd, bool create)
                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) == 0) {
                 mlp_neps = 1 << 20;
                 mlp_eps = p;
+                mlp_lsan_root(p, (1u << 20) * sizeof(void *));
             }
         }
         pthread_mutex_unlock(&mlp_eps_mu);

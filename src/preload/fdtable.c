@@ -88,6 +88,8 @@ struct mlp_fdrec *mlp_fdrec_make(int fd)
     if (!atomic_compare_exchange_strong(&mlp_fdtop[fd >> MLP_FDCHUNK_SHIFT], &want,
                                         (struct mlp_fdrec *)p))
         __ml_sys_munmap(p, MLP_FDCHUNK * sizeof(struct mlp_fdrec)); /* another thread's won */
+    else
+        mlp_lsan_root(p, MLP_FDCHUNK * sizeof(struct mlp_fdrec));
     r = mlp_fdrec(fd);
 out:
     if (r) {

@@ -345,6 +345,17 @@ void mlp_keep_file(struct mlp_sock *s, int fd);
 void mlp_keep_file_early(int fd);
 int mlp_tcp_catch_up(struct mlp_sock *s, int fd, bool block);
 void mlp_at_exit(void);
+/* A table of ours in memory from mmap that points at records from malloc (the fd table's chunks,
+ * the epoll sets' table): shown to LeakSanitizer as a root, where a host built with it runs us.
+ * exit() frees nothing of ours (sock.c), and LeakSanitizer scans no mmap'd memory of its own
+ * accord: without this the records would be reported as leaks and the host's exit status
+ * changed (its default: 23).  The runtime's symbol is weak: without a sanitizer, nothing. */
+void __lsan_register_root_region(const void *p, size_t size) __attribute__((weak));
+static inline void mlp_lsan_root(const void *p, size_t size)
+{
+    if (__lsan_register_root_region)
+        __lsan_register_root_region(p, size);
+}
 void mlp_epoll_at_exit(void); /* epoll.c: the sets' queues lose their names */
 void mlp_stdio_adopt(int fd); /* stdio.c: a connection now at fd 0, 1 or 2 */
 
