@@ -884,13 +884,16 @@ static bool ml_peer_dead(struct memlan_channel *ch)
     int alive = __ml_seg_alive(ch->seg, ch->side == 0 ? ML_LOCK_ATTACHER : ML_LOCK_OWNER);
     /* A socket's peer that called exit() took the file's name away with its connections still
      * working (ML_SOCK_UNNAMED, set only while its side is open): a missing name is no death
-     * then, its kernel socket tells (below).  A hostile peer that sets the flag gains nothing: it
-     * decides when its kernel socket ends anyway. */
-    bool unnamed =
-        alive == 0 && ch->sock_ino &&
-        (ml_load_relaxed(&((struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF))[1 - ch->side]
-                              .flags) &
-         ML_SOCK_UNNAMED);
+     * then, its kernel socket tells (below).  So too when our own process did (our flag): its
+     * other threads and glibc's last flush of stdio still send and wait after that, and a look
+     * by name would take a live peer for dead (tests/preload/exitrace.c, "flush").  A hostile
+     * peer that sets either flag gains nothing: it decides when its kernel socket ends anyway. */
+    struct ml_sock_side *sides =
+        (struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF);
+    bool unnamed = alive == 0 && ch->sock_ino &&
+                   ((ml_load_relaxed(&sides[1 - ch->side].flags) |
+                     ml_load_relaxed(&sides[ch->side].flags)) &
+                    ML_SOCK_UNNAMED);
     if (unnamed)
         alive = -1;
     if (alive == 0 && ml_peer_state(ch) != ML_SIDE_CLOSED)

@@ -44,6 +44,7 @@ void mlp_poll_after_fork(void);
 void mlp_poll_forget(struct mlp_sock *s);
 void mlp_poll_fork_drop(struct mlp_sock *s);
 void mlp_poll_at_exit(void);
+void mlp_poll_exiting(void);
 void mlp_negotiate_at_exit(void);
 
 /* ---- locks ------------------------------------------------------------------------------- */
@@ -2395,6 +2396,7 @@ static void mlp_let_go_at_exit(struct mlp_sock *s)
  */
 void mlp_at_exit(void)
 {
+    mlp_poll_exiting(); /* queues made from now on lose their names at once */
     int max = mlp_fd_max();
     for (int fd = 0; fd <= max; fd++) {
         struct mlp_sock *s = mlp_get(fd);

@@ -22,6 +22,11 @@
  *           channel is its own and takes its file's name.)
  *   linger: the child sets SO_LINGER with a zero time, sends "a" and exits: the parent's reads
  *           must end with ECONNRESET (the kernel's close at the process's end aborts).
+ *   flush:  the child puts 4 MiB in a stdio stream on the socket (a buffer that large) and exits;
+ *           glibc's flush at exit's very end writes them while the parent begins to read only
+ *           half a second after it accepted: the parent must read all 4 MiB (before: the write,
+ *           waiting for room after memlan's exit handler had taken the channel file's name, took
+ *           the parent for dead at its first look at its liveness, and the rest was lost).
  *   poll:   threads of the child busy-poll (epoll_wait and poll with timeout 0) and send while
  *           the main thread exits (before: the exit handler unmapped the process's event queue
  *           under the polling thread).  The child must exit with status 0.
@@ -178,6 +183,18 @@ static void child(const char *cas, unsigned round)
         dtor_fd = c;
         exit(0);
     }
+    if (!strcmp(cas, "flush")) {
+        size_t big = 4u << 20;
+        char *b = malloc(big), *sb = malloc(big + 4096); /* glibc sizes only a buffer it is given */
+        FILE *f = fdopen(dup(c), "w");
+        if (!b || !sb || !f || setvbuf(f, sb, _IOFBF, big + 4096) != 0)
+            die("fdopen");
+        memset(b, 'f', big);
+        for (size_t o = 0; o < big; o += 65536) /* stays in the stream's buffer until exit's flush */
+            if (fwrite(b + o, 1, 65536, f) != 65536)
+                die("fwrite");
+        exit(0);
+    }
     int want = 1;
     if (pthread_create(&th, NULL, sender, &c) != 0)
         die("pthread_create");
@@ -222,6 +239,10 @@ static int round_once(const char *cas, unsigned r)
         die("accept");
     struct timeval tv = {10, 0};
     setsockopt(a, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (!strcmp(cas, "flush")) { /* the child's flush meets a full ring, and waits */
+        struct timespec hs = {0, 500000000};
+        nanosleep(&hs, NULL);
+    }
     char got[64] = {0};
     size_t have = 0;
     unsigned long total = 0;
@@ -275,6 +296,10 @@ static int round_once(const char *cas, unsigned r)
     }
     if (!strcmp(cas, "dtor") && strcmp(got, "abye-late") != 0) {
         printf("round %u: read \"%s\", not \"abye-late\"\n", r, got);
+        bad = 1;
+    }
+    if (!strcmp(cas, "flush") && total != 4u << 20) {
+        printf("round %u: read %lu bytes of the %u the stream held\n", r, total, 4u << 20);
         bad = 1;
     }
     unsigned long c = atomic_load(counted);
