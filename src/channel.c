@@ -883,8 +883,9 @@ static bool ml_peer_dead(struct memlan_channel *ch)
     }
     int alive = __ml_seg_alive(ch->seg, ch->side == 0 ? ML_LOCK_ATTACHER : ML_LOCK_OWNER);
     /* A socket's peer that called exit() took the file's name away with its connections still
-     * working (ML_SOCK_UNNAMED, set only while its side is open): a missing name is no death
-     * then, its kernel socket tells (below).  So too when our own process did (our flag): its
+     * working (ML_SOCK_UNNAMED, set while its side is open, or shut down with ours shut down or
+     * closed too, when nothing here depends on its liveness): a missing name is no death then,
+     * its kernel socket tells (below).  So too when our own process did (our flag): its
      * other threads and glibc's last flush of stdio still send and wait after that, and a look
      * by name would take a live peer for dead (tests/preload/exitrace.c, "flush").  A hostile
      * peer that sets either flag gains nothing: it decides when its kernel socket ends anyway. */

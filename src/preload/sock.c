@@ -2356,13 +2356,21 @@ void mlp_after_fork_child(void)
 
 /* At exit: take the name of the channel's file away if the connection is ours alone and open
  * (see mlp_at_exit), saying so first in our side's block (ML_SOCK_UNNAMED): the peer, finding no
- * name, then judges our liveness by the kernel socket, which ends with the process. */
+ * name, then judges our liveness by the kernel socket, which ends with the process.  A side
+ * that shut down has sent its FIN on the kernel socket, which can then no longer tell our end:
+ * its name goes only when the peer has shut down or closed too, so that nothing the peer can do
+ * still depends on our liveness (its reads end by our state, its writes by its own; the flag
+ * keeps it from taking the missing name for our death meanwhile).  One the peer may still write
+ * to keeps its name (the lock must answer then) and waits for the next sweep. */
 static void mlp_unname_at_exit(struct mlp_sock *s)
 {
     struct memlan_channel *ch = s->ch;
     if (s->state != MLP_ACCEL || !ch || !s->me || s->side != 0 || !ch->seg->owner ||
-        !ch->sock_ino || atomic_load(&s->me->holders) != 1 ||
-        ml_load_acquire(&ch->hdr->side_state[ch->side]) != ML_SIDE_OPEN)
+        !ch->sock_ino || atomic_load(&s->me->holders) != 1)
+        return;
+    uint32_t mine = ml_load_acquire(&ch->hdr->side_state[ch->side]);
+    if (mine != ML_SIDE_OPEN &&
+        (mine != ML_SIDE_SHUT_WR || __ml_chan_peer_state(ch) == ML_SIDE_OPEN))
         return;
     atomic_fetch_or(&s->me->flags, ML_SOCK_UNNAMED);
     __ml_seg_unname(ch->seg);

@@ -27,6 +27,10 @@
  *           half a second after it accepted: the parent must read all 4 MiB (before: the write,
  *           waiting for room after memlan's exit handler had taken the channel file's name, took
  *           the parent for dead at its first look at its liveness, and the rest was lost).
+ *   shutwr: the child sends "w", shuts its writing down, reads the parent's end and exits
+ *           without closing: the parent must read "w" and its end.  (With `memlan run` the
+ *           Python test wants the fabric empty afterwards: before, a side that had shut down
+ *           kept its channel file's name at exit, and the file stayed for the next sweep.)
  *   poll:   threads of the child busy-poll (epoll_wait and poll with timeout 0) and send while
  *           the main thread exits (before: the exit handler unmapped the process's event queue
  *           under the polling thread).  The child must exit with status 0.
@@ -172,6 +176,11 @@ static void child(const char *cas, unsigned round)
             die("send");
         exit(0);
     }
+    if (!strcmp(cas, "shutwr")) {
+        if (send(c, "w", 1, 0) != 1 || shutdown(c, SHUT_WR) != 0 || recv(c, &k, 1, 0) != 0)
+            die("shutwr");
+        exit(0);
+    }
     if (!strcmp(cas, "dtor")) {
         if (send(c, "a", 1, 0) != 1)
             die("send");
@@ -288,6 +297,10 @@ static int round_once(const char *cas, unsigned r)
         }
     } else if (err) {
         printf("round %u: recv: %s\n", r, strerror(err));
+        bad = 1;
+    }
+    if (!strcmp(cas, "shutwr") && strcmp(got, "w") != 0) {
+        printf("round %u: read \"%s\", not \"w\"\n", r, got);
         bad = 1;
     }
     if (!strcmp(cas, "shared") && strcmp(got, "s") != 0) {
