@@ -904,7 +904,12 @@ static bool ml_peer_dead(struct memlan_channel *ch)
      * socket under the channel tells instead: the peer's process holds its end as long as it
      * lives, so a FIN or reset from a peer that never shut down over the channel is its death
      * (a peer that shuts down or closes says so in its side state first). */
-    if (alive < 0 && ch->sock_ino && ml_peer_state(ch) == ML_SIDE_OPEN &&
+    uint32_t ps = ml_peer_state(ch);
+    if (alive < 0 && ch->sock_ino &&
+        (ps == ML_SIDE_OPEN ||
+         /* it shut down after it took the name, and left the kernel socket's FIN to its end */
+         (ps == ML_SIDE_SHUT_WR && unnamed &&
+          (ml_load_relaxed(&sides[1 - ch->side].flags) & ML_SOCK_LATE_FIN))) &&
         __ml_sys_socket_hup(ch->sock_fd, ch->sock_ino) == 1)
         ch->peer_dead = true;
     /* Bytes on the kernel socket under an accelerated connection: nothing of memlan's ever

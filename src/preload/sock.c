@@ -2035,7 +2035,7 @@ int mlp_shutdown(struct mlp_sock *s, int fd, int how)
 {
     if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
         return -EINVAL;
-    int st = s->state;
+    int st = s->state, kernel_how = how;
     if (st == MLP_UNDECIDED && (how == SHUT_WR || how == SHUT_RDWR))
         st = mlp_decide(s, fd, true); /* the peer must get our bytes before our EOF */
     if (st == MLP_TCP) {
@@ -2054,13 +2054,27 @@ int mlp_shutdown(struct mlp_sock *s, int fd, int how)
             (void)memlan_shutdown(s->ch, MEMLAN_SHUT_WR);
             if (locked)
                 mlp_unlock_tx(s);
+            /* After exit()'s handler took the channel's name (ML_SOCK_UNNAMED): the peer
+             * judges our liveness by the kernel socket, whose FIN must then be our process's
+             * end, not this shutdown (else the peer, finding no name and a FIN it must take
+             * for the shutdown's, never finds us gone, and its sends wait for room for ever:
+             * exitrace "lateshut").  The kernel socket keeps its writing; the flag tells the
+             * peer (mlp_unname_at_exit: the fence pairs with its own). */
+            atomic_thread_fence(memory_order_seq_cst);
+            _Atomic uint32_t *fl = s->me ? &s->me->flags : NULL;
+            if (fl && (atomic_load(fl) & ML_SOCK_UNNAMED)) {
+                atomic_fetch_or(fl, ML_SOCK_LATE_FIN);
+                kernel_how = how == SHUT_RDWR ? SHUT_RD : -1;
+            }
             __ml_chan_kick_tx(s->ch); /* a send asleep for room ends: EPIPE, as the kernel's */
             mlp_poll_kick(s);
         }
     }
     /* The kernel socket too: it keeps ss and the peer's kernel view in step. */
     int saved = errno;
-    if (mlp_real_shutdown(fd, how) < 0 && errno != ENOTCONN)
+    if (kernel_how < 0)
+        return 0;
+    if (mlp_real_shutdown(fd, kernel_how) < 0 && errno != ENOTCONN)
         return -errno;
     errno = saved;
     return 0;
@@ -2373,6 +2387,17 @@ static void mlp_unname_at_exit(struct mlp_sock *s)
         (mine != ML_SIDE_SHUT_WR || __ml_chan_peer_state(ch) == ML_SIDE_OPEN))
         return;
     atomic_fetch_or(&s->me->flags, ML_SOCK_UNNAMED);
+    /* Another thread's shutdown (mlp_shutdown) meanwhile: it either saw the flag, and leaves
+     * the kernel socket's FIN to the process's end (ML_SOCK_LATE_FIN), or it did not, and the
+     * kernel socket can no longer tell our end: then the name stays, and the flag goes (a
+     * missing name is then our death, as the lock says).  seq_cst, both sides: one of the two
+     * sees the other. */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (mine == ML_SIDE_OPEN && ml_load_acquire(&ch->hdr->side_state[ch->side]) != ML_SIDE_OPEN &&
+        !(atomic_load(&s->me->flags) & ML_SOCK_LATE_FIN)) {
+        atomic_fetch_and(&s->me->flags, ~ML_SOCK_UNNAMED);
+        return;
+    }
     __ml_seg_unname(ch->seg);
 }
 

@@ -31,6 +31,13 @@
  *           without closing: the parent must read "w" and its end.  (With `memlan run` the
  *           Python test wants the fabric empty afterwards: before, a side that had shut down
  *           kept its channel file's name at exit, and the file stayed for the next sweep.)
+ *   lateshut: a thread of the child shuts the connection's writing down after memlan's exit
+ *           handler has run (it waits for glibc's last flush, which comes after the handler, to
+ *           reach a pipe it reads), then lets the process end; the parent reads the end, then
+ *           sends until a send fails: it must fail (the child is gone), not time out.  (Before:
+ *           the child's file had lost its name with its side open, and once shut down its
+ *           kernel socket's FIN came at the shutdown, so the parent never found it dead and
+ *           waited for room for ever.)
  *   poll:   threads of the child busy-poll (epoll_wait and poll with timeout 0) and send while
  *           the main thread exits (before: the exit handler unmapped the process's event queue
  *           under the polling thread).  The child must exit with status 0.
@@ -114,6 +121,28 @@ static void *poller(void *p)
     return NULL;
 }
 
+/* lateshut: the thread that shuts down once the exit handler has run. */
+struct late {
+    int c, rd;
+};
+
+static void *late_shut(void *p)
+{
+    struct late *l = p;
+    char buf[65536];
+    atomic_fetch_add(&started, 1);
+    if (read(l->rd, buf, 1) != 1 || shutdown(l->c, SHUT_WR) != 0) /* glibc's flush has begun */
+        _exit(4);
+    atomic_store(&counted[1], 1);
+    for (size_t got = 1; got < (256u << 10) + 1;) { /* let the flush end, and the process */
+        ssize_t n = read(l->rd, buf, sizeof buf);
+        if (n <= 0)
+            _exit(5);
+        got += (size_t)n;
+    }
+    return NULL;
+}
+
 /* Sends to the parent and counts what each send took. */
 static void *sender(void *p)
 {
@@ -174,6 +203,24 @@ static void child(const char *cas, unsigned round)
             die("grandchild");
         if (send(c, "s", 1, 0) != 1)
             die("send");
+        exit(0);
+    }
+    if (!strcmp(cas, "lateshut")) {
+        static struct late l;
+        int p[2];
+        static char sb[(256u << 10) + 4096]; /* the stream's buffer: a pipe takes 64 KiB */
+        FILE *f;
+        if (pipe(p) != 0 || !(f = fdopen(p[1], "w")) || setvbuf(f, sb, _IOFBF, sizeof sb) != 0)
+            die("pipe");
+        fputc('Z', f);
+        for (int i = 0; i < 256 << 10; i++) /* in the stream's buffer until exit's flush */
+            fputc('z', f);
+        l.c = c;
+        l.rd = p[0];
+        if (pthread_create(&th, NULL, late_shut, &l) != 0)
+            die("pthread_create");
+        while (atomic_load(&started) < 1)
+            sched_yield();
         exit(0);
     }
     if (!strcmp(cas, "shutwr")) {
@@ -237,6 +284,7 @@ static uint64_t now_ms(void)
 static int round_once(const char *cas, unsigned r)
 {
     atomic_store(counted, 0);
+    atomic_store(&counted[1], 0);
     fflush(stdout);
     pid_t pid = fork();
     if (pid < 0)
@@ -253,6 +301,7 @@ static int round_once(const char *cas, unsigned r)
         nanosleep(&hs, NULL);
     }
     char got[64] = {0};
+    int bad = 0;
     size_t have = 0;
     unsigned long total = 0;
     int err = 0;
@@ -269,6 +318,21 @@ static int round_once(const char *cas, unsigned r)
         }
         total += (unsigned long)n;
     }
+    if (!strcmp(cas, "lateshut")) {
+        /* The child's end came by its shutdown, after its exit handler: now send until the
+         * process's end fails a send (64 MiB at most; SO_SNDTIMEO bounds each wait). */
+        setsockopt(a, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        static char big[65536];
+        int serr = 0;
+        for (int i = 0; i < 1024 && !serr; i++)
+            if (send(a, big, sizeof big, MSG_NOSIGNAL) < 0)
+                serr = errno;
+        if (serr != EPIPE && serr != ECONNRESET) {
+            printf("round %u: the sends to the gone child ended with %s\n", r,
+                   serr ? strerror(serr) : "none failing");
+            bad = 1;
+        }
+    }
     close(a);
     int st;
     uint64_t t0 = now_ms();
@@ -282,7 +346,6 @@ static int round_once(const char *cas, unsigned r)
         struct timespec ts = {0, 1000000};
         nanosleep(&ts, NULL);
     }
-    int bad = 0;
     if (WIFSIGNALED(st)) {
         printf("round %u: the child was killed by signal %d\n", r, WTERMSIG(st));
         bad = 1;
@@ -297,6 +360,11 @@ static int round_once(const char *cas, unsigned r)
         }
     } else if (err) {
         printf("round %u: recv: %s\n", r, strerror(err));
+        bad = 1;
+    }
+    if (!strcmp(cas, "lateshut") && (have != 0 || atomic_load(&counted[1]) != 1)) {
+        printf("round %u: read %zu bytes before the end, the shutdown %s\n", r, have,
+               atomic_load(&counted[1]) ? "made" : "not made");
         bad = 1;
     }
     if (!strcmp(cas, "shutwr") && strcmp(got, "w") != 0) {

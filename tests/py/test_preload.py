@@ -1124,7 +1124,8 @@ EXITRACE = BUILD / "tests-preload" / "exitrace"
 
 
 @pytest.mark.parametrize("case,rounds", [("poll", 20), ("thread", 20), ("dtor", 5), ("linger", 5),
-                                         ("shared", 5), ("flush", 3), ("shutwr", 5)])
+                                         ("shared", 5), ("flush", 3), ("shutwr", 5),
+                                         ("lateshut", 3)])
 def test_exit_ends_no_connection_before_the_process_does(fabric, tmp_path, case, rounds):
     """exitrace: a child's main thread calls exit() while its other threads send and busy-poll
     (epoll_wait and poll with timeout 0), or an ELF destructor and glibc's final stdio flush write
@@ -1133,7 +1134,9 @@ def test_exit_ends_no_connection_before_the_process_does(fabric, tmp_path, case,
     parent for dead once memlan's handler had taken the channel file's name, and lost all but
     256 KiB of 4 MiB; the queue its wait made was left in the fabric), or the child shut its
     writing down and read the parent's end before it exits (shutwr: its channel file kept its
-    name and stayed in the fabric).  Over kernel TCP every
+    name and stayed in the fabric), or a thread of the child shuts its writing down after
+    memlan's handler (lateshut: the parent's sends to the gone child must fail; they waited for
+    room until SO_SNDTIMEO, for ever without it).  Over kernel TCP every
     byte whose send returned reaches the parent,
     the child exits 0, and the lingering socket's end is a reset; under memlan too, with nothing
     of the children left in the fabric (shared: the grandchild's exit() gives its count back).  Before, the exit
