@@ -2411,6 +2411,21 @@ static void mlp_let_go_at_exit(struct mlp_sock *s)
         atomic_fetch_sub(&s->me->holders, 1);
 }
 
+/* At exit, an offer just withdrawn (mlp_before_last_close), or one withdrawn before: nobody can
+ * attach to it any more, and its file's name, which the last holder's close removes, serves
+ * nobody.  Ours alone, the name goes now; shared with fork children, our count goes back, so
+ * that the last of them removes it.  (Kept, it stayed in the fabric after the process:
+ * exitrace "undecided".) */
+static void mlp_withdrawn_at_exit(struct mlp_sock *s)
+{
+    if (s->state != MLP_TCP || !s->ch || !s->me)
+        return;
+    if (atomic_load(&s->me->holders) > 1)
+        mlp_let_go_at_exit(s);
+    else
+        __ml_seg_unname(s->ch->seg);
+}
+
 /*
  * exit() ends no connection.  The kernel closes a process's sockets only when the process is
  * gone: after the exit handlers, the ELF destructors and glibc's flush of stdio, and all that
@@ -2441,6 +2456,7 @@ void mlp_at_exit(void)
                 mlp_put(u);
         } else if (s->type == MLP_CONN && s->state != MLP_ACCEL) {
             mlp_before_last_close(s, fd);
+            mlp_withdrawn_at_exit(s);
         } else if (s->type == MLP_CONN && s->me && atomic_load(&s->me->holders) > 1) {
             mlp_let_go_at_exit(s);
         } else if (s->type == MLP_CONN) {

@@ -38,6 +38,8 @@
  *           the child's file had lost its name with its side open, and once shut down its
  *           kernel socket's FIN came at the shutdown, so the parent never found it dead and
  *           waited for room for ever.)
+ *   undecided: the child connects, sends "u" and exits before the parent accepts (it does
+ *           300 ms later): the parent must read "u" and the end.
  *   poll:   threads of the child busy-poll (epoll_wait and poll with timeout 0) and send while
  *           the main thread exits (before: the exit handler unmapped the process's event queue
  *           under the polling thread).  The child must exit with status 0.
@@ -185,6 +187,11 @@ static void child(const char *cas, unsigned round)
 {
     int c = dial();
     char k;
+    if (!strcmp(cas, "undecided")) {
+        if (send(c, "u", 1, 0) != 1)
+            die("send");
+        exit(0);
+    }
     if (recv(c, &k, 1, MSG_WAITALL) != 1) /* the parent has accepted: the connection is settled */
         die("recv");
     pthread_t th;
@@ -291,8 +298,12 @@ static int round_once(const char *cas, unsigned r)
         die("fork");
     if (pid == 0)
         child(cas, r);
+    if (!strcmp(cas, "undecided")) { /* the child's offer waits; the child is gone first */
+        struct timespec ts = {0, 300000000};
+        nanosleep(&ts, NULL);
+    }
     int a = accept(lfd, NULL, NULL);
-    if (a < 0 || send(a, "k", 1, 0) != 1)
+    if (a < 0 || (strcmp(cas, "undecided") && send(a, "k", 1, 0) != 1))
         die("accept");
     struct timeval tv = {10, 0};
     setsockopt(a, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -365,6 +376,10 @@ static int round_once(const char *cas, unsigned r)
     if (!strcmp(cas, "lateshut") && (have != 0 || atomic_load(&counted[1]) != 1)) {
         printf("round %u: read %zu bytes before the end, the shutdown %s\n", r, have,
                atomic_load(&counted[1]) ? "made" : "not made");
+        bad = 1;
+    }
+    if (!strcmp(cas, "undecided") && strcmp(got, "u") != 0) {
+        printf("round %u: read \"%s\", not \"u\"\n", r, got);
         bad = 1;
     }
     if (!strcmp(cas, "shutwr") && strcmp(got, "w") != 0) {
