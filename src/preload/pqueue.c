@@ -48,8 +48,6 @@ void mlp_q_forget(memlan_evq_t *q)
 /* MLP_SLEEP_EFDS: readiness.h */
 _Atomic int mlp_pw_sleepers;
 
-static _Atomic bool mlp_q_exiting; /* exit() began: see mlp_queue_made */
-
 void mlp_poll_after_fork(void)
 {
     /* The parent's queue is the parent's: its doorbell would wake the parent.  Let go of our
@@ -61,7 +59,6 @@ void mlp_poll_after_fork(void)
     pthread_mutex_init(&mlp_home_mu, NULL);
     mlp_pw_gen++;
     atomic_store(&mlp_pw_sleepers, 0);
-    atomic_store(&mlp_q_exiting, false);
     mlp_epoll_after_fork();
 }
 
@@ -79,19 +76,13 @@ void mlp_poll_forget(struct mlp_sock *s)
 void mlp_queue_made(memlan_evq_t *q)
 {
     atomic_thread_fence(memory_order_seq_cst); /* the queue is published before we look */
-    if (atomic_load(&mlp_q_exiting))
+    if (mlp_exiting())
         __ml_evq_unname(q);
 }
 
 /* exit(): the queue's files lose their names; the queue stays for the threads that still wait
- * on it until the process is gone (mlp_at_exit).  Before any set's or the process's queue is
- * looked at there: one made meanwhile is its maker's to unname (mlp_queue_made). */
-void mlp_poll_exiting(void)
-{
-    atomic_store(&mlp_q_exiting, true);
-    atomic_thread_fence(memory_order_seq_cst);
-}
-
+ * on it until the process is gone (mlp_at_exit, after mlp_exiting() says so: a queue made
+ * meanwhile is its maker's to unname, mlp_queue_made). */
 void mlp_poll_at_exit(void) { __ml_evq_unname(__atomic_load_n(&mlp_q, __ATOMIC_ACQUIRE)); }
 
 /* A failed creation (a process that changed its credentials cannot create files in the fabric)

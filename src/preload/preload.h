@@ -345,6 +345,7 @@ void mlp_keep_file(struct mlp_sock *s, int fd);
 void mlp_keep_file_early(int fd);
 int mlp_tcp_catch_up(struct mlp_sock *s, int fd, bool block);
 void mlp_at_exit(void);
+bool mlp_exiting(void); /* exit() has begun: make nothing that outlives the process (sock.c) */
 void mlp_epoll_at_exit(void); /* epoll.c: the sets' queues lose their names */
 void mlp_stdio_adopt(int fd); /* stdio.c: a connection now at fd 0, 1 or 2 */
 

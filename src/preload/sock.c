@@ -44,7 +44,6 @@ void mlp_poll_after_fork(void);
 void mlp_poll_forget(struct mlp_sock *s);
 void mlp_poll_fork_drop(struct mlp_sock *s);
 void mlp_poll_at_exit(void);
-void mlp_poll_exiting(void);
 void mlp_negotiate_at_exit(void);
 
 /* ---- locks ------------------------------------------------------------------------------- */
@@ -2336,9 +2335,18 @@ static void mlp_holders_add(int d)
 void mlp_before_fork(void) { mlp_holders_add(1); }
 void mlp_fork_failed(void) { mlp_holders_add(-1); }
 
+/* exit() has begun in this process (mlp_at_exit has run or runs): what other threads make
+ * from then on would outlive the process in the fabric, where nothing takes its name away: a
+ * queue loses its names as it is made (mlp_queue_made), and a connection makes no offer (it
+ * stays on TCP: exitrace "lateconn").  A fork child is not exiting. */
+static _Atomic bool mlp_exit_began;
+
+bool mlp_exiting(void) { return atomic_load(&mlp_exit_began); }
+
 void mlp_after_fork_child(void)
 {
     mlp_tid_cache = 0; /* the parent's thread id was copied with this thread's storage */
+    atomic_store(&mlp_exit_began, false);
     mlp_negotiate_after_fork();
     mlp_poll_after_fork();
     mlp_locks_after_fork();
@@ -2444,7 +2452,9 @@ static void mlp_withdrawn_at_exit(struct mlp_sock *s)
  */
 void mlp_at_exit(void)
 {
-    mlp_poll_exiting(); /* queues made from now on lose their names at once */
+    /* From now on a new queue loses its names at once, and a new connection stays on TCP. */
+    atomic_store(&mlp_exit_began, true);
+    atomic_thread_fence(memory_order_seq_cst);
     int max = mlp_fd_max();
     for (int fd = 0; fd <= max; fd++) {
         struct mlp_sock *s = mlp_get(fd);

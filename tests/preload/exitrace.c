@@ -40,6 +40,10 @@
  *           waited for room for ever.)
  *   undecided: the child connects, sends "u" and exits before the parent accepts (it does
  *           300 ms later): the parent must read "u" and the end.
+ *   lateconn: as lateshut, but the thread connects to the parent anew after memlan's exit
+ *           handler and sends "c" there: the parent must read "c" and the end on it.  (With
+ *           `memlan run` the Python test wants the fabric empty afterwards: a connection made
+ *           after the handler must not leave its channel file behind.)
  *   poll:   threads of the child busy-poll (epoll_wait and poll with timeout 0) and send while
  *           the main thread exits (before: the exit handler unmapped the process's event queue
  *           under the polling thread).  The child must exit with status 0.
@@ -126,6 +130,7 @@ static void *poller(void *p)
 /* lateshut: the thread that shuts down once the exit handler has run. */
 struct late {
     int c, rd;
+    int conn; /* lateconn: connect anew instead of shutting c down */
 };
 
 static void *late_shut(void *p)
@@ -133,8 +138,15 @@ static void *late_shut(void *p)
     struct late *l = p;
     char buf[65536];
     atomic_fetch_add(&started, 1);
-    if (read(l->rd, buf, 1) != 1 || shutdown(l->c, SHUT_WR) != 0) /* glibc's flush has begun */
+    if (read(l->rd, buf, 1) != 1) /* glibc's flush has begun: memlan's handler has run */
         _exit(4);
+    if (l->conn) {
+        int n = dial();
+        if (send(n, "c", 1, 0) != 1)
+            _exit(6);
+    } else if (shutdown(l->c, SHUT_WR) != 0) {
+        _exit(4);
+    }
     atomic_store(&counted[1], 1);
     for (size_t got = 1; got < (256u << 10) + 1;) { /* let the flush end, and the process */
         ssize_t n = read(l->rd, buf, sizeof buf);
@@ -212,7 +224,7 @@ static void child(const char *cas, unsigned round)
             die("send");
         exit(0);
     }
-    if (!strcmp(cas, "lateshut")) {
+    if (!strcmp(cas, "lateshut") || !strcmp(cas, "lateconn")) {
         static struct late l;
         int p[2];
         static char sb[(256u << 10) + 4096]; /* the stream's buffer: a pipe takes 64 KiB */
@@ -224,6 +236,7 @@ static void child(const char *cas, unsigned round)
             fputc('z', f);
         l.c = c;
         l.rd = p[0];
+        l.conn = !strcmp(cas, "lateconn");
         if (pthread_create(&th, NULL, late_shut, &l) != 0)
             die("pthread_create");
         while (atomic_load(&started) < 1)
@@ -345,6 +358,21 @@ static int round_once(const char *cas, unsigned r)
         }
     }
     close(a);
+    if (!strcmp(cas, "lateconn")) { /* the second connection, made after the handler */
+        int a2 = accept(lfd, NULL, NULL);
+        char b2[8];
+        ssize_t n2 = -1;
+        if (a2 >= 0) {
+            setsockopt(a2, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+            n2 = recv(a2, b2, sizeof b2, MSG_WAITALL); /* "c", then the end */
+        }
+        if (n2 != 1 || b2[0] != 'c') {
+            printf("round %u: the late connection gave %zd\n", r, n2);
+            bad = 1;
+        }
+        if (a2 >= 0)
+            close(a2);
+    }
     int st;
     uint64_t t0 = now_ms();
     while (waitpid(pid, &st, WNOHANG) != pid) {

@@ -1125,7 +1125,7 @@ EXITRACE = BUILD / "tests-preload" / "exitrace"
 
 @pytest.mark.parametrize("case,rounds", [("poll", 20), ("thread", 20), ("dtor", 5), ("linger", 5),
                                          ("shared", 5), ("flush", 3), ("shutwr", 5),
-                                         ("lateshut", 3), ("undecided", 3)])
+                                         ("lateshut", 3), ("undecided", 3), ("lateconn", 3)])
 def test_exit_ends_no_connection_before_the_process_does(fabric, tmp_path, case, rounds):
     """exitrace: a child's main thread calls exit() while its other threads send and busy-poll
     (epoll_wait and poll with timeout 0), or an ELF destructor and glibc's final stdio flush write
@@ -1137,7 +1137,9 @@ def test_exit_ends_no_connection_before_the_process_does(fabric, tmp_path, case,
     name and stayed in the fabric), or a thread of the child shuts its writing down after
     memlan's handler (lateshut: the parent's sends to the gone child must fail; they waited for
     room until SO_SNDTIMEO, for ever without it), or the child exits before the parent accepts
-    (undecided: its withdrawn offer's channel file stayed in the fabric).  Over kernel TCP every
+    (undecided: its withdrawn offer's channel file stayed in the fabric), or a thread of the
+    child connects anew after memlan's handler (lateconn: that connection stays on TCP; its
+    channel file stayed in the fabric, on 9fe2d4b too).  Over kernel TCP every
     byte whose send returned reaches the parent,
     the child exits 0, and the lingering socket's end is a reset; under memlan too, with nothing
     of the children left in the fabric (shared: the grandchild's exit() gives its count back).  Before, the exit
