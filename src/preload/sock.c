@@ -2263,7 +2263,7 @@ static void mlp_sock_destroy_conn(struct mlp_sock *s)
     int fd = s->ch->seg->fd;
     mlp_disown_fd(fd);
     /* Only the last process holding our side ends the connection; the others just let go (as a
-     * process that gave its count back at exit() has). */
+     * process that gave a withdrawn offer's count back at exit() has). */
     bool last = !atomic_load(&s->exit_let_go) && atomic_fetch_sub(&s->me->holders, 1) <= 1;
     if (last && s->state == MLP_ACCEL) {
         /* Closed with the peer's bytes unread, or SO_LINGER zero: the kernel would send a reset.
@@ -2376,9 +2376,12 @@ void mlp_after_fork_child(void)
     }
 }
 
-/* At exit: take the name of the channel's file away if the connection is ours alone and open
- * (see mlp_at_exit), saying so first in our side's block (ML_SOCK_UNNAMED): the peer, finding no
- * name, then judges our liveness by the kernel socket, which ends with the process.  A side
+/* At exit: take the name of the channel's file away if the connection is open (see
+ * mlp_at_exit), saying so first in our side's block (ML_SOCK_UNNAMED): the peer, finding no
+ * name, then judges our liveness by the kernel socket, which ends with the process, or with the
+ * last of the fork children that share it.  Those keep our holders count: our process uses the
+ * side until it is gone, so a child's close must not be the last one and end the connection
+ * under our last writes (exitrace "forklate"); the end then comes by the kernel socket's FIN.  A side
  * that shut down has sent its FIN on the kernel socket, which can then no longer tell our end:
  * its name goes only when the peer has shut down or closed too, so that nothing the peer can do
  * still depends on our liveness (its reads end by our state, its writes by its own; the flag
@@ -2388,7 +2391,7 @@ static void mlp_unname_at_exit(struct mlp_sock *s)
 {
     struct memlan_channel *ch = s->ch;
     if (s->state != MLP_ACCEL || !ch || !s->me || s->side != 0 || !ch->seg->owner ||
-        !ch->sock_ino || atomic_load(&s->me->holders) != 1)
+        !ch->sock_ino)
         return;
     uint32_t mine = ml_load_acquire(&ch->hdr->side_state[ch->side]);
     if (mine != ML_SIDE_OPEN &&
@@ -2409,10 +2412,9 @@ static void mlp_unname_at_exit(struct mlp_sock *s)
     __ml_seg_unname(ch->seg);
 }
 
-/* At exit, a side other processes hold too (fork): give our count back, as our close would
- * have, so that the last of them to close ends the connection then (else the count we leave
- * behind makes every close a "not the last" one, and the end the kernel FIN's: correct, but the
- * channel's file waits for a sweep).  Once, whatever closes later. */
+/* At exit, a withdrawn offer other processes hold too (fork): give our count back, as our close
+ * would have, so that the last of them to close removes its file (nobody uses its channel: it
+ * is TCP).  Once, whatever closes later. */
 static void mlp_let_go_at_exit(struct mlp_sock *s)
 {
     if (!atomic_exchange(&s->exit_let_go, true))
@@ -2467,8 +2469,6 @@ void mlp_at_exit(void)
         } else if (s->type == MLP_CONN && s->state != MLP_ACCEL) {
             mlp_before_last_close(s, fd);
             mlp_withdrawn_at_exit(s);
-        } else if (s->type == MLP_CONN && s->me && atomic_load(&s->me->holders) > 1) {
-            mlp_let_go_at_exit(s);
         } else if (s->type == MLP_CONN) {
             mlp_unname_at_exit(s);
         }

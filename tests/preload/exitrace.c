@@ -18,8 +18,7 @@
  *   shared: the child forks a grandchild that holds the connection too and exits at once; then
  *           the child sends "s" and exits.  The parent must read "s" and its end.  (With
  *           `memlan run`, the Python test also wants the fabric empty afterwards: the
- *           grandchild's exit() gives its holders count back, so the child's exit() knows the
- *           channel is its own and takes its file's name.)
+ *           grandchild's exit() takes the channel file's name, as the child's would.)
  *   linger: the child sets SO_LINGER with a zero time, sends "a" and exits: the parent's reads
  *           must end with ECONNRESET (the kernel's close at the process's end aborts).
  *   flush:  the child puts 4 MiB in a stdio stream on the socket (a buffer that large) and exits;
@@ -44,6 +43,12 @@
  *           handler and sends "c" there: the parent must read "c" and the end on it.  (With
  *           `memlan run` the Python test wants the fabric empty afterwards: a connection made
  *           after the handler must not leave its channel file behind.)
+ *   forklate: the child forks a grandchild that holds the connection too; the child puts
+ *           "late" in a stdio stream on the socket and exits; the grandchild closes its copy
+ *           once glibc's last flush in the child (after memlan's handler) has begun, and the
+ *           child's stream is flushed after that: the parent must read "late" and the end.
+ *           (Before: the child's handler gave its holders count back, so the grandchild's
+ *           close was the last one and ended the connection under the child's flush.)
  *   poll:   threads of the child busy-poll (epoll_wait and poll with timeout 0) and send while
  *           the main thread exits (before: the exit handler unmapped the process's event queue
  *           under the polling thread).  The child must exit with status 0.
@@ -222,6 +227,38 @@ static void child(const char *cas, unsigned round)
             die("grandchild");
         if (send(c, "s", 1, 0) != 1)
             die("send");
+        exit(0);
+    }
+    if (!strcmp(cas, "forklate")) {
+        static char sb[(256u << 10) + 4096];
+        int p[2];
+        FILE *late = fdopen(dup(c), "w"); /* opened first: flushed last (glibc's list) */
+        FILE *f;
+        if (!late || fputs("late", late) < 0 || pipe(p) != 0)
+            die("forklate");
+        pid_t g = fork();
+        if (g < 0)
+            die("fork");
+        if (g == 0) { /* the grandchild: close c once the child's flush has begun */
+            char buf[65536];
+            close(p[1]);
+            if (read(p[0], buf, 1) != 1)
+                _exit(4);
+            close(c);
+            close(fileno(late)); /* its copy of the stream's fd: the socket's last in it */
+            for (size_t got = 1; got < (256u << 10) + 1;) {
+                ssize_t n = read(p[0], buf, sizeof buf);
+                if (n <= 0)
+                    _exit(5);
+                got += (size_t)n;
+            }
+            _exit(0);
+        }
+        close(p[0]);
+        if (!(f = fdopen(p[1], "w")) || setvbuf(f, sb, _IOFBF, sizeof sb) != 0)
+            die("pipe");
+        for (int i = 0; i < (256 << 10) + 1; i++) /* flushed first, until the grandchild reads */
+            fputc(i ? 'z' : 'Z', f);
         exit(0);
     }
     if (!strcmp(cas, "lateshut") || !strcmp(cas, "lateconn")) {
@@ -404,6 +441,10 @@ static int round_once(const char *cas, unsigned r)
     if (!strcmp(cas, "lateshut") && (have != 0 || atomic_load(&counted[1]) != 1)) {
         printf("round %u: read %zu bytes before the end, the shutdown %s\n", r, have,
                atomic_load(&counted[1]) ? "made" : "not made");
+        bad = 1;
+    }
+    if (!strcmp(cas, "forklate") && strcmp(got, "late") != 0) {
+        printf("round %u: read \"%s\", not \"late\"\n", r, got);
         bad = 1;
     }
     if (!strcmp(cas, "undecided") && strcmp(got, "u") != 0) {

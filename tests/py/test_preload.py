@@ -1125,7 +1125,8 @@ EXITRACE = BUILD / "tests-preload" / "exitrace"
 
 @pytest.mark.parametrize("case,rounds", [("poll", 20), ("thread", 20), ("dtor", 5), ("linger", 5),
                                          ("shared", 5), ("flush", 3), ("shutwr", 5),
-                                         ("lateshut", 3), ("undecided", 3), ("lateconn", 3)])
+                                         ("lateshut", 3), ("undecided", 3), ("lateconn", 3),
+                                         ("forklate", 3)])
 def test_exit_ends_no_connection_before_the_process_does(fabric, tmp_path, case, rounds):
     """exitrace: a child's main thread calls exit() while its other threads send and busy-poll
     (epoll_wait and poll with timeout 0), or an ELF destructor and glibc's final stdio flush write
@@ -1139,10 +1140,13 @@ def test_exit_ends_no_connection_before_the_process_does(fabric, tmp_path, case,
     room until SO_SNDTIMEO, for ever without it), or the child exits before the parent accepts
     (undecided: its withdrawn offer's channel file stayed in the fabric), or a thread of the
     child connects anew after memlan's handler (lateconn: that connection stays on TCP; its
-    channel file stayed in the fabric, on 9fe2d4b too).  Over kernel TCP every
+    channel file stayed in the fabric, on 9fe2d4b too), or a grandchild that shares the connection
+    closes it after the child's handler, before the child's last flush (forklate: the child's
+    handler had given its holders count back, the grandchild's close ended the connection, and
+    the parent read "" for "late").  Over kernel TCP every
     byte whose send returned reaches the parent,
     the child exits 0, and the lingering socket's end is a reset; under memlan too, with nothing
-    of the children left in the fabric (shared: the grandchild's exit() gives its count back).  Before, the exit
+    of the children left in the fabric (shared: the grandchild's exit() takes the channel's name).  Before, the exit
     handler ended the connections: later sends went to the kernel socket under the channel,
     unread (poll: 8 and 11 rounds of 20 lost about 4 MB each; dtor, linger and shared passed
     then: linger and shared guard the end's reset and the files now that the process's end is
