@@ -907,8 +907,9 @@ static bool ml_peer_dead(struct memlan_channel *ch)
     uint32_t ps = ml_peer_state(ch);
     if (alive < 0 && ch->sock_ino &&
         (ps == ML_SIDE_OPEN ||
-         /* it shut down after it took the name, and left the kernel socket's FIN to its end */
-         (ps == ML_SIDE_SHUT_WR && unnamed &&
+         /* it shut down after it took the name, and left the kernel socket's FIN to its end
+          * (whether we found no name or could not ask: credentials, a sandbox) */
+         (ps == ML_SIDE_SHUT_WR &&
           (ml_load_relaxed(&sides[1 - ch->side].flags) & ML_SOCK_LATE_FIN))) &&
         __ml_sys_socket_hup(ch->sock_fd, ch->sock_ino) == 1)
         ch->peer_dead = true;

@@ -39,6 +39,9 @@
  *           waited for room for ever.)
  *   undecided: the child connects, sends "u" and exits before the parent accepts (it does
  *           300 ms later): the parent must read "u" and the end.
+ *   lateshutcred: as lateshut, with the parent's effective uid 65534 while it sends (when run
+ *           as root), so that it cannot open the fabric's files by name: it must still find the
+ *           child gone.
  *   lateconn: as lateshut, but the thread connects to the parent anew after memlan's exit
  *           handler and sends "c" there: the parent must read "c" and the end on it.  (With
  *           `memlan run` the Python test wants the fabric empty afterwards: a connection made
@@ -261,7 +264,7 @@ static void child(const char *cas, unsigned round)
             fputc(i ? 'z' : 'Z', f);
         exit(0);
     }
-    if (!strcmp(cas, "lateshut") || !strcmp(cas, "lateconn")) {
+    if (!strcmp(cas, "lateshut") || !strcmp(cas, "lateshutcred") || !strcmp(cas, "lateconn")) {
         static struct late l;
         int p[2];
         static char sb[(256u << 10) + 4096]; /* the stream's buffer: a pipe takes 64 KiB */
@@ -379,15 +382,20 @@ static int round_once(const char *cas, unsigned r)
         }
         total += (unsigned long)n;
     }
-    if (!strcmp(cas, "lateshut")) {
+    if (!strcmp(cas, "lateshut") || !strcmp(cas, "lateshutcred")) {
         /* The child's end came by its shutdown, after its exit handler: now send until the
          * process's end fails a send (64 MiB at most; SO_SNDTIMEO bounds each wait). */
+        int cred = !strcmp(cas, "lateshutcred") && geteuid() == 0;
         setsockopt(a, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        if (cred && seteuid(65534) != 0)
+            die("seteuid");
         static char big[65536];
         int serr = 0;
         for (int i = 0; i < 1024 && !serr; i++)
             if (send(a, big, sizeof big, MSG_NOSIGNAL) < 0)
                 serr = errno;
+        if (cred && seteuid(0) != 0)
+            die("seteuid back");
         if (serr != EPIPE && serr != ECONNRESET) {
             printf("round %u: the sends to the gone child ended with %s\n", r,
                    serr ? strerror(serr) : "none failing");
@@ -438,7 +446,7 @@ static int round_once(const char *cas, unsigned r)
         printf("round %u: recv: %s\n", r, strerror(err));
         bad = 1;
     }
-    if (!strcmp(cas, "lateshut") && (have != 0 || atomic_load(&counted[1]) != 1)) {
+    if ((!strcmp(cas, "lateshut") || !strcmp(cas, "lateshutcred")) && (have != 0 || atomic_load(&counted[1]) != 1)) {
         printf("round %u: read %zu bytes before the end, the shutdown %s\n", r, have,
                atomic_load(&counted[1]) ? "made" : "not made");
         bad = 1;

@@ -1126,7 +1126,7 @@ EXITRACE = BUILD / "tests-preload" / "exitrace"
 @pytest.mark.parametrize("case,rounds", [("poll", 20), ("thread", 20), ("dtor", 5), ("linger", 5),
                                          ("shared", 5), ("flush", 3), ("shutwr", 5),
                                          ("lateshut", 3), ("undecided", 3), ("lateconn", 3),
-                                         ("forklate", 3)])
+                                         ("forklate", 3), ("lateshutcred", 1)])
 def test_exit_ends_no_connection_before_the_process_does(fabric, tmp_path, case, rounds):
     """exitrace: a child's main thread calls exit() while its other threads send and busy-poll
     (epoll_wait and poll with timeout 0), or an ELF destructor and glibc's final stdio flush write
@@ -1143,7 +1143,8 @@ def test_exit_ends_no_connection_before_the_process_does(fabric, tmp_path, case,
     channel file stayed in the fabric, on 9fe2d4b too), or a grandchild that shares the connection
     closes it after the child's handler, before the child's last flush (forklate: the child's
     handler had given its holders count back, the grandchild's close ended the connection, and
-    the parent read "" for "late").  Over kernel TCP every
+    the parent read "" for "late"; lateshutcred: lateshut with the parent's euid 65534 while it
+    sends, one round, as the listener's record refuses offers after that).  Over kernel TCP every
     byte whose send returned reaches the parent,
     the child exits 0, and the lingering socket's end is a reset; under memlan too, with nothing
     of the children left in the fabric (shared: the grandchild's exit() takes the channel's name).  Before, the exit
