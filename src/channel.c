@@ -889,8 +889,7 @@ static bool ml_peer_dead(struct memlan_channel *ch)
      * other threads and glibc's last flush of stdio still send and wait after that, and a look
      * by name would take a live peer for dead (tests/preload/exitrace.c, "flush").  A hostile
      * peer that sets either flag gains nothing: it decides when its kernel socket ends anyway. */
-    struct ml_sock_side *sides =
-        (struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF);
+    struct ml_sock_side *sides = (struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF);
     bool unnamed = alive == 0 && ch->sock_ino &&
                    ((ml_load_relaxed(&sides[1 - ch->side].flags) |
                      ml_load_relaxed(&sides[ch->side].flags)) &

@@ -2381,12 +2381,12 @@ void mlp_after_fork_child(void)
  * name, then judges our liveness by the kernel socket, which ends with the process, or with the
  * last of the fork children that share it.  Those keep our holders count: our process uses the
  * side until it is gone, so a child's close must not be the last one and end the connection
- * under our last writes (exitrace "forklate"); the end then comes by the kernel socket's FIN.  A side
- * that shut down has sent its FIN on the kernel socket, which can then no longer tell our end:
- * its name goes only when the peer has shut down or closed too, so that nothing the peer can do
- * still depends on our liveness (its reads end by our state, its writes by its own; the flag
- * keeps it from taking the missing name for our death meanwhile).  One the peer may still write
- * to keeps its name (the lock must answer then) and waits for the next sweep. */
+ * under our last writes (exitrace "forklate"); the end then comes by the kernel socket's FIN.
+ * A side that shut down has sent its FIN on the kernel socket, which can then no longer tell our
+ * end: its name goes only when the peer has shut down or closed too, so that nothing the peer
+ * can do still depends on our liveness (its reads end by our state, its writes by its own; the
+ * flag keeps it from taking the missing name for our death meanwhile).  One the peer may still
+ * write to keeps its name (the lock must answer then) and waits for the next sweep. */
 static void mlp_unname_at_exit(struct mlp_sock *s)
 {
     struct memlan_channel *ch = s->ch;
@@ -2466,10 +2466,11 @@ void mlp_at_exit(void)
             struct mlp_sock *u = mlp_uninstall(fd);
             if (u)
                 mlp_put(u);
-        } else if (s->type == MLP_CONN && s->state != MLP_ACCEL) {
-            mlp_before_last_close(s, fd);
-            mlp_withdrawn_at_exit(s);
         } else if (s->type == MLP_CONN) {
+            if (s->state != MLP_ACCEL) { /* withdrawn, or taken by an acceptor meanwhile */
+                mlp_before_last_close(s, fd);
+                mlp_withdrawn_at_exit(s);
+            }
             mlp_unname_at_exit(s);
         }
         mlp_put(s);
