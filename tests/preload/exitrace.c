@@ -38,7 +38,9 @@
  *           kernel socket's FIN came at the shutdown, so the parent never found it dead and
  *           waited for room for ever.)
  *   undecided: the child connects, sends "u" and exits before the parent accepts (it does
- *           300 ms later): the parent must read "u" and the end.
+ *           300 ms later): the parent must read "u" and the end.  (With `memlan run` the
+ *           Python test wants the fabric empty afterwards: the offer the exit handler withdrew
+ *           kept its channel file's name.)
  *   lateshutcred: as lateshut, with the parent's effective uid 65534 while it sends (when run
  *           as root), so that it cannot open the fabric's files by name: it must still find the
  *           child gone.
@@ -85,7 +87,9 @@
 static struct sockaddr_in addr;
 static int lfd;
 static atomic_int started;
-static atomic_ulong *counted; /* shared with the children: bytes whose send had returned */
+/* Shared with the children: [0] bytes whose send had returned; [1] a case's word (lateshut: the
+ * shutdown was made; taken: the parent accepted). */
+static atomic_ulong *counted;
 static int dtor_fd = -1;
 
 static int dial(void)
