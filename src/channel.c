@@ -910,7 +910,9 @@ static bool ml_peer_dead(struct memlan_channel *ch)
           * (whether we found no name or could not ask: credentials, a sandbox) */
          (ps == ML_SIDE_SHUT_WR &&
           (ml_load_relaxed(&sides[1 - ch->side].flags) & ML_SOCK_LATE_FIN))) &&
-        __ml_sys_socket_hup(ch->sock_fd, ch->sock_ino) == 1)
+        /* after our own SHUT_RD poll says RDHUP for it: the connection's state tells */
+        (ch->rd_eof_when_empty ? __ml_sys_socket_peer_fin(ch->sock_fd, ch->sock_ino)
+                               : __ml_sys_socket_hup(ch->sock_fd, ch->sock_ino)) == 1)
         ch->peer_dead = true;
     /* Bytes on the kernel socket under an accelerated connection: nothing of memlan's ever
      * writes there, so the peer talks TCP (it settled on TCP while we read the ring: a split

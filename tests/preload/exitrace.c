@@ -58,6 +58,12 @@
  *           accepted: the parent must read the end.  (With `memlan run` the Python test wants
  *           the fabric empty afterwards: the child's offer, taken by then, is found taken only
  *           at exit, and its channel file kept its name.)
+ *   peershutrd: the parent shuts its reading down, then sends 4 MiB; a thread of the child
+ *           reads them all, starting only half a second after memlan's exit handler has run
+ *           (glibc's last flush reaching a pipe tells it): every send must succeed, and the
+ *           thread must read the 4 MiB.
+ *   shutrddead: the parent shuts its reading down; the child exits at once; the parent sends
+ *           until a send fails: it must fail (the child is gone), not time out.
  *   poll:   threads of the child busy-poll (epoll_wait and poll with timeout 0) and send while
  *           the main thread exits (before: the exit handler unmapped the process's event queue
  *           under the polling thread).  The child must exit with status 0.
@@ -145,7 +151,7 @@ static void *poller(void *p)
 
 /* lateshut: the thread that shuts down once the exit handler has run. */
 struct late {
-    int c, rd;
+    int c, rd, readall;
     int conn; /* lateconn: connect anew instead of shutting c down */
 };
 
@@ -156,14 +162,26 @@ static void *late_shut(void *p)
     atomic_fetch_add(&started, 1);
     if (read(l->rd, buf, 1) != 1) /* glibc's flush has begun: memlan's handler has run */
         _exit(4);
-    if (l->conn) {
+    if (l->readall) { /* peershutrd: read it all, beginning late */
+        struct timespec hs = {0, 500000000};
+        nanosleep(&hs, NULL);
+        unsigned long t = 0;
+        for (;;) {
+            ssize_t n = recv(l->c, buf, sizeof buf, 0);
+            if (n <= 0)
+                break;
+            t += (unsigned long)n;
+        }
+        atomic_store(&counted[1], t);
+    } else if (l->conn) {
         int n = dial();
         if (send(n, "c", 1, 0) != 1)
             _exit(6);
     } else if (shutdown(l->c, SHUT_WR) != 0) {
         _exit(4);
     }
-    atomic_store(&counted[1], 1);
+    if (!l->readall)
+        atomic_store(&counted[1], 1);
     for (size_t got = 1; got < (256u << 10) + 1;) { /* let the flush end, and the process */
         ssize_t n = read(l->rd, buf, sizeof buf);
         if (n <= 0)
@@ -230,6 +248,8 @@ static void child(const char *cas, unsigned round)
     if (recv(c, &k, 1, MSG_WAITALL) != 1) /* the parent has accepted: the connection is settled */
         die("recv");
     pthread_t th;
+    if (!strcmp(cas, "shutrddead"))
+        exit(0);
     if (!strcmp(cas, "linger")) {
         struct linger lg = {1, 0};
         if (setsockopt(c, SOL_SOCKET, SO_LINGER, &lg, sizeof lg) < 0 || send(c, "a", 1, 0) != 1)
@@ -279,7 +299,8 @@ static void child(const char *cas, unsigned round)
             fputc(i ? 'z' : 'Z', f);
         exit(0);
     }
-    if (!strcmp(cas, "lateshut") || !strcmp(cas, "lateshutcred") || !strcmp(cas, "lateconn")) {
+    if (!strcmp(cas, "lateshut") || !strcmp(cas, "lateshutcred") || !strcmp(cas, "lateconn") ||
+        !strcmp(cas, "peershutrd")) {
         static struct late l;
         int p[2];
         static char sb[(256u << 10) + 4096]; /* the stream's buffer: a pipe takes 64 KiB */
@@ -292,6 +313,7 @@ static void child(const char *cas, unsigned round)
         l.c = c;
         l.rd = p[0];
         l.conn = !strcmp(cas, "lateconn");
+        l.readall = !strcmp(cas, "peershutrd");
         if (pthread_create(&th, NULL, late_shut, &l) != 0)
             die("pthread_create");
         while (atomic_load(&started) < 1)
@@ -359,6 +381,7 @@ static uint64_t now_ms(void)
 /* One round: the child's connection accepted and read to its end. */
 static int round_once(const char *cas, unsigned r)
 {
+    int bad = 0;
     atomic_store(counted, 0);
     atomic_store(&counted[1], 0);
     fflush(stdout);
@@ -378,12 +401,27 @@ static int round_once(const char *cas, unsigned r)
         atomic_store(&counted[1], 1);
     struct timeval tv = {10, 0};
     setsockopt(a, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (!strcmp(cas, "shutrddead") && shutdown(a, SHUT_RD) != 0)
+        die("shutdown");
+    if (!strcmp(cas, "peershutrd")) { /* the child reads all of it, late; then it ends */
+        static char big[65536];
+        setsockopt(a, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+        if (shutdown(a, SHUT_RD) != 0)
+            die("shutdown");
+        for (int i = 0; i < 64; i++) {
+            if (send(a, big, sizeof big, MSG_NOSIGNAL) != (ssize_t)sizeof big) {
+                printf("round %u: send %d to the live child: %s\n", r, i, strerror(errno));
+                bad = 1;
+                break;
+            }
+        }
+        shutdown(a, SHUT_WR); /* the child's reads end */
+    }
     if (!strcmp(cas, "flush")) { /* the child's flush meets a full ring, and waits */
         struct timespec hs = {0, 500000000};
         nanosleep(&hs, NULL);
     }
     char got[64] = {0};
-    int bad = 0;
     size_t have = 0;
     unsigned long total = 0;
     int err = 0;
@@ -400,7 +438,7 @@ static int round_once(const char *cas, unsigned r)
         }
         total += (unsigned long)n;
     }
-    if (!strcmp(cas, "lateshut") || !strcmp(cas, "lateshutcred")) {
+    if (!strcmp(cas, "lateshut") || !strcmp(cas, "lateshutcred") || !strcmp(cas, "shutrddead")) {
         /* The child's end came by its shutdown, after its exit handler: now send until the
          * process's end fails a send (64 MiB at most; SO_SNDTIMEO bounds each wait). */
         int cred = !strcmp(cas, "lateshutcred") && geteuid() == 0;
@@ -468,6 +506,10 @@ static int round_once(const char *cas, unsigned r)
         (have != 0 || atomic_load(&counted[1]) != 1)) {
         printf("round %u: read %zu bytes before the end, the shutdown %s\n", r, have,
                atomic_load(&counted[1]) ? "made" : "not made");
+        bad = 1;
+    }
+    if (!strcmp(cas, "peershutrd") && atomic_load(&counted[1]) != 64ul << 16) {
+        printf("round %u: the child read %lu bytes of 4 MiB\n", r, atomic_load(&counted[1]));
         bad = 1;
     }
     if (!strcmp(cas, "forklate") && strcmp(got, "late") != 0) {

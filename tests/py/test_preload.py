@@ -1127,7 +1127,7 @@ EXITRACE = BUILD / "tests-preload" / "exitrace"
                                          ("shared", 5), ("flush", 3), ("shutwr", 5),
                                          ("lateshut", 3), ("undecided", 3), ("lateconn", 3),
                                          ("forklate", 3), ("lateshutcred", 1),
-                                         ("taken", 3)])
+                                         ("taken", 3), ("peershutrd", 2), ("shutrddead", 3)])
 def test_exit_ends_no_connection_before_the_process_does(fabric, tmp_path, case, rounds):
     """exitrace: a child's main thread calls exit() while its other threads send and busy-poll
     (epoll_wait and poll with timeout 0), or an ELF destructor and glibc's final stdio flush write
@@ -1147,7 +1147,10 @@ def test_exit_ends_no_connection_before_the_process_does(fabric, tmp_path, case,
     the parent read "" for "late"; lateshutcred: lateshut with the parent's euid 65534 while it
     sends, one round, as the listener's record refuses offers after that), or the child exits
     without touching its socket after the parent accepted (taken: the offer, found taken only
-    at exit, kept its channel file's name).  Over kernel TCP every
+    at exit, kept its channel file's name), or the parent shut its reading down and sends to a
+    child whose thread reads after memlan's handler (peershutrd: the parent took its own
+    SHUT_RD's RDHUP for the child's FIN, and its sends failed with ECONNRESET; shutrddead
+    guards that a child gone after such a SHUT_RD still fails the sends).  Over kernel TCP every
     byte whose send returned reaches the parent,
     the child exits 0, and the lingering socket's end is a reset; under memlan too, with nothing
     of the children left in the fabric (shared: the grandchild's exit() takes the channel's name).  Before, the exit
