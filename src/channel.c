@@ -883,14 +883,17 @@ static bool ml_peer_dead(struct memlan_channel *ch)
     }
     int alive = __ml_seg_alive(ch->seg, ch->side == 0 ? ML_LOCK_ATTACHER : ML_LOCK_OWNER);
     /* A socket's peer that called exit() took the file's name away with its connections still
-     * working (ML_SOCK_UNNAMED, set only while its side is open): a missing name is no death
-     * then, its kernel socket tells (below).  A hostile peer that sets the flag gains nothing: it
-     * decides when its kernel socket ends anyway. */
-    bool unnamed =
-        alive == 0 && ch->sock_ino &&
-        (ml_load_relaxed(&((struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF))[1 - ch->side]
-                              .flags) &
-         ML_SOCK_UNNAMED);
+     * working (ML_SOCK_UNNAMED, set while its side is open, or shut down with ours shut down or
+     * closed too, when nothing here depends on its liveness): a missing name is no death then,
+     * its kernel socket tells (below).  So too when our own process did (our flag): its
+     * other threads and glibc's last flush of stdio still send and wait after that, and a look
+     * by name would take a live peer for dead (tests/preload/exitrace.c, "flush").  A hostile
+     * peer that sets either flag gains nothing: it decides when its kernel socket ends anyway. */
+    struct ml_sock_side *sides = (struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF);
+    bool unnamed = alive == 0 && ch->sock_ino &&
+                   ((ml_load_relaxed(&sides[1 - ch->side].flags) |
+                     ml_load_relaxed(&sides[ch->side].flags)) &
+                    ML_SOCK_UNNAMED);
     if (unnamed)
         alive = -1;
     if (alive == 0 && ml_peer_state(ch) != ML_SIDE_CLOSED)
@@ -900,8 +903,16 @@ static bool ml_peer_dead(struct memlan_channel *ch)
      * socket under the channel tells instead: the peer's process holds its end as long as it
      * lives, so a FIN or reset from a peer that never shut down over the channel is its death
      * (a peer that shuts down or closes says so in its side state first). */
-    if (alive < 0 && ch->sock_ino && ml_peer_state(ch) == ML_SIDE_OPEN &&
-        __ml_sys_socket_hup(ch->sock_fd, ch->sock_ino) == 1)
+    uint32_t ps = ml_peer_state(ch);
+    if (alive < 0 && ch->sock_ino &&
+        (ps == ML_SIDE_OPEN ||
+         /* it shut down after it took the name, and left the kernel socket's FIN to its end
+          * (whether we found no name or could not ask: credentials, a sandbox) */
+         (ps == ML_SIDE_SHUT_WR &&
+          (ml_load_relaxed(&sides[1 - ch->side].flags) & ML_SOCK_LATE_FIN))) &&
+        /* after our own SHUT_RD poll says RDHUP for it: the connection's state tells */
+        (ch->rd_eof_when_empty ? __ml_sys_socket_peer_fin(ch->sock_fd, ch->sock_ino)
+                               : __ml_sys_socket_hup(ch->sock_fd, ch->sock_ino)) == 1)
         ch->peer_dead = true;
     /* Bytes on the kernel socket under an accelerated connection: nothing of memlan's ever
      * writes there, so the peer talks TCP (it settled on TCP while we read the ring: a split

@@ -173,6 +173,8 @@ struct ml_chan_hdr {
                                 * while the connection still works: our liveness is no longer our
                                 * lock (the peer cannot open the file by name to ask it) but our
                                 * kernel socket, which the process holds until it is gone */
+#define ML_SOCK_LATE_FIN  128u /* we shut down after ML_SOCK_UNNAMED without shutting the kernel
+                                * socket down: its FIN, when it comes, is the process's end */
 
 struct ml_sock_side {
     _Alignas(ML_CACHELINE) uint32_t unused[4]; /* were lock words: ignored, never read */

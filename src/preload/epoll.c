@@ -372,6 +372,7 @@ static memlan_evq_t *mlp_ep_queue(struct mlp_ep *e)
             mlp_own_fd(sfd, true);
             mlp_own_fd(bfd, true);
             __atomic_store_n(&e->q, q, __ATOMIC_RELEASE);
+            mlp_queue_made(q);
         } else {
             e->q_failed = true; /* the process's queue serves it */
         }

@@ -1775,7 +1775,9 @@ void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, vo
     if (!r)
         return;
     const char *rns = other ? ns : cur;
-    const char *no = mlp_cred_lost(false) ? mlp_cred_why : mlp_no_offer_why(lm);
+    const char *no = mlp_cred_lost(false) ? mlp_cred_why
+                     : mlp_exiting()      ? "exit() has begun in this process"
+                                          : mlp_no_offer_why(lm);
     if (no) {
         struct mlp_pending *p = malloc(sizeof *p);
         if (p)
@@ -2006,6 +2008,8 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
         why = p->no_offer;
     else if (mlp_cred_lost(false))
         why = mlp_cred_why;
+    else if (mlp_exiting())
+        why = "exit() has begun in this process";
     struct ml_access acc;
     if (!why && mlp_fab->shared)
         why = mlp_lrec_access(p->netns, r.port, &l, &r, &acc);

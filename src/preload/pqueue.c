@@ -69,9 +69,21 @@ void mlp_poll_forget(struct mlp_sock *s)
     mlp_unhome(s);
 }
 
+/* exit() began (mlp_at_exit): a queue made from then on (the process's, or an epoll set's, for
+ * a thread that still waits, or for glibc's last flush of stdio meeting a full ring) loses its
+ * names as soon as it is made, as the others lost theirs; else it stayed in the fabric after
+ * the process (tests/preload/exitrace.c, "flush").  A fork child is not exiting. */
+void mlp_queue_made(memlan_evq_t *q)
+{
+    atomic_thread_fence(memory_order_seq_cst); /* the queue is published before we look */
+    if (mlp_exiting())
+        __ml_evq_unname(q);
+}
+
 /* exit(): the queue's files lose their names; the queue stays for the threads that still wait
- * on it until the process is gone (mlp_at_exit). */
-void mlp_poll_at_exit(void) { __ml_evq_unname(mlp_q); }
+ * on it until the process is gone (mlp_at_exit, after mlp_exiting() says so: a queue made
+ * meanwhile is its maker's to unname, mlp_queue_made). */
+void mlp_poll_at_exit(void) { __ml_evq_unname(__atomic_load_n(&mlp_q, __ATOMIC_ACQUIRE)); }
 
 /* A failed creation (a process that changed its credentials cannot create files in the fabric)
  * is said once per process and tried again at most once a second, not at every poll. */
@@ -109,7 +121,8 @@ static memlan_evq_t *mlp_queue_make(void)
             __ml_evq_fds(q, &sfd, &bfd);
             mlp_own_fd(sfd, true);
             mlp_own_fd(bfd, true);
-            mlp_q = q;
+            __atomic_store_n(&mlp_q, q, __ATOMIC_RELEASE);
+            mlp_queue_made(q);
         } else {
             mlp_q_failed_ns = mlp_now_ns();
             if (!mlp_q_failure_said)

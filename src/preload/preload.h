@@ -356,6 +356,7 @@ static inline void mlp_lsan_root(const void *p, size_t size)
     if (__lsan_register_root_region)
         __lsan_register_root_region(p, size);
 }
+bool mlp_exiting(void); /* exit() has begun: make nothing that outlives the process (sock.c) */
 void mlp_epoll_at_exit(void); /* epoll.c: the sets' queues lose their names */
 void mlp_stdio_adopt(int fd); /* stdio.c: a connection now at fd 0, 1 or 2 */
 

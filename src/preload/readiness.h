@@ -73,6 +73,7 @@ void mlp_pw_unregister(struct mlp_pwait *w, struct mlp_sock *s);
 void mlp_pw_wake(struct mlp_sock *s);
 void mlp_q_forget(memlan_evq_t *q);
 memlan_evq_t *mlp_queue(void);
+void mlp_queue_made(memlan_evq_t *q); /* a new queue: nameless at once if exit() began */
 bool mlp_queue_add(struct mlp_sock *s, bool under_epmu);
 void mlp_queue_drain(void);
 int mlp_revents(struct mlp_sock *s, int fd);

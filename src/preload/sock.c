@@ -2034,7 +2034,7 @@ int mlp_shutdown(struct mlp_sock *s, int fd, int how)
 {
     if (how != SHUT_RD && how != SHUT_WR && how != SHUT_RDWR)
         return -EINVAL;
-    int st = s->state;
+    int st = s->state, kernel_how = how;
     if (st == MLP_UNDECIDED && (how == SHUT_WR || how == SHUT_RDWR))
         st = mlp_decide(s, fd, true); /* the peer must get our bytes before our EOF */
     if (st == MLP_TCP) {
@@ -2053,13 +2053,27 @@ int mlp_shutdown(struct mlp_sock *s, int fd, int how)
             (void)memlan_shutdown(s->ch, MEMLAN_SHUT_WR);
             if (locked)
                 mlp_unlock_tx(s);
+            /* After exit()'s handler took the channel's name (ML_SOCK_UNNAMED): the peer
+             * judges our liveness by the kernel socket, whose FIN must then be our process's
+             * end, not this shutdown (else the peer, finding no name and a FIN it must take
+             * for the shutdown's, never finds us gone, and its sends wait for room for ever:
+             * exitrace "lateshut").  The kernel socket keeps its writing; the flag tells the
+             * peer (mlp_unname_at_exit: the fence pairs with its own). */
+            atomic_thread_fence(memory_order_seq_cst);
+            _Atomic uint32_t *fl = s->me ? &s->me->flags : NULL;
+            if (fl && (atomic_load(fl) & ML_SOCK_UNNAMED)) {
+                atomic_fetch_or(fl, ML_SOCK_LATE_FIN);
+                kernel_how = how == SHUT_RDWR ? SHUT_RD : -1;
+            }
             __ml_chan_kick_tx(s->ch); /* a send asleep for room ends: EPIPE, as the kernel's */
             mlp_poll_kick(s);
         }
     }
     /* The kernel socket too: it keeps ss and the peer's kernel view in step. */
     int saved = errno;
-    if (mlp_real_shutdown(fd, how) < 0 && errno != ENOTCONN)
+    if (kernel_how < 0)
+        return 0;
+    if (mlp_real_shutdown(fd, kernel_how) < 0 && errno != ENOTCONN)
         return -errno;
     errno = saved;
     return 0;
@@ -2249,7 +2263,7 @@ static void mlp_sock_destroy_conn(struct mlp_sock *s)
     int fd = s->ch->seg->fd;
     mlp_disown_fd(fd);
     /* Only the last process holding our side ends the connection; the others just let go (as a
-     * process that gave its count back at exit() has). */
+     * process that gave a withdrawn offer's count back at exit() has). */
     bool last = !atomic_load(&s->exit_let_go) && atomic_fetch_sub(&s->me->holders, 1) <= 1;
     if (last && s->state == MLP_ACCEL) {
         /* Closed with the peer's bytes unread, or SO_LINGER zero: the kernel would send a reset.
@@ -2321,9 +2335,18 @@ static void mlp_holders_add(int d)
 void mlp_before_fork(void) { mlp_holders_add(1); }
 void mlp_fork_failed(void) { mlp_holders_add(-1); }
 
+/* exit() has begun in this process (mlp_at_exit has run or runs): what other threads make
+ * from then on would outlive the process in the fabric, where nothing takes its name away: a
+ * queue loses its names as it is made (mlp_queue_made), and a connection makes no offer (it
+ * stays on TCP: exitrace "lateconn").  A fork child is not exiting. */
+static _Atomic bool mlp_exit_began;
+
+bool mlp_exiting(void) { return atomic_load(&mlp_exit_began); }
+
 void mlp_after_fork_child(void)
 {
     mlp_tid_cache = 0; /* the parent's thread id was copied with this thread's storage */
+    atomic_store(&mlp_exit_began, false);
     mlp_negotiate_after_fork();
     mlp_poll_after_fork();
     mlp_locks_after_fork();
@@ -2353,28 +2376,64 @@ void mlp_after_fork_child(void)
     }
 }
 
-/* At exit: take the name of the channel's file away if the connection is ours alone and open
- * (see mlp_at_exit), saying so first in our side's block (ML_SOCK_UNNAMED): the peer, finding no
- * name, then judges our liveness by the kernel socket, which ends with the process. */
+/* At exit: take the name of the channel's file away if the connection is open (see
+ * mlp_at_exit), saying so first in our side's block (ML_SOCK_UNNAMED): the peer, finding no
+ * name, then judges our liveness by the kernel socket, which ends with the process, or with the
+ * last of the fork children that share it.  Those keep our holders count: our process uses the
+ * side until it is gone, so a child's close must not be the last one and end the connection
+ * under our last writes (exitrace "forklate"); the end then comes by the kernel socket's FIN.
+ * A side that shut down has sent its FIN on the kernel socket, which can then no longer tell our
+ * end: its name goes only when the peer has shut down or closed too, so that nothing the peer
+ * can do still depends on our liveness (its reads end by our state, its writes by its own; the
+ * flag keeps it from taking the missing name for our death meanwhile).  One the peer may still
+ * write to keeps its name (the lock must answer then) and waits for the next sweep. */
 static void mlp_unname_at_exit(struct mlp_sock *s)
 {
     struct memlan_channel *ch = s->ch;
     if (s->state != MLP_ACCEL || !ch || !s->me || s->side != 0 || !ch->seg->owner ||
-        !ch->sock_ino || atomic_load(&s->me->holders) != 1 ||
-        ml_load_acquire(&ch->hdr->side_state[ch->side]) != ML_SIDE_OPEN)
+        !ch->sock_ino)
+        return;
+    uint32_t mine = ml_load_acquire(&ch->hdr->side_state[ch->side]);
+    if (mine != ML_SIDE_OPEN &&
+        (mine != ML_SIDE_SHUT_WR || __ml_chan_peer_state(ch) == ML_SIDE_OPEN))
         return;
     atomic_fetch_or(&s->me->flags, ML_SOCK_UNNAMED);
+    /* Another thread's shutdown (mlp_shutdown) meanwhile: it either saw the flag, and leaves
+     * the kernel socket's FIN to the process's end (ML_SOCK_LATE_FIN), or it did not, and the
+     * kernel socket can no longer tell our end: then the name stays, and the flag goes (a
+     * missing name is then our death, as the lock says).  seq_cst, both sides: one of the two
+     * sees the other. */
+    atomic_thread_fence(memory_order_seq_cst);
+    if (mine == ML_SIDE_OPEN && ml_load_acquire(&ch->hdr->side_state[ch->side]) != ML_SIDE_OPEN &&
+        !(atomic_load(&s->me->flags) & ML_SOCK_LATE_FIN)) {
+        atomic_fetch_and(&s->me->flags, ~ML_SOCK_UNNAMED);
+        return;
+    }
     __ml_seg_unname(ch->seg);
 }
 
-/* At exit, a side other processes hold too (fork): give our count back, as our close would
- * have, so that the last of them to close ends the connection then (else the count we leave
- * behind makes every close a "not the last" one, and the end the kernel FIN's: correct, but the
- * channel's file waits for a sweep).  Once, whatever closes later. */
+/* At exit, a withdrawn offer other processes hold too (fork): give our count back, as our close
+ * would have, so that the last of them to close removes its file (nobody uses its channel: it
+ * is TCP).  Once, whatever closes later. */
 static void mlp_let_go_at_exit(struct mlp_sock *s)
 {
     if (!atomic_exchange(&s->exit_let_go, true))
         atomic_fetch_sub(&s->me->holders, 1);
+}
+
+/* At exit, an offer just withdrawn (mlp_before_last_close), or one withdrawn before: nobody can
+ * attach to it any more, and its file's name, which the last holder's close removes, serves
+ * nobody.  Ours alone, the name goes now; shared with fork children, our count goes back, so
+ * that the last of them removes it.  (Kept, it stayed in the fabric after the process:
+ * exitrace "undecided".) */
+static void mlp_withdrawn_at_exit(struct mlp_sock *s)
+{
+    if (s->state != MLP_TCP || !s->ch || !s->me)
+        return;
+    if (atomic_load(&s->me->holders) > 1)
+        mlp_let_go_at_exit(s);
+    else
+        __ml_seg_unname(s->ch->seg);
 }
 
 /*
@@ -2395,6 +2454,9 @@ static void mlp_let_go_at_exit(struct mlp_sock *s)
  */
 void mlp_at_exit(void)
 {
+    /* From now on a new queue loses its names at once, and a new connection stays on TCP. */
+    atomic_store(&mlp_exit_began, true);
+    atomic_thread_fence(memory_order_seq_cst);
     int max = mlp_fd_max();
     for (int fd = 0; fd <= max; fd++) {
         struct mlp_sock *s = mlp_get(fd);
@@ -2404,11 +2466,11 @@ void mlp_at_exit(void)
             struct mlp_sock *u = mlp_uninstall(fd);
             if (u)
                 mlp_put(u);
-        } else if (s->type == MLP_CONN && s->state != MLP_ACCEL) {
-            mlp_before_last_close(s, fd);
-        } else if (s->type == MLP_CONN && s->me && atomic_load(&s->me->holders) > 1) {
-            mlp_let_go_at_exit(s);
         } else if (s->type == MLP_CONN) {
+            if (s->state != MLP_ACCEL) { /* withdrawn, or taken by an acceptor meanwhile */
+                mlp_before_last_close(s, fd);
+                mlp_withdrawn_at_exit(s);
+            }
             mlp_unname_at_exit(s);
         }
         mlp_put(s);

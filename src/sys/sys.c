@@ -11,6 +11,8 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <linux/sockios.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
 #include <sched.h>
@@ -343,14 +345,19 @@ int __ml_sys_futex_wake(_Atomic uint32_t *word, int n)
  * the number is taken on trust.  The risk: a program that closed it through a path we do not
  * see and got another file at that number whose poll answers would have it read as ours; a
  * sandboxed process rarely opens anything.  ppoll, not recvfrom: sshd's filter allows it. */
-static int ml_socket_revents(int fd, uint64_t ino)
+static bool ml_socket_is(int fd, uint64_t ino)
 {
     struct stat st;
     if (fd < 0)
-        return -EBADF;
+        return false;
     int r0 = __ml_sys_fstat(fd, &st);
-    if (r0 == 0 ? !S_ISSOCK(st.st_mode) || (uint64_t)st.st_ino != ino
-                : r0 != -EACCES && r0 != -EPERM && r0 != -ENOSYS)
+    return r0 == 0 ? S_ISSOCK(st.st_mode) && (uint64_t)st.st_ino == ino
+                   : r0 == -EACCES || r0 == -EPERM || r0 == -ENOSYS;
+}
+
+static int ml_socket_revents(int fd, uint64_t ino)
+{
+    if (!ml_socket_is(fd, ino))
         return -EBADF;
     struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
     struct timespec zero = {0, 0};
@@ -362,6 +369,35 @@ int __ml_sys_socket_hup(int fd, uint64_t ino)
 {
     int ev = ml_socket_revents(fd, ino);
     return ev < 0 ? ev : (ev & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+/* Has the peer of the TCP socket fd (still the socket of inode ino) sent its FIN, or reset it?
+ * 1 yes, 0 no, -errno.  Asked of the connection's state (TCP_INFO), not of poll, whose RDHUP
+ * our own shutdown(SHUT_RD) raises too: a peer taken for gone by it was alive and reading
+ * (tests/preload/exitrace.c, "peershutrd").  Only for that case: a sandbox that allows ppoll
+ * may not expect getsockopt. */
+int __ml_sys_socket_peer_fin(int fd, uint64_t ino)
+{
+    if (!ml_socket_is(fd, ino))
+        return -EBADF;
+    struct tcp_info ti;
+    socklen_t len = sizeof ti;
+    memset(&ti, 0, sizeof ti);
+    long r = SYS_CALL(SYS_getsockopt, fd, IPPROTO_TCP, TCP_INFO, &ti, &len);
+    if (r < 0)
+        return (int)r;
+    if (len < 1)
+        return -EPROTO;
+    switch (ti.tcpi_state) {
+    case TCP_CLOSE_WAIT:
+    case TCP_LAST_ACK:
+    case TCP_CLOSING:
+    case TCP_TIME_WAIT:
+    case TCP_CLOSE:
+        return 1;
+    default:
+        return 0;
+    }
 }
 
 /* Bytes waiting on the kernel socket fd (still the socket of inode ino), with no end of stream

@@ -53,6 +53,7 @@ int __ml_sys_membarrier(int cmd);
  * 0 no, negative errno when it cannot tell (fd closed or reused, the call refused).  Never waits. */
 int __ml_sys_socket_hup(int fd, uint64_t ino);
 int __ml_sys_socket_data(int fd, uint64_t ino);
+int __ml_sys_socket_peer_fin(int fd, uint64_t ino); /* by TCP_INFO: see sys.c */
 int __ml_sys_getdents(int fd, void *buf, size_t len);
 /* The inode of the network namespace the socket fd was made in, into *ino: 0, or a negative
  * errno (-EPERM without CAP_NET_ADMIN over that namespace, -ENOTTY on a kernel before 4.9). */
