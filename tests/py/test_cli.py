@@ -10,7 +10,7 @@ from conftest import memlan
 
 SPLIT_SAME_KEYS = ["rtt_spin_us", "rtt_sleep_us", "floor_spin_us", "floor_futex_us", "tcp_rtt_us",
                    "bw_64k_MBps", "xmax_64k_MBps", "tcp_bw_64k_MBps", "rate_64_Mps",
-                   "tcp_rate_64_Mps", "floor_ring_64_Mps", "bw_1m_MBps"]
+                   "tcp_rate_64_Mps", "floor_ring_64_Mps", "bw_1m_MBps", "bw_1m_inplace_MBps"]
 
 
 def test_version_and_help():
@@ -81,6 +81,10 @@ def test_bench_json_has_every_figure(fabric, tmp_path):
         assert r[placement]["floor_pipe_1m_MBps"] > 0
         assert abs(vs["bw_1m_vs_pipe"] * r[placement]["floor_pipe_1m_MBps"]
                    - r[placement]["bw_1m_MBps"]) < 0.01 * r[placement]["bw_1m_MBps"] + 0.1
+        # the receiver reading in place (one copy), against the same X_max
+        inplace = r[placement]["bw_1m_inplace_MBps"]
+        assert abs(vs["inplace_1m_vs_xmax"] * r[placement]["xmax_64k_MBps"] - inplace) \
+            < 0.01 * inplace + 0.1
         cma = r[placement]["floor_cma_1m_MBps"]
         assert cma is None or (cma > 0 and vs["cma_1m_vs_xmax"] > 0)
         # X_max is derived from Xt and Xr exactly as SCILAN defines it.
