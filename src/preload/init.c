@@ -377,6 +377,8 @@ static void mlp_core_note(unsigned topic, const char *msg)
     mlp_say(MLP_SAID_EVQ, "%s", msg);
 }
 
+static bool mlp_config_later; /* mlp_init_once ran before the environment was there */
+
 static void mlp_init_once(void)
 {
     int inside = mlp_inside;
@@ -392,10 +394,17 @@ static void mlp_init_once(void)
     __ml_fd_drop = mlp_disown_fd;
     __ml_note = mlp_core_note;
     mlp_sigbus_init(); /* before anything is mapped */
-    mlp_read_config();
-    __ml_spin_init(); /* nothing asked of the system later that a sandbox could refuse */
+    /* Before the C library has its environment (a sanitizer runtime's preinit function calls
+     * setrlimit before any library's initialiser has run, and reaches us first), no setting can
+     * be read: we stay off until our constructor reads them. */
+    if (environ) {
+        mlp_read_config();
+        __ml_spin_init(); /* nothing asked of the system later that a sandbox could refuse */
+    } else {
+        mlp_cfg.off = true;
+        mlp_config_later = true;
+    }
     pthread_atfork(mlp_atfork_prepare, mlp_atfork_parent, mlp_atfork_child);
-    atexit(mlp_at_exit);
     mlp_ready = 1;
     mlp_log(2, "loaded%s", mlp_cfg.off ? " (off: MEMLAN_OFF)" : "");
     mlp_inside = inside;
@@ -403,9 +412,26 @@ static void mlp_init_once(void)
 
 void mlp_init(void) { pthread_once(&mlp_once, mlp_init_once); }
 
+/* The exit handler is registered here, not in mlp_init_once, which the first call we interpose
+ * runs: that may come from inside a sanitizer runtime's own initialisation (AddressSanitizer's
+ * calls setrlimit from the program's preinit array), and its atexit() then died of "CHECK failed
+ * ... asan_init_is_running" before main.  Our constructor runs after every preinit function and,
+ * as before, in the dynamic loader's initialisation, before glibc registers the destructors'
+ * runner: the handler still runs after the ELF destructors (design.md, "exit()"). */
 __attribute__((constructor)) static void mlp_constructor(void)
 {
     mlp_init();
+    if (mlp_config_later) { /* single-threaded still: the dynamic loader's initialisation */
+        mlp_config_later = false;
+        mlp_cfg.off = false;
+        int inside = mlp_inside;
+        mlp_inside = 1;
+        mlp_read_config();
+        __ml_spin_init();
+        mlp_inside = inside;
+        mlp_log(2, "loaded (settings read at our constructor: a runtime's preinit reached us first)");
+    }
+    atexit(mlp_at_exit);
     if (!mlp_cfg.off)
         mlp_exec_adopt(); /* connections the image before us carried across exec */
 }
