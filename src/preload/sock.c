@@ -2393,6 +2393,14 @@ static void mlp_unname_at_exit(struct mlp_sock *s)
     if (s->state != MLP_ACCEL || !ch || !s->me || s->side != 0 || !ch->seg->owner ||
         !ch->sock_ino)
         return;
+    /* Shared with fork children (or images they exec'd) that go on using it: the name stays, as
+     * our count does.  The peer's exec opens the file by its name to carry the connection into
+     * the new image: a child's exit() that took the name sent git's unpack-objects, run by
+     * receive-pack on the connection, to the idle kernel socket, and git push hung
+     * (test_git).  The file then goes when the peer closes, finding us all gone (channel.c,
+     * __ml_chan_end), or at the next sweep. */
+    if (atomic_load(&s->me->holders) > 1)
+        return;
     uint32_t mine = ml_load_acquire(&ch->hdr->side_state[ch->side]);
     if (mine != ML_SIDE_OPEN &&
         (mine != ML_SIDE_SHUT_WR || __ml_chan_peer_state(ch) == ML_SIDE_OPEN))

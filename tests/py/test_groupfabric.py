@@ -681,8 +681,10 @@ def test_group_fabric_member_cannot_clear_anothers_wakeups(gfabric, pubdir):
     (pubdir / "cli.py").write_text(PINGPONG_CLIENT)
     (pubdir / "vandal.py").write_text(EVQ_VANDAL)
     slog, clog = logfile(pubdir, "server.log"), logfile(pubdir, "client.log")
+    # Two connections' ends before it leaves: alive for the looks at its queue's files after
+    # the client's end (it left with the first, and those looks raced its exit: ENOENT).
     srv = subprocess.Popen(as_user(A, gid, under(slog, ["python3", str(pubdir / "srv.py"),
-                                                        str(port), "1"])),
+                                                        str(port), "2"])),
                            stdout=subprocess.PIPE, text=True)
     cli = vandal = None
     try:
