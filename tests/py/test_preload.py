@@ -1950,3 +1950,23 @@ def test_epoll_parked_member_answers_dup_close_nested_fork_exec(fabric, tmp_path
     assert under.stdout.splitlines() == plain.stdout.splitlines()
     text = log.read_text()
     assert text.count("accelerated (client)") == 3, text
+
+
+RAWCLOSE = BUILD / "tests-preload" / "rawclose"
+
+
+def test_raw_syscall_close_releases_the_fd(fabric, tmp_path):
+    """Connections closed by syscall(SYS_close, fd), as libuv (Node.js) closes every fd, and by
+    syscall(SYS_close_range): the peer reads end-of-file, and a connection and a pipe opened at
+    the numbers work, as over kernel TCP, line for line.  Before, the raw close left the fd's
+    record: the next connection at the number was taken for the old one ("second: client recv:
+    nothing in 3 s") and the pipe's write raised SIGPIPE (exit -13); Node's echo clients after
+    20 destroyed sockets all failed with EPIPE."""
+    plain, under, text = scripted(RAWCLOSE, tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert plain.stdout.count("at the old number: yes") == 4, plain.stdout
+    assert "pipe read: ok" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (client)") == 4, text
+    assert text.count("accelerated (accepted") == 4, text
+    settle(fabric)
