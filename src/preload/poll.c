@@ -59,7 +59,7 @@ int mlp_revents(struct mlp_sock *s, int fd)
         rev |= POLLIN | POLLRDNORM;
     if (rd_done)
         rev |= POLLRDHUP;
-    if (ps == ML_SIDE_CLOSED || dead || ch->shut_wr || __ml_chan_tx_free_ro(ch) != 0)
+    if (ps == ML_SIDE_CLOSED || dead || ch->shut_wr || mlp_tx_roomy_ro(ch))
         rev |= POLLOUT | POLLWRNORM;
     if (rd_done && ch->shut_wr) /* both ways shut, whoever shut them: our SHUT_RDWR too */
         rev |= POLLHUP;
@@ -105,7 +105,12 @@ bool mlp_arm(struct mlp_sock *s, short events, bool under_epmu)
         ev |= MEMLAN_EV_READ;
     if (events & (POLLOUT | POLLWRNORM))
         ev |= MEMLAN_EV_WRITE;
-    return ev && __ml_chan_arm_evq(s->ch, ev);
+    if (!ev || !__ml_chan_arm_evq(s->ch, ev))
+        return false;
+    /* The channel's "ready" counts one free byte as room; ours is mlp_tx_room's (else a poll
+     * with less room than that would look, arm and look again without sleeping). */
+    return ((ev & MEMLAN_EV_READ) && __ml_chan_ready_ro(s->ch, 0, 0)) ||
+           ((ev & MEMLAN_EV_WRITE) && __ml_chan_ready_ro(s->ch, 1, mlp_tx_room(s->ch)));
 }
 
 

@@ -1970,3 +1970,19 @@ def test_raw_syscall_close_releases_the_fd(fabric, tmp_path):
     assert text.count("accelerated (client)") == 4, text
     assert text.count("accelerated (accepted") == 4, text
     settle(fabric)
+
+
+POLLROOM = BUILD / "tests-preload" / "pollroom"
+
+
+def test_pollout_means_room_for_a_piece(fabric, tmp_path):
+    """Both ends stream 32 MiB at each other as socat relays do: after POLLOUT, a blocking write
+    of 8 KiB, then a read of 4 KiB.  Over kernel TCP POLLOUT means a third of the buffer free, the
+    write does not wait, and both finish.  Before, POLLOUT meant one free byte in the ring: both
+    ends waited in their writes for ever ("stuck in a write after POLLOUT", exit 3; two socat
+    relays, TCP-LISTEN,fork to TCP echoing through cat, hung so)."""
+    plain, under, text = scripted(POLLROOM, tmp_path)
+    assert plain.stdout == "both ends streamed 32 MiB each way: yes\ndone\n", plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (client)") == 1, text
+    settle(fabric)
