@@ -45,8 +45,19 @@ int mlp_revents(struct mlp_sock *s, int fd)
     /* Read-only, from the shared indices (__ml_chan_rx_avail_ro): we do not hold the
      * directions, and after fork our private indices may be a ring behind another process's. */
     if (st == MLP_UNDECIDED) {
+        /* Writable only once the kernel's connect is done, as over TCP: a nonblocking connect
+         * posts its offer at EINPROGRESS, and one still in SYN-SENT (an accept queue full)
+         * said POLLOUT with SO_ERROR 0, "connected" to the program (tests/preload/
+         * connectpending.c).  The kernel's answer while it is not writable: nothing yet, or
+         * its error. */
+        struct pollfd k = {.fd = fd, .events = POLLOUT};
+        int saved = errno;
+        int kr = mlp_real_poll(&k, 1, 0);
+        errno = saved;
+        if (kr == 1 && (k.revents & (POLLERR | POLLHUP | POLLNVAL)))
+            return -1;
         int rev = 0;
-        if (__ml_chan_tx_free_ro(ch) != 0)
+        if (kr == 1 && (k.revents & POLLOUT) && __ml_chan_tx_free_ro(ch) != 0)
             rev |= POLLOUT | POLLWRNORM;
         return rev;
     }

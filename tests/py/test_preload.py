@@ -1986,3 +1986,17 @@ def test_pollout_means_room_for_a_piece(fabric, tmp_path):
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
     assert text.count("accelerated (client)") == 1, text
     settle(fabric)
+
+
+CONNECTPENDING = BUILD / "tests-preload" / "connectpending"
+
+
+def test_connecting_socket_is_not_writable(fabric, tmp_path):
+    """A nonblocking connect that stays in SYN-SENT (the listener's accept queue full): poll
+    reports nothing for 300 ms, SO_ERROR 0, getpeername ENOTCONN, as over kernel TCP.  Before,
+    the undecided socket said POLLOUT at once ("poll for POLLOUT within 300 ms: 1"), and also
+    for the second connection filling the queue ("2 of 2"): a program took it for connected."""
+    plain, under, text = scripted(CONNECTPENDING, tmp_path)
+    assert "poll for POLLOUT within 300 ms: 0" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    settle(fabric)
