@@ -74,6 +74,12 @@ MLP_CALL(int, fcntl64, (int fd, int cmd, long arg), (fd, cmd, arg))
 MLP_CALL(int, close_range, (unsigned int first, unsigned int last, int flags),
          (first, last, flags))
 MLP_CALL(void, closefrom, (int lowfd), (lowfd))
+#if defined(__x86_64__) || defined(__aarch64__) /* ML_SYS_RAW: memlan's own closes bypass it */
+/* syscall(SYS_close, fd) and SYS_close_range, as libuv (Node.js) closes every fd; variadic, listed
+ * with the six arguments it passes on (glibc's reads six). */
+MLP_CALL(long, syscall, (long n, long a, long b, long c, long d, long e, long f),
+         (n, a, b, c, d, e, f))
+#endif
 MLP_CALL(int, dup, (int fd), (fd))
 MLP_CALL(int, dup2, (int fd, int fd2), (fd, fd2))
 MLP_CALL(int, dup3, (int fd, int fd2, int flags), (fd, fd2, flags))

@@ -1286,8 +1286,9 @@ static struct mlp_sock *mlp_member_to_kernel(int epfd, struct mlp_member *m)
 
 /* Arm an edge-triggered member after a look that reported `reported` (or found nothing).  The
  * kernel's next edge is new data, or write space after the socket was full: so the read tripwire
- * is armed even while data waits, and the write tripwire only while the ring is full (armed with
- * space free, every read by the peer would post a write "edge" the kernel never makes).  True if
+ * is armed even while data waits, and the write tripwire only while the ring has less than
+ * mlp_tx_room free, the socket not writable (armed while writable, every read by the peer would
+ * post a write "edge" the kernel never makes).  True if
  * something not yet reported turned up meanwhile: its writer may have missed the tripwire. */
 bool mlp_arm_et(struct mlp_member *m, uint32_t reported)
 {
@@ -1297,7 +1298,7 @@ bool mlp_arm_et(struct mlp_member *m, uint32_t reported)
     uint32_t ev = 0;
     if (m->events & (EPOLLIN | EPOLLRDNORM | EPOLLRDHUP))
         ev |= MEMLAN_EV_READ;
-    if ((m->events & (EPOLLOUT | EPOLLWRNORM)) && __ml_chan_tx_free_ro(s->ch) == 0)
+    if ((m->events & (EPOLLOUT | EPOLLWRNORM)) && !mlp_tx_roomy_ro(s->ch))
         ev |= MEMLAN_EV_WRITE;
     if (!ev)
         return false;

@@ -415,7 +415,13 @@ MLP_EXPORT int dup3(int fd, int fd2, int flags)
 
 static int mlp_sys_close_range(unsigned first, unsigned last, int flags)
 {
-    return (int)syscall(SYS_close_range, first, last, flags);
+    /* Not through syscall(), which is interposed below: the instruction itself. */
+    long r = __ml_sys_raw(SYS_close_range, first, last, flags, 0, 0, 0);
+    if (r < 0) {
+        errno = (int)-r;
+        return -1;
+    }
+    return (int)r;
 }
 
 static int mlp_close_range_call(unsigned first, unsigned last, int flags)
@@ -572,6 +578,38 @@ MLP_EXPORT void closefrom(int lowfd)
             (void)mlp_close_call((int)fd);
     errno = saved;
 }
+
+#if ML_SYS_RAW
+/*
+ * syscall(): libuv (Node.js) closes every fd by syscall(SYS_close, fd).  Unseen, the close left
+ * the fd's record, and the next socket, pipe or file the kernel gave that number was taken for
+ * the old connection (a connect that "succeeded" unconnected, a pipe's write that raised SIGPIPE:
+ * tests/preload/rawclose.c).  SYS_close and SYS_close_range take the paths of close() and
+ * close_range(); every other number goes to libc's syscall() unchanged (or, before start-up has
+ * found it, to the kernel).  memlan's own closes never come here (__ml_sys_raw).
+ */
+MLP_EXPORT long syscall(long n, ...)
+{
+    va_list ap;
+    va_start(ap, n);
+    long a = va_arg(ap, long), b = va_arg(ap, long), c = va_arg(ap, long);
+    long d = va_arg(ap, long), e = va_arg(ap, long), f = va_arg(ap, long);
+    va_end(ap);
+    if (n == SYS_close)
+        return mlp_close_call((int)a);
+    if (n == SYS_close_range)
+        return mlp_close_range_call((unsigned)a, (unsigned)b, (int)c);
+    long (*real)(long, long, long, long, long, long, long) = mlp_real_syscall;
+    if (ml_likely(real != NULL))
+        return real(n, a, b, c, d, e, f);
+    long r = __ml_sys_raw(n, a, b, c, d, e, f);
+    if (r < 0 && r > -4096) {
+        errno = (int)-r;
+        return -1;
+    }
+    return r;
+}
+#endif
 
 static int mlp_fcntl_common(int (*real)(int, int, long), int fd, int cmd, long arg)
 {

@@ -45,8 +45,19 @@ int mlp_revents(struct mlp_sock *s, int fd)
     /* Read-only, from the shared indices (__ml_chan_rx_avail_ro): we do not hold the
      * directions, and after fork our private indices may be a ring behind another process's. */
     if (st == MLP_UNDECIDED) {
+        /* Writable only once the kernel's connect is done, as over TCP: a nonblocking connect
+         * posts its offer at EINPROGRESS, and one still in SYN-SENT (an accept queue full)
+         * said POLLOUT with SO_ERROR 0, "connected" to the program (tests/preload/
+         * connectpending.c).  The kernel's answer while it is not writable: nothing yet, or
+         * its error. */
+        struct pollfd k = {.fd = fd, .events = POLLOUT};
+        int saved = errno;
+        int kr = mlp_real_poll(&k, 1, 0);
+        errno = saved;
+        if (kr == 1 && (k.revents & (POLLERR | POLLHUP | POLLNVAL)))
+            return -1;
         int rev = 0;
-        if (__ml_chan_tx_free_ro(ch) != 0)
+        if (kr == 1 && (k.revents & POLLOUT) && __ml_chan_tx_free_ro(ch) != 0)
             rev |= POLLOUT | POLLWRNORM;
         return rev;
     }
@@ -59,7 +70,7 @@ int mlp_revents(struct mlp_sock *s, int fd)
         rev |= POLLIN | POLLRDNORM;
     if (rd_done)
         rev |= POLLRDHUP;
-    if (ps == ML_SIDE_CLOSED || dead || ch->shut_wr || __ml_chan_tx_free_ro(ch) != 0)
+    if (ps == ML_SIDE_CLOSED || dead || ch->shut_wr || mlp_tx_roomy_ro(ch))
         rev |= POLLOUT | POLLWRNORM;
     if (rd_done && ch->shut_wr) /* both ways shut, whoever shut them: our SHUT_RDWR too */
         rev |= POLLHUP;
@@ -105,7 +116,12 @@ bool mlp_arm(struct mlp_sock *s, short events, bool under_epmu)
         ev |= MEMLAN_EV_READ;
     if (events & (POLLOUT | POLLWRNORM))
         ev |= MEMLAN_EV_WRITE;
-    return ev && __ml_chan_arm_evq(s->ch, ev);
+    if (!ev || !__ml_chan_arm_evq(s->ch, ev))
+        return false;
+    /* The channel's "ready" counts one free byte as room; ours is mlp_tx_room's (else a poll
+     * with less room than that would look, arm and look again without sleeping). */
+    return ((ev & MEMLAN_EV_READ) && __ml_chan_ready_ro(s->ch, 0, 0)) ||
+           ((ev & MEMLAN_EV_WRITE) && __ml_chan_ready_ro(s->ch, 1, mlp_tx_room(s->ch)));
 }
 
 

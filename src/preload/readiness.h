@@ -53,6 +53,23 @@ extern _Atomic int mlp_pw_sleepers;
 extern memlan_evq_t *mlp_q;
 extern pthread_mutex_t mlp_q_mu;
 
+/* The room that makes an accelerated socket writable to poll, select and epoll: as the kernel's
+ * TCP (sk_stream_is_writeable: free space at least half of what is queued), a third of the ring.
+ * One free byte made it writable, and a program that writes a piece with a blocking write after
+ * POLLOUT (socat) then waited in that write for its peer, which waited in its own:
+ * tests/preload/pollroom.c. */
+static inline uint64_t mlp_tx_room(const struct memlan_channel *ch)
+{
+    return ch->tx.size / 3 ? ch->tx.size / 3 : 1;
+}
+
+/* Is there that room (or can we not tell: -1, go and look)?  Read-only. */
+static inline bool mlp_tx_roomy_ro(const struct memlan_channel *ch)
+{
+    int64_t f = __ml_chan_tx_free_ro(ch);
+    return f < 0 || (uint64_t)f >= mlp_tx_room(ch);
+}
+
 bool mlp_arm(struct mlp_sock *s, short events, bool under_epmu);
 bool mlp_arm_et(struct mlp_member *m, uint32_t reported);
 void mlp_ep_nested_leave(struct mlp_ep *e);

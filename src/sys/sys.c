@@ -48,7 +48,37 @@ long __ml_sys_open(int dirfd, const char *path, int flags, mode_t mode)
     return SYS_CALL(SYS_openat, dirfd, path, flags | O_CLOEXEC, mode);
 }
 
-int __ml_sys_close(int fd) { return (int)SYS_CALL(SYS_close, fd); }
+long __ml_sys_raw(long n, long a, long b, long c, long d, long e, long f)
+{
+#if defined(__x86_64__)
+    register long r10 __asm__("r10") = d;
+    register long r8 __asm__("r8") = e;
+    register long r9 __asm__("r9") = f;
+    long r;
+    __asm__ volatile("syscall"
+                     : "=a"(r)
+                     : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+                     : "rcx", "r11", "memory");
+    return r;
+#elif defined(__aarch64__)
+    register long x8 __asm__("x8") = n;
+    register long x0 __asm__("x0") = a;
+    register long x1 __asm__("x1") = b;
+    register long x2 __asm__("x2") = c;
+    register long x3 __asm__("x3") = d;
+    register long x4 __asm__("x4") = e;
+    register long x5 __asm__("x5") = f;
+    __asm__ volatile("svc 0"
+                     : "+r"(x0)
+                     : "r"(x8), "r"(x1), "r"(x2), "r"(x3), "r"(x4), "r"(x5)
+                     : "memory", "cc");
+    return x0;
+#else
+    return SYS_CALL(n, a, b, c, d, e, f); /* the preload does not interpose syscall() here */
+#endif
+}
+
+int __ml_sys_close(int fd) { return (int)__ml_sys_raw(SYS_close, fd, 0, 0, 0, 0, 0); }
 
 long __ml_sys_fcntl(int fd, int cmd, long arg) { return SYS_CALL(SYS_fcntl, fd, cmd, arg); }
 

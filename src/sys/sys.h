@@ -16,6 +16,18 @@
 #include <sys/types.h>
 #include <sys/stat.h>
 
+/* Where ML_SYS_RAW is 1, the calls that release fds (close, close_range) are made by the
+ * instruction itself, not through libc's syscall(), which the preload library interposes on those
+ * architectures (a program's syscall(SYS_close, fd) must release the fd's record, and memlan's
+ * own closes must not reach that interposer).  __ml_sys_raw returns the kernel's value
+ * (-errno on failure), errno untouched. */
+#if defined(__x86_64__) || defined(__aarch64__)
+#define ML_SYS_RAW 1
+#else
+#define ML_SYS_RAW 0
+#endif
+long __ml_sys_raw(long n, long a, long b, long c, long d, long e, long f);
+
 long __ml_sys_open(int dirfd, const char *path, int flags, mode_t mode);
 int __ml_sys_close(int fd);
 long __ml_sys_fcntl(int fd, int cmd, long arg);

@@ -2005,3 +2005,53 @@ def test_epoll_parked_member_answers_dup_close_nested_fork_exec(fabric, tmp_path
     assert under.stdout.splitlines() == plain.stdout.splitlines()
     text = log.read_text()
     assert text.count("accelerated (client)") == 3, text
+
+
+RAWCLOSE = BUILD / "tests-preload" / "rawclose"
+
+
+def test_raw_syscall_close_releases_the_fd(fabric, tmp_path):
+    """Connections closed by syscall(SYS_close, fd), as libuv (Node.js) closes every fd, and by
+    syscall(SYS_close_range): the peer reads end-of-file, and a connection and a pipe opened at
+    the numbers work, as over kernel TCP, line for line.  Before, the raw close left the fd's
+    record: the next connection at the number was taken for the old one ("second: client recv:
+    nothing in 3 s") and the pipe's write raised SIGPIPE (exit -13); Node's echo clients after
+    20 destroyed sockets all failed with EPIPE."""
+    plain, under, text = scripted(RAWCLOSE, tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert plain.stdout.count("at the old number: yes") == 4, plain.stdout
+    assert "pipe read: ok" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (client)") == 4, text
+    assert text.count("accelerated (accepted") == 4, text
+    settle(fabric)
+
+
+POLLROOM = BUILD / "tests-preload" / "pollroom"
+
+
+def test_pollout_means_room_for_a_piece(fabric, tmp_path):
+    """Both ends stream 32 MiB at each other as socat relays do: after POLLOUT, a blocking write
+    of 8 KiB, then a read of 4 KiB.  Over kernel TCP POLLOUT means a third of the buffer free, the
+    write does not wait, and both finish.  Before, POLLOUT meant one free byte in the ring: both
+    ends waited in their writes for ever ("stuck in a write after POLLOUT", exit 3; two socat
+    relays, TCP-LISTEN,fork to TCP echoing through cat, hung so)."""
+    plain, under, text = scripted(POLLROOM, tmp_path)
+    assert plain.stdout == "both ends streamed 32 MiB each way: yes\ndone\n", plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (client)") == 1, text
+    settle(fabric)
+
+
+CONNECTPENDING = BUILD / "tests-preload" / "connectpending"
+
+
+def test_connecting_socket_is_not_writable(fabric, tmp_path):
+    """A nonblocking connect that stays in SYN-SENT (the listener's accept queue full): poll
+    reports nothing for 300 ms, SO_ERROR 0, getpeername ENOTCONN, as over kernel TCP.  Before,
+    the undecided socket said POLLOUT at once ("poll for POLLOUT within 300 ms: 1"), and also
+    for the second connection filling the queue ("2 of 2"): a program took it for connected."""
+    plain, under, text = scripted(CONNECTPENDING, tmp_path)
+    assert "poll for POLLOUT within 300 ms: 0" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    settle(fabric)
