@@ -2376,13 +2376,10 @@ void mlp_after_fork_child(void)
     }
 }
 
-/* At exit: take the name of the channel's file away if the connection is open (see
- * mlp_at_exit), saying so first in our side's block (ML_SOCK_UNNAMED): the peer, finding no
- * name, then judges our liveness by the kernel socket, which ends with the process, or with the
- * last of the fork children that share it.  Those keep our holders count: our process uses the
- * side until it is gone, so a child's close must not be the last one and end the connection
- * under our last writes (exitrace "forklate"); the end then comes by the kernel socket's FIN.
- * A side that shut down has sent its FIN on the kernel socket, which can then no longer tell our
+/* At exit: take the name of the channel's file away if the connection is open and ours alone
+ * (see mlp_at_exit), saying so first in our side's block (ML_SOCK_UNNAMED): the peer, finding no
+ * name, then judges our liveness by the kernel socket, which ends with the process.  A side that
+ * fork children share keeps its name and our holders count (below).  A side that shut down has sent its FIN on the kernel socket, which can then no longer tell our
  * end: its name goes only when the peer has shut down or closed too, so that nothing the peer
  * can do still depends on our liveness (its reads end by our state, its writes by its own; the
  * flag keeps it from taking the missing name for our death meanwhile).  One the peer may still
@@ -2458,7 +2455,8 @@ static void mlp_withdrawn_at_exit(struct mlp_sock *s)
  * nobody took is withdrawn (its bytes go over TCP, as a close would send them), listeners' records
  * go (a client from now on connects over TCP), and the files of our connections, our event
  * queue and our stat entry lose their names, so that nothing is left in the fabric once the
- * process is gone.  (_exit and signals skip this: their files wait for the next sweep.)
+ * process is gone (a channel fork children share keeps its name: the peer's close removes it,
+ * channel.c's __ml_chan_end).  (_exit and signals skip this: their files wait for the next sweep.)
  */
 void mlp_at_exit(void)
 {
