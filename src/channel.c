@@ -2106,11 +2106,13 @@ void __ml_chan_end(struct memlan_channel *ch)
         (void)memlan_evq_del(ch->evq, ch);
     ml_set_state(ch, ML_SIDE_CLOSED);
     /* The creator ended without closing (it died, or exited with processes of its sharing the
-     * side, which keep its file's name): its file is nobody's now; the last side to let go
-     * removes its name (ml_seg_unlink checks it is still this file).  Asked only then: a creator
-     * that closed removed it itself. */
-    if (ch->side == 1 && !ch->seg->owner && ml_peer_state(ch) != ML_SIDE_CLOSED &&
-        ml_peer_dead(ch))
+     * side, which keep its file's name) and we saw it gone: its file is nobody's now, and the
+     * last side to let go removes its name (ml_seg_unlink checks it is still this file).  Only
+     * what is known: asking the creator's lock here would cost every close of an acceptor whose
+     * client is still open system calls; a creator we did not see die leaves its file to the
+     * next sweep, and one that closed removed it itself. */
+    if (ch->side == 1 && !ch->seg->owner && ch->peer_dead &&
+        ml_peer_state(ch) != ML_SIDE_CLOSED)
         ch->seg->owner = true;
     if (!ml_pool_park(ch))
         __ml_seg_destroy(ch->seg);
