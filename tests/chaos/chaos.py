@@ -275,22 +275,34 @@ def queues_of(targets):
 
 
 def without_new_queue(pid, fab, base_targets, now):
-    """now = (fds, maps) of pid, less the process's own event queue when it was made after the
-    baseline. A process makes one lazily, the first time a wait needs it (a select or epoll_wait
-    that finds an undecided connection, say), which a storm can reach before or after the
-    baseline; one queue more is not a leak, a second one is."""
+    """now = (fds, maps) of pid, less the event queues it holds now and did not at the baseline
+    that are not leaks: its own, made lazily the first time a wait needs it (a select or
+    epoll_wait that finds an undecided connection, say), which a storm can reach before or after
+    the baseline (one; a second of its own is a leak); and imports of its clients' queues whose
+    owners have gone (their files unlinked: "(deleted)"), which it lets go of at its next import
+    (design.md, Event queues), up to 4.  A client that exits now leaves its queue mapped until it
+    is gone (design.md, exit()), so a storm's last clients can leave two such imports behind: the
+    clean CI run of 2026-11-29 counted "(15, 9) -> (17, 7)" a leak, two imports of gone queues
+    gained and one lost.  (Only the descriptors had slack for one queue, 2, and not the mapping,
+    before: the clean CI run of 2026-11-28 counted "(13, 8) -> (15, 9)" a leak.)"""
     targets = fd_targets(pid)
     new = queues_of(targets) - queues_of(base_targets)
-    if len(new) != 1:
+    gone = {t for t in new if t.endswith(" (deleted)")}
+    own = new - gone
+    if len(own) > 1 or len(gone) > 4:
         return now, targets
-    tok = new.pop()
-    fds = sum(1 for x in targets if os.path.basename(x) in ("bell-" + tok, "seg-" + tok))
-    try:
-        with open(f"/proc/{pid}/maps") as f:
-            maps = sum(1 for line in f if fab in line and ("seg-" + tok) in line)
-    except OSError:
-        maps = 0
-    return (now[0] - fds, now[1] - maps), [x for x in targets if tok not in x]
+    fds = maps = 0
+    for tok in new:
+        tok = tok.replace(" (deleted)", "")
+        fds += sum(1 for x in targets
+                   if os.path.basename(x).split(" ")[0] in ("bell-" + tok, "seg-" + tok))
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                maps += sum(1 for line in f if fab in line and ("seg-" + tok) in line)
+        except OSError:
+            pass
+    toks = [t.replace(" (deleted)", "") for t in new]
+    return (now[0] - fds, now[1] - maps), [x for x in targets if not any(t in x for t in toks)]
 
 
 def fd_diff(before, after):
