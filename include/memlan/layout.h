@@ -227,11 +227,11 @@ struct ml_listen_rec {
     _Atomic uint32_t swept_s;  /* CLOCK_MONOTONIC second at which a client of this port last
                                 * swept the fabric for the dead's files; 0 = never */
     _Atomic uint32_t no_offer; /* nonzero (one of ML_NO_OFFER_*): a process that accepts on this
-                                * port changed its credentials and can no longer take offers
-                                * from this fabric, so clients do not offer (plain TCP at once).
-                                * Set through the mapping the process made before the change;
-                                * never cleared: it goes with the record, when the last listener
-                                * on the port closes. */
+                                * port cannot take offers (it changed its credentials; or its
+                                * listener defers accept until data), so clients do not offer
+                                * (plain TCP at once).  Set through the mapping the process made
+                                * before any change; never cleared: it goes with the record,
+                                * when the last listener on the port closes. */
     _Atomic uint32_t xns;      /* nonzero once a client of another network namespace offered
                                 * here: only then does an acceptor look up a non-local peer's
                                 * link-layer address (rtnetlink) for the offer's name */
@@ -251,6 +251,9 @@ struct ml_listen_rec {
 #define ML_NO_OFFER_GRANT 2u /* a fabric shared by a group: a listener of the port could not be
                               * named in the record's ACL (its owner's or root's to write), so
                               * clients could not grant it their channels (design.md, Fabric) */
+#define ML_NO_OFFER_DEFER 3u /* a listener of the port has TCP_DEFER_ACCEPT: the kernel completes
+                              * a handshake only when TCP data arrives, and a memlan client's data
+                              * goes into the ring (design.md, "Deferred accept") */
 
 /*
  * A memlan process's entry in the fabric (seg-TOKEN of kind ML_KIND_PROC), for memlan stat: one

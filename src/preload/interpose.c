@@ -22,6 +22,8 @@
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <limits.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -1099,6 +1101,8 @@ MLP_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_
         mlp_note_linger(fd, val, len);
     if (level == SOL_SOCKET && name == SO_RCVLOWAT)
         mlp_note_lowat(fd, val, len);
+    if (level == IPPROTO_TCP && name == TCP_DEFER_ACCEPT)
+        mlp_note_defer(fd);
     struct mlp_sock *s = mlp_conn(fd);
     if (s) {
         mlp_setsockopt(s, level, name, val, len);

@@ -829,6 +829,42 @@ static void mlp_lmap_retire(struct ml_listen_rec *m)
         mlp_lrec_unmap(m);
 }
 
+/*
+ * TCP_DEFER_ACCEPT on a listener (Apache's default on Linux, nginx's "deferred", systemd's
+ * DeferAcceptSec=): the kernel leaves a connection out of the accept queue until TCP data
+ * arrives or its SYN-ACK retransmits run out (1 s at the least).  A memlan client sends nothing
+ * over TCP, so its connection reached accept only after its MEMLAN_ACCEPT_WAIT_MS, 2 s, when it
+ * gave up and sent its data over TCP: every connection 2 s late, and none accelerated.  Such a
+ * port's record says not to offer (ML_NO_OFFER_DEFER), set when the option is seen: at the
+ * publication (a kernel look, as the publication's own file calls do) and when the program sets
+ * it on a published listener.  Never cleared: the record goes with its last listener.
+ */
+static void mlp_listener_defer(struct mlp_sock *s, int fd)
+{
+    int v = 0;
+    socklen_t l = sizeof v;
+    if (!s->rec || !s->rec->map ||
+        mlp_real_getsockopt(fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &v, &l) < 0 || v <= 0)
+        return;
+    uint32_t none = 0;
+    if (atomic_compare_exchange_strong(&s->rec->map->no_offer, &none, ML_NO_OFFER_DEFER))
+        mlp_log(1, "listen fd %d port %d: TCP_DEFER_ACCEPT set: clients will not offer (the "
+                   "kernel holds a connection from accept until TCP data comes)", fd, s->port);
+}
+
+void mlp_note_defer(int fd)
+{
+    struct mlp_sock *s = mlp_get(fd);
+    if (s) {
+        if (s->type == MLP_LISTENER) {
+            int saved = errno;
+            mlp_listener_defer(s, fd);
+            errno = saved;
+        }
+        mlp_put(s);
+    }
+}
+
 /* SO_RCVBUF/SO_SNDBUF set on a listening socket: published for the clients to come. */
 static void mlp_listener_bufsize(int fd, uint32_t v)
 {
@@ -1305,6 +1341,7 @@ int mlp_on_listen(int fd, bool before)
     uint32_t hint = mlp_bufhint_of(fd);
     if (hint && r->map)
         mlp_ring_hint_publish(r->map, hint);
+    mlp_listener_defer(s, fd);
     mlp_install(fd, s);
     mlp_put(s);
     mlp_log(1, "listen fd %d port %d: published in %s", fd, a.port, mlp_fab->path);
@@ -1444,6 +1481,8 @@ static const char *mlp_no_offer_why(const struct ml_listen_rec *m)
     return v == ML_NO_OFFER_CRED ? "a server process changed its credentials: it cannot take offers"
            : v == ML_NO_OFFER_GRANT
                ? "a server process cannot be named as an acceptor in the shared fabric's record"
+           : v == ML_NO_OFFER_DEFER
+               ? "the server's listener defers accept until data (TCP_DEFER_ACCEPT)"
                : "the server's record says not to offer";
 }
 

@@ -2060,3 +2060,70 @@ def test_connecting_socket_is_not_writable(fabric, tmp_path):
     assert "poll for POLLOUT within 300 ms: 0" in plain.stdout, plain.stdout
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
     settle(fabric)
+
+
+DEFERRED = r"""
+import socket, sys, time
+role, port, when = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if role == "server":
+    l = socket.socket()
+    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if when == "before":
+        l.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, 30)
+    l.bind(("127.0.0.1", port))
+    l.listen(16)
+    if when == "after":
+        l.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, 30)
+    print("ready", l.getsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT) > 0, flush=True)
+    for i in range(3):
+        a, _ = l.accept()
+        a.sendall(a.recv(100).upper())
+        a.close()
+else:
+    for i in range(3):
+        t0 = time.monotonic()
+        c = socket.create_connection(("127.0.0.1", port))
+        c.sendall(b"ping %d" % i)
+        r = c.recv(100)
+        print(r.decode(), time.monotonic() - t0 < 1.0)
+"""
+
+
+@pytest.mark.parametrize("when", ["before", "after", "none"])
+def test_deferred_accept_listener_does_not_hold_memlan_clients(fabric, tmp_path, when):
+    """A listener with TCP_DEFER_ACCEPT (Apache's default on Linux, nginx's "deferred") gets a
+    connection from the kernel only once TCP data has come; a memlan client's data goes into the
+    ring.  Each client used to wait its MEMLAN_ACCEPT_WAIT_MS (2 s) and then go over TCP.  Now
+    clients of such a port stay on TCP from the start, with the reason, and are as quick as
+    without memlan; a listener without the option still accelerates."""
+    script = tmp_path / "deferred.py"
+    script.write_text(DEFERRED)
+    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    outs = {}
+    for under in (False, True):
+        port = next_port()
+        log = tmp_path / f"deferred-{under}.log"
+        pre = [str(MEMLAN), "run", "--log", str(log), "--"] if under else []
+        srv = subprocess.Popen(pre + [py, str(script), "server", str(port), when],
+                               stdout=subprocess.PIPE, text=True)
+        try:
+            assert srv.stdout.readline().strip() == "ready %s" % (when != "none")
+            cli = subprocess.run(pre + [py, str(script), "client", str(port), when],
+                                 capture_output=True, text=True, timeout=60)
+            assert srv.wait(timeout=30) == 0 and cli.returncode == 0, cli.stderr
+        finally:
+            if srv.poll() is None:
+                srv.kill()
+                srv.wait()
+        outs[under] = cli.stdout
+    want = "".join("PING %d True\n" % i for i in range(3))
+    assert outs[False] == want and outs[True] == want, outs
+    text = log.read_text()
+    assert "MEMLAN_ACCEPT_WAIT_MS" not in text, text
+    if when == "none":
+        assert text.count("accelerated (client)") == 3, text
+    else:
+        assert text.count("TCP (the server's listener defers accept until data "
+                          "(TCP_DEFER_ACCEPT))") == 6, text
+        assert "accelerated" not in text, text
+    settle(fabric)
