@@ -1536,11 +1536,14 @@ void mlp_lrec_release(struct mlp_lrec *r)
 /* ---- private channels in a shared fabric -------------------------------------------------- */
 
 /*
- * The uid of the socket that accepted our connection, as the kernel knows it (sock_diag, an
- * exact look-up by the connection's four addresses): the euid of the process that made the
- * listening socket, which accepted sockets inherit.  0 and *uid, or -errno.
+ * The server's side of our connection, as the kernel knows it (sock_diag, an exact look-up by
+ * the connection's four addresses): its uid, the euid of the process that made the listening
+ * socket, which accepted sockets inherit; and its state, TCP_SYN_RECV while the server's kernel
+ * has not completed the handshake (TCP_LISTEN: no such socket, the look-up found the listener).
+ * 0 and *uid, *state, or -errno.
  */
-static int mlp_diag_server_uid(const struct mlp_addr *l, const struct mlp_addr *r, uint32_t *uid)
+static int mlp_diag_server(const struct mlp_addr *l, const struct mlp_addr *r, uint32_t *uid,
+                           uint8_t *state)
 {
     int fd = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
     if (fd < 0)
@@ -1590,6 +1593,7 @@ static int mlp_diag_server_uid(const struct mlp_addr *l, const struct mlp_addr *
             h->nlmsg_len >= NLMSG_LENGTH(sizeof(struct inet_diag_msg))) {
             const struct inet_diag_msg *m = NLMSG_DATA(h);
             *uid = m->idiag_uid;
+            *state = m->idiag_state;
             e = 0;
             break;
         }
@@ -1669,7 +1673,8 @@ static const char *mlp_lrec_access(const char *netns, int port, const struct mlp
                !(rec->vouched_ino == st.st_ino && rec->vouched_uid == st.st_uid &&
                  mlp_addr_eq(&rec->vouched_at, r) && rec->vouched_at.port == r->port)) {
         uint32_t k;
-        if (mlp_diag_server_uid(l, r, &k) < 0 || k != st.st_uid) {
+        uint8_t state;
+        if (mlp_diag_server(l, r, &k, &state) < 0 || k != st.st_uid) {
             why = "the listener record was not made by the server's user (another member of the "
                   "shared fabric may have made it)";
         } else {
@@ -2125,6 +2130,42 @@ int mlp_flush_unsent(struct mlp_sock *s, int fd, bool block)
 }
 
 /*
+ * Is our handshake still open on the server's side while bytes wait in our ring?  A server's
+ * kernel whose accept queue was full when our last ACK came dropped that ACK.  Then either it
+ * holds a request socket (TCP_SYN_RECV) and completes the handshake when TCP data comes or at
+ * its SYN-ACK retransmits, 1 s and then 3 s later; or, when more SYNs were pending than the
+ * backlog, it had answered ours with a SYN cookie and holds nothing at all (the look-up finds
+ * the listener), and only a segment of ours can complete it.  Over TCP our first write and its
+ * retransmits (200 ms on) would have completed it; in the ring they cannot, so a burst of 20
+ * clients against socat's backlog of 5 had some wait 3 s, the accept wait and then TCP.  (A
+ * listener whose TCP_DEFER_ACCEPT we did not see, set by a raw system call, holds it so too.)
+ * Withdrawn, those bytes go over TCP and complete it as without memlan.  Looked at 200 ms after
+ * the offer and every 200 ms after, only with bytes waiting: one sock_diag look-up (a failed
+ * one, in a sandbox, or a server in another namespace, which our look-up does not find, changes
+ * nothing).
+ */
+#define MLP_HANDSHAKE_LOOK_NS 200000000ull
+static bool mlp_handshake_open(struct mlp_sock *s, int fd)
+{
+    uint64_t now = mlp_now_ns();
+    const void *p;
+    if (now - s->offer_ns < MLP_HANDSHAKE_LOOK_NS || now - s->hs_ns < MLP_HANDSHAKE_LOOK_NS ||
+        strstr(s->offer, "-m") /* across namespaces (mlp_offer_name): not ours to look up */ ||
+        __ml_chan_unsent(s->ch, &p) == 0)
+        return false;
+    s->hs_ns = now;
+    struct mlp_addr l, r;
+    uint32_t uid;
+    uint8_t state = 0;
+    int saved = errno;
+    bool open = mlp_sock_addrs(fd, &l, &r, NULL, 0) == 0 &&
+                mlp_diag_server(&l, &r, &uid, &state) == 0 &&
+                (state == TCP_SYN_RECV || state == TCP_LISTEN);
+    errno = saved;
+    return open;
+}
+
+/*
  * Settle an undecided client socket: ACCEL when the acceptor attached, TCP when we withdrew.
  * With wait, block until one happens (the acceptor takes the offer, the server speaks over TCP,
  * or the accept wait runs out).  Returns the state.
@@ -2168,6 +2209,8 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
             if (n >= 0 || (e != EAGAIN && e != EWOULDBLOCK && e != EINTR))
                 why = n > 0 ? "the server spoke over TCP first: it is not memlan"
                             : "the connection ended or failed before the server took the offer";
+            else if (mlp_handshake_open(s, fd))
+                why = "the server's kernel held the handshake open: only TCP data completes it";
             else if (mlp_now_ns() - s->offer_ns > (uint64_t)mlp_cfg.accept_wait_ms * 1000000u)
                 why = strstr(s->offer, "-m") /* across namespaces (mlp_offer_name) */
                           ? "no memlan acceptor took the offer within MEMLAN_ACCEPT_WAIT_MS (a "
@@ -2249,7 +2292,8 @@ static bool mlp_offer_owner_ok(const struct stat *st, const struct mlp_addr *l,
     if (!mlp_fab->shared || st->st_uid == geteuid())
         return true;
     uint32_t k;
-    return mlp_diag_server_uid(l, r, &k) == 0 && k == st->st_uid;
+    uint8_t state;
+    return mlp_diag_server(l, r, &k, &state) == 0 && k == st->st_uid;
 }
 
 /* A memlan client that closed before we accepted has taken its offer away (wrk probes the

@@ -128,6 +128,8 @@ struct mlp_sock {
     struct ml_sock_side *me;      /* our side's shared block in the channel */
     uint64_t offer_ns;            /* client: when the offer went out */
     uint64_t peek_ns;             /* client: when we last peeked the kernel socket, undecided */
+    uint64_t hs_ns;               /* client: when we last asked whether the server's kernel
+                                   * completed our handshake (mlp_handshake_open) */
     char offer[160];              /* client: the offer's name in the fabric, "" once gone */
     struct ml_listen_rec *lmap;   /* client, undecided: the listener's record (held: see
                                    * mlp_lmap_hold), whose no_offer tells us to withdraw at once */
