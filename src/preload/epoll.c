@@ -492,12 +492,104 @@ static void mlp_put_all(struct mlp_sock **v, int n)
 }
 
 /* close(fd) of an epoll fd: forget its members. */
+/*
+ * A plain fd in a kernel set.  A program may put a socket in its epoll set before it connects it
+ * (nginx's upstream connections: socket, epoll_ctl ADD with EPOLLIN|EPOLLOUT|EPOLLRDHUP|EPOLLET,
+ * then connect; Netty registers its channels first too).  The kernel's entry then watches the
+ * kernel socket for the program's events, and once the connect makes the socket ours nothing
+ * comes there but the connect's completion: the peer's bytes arrive in the ring, and the set
+ * never reported them (nginx waited for its upstream's answer until its client gave up).  So
+ * each ADD or MOD of a plain fd that the kernel accepted is noted in the fd's record (the set,
+ * the events, the data: stores, no system call), a DEL forgets it, a close clears it, and a
+ * connect that posts an offer turns the entry into a member as an ADD of an accelerated socket
+ * would have made it (mlp_epoll_adopt).  A record can be stale (an fd closed behind our back, a
+ * set closed since): the adoption's MOD asks the kernel, whose ENOENT or EBADF means that no set
+ * holds this socket under that fd now.  In a vfork child the record is the parent's, but so are
+ * the files the child's fds name (unless it replaced them) and the kernel set it changed: the
+ * record still says what that set holds.
+ */
+void mlp_epoll_note_plain(int epfd, int op, int fd, const struct epoll_event *ev)
+{
+    if (op == EPOLL_CTL_DEL) {
+        struct mlp_fdrec *r = mlp_fdrec(fd);
+        if (r && atomic_load_explicit(&r->kep, memory_order_relaxed) == epfd + 1)
+            atomic_store_explicit(&r->kep, 0, memory_order_relaxed);
+        return;
+    }
+    if ((op != EPOLL_CTL_ADD && op != EPOLL_CTL_MOD) || !ev || epfd < 0)
+        return;
+    struct mlp_fdrec *r = mlp_fdrec_make(fd);
+    if (!r || atomic_load_explicit(&r->sock, memory_order_relaxed))
+        return; /* ours (a connection that fell to TCP): mlp_epoll_ctl's */
+    int k = atomic_load_explicit(&r->kep, memory_order_relaxed);
+    if (k != 0 && k != epfd + 1) { /* in a second set: mlp_epoll_adoptable says no */
+        if (k != -1)
+            atomic_store_explicit(&r->kep, -1, memory_order_relaxed);
+        return;
+    }
+    atomic_store_explicit(&r->kep_events, ev->events, memory_order_relaxed);
+    atomic_store_explicit(&r->kep_data, ev->data.u64, memory_order_relaxed);
+    atomic_store_explicit(&r->kep, epfd + 1, memory_order_release);
+}
+
+/* Before an offer: NULL when fd's kernel entries, if any, can become members (one set, not
+ * EPOLLEXCLUSIVE, whose entry the kernel lets nobody change), else why the connection stays on
+ * TCP. */
+const char *mlp_epoll_adoptable(int fd)
+{
+    struct mlp_fdrec *r = mlp_fdrec(fd);
+    int k = r ? atomic_load_explicit(&r->kep, memory_order_acquire) : 0;
+    if (k == 0)
+        return NULL;
+    if (k < 0)
+        return "the program put the socket in more than one epoll set before it connected";
+    if (atomic_load_explicit(&r->kep_events, memory_order_relaxed) & EPOLLEXCLUSIVE)
+        return "the program put the socket in an epoll set with EPOLLEXCLUSIVE before it "
+               "connected";
+    return NULL;
+}
+
+/* After the offer: the entry noted for fd becomes a member (the kernel's entry is changed to
+ * ours by mlp_epoll_ctl's MOD).  NULL when done or when no set holds fd; else why not, and the
+ * kernel's entry is put back as the program made it (the caller withdraws the offer). */
+const char *mlp_epoll_adopt(int fd)
+{
+    struct mlp_fdrec *r = mlp_fdrec(fd);
+    int k = r ? atomic_load_explicit(&r->kep, memory_order_acquire) : 0;
+    if (k <= 0)
+        return NULL;
+    struct epoll_event ev = {.events = atomic_load_explicit(&r->kep_events, memory_order_relaxed),
+                             .data.u64 = atomic_load_explicit(&r->kep_data, memory_order_relaxed)};
+    atomic_store_explicit(&r->kep, 0, memory_order_relaxed);
+    int saved = errno;
+    bool handled;
+    struct epoll_event arg = ev;
+    int e = mlp_epoll_ctl(k - 1, EPOLL_CTL_MOD, fd, &arg, &handled);
+    const char *why = NULL;
+    if (!handled) {
+        why = "its epoll set could not take it over";
+    } else if (e == -ENOENT || e == -EBADF || e == -EINVAL) {
+        /* no set holds it under fd now (the record was stale, or k - 1 is no epoll fd now) */
+    } else if (e < 0) {
+        why = "its epoll set could not take it over (out of memory)";
+        /* mlp_epoll_ctl took the kernel's entry away when it could not make the member */
+        if (mlp_real_epoll_ctl(k - 1, EPOLL_CTL_ADD, fd, &ev) < 0 && errno == EEXIST)
+            (void)mlp_real_epoll_ctl(k - 1, EPOLL_CTL_MOD, fd, &ev);
+    } else {
+        mlp_log(2, "fd %d: its entry in epoll set %d taken over", fd, k - 1);
+    }
+    errno = saved;
+    return why;
+}
+
 void mlp_epoll_forget_fd(int fd)
 {
     /* On every close(): a load first, so that closing ordinary fds writes nothing. */
     struct mlp_fdrec *r = mlp_fdrec(fd);
     if (r && atomic_load_explicit(&r->epfd, memory_order_relaxed))
         atomic_store_explicit(&r->epfd, 0, memory_order_relaxed);
+    if (r && atomic_load_explicit(&r->kep, memory_order_relaxed))
+        atomic_store_explicit(&r->kep, 0, memory_order_relaxed);
     if (!mlp_eps || fd < 0 || fd >= mlp_neps || !__atomic_load_n(&mlp_eps[fd], __ATOMIC_RELAXED))
         return;
     pthread_mutex_lock(&mlp_eps_mu);

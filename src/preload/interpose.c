@@ -1292,7 +1292,10 @@ MLP_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
     int r = mlp_epoll_ctl(epfd, op, fd, ev, &handled);
     if (!handled) {
         errno = saved;
-        return mlp_real_epoll_ctl(epfd, op, fd, ev);
+        r = mlp_real_epoll_ctl(epfd, op, fd, ev);
+        if (r == 0)
+            mlp_epoll_note_plain(epfd, op, fd, ev); /* a connect may make it ours */
+        return r;
     }
     if (r == 0)
         errno = saved;

@@ -2012,6 +2012,8 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, cons
     return 0;
 }
 
+static void mlp_withdraw(struct mlp_sock *s, int fd, const char *why);
+
 void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, void *token, int rc,
                          int err)
 {
@@ -2054,6 +2056,8 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
         why = mlp_cred_why;
     else if (mlp_exiting())
         why = "exit() has begun in this process";
+    if (!why)
+        why = mlp_epoll_adoptable(fd);
     struct ml_access acc;
     if (!why && mlp_fab->shared)
         why = mlp_lrec_access(p->netns, r.port, &l, &r, &acc);
@@ -2064,10 +2068,21 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
         mlp_pending_done(p);
         free(p);
     }
-    if (why)
+    if (why) {
         mlp_stat_tcp_addrs(fd, have ? &l : NULL, have ? &r : NULL, why);
-    else
-        mlp_log(1, "fd %d: offer posted for port %d", fd, r.port);
+        return;
+    }
+    mlp_log(1, "fd %d: offer posted for port %d", fd, r.port);
+    /* An epoll set the program put the socket in before this connect watches the kernel's
+     * socket for the program's events: it must watch ours now, or it never reports the peer's
+     * bytes (nginx's upstream connections hung so). */
+    if ((why = mlp_epoll_adopt(fd))) {
+        struct mlp_sock *s = mlp_get(fd);
+        if (s) {
+            mlp_withdraw(s, fd, why);
+            mlp_put(s);
+        }
+    }
 }
 
 /* Set by close() around the socket's teardown: the offer's name is removed only after the kernel
@@ -2127,6 +2142,30 @@ int mlp_flush_unsent(struct mlp_sock *s, int fd, bool block)
         if (mlp_real_poll(&pf, 1, 1000) < 0 && errno != EINTR)
             return -errno;
     }
+}
+
+/* Withdraw an undecided client's offer (CAS `attached` 0 -> 2): TCP from then on, unless the
+ * acceptor's claim came first.  Either way the state is settled or about to be (mlp_decide). */
+static void mlp_withdraw(struct mlp_sock *s, int fd, const char *why)
+{
+    pthread_mutex_lock(&s->mu);
+    if (s->state == MLP_UNDECIDED) {
+        int w = __ml_chan_withdraw(s->ch);
+        if (w == 0 || w == -EPROTO) { /* -EPROTO: broken, nobody can attach */
+            /* Our side of the channel is published reset and closed: if the word was
+             * overwritten after an acceptor claimed the offer (only garbage can make a 1 read as
+             * 2 or anything else), that acceptor reads the ring and would wait there for ever
+             * while we talk TCP; it ends instead (ECONNRESET), and its close reaches us over
+             * TCP.  Nobody else can attach any more. */
+            atomic_fetch_or(&s->me->flags, ML_SOCK_RESET);
+            __ml_chan_abandon(s->ch);
+            s->state = MLP_TCP;
+            mlp_offer_gone(s);
+            mlp_stat_conn(s, fd, why);
+            mlp_log(1, "fd %d: TCP (%s)", fd, why);
+        }
+    }
+    pthread_mutex_unlock(&s->mu);
 }
 
 /*
@@ -2218,24 +2257,7 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
                           : "no memlan acceptor took the offer within MEMLAN_ACCEPT_WAIT_MS";
         }
         if (why) {
-            pthread_mutex_lock(&s->mu);
-            if (s->state == MLP_UNDECIDED) {
-                int w = __ml_chan_withdraw(s->ch);
-                if (w == 0 || w == -EPROTO) { /* -EPROTO: broken, nobody can attach */
-                    /* Our side of the channel is published reset and closed: if the word was
-                     * overwritten after an acceptor claimed the offer (only garbage can make a
-                     * 1 read as 2 or anything else), that acceptor reads the ring and would
-                     * wait there for ever while we talk TCP; it ends instead (ECONNRESET), and
-                     * its close reaches us over TCP.  Nobody else can attach any more. */
-                    atomic_fetch_or(&s->me->flags, ML_SOCK_RESET);
-                    __ml_chan_abandon(s->ch);
-                    s->state = MLP_TCP;
-                    mlp_offer_gone(s);
-                    mlp_stat_conn(s, fd, why);
-                    mlp_log(1, "fd %d: TCP (%s)", fd, why);
-                }
-            }
-            pthread_mutex_unlock(&s->mu);
+            mlp_withdraw(s, fd, why);
             continue;
         }
         if (!wait)

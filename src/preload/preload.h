@@ -200,6 +200,12 @@ struct mlp_fdrec {
     _Atomic uint32_t closing;        /* a close of our connection on fd is between its record's
                                       * release and the kernel's close: its thread's id
                                       * (mlp_thread_id), | MLP_CLOSING_WAITERS (interpose.c) */
+    /* A plain fd the program put in an epoll set (a socket not yet connected, say): that set's
+     * fd + 1, or -1 for more than one, and the events and data it asked for; a connect that
+     * makes it ours takes that entry over (epoll.c, mlp_epoll_adopt). */
+    _Atomic int kep;
+    _Atomic uint32_t kep_events;
+    _Atomic uint64_t kep_data;
 };
 #define MLP_CLOSING_WAITERS 0x80000000u
 struct mlp_fdrec *mlp_fdrec(int fd);      /* NULL: no record, nothing of ours */
@@ -383,6 +389,9 @@ extern __thread bool mlp_ep_ns __attribute__((tls_model("initial-exec")));   /* 
 int mlp_epoll_wait(int epfd, struct epoll_event *ev, int max, int64_t timeout_ns,
                    const sigset_t *mask);
 void mlp_epoll_forget_fd(int fd);
+void mlp_epoll_note_plain(int epfd, int op, int fd, const struct epoll_event *ev);
+const char *mlp_epoll_adoptable(int fd); /* NULL, or why fd's entries cannot become ours */
+const char *mlp_epoll_adopt(int fd);     /* fd is ours now: its set's entry becomes a member */
 void mlp_epoll_sock_gone(struct mlp_sock *s);
 void mlp_epoll_fd_closing(int fd); /* fd stops naming its socket, which another fd still names */
 void mlp_epoll_unpark_all(bool fork); /* before fork and exec: parked members leave their sets */
