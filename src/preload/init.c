@@ -368,6 +368,31 @@ static void mlp_atfork_child(void)
     mlp_after_fork_child();
 }
 
+/*
+ * Our fork handlers must run inside the allocator's, as glibc runs every handler inside its own
+ * malloc's fork locking: our prepare before the allocator's (which takes its locks), our parent
+ * and child handlers after its (which free or reset them), since ours free memory (a fork child
+ * lets go of its copies of the parent's queues, segments and stat entry) and a prepare handler
+ * may free an epoll member.  pthread_atfork runs prepare handlers in the reverse order of their
+ * registration and the others in that order, and an allocator that is its own library (jemalloc,
+ * tcmalloc) registers its handlers at its first allocation: so the allocator allocates once
+ * before we register, at our constructor.  Not at our start-up (mlp_init_once), which may run
+ * inside the allocator's own start: jemalloc's calls syscall(SYS_close), which we interpose,
+ * when a constructor before ours first allocates (libgpg-error's, in redis-server), and it
+ * registers its handlers only when its start is done, after ours.  Registered first, our child
+ * handler freed into jemalloc's locks, which its own handler had not reset yet: redis's BGSAVE
+ * child (a replica's full resync) hung there for ever.  Our constructor runs in the dynamic
+ * loader's initialisation, never inside an allocation; mlp_inside is held, so whatever the
+ * allocator's start calls passes through us.  A fork before our constructor (in another
+ * library's) runs none of our handlers: nothing of ours exists yet.
+ */
+static void mlp_atfork_register(void)
+{
+    void *volatile p = malloc(1);
+    free(p);
+    pthread_atfork(mlp_atfork_prepare, mlp_atfork_parent, mlp_atfork_child);
+}
+
 static void mlp_keep_fd(int *fdp) { mlp_own_fd(fdp, true); }
 
 /* A limit the core met (__ml_say_once): said our way, on stderr and in the log. */
@@ -404,7 +429,6 @@ static void mlp_init_once(void)
         mlp_cfg.off = true;
         mlp_config_later = true;
     }
-    pthread_atfork(mlp_atfork_prepare, mlp_atfork_parent, mlp_atfork_child);
     mlp_ready = 1;
     mlp_log(2, "loaded%s", mlp_cfg.off ? " (off: MEMLAN_OFF)" : "");
     mlp_inside = inside;
@@ -431,6 +455,10 @@ __attribute__((constructor)) static void mlp_constructor(void)
         mlp_inside = inside;
         mlp_log(2, "loaded (settings read at our constructor: a runtime's preinit reached us first)");
     }
+    int inside = mlp_inside;
+    mlp_inside = 1;
+    mlp_atfork_register();
+    mlp_inside = inside;
     atexit(mlp_at_exit);
     if (!mlp_cfg.off)
         mlp_exec_adopt(); /* connections the image before us carried across exec */

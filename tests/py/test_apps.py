@@ -147,6 +147,50 @@ def test_redis(fabric, tmp_path):
     settle()
 
 
+def test_redis_replica_full_sync(fabric, tmp_path):
+    """A master and a replica (replicaof), both under memlan: the replica's full resync (the
+    master's BGSAVE child streams the snapshot, diskless), then writes on the master read on the
+    replica.  Before, the BGSAVE child hung at its birth in our fork handler, which freed memory
+    into jemalloc's locks before jemalloc's own handler had reset them (ours were registered
+    first): the replica stayed at "master_link_status:down" for ever."""
+    need("redis-server", "redis-cli")
+    mport, rport = next_port(), next_port()
+    mlog, rlog, clog = tmp_path / "master.log", tmp_path / "replica.log", tmp_path / "client.log"
+    common = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path),
+              "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0",
+              "--enable-debug-command", "yes"]
+    master = Server(["redis-server", "--port", str(mport), "--dbfilename", "m.rdb"] + common,
+                    mport, mlog)
+    replica = None
+    try:
+        mcli, rcli = ["redis-cli", "-p", str(mport)], ["redis-cli", "-p", str(rport)]
+        assert run(mcli + ["debug", "populate", "60000", "key", "256"], clog).strip() == "OK"
+        replica = Server(["redis-server", "--port", str(rport), "--dbfilename", "r.rdb",
+                          "--replicaof", "127.0.0.1", str(mport)] + common, rport, rlog)
+        end, info = time.time() + 30, ""
+        while time.time() < end and "master_link_status:up" not in info:
+            time.sleep(0.2)
+            info = run(rcli + ["info", "replication"], clog)
+        assert "master_link_status:up" in info, info + run(mcli + ["info", "replication"], clog)
+        assert run(rcli + ["dbsize"], clog).strip() == "60000"
+        for i in range(50):
+            run(mcli + ["set", f"w{i}", val_of(i)], clog)
+        assert run(mcli + ["wait", "1", "5000"], clog).strip() == "1"
+        assert run(rcli + ["get", "w49"], clog).strip() == val_of(49)
+        assert run(rcli + ["debug", "digest"], clog) == run(mcli + ["debug", "digest"], clog)
+        # The replication link itself went over a channel.
+        assert "accelerated (client)" in rlog.read_text(), rlog.read_text()
+    finally:
+        if replica:
+            replica.stop()
+        master.stop()
+    settle()
+
+
+def val_of(i):
+    return hashlib.sha256(str(i).encode()).hexdigest() * 8
+
+
 # ---- memcached ---------------------------------------------------------------------------------
 
 MC_CLIENT = r"""
