@@ -250,7 +250,10 @@ static void proc_conns(const char *dir, int fd, const struct ml_seg_hdr *h,
                     ch.ctl_off[0] < 4096 && ch.ctl_off[1] < 4096 &&
                     pread(cfd, &r0, sizeof r0, (off_t)ch.ctl_off[0]) == sizeof r0 &&
                     pread(cfd, &r1, sizeof r1, (off_t)ch.ctl_off[1]) == sizeof r1) {
-                    b0 = r0.head, b1 = r1.head, w0 = r0.wakeups, w1 = r1.wakeups;
+                    /* ring 0 carries the connecting end's bytes, ring 1 the acceptor's */
+                    bool acc = strcmp(c.why, ML_CONN_ACCEPTED) == 0;
+                    b0 = acc ? r1.head : r0.head, b1 = acc ? r0.head : r1.head;
+                    w0 = r0.wakeups, w1 = r1.wakeups;
                     s0 = r0.spin_hits, s1 = r1.spin_hits;
                 }
                 close(cfd);

@@ -270,8 +270,10 @@ struct ml_proc_conn {
     int32_t fd;
     char local[48], remote[48];/* "addr:port" */
     char token[ML_TOKEN_HEX];  /* the channel, when accelerated */
-    char why[80];              /* why not accelerated */
+    char why[80];              /* why not accelerated; accelerated, ML_CONN_ACCEPTED for the
+                                * accepting end (its send ring is ring 1), else "" */
 };
+#define ML_CONN_ACCEPTED "accepted"
 
 struct ml_proc_hdr {
     int32_t pid;

@@ -545,6 +545,8 @@ void mlp_stat_conn(struct mlp_sock *s, int fd, const char *why)
         return;
     struct ml_proc_conn *c = &mlp_proc_conns[s->slot];
     int st = s->state;
+    if (st == MLP_ACCEL && s->side == 1)
+        why = ML_CONN_ACCEPTED; /* memlan stat: which ring is our send ring */
     snprintf(c->why, sizeof c->why, "%s", why ? why : "");
     c->fd = fd;
     ml_store_release(&c->state, st == MLP_ACCEL ? ML_CONN_ACCEL
@@ -2498,7 +2500,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
     s->state = MLP_ACCEL;
     mlp_sock_liveness(ch, fd);
     s->slot = mlp_proc_slot();
-    mlp_slot_fill(s->slot, ML_CONN_ACCEL, fd, &l, &r, ch->seg->token, "");
+    mlp_slot_fill(s->slot, ML_CONN_ACCEL, fd, &l, &r, ch->seg->token, ML_CONN_ACCEPTED);
     mlp_install(fd, s);
     mlp_put(s);
     char rs[64];
@@ -2556,7 +2558,8 @@ void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *tok
     struct mlp_addr l, r;
     bool have = mlp_sock_addrs(fds[0], &l, &r, NULL, 0) == 0;
     s->slot = mlp_proc_slot();
-    mlp_slot_fill(s->slot, ML_CONN_ACCEL, fds[0], have ? &l : NULL, have ? &r : NULL, token, "");
+    mlp_slot_fill(s->slot, ML_CONN_ACCEL, fds[0], have ? &l : NULL, have ? &r : NULL, token,
+                  side == 1 ? ML_CONN_ACCEPTED : "");
     for (int i = 0; i < n; i++)
         mlp_install(fds[i], s);
     mlp_put(s);

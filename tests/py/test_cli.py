@@ -351,6 +351,42 @@ def test_stat_json_is_structured(fabric):
     memlan("clean")
 
 
+ASYM = r"""
+import socket, sys
+l = socket.socket(); l.bind(("127.0.0.1", 0)); l.listen(4)
+c = socket.create_connection(l.getsockname()); a, _ = l.accept()
+c.sendall(b"x" * 1000); assert len(a.recv(4096)) == 1000
+a.sendall(b"y" * 10); assert len(c.recv(4096)) == 10
+print(l.getsockname()[1], flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_stat_bytes_are_each_ends_own(fabric):
+    """The client sends 1000 bytes and its peer, accepted in the same process, 10: memlan stat
+    says out 1000, in 10 for the client's end and out 10, in 1000 for the accepted end.  Before,
+    an accepted end showed its peer's counters (ring 0 as its out whichever end it was): a
+    server's replies were counted as its requests, in the text and in --json."""
+    p = subprocess.Popen([str(MEMLAN), "run", "--", PY, "-c", ASYM], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(p.stdout.readline())
+        st = json.loads(cli("stat", "--json").stdout)
+        conns = {c["local"].endswith(":%d" % port): c for c in st["connections"]
+                 if c["pid"] == p.pid and c["state"] == "accelerated"}
+        assert len(conns) == 2, st["connections"]
+        assert (conns[False]["bytes_out"], conns[False]["bytes_in"]) == (1000, 10), conns
+        assert (conns[True]["bytes_out"], conns[True]["bytes_in"]) == (10, 1000), conns
+        text = cli("stat").stdout
+        assert "127.0.0.1:%d -> " % port in text and "bytes out/in 10/1000" in text, text
+        assert "bytes out/in 1000/10" in text, text
+    finally:
+        p.stdin.write("\n")
+        p.stdin.close()
+        p.wait(timeout=20)
+    memlan("clean")
+
+
 ENDPOINT = """
 import sys, memlan
 fab = memlan.Fabric()
