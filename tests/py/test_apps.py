@@ -297,6 +297,76 @@ def test_nginx(fabric, tmp_path):
     settle()
 
 
+PROXY_CONF = """
+{user}
+daemon off;
+master_process on;
+worker_processes 2;
+pid {d}/nginx.pid;
+error_log {d}/error.log;
+events {{ worker_connections 512; }}
+http {{
+    access_log off;
+    client_body_temp_path {d}/cb; proxy_temp_path {d}/px; fastcgi_temp_path {d}/fc;
+    uwsgi_temp_path {d}/uw; scgi_temp_path {d}/sc;
+    upstream back {{ server 127.0.0.1:{pb}; keepalive 4; }}
+    server {{
+        listen 127.0.0.1:{p1};
+        location / {{ proxy_pass http://back; proxy_http_version 1.1;
+                     proxy_set_header Connection ""; proxy_read_timeout 20s; }}
+    }}
+}}
+"""
+
+BACKEND = r"""
+import functools, http.server, sys
+class H(http.server.SimpleHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"   # keep-alive, as nginx's upstream keepalive wants
+    def log_message(self, *a): pass
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])),
+                                functools.partial(H, directory=sys.argv[2])).serve_forever()
+"""
+
+
+def test_nginx_reverse_proxy(fabric, tmp_path):
+    """nginx as a reverse proxy (upstream keepalive) to a python http.server, all three under
+    memlan: the bytes come through both hops, and both hops are accelerated.  Before, nginx's
+    upstream socket, put in its epoll set before its connect, was accelerated while the set kept
+    watching the kernel socket: the backend's answer was never reported, and every request hung
+    until nginx's proxy_read_timeout (here curl gave up first: exit 28)."""
+    need("nginx", "curl")
+    www = tmp_path / "www"
+    www.mkdir()
+    files = {"small.bin": os.urandom(100), "big.bin": os.urandom(3 << 20)}
+    for name, data in files.items():
+        (www / name).write_bytes(data)
+    p1, pb = next_port(), next_port()
+    conf = tmp_path / "nginx.conf"
+    user = "user root;" if os.geteuid() == 0 else ""
+    conf.write_text(PROXY_CONF.format(d=tmp_path, p1=p1, pb=pb, user=user))
+    blog, slog, clog = tmp_path / "backend.log", tmp_path / "server.log", tmp_path / "client.log"
+    back = Server([sys_python(), "-c", BACKEND, str(pb), str(www)], pb, blog)
+    srv = Server(["nginx", "-c", str(conf), "-p", str(tmp_path)], p1, slog)
+    try:
+        for name, data in files.items():
+            url = f"http://127.0.0.1:{p1}/{name}"
+            out = tmp_path / f"got-{name}"
+            for i in range(3):
+                run(["curl", "-sf", "-m", "10", "-o", str(out), url], clog, timeout=30)
+                assert hashlib.sha256(out.read_bytes()).digest() == hashlib.sha256(data).digest()
+        assert accelerated(clog) == 6, clog.read_text()
+        assert "accelerated (client)" in slog.read_text(), slog.read_text()[-2000:]
+        assert "accelerated (accepted" in blog.read_text(), blog.read_text()[-2000:]
+    finally:
+        srv.stop()
+        back.stop()
+    settle()
+
+
+def sys_python():
+    return "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else shutil.which("python3")
+
+
 # ---- PostgreSQL --------------------------------------------------------------------------------
 
 def pg_bin(name):
