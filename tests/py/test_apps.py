@@ -238,7 +238,7 @@ def test_memcached(fabric, tmp_path):
 
 # ---- nginx -------------------------------------------------------------------------------------
 
-NGINX_CONF = """
+NGINX_HEAD = """
 {user}
 daemon off;
 master_process on;
@@ -246,6 +246,9 @@ worker_processes 2;
 pid {d}/nginx.pid;
 error_log {d}/error.log;
 events {{ worker_connections 512; }}
+"""
+
+NGINX_CONF = NGINX_HEAD + """
 http {{
     access_log off;
     keepalive_requests 10000;
@@ -297,14 +300,7 @@ def test_nginx(fabric, tmp_path):
     settle()
 
 
-PROXY_CONF = """
-{user}
-daemon off;
-master_process on;
-worker_processes 2;
-pid {d}/nginx.pid;
-error_log {d}/error.log;
-events {{ worker_connections 512; }}
+PROXY_CONF = NGINX_HEAD + """
 http {{
     access_log off;
     client_body_temp_path {d}/cb; proxy_temp_path {d}/px; fastcgi_temp_path {d}/fc;
