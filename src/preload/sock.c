@@ -2457,9 +2457,16 @@ static void mlp_withdrawn_at_exit(struct mlp_sock *s)
  * queue and our stat entry lose their names, so that nothing is left in the fabric once the
  * process is gone (a channel fork children share keeps its name: the peer's close removes it,
  * channel.c's __ml_chan_end).  (_exit and signals skip this: their files wait for the next sweep.)
+ *
+ * A vfork child that leaves by exit() (after a failed exec: undefined, but common) runs the
+ * handlers in its parent's memory, which goes on: nothing here is the child's to do (the
+ * parent's listeners lost their records and its "exit() has begun" flag stayed set, so every
+ * later connection of the parent stayed on TCP: tests/preload/vforkexit.c).
  */
 void mlp_at_exit(void)
 {
+    if (mlp_vfork_child())
+        return;
     /* From now on a new queue loses its names at once, and a new connection stays on TCP. */
     atomic_store(&mlp_exit_began, true);
     atomic_thread_fence(memory_order_seq_cst);

@@ -1804,6 +1804,21 @@ def test_vfork_child_waits_make_nothing_in_the_parent(fabric, tmp_path):
     settle(fabric)
 
 
+def test_vfork_child_exit_leaves_the_parent_accelerated(fabric, tmp_path):
+    """vforkexit: a vfork child whose exec failed leaves by exit(), which runs the exit handlers
+    in the parent's memory; the parent's old connection and a new one to its listener then
+    carry their bytes, and the new one is accelerated.  Before, memlan's exit handler ran there
+    for the parent: its listener record went and every later connection of the parent stayed
+    on TCP ("TCP (exit() has begun in this process)")."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "vforkexit", tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert "exit() has begun" not in text, text
+    assert text.count("accelerated (client)") == 2, text
+    assert text.count("accelerated (accepted") == 2, text
+    settle(fabric)
+
+
 FORKQUEUE = BUILD / "tests-preload" / "forkqueue"
 
 
