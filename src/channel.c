@@ -1481,6 +1481,16 @@ bool __ml_chan_arm_evq(struct memlan_channel *ch, uint32_t events)
            ((events & MEMLAN_EV_WRITE) && ml_tx_ready_ro(ch));
 }
 
+/* Our side's readiness changed in a way only we can see (a write that drew the peer's reset,
+ * sock.c): our own event queue hears of it, as it hears of the peer's changes from the peer's
+ * posts.  Lock-free (a signal handler's send may come here). */
+void __ml_chan_post_self(struct memlan_channel *ch)
+{
+    struct memlan_evq *q = ch->evq;
+    if (q)
+        __ml_evq_post_local(q, ch->evq_index);
+}
+
 static void ml_eagain(struct memlan_channel *ch, uint32_t ev)
 {
     if (ch->evq && (ch->evq_events & ev) && __ml_chan_arm_evq(ch, ev))

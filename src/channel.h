@@ -167,6 +167,7 @@ int __ml_chan_wait_ro_slice(struct memlan_channel *ch, int dir, uint64_t want, u
                             uint64_t slice);
 int __ml_chan_spin_rx_ro(struct memlan_channel *ch, uint64_t cap_ns);
 void __ml_chan_kick_tx(struct memlan_channel *ch);
+void __ml_chan_post_self(struct memlan_channel *ch);
 bool __ml_chan_rx_at_mark_ro(const struct memlan_channel *ch);
 
 /* A place in a vector of buffers: piece i, byte off of it.  __ml_chan_sendv sends from it to the

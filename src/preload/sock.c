@@ -883,14 +883,20 @@ static int mlp_peer_aborted(struct mlp_sock *s, bool probe)
 
 /* A write to a peer that has closed (not just shut down its writing side): TCP takes the first
  * one, and the peer's kernel answers it with a reset that the calls after it report.  True if
- * this write is that first one (its bytes are dropped, as the peer's kernel drops them). */
+ * this write is that first one (its bytes are dropped, as the peer's kernel drops them).  The
+ * reset makes the socket POLLERR|POLLHUP: our own queue hears of it, so that an edge-triggered
+ * member reports that edge, as the kernel's reset wakes its epoll (nobody posted it: the edge
+ * never came, tests/preload/etreset.c). */
 static bool mlp_write_after_close(struct mlp_sock *s)
 {
     if (s->ch->shut_wr || mlp_reset_state(s, true) != 0)
         return false;
     if (__ml_chan_peer_state(s->ch) != ML_SIDE_CLOSED && !__ml_chan_check_peer(s->ch))
         return false;
-    return !(atomic_fetch_or(&s->me->flags, ML_SOCK_WROTE_LATE) & ML_SOCK_WROTE_LATE);
+    if (atomic_fetch_or(&s->me->flags, ML_SOCK_WROTE_LATE) & ML_SOCK_WROTE_LATE)
+        return false;
+    __ml_chan_post_self(s->ch);
+    return true;
 }
 
 /* 0: no reset; 1: a reset not yet reported; 2: reported (the kernel's socket is closed then). */

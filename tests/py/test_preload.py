@@ -1819,6 +1819,20 @@ def test_vfork_child_exit_leaves_the_parent_accelerated(fabric, tmp_path):
     settle(fabric)
 
 
+def test_reset_drawn_by_our_write_is_an_edge(fabric, tmp_path):
+    """etreset: the peer closed, we read its end and write once more; the peer's kernel answers
+    with a reset, and an edge-triggered member (EPOLLIN|EPOLLOUT|EPOLLRDHUP, or EPOLLIN alone)
+    reports EPOLLERR|EPOLLHUP at the next epoll_wait, once, as over kernel TCP.  Before, the write
+    changed the socket's readiness without a post: "in-out-rdhup: our write drew a reset: epoll
+    0" after 2 s."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "etreset", tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "in-out-rdhup: our write drew a reset: epoll 1 [IN OUT RDHUP HUP ERR]" in plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (client)") == 3, text
+    settle(fabric)
+
+
 FORKQUEUE = BUILD / "tests-preload" / "forkqueue"
 
 
