@@ -1833,6 +1833,20 @@ def test_reset_drawn_by_our_write_is_an_edge(fabric, tmp_path):
     settle(fabric)
 
 
+def test_edge_after_settling_carries_the_whole_mask(fabric, tmp_path):
+    """etsettle: an edge-triggered member of a client added while its connect is in progress;
+    after the connect's EPOLLOUT, the server's first byte (or its close) is reported with
+    EPOLLOUT too, as the kernel reports every wake-up with the whole mask.  Before, what the
+    undecided socket had reported was taken out of its first report once settled: "after the
+    server's byte: epoll 1 [IN ]"."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "etsettle", tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "after the server's byte: epoll 1 [IN OUT ]" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (client)") == 2, text
+    settle(fabric)
+
+
 FORKQUEUE = BUILD / "tests-preload" / "forkqueue"
 
 
