@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /* tests/preload: epoll_ctl's answers and epoll_wait's events on the set ep, printed a line each
- * (epollpark, epollpark2: compared line for line between kernel TCP and memlan). */
+ * (epollpark, epollpark2, etreset, etsettle: compared line for line between kernel TCP and
+ * memlan). */
 #ifndef MEMLAN_TESTS_EPOLLPRINT_H
 #define MEMLAN_TESTS_EPOLLPRINT_H
 #include <errno.h>
@@ -27,6 +28,19 @@ static inline void wait_(const char *what, int ms)
     for (int i = 0; i < r; i++)
         printf(" [%llu %#x]", (unsigned long long)e[i].data.u64,
                e[i].events & (EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLHUP | EPOLLERR));
+    printf("\n");
+}
+
+/* The same with the events by name (etreset, etsettle). */
+static inline void wait_named(const char *what, int ms)
+{
+    struct epoll_event e[4];
+    int r = epoll_wait(ep, e, 4, ms);
+    printf("%s: epoll %d", what, r);
+    for (int i = 0; i < r; i++)
+        printf(" [%s%s%s%s%s]", e[i].events & EPOLLIN ? "IN " : "",
+               e[i].events & EPOLLOUT ? "OUT " : "", e[i].events & EPOLLRDHUP ? "RDHUP " : "",
+               e[i].events & EPOLLHUP ? "HUP " : "", e[i].events & EPOLLERR ? "ERR" : "");
     printf("\n");
 }
 #endif

@@ -11,25 +11,12 @@
  *
  * usage: etreset PORT
  */
+#include "epollprint.h"
 #include "twoends.h"
 
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <pthread.h>
-#include <sys/epoll.h>
 #include <unistd.h>
-
-static void show(const char *name, int e)
-{
-    struct epoll_event v[4];
-    int n = epoll_wait(e, v, 4, 2000);
-    printf("%s: epoll %d", name, n);
-    for (int i = 0; i < n; i++)
-        printf(" [%s%s%s%s%s]", v[i].events & EPOLLIN ? "IN " : "",
-               v[i].events & EPOLLOUT ? "OUT " : "", v[i].events & EPOLLRDHUP ? "RDHUP " : "",
-               v[i].events & EPOLLHUP ? "HUP " : "", v[i].events & EPOLLERR ? "ERR" : "");
-    printf("\n");
-}
 
 static int C;
 
@@ -54,23 +41,23 @@ int main(int argc, char **argv)
     const char *name[2] = {"in-out-rdhup", "in"};
     for (int k = 0; k < 2; k++) {
         int s, c = settled_pair(l, &a, &s);
-        int e = epoll_create1(0);
+        int e = ep = epoll_create1(0);
         struct epoll_event v = {.events = want[k]};
         if (e < 0 || epoll_ctl(e, EPOLL_CTL_ADD, c, &v) != 0)
             die("epoll");
         if (k == 0)
-            show("in-out-rdhup: added", e);
+            wait_named("in-out-rdhup: added", 2000);
         close(s);
         printf("%s: ", name[k]);
-        show("the peer closed", e);
+        wait_named("the peer closed", 2000);
         char b;
         printf("%s: read: %zd\n", name[k], recv(c, &b, 1, 0));
         if (send(c, "x", 1, MSG_NOSIGNAL) != 1)
             die("the write after the peer's close");
         printf("%s: ", name[k]);
-        show("our write drew a reset", e);
+        wait_named("our write drew a reset", 2000);
         printf("%s: ", name[k]);
-        show("again", e);
+        wait_named("again", 2000);
         close(e);
         close(c);
     }

@@ -12,22 +12,10 @@
  *
  * usage: etsettle PORT
  */
+#include "epollprint.h"
 #include "twoends.h"
 
-#include <sys/epoll.h>
 #include <unistd.h>
-
-static void show(const char *name, int e)
-{
-    struct epoll_event v[4];
-    int n = epoll_wait(e, v, 4, 2000);
-    printf("%s: epoll %d", name, n);
-    for (int i = 0; i < n; i++)
-        printf(" [%s%s%s%s%s]", v[i].events & EPOLLIN ? "IN " : "",
-               v[i].events & EPOLLOUT ? "OUT " : "", v[i].events & EPOLLRDHUP ? "RDHUP " : "",
-               v[i].events & EPOLLHUP ? "HUP " : "", v[i].events & EPOLLERR ? "ERR" : "");
-    printf("\n");
-}
 
 int main(int argc, char **argv)
 {
@@ -38,7 +26,7 @@ int main(int argc, char **argv)
     int l = listen_here(atoi(argv[1]), &a);
     for (int k = 0; k < 2; k++) {
         int c = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-        int e = epoll_create1(0);
+        int e = ep = epoll_create1(0);
         struct epoll_event v = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET};
         if (c < 0 || e < 0)
             die("socket");
@@ -47,18 +35,18 @@ int main(int argc, char **argv)
             die("connect");
         if (epoll_ctl(e, EPOLL_CTL_ADD, c, &v) != 0)
             die("epoll_ctl");
-        show("the connect", e);
+        wait_named("the connect", 2000);
         int s = accept(l, NULL, NULL);
         if (s < 0)
             die("accept");
         if (k == 0) {
             if (send(s, "x", 1, 0) != 1)
                 die("send");
-            show("after the server's byte", e);
+            wait_named("after the server's byte", 2000);
         } else {
             close(s);
             s = -1;
-            show("after the server's close", e);
+            wait_named("after the server's close", 2000);
         }
         if (s >= 0)
             close(s);
