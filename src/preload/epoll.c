@@ -718,6 +718,30 @@ static int mlp_ep_some_fd(struct mlp_ep *e)
     return -1;
 }
 
+static struct mlp_sock *mlp_member_to_kernel(int epfd, struct mlp_member *m);
+
+/* s stops being ours while its fds stay open (a TCP disconnect: connect(AF_UNSPEC)): each of
+ * its memberships goes to the kernel with the application's events, as a member whose socket
+ * fell to TCP does, since the kernel's entry lives on with the file (freed, as at the socket's
+ * last close, the entry kept our tag and the application never heard of the fd again). */
+void mlp_epoll_sock_to_kernel(struct mlp_sock *s)
+{
+    if (!__atomic_load_n(&s->epm, __ATOMIC_RELAXED))
+        return;
+    struct mlp_sock *puts[64];
+    int np = 0;
+    pthread_mutex_lock(&mlp_epmu);
+    while (s->epm && np < 64) {
+        struct mlp_member *m = s->epm;
+        int epfd = mlp_ep_some_fd(m->ep);
+        puts[np++] = epfd >= 0 ? mlp_member_to_kernel(epfd, m) : mlp_member_free(m);
+    }
+    pthread_mutex_unlock(&mlp_epmu);
+    mlp_put_all(puts, np);
+    if (s->epm)
+        mlp_epoll_sock_to_kernel(s);
+}
+
 /* fd is about to stop naming its socket (close, close_range, a dup2 or dup3 over it) while
  * another fd of ours still names it.  A member parked under fd (the application deleted it)
  * leaves its set now, its kernel entry with it: the kernel keys the entry by file and fd

@@ -123,11 +123,54 @@ static inline ssize_t mlp_ret(ssize_t r)
 
 /* ---- connection set-up ------------------------------------------------------------------- */
 
+static void mlp_fd_released(int fd, char *offer);
+
+/*
+ * connect(fd, AF_UNSPEC) on one of our sockets: TCP's disconnect.  The kernel resets the
+ * connection and the fd may connect again; memlan's record stayed, so the peer read no reset, a
+ * send went into the old ring, and after a new connect the bytes went to the old channel (the
+ * new connection's server never got them: tests/preload/disconnect.c).  Once the kernel has
+ * disconnected, the socket is the kernel's again: its end is published as a reset (as a close
+ * with SO_LINGER 0 publishes it), its epoll memberships go to the kernel, and every fd naming it
+ * loses its record, as at a close that leaves the fds open; a connect after it makes a new
+ * offer.  A listener stops listening in the kernel the same way, and its record goes.
+ */
+static int mlp_disconnect(int fd, const struct sockaddr *addr, socklen_t len)
+{
+    struct mlp_sock *s = mlp_get(fd);
+    int r = mlp_real_connect(fd, addr, len);
+    if (r != 0 || !s) {
+        if (s)
+            mlp_put(s);
+        return r;
+    }
+    int saved = errno;
+    if (s->type == MLP_CONN && s->me)
+        atomic_fetch_or(&s->me->flags, ML_SOCK_LINGER0);
+    /* No peek at the kernel socket for a split stream as the last record goes: it would take
+     * the disconnect's ECONNRESET, which the program's next call reports. */
+    atomic_store(&s->split_told, true);
+    mlp_epoll_sock_to_kernel(s);
+    for (int f = mlp_fdrec_next(0, INT32_MAX); f >= 0; f = mlp_fdrec_next(f + 1, INT32_MAX)) {
+        struct mlp_sock *o = mlp_get(f);
+        if (o == s)
+            mlp_fd_released(f, NULL);
+        if (o)
+            mlp_put(o);
+    }
+    mlp_put(s);
+    errno = saved;
+    return r;
+}
+
 MLP_EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 {
     MLP_INIT();
     if (mlp_inside || mlp_cfg.off)
         return mlp_real_connect(fd, addr, len);
+    if (addr && len >= sizeof(sa_family_t) && addr->sa_family == AF_UNSPEC &&
+        mlp_fd_is_ours(fd) && !mlp_vfork_child())
+        return mlp_disconnect(fd, addr, len);
     int saved = errno;
     void *tok;
     mlp_on_connect_start(fd, addr, len, &tok);

@@ -393,6 +393,7 @@ void mlp_epoll_note_plain(int epfd, int op, int fd, const struct epoll_event *ev
 const char *mlp_epoll_adoptable(int fd); /* NULL, or why fd's entries cannot become ours */
 const char *mlp_epoll_adopt(int fd);     /* fd is ours now: its set's entry becomes a member */
 void mlp_epoll_sock_gone(struct mlp_sock *s);
+void mlp_epoll_sock_to_kernel(struct mlp_sock *s); /* s is the kernel's again, its fds open */
 void mlp_epoll_fd_closing(int fd); /* fd stops naming its socket, which another fd still names */
 void mlp_epoll_unpark_all(bool fork); /* before fork and exec: parked members leave their sets */
 void mlp_epoll_created(int epfd); /* epoll_create: an fd that may go inside another set */

@@ -1847,6 +1847,21 @@ def test_edge_after_settling_carries_the_whole_mask(fabric, tmp_path):
     settle(fabric)
 
 
+def test_disconnect_by_connect_af_unspec_then_a_new_connection(fabric, tmp_path):
+    """disconnect: connect(fd, AF_UNSPEC) on an accelerated client resets the connection (the
+    peer's poll POLLERR|POLLHUP, its recv ECONNRESET; ours ECONNRESET once, then EPIPE and
+    ENOTCONN; an epoll set reports the kernel socket's state), and a new connection on the fd
+    carries its bytes both ways, accelerated, as over kernel TCP.  Before, the fd kept its
+    record: the peer read end-of-file, a send went into the old ring, and the new connection's
+    bytes went to the old channel ("server2 recv: nothing in 2 s")."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "disconnect", tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "server2 recv: 1 n" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (client)") == 2, text
+    settle(fabric)
+
+
 FORKQUEUE = BUILD / "tests-preload" / "forkqueue"
 
 
