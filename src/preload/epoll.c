@@ -692,21 +692,36 @@ void mlp_epoll_at_exit(void)
     pthread_mutex_unlock(&mlp_eps_mu);
 }
 
-/* The socket's last fd is closing: it leaves every set, as the kernel's file does. */
-void mlp_epoll_sock_gone(struct mlp_sock *s)
+static int mlp_ep_some_fd(struct mlp_ep *e);
+static struct mlp_sock *mlp_member_to_kernel(int epfd, struct mlp_member *m);
+
+/* s leaves every set: its memberships freed, or, to_kernel, handed to the kernel first. */
+static void mlp_epoll_sock_leave(struct mlp_sock *s, bool to_kernel)
 {
     if (!__atomic_load_n(&s->epm, __ATOMIC_RELAXED))
         return;
     struct mlp_sock *puts[64];
     int np = 0;
     pthread_mutex_lock(&mlp_epmu);
-    while (s->epm && np < 64)
-        puts[np++] = mlp_member_free(s->epm);
+    while (s->epm && np < 64) {
+        struct mlp_member *m = s->epm;
+        int epfd = to_kernel ? mlp_ep_some_fd(m->ep) : -1;
+        puts[np++] = epfd >= 0 ? mlp_member_to_kernel(epfd, m) : mlp_member_free(m);
+    }
     pthread_mutex_unlock(&mlp_epmu);
     mlp_put_all(puts, np);
     if (s->epm)
-        mlp_epoll_sock_gone(s);
+        mlp_epoll_sock_leave(s, to_kernel);
 }
+
+/* The socket's last fd is closing: it leaves every set, as the kernel's file does. */
+void mlp_epoll_sock_gone(struct mlp_sock *s) { mlp_epoll_sock_leave(s, false); }
+
+/* s stops being ours while its fds stay open (a TCP disconnect: connect(AF_UNSPEC)): each of
+ * its memberships goes to the kernel with the application's events, as a member whose socket
+ * fell to TCP does, since the kernel's entry lives on with the file (freed, as at the socket's
+ * last close, the entry kept our tag and the application never heard of the fd again). */
+void mlp_epoll_sock_to_kernel(struct mlp_sock *s) { mlp_epoll_sock_leave(s, true); }
 
 /* An fd naming the set e, or -1 (a look at the table without its lock: the caller holds
  * mlp_epmu, which mlp_eps_mu is never taken under). */
@@ -716,30 +731,6 @@ static int mlp_ep_some_fd(struct mlp_ep *e)
         if (__atomic_load_n(&mlp_eps[i], __ATOMIC_ACQUIRE) == e)
             return i;
     return -1;
-}
-
-static struct mlp_sock *mlp_member_to_kernel(int epfd, struct mlp_member *m);
-
-/* s stops being ours while its fds stay open (a TCP disconnect: connect(AF_UNSPEC)): each of
- * its memberships goes to the kernel with the application's events, as a member whose socket
- * fell to TCP does, since the kernel's entry lives on with the file (freed, as at the socket's
- * last close, the entry kept our tag and the application never heard of the fd again). */
-void mlp_epoll_sock_to_kernel(struct mlp_sock *s)
-{
-    if (!__atomic_load_n(&s->epm, __ATOMIC_RELAXED))
-        return;
-    struct mlp_sock *puts[64];
-    int np = 0;
-    pthread_mutex_lock(&mlp_epmu);
-    while (s->epm && np < 64) {
-        struct mlp_member *m = s->epm;
-        int epfd = mlp_ep_some_fd(m->ep);
-        puts[np++] = epfd >= 0 ? mlp_member_to_kernel(epfd, m) : mlp_member_free(m);
-    }
-    pthread_mutex_unlock(&mlp_epmu);
-    mlp_put_all(puts, np);
-    if (s->epm)
-        mlp_epoll_sock_to_kernel(s);
 }
 
 /* fd is about to stop naming its socket (close, close_range, a dup2 or dup3 over it) while
