@@ -619,7 +619,11 @@ def test_zero_timeout_polls_ask_the_kernel_once_a_millisecond(fabric, tmp_path):
     _, kpolls, kasks, _ = runs["kernel"]
     assert kasks >= kpolls, runs["kernel"][1:]  # the control: strace sees every poll
     _, polls, asks, ms = runs["memlan"]
-    assert polls >= 2000 and asks <= ms + 10, runs["memlan"][1:]
+    # Once a millisecond once the connection is settled; while it is undecided (the acceptor has
+    # not taken the offer yet) a poll peeks every 100 us (design.md, step 4), and under load that
+    # takes a while: 239 asks in 194 ms once, with bursts of 17-25 asks within 10 ms at the start
+    # (two busy loops beside it, strace -tt).  Asking at every poll, as before, is thousands.
+    assert polls >= 2000 and asks <= 2 * ms + 10, runs["memlan"][1:]
 
 
 FASTCLOSE = BUILD / "tests-preload" / "fastclose"
