@@ -2171,6 +2171,34 @@ static void mlp_withdraw(struct mlp_sock *s, int fd, const char *why)
 }
 
 /*
+ * What the kernel socket under fd says, asked without taking anything from it: 1 bytes (the
+ * peer spoke over TCP), 0 its end (a FIN, or an error: a connect refused, a reset), -1 nothing
+ * yet.  A MSG_PEEK recv alone took a pending error (the kernel's sock_error clears it as it
+ * reports it): a nonblocking connect refused at an address the port's memlan listener does not
+ * listen on (a client of "localhost" trying ::1 first, the server on 127.0.0.1 only) then said
+ * SO_ERROR 0 and POLLOUT without POLLERR, "connected", and its send EPIPE
+ * (tests/preload/connrefused.c); an accepted socket reset before accept read EOF, not
+ * ECONNRESET.  poll reports an error and leaves it; the peek follows only on POLLIN, where the
+ * kernel returns bytes or a FIN's end before any error.  errno is kept.
+ */
+static int mlp_tcp_look(int fd)
+{
+    int saved = errno, r = -1;
+    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+    if (mlp_real_poll(&p, 1, 0) == 1) {
+        char c;
+        if (p.revents & (POLLERR | POLLNVAL))
+            r = 0;
+        else if (p.revents & POLLIN)
+            r = mlp_real_recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+        else if (p.revents & POLLHUP)
+            r = 0;
+    }
+    errno = saved;
+    return r;
+}
+
+/*
  * Is our handshake still open on the server's side while bytes wait in our ring?  A server's
  * kernel whose accept queue was full when our last ACK came dropped that ACK.  Then either it
  * holds a request socket (TCP_SYN_RECV) and completes the handshake when TCP data comes or at
@@ -2241,14 +2269,10 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
         } else if (!wait && mlp_now_ns() - s->peek_ns < 100000) {
             return MLP_UNDECIDED; /* a poll scan or spin: peek the kernel at most every 100 us */
         } else {
-            char c;
             s->peek_ns = mlp_now_ns();
-            int saved = errno; /* our peek must not change what the application sees */
-            ssize_t n = mlp_real_recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
-            int e = n < 0 ? errno : 0;
-            errno = saved;
-            if (n >= 0 || (e != EAGAIN && e != EWOULDBLOCK && e != EINTR))
-                why = n > 0 ? "the server spoke over TCP first: it is not memlan"
+            int k = mlp_tcp_look(fd); /* takes nothing the application would see */
+            if (k >= 0)
+                why = k > 0 ? "the server spoke over TCP first: it is not memlan"
                             : "the connection ended or failed before the server took the offer";
             else if (mlp_handshake_open(s, fd))
                 why = "the server's kernel held the handshake open: only TCP data completes it";
@@ -2324,8 +2348,7 @@ static bool mlp_offer_owner_ok(const struct stat *st, const struct mlp_addr *l,
  * address that way): the reason says so rather than blame the client.  Fallback path only. */
 static bool mlp_peer_closed(int fd)
 {
-    char c;
-    return mlp_real_recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+    return mlp_tcp_look(fd) == 0;
 }
 
 void mlp_on_accept(int lfd, int fd, int flags)

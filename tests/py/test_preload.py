@@ -2226,3 +2226,19 @@ def test_deferred_accept_listener_does_not_hold_memlan_clients(fabric, tmp_path,
                           "(TCP_DEFER_ACCEPT))") == 6, text
         assert "accelerated" not in text, text
     settle(fabric)
+
+
+CONNREFUSED = BUILD / "tests-preload" / "connrefused"
+
+
+def test_refused_nonblocking_connect_keeps_its_error(fabric, tmp_path):
+    """A nonblocking connect refused at an address the port's memlan listener does not listen on
+    (127.0.0.2, ::1; the listener is on 127.0.0.1): poll says POLLOUT|POLLERR|POLLHUP and
+    SO_ERROR ECONNREFUSED, as over kernel TCP.  Before, the undecided socket's decision peeked
+    the kernel socket and took the error: "poll 1: OUT HUP", "SO_ERROR 0" (a client of
+    "localhost" took ::1 for connected)."""
+    plain, under, text = scripted(CONNREFUSED, tmp_path)
+    assert "127.0.0.2: SO_ERROR Connection refused" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert "offer posted" in text, text  # the offers were posted: the path under test ran
+    settle(fabric)
