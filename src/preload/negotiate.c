@@ -1537,6 +1537,59 @@ void mlp_lrec_release(struct mlp_lrec *r)
 
 /* ---- private channels in a shared fabric -------------------------------------------------- */
 
+struct mlp_diag_req {
+    struct nlmsghdr h;
+    struct inet_diag_req_v2 q;
+};
+
+static void mlp_diag_request(struct mlp_diag_req *req, const struct mlp_addr *l,
+                             const struct mlp_addr *r)
+{
+    memset(req, 0, sizeof *req);
+    req->h.nlmsg_len = sizeof *req;
+    req->h.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+    req->h.nlmsg_flags = NLM_F_REQUEST;
+    req->h.nlmsg_seq = 1;
+    req->q.sdiag_family = r->v4 ? AF_INET : AF_INET6;
+    req->q.sdiag_protocol = IPPROTO_TCP;
+    req->q.idiag_states = ~0u;
+    req->q.id.idiag_sport = htons((uint16_t)r->port); /* the server's side: its port first */
+    req->q.id.idiag_dport = htons((uint16_t)l->port);
+    memcpy(req->q.id.idiag_src, r->a, r->v4 ? 4 : 16);
+    memcpy(req->q.id.idiag_dst, l->a, l->v4 ? 4 : 16);
+    req->q.id.idiag_cookie[0] = INET_DIAG_NOCOOKIE;
+    req->q.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+}
+
+/* The answer to req in n bytes of u: 0 and *uid, *state; -errno; -EAGAIN when it answers
+ * another request (want_id: the socket it names must be req's). */
+static int mlp_diag_answer(const struct nlmsghdr *u, ssize_t n, const struct mlp_diag_req *req,
+                           bool want_id, uint32_t *uid, uint8_t *state)
+{
+    int e = -EIO;
+    for (const struct nlmsghdr *h = u; NLMSG_OK(h, (size_t)n); h = NLMSG_NEXT(h, n)) {
+        if (h->nlmsg_type == NLMSG_ERROR) {
+            const struct nlmsgerr *ne = NLMSG_DATA(h);
+            if (want_id && (ne->msg.nlmsg_len < sizeof *req ||
+                            h->nlmsg_len < NLMSG_LENGTH(sizeof *ne + sizeof req->q) ||
+                            memcmp((const char *)(ne + 1), &req->q, sizeof req->q) != 0))
+                return -EAGAIN;
+            return ne->error ? ne->error : -ENOENT;
+        }
+        if (h->nlmsg_type == SOCK_DIAG_BY_FAMILY &&
+            h->nlmsg_len >= NLMSG_LENGTH(sizeof(struct inet_diag_msg))) {
+            const struct inet_diag_msg *m = NLMSG_DATA(h);
+            if (want_id && (m->id.idiag_sport != req->q.id.idiag_sport ||
+                            m->id.idiag_dport != req->q.id.idiag_dport))
+                return -EAGAIN;
+            *uid = m->idiag_uid;
+            *state = m->idiag_state;
+            return 0;
+        }
+    }
+    return e;
+}
+
 /*
  * The server's side of our connection, as the kernel knows it (sock_diag, an exact look-up by
  * the connection's four addresses): its uid, the euid of the process that made the listening
@@ -1552,24 +1605,8 @@ static int mlp_diag_server(const struct mlp_addr *l, const struct mlp_addr *r, u
         return -errno;
     struct timeval tv = {.tv_sec = 1};
     (void)mlp_real_setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    struct {
-        struct nlmsghdr h;
-        struct inet_diag_req_v2 q;
-    } req;
-    memset(&req, 0, sizeof req);
-    req.h.nlmsg_len = sizeof req;
-    req.h.nlmsg_type = SOCK_DIAG_BY_FAMILY;
-    req.h.nlmsg_flags = NLM_F_REQUEST;
-    req.h.nlmsg_seq = 1;
-    req.q.sdiag_family = r->v4 ? AF_INET : AF_INET6;
-    req.q.sdiag_protocol = IPPROTO_TCP;
-    req.q.idiag_states = ~0u;
-    req.q.id.idiag_sport = htons((uint16_t)r->port); /* the server's side: its port first */
-    req.q.id.idiag_dport = htons((uint16_t)l->port);
-    memcpy(req.q.id.idiag_src, r->a, r->v4 ? 4 : 16);
-    memcpy(req.q.id.idiag_dst, l->a, l->v4 ? 4 : 16);
-    req.q.id.idiag_cookie[0] = INET_DIAG_NOCOOKIE;
-    req.q.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
+    struct mlp_diag_req req;
+    mlp_diag_request(&req, l, r);
     struct sockaddr_nl k = {.nl_family = AF_NETLINK};
     int e = -EIO;
     if (mlp_real_sendto(fd, &req, sizeof req, 0, (struct sockaddr *)&k, sizeof k) < 0) {
@@ -1585,23 +1622,60 @@ static int mlp_diag_server(const struct mlp_addr *l, const struct mlp_addr *r, u
         e = errno == EAGAIN ? -ETIMEDOUT : -errno;
         goto out;
     }
-    for (struct nlmsghdr *h = &u.h; NLMSG_OK(h, (size_t)n); h = NLMSG_NEXT(h, n)) {
-        if (h->nlmsg_type == NLMSG_ERROR) {
-            const struct nlmsgerr *ne = NLMSG_DATA(h);
-            e = ne->error ? ne->error : -ENOENT;
-            break;
-        }
-        if (h->nlmsg_type == SOCK_DIAG_BY_FAMILY &&
-            h->nlmsg_len >= NLMSG_LENGTH(sizeof(struct inet_diag_msg))) {
-            const struct inet_diag_msg *m = NLMSG_DATA(h);
-            *uid = m->idiag_uid;
-            *state = m->idiag_state;
-            e = 0;
-            break;
-        }
-    }
+    e = mlp_diag_answer(&u.h, n, &req, false, uid, state);
 out:
     __ml_sys_close(fd);
+    return e;
+}
+
+/*
+ * The sock_diag socket of mlp_handshake_open: one per process image, made at its first offer
+ * and kept.  An undecided client asks it 200 ms after its offer, when the program may have
+ * confined itself in a seccomp sandbox that kills for socket() (a worker keeps the connections
+ * it made): a socket(AF_NETLINK) made there for each look killed the client (SIGSYS,
+ * tests/preload/sandboxdiag.c).  Asked by write and read, which every sandbox that lets the
+ * program talk over its sockets allows (sshd's kills for sendto and recvfrom).  The kernel
+ * answers within the write; a fork sibling shares the socket and may read our answer (ours is
+ * then missing: this look changes nothing) or leave us its own (known by the socket it names,
+ * and passed over).  -1: not made yet; -2: cannot be.
+ */
+static _Atomic int mlp_hs_fd = -1;
+static pthread_mutex_t mlp_hs_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void mlp_hs_prepare(void)
+{
+    int none = -1;
+    if (ml_load_relaxed(&mlp_hs_fd) != -1 ||
+        !atomic_compare_exchange_strong(&mlp_hs_fd, &none, -3))
+        return;
+    int saved = errno;
+    int fd = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, NETLINK_SOCK_DIAG);
+    if (fd >= 0)
+        mlp_own_fd(&fd, true);
+    errno = saved;
+    ml_store_release(&mlp_hs_fd, fd >= 0 ? fd : -2);
+}
+
+static int mlp_hs_ask(const struct mlp_addr *l, const struct mlp_addr *r, uint8_t *state)
+{
+    int fd = ml_load_acquire(&mlp_hs_fd);
+    if (fd < 0 || pthread_mutex_trylock(&mlp_hs_mu) != 0)
+        return -EAGAIN; /* none, or another thread (or the handler's own) asks now */
+    union {
+        char b[4096];
+        struct nlmsghdr h;
+    } u;
+    while (__ml_sys_read(fd, u.b, sizeof u.b) > 0)
+        ; /* a fork sibling's answer, or one left by a look that ended early */
+    struct mlp_diag_req req;
+    mlp_diag_request(&req, l, r);
+    int e = -EIO;
+    uint32_t uid;
+    if (__ml_sys_write(fd, &req, sizeof req) == (ssize_t)sizeof req) {
+        ssize_t n = __ml_sys_read(fd, u.b, sizeof u.b);
+        e = n > 0 ? mlp_diag_answer(&u.h, n, &req, true, &uid, state) : n < 0 ? (int)n : -EIO;
+    }
+    pthread_mutex_unlock(&mlp_hs_mu);
     return e;
 }
 
@@ -2007,6 +2081,8 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, cons
     mlp_sock_liveness(ch, fd);
     s->offer_ns = mlp_now_ns();
     snprintf(s->offer, sizeof s->offer, "%s", name);
+    if (!mac)
+        mlp_hs_prepare(); /* for mlp_handshake_open, before any sandbox (there) */
     s->slot = mlp_proc_slot();
     mlp_slot_fill(s->slot, ML_CONN_WAIT, fd, l, r, ch->seg->token, "offer posted, not yet taken");
     mlp_install(fd, s);
@@ -2224,11 +2300,9 @@ static bool mlp_handshake_open(struct mlp_sock *s, int fd)
         return false;
     s->hs_ns = now;
     struct mlp_addr l, r;
-    uint32_t uid;
     uint8_t state = 0;
     int saved = errno;
-    bool open = mlp_sock_addrs(fd, &l, &r, NULL, 0) == 0 &&
-                mlp_diag_server(&l, &r, &uid, &state) == 0 &&
+    bool open = mlp_sock_addrs(fd, &l, &r, NULL, 0) == 0 && mlp_hs_ask(&l, &r, &state) == 0 &&
                 (state == TCP_SYN_RECV || state == TCP_LISTEN);
     errno = saved;
     return open;
@@ -2595,6 +2669,7 @@ void mlp_negotiate_after_fork(void)
 {
     pthread_mutex_init(&mlp_neg_mu, NULL);
     pthread_mutex_init(&mlp_proc_mu, NULL);
+    pthread_mutex_init(&mlp_hs_mu, NULL); /* a thread of the parent's may have held it */
     if (mlp_proc) {
         /* The parent's mapping and fd stay ours (the fd keeps the parent's entry alive no
          * longer than the parent); we forget them and create our own on first use. */
