@@ -2262,3 +2262,19 @@ def test_undecided_client_in_a_sandbox_survives_the_handshake_look(fabric, tmp_p
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
     assert "TCP (the server's kernel held the handshake open" in text, text
     settle(fabric)
+
+
+CONNECTINTR = BUILD / "tests-preload" / "connectintr"
+
+
+def test_interrupted_connect_offers_at_eintr(fabric, tmp_path):
+    """A blocking connect interrupted by a signal (EINTR) while its SYN waits out a full accept
+    queue; the server accepts once the retransmitted SYN gets through, the program connects
+    again (0) and sends: the server has the request at once, as over kernel TCP, and the
+    connection is accelerated.  Before, the second connect posted an offer for a connection
+    already accepted over TCP, and the request stayed in the ring ("server: nothing late")."""
+    plain, under, text = scripted(CONNECTINTR, tmp_path)
+    assert "server: ping within 0.5 s" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (client)") == 1, text
+    settle(fabric)
