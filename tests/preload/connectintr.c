@@ -25,12 +25,8 @@ int main(int argc, char **argv)
     if (argc != 2)
         return 2;
     setvbuf(stdout, NULL, _IOLBF, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[1]))};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (l < 0 || bind(l, (struct sockaddr *)&a, sizeof a) || listen(l, 0))
-        die("listen");
+    struct sockaddr_in a;
+    int l = listen_backlog(atoi(argv[1]), 0, &a);
     /* Fill the accept queue (backlog 0 holds one). */
     int fill = socket(AF_INET, SOCK_STREAM, 0);
     if (fill < 0 || connect(fill, (struct sockaddr *)&a, sizeof a) != 0)

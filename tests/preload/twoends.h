@@ -43,16 +43,22 @@ static inline double now_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-/* A listener on 127.0.0.1:port (SO_REUSEADDR); *a: its address, for connect. */
-static inline int listen_here(int port, struct sockaddr_in *a)
+/* A listener on 127.0.0.1:port (SO_REUSEADDR) with that backlog; *a: its address. */
+static inline int listen_backlog(int port, int backlog, struct sockaddr_in *a)
 {
     *a = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
     a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
     setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (l < 0 || bind(l, (struct sockaddr *)a, sizeof *a) || listen(l, 1))
+    if (l < 0 || bind(l, (struct sockaddr *)a, sizeof *a) || listen(l, backlog))
         die("listen");
     return l;
+}
+
+/* A listener on 127.0.0.1:port (SO_REUSEADDR); *a: its address, for connect. */
+static inline int listen_here(int port, struct sockaddr_in *a)
+{
+    return listen_backlog(port, 1, a);
 }
 
 /* A connection to the listener l at a, a byte each way (under memlan both ends are settled on
