@@ -2334,6 +2334,7 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
                 mlp_log(1, "fd %d: accelerated (client)", fd);
             }
             pthread_mutex_unlock(&s->mu);
+            mlp_shut_owed_pay(s, fd);
             continue;
         }
         if (a == ML_ATTACH_WITHDRAWN) {

@@ -142,6 +142,8 @@ struct mlp_sock {
                                    * hold it and move its ring positions (sock.c, mlp_lock_dir) */
     _Atomic bool tmo_synced;      /* SO_RCVTIMEO/SO_SNDTIMEO copied from the kernel socket */
     _Atomic bool split_told;      /* bytes found on the idle kernel socket were reported */
+    _Atomic bool shut_owed;       /* shut down (SHUT_WR) while undecided: the kernel socket's
+                                   * shutdown waits for the settle (mlp_shut_owed_pay) */
     _Atomic bool lock_broken;     /* a direction lock said ENOTRECOVERABLE (said once) */
     struct mlp_member *epm;       /* its epoll memberships (epoll.c, under its lock) */
     struct mlp_pwreg *pw;         /* threads asleep in poll/select on it (pqueue.c, mlp_pw_mu) */
@@ -295,6 +297,7 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
                          int err);
 void mlp_on_accept(int lfd, int fd, int flags);
 int mlp_decide(struct mlp_sock *s, int fd, bool wait);  /* client: settle an undecided socket */
+void mlp_shut_owed_pay(struct mlp_sock *s, int fd); /* sock.c: the kernel shutdown owed */
 void mlp_offer_gone(struct mlp_sock *s);
 /* Across exec (exec.c): what the old image tells the new one about a socket besides its channel. */
 #define MLP_CARRY_RD_EOF  1u

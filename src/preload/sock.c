@@ -950,11 +950,34 @@ static ssize_t mlp_tx_error(struct mlp_sock *s, ssize_t r, int flags)
 /* A socket that fell to TCP: send what its ring still holds before anything else.  0 when
  * nothing is left, else the kernel's error (-EAGAIN when nonblocking and full).  The lock is held
  * only while bytes move: a blocking catch-up waits for the kernel socket's room without it. */
+/*
+ * shutdown(SHUT_WR) on an undecided socket waited for the claim, so that the peer got the
+ * ring's bytes before the EOF: up to the accept wait (2 s) and then TCP when the server had not
+ * accepted yet, on a nonblocking socket too, where the kernel's shutdown returns at once (an
+ * event loop stood still: tests/preload/shutundecided.c).  Now the EOF goes into the ring after
+ * the bytes, at once, and the kernel socket's shutdown is owed until the socket settles: at the
+ * claim (the peer reads both from the ring, and the kernel socket is shut as an accelerated
+ * one's is), or once the ring's bytes are out over TCP (mlp_tcp_catch_up).  Exactly once: the
+ * flag is taken by an exchange.  errno is kept.
+ */
+void mlp_shut_owed_pay(struct mlp_sock *s, int fd)
+{
+    if (ml_likely(!atomic_load_explicit(&s->shut_owed, memory_order_relaxed)) ||
+        !atomic_exchange(&s->shut_owed, false))
+        return;
+    int saved = errno;
+    (void)mlp_real_shutdown(fd, SHUT_WR);
+    errno = saved;
+}
+
 int mlp_tcp_catch_up(struct mlp_sock *s, int fd, bool block)
 {
     const void *p;
-    if (!s->ch || !__ml_chan_unsent(s->ch, &p))
+    if (!s->ch || !__ml_chan_unsent(s->ch, &p)) {
+        if (s->ch && s->state == MLP_TCP)
+            mlp_shut_owed_pay(s, fd);
         return 0;
+    }
     int saved = errno; /* errors are returned; a success leaves errno as it was */
     for (;;) {
         int e = mlp_lock_tx(s, !block);
@@ -962,6 +985,8 @@ int mlp_tcp_catch_up(struct mlp_sock *s, int fd, bool block)
             return e;
         e = mlp_flush_unsent(s, fd, false);
         mlp_unlock_tx(s);
+        if (e == 0 && s->state == MLP_TCP)
+            mlp_shut_owed_pay(s, fd); /* after the ring's bytes, the FIN */
         if (e != -EAGAIN || !block) {
             errno = saved;
             return e;
@@ -2042,7 +2067,15 @@ int mlp_shutdown(struct mlp_sock *s, int fd, int how)
         return -EINVAL;
     int st = s->state, kernel_how = how;
     if (st == MLP_UNDECIDED && (how == SHUT_WR || how == SHUT_RDWR))
-        st = mlp_decide(s, fd, true); /* the peer must get our bytes before our EOF */
+        st = mlp_decide(s, fd, false); /* settled already, perhaps: a look, no wait */
+    bool owe = st == MLP_UNDECIDED && how != SHUT_RD;
+    if (owe) {
+        /* The EOF goes into the ring; the kernel's shutdown waits for the settle (see
+         * mlp_shut_owed_pay).  Owed first, then settled looked at again: a claim or a withdrawal
+         * made meanwhile by another thread may have passed the flag by, and is paid here. */
+        atomic_store(&s->shut_owed, true);
+        kernel_how = how == SHUT_RDWR ? SHUT_RD : -1;
+    }
     if (st == MLP_TCP) {
         if (how != SHUT_RD)
             (void)mlp_tcp_catch_up(s, fd, true);
@@ -2075,6 +2108,10 @@ int mlp_shutdown(struct mlp_sock *s, int fd, int how)
             mlp_poll_kick(s);
         }
     }
+    if (owe && s->state == MLP_TCP)
+        (void)mlp_tcp_catch_up(s, fd, true); /* withdrawn meanwhile: the bytes, then the FIN */
+    else if (owe && s->state == MLP_ACCEL)
+        mlp_shut_owed_pay(s, fd); /* claimed meanwhile */
     /* The kernel socket too: it keeps ss and the peer's kernel view in step. */
     int saved = errno;
     if (kernel_how < 0)

@@ -2278,3 +2278,20 @@ def test_interrupted_connect_offers_at_eintr(fabric, tmp_path):
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
     assert text.count("accelerated (client)") == 1, text
     settle(fabric)
+
+
+SHUTUNDECIDED = BUILD / "tests-preload" / "shutundecided"
+
+
+def test_shutdown_of_undecided_socket_does_not_wait_for_the_claim(fabric, tmp_path):
+    """A nonblocking client sends and shuts its writing down before the server accepts: the
+    shutdown returns at once, and the server reads the request and the end, as over kernel TCP,
+    the connection accelerated (the end goes into the ring after the bytes).  Before, the
+    shutdown waited for the acceptor's claim, here for the whole accept wait: "shutdown: 0,
+    blocked"."""
+    plain, under, text = scripted(SHUTUNDECIDED, tmp_path)
+    assert "shutdown: 0, returned within 0.5 s" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert "accelerated (client)" in text, text
+    settle(fabric)
+
