@@ -163,10 +163,14 @@ static int mlp_disconnect(int fd, const struct sockaddr *addr, socklen_t len)
     return r;
 }
 
+/* connect is async-signal-safe, and a handler may connect: the kernel's call alone there, plain
+ * TCP.  The negotiation takes locks (the listener records', malloc's) that the thread the handler
+ * interrupted may hold, in a connect of its own: it waited on itself for ever
+ * (tests/preload/sigconnect.c).  A handler installed by signal() is not seen as one (signals.c). */
 MLP_EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 {
     MLP_INIT();
-    if (mlp_inside || mlp_cfg.off)
+    if (mlp_inside || mlp_cfg.off || ml_unlikely(mlp_sig_in_handler()))
         return mlp_real_connect(fd, addr, len);
     if (addr && len >= sizeof(sa_family_t) && addr->sa_family == AF_UNSPEC &&
         mlp_fd_is_ours(fd) && !mlp_vfork_child())

@@ -2295,3 +2295,16 @@ def test_shutdown_of_undecided_socket_does_not_wait_for_the_claim(fabric, tmp_pa
     assert "accelerated (client)" in text, text
     settle(fabric)
 
+
+SIGCONNECT = BUILD / "tests-preload" / "sigconnect"
+
+
+def test_connect_in_a_signal_handler_does_not_hang(fabric, tmp_path):
+    """A handler (every 200 us) connects to the port a thread connects to in a loop: every
+    connect completes, as over kernel TCP.  Before, the handler's connect waited for the
+    negotiation's lock that the interrupted connect held: "hung"."""
+    plain, under, text = scripted(SIGCONNECT, tmp_path)
+    assert plain.stdout.splitlines()[0] == "connects: all made; handler connects: all made"
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert "offer posted" in text, text  # the thread's connects negotiated
+    settle(fabric)
