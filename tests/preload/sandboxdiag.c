@@ -10,7 +10,9 @@
  * sock_diag whether the server's kernel held its handshake open: its socket(AF_NETLINK) killed
  * it (SIGSYS).
  *
- * usage: sandboxdiag PORT
+ * usage: sandboxdiag PORT [before]
+ * With "before" the client confines itself before it makes its socket, in a sandbox that kills
+ * for socket(AF_NETLINK) only: the sock_diag socket made at its first offer killed it.
  */
 #include "twoends.h"
 
@@ -18,6 +20,8 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <netinet/tcp.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <poll.h>
 #include <signal.h>
 #include <stddef.h>
@@ -32,7 +36,8 @@
 #define ARCH AUDIT_ARCH_AARCH64
 #endif
 
-static int sandbox(void)
+/* Kill for socket(); netlink_only: for socket(AF_NETLINK, ...) only. */
+static int sandbox(bool netlink_only)
 {
 #ifdef ARCH
     struct sock_filter f[] = {
@@ -40,10 +45,14 @@ static int sandbox(void)
         BPF_JUMP(BPF_JMP + BPF_JEQ + BPF_K, ARCH, 1, 0),
         BPF_STMT(BPF_RET + BPF_K, SECCOMP_RET_KILL_PROCESS),
         BPF_STMT(BPF_LD + BPF_W + BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP + BPF_JEQ + BPF_K, __NR_socket, 0, 1),
+        BPF_JUMP(BPF_JMP + BPF_JEQ + BPF_K, __NR_socket, 0, 3),
+        BPF_STMT(BPF_LD + BPF_W + BPF_ABS, offsetof(struct seccomp_data, args[0])),
+        BPF_JUMP(BPF_JMP + BPF_JEQ + BPF_K, netlink_only ? AF_NETLINK : (uint32_t)-1, 0, 1),
         BPF_STMT(BPF_RET + BPF_K, SECCOMP_RET_KILL_PROCESS),
         BPF_STMT(BPF_RET + BPF_K, SECCOMP_RET_ALLOW),
     };
+    if (!netlink_only) /* any socket(): the family's test passes every time */
+        f[6] = (struct sock_filter)BPF_JUMP(BPF_JMP + BPF_JA, 0, 0, 0);
     struct sock_fprog prog = {.len = sizeof f / sizeof f[0], .filter = f};
     if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
         prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0)
@@ -56,8 +65,9 @@ static int sandbox(void)
 
 int main(int argc, char **argv)
 {
-    if (argc != 2)
+    if (argc < 2)
         return 2;
+    bool before = argc > 2;
     setvbuf(stdout, NULL, _IOLBF, 0);
     struct sockaddr_in a;
     int l = listen_here(atoi(argv[1]), &a);
@@ -69,12 +79,16 @@ int main(int argc, char **argv)
         die("fork");
     if (pid == 0) {
         close(l);
+        if (before && sandbox(true) != 0) {
+            printf("client: no sandbox here\n");
+            _exit(77);
+        }
         int c = socket(AF_INET, SOCK_STREAM, 0);
         if (c < 0 || connect(c, (struct sockaddr *)&a, sizeof a) != 0)
             die("connect");
         if (send(c, "ping", 4, 0) != 4)
             die("send");
-        if (sandbox() != 0) {
+        if (!before && sandbox(false) != 0) {
             printf("client: no sandbox here\n");
             _exit(77);
         }

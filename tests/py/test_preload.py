@@ -2247,20 +2247,27 @@ def test_refused_nonblocking_connect_keeps_its_error(fabric, tmp_path):
 SANDBOXDIAG = BUILD / "tests-preload" / "sandboxdiag"
 
 
-def test_undecided_client_in_a_sandbox_survives_the_handshake_look(fabric, tmp_path):
-    """A client that sends, then confines itself in a seccomp sandbox that kills for socket(),
-    against a listener whose TCP_DEFER_ACCEPT (set by a raw system call) holds the handshake
-    open: it gets its answer and exits 0, as over kernel TCP, its bytes sent over TCP once the
-    look at the server's handshake says so.  Before, that look made a netlink socket inside the
+@pytest.mark.parametrize("when", ["after", "before"])
+def test_undecided_client_in_a_sandbox_survives_the_handshake_look(fabric, tmp_path, when):
+    """A client that sends, then confines itself in a seccomp sandbox that kills for socket()
+    ("after"), or that is confined before it connects in one that kills for socket(AF_NETLINK)
+    ("before"), against a listener whose TCP_DEFER_ACCEPT (set by a raw system call) holds the
+    handshake open: it gets its answer and exits 0, as over kernel TCP, its bytes sent over TCP
+    once the look at the server's handshake says so ("after") or after the accept wait
+    ("before": no looks in a sandbox).  Before, the look made a netlink socket inside the
     sandbox: "client: killed by signal 31"."""
-    plain = subprocess.run([str(SANDBOXDIAG), str(next_port())], capture_output=True, text=True,
-                           timeout=60)
+    args = [] if when == "after" else ["before"]
+    plain = subprocess.run([str(SANDBOXDIAG), str(next_port()), *args], capture_output=True,
+                           text=True, timeout=60)
     if plain.returncode == 77:
         pytest.skip("no seccomp filter for this architecture")
-    plain, under, text = scripted(SANDBOXDIAG, tmp_path)
+    plain, under, text = scripted(SANDBOXDIAG, tmp_path, *args)
     assert "client: pong" in plain.stdout, plain.stdout
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
-    assert "TCP (the server's kernel held the handshake open" in text, text
+    if when == "after":
+        assert "TCP (the server's kernel held the handshake open" in text, text
+    else:
+        assert "TCP (no memlan acceptor took the offer within" in text, text
     settle(fabric)
 
 
