@@ -138,6 +138,11 @@ static void mlp_fd_released(int fd, char *offer);
 static int mlp_disconnect(int fd, const struct sockaddr *addr, socklen_t len)
 {
     struct mlp_sock *s = mlp_get(fd);
+    /* Undecided: settled first, as a close settles it.  What the program wrote before the
+     * disconnect the kernel had sent; in the ring it was lost with the reset (the first server
+     * read ECONNRESET where kernel TCP gives it the bytes first: tests/preload/dissolve.c). */
+    if (s && s->type == MLP_CONN && s->ch && s->state == MLP_UNDECIDED)
+        mlp_before_last_close(s, fd);
     int r = mlp_real_connect(fd, addr, len);
     if (r != 0 || !s) {
         if (s)

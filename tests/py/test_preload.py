@@ -2315,3 +2315,21 @@ def test_connect_in_a_signal_handler_does_not_hang(fabric, tmp_path):
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
     assert "offer posted" in text, text  # the thread's connects negotiated
     settle(fabric)
+
+
+DISSOLVE = BUILD / "tests-preload" / "dissolve"
+
+
+@pytest.mark.parametrize("when", ["accelerated", "undecided"])
+def test_connect_af_unspec_keeps_the_bytes_written_before(fabric, tmp_path, when):
+    """connect(AF_UNSPEC), then a connect of the same socket to a second server: the first
+    server reads what was written before the dissolve, then a reset, and the second what was
+    sent after, as over kernel TCP.  On 4723f26 the undecided client's bytes were lost with the
+    reset ("first server: recv: Connection reset by peer" where kernel TCP says "3 bytes
+    \\"old\\"")."""
+    args = ["undecided"] if when == "undecided" else []
+    plain, under, text = scripted(DISSOLVE, tmp_path, *args)
+    assert 'second server: 3 bytes "new"' in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("offer posted") == 2, text  # both connects offered: the path under test
+    settle(fabric)
