@@ -1568,7 +1568,25 @@ def test_stdio_on_moved_connections_matches_kernel(fabric, tmp_path):
     assert "stdout is a stream through the channel" in text, text
     assert "stdin is a stream through the channel" in text, text
     assert "another thread holds stdin" in text, text
-    assert "not decided yet: stdout stays glibc's stream" in text, text
+    # case F: the dup2 onto 1 settles the connection (on TCP, its acceptor is not memlan)
+    # before glibc's stdout stays for its wide output (stdioearly.c)
+    assert "fd 1: TCP (no memlan acceptor took the offer" in text, text
+    assert "split" not in text, text
+    settle(fabric)
+
+STDIOEARLY = BUILD / "tests-preload" / "stdioearly"
+
+
+def test_stdio_on_a_connection_moved_before_accept(fabric, tmp_path):
+    """A connection dup2'd onto stdout before the server accepted it, then printf (bash's
+    `exec 3<>/dev/tcp/...; echo hi >&3`; tests/preload/stdioearly.c): the server gets the line,
+    as over kernel TCP.  glibc's stdout stayed on the undecided connection and wrote to the
+    kernel socket; the connection was then accelerated and the server read 0 bytes."""
+    plain, under, text = scripted(STDIOEARLY, tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "the server got 13 bytes" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + text
+    assert text.count("accelerated (client)") == 3, text
     assert "split" not in text, text
     settle(fabric)
 
