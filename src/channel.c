@@ -1248,8 +1248,15 @@ int64_t __ml_chan_rx_avail_ro(const struct memlan_channel *ch)
         uint64_t t = atomic_load_explicit(ch->rx.pub, memory_order_acquire);
         /* SYNC: pairs with the release (seq_cst) store of head in ml_ring_produce(). */
         uint64_t h = ml_load_acquire(&ch->rx.ctl->head);
-        if (h - t <= ch->rx.size)
+        if (h - t <= ch->rx.size) {
+            /* An exec'd holder of our side publishes only in the channel: its reads count
+             * when the shared tail is ahead of ours and not past head (__ml_chan_resync_rx).
+             * It can only say less than ours: never the "ready for ever" above. */
+            uint64_t st = ml_load_acquire(&ch->rx.ctl->tail);
+            if ((int64_t)(st - t) > 0 && h - st <= ch->rx.size)
+                t = st;
             return (int64_t)(h - t);
+        }
         /* A message ring's reader takes a record by its publication word, and may be ahead of
          * a head not yet stored (up to one ring): nothing new, not "go and look" (which woke
          * the waiter for nothing until head caught up). */

@@ -1616,6 +1616,7 @@ print("server got", n, flush=True)
 EXECSHARE_CLIENT = """exec 3<>/dev/tcp/127.0.0.1/$1
 echo go >&3
 head -n1 <&3
+if read -t 0 -u 3; then echo "ready after head"; else echo "nothing after head"; fi
 read -r l <&3; echo "shell read: $l"
 cat "$2" >&3
 printf xyz >&3
@@ -1628,10 +1629,11 @@ echo done
 
 def test_exec_child_and_its_shell_take_turns_on_a_connection(fabric, tmp_path):
     """bash's `exec 3<>/dev/tcp/...`, then `head -n1 <&3` and `cat FILE >&3` (exec'd children
-    that carry the connection across exec) and the shell's own read and printf in turn: the
-    bytes arrive once and in order, as over kernel TCP.  The shell's lock page never heard of
-    what the exec'd children moved: its next read served again the line head had read ("shell
-    read: A"), its next write failed with ECONNRESET ("corrupt indices from the peer")."""
+    that carry the connection across exec) and the shell's own read -t 0, read and printf in
+    turn: the bytes arrive once and in order, as over kernel TCP.  The shell's lock page never
+    heard of what the exec'd children moved: its next read served again the line head had read
+    ("shell read: A"), its next write failed with ECONNRESET ("corrupt indices from the peer"),
+    and its select said the socket readable for the line head had read ("ready after head")."""
     big = tmp_path / "big"
     big.write_bytes(os.urandom(300000))  # more than a 256 KiB ring
     (tmp_path / "srv.py").write_text(EXECSHARE_SERVER)
@@ -1652,7 +1654,8 @@ def test_exec_child_and_its_shell_take_turns_on_a_connection(fabric, tmp_path):
             srv.kill()
             srv.wait()
         outs.append((cli.returncode, cli.stdout, cli.stderr, got))
-    assert outs[0] == (0, "A\nshell read: B\ndone\n", "", "server got 301006\n"), outs[0]
+    assert outs[0] == (0, "A\nnothing after head\nshell read: B\ndone\n", "",
+                       "server got 301006\n"), outs[0]
     assert outs[1] == outs[0], outs[1]
     text = (tmp_path / "memlan1.log").read_text()
     assert "accelerated (carried across exec)" in text and "corrupt" not in text, text
