@@ -1248,8 +1248,15 @@ int64_t __ml_chan_rx_avail_ro(const struct memlan_channel *ch)
         uint64_t t = atomic_load_explicit(ch->rx.pub, memory_order_acquire);
         /* SYNC: pairs with the release (seq_cst) store of head in ml_ring_produce(). */
         uint64_t h = ml_load_acquire(&ch->rx.ctl->head);
-        if (h - t <= ch->rx.size)
+        if (h - t <= ch->rx.size) {
+            /* An exec'd holder of our side publishes only in the channel: its reads count
+             * when the shared tail is ahead of ours and not past head (__ml_chan_resync_rx).
+             * It can only say less than ours: never the "ready for ever" above. */
+            uint64_t st = ml_load_acquire(&ch->rx.ctl->tail);
+            if ((int64_t)(st - t) > 0 && h - st <= ch->rx.size)
+                t = st;
             return (int64_t)(h - t);
+        }
         /* A message ring's reader takes a record by its publication word, and may be ahead of
          * a head not yet stored (up to one ring): nothing new, not "go and look" (which woke
          * the waiter for nothing until head caught up). */
@@ -2213,10 +2220,27 @@ void __ml_chan_unsent_done(struct memlan_channel *ch, size_t n)
  * from shared memory.  Our own index in shared memory is authoritative (we store it on every
  * publish); the cached copy of the peer's is simply refreshed.
  */
+/*
+ * A holder that exec'd (a socket carried across exec: a shell's `cat file >&3`) has a lock page
+ * of its own and publishes its positions only in the channel, where it took them from at exec
+ * (__ml_chan_adopt): the published word we share with our fork children then lags behind what
+ * it moved.  The channel's copy is taken when it is ahead of the published one and within a
+ * ring of the peer's index (the bound our own ring checks hold it to): a parent's next write
+ * went at its stale head (a reset: "corrupt indices"), its next read served again the bytes the
+ * exec'd image had read.  Whatever the peer writes there moves us only inside that bound, over
+ * the bytes of its own direction of the stream, as its own garbage could; behind ours (a holder
+ * that died between its two stores) it is not taken.
+ */
+static uint64_t ml_chan_newer(uint64_t pub, uint64_t shared, uint64_t lo, uint64_t size)
+{
+    return (int64_t)(shared - pub) > 0 && shared - lo <= size ? shared : pub;
+}
+
 void __ml_chan_resync_tx(struct memlan_channel *ch)
 {
-    ch->tx.pos = atomic_load_explicit(ch->tx.pub, memory_order_relaxed);
+    uint64_t pub = atomic_load_explicit(ch->tx.pub, memory_order_relaxed);
     ch->tx.other = ml_load_acquire(&ch->tx.ctl->tail);
+    ch->tx.pos = ml_chan_newer(pub, ml_load_acquire(&ch->tx.ctl->head), ch->tx.other, ch->size);
     if (ch->tx.pos - ch->tx.other > ch->size)
         ch->tx.corrupt = true;
     /* Say where we are from the start: the peer's first wait then knows whether spinning could
@@ -2228,7 +2252,10 @@ void __ml_chan_resync_tx(struct memlan_channel *ch)
 
 void __ml_chan_resync_rx(struct memlan_channel *ch)
 {
-    ch->rx.pos = atomic_load_explicit(ch->rx.pub, memory_order_relaxed);
+    uint64_t pub = atomic_load_explicit(ch->rx.pub, memory_order_relaxed);
+    uint64_t tail = ml_load_acquire(&ch->rx.ctl->tail), head = ml_load_acquire(&ch->rx.ctl->head);
+    /* within a ring below the peer's head: tail is taken when head - tail <= size */
+    ch->rx.pos = ml_chan_newer(pub, tail, head - ch->size, ch->size);
     ch->rx.other = ch->rx.pos;
 }
 

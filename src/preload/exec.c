@@ -480,7 +480,7 @@ void mlp_exec_adopt(void)
     mlp_inside = inside;
     free(buf);
     for (int fd = 0; fd <= 2; fd++)
-        mlp_stdio_adopt(fd); /* inetd-style: the standard streams are the connection */
+        mlp_stdio_adopt(fd, false); /* inetd-style: the standard streams are the connection */
 }
 
 /* ---- the interposers --------------------------------------------------------------------- */

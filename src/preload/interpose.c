@@ -187,7 +187,7 @@ MLP_EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
     int err = r < 0 ? errno : 0;
     mlp_on_connect_done(fd, addr, len, tok, r, err);
     if (ml_unlikely(fd <= 2))
-        mlp_stdio_adopt(fd);
+        mlp_stdio_adopt(fd, false);
     errno = r < 0 ? err : saved;
     return r;
 }
@@ -244,7 +244,7 @@ static int mlp_accept_common(int fd, struct sockaddr *addr, socklen_t *len, int 
         int saved = errno;
         mlp_on_accept(fd, r, flags);
         if (ml_unlikely(r <= 2))
-            mlp_stdio_adopt(r);
+            mlp_stdio_adopt(r, false);
         errno = saved;
     }
     return r;
@@ -391,7 +391,7 @@ static void mlp_dup_to(int fd, int nfd)
         mlp_install(nfd, s);
         mlp_put(s);
         if (ml_unlikely(nfd <= 2))
-            mlp_stdio_adopt(nfd);
+            mlp_stdio_adopt(nfd, true);
     } else {
         mlp_epoll_dup(fd, nfd); /* an epoll fd: both name one set, as one kernel file */
     }

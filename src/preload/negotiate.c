@@ -2666,6 +2666,10 @@ void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *tok
     s->side = side;
     s->me = mlp_side_block(ch, side);
     s->state = MLP_ACCEL;
+    /* Another process holds the socket still (the shell that forked us): it moves the ring
+     * positions too, so each lock reloads them (mlp_lock_dir), as after a fork. */
+    if (ml_load_relaxed(&s->me->holders) > 1)
+        atomic_store(&s->forked, true);
     mlp_sock_liveness(ch, fds[0]);
     ch->rd_eof_when_empty = (flags & MLP_CARRY_RD_EOF) != 0;
     ch->shut_rd = (flags & MLP_CARRY_SHUT_RD) != 0;

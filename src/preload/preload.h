@@ -370,7 +370,7 @@ static inline void mlp_lsan_root(const void *p, size_t size)
 }
 bool mlp_exiting(void); /* exit() has begun: make nothing that outlives the process (sock.c) */
 void mlp_epoll_at_exit(void); /* epoll.c: the sets' queues lose their names */
-void mlp_stdio_adopt(int fd); /* stdio.c: a connection now at fd 0, 1 or 2 */
+void mlp_stdio_adopt(int fd, bool wait); /* stdio.c: a connection now at fd 0, 1 or 2 */
 
 /* A blocking wait on an accelerated socket sleeps on the ring's futex only for this long (a
  * request and its answer, where a wake-up's cost matters), then where the kernel socket can wake

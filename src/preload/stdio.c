@@ -274,8 +274,13 @@ static bool mlp_take_input(FILE *old, struct mlp_ck *oc, struct mlp_ck *nc)
 /* A connection is now at fd (0, 1 or 2): put a stream of ours in place of the standard one.
  * Only an accelerated connection (an undecided one may still fall to TCP, where glibc's own
  * stream must stay, wide output and all), and only in place of glibc's static stream on that
- * fd or a live standard stream of ours, never a closed one. */
-void mlp_stdio_adopt(int fd)
+ * fd or a live standard stream of ours, never a closed one.  wait (a dup onto fd, whose
+ * program means to use the stream): a blocking connection still undecided is settled first, as
+ * exec settles it; glibc's stream writes straight to the kernel socket, and a connection
+ * accelerated after that write lost its bytes (bash's `exec 3<>/dev/tcp/...; echo hi >&3`
+ * before the server accepted: the server read nothing).  The wait ends when the server takes
+ * the offer or at MEMLAN_ACCEPT_WAIT_MS, on TCP. */
+void mlp_stdio_adopt(int fd, bool wait)
 {
     if (fd < 0 || fd > 2)
         return;
@@ -283,8 +288,14 @@ void mlp_stdio_adopt(int fd)
     if (!s)
         return;
     int st = s->type == MLP_CONN ? s->state : MLP_TCP;
-    if (st == MLP_UNDECIDED)
-        st = mlp_decide(s, fd, false); /* settled already, perhaps: a look, no wait */
+    if (st == MLP_UNDECIDED) {
+        int saved = errno;
+        /* without wait, or nonblocking: settled already, perhaps: a look, no wait */
+        st = mlp_decide(s, fd, wait && !mlp_nonblock(s));
+        if (st == MLP_TCP) /* what the ring took goes out before glibc's stream writes */
+            (void)mlp_tcp_catch_up(s, fd, !mlp_nonblock(s));
+        errno = saved;
+    }
     mlp_put(s);
     const char *name = fd == 0 ? "stdin" : fd == 1 ? "stdout" : "stderr";
     if (st != MLP_ACCEL) {

@@ -1572,8 +1572,97 @@ def test_stdio_on_moved_connections_matches_kernel(fabric, tmp_path):
     assert "stdout is a stream through the channel" in text, text
     assert "stdin is a stream through the channel" in text, text
     assert "another thread holds stdin" in text, text
-    assert "not decided yet: stdout stays glibc's stream" in text, text
+    # case F: the dup2 onto 1 settles the connection (on TCP, its acceptor is not memlan)
+    # before glibc's stdout stays for its wide output (stdioearly.c)
+    assert "fd 1: TCP (no memlan acceptor took the offer" in text, text
     assert "split" not in text, text
+    settle(fabric)
+
+STDIOEARLY = BUILD / "tests-preload" / "stdioearly"
+
+
+def test_stdio_on_a_connection_moved_before_accept(fabric, tmp_path):
+    """A connection dup2'd onto stdout before the server accepted it, then printf (bash's
+    `exec 3<>/dev/tcp/...; echo hi >&3`; tests/preload/stdioearly.c): the server gets the line,
+    as over kernel TCP.  glibc's stdout stayed on the undecided connection and wrote to the
+    kernel socket; the connection was then accelerated and the server read 0 bytes."""
+    plain, under, text = scripted(STDIOEARLY, tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "the server got 13 bytes" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + text
+    assert text.count("accelerated (client)") == 3, text
+    assert "split" not in text, text
+    settle(fabric)
+
+EXECSHARE_SERVER = r"""
+import socket, sys, time
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", int(sys.argv[1])))
+l.listen()
+print("ready", flush=True)
+c, _ = l.accept()
+c.recv(3)
+for line in (b"A\n", b"B\n"):
+    c.sendall(line)
+    time.sleep(0.5)
+n = 0
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    n += len(b)
+print("server got", n, flush=True)
+"""
+
+# A shell's connection used in turn by the shell and by the commands it runs on it (exec'd
+# children that inherit fd 3), as bash users do with /dev/tcp.
+EXECSHARE_CLIENT = """exec 3<>/dev/tcp/127.0.0.1/$1
+echo go >&3
+head -n1 <&3
+if read -t 0 -u 3; then echo "ready after head"; else echo "nothing after head"; fi
+read -r l <&3; echo "shell read: $l"
+cat "$2" >&3
+printf xyz >&3
+head -c 1000 "$2" >&3
+printf xyz >&3
+exec 3>&-
+echo done
+"""
+
+
+def test_exec_child_and_its_shell_take_turns_on_a_connection(fabric, tmp_path):
+    """bash's `exec 3<>/dev/tcp/...`, then `head -n1 <&3` and `cat FILE >&3` (exec'd children
+    that carry the connection across exec) and the shell's own read -t 0, read and printf in
+    turn: the bytes arrive once and in order, as over kernel TCP.  The shell's lock page never
+    heard of what the exec'd children moved: its next read served again the line head had read
+    ("shell read: A"), its next write failed with ECONNRESET ("corrupt indices from the peer"),
+    and its select said the socket readable for the line head had read ("ready after head")."""
+    big = tmp_path / "big"
+    big.write_bytes(os.urandom(300000))  # more than a 256 KiB ring
+    (tmp_path / "srv.py").write_text(EXECSHARE_SERVER)
+    (tmp_path / "cli.sh").write_text(EXECSHARE_CLIENT)
+    outs = []
+    for on in (False, True):
+        port = next_port()
+        log = tmp_path / f"memlan{int(on)}.log"
+        pre = [str(MEMLAN), "run", "--log", str(log), "--"] if on else []
+        srv = subprocess.Popen(pre + [sys.executable, str(tmp_path / "srv.py"), str(port)],
+                               stdout=subprocess.PIPE, text=True)
+        try:
+            assert srv.stdout.readline() == "ready\n"
+            cli = subprocess.run(pre + ["bash", str(tmp_path / "cli.sh"), str(port), str(big)],
+                                 capture_output=True, text=True, timeout=30)
+            got = srv.communicate(timeout=30)[0]
+        finally:
+            srv.kill()
+            srv.wait()
+        outs.append((cli.returncode, cli.stdout, cli.stderr, got))
+    assert outs[0] == (0, "A\nnothing after head\nshell read: B\ndone\n", "",
+                       "server got 301006\n"), outs[0]
+    assert outs[1] == outs[0], outs[1]
+    text = (tmp_path / "memlan1.log").read_text()
+    assert "accelerated (carried across exec)" in text and "corrupt" not in text, text
     settle(fabric)
 
 SPLIT = r"""
