@@ -518,9 +518,11 @@ void mlp_epoll_note_plain(int epfd, int op, int fd, const struct epoll_event *ev
     }
     if ((op != EPOLL_CTL_ADD && op != EPOLL_CTL_MOD) || !ev || epfd < 0)
         return;
+    /* Ours too (a connection that fell to TCP, whose entries are the kernel's): a disconnect
+     * (connect(AF_UNSPEC)) keeps the notes, and the connect after it may make it ours again. */
     struct mlp_fdrec *r = mlp_fdrec_make(fd);
-    if (!r || atomic_load_explicit(&r->sock, memory_order_relaxed))
-        return; /* ours (a connection that fell to TCP): mlp_epoll_ctl's */
+    if (!r)
+        return;
     int k = atomic_load_explicit(&r->kep, memory_order_relaxed);
     if (k != 0 && k != epfd + 1) { /* in a second set: mlp_epoll_adoptable says no */
         if (k != -1)
@@ -1384,10 +1386,14 @@ static struct mlp_sock *mlp_member_to_kernel(int epfd, struct mlp_member *m)
 {
     struct epoll_event kev = {.events = m->disabled ? 0 : m->events, .data = m->data};
     kev.events &= ~(uint32_t)EPOLLEXCLUSIVE;
-    if (m->parked) /* the application deleted it: so must the kernel now */
-        (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, m->fd, NULL);
-    else
-        (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_MOD, m->fd, &kev);
+    /* Noted as the program's own plain entry would be: after a disconnect (connect(AF_UNSPEC))
+     * the connect that makes the socket ours again takes it over (mlp_epoll_adopt). */
+    if (m->parked) { /* the application deleted it: so must the kernel now */
+        if (mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, m->fd, NULL) == 0)
+            mlp_epoll_note_plain(epfd, EPOLL_CTL_DEL, m->fd, NULL);
+    } else if (mlp_real_epoll_ctl(epfd, EPOLL_CTL_MOD, m->fd, &kev) == 0) {
+        mlp_epoll_note_plain(epfd, EPOLL_CTL_MOD, m->fd, &kev);
+    }
     return mlp_member_free(m);
 }
 

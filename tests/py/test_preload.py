@@ -2130,6 +2130,24 @@ def test_epoll_entry_made_before_connect(fabric, tmp_path):
     settle(fabric)
 
 
+def test_epoll_member_disconnected_and_connected_again(fabric, tmp_path):
+    """epollreconnect: an accelerated client in an epoll set, disconnected by connect(AF_UNSPEC)
+    and connected again on the same fd, its entry kept, changed or deleted in between, and a
+    client that fell to TCP (no accept within 2 s) whose entry the program changed before: the
+    set reports the new connection's bytes with the entry's data (or nothing, deleted) as over
+    kernel TCP, the new connections accelerated.  Before, the new connection was never taken
+    back into the set, whose kernel entry watched the kernel socket: "kept: after the server's
+    byte: 0" (and "fell to TCP: ... 0")."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "epollreconnect", tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "kept: after the server's byte: 1 [7 0x1]" in plain.stdout, plain.stdout
+    assert "fell to TCP: after the server's byte: 1 [9 0x1]" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    assert text.count("accelerated (client)") == 7, text
+    assert "no memlan acceptor took the offer within" in text, text
+    settle(fabric)
+
+
 CONNECTPENDING = BUILD / "tests-preload" / "connectpending"
 
 
