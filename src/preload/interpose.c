@@ -150,6 +150,10 @@ static int mlp_disconnect(int fd, const struct sockaddr *addr, socklen_t len)
         return r;
     }
     int saved = errno;
+    /* Calls other threads are inside (a blocked recv, a poll) end as the kernel's end them:
+     * recv with EPIPE, poll with the kernel socket's POLLERR|POLLHUP, not as at the peer's
+     * end-of-file (tests/preload/disconnectwait.c). */
+    atomic_store(&s->disconnected, true);
     if (s->type == MLP_CONN && s->me)
         atomic_fetch_or(&s->me->flags, ML_SOCK_LINGER0);
     /* No peek at the kernel socket for a split stream as the last record goes: it would take

@@ -922,6 +922,10 @@ int mlp_reset_take(struct mlp_sock *s, bool probe, bool by_recv)
 
 static ssize_t mlp_rx_error(struct mlp_sock *s, ssize_t r)
 {
+    /* Disconnected (connect(AF_UNSPEC)) while this call waited: the kernel's blocked recv ends
+     * with EPIPE (its sk_disconnects), the reset left for the next call. */
+    if ((r == 0 || r == -ECONNRESET) && atomic_load(&s->disconnected))
+        return -EPIPE;
     if (r == -ECONNRESET || r == 0) /* the peer died, or its end came: a reset first, once */
         return mlp_reset_take(s, r != 0, true) ? -ECONNRESET : 0;
     if (r == -EPROTO) {
