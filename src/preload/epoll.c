@@ -584,6 +584,26 @@ const char *mlp_epoll_adopt(int fd)
     return why;
 }
 
+static int mlp_ep_some_fd(struct mlp_ep *e);
+
+/* The epoll fd epfd closes while another fd names its set e: notes naming the set by epfd
+ * (mlp_epoll_note_plain) name it by that fd.  A walk of the records, at the close of an epoll
+ * fd that has a duplicate only. */
+static void mlp_epoll_renote(int epfd, struct mlp_ep *e)
+{
+    pthread_mutex_lock(&mlp_epmu);
+    int other = mlp_ep_some_fd(e);
+    pthread_mutex_unlock(&mlp_epmu);
+    if (other < 0 || other == epfd)
+        return;
+    for (int f = mlp_fdrec_next(0, INT32_MAX); f >= 0; f = mlp_fdrec_next(f + 1, INT32_MAX)) {
+        struct mlp_fdrec *r = mlp_fdrec(f);
+        int k = epfd + 1;
+        if (atomic_load_explicit(&r->kep, memory_order_relaxed) == k)
+            atomic_compare_exchange_strong(&r->kep, &k, other + 1);
+    }
+}
+
 void mlp_epoll_forget_fd(int fd)
 {
     /* On every close(): a load first, so that closing ordinary fds writes nothing. */
@@ -598,8 +618,14 @@ void mlp_epoll_forget_fd(int fd)
     struct mlp_ep *e = __atomic_exchange_n(&mlp_eps[fd], NULL, __ATOMIC_ACQ_REL);
     bool last = e && --e->nfds == 0;
     pthread_mutex_unlock(&mlp_eps_mu);
-    if (!last)
-        return; /* another fd (a dup) still names the set, as the kernel's file lives on */
+    if (!last) {
+        /* Another fd (a dup) still names the set, as the kernel's file lives on: the plain
+         * entries noted under this number name the set by that one now, or a connect could
+         * not take them over (tests/preload/epollbefore.c, "dup"). */
+        if (e)
+            mlp_epoll_renote(fd, e);
+        return;
+    }
     for (;;) {
         struct mlp_sock *puts[64];
         int np = 0;

@@ -2116,15 +2116,17 @@ EPOLLBEFORE = BUILD / "tests-preload" / "epollbefore"
 def test_epoll_entry_made_before_connect(fabric, tmp_path):
     """A socket put in an epoll set before its connect (nginx's upstream connections, Netty's
     channels): edge- and level-triggered, changed before the connect, deleted before it, in two
-    sets, EPOLLEXCLUSIVE, its set closed first.  The set reports the peer's answer with the data
-    the program gave, as over kernel TCP.  Before, the connection was accelerated while the set
+    sets, EPOLLEXCLUSIVE, its set closed first, its set's fd closed first while a duplicate keeps
+    the set.  The set reports the peer's answer with the data the program gave, as over kernel
+    TCP ("dup: no reply within 2 s" before mlp_epoll_renote).  Before, the connection was accelerated while the set
     kept watching the kernel socket: "et: no reply within 2 s" (lt, mod, two and excl too), and
     nginx proxying to a memlan backend hung on every request."""
     plain, under, text = scripted(EPOLLBEFORE, tmp_path)
     assert "et: re:et, data as set" in plain.stdout, plain.stdout
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
-    # et, lt, mod, del and gone are accelerated; two sets and EPOLLEXCLUSIVE stay on TCP.
-    assert text.count("accelerated (client)") == 5, text
+    assert "dup: re:dup, data as set" in plain.stdout, plain.stdout
+    # et, lt, mod, del, gone and dup are accelerated; two sets and EPOLLEXCLUSIVE stay on TCP.
+    assert text.count("accelerated (client)") == 6, text
     assert "more than one epoll set before it connected" in text, text
     assert "with EPOLLEXCLUSIVE before it connected" in text, text
     settle(fabric)
