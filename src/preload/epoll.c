@@ -519,9 +519,11 @@ void mlp_epoll_note_plain(int epfd, int op, int fd, const struct epoll_event *ev
     if ((op != EPOLL_CTL_ADD && op != EPOLL_CTL_MOD) || !ev || epfd < 0)
         return;
     /* Ours too (a connection that fell to TCP, whose entries are the kernel's): a disconnect
-     * (connect(AF_UNSPEC)) keeps the notes, and the connect after it may make it ours again. */
+     * (connect(AF_UNSPEC)) keeps the notes, and the connect after it may make it ours again.
+     * Not from a vfork child's call on one of ours (its kernel call on an accelerated socket,
+     * mlp_epoll_ctl's): the record is the parent's, whose sets it says nothing of. */
     struct mlp_fdrec *r = mlp_fdrec_make(fd);
-    if (!r)
+    if (!r || (atomic_load_explicit(&r->sock, memory_order_relaxed) && mlp_vfork_child()))
         return;
     int k = atomic_load_explicit(&r->kep, memory_order_relaxed);
     if (k != 0 && k != epfd + 1) { /* in a second set: mlp_epoll_adoptable says no */

@@ -16,6 +16,7 @@
 
 #include "epollprint.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 /* Disconnect c, change its entry (op: 0 for none), connect it again to a, and have the new
@@ -80,6 +81,40 @@ static void fell_(int l, struct sockaddr_in *a)
     close(c);
 }
 
+/* A vfork child puts the connected client in a set of its own and leaves; the parent's set
+ * keeps its member across a disconnect and a new connect, which is accelerated as the others:
+ * the child's entry said nothing of the parent's sets. */
+static void vforked_(int l, struct sockaddr_in *a)
+{
+    int s;
+    int c = settled_pair(l, a, &s);
+    ctl("add", EPOLL_CTL_ADD, c, EPOLLIN | EPOLLRDHUP);
+    pid_t pid = vfork();
+    if (pid == 0) {
+        int e = epoll_create1(0);
+        struct epoll_event v = {.events = EPOLLIN, .data.u64 = 5};
+        _exit(e < 0 || epoll_ctl(e, EPOLL_CTL_ADD, c, &v) != 0);
+    }
+    int st = -1;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid || st != 0)
+        die("vfork child");
+    struct sockaddr u = {.sa_family = AF_UNSPEC};
+    if (connect(c, &u, sizeof u) != 0)
+        die("connect(AF_UNSPEC)");
+    close(s);
+    if (connect(c, (struct sockaddr *)a, sizeof *a) != 0)
+        die("connect again");
+    int s2 = accept(l, NULL, NULL);
+    char b;
+    if (s2 < 0 || send(c, "n", 1, 0) != 1 || recv(s2, &b, 1, 0) != 1 || send(s2, "m", 1, 0) != 1)
+        die("the new connection");
+    printf("vforked: ");
+    fflush(stdout);
+    wait_("after the server's byte", 2000);
+    close(s2);
+    close(c);
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2)
@@ -93,6 +128,7 @@ int main(int argc, char **argv)
     round_("changed", l, &a, EPOLL_CTL_MOD, EPOLLIN | EPOLLOUT);
     round_("deleted", l, &a, EPOLL_CTL_DEL, 0);
     fell_(l, &a);
+    vforked_(l, &a);
     close(ep);
     close(l);
     printf("done\n");
