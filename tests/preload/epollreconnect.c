@@ -16,17 +16,15 @@
 
 #include "epollprint.h"
 
+#include <stdbool.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-/* Disconnect c, change its entry (op: 0 for none), connect it again to a, and have the new
- * server send a byte: what the set reports. */
-static void round_(const char *what, int l, struct sockaddr_in *a, int op, uint32_t events)
+/* Disconnect c (whose server end is s), change its entry (op: 0 for none), connect it again to
+ * a, and have the new server send a byte: what the set reports (settled: a look before it). */
+static void again_(const char *what, int l, struct sockaddr_in *a, int c, int s, int op,
+                   uint32_t events, bool settled)
 {
-    int s;
-    int c = settled_pair(l, a, &s);
-    ctl("add", EPOLL_CTL_ADD, c, EPOLLIN | EPOLLRDHUP);
-    wait_("before", 0);
     struct sockaddr u = {.sa_family = AF_UNSPEC};
     if (connect(c, &u, sizeof u) != 0)
         die("connect(AF_UNSPEC)");
@@ -39,7 +37,8 @@ static void round_(const char *what, int l, struct sockaddr_in *a, int op, uint3
     char b;
     if (s2 < 0 || send(c, "n", 1, 0) != 1 || recv(s2, &b, 1, 0) != 1)
         die("the new connection");
-    wait_("settled", 0); /* the new connection's first byte went out: nothing to read */
+    if (settled)
+        wait_("settled", 0); /* the new connection's first byte went out: nothing to read */
     if (send(s2, "m", 1, 0) != 1)
         die("server2 send");
     printf("%s: ", what);
@@ -47,6 +46,15 @@ static void round_(const char *what, int l, struct sockaddr_in *a, int op, uint3
     wait_("after the server's byte", 2000);
     close(s2);
     close(c);
+}
+
+static void round_(const char *what, int l, struct sockaddr_in *a, int op, uint32_t events)
+{
+    int s;
+    int c = settled_pair(l, a, &s);
+    ctl("add", EPOLL_CTL_ADD, c, EPOLLIN | EPOLLRDHUP);
+    wait_("before", 0);
+    again_(what, l, a, c, s, op, events, true);
 }
 
 /* A client whose offer no acceptor took within MEMLAN_ACCEPT_WAIT_MS (2 s): on TCP, its member
@@ -65,20 +73,7 @@ static void fell_(int l, struct sockaddr_in *a)
         die("the first exchange");
     struct epoll_event e = {.events = EPOLLIN | EPOLLRDHUP, .data.u64 = 9};
     printf("change the data: %d\n", epoll_ctl(ep, EPOLL_CTL_MOD, c, &e));
-    struct sockaddr u = {.sa_family = AF_UNSPEC};
-    if (connect(c, &u, sizeof u) != 0)
-        die("connect(AF_UNSPEC)");
-    close(s);
-    if (connect(c, (struct sockaddr *)a, sizeof *a) != 0)
-        die("connect again");
-    int s2 = accept(l, NULL, NULL);
-    if (s2 < 0 || send(c, "n", 1, 0) != 1 || recv(s2, &b, 1, 0) != 1 || send(s2, "m", 1, 0) != 1)
-        die("the new connection");
-    printf("fell to TCP: ");
-    fflush(stdout);
-    wait_("after the server's byte", 2000);
-    close(s2);
-    close(c);
+    again_("fell to TCP", l, a, c, s, 0, 0, false);
 }
 
 /* A vfork child puts the connected client in a set of its own and leaves; the parent's set
@@ -98,21 +93,7 @@ static void vforked_(int l, struct sockaddr_in *a)
     int st = -1;
     if (pid < 0 || waitpid(pid, &st, 0) != pid || st != 0)
         die("vfork child");
-    struct sockaddr u = {.sa_family = AF_UNSPEC};
-    if (connect(c, &u, sizeof u) != 0)
-        die("connect(AF_UNSPEC)");
-    close(s);
-    if (connect(c, (struct sockaddr *)a, sizeof *a) != 0)
-        die("connect again");
-    int s2 = accept(l, NULL, NULL);
-    char b;
-    if (s2 < 0 || send(c, "n", 1, 0) != 1 || recv(s2, &b, 1, 0) != 1 || send(s2, "m", 1, 0) != 1)
-        die("the new connection");
-    printf("vforked: ");
-    fflush(stdout);
-    wait_("after the server's byte", 2000);
-    close(s2);
-    close(c);
+    again_("vforked", l, a, c, s, 0, 0, false);
 }
 
 int main(int argc, char **argv)
