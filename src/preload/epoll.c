@@ -518,9 +518,13 @@ void mlp_epoll_note_plain(int epfd, int op, int fd, const struct epoll_event *ev
     }
     if ((op != EPOLL_CTL_ADD && op != EPOLL_CTL_MOD) || !ev || epfd < 0)
         return;
+    /* Ours too (a connection that fell to TCP, whose entries are the kernel's): a disconnect
+     * (connect(AF_UNSPEC)) keeps the notes, and the connect after it may make it ours again.
+     * Not from a vfork child's call on one of ours (its kernel call on an accelerated socket,
+     * mlp_epoll_ctl's): the record is the parent's, whose sets it says nothing of. */
     struct mlp_fdrec *r = mlp_fdrec_make(fd);
-    if (!r || atomic_load_explicit(&r->sock, memory_order_relaxed))
-        return; /* ours (a connection that fell to TCP): mlp_epoll_ctl's */
+    if (!r || (atomic_load_explicit(&r->sock, memory_order_relaxed) && mlp_vfork_child()))
+        return;
     int k = atomic_load_explicit(&r->kep, memory_order_relaxed);
     if (k != 0 && k != epfd + 1) { /* in a second set: mlp_epoll_adoptable says no */
         if (k != -1)
@@ -582,6 +586,26 @@ const char *mlp_epoll_adopt(int fd)
     return why;
 }
 
+static int mlp_ep_some_fd(struct mlp_ep *e);
+
+/* The epoll fd epfd closes while another fd names its set e: notes naming the set by epfd
+ * (mlp_epoll_note_plain) name it by that fd.  A walk of the records, at the close of an epoll
+ * fd that has a duplicate only. */
+static void mlp_epoll_renote(int epfd, struct mlp_ep *e)
+{
+    pthread_mutex_lock(&mlp_epmu);
+    int other = mlp_ep_some_fd(e);
+    pthread_mutex_unlock(&mlp_epmu);
+    if (other < 0 || other == epfd)
+        return;
+    for (int f = mlp_fdrec_next(0, INT32_MAX); f >= 0; f = mlp_fdrec_next(f + 1, INT32_MAX)) {
+        struct mlp_fdrec *r = mlp_fdrec(f);
+        int k = epfd + 1;
+        if (atomic_load_explicit(&r->kep, memory_order_relaxed) == k)
+            atomic_compare_exchange_strong(&r->kep, &k, other + 1);
+    }
+}
+
 void mlp_epoll_forget_fd(int fd)
 {
     /* On every close(): a load first, so that closing ordinary fds writes nothing. */
@@ -596,8 +620,14 @@ void mlp_epoll_forget_fd(int fd)
     struct mlp_ep *e = __atomic_exchange_n(&mlp_eps[fd], NULL, __ATOMIC_ACQ_REL);
     bool last = e && --e->nfds == 0;
     pthread_mutex_unlock(&mlp_eps_mu);
-    if (!last)
-        return; /* another fd (a dup) still names the set, as the kernel's file lives on */
+    if (!last) {
+        /* Another fd (a dup) still names the set, as the kernel's file lives on: the plain
+         * entries noted under this number name the set by that one now, or a connect could
+         * not take them over (tests/preload/epollbefore.c, "dup"). */
+        if (e)
+            mlp_epoll_renote(fd, e);
+        return;
+    }
     for (;;) {
         struct mlp_sock *puts[64];
         int np = 0;
@@ -1384,10 +1414,14 @@ static struct mlp_sock *mlp_member_to_kernel(int epfd, struct mlp_member *m)
 {
     struct epoll_event kev = {.events = m->disabled ? 0 : m->events, .data = m->data};
     kev.events &= ~(uint32_t)EPOLLEXCLUSIVE;
-    if (m->parked) /* the application deleted it: so must the kernel now */
-        (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, m->fd, NULL);
-    else
-        (void)mlp_real_epoll_ctl(epfd, EPOLL_CTL_MOD, m->fd, &kev);
+    /* Noted as the program's own plain entry would be: after a disconnect (connect(AF_UNSPEC))
+     * the connect that makes the socket ours again takes it over (mlp_epoll_adopt). */
+    if (m->parked) { /* the application deleted it: so must the kernel now */
+        if (mlp_real_epoll_ctl(epfd, EPOLL_CTL_DEL, m->fd, NULL) == 0)
+            mlp_epoll_note_plain(epfd, EPOLL_CTL_DEL, m->fd, NULL);
+    } else if (mlp_real_epoll_ctl(epfd, EPOLL_CTL_MOD, m->fd, &kev) == 0) {
+        mlp_epoll_note_plain(epfd, EPOLL_CTL_MOD, m->fd, &kev);
+    }
     return mlp_member_free(m);
 }
 

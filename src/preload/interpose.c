@@ -150,6 +150,10 @@ static int mlp_disconnect(int fd, const struct sockaddr *addr, socklen_t len)
         return r;
     }
     int saved = errno;
+    /* Calls other threads are inside (a blocked recv, a poll) end as the kernel's end them:
+     * recv with EPIPE, poll with the kernel socket's POLLERR|POLLHUP, not as at the peer's
+     * end-of-file (tests/preload/disconnectwait.c). */
+    atomic_store(&s->disconnected, true);
     if (s->type == MLP_CONN && s->me)
         atomic_fetch_or(&s->me->flags, ML_SOCK_LINGER0);
     /* No peek at the kernel socket for a split stream as the last record goes: it would take
@@ -158,8 +162,18 @@ static int mlp_disconnect(int fd, const struct sockaddr *addr, socklen_t len)
     mlp_epoll_sock_to_kernel(s);
     for (int f = mlp_fdrec_next(0, INT32_MAX); f >= 0; f = mlp_fdrec_next(f + 1, INT32_MAX)) {
         struct mlp_sock *o = mlp_get(f);
-        if (o == s)
+        if (o == s) {
+            /* The fd stays open, and so do the kernel's entries for it (noted as the program's
+             * plain entries): a connect that makes it ours again takes them over. */
+            struct mlp_fdrec *rec = mlp_fdrec(f);
+            int kep = atomic_load(&rec->kep);
+            uint32_t kev = atomic_load(&rec->kep_events);
+            uint64_t kdata = atomic_load(&rec->kep_data);
             mlp_fd_released(f, NULL);
+            atomic_store(&rec->kep_events, kev);
+            atomic_store(&rec->kep_data, kdata);
+            atomic_store(&rec->kep, kep);
+        }
         if (o)
             mlp_put(o);
     }

@@ -32,7 +32,8 @@
 /* poll(2) bits of an accelerated or undecided socket; -1 when the kernel's answer is the truth. */
 int mlp_revents(struct mlp_sock *s, int fd)
 {
-    if (s->type != MLP_CONN || !s->ch)
+    if (s->type != MLP_CONN || !s->ch ||
+        atomic_load_explicit(&s->disconnected, memory_order_relaxed)) /* the kernel's again */
         return -1;
     int st = s->state;
     if (st == MLP_UNDECIDED)

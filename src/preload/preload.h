@@ -144,6 +144,8 @@ struct mlp_sock {
     _Atomic bool split_told;      /* bytes found on the idle kernel socket were reported */
     _Atomic bool shut_owed;       /* shut down (SHUT_WR) while undecided: the kernel socket's
                                    * shutdown waits for the settle (mlp_shut_owed_pay) */
+    _Atomic bool disconnected;    /* connect(AF_UNSPEC) made it the kernel's (mlp_disconnect):
+                                   * calls still inside it answer as the kernel does */
     _Atomic bool lock_broken;     /* a direction lock said ENOTRECOVERABLE (said once) */
     struct mlp_member *epm;       /* its epoll memberships (epoll.c, under its lock) */
     struct mlp_pwreg *pw;         /* threads asleep in poll/select on it (pqueue.c, mlp_pw_mu) */

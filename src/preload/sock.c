@@ -922,6 +922,10 @@ int mlp_reset_take(struct mlp_sock *s, bool probe, bool by_recv)
 
 static ssize_t mlp_rx_error(struct mlp_sock *s, ssize_t r)
 {
+    /* Disconnected (connect(AF_UNSPEC)) while this call waited: the kernel's blocked recv ends
+     * with EPIPE (its sk_disconnects), the reset left for the next call. */
+    if ((r == 0 || r == -ECONNRESET) && atomic_load(&s->disconnected))
+        return -EPIPE;
     if (r == -ECONNRESET || r == 0) /* the peer died, or its end came: a reset first, once */
         return mlp_reset_take(s, r != 0, true) ? -ECONNRESET : 0;
     if (r == -EPROTO) {
@@ -939,9 +943,20 @@ static ssize_t mlp_tx_error(struct mlp_sock *s, ssize_t r, int flags)
                 s->ch->seg->token);
         return -ECONNRESET;
     }
-    if (r == -ECONNRESET || r == -EPIPE)
+    if ((r == -ECONNRESET || r == -EPIPE) && atomic_load(&s->disconnected)) {
+        /* Disconnected (connect(AF_UNSPEC)) while this call waited: as the kernel's send ends
+         * then, its socket's pending error (the disconnect's ECONNRESET), read and cleared,
+         * else EPIPE.  Left in the kernel socket, the next send reported it again. */
+        int e = 0, saved = errno;
+        socklen_t el = sizeof e;
+        if (mlp_real_getsockopt(s->ch->sock_fd, SOL_SOCKET, SO_ERROR, &e, &el) < 0)
+            e = 0;
+        errno = saved;
+        r = e ? -e : -EPIPE;
+    } else if (r == -ECONNRESET || r == -EPIPE) {
         /* A reset instead of a FIN: ECONNRESET, without SIGPIPE; anything else: EPIPE. */
         r = mlp_reset_take(s, true, false) == ECONNRESET ? -ECONNRESET : -EPIPE;
+    }
     if (r == -EPIPE && !(flags & MSG_NOSIGNAL))
         raise(SIGPIPE);
     return r;

@@ -8,7 +8,8 @@
  * Under memlan the connection was accelerated while the set kept the kernel's entry for the
  * socket, with the program's events: the set reported the kernel's EPOLLOUT, never the reply
  * that came through the ring ("et: no reply within 2 s"), and nginx's proxied requests hung
- * until the client gave up.
+ * until the client gave up.  The set's fd closed before the connect while a duplicate of it
+ * kept the set: the set's entry was not taken over either ("dup: no reply within 2 s").
  *
  * usage: epollbefore PORT
  */
@@ -23,7 +24,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#define NCASES 7
+#define NCASES 8
 
 static void serve(int l)
 {
@@ -215,6 +216,21 @@ int main(int argc, char **argv)
     struct pollfd p = {.fd = s, .events = POLLIN};
     reply("gone", s, poll(&p, 1, 2000) == 1 ? 11 : 0, 11);
     close(s);
+
+    /* Added by a set's fd that is closed before the connect, the set kept by a duplicate of it
+     * (dup): the duplicate reports the answer.  Before, the note named the closed number, whose
+     * EBADF was taken for no set at all ("dup: no reply within 2 s"). */
+    ep = epoll_create1(0);
+    s = nb_socket();
+    add(ep, EPOLL_CTL_ADD, s, EPOLLIN, 12);
+    ep2 = dup(ep);
+    close(ep);
+    nb_connect(s, &a);
+    if (!writable(s) || send(s, "dup", 3, 0) != 3)
+        die("dup send");
+    reply("dup", s, wait_in(ep2, 2000), 12);
+    close(s);
+    close(ep2);
 
     int st = 0;
     waitpid(pid, &st, 0);

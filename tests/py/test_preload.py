@@ -2205,17 +2205,58 @@ EPOLLBEFORE = BUILD / "tests-preload" / "epollbefore"
 def test_epoll_entry_made_before_connect(fabric, tmp_path):
     """A socket put in an epoll set before its connect (nginx's upstream connections, Netty's
     channels): edge- and level-triggered, changed before the connect, deleted before it, in two
-    sets, EPOLLEXCLUSIVE, its set closed first.  The set reports the peer's answer with the data
-    the program gave, as over kernel TCP.  Before, the connection was accelerated while the set
+    sets, EPOLLEXCLUSIVE, its set closed first, its set's fd closed first while a duplicate keeps
+    the set.  The set reports the peer's answer with the data the program gave, as over kernel
+    TCP ("dup: no reply within 2 s" before mlp_epoll_renote).  Before, the connection was accelerated while the set
     kept watching the kernel socket: "et: no reply within 2 s" (lt, mod, two and excl too), and
     nginx proxying to a memlan backend hung on every request."""
     plain, under, text = scripted(EPOLLBEFORE, tmp_path)
     assert "et: re:et, data as set" in plain.stdout, plain.stdout
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
-    # et, lt, mod, del and gone are accelerated; two sets and EPOLLEXCLUSIVE stay on TCP.
-    assert text.count("accelerated (client)") == 5, text
+    assert "dup: re:dup, data as set" in plain.stdout, plain.stdout
+    # et, lt, mod, del, gone and dup are accelerated; two sets and EPOLLEXCLUSIVE stay on TCP.
+    assert text.count("accelerated (client)") == 6, text
     assert "more than one epoll set before it connected" in text, text
     assert "with EPOLLEXCLUSIVE before it connected" in text, text
+    settle(fabric)
+
+
+def test_disconnect_ends_the_calls_inside_as_the_kernel(fabric, tmp_path):
+    """disconnectwait: a thread blocked in recv and one in poll on an accelerated client when
+    another disconnects it (connect(AF_UNSPEC)), the peer silent: as over kernel TCP (Linux 6.6
+    and later, whose blocked recv ends with EPIPE) recv says EPIPE, poll POLLERR|POLLHUP, the next
+    recv ECONNRESET; a send blocked so says ECONNRESET and the next one EPIPE.  Before, the
+    channel's end was taken for the peer's: "recv: 0" and "poll: 1 0x1"; and the send's reset
+    stayed in the kernel socket: "send after: -1 Connection reset by peer"."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "disconnectwait", tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    if "recv: -1 Broken pipe" not in plain.stdout:
+        pytest.skip("this kernel ends a recv blocked across a disconnect otherwise: "
+                    + plain.stdout)
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    assert text.count("accelerated (client)") == 2, text
+    settle(fabric)
+
+
+def test_epoll_member_disconnected_and_connected_again(fabric, tmp_path):
+    """epollreconnect: an accelerated client in an epoll set, disconnected by connect(AF_UNSPEC)
+    and connected again on the same fd, its entry kept, changed or deleted in between, and a
+    client that fell to TCP (no accept within 2 s) whose entry the program changed before: the
+    set reports the new connection's bytes with the entry's data (or nothing, deleted) as over
+    kernel TCP, the new connections accelerated.  Before, the new connection was never taken
+    back into the set, whose kernel entry watched the kernel socket: "kept: after the server's
+    byte: 0" (and "fell to TCP: ... 0")."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "epollreconnect", tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "kept: after the server's byte: 1 [7 0x1]" in plain.stdout, plain.stdout
+    assert "fell to TCP: after the server's byte: 1 [9 0x1]" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    assert "vforked: after the server's byte: 1 [7 0x1]" in plain.stdout, plain.stdout
+    # A vfork child's entry for the socket in its own set says nothing of the parent's: the
+    # parent's reconnected client is accelerated too.
+    assert text.count("accelerated (client)") == 9, text
+    assert "no memlan acceptor took the offer within" in text, text
+    assert "more than one epoll set" not in text, text
     settle(fabric)
 
 
