@@ -1593,13 +1593,12 @@ static int mlp_diag_answer(const struct nlmsghdr *u, ssize_t n, const struct mlp
 /*
  * The server's side of our connection, as the kernel knows it (sock_diag, an exact look-up by
  * the connection's four addresses): its uid, the euid of the process that made the listening
- * socket, which accepted sockets inherit; and its state, TCP_SYN_RECV while the server's kernel
- * has not completed the handshake (TCP_LISTEN: no such socket, the look-up found the listener).
- * 0 and *uid, *state, or -errno.
+ * socket, which accepted sockets inherit.  0 and *uid, or -errno.  (The handshake look asks for
+ * the state through its own socket: mlp_hs_ask.)
  */
-static int mlp_diag_server(const struct mlp_addr *l, const struct mlp_addr *r, uint32_t *uid,
-                           uint8_t *state)
+static int mlp_diag_server(const struct mlp_addr *l, const struct mlp_addr *r, uint32_t *uid)
 {
+    uint8_t state;
     int fd = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
     if (fd < 0)
         return -errno;
@@ -1622,7 +1621,7 @@ static int mlp_diag_server(const struct mlp_addr *l, const struct mlp_addr *r, u
         e = errno == EAGAIN ? -ETIMEDOUT : -errno;
         goto out;
     }
-    e = mlp_diag_answer(&u.h, n, &req, false, uid, state);
+    e = mlp_diag_answer(&u.h, n, &req, false, uid, &state);
 out:
     __ml_sys_close(fd);
     return e;
@@ -1770,8 +1769,7 @@ static const char *mlp_lrec_access(const char *netns, int port, const struct mlp
                !(rec->vouched_ino == st.st_ino && rec->vouched_uid == st.st_uid &&
                  mlp_addr_eq(&rec->vouched_at, r) && rec->vouched_at.port == r->port)) {
         uint32_t k;
-        uint8_t state;
-        if (mlp_diag_server(l, r, &k, &state) < 0 || k != st.st_uid) {
+        if (mlp_diag_server(l, r, &k) < 0 || k != st.st_uid) {
             why = "the listener record was not made by the server's user (another member of the "
                   "shared fabric may have made it)";
         } else {
@@ -2440,8 +2438,7 @@ static bool mlp_offer_owner_ok(const struct stat *st, const struct mlp_addr *l,
     if (!mlp_fab->shared || st->st_uid == geteuid())
         return true;
     uint32_t k;
-    uint8_t state;
-    return mlp_diag_server(l, r, &k, &state) == 0 && k == st->st_uid;
+    return mlp_diag_server(l, r, &k) == 0 && k == st->st_uid;
 }
 
 /* A memlan client that closed before we accepted has taken its offer away (wrk probes the
