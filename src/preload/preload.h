@@ -117,6 +117,7 @@ struct mlp_locks {
 _Static_assert(offsetof(struct mlp_locks, rx) == MLP_LOCKDIR_BYTES, "rx lock on lines of its own");
 _Static_assert(offsetof(struct mlp_locks, fl) == 2 * MLP_LOCKDIR_BYTES, "flags on lines of their own");
 #define MLP_FL_NONBLOCK 1u
+#define MLP_FL_MOVED    2u        /* own_locks only: the flags moved to the shared page */
 
 struct mlp_sock {
     _Atomic int refs;             /* fd table entries + calls in progress */
@@ -147,6 +148,8 @@ struct mlp_sock {
     _Atomic bool disconnected;    /* connect(AF_UNSPEC) made it the kernel's (mlp_disconnect):
                                    * calls still inside it answer as the kernel does */
     _Atomic bool lock_broken;     /* a direction lock said ENOTRECOVERABLE (said once) */
+    _Atomic bool locks_tried;     /* its shared lock page was made, or could not be
+                                   * (mlp_locks_share: once per socket) */
     struct mlp_member *epm;       /* its epoll memberships (epoll.c, under its lock) */
     struct mlp_pwreg *pw;         /* threads asleep in poll/select on it (pqueue.c, mlp_pw_mu) */
     _Atomic int lent;             /* references lent to a thread's waiter (mlp_pwait.held) by
@@ -160,10 +163,11 @@ struct mlp_sock {
                                    * wait (poll.c, mlp_look_due; the coarse clock) */
     _Atomic uint32_t eagains;     /* nonblocking receives in a row that found the ring empty */
     pthread_mutex_t mu;           /* state changes: withdrawal, close */
-    struct mlp_locks *_Atomic locks; /* sock.c: the direction locks and the file status flags
-                                      * (a page only fork children share), made with the
-                                      * connection's channel; NULL before */
-    struct mlp_locks own_locks;   /* the private fall-back when that page cannot be made */
+    struct mlp_locks *_Atomic locks; /* sock.c: the direction locks and the file status flags:
+                                      * own_locks until the socket is forked, then a page only
+                                      * fork children share (mlp_locks_share) */
+    struct mlp_locks own_locks;   /* private: a socket never forked, or one whose page could
+                                   * not be made */
     int keep_fd;                  /* a duplicate of the kernel socket kept while calls are in
                                    * progress after its last fd was closed (0: none; see
                                    * mlp_keep_file), closed with the last reference */
@@ -220,6 +224,7 @@ bool mlp_vfork_child(void);               /* a vfork child: touch no memlan stat
 
 /* fd table (fdtable.c).  get() takes a reference that put() drops; NULL = not ours. */
 struct mlp_sock *mlp_sock_new(int type);
+void mlp_locks_init(struct mlp_sock *s);
 struct mlp_sock *mlp_get(int fd);
 void mlp_put(struct mlp_sock *s);
 void mlp_sock_finish(struct mlp_sock *s);      /* its teardown, then the free list */

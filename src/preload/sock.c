@@ -50,27 +50,37 @@ void mlp_negotiate_at_exit(void);
 
 /*
  * The direction locks serialise the threads of this process and the processes that share the
- * socket after fork.  They live in a page of our own, mapped MAP_SHARED|MAP_ANONYMOUS: fork
- * children inherit it, and nothing else can reach it (it has no name; the peer, which can write
- * every byte of the channel, cannot map it).  So nothing the peer writes decides whether or how
- * long we wait for a lock.  They are robust process-shared mutexes: a holder that dies (SIGKILL
- * in the middle of a send) is seen by the kernel's robust list, never by a pid, and the next
- * locker takes over (EOWNERDEAD) and reloads the ring index the dead one owned; its half-done
- * operation is lost.  The page is made at the first lock, or before a fork for a socket never
- * locked yet, so that a parent and its child always share one; if it cannot be made (no memory,
- * no mappings left) the socket uses process-private mutexes instead (its fork children are then
- * not serialised with us, the only cost).  Exec leaves the page behind: a socket carried across
- * exec gets a new one, and the exec'd image is not serialised with a process that still holds
- * the socket from before (design.md, Limits).
+ * socket after fork.  A socket never forked takes the fast words in its record (mlp_lock_dir)
+ * and needs nothing else: its file status flags and published ring positions stay in private
+ * memory (own_locks, and the channel's own words).  When it is forked (the prepare handler, or
+ * a socket carried across exec that another process still holds) its locks move to a page of
+ * their own, mapped MAP_SHARED|MAP_ANONYMOUS: fork children inherit it, and nothing else can
+ * reach it (it has no name; the peer, which can write every byte of the channel, cannot map
+ * it).  So nothing the peer writes decides whether or how long we wait for a lock.  They are
+ * robust process-shared mutexes: a holder that dies (SIGKILL in the middle of a send) is seen by
+ * the kernel's robust list, never by a pid, and the next locker takes over (EOWNERDEAD) and
+ * reloads the ring index the dead one owned; its half-done operation is lost.  If the page
+ * cannot be made (no memory, no mappings left) the socket uses process-private mutexes instead
+ * (its fork children are then not serialised with us, the only cost).  Exec leaves the page
+ * behind: a socket carried across exec gets a new one, and the exec'd image is not serialised
+ * with a process that still holds the socket from before (design.md, Limits).
+ *
+ * The page is made only then, not with every connection (f08d1f7 made one at a socket's first
+ * call: an mmap of shared memory, two signal-mask calls and an munmap at close on both ends, which
+ * took short connections on one core from 0.68x to 0.48x kernel TCP; docs/results.md).
  */
 /*
  * The page also holds the channel's published ring positions (our tx head and rx tail as their
  * holder last stored them: __ml_chan_pub_share), read by whoever asks about readiness without a
  * lock and by the next process to take a lock after fork, in place of the channel's shared
- * copies, which the peer can overwrite.  The channel is pointed at them before the page is
- * published in s->locks, so nobody can hold a direction meanwhile: page makers take turns
- * (mlp_locks_making), with signals blocked, since a handler of the same thread could want a page
- * too (once per socket: two system calls beside the mmap).
+ * copies, which the peer can overwrite.  A fast word's holder may still publish into the
+ * channel's own word once after the switch (it loaded the pointer before): the page's copy is
+ * then one step behind until its next store, and a resync takes the newer of it and the
+ * channel's (__ml_chan_resync_*), as after any holder.  The file status flags move with one
+ * exchange that marks the private word (MLP_FL_MOVED): a setter that finds the mark sets them
+ * again in the page.  Page makers take turns (mlp_locks_making), with signals blocked, since a
+ * handler of the same thread could want a page too (once per forked socket: two system calls
+ * beside the mmap).
  */
 static atomic_flag mlp_locks_making = ATOMIC_FLAG_INIT;
 
@@ -89,30 +99,44 @@ static void mlp_dir_locks_init(struct mlp_locks *l, bool shared)
     pthread_mutexattr_destroy(&a);
 }
 
-static struct mlp_locks *mlp_locks_of(struct mlp_sock *s)
+/* A new record (mlp_sock_new, which has cleared it): its private locks, no system call. */
+void mlp_locks_init(struct mlp_sock *s)
 {
-    struct mlp_locks *l = atomic_load_explicit(&s->locks, memory_order_acquire);
-    if (ml_likely(l != NULL))
+    mlp_dir_locks_init(&s->own_locks, false);
+    atomic_store_explicit(&s->locks, &s->own_locks, memory_order_release);
+}
+
+static inline struct mlp_locks *mlp_locks_of(struct mlp_sock *s)
+{
+    return atomic_load_explicit(&s->locks, memory_order_acquire);
+}
+
+/* The socket is (about to be) shared with another process: its locks move to the shared page,
+ * once.  Nobody takes a direction's mutex before this has run (mlp_lock_dir calls it first). */
+static struct mlp_locks *mlp_locks_share(struct mlp_sock *s)
+{
+    struct mlp_locks *l = mlp_locks_of(s);
+    if (ml_likely(l != &s->own_locks || atomic_load(&s->locks_tried)))
         return l;
     sigset_t all, old;
     sigfillset(&all);
     pthread_sigmask(SIG_SETMASK, &all, &old);
     while (atomic_flag_test_and_set_explicit(&mlp_locks_making, memory_order_acquire))
         ml_cpu_relax();
-    l = atomic_load_explicit(&s->locks, memory_order_acquire);
-    if (!l) {
+    l = mlp_locks_of(s);
+    if (l == &s->own_locks && !atomic_load(&s->locks_tried)) {
         struct mlp_locks *n = mmap(NULL, sizeof *n, PROT_READ | PROT_WRITE,
                                    MAP_SHARED | MAP_ANONYMOUS, -1, 0);
         if (n != MAP_FAILED) {
             mlp_dir_locks_init(n, true);
             if (s->ch)
                 __ml_chan_pub_share(s->ch, &n->pub_tx, &n->pub_rx);
-        } else {
-            n = &s->own_locks;
-            mlp_dir_locks_init(n, false);
+            uint32_t f = atomic_fetch_or(&s->own_locks.fl, MLP_FL_MOVED);
+            atomic_store_explicit(&n->fl, f & MLP_FL_NONBLOCK, memory_order_relaxed);
+            atomic_store_explicit(&s->locks, n, memory_order_release);
+            l = n;
         }
-        atomic_store_explicit(&s->locks, n, memory_order_release);
-        l = n;
+        atomic_store(&s->locks_tried, true);
     }
     atomic_flag_clear_explicit(&mlp_locks_making, memory_order_release);
     pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -122,10 +146,11 @@ static struct mlp_locks *mlp_locks_of(struct mlp_sock *s)
 /* A fork child: a page maker of another thread of the parent's does not exist here. */
 static void mlp_locks_after_fork(void) { atomic_flag_clear(&mlp_locks_making); }
 
-/* Its page goes with the socket's last reference (no thread holds a lock then). */
+/* Its page goes with the socket's last reference (no thread holds a lock then); the record's
+ * private locks stay, for a thread that still holds a stale pointer to it. */
 static void mlp_locks_free(struct mlp_sock *s)
 {
-    struct mlp_locks *l = atomic_exchange(&s->locks, NULL);
+    struct mlp_locks *l = atomic_exchange(&s->locks, &s->own_locks);
     if (l && l != &s->own_locks) {
         if (s->ch)
             __ml_chan_pub_share(s->ch, NULL, NULL); /* the channel outlives the page a little */
@@ -768,7 +793,6 @@ __attribute__((constructor)) static void mlp_wait_hook_init(void)
  * a pipe read of splice), and that holder must finish before a robust one starts. */
 static int mlp_lock_dir(struct mlp_sock *s, bool nb, bool tx)
 {
-    struct mlp_locks *l = mlp_locks_of(s);
     _Atomic uint32_t *f = tx ? &s->ftx : &s->frx;
     int r;
     if (ml_likely(!atomic_load_explicit(&s->forked, memory_order_relaxed))) {
@@ -789,6 +813,7 @@ static int mlp_lock_dir(struct mlp_sock *s, bool nb, bool tx)
             return nb ? -EAGAIN : -EINTR;
         mlp_unlock(f, MLP_LK_FAST);
     }
+    struct mlp_locks *l = mlp_locks_share(s);
     pthread_mutex_t *m = tx ? &l->tx : &l->rx;
     r = mlp_lock(m, l == &s->own_locks ? MLP_LK_PRIVATE : MLP_LK_ROBUST);
     if (r == -1)
@@ -840,16 +865,25 @@ bool mlp_nonblock(struct mlp_sock *s)
             MLP_FL_NONBLOCK) != 0;
 }
 
-/* Written only when it changes: every call reads the line. */
+/* Written only when it changes: every call reads the line.  A private word marked moved sends
+ * the setter to the page (mlp_locks_share publishes it right after the mark, signals blocked). */
 void mlp_set_nonblock(struct mlp_sock *s, bool on)
 {
-    _Atomic uint32_t *fl = &mlp_locks_of(s)->fl;
-    if (((atomic_load_explicit(fl, memory_order_relaxed) & MLP_FL_NONBLOCK) != 0) == on)
-        return;
-    if (on)
-        atomic_fetch_or(fl, MLP_FL_NONBLOCK);
-    else
-        atomic_fetch_and(fl, ~MLP_FL_NONBLOCK);
+    for (;;) {
+        struct mlp_locks *l = mlp_locks_of(s);
+        _Atomic uint32_t *fl = &l->fl;
+        uint32_t v = atomic_load_explicit(fl, memory_order_relaxed);
+        if (v & MLP_FL_MOVED) {
+            while (mlp_locks_of(s) == l)
+                ml_cpu_relax();
+            continue;
+        }
+        if (((v & MLP_FL_NONBLOCK) != 0) == on)
+            return;
+        v = on ? atomic_fetch_or(fl, MLP_FL_NONBLOCK) : atomic_fetch_and(fl, ~MLP_FL_NONBLOCK);
+        if (!(v & MLP_FL_MOVED))
+            return;
+    }
 }
 
 /* ---- errors ------------------------------------------------------------------------------ */
@@ -2369,7 +2403,6 @@ static void mlp_holders_add(int d)
             if (d > 0) {
                 /* Parent and child must share one lock page; nobody of ours may hold a fast
                  * word across the fork (a holder that started before the flag was set). */
-                (void)mlp_locks_of(s);
                 if (!drain_until)
                     drain_until = mlp_now_ns() + MLP_FORK_DRAIN_NS;
                 if ((!mlp_fast_drain(&s->ftx, drain_until) ||
@@ -2377,6 +2410,7 @@ static void mlp_holders_add(int d)
                     mlp_log(1, "channel %s: fork went on while a thread of ours still moved "
                                "bytes on it (the next holder after the fork waits for it)",
                             s->ch ? s->ch->seg->token : "?");
+                (void)mlp_locks_share(s); /* after the drain: the fast words' holders are gone */
             }
             if (d > 0 && s->fork_gen != mlp_fork_gen) {
                 s->fork_gen = mlp_fork_gen;

@@ -1594,6 +1594,26 @@ def test_stdio_on_a_connection_moved_before_accept(fabric, tmp_path):
     assert "split" not in text, text
     settle(fabric)
 
+LOCKPAGE = BUILD / "tests-preload" / "lockpage"
+
+
+def test_lock_page_only_for_forked_sockets(fabric, tmp_path):
+    """A connection's shared lock page is made when the socket is forked, not with every
+    connection (tests/preload/lockpage.c): 8 connections, both ends in one process, map no
+    shared page until a fork, then one per end.  O_NONBLOCK set and cleared by the fork child
+    is the parent's too, also when another thread toggles it during the fork that moves it to
+    the page.  Made with every connection (f08d1f7 to 611a604), the page cost short connections
+    on one core a third of their rate (docs/results.md, bench/conn)."""
+    plain, under, text = scripted(LOCKPAGE, tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "toggle: 100 rounds, 0 wrong" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + text
+    assert "unforked: 0 pages" in under.stderr, under.stderr
+    assert "forked: 16 pages" in under.stderr, under.stderr
+    assert text.count("accelerated (client)") == 108, text
+    assert "split" not in text, text
+    settle(fabric)
+
 EXECSHARE_SERVER = r"""
 import socket, sys, time
 l = socket.socket()
