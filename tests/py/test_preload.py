@@ -1932,6 +1932,22 @@ def test_vfork_child_exit_leaves_the_parent_accelerated(fabric, tmp_path):
     settle(fabric)
 
 
+def test_vfork_exec_child_moves_bytes_then_the_parent(fabric, tmp_path):
+    """spawnshare: a process vforks and execs a child that sends on its connection (then reads
+    five bytes of it); then the parent sends (reads the rest), twice: the peer reads the child's
+    bytes and then the parent's, and the parent reads what the child left, as over kernel TCP.
+    Before, no fork handler marked the parent's socket shared (vfork runs none), so the parent
+    kept its fast words and its own stale ring positions: its send went at its old head over the
+    child's bytes (the peer read "parent"), its receive served again what the child had read."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "spawnshare", tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert plain.stdout.count('the peer read "childparent"') == 2, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + text
+    assert text.count("accelerated (client)") == 1, text
+    assert text.count("carried across exec") == 4, text
+    settle(fabric)
+
+
 def test_reset_drawn_by_our_write_is_an_edge(fabric, tmp_path):
     """etreset: the peer closed, we read its end and write once more; the peer's kernel answers
     with a reset, and an edge-triggered member (EPOLLIN|EPOLLOUT|EPOLLRDHUP, or EPOLLIN alone)
