@@ -1614,6 +1614,66 @@ def test_lock_page_only_for_forked_sockets(fabric, tmp_path):
     assert "split" not in text, text
     settle(fabric)
 
+SHARERACE_GDB = """
+set pagination off
+set breakpoint pending on
+set follow-fork-mode parent
+set detach-on-fork on
+break getpgrp
+run
+break mlp_locks_share
+continue
+set $s = s
+rwatch -l $s->locks
+delete 2
+continue
+delete 3
+printf "A stopped: locks %s\\n", $s->locks == &$s->own_locks ? "private" : "page"
+set scheduler-locking on
+break getppid
+thread 3
+continue
+printf "B sent: locks %s\\n", $s->locks == &$s->own_locks ? "private" : "page"
+thread 2
+finish
+printf "A took: %s\\n", $ == $s->locks ? "the socket's locks" : "other locks"
+set scheduler-locking off
+delete
+continue
+"""
+
+
+@pytest.mark.skipif(shutil.which("gdb") is None, reason="needs gdb")
+def test_lock_page_made_while_another_thread_looks(fabric, tmp_path):
+    """sharerace, under gdb: two threads' first sends on a connection another process holds
+    (this one exec'd itself, its fork child kept the connection), so each takes the mutex and the
+    first makes the socket's lock page.  Thread A is stopped just after it read the socket's
+    locks pointer (the private locks, no page yet); B sends and makes the page; A goes on and
+    must take the page's mutex.  Before, A read the private pointer, then the page's "made" flag,
+    and took the private mutex while B and every later holder took the page's: two holders of
+    one direction at once ("A took: other locks")."""
+    prog = BUILD / "tests-preload" / "sharerace"
+    plain = subprocess.run([str(prog), str(next_port())], capture_output=True, text=True,
+                           timeout=60)
+    assert plain.stdout == "peer read 2\n", plain.stdout + plain.stderr
+    pre = subprocess.run([str(MEMLAN), "run", "--", "printenv", "LD_PRELOAD"],
+                         capture_output=True, text=True, timeout=30).stdout.strip()
+    script = tmp_path / "race.gdb"
+    script.write_text(SHARERACE_GDB)
+    g = subprocess.run(["gdb", "-q", "-batch", "-nx", "-iex", f"set environment LD_PRELOAD={pre}",
+                        "-x", str(script), "--args", str(prog), str(next_port())],
+                       capture_output=True, text=True, timeout=120)
+    out = g.stdout + g.stderr
+    if "Hardware read watchpoint" not in out and "A stopped" not in out:
+        pytest.skip("gdb could not stop the thread here: " + out[-2000:])
+    assert "A stopped: locks private" in out, out
+    assert "B sent: locks page" in out, out
+    assert "A took: the socket's locks" in out, out
+    assert "peer read 2" in out, out
+    time.sleep(3.2)  # the fork child that held the connection
+    settle(fabric)
+
+
 EXECSHARE_SERVER = r"""
 import socket, sys, time
 l = socket.socket()
