@@ -169,6 +169,14 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
     }
     c->bridges[c->nbridges++] = b;
     if (vforked) { /* a new process holds the socket now, and no fork handler counted it */
+        /* Nor marked it forked: this is the parent's record (a vfork child runs in its
+         * memory), whose locks must reload the ring positions the new image moves from now on
+         * (mlp_lock_dir; for good, as the fork handler's).  Unmarked, the parent kept taking
+         * the fast words with its own stale positions: its next send went at its old head,
+         * over the new image's bytes, and its next receive served again the bytes the new image
+         * had read (tests/preload/spawnshare.c). */
+        if (!atomic_load_explicit(&s->forked, memory_order_relaxed))
+            atomic_store(&s->forked, true);
         struct mlp_sock **nt = realloc(c->took, (size_t)(c->ntook + 1) * sizeof *nt);
         if (nt) {
             c->took = nt;

@@ -1614,6 +1614,66 @@ def test_lock_page_only_for_forked_sockets(fabric, tmp_path):
     assert "split" not in text, text
     settle(fabric)
 
+SHARERACE_GDB = """
+set pagination off
+set breakpoint pending on
+set follow-fork-mode parent
+set detach-on-fork on
+break getpgrp
+run
+break mlp_locks_share
+continue
+set $s = s
+rwatch -l $s->locks
+delete 2
+continue
+delete 3
+printf "A stopped: locks %s\\n", $s->locks == &$s->own_locks ? "private" : "page"
+set scheduler-locking on
+break getppid
+thread 3
+continue
+printf "B sent: locks %s\\n", $s->locks == &$s->own_locks ? "private" : "page"
+thread 2
+finish
+printf "A took: %s\\n", $ == $s->locks ? "the socket's locks" : "other locks"
+set scheduler-locking off
+delete
+continue
+"""
+
+
+@pytest.mark.skipif(shutil.which("gdb") is None, reason="needs gdb")
+def test_lock_page_made_while_another_thread_looks(fabric, tmp_path):
+    """sharerace, under gdb: two threads' first sends on a connection another process holds
+    (this one exec'd itself, its fork child kept the connection), so each takes the mutex and the
+    first makes the socket's lock page.  Thread A is stopped just after it read the socket's
+    locks pointer (the private locks, no page yet); B sends and makes the page; A goes on and
+    must take the page's mutex.  Before, A read the private pointer, then the page's "made" flag,
+    and took the private mutex while B and every later holder took the page's: two holders of
+    one direction at once ("A took: other locks")."""
+    prog = BUILD / "tests-preload" / "sharerace"
+    plain = subprocess.run([str(prog), str(next_port())], capture_output=True, text=True,
+                           timeout=60)
+    assert plain.stdout == "peer read 2\n", plain.stdout + plain.stderr
+    pre = subprocess.run([str(MEMLAN), "run", "--", "printenv", "LD_PRELOAD"],
+                         capture_output=True, text=True, timeout=30).stdout.strip()
+    script = tmp_path / "race.gdb"
+    script.write_text(SHARERACE_GDB)
+    g = subprocess.run(["gdb", "-q", "-batch", "-nx", "-iex", f"set environment LD_PRELOAD={pre}",
+                        "-x", str(script), "--args", str(prog), str(next_port())],
+                       capture_output=True, text=True, timeout=120)
+    out = g.stdout + g.stderr
+    if "Hardware read watchpoint" not in out and "A stopped" not in out:
+        pytest.skip("gdb could not stop the thread here: " + out[-2000:])
+    assert "A stopped: locks private" in out, out
+    assert "B sent: locks page" in out, out
+    assert "A took: the socket's locks" in out, out
+    assert "peer read 2" in out, out
+    time.sleep(3.2)  # the fork child that held the connection
+    settle(fabric)
+
+
 EXECSHARE_SERVER = r"""
 import socket, sys, time
 l = socket.socket()
@@ -1929,6 +1989,22 @@ def test_vfork_child_exit_leaves_the_parent_accelerated(fabric, tmp_path):
     assert "exit() has begun" not in text, text
     assert text.count("accelerated (client)") == 2, text
     assert text.count("accelerated (accepted") == 2, text
+    settle(fabric)
+
+
+def test_vfork_exec_child_moves_bytes_then_the_parent(fabric, tmp_path):
+    """spawnshare: a process vforks and execs a child that sends on its connection (then reads
+    five bytes of it); then the parent sends (reads the rest), twice: the peer reads the child's
+    bytes and then the parent's, and the parent reads what the child left, as over kernel TCP.
+    Before, no fork handler marked the parent's socket shared (vfork runs none), so the parent
+    kept its fast words and its own stale ring positions: its send went at its old head over the
+    child's bytes (the peer read "parent"), its receive served again what the child had read."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "spawnshare", tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert plain.stdout.count('the peer read "childparent"') == 2, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + text
+    assert text.count("accelerated (client)") == 1, text
+    assert text.count("carried across exec") == 4, text
     settle(fabric)
 
 
