@@ -1245,7 +1245,7 @@ static bool ml_tx_ready(struct memlan_channel *ch, uint64_t unused)
 int64_t __ml_chan_rx_avail_ro(const struct memlan_channel *ch)
 {
     for (int k = 0; k < 4; k++) {
-        uint64_t t = atomic_load_explicit(ch->rx.pub, memory_order_acquire);
+        uint64_t t = ml_ring_pub(&ch->rx, memory_order_acquire);
         /* SYNC: pairs with the release (seq_cst) store of head in ml_ring_produce(). */
         uint64_t h = ml_load_acquire(&ch->rx.ctl->head);
         if (h - t <= ch->rx.size) {
@@ -1271,7 +1271,7 @@ int64_t __ml_chan_tx_free_ro(const struct memlan_channel *ch)
     for (int k = 0; k < 4; k++) {
         /* SYNC: pairs with the release (seq_cst) store of tail in ml_ring_consume(). */
         uint64_t t = ml_load_acquire(&ch->tx.ctl->tail);
-        uint64_t h = atomic_load_explicit(ch->tx.pub, memory_order_acquire);
+        uint64_t h = ml_ring_pub(&ch->tx, memory_order_acquire);
         if (h - t <= ch->tx.size)
             return (int64_t)(ch->tx.size - (h - t));
     }
@@ -2238,7 +2238,7 @@ static uint64_t ml_chan_newer(uint64_t pub, uint64_t shared, uint64_t lo, uint64
 
 void __ml_chan_resync_tx(struct memlan_channel *ch)
 {
-    uint64_t pub = atomic_load_explicit(ch->tx.pub, memory_order_relaxed);
+    uint64_t pub = ml_ring_pub(&ch->tx, memory_order_relaxed);
     ch->tx.other = ml_load_acquire(&ch->tx.ctl->tail);
     ch->tx.pos = ml_chan_newer(pub, ml_load_acquire(&ch->tx.ctl->head), ch->tx.other, ch->size);
     if (ch->tx.pos - ch->tx.other > ch->size)
@@ -2252,7 +2252,7 @@ void __ml_chan_resync_tx(struct memlan_channel *ch)
 
 void __ml_chan_resync_rx(struct memlan_channel *ch)
 {
-    uint64_t pub = atomic_load_explicit(ch->rx.pub, memory_order_relaxed);
+    uint64_t pub = ml_ring_pub(&ch->rx, memory_order_relaxed);
     uint64_t tail = ml_load_acquire(&ch->rx.ctl->tail), head = ml_load_acquire(&ch->rx.ctl->head);
     /* within a ring below the peer's head: tail is taken when head - tail <= size */
     ch->rx.pos = ml_chan_newer(pub, tail, head - ch->size, ch->size);
@@ -2282,7 +2282,7 @@ uint64_t __ml_chan_tx_queued(struct memlan_channel *ch)
     /* Read-only, from the shared indices: the caller does not hold the direction, and after
      * fork our private head may be behind another process's (see __ml_chan_rx_avail_ro). */
     uint64_t t = ml_load_acquire(&ch->tx.ctl->tail);
-    uint64_t q = atomic_load_explicit(ch->tx.pub, memory_order_acquire) - t;
+    uint64_t q = ml_ring_pub(&ch->tx, memory_order_acquire) - t;
     return q > ch->size ? 0 : q;
 }
 

@@ -49,6 +49,24 @@ struct ml_ring {
     uint64_t ops, ops_at_arm;
 };
 
+/* pos as its holder last published it, for a reader that holds nothing (readiness) and for the
+ * next holder's resync.  Where the word is the lock page's (__ml_chan_pub_share), the newer of it
+ * and our own: a fast word's holder that loaded the pointer just before the switch stores its
+ * last publication in our own word, and the page's is then one publish behind until the next (a
+ * fork that gave up waiting for a holder, or one made from a handler on top of a send).  Both
+ * only grow and neither is the peer's to write, so the newer is never past the truth. */
+static inline uint64_t ml_ring_pub(const struct ml_ring *r, memory_order mo)
+{
+    _Atomic uint64_t *w = atomic_load_explicit(&r->pub, memory_order_acquire);
+    uint64_t p = atomic_load_explicit(w, mo);
+    if (ml_unlikely(w != &r->own_pub)) {
+        uint64_t o = atomic_load_explicit(&r->own_pub, mo);
+        if ((int64_t)(o - p) > 0)
+            p = o;
+    }
+    return p;
+}
+
 /* Producer: free bytes, reloading tail only when fewer than want are known free.  -1 if corrupt. */
 static inline int64_t ml_ring_free(struct ml_ring *r, uint64_t want)
 {
