@@ -279,7 +279,8 @@ static void mlp_read_config(void)
     const char *said = getenv(MLP_SAID_ENV);
     if (said)
         mlp_said_before = (unsigned)strtoul(said, NULL, 10) &
-                          (MLP_SAID_CONFIG | MLP_SAID_FABRIC | MLP_SAID_FULL | MLP_SAID_EVQ);
+                          (MLP_SAID_CONFIG | MLP_SAID_FABRIC | MLP_SAID_FULL | MLP_SAID_EVQ |
+                           MLP_SAID_SECURE);
     mlp_said = mlp_said_before;
     const char *q = getenv("MEMLAN_QUIET");
     mlp_quiet = q && *q && strcmp(q, "0") != 0;

@@ -75,7 +75,8 @@ void mlp_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
  * programs; the user needs to read a bad setting once, not once per program).
  */
 #define MLP_SAID_ENV "MEMLAN_SAID"
-enum { MLP_SAID_CONFIG = 1, MLP_SAID_FABRIC = 2, MLP_SAID_FULL = 4, MLP_SAID_EVQ = 8 };
+enum { MLP_SAID_CONFIG = 1, MLP_SAID_FABRIC = 2, MLP_SAID_FULL = 4, MLP_SAID_EVQ = 8,
+       MLP_SAID_SECURE = 16 };
 extern _Atomic unsigned mlp_said;     /* topics said by us or an ancestor: passed on at exec */
 void mlp_say(unsigned topic, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 bool mlp_port_allowed(int port, const char **why);
