@@ -52,6 +52,11 @@ struct mlp_config {
     size_t ring_size;         /* MEMLAN_RING_KB: ring per direction unless SO_*BUF says more */
     char ports[256];          /* MEMLAN_PORTS: only these server ports ("" = all) */
     char no_ports[256];       /* MEMLAN_NO_PORTS: never these */
+    /* Read with the rest at start-up, not when the fabric is first opened: a daemon that clears
+     * its environment before its first socket call (exim's keep_environment) opened the default
+     * fabric instead of the one named, and its clients found no listener there. */
+    char fabric[4096];        /* MEMLAN_FABRIC ("": the default, or too long: read when used) */
+    bool groupwide;           /* MEMLAN_FABRIC_GROUPWIDE=1 */
 };
 /* Our network namespace (the inode of /proc/self/ns/net, in hex), part of every rendezvous
  * name: read at start-up and again after an unshare or setns of the network namespace (init.c,
