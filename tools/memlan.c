@@ -1098,6 +1098,15 @@ static int cmd_run(int argc, char **argv)
                 reach == 1 ? "is statically linked: LD_PRELOAD cannot reach it"
                            : "is a Go program: Go makes its socket calls itself, not through libc, "
                              "where LD_PRELOAD could reach them");
+    /* A set-user-ID or set-group-ID program runs in secure-execution mode, where the dynamic
+     * linker ignores an LD_PRELOAD path (sudo, or a server installed so). */
+    struct stat pst;
+    if (!quiet && reach == 0 && stat(file, &pst) == 0 &&
+        (((pst.st_mode & S_ISUID) && pst.st_uid != geteuid()) ||
+         ((pst.st_mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP) && pst.st_gid != getegid())))
+        fprintf(stderr, "memlan run: warning: %s is set-%s-ID: the dynamic linker ignores "
+                        "LD_PRELOAD for it, so its connections will not be accelerated\n", file,
+                (pst.st_mode & S_ISUID) && pst.st_uid != geteuid() ? "user" : "group");
     char lib[4096];
     if (find_preload(lib, sizeof lib) < 0) {
         fprintf(stderr, "memlan run: cannot find " PRELOAD_NAME " in ../lib next to this program, in "

@@ -175,6 +175,9 @@ struct ml_chan_hdr {
                                 * kernel socket, which the process holds until it is gone */
 #define ML_SOCK_LATE_FIN  128u /* we shut down after ML_SOCK_UNNAMED without shutting the kernel
                                 * socket down: its FIN, when it comes, is the process's end */
+#define ML_SOCK_RESET_AFTER_FIN 256u /* with ML_SOCK_RESET: we had shut down writing before (our FIN
+                                * came first): the peer's recv reads the end, not the reset, and
+                                * its error is EPIPE, as the kernel's reset in CLOSE_WAIT */
 
 struct ml_sock_side {
     _Alignas(ML_CACHELINE) uint32_t unused[4]; /* were lock words: ignored, never read */

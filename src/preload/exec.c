@@ -347,6 +347,54 @@ static void mlp_vfork_left_set(const struct mlp_carry *c)
     mlp_vfork_left[3] = c ? c->took : NULL;
 }
 
+/*
+ * An exec in secure-execution mode (the kernel's AT_SECURE: real and effective ids differ, or a
+ * set-user-ID or set-group-ID file): the new image's dynamic linker ignores an LD_PRELOAD path
+ * (it loads only set-user-ID libraries of its system directories, by bare name), so the program
+ * after this exec runs without memlan and every connection of it stays on TCP, which nothing
+ * said: squid's master (real uid proxy, effective uid root) execs its kid so, and the clients
+ * read "no memlan listener on this port".  Said once per image, on stderr and in the log.
+ * path: the file, or NULL when libc searches PATH for it or an fd names it (ids alone then).
+ */
+static void mlp_exec_secure_note(const char *path)
+{
+    if (mlp_cfg.off || (atomic_load(&mlp_said) & MLP_SAID_SECURE))
+        return;
+    uid_t ru, eu, su;
+    gid_t rg, eg, sg;
+    if (getresuid(&ru, &eu, &su) < 0 || getresgid(&rg, &eg, &sg) < 0)
+        return;
+    struct stat st;
+    char found[512];
+    if (path && !strchr(path, '/') && (ru != eu || rg != eg)) {
+        /* execvp's search, so that a name it will not find is not said (squid tries
+         * squid_start first) */
+        const char *dirs = getenv("PATH"), *d = dirs ? dirs : "/bin:/usr/bin";
+        bool hit = false;
+        while (!hit && *d) {
+            size_t l = strcspn(d, ":");
+            int n = snprintf(found, sizeof found, "%.*s%s%s", (int)l, d, l ? "/" : "", path);
+            hit = n > 0 && (size_t)n < sizeof found && access(found, X_OK) == 0;
+            d += l + (d[l] == ':');
+        }
+        if (!hit)
+            return;
+    }
+    if (ru != eu || rg != eg) {
+        mlp_say(MLP_SAID_SECURE, "exec of %.200s with real uid %u, effective uid %u (gid %u, %u): "
+                "secure-execution mode, where the dynamic linker ignores LD_PRELOAD; that "
+                "program runs without memlan, its connections on TCP",
+                path ? path : "a program", (unsigned)ru, (unsigned)eu, (unsigned)rg, (unsigned)eg);
+    } else if (path && strchr(path, '/') && stat(path, &st) == 0 &&
+               (((st.st_mode & S_ISUID) && st.st_uid != eu) ||
+                ((st.st_mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP) && st.st_gid != eg))) {
+        mlp_say(MLP_SAID_SECURE, "exec of %.200s, a set-%s-ID program: secure-execution mode, "
+                "where the dynamic linker ignores LD_PRELOAD; that program runs without memlan, "
+                "its connections on TCP",
+                path, (st.st_mode & S_ISUID) && st.st_uid != eu ? "user" : "group");
+    }
+}
+
 static char *const *mlp_exec_prepare(struct mlp_carry *c, char *const envp[])
 {
     static char *const empty[] = {NULL};
@@ -511,6 +559,7 @@ MLP_EXPORT int execve(const char *path, char *const argv[], char *const envp[])
     MLP_INIT_EXEC();
     if (mlp_inside)
         return mlp_real_execve(path, argv, envp);
+    mlp_exec_secure_note(path);
     MLP_EXEC(mlp_real_execve(path, argv, env));
 }
 
@@ -519,6 +568,7 @@ MLP_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
     MLP_INIT_EXEC();
     if (mlp_inside || !mlp_real_execvpe)
         return mlp_real_execvpe ? mlp_real_execvpe(file, argv, envp) : (errno = ENOSYS, -1);
+    mlp_exec_secure_note(file);
     MLP_EXEC(mlp_real_execvpe(file, argv, env));
 }
 
@@ -527,6 +577,7 @@ MLP_EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
     MLP_INIT_EXEC();
     if (mlp_inside || !mlp_real_fexecve)
         return mlp_real_fexecve ? mlp_real_fexecve(fd, argv, envp) : (errno = ENOSYS, -1);
+    mlp_exec_secure_note(NULL);
     MLP_EXEC(mlp_real_fexecve(fd, argv, env));
 }
 
@@ -537,6 +588,7 @@ MLP_EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *c
     if (mlp_inside || !mlp_real_execveat)
         return mlp_real_execveat ? mlp_real_execveat(dirfd, path, argv, envp, flags)
                                  : (errno = ENOSYS, -1);
+    mlp_exec_secure_note(dirfd == AT_FDCWD || path[0] == '/' ? path : NULL);
     MLP_EXEC(mlp_real_execveat(dirfd, path, argv, env, flags));
 }
 

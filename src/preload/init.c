@@ -279,7 +279,8 @@ static void mlp_read_config(void)
     const char *said = getenv(MLP_SAID_ENV);
     if (said)
         mlp_said_before = (unsigned)strtoul(said, NULL, 10) &
-                          (MLP_SAID_CONFIG | MLP_SAID_FABRIC | MLP_SAID_FULL | MLP_SAID_EVQ);
+                          (MLP_SAID_CONFIG | MLP_SAID_FABRIC | MLP_SAID_FULL | MLP_SAID_EVQ |
+                           MLP_SAID_SECURE);
     mlp_said = mlp_said_before;
     const char *q = getenv("MEMLAN_QUIET");
     mlp_quiet = q && *q && strcmp(q, "0") != 0;
@@ -312,8 +313,13 @@ static void mlp_read_config(void)
                   (m && strcmp(m, "off") == 0);
     (void)mlp_env_flag("MEMLAN_FABRIC_CREATE", false,
                        "using the default, 0 (a missing fabric directory is not created)");
-    (void)mlp_env_flag("MEMLAN_FABRIC_GROUPWIDE", false,
-                       "using the default, 0 (connections to other users need POSIX ACLs)");
+    mlp_cfg.groupwide = mlp_env_flag("MEMLAN_FABRIC_GROUPWIDE", false,
+                                     "using the default, 0 (connections to other users need "
+                                     "POSIX ACLs)");
+    const char *fab = getenv("MEMLAN_FABRIC");
+    mlp_cfg.fabric[0] = 0;
+    if (fab && strlen(fab) < sizeof mlp_cfg.fabric)
+        snprintf(mlp_cfg.fabric, sizeof mlp_cfg.fabric, "%s", fab);
     mlp_cfg.log_level = mlp_env_int("MEMLAN_LOG_LEVEL", 1, 0, 2, "1 (decisions)");
     mlp_cfg.accept_wait_ms = mlp_env_int("MEMLAN_ACCEPT_WAIT_MS", 2000, 1, 600000, "2000 ms");
     mlp_cfg.server_wait_ms = mlp_env_int("MEMLAN_SERVER_WAIT_MS", 50, 1, 60000, "50 ms");

@@ -63,7 +63,7 @@ static memlan_fabric_t *mlp_fabric(void)
     pthread_mutex_lock(&mlp_neg_mu);
     if (!mlp_fab_tried) {
         memlan_fabric_t *f;
-        int r = memlan_fabric_open(NULL, &f);
+        int r = memlan_fabric_open(mlp_cfg.fabric[0] ? mlp_cfg.fabric : NULL, &f);
         const char *brief = r == -EACCES ? "another user's, or open to others" : NULL;
         why = r == -EACCES ? "permission denied: the directory is another user's, or open to "
                              "others (a fabric shared on purpose is named by MEMLAN_FABRIC)"
@@ -89,7 +89,7 @@ static memlan_fabric_t *mlp_fabric(void)
     /* Once: mlp_fab_tried is set for good (and a forked child inherits it).  Said outside the
      * lock, so that a stderr that blocks (a full pipe) holds up no other thread's connect. */
     if (why) {
-        const char *dir = getenv("MEMLAN_FABRIC");
+        const char *dir = mlp_cfg.fabric[0] ? mlp_cfg.fabric : getenv("MEMLAN_FABRIC");
         char def[64];
         if (!dir || !*dir) {
             snprintf(def, sizeof def, "/dev/shm/memlan-%u", (unsigned)getuid());
@@ -1709,8 +1709,7 @@ static bool mlp_groupwide_read;
 static bool mlp_groupwide(void)
 {
     if (!__atomic_load_n(&mlp_groupwide_read, __ATOMIC_ACQUIRE)) {
-        const char *g = getenv("MEMLAN_FABRIC_GROUPWIDE");
-        mlp_groupwide_ok = g && strcmp(g, "1") == 0;
+        mlp_groupwide_ok = mlp_cfg.groupwide; /* read at start-up, see mlp_cfg.fabric */
         __atomic_store_n(&mlp_groupwide_read, true, __ATOMIC_RELEASE);
     }
     return mlp_groupwide_ok;

@@ -52,6 +52,11 @@ struct mlp_config {
     size_t ring_size;         /* MEMLAN_RING_KB: ring per direction unless SO_*BUF says more */
     char ports[256];          /* MEMLAN_PORTS: only these server ports ("" = all) */
     char no_ports[256];       /* MEMLAN_NO_PORTS: never these */
+    /* Read with the rest at start-up, not when the fabric is first opened: a daemon that clears
+     * its environment before its first socket call (exim's keep_environment) opened the default
+     * fabric instead of the one named, and its clients found no listener there. */
+    char fabric[4096];        /* MEMLAN_FABRIC ("": the default, or too long: read when used) */
+    bool groupwide;           /* MEMLAN_FABRIC_GROUPWIDE=1 */
 };
 /* Our network namespace (the inode of /proc/self/ns/net, in hex), part of every rendezvous
  * name: read at start-up and again after an unshare or setns of the network namespace (init.c,
@@ -75,7 +80,8 @@ void mlp_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
  * programs; the user needs to read a bad setting once, not once per program).
  */
 #define MLP_SAID_ENV "MEMLAN_SAID"
-enum { MLP_SAID_CONFIG = 1, MLP_SAID_FABRIC = 2, MLP_SAID_FULL = 4, MLP_SAID_EVQ = 8 };
+enum { MLP_SAID_CONFIG = 1, MLP_SAID_FABRIC = 2, MLP_SAID_FULL = 4, MLP_SAID_EVQ = 8,
+       MLP_SAID_SECURE = 16 };
 extern _Atomic unsigned mlp_said;     /* topics said by us or an ancestor: passed on at exec */
 void mlp_say(unsigned topic, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 bool mlp_port_allowed(int port, const char **why);

@@ -898,27 +898,45 @@ void mlp_set_nonblock(struct mlp_sock *s, bool on)
  * unread, or with SO_LINGER set to zero (its block says so), or it died leaving bytes unread. */
 /* Did the peer's kernel answer with a reset?  ECONNRESET: it closed (or died) with our bytes
  * unread, or with SO_LINGER 0, a reset instead of a FIN.  EPIPE: it had closed with a FIN and we
- * wrote once more (the kernel reports that reset, on a socket whose end it already has, as
- * EPIPE, and recv never reports it).  0: neither. */
-static int mlp_peer_aborted(struct mlp_sock *s, bool probe)
+ * wrote once more, or it closed with our bytes unread after its FIN (the kernel reports a reset
+ * on a socket whose end it already has as EPIPE, and recv never reports it).  0: neither.
+ * *after_fin (if asked): the peer's FIN came before the reset, which recv does not report. */
+static int mlp_peer_aborted(struct mlp_sock *s, bool probe, bool *after_fin)
 {
     uint32_t ps = __ml_chan_peer_state(s->ch);
     bool late = (atomic_load(&s->me->flags) & ML_SOCK_WROTE_LATE) != 0;
+    /* A reset after the peer's FIN (it shut down writing, then closed or died with our bytes
+     * unread): the kernel has the end already (SOCK_DONE), so recv reads it, never the reset,
+     * and the reset's error is EPIPE (CLOSE_WAIT); none at all when we had shut down too (the
+     * peer's kernel, with both ends' FINs, closes without a reset).  Apache's lingering close
+     * did this to ab's keep-alive connections (tests/preload/finreset.c). */
+    bool fin = false;
+    int e = 0;
     if (ps == ML_SIDE_CLOSED) {
-        if (atomic_load(&mlp_side_block(s->ch, 1 - s->side)->flags) & ML_SOCK_RESET)
-            return ECONNRESET;
-        return late ? EPIPE : 0;
+        uint32_t pf = atomic_load(&mlp_side_block(s->ch, 1 - s->side)->flags);
+        fin = (pf & ML_SOCK_RESET_AFTER_FIN) != 0;
+        if (pf & ML_SOCK_RESET)
+            e = !fin ? ECONNRESET : s->ch->shut_wr ? 0 : EPIPE;
+        else
+            e = late ? EPIPE : 0;
+    } else {
+        /* Whether it died: probing its liveness costs system calls, so only error paths probe;
+         * readiness and end-of-stream reads use what is known (the kernel FIN sets it). */
+        bool dead = probe ? __ml_chan_check_peer(s->ch) != 0 : s->ch->peer_dead;
+        if (!dead)
+            return 0;
+        fin = ps == ML_SIDE_SHUT_WR;
+        /* split: it talks TCP, see channel.c; SO_LINGER 0: the kernel's close at its end
+         * aborts */
+        if (s->ch->split || __ml_chan_peer_left_unread(s->ch) ||
+            (atomic_load(&mlp_side_block(s->ch, 1 - s->side)->flags) & ML_SOCK_LINGER0))
+            e = !fin || s->ch->split ? ECONNRESET : s->ch->shut_wr ? 0 : EPIPE;
+        else
+            e = late ? EPIPE : 0;
     }
-    /* Whether it died: probing its liveness costs system calls, so only error paths probe;
-     * readiness and end-of-stream reads use what is known (the kernel FIN sets it). */
-    bool dead = probe ? __ml_chan_check_peer(s->ch) != 0 : s->ch->peer_dead;
-    if (!dead)
-        return 0;
-    /* split: it talks TCP, see channel.c; SO_LINGER 0: the kernel's close at its end aborts */
-    if (s->ch->split || __ml_chan_peer_left_unread(s->ch) ||
-        (atomic_load(&mlp_side_block(s->ch, 1 - s->side)->flags) & ML_SOCK_LINGER0))
-        return ECONNRESET;
-    return late ? EPIPE : 0;
+    if (after_fin)
+        *after_fin = fin;
+    return e;
 }
 
 /* A write to a peer that has closed (not just shut down its writing side): TCP takes the first
@@ -942,7 +960,7 @@ static bool mlp_write_after_close(struct mlp_sock *s)
 /* 0: no reset; 1: a reset not yet reported; 2: reported (the kernel's socket is closed then). */
 int mlp_reset_state(struct mlp_sock *s, bool probe)
 {
-    if (!s->ch || !s->me || !mlp_peer_aborted(s, probe))
+    if (!s->ch || !s->me || !mlp_peer_aborted(s, probe, NULL))
         return 0;
     return (atomic_load(&s->me->flags) & ML_SOCK_RESET_TOLD) ? 2 : 1;
 }
@@ -954,8 +972,9 @@ int mlp_reset_take(struct mlp_sock *s, bool probe, bool by_recv)
 {
     if (!s->ch || !s->me || (atomic_load(&s->me->flags) & ML_SOCK_RESET_TOLD))
         return 0;
-    int e = mlp_peer_aborted(s, probe);
-    if (!e || (by_recv && e != ECONNRESET))
+    bool after_fin = false;
+    int e = mlp_peer_aborted(s, probe, &after_fin);
+    if (!e || (by_recv && (e != ECONNRESET || after_fin)))
         return 0;
     return (atomic_fetch_or(&s->me->flags, ML_SOCK_RESET_TOLD) & ML_SOCK_RESET_TOLD) ? 0 : e;
 }
@@ -2367,7 +2386,12 @@ static void mlp_sock_destroy_conn(struct mlp_sock *s)
         /* Closed with the peer's bytes unread, or SO_LINGER zero: the kernel would send a reset.
          * The flag goes before the close that publishes our end. */
         if (__ml_chan_rx_avail_ro(s->ch) > 0 || (atomic_load(&s->me->flags) & ML_SOCK_LINGER0))
-            atomic_fetch_or(&s->me->flags, ML_SOCK_RESET);
+            atomic_fetch_or(&s->me->flags,
+                            ML_SOCK_RESET |
+                                (ml_load_acquire(&s->ch->hdr->side_state[s->ch->side]) !=
+                                         ML_SIDE_OPEN
+                                     ? ML_SOCK_RESET_AFTER_FIN
+                                     : 0));
         __ml_chan_end(s->ch);
     } else {
         if (s->ch->evq)

@@ -967,6 +967,91 @@ def test_resets_match_kernel(fabric, tmp_path):
     settle(fabric)
 
 
+FINRESET = BUILD / "tests-preload" / "finreset"
+
+
+def test_reset_after_fin_reads_the_end(fabric, tmp_path):
+    """finreset: the server shuts down writing, the client's next request crosses it, and the
+    server closes (or dies) with it unread: the kernel's reset comes after the FIN it already
+    has, so the client's recv reads the response and then the end, never ECONNRESET, and the
+    error left is EPIPE (none when the client had shut down too).  Under memlan recv read
+    ECONNRESET: ab -k against Apache's lingering close stopped with "apr_socket_recv:
+    Connection reset by peer".  Line for line as over kernel TCP."""
+    plain, under, text = scripted(FINRESET, tmp_path)
+    assert plain.stdout.endswith("done\n") and "FAIL" not in plain.stdout, plain.stdout
+    assert "Connection reset" not in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    assert text.count("accelerated (client)") == 7, text
+    assert text.count("accelerated (accepted") == 7, text
+    settle(fabric)
+
+
+# A daemon that clears its environment at start-up (exim keeps only keep_environment's), then
+# listens: the settings memlan run gave it still hold.
+CLEARENV_SERVER = r"""
+import os, socket, sys
+os.environ.clear()            # unsetenv of every variable: the C environment is empty now
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", int(sys.argv[1])))
+l.listen(4)
+print("ready", flush=True)
+c, _ = l.accept()
+got = b""
+while len(got) < 300000:
+    d = c.recv(65536)
+    if not d:
+        break
+    got += d
+c.sendall(got[::-1])
+c.close()
+"""
+
+CLEARENV_CLIENT = r"""
+import os, socket, sys
+data = os.urandom(300000)
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=20)
+s.sendall(data)
+got = b""
+while len(got) < len(data):
+    d = s.recv(65536)
+    if not d:
+        break
+    got += d
+print("ok" if got == data[::-1] else "bad %d" % len(got))
+"""
+
+
+def test_cleared_environment_keeps_the_fabric(fabric, tmp_path):
+    """A server that clears its environment before its first socket call (exim4 as Debian ships
+    it: keep_environment) listens in the fabric memlan run named, not in the default one: its
+    clients there are accelerated.  Before, its fabric was opened by name only at the first
+    socket call, from the emptied environment: the listener went to /dev/shm/memlan-UID and the
+    clients read "TCP (no memlan listener on this port in the fabric)"."""
+    port = next_port()
+    srv, cli = tmp_path / "srv.py", tmp_path / "cli.py"
+    srv.write_text(CLEARENV_SERVER)
+    cli.write_text(CLEARENV_CLIENT)
+    slog, clog = tmp_path / "server.log", tmp_path / "client.log"
+    s = subprocess.Popen([str(MEMLAN), "run", "--fabric", str(fabric), "--log", str(slog), "--",
+                          sys.executable, str(srv), str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert s.stdout.readline().strip() == "ready"
+        c = subprocess.run([str(MEMLAN), "run", "--fabric", str(fabric), "--log", str(clog), "--",
+                            sys.executable, str(cli), str(port)], capture_output=True, text=True,
+                           timeout=30)
+        assert c.stdout.strip() == "ok", c.stdout + c.stderr
+        assert s.wait(timeout=20) == 0
+    finally:
+        if s.poll() is None:
+            s.kill()
+            s.wait()
+    st, ct = slog.read_text(), clog.read_text()
+    assert f"published in {fabric}" in st, st
+    assert "accelerated (client)" in ct and "accelerated (accepted" in st, st + ct
+    settle(fabric)
+
+
 SIGCONF = BUILD / "tests-preload" / "sigconf"
 
 

@@ -20,6 +20,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -485,3 +486,57 @@ def test_client_dropping_euid_for_a_while(fabric, tmp_path):
             srv.kill()
             srv.wait()
     settle()
+
+
+# ---- an exec that the dynamic linker runs in secure-execution mode -----------------------------
+
+SECURE_EXEC = r"""
+import os, sys
+how, prog = sys.argv[1], sys.argv[2]
+if how == "ids":
+    os.setresuid(65534, 0, 0)   # squid's master: real uid its user, effective root
+os.execv(prog, [prog])
+"""
+
+
+@pytest.mark.parametrize("how", ["ids", "setuid-file", "plain"])
+def test_secure_exec_is_said(tmp_path, pubdir, how):
+    """An exec with real and effective uids apart (squid's master execs its kid with real uid
+    proxy, effective uid root), or of a set-user-ID file, runs the new program in secure-execution
+    mode, where the dynamic linker ignores LD_PRELOAD: that program runs without memlan.  Under
+    memlan it did so silently (squid's clients read "no memlan listener on this port"); now said
+    once, in the log and on stderr.  A plain exec says nothing."""
+    script = tmp_path / "secexec.py"
+    script.write_text(SECURE_EXEC)
+    prog = pubdir / "true"
+    shutil.copy("/bin/true", prog)
+    if how == "setuid-file":
+        os.chown(prog, 65534, 65534)
+        os.chmod(prog, 0o4755)
+    log = tmp_path / "memlan.log"
+    p = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", sys.executable, str(script),
+                        how, str(prog)], capture_output=True, text=True, timeout=30)
+    assert p.returncode == 0, p.stdout + p.stderr
+    text = log.read_text() if log.exists() else ""
+    said = "secure-execution mode, where the dynamic linker ignores LD_PRELOAD"
+    if how == "plain":
+        assert said not in text and said not in p.stderr, text + p.stderr
+    else:
+        assert text.count(said) == 1 and p.stderr.count(said) == 1, text + p.stderr
+        assert str(prog) in text, text
+
+
+def test_run_warns_of_a_setuid_program(pubdir):
+    """`memlan run -- PROG` where PROG is set-user-ID for another user: its dynamic linker will
+    ignore LD_PRELOAD, warned as for a statically linked program; a plain copy is not warned."""
+    prog = pubdir / "true"
+    shutil.copy("/bin/true", prog)
+    p = subprocess.run([str(MEMLAN), "run", "--", str(prog)], capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode == 0 and "warning" not in p.stderr, p.stderr
+    os.chown(prog, 65534, 65534)
+    os.chmod(prog, 0o4755)
+    p = subprocess.run([str(MEMLAN), "run", "--", str(prog)], capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode == 0, p.stderr
+    assert f"memlan run: warning: {prog} is set-user-ID" in p.stderr, p.stderr

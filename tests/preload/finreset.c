@@ -1,0 +1,219 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
+/*
+ * finreset: a reset that comes after the peer's FIN.  The server shuts down its writing side
+ * (its FIN), the client writes one more request, and the server closes (or dies) without reading
+ * it: the kernel answers with a reset, but the client's kernel already has the end (SOCK_DONE),
+ * so its recv reads the bytes and then 0, never ECONNRESET; the reset's pending error is EPIPE
+ * while the client still writes (CLOSE_WAIT), and there is none when it had shut down too (the
+ * server's kernel, with both FINs, closes without a reset).
+ * Apache's lingering close does this to a keep-alive client whose next request crossed it: under
+ * memlan, ab -k read ECONNRESET and stopped ("apr_socket_recv: Connection reset by peer").
+ * Run once over kernel TCP and once under `memlan run`: the outputs must be equal
+ * (tests/py/test_preload.py).
+ *
+ * usage: finreset PORT
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static struct sockaddr_in addr;
+static int lfd;
+
+static void die(const char *what)
+{
+    printf("FAIL %s: %s\n", what, strerror(errno));
+    exit(1);
+}
+
+/* A settled pair: *c the client end, *s the accepted end. */
+static void pair(int *c, int *s)
+{
+    *c = socket(AF_INET, SOCK_STREAM, 0);
+    if (*c < 0 || connect(*c, (struct sockaddr *)&addr, sizeof addr) < 0)
+        die("connect");
+    *s = accept(lfd, NULL, NULL);
+    char b[2];
+    if (*s < 0 || send(*s, "hi", 2, 0) != 2 || recv(*c, b, 2, MSG_WAITALL) != 2 ||
+        send(*c, "ok", 2, 0) != 2 || recv(*s, b, 2, MSG_WAITALL) != 2)
+        die("settle");
+}
+
+/* The calls the client makes, one letter each: P poll, W epoll_wait, R recv of 3 bytes, S send
+ * of one byte, E SO_ERROR. */
+static void script(int fd, const char *calls)
+{
+    for (const char *p = calls; *p; p++) {
+        char b[8];
+        ssize_t r;
+        switch (*p) {
+        case 'P': {
+            struct pollfd q = {.fd = fd, .events = POLLIN | POLLOUT | POLLRDHUP};
+            int n = poll(&q, 1, 0);
+            printf("  poll %d %#x\n", n, q.revents);
+            break;
+        }
+        case 'W': {
+            int ep = epoll_create1(0);
+            struct epoll_event e = {.events = EPOLLIN | EPOLLOUT | EPOLLRDHUP, .data.u64 = 7};
+            epoll_ctl(ep, EPOLL_CTL_ADD, fd, &e);
+            int n = epoll_wait(ep, &e, 1, 0);
+            printf("  epoll %d %#x\n", n, n > 0 ? e.events : 0);
+            close(ep);
+            break;
+        }
+        case 'R':
+            r = recv(fd, b, 3, MSG_DONTWAIT);
+            printf("  recv %zd %s\n", r, r < 0 ? strerror(errno) : "");
+            break;
+        case 'S':
+            r = send(fd, "x", 1, MSG_NOSIGNAL);
+            printf("  send %zd %s\n", r, r < 0 ? strerror(errno) : "");
+            break;
+        case 'E': {
+            int v = -1;
+            socklen_t l = sizeof v;
+            getsockopt(fd, SOL_SOCKET, SO_ERROR, &v, &l);
+            printf("  so_error %d\n", v);
+            break;
+        }
+        }
+    }
+}
+
+static void settle_close(void)
+{
+    usleep(50000); /* kernel TCP: the reset or FIN reaches the peer */
+}
+
+/* how: 'c' the server closes, 'l' it closes with SO_LINGER 0.  client_shut: the client shuts
+ * down writing too after its last request (LAST_ACK). */
+static void fin_then_reset(char how, int client_shut, const char *calls)
+{
+    int c, s;
+    pair(&c, &s);
+    printf("fin, request, %s%s, then %s\n", how == 'c' ? "close" : "linger 0 close",
+           client_shut ? ", client shut" : "", calls);
+    send(s, "resp", 4, 0);
+    shutdown(s, SHUT_WR);
+    settle_close();
+    send(c, "request", 7, 0);
+    if (client_shut)
+        shutdown(c, SHUT_WR);
+    usleep(20000);
+    if (how == 'l') {
+        struct linger lg = {1, 0};
+        setsockopt(s, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    }
+    close(s);
+    settle_close();
+    script(c, calls);
+    close(c);
+}
+
+/* The accepted end's last holder, a child, shuts down writing and is killed, the request
+ * unread.  No poll first: memlan learns of a death when a call probes for it (a recv at the
+ * end does), the kernel at once. */
+static void fin_then_killed(const char *calls)
+{
+    int c, s;
+    pair(&c, &s);
+    printf("fin, request, holder killed, then %s\n", calls);
+    int go[2];
+    if (pipe(go) < 0)
+        die("pipe");
+    pid_t pid = fork();
+    if (pid == 0) {
+        send(s, "resp", 4, 0);
+        shutdown(s, SHUT_WR);
+        if (write(go[1], "s", 1) != 1)
+            _exit(1);
+        for (;;)
+            pause();
+    }
+    close(s);
+    char x;
+    if (read(go[0], &x, 1) != 1)
+        die("go");
+    settle_close();
+    send(c, "request", 7, 0);
+    usleep(20000);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    settle_close();
+    script(c, calls);
+    close(go[0]);
+    close(go[1]);
+    close(c);
+}
+
+static int blocked_fd;
+
+static void *blocked_recv(void *arg)
+{
+    char b[8];
+    for (int i = 0; i < 3; i++) {
+        ssize_t r = recv(blocked_fd, b, sizeof b, 0);
+        printf("  blocked recv %zd %s\n", r, r < 0 ? strerror(errno) : "");
+        if (r <= 0)
+            break;
+    }
+    return arg;
+}
+
+/* A thread asleep in recv: it reads the response and the end, not the reset after it. */
+static void blocked(void)
+{
+    int c, s;
+    pair(&c, &s);
+    printf("fin, request, close, recv asleep\n");
+    blocked_fd = c;
+    send(c, "request", 7, 0);
+    usleep(20000);
+    pthread_t t;
+    pthread_create(&t, NULL, blocked_recv, NULL);
+    usleep(100000);
+    send(s, "resp", 4, 0);
+    shutdown(s, SHUT_WR);
+    usleep(20000);
+    close(s);
+    pthread_join(t, NULL);
+    settle_close();
+    script(c, "PRE");
+    close(c);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2)
+        return 2;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    signal(SIGPIPE, SIG_IGN);
+    addr = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[1]))};
+    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    lfd = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(lfd, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(lfd, 8) < 0)
+        die("listen");
+
+    fin_then_reset('c', 0, "PWRRRRSSP");
+    fin_then_reset('c', 0, "ERRRP");
+    fin_then_reset('c', 0, "SSRRP");
+    fin_then_reset('c', 1, "PRRRREP");
+    fin_then_reset('l', 0, "PRRRRSP");
+    fin_then_killed("RRRRESP");
+    blocked();
+    printf("done\n");
+    return 0;
+}
