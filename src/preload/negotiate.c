@@ -1466,14 +1466,16 @@ void mlp_accept_received(int fd)
  * the descriptor carries the connection; a client that offered just before withdraws at its next
  * look.  Never cleared, as for the other reasons.  The connections accepted before the mark and
  * passed are still lost (said in the log); taking a channel up in the receiver is not built.
- * Not from a signal handler of ours or a vfork child (the caller checks); errno kept.
+ * Not from a signal handler of ours or a vfork child (the caller checks); errno kept.  No system
+ * call of ours beyond the log's and the note's writes (the port is the one kept at accept): a
+ * passer may be sandboxed (vsftpd's privileged broker accepts PASV data connections and passes
+ * them to its child).
  */
 static _Atomic unsigned mlp_said_pass;
 
 static void mlp_passed(struct mlp_sock *s, int fd)
 {
-    struct mlp_addr l, r;
-    int port = s->side == 1 && mlp_sock_addrs(fd, &l, &r, NULL, 0) == 0 ? l.port : 0;
+    int port = s->side == 1 ? s->port : 0;
     bool marked = false;
     if (port > 0 && port < 65536) {
         pthread_mutex_lock(&mlp_neg_mu);
@@ -2695,6 +2697,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
     s->ch = ch;
     ch->rx_lowat = mlp_lowat_of(fd); /* the listener's, as the kernel copied it */
     s->side = 1;
+    s->port = l.port;
     s->me = mlp_side_block(ch, 1);
     ml_store_relaxed(&s->me->holders, 1u);
     ml_store_relaxed(&s->me->flags, mlp_linger_flag(lfd));
@@ -2765,6 +2768,8 @@ void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *tok
     }
     struct mlp_addr l, r;
     bool have = mlp_sock_addrs(fds[0], &l, &r, NULL, 0) == 0;
+    if (have && side == 1)
+        s->port = l.port;
     s->slot = mlp_proc_slot();
     mlp_slot_fill(s->slot, ML_CONN_ACCEL, fds[0], have ? &l : NULL, have ? &r : NULL, token,
                   side == 1 ? ML_CONN_ACCEPTED : "");

@@ -178,7 +178,8 @@ struct mlp_sock {
                                    * progress after its last fd was closed (0: none; see
                                    * mlp_keep_file), closed with the last reference */
     _Atomic bool keep_taken;      /* one thread makes keep_fd (two dup2s over the last fd) */
-    /* Listener: its rendezvous record. */
+    /* Listener: its port and rendezvous record (an accepted connection: its local port, for
+     * mlp_after_pass, which must not ask the kernel: the passer may be sandboxed). */
     int port;
     struct mlp_lrec *rec;
     struct mlp_sock *next_free;
