@@ -257,6 +257,9 @@ struct ml_listen_rec {
 #define ML_NO_OFFER_DEFER 3u /* a listener of the port has TCP_DEFER_ACCEPT: the kernel completes
                               * a handshake only when TCP data arrives, and a memlan client's data
                               * goes into the ring (design.md, "Deferred accept") */
+#define ML_NO_OFFER_PASS 4u  /* a process that accepts on the port passed an accelerated connection
+                              * to another process over SCM_RIGHTS, which a channel cannot follow
+                              * (design.md, "Passing a connection") */
 
 /*
  * A memlan process's entry in the fabric (seg-TOKEN of kind ML_KIND_PROC), for memlan stat: one

@@ -941,6 +941,16 @@ MLP_EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
     return mlp_ret(r);
 }
 
+/* A kernel sendmsg that took its message: an accelerated connection among the descriptors it
+ * passed with SCM_RIGHTS is lost to the receiver; the first one passed makes its port's clients
+ * stay on TCP (negotiate.c, mlp_after_pass).  Not in a vfork child or a handler of ours. */
+static inline void mlp_after_sendmsg(const struct msghdr *msg)
+{
+    if (ml_unlikely(msg->msg_controllen > 0) && !mlp_inside && !mlp_vfork_child() &&
+        !mlp_sig_in_handler())
+        mlp_after_pass(msg);
+}
+
 MLP_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
     ssize_t f = mlp_fast_msg(fd, (struct msghdr *)msg, flags, true);
@@ -948,8 +958,12 @@ MLP_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
         return f;
     struct mlp_call c;
     struct mlp_sock *s = mlp_conn_call(fd, &c);
-    if (ml_likely(!s))
-        return mlp_real_sendmsg(fd, msg, flags);
+    if (ml_likely(!s)) {
+        ssize_t r = mlp_real_sendmsg(fd, msg, flags);
+        if (r >= 0)
+            mlp_after_sendmsg(msg);
+        return r;
+    }
     ssize_t r = msg->msg_iovlen > IOV_MAX ? -EMSGSIZE
                                           : mlp_send(s, fd, msg->msg_iov, (int)msg->msg_iovlen,
                                                      flags);
@@ -1014,8 +1028,12 @@ MLP_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
 {
     struct mlp_call c;
     struct mlp_sock *s = mlp_conn_call(fd, &c);
-    if (ml_likely(!s))
-        return mlp_real_sendmmsg(fd, v, n, flags);
+    if (ml_likely(!s)) {
+        int r = mlp_real_sendmmsg(fd, v, n, flags);
+        for (int i = 0; i < r; i++)
+            mlp_after_sendmsg(&v[i].msg_hdr);
+        return r;
+    }
     if (n > 1024)
         n = 1024;
     unsigned sent = 0;

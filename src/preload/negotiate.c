@@ -1454,6 +1454,81 @@ void mlp_accept_received(int fd)
     mlp_received_publish(fd, "its first accept");
 }
 
+/*
+ * Passing a connection: sendmsg or sendmmsg sent descriptors over SCM_RIGHTS, and we look at them
+ * after the kernel took the message (so that its control buffer was readable).  An accelerated
+ * connection cannot follow its descriptor: its bytes are in the channel, which the receiver does
+ * not have, so the receiver gets the idle kernel socket, and the peer sees the end when our copy
+ * closes.  An acceptor that hands its connections on (Node.js's cluster primary, round robin, its
+ * default on Linux; a pre-fork server whose parent accepts) lost every one of them: each client
+ * read a reset, and the worker an idle socket.  So the first such pass marks the record of the
+ * connection's port (if we listen on it) ML_NO_OFFER_PASS: the clients to come stay on TCP, where
+ * the descriptor carries the connection; a client that offered just before withdraws at its next
+ * look.  Never cleared, as for the other reasons.  The connections accepted before the mark and
+ * passed are still lost (said in the log); taking a channel up in the receiver is not built.
+ * Not from a signal handler of ours or a vfork child (the caller checks); errno kept.  No system
+ * call of ours beyond the log's and the note's writes (the port is the one kept at accept): a
+ * passer may be sandboxed (vsftpd's privileged broker accepts PASV data connections and passes
+ * them to its child).
+ */
+static _Atomic unsigned mlp_said_pass;
+
+static void mlp_passed(struct mlp_sock *s, int fd)
+{
+    int port = s->side == 1 ? s->port : 0;
+    bool marked = false;
+    if (port > 0 && port < 65536) {
+        pthread_mutex_lock(&mlp_neg_mu);
+        struct mlp_lrec *rec = mlp_lrecs[port];
+        uint32_t none = 0;
+        if (rec && rec->nlisten > 0 && rec->map)
+            marked = atomic_compare_exchange_strong(&rec->map->no_offer, &none, ML_NO_OFFER_PASS);
+        pthread_mutex_unlock(&mlp_neg_mu);
+    }
+    mlp_log(0, "fd %d: an accelerated connection passed to another process over SCM_RIGHTS: "
+               "the receiver gets the idle kernel socket, and the connection is lost",
+            fd);
+    if (marked)
+        mlp_log(1, "port %d: clients will not offer (this process passes its accepted "
+                   "connections to other processes over SCM_RIGHTS)",
+                port);
+    /* A lost connection is said once, not only logged: the user sees a reset, not why. */
+    if (!(atomic_fetch_or(&mlp_said_pass, 1u) & 1u))
+        mlp_say(MLP_SAID_PASS, "a connection on memlan was handed to another process (SCM_RIGHTS), "
+                "which memlan cannot follow: it is lost%s",
+                marked ? "; the port's later clients stay on TCP" : "");
+}
+
+void mlp_after_pass(const struct msghdr *m)
+{
+    if (mlp_cfg.off || !m->msg_control || m->msg_controllen < sizeof(struct cmsghdr))
+        return;
+    int saved = errno;
+    const char *end = (const char *)m->msg_control + m->msg_controllen;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR((struct msghdr *)m, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS ||
+            c->cmsg_len < CMSG_LEN(0))
+            continue;
+        const unsigned char *data = CMSG_DATA(c);
+        if ((const char *)data > end)
+            break;
+        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        if (n > (size_t)(end - (const char *)data) / sizeof(int))
+            n = (size_t)(end - (const char *)data) / sizeof(int);
+        for (size_t i = 0; i < n; i++) {
+            int fd;
+            memcpy(&fd, data + i * sizeof fd, sizeof fd);
+            struct mlp_sock *s = fd >= 0 && mlp_fd_is_ours(fd) ? mlp_get(fd) : NULL;
+            if (!s)
+                continue;
+            if (s->type == MLP_CONN && atomic_load(&s->state) == MLP_ACCEL)
+                mlp_passed(s, fd);
+            mlp_put(s);
+        }
+    }
+    errno = saved;
+}
+
 /* Our credentials changed and the fabric is out of reach (cred.c): no client may offer on a
  * port we listen on, since we may be the one that accepts.  Through the mappings we made before:
  * they keep their access. */
@@ -1485,6 +1560,8 @@ static const char *mlp_no_offer_why(const struct ml_listen_rec *m)
                ? "a server process cannot be named as an acceptor in the shared fabric's record"
            : v == ML_NO_OFFER_DEFER
                ? "the server's listener defers accept until data (TCP_DEFER_ACCEPT)"
+           : v == ML_NO_OFFER_PASS
+               ? "the server passes its accepted connections to other processes (SCM_RIGHTS)"
                : "the server's record says not to offer";
 }
 
@@ -2487,6 +2564,16 @@ void mlp_on_accept(int lfd, int fd, int flags)
     mlp_offer_name(name, sizeof name, cur, &r, &l, other_ns ? mac : NULL);
     const char *why = NULL;
     memlan_channel_t *ch = NULL;
+    if (ml_load_acquire(&m->no_offer) == ML_NO_OFFER_PASS) {
+        /* This port's acceptors pass their connections on (mlp_after_pass): a client that
+         * offered before the mark is refused, and withdraws to TCP, rather than be taken and
+         * lost (several accepted in one go before the first pass).  Peer-writable, as every
+         * no_offer: a false mark only keeps this port's connections on TCP. */
+        mlp_refuse_mark(m, name);
+        mlp_stat_tcp_addrs(fd, &l, &r, mlp_no_offer_why(m));
+        mlp_put(ls);
+        return;
+    }
     /* pending, which makes us wait for an offer, is in the peer-writable record: anyone who can
      * write it (any member of a shared fabric) could hold every accept of ours to the whole
      * wait, ordinary TCP clients' too (about 20 accepts a second).  After a few waits in a row
@@ -2610,6 +2697,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
     s->ch = ch;
     ch->rx_lowat = mlp_lowat_of(fd); /* the listener's, as the kernel copied it */
     s->side = 1;
+    s->port = l.port;
     s->me = mlp_side_block(ch, 1);
     ml_store_relaxed(&s->me->holders, 1u);
     ml_store_relaxed(&s->me->flags, mlp_linger_flag(lfd));
@@ -2680,6 +2768,8 @@ void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *tok
     }
     struct mlp_addr l, r;
     bool have = mlp_sock_addrs(fds[0], &l, &r, NULL, 0) == 0;
+    if (have && side == 1)
+        s->port = l.port;
     s->slot = mlp_proc_slot();
     mlp_slot_fill(s->slot, ML_CONN_ACCEL, fds[0], have ? &l : NULL, have ? &r : NULL, token,
                   side == 1 ? ML_CONN_ACCEPTED : "");

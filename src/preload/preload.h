@@ -81,7 +81,7 @@ void mlp_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
  */
 #define MLP_SAID_ENV "MEMLAN_SAID"
 enum { MLP_SAID_CONFIG = 1, MLP_SAID_FABRIC = 2, MLP_SAID_FULL = 4, MLP_SAID_EVQ = 8,
-       MLP_SAID_SECURE = 16 };
+       MLP_SAID_SECURE = 16, MLP_SAID_PASS = 32 };
 extern _Atomic unsigned mlp_said;     /* topics said by us or an ancestor: passed on at exec */
 void mlp_say(unsigned topic, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 bool mlp_port_allowed(int port, const char **why);
@@ -178,7 +178,8 @@ struct mlp_sock {
                                    * progress after its last fd was closed (0: none; see
                                    * mlp_keep_file), closed with the last reference */
     _Atomic bool keep_taken;      /* one thread makes keep_fd (two dup2s over the last fd) */
-    /* Listener: its rendezvous record. */
+    /* Listener: its port and rendezvous record (an accepted connection: its local port, for
+     * mlp_after_pass, which must not ask the kernel: the passer may be sandboxed). */
     int port;
     struct mlp_lrec *rec;
     struct mlp_sock *next_free;
@@ -327,6 +328,7 @@ void mlp_stat_conn(struct mlp_sock *s, int fd, const char *why);  /* record in m
 void mlp_stat_tcp(int fd, const char *why);
 void mlp_stat_clear(struct mlp_sock *s);
 void mlp_stat_prepare(void);         /* create our memlan stat entry now, if there is a fabric */
+void mlp_after_pass(const struct msghdr *m); /* sendmsg's SCM_RIGHTS: an accelerated connection passed */
 bool mlp_lrec_no_offer(uint32_t why);/* ML_NO_OFFER_*: in every record we listen on; false: busy */
 void mlp_lrec_grant(uid_t uid);      /* a shared fabric: uid may accept on our ports (cred.c) */
 void mlp_sock_liveness(memlan_channel_t *ch, int fd); /* the kernel socket under a channel */
