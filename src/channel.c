@@ -1110,6 +1110,7 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
     _Atomic uint32_t *decl = rxw ? &ch->rx.ctl->rx_mb : &ch->tx.ctl->tx_mb;
     _Atomic uint32_t *ack = rxw ? &ch->rx.ctl->rx_mb_ack : &ch->tx.ctl->tx_mb_ack;
     ml_mb_policy(ch, mr, decl, ack);
+    bool ran_out = false; /* our last sleep ran out */
     for (;;) {
         /* Arm, fence, re-check: see the header comment.  Our bit only: an event-queue waiter
          * (poll or epoll in another thread) may be armed on the same word. */
@@ -1119,8 +1120,11 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
         bool bounded = __ml_mb_wait_barrier(ch, decl, ack) < 0;
         if (ready(ch, arg)) {
             ml_fetch_and(word, ~ML_WAIT_FUTEX);
+            if (ran_out)
+                __atomic_fetch_add(&ch->wait_found_late, 1, __ATOMIC_RELAXED);
             return 0;
         }
+        ran_out = false;
         uint64_t now = __ml_now_ns();
         int64_t tmo = every;
         if (ml_unlikely(bounded) && tmo > 1000000)
@@ -1158,6 +1162,9 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
             return ready(ch, arg) ? 0 : -EINTR;
         }
         int r = nap ? __ml_sys_futex_wait(&nap_word, 0, tmo) : __ml_sys_futex_wait(word, cur, tmo);
+        ran_out = r == -ETIMEDOUT;
+        if (ran_out)
+            __atomic_fetch_add(&ch->wait_timeouts, 1, __ATOMIC_RELAXED);
         if (nap)
             spurious = 0;
         else if (r == 0 || r == -EAGAIN)

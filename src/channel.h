@@ -81,6 +81,11 @@ struct memlan_channel {
     /* Counters for memlan stat and the bench. */
     uint64_t bytes_tx, bytes_rx, msgs_tx, msgs_rx, wakeups, sleeps, spin_hits;
     uint64_t mb_barriers;     /* asymmetric barriers our armings made (channel.c, ml_mb_barrier) */
+    uint64_t wait_timeouts;   /* futex sleeps of a blocking call that ran out (the liveness
+                               * interval, a deadline or a slice) rather than being woken */
+    uint64_t wait_found_late; /* waits that found what they waited for at the look after such a
+                               * sleep: never, from an honest peer, unless it was held off a cpu
+                               * (a wake-up lost, or one that came a liveness interval late) */
 };
 
 void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
