@@ -88,7 +88,7 @@ int main(int argc, char **argv)
     char fds[16], b[64];
     snprintf(fds, sizeof fds, "%d", c);
     for (int round = 1; round <= 2; round++) {
-        char how[16];
+        char how[24];
         snprintf(how, sizeof how, "round %d", round);
 
         /* send: the child's bytes, then ours */
