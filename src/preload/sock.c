@@ -916,7 +916,8 @@ static int mlp_peer_aborted(struct mlp_sock *s, bool probe, bool *after_fin)
         uint32_t pf = atomic_load(&mlp_side_block(s->ch, 1 - s->side)->flags);
         fin = (pf & ML_SOCK_RESET_AFTER_FIN) != 0;
         if (pf & ML_SOCK_RESET)
-            e = !fin ? ECONNRESET : s->ch->shut_wr ? 0 : EPIPE;
+            e = !fin ? ECONNRESET : EPIPE; /* none when we had shut down first: the closer
+                                             * set no ML_SOCK_RESET then */
         else
             e = late ? EPIPE : 0;
     } else {
@@ -2384,14 +2385,18 @@ static void mlp_sock_destroy_conn(struct mlp_sock *s)
     bool last = !atomic_load(&s->exit_let_go) && atomic_fetch_sub(&s->me->holders, 1) <= 1;
     if (last && s->state == MLP_ACCEL) {
         /* Closed with the peer's bytes unread, or SO_LINGER zero: the kernel would send a reset.
-         * The flag goes before the close that publishes our end. */
-        if (__ml_chan_rx_avail_ro(s->ch) > 0 || (atomic_load(&s->me->flags) & ML_SOCK_LINGER0))
+         * The flag goes before the close that publishes our end.  None when both sides had shut
+         * down writing: the kernel's socket, with both FINs, is closed already (TIME_WAIT or
+         * LAST_ACK's end) and its close sends nothing.  Decided here, at the close, and not by
+         * the peer when it reads: a peer that shuts down after our reset keeps its EPIPE, as the
+         * kernel's pending error is (tests/preload/finreset.c, "client shut after"). */
+        bool mine_fin = ml_load_acquire(&s->ch->hdr->side_state[s->ch->side]) != ML_SIDE_OPEN;
+        bool peer_fin =
+            ml_load_acquire(&s->ch->hdr->side_state[1 - s->ch->side]) != ML_SIDE_OPEN;
+        if ((__ml_chan_rx_avail_ro(s->ch) > 0 || (atomic_load(&s->me->flags) & ML_SOCK_LINGER0)) &&
+            !(mine_fin && peer_fin))
             atomic_fetch_or(&s->me->flags,
-                            ML_SOCK_RESET |
-                                (ml_load_acquire(&s->ch->hdr->side_state[s->ch->side]) !=
-                                         ML_SIDE_OPEN
-                                     ? ML_SOCK_RESET_AFTER_FIN
-                                     : 0));
+                            ML_SOCK_RESET | (mine_fin ? ML_SOCK_RESET_AFTER_FIN : 0));
         __ml_chan_end(s->ch);
     } else {
         if (s->ch->evq)
