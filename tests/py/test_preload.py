@@ -1345,6 +1345,21 @@ def test_connections_carried_across_exec(fabric, tmp_path):
     settle(fabric)
 
 
+EXECODD = BUILD / "tests-preload" / "execodd"
+
+
+def test_odd_exec_calls_fail_as_the_kernels(fabric, tmp_path):
+    """execodd: exec calls that fail with odd arguments (a null path to execveat with a
+    directory fd, or to execve; a missing file; a PATH search that finds nothing; fexecve of a
+    bad fd), from fork and vfork children: the same errno under memlan as without.  The
+    secure-execution note (5dde705) read execveat's path before the kernel did: SIGSEGV where
+    the kernel gives EFAULT."""
+    plain, under, _ = scripted(EXECODD, tmp_path)
+    assert plain.stdout.endswith("done\n") and "signal" not in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    settle(fabric)
+
+
 def test_accepting_server_keeps_few_channel_mappings(fabric, tmp_path):
     """A server keeps the mappings of its clients' pooled channel files for the next offer of
     the same file (segment.c's mapping cache): at most 8, and no per-connection lock mapping
