@@ -931,7 +931,9 @@ static int mlp_peer_aborted(struct mlp_sock *s, bool probe, bool *after_fin)
          * aborts */
         if (s->ch->split || __ml_chan_peer_left_unread(s->ch) ||
             (atomic_load(&mlp_side_block(s->ch, 1 - s->side)->flags) & ML_SOCK_LINGER0))
-            e = !fin || s->ch->split ? ECONNRESET : s->ch->shut_wr ? 0 : EPIPE;
+            e = !fin || s->ch->split                          ? ECONNRESET
+                : s->ch->shut_wr && !s->ch->dead_before_fin ? 0
+                                                            : EPIPE;
         else
             e = late ? EPIPE : 0;
     }
@@ -2162,6 +2164,19 @@ int mlp_shutdown(struct mlp_sock *s, int fd, int how)
             mlp_poll_kick(s); /* a recv in its long sleep (mlp_sock_sleep) */
         }
         if (how == SHUT_WR || how == SHUT_RDWR) {
+            /* A peer that shut down with our bytes unread and then died: its kernel reset us
+             * at its death, unless our FIN came first (both FINs: no reset).  Which came first
+             * is known only now, so its liveness is probed here, once, in that state alone
+             * (tests/preload/finreset.c, "holder killed, client shut after"). */
+            if (!s->ch->shut_wr && !s->ch->split &&
+                __ml_chan_peer_state(s->ch) == ML_SIDE_SHUT_WR &&
+                (__ml_chan_peer_left_unread(s->ch) ||
+                 (atomic_load(&mlp_side_block(s->ch, 1 - s->side)->flags) & ML_SOCK_LINGER0))) {
+                int e0 = errno;
+                if (__ml_chan_check_peer(s->ch) != 0)
+                    s->ch->dead_before_fin = true;
+                errno = e0;
+            }
             /* From a handler that interrupted our own send: only flags change, so unlocked. */
             bool locked = mlp_lock_tx(s, false) == 0;
             (void)memlan_shutdown(s->ch, MEMLAN_SHUT_WR);

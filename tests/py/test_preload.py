@@ -982,8 +982,8 @@ def test_reset_after_fin_reads_the_end(fabric, tmp_path):
     assert plain.stdout.endswith("done\n") and "FAIL" not in plain.stdout, plain.stdout
     assert "Connection reset" not in plain.stdout, plain.stdout
     assert under.stdout.splitlines() == plain.stdout.splitlines()
-    assert text.count("accelerated (client)") == 9, text
-    assert text.count("accelerated (accepted") == 9, text
+    assert text.count("accelerated (client)") == 11, text
+    assert text.count("accelerated (accepted") == 11, text
     settle(fabric)
 
 
@@ -1650,8 +1650,8 @@ def test_libc_surface_matches_kernel(fabric, tmp_path):
         assert s.encode() in LIBCCONF.read_bytes(), f"{s}: the test program is not fortified"
     assert "CORRUPT" not in plain.stdout and "WRONG" not in plain.stdout
     assert under.stdout.splitlines() == plain.stdout.splitlines()
-    assert text.count("accelerated (client)") == 9, text
-    assert text.count("accelerated (accepted") == 9, text
+    assert text.count("accelerated (client)") == 11, text
+    assert text.count("accelerated (accepted") == 11, text
     settle(fabric)
 
 
