@@ -53,6 +53,18 @@
 static pthread_mutex_t mlp_neg_mu = PTHREAD_MUTEX_INITIALIZER;
 static bool mlp_fab_tried;
 
+/* The fabric's directory when it is opened: MEMLAN_FABRIC as the environment has it then (a
+ * program may set its own before its first socket, as libmemlan's memlan_fabric_open(NULL) in the
+ * same process reads it), else as it was at start-up (a daemon that emptied its environment:
+ * exim), else NULL, the default. */
+static const char *mlp_fabric_dir(void)
+{
+    const char *env = getenv("MEMLAN_FABRIC");
+    if (env && *env)
+        return env;
+    return mlp_cfg.fabric[0] ? mlp_cfg.fabric : NULL;
+}
+
 /* The fabric, opened on first use. */
 static memlan_fabric_t *mlp_fabric(void)
 {
@@ -63,7 +75,7 @@ static memlan_fabric_t *mlp_fabric(void)
     pthread_mutex_lock(&mlp_neg_mu);
     if (!mlp_fab_tried) {
         memlan_fabric_t *f;
-        int r = memlan_fabric_open(mlp_cfg.fabric[0] ? mlp_cfg.fabric : NULL, &f);
+        int r = memlan_fabric_open(mlp_fabric_dir(), &f);
         const char *brief = r == -EACCES ? "another user's, or open to others" : NULL;
         why = r == -EACCES ? "permission denied: the directory is another user's, or open to "
                              "others (a fabric shared on purpose is named by MEMLAN_FABRIC)"
@@ -89,7 +101,7 @@ static memlan_fabric_t *mlp_fabric(void)
     /* Once: mlp_fab_tried is set for good (and a forked child inherits it).  Said outside the
      * lock, so that a stderr that blocks (a full pipe) holds up no other thread's connect. */
     if (why) {
-        const char *dir = mlp_cfg.fabric[0] ? mlp_cfg.fabric : getenv("MEMLAN_FABRIC");
+        const char *dir = mlp_fabric_dir();
         char def[64];
         if (!dir || !*dir) {
             snprintf(def, sizeof def, "/dev/shm/memlan-%u", (unsigned)getuid());
@@ -1786,7 +1798,9 @@ static bool mlp_groupwide_read;
 static bool mlp_groupwide(void)
 {
     if (!__atomic_load_n(&mlp_groupwide_read, __ATOMIC_ACQUIRE)) {
-        mlp_groupwide_ok = mlp_cfg.groupwide; /* read at start-up, see mlp_cfg.fabric */
+        /* as the environment has it now, else as at start-up (see mlp_fabric_dir) */
+        const char *g = getenv("MEMLAN_FABRIC_GROUPWIDE");
+        mlp_groupwide_ok = g ? strcmp(g, "1") == 0 : mlp_cfg.groupwide;
         __atomic_store_n(&mlp_groupwide_read, true, __ATOMIC_RELEASE);
     }
     return mlp_groupwide_ok;

@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -1050,6 +1051,39 @@ def test_cleared_environment_keeps_the_fabric(fabric, tmp_path):
     st, ct = slog.read_text(), clog.read_text()
     assert f"published in {fabric}" in st, st
     assert "accelerated (client)" in ct and "accelerated (accepted" in st, st + ct
+
+
+SETENV_SERVER = r"""
+import os, socket, sys
+os.environ["MEMLAN_FABRIC"] = sys.argv[2]   # its own fabric, set before its first socket
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", int(sys.argv[1])))
+l.listen(4)
+print(" ".join(sorted(os.listdir(sys.argv[2]))), flush=True)
+"""
+
+
+def test_program_that_sets_its_fabric_listens_there(fabric, tmp_path):
+    """A program that sets MEMLAN_FABRIC itself before its first socket call listens in the
+    fabric it named, as it did before 2fbaff7 (and as libmemlan's memlan_fabric_open(NULL) in
+    the same process reads it); the value read at start-up serves only when the environment has
+    none by then (test_cleared_environment_keeps_the_fabric).  After 2fbaff7 the start-up value
+    won: the listener went to the fabric memlan run named, its clients in the other found none."""
+    port = next_port()
+    own = pathlib.Path(tempfile.mkdtemp(prefix="memlan-own-", dir="/dev/shm"))
+    try:
+        srv = tmp_path / "srv.py"
+        srv.write_text(SETENV_SERVER)
+        r = subprocess.run([str(MEMLAN), "run", "--fabric", str(fabric), "--", sys.executable,
+                            str(srv), str(port), str(own)], capture_output=True, text=True,
+                           timeout=30)
+        assert r.returncode == 0, r.stdout + r.stderr
+        names = r.stdout.split()
+        assert len(names) == 1 and re.fullmatch(r"ls-[0-9a-f]+-%d" % port, names[0]), r.stdout
+        assert os.listdir(own) == [] and sorted(os.listdir(fabric)) == []
+    finally:
+        shutil.rmtree(own, ignore_errors=True)
     settle(fabric)
 
 
