@@ -1478,8 +1478,9 @@ void mlp_accept_received(int fd)
  * the descriptor carries the connection; a client that offered just before withdraws at its next
  * look.  Never cleared, as for the other reasons.  The connections accepted before the mark and
  * passed are still lost (said in the log); taking a channel up in the receiver is not built.
- * Not from a signal handler of ours or a vfork child (the caller checks); errno kept.  No system
- * call of ours beyond the log's and the note's writes (the port is the one kept at accept): a
+ * Not from a signal handler of ours (the caller checks) or a vfork child (looked at once a
+ * connection of ours is found, so that passing other descriptors costs no system call at all);
+ * errno kept.  No system call of ours beyond the log's and the note's writes (the port is the one kept at accept): a
  * passer may be sandboxed (vsftpd's privileged broker accepts PASV data connections and passes
  * them to its child).
  */
@@ -1533,7 +1534,8 @@ void mlp_after_pass(const struct msghdr *m)
             struct mlp_sock *s = fd >= 0 && mlp_fd_is_ours(fd) ? mlp_get(fd) : NULL;
             if (!s)
                 continue;
-            if (s->type == MLP_CONN && atomic_load(&s->state) == MLP_ACCEL)
+            /* the vfork child's look (getpid) last: only a connection of ours pays for it */
+            if (s->type == MLP_CONN && atomic_load(&s->state) == MLP_ACCEL && !mlp_vfork_child())
                 mlp_passed(s, fd);
             mlp_put(s);
         }

@@ -2293,6 +2293,21 @@ def test_sandboxed_receiver_of_fds_is_not_killed(fabric, tmp_path):
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
 
 
+SANDBOXPASS = BUILD / "tests-preload" / "sandboxpass"
+
+
+def test_sandboxed_passer_of_fds_is_not_killed(fabric, tmp_path):
+    """A broker whose seccomp filter allows little more than read, write and sendmsg (vsftpd's
+    privileged broker passes PASV data connections to its session child so) passes a TCP
+    connection that is not memlan's, then a pipe: it lives, as without memlan.  (7df1336's look
+    at the descriptors passed asked getpid whether it ran in a vfork child before looking at
+    them: SIGSYS in both cases.)"""
+    plain, under, text = scripted(SANDBOXPASS, tmp_path)
+    assert plain.stdout.count("the broker exited 0") == 2, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    settle(fabric)
+
+
 def test_listener_received_over_scm_rights_is_published(fabric, tmp_path):
     """A listening socket handed to another process over a unix socket (SCM_RIGHTS), as
     haproxy's reload hands its listeners from the old worker to the new master: the receiver's
