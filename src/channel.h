@@ -51,6 +51,9 @@ struct memlan_channel {
     uint32_t rx_lowat;        /* the socket layer's SO_RCVLOWAT: the bytes that make the
                                * receive side ready to a waiter (0 or 1: any byte) */
     bool shut_rd, shut_wr, peer_dead;
+    bool dead_before_fin;     /* socket layer: at our shutdown(SHUT_WR) the peer, shut down
+                               * with our bytes unread, was already dead: its kernel's reset
+                               * came first (EPIPE kept, see mlp_peer_aborted) */
     bool peer_seen;           /* creator: the attached word once read 1 (see ml_peer_dead) */
     bool split;               /* the peer talks over the kernel socket: it decided TCP */
     uint64_t split_ns;        /* when bytes were first seen on the kernel socket (0: none) */

@@ -347,6 +347,15 @@ static void mlp_vfork_left_set(const struct mlp_carry *c)
     mlp_vfork_left[3] = c ? c->took : NULL;
 }
 
+/* libc declares the exec calls' paths nonnull, and the compiler may drop our NULL checks of
+ * them: a program that passes NULL gets the kernel's EFAULT, so we look at the pointer as one
+ * it knows nothing of. */
+static inline const char *mlp_maybe_null(const char *p)
+{
+    __asm__("" : "+r"(p));
+    return p;
+}
+
 /*
  * An exec in secure-execution mode (the kernel's AT_SECURE: real and effective ids differ, or a
  * set-user-ID or set-group-ID file): the new image's dynamic linker ignores an LD_PRELOAD path
@@ -358,6 +367,7 @@ static void mlp_vfork_left_set(const struct mlp_carry *c)
  */
 static void mlp_exec_secure_note(const char *path)
 {
+    path = mlp_maybe_null(path);
     if (mlp_cfg.off || (atomic_load(&mlp_said) & MLP_SAID_SECURE))
         return;
     uid_t ru, eu, su;
@@ -588,7 +598,8 @@ MLP_EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *c
     if (mlp_inside || !mlp_real_execveat)
         return mlp_real_execveat ? mlp_real_execveat(dirfd, path, argv, envp, flags)
                                  : (errno = ENOSYS, -1);
-    mlp_exec_secure_note(dirfd == AT_FDCWD || path[0] == '/' ? path : NULL);
+    path = mlp_maybe_null(path); /* NULL: the kernel's EFAULT, not ours to read */
+    mlp_exec_secure_note(path && (dirfd == AT_FDCWD || path[0] == '/') ? path : NULL);
     MLP_EXEC(mlp_real_execveat(dirfd, path, argv, env, flags));
 }
 

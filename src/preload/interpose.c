@@ -943,11 +943,13 @@ MLP_EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 
 /* A kernel sendmsg that took its message: an accelerated connection among the descriptors it
  * passed with SCM_RIGHTS is lost to the receiver; the first one passed makes its port's clients
- * stay on TCP (negotiate.c, mlp_after_pass).  Not in a vfork child or a handler of ours. */
+ * stay on TCP (negotiate.c, mlp_after_pass).  Not in a handler of ours; a vfork child is told
+ * there, by a system call, only once a connection of ours is found among the descriptors: a
+ * sandboxed passer of other descriptors (vsftpd's broker passes its PASV data connections, and
+ * its seccomp filter kills for getpid) meets no system call of ours (tests/preload/sandboxpass.c). */
 static inline void mlp_after_sendmsg(const struct msghdr *msg)
 {
-    if (ml_unlikely(msg->msg_controllen > 0) && !mlp_inside && !mlp_vfork_child() &&
-        !mlp_sig_in_handler())
+    if (ml_unlikely(msg->msg_controllen > 0) && !mlp_inside && !mlp_sig_in_handler())
         mlp_after_pass(msg);
 }
 

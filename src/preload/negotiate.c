@@ -53,6 +53,18 @@
 static pthread_mutex_t mlp_neg_mu = PTHREAD_MUTEX_INITIALIZER;
 static bool mlp_fab_tried;
 
+/* The fabric's directory when it is opened: MEMLAN_FABRIC as the environment has it then (a
+ * program may set its own before its first socket, as libmemlan's memlan_fabric_open(NULL) in the
+ * same process reads it), else as it was at start-up (a daemon that emptied its environment:
+ * exim), else NULL, the default. */
+static const char *mlp_fabric_dir(void)
+{
+    const char *env = getenv("MEMLAN_FABRIC");
+    if (env && *env)
+        return env;
+    return mlp_cfg.fabric[0] ? mlp_cfg.fabric : NULL;
+}
+
 /* The fabric, opened on first use. */
 static memlan_fabric_t *mlp_fabric(void)
 {
@@ -63,7 +75,7 @@ static memlan_fabric_t *mlp_fabric(void)
     pthread_mutex_lock(&mlp_neg_mu);
     if (!mlp_fab_tried) {
         memlan_fabric_t *f;
-        int r = memlan_fabric_open(mlp_cfg.fabric[0] ? mlp_cfg.fabric : NULL, &f);
+        int r = memlan_fabric_open(mlp_fabric_dir(), &f);
         const char *brief = r == -EACCES ? "another user's, or open to others" : NULL;
         why = r == -EACCES ? "permission denied: the directory is another user's, or open to "
                              "others (a fabric shared on purpose is named by MEMLAN_FABRIC)"
@@ -89,7 +101,7 @@ static memlan_fabric_t *mlp_fabric(void)
     /* Once: mlp_fab_tried is set for good (and a forked child inherits it).  Said outside the
      * lock, so that a stderr that blocks (a full pipe) holds up no other thread's connect. */
     if (why) {
-        const char *dir = mlp_cfg.fabric[0] ? mlp_cfg.fabric : getenv("MEMLAN_FABRIC");
+        const char *dir = mlp_fabric_dir();
         char def[64];
         if (!dir || !*dir) {
             snprintf(def, sizeof def, "/dev/shm/memlan-%u", (unsigned)getuid());
@@ -1466,8 +1478,9 @@ void mlp_accept_received(int fd)
  * the descriptor carries the connection; a client that offered just before withdraws at its next
  * look.  Never cleared, as for the other reasons.  The connections accepted before the mark and
  * passed are still lost (said in the log); taking a channel up in the receiver is not built.
- * Not from a signal handler of ours or a vfork child (the caller checks); errno kept.  No system
- * call of ours beyond the log's and the note's writes (the port is the one kept at accept): a
+ * Not from a signal handler of ours (the caller checks) or a vfork child (looked at once a
+ * connection of ours is found, so that passing other descriptors costs no system call at all);
+ * errno kept.  No system call of ours beyond the log's and the note's writes (the port is the one kept at accept): a
  * passer may be sandboxed (vsftpd's privileged broker accepts PASV data connections and passes
  * them to its child).
  */
@@ -1521,7 +1534,8 @@ void mlp_after_pass(const struct msghdr *m)
             struct mlp_sock *s = fd >= 0 && mlp_fd_is_ours(fd) ? mlp_get(fd) : NULL;
             if (!s)
                 continue;
-            if (s->type == MLP_CONN && atomic_load(&s->state) == MLP_ACCEL)
+            /* the vfork child's look (getpid) last: only a connection of ours pays for it */
+            if (s->type == MLP_CONN && atomic_load(&s->state) == MLP_ACCEL && !mlp_vfork_child())
                 mlp_passed(s, fd);
             mlp_put(s);
         }
@@ -1786,7 +1800,9 @@ static bool mlp_groupwide_read;
 static bool mlp_groupwide(void)
 {
     if (!__atomic_load_n(&mlp_groupwide_read, __ATOMIC_ACQUIRE)) {
-        mlp_groupwide_ok = mlp_cfg.groupwide; /* read at start-up, see mlp_cfg.fabric */
+        /* as the environment has it now, else as at start-up (see mlp_fabric_dir) */
+        const char *g = getenv("MEMLAN_FABRIC_GROUPWIDE");
+        mlp_groupwide_ok = g ? strcmp(g, "1") == 0 : mlp_cfg.groupwide;
         __atomic_store_n(&mlp_groupwide_read, true, __ATOMIC_RELEASE);
     }
     return mlp_groupwide_ok;

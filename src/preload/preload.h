@@ -54,7 +54,9 @@ struct mlp_config {
     char no_ports[256];       /* MEMLAN_NO_PORTS: never these */
     /* Read with the rest at start-up, not when the fabric is first opened: a daemon that clears
      * its environment before its first socket call (exim's keep_environment) opened the default
-     * fabric instead of the one named, and its clients found no listener there. */
+     * fabric instead of the one named, and its clients found no listener there.  Used when the
+     * environment has none by then: a program's own setenv before its first socket still
+     * counts (negotiate.c, mlp_fabric_dir). */
     char fabric[4096];        /* MEMLAN_FABRIC ("": the default, or too long: read when used) */
     bool groupwide;           /* MEMLAN_FABRIC_GROUPWIDE=1 */
 };

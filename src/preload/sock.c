@@ -916,7 +916,8 @@ static int mlp_peer_aborted(struct mlp_sock *s, bool probe, bool *after_fin)
         uint32_t pf = atomic_load(&mlp_side_block(s->ch, 1 - s->side)->flags);
         fin = (pf & ML_SOCK_RESET_AFTER_FIN) != 0;
         if (pf & ML_SOCK_RESET)
-            e = !fin ? ECONNRESET : s->ch->shut_wr ? 0 : EPIPE;
+            e = !fin ? ECONNRESET : EPIPE; /* none when we had shut down first: the closer
+                                             * set no ML_SOCK_RESET then */
         else
             e = late ? EPIPE : 0;
     } else {
@@ -930,7 +931,9 @@ static int mlp_peer_aborted(struct mlp_sock *s, bool probe, bool *after_fin)
          * aborts */
         if (s->ch->split || __ml_chan_peer_left_unread(s->ch) ||
             (atomic_load(&mlp_side_block(s->ch, 1 - s->side)->flags) & ML_SOCK_LINGER0))
-            e = !fin || s->ch->split ? ECONNRESET : s->ch->shut_wr ? 0 : EPIPE;
+            e = !fin || s->ch->split                          ? ECONNRESET
+                : s->ch->shut_wr && !s->ch->dead_before_fin ? 0
+                                                            : EPIPE;
         else
             e = late ? EPIPE : 0;
     }
@@ -2161,6 +2164,19 @@ int mlp_shutdown(struct mlp_sock *s, int fd, int how)
             mlp_poll_kick(s); /* a recv in its long sleep (mlp_sock_sleep) */
         }
         if (how == SHUT_WR || how == SHUT_RDWR) {
+            /* A peer that shut down with our bytes unread and then died: its kernel reset us
+             * at its death, unless our FIN came first (both FINs: no reset).  Which came first
+             * is known only now, so its liveness is probed here, once, in that state alone
+             * (tests/preload/finreset.c, "holder killed, client shut after"). */
+            if (!s->ch->shut_wr && !s->ch->split &&
+                __ml_chan_peer_state(s->ch) == ML_SIDE_SHUT_WR &&
+                (__ml_chan_peer_left_unread(s->ch) ||
+                 (atomic_load(&mlp_side_block(s->ch, 1 - s->side)->flags) & ML_SOCK_LINGER0))) {
+                int e0 = errno;
+                if (__ml_chan_check_peer(s->ch) != 0)
+                    s->ch->dead_before_fin = true;
+                errno = e0;
+            }
             /* From a handler that interrupted our own send: only flags change, so unlocked. */
             bool locked = mlp_lock_tx(s, false) == 0;
             (void)memlan_shutdown(s->ch, MEMLAN_SHUT_WR);
@@ -2384,14 +2400,18 @@ static void mlp_sock_destroy_conn(struct mlp_sock *s)
     bool last = !atomic_load(&s->exit_let_go) && atomic_fetch_sub(&s->me->holders, 1) <= 1;
     if (last && s->state == MLP_ACCEL) {
         /* Closed with the peer's bytes unread, or SO_LINGER zero: the kernel would send a reset.
-         * The flag goes before the close that publishes our end. */
-        if (__ml_chan_rx_avail_ro(s->ch) > 0 || (atomic_load(&s->me->flags) & ML_SOCK_LINGER0))
+         * The flag goes before the close that publishes our end.  None when both sides had shut
+         * down writing: the kernel's socket, with both FINs, is closed already (TIME_WAIT or
+         * LAST_ACK's end) and its close sends nothing.  Decided here, at the close, and not by
+         * the peer when it reads: a peer that shuts down after our reset keeps its EPIPE, as the
+         * kernel's pending error is (tests/preload/finreset.c, "client shut after"). */
+        bool mine_fin = ml_load_acquire(&s->ch->hdr->side_state[s->ch->side]) != ML_SIDE_OPEN;
+        bool peer_fin =
+            ml_load_acquire(&s->ch->hdr->side_state[1 - s->ch->side]) != ML_SIDE_OPEN;
+        if ((__ml_chan_rx_avail_ro(s->ch) > 0 || (atomic_load(&s->me->flags) & ML_SOCK_LINGER0)) &&
+            !(mine_fin && peer_fin))
             atomic_fetch_or(&s->me->flags,
-                            ML_SOCK_RESET |
-                                (ml_load_acquire(&s->ch->hdr->side_state[s->ch->side]) !=
-                                         ML_SIDE_OPEN
-                                     ? ML_SOCK_RESET_AFTER_FIN
-                                     : 0));
+                            ML_SOCK_RESET | (mine_fin ? ML_SOCK_RESET_AFTER_FIN : 0));
         __ml_chan_end(s->ch);
     } else {
         if (s->ch->evq)

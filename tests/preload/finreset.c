@@ -96,19 +96,21 @@ static void settle_close(void)
     usleep(50000); /* kernel TCP: the reset or FIN reaches the peer */
 }
 
-/* how: 'c' the server closes, 'l' it closes with SO_LINGER 0.  client_shut: the client shuts
- * down writing too after its last request (LAST_ACK). */
+/* how: 'c' the server closes, 'l' it closes with SO_LINGER 0.  client_shut: 1, the client shuts
+ * down writing too after its last request (LAST_ACK); 2, it shuts down only after the server's
+ * close: the reset came first and its EPIPE stays pending (the shutdown's own result, ENOTCONN
+ * over kernel TCP, is not printed). */
 static void fin_then_reset(char how, int client_shut, const char *calls)
 {
     int c, s;
     pair(&c, &s);
     printf("fin, request, %s%s, then %s\n", how == 'c' ? "close" : "linger 0 close",
-           client_shut ? ", client shut" : "", calls);
+           client_shut == 1 ? ", client shut" : client_shut ? ", client shut after" : "", calls);
     send(s, "resp", 4, 0);
     shutdown(s, SHUT_WR);
     settle_close();
     send(c, "request", 7, 0);
-    if (client_shut)
+    if (client_shut == 1)
         shutdown(c, SHUT_WR);
     usleep(20000);
     if (how == 'l') {
@@ -117,6 +119,8 @@ static void fin_then_reset(char how, int client_shut, const char *calls)
     }
     close(s);
     settle_close();
+    if (client_shut == 2)
+        (void)shutdown(c, SHUT_WR);
     script(c, calls);
     close(c);
 }
@@ -124,11 +128,12 @@ static void fin_then_reset(char how, int client_shut, const char *calls)
 /* The accepted end's last holder, a child, shuts down writing and is killed, the request
  * unread.  No poll first: memlan learns of a death when a call probes for it (a recv at the
  * end does), the kernel at once. */
-static void fin_then_killed(const char *calls)
+static void fin_then_killed(int client_shut, const char *calls)
 {
     int c, s;
     pair(&c, &s);
-    printf("fin, request, holder killed, then %s\n", calls);
+    printf("fin, request, holder killed%s, then %s\n",
+           client_shut == 1 ? ", client shut" : client_shut ? ", client shut after" : "", calls);
     int go[2];
     if (pipe(go) < 0)
         die("pipe");
@@ -147,10 +152,14 @@ static void fin_then_killed(const char *calls)
         die("go");
     settle_close();
     send(c, "request", 7, 0);
+    if (client_shut == 1)
+        shutdown(c, SHUT_WR);
     usleep(20000);
     kill(pid, SIGKILL);
     waitpid(pid, NULL, 0);
     settle_close();
+    if (client_shut == 2)
+        (void)shutdown(c, SHUT_WR); /* after the death's reset: EPIPE stays */
     script(c, calls);
     close(go[0]);
     close(go[1]);
@@ -212,7 +221,11 @@ int main(int argc, char **argv)
     fin_then_reset('c', 0, "SSRRP");
     fin_then_reset('c', 1, "PRRRREP");
     fin_then_reset('l', 0, "PRRRRSP");
-    fin_then_killed("RRRRESP");
+    fin_then_reset('c', 2, "PRRREP");
+    fin_then_reset('l', 2, "ESP");
+    fin_then_killed(0, "RRRRESP");
+    fin_then_killed(1, "RRRREP");
+    fin_then_killed(2, "EPRRRR");
     blocked();
     printf("done\n");
     return 0;
