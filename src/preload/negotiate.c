@@ -1379,7 +1379,9 @@ int mlp_on_listen(int fd, bool before)
 static _Atomic bool mlp_received_marks; /* some fd may carry the mark: look before a fork */
 static void mlp_received_publish(int fd, const char *when);
 
-void mlp_mark_received(const struct msghdr *m)
+/* Each descriptor an SCM_RIGHTS message carries (sent or received: the kernel has checked the
+ * control messages), read within msg_controllen however the headers say otherwise. */
+static void mlp_scm_rights_each(const struct msghdr *m, void (*each)(int fd))
 {
     if (mlp_cfg.off || !m->msg_control || m->msg_controllen < sizeof(struct cmsghdr))
         return;
@@ -1397,14 +1399,21 @@ void mlp_mark_received(const struct msghdr *m)
         for (size_t i = 0; i < n; i++) {
             int fd;
             memcpy(&fd, data + i * sizeof fd, sizeof fd);
-            struct mlp_fdrec *rec = fd >= 0 ? mlp_fdrec_make(fd) : NULL;
-            if (rec) {
-                ml_store_relaxed(&rec->received, (uint8_t)1);
-                atomic_store_explicit(&mlp_received_marks, true, memory_order_release);
-            }
+            each(fd);
         }
     }
 }
+
+static void mlp_mark_received_fd(int fd)
+{
+    struct mlp_fdrec *rec = fd >= 0 ? mlp_fdrec_make(fd) : NULL;
+    if (rec) {
+        ml_store_relaxed(&rec->received, (uint8_t)1);
+        atomic_store_explicit(&mlp_received_marks, true, memory_order_release);
+    }
+}
+
+void mlp_mark_received(const struct msghdr *m) { mlp_scm_rights_each(m, mlp_mark_received_fd); }
 
 /* Before a fork: every marked listener is published by the parent, whose children inherit the
  * publication and accept (haproxy's new master receives the listeners as root, then forks the
@@ -1512,34 +1521,21 @@ static void mlp_passed(struct mlp_sock *s, int fd)
                 marked ? "; the port's later clients stay on TCP" : "");
 }
 
+static void mlp_after_pass_fd(int fd)
+{
+    struct mlp_sock *s = fd >= 0 && mlp_fd_is_ours(fd) ? mlp_get(fd) : NULL;
+    if (!s)
+        return;
+    /* the vfork child's look (getpid) last: only a connection of ours pays for it */
+    if (s->type == MLP_CONN && atomic_load(&s->state) == MLP_ACCEL && !mlp_vfork_child())
+        mlp_passed(s, fd);
+    mlp_put(s);
+}
+
 void mlp_after_pass(const struct msghdr *m)
 {
-    if (mlp_cfg.off || !m->msg_control || m->msg_controllen < sizeof(struct cmsghdr))
-        return;
     int saved = errno;
-    const char *end = (const char *)m->msg_control + m->msg_controllen;
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(m); c; c = CMSG_NXTHDR((struct msghdr *)m, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS ||
-            c->cmsg_len < CMSG_LEN(0))
-            continue;
-        const unsigned char *data = CMSG_DATA(c);
-        if ((const char *)data > end)
-            break;
-        size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        if (n > (size_t)(end - (const char *)data) / sizeof(int))
-            n = (size_t)(end - (const char *)data) / sizeof(int);
-        for (size_t i = 0; i < n; i++) {
-            int fd;
-            memcpy(&fd, data + i * sizeof fd, sizeof fd);
-            struct mlp_sock *s = fd >= 0 && mlp_fd_is_ours(fd) ? mlp_get(fd) : NULL;
-            if (!s)
-                continue;
-            /* the vfork child's look (getpid) last: only a connection of ours pays for it */
-            if (s->type == MLP_CONN && atomic_load(&s->state) == MLP_ACCEL && !mlp_vfork_child())
-                mlp_passed(s, fd);
-            mlp_put(s);
-        }
-    }
+    mlp_scm_rights_each(m, mlp_after_pass_fd);
     errno = saved;
 }
 
