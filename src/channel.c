@@ -786,6 +786,26 @@ int __ml_chan_exec_bridge(struct memlan_channel *ch)
     return (int)fd;
 }
 
+/* A connection passed to us over SCM_RIGHTS (the preload's mlp_take_passed): the channel's file
+ * opened by its token, with a read lock on side's bridge byte, as __ml_chan_exec_bridge's for
+ * __ml_chan_adopt. */
+int __ml_chan_bridge_open(memlan_fabric_t *fab, const char *token, int side)
+{
+    if (!fab || (side != 0 && side != 1) || !__ml_token_valid(token))
+        return -EINVAL;
+    char name[80];
+    __ml_fabric_name(name, sizeof name, "seg", token);
+    long fd = __ml_sys_open(fab->dirfd, name, O_RDWR | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd < 0)
+        return fd == -ELOOP ? -EPROTO : (int)fd;
+    int r = __ml_sys_lock_byte_shared((int)fd, ML_LOCK_BRIDGE(side));
+    if (r < 0) {
+        __ml_sys_close((int)fd);
+        return r;
+    }
+    return (int)fd;
+}
+
 /* After exec: side's channel again, mapped from the bridge file fd (taken: closed on failure;
  * on success the mapping keeps the file and its bridge lock). */
 int __ml_chan_adopt(memlan_fabric_t *fab, const char *token, int fd, int side,

@@ -140,6 +140,7 @@ int __ml_chan_withdraw(struct memlan_channel *ch);
 int __ml_chan_exec_bridge(struct memlan_channel *ch);
 int __ml_chan_adopt(memlan_fabric_t *fab, const char *token, int fd, int side,
                     memlan_channel_t **out);
+int __ml_chan_bridge_open(memlan_fabric_t *fab, const char *token, int side);
 uint32_t __ml_chan_attach_state(const struct memlan_channel *ch);
 void __ml_chan_abandon(struct memlan_channel *ch);
 /* A native channel private to its creator and acc's users in a shared fabric (endpoint.c). */

@@ -586,6 +586,14 @@ static int ml_fabric_reclaim_cx(memlan_fabric_t *fab, struct ml_clean_ctx *cx)
                 } else {
                     removed += ml_reclaim_ep(fab, nm);
                 }
+            } else if (strncmp(nm, "px-", 3) == 0) {
+                /* A connection passed over SCM_RIGHTS (src/preload/negotiate.c): its receiver
+                 * removes it as it takes the connection up, its passer after 10 s; one left by a
+                 * passer that died first is stale after a minute. */
+                struct stat st;
+                if (__ml_sys_fstatat(fab->dirfd, nm, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                    time(NULL) - st.st_mtime > 60 && __ml_sys_unlinkat(fab->dirfd, nm, 0) == 0)
+                    removed++;
             } else if (strncmp(nm, "bell-", 5) == 0 && __ml_token_valid(nm + 5)) {
                 /* A doorbell outlives nothing: remove it once its queue's segment is gone. */
                 char seg[80];

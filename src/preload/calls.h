@@ -74,6 +74,11 @@ MLP_CALL(int, fcntl64, (int fd, int cmd, long arg), (fd, cmd, arg))
 MLP_CALL(int, close_range, (unsigned int first, unsigned int last, int flags),
          (first, last, flags))
 MLP_CALL(void, closefrom, (int lowfd), (lowfd))
+/* prctl(PR_SET_SECCOMP): a sandbox, where memlan makes no call it can avoid (negotiate.c,
+ * mlp_confined); variadic, listed with the four arguments the kernel reads. */
+MLP_CALL(int, prctl,
+         (int option, unsigned long a2, unsigned long a3, unsigned long a4, unsigned long a5),
+         (option, a2, a3, a4, a5))
 #if defined(__x86_64__) || defined(__aarch64__) /* ML_SYS_RAW: memlan's own closes bypass it */
 /* syscall(SYS_close, fd) and SYS_close_range, as libuv (Node.js) closes every fd; variadic, listed
  * with the six arguments it passes on (glibc's reads six). */

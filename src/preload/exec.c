@@ -201,6 +201,7 @@ static int mlp_carry_list(struct mlp_carry *c)
     int n = 0, cap = 0;
     bool oom = false;
     for (int fd = 0; fd <= max && !oom; fd++) {
+        mlp_received_look(fd); /* a connection passed to us and not used yet goes on too */
         if (!mlp_fd_is_ours(fd))
             continue;
         struct mlp_sock *s = mlp_get(fd);
@@ -509,7 +510,7 @@ static void mlp_adopt_line(char *line)
         mlp_log(0, "an accelerated connection carried across exec is no longer at its fd");
         return;
     }
-    mlp_adopt_conn(fds, n, bridge, side, token, flags);
+    mlp_adopt_conn(fds, n, bridge, side, token, flags, "carried across exec");
 }
 
 void mlp_exec_adopt(void)

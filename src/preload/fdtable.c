@@ -157,8 +157,12 @@ bool mlp_fd_is_ours_call(int fd)
     if (ml_likely(atomic_load_explicit(&r->sock, memory_order_acquire) != NULL))
         return true;
     uint32_t c = atomic_load_explicit(&r->closing, memory_order_acquire);
-    if (ml_likely(c == 0))
+    if (ml_likely(c == 0)) {
+        /* received over SCM_RIGHTS and not looked at yet: a connection passed to us? */
+        if (ml_unlikely(atomic_load_explicit(&r->received, memory_order_relaxed) & 1))
+            return mlp_take_passed(fd);
         return false;
+    }
     /* Nor does a handler on top of a call of ours that holds a lock (a fast word): the close
      * may be waiting for that very lock (its teardown takes the words, mlp_sock_destroy), and
      * the handler's thread cannot give it back before the handler returns. */

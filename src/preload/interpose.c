@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <linux/prctl.h>
 #include <limits.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -373,6 +374,8 @@ static int mlp_close_one(int fd)
         mlp_offer_unlink_name(offer);
         errno = saved;
     }
+    if (mark && !mlp_sig_in_handler())
+        mlp_pass_tick(); /* keeps errno; memory only unless this process passed connections */
     return r;
 }
 
@@ -400,6 +403,7 @@ static void mlp_dup_to(int fd, int nfd)
 {
     if (mlp_fdrec_busy(mlp_fdrec(nfd)))
         mlp_fd_released(nfd, NULL); /* left behind by a close we did not see (a raw syscall) */
+    mlp_received_look(fd); /* a connection passed to us: both names are ours */
     struct mlp_sock *s = mlp_get(fd);
     if (s) {
         mlp_install(nfd, s);
@@ -668,16 +672,42 @@ MLP_EXPORT long syscall(long n, ...)
     if (n == SYS_close_range)
         return mlp_close_range_call((unsigned)a, (unsigned)b, (int)c);
     long (*real)(long, long, long, long, long, long, long) = mlp_real_syscall;
-    if (ml_likely(real != NULL))
-        return real(n, a, b, c, d, e, f);
-    long r = __ml_sys_raw(n, a, b, c, d, e, f);
-    if (r < 0 && r > -4096) {
-        errno = (int)-r;
-        return -1;
+    long r;
+    if (ml_likely(real != NULL)) {
+        r = real(n, a, b, c, d, e, f);
+    } else {
+        r = __ml_sys_raw(n, a, b, c, d, e, f);
+        if (r < 0 && r > -4096) {
+            errno = (int)-r;
+            r = -1;
+        }
     }
+    if (ml_unlikely(r == 0 && (n == SYS_seccomp || (n == SYS_prctl && a == PR_SET_SECCOMP))))
+        mlp_note_confined(); /* libseccomp installs its filters so */
     return r;
 }
 #endif
+
+/* prctl: a seccomp filter installed (PR_SET_SECCOMP) is noted, so that memlan makes no call of
+ * its own there that it can avoid (negotiate.c, mlp_confined). */
+MLP_EXPORT int prctl(int option, ...)
+{
+    va_list ap;
+    va_start(ap, option);
+    unsigned long a2 = va_arg(ap, unsigned long), a3 = va_arg(ap, unsigned long);
+    unsigned long a4 = va_arg(ap, unsigned long), a5 = va_arg(ap, unsigned long);
+    va_end(ap);
+    int r;
+    if (ml_likely(mlp_real_prctl != NULL)) {
+        r = mlp_real_prctl(option, a2, a3, a4, a5);
+    } else {
+        long k = __ml_sys_raw(SYS_prctl, option, (long)a2, (long)a3, (long)a4, (long)a5, 0);
+        r = k < 0 && k > -4096 ? (errno = (int)-k, -1) : (int)k;
+    }
+    if (r == 0 && option == PR_SET_SECCOMP)
+        mlp_note_confined();
+    return r;
+}
 
 static int mlp_fcntl_common(int (*real)(int, int, long), int fd, int cmd, long arg)
 {
@@ -941,16 +971,59 @@ MLP_EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
     return mlp_ret(r);
 }
 
-/* A kernel sendmsg that took its message: an accelerated connection among the descriptors it
- * passed with SCM_RIGHTS is lost to the receiver; the first one passed makes its port's clients
- * stay on TCP (negotiate.c, mlp_after_pass).  Not in a handler of ours; a vfork child is told
- * there, by a system call, only once a connection of ours is found among the descriptors: a
- * sandboxed passer of other descriptors (vsftpd's broker passes its PASV data connections, and
- * its seccomp filter kills for getpid) meets no system call of ours (tests/preload/sandboxpass.c). */
-static inline void mlp_after_sendmsg(const struct msghdr *msg)
+/* n bytes of the program's memory at p, copied without a fault: the kernel says EFAULT for memory
+ * the program may not read, as its sendmsg would (the kernel's call comes after ours). */
+static bool mlp_copy_in(void *buf, const void *p, size_t n)
 {
-    if (ml_unlikely(msg->msg_controllen > 0) && !mlp_inside && !mlp_sig_in_handler())
-        mlp_after_pass(msg);
+    struct iovec l = {buf, n}, r = {(void *)p, n};
+    return __ml_sys_raw(SYS_process_vm_readv, atomic_load(&mlp_pid), (long)&l, 1, (long)&r, 1, 0) ==
+           (long)n;
+}
+
+/*
+ * sendmsg's descriptors passed with SCM_RIGHTS (negotiate.c, "Passing a connection"): an
+ * accelerated connection among them is left to the receiver before the kernel's call, which may
+ * hand it over at once.  Looked at only in a process that set up a channel (mlp_had_accel), and
+ * through a copy: the program's header and control buffer are the kernel's to check (EFAULT), not
+ * ours to fault on.  Not in a handler of ours; a vfork child is told there, by a system call,
+ * only once a connection of ours is found among the descriptors: a sandboxed passer of other
+ * descriptors (vsftpd's broker passes its PASV data connections, and its seccomp filter kills for
+ * getpid) meets no system call of ours beyond the copy (tests/preload/sandboxpass.c).
+ */
+struct mlp_sendmsg_pass {
+    void *made;
+    bool look;      /* the message may pass descriptors: look again after the kernel's call */
+};
+
+static inline void mlp_before_sendmsg(const struct msghdr *msg, struct mlp_sendmsg_pass *p)
+{
+    p->made = NULL;
+    p->look = false;
+    if (ml_likely(!atomic_load_explicit(&mlp_had_accel, memory_order_relaxed)) || !msg ||
+        mlp_inside || mlp_sig_in_handler())
+        return;
+    if (mlp_known_confined()) { /* no bridge, no copy: looked at after the kernel's call */
+        p->look = true;
+        return;
+    }
+    struct msghdr h;
+    _Alignas(struct cmsghdr) char ctl[2048];
+    if (!mlp_copy_in(&h, msg, sizeof h) || !h.msg_control || h.msg_controllen < sizeof(struct cmsghdr))
+        return;
+    p->look = true;
+    h.msg_controllen = h.msg_controllen < sizeof ctl ? h.msg_controllen : sizeof ctl;
+    if (!mlp_copy_in(ctl, h.msg_control, h.msg_controllen))
+        return;
+    h.msg_control = ctl;
+    p->made = mlp_pass_prepare(&h);
+}
+
+/* After the kernel's call: r its result.  A message it took passed its descriptors. */
+static inline void mlp_after_sendmsg(const struct msghdr *msg, struct mlp_sendmsg_pass *p, bool ok)
+{
+    if (ml_likely(!p->look))
+        return;
+    mlp_pass_finish(msg, p->made, ok);
 }
 
 MLP_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
@@ -961,9 +1034,14 @@ MLP_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
     struct mlp_call c;
     struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s)) {
+        struct mlp_sendmsg_pass p;
+        mlp_before_sendmsg(msg, &p);
         ssize_t r = mlp_real_sendmsg(fd, msg, flags);
-        if (r >= 0)
-            mlp_after_sendmsg(msg);
+        if (ml_unlikely(p.look)) {
+            int saved = errno;
+            mlp_after_sendmsg(msg, &p, r >= 0);
+            errno = saved;
+        }
         return r;
     }
     ssize_t r = msg->msg_iovlen > IOV_MAX ? -EMSGSIZE
@@ -1031,9 +1109,26 @@ MLP_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
     struct mlp_call c;
     struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s)) {
+        /* Each message's passes made before the call (at most the kernel's 1024); those after
+         * the count it returns were not sent, and are undone. */
+        unsigned m = n > 1024 ? 1024 : n, k = 0;
+        struct mlp_sendmsg_pass one[4], *p = one;
+        if (ml_unlikely(atomic_load_explicit(&mlp_had_accel, memory_order_relaxed)) && v && m) {
+            p = m <= 4 ? one : calloc(m, sizeof *p);
+            if (!p)
+                p = one, m = 0; /* out of memory: none left to the receivers */
+            for (k = 0; k < m; k++)
+                mlp_before_sendmsg(&v[k].msg_hdr, &p[k]);
+        }
         int r = mlp_real_sendmmsg(fd, v, n, flags);
-        for (int i = 0; i < r; i++)
-            mlp_after_sendmsg(&v[i].msg_hdr);
+        if (k) {
+            int saved = errno;
+            for (unsigned i = 0; i < k; i++)
+                mlp_after_sendmsg(&v[i].msg_hdr, &p[i], r > 0 && i < (unsigned)r);
+            if (p != one)
+                free(p);
+            errno = saved;
+        }
         return r;
     }
     if (n > 1024)
@@ -1229,9 +1324,11 @@ static bool mlp_any_ours(const struct pollfd *fds, nfds_t n)
 {
     if (ml_unlikely(__atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED)))
         return true;
-    for (nfds_t i = 0; i < n; i++)
+    for (nfds_t i = 0; i < n; i++) {
+        mlp_received_look(fds[i].fd);
         if (ml_unlikely(mlp_fd_is_ours(fds[i].fd) || mlp_fd_is_epoll_ours(fds[i].fd)))
             return true;
+    }
     return false;
 }
 
@@ -1318,10 +1415,13 @@ static bool mlp_any_ours_set(int n, fd_set *r, fd_set *w, fd_set *e)
     int max = mlp_fd_max();
     if (max < 0)
         return false;
-    for (int fd = 0; fd < n && fd <= max; fd++)
-        if (((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (e && FD_ISSET(fd, e))) &&
-            (mlp_fd_is_ours(fd) || mlp_fd_is_epoll_ours(fd)))
+    for (int fd = 0; fd < n && fd <= max; fd++) {
+        if (!((r && FD_ISSET(fd, r)) || (w && FD_ISSET(fd, w)) || (e && FD_ISSET(fd, e))))
+            continue;
+        mlp_received_look(fd);
+        if (mlp_fd_is_ours(fd) || mlp_fd_is_epoll_ours(fd))
             return true;
+    }
     return false;
 }
 
@@ -1375,6 +1475,8 @@ MLP_EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
         return mlp_real_epoll_ctl(epfd, op, fd, ev);
     bool handled;
     int saved = errno;
+    if (op != EPOLL_CTL_DEL)
+        mlp_received_look(fd); /* a connection passed to us joins as ours */
     int r = mlp_epoll_ctl(epfd, op, fd, ev, &handled);
     if (!handled) {
         errno = saved;

@@ -1380,8 +1380,10 @@ static _Atomic bool mlp_received_marks; /* some fd may carry the mark: look befo
 static void mlp_received_publish(int fd, const char *when);
 
 /* Each descriptor an SCM_RIGHTS message carries (sent or received: the kernel has checked the
- * control messages), read within msg_controllen however the headers say otherwise. */
-static void mlp_scm_rights_each(const struct msghdr *m, void (*each)(int fd))
+ * control messages, or the sender's will), read within msg_controllen however the headers say
+ * otherwise. */
+static void mlp_scm_rights_each_ctx(const struct msghdr *m, void (*each)(int fd, void *ctx),
+                                    void *ctx)
 {
     if (mlp_cfg.off || !m->msg_control || m->msg_controllen < sizeof(struct cmsghdr))
         return;
@@ -1399,21 +1401,25 @@ static void mlp_scm_rights_each(const struct msghdr *m, void (*each)(int fd))
         for (size_t i = 0; i < n; i++) {
             int fd;
             memcpy(&fd, data + i * sizeof fd, sizeof fd);
-            each(fd);
+            each(fd, ctx);
         }
     }
 }
 
-static void mlp_mark_received_fd(int fd)
+static void mlp_mark_received_fd(int fd, void *ctx)
 {
+    (void)ctx;
     struct mlp_fdrec *rec = fd >= 0 ? mlp_fdrec_make(fd) : NULL;
     if (rec) {
-        ml_store_relaxed(&rec->received, (uint8_t)1);
+        ml_store_relaxed(&rec->received, (uint8_t)MLP_RCV_NEW);
         atomic_store_explicit(&mlp_received_marks, true, memory_order_release);
     }
 }
 
-void mlp_mark_received(const struct msghdr *m) { mlp_scm_rights_each(m, mlp_mark_received_fd); }
+void mlp_mark_received(const struct msghdr *m)
+{
+    mlp_scm_rights_each_ctx(m, mlp_mark_received_fd, NULL);
+}
 
 /* Before a fork: every marked listener is published by the parent, whose children inherit the
  * publication and accept (haproxy's new master receives the listeners as root, then forks the
@@ -1440,6 +1446,8 @@ void mlp_publish_received(void)
 static void mlp_received_publish(int fd, const char *when)
 {
     struct mlp_fdrec *rec = mlp_fdrec(fd);
+    if (rec && (ml_load_relaxed(&rec->received) & 1) && mlp_take_passed(fd))
+        return; /* a connection passed to us, taken up */
     if (!rec || !ml_load_relaxed(&rec->received))
         return;
     ml_store_relaxed(&rec->received, (uint8_t)0);
@@ -1476,26 +1484,88 @@ void mlp_accept_received(int fd)
 }
 
 /*
- * Passing a connection: sendmsg or sendmmsg sent descriptors over SCM_RIGHTS, and we look at them
- * after the kernel took the message (so that its control buffer was readable).  An accelerated
- * connection cannot follow its descriptor: its bytes are in the channel, which the receiver does
- * not have, so the receiver gets the idle kernel socket, and the peer sees the end when our copy
- * closes.  An acceptor that hands its connections on (Node.js's cluster primary, round robin, its
- * default on Linux; a pre-fork server whose parent accepts) lost every one of them: each client
- * read a reset, and the worker an idle socket.  So the first such pass marks the record of the
- * connection's port (if we listen on it) ML_NO_OFFER_PASS: the clients to come stay on TCP, where
- * the descriptor carries the connection; a client that offered just before withdraws at its next
- * look.  Never cleared, as for the other reasons.  The connections accepted before the mark and
- * passed are still lost (said in the log); taking a channel up in the receiver is not built.
- * Not from a signal handler of ours (the caller checks) or a vfork child (looked at once a
- * connection of ours is found, so that passing other descriptors costs no system call at all);
- * errno kept.  No system call of ours beyond the log's and the note's writes (the port is the one kept at accept): a
- * passer may be sandboxed (vsftpd's privileged broker accepts PASV data connections and passes
- * them to its child).
+ * Passing a connection over SCM_RIGHTS (design.md, "Passing a connection").  The descriptor
+ * carries the kernel socket, whose bytes are in the channel: so the passer leaves the channel to
+ * the receiver.  Before the kernel takes the message (the receiver may use the descriptor the
+ * moment it has it), for each accelerated connection among the descriptors, the passer
+ *   - opens the channel's file anew with a read lock on its side's bridge byte (as across exec:
+ *     the side stays alive to the peer while the descriptor is in flight, whoever closes what),
+ *   - writes a record "px-<the socket's inode>" in the fabric: the side, the channel's token,
+ *     the connection's ports, and
+ *   - counts the receiver as a holder of the side, as a fork child is counted.
+ * If the kernel refuses the message, all three are undone.  The receiver takes the side up at its
+ * first call on the descriptor (mlp_take_passed): it finds the record by the socket's inode,
+ * checks it (a regular file of its own user, the ports of the socket it holds), maps the channel
+ * from a bridge of its own and removes the record; the passer closes its bridge once the record
+ * is gone (mlp_pass_reap, at its later passes, accepts and closes), or after MLP_PASS_WAIT_NS,
+ * when it says the connection lost: the receiver did not take it up (it runs without memlan, in
+ * a seccomp sandbox, as another user, or never used the descriptor).
+ *
+ * An acceptor that hands its connections on (Node.js's cluster primary, round robin, its default
+ * on Linux; a pre-fork server whose parent accepts) still marks its port's record
+ * ML_NO_OFFER_PASS at its first pass: later clients stay on TCP from the start, where the
+ * descriptor carries the connection whatever the receiver is; a client that offered just before
+ * withdraws at its next look.  The connections passed before the mark are taken up.
+ *
+ * Not from a signal handler of ours (the caller checks) or a vfork child.  Nothing of ours runs
+ * for a message without an accelerated connection among its descriptors beyond reading them (a
+ * passer may be sandboxed: vsftpd's privileged broker passes PASV data connections to its
+ * child, under a filter that kills for fstat and getpid), and a passer known to be in a seccomp
+ * sandbox (mlp_confined) makes no bridge: its connection is said lost, as before bridges existed.
+ * errno kept.
  */
+#define MLP_PASS_WAIT_NS 10000000000ull /* a receiver's time to take a connection up */
+
+/* A seccomp filter: 0 not known yet, 1 none, 2 this process is confined (a filter installed
+ * through our prctl or syscall, or "Seccomp:" not 0 in /proc/self/status, read once per image at
+ * the first pass or take-up, with the calls those make anyway).  Filters outlive fork and exec. */
+static _Atomic int mlp_confinement;
+static bool mlp_unconfined(void);
+
+void mlp_note_confined(void) { atomic_store(&mlp_confinement, 2); }
+
+bool mlp_known_confined(void) { return atomic_load_explicit(&mlp_confinement, memory_order_relaxed) == 2; }
+
+static bool mlp_confined(void)
+{
+    int c = atomic_load_explicit(&mlp_confinement, memory_order_relaxed);
+    if (c == 0) {
+        int none = 0;
+        (void)atomic_compare_exchange_strong(&mlp_confinement, &none, mlp_unconfined() ? 1 : 2);
+        c = atomic_load(&mlp_confinement);
+    }
+    return c == 2;
+}
+
+struct mlp_passing {
+    struct mlp_passing *next;
+    struct mlp_sock *s;       /* held while the message may still be refused; NULL after */
+    int bridge;               /* our side's bridge lock (one of our own fds) */
+    int fd;                   /* the passer's fd, for what is said */
+    int port;                 /* the connection's local port, for what is said */
+    uint64_t t0;
+    char name[40];            /* "px-<socket inode>" */
+};
+static pthread_mutex_t mlp_pass_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct mlp_passing *mlp_passings;  /* passed, their receivers not seen yet */
+static _Atomic int mlp_npassing;
 static _Atomic unsigned mlp_said_pass;
 
-static void mlp_passed(struct mlp_sock *s, int fd)
+static void mlp_pass_name(char *buf, size_t len, unsigned long long ino)
+{
+    snprintf(buf, len, "px-%llx", ino);
+}
+
+static void mlp_passing_free(struct mlp_passing *p)
+{
+    mlp_disown_fd(p->bridge);
+    __ml_sys_close(p->bridge);
+    free(p);
+}
+
+/* The port's record says ML_NO_OFFER_PASS (if we listen on the connection's port): true when
+ * this call set it. */
+static bool mlp_pass_mark_port(struct mlp_sock *s)
 {
     int port = s->side == 1 ? s->port : 0;
     bool marked = false;
@@ -1507,36 +1577,323 @@ static void mlp_passed(struct mlp_sock *s, int fd)
             marked = atomic_compare_exchange_strong(&rec->map->no_offer, &none, ML_NO_OFFER_PASS);
         pthread_mutex_unlock(&mlp_neg_mu);
     }
-    mlp_log(0, "fd %d: an accelerated connection passed to another process over SCM_RIGHTS: "
-               "the receiver gets the idle kernel socket, and the connection is lost",
-            fd);
     if (marked)
         mlp_log(1, "port %d: clients will not offer (this process passes its accepted "
                    "connections to other processes over SCM_RIGHTS)",
                 port);
-    /* A lost connection is said once, not only logged: the user sees a reset, not why. */
-    if (!(atomic_fetch_or(&mlp_said_pass, 1u) & 1u))
-        mlp_say(MLP_SAID_PASS, "a connection on memlan was handed to another process (SCM_RIGHTS), "
-                "which memlan cannot follow: it is lost%s",
-                marked ? "; the port's later clients stay on TCP" : "");
+    return marked;
 }
 
-static void mlp_after_pass_fd(int fd)
+/* A connection passed that its receiver cannot have: said, once, not only logged (the user sees
+ * a reset or a silent peer, not why). */
+static void mlp_pass_lost(int fd, const char *why, bool marked)
 {
+    mlp_log(0, "fd %d: an accelerated connection passed to another process over SCM_RIGHTS is "
+               "lost (%s)", fd, why);
+    if (!(atomic_fetch_or(&mlp_said_pass, 1u) & 1u))
+        mlp_say(MLP_SAID_PASS, "a connection on memlan was handed to another process "
+                "(SCM_RIGHTS) that could not take it up (%s): it is lost%s",
+                why, marked ? "; the port's later clients stay on TCP" : "");
+}
+
+/* Close the bridges whose receivers took their sides up (the record is gone), and give up on
+ * those older than MLP_PASS_WAIT_NS.  Never waits: another thread reaping does it for us. */
+static void mlp_pass_reap(void)
+{
+    if (ml_likely(!atomic_load_explicit(&mlp_npassing, memory_order_relaxed)) || !mlp_fab ||
+        pthread_mutex_trylock(&mlp_pass_mu) != 0)
+        return;
+    int saved = errno;
+    uint64_t now = mlp_now_ns();
+    for (struct mlp_passing **pp = &mlp_passings; *pp;) {
+        struct mlp_passing *p = *pp;
+        struct stat st;
+        bool gone = __ml_sys_fstatat(mlp_fab->dirfd, p->name, &st, AT_SYMLINK_NOFOLLOW) == -ENOENT;
+        if (!gone && now - p->t0 < MLP_PASS_WAIT_NS) {
+            pp = &p->next;
+            continue;
+        }
+        if (!gone) {
+            __ml_sys_unlinkat(mlp_fab->dirfd, p->name, 0);
+            mlp_pass_lost(p->fd, "its receiver did not take it up within 10 s", false);
+        } else {
+            mlp_log(1, "fd %d (passed): its receiver has looked at the connection", p->fd);
+        }
+        *pp = p->next;
+        atomic_fetch_sub(&mlp_npassing, 1);
+        mlp_passing_free(p);
+    }
+    pthread_mutex_unlock(&mlp_pass_mu);
+    errno = saved;
+}
+
+/* Each descriptor an SCM_RIGHTS message carries, with a context. */
+static void mlp_scm_rights_each_ctx(const struct msghdr *m, void (*each)(int fd, void *ctx),
+                                    void *ctx);
+
+struct mlp_pass_call {
+    struct mlp_passing *made;   /* bridged in this call */
+};
+
+static void mlp_pass_prepare_fd(int fd, void *ctx)
+{
+    struct mlp_pass_call *x = ctx;
     struct mlp_sock *s = fd >= 0 && mlp_fd_is_ours(fd) ? mlp_get(fd) : NULL;
     if (!s)
         return;
+    /* the vfork child's look (getpid) and the sandbox's after a connection of ours is found */
+    if (s->type != MLP_CONN || atomic_load(&s->state) != MLP_ACCEL || !s->ch || !s->me ||
+        !mlp_fab || mlp_vfork_child() || mlp_confined()) {
+        mlp_put(s);
+        return;
+    }
+    for (struct mlp_passing *q = x->made; q; q = q->next)
+        if (q->s == s) { /* the same connection twice in one message: one record */
+            mlp_put(s);
+            return;
+        }
+    struct stat st;
+    struct mlp_addr l, r;
+    struct mlp_passing *p = NULL;
+    const char *why = NULL;
+    int b = -1;
+    if (__ml_sys_fstat(fd, &st) < 0 || mlp_sock_addrs(fd, &l, &r, NULL, 0) < 0)
+        why = "its socket's addresses are unavailable";
+    else if (!(p = calloc(1, sizeof *p)))
+        why = "out of memory";
+    else if ((b = __ml_chan_exec_bridge(s->ch)) < 0)
+        why = strerror(-b);
+    if (why) {
+        mlp_log(0, "fd %d: cannot leave the connection to the process it is passed to (%s)", fd,
+                why);
+        free(p);
+        mlp_put(s);
+        return;
+    }
+    mlp_pass_name(p->name, sizeof p->name, (unsigned long long)st.st_ino);
+    char line[160];
+    unsigned flags = (s->ch->rd_eof_when_empty ? MLP_CARRY_RD_EOF : 0) |
+                     (s->ch->shut_rd ? MLP_CARRY_SHUT_RD : 0);
+    int n = snprintf(line, sizeof line, "memlan-pass 1 %d %u %s %d %d\n", s->side, flags,
+                     s->ch->seg->token, l.port, r.port);
+    long rf = -EEXIST;
+    for (int tries = 0; tries < 2 && rf == -EEXIST; tries++) {
+        rf = __ml_sys_open(mlp_fab->dirfd, p->name,
+                           O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+        if (rf != -EEXIST || tries)
+            break;
+        /* A record of this socket's: ours, passed again before its receiver took it (the one
+         * that looks first takes it); else a stale one of an inode that died, removed. */
+        bool mine = false;
+        pthread_mutex_lock(&mlp_pass_mu);
+        for (struct mlp_passing *q = mlp_passings; q && !mine; q = q->next)
+            mine = strcmp(q->name, p->name) == 0;
+        pthread_mutex_unlock(&mlp_pass_mu);
+        if (mine)
+            break;
+        __ml_sys_unlinkat(mlp_fab->dirfd, p->name, 0);
+    }
+    bool wrote = rf >= 0 && n > 0 && n < (int)sizeof line &&
+                 __ml_sys_write((int)rf, line, (size_t)n) == n;
+    if (rf >= 0)
+        __ml_sys_close((int)rf);
+    if (!wrote) {
+        if (rf >= 0)
+            __ml_sys_unlinkat(mlp_fab->dirfd, p->name, 0);
+        if (rf != -EEXIST)
+            mlp_log(0, "fd %d: cannot leave the connection to the process it is passed to "
+                       "(its record: %s)", fd, strerror(rf < 0 ? (int)-rf : EIO));
+        __ml_sys_close(b);
+        free(p);
+        mlp_put(s);
+        return;
+    }
+    p->bridge = b;
+    mlp_own_fd(&p->bridge, true);
+    p->fd = fd;
+    p->port = l.port;
+    p->t0 = mlp_now_ns();
+    p->s = s; /* our reference, until the call's end */
+    /* The receiver holds the side from now on, as a fork child would; and moves the ring
+     * positions, so that our own calls, if any, reload them at each lock (mlp_lock_dir). */
+    atomic_fetch_add(&s->me->holders, 1);
+    if (!atomic_load_explicit(&s->forked, memory_order_relaxed))
+        atomic_store(&s->forked, true);
+    p->next = x->made;
+    x->made = p;
+}
+
+void *mlp_pass_prepare(const struct msghdr *m)
+{
+    struct mlp_pass_call x = {NULL};
+    int saved = errno;
+    mlp_scm_rights_each_ctx(m, mlp_pass_prepare_fd, &x);
+    errno = saved;
+    return x.made;
+}
+
+/* After the kernel's call: ok, it took the message.  Accelerated connections passed without a
+ * bridge are lost; those with one wait for their receivers.  made: mlp_pass_prepare's. */
+struct mlp_pass_after {
+    struct mlp_passing *made;
+};
+
+static void mlp_pass_after_fd(int fd, void *ctx)
+{
+    struct mlp_pass_after *x = ctx;
+    struct mlp_sock *s = fd >= 0 && mlp_fd_is_ours(fd) ? mlp_get(fd) : NULL;
+    if (!s)
+        return;
+    bool bridged = false;
+    for (struct mlp_passing *q = x->made; q && !bridged; q = q->next)
+        bridged = q->s == s;
     /* the vfork child's look (getpid) last: only a connection of ours pays for it */
-    if (s->type == MLP_CONN && atomic_load(&s->state) == MLP_ACCEL && !mlp_vfork_child())
-        mlp_passed(s, fd);
+    if (!bridged && s->type == MLP_CONN && atomic_load(&s->state) == MLP_ACCEL &&
+        !mlp_vfork_child())
+        mlp_pass_lost(fd, mlp_confinement == 2 ? "the passer is in a seccomp sandbox"
+                                               : "no record of it could be left",
+                      mlp_pass_mark_port(s));
     mlp_put(s);
 }
 
-void mlp_after_pass(const struct msghdr *m)
+void mlp_pass_finish(const struct msghdr *m, void *made, bool ok)
 {
     int saved = errno;
-    mlp_scm_rights_each(m, mlp_after_pass_fd);
+    struct mlp_passing *list = made;
+    if (ok) {
+        struct mlp_pass_after x = {list};
+        mlp_scm_rights_each_ctx(m, mlp_pass_after_fd, &x);
+    }
+    while (list) {
+        struct mlp_passing *p = list;
+        list = p->next;
+        struct mlp_sock *s = p->s;
+        p->s = NULL;
+        if (!ok) { /* the kernel kept the descriptor: nothing is in flight */
+            __ml_sys_unlinkat(mlp_fab->dirfd, p->name, 0);
+            atomic_fetch_sub(&s->me->holders, 1);
+            mlp_passing_free(p);
+            mlp_put(s);
+            continue;
+        }
+        mlp_log(1, "fd %d: an accelerated connection passed to another process over "
+                   "SCM_RIGHTS: left to it (%s)", p->fd, p->name);
+        (void)mlp_pass_mark_port(s);
+        mlp_put(s);
+        pthread_mutex_lock(&mlp_pass_mu);
+        p->next = mlp_passings;
+        mlp_passings = p;
+        atomic_fetch_add(&mlp_npassing, 1);
+        pthread_mutex_unlock(&mlp_pass_mu);
+    }
+    if (ok)
+        mlp_pass_reap();
     errno = saved;
+}
+
+/* Other moments a passer looks at its bridges: an accept, a close of ours (memory only when
+ * nothing was passed). */
+void mlp_pass_tick(void) { mlp_pass_reap(); }
+
+/* A fork child: the bridges are the parent's (its receivers are the parent's to wait for). */
+static void mlp_pass_after_fork(void)
+{
+    pthread_mutex_init(&mlp_pass_mu, NULL);
+    while (mlp_passings) {
+        struct mlp_passing *p = mlp_passings;
+        mlp_passings = p->next;
+        mlp_passing_free(p);
+    }
+    atomic_store(&mlp_npassing, 0);
+}
+
+/*
+ * The receiving side: fd came over SCM_RIGHTS (marked MLP_RCV_NEW by recvmsg, memory only) and
+ * is not ours.  At its first call (a data call, poll, select, epoll_ctl, a fork, an accept), one
+ * look: is there a record of a connection passed with it?  If so, take its side up, as across
+ * exec, and the call goes on on the channel.  Not in a signal handler of ours, a vfork child, or
+ * under a lock of ours (the next call looks).  Another thread's call meanwhile waits for the
+ * look's end (a few system calls; bounded).  True when fd is ours now.
+ */
+static void mlp_take_passed_look(int fd)
+{
+    struct stat st;
+    if (__ml_sys_fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode))
+        return;
+    memlan_fabric_t *fab = mlp_fabric();
+    if (!fab)
+        return;
+    char name[40], buf[256];
+    mlp_pass_name(name, sizeof name, (unsigned long long)st.st_ino);
+    long rf = __ml_sys_open(fab->dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0);
+    if (rf < 0)
+        return; /* ENOENT: not a connection memlan passed */
+    struct stat rs;
+    ssize_t n = -1;
+    if (__ml_sys_fstat((int)rf, &rs) == 0 && S_ISREG(rs.st_mode) && rs.st_uid == geteuid() &&
+        rs.st_size > 0 && rs.st_size < (off_t)sizeof buf)
+        n = __ml_sys_read((int)rf, buf, sizeof buf - 1);
+    __ml_sys_close((int)rf);
+    int side, lport, rport, off = 0;
+    unsigned flags;
+    char token[MEMLAN_TOKEN_LEN + 1];
+    if (n > 0)
+        buf[n] = 0;
+    if (n <= 0 || sscanf(buf, "memlan-pass 1 %d %u %32s %d %d%n", &side, &flags, token, &lport,
+                         &rport, &off) != 5 || (side != 0 && side != 1)) {
+        mlp_log(0, "fd %d: received over SCM_RIGHTS with a record %s that is not a memlan "
+                   "passer's (another user's, or unreadable): left as it is", fd, name);
+        return;
+    }
+    struct mlp_addr l, r;
+    if (mlp_sock_addrs(fd, &l, &r, NULL, 0) < 0 || l.port != lport || r.port != rport) {
+        /* another socket's that had this inode number, left by a passer that died */
+        __ml_sys_unlinkat(fab->dirfd, name, 0);
+        return;
+    }
+    /* Where it cannot be taken up, the program reads the end (shut down), not nothing; the
+     * record goes either way, and with it the passer's bridge (our own holds the side from here
+     * when we take it up). */
+    int b = mlp_confined() ? -EPERM : __ml_chan_bridge_open(fab, token, side);
+    __ml_sys_unlinkat(fab->dirfd, name, 0);
+    if (b < 0) {
+        char why[96];
+        if (b == -EPERM)
+            snprintf(why, sizeof why, "the receiving process is in a seccomp sandbox");
+        else
+            snprintf(why, sizeof why, "the receiver cannot open its channel: %s", strerror(-b));
+        mlp_pass_lost(fd, why, false);
+        (void)mlp_real_shutdown(fd, SHUT_RDWR);
+        return;
+    }
+    mlp_adopt_conn(&fd, 1, b, side, token, flags, "passed over SCM_RIGHTS");
+}
+
+bool mlp_take_passed(int fd)
+{
+    struct mlp_fdrec *rec = mlp_fdrec(fd);
+    if (!rec)
+        return false;
+    uint8_t v = atomic_load(&rec->received);
+    if (v == MLP_RCV_TAKING) {
+        /* another thread looks: its few system calls, bounded */
+        uint64_t until = mlp_now_ns() + 2000000000ull;
+        while (atomic_load(&rec->received) == MLP_RCV_TAKING && mlp_now_ns() < until)
+            sched_yield();
+        return mlp_fd_is_ours(fd);
+    }
+    if (v != MLP_RCV_NEW || mlp_cfg.off || mlp_sig_in_handler() || mlp_holds_lock() ||
+        mlp_vfork_child() || !atomic_compare_exchange_strong(&rec->received, &v, MLP_RCV_TAKING))
+        return mlp_fd_is_ours(fd);
+    int saved = errno, inside = mlp_inside;
+    mlp_inside = 1;
+    mlp_take_passed_look(fd);
+    mlp_inside = inside;
+    errno = saved;
+    bool ours = mlp_fd_is_ours(fd);
+    uint8_t t = MLP_RCV_TAKING; /* a close meanwhile reset the record: leave it so */
+    (void)atomic_compare_exchange_strong(&rec->received, &t, ours ? 0 : MLP_RCV_LOOKED);
+    return ours;
 }
 
 /* Our credentials changed and the fabric is out of reach (cred.c): no client may offer on a
@@ -2483,9 +2840,13 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
 /* ---- the accepting side ------------------------------------------------------------------ */
 
 /* The kernel socket under a channel: the peer's liveness when its lock cannot be asked. */
+_Atomic bool mlp_had_accel;
+
 void mlp_sock_liveness(memlan_channel_t *ch, int fd)
 {
     struct stat st;
+    if (!atomic_load_explicit(&mlp_had_accel, memory_order_relaxed))
+        atomic_store(&mlp_had_accel, true);
     if (__ml_sys_fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) {
         ch->sock_fd = fd;
         ch->sock_ino = (uint64_t)st.st_ino;
@@ -2542,6 +2903,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
     if (!ls)
         return;
     __ml_mapcache_expire();
+    mlp_pass_reap(); /* connections this acceptor passed on: their receivers took them? */
     if (ls->type != MLP_LISTENER || !mlp_fab) {
         mlp_put(ls);
         return;
@@ -2734,7 +3096,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
  * than wait for ever) and the reason logged.
  */
 void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *token,
-                    unsigned flags)
+                    unsigned flags, const char *how)
 {
     const char *why = NULL;
     memlan_channel_t *ch = NULL;
@@ -2753,8 +3115,7 @@ void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *tok
     if (why) {
         if (ch)
             __ml_chan_end(ch);
-        mlp_log(0, "fd %d: the connection carried across exec is lost (%s): shut down", fds[0],
-                why);
+        mlp_log(0, "fd %d: the connection %s is lost (%s): shut down", fds[0], how, why);
         (void)mlp_real_shutdown(fds[0], SHUT_RDWR);
         return;
     }
@@ -2788,13 +3149,14 @@ void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *tok
     for (int i = 0; i < n; i++)
         mlp_install(fds[i], s);
     mlp_put(s);
-    mlp_log(1, "fd %d: accelerated (carried across exec)", fds[0]);
+    mlp_log(1, "fd %d: accelerated (%s)", fds[0], how);
 }
 
 /* After fork the child starts its own stat segment. */
 void mlp_negotiate_after_fork(void);
 void mlp_negotiate_after_fork(void)
 {
+    mlp_pass_after_fork();
     pthread_mutex_init(&mlp_neg_mu, NULL);
     pthread_mutex_init(&mlp_proc_mu, NULL);
     pthread_mutex_init(&mlp_hs_mu, NULL); /* a thread of the parent's may have held it */
@@ -2823,6 +3185,17 @@ void mlp_negotiate_after_fork(void)
  * (mlp_at_exit).  After _exit or a signal, the next reclaim removes the file. */
 void mlp_negotiate_at_exit(void)
 {
+    /* Connections passed that no receiver took up yet: with our bridges gone at our end, the
+     * peer sees their sides die; their records go, so that nobody takes up a dead side. */
+    if (atomic_load(&mlp_npassing) && mlp_fab && pthread_mutex_trylock(&mlp_pass_mu) == 0) {
+        for (struct mlp_passing *p = mlp_passings; p; p = p->next) {
+            struct stat st;
+            if (__ml_sys_fstatat(mlp_fab->dirfd, p->name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                __ml_sys_unlinkat(mlp_fab->dirfd, p->name, 0) == 0)
+                mlp_pass_lost(p->fd, "the passer exited before its receiver took it up", false);
+        }
+        pthread_mutex_unlock(&mlp_pass_mu);
+    }
     if (mlp_fab)
         __ml_chan_pool_drain(mlp_fab);
     __ml_seg_unname(mlp_proc);

@@ -285,6 +285,7 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
     int64_t live = ML_LIVENESS_NS;
     int naccel = 0, nep = 0;
     for (nfds_t i = 0; i < n; i++) {
+        mlp_received_look(fds[i].fd); /* a connection passed to us: ours from its first poll */
         socks[i] = mlp_get(fds[i].fd);
         if (socks[i] && (socks[i]->type != MLP_CONN || socks[i]->state == MLP_TCP)) {
             mlp_put(socks[i]);

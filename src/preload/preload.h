@@ -211,8 +211,10 @@ struct mlp_fdrec {
     _Atomic uint8_t linger0;         /* SO_LINGER 0 set before the connection existed */
     _Atomic uint8_t epfd;            /* an epoll fd the program made */
     _Atomic int tcp_slot;            /* memlan stat line of a plain TCP connection + 1, or 0 */
-    _Atomic uint8_t received;        /* came over SCM_RIGHTS: published at its first accept if
-                                      * it is a listening TCP socket (mlp_accept_received) */
+    _Atomic uint8_t received;        /* came over SCM_RIGHTS (MLP_RCV_*): a connection passed to
+                                      * us is taken up at its first call (mlp_take_passed); a
+                                      * listening TCP socket is published at its first accept
+                                      * (mlp_accept_received) */
     _Atomic uint32_t rcvlowat;       /* SO_RCVLOWAT set (above 1), for a channel to come */
     _Atomic uint32_t closing;        /* a close of our connection on fd is between its record's
                                       * release and the kernel's close: its thread's id
@@ -225,8 +227,20 @@ struct mlp_fdrec {
     _Atomic uint64_t kep_data;
 };
 #define MLP_CLOSING_WAITERS 0x80000000u
+#define MLP_RCV_NEW    1   /* received, not looked at (odd: a look is due or under way) */
+#define MLP_RCV_LOOKED 2   /* looked at: no connection passed with it */
+#define MLP_RCV_TAKING 3   /* a thread looks now */
 struct mlp_fdrec *mlp_fdrec(int fd);      /* NULL: no record, nothing of ours */
 struct mlp_fdrec *mlp_fdrec_make(int fd); /* NULL only past the table or out of memory */
+bool mlp_take_passed(int fd);
+/* A descriptor received over SCM_RIGHTS that no call has looked at yet: look now (memory only
+ * for every other fd). */
+static inline void mlp_received_look(int fd)
+{
+    struct mlp_fdrec *r = mlp_fdrec(fd);
+    if (__builtin_expect(r != NULL && (atomic_load_explicit(&r->received, memory_order_relaxed) & 1), 0))
+        (void)mlp_take_passed(fd);
+}
 int mlp_fdrec_next(int fd, int max);      /* next fd >= fd that may have a record, or -1 */
 bool mlp_fdrec_busy(const struct mlp_fdrec *r);
 bool mlp_vfork_child(void);               /* a vfork child: touch no memlan state */
@@ -319,7 +333,7 @@ void mlp_offer_gone(struct mlp_sock *s);
 #define MLP_CARRY_RD_EOF  1u
 #define MLP_CARRY_SHUT_RD 2u
 void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *token,
-                    unsigned flags);
+                    unsigned flags, const char *how);
 void mlp_exec_adopt(void);  /* constructor: take up what the image before us carried */
 extern __thread char *mlp_defer_offer_unlink; /* a buffer of sizeof mlp_sock.offer, or NULL */
 void mlp_offer_unlink_name(const char *name);
@@ -330,7 +344,16 @@ void mlp_stat_conn(struct mlp_sock *s, int fd, const char *why);  /* record in m
 void mlp_stat_tcp(int fd, const char *why);
 void mlp_stat_clear(struct mlp_sock *s);
 void mlp_stat_prepare(void);         /* create our memlan stat entry now, if there is a fabric */
-void mlp_after_pass(const struct msghdr *m); /* sendmsg's SCM_RIGHTS: an accelerated connection passed */
+/* sendmsg's SCM_RIGHTS (negotiate.c, "Passing a connection"): before the kernel's call, the
+ * accelerated connections among the descriptors are left to the receiver (NULL: none); after
+ * it, kept (ok) or undone.  mlp_pass_tick: a passer looks whether its receivers took them. */
+void *mlp_pass_prepare(const struct msghdr *m);
+void mlp_pass_finish(const struct msghdr *m, void *made, bool ok);
+void mlp_pass_tick(void);
+bool mlp_take_passed(int fd);   /* a descriptor received over SCM_RIGHTS: true once ours */
+extern _Atomic bool mlp_had_accel; /* a channel was set up in this process image */
+void mlp_note_confined(void);   /* a seccomp filter was installed through us */
+bool mlp_known_confined(void);  /* memory only: a filter is known (mlp_note_confined, or looked) */
 bool mlp_lrec_no_offer(uint32_t why);/* ML_NO_OFFER_*: in every record we listen on; false: busy */
 void mlp_lrec_grant(uid_t uid);      /* a shared fabric: uid may accept on our ports (cred.c) */
 void mlp_sock_liveness(memlan_channel_t *ch, int fd); /* the kernel socket under a channel */

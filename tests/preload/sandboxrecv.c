@@ -23,18 +23,8 @@
 #include <unistd.h>
 
 #include "fdpass.h"
+#include "seccompkill.h"
 
-static int kill_for_getsockopt(void)
-{
-    struct sock_filter f[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_getsockopt, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-    };
-    struct sock_fprog p = {sizeof f / sizeof f[0], f};
-    return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) || prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &p);
-}
 
 
 static void run_case(const char *what)
@@ -45,7 +35,7 @@ static void run_case(const char *what)
     pid_t pid = fork();
     if (pid == 0) { /* the sandboxed child: takes the fd, says so with write(2), exits */
         close(sp[0]);
-        if (kill_for_getsockopt())
+        if (seccomp_kill_for(__NR_getsockopt))
             _exit(2);
         if (fdpass_recv(sp[1], 0) < 0) /* flags 0, as vsftpd's filter allows */
             _exit(3);

@@ -966,10 +966,10 @@ function req(method, path, body) { return new Promise((ok, fail) => {
 def test_node_cluster(fabric, tmp_path, policy):
     """Node.js's cluster module, both ends under memlan, and a keep-alive client (20 sockets, 30
     requests each, then an 8 MiB upload and download checked by their bytes).  rr (Node's default
-    on Linux): the primary accepts each connection and passes it to a worker over SCM_RIGHTS,
-    which a channel cannot follow: the first one passed is lost, and that pass keeps the port's
-    later clients on TCP.  Before, every connection was accelerated and then lost: every request
-    failed with ECONNRESET.  none: the workers accept on the listener the primary passed them,
+    on Linux): the primary accepts each connection and passes it to a worker over SCM_RIGHTS;
+    the first ones passed (before the port is marked) are taken up by the worker, and that pass
+    keeps the port's later clients on TCP.  Before 7df1336, every connection was accelerated and
+    then lost: every request failed with ECONNRESET; before the take-up, the first one was.  none: the workers accept on the listener the primary passed them,
     which is published, and every connection is accelerated."""
     need("node")
     port = next_port()
@@ -985,8 +985,11 @@ def test_node_cluster(fabric, tmp_path, policy):
         assert out["up"] and out["dl"] and out["pids"] == 2, out
         s = slog.read_text()
         if policy == "rr":
-            assert out["bad"] <= 1 and out["done"] + out["bad"] == 600, out
-            assert s.count("passed to another process over SCM_RIGHTS") == out["bad"], s[-3000:]
+            assert out["bad"] == 0 and out["done"] == 600, out
+            assert s.count("passed to another process over SCM_RIGHTS: left to it") >= 1, s[-3000:]
+            assert s.count("accelerated (passed over SCM_RIGHTS)") == \
+                s.count("passed to another process over SCM_RIGHTS: left to it"), s[-3000:]
+            assert " is lost" not in s, s[-3000:]
             assert "TCP (the server passes its accepted connections" in clog.read_text()
         else:
             assert out["bad"] == 0 and out["done"] == 600, out
