@@ -135,6 +135,19 @@ MLP_CALL(int, fexecve, (int fd, char *const argv[], char *const envp[]), (fd, ar
 MLP_CALL(int, execveat,
          (int dirfd, const char *path, char *const argv[], char *const envp[], int flags),
          (dirfd, path, argv, envp, flags))
+/* posix_spawn: glibc execs inside libc, so the carry is prepared in the parent (exec.c). */
+MLP_CALL(int, posix_spawn,
+         (pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
+          const posix_spawnattr_t *attr, char *const argv[], char *const envp[]),
+         (pid, path, fa, attr, argv, envp))
+MLP_CALL(int, posix_spawnp,
+         (pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
+          const posix_spawnattr_t *attr, char *const argv[], char *const envp[]),
+         (pid, file, fa, attr, argv, envp))
+MLP_CALL(int, posix_spawn_file_actions_init, (posix_spawn_file_actions_t *fa), (fa))
+MLP_CALL(int, posix_spawn_file_actions_destroy, (posix_spawn_file_actions_t *fa), (fa))
+MLP_CALL(int, posix_spawn_file_actions_adddup2, (posix_spawn_file_actions_t *fa, int fd, int nfd),
+         (fa, fd, nfd))
 MLP_CALL(int, execv, (const char *path, char *const argv[]), (path, argv))
 MLP_CALL(int, execvp, (const char *file, char *const argv[]), (file, argv))
 MLP_CALL(int, execl, (const char *path, const char *arg, ...), (path, arg))

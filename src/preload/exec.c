@@ -16,8 +16,8 @@
  * holds into the kernel socket, so the new image finds them plain.
  *
  * glibc's execvp, execl and friends call execve inside libc where no interposer sees it, so each
- * is interposed here; posix_spawn and system() are not (documented).  If exec fails, everything
- * is undone and the caller's errno kept.
+ * is interposed here, and posix_spawn (below); system() and popen() are not (documented).  If
+ * exec fails, everything is undone and the caller's errno kept.
  *
  * A socket whose fds all close on exec is released by exec: if other processes hold it too (the
  * child of a fork), we give back our count of holders first, so the peer sees the end when the
@@ -34,6 +34,8 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <dirent.h>
+#include <spawn.h>
 #include <unistd.h>
 
 #define MLP_INHERIT "MEMLAN_INHERIT"
@@ -60,7 +62,69 @@ struct mlp_carry {
     int ngave;
     struct mlp_sock **took;   /* sockets a vfork child counted itself in */
     int ntook;
+    const posix_spawn_file_actions_t *fa; /* posix_spawn's file actions, or NULL */
 };
+
+/*
+ * The dup2 actions of posix_spawn file actions, noted as the program adds them (glibc's list is
+ * its own): the connections the spawned program gets at a new number although their fds close
+ * on exec (Rust's Command with a socket for stdin: adddup2(sock, 0)).  A few objects at a time
+ * (a program builds one, spawns, destroys it); forgotten at init and destroy.
+ */
+#define MLP_SPAWN_NOTES 8
+#define MLP_SPAWN_DUPS 8
+static struct {
+    const void *fa;
+    int n;
+    int fd[MLP_SPAWN_DUPS];
+} mlp_spawn_notes[MLP_SPAWN_NOTES];
+static pthread_mutex_t mlp_spawn_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void mlp_spawn_forget(const void *fa)
+{
+    pthread_mutex_lock(&mlp_spawn_mu);
+    for (int i = 0; i < MLP_SPAWN_NOTES; i++)
+        if (mlp_spawn_notes[i].fa == fa)
+            mlp_spawn_notes[i].fa = NULL;
+    pthread_mutex_unlock(&mlp_spawn_mu);
+}
+
+static void mlp_spawn_note_dup(const void *fa, int fd)
+{
+    pthread_mutex_lock(&mlp_spawn_mu);
+    int at = -1;
+    for (int i = 0; i < MLP_SPAWN_NOTES && at < 0; i++)
+        if (mlp_spawn_notes[i].fa == fa)
+            at = i;
+    for (int i = 0; i < MLP_SPAWN_NOTES && at < 0; i++)
+        if (!mlp_spawn_notes[i].fa) {
+            at = i;
+            mlp_spawn_notes[i].fa = fa;
+            mlp_spawn_notes[i].n = 0;
+        }
+    if (at < 0) { /* full (objects never destroyed): the oldest note goes */
+        at = 0;
+        mlp_spawn_notes[0].fa = fa;
+        mlp_spawn_notes[0].n = 0;
+    }
+    if (mlp_spawn_notes[at].n < MLP_SPAWN_DUPS)
+        mlp_spawn_notes[at].fd[mlp_spawn_notes[at].n++] = fd;
+    pthread_mutex_unlock(&mlp_spawn_mu);
+}
+
+static bool mlp_spawn_dups(const void *fa, int fd)
+{
+    bool hit = false;
+    if (!fa)
+        return false;
+    pthread_mutex_lock(&mlp_spawn_mu);
+    for (int i = 0; i < MLP_SPAWN_NOTES && !hit; i++)
+        if (mlp_spawn_notes[i].fa == fa)
+            for (int k = 0; k < mlp_spawn_notes[i].n && !hit; k++)
+                hit = mlp_spawn_notes[i].fd[k] == fd;
+    pthread_mutex_unlock(&mlp_spawn_mu);
+    return hit;
+}
 
 static int mlp_fdref_cmp(const void *a, const void *b)
 {
@@ -114,13 +178,19 @@ static void mlp_buf_add(struct mlp_buf *b, const char *fmt, ...)
 
 /* One socket (group g[0..n), all the same mlp_sock) before exec: its line of the list, if any. */
 static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n, bool vforked,
-                           struct mlp_buf *buf)
+                           bool spawn, struct mlp_buf *buf)
 {
     struct mlp_sock *s = g[0].s;
     int keep[n], nk = 0;
-    for (int i = 0; i < n; i++)
+    bool moved = false; /* a spawn's file actions dup2 one of its fds into the child */
+    for (int i = 0; i < n; i++) {
         if (mlp_fd_survives_exec(g[i].fd))
             keep[nk++] = g[i].fd;
+        else if (spawn && mlp_spawn_dups(c->fa, g[i].fd))
+            moved = true;
+    }
+    if (spawn && !nk && !moved)
+        return; /* the spawned program does not get it: nothing to carry or give back */
     if (s->type == MLP_LISTENER) {
         if (!nk)
             return;
@@ -130,7 +200,7 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
         mlp_buf_add(buf, "\n");
         return;
     }
-    if (!nk) {
+    if (!nk && !spawn) {
         /* Exec releases this process's hold; give our count back if others hold it still. */
         if (vforked || ml_load_relaxed(&s->me->holders) <= 1)
             return;
@@ -144,16 +214,16 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
     }
     int st = s->state;
     if (st == MLP_UNDECIDED)
-        st = mlp_decide(s, keep[0], true);
+        st = mlp_decide(s, g[0].fd, true);
     if (st == MLP_TCP) {
-        (void)mlp_tcp_catch_up(s, keep[0], true); /* the new image sees a plain socket */
+        (void)mlp_tcp_catch_up(s, g[0].fd, true); /* the new image sees a plain socket */
         return;
     }
     if (st != MLP_ACCEL || !s->ch)
         return;
     int b = __ml_chan_exec_bridge(s->ch);
     if (b < 0) {
-        mlp_log(0, "fd %d: cannot carry the connection across exec (%s)", keep[0], strerror(-b));
+        mlp_log(0, "fd %d: cannot carry the connection across exec (%s)", g[0].fd, strerror(-b));
         return;
     }
     int *nb = realloc(c->bridges, (size_t)(c->nbridges + 1) * sizeof *nb);
@@ -168,7 +238,7 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
         b = (int)hb;
     }
     c->bridges[c->nbridges++] = b;
-    if (vforked) { /* a new process holds the socket now, and no fork handler counted it */
+    if (vforked || spawn) { /* a new process holds the socket now, and no fork handler counted it */
         /* Nor marked it forked: this is the parent's record (a vfork child runs in its
          * memory), whose locks must reload the ring positions the new image moves from now on
          * (mlp_lock_dir; for good, as the fork handler's).  Unmarked, the parent kept taking
@@ -186,7 +256,7 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
     }
     unsigned flags = (s->ch->rd_eof_when_empty ? MLP_CARRY_RD_EOF : 0) |
                      (s->ch->shut_rd ? MLP_CARRY_SHUT_RD : 0);
-    mlp_buf_add(buf, "C %d %d %lu %u %s", s->side, b, mlp_fd_ino(keep[0]), flags,
+    mlp_buf_add(buf, "C %d %d %lu %u %s", s->side, b, mlp_fd_ino(g[0].fd), flags,
                       s->ch->seg->token);
     for (int i = 0; i < nk; i++)
         mlp_buf_add(buf, " %d", keep[i]);
@@ -194,7 +264,7 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
 }
 
 /* Write the list of carried sockets into a memfd for the new image; -1 when nothing to carry. */
-static int mlp_carry_list(struct mlp_carry *c)
+static int mlp_carry_list(struct mlp_carry *c, bool spawn)
 {
     int max = mlp_fd_max();
     struct mlp_fdref *refs = NULL;
@@ -230,7 +300,7 @@ static int mlp_carry_list(struct mlp_carry *c)
         int j = i + 1;
         while (j < n && refs[j].s == refs[i].s)
             j++;
-        mlp_carry_sock(c, refs + i, j - i, vforked, &buf);
+        mlp_carry_sock(c, refs + i, j - i, vforked, spawn, &buf);
         i = j;
     }
     for (int i = 0; i < n; i++)
@@ -420,19 +490,20 @@ static char *const *mlp_exec_prepare(struct mlp_carry *c, char *const envp[])
     if (mlp_fab)
         __ml_chan_pool_drain(mlp_fab);
     if (!mlp_cfg.off)
-        c->memfd = mlp_carry_list(c);
+        c->memfd = mlp_carry_list(c, false);
     return mlp_exec_env(c, envp);
 }
 
-/* Exec failed: as if we had never tried. */
-static void mlp_exec_undo(struct mlp_carry *c)
+/* Exec failed (undo): as if we had never tried; or a spawn's child has its own copies of the
+ * bridges and the list now: ours go, the counts stay.  errno kept. */
+static void mlp_carry_end(struct mlp_carry *c, bool undo)
 {
     int saved = errno;
     for (int i = 0; i < c->nbridges; i++)
         __ml_sys_close(c->bridges[i]);
-    for (int i = 0; i < c->ngave; i++)
+    for (int i = 0; undo && i < c->ngave; i++)
         atomic_fetch_add(&c->gave[i]->me->holders, 1);
-    for (int i = 0; i < c->ntook; i++)
+    for (int i = 0; undo && i < c->ntook; i++)
         atomic_fetch_sub(&c->took[i]->me->holders, 1);
     if (c->memfd >= 0)
         __ml_sys_close(c->memfd);
@@ -443,6 +514,8 @@ static void mlp_exec_undo(struct mlp_carry *c)
     errno = saved;
 }
 
+static void mlp_exec_undo(struct mlp_carry *c) { mlp_carry_end(c, true); }
+
 /* ---- the new image ----------------------------------------------------------------------- */
 
 static bool mlp_is_sock(int fd, unsigned long ino)
@@ -452,23 +525,51 @@ static bool mlp_is_sock(int fd, unsigned long ino)
            (unsigned long)st.st_ino == ino;
 }
 
-/* Parse a list of fds ("%d %d ..."): how many, all checked to be the socket ino. */
+/* The fds of this image that are the socket ino (a spawn's file actions may have moved or closed
+ * the ones the image before us listed): fstat of each open fd, from /proc/self/fd. */
+static int mlp_scan_fds(unsigned long ino, int *fds, int max)
+{
+    long d = __ml_sys_open(AT_FDCWD, "/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
+    if (d < 0)
+        return 0;
+    int n = 0;
+    char buf[4096];
+    for (int got; n < max && (got = __ml_sys_getdents((int)d, buf, sizeof buf)) > 0;) {
+        for (int off = 0; off < got && n < max;) {
+            struct dirent64 *e = (struct dirent64 *)(buf + off);
+            off += e->d_reclen;
+            char *end;
+            long v = strtol(e->d_name, &end, 10);
+            if (*end || end == e->d_name || v < 0 || v == d || v > 1 << 24)
+                continue;
+            if (mlp_is_sock((int)v, ino))
+                fds[n++] = (int)v;
+        }
+    }
+    __ml_sys_close((int)d);
+    return n;
+}
+
+/* Parse a list of fds ("%d %d ..."): those that are the socket ino; none listed or none still
+ * there (a spawn's file actions), the image's fds are searched for it. */
 static int mlp_parse_fds(char *p, unsigned long ino, int *fds, int max)
 {
-    int n = 0;
+    int n = 0, listed = 0;
     char *end;
     while (n < max) {
         long v = strtol(p, &end, 10);
         if (end == p)
             break;
         p = end;
-        if (v < 0 || v > 1 << 24 || !mlp_is_sock((int)v, ino))
-            return -1;
-        fds[n++] = (int)v;
+        listed++;
+        if (v >= 0 && v <= 1 << 24 && mlp_is_sock((int)v, ino))
+            fds[n++] = (int)v;
     }
     if (n == max && strtol(p, &end, 10) >= 0 && end != p)
         mlp_log(0, "fd %d: only %d fds of one socket are carried across exec; the others are "
                    "plain kernel sockets now", fds[0], max);
+    if (n == 0)
+        n = mlp_scan_fds(ino, fds, max);
     return n;
 }
 
@@ -504,12 +605,8 @@ static void mlp_adopt_line(char *line)
         mlp_log(0, "an accelerated connection carried across exec lost its channel file");
         return;
     }
+    /* At no fd (n 0): the side is taken up only to give back the count taken for us. */
     int n = mlp_parse_fds(line + off, ino, fds, 64);
-    if (n <= 0) {
-        __ml_sys_close(bridge);
-        mlp_log(0, "an accelerated connection carried across exec is no longer at its fd");
-        return;
-    }
     mlp_adopt_conn(fds, n, bridge, side, token, flags, "carried across exec");
 }
 
@@ -548,6 +645,98 @@ void mlp_exec_adopt(void)
     free(buf);
     for (int fd = 0; fd <= 2; fd++)
         mlp_stdio_adopt(fd, false); /* inetd-style: the standard streams are the connection */
+}
+
+/* ---- posix_spawn -------------------------------------------------------------------------- */
+
+/*
+ * posix_spawn and posix_spawnp start a program in a new process whose exec glibc makes inside
+ * libc (clone, then execve in the child), where no interposer sees it: the connections the new
+ * program inherited were idle kernel sockets there, their bytes in channels it did not have.  So
+ * the parent prepares the carry as a vfork child's exec does, for every accelerated connection
+ * it holds whatever its close-on-exec (the spawn's file actions may dup2 one onto the child's 0
+ * and 1, as an inetd does; Rust's Command with a socket for stdin spawns so): a bridge each, the
+ * new process counted as a holder, the list in a memfd named in the child's environment.  The new
+ * image takes up the connections it finds among its fds (by the socket's inode, wherever the file
+ * actions put them) and gives back the count of the others (mlp_adopt_conn with no fd).  After
+ * the call the parent closes its copies of the bridges and the list (the child's are its own), or
+ * undoes everything if the spawn failed.  A file action that closes the bridges or the list
+ * (closefrom) leaves the new image nothing to take up: its connections are lost, as before.
+ * system() and popen() spawn inside libc too, past this interposer (design.md, "Not supported").
+ */
+static char *const *mlp_spawn_prepare(struct mlp_carry *c, const posix_spawn_file_actions_t *fa,
+                                      char *const envp[])
+{
+    extern char **environ;
+    memset(c, 0, sizeof *c);
+    c->memfd = -1;
+    c->fa = fa;
+    if (!envp)
+        envp = environ; /* glibc's posix_spawn passes the caller's environment then */
+    if (!mlp_cfg.off && !mlp_vfork_child())
+        c->memfd = mlp_carry_list(c, true);
+    return mlp_exec_env(c, envp);
+}
+
+static void mlp_spawn_done(struct mlp_carry *c, int r) { mlp_carry_end(c, r != 0); }
+
+typedef int (*mlp_spawn_fn)(pid_t *, const char *, const posix_spawn_file_actions_t *,
+                            const posix_spawnattr_t *, char *const[], char *const[]);
+
+static int mlp_spawn_call(mlp_spawn_fn real, pid_t *pid, const char *path,
+                          const posix_spawn_file_actions_t *fa, const posix_spawnattr_t *attr,
+                          char *const argv[], char *const envp[])
+{
+    if (!real)
+        return ENOSYS;
+    if (mlp_inside)
+        return real(pid, path, fa, attr, argv, envp);
+    mlp_exec_secure_note(path);
+    struct mlp_carry c;
+    char *const *env = mlp_spawn_prepare(&c, fa, envp);
+    int r = real(pid, path, fa, attr, argv, env);
+    mlp_spawn_done(&c, r);
+    return r;
+}
+
+MLP_EXPORT int posix_spawn(pid_t *pid, const char *path, const posix_spawn_file_actions_t *fa,
+                           const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
+{
+    MLP_INIT_EXEC();
+    return mlp_spawn_call(mlp_real_posix_spawn, pid, path, fa, attr, argv, envp);
+}
+
+MLP_EXPORT int posix_spawnp(pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
+                            const posix_spawnattr_t *attr, char *const argv[], char *const envp[])
+{
+    MLP_INIT_EXEC();
+    return mlp_spawn_call(mlp_real_posix_spawnp, pid, file, fa, attr, argv, envp);
+}
+
+MLP_EXPORT int posix_spawn_file_actions_init(posix_spawn_file_actions_t *fa)
+{
+    MLP_INIT_EXEC();
+    mlp_spawn_forget(fa);
+    return mlp_real_posix_spawn_file_actions_init(fa);
+}
+
+MLP_EXPORT int posix_spawn_file_actions_destroy(posix_spawn_file_actions_t *fa)
+{
+    MLP_INIT_EXEC();
+    mlp_spawn_forget(fa);
+    return mlp_real_posix_spawn_file_actions_destroy(fa);
+}
+
+MLP_EXPORT int posix_spawn_file_actions_adddup2(posix_spawn_file_actions_t *fa, int fd, int newfd)
+{
+    MLP_INIT_EXEC();
+    int r = mlp_real_posix_spawn_file_actions_adddup2(fa, fd, newfd);
+    if (r == 0 && !mlp_inside && fd >= 0) {
+        mlp_received_look(fd);
+        if (mlp_fd_is_ours(fd)) /* (fd == newfd too: glibc clears its close-on-exec then) */
+            mlp_spawn_note_dup(fa, fd);
+    }
+    return r;
 }
 
 /* ---- the interposers --------------------------------------------------------------------- */

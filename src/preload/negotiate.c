@@ -3115,14 +3115,24 @@ void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *tok
     if (why) {
         if (ch)
             __ml_chan_end(ch);
-        mlp_log(0, "fd %d: the connection %s is lost (%s): shut down", fds[0], how, why);
-        (void)mlp_real_shutdown(fds[0], SHUT_RDWR);
+        if (n > 0) {
+            mlp_log(0, "fd %d: the connection %s is lost (%s): shut down", fds[0], how, why);
+            (void)mlp_real_shutdown(fds[0], SHUT_RDWR);
+        }
         return;
     }
     s->ch = ch;
     s->side = side;
     s->me = mlp_side_block(ch, side);
     s->state = MLP_ACCEL;
+    if (n == 0) {
+        /* Carried, but at no fd of ours (a spawn's file actions closed it, or never gave it):
+         * the count the image before us took for us goes back, as a close of ours would give
+         * it (and as the last holder's, end the side). */
+        mlp_log(1, "a connection %s is at no fd of this program: let go", how);
+        mlp_put(s);
+        return;
+    }
     /* Another process holds the socket still (the shell that forked us): it moves the ring
      * positions too, so each lock reloads them (mlp_lock_dir), as after a fork. */
     if (ml_load_relaxed(&s->me->holders) > 1)

@@ -21,6 +21,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>

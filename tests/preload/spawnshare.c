@@ -8,7 +8,7 @@
  *   vfork recv      the peer sends "0123456789"; the exec'd child reads 5 bytes, then the
  *                   parent reads the other 5: "56789"
  *   round 2         the same again on the same connection (the parent's locks now the mutex)
- * (posix_spawn is not supported: glibc execs inside libc there, design.md "Not supported".)
+ * (posix_spawn: tests/preload/spawnconn.c.)
  *
  * usage: spawnshare PORT            (the test)
  *        spawnshare - send FD TEXT  (the exec'd child: sends TEXT on FD)
@@ -78,11 +78,8 @@ int main(int argc, char **argv)
         return child_main(argv);
     if (argc != 2)
         return 2;
-    setvbuf(stdout, NULL, _IONBF, 0);
-    alarm(60);
     struct sockaddr_in a;
-    int l = listen_backlog(atoi(argv[1]), 4, &a);
-    fcntl(l, F_SETFD, FD_CLOEXEC);
+    int l = scripted_listener(argv[1], &a);
     int acc, c = settled_pair(l, &a, &acc);
     fcntl(acc, F_SETFD, FD_CLOEXEC); /* only c goes to the child */
     char fds[16], b[64];

@@ -12,6 +12,8 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 static inline void die(const char *what)
 {
@@ -63,6 +65,17 @@ static inline int listen_here(int port, struct sockaddr_in *a)
 
 /* A connection to the listener l at a, a byte each way (under memlan both ends are settled on
  * the channel then): the client's fd; *acc: the accepted one. */
+/* A scripted test's start: stdout unbuffered, a minute's alarm, a listener on 127.0.0.1:port
+ * that closes on exec (*a: its address). */
+static inline int scripted_listener(const char *port, struct sockaddr_in *a)
+{
+    setvbuf(stdout, NULL, _IONBF, 0);
+    alarm(60);
+    int l = listen_backlog(atoi(port), 4, a);
+    fcntl(l, F_SETFD, FD_CLOEXEC);
+    return l;
+}
+
 static inline int settled_pair(int l, struct sockaddr_in *a, int *acc)
 {
     char b;

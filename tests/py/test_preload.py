@@ -2128,6 +2128,22 @@ def test_vfork_child_exit_leaves_the_parent_accelerated(fabric, tmp_path):
     settle(fabric)
 
 
+def test_posix_spawn_carries_the_connections_its_child_gets(fabric, tmp_path):
+    """spawnconn: posix_spawn, whose exec glibc makes inside libc.  A connection the file
+    actions dup2 onto the child's 0 and 1 (close-on-exec in the parent: an inetd, Rust's
+    Command with a socket for stdin), one inherited at its own number (posix_spawnp, the parent
+    answering after the child), one the child does not get, a spawn that fails: the client reads
+    the child's answer, the parent's, and the end at once, as over kernel TCP.  (Before, the
+    child read the idle kernel socket: "the client read EOF" instead of the answer.)"""
+    plain, under, text = scripted(BUILD / "tests-preload" / "spawnconn", tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert plain.stdout.count('read "got:hello"') == 2, plain.stdout
+    assert plain.stdout.count("the end within 2 s: yes") == 4, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + text
+    assert text.count("accelerated (carried across exec)") == 2, text
+    settle(fabric)
+
+
 def test_vfork_exec_child_moves_bytes_then_the_parent(fabric, tmp_path):
     """spawnshare: a process vforks and execs a child that sends on its connection (then reads
     five bytes of it); then the parent sends (reads the rest), twice: the peer reads the child's
