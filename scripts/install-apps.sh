@@ -17,7 +17,7 @@ want=(redis-server:redis-server memcached:memcached nginx:nginx-light wrk:wrk
       ip:iproute2 nft:nftables mpiexec.mpich:mpich strace:strace
       /usr/include/x86_64-linux-gnu/mpich/mpi.h:libmpich-dev
       /usr/sbin/lighttpd:lighttpd /usr/sbin/mosquitto:mosquitto mosquitto_sub:mosquitto-clients
-      /usr/sbin/haproxy:haproxy
+      /usr/sbin/haproxy:haproxy /usr/sbin/varnishd:varnish
       /usr/lib/python3/dist-packages/zmq/__init__.py:python3-zmq
       /usr/lib/python3/dist-packages/grpc/__init__.py:python3-grpcio
       mariadbd:mariadb-server mariadb-slap:mariadb-client node:nodejs)

@@ -2005,10 +2005,11 @@ static void mlp_diag_request(struct mlp_diag_req *req, const struct mlp_addr *l,
     req->q.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
 }
 
-/* The answer to req in n bytes of u: 0 and *uid, *state; -errno; -EAGAIN when it answers
- * another request (want_id: the socket it names must be req's). */
+/* The answer to req in n bytes of u: 0 and *uid, *state, *inode (0: no file yet, an accepted
+ * socket's not yet accepted); -errno; -EAGAIN when it answers another request (want_id: the
+ * socket it names must be req's). */
 static int mlp_diag_answer(const struct nlmsghdr *u, ssize_t n, const struct mlp_diag_req *req,
-                           bool want_id, uint32_t *uid, uint8_t *state)
+                           bool want_id, uint32_t *uid, uint8_t *state, uint32_t *inode)
 {
     int e = -EIO;
     for (const struct nlmsghdr *h = u; NLMSG_OK(h, (size_t)n); h = NLMSG_NEXT(h, n)) {
@@ -2028,6 +2029,7 @@ static int mlp_diag_answer(const struct nlmsghdr *u, ssize_t n, const struct mlp
                 return -EAGAIN;
             *uid = m->idiag_uid;
             *state = m->idiag_state;
+            *inode = m->idiag_inode;
             return 0;
         }
     }
@@ -2036,13 +2038,27 @@ static int mlp_diag_answer(const struct nlmsghdr *u, ssize_t n, const struct mlp
 
 /*
  * The server's side of our connection, as the kernel knows it (sock_diag, an exact look-up by
- * the connection's four addresses): its uid, the euid of the process that made the listening
- * socket, which accepted sockets inherit.  0 and *uid, or -errno.  (The handshake look asks for
- * the state through its own socket: mlp_hs_ask.)
+ * the connection's four addresses): its uid.  0 and *uid, or -errno.  (The handshake look asks
+ * for the state through its own socket: mlp_hs_ask.)
+ *
+ * Which uid that is depends on the accept.  A socket the server has not accepted yet (in its
+ * accept queue, or a request socket) carries the uid of the process that made the listening
+ * socket; an accepted one that of the process whose accept made its file (the kernel's
+ * sock_graft: that process's fsuid).  They differ where one user makes the listening socket and
+ * another listens and accepts on it: varnishd's manager makes and binds it as root, and its
+ * child worker, dropped to vcache, listens (so the port's record is made by vcache) and
+ * accepts.  want: the uid we hope to see; while the server's side carries another and has no
+ * file yet, we look again every 500 us, up to wait_ns, for the accept (*late: still not
+ * accepted then).  The acceptor, which counted us in the record's pending, waits meanwhile for
+ * our offer (MEMLAN_SERVER_WAIT_MS).  wait_ns 0: one look.
  */
-static int mlp_diag_server(const struct mlp_addr *l, const struct mlp_addr *r, uint32_t *uid)
+static int mlp_diag_server(const struct mlp_addr *l, const struct mlp_addr *r, uint32_t want,
+                           uint64_t wait_ns, uint32_t *uid, bool *late)
 {
     uint8_t state;
+    uint32_t inode = 0;
+    if (late)
+        *late = false;
     int fd = socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
     if (fd < 0)
         return -errno;
@@ -2051,22 +2067,34 @@ static int mlp_diag_server(const struct mlp_addr *l, const struct mlp_addr *r, u
     struct mlp_diag_req req;
     mlp_diag_request(&req, l, r);
     struct sockaddr_nl k = {.nl_family = AF_NETLINK};
+    uint64_t end = mlp_now_ns() + wait_ns;
     int e = -EIO;
-    if (mlp_real_sendto(fd, &req, sizeof req, 0, (struct sockaddr *)&k, sizeof k) < 0) {
-        e = -errno;
-        goto out;
+    for (int looks = 0; looks < 1000; looks++) { /* 500 us apart: a 500 ms wait at the most */
+        if (mlp_real_sendto(fd, &req, sizeof req, 0, (struct sockaddr *)&k, sizeof k) < 0) {
+            e = -errno;
+            break;
+        }
+        union {
+            char b[4096];
+            struct nlmsghdr h;
+        } u;
+        ssize_t n = mlp_real_recv(fd, u.b, sizeof u.b, 0);
+        if (n < 0) {
+            e = errno == EAGAIN ? -ETIMEDOUT : -errno;
+            break;
+        }
+        e = mlp_diag_answer(&u.h, n, &req, false, uid, &state, &inode);
+        if ((e == 0 && (*uid == want || inode != 0)) || (e < 0 && e != -ENOENT))
+            break; /* accepted (by whom it says), or the answer we hoped for, or no answer */
+        if (wait_ns == 0 || mlp_now_ns() >= end) {
+            if (late)
+                *late = true;
+            break;
+        }
+        /* Not accepted yet (or, before a nonblocking connect's handshake is through, not
+         * there yet): the accept comes. */
+        (void)nanosleep(&(struct timespec){0, 500000}, NULL);
     }
-    union {
-        char b[4096];
-        struct nlmsghdr h;
-    } u;
-    ssize_t n = mlp_real_recv(fd, u.b, sizeof u.b, 0);
-    if (n < 0) {
-        e = errno == EAGAIN ? -ETIMEDOUT : -errno;
-        goto out;
-    }
-    e = mlp_diag_answer(&u.h, n, &req, false, uid, &state);
-out:
     __ml_sys_close(fd);
     return e;
 }
@@ -2137,7 +2165,9 @@ static int mlp_hs_ask(const struct mlp_addr *l, const struct mlp_addr *r, uint8_
     uint32_t uid;
     if (__ml_sys_write(fd, &req, sizeof req) == (ssize_t)sizeof req) {
         ssize_t n = __ml_sys_read(fd, u.b, sizeof u.b);
-        e = n > 0 ? mlp_diag_answer(&u.h, n, &req, true, &uid, state) : n < 0 ? (int)n : -EIO;
+        uint32_t inode;
+        e = n > 0 ? mlp_diag_answer(&u.h, n, &req, true, &uid, state, &inode)
+                  : n < 0 ? (int)n : -EIO;
     }
     pthread_mutex_unlock(&mlp_hs_mu);
     return e;
@@ -2167,6 +2197,18 @@ static int mlp_uid_cmp(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
+/* The entry for the record of port in namespace netns (cur: ours), or NULL.  mlp_neg_mu. */
+static struct mlp_lrec *mlp_lrec_entry(const char *netns, int port, const char *cur)
+{
+    struct mlp_lrec *rec = NULL;
+    if (port > 0 && port < 65536 && strcmp(netns, cur) == 0)
+        rec = mlp_lrecs[port];
+    for (struct mlp_lrec *x = mlp_xrecs; !rec && x; x = x->next)
+        if (x->port == port && strcmp(x->netns, netns) == 0)
+            rec = x;
+    return rec;
+}
+
 /*
  * Client, in a fabric shared on purpose: the users who may accept on the record's port, the
  * only ones our channel's file is granted to (acl.c).  They are the record's owner (the euid of
@@ -2175,7 +2217,12 @@ static int mlp_uid_cmp(const void *a, const void *b)
  * member of the group can add itself.  A record owned by root or by us is believed; one owned by
  * another user only when the kernel says that the socket accepting our connection was made by
  * that user (sock_diag, once per record file): any member could create a port's record before
- * its server does.  NULL and acc filled, or why not to offer.
+ * its server does.  That look waits for the server's accept, up to MEMLAN_SERVER_WAIT_MS,
+ * where the listening socket was made by another user than the record's (mlp_diag_server:
+ * varnishd's child, restarted, listens as vcache on its manager's socket, made as root; the
+ * look came before the child's accept and said root, and the first client after each new
+ * record went over TCP, "not made by the server's user").  The lock is not held meanwhile.
+ * NULL and acc filled, or why not to offer.
  */
 static const char *mlp_lrec_access(const char *netns, int port, const struct mlp_addr *l,
                                    const struct mlp_addr *r, struct ml_access *acc)
@@ -2189,12 +2236,7 @@ static const char *mlp_lrec_access(const char *netns, int port, const struct mlp
     mlp_netns(cur);
     pthread_mutex_lock(&mlp_neg_mu);
     /* Found again under the lock: another namespace's entry may have been dropped since. */
-    struct mlp_lrec *rec = NULL;
-    if (port > 0 && port < 65536 && strcmp(netns, cur) == 0)
-        rec = mlp_lrecs[port];
-    for (struct mlp_lrec *x = mlp_xrecs; !rec && x; x = x->next)
-        if (x->port == port && strcmp(x->netns, netns) == 0)
-            rec = x;
+    struct mlp_lrec *rec = mlp_lrec_entry(netns, port, cur);
     if (!rec) {
         pthread_mutex_unlock(&mlp_neg_mu);
         return "the server's listener record went away";
@@ -2206,26 +2248,48 @@ static const char *mlp_lrec_access(const char *netns, int port, const struct mlp
         if (n == -EOPNOTSUPP || n == -ENODATA)
             n = 0; /* no ACLs here: the owner alone */
     }
-    if (n == -E2BIG) {
+    bool vouch = false;
+    if (n == -E2BIG)
         why = "the server's record names more accepting users than a channel can be granted to";
-    } else if (n < 0) {
+    else if (n < 0)
         why = "the server's listener record cannot be read";
-    } else if (st.st_uid != 0 && st.st_uid != me &&
-               !(rec->vouched_ino == st.st_ino && rec->vouched_uid == st.st_uid &&
-                 mlp_addr_eq(&rec->vouched_at, r) && rec->vouched_at.port == r->port)) {
-        uint32_t k;
-        if (mlp_diag_server(l, r, &k) < 0 || k != st.st_uid) {
-            why = "the listener record was not made by the server's user (another member of the "
-                  "shared fabric may have made it)";
-        } else {
-            rec->vouched_ino = st.st_ino;
-            rec->vouched_uid = st.st_uid;
-            rec->vouched_at = *r;
-        }
-    }
+    else
+        vouch = st.st_uid != 0 && st.st_uid != me &&
+                !(rec->vouched_ino == st.st_ino && rec->vouched_uid == st.st_uid &&
+                  mlp_addr_eq(&rec->vouched_at, r) && rec->vouched_at.port == r->port);
     pthread_mutex_unlock(&mlp_neg_mu);
     if (why)
         return why;
+    if (vouch) {
+        uint32_t k = 0;
+        bool late = false;
+        int e = mlp_diag_server(l, r, (uint32_t)st.st_uid,
+                                (uint64_t)mlp_cfg.server_wait_ms * 1000000u, &k, &late);
+        if (e == 0 && k == st.st_uid) {
+            pthread_mutex_lock(&mlp_neg_mu);
+            rec = mlp_lrec_entry(netns, port, cur);
+            if (rec) { /* another record file since: its own look */
+                rec->vouched_ino = st.st_ino;
+                rec->vouched_uid = st.st_uid;
+                rec->vouched_at = *r;
+            }
+            pthread_mutex_unlock(&mlp_neg_mu);
+        } else if (late) {
+            /* Until the accept the kernel names only the listening socket's maker. */
+            static __thread char lw[200];
+            char by[48] = "no server side yet";
+            if (e == 0)
+                snprintf(by, sizeof by, "listening socket made by uid %u", (unsigned)k);
+            snprintf(lw, sizeof lw,
+                     "the server did not accept within %d ms: its record's user (uid %u) is not "
+                     "vouched for by the kernel (%s)",
+                     mlp_cfg.server_wait_ms, (unsigned)st.st_uid, by);
+            return lw;
+        } else {
+            return "the listener record was not made by the server's user (another member of "
+                   "the shared fabric may have made it)";
+        }
+    }
     u[n++] = (uint32_t)st.st_uid;
     qsort(u, (size_t)n, sizeof u[0], mlp_uid_cmp);
     for (int i = 0; i < n; i++) {
@@ -2887,7 +2951,7 @@ static bool mlp_offer_owner_ok(const struct stat *st, const struct mlp_addr *l,
     if (!mlp_fab->shared || st->st_uid == geteuid())
         return true;
     uint32_t k;
-    return mlp_diag_server(l, r, &k) == 0 && k == st->st_uid;
+    return mlp_diag_server(l, r, (uint32_t)st->st_uid, 0, &k, NULL) == 0 && k == st->st_uid;
 }
 
 /* A memlan client that closed before we accepted has taken its offer away (wrk probes the

@@ -13,7 +13,7 @@
 #include <unistd.h>
 
 /* The calls the end under test makes, one letter each: P poll, W epoll_wait, R recv of 3
- * bytes, S send of one byte, E SO_ERROR. */
+ * bytes, S send of one byte, E SO_ERROR; shutdown: w SHUT_WR, r SHUT_RD, b SHUT_RDWR. */
 static inline void script(int fd, const char *calls)
 {
     for (const char *p = calls; *p; p++) {
@@ -43,6 +43,15 @@ static inline void script(int fd, const char *calls)
             r = send(fd, "x", 1, MSG_NOSIGNAL);
             printf("  send %zd %s\n", r, r < 0 ? strerror(errno) : "");
             break;
+        case 'w':
+        case 'r':
+        case 'b': {
+            int how = *p == 'w' ? SHUT_WR : *p == 'r' ? SHUT_RD : SHUT_RDWR;
+            errno = 0;
+            int n = shutdown(fd, how);
+            printf("  shutdown %c %d %s\n", *p, n, n < 0 ? strerror(errno) : "");
+            break;
+        }
         case 'E': {
             int v = -1;
             socklen_t l = sizeof v;

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from conftest import MEMLAN, as_user, gfabric, group, logfile  # noqa: F401 (fixtures)
+from conftest import BUILD, MEMLAN, as_user, gfabric, group, logfile  # noqa: F401 (fixtures)
 from test_apps import NGINX_CONF, need, next_port, wait_port
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="makes a group and runs other users")
@@ -938,4 +938,114 @@ def test_group_fabric_groupwide_channel_needs_the_servers_consent(gfabric, pubdi
         for p in (c, srv):
             if p and p.poll() is None:
                 p.kill()
+                p.wait()
+
+
+PRIVCHILD = BUILD / "tests-preload" / "privchild"
+
+# A long-lived client: for each line "c N" on stdin, N connections one after the other, 64 KiB
+# each, echoed and checked; a line per connection (ok or bad, its connect's seconds), then
+# "round".
+ECHO_ROUNDS = r"""
+import os, socket, sys, time
+port = int(sys.argv[1])
+for line in sys.stdin:
+    for i in range(int(line.split()[1])):
+        data = os.urandom(65536)
+        t = time.time()
+        s = socket.create_connection(("127.0.0.1", port), timeout=20)
+        tc = time.time() - t
+        s.sendall(data)
+        s.shutdown(socket.SHUT_WR)
+        got = b""
+        while len(got) <= len(data):
+            d = s.recv(65536)
+            if not d:
+                break
+            got += d
+        s.close()
+        print("ok" if got == data else "bad %d" % len(got), "%.3f" % tc, flush=True)
+    print("round", flush=True)
+"""
+
+
+def test_group_fabric_restarted_worker_on_a_root_made_socket(gfabric, pubdir):
+    """varnishd as Debian ships it: its manager (root) makes and binds the listening socket, its
+    cache worker drops to vcache, listens (the port's record is vcache's) and accepts, and the
+    manager restarts the worker (killed, or stopped and started).  privchild does the same with a
+    worker as B that accepts each connection 10 ms after it comes; a long-lived client as A.
+    Until the worker accepts, the kernel says the server's side of a connection was made by root
+    (the listening socket's maker); accepted, by B.  The client asked right after its connect and
+    believed only B: over TCP, "the listener record was not made by the server's user", for every
+    connection here (with varnishd itself, for the first connections to a new record, now and
+    then).  Now it waits for the accept (up to MEMLAN_SERVER_WAIT_MS) and every connection is
+    accelerated, across kills and stops, its bytes intact; a worker that accepts later than that
+    leaves the client on TCP at once with the precise reason."""
+    fab, gid = gfabric
+    port = next_port()
+    netns = "%x" % os.stat("/proc/self/ns/net").st_ino
+    rec = fab / f"ls-{netns}-{port}"
+    (pubdir / "rounds.py").write_text(ECHO_ROUNDS)
+    slog, clog = logfile(pubdir, "server.log"), logfile(pubdir, "client.log")
+    srv = subprocess.Popen(under(slog, [str(PRIVCHILD), str(port), str(B), str(gid), "10"]),
+                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    cli = late = None
+
+    def tell(p, line, want=None):
+        p.stdin.write(line + "\n")
+        p.stdin.flush()
+        if want:
+            got = p.stdout.readline().strip()
+            assert got == want, (got, slog.read_text()[-2000:])
+
+    def rounds(p, n):
+        tell(p, f"c {n}")
+        rows = [p.stdout.readline().split() for _ in range(n)]
+        assert p.stdout.readline().strip() == "round", rows
+        assert all(r and r[0] == "ok" for r in rows), rows
+        return rows
+
+    try:
+        assert srv.stdout.readline().strip() == "ready 1"
+        assert rec.stat().st_uid == B  # made by the worker, on root's socket
+        cli = subprocess.Popen(as_user(A, gid, under(clog, ["python3", str(pubdir / "rounds.py"),
+                                                            str(port)])),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        rounds(cli, 3)
+        ino = rec.stat().st_ino
+        tell(srv, "k", "ready 2")  # killed: the next worker takes its dead record over
+        assert rec.stat().st_ino == ino and rec.stat().st_uid == B
+        rounds(cli, 3)
+        tell(srv, "s", "ready 3")  # stopped and started: a new socket, a new record
+        assert rec.stat().st_uid == B
+        rounds(cli, 3)
+        tell(srv, "k", "ready 4")
+        rounds(cli, 3)
+        c = clog.read_text()
+        assert "not made by the server's user" not in c, c[-3000:]
+        assert c.count("accelerated (client)") == 12, c[-3000:]
+        assert slog.read_text().count("accelerated (accepted") == 12, slog.read_text()[-3000:]
+        # A worker slower to accept than the client waits: TCP at once, the reason precise.
+        tell(srv, "d 1000", "delay 1000")
+        tell(srv, "s", "ready 5")
+        late = subprocess.Popen(as_user(A, gid, ["env", "MEMLAN_SERVER_WAIT_MS=50"] +
+                                        under(clog, ["python3", str(pubdir / "rounds.py"),
+                                                     str(port)])),
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        rows = rounds(late, 1)
+        assert float(rows[0][1]) < 1.0, rows  # the connect did not wait for the accept
+        c = clog.read_text()
+        assert "TCP (the server did not accept within 50 ms: its record's user (uid " \
+               f"{B}) is not vouched for by the kernel (listening socket made by uid 0))" in c, \
+               c[-3000:]
+        for p in (cli, late):
+            p.stdin.close()
+            assert p.wait(20) == 0
+        tell(srv, "q", "done")
+        assert srv.wait(20) == 0
+    finally:
+        for p in (late, cli, srv):
+            if p and p.poll() is None:
+                p.kill()
+            if p:
                 p.wait()

@@ -988,6 +988,25 @@ def test_reset_after_fin_reads_the_end(fabric, tmp_path):
     settle(fabric)
 
 
+SHUTRESET = BUILD / "tests-preload" / "shutreset"
+
+
+def test_shutdown_after_reset_matches_kernel(fabric, tmp_path):
+    """shutreset: shutdown (SHUT_WR, SHUT_RD, SHUT_RDWR) on a connection its peer reset (closed
+    with bytes unread, SO_LINGER 0, a holder killed with bytes unread, a write after its close),
+    before and after the reset was read, fails with ENOTCONN as over kernel TCP, whose socket
+    the reset closed; after plain FINs, on a live connection, and once both FINs are through
+    (ENOTCONN again) as over kernel TCP too.  Under memlan shutdown returned 0 after a reset,
+    and after both FINs.  Line for line as over kernel TCP."""
+    plain, under, text = scripted(SHUTRESET, tmp_path)
+    assert plain.stdout.endswith("done\n") and "FAIL" not in plain.stdout, plain.stdout
+    assert plain.stdout.count("not connected") >= 15, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    assert text.count("accelerated (client)") == 22, text
+    assert text.count("accelerated (accepted") == 22, text
+    settle(fabric)
+
+
 # A daemon that clears its environment at start-up (exim keeps only keep_environment's), then
 # listens: the settings memlan run gave it still hold.
 CLEARENV_SERVER = r"""
