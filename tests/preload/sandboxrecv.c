@@ -10,6 +10,7 @@
  * usage: sandboxrecv PORT (unused: the listener takes a port the kernel picks)
  */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 #include <netinet/in.h>
@@ -35,10 +36,19 @@ static void run_case(const char *what)
     pid_t pid = fork();
     if (pid == 0) { /* the sandboxed child: takes the fd, says so with write(2), exits */
         close(sp[0]);
-        if (seccomp_kill_for(__NR_getsockopt))
+        /* "use": the child reads from what it received, under a filter that kills for fstat
+         * and openat too (a look for a connection passed to it must not be made there) */
+        const unsigned nrs[] = {__NR_getsockopt, __NR_fstat, __NR_newfstatat, __NR_openat};
+        if (seccomp_kill_for_all(nrs, strcmp(what, "use") ? 1 : 4))
             _exit(2);
-        if (fdpass_recv(sp[1], 0) < 0) /* flags 0, as vsftpd's filter allows */
+        int got = fdpass_recv(sp[1], 0); /* flags 0, as vsftpd's filter allows */
+        if (got < 0)
             _exit(3);
+        if (!strcmp(what, "use")) {
+            char b;
+            if (recv(got, &b, 1, MSG_DONTWAIT) != -1 || errno != EAGAIN)
+                _exit(4);
+        }
         _exit(0);
     }
     close(sp[1]);
@@ -53,7 +63,7 @@ static void run_case(const char *what)
         if (bind(l, (struct sockaddr *)&a, sizeof a) == 0 && listen(l, 4) == 0 &&
             getsockname(l, (struct sockaddr *)&a, &al) == 0) {
             fd = l;
-            if (!strcmp(what, "tcp")) {
+            if (!strcmp(what, "tcp") || !strcmp(what, "use")) {
                 fd = socket(AF_INET, SOCK_STREAM, 0);
                 if (connect(fd, (struct sockaddr *)&a, sizeof a))
                     fd = -1;
@@ -83,6 +93,7 @@ int main(void)
     run_case("pipe");
     run_case("tcp");
     run_case("listen");
+    run_case("use");
     printf("done\n");
     return 0;
 }
