@@ -43,6 +43,7 @@ static inline struct mlp_sock *mlp_conn(int fd)
         mlp_init();
     if (mlp_inside)
         return NULL;
+    mlp_received_look(fd); /* a connection passed to us: its ioctl, options, flags are ours */
     struct mlp_sock *s = mlp_get(fd);
     if (ml_likely(!s))
         return NULL;

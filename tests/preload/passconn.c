@@ -10,7 +10,8 @@
  * to the end, whatever the connections did.
  *
  * MODE, the worker's first call on a connection it received: "poll" (default: poll, then one-byte
- * reads), "read" (a blocking read), "epoll" (epoll_ctl ADD, epoll_wait, then reads), "thread" (two
+ * reads), "read" (a blocking read), "epoll" (epoll_ctl ADD, epoll_wait, then reads), "fionread"
+ * (ioctl FIONREAD until bytes are there, then reads), "thread" (two
  * threads: one in a blocking read while the other polls), "keep" (as poll, the acceptor keeping
  * its copy open until the end), "sandbox" (as poll, the worker under a seccomp filter that kills
  * no call of ours but is a filter: memlan may not take a connection up there).
@@ -25,6 +26,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
 #include <sys/syscall.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -114,6 +116,11 @@ static void worker(int sp)
         int got;
         if (!strcmp(mode, "thread")) {
             got = 0;
+        } else if (!strcmp(mode, "fionread")) { /* how much is there, asked until some is */
+            int avail = 0;
+            for (int t = 0; t < 5000 && (ioctl(fd, FIONREAD, &avail) < 0 || avail <= 0); t++)
+                usleep(1000);
+            got = avail > 0 ? readline_tmo(fd, line, sizeof line, 5000) : -ETIMEDOUT;
         } else if (!strcmp(mode, "read")) {
             got = readline_blocking(fd, line, sizeof line);
         } else if (!strcmp(mode, "epoll")) {

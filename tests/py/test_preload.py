@@ -2402,11 +2402,11 @@ def test_acceptor_passing_connections_keeps_its_clients_on_tcp(fabric, tmp_path)
     settle(fabric)
 
 
-@pytest.mark.parametrize("mode", ["poll", "read", "epoll", "thread", "keep"])
+@pytest.mark.parametrize("mode", ["poll", "read", "epoll", "fionread", "thread", "keep"])
 def test_acceptor_passing_connections_loses_none(fabric, tmp_path, mode):
     """The connection an acceptor passes over SCM_RIGHTS before its port is marked is taken up
     by the receiving process at its first call on the descriptor (poll, a blocking read, epoll_ctl,
-    a poll and a read in two threads at once) whether the acceptor closed its copy at once or
+    ioctl FIONREAD, a poll and a read in two threads at once) whether the acceptor closed its copy at once or
     keeps it: the worker reads the client's request from the channel and answers there, as over
     kernel TCP.  Three clients at once (a batch) as well as one after another.  (Before: the
     first connection was lost, "failed (Connection reset by peer)" or "no answer within 5 s":
