@@ -521,16 +521,31 @@ static bool ml_pool_park(struct memlan_channel *ch)
     return true;
 }
 
+/* A lock taken within about 100 ms, or not: the drain runs at exit and exec, which a signal
+ * handler may call (exec is async-signal-safe, and programs call exit there: uWSGI's graceful
+ * reload), on top of this very thread's section under the lock: it waited for itself for ever
+ * (tests/preload/exithandler.c).  A drain that cannot lock leaves the parked files to the sweep. */
+static bool ml_lock_bounded(pthread_mutex_t *mu)
+{
+    for (int i = 0; i < 100; i++) {
+        if (pthread_mutex_trylock(mu) == 0)
+            return true;
+        struct timespec ms = {0, 1000000};
+        (void)nanosleep(&ms, NULL);
+    }
+    return false;
+}
+
 void __ml_chan_pool_drain(memlan_fabric_t *fab)
 {
-    if (!fab)
+    if (!fab || !ml_lock_bounded(&ml_pool_reg_mu))
         return;
-    pthread_mutex_lock(&ml_pool_reg_mu);
     for (int i = 0; i < 4; i++)
         if (ml_pool_fabs[i] == fab)
             ml_pool_fabs[i] = NULL;
     pthread_mutex_unlock(&ml_pool_reg_mu);
-    pthread_mutex_lock(&fab->pool_mu);
+    if (!ml_lock_bounded(&fab->pool_mu))
+        return;
     int n = fab->npool;
     struct memlan_segment *segs[ML_POOL_MAX];
     memcpy(segs, fab->pool, (size_t)n * sizeof segs[0]);

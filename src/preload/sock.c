@@ -2300,7 +2300,17 @@ void mlp_before_last_close(struct mlp_sock *s, int fd)
     if (s->type != MLP_CONN || !s->ch)
         return;
     if (s->state == MLP_UNDECIDED) {
-        pthread_mutex_lock(&s->mu);
+        /* A handler (a close, or exit() at its end) on top of this thread's withdrawal or claim,
+         * which holds mu: a lock for ever.  It waits a little for another thread's, then leaves
+         * the socket undecided (tests/preload/exithandler.c). */
+        bool locked = !mlp_sig_in_handler();
+        if (locked)
+            pthread_mutex_lock(&s->mu);
+        for (int i = 0; !locked && i < 100; i++)
+            if (!(locked = pthread_mutex_trylock(&s->mu) == 0))
+                (void)nanosleep(&(struct timespec){0, 1000000}, NULL);
+        if (!locked)
+            return;
         if (s->state == MLP_UNDECIDED)
             s->state = __ml_chan_withdraw(s->ch) == 0 ? MLP_TCP : MLP_ACCEL;
         pthread_mutex_unlock(&s->mu);
@@ -2621,12 +2631,17 @@ void mlp_at_exit(void)
     /* From now on a new queue loses its names at once, and a new connection stays on TCP. */
     atomic_store(&mlp_exit_began, true);
     atomic_thread_fence(memory_order_seq_cst);
+    /* exit() from a signal handler (uWSGI's graceful reload calls it so) may have interrupted
+     * this thread inside a section of ours under a lock: what follows takes none it could wait
+     * on for ever (bounded tries, or nothing), and listeners keep their records until the
+     * process is gone, when their locks say so (tests/preload/exithandler.c). */
+    bool in_handler = mlp_sig_in_handler();
     int max = mlp_fd_max();
     for (int fd = 0; fd <= max; fd++) {
         struct mlp_sock *s = mlp_get(fd);
         if (!s)
             continue;
-        if (s->type == MLP_LISTENER) {
+        if (s->type == MLP_LISTENER && !in_handler) {
             struct mlp_sock *u = mlp_uninstall(fd);
             if (u)
                 mlp_put(u);
