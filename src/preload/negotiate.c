@@ -744,8 +744,11 @@ struct mlp_lrec {
                                * server's address too */
     unsigned misses;          /* acceptor: waits in a row that ended with no offer (see
                                * mlp_on_accept: pending is peer-writable) */
+    _Atomic int defer_n;      /* releases a signal handler left to the lock's next holder */
+    struct mlp_lrec *defer_next;
 };
 static struct mlp_lrec *mlp_lrecs[65536];
+static void mlp_lrec_deferred_run(void); /* under mlp_neg_mu: releases handlers left */
 #define MLP_WAIT_MISSES 4u
 #define MLP_SHORT_WAIT_NS 2000000u /* 2 ms */
 /* Found through la- names: other namespaces' listeners, newest first.  An entry goes when its
@@ -1028,6 +1031,7 @@ static struct mlp_lrec *mlp_lrec_find(const char *netns, int port, struct ml_lis
     mlp_netns(cur);
     bool ours = strcmp(netns, cur) == 0;
     pthread_mutex_lock(&mlp_neg_mu);
+    mlp_lrec_deferred_run();
     struct mlp_lrec *r = NULL, *x = NULL;
     if (ours) {
         r = mlp_lrecs[port];
@@ -1303,6 +1307,7 @@ int mlp_on_listen(int fd, bool before)
     char cur[24];
     mlp_netns(cur);
     pthread_mutex_lock(&mlp_neg_mu);
+    mlp_lrec_deferred_run(); /* a listener a handler closed: its count first */
     struct mlp_lrec *r = mlp_lrecs[a.port];
     if (r && !mlp_lrec_rekey(r, cur)) {
         pthread_mutex_unlock(&mlp_neg_mu);
@@ -1968,9 +1973,57 @@ static bool mlp_refused_in(const struct ml_listen_rec *m, const char *name)
     return false;
 }
 
+/*
+ * A listener's close from a signal handler (close is async-signal-safe: a server's SIGTERM handler
+ * closes its listening socket) on top of its thread's section under mlp_neg_mu waited for itself
+ * for ever (tests/preload/exithandler.c "close").  There the release is left, if the lock cannot
+ * be had at once (a few tries), to the lock's next holder here or at an accept: the record stays
+ * a little longer, and the kernel refuses connections to the closed listener meanwhile.  A stack
+ * of records, each on it once however many releases it owes (defer_n).
+ */
+static struct mlp_lrec *_Atomic mlp_lrec_deferred;
+
+static void mlp_lrec_release_locked(struct mlp_lrec *r);
+
+/* Under mlp_neg_mu: the releases handlers left. */
+static void mlp_lrec_deferred_run(void)
+{
+    if (ml_likely(!atomic_load_explicit(&mlp_lrec_deferred, memory_order_relaxed)))
+        return;
+    struct mlp_lrec *p = atomic_exchange(&mlp_lrec_deferred, NULL);
+    while (p) {
+        struct mlp_lrec *next = p->defer_next;
+        for (int n = atomic_exchange(&p->defer_n, 0); n > 0; n--)
+            mlp_lrec_release_locked(p);
+        p = next;
+    }
+}
+
 void mlp_lrec_release(struct mlp_lrec *r)
 {
-    pthread_mutex_lock(&mlp_neg_mu);
+    if (mlp_sig_in_handler()) {
+        bool locked = false;
+        for (int i = 0; i < 5 && !(locked = pthread_mutex_trylock(&mlp_neg_mu) == 0); i++)
+            (void)nanosleep(&(struct timespec){0, 200000}, NULL);
+        if (!locked) {
+            if (atomic_fetch_add(&r->defer_n, 1) == 0) {
+                struct mlp_lrec *h = atomic_load(&mlp_lrec_deferred);
+                do
+                    r->defer_next = h;
+                while (!atomic_compare_exchange_weak(&mlp_lrec_deferred, &h, r));
+            }
+            return;
+        }
+    } else {
+        pthread_mutex_lock(&mlp_neg_mu);
+    }
+    mlp_lrec_release_locked(r);
+    mlp_lrec_deferred_run();
+    pthread_mutex_unlock(&mlp_neg_mu);
+}
+
+static void mlp_lrec_release_locked(struct mlp_lrec *r)
+{
     if (--r->nlisten == 0 && r->lock_fd >= 0) {
         mlp_disown_fd(r->lock_fd);
         __ml_sys_close(r->lock_fd); /* drops our read lock */
@@ -1981,7 +2034,6 @@ void mlp_lrec_release(struct mlp_lrec *r)
         if (mlp_fab && __ml_fabric_reclaim_name(mlp_fab, name) > 0)
             mlp_addr_links_drop(r->port, name);
     }
-    pthread_mutex_unlock(&mlp_neg_mu);
 }
 
 /* ---- private channels in a shared fabric -------------------------------------------------- */
