@@ -23,6 +23,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -440,11 +441,41 @@ static void ml_chan_reset(struct memlan_segment *seg)
     ml_store_release(&c->generation, ml_load_relaxed(&c->generation) + 1);
 }
 
+/* A lock taken within about 100 ms, or not: the drain runs at exit and exec, which a signal
+ * handler may call (exec is async-signal-safe, and programs call exit there: uWSGI's graceful
+ * reload), on top of this very thread's section under the lock: it waited for itself for ever
+ * (tests/preload/exithandler.c).  A drain that cannot lock leaves the parked files to the sweep. */
+static bool ml_lock_bounded(pthread_mutex_t *mu)
+{
+    for (int i = 0; i < 100; i++) {
+        if (pthread_mutex_trylock(mu) == 0)
+            return true;
+        struct timespec ms = {0, 1000000};
+        (void)nanosleep(&ms, NULL);
+    }
+    return false;
+}
+
+/* The pool is a saving, never worth a wait that may not end: a connect or a close that a signal
+ * handler makes (both are async-signal-safe) on top of this thread's own section under the lock
+ * would wait for itself.  A few tries, yielding to a holder on our cpu; then no pooled channel
+ * (a new one is made) or no parking (the file goes). */
+static bool ml_lock_brief(pthread_mutex_t *mu)
+{
+    for (int i = 0; i < 64; i++) {
+        if (pthread_mutex_trylock(mu) == 0)
+            return true;
+        sched_yield();
+    }
+    return false;
+}
+
 static struct memlan_segment *ml_pool_take(memlan_fabric_t *fab, uint64_t rs,
                                           const struct ml_access *acc)
 {
     struct memlan_segment *got = NULL;
-    pthread_mutex_lock(&fab->pool_mu);
+    if (!ml_lock_brief(&fab->pool_mu))
+        return NULL;
     for (int i = 0, tries = 0; i < fab->npool && tries < 2; i++) {
         struct memlan_segment *seg = fab->pool[i];
         /* A private channel is reused only for the same acceptor users: a user its ACL granted
@@ -493,7 +524,8 @@ static bool ml_pool_park(struct memlan_channel *ch)
     if (__ml_guard_broken(ch->seg->guard))
         return false; /* shrunk under us (guard.c): private memory now, never lent again */
     bool ok = false;
-    pthread_mutex_lock(&ml_pool_reg_mu);
+    if (!ml_lock_brief(&ml_pool_reg_mu))
+        return false;
     int free_slot = -1;
     for (int i = 0; i < 4 && !ok; i++) {
         if (ml_pool_fabs[i] == fab)
@@ -509,7 +541,8 @@ static bool ml_pool_park(struct memlan_channel *ch)
     if (!ok)
         return false;
     struct memlan_segment *evict = NULL;
-    pthread_mutex_lock(&fab->pool_mu);
+    if (!ml_lock_brief(&fab->pool_mu))
+        return false;
     if (fab->npool == ML_POOL_MAX) { /* keep the newest: drop the oldest */
         evict = fab->pool[0];
         memmove(&fab->pool[0], &fab->pool[1], (ML_POOL_MAX - 1) * sizeof evict);
@@ -519,21 +552,6 @@ static bool ml_pool_park(struct memlan_channel *ch)
     pthread_mutex_unlock(&fab->pool_mu);
     __ml_seg_destroy(evict);
     return true;
-}
-
-/* A lock taken within about 100 ms, or not: the drain runs at exit and exec, which a signal
- * handler may call (exec is async-signal-safe, and programs call exit there: uWSGI's graceful
- * reload), on top of this very thread's section under the lock: it waited for itself for ever
- * (tests/preload/exithandler.c).  A drain that cannot lock leaves the parked files to the sweep. */
-static bool ml_lock_bounded(pthread_mutex_t *mu)
-{
-    for (int i = 0; i < 100; i++) {
-        if (pthread_mutex_trylock(mu) == 0)
-            return true;
-        struct timespec ms = {0, 1000000};
-        (void)nanosleep(&ms, NULL);
-    }
-    return false;
 }
 
 void __ml_chan_pool_drain(memlan_fabric_t *fab)

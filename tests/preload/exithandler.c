@@ -7,7 +7,9 @@
  * interrupted thread's own section under a lock (the channel pool's, the negotiation's) and
  * waited for it for ever.  "close": the handler closes the listening socket instead (close is
  * async-signal-safe; a server's SIGTERM handler may do it) and the loop ends at the failed
- * accept; the listener's release waited so for the negotiation's lock.  RUNS children (default
+ * accept; the listener's release waited so for the negotiation's lock.  "closeconn": the handler
+ * closes a connection the process made before the loop (its channel's parking in the pool
+ * waited for the pool's lock).  RUNS children (default
  * 40), each with its timer at another point (1 to 20 ms, the same sequence every run); each is
  * given 3 s.  Prints how many ended and how many hung (killed then), and "done".
  */
@@ -19,7 +21,7 @@
 
 #include "twoends.h"
 
-static int closing = 0, listener = -1;
+static int closing = 0, listener = -1, kept = -1;
 static volatile sig_atomic_t stop;
 
 static void bye(int sig)
@@ -27,7 +29,7 @@ static void bye(int sig)
     (void)sig;
     if (!closing)
         exit(0);
-    close(listener);
+    close(closing == 2 ? kept : listener);
     stop = 1;
 }
 
@@ -47,6 +49,10 @@ static void child(int usec)
     socklen_t al = sizeof a;
     if (getsockname(l, (struct sockaddr *)&a, &al) < 0)
         _exit(2);
+    if (closing == 2) { /* a connection of its own, which the handler closes */
+        int ks;
+        kept = settled_pair(l, &a, &ks);
+    }
     struct sigaction sa = {0};
     sa.sa_handler = bye;
     sigaction(SIGALRM, &sa, NULL);
@@ -76,7 +82,7 @@ int main(int argc, char **argv)
     if (argc < 2)
         return 2;
     int runs = argc > 2 ? atoi(argv[2]) : 40, ended = 0, hung = 0, other = 0;
-    closing = argc > 3 && !strcmp(argv[3], "close");
+    closing = argc > 3 && !strcmp(argv[3], "close") ? 1 : argc > 3 && !strcmp(argv[3], "closeconn") ? 2 : 0;
     setvbuf(stdout, NULL, _IONBF, 0);
     unsigned seed = 12345;
     for (int r = 0; r < runs; r++) {
