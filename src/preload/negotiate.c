@@ -744,11 +744,11 @@ struct mlp_lrec {
                                * server's address too */
     unsigned misses;          /* acceptor: waits in a row that ended with no offer (see
                                * mlp_on_accept: pending is peer-writable) */
-    _Atomic int defer_n;      /* releases a signal handler left to the lock's next holder */
-    struct mlp_lrec *defer_next;
 };
 static struct mlp_lrec *mlp_lrecs[65536];
-static void mlp_lrec_deferred_run(void); /* under mlp_neg_mu: releases handlers left */
+static void mlp_neg_deferred_run(void); /* under mlp_neg_mu: what signal handlers left */
+static bool mlp_neg_lock_handler(void);
+static void mlp_neg_defer_add(uintptr_t w);
 #define MLP_WAIT_MISSES 4u
 #define MLP_SHORT_WAIT_NS 2000000u /* 2 ms */
 /* Found through la- names: other namespaces' listeners, newest first.  An entry goes when its
@@ -829,8 +829,16 @@ bool mlp_lmap_hold(struct ml_listen_rec *m)
 
 void mlp_lmap_put(struct ml_listen_rec *m)
 {
-    pthread_mutex_lock(&mlp_neg_mu);
+    if (mlp_sig_in_handler()) {
+        if (!mlp_neg_lock_handler()) { /* a close from a handler: see mlp_neg_defer */
+            mlp_neg_defer_add((uintptr_t)m | 1);
+            return;
+        }
+    } else {
+        pthread_mutex_lock(&mlp_neg_mu);
+    }
     mlp_lmap_put_locked(m);
+    mlp_neg_deferred_run();
     pthread_mutex_unlock(&mlp_neg_mu);
 }
 
@@ -1031,7 +1039,7 @@ static struct mlp_lrec *mlp_lrec_find(const char *netns, int port, struct ml_lis
     mlp_netns(cur);
     bool ours = strcmp(netns, cur) == 0;
     pthread_mutex_lock(&mlp_neg_mu);
-    mlp_lrec_deferred_run();
+    mlp_neg_deferred_run();
     struct mlp_lrec *r = NULL, *x = NULL;
     if (ours) {
         r = mlp_lrecs[port];
@@ -1307,7 +1315,7 @@ int mlp_on_listen(int fd, bool before)
     char cur[24];
     mlp_netns(cur);
     pthread_mutex_lock(&mlp_neg_mu);
-    mlp_lrec_deferred_run(); /* a listener a handler closed: its count first */
+    mlp_neg_deferred_run(); /* a listener a handler closed: its count first */
     struct mlp_lrec *r = mlp_lrecs[a.port];
     if (r && !mlp_lrec_rekey(r, cur)) {
         pthread_mutex_unlock(&mlp_neg_mu);
@@ -1974,51 +1982,73 @@ static bool mlp_refused_in(const struct ml_listen_rec *m, const char *name)
 }
 
 /*
- * A listener's close from a signal handler (close is async-signal-safe: a server's SIGTERM handler
- * closes its listening socket) on top of its thread's section under mlp_neg_mu waited for itself
- * for ever (tests/preload/exithandler.c "close").  There the release is left, if the lock cannot
- * be had at once (a few tries), to the lock's next holder here or at an accept: the record stays
- * a little longer, and the kernel refuses connections to the closed listener meanwhile.  A stack
- * of records, each on it once however many releases it owes (defer_n).
+ * Work under mlp_neg_mu that a signal handler cannot wait for.  A close from a handler (close is
+ * async-signal-safe: a server's SIGTERM handler closes its listening socket) on top of its
+ * thread's section under the lock waited for itself for ever (tests/preload/exithandler.c
+ * "close", "closeconn"): a listener's release, a client's hold of a listener record's mapping.
+ * There, when the lock cannot be had at once (a few tries), the work is left in a slot to the
+ * lock's next holder (a release, a listen, a client's look-up): the record stays a little
+ * longer, and the kernel refuses connections to the closed listener meanwhile.  Slots hold a
+ * pointer, its low bit the kind; with all 64 taken the work is dropped (a mapping or a record
+ * kept to the process's end).
  */
-static struct mlp_lrec *_Atomic mlp_lrec_deferred;
+#define MLP_NEG_DEFER 64
+static _Atomic uintptr_t mlp_neg_defer[MLP_NEG_DEFER];
+static _Atomic int mlp_neg_ndefer;
 
 static void mlp_lrec_release_locked(struct mlp_lrec *r);
+static void mlp_lmap_put_locked(struct ml_listen_rec *m);
 
-/* Under mlp_neg_mu: the releases handlers left. */
-static void mlp_lrec_deferred_run(void)
+/* From a handler: mlp_neg_mu after a few tries, or false (then the caller leaves its work). */
+static bool mlp_neg_lock_handler(void)
 {
-    if (ml_likely(!atomic_load_explicit(&mlp_lrec_deferred, memory_order_relaxed)))
+    for (int i = 0; i < 5; i++) {
+        if (pthread_mutex_trylock(&mlp_neg_mu) == 0)
+            return true;
+        (void)nanosleep(&(struct timespec){0, 200000}, NULL);
+    }
+    return false;
+}
+
+static void mlp_neg_defer_add(uintptr_t w)
+{
+    for (int i = 0; i < MLP_NEG_DEFER; i++) {
+        uintptr_t none = 0;
+        if (atomic_compare_exchange_strong(&mlp_neg_defer[i], &none, w)) {
+            atomic_fetch_add(&mlp_neg_ndefer, 1);
+            return;
+        }
+    }
+}
+
+static void mlp_neg_deferred_run(void)
+{
+    if (ml_likely(!atomic_load_explicit(&mlp_neg_ndefer, memory_order_relaxed)))
         return;
-    struct mlp_lrec *p = atomic_exchange(&mlp_lrec_deferred, NULL);
-    while (p) {
-        struct mlp_lrec *next = p->defer_next;
-        for (int n = atomic_exchange(&p->defer_n, 0); n > 0; n--)
-            mlp_lrec_release_locked(p);
-        p = next;
+    for (int i = 0; i < MLP_NEG_DEFER; i++) {
+        uintptr_t w = atomic_exchange(&mlp_neg_defer[i], 0);
+        if (!w)
+            continue;
+        atomic_fetch_sub(&mlp_neg_ndefer, 1);
+        if (w & 1)
+            mlp_lmap_put_locked((struct ml_listen_rec *)(w & ~(uintptr_t)1));
+        else
+            mlp_lrec_release_locked((struct mlp_lrec *)w);
     }
 }
 
 void mlp_lrec_release(struct mlp_lrec *r)
 {
     if (mlp_sig_in_handler()) {
-        bool locked = false;
-        for (int i = 0; i < 5 && !(locked = pthread_mutex_trylock(&mlp_neg_mu) == 0); i++)
-            (void)nanosleep(&(struct timespec){0, 200000}, NULL);
-        if (!locked) {
-            if (atomic_fetch_add(&r->defer_n, 1) == 0) {
-                struct mlp_lrec *h = atomic_load(&mlp_lrec_deferred);
-                do
-                    r->defer_next = h;
-                while (!atomic_compare_exchange_weak(&mlp_lrec_deferred, &h, r));
-            }
+        if (!mlp_neg_lock_handler()) {
+            mlp_neg_defer_add((uintptr_t)r);
             return;
         }
     } else {
         pthread_mutex_lock(&mlp_neg_mu);
     }
     mlp_lrec_release_locked(r);
-    mlp_lrec_deferred_run();
+    mlp_neg_deferred_run();
     pthread_mutex_unlock(&mlp_neg_mu);
 }
 
