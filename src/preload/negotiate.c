@@ -1497,6 +1497,7 @@ static _Atomic unsigned mlp_said_pass;
 
 static void mlp_passed(struct mlp_sock *s, int fd)
 {
+    atomic_store(&s->passed, true); /* its end is ours to tell at exit (sock.c, mlp_at_exit) */
     int port = s->side == 1 ? s->port : 0;
     bool marked = false;
     if (port > 0 && port < 65536) {

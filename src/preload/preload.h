@@ -151,6 +151,8 @@ struct mlp_sock {
                                    * hold it and move its ring positions (sock.c, mlp_lock_dir) */
     _Atomic bool tmo_synced;      /* SO_RCVTIMEO/SO_SNDTIMEO copied from the kernel socket */
     _Atomic bool split_told;      /* bytes found on the idle kernel socket were reported */
+    _Atomic bool passed;          /* accelerated, it was passed to another process over
+                                   * SCM_RIGHTS (negotiate.c, mlp_passed; sock.c, mlp_at_exit) */
     _Atomic bool shut_owed;       /* shut down (SHUT_WR) while undecided: the kernel socket's
                                    * shutdown waits for the settle (mlp_shut_owed_pay) */
     _Atomic bool disconnected;    /* connect(AF_UNSPEC) made it the kernel's (mlp_disconnect):

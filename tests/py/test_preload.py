@@ -2375,6 +2375,32 @@ def test_acceptor_passing_connections_loses_none(fabric, tmp_path):
         settle(fabric)
 
 
+PASSEXIT = BUILD / "tests-preload" / "passexit"
+
+
+@pytest.mark.parametrize("mode", ["epoll", "poll", "read", "epoll-close"])
+def test_passed_connection_ends_with_its_passer(fabric, tmp_path, mode):
+    """passexit: a client passes its accelerated connection to another process over SCM_RIGHTS
+    and exits, as pgbouncer's online restart (`pgbouncer -R`) does with every connection.  The
+    channel cannot follow (the connection is lost, said in the log), but the server must see the
+    end and the taker too, as they would over TCP if the connection ended.  Before: the passer's
+    end was left to its kernel socket's FIN, which never came (the taker holds that socket), so
+    a server in epoll_wait or poll slept on ("server: no end within 5 s"; pgbouncer's client
+    query hung until killed); only a blocking read found the passer gone by its lock."""
+    plain, under, text = scripted(PASSEXIT, tmp_path, mode)
+    assert sorted(plain.stdout.splitlines()) == [
+        "done", "passer: pong 1", "server: the connection ended (end of stream)",
+        "taker: pong 2"], plain.stdout
+    got = sorted(under.stdout.splitlines())
+    want_end = "end of stream" if mode == "epoll-close" else "Connection reset by peer"
+    assert got == ["done", "passer: pong 1", f"server: the connection ended ({want_end})",
+                   "taker: the connection ended"], under.stdout + under.stderr
+    assert text.count("passed to another process over SCM_RIGHTS: the receiver gets") == 1, text
+    if mode != "epoll-close":
+        assert "passed to another process over SCM_RIGHTS ends with this process (reset)" in text
+    settle(fabric)
+
+
 EPOLLPARK = BUILD / "tests-preload" / "epollpark"
 
 
