@@ -2487,6 +2487,45 @@ def test_raw_syscall_close_releases_the_fd(fabric, tmp_path):
     settle(fabric)
 
 
+URINGCTL = BUILD / "tests-preload" / "uringctl"
+
+
+def io_uring_available():
+    r = subprocess.run([str(URINGCTL), str(next_port())], capture_output=True, text=True,
+                       timeout=30)
+    return r.returncode == 0 and r.stdout.startswith("io_uring: used\n")
+
+
+def test_io_uring_epoll_ctl_is_refused_so_libuv_uses_epoll_ctl(fabric, tmp_path):
+    """uringctl adds its connection to its epoll set as libuv 1.45 and later does (uvloop,
+    Node.js's own builds): by an io_uring IORING_OP_EPOLL_CTL through libc's syscall(), with
+    epoll_ctl when io_uring_setup fails.  Under memlan io_uring_setup is refused (ENOSYS, said in
+    the log), the fallback's epoll_ctl reaches the preload, and every round is answered.  Before,
+    the io_uring's epoll_ctl never reached memlan: the set waited on the idle kernel socket
+    ("round 0: no answer within 5 s"; uvloop's server and client hung at their first message)."""
+    if not io_uring_available():
+        pytest.skip("this kernel (or its seccomp filter) gives no io_uring: nothing to refuse")
+    plain, under, text = scripted(URINGCTL, tmp_path)
+    assert plain.stdout.splitlines() == ["io_uring: used", "round 0 ok", "round 1 ok",
+                                         "round 2 ok", "done"], plain.stdout + plain.stderr
+    assert under.stdout.splitlines() == ["io_uring: refused"] + plain.stdout.splitlines()[1:], \
+        under.stdout + under.stderr
+    assert text.count("io_uring_setup refused (ENOSYS)") == 1, text
+    assert text.count("accelerated (client)") == 1, text
+    settle(fabric)
+
+
+def test_io_uring_is_left_alone_when_memlan_is_off(fabric, tmp_path):
+    """With --off the library is loaded but changes nothing: io_uring_setup reaches the kernel."""
+    if not io_uring_available():
+        pytest.skip("this kernel (or its seccomp filter) gives no io_uring")
+    r = subprocess.run([str(MEMLAN), "run", "--off", "--", str(URINGCTL), str(next_port())],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("io_uring: used\n"), r.stdout + r.stderr
+    assert "round 2 ok" in r.stdout, r.stdout
+    settle(fabric)
+
+
 POLLROOM = BUILD / "tests-preload" / "pollroom"
 
 
