@@ -4,7 +4,8 @@
  * then ends, as pgbouncer's online restart (`pgbouncer -R`) does: the new process takes every
  * client and server connection from the old one (SHOW FDS), and the old one exits.  MODE says
  * how the server waits and how the passer ends: "epoll", "poll" or "read" (the server's wait),
- * each with exit(); "epoll-close" (the passer closes its copy, then exits).
+ * each with exit(); "epoll-close" (the passer closes its copy, then exits); "epoll-_exit" and
+ * "poll-_exit" (the passer leaves by _exit, as a killed one would: no exit handler runs).
  *
  * The server (a fork child) answers each "ping I\n" with "pong I\n".  The passer (the parent)
  * connects, makes one round trip, passes the socket to the taker (a fork child made before the
@@ -55,7 +56,7 @@ static int wait_in(int fd, int ms)
         struct epoll_event out;
         return epoll_wait(ep, &out, 1, ms);
     }
-    if (strcmp(mode, "poll") == 0) {
+    if (strncmp(mode, "poll", 4) == 0) {
         struct pollfd p = {fd, POLLIN, 0};
         return poll(&p, 1, ms);
     }
@@ -183,6 +184,10 @@ int main(int argc, char **argv)
             printf("passer: sendmsg failed: %s\n", strerror(errno));
         if (strcmp(mode, "epoll-close") == 0)
             close(fd);
+        if (strstr(mode, "-_exit")) {
+            fflush(stdout);
+            _exit(0);
+        }
         exit(0);
     }
     close(sp[0]);
