@@ -412,8 +412,8 @@ static void mlp_exec_secure_note(const char *path)
  * it starts, but one started by a shell script or a launcher under memlan was said nowhere: a Go
  * server run by `sh -c` kept every client on TCP, and the clients' log said only "no memlan
  * listener on this port", as if the server were not under memlan.  Said once per image, and not
- * again by the images it starts (MEMLAN_SAID), on stderr and in the log.  path: the file as the exec names it; a bare name is
- * looked for in PATH, as execvp does (NULL, an fd: nothing said).
+ * again by the images it starts (MEMLAN_SAID), on stderr and in the log.  path: the file as the
+ * exec names it; a bare name is looked for in PATH, as execvp does (NULL, an fd: nothing said).
  */
 static void mlp_exec_reach_note(const char *path)
 {

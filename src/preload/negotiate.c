@@ -1498,6 +1498,8 @@ static _Atomic unsigned mlp_said_pass;
 static void mlp_passed(struct mlp_sock *s, int fd)
 {
     atomic_store(&s->passed, true); /* its end is ours to tell at exit (sock.c, mlp_at_exit) */
+    if (s->me) /* and the peer's waiters ask our lock (poll.c, mlp_peer_passed_gone) */
+        atomic_fetch_or(&s->me->flags, ML_SOCK_PASSED);
     int port = s->side == 1 ? s->port : 0;
     bool marked = false;
     if (port > 0 && port < 65536) {

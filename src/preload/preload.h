@@ -169,6 +169,8 @@ struct mlp_sock {
     struct mlp_ep *qep;           /* epoll.c: the set whose queue its channel is in now, NULL for
                                    * the process's queue or none (mlp_home_mu) */
     _Atomic uint64_t fin_ns;      /* when its kernel socket's FIN came, the peer still alive */
+    _Atomic uint64_t passed_ns;   /* the last ask of a passed peer's lock (poll.c,
+                                   * mlp_peer_passed_gone) */
     _Atomic uint64_t look_ns;     /* the last look at the kernel socket by a call that must not
                                    * wait (poll.c, mlp_look_due; the coarse clock) */
     _Atomic uint32_t eagains;     /* nonblocking receives in a row that found the ring empty */
@@ -403,6 +405,7 @@ int mlp_sock_sleep(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline
 bool mlp_end_look(struct mlp_sock *s);
 bool mlp_look_due(struct mlp_sock *s, uint64_t now);
 bool mlp_check_peer(struct mlp_sock *s);
+bool mlp_peer_passed_gone(struct mlp_sock *s);
 void mlp_poll_kick(struct mlp_sock *s);
 int mlp_select(int n, fd_set *r, fd_set *w, fd_set *e, int64_t timeout_ns, const sigset_t *mask,
                int64_t *left_ns);

@@ -2401,17 +2401,22 @@ def test_passed_connection_ends_with_its_passer(fabric, tmp_path, mode):
     settle(fabric)
 
 
-@pytest.mark.xfail(strict=True, reason="a passer that leaves by _exit or a signal runs no exit "
-                   "handler, and its kernel socket's FIN never comes (the receiver holds it): a "
-                   "peer asleep in poll or epoll is not woken by the passer's lock going "
-                   "(design.md, Passing a connection; not built)")
 @pytest.mark.parametrize("mode", ["epoll-_exit", "poll-_exit"])
 def test_passed_connection_ends_with_a_killed_passer(fabric, tmp_path, mode):
-    try:
-        plain, under, text = scripted(PASSEXIT, tmp_path, mode)
-        assert "server: no end within 5 s" not in under.stdout, under.stdout
-    finally:
-        settle(fabric)
+    """passexit, the passer leaving by _exit (as a killed one would): no exit handler publishes
+    its end, and its kernel socket's FIN never comes (the taker holds that socket), so the
+    server's epoll_wait or poll asks the lock of a peer that said it passed its socket
+    (ML_SOCK_PASSED) when its sleep runs to the liveness bound, and sees the end within a
+    second.  Before: "server: no end within 5 s" (a blocking read already found it so)."""
+    plain, under, text = scripted(PASSEXIT, tmp_path, mode)
+    assert sorted(plain.stdout.splitlines()) == [
+        "done", "passer: pong 1", "server: the connection ended (end of stream)",
+        "taker: pong 2"], plain.stdout
+    assert sorted(under.stdout.splitlines()) == [
+        "done", "passer: pong 1", "server: the connection ended (end of stream)",
+        "taker: the connection ended"], under.stdout + under.stderr
+    assert text.count("passed to another process over SCM_RIGHTS: the receiver gets") == 1, text
+    settle(fabric)
 
 
 EPOLLPARK = BUILD / "tests-preload" / "epollpark"
