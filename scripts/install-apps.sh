@@ -10,6 +10,12 @@ if ! python3 -c 'import grpc' 2>/dev/null; then
     echo "install-apps: installing grpcio for $(command -v python3)"
     PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet grpcio || echo "install-apps: pip could not install grpcio"
 fi
+# uvloop as PyPI ships it, for the same python: it bundles libuv 1.45 or later, which adds
+# sockets to its epoll set through an io_uring (test_apps.py::test_python_asyncio_and_uvloop).
+if ! python3 -c 'import uvloop' 2>/dev/null; then
+    echo "install-apps: installing uvloop for $(command -v python3)"
+    PIP_ROOT_USER_ACTION=ignore python3 -m pip install --quiet uvloop || echo "install-apps: pip could not install uvloop"
+fi
 want=(redis-server:redis-server memcached:memcached nginx:nginx-light wrk:wrk
       iperf3:iperf3 sockperf:sockperf pgbench:postgresql-client
       /usr/lib/postgresql/15/bin/postgres:postgresql memcslap:libmemcached-tools curl:curl
@@ -20,7 +26,8 @@ want=(redis-server:redis-server memcached:memcached nginx:nginx-light wrk:wrk
       /usr/sbin/haproxy:haproxy /usr/sbin/varnishd:varnish
       /usr/lib/python3/dist-packages/zmq/__init__.py:python3-zmq
       /usr/lib/python3/dist-packages/grpc/__init__.py:python3-grpcio
-      mariadbd:mariadb-server mariadb-slap:mariadb-client node:nodejs)
+      mariadbd:mariadb-server mariadb-slap:mariadb-client node:nodejs
+      /usr/sbin/pgbouncer:pgbouncer)
 # The MPICH header's directory is per architecture (mpicc.mpich comes with the runtime package,
 # mpi.h only with libmpich-dev: checking the compiler left test_seeds without the header).
 arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)

@@ -588,11 +588,37 @@ static int ml_fabric_reclaim_cx(memlan_fabric_t *fab, struct ml_clean_ctx *cx)
                 }
             } else if (strncmp(nm, "px-", 3) == 0) {
                 /* A connection passed over SCM_RIGHTS (src/preload/negotiate.c): its receiver
-                 * removes it as it takes the connection up, its passer after 10 s; one left by a
-                 * passer that died first is stale after a minute. */
+                 * removes it as it takes the connection up, its passer after 10 s or at its
+                 * exit().  One left by a passer that died first is stale once nobody holds the
+                 * side it names (neither its byte nor its bridge byte is locked: the passer's
+                 * bridge went with it), or after a minute. */
                 struct stat st;
-                if (__ml_sys_fstatat(fab->dirfd, nm, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-                    time(NULL) - st.st_mtime > 60 && __ml_sys_unlinkat(fab->dirfd, nm, 0) == 0)
+                if (__ml_sys_fstatat(fab->dirfd, nm, &st, AT_SYMLINK_NOFOLLOW) != 0)
+                    continue;
+                bool stale = time(NULL) - st.st_mtime > 60;
+                long rf = stale ? -1
+                                : __ml_sys_open(fab->dirfd, nm, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, 0);
+                if (rf >= 0) {
+                    char rb[256], tok[40], seg[80];
+                    int side = -1;
+                    unsigned fl;
+                    ssize_t rn = __ml_sys_read((int)rf, rb, sizeof rb - 1);
+                    __ml_sys_close((int)rf);
+                    if (rn > 0) {
+                        rb[rn] = 0;
+                        if (sscanf(rb, "memlan-pass 1 %d %u %32s", &side, &fl, tok) == 3 &&
+                            (side == 0 || side == 1) && __ml_token_valid(tok)) {
+                            __ml_fabric_name(seg, sizeof seg, "seg", tok);
+                            long sf = __ml_sys_open(fab->dirfd, seg, O_RDONLY | O_NOFOLLOW, 0);
+                            stale = sf < 0 ||
+                                    (__ml_sys_byte_held((int)sf, side) == 0 &&
+                                     __ml_sys_byte_held((int)sf, ML_LOCK_BRIDGE(side)) == 0);
+                            if (sf >= 0)
+                                __ml_sys_close((int)sf);
+                        }
+                    }
+                }
+                if (stale && __ml_sys_unlinkat(fab->dirfd, nm, 0) == 0)
                     removed++;
             } else if (strncmp(nm, "bell-", 5) == 0 && __ml_token_valid(nm + 5)) {
                 /* A doorbell outlives nothing: remove it once its queue's segment is gone. */

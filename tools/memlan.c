@@ -17,10 +17,10 @@
 #include "memlan.h"
 #include "memlan/layout.h"
 #include "internal.h"
+#include "preload/elfreach.h"
 #include "preload/ports.h"
 
 #include <dirent.h>
-#include <elf.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -911,96 +911,6 @@ static bool which(const char *name, char *out, size_t len)
     return false;
 }
 
-/* A note segment (PT_NOTE) at off, size bytes, holds Go's build id (owner "Go\0\0", type 4): the
- * program is Go's, whose runtime makes its socket system calls itself, never through libc, even
- * when it is dynamically linked (cgo), so LD_PRELOAD reaches none of its connections. */
-static bool note_is_go(int fd, uint64_t off, uint64_t size)
-{
-    unsigned char buf[4096];
-    if (size > sizeof buf)
-        size = sizeof buf;
-    ssize_t n = pread(fd, buf, (size_t)size, (off_t)off);
-    for (size_t at = 0; n > 0 && at + 12 <= (size_t)n;) {
-        uint32_t namesz, descsz, type;
-        memcpy(&namesz, buf + at, 4), memcpy(&descsz, buf + at + 4, 4), memcpy(&type, buf + at + 8, 4);
-        if (namesz > sizeof buf || descsz > sizeof buf)
-            break;
-        size_t name = at + 12;
-        if (type == 4 && namesz == 4 && name + 4 <= (size_t)n && memcmp(buf + name, "Go\0\0", 4) == 0)
-            return true;
-        at = name + ((namesz + 3u) & ~3u) + ((descsz + 3u) & ~3u);
-    }
-    return false;
-}
-
-/* What LD_PRELOAD makes of the program at path: 1 when it is an ELF executable without an
- * interpreter (statically linked: the dynamic loader, hence LD_PRELOAD, never runs), 2 when it is
- * a Go program (see note_is_go), 0 when dynamic, else -1 (unreadable, not ELF).  A "#!" script
- * is judged by its interpreter, one level deep. */
-static int elf_static(const char *path, int depth, char *judged, size_t jlen)
-{
-    snprintf(judged, jlen, "%s", path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    unsigned char hdr[256];
-    ssize_t n = pread(fd, hdr, sizeof hdr - 1, 0);
-    int r = -1;
-    if (n >= 2 && hdr[0] == '#' && hdr[1] == '!' && depth == 0) {
-        hdr[n] = 0;
-        char *p = (char *)hdr + 2;
-        p += strspn(p, " \t");
-        p[strcspn(p, " \t\n")] = 0;
-        close(fd);
-        return *p ? elf_static(p, 1, judged, jlen) : -1;
-    }
-    uint64_t phoff = 0;
-    unsigned phnum = 0, phentsize = 0;
-    bool is64 = false;
-    if (n >= (ssize_t)sizeof(Elf64_Ehdr) && memcmp(hdr, ELFMAG, SELFMAG) == 0 &&
-        hdr[EI_CLASS] == ELFCLASS64) {
-        Elf64_Ehdr eh;
-        memcpy(&eh, hdr, sizeof eh);
-        phoff = eh.e_phoff, phnum = eh.e_phnum, phentsize = eh.e_phentsize;
-        is64 = true;
-        r = 1;
-    } else if (n >= (ssize_t)sizeof(Elf32_Ehdr) && memcmp(hdr, ELFMAG, SELFMAG) == 0 &&
-               hdr[EI_CLASS] == ELFCLASS32) {
-        Elf32_Ehdr eh;
-        memcpy(&eh, hdr, sizeof eh);
-        phoff = eh.e_phoff, phnum = eh.e_phnum, phentsize = eh.e_phentsize;
-        r = 1;
-    }
-    if (r == 1 && phentsize < (is64 ? sizeof(Elf64_Phdr) : sizeof(Elf32_Phdr)))
-        r = -1;
-    bool go = false;
-    for (unsigned i = 0; i < phnum && r >= 0; i++) {
-        unsigned char ph[sizeof(Elf64_Phdr)];
-        uint64_t type, off, size;
-        if (pread(fd, ph, is64 ? sizeof(Elf64_Phdr) : sizeof(Elf32_Phdr),
-                  (off_t)(phoff + (uint64_t)i * phentsize)) !=
-            (ssize_t)(is64 ? sizeof(Elf64_Phdr) : sizeof(Elf32_Phdr))) {
-            r = -1;
-            break;
-        }
-        if (is64) {
-            Elf64_Phdr p;
-            memcpy(&p, ph, sizeof p);
-            type = p.p_type, off = p.p_offset, size = p.p_filesz;
-        } else {
-            Elf32_Phdr p;
-            memcpy(&p, ph, sizeof p);
-            type = p.p_type, off = p.p_offset, size = p.p_filesz;
-        }
-        if (type == PT_INTERP)
-            r = 0;
-        else if (type == PT_NOTE && !go)
-            go = note_is_go(fd, off, size);
-    }
-    close(fd);
-    return r >= 0 && go ? 2 : r;
-}
-
 static int cmd_run(int argc, char **argv)
 {
     enum { O_SPIN = 256, O_FABRIC, O_PORTS, O_NOPORTS, O_LOG, O_LOGLEVEL, O_ACCEPT, O_RING, O_OFF };
@@ -1090,7 +1000,7 @@ static int cmd_run(int argc, char **argv)
     }
     const char *prog = argv[optind];
     char file[PATH_MAX], judged[PATH_MAX];
-    int reach = !quiet && which(prog, file, sizeof file) ? elf_static(file, 0, judged, sizeof judged) : 0;
+    int reach = !quiet && which(prog, file, sizeof file) ? mlp_elf_reach(file, 0, judged, sizeof judged) : 0;
     if (reach == 1 || reach == 2)
         fprintf(stderr, "memlan run: warning: %s%s%s %s, so its connections will not be "
                         "accelerated\n", file, strcmp(file, judged) ? ": its interpreter " : "",

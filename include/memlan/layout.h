@@ -178,6 +178,9 @@ struct ml_chan_hdr {
 #define ML_SOCK_RESET_AFTER_FIN 256u /* with ML_SOCK_RESET: we had shut down writing before (our FIN
                                 * came first): the peer's recv reads the end, not the reset, and
                                 * its error is EPIPE, as the kernel's reset in CLOSE_WAIT */
+#define ML_SOCK_PASSED   512u /* our process passed its socket to another over SCM_RIGHTS: its
+                                * kernel socket's FIN may never come (the receiver holds it), so
+                                * the peer's poll and epoll ask our lock at each liveness interval */
 
 struct ml_sock_side {
     _Alignas(ML_CACHELINE) uint32_t unused[4]; /* were lock words: ignored, never read */

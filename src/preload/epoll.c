@@ -81,6 +81,8 @@ struct mlp_ep {
     bool tagged;                        /* the kernel set ever held an fd of ours, or a tagged
                                          * member: its answers are filtered from then on */
     _Atomic uint64_t kpoll_ns;          /* when the kernel set was last asked */
+    uint64_t passed_ns;                 /* when its members' passed peers were last asked
+                                         * (mlp_ep_passed_look) */
     bool nested;                        /* this set is itself a member of another set, or
                                          * was asked about by poll/select */
     int nfds;                           /* fds naming the set (dup), under mlp_eps_mu */
@@ -1541,6 +1543,32 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
     return got;
 }
 
+/* After a sleep that ran out: a member whose peer passed its socket to another
+ * process and then ended without its exit handler (poll.c, mlp_peer_passed_gone) goes on the
+ * ready list, where the harvest reports its end.  Nothing else would: no post comes from a dead
+ * process, nor a FIN from a kernel socket that the receiver holds.  A walk of the set's members,
+ * made only when a wait ran out, and a system call only for those whose peer says it passed. */
+static bool mlp_ep_passed_look(struct mlp_ep *e)
+{
+    /* at the liveness pace per set, whatever the caller's timeouts (a short one each loop) */
+    uint64_t now = mlp_coarse_ns(), t = __atomic_load_n(&e->passed_ns, __ATOMIC_RELAXED);
+    if (now - t < ML_LIVENESS_NS ||
+        !__atomic_compare_exchange_n(&e->passed_ns, &t, now, false, __ATOMIC_RELAXED,
+                                     __ATOMIC_RELAXED))
+        return false;
+    bool found = false;
+    pthread_mutex_lock(&mlp_epmu);
+    for (int fd = 0; fd < e->nbyfd; fd++) {
+        struct mlp_member *m = e->byfd[fd];
+        if (m && m->s && !m->disabled && !m->parked && !m->queued && mlp_peer_passed_gone(m->s)) {
+            mlp_rl_push(m);
+            found = true;
+        }
+    }
+    pthread_mutex_unlock(&mlp_epmu);
+    return found;
+}
+
 static int mlp_ep_collect(int epfd, struct mlp_ep *e, struct epoll_event *out, int max,
                           bool *undecided, uint64_t *gen)
 {
@@ -1941,6 +1969,9 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
         }
         bool again = bell;
         int w = mlp_ep_filter(out, r, &again);
+        if (!w && !again && r == 0 && slept && left != 0 &&
+            __atomic_load_n(&e->n, __ATOMIC_RELAXED))
+            again = mlp_ep_passed_look(e); /* the sleep ran out: passed peers' locks */
         if (again && w < max)
             w += mlp_ep_collect(epfd, e, out + w, max - w, &undecided, NULL);
         if (w || mlp_left(deadline) == 0) {

@@ -23,6 +23,7 @@
  * child of a fork), we give back our count of holders first, so the peer sees the end when the
  * last of them closes, not when the child's new image exits.
  */
+#include "elfreach.h"
 #include "preload.h"
 #include "sys/sys.h"
 
@@ -427,6 +428,20 @@ static inline const char *mlp_maybe_null(const char *p)
     return p;
 }
 
+/* execvp's search of PATH for a bare name: true and the file in found, or false. */
+static bool mlp_path_search(const char *name, char *found, size_t cap)
+{
+    const char *dirs = getenv("PATH"), *d = dirs ? dirs : "/bin:/usr/bin";
+    while (*d) {
+        size_t l = strcspn(d, ":");
+        int n = snprintf(found, cap, "%.*s%s%s", (int)l, d, l ? "/" : "", name);
+        if (n > 0 && (size_t)n < cap && access(found, X_OK) == 0)
+            return true;
+        d += l + (d[l] == ':');
+    }
+    return false;
+}
+
 /*
  * An exec in secure-execution mode (the kernel's AT_SECURE: real and effective ids differ, or a
  * set-user-ID or set-group-ID file): the new image's dynamic linker ignores an LD_PRELOAD path
@@ -447,20 +462,11 @@ static void mlp_exec_secure_note(const char *path)
         return;
     struct stat st;
     char found[512];
-    if (path && !strchr(path, '/') && (ru != eu || rg != eg)) {
-        /* execvp's search, so that a name it will not find is not said (squid tries
-         * squid_start first) */
-        const char *dirs = getenv("PATH"), *d = dirs ? dirs : "/bin:/usr/bin";
-        bool hit = false;
-        while (!hit && *d) {
-            size_t l = strcspn(d, ":");
-            int n = snprintf(found, sizeof found, "%.*s%s%s", (int)l, d, l ? "/" : "", path);
-            hit = n > 0 && (size_t)n < sizeof found && access(found, X_OK) == 0;
-            d += l + (d[l] == ':');
-        }
-        if (!hit)
-            return;
-    }
+    /* execvp's search, so that a name it will not find is not said (squid tries squid_start
+     * first) */
+    if (path && !strchr(path, '/') && (ru != eu || rg != eg) &&
+        !mlp_path_search(path, found, sizeof found))
+        return;
     if (ru != eu || rg != eg) {
         mlp_say(MLP_SAID_SECURE, "exec of %.200s with real uid %u, effective uid %u (gid %u, %u): "
                 "secure-execution mode, where the dynamic linker ignores LD_PRELOAD; that "
@@ -474,6 +480,38 @@ static void mlp_exec_secure_note(const char *path)
                 "its connections on TCP",
                 path, (st.st_mode & S_ISUID) && st.st_uid != eu ? "user" : "group");
     }
+}
+
+/*
+ * An exec of a program that LD_PRELOAD cannot reach (elfreach.h): a Go program, which makes its
+ * socket system calls itself, or a statically linked one.  `memlan run` warns about the program
+ * it starts, but one started by a shell script or a launcher under memlan was said nowhere: a Go
+ * server run by `sh -c` kept every client on TCP, and the clients' log said only "no memlan
+ * listener on this port", as if the server were not under memlan.  Said once per image, and not
+ * again by the images it starts (MEMLAN_SAID), on stderr and in the log.  path: the file as the
+ * exec names it; a bare name is looked for in PATH, as execvp does (NULL, an fd: nothing said).
+ */
+static void mlp_exec_reach_note(const char *path)
+{
+    path = mlp_maybe_null(path);
+    if (!path || mlp_cfg.off || (atomic_load(&mlp_said) & MLP_SAID_REACH))
+        return;
+    char found[512], judged[512];
+    if (!strchr(path, '/')) {
+        if (!mlp_path_search(path, found, sizeof found))
+            return;
+        path = found;
+    }
+    int saved = errno;
+    int reach = mlp_elf_reach(path, 0, judged, sizeof judged);
+    errno = saved;
+    if (reach == 1 || reach == 2)
+        mlp_say(MLP_SAID_REACH, "exec of %.200s%s%.200s, %s; that program runs without memlan, its "
+                "connections on TCP", path, strcmp(path, judged) ? ": its interpreter " : "",
+                strcmp(path, judged) ? judged : "",
+                reach == 1 ? "statically linked: LD_PRELOAD cannot reach it"
+                           : "a Go program: Go makes its socket calls itself, not through libc, "
+                             "where LD_PRELOAD could reach them");
 }
 
 static char *const *mlp_exec_prepare(struct mlp_carry *c, char *const envp[])
@@ -760,6 +798,7 @@ MLP_EXPORT int execve(const char *path, char *const argv[], char *const envp[])
     if (mlp_inside)
         return mlp_real_execve(path, argv, envp);
     mlp_exec_secure_note(path);
+    mlp_exec_reach_note(path);
     MLP_EXEC(mlp_real_execve(path, argv, env));
 }
 
@@ -769,6 +808,7 @@ MLP_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
     if (mlp_inside || !mlp_real_execvpe)
         return mlp_real_execvpe ? mlp_real_execvpe(file, argv, envp) : (errno = ENOSYS, -1);
     mlp_exec_secure_note(file);
+    mlp_exec_reach_note(file);
     MLP_EXEC(mlp_real_execvpe(file, argv, env));
 }
 
@@ -790,6 +830,7 @@ MLP_EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *c
                                  : (errno = ENOSYS, -1);
     path = mlp_maybe_null(path); /* NULL: the kernel's EFAULT, not ours to read */
     mlp_exec_secure_note(path && (dirfd == AT_FDCWD || path[0] == '/') ? path : NULL);
+    mlp_exec_reach_note(path && (dirfd == AT_FDCWD || path[0] == '/') ? path : NULL);
     MLP_EXEC(mlp_real_execveat(dirfd, path, argv, env, flags));
 }
 

@@ -658,9 +658,37 @@ MLP_EXPORT void closefrom(int lowfd)
  * the fd's record, and the next socket, pipe or file the kernel gave that number was taken for
  * the old connection (a connect that "succeeded" unconnected, a pipe's write that raised SIGPIPE:
  * tests/preload/rawclose.c).  SYS_close and SYS_close_range take the paths of close() and
- * close_range(); every other number goes to libc's syscall() unchanged (or, before start-up has
- * found it, to the kernel).  memlan's own closes never come here (__ml_sys_raw).
+ * close_range(); SYS_io_uring_setup is refused (below); every other number goes to libc's
+ * syscall() unchanged (or, before start-up has found it, to the kernel).  memlan's own closes
+ * never come here (__ml_sys_raw).
  */
+#ifdef SYS_io_uring_setup
+/*
+ * io_uring_setup is refused with ENOSYS while memlan is on, as a kernel without io_uring or
+ * Docker's default seccomp profile (EPERM there) refuses it: the operations an io_uring carries
+ * (epoll_ctl, recv, send, poll on a socket) never reach our interposers, and on an accelerated
+ * socket they act on the idle kernel socket.  libuv 1.45 and later (uvloop, Node.js's own
+ * builds) adds every socket to its epoll set through an io_uring (IORING_OP_EPOLL_CTL) when it
+ * can: the set never heard of the accelerated socket, and uvloop's server and client under
+ * memlan hung at their first message (tests/preload/uringctl.c); refused, libuv calls
+ * epoll_ctl, as it does on such kernels.  Only what goes through libc's syscall() can be seen:
+ * liburing makes its own system calls (design.md, "Not supported").  Logged once per process.
+ */
+static _Atomic bool mlp_uring_told;
+
+static long mlp_uring_refuse(void)
+{
+    MLP_INIT();
+    if (mlp_cfg.off)
+        return 1;
+    if (!atomic_exchange(&mlp_uring_told, true))
+        mlp_log(1, "io_uring_setup refused (ENOSYS): memlan cannot see what an io_uring does on "
+                   "its sockets (libuv then calls epoll_ctl itself)");
+    errno = ENOSYS;
+    return -1;
+}
+#endif
+
 MLP_EXPORT long syscall(long n, ...)
 {
     va_list ap;
@@ -672,6 +700,10 @@ MLP_EXPORT long syscall(long n, ...)
         return mlp_close_call((int)a);
     if (n == SYS_close_range)
         return mlp_close_range_call((unsigned)a, (unsigned)b, (int)c);
+#ifdef SYS_io_uring_setup
+    if (n == SYS_io_uring_setup && !mlp_inside && mlp_uring_refuse() < 0)
+        return -1;
+#endif
     long (*real)(long, long, long, long, long, long, long) = mlp_real_syscall;
     long r;
     if (ml_likely(real != NULL)) {

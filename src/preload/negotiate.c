@@ -1556,8 +1556,10 @@ struct mlp_passing {
     int bridge;               /* our side's bridge lock (one of our own fds) */
     int fd;                   /* the passer's fd, for what is said */
     int port;                 /* the connection's local port, for what is said */
+    int side;
     uint64_t t0;
     char name[40];            /* "px-<socket inode>" */
+    char token[MEMLAN_TOKEN_LEN + 1];
 };
 static pthread_mutex_t mlp_pass_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct mlp_passing *mlp_passings;  /* passed, their receivers not seen yet */
@@ -1571,8 +1573,10 @@ static void mlp_pass_name(char *buf, size_t len, unsigned long long ino)
 
 static void mlp_passing_free(struct mlp_passing *p)
 {
-    mlp_disown_fd(p->bridge);
-    __ml_sys_close(p->bridge);
+    if (p->bridge >= 0) {
+        mlp_disown_fd(p->bridge);
+        __ml_sys_close(p->bridge);
+    }
     free(p);
 }
 
@@ -1726,6 +1730,8 @@ static void mlp_pass_prepare_fd(int fd, void *ctx)
     mlp_own_fd(&p->bridge, true);
     p->fd = fd;
     p->port = l.port;
+    p->side = s->side;
+    snprintf(p->token, sizeof p->token, "%s", s->ch->seg->token);
     p->t0 = mlp_now_ns();
     p->s = s; /* our reference, until the call's end */
     /* The receiver holds the side from now on, as a fork child would; and moves the ring
@@ -1733,6 +1739,9 @@ static void mlp_pass_prepare_fd(int fd, void *ctx)
     atomic_fetch_add(&s->me->holders, 1);
     if (!atomic_load_explicit(&s->forked, memory_order_relaxed))
         atomic_store(&s->forked, true);
+    /* Until the receiver takes it up (which clears it), a passer that dies without its exit
+     * handler leaves the peer only its lock to ask (poll.c, mlp_peer_passed_gone). */
+    atomic_fetch_or(&s->me->flags, ML_SOCK_PASSED);
     p->next = x->made;
     x->made = p;
 }
@@ -1763,10 +1772,17 @@ static void mlp_pass_after_fd(int fd, void *ctx)
         bridged = q->s == s;
     /* the vfork child's look (getpid) last: only a connection of ours pays for it */
     if (!bridged && s->type == MLP_CONN && atomic_load(&s->state) == MLP_ACCEL &&
-        !mlp_vfork_child())
+        !mlp_vfork_child()) {
+        /* Lost: its end is still ours to tell, at exit (sock.c, mlp_passed_at_exit), and the
+         * peer's waiters ask our lock meanwhile (poll.c, mlp_peer_passed_gone): the receiver
+         * holds the kernel socket, whose FIN would otherwise tell it. */
+        atomic_store(&s->passed, true);
+        if (s->me)
+            atomic_fetch_or(&s->me->flags, ML_SOCK_PASSED);
         mlp_pass_lost(fd, mlp_confinement == 2 ? "the passer is in a seccomp sandbox"
                                                : "no record of it could be left",
                       mlp_pass_mark_port(s));
+    }
     mlp_put(s);
 }
 
@@ -1786,6 +1802,8 @@ void mlp_pass_finish(const struct msghdr *m, void *made, bool ok)
         if (!ok) { /* the kernel kept the descriptor: nothing is in flight */
             __ml_sys_unlinkat(mlp_fab->dirfd, p->name, 0);
             atomic_fetch_sub(&s->me->holders, 1);
+            if (!atomic_load(&s->passed))
+                atomic_fetch_and(&s->me->flags, ~ML_SOCK_PASSED);
             mlp_passing_free(p);
             mlp_put(s);
             continue;
@@ -1880,7 +1898,8 @@ static void mlp_take_passed_look(int fd)
         (void)mlp_real_shutdown(fd, SHUT_RDWR);
         return;
     }
-    mlp_adopt_conn(&fd, 1, b, side, token, flags, "passed over SCM_RIGHTS");
+    mlp_adopt_conn(&fd, 1, b, side, token, (flags & (MLP_CARRY_RD_EOF | MLP_CARRY_SHUT_RD)) |
+                   MLP_CARRY_PASSED, "passed over SCM_RIGHTS");
 }
 
 bool mlp_take_passed(int fd)
@@ -3291,6 +3310,8 @@ void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *tok
     mlp_sock_liveness(ch, fds[0]);
     ch->rd_eof_when_empty = (flags & MLP_CARRY_RD_EOF) != 0;
     ch->shut_rd = (flags & MLP_CARRY_SHUT_RD) != 0;
+    if (flags & MLP_CARRY_PASSED) /* we hold the side now: its peer's waiters need not ask */
+        atomic_fetch_and(&s->me->flags, ~ML_SOCK_PASSED);
     /* O_NONBLOCK is the open file's: the kernel kept it across exec, and says it. */
     long fl = mlp_real_fcntl(fds[0], F_GETFL, 0);
     mlp_set_nonblock(s, fl > 0 && (fl & O_NONBLOCK));
@@ -3346,16 +3367,32 @@ void mlp_negotiate_after_fork(void)
  * (mlp_at_exit).  After _exit or a signal, the next reclaim removes the file. */
 void mlp_negotiate_at_exit(void)
 {
-    /* Connections passed that no receiver took up yet: with our bridges gone at our end, the
-     * peer sees their sides die; their records go, so that nobody takes up a dead side. */
+    /* Connections passed that no receiver took up yet: the receiver may be about to
+     * (pgbouncer -R's old process exits right after its hand-over), and our bridges, which hold
+     * their sides alive meanwhile, go with us.  So we wait a little (200 ms at the most, only
+     * while some record is there); then a record still there is lost: it goes, and its side is
+     * published reset through the bridge, so that the peer reads the end at once rather than
+     * wait for a FIN the receiver's socket never sends (tests/preload/passexit.c "sandbox"). */
     if (atomic_load(&mlp_npassing) && mlp_fab && pthread_mutex_trylock(&mlp_pass_mu) == 0) {
+        uint64_t until = mlp_now_ns() + 200000000ull;
         for (struct mlp_passing *p = mlp_passings; p; p = p->next) {
             struct stat st;
-            if (__ml_sys_fstatat(mlp_fab->dirfd, p->name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-                __ml_sys_unlinkat(mlp_fab->dirfd, p->name, 0) == 0)
-                mlp_pass_lost(p->fd, "the passer exited before its receiver took it up: the "
-                                     "receiver runs without memlan, in a seccomp sandbox, as "
-                                     "another user, or did not use it yet", false);
+            while (__ml_sys_fstatat(mlp_fab->dirfd, p->name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+                   mlp_now_ns() < until)
+                (void)nanosleep(&(struct timespec){0, 1000000}, NULL);
+            if (__ml_sys_unlinkat(mlp_fab->dirfd, p->name, 0) != 0)
+                continue; /* taken up */
+            mlp_pass_lost(p->fd, "the passer exited before its receiver took it up: the "
+                                 "receiver runs without memlan, in a seccomp sandbox, as another "
+                                 "user, or did not use it yet", false);
+            memlan_channel_t *ch = NULL;
+            mlp_disown_fd(p->bridge);
+            int b = p->bridge;
+            p->bridge = -1;
+            if (__ml_chan_adopt(mlp_fab, p->token, b, p->side, &ch) == 0) {
+                atomic_fetch_or(&mlp_side_block(ch, p->side)->flags, ML_SOCK_RESET);
+                __ml_chan_abandon(ch); /* mapped until the process is gone */
+            }
         }
         pthread_mutex_unlock(&mlp_pass_mu);
     }

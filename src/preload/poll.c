@@ -144,6 +144,30 @@ void mlp_queue_drain(void)
     } while (n == 64);
 }
 
+/* A peer whose process passed its socket over SCM_RIGHTS (ML_SOCK_PASSED, negotiate.c's
+ * mlp_passed) and then ended by _exit or a signal: its exit handler, which publishes such a
+ * side's end (sock.c, mlp_passed_at_exit), never ran, and its kernel socket's FIN never comes,
+ * since the receiver holds that socket.  So a poll or epoll_wait whose sleep ran out asks such a
+ * peer's lock, at most once per liveness interval (100 ms) and socket (a peer that sets the flag
+ * without passing costs us only that system call).  True when the peer is now known gone.
+ * Before, a server asleep in epoll_wait or poll on it waited for ever (tests/preload/passexit.c,
+ * "epoll-_exit"). */
+bool mlp_peer_passed_gone(struct mlp_sock *s)
+{
+    if (s->type != MLP_CONN || !s->ch || s->state != MLP_ACCEL)
+        return false;
+    struct memlan_channel *ch = s->ch;
+    if (ch->peer_dead || __ml_chan_peer_state(ch) != ML_SIDE_OPEN ||
+        !(atomic_load(&mlp_side_block(ch, 1 - s->side)->flags) & ML_SOCK_PASSED))
+        return false;
+    /* at the liveness pace, whatever the caller's timeouts */
+    uint64_t now = mlp_coarse_ns(), t = atomic_load(&s->passed_ns);
+    if (now - t < ML_LIVENESS_NS || !atomic_compare_exchange_strong(&s->passed_ns, &t, now))
+        return false;
+    (void)__ml_chan_check_peer(ch);
+    return ch->peer_dead;
+}
+
 /* The peer's kernel socket ended (its FIN came): has the peer itself?  Its liveness lock goes
  * with its last mapping, which for a process being killed can come after the FIN (the kernel
  * closes files and drops mappings in its own order, and may defer the last release), and an
@@ -561,6 +585,12 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
                     } else if (!ready) {
                         nap = true; /* FIN before the peer's state is visible: look again */
                     }
+                } else if (r == 0 && left != 0 && naccel && mlp_peer_passed_gone(socks[i])) {
+                    /* the sleep ran out: a passed peer's lock (a zero-timeout poll never asks) */
+                    checked = true;
+                    short rv = mlp_sock_revents(socks[i], fds[i].fd, fds[i].events);
+                    if (rv > 0)
+                        fds[i].revents = rv;
                 }
                 if (fds[i].revents)
                     got++;

@@ -84,7 +84,7 @@ void mlp_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
  */
 #define MLP_SAID_ENV "MEMLAN_SAID"
 enum { MLP_SAID_CONFIG = 1, MLP_SAID_FABRIC = 2, MLP_SAID_FULL = 4, MLP_SAID_EVQ = 8,
-       MLP_SAID_SECURE = 16, MLP_SAID_PASS = 32 };
+       MLP_SAID_SECURE = 16, MLP_SAID_PASS = 32, MLP_SAID_REACH = 64 };
 extern _Atomic unsigned mlp_said;     /* topics said by us or an ancestor: passed on at exec */
 void mlp_say(unsigned topic, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 bool mlp_port_allowed(int port, const char **why);
@@ -152,6 +152,8 @@ struct mlp_sock {
                                    * hold it and move its ring positions (sock.c, mlp_lock_dir) */
     _Atomic bool tmo_synced;      /* SO_RCVTIMEO/SO_SNDTIMEO copied from the kernel socket */
     _Atomic bool split_told;      /* bytes found on the idle kernel socket were reported */
+    _Atomic bool passed;          /* accelerated, it was passed to another process over
+                                   * SCM_RIGHTS (negotiate.c, mlp_passed; sock.c, mlp_at_exit) */
     _Atomic bool shut_owed;       /* shut down (SHUT_WR) while undecided: the kernel socket's
                                    * shutdown waits for the settle (mlp_shut_owed_pay) */
     _Atomic bool disconnected;    /* connect(AF_UNSPEC) made it the kernel's (mlp_disconnect):
@@ -168,6 +170,8 @@ struct mlp_sock {
     struct mlp_ep *qep;           /* epoll.c: the set whose queue its channel is in now, NULL for
                                    * the process's queue or none (mlp_home_mu) */
     _Atomic uint64_t fin_ns;      /* when its kernel socket's FIN came, the peer still alive */
+    _Atomic uint64_t passed_ns;   /* the last ask of a passed peer's lock (poll.c,
+                                   * mlp_peer_passed_gone) */
     _Atomic uint64_t look_ns;     /* the last look at the kernel socket by a call that must not
                                    * wait (poll.c, mlp_look_due; the coarse clock) */
     _Atomic uint32_t eagains;     /* nonblocking receives in a row that found the ring empty */
@@ -333,6 +337,7 @@ void mlp_offer_gone(struct mlp_sock *s);
 /* Across exec (exec.c): what the old image tells the new one about a socket besides its channel. */
 #define MLP_CARRY_RD_EOF  1u
 #define MLP_CARRY_SHUT_RD 2u
+#define MLP_CARRY_PASSED  4u /* taken up after a pass: the side's ML_SOCK_PASSED goes */
 void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *token,
                     unsigned flags, const char *how);
 void mlp_exec_adopt(void);  /* constructor: take up what the image before us carried */
@@ -425,6 +430,7 @@ int mlp_sock_sleep(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline
 bool mlp_end_look(struct mlp_sock *s);
 bool mlp_look_due(struct mlp_sock *s, uint64_t now);
 bool mlp_check_peer(struct mlp_sock *s);
+bool mlp_peer_passed_gone(struct mlp_sock *s);
 void mlp_poll_kick(struct mlp_sock *s);
 int mlp_select(int n, fd_set *r, fd_set *w, fd_set *e, int64_t timeout_ns, const sigset_t *mask,
                int64_t *left_ns);

@@ -2578,6 +2578,33 @@ static void mlp_unname_at_exit(struct mlp_sock *s)
     __ml_seg_unname(ch->seg);
 }
 
+/* At exit, a connection this process passed to another over SCM_RIGHTS (mlp_passed) and still
+ * holds alone: its end is published now, as a reset.  Nothing else would tell the peer: our end
+ * is the kernel socket's FIN ("The end nobody announces"), and that socket lives on in the
+ * process that received it, which cannot carry the channel.  pgbouncer's online restart
+ * (`pgbouncer -R`) passes every connection so, and the old process exits: the server behind it
+ * slept in epoll_wait for ever, and the client's next query, written by the new process to the
+ * idle kernel socket, was never answered (tests/preload/passexit.c).  A reset, not an end of
+ * stream: the connection is lost, with whatever the receiver wrote to it.  Nothing is freed
+ * (other threads may still be in calls on it: their sends now fail as after the peer's reset
+ * of a closed socket); the file's name goes as at a close, since with our side closed the peer
+ * no longer asks our lock.  _exit and signals skip this: see design.md, "Passing a
+ * connection". */
+static void mlp_passed_at_exit(struct mlp_sock *s, int fd)
+{
+    struct memlan_channel *ch = s->ch;
+    if (!atomic_load(&s->passed) || s->state != MLP_ACCEL || !ch || !s->me ||
+        atomic_load(&s->me->holders) > 1)
+        return;
+    if (ml_load_acquire(&ch->hdr->side_state[ch->side]) == ML_SIDE_CLOSED)
+        return;
+    atomic_fetch_or(&s->me->flags, ML_SOCK_RESET);
+    __ml_chan_abandon(ch); /* our side closed, and the peer woken whichever way it waits */
+    mlp_log(1, "fd %d: a connection passed to another process over SCM_RIGHTS ends with this "
+               "process (reset)", fd);
+    __ml_seg_unname(ch->seg);
+}
+
 /* At exit, a withdrawn offer other processes hold too (fork): give our count back, as our close
  * would have, so that the last of them to close removes its file (nobody uses its channel: it
  * is TCP).  Once, whatever closes later. */
@@ -2650,6 +2677,7 @@ void mlp_at_exit(void)
                 mlp_before_last_close(s, fd);
                 mlp_withdrawn_at_exit(s);
             }
+            mlp_passed_at_exit(s, fd);
             mlp_unname_at_exit(s);
         }
         mlp_put(s);

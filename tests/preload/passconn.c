@@ -17,6 +17,7 @@
  * no call of ours but is a filter: memlan may not take a connection up there).
  */
 #include "fdpass.h"
+#include "twoends.h"
 #include "seccompkill.h"
 
 #include <arpa/inet.h>
@@ -211,14 +212,8 @@ int main(int argc, char **argv)
     bool keep = !strcmp(mode, "keep");
     signal(SIGPIPE, SIG_IGN);
     setvbuf(stdout, NULL, _IOLBF, 0);
-    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 64) < 0) {
-        perror("listen");
-        return 1;
-    }
+    struct sockaddr_in a;
+    int l = listen_backlog(port, 64, &a); /* twoends.h */
     int sp[2];
     if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp) < 0)
         return 1;

@@ -294,6 +294,36 @@ def test_run_warns_about_go_programs(fabric, tmp_path):
     assert cli("run", "--quiet", "--", fake).stderr == ""
 
 
+def test_exec_of_a_go_program_under_memlan_is_said(fabric, tmp_path):
+    """A Go program started by a shell script or a launcher under memlan run (`memlan run -- sh -c
+    ./server`), where memlan run's own warning cannot see it: the exec is said once, on stderr
+    and in the log, and so is a statically linked one; a dynamic C program's is not.  Before,
+    nothing was said anywhere: a Go server run so kept every client on TCP, and the clients'
+    log read only "no memlan listener on this port in the fabric"."""
+    src = tmp_path / "g.c"
+    src.write_text(GO_NOTE)
+    fake = tmp_path / "gofake"
+    subprocess.run(["cc", "-o", str(fake), str(src)], check=True)
+    log = tmp_path / "m.log"
+    p = cli("run", "--log", str(log), "--", "sh", "-c", f"{fake}; {fake}; true")
+    said = f"exec of {fake}, a Go program"
+    assert p.returncode == 0 and p.stderr.count(said) == 1, p.stderr
+    assert "its connections on TCP" in p.stderr and log.read_text().count(said) == 1
+    # by name, as execvp finds it in PATH (Python's subprocess here)
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}")
+    p = subprocess.run([str(MEMLAN), "run", "--", PY, "-c",
+                        "import subprocess; subprocess.run(['gofake'], check=True)"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert p.returncode == 0 and said in p.stderr, p.stderr
+    assert cli("run", "--quiet", "--", "sh", "-c", f"{fake}; true").stderr == ""
+    assert "exec of" not in cli("run", "--", "sh", "-c", "ls / >/dev/null; true").stderr
+    static = tmp_path / "static"
+    src.write_text("int main(void) { return 0; }\n")
+    if subprocess.run(["cc", "-static", "-o", str(static), str(src)]).returncode == 0:
+        p = cli("run", "--", "sh", "-c", f"{static}; true")
+        assert f"exec of {static}, statically linked" in p.stderr, p.stderr
+
+
 def test_stat_json_escapes_names(tmp_path):
     odd = tempfile.mkdtemp(prefix='memlan-py-q"\\\x01\t\u00e9-', dir="/dev/shm")
     try:

@@ -2459,6 +2459,51 @@ def test_receiver_in_a_sandbox_says_the_passed_connection_is_lost(fabric, tmp_pa
         settle(fabric)
 
 
+PASSEXIT = BUILD / "tests-preload" / "passexit"
+
+
+@pytest.mark.parametrize("mode", ["epoll", "poll", "read", "epoll-close", "epoll-_exit",
+                                  "poll-_exit"])
+def test_passed_connection_follows_its_descriptor(fabric, tmp_path, mode):
+    """passexit: a client passes its accelerated connection to another process over SCM_RIGHTS
+    and exits (or _exits), as pgbouncer's online restart (`pgbouncer -R`) does with every
+    connection: the taker takes the channel up and its request is answered, as over kernel TCP,
+    whatever the server waits in and however the passer ends."""
+    plain, under, text = scripted(PASSEXIT, tmp_path, mode)
+    assert sorted(plain.stdout.splitlines()) == [
+        "done", "passer: pong 1", "server: the connection ended (end of stream)",
+        "taker: pong 2"], plain.stdout
+    assert sorted(under.stdout.splitlines()) == sorted(plain.stdout.splitlines()), \
+        under.stdout + under.stderr + text
+    assert text.count("accelerated (passed over SCM_RIGHTS)") == 1, text
+    settle(fabric)
+
+
+@pytest.mark.parametrize("mode", ["epoll-sandbox", "poll-sandbox", "epoll-_exit-sandbox",
+                                  "poll-_exit-sandbox"])
+def test_passed_connection_lost_ends_for_its_peer(fabric, tmp_path, mode):
+    """passexit with a taker under a seccomp filter, where memlan takes nothing up: the
+    connection is lost (said), but the server must see it end, not wait for ever.  At the
+    passer's exit(), after waiting a little for a take-up, its side is published reset through
+    its bridge; a passer that _exits leaves its side flagged passed (ML_SOCK_PASSED), and the
+    server's epoll_wait or poll asks its lock when its sleep runs to the liveness bound.  Before
+    (trial6's finding): pgbouncer -R's server slept in epoll_wait for ever ("server: no end
+    within 5 s") and the client's query hung."""
+    plain, under, text = scripted(PASSEXIT, tmp_path, mode)
+    assert sorted(plain.stdout.splitlines()) == [
+        "done", "passer: pong 1", "server: the connection ended (end of stream)",
+        "taker: pong 2"], plain.stdout
+    want_end = "end of stream" if "_exit" in mode else "Connection reset by peer"
+    assert sorted(under.stdout.splitlines()) == [
+        "done", "passer: pong 1", f"server: the connection ended ({want_end})",
+        "taker: the connection ended"], under.stdout + under.stderr
+    assert "accelerated (passed" not in text, text
+    if "_exit" not in mode:
+        assert "could not take it up (the passer exited before its receiver took it up" in \
+            under.stderr, under.stderr
+    settle(fabric)
+
+
 EPOLLPARK = BUILD / "tests-preload" / "epollpark"
 
 
@@ -2542,6 +2587,45 @@ def test_raw_syscall_close_releases_the_fd(fabric, tmp_path):
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
     assert text.count("accelerated (client)") == 4, text
     assert text.count("accelerated (accepted") == 4, text
+    settle(fabric)
+
+
+URINGCTL = BUILD / "tests-preload" / "uringctl"
+
+
+def io_uring_available():
+    r = subprocess.run([str(URINGCTL), str(next_port())], capture_output=True, text=True,
+                       timeout=30)
+    return r.returncode == 0 and r.stdout.startswith("io_uring: used\n")
+
+
+def test_io_uring_epoll_ctl_is_refused_so_libuv_uses_epoll_ctl(fabric, tmp_path):
+    """uringctl adds its connection to its epoll set as libuv 1.45 and later does (uvloop,
+    Node.js's own builds): by an io_uring IORING_OP_EPOLL_CTL through libc's syscall(), with
+    epoll_ctl when io_uring_setup fails.  Under memlan io_uring_setup is refused (ENOSYS, said in
+    the log), the fallback's epoll_ctl reaches the preload, and every round is answered.  Before,
+    the io_uring's epoll_ctl never reached memlan: the set waited on the idle kernel socket
+    ("round 0: no answer within 5 s"; uvloop's server and client hung at their first message)."""
+    if not io_uring_available():
+        pytest.skip("this kernel (or its seccomp filter) gives no io_uring: nothing to refuse")
+    plain, under, text = scripted(URINGCTL, tmp_path)
+    assert plain.stdout.splitlines() == ["io_uring: used", "round 0 ok", "round 1 ok",
+                                         "round 2 ok", "done"], plain.stdout + plain.stderr
+    assert under.stdout.splitlines() == ["io_uring: refused"] + plain.stdout.splitlines()[1:], \
+        under.stdout + under.stderr
+    assert text.count("io_uring_setup refused (ENOSYS)") == 1, text
+    assert text.count("accelerated (client)") == 1, text
+    settle(fabric)
+
+
+def test_io_uring_is_left_alone_when_memlan_is_off(fabric, tmp_path):
+    """With --off the library is loaded but changes nothing: io_uring_setup reaches the kernel."""
+    if not io_uring_available():
+        pytest.skip("this kernel (or its seccomp filter) gives no io_uring")
+    r = subprocess.run([str(MEMLAN), "run", "--off", "--", str(URINGCTL), str(next_port())],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith("io_uring: used\n"), r.stdout + r.stderr
+    assert "round 2 ok" in r.stdout, r.stdout
     settle(fabric)
 
 
