@@ -352,6 +352,11 @@ static int mlp_close_one(int fd)
     int saved = errno;
     char offer[sizeof ((struct mlp_sock *)0)->offer];
     offer[0] = 0;
+    /* A connection passed to us and never used: taken up, so that its close ends it as the
+     * kernel's would (the peer reads the end at once, the passer's record goes); a look of
+     * another thread's under way ends first, so that it installs nothing on a number closed. */
+    mlp_received_look(fd);
+    errno = saved;
     struct mlp_fdrec *rec = mlp_fdrec(fd);
     struct mlp_sock *s = rec ? atomic_load(&rec->sock) : NULL;
     bool mark = s && s->type == MLP_CONN && atomic_load(&s->state) != MLP_TCP;
@@ -443,6 +448,7 @@ static int mlp_dup23(int fd, int fd2, int flags, bool three)
     if (mlp_is_internal_fd(fd2) && fd != fd2 && !child)
         (void)mlp_evict_fd(fd2);
     if (fd != fd2 && !child && mlp_fdrec(fd2)) {
+        mlp_received_look(fd2); /* a connection passed to us closed unused: as close() */
         mlp_keep_file_early(fd2); /* the real call closes fd2 before its record can go */
         mlp_epoll_fd_closing(fd2);
     }

@@ -1876,23 +1876,30 @@ bool mlp_take_passed(int fd)
     if (!rec)
         return false;
     uint8_t v = atomic_load(&rec->received);
-    if (v == MLP_RCV_TAKING) {
-        /* another thread looks: its few system calls, bounded */
-        uint64_t until = mlp_now_ns() + 2000000000ull;
-        while (atomic_load(&rec->received) == MLP_RCV_TAKING && mlp_now_ns() < until)
-            sched_yield();
-        return mlp_fd_is_ours(fd);
+    for (bool asked = false;;) {
+        if (v == MLP_RCV_TAKING) {
+            /* another thread looks: its few system calls, bounded */
+            uint64_t until = mlp_now_ns() + 2000000000ull;
+            while (atomic_load(&rec->received) == MLP_RCV_TAKING && mlp_now_ns() < until)
+                sched_yield();
+            return mlp_fd_is_ours(fd);
+        }
+        if (v != MLP_RCV_NEW || mlp_cfg.off || mlp_sig_in_handler() || mlp_holds_lock())
+            return mlp_fd_is_ours(fd);
+        /* A process known to be in a seccomp sandbox meets no system call of ours here, not
+         * even the vfork child's getpid: its filter may kill any (tests/preload/sandboxuse.c). */
+        if (mlp_known_confined()) {
+            (void)atomic_compare_exchange_strong(&rec->received, &v, MLP_RCV_LOOKED);
+            return mlp_fd_is_ours(fd);
+        }
+        if (!asked && mlp_vfork_child())
+            return mlp_fd_is_ours(fd);
+        asked = true;
+        if (atomic_compare_exchange_strong(&rec->received, &v, MLP_RCV_TAKING))
+            break;
+        /* another thread began its look first (v TAKING now): its end is waited for, so that a
+         * close goes on only once nothing can be installed on the number any more */
     }
-    if (v != MLP_RCV_NEW || mlp_cfg.off || mlp_sig_in_handler() || mlp_holds_lock())
-        return mlp_fd_is_ours(fd);
-    /* A process known to be in a seccomp sandbox meets no system call of ours here, not even
-     * the vfork child's getpid: its filter may kill any (tests/preload/sandboxuse.c). */
-    if (mlp_known_confined()) {
-        (void)atomic_compare_exchange_strong(&rec->received, &v, MLP_RCV_LOOKED);
-        return mlp_fd_is_ours(fd);
-    }
-    if (mlp_vfork_child() || !atomic_compare_exchange_strong(&rec->received, &v, MLP_RCV_TAKING))
-        return mlp_fd_is_ours(fd);
     int saved = errno, inside = mlp_inside;
     mlp_inside = 1;
     mlp_take_passed_look(fd);

@@ -2405,6 +2405,28 @@ def test_receiver_in_a_sandbox_takes_nothing_up(fabric, tmp_path):
         settle(fabric)
 
 
+PASSEND = BUILD / "tests-preload" / "passend"
+
+
+@pytest.mark.parametrize("mode", ["close", "dup2"])
+def test_passed_connection_closed_unused_ends(fabric, tmp_path, mode):
+    """passend close, dup2: the worker closes the connection it received (or dup2s another file
+    over it) without any other call on it, the acceptor having closed its copy: the client reads
+    the end at once, as over kernel TCP, and nothing says the connection lost: the close takes
+    it up first and ends it.  (b888bea took nothing up at a close: the record and the passer's
+    bridge stayed, the client read the end only at its liveness look a second later, and the
+    passer said on stderr that the connection was lost, "the passer exited before its receiver
+    took it up".)"""
+    try:
+        plain, under, text = scripted(PASSEND, tmp_path, mode)
+        assert plain.stdout == "client: end of stream\ndone\n", plain.stdout
+        assert under.stdout == plain.stdout, under.stdout + under.stderr
+        assert "lost" not in under.stderr and "is lost" not in text, under.stderr + text
+        assert text.count("accelerated (passed over SCM_RIGHTS)") == 1, text
+    finally:
+        settle(fabric)
+
+
 SANDBOXUSE = BUILD / "tests-preload" / "sandboxuse"
 
 

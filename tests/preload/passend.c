@@ -1,0 +1,170 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
+/*
+ * passend PORT MODE: the end of a connection passed over SCM_RIGHTS, as its client sees it.  An
+ * acceptor accepts one connection, hands it to a worker (a fork child) over a unix socket and
+ * closes its own copy; then it only waits (waitpid: no call memlan sees) while the client reads
+ * until the end.  The client prints what it read: "client: got LINE", then "client: end of
+ * stream", "client: error STRERROR" or "client: no end within 5 s".  Every wait is bounded.
+ *
+ * MODE, what the worker does with the descriptor it received:
+ *   close       closes it at once, without any other call
+ *   dup2        dup2s /dev/null over it at once (closing it so), without any other call
+ *   exit        _exit(0) at once, without any call on it (the kernel closes it)
+ *   die         writes "hello\n" (its first call), then _exit(0) without closing it
+ *   kill        writes "hello\n", then is killed (SIGKILL)
+ *   passerexit  (the acceptor is a child that exit()s right after the pass) sleeps 300 ms,
+ *               writes "hello\n" and closes
+ *   passer_exit the same with an acceptor that _exit()s
+ */
+#include "fdpass.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static long ms_since(const struct timespec *t0)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (t.tv_sec - t0->tv_sec) * 1000 + (t.tv_nsec - t0->tv_nsec) / 1000000;
+}
+
+static void client(int port)
+{
+    struct timespec t0;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (connect(fd, (struct sockaddr *)&a, sizeof a) < 0) {
+        printf("client: connect: %s\n", strerror(errno));
+        return;
+    }
+    char buf[256];
+    size_t have = 0;
+    for (int i = 0; i < 50; i++) { /* 50 polls of 100 ms */
+        struct pollfd p = {fd, POLLIN, 0};
+        int r = poll(&p, 1, 100);
+        if (r < 0) {
+            printf("client: error %s\n", strerror(errno));
+            return;
+        }
+        if (r == 0)
+            continue;
+        ssize_t k = read(fd, buf + have, sizeof buf - 1 - have);
+        if (k < 0) {
+            printf("client: error %s\n", strerror(errno));
+            return;
+        }
+        if (k == 0) {
+            fprintf(stderr, "client: end after %ld ms\n", ms_since(&t0));
+            printf("client: end of stream\n");
+            return;
+        }
+        have += (size_t)k;
+        buf[have] = 0;
+        char *nl;
+        while ((nl = strchr(buf, '\n'))) {
+            *nl = 0;
+            printf("client: got %s\n", buf);
+            have -= (size_t)(nl + 1 - buf);
+            memmove(buf, nl + 1, have + 1);
+        }
+    }
+    printf("client: no end within 5 s\n");
+}
+
+static void worker(int sp, const char *mode)
+{
+    int fd = fdpass_recv(sp, 0);
+    if (fd < 0)
+        _exit(1);
+    if (!strcmp(mode, "close")) {
+        close(fd);
+        _exit(0);
+    }
+    if (!strcmp(mode, "dup2")) {
+        int nul = open("/dev/null", O_RDONLY);
+        dup2(nul, fd);
+        close(fd);
+        _exit(0);
+    }
+    if (!strcmp(mode, "exit"))
+        _exit(0);
+    if (!strncmp(mode, "passer", 6))
+        usleep(300000); /* the passer exits meanwhile */
+    (void)!write(fd, "hello\n", 6);
+    if (!strcmp(mode, "kill"))
+        raise(SIGKILL);
+    if (!strncmp(mode, "passer", 6))
+        close(fd);
+    _exit(0);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 3)
+        return 2;
+    int port = atoi(argv[1]);
+    const char *mode = argv[2];
+    signal(SIGPIPE, SIG_IGN);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
+    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 8) < 0) {
+        perror("listen");
+        return 1;
+    }
+    int sp[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp) < 0)
+        return 1;
+    pid_t w = fork();
+    if (w == 0) {
+        close(l);
+        close(sp[0]);
+        worker(sp[1], mode);
+    }
+    close(sp[1]);
+    pid_t c = fork();
+    if (c == 0) {
+        close(l);
+        close(sp[0]);
+        client(port);
+        _exit(0);
+    }
+    bool passer_child = !strncmp(mode, "passer", 6);
+    pid_t pc = passer_child ? fork() : 0;
+    if (pc == 0) {
+        struct pollfd p = {l, POLLIN, 0};
+        int fd = poll(&p, 1, 5000) == 1 ? accept(l, NULL, NULL) : -1;
+        if (fd < 0 || fdpass_send(sp[0], fd) < 0)
+            printf("acceptor: no connection passed\n");
+        close(fd);
+        if (!strcmp(mode, "passerexit"))
+            exit(0);
+        if (!strcmp(mode, "passer_exit"))
+            _exit(0);
+    }
+    close(l);
+    int st;
+    waitpid(c, &st, 0);
+    if (passer_child)
+        waitpid(pc, &st, 0);
+    close(sp[0]);
+    waitpid(w, &st, 0);
+    printf("done\n");
+    return 0;
+}
