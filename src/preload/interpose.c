@@ -999,12 +999,14 @@ static bool mlp_copy_in(void *buf, const void *p, size_t n)
 struct mlp_sendmsg_pass {
     void *made;
     bool look;      /* the message may pass descriptors: look again after the kernel's call */
+    int carries;    /* the socket passes descriptors (a unix one): -1 not asked yet */
 };
 
-static inline void mlp_before_sendmsg(const struct msghdr *msg, struct mlp_sendmsg_pass *p)
+static inline void mlp_before_sendmsg(int fd, const struct msghdr *msg, struct mlp_sendmsg_pass *p)
 {
     p->made = NULL;
     p->look = false;
+    p->carries = -1;
     if (ml_likely(!atomic_load_explicit(&mlp_had_accel, memory_order_relaxed)) || !msg ||
         mlp_inside || mlp_sig_in_handler())
         return;
@@ -1021,15 +1023,16 @@ static inline void mlp_before_sendmsg(const struct msghdr *msg, struct mlp_sendm
     if (!mlp_copy_in(ctl, h.msg_control, h.msg_controllen))
         return;
     h.msg_control = ctl;
-    p->made = mlp_pass_prepare(&h);
+    p->made = mlp_pass_prepare(&h, fd, &p->carries);
 }
 
 /* After the kernel's call: r its result.  A message it took passed its descriptors. */
-static inline void mlp_after_sendmsg(const struct msghdr *msg, struct mlp_sendmsg_pass *p, bool ok)
+static inline void mlp_after_sendmsg(int fd, const struct msghdr *msg, struct mlp_sendmsg_pass *p,
+                                     bool ok)
 {
     if (ml_likely(!p->look))
         return;
-    mlp_pass_finish(msg, p->made, ok);
+    mlp_pass_finish(msg, p->made, ok, fd, &p->carries);
 }
 
 MLP_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
@@ -1041,11 +1044,11 @@ MLP_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
     struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s)) {
         struct mlp_sendmsg_pass p;
-        mlp_before_sendmsg(msg, &p);
+        mlp_before_sendmsg(fd, msg, &p);
         ssize_t r = mlp_real_sendmsg(fd, msg, flags);
         if (ml_unlikely(p.look)) {
             int saved = errno;
-            mlp_after_sendmsg(msg, &p, r >= 0);
+            mlp_after_sendmsg(fd, msg, &p, r >= 0);
             errno = saved;
         }
         return r;
@@ -1124,13 +1127,13 @@ MLP_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
             if (!p)
                 p = one, m = 0; /* out of memory: none left to the receivers */
             for (k = 0; k < m; k++)
-                mlp_before_sendmsg(&v[k].msg_hdr, &p[k]);
+                mlp_before_sendmsg(fd, &v[k].msg_hdr, &p[k]);
         }
         int r = mlp_real_sendmmsg(fd, v, n, flags);
         if (k) {
             int saved = errno;
             for (unsigned i = 0; i < k; i++)
-                mlp_after_sendmsg(&v[i].msg_hdr, &p[i], r > 0 && i < (unsigned)r);
+                mlp_after_sendmsg(fd, &v[i].msg_hdr, &p[i], r > 0 && i < (unsigned)r);
             if (p != one)
                 free(p);
             errno = saved;

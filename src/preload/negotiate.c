@@ -1633,7 +1633,24 @@ static void mlp_scm_rights_each_ctx(const struct msghdr *m, void (*each)(int fd,
 
 struct mlp_pass_call {
     struct mlp_passing *made;   /* bridged in this call */
+    int sfd;                    /* the socket the message is sent on */
+    int *carries;               /* mlp_pass_carries's answer for it, -1 before it is asked */
 };
+
+/* Does a message sent on sfd pass its descriptors?  Only a unix socket's: TCP's and UDP's kernel
+ * take a message with SCM_RIGHTS and pass nothing (sendmsg says the bytes sent), so nothing is
+ * in flight and the connection stays ours (tests/preload/passundo.c tcp).  Asked once per call,
+ * and only once an accelerated connection is found among the descriptors. */
+static bool mlp_pass_carries(int sfd, int *carries)
+{
+    if (*carries < 0) {
+        int dom = AF_UNIX;
+        socklen_t len = sizeof dom;
+        *carries = !(mlp_real_getsockopt(sfd, SOL_SOCKET, SO_DOMAIN, &dom, &len) == 0 &&
+                     dom != AF_UNIX);
+    }
+    return *carries != 0;
+}
 
 static void mlp_pass_prepare_fd(int fd, void *ctx)
 {
@@ -1643,7 +1660,8 @@ static void mlp_pass_prepare_fd(int fd, void *ctx)
         return;
     /* the vfork child's look (getpid) and the sandbox's after a connection of ours is found */
     if (s->type != MLP_CONN || atomic_load(&s->state) != MLP_ACCEL || !s->ch || !s->me ||
-        !mlp_fab || mlp_vfork_child() || mlp_confined()) {
+        !mlp_fab || mlp_vfork_child() || mlp_confined() ||
+        !mlp_pass_carries(x->sfd, x->carries)) {
         mlp_put(s);
         return;
     }
@@ -1723,9 +1741,9 @@ static void mlp_pass_prepare_fd(int fd, void *ctx)
     x->made = p;
 }
 
-void *mlp_pass_prepare(const struct msghdr *m)
+void *mlp_pass_prepare(const struct msghdr *m, int sfd, int *carries)
 {
-    struct mlp_pass_call x = {NULL};
+    struct mlp_pass_call x = {NULL, sfd, carries};
     int saved = errno;
     mlp_scm_rights_each_ctx(m, mlp_pass_prepare_fd, &x);
     errno = saved;
@@ -1736,6 +1754,8 @@ void *mlp_pass_prepare(const struct msghdr *m)
  * bridge are lost; those with one wait for their receivers.  made: mlp_pass_prepare's. */
 struct mlp_pass_after {
     struct mlp_passing *made;
+    int sfd;
+    int *carries;
 };
 
 static void mlp_pass_after_fd(int fd, void *ctx)
@@ -1749,19 +1769,19 @@ static void mlp_pass_after_fd(int fd, void *ctx)
         bridged = q->s == s;
     /* the vfork child's look (getpid) last: only a connection of ours pays for it */
     if (!bridged && s->type == MLP_CONN && atomic_load(&s->state) == MLP_ACCEL &&
-        !mlp_vfork_child())
+        !mlp_vfork_child() && mlp_pass_carries(x->sfd, x->carries))
         mlp_pass_lost(fd, mlp_confinement == 2 ? "the passer is in a seccomp sandbox"
                                                : "no record of it could be left",
                       mlp_pass_mark_port(s));
     mlp_put(s);
 }
 
-void mlp_pass_finish(const struct msghdr *m, void *made, bool ok)
+void mlp_pass_finish(const struct msghdr *m, void *made, bool ok, int sfd, int *carries)
 {
     int saved = errno;
     struct mlp_passing *list = made;
     if (ok) {
-        struct mlp_pass_after x = {list};
+        struct mlp_pass_after x = {list, sfd, carries};
         mlp_scm_rights_each_ctx(m, mlp_pass_after_fd, &x);
     }
     while (list) {

@@ -2427,6 +2427,30 @@ def test_passed_connection_closed_unused_ends(fabric, tmp_path, mode):
         settle(fabric)
 
 
+PASSUNDO = BUILD / "tests-preload" / "passundo"
+
+
+@pytest.mark.parametrize("mode", ["epipe", "mmsg", "tcp"])
+def test_pass_that_passes_nothing_leaves_the_connection_ours(fabric, tmp_path, mode):
+    """passundo: the acceptor sends its accelerated connection over SCM_RIGHTS and the kernel
+    passes nothing: sendmsg to a unix socket whose peer closed (EPIPE), sendmmsg whose second
+    datagram, the one with the connection, does not go (it says 1), sendmsg over a TCP socket
+    (its kernel sends the byte and ignores SCM_RIGHTS).  The connection stays the acceptor's:
+    its line and its close reach the client as over kernel TCP, nothing is said lost and the
+    port is not marked.  (b888bea took the TCP case for a pass: a record and a bridge left, the
+    receiver counted as a holder, the port marked, the client's end a second late and "it is
+    lost" said on stderr at exit.)"""
+    try:
+        plain, under, text = scripted(PASSUNDO, tmp_path, mode)
+        assert plain.stdout.endswith("connection 0: got hello 0\nconnection 0: end of stream\n"
+                                     "done\n"), plain.stdout
+        assert under.stdout == plain.stdout, under.stdout + under.stderr
+        assert "lost" not in under.stderr and "lost" not in text, under.stderr + text
+        assert "left to it" not in text and "this process passes" not in text, text
+    finally:
+        settle(fabric)
+
+
 SANDBOXUSE = BUILD / "tests-preload" / "sandboxuse"
 
 
