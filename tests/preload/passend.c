@@ -9,6 +9,9 @@
  * MODE, what the worker does with the descriptor it received:
  *   close       closes it at once, without any other call
  *   dup2        dup2s /dev/null over it at once (closing it so), without any other call
+ *   fork        forks a child that writes "hello\n" and closes it; closes its own copy at once
+ *   vfork       vforks a child that puts it on 1 and execs echo hello; closes its own copy
+ *   exec        puts it on 1 (dup2) and execs echo hello
  *   exit        _exit(0) at once, without any call on it (the kernel closes it)
  *   die         writes "hello\n" (its first call), then _exit(0) without closing it
  *   kill        writes "hello\n", then is killed (SIGKILL)
@@ -99,6 +102,31 @@ static void worker(int sp, const char *mode)
         dup2(nul, fd);
         close(fd);
         _exit(0);
+    }
+    if (!strcmp(mode, "usevfork"))
+        (void)!write(fd, "first\n", 6);
+    if (!strcmp(mode, "fork") || !strcmp(mode, "vfork") || !strcmp(mode, "usevfork")) {
+        pid_t c = !strcmp(mode, "fork") ? fork() : vfork();
+        if (c == 0) {
+            if (strcmp(mode, "fork")) { /* the vfork child execs with the connection on 1 */
+                dup2(fd, 1);
+                execl("/bin/echo", "echo", "hello", (char *)NULL);
+                _exit(127);
+            }
+            (void)!write(fd, "hello\n", 6);
+            close(fd);
+            _exit(0);
+        }
+        close(fd);
+        int st;
+        waitpid(c, &st, 0);
+        _exit(0);
+    }
+    if (!strcmp(mode, "exec")) { /* the connection on 1, then exec: echo writes there */
+        dup2(fd, 1);
+        close(fd);
+        execl("/bin/echo", "echo", "hello", (char *)NULL);
+        _exit(127);
     }
     if (!strcmp(mode, "exit"))
         _exit(0);
