@@ -1544,6 +1544,8 @@ struct mlp_passing {
     int fd;                   /* the passer's fd, for what is said */
     int port;                 /* the connection's local port, for what is said */
     uint64_t t0;
+    bool again;               /* the connection's record stood already (passed again before its
+                               * receiver took it up): no bridge, nothing counted */
     char name[40];            /* "px-<socket inode>" */
 };
 static pthread_mutex_t mlp_pass_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -1652,6 +1654,31 @@ static bool mlp_pass_carries(int sfd, int *carries)
     return *carries != 0;
 }
 
+/* Is the record name the one of s's side (its channel's token and side), left by a pass of
+ * ours whose receiver has not taken it up yet (another message of the same sendmmsg, another
+ * thread's sendmsg, an earlier call)? */
+static bool mlp_pass_record_is(const char *name, const struct mlp_sock *s)
+{
+    long rf = __ml_sys_open(mlp_fab->dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK,
+                            0);
+    if (rf < 0)
+        return false;
+    char buf[256], token[MEMLAN_TOKEN_LEN + 1];
+    struct stat rs;
+    ssize_t n = -1;
+    if (__ml_sys_fstat((int)rf, &rs) == 0 && S_ISREG(rs.st_mode) && rs.st_uid == geteuid() &&
+        rs.st_size > 0 && rs.st_size < (off_t)sizeof buf)
+        n = __ml_sys_read((int)rf, buf, sizeof buf - 1);
+    __ml_sys_close((int)rf);
+    int side;
+    unsigned flags;
+    if (n <= 0)
+        return false;
+    buf[n] = 0;
+    return sscanf(buf, "memlan-pass 1 %d %u %32s", &side, &flags, token) == 3 &&
+           side == s->side && strcmp(token, s->ch->seg->token) == 0;
+}
+
 static void mlp_pass_prepare_fd(int fd, void *ctx)
 {
     struct mlp_pass_call *x = ctx;
@@ -1701,14 +1728,28 @@ static void mlp_pass_prepare_fd(int fd, void *ctx)
         if (rf != -EEXIST || tries)
             break;
         /* A record of this socket's: ours, passed again before its receiver took it (the one
-         * that looks first takes it); else a stale one of an inode that died, removed. */
+         * that looks first takes it: one bridge, one holder counted, whatever the copies);
+         * else a stale one of an inode that died, removed.  Ours is known by the list of
+         * those waiting, or by its content: a pass of another message of the same sendmmsg, or
+         * of another thread, is on no list yet (b888bea removed its record and made a second
+         * one, counting a second holder that nobody would ever take away: the side never
+         * ended by its last close, tests/preload/passend.c mtwice). */
         bool mine = false;
         pthread_mutex_lock(&mlp_pass_mu);
         for (struct mlp_passing *q = mlp_passings; q && !mine; q = q->next)
             mine = strcmp(q->name, p->name) == 0;
         pthread_mutex_unlock(&mlp_pass_mu);
-        if (mine)
-            break;
+        if (mine || mlp_pass_record_is(p->name, s)) {
+            /* nothing new in flight: this copy goes with the record that stands */
+            __ml_sys_close(b);
+            p->bridge = -1;
+            p->again = true;
+            p->fd = fd;
+            p->s = s;
+            p->next = x->made;
+            x->made = p;
+            return;
+        }
         __ml_sys_unlinkat(mlp_fab->dirfd, p->name, 0);
     }
     bool wrote = rf >= 0 && n > 0 && n < (int)sizeof line &&
@@ -1789,6 +1830,11 @@ void mlp_pass_finish(const struct msghdr *m, void *made, bool ok, int sfd, int *
         list = p->next;
         struct mlp_sock *s = p->s;
         p->s = NULL;
+        if (p->again) { /* passed again: the record that stands, and its bridge, serve it */
+            mlp_put(s);
+            free(p);
+            continue;
+        }
         if (!ok) { /* the kernel kept the descriptor: nothing is in flight */
             __ml_sys_unlinkat(mlp_fab->dirfd, p->name, 0);
             atomic_fetch_sub(&s->me->holders, 1);

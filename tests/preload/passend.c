@@ -12,6 +12,9 @@
  *   fork        forks a child that writes "hello\n" and closes it; closes its own copy at once
  *   vfork       vforks a child that puts it on 1 and execs echo hello; closes its own copy
  *   exec        puts it on 1 (dup2) and execs echo hello
+ *   twice       (the acceptor passes the connection twice, by two sendmsg) writes "hello\n" on
+ *               the first copy and closes both
+ *   mtwice      the same, the two passes made by one sendmmsg of two messages
  *   exit        _exit(0) at once, without any call on it (the kernel closes it)
  *   die         writes "hello\n" (its first call), then _exit(0) without closing it
  *   kill        writes "hello\n", then is killed (SIGKILL)
@@ -88,11 +91,49 @@ static void client(int port)
     printf("client: no end within 5 s\n");
 }
 
+/* The pass: once, or the same connection twice (two sendmsg, or one sendmmsg of two). */
+static int fdpass_send_as(int sp, int fd, const char *mode)
+{
+    if (!strcmp(mode, "twice"))
+        return fdpass_send(sp, fd) < 0 ? -1 : fdpass_send(sp, fd);
+    if (strcmp(mode, "mtwice"))
+        return fdpass_send(sp, fd);
+    char byte[2] = {'L', 'L'};
+    struct iovec v[2] = {{&byte[0], 1}, {&byte[1], 1}};
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(sizeof(int))];
+    } u[2];
+    struct mmsghdr mm[2];
+    memset(u, 0, sizeof u);
+    memset(mm, 0, sizeof mm);
+    for (int i = 0; i < 2; i++) {
+        struct msghdr *m = &mm[i].msg_hdr;
+        m->msg_iov = &v[i];
+        m->msg_iovlen = 1;
+        m->msg_control = u[i].buf;
+        m->msg_controllen = sizeof u[i].buf;
+        struct cmsghdr *c = CMSG_FIRSTHDR(m);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    }
+    return sendmmsg(sp, mm, 2, 0) == 2 ? 0 : -1;
+}
+
 static void worker(int sp, const char *mode)
 {
     int fd = fdpass_recv(sp, 0);
     if (fd < 0)
         _exit(1);
+    if (!strcmp(mode, "twice") || !strcmp(mode, "mtwice")) { /* two copies: one used */
+        int fd2 = fdpass_recv(sp, 0);
+        (void)!write(fd, "hello\n", 6);
+        close(fd);
+        close(fd2);
+        _exit(0);
+    }
     if (!strcmp(mode, "close")) {
         close(fd);
         _exit(0);
@@ -178,7 +219,7 @@ int main(int argc, char **argv)
     if (pc == 0) {
         struct pollfd p = {l, POLLIN, 0};
         int fd = poll(&p, 1, 5000) == 1 ? accept(l, NULL, NULL) : -1;
-        if (fd < 0 || fdpass_send(sp[0], fd) < 0)
+        if (fd < 0 || fdpass_send_as(sp[0], fd, mode) < 0)
             printf("acceptor: no connection passed\n");
         close(fd);
         if (!strcmp(mode, "passerexit"))

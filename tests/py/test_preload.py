@@ -2427,6 +2427,27 @@ def test_passed_connection_closed_unused_ends(fabric, tmp_path, mode):
         settle(fabric)
 
 
+@pytest.mark.parametrize("mode", ["twice", "mtwice"])
+def test_connection_passed_twice_is_left_once(fabric, tmp_path, mode):
+    """passend twice, mtwice: the acceptor passes the same connection twice before the worker's
+    first call (two sendmsg, or one sendmmsg of two messages) and closes its copy; the worker
+    answers on the first copy and closes both.  The client reads the line and the end, as over
+    kernel TCP: one record, one bridge, one holder counted, and nothing said lost.  (b888bea:
+    the second sendmsg said on stderr that the connection was lost, "no record of it could be
+    left"; sendmmsg's second message removed the first's record, made a second one and counted
+    a second holder that no close took away, so the worker's close did not end the side and the
+    client read the end only at its liveness look a second later: "left to it" logged twice.)"""
+    try:
+        plain, under, text = scripted(PASSEND, tmp_path, mode)
+        assert plain.stdout == "client: got hello\nclient: end of stream\ndone\n", plain.stdout
+        assert under.stdout == plain.stdout, under.stdout + under.stderr
+        assert "lost" not in under.stderr and "lost" not in text, under.stderr + text
+        assert text.count("left to it") == 1, text
+        assert text.count("accelerated (passed over SCM_RIGHTS)") == 1, text
+    finally:
+        settle(fabric)
+
+
 @pytest.mark.xfail(strict=True, reason="a connection passed is lost when its passer exits "
                    "before the receiver's first call (design.md, 'Passing a connection')")
 def test_passed_connection_outlives_a_passer_that_exits(fabric, tmp_path):
