@@ -3266,12 +3266,20 @@ void mlp_negotiate_after_fork(void)
  * (mlp_at_exit).  After _exit or a signal, the next reclaim removes the file. */
 void mlp_negotiate_at_exit(void)
 {
-    /* Connections passed that no receiver took up yet: with our bridges gone at our end, the
-     * peer sees their sides die; their records go, so that nobody takes up a dead side. */
+    /* Connections passed that no receiver took up yet: our bridges go with us, and the peer
+     * sees their sides die at its next liveness look (100 ms to 1 s).  One passed within that
+     * second keeps its record, as after _exit, for a receiver that looks before the peer does
+     * (b888bea removed them all and said the connection lost: a worker that answered right
+     * after its passer's exit() wrote to the idle kernel socket, and the client read the end
+     * of stream alone, tests/preload/passend.c passerexit); its receiver removes it, or
+     * `memlan clean` after a minute.  An older one has had its receiver's chance: removed, so
+     * that nobody takes up a dead side, and said lost. */
     if (atomic_load(&mlp_npassing) && mlp_fab && pthread_mutex_trylock(&mlp_pass_mu) == 0) {
+        uint64_t now = mlp_now_ns();
         for (struct mlp_passing *p = mlp_passings; p; p = p->next) {
             struct stat st;
-            if (__ml_sys_fstatat(mlp_fab->dirfd, p->name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+            if (now - p->t0 >= ML_LIVENESS_MAX_NS &&
+                __ml_sys_fstatat(mlp_fab->dirfd, p->name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
                 __ml_sys_unlinkat(mlp_fab->dirfd, p->name, 0) == 0)
                 mlp_pass_lost(p->fd, "the passer exited before its receiver took it up", false);
         }

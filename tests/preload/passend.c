@@ -18,7 +18,8 @@
  *   exit        _exit(0) at once, without any call on it (the kernel closes it)
  *   die         writes "hello\n" (its first call), then _exit(0) without closing it
  *   kill        writes "hello\n", then is killed (SIGKILL)
- *   passerexit  (the acceptor is a child that exit()s right after the pass) sleeps 300 ms,
+ *   passerexit  (the acceptor is a child that exit()s right after the pass) waits for the
+ *               acceptor's end (the end of a pipe only the acceptor holds open), then
  *               writes "hello\n" and closes
  *   passer_exit the same with an acceptor that _exit()s
  */
@@ -122,6 +123,8 @@ static int fdpass_send_as(int sp, int fd, const char *mode)
     return sendmmsg(sp, mm, 2, 0) == 2 ? 0 : -1;
 }
 
+static int passer_gone = -1; /* read end of a pipe whose write end only the passer holds */
+
 static void worker(int sp, const char *mode)
 {
     int fd = fdpass_recv(sp, 0);
@@ -171,8 +174,12 @@ static void worker(int sp, const char *mode)
     }
     if (!strcmp(mode, "exit"))
         _exit(0);
-    if (!strncmp(mode, "passer", 6))
-        usleep(300000); /* the passer exits meanwhile */
+    if (!strncmp(mode, "passer", 6)) { /* the passer's end first: its pipe's end of file */
+        struct pollfd p = {passer_gone, POLLIN, 0};
+        char c;
+        if (poll(&p, 1, 5000) != 1 || read(passer_gone, &c, 1) != 0)
+            _exit(1);
+    }
     (void)!write(fd, "hello\n", 6);
     if (!strcmp(mode, "kill"))
         raise(SIGKILL);
@@ -183,6 +190,10 @@ static void worker(int sp, const char *mode)
 
 int main(int argc, char **argv)
 {
+    int gone[2];
+    if (pipe(gone) < 0)
+        return 1;
+    passer_gone = gone[0];
     if (argc < 3)
         return 2;
     int port = atoi(argv[1]);
@@ -204,6 +215,7 @@ int main(int argc, char **argv)
     if (w == 0) {
         close(l);
         close(sp[0]);
+        close(gone[1]);
         worker(sp[1], mode);
     }
     close(sp[1]);
@@ -211,11 +223,14 @@ int main(int argc, char **argv)
     if (c == 0) {
         close(l);
         close(sp[0]);
+        close(gone[1]);
         client(port);
         _exit(0);
     }
     bool passer_child = !strncmp(mode, "passer", 6);
     pid_t pc = passer_child ? fork() : 0;
+    if (pc > 0)
+        close(gone[1]); /* the passer's alone now */
     if (pc == 0) {
         struct pollfd p = {l, POLLIN, 0};
         int fd = poll(&p, 1, 5000) == 1 ? accept(l, NULL, NULL) : -1;

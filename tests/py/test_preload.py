@@ -2448,19 +2448,21 @@ def test_connection_passed_twice_is_left_once(fabric, tmp_path, mode):
         settle(fabric)
 
 
-@pytest.mark.xfail(strict=True, reason="a connection passed is lost when its passer exits "
-                   "before the receiver's first call (design.md, 'Passing a connection')")
-def test_passed_connection_outlives_a_passer_that_exits(fabric, tmp_path):
-    """passend passerexit: the acceptor passes the connection, closes its copy and calls exit();
-    the worker writes "hello" 300 ms later and closes.  Over kernel TCP the client reads the
-    line and the end.  Under memlan the passer's exit() removes the record and its bridge goes:
-    the client reads the end of stream alone (the worker's line went to the idle kernel socket),
-    a silent truncation.  (With _exit the record stays and the worker usually takes it up
-    before the client's liveness look: passend passer_exit.)"""
+@pytest.mark.parametrize("mode", ["passerexit", "passer_exit"])
+def test_passed_connection_outlives_a_passer_that_exits(fabric, tmp_path, mode):
+    """passend passerexit, passer_exit: the acceptor passes the connection, closes its copy and
+    calls exit() (or _exit); the worker waits for the acceptor's end, then writes "hello" and
+    closes.  The client reads the line and the end, as over kernel TCP: the record stays after
+    the passer's exit and the worker takes the side up before the client's liveness look.
+    (b888bea's exit() removed the record and said the connection lost: the worker wrote to the
+    idle kernel socket and the client read the end of stream alone, a silent truncation; with
+    _exit it was taken up.)"""
     try:
-        plain, under, text = scripted(PASSEND, tmp_path, "passerexit")
+        plain, under, text = scripted(PASSEND, tmp_path, mode)
         assert plain.stdout == "client: got hello\nclient: end of stream\ndone\n", plain.stdout
         assert under.stdout == plain.stdout, under.stdout + under.stderr
+        assert "lost" not in under.stderr, under.stderr
+        assert text.count("accelerated (passed over SCM_RIGHTS)") == 1, text
     finally:
         settle(fabric)
 
