@@ -353,6 +353,11 @@ static int mlp_close_one(int fd)
     int saved = errno;
     char offer[sizeof ((struct mlp_sock *)0)->offer];
     offer[0] = 0;
+    /* A connection passed to us and never used: taken up, so that its close ends it as the
+     * kernel's would (the peer reads the end at once, the passer's record goes); a look of
+     * another thread's under way ends first, so that it installs nothing on a number closed. */
+    mlp_received_look(fd);
+    errno = saved;
     struct mlp_fdrec *rec = mlp_fdrec(fd);
     struct mlp_sock *s = rec ? atomic_load(&rec->sock) : NULL;
     bool mark = s && s->type == MLP_CONN && atomic_load(&s->state) != MLP_TCP;
@@ -444,6 +449,7 @@ static int mlp_dup23(int fd, int fd2, int flags, bool three)
     if (mlp_is_internal_fd(fd2) && fd != fd2 && !child)
         (void)mlp_evict_fd(fd2);
     if (fd != fd2 && !child && mlp_fdrec(fd2)) {
+        mlp_received_look(fd2); /* a connection passed to us closed unused: as close() */
         mlp_keep_file_early(fd2); /* the real call closes fd2 before its record can go */
         mlp_epoll_fd_closing(fd2);
     }
@@ -1026,12 +1032,14 @@ static bool mlp_copy_in(void *buf, const void *p, size_t n)
 struct mlp_sendmsg_pass {
     void *made;
     bool look;      /* the message may pass descriptors: look again after the kernel's call */
+    int carries;    /* the socket passes descriptors (a unix one): -1 not asked yet */
 };
 
-static inline void mlp_before_sendmsg(const struct msghdr *msg, struct mlp_sendmsg_pass *p)
+static inline void mlp_before_sendmsg(int fd, const struct msghdr *msg, struct mlp_sendmsg_pass *p)
 {
     p->made = NULL;
     p->look = false;
+    p->carries = -1;
     if (ml_likely(!atomic_load_explicit(&mlp_had_accel, memory_order_relaxed)) || !msg ||
         mlp_inside || mlp_sig_in_handler())
         return;
@@ -1048,15 +1056,16 @@ static inline void mlp_before_sendmsg(const struct msghdr *msg, struct mlp_sendm
     if (!mlp_copy_in(ctl, h.msg_control, h.msg_controllen))
         return;
     h.msg_control = ctl;
-    p->made = mlp_pass_prepare(&h);
+    p->made = mlp_pass_prepare(&h, fd, &p->carries);
 }
 
 /* After the kernel's call: r its result.  A message it took passed its descriptors. */
-static inline void mlp_after_sendmsg(const struct msghdr *msg, struct mlp_sendmsg_pass *p, bool ok)
+static inline void mlp_after_sendmsg(int fd, const struct msghdr *msg, struct mlp_sendmsg_pass *p,
+                                     bool ok)
 {
     if (ml_likely(!p->look))
         return;
-    mlp_pass_finish(msg, p->made, ok);
+    mlp_pass_finish(msg, p->made, ok, fd, &p->carries);
 }
 
 MLP_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
@@ -1068,11 +1077,11 @@ MLP_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
     struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s)) {
         struct mlp_sendmsg_pass p;
-        mlp_before_sendmsg(msg, &p);
+        mlp_before_sendmsg(fd, msg, &p);
         ssize_t r = mlp_real_sendmsg(fd, msg, flags);
         if (ml_unlikely(p.look)) {
             int saved = errno;
-            mlp_after_sendmsg(msg, &p, r >= 0);
+            mlp_after_sendmsg(fd, msg, &p, r >= 0);
             errno = saved;
         }
         return r;
@@ -1151,13 +1160,13 @@ MLP_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
             if (!p)
                 p = one, m = 0; /* out of memory: none left to the receivers */
             for (k = 0; k < m; k++)
-                mlp_before_sendmsg(&v[k].msg_hdr, &p[k]);
+                mlp_before_sendmsg(fd, &v[k].msg_hdr, &p[k]);
         }
         int r = mlp_real_sendmmsg(fd, v, n, flags);
         if (k) {
             int saved = errno;
             for (unsigned i = 0; i < k; i++)
-                mlp_after_sendmsg(&v[i].msg_hdr, &p[i], r > 0 && i < (unsigned)r);
+                mlp_after_sendmsg(fd, &v[i].msg_hdr, &p[i], r > 0 && i < (unsigned)r);
             if (p != one)
                 free(p);
             errno = saved;

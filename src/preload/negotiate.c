@@ -1558,6 +1558,8 @@ struct mlp_passing {
     int port;                 /* the connection's local port, for what is said */
     int side;
     uint64_t t0;
+    bool again;               /* the connection's record stood already (passed again before its
+                               * receiver took it up): no bridge, nothing counted */
     char name[40];            /* "px-<socket inode>" */
     char token[MEMLAN_TOKEN_LEN + 1];
 };
@@ -1651,7 +1653,56 @@ static void mlp_scm_rights_each_ctx(const struct msghdr *m, void (*each)(int fd,
 
 struct mlp_pass_call {
     struct mlp_passing *made;   /* bridged in this call */
+    int sfd;                    /* the socket the message is sent on */
+    int *carries;               /* mlp_pass_carries's answer for it, -1 before it is asked */
 };
+
+/* Does a message sent on sfd pass its descriptors?  Only a unix socket's: TCP's and UDP's kernel
+ * take a message with SCM_RIGHTS and pass nothing (sendmsg says the bytes sent), so nothing is
+ * in flight and the connection stays ours (tests/preload/passundo.c tcp).  Asked once per call,
+ * and only once an accelerated connection is found among the descriptors. */
+static bool mlp_pass_carries(int sfd, int *carries)
+{
+    if (*carries < 0) {
+        int dom = AF_UNIX;
+        socklen_t len = sizeof dom;
+        *carries = !(mlp_real_getsockopt(sfd, SOL_SOCKET, SO_DOMAIN, &dom, &len) == 0 &&
+                     dom != AF_UNIX);
+    }
+    return *carries != 0;
+}
+
+/* Is the record name the one of s's side (its channel's token and side), left by a pass of
+ * ours whose receiver has not taken it up yet (another message of the same sendmmsg, another
+ * thread's sendmsg, an earlier call)? */
+/* A pass record's text into buf (terminated): its length; -ENOENT when there is none; another
+ * negative value when it is not a regular file of our own user, or too long to be one. */
+static ssize_t mlp_pass_record_read(int dirfd, const char *name, char *buf, size_t cap)
+{
+    long rf = __ml_sys_open(dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0);
+    if (rf < 0)
+        return rf == -ENOENT ? -ENOENT : -EPERM;
+    struct stat rs;
+    ssize_t n = -EPERM;
+    if (__ml_sys_fstat((int)rf, &rs) == 0 && S_ISREG(rs.st_mode) && rs.st_uid == geteuid() &&
+        rs.st_size > 0 && rs.st_size < (off_t)cap)
+        n = __ml_sys_read((int)rf, buf, cap - 1);
+    __ml_sys_close((int)rf);
+    if (n <= 0)
+        return n == 0 ? -EPERM : n;
+    buf[n] = 0;
+    return n;
+}
+
+static bool mlp_pass_record_is(const char *name, const struct mlp_sock *s)
+{
+    char buf[256], token[MEMLAN_TOKEN_LEN + 1];
+    int side;
+    unsigned flags;
+    return mlp_pass_record_read(mlp_fab->dirfd, name, buf, sizeof buf) > 0 &&
+           sscanf(buf, "memlan-pass 1 %d %u %32s", &side, &flags, token) == 3 &&
+           side == s->side && strcmp(token, s->ch->seg->token) == 0;
+}
 
 static void mlp_pass_prepare_fd(int fd, void *ctx)
 {
@@ -1661,7 +1712,8 @@ static void mlp_pass_prepare_fd(int fd, void *ctx)
         return;
     /* the vfork child's look (getpid) and the sandbox's after a connection of ours is found */
     if (s->type != MLP_CONN || atomic_load(&s->state) != MLP_ACCEL || !s->ch || !s->me ||
-        !mlp_fab || mlp_vfork_child() || mlp_confined()) {
+        !mlp_fab || mlp_vfork_child() || mlp_confined() ||
+        !mlp_pass_carries(x->sfd, x->carries)) {
         mlp_put(s);
         return;
     }
@@ -1701,14 +1753,28 @@ static void mlp_pass_prepare_fd(int fd, void *ctx)
         if (rf != -EEXIST || tries)
             break;
         /* A record of this socket's: ours, passed again before its receiver took it (the one
-         * that looks first takes it); else a stale one of an inode that died, removed. */
+         * that looks first takes it: one bridge, one holder counted, whatever the copies);
+         * else a stale one of an inode that died, removed.  Ours is known by the list of
+         * those waiting, or by its content: a pass of another message of the same sendmmsg, or
+         * of another thread, is on no list yet (b888bea removed its record and made a second
+         * one, counting a second holder that nobody would ever take away: the side never
+         * ended by its last close, tests/preload/passend.c mtwice). */
         bool mine = false;
         pthread_mutex_lock(&mlp_pass_mu);
         for (struct mlp_passing *q = mlp_passings; q && !mine; q = q->next)
             mine = strcmp(q->name, p->name) == 0;
         pthread_mutex_unlock(&mlp_pass_mu);
-        if (mine)
-            break;
+        if (mine || mlp_pass_record_is(p->name, s)) {
+            /* nothing new in flight: this copy goes with the record that stands */
+            __ml_sys_close(b);
+            p->bridge = -1;
+            p->again = true;
+            p->fd = fd;
+            p->s = s;
+            p->next = x->made;
+            x->made = p;
+            return;
+        }
         __ml_sys_unlinkat(mlp_fab->dirfd, p->name, 0);
     }
     bool wrote = rf >= 0 && n > 0 && n < (int)sizeof line &&
@@ -1746,9 +1812,9 @@ static void mlp_pass_prepare_fd(int fd, void *ctx)
     x->made = p;
 }
 
-void *mlp_pass_prepare(const struct msghdr *m)
+void *mlp_pass_prepare(const struct msghdr *m, int sfd, int *carries)
 {
-    struct mlp_pass_call x = {NULL};
+    struct mlp_pass_call x = {NULL, sfd, carries};
     int saved = errno;
     mlp_scm_rights_each_ctx(m, mlp_pass_prepare_fd, &x);
     errno = saved;
@@ -1759,6 +1825,8 @@ void *mlp_pass_prepare(const struct msghdr *m)
  * bridge are lost; those with one wait for their receivers.  made: mlp_pass_prepare's. */
 struct mlp_pass_after {
     struct mlp_passing *made;
+    int sfd;
+    int *carries;
 };
 
 static void mlp_pass_after_fd(int fd, void *ctx)
@@ -1772,7 +1840,7 @@ static void mlp_pass_after_fd(int fd, void *ctx)
         bridged = q->s == s;
     /* the vfork child's look (getpid) last: only a connection of ours pays for it */
     if (!bridged && s->type == MLP_CONN && atomic_load(&s->state) == MLP_ACCEL &&
-        !mlp_vfork_child()) {
+        !mlp_vfork_child() && mlp_pass_carries(x->sfd, x->carries)) {
         /* Lost: its end is still ours to tell, at exit (sock.c, mlp_passed_at_exit), and the
          * peer's waiters ask our lock meanwhile (poll.c, mlp_peer_passed_gone): the receiver
          * holds the kernel socket, whose FIN would otherwise tell it. */
@@ -1786,12 +1854,12 @@ static void mlp_pass_after_fd(int fd, void *ctx)
     mlp_put(s);
 }
 
-void mlp_pass_finish(const struct msghdr *m, void *made, bool ok)
+void mlp_pass_finish(const struct msghdr *m, void *made, bool ok, int sfd, int *carries)
 {
     int saved = errno;
     struct mlp_passing *list = made;
     if (ok) {
-        struct mlp_pass_after x = {list};
+        struct mlp_pass_after x = {list, sfd, carries};
         mlp_scm_rights_each_ctx(m, mlp_pass_after_fd, &x);
     }
     while (list) {
@@ -1799,6 +1867,11 @@ void mlp_pass_finish(const struct msghdr *m, void *made, bool ok)
         list = p->next;
         struct mlp_sock *s = p->s;
         p->s = NULL;
+        if (p->again) { /* passed again: the record that stands, and its bridge, serve it */
+            mlp_put(s);
+            free(p);
+            continue;
+        }
         if (!ok) { /* the kernel kept the descriptor: nothing is in flight */
             __ml_sys_unlinkat(mlp_fab->dirfd, p->name, 0);
             atomic_fetch_sub(&s->me->holders, 1);
@@ -1849,6 +1922,10 @@ static void mlp_pass_after_fork(void)
  */
 static void mlp_take_passed_look(int fd)
 {
+    /* A sandbox first ("Seccomp:" in /proc/self/status, once per image, where no filter was
+     * seen installed): its filter may kill the look's own calls (fstat, open, getsockname). */
+    if (mlp_confined())
+        return;
     struct stat st;
     if (__ml_sys_fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode))
         return;
@@ -1857,20 +1934,12 @@ static void mlp_take_passed_look(int fd)
         return;
     char name[40], buf[256];
     mlp_pass_name(name, sizeof name, (unsigned long long)st.st_ino);
-    long rf = __ml_sys_open(fab->dirfd, name, O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0);
-    if (rf < 0)
-        return; /* ENOENT: not a connection memlan passed */
-    struct stat rs;
-    ssize_t n = -1;
-    if (__ml_sys_fstat((int)rf, &rs) == 0 && S_ISREG(rs.st_mode) && rs.st_uid == geteuid() &&
-        rs.st_size > 0 && rs.st_size < (off_t)sizeof buf)
-        n = __ml_sys_read((int)rf, buf, sizeof buf - 1);
-    __ml_sys_close((int)rf);
+    ssize_t n = mlp_pass_record_read(fab->dirfd, name, buf, sizeof buf);
+    if (n == -ENOENT)
+        return; /* not a connection memlan passed */
     int side, lport, rport, off = 0;
     unsigned flags;
     char token[MEMLAN_TOKEN_LEN + 1];
-    if (n > 0)
-        buf[n] = 0;
     if (n <= 0 || sscanf(buf, "memlan-pass 1 %d %u %32s %d %d%n", &side, &flags, token, &lport,
                          &rport, &off) != 5 || (side != 0 && side != 1)) {
         mlp_log(0, "fd %d: received over SCM_RIGHTS with a record %s that is not a memlan "
@@ -1886,14 +1955,11 @@ static void mlp_take_passed_look(int fd)
     /* Where it cannot be taken up, the program reads the end (shut down), not nothing; the
      * record goes either way, and with it the passer's bridge (our own holds the side from here
      * when we take it up). */
-    int b = mlp_confined() ? -EPERM : __ml_chan_bridge_open(fab, token, side);
+    int b = __ml_chan_bridge_open(fab, token, side);
     __ml_sys_unlinkat(fab->dirfd, name, 0);
     if (b < 0) {
         char why[96];
-        if (b == -EPERM)
-            snprintf(why, sizeof why, "the receiving process is in a seccomp sandbox");
-        else
-            snprintf(why, sizeof why, "the receiver cannot open its channel: %s", strerror(-b));
+        snprintf(why, sizeof why, "the receiver cannot open its channel: %s", strerror(-b));
         mlp_pass_lost(fd, why, false);
         (void)mlp_real_shutdown(fd, SHUT_RDWR);
         return;
@@ -1908,23 +1974,33 @@ bool mlp_take_passed(int fd)
     if (!rec)
         return false;
     uint8_t v = atomic_load(&rec->received);
-    if (v == MLP_RCV_TAKING) {
-        /* another thread looks: its few system calls, bounded */
-        uint64_t until = mlp_now_ns() + 2000000000ull;
-        while (atomic_load(&rec->received) == MLP_RCV_TAKING && mlp_now_ns() < until)
-            sched_yield();
-        return mlp_fd_is_ours(fd);
+    for (bool asked = false;;) {
+        if (v == MLP_RCV_TAKING) {
+            /* another thread looks: its few system calls, bounded */
+            uint64_t until = mlp_now_ns() + 2000000000ull;
+            while (atomic_load(&rec->received) == MLP_RCV_TAKING && mlp_now_ns() < until)
+                sched_yield();
+            return mlp_fd_is_ours(fd);
+        }
+        if (v != MLP_RCV_NEW || mlp_cfg.off || mlp_sig_in_handler() || mlp_holds_lock())
+            return mlp_fd_is_ours(fd);
+        /* A process known to be in a seccomp sandbox meets no system call of ours here, not
+         * even the vfork child's getpid: its filter may kill any (tests/preload/sandboxuse.c). */
+        if (mlp_known_confined()) {
+            (void)atomic_compare_exchange_strong(&rec->received, &v, MLP_RCV_LOOKED);
+            return mlp_fd_is_ours(fd);
+        }
+        if (!asked && mlp_vfork_child())
+            return mlp_fd_is_ours(fd);
+        asked = true;
+        if (atomic_compare_exchange_strong(&rec->received, &v, MLP_RCV_TAKING))
+            break;
+        /* another thread began its look first (v TAKING now): its end is waited for, so that a
+         * close goes on only once nothing can be installed on the number any more */
     }
-    if (v != MLP_RCV_NEW || mlp_cfg.off || mlp_sig_in_handler() || mlp_holds_lock() ||
-        mlp_vfork_child() || !atomic_compare_exchange_strong(&rec->received, &v, MLP_RCV_TAKING))
-        return mlp_fd_is_ours(fd);
     int saved = errno, inside = mlp_inside;
     mlp_inside = 1;
-    /* In a sandbox we know of, not even the look: its filter may kill for fstat or openat
-     * (vsftpd's session child uses the data connections its broker passes it, and most of those
-     * are plain; one passed accelerated is said lost by its passer). */
-    if (!mlp_known_confined())
-        mlp_take_passed_look(fd);
+    mlp_take_passed_look(fd);
     mlp_inside = inside;
     errno = saved;
     bool ours = mlp_fd_is_ours(fd);
@@ -3370,9 +3446,13 @@ void mlp_negotiate_at_exit(void)
     /* Connections passed that no receiver took up yet: the receiver may be about to
      * (pgbouncer -R's old process exits right after its hand-over), and our bridges, which hold
      * their sides alive meanwhile, go with us.  So we wait a little (200 ms at the most, only
-     * while some record is there); then a record still there is lost: it goes, and its side is
-     * published reset through the bridge, so that the peer reads the end at once rather than
-     * wait for a FIN the receiver's socket never sends (tests/preload/passexit.c "sandbox"). */
+     * while some record is there).  A record still there then, of a pass made within the last
+     * second (the longest a peer waits before it asks a passed side's lock), is kept for a
+     * receiver that comes before the peer looks (one that waits for its passer to end before its
+     * first call: tests/preload/passend.c passerexit), and said; its receiver removes it, or
+     * `memlan clean` once nobody holds its side.  An older one has had its chance: it goes, said
+     * lost, and its side is published reset through the bridge, so that the peer reads the end
+     * at once rather than wait for a FIN the receiver's socket never sends. */
     if (atomic_load(&mlp_npassing) && mlp_fab && pthread_mutex_trylock(&mlp_pass_mu) == 0) {
         uint64_t until = mlp_now_ns() + 200000000ull;
         for (struct mlp_passing *p = mlp_passings; p; p = p->next) {
@@ -3380,8 +3460,16 @@ void mlp_negotiate_at_exit(void)
             while (__ml_sys_fstatat(mlp_fab->dirfd, p->name, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
                    mlp_now_ns() < until)
                 (void)nanosleep(&(struct timespec){0, 1000000}, NULL);
-            if (__ml_sys_unlinkat(mlp_fab->dirfd, p->name, 0) != 0)
+            if (__ml_sys_fstatat(mlp_fab->dirfd, p->name, &st, AT_SYMLINK_NOFOLLOW) != 0)
                 continue; /* taken up */
+            if (mlp_now_ns() - p->t0 < ML_LIVENESS_MAX_NS) {
+                mlp_log(0, "fd %d: a connection passed over SCM_RIGHTS was not taken up by its "
+                           "receiver before this process exited: it is lost unless the receiver "
+                           "takes it up at once (%s)", p->fd, p->name);
+                continue;
+            }
+            if (__ml_sys_unlinkat(mlp_fab->dirfd, p->name, 0) != 0)
+                continue;
             mlp_pass_lost(p->fd, "the passer exited before its receiver took it up: the "
                                  "receiver runs without memlan, in a seccomp sandbox, as another "
                                  "user, or did not use it yet", false);

@@ -353,8 +353,8 @@ void mlp_stat_prepare(void);         /* create our memlan stat entry now, if the
 /* sendmsg's SCM_RIGHTS (negotiate.c, "Passing a connection"): before the kernel's call, the
  * accelerated connections among the descriptors are left to the receiver (NULL: none); after
  * it, kept (ok) or undone.  mlp_pass_tick: a passer looks whether its receivers took them. */
-void *mlp_pass_prepare(const struct msghdr *m);
-void mlp_pass_finish(const struct msghdr *m, void *made, bool ok);
+void *mlp_pass_prepare(const struct msghdr *m, int sfd, int *carries);
+void mlp_pass_finish(const struct msghdr *m, void *made, bool ok, int sfd, int *carries);
 void mlp_pass_tick(void);
 bool mlp_take_passed(int fd);   /* a descriptor received over SCM_RIGHTS: true once ours */
 extern _Atomic bool mlp_had_accel; /* a channel was set up in this process image */
