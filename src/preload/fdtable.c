@@ -239,10 +239,24 @@ void mlp_put(struct mlp_sock *s)
     mlp_sock_finish(s);
 }
 
+/* Records a close from a signal handler finished while the free list's lock was held, perhaps by
+ * the very thread the handler interrupted (in mlp_sock_new: it waited for itself for ever,
+ * tests/preload/exithandler.c close).  Pushed without a lock; taken in one exchange under the
+ * lock by the next mlp_sock_new (a push-only stack emptied whole has no ABA). */
+static struct mlp_sock *_Atomic mlp_free_pending;
+
 void mlp_sock_finish(struct mlp_sock *s)
 {
     mlp_sock_destroy(s);
-    pthread_mutex_lock(&mlp_free_mu);
+    if (mlp_sig_in_handler() && pthread_mutex_trylock(&mlp_free_mu) != 0) {
+        struct mlp_sock *h = atomic_load(&mlp_free_pending);
+        do
+            s->next_free = h;
+        while (!atomic_compare_exchange_weak(&mlp_free_pending, &h, s));
+        return;
+    } else if (!mlp_sig_in_handler()) {
+        pthread_mutex_lock(&mlp_free_mu);
+    }
     s->next_free = mlp_free_list;
     mlp_free_list = s;
     pthread_mutex_unlock(&mlp_free_mu);
@@ -251,6 +265,15 @@ void mlp_sock_finish(struct mlp_sock *s)
 struct mlp_sock *mlp_sock_new(int type)
 {
     pthread_mutex_lock(&mlp_free_mu);
+    if (ml_unlikely(atomic_load_explicit(&mlp_free_pending, memory_order_relaxed))) {
+        struct mlp_sock *p = atomic_exchange(&mlp_free_pending, NULL);
+        while (p) {
+            struct mlp_sock *next = p->next_free;
+            p->next_free = mlp_free_list;
+            mlp_free_list = p;
+            p = next;
+        }
+    }
     struct mlp_sock *s = mlp_free_list;
     if (s)
         mlp_free_list = s->next_free;
