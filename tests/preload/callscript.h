@@ -4,9 +4,13 @@
  * once under memlan and compared line by line (resetconf, finreset). */
 #ifndef MEMLAN_TESTS_CALLSCRIPT_H
 #define MEMLAN_TESTS_CALLSCRIPT_H
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
 #include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
@@ -66,5 +70,47 @@ static inline void script(int fd, const char *calls)
 static inline void settle_close(void)
 {
     usleep(50000); /* kernel TCP: the reset or FIN reaches the peer */
+}
+
+/* The scripted programs' listener on 127.0.0.1 and the settled pairs they make on it. */
+static struct sockaddr_in cs_addr;
+static int cs_lfd;
+
+static void cs_die(const char *what)
+{
+    printf("FAIL %s: %s\n", what, strerror(errno));
+    exit(1);
+}
+
+/* stdout line-buffered, SIGPIPE ignored, the listener on port. */
+static void cs_listen(const char *port)
+{
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    signal(SIGPIPE, SIG_IGN);
+    cs_addr = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(port))};
+    inet_pton(AF_INET, "127.0.0.1", &cs_addr.sin_addr);
+    cs_lfd = socket(AF_INET, SOCK_STREAM, 0);
+    int one = 1;
+    setsockopt(cs_lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (bind(cs_lfd, (struct sockaddr *)&cs_addr, sizeof cs_addr) < 0 || listen(cs_lfd, 8) < 0)
+        cs_die("listen");
+}
+
+/* A settled pair: *c the client end, *s the accepted end.  linger_client: SO_LINGER 0 set on
+ * the client before it connects. */
+static void cs_pair(int *c, int *s, int linger_client)
+{
+    *c = socket(AF_INET, SOCK_STREAM, 0);
+    if (linger_client) {
+        struct linger lg = {1, 0};
+        setsockopt(*c, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    }
+    if (*c < 0 || connect(*c, (struct sockaddr *)&cs_addr, sizeof cs_addr) < 0)
+        cs_die("connect");
+    *s = accept(cs_lfd, NULL, NULL);
+    char b[2];
+    if (*s < 0 || send(*s, "hi", 2, 0) != 2 || recv(*c, b, 2, MSG_WAITALL) != 2 ||
+        send(*c, "ok", 2, 0) != 2 || recv(*s, b, 2, MSG_WAITALL) != 2)
+        cs_die("settle");
 }
 #endif

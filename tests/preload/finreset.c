@@ -29,27 +29,6 @@
 
 #include "callscript.h"
 
-static struct sockaddr_in addr;
-static int lfd;
-
-static void die(const char *what)
-{
-    printf("FAIL %s: %s\n", what, strerror(errno));
-    exit(1);
-}
-
-/* A settled pair: *c the client end, *s the accepted end. */
-static void pair(int *c, int *s)
-{
-    *c = socket(AF_INET, SOCK_STREAM, 0);
-    if (*c < 0 || connect(*c, (struct sockaddr *)&addr, sizeof addr) < 0)
-        die("connect");
-    *s = accept(lfd, NULL, NULL);
-    char b[2];
-    if (*s < 0 || send(*s, "hi", 2, 0) != 2 || recv(*c, b, 2, MSG_WAITALL) != 2 ||
-        send(*c, "ok", 2, 0) != 2 || recv(*s, b, 2, MSG_WAITALL) != 2)
-        die("settle");
-}
 
 
 /* how: 'c' the server closes, 'l' it closes with SO_LINGER 0.  client_shut: 1, the client shuts
@@ -59,7 +38,7 @@ static void pair(int *c, int *s)
 static void fin_then_reset(char how, int client_shut, const char *calls)
 {
     int c, s;
-    pair(&c, &s);
+    cs_pair(&c, &s, 0);
     printf("fin, request, %s%s, then %s\n", how == 'c' ? "close" : "linger 0 close",
            client_shut == 1 ? ", client shut" : client_shut ? ", client shut after" : "", calls);
     send(s, "resp", 4, 0);
@@ -87,12 +66,12 @@ static void fin_then_reset(char how, int client_shut, const char *calls)
 static void fin_then_killed(int client_shut, const char *calls)
 {
     int c, s;
-    pair(&c, &s);
+    cs_pair(&c, &s, 0);
     printf("fin, request, holder killed%s, then %s\n",
            client_shut == 1 ? ", client shut" : client_shut ? ", client shut after" : "", calls);
     int go[2];
     if (pipe(go) < 0)
-        die("pipe");
+        cs_die("pipe");
     pid_t pid = fork();
     if (pid == 0) {
         send(s, "resp", 4, 0);
@@ -105,7 +84,7 @@ static void fin_then_killed(int client_shut, const char *calls)
     close(s);
     char x;
     if (read(go[0], &x, 1) != 1)
-        die("go");
+        cs_die("go");
     settle_close();
     send(c, "request", 7, 0);
     if (client_shut == 1)
@@ -140,7 +119,7 @@ static void *blocked_recv(void *arg)
 static void blocked(void)
 {
     int c, s;
-    pair(&c, &s);
+    cs_pair(&c, &s, 0);
     printf("fin, request, close, recv asleep\n");
     blocked_fd = c;
     send(c, "request", 7, 0);
@@ -162,15 +141,7 @@ int main(int argc, char **argv)
 {
     if (argc != 2)
         return 2;
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    signal(SIGPIPE, SIG_IGN);
-    addr = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[1]))};
-    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-    lfd = socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(lfd, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(lfd, 8) < 0)
-        die("listen");
+    cs_listen(argv[1]);
 
     fin_then_reset('c', 0, "PWRRRRSSP");
     fin_then_reset('c', 0, "ERRRP");

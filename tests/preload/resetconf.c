@@ -26,39 +26,13 @@
 
 #include "callscript.h"
 
-static struct sockaddr_in addr;
-static int lfd;
-
-static void die(const char *what)
-{
-    printf("FAIL %s: %s\n", what, strerror(errno));
-    exit(1);
-}
-
-/* A settled pair: *c the client end, *s the accepted end.  linger_client: SO_LINGER 0 set on
- * the client before it connects. */
-static void pair(int *c, int *s, int linger_client)
-{
-    *c = socket(AF_INET, SOCK_STREAM, 0);
-    if (linger_client) {
-        struct linger lg = {1, 0};
-        setsockopt(*c, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
-    }
-    if (*c < 0 || connect(*c, (struct sockaddr *)&addr, sizeof addr) < 0)
-        die("connect");
-    *s = accept(lfd, NULL, NULL);
-    char b[2];
-    if (*s < 0 || send(*s, "hi", 2, 0) != 2 || recv(*c, b, 2, MSG_WAITALL) != 2 ||
-        send(*c, "ok", 2, 0) != 2 || recv(*s, b, 2, MSG_WAITALL) != 2)
-        die("settle");
-}
 
 
 /* The accepted end closes after the client sent it bytes it never read. */
 static void unread(const char *calls)
 {
     int c, s;
-    pair(&c, &s, 0);
+    cs_pair(&c, &s, 0);
     printf("unread, then %s\n", calls);
     send(c, "0123456789", 10, 0);
     send(s, "abcde", 5, 0);
@@ -73,7 +47,7 @@ static void unread(const char *calls)
 static void linger(int t, const char *calls)
 {
     int c, s;
-    pair(&c, &s, 0);
+    cs_pair(&c, &s, 0);
     printf("linger %d, then %s\n", t, calls);
     struct linger lg = {1, t};
     setsockopt(s, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
@@ -88,7 +62,7 @@ static void linger(int t, const char *calls)
 static void linger_before_connect(void)
 {
     int c, s;
-    pair(&c, &s, 1);
+    cs_pair(&c, &s, 1);
     printf("client linger 0 before connect\n");
     send(c, "abcd", 4, 0);
     close(c);
@@ -102,13 +76,13 @@ static void linger_before_connect(void)
 static void forked(void)
 {
     int c, s;
-    pair(&c, &s, 0);
+    cs_pair(&c, &s, 0);
     printf("forked holder\n");
     send(c, "0123", 4, 0);
     usleep(20000);
     int go[2];
     if (pipe(go) < 0)
-        die("pipe");
+        cs_die("pipe");
     pid_t pid = fork();
     if (pid == 0) {
         char b[8], x;
@@ -120,7 +94,7 @@ static void forked(void)
     settle_close();
     script(c, "PS");
     if (write(go[1], "g", 1) != 1)
-        die("go");
+        cs_die("go");
     int st;
     waitpid(pid, &st, 0);
     printf("  child %d\n", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
@@ -136,14 +110,14 @@ static void forked(void)
 static void sendfile_late(void)
 {
     int c, s;
-    pair(&c, &s, 0);
+    cs_pair(&c, &s, 0);
     printf("sendfile after close\n");
     close(s);
     settle_close();
     char path[] = "/tmp/resetconf-XXXXXX";
     int f = mkstemp(path);
     if (f < 0 || write(f, "0123456789", 10) != 10)
-        die("file");
+        cs_die("file");
     unlink(path);
     off_t off = 4;
     ssize_t r = sendfile(c, f, &off, 100);
@@ -170,7 +144,7 @@ static void *blocked_recv(void *arg)
 static void blocked(void)
 {
     int c, s;
-    pair(&c, &s, 0);
+    cs_pair(&c, &s, 0);
     printf("recv asleep\n");
     blocked_fd = c;
     pthread_t t;
@@ -188,15 +162,7 @@ int main(int argc, char **argv)
 {
     if (argc != 2)
         return 2;
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    signal(SIGPIPE, SIG_IGN);
-    addr = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[1]))};
-    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-    lfd = socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(lfd, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(lfd, 8) < 0)
-        die("listen");
+    cs_listen(argv[1]);
 
     unread("PWRRRRSSP");
     unread("SSRRRP");
@@ -211,9 +177,9 @@ int main(int argc, char **argv)
 
     /* SO_LINGER 0 on the listener: the accepted socket inherits it. */
     struct linger lg = {1, 0};
-    setsockopt(lfd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
+    setsockopt(cs_lfd, SOL_SOCKET, SO_LINGER, &lg, sizeof lg);
     int c, s;
-    pair(&c, &s, 0);
+    cs_pair(&c, &s, 0);
     printf("listener linger 0\n");
     close(s);
     settle_close();

@@ -24,27 +24,6 @@
 
 #include "callscript.h"
 
-static struct sockaddr_in addr;
-static int lfd;
-
-static void die(const char *what)
-{
-    printf("FAIL %s: %s\n", what, strerror(errno));
-    exit(1);
-}
-
-/* A settled pair: *c the client end, *s the accepted end. */
-static void pair(int *c, int *s)
-{
-    *c = socket(AF_INET, SOCK_STREAM, 0);
-    if (*c < 0 || connect(*c, (struct sockaddr *)&addr, sizeof addr) < 0)
-        die("connect");
-    *s = accept(lfd, NULL, NULL);
-    char b[2];
-    if (*s < 0 || send(*s, "hi", 2, 0) != 2 || recv(*c, b, 2, MSG_WAITALL) != 2 ||
-        send(*c, "ok", 2, 0) != 2 || recv(*s, b, 2, MSG_WAITALL) != 2)
-        die("settle");
-}
 
 /* how the accepted end goes: 'u' closed with the client's bytes unread (a reset), 'l' closed
  * with SO_LINGER 0 (a reset), 'k' its last holder, a child, killed with bytes unread (a reset
@@ -54,7 +33,7 @@ static void pair(int *c, int *s)
 static void peer_goes(char how, char side, const char *calls)
 {
     int c, s;
-    pair(&c, &s);
+    cs_pair(&c, &s, 0);
     static const char *names[] = {"unread close", "linger 0 close", "holder killed", "close",
                                   "shutdown", "nothing"};
     const char *hows = "ulkcfn";
@@ -67,7 +46,7 @@ static void peer_goes(char how, char side, const char *calls)
     if (how == 'k') {
         int go[2];
         if (pipe(go) < 0)
-            die("pipe");
+            cs_die("pipe");
         pid_t pid = fork();
         if (pid == 0) {
             if (write(go[1], "s", 1) != 1)
@@ -78,7 +57,7 @@ static void peer_goes(char how, char side, const char *calls)
         close(peer);
         char x;
         if (read(go[0], &x, 1) != 1)
-            die("go");
+            cs_die("go");
         kill(pid, SIGKILL);
         waitpid(pid, NULL, 0);
         close(go[0]);
@@ -105,15 +84,7 @@ int main(int argc, char **argv)
 {
     if (argc != 2)
         return 2;
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    signal(SIGPIPE, SIG_IGN);
-    addr = (struct sockaddr_in){.sin_family = AF_INET, .sin_port = htons((uint16_t)atoi(argv[1]))};
-    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
-    lfd = socket(AF_INET, SOCK_STREAM, 0);
-    int one = 1;
-    setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(lfd, (struct sockaddr *)&addr, sizeof addr) < 0 || listen(lfd, 8) < 0)
-        die("listen");
+    cs_listen(argv[1]);
 
     /* Resets: shutdown first, after the error was read, after a recv read it, each kind. */
     peer_goes('u', 'c', "wP");
