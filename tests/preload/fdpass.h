@@ -6,24 +6,37 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
-/* 0, or -1 when sendmsg did not send its byte. */
-static inline int fdpass_send(int sp, int fd)
-{
-    char byte = 'L';
-    struct iovec v = {&byte, 1};
+/* A message of one byte that passes fd (SCM_RIGHTS), built in o (which it points into). */
+struct fdpass_one {
+    char byte;
+    struct iovec v;
     union {
         struct cmsghdr h;
         char buf[CMSG_SPACE(sizeof(int))];
     } u;
-    memset(&u, 0, sizeof u);
-    struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = u.buf,
-                       .msg_controllen = sizeof u.buf};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    struct msghdr m;
+};
+
+static inline struct msghdr *fdpass_build(struct fdpass_one *o, int fd)
+{
+    memset(o, 0, sizeof *o);
+    o->byte = 'L';
+    o->v = (struct iovec){&o->byte, 1};
+    o->m = (struct msghdr){.msg_iov = &o->v, .msg_iovlen = 1, .msg_control = o->u.buf,
+                           .msg_controllen = sizeof o->u.buf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&o->m);
     c->cmsg_level = SOL_SOCKET;
     c->cmsg_type = SCM_RIGHTS;
     c->cmsg_len = CMSG_LEN(sizeof(int));
     memcpy(CMSG_DATA(c), &fd, sizeof fd);
-    return sendmsg(sp, &m, 0) == 1 ? 0 : -1;
+    return &o->m;
+}
+
+/* 0, or -1 when sendmsg did not send its byte. */
+static inline int fdpass_send(int sp, int fd)
+{
+    struct fdpass_one o;
+    return sendmsg(sp, fdpass_build(&o, fd), 0) == 1 ? 0 : -1;
 }
 
 /* The descriptor that came with one byte over sp (recvmsg with flags), or -1. */

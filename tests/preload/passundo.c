@@ -83,20 +83,8 @@ static void client_read(int fd, int i)
 /* The kernel's answer to a pass of fd that it does not take, as a line. */
 static void try_pass(const char *mode, int fd, int port2)
 {
-    char byte = 'L';
-    struct iovec v = {&byte, 1};
-    union {
-        struct cmsghdr h;
-        char buf[CMSG_SPACE(sizeof(int))];
-    } u;
-    memset(&u, 0, sizeof u);
-    struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = u.buf,
-                       .msg_controllen = sizeof u.buf};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &fd, sizeof fd);
+    struct fdpass_one o;
+    struct msghdr m = *fdpass_build(&o, fd);
     if (!strcmp(mode, "epipe")) {
         int sp[2];
         socketpair(AF_UNIX, SOCK_STREAM, 0, sp);
@@ -113,7 +101,7 @@ static void try_pass(const char *mode, int fd, int port2)
         struct iovec bv = {big, sizeof big};
         struct mmsghdr mm[2];
         memset(mm, 0, sizeof mm);
-        mm[0].msg_hdr.msg_iov = &v; /* one byte, nothing passed */
+        mm[0].msg_hdr.msg_iov = &o.v; /* one byte, nothing passed */
         mm[0].msg_hdr.msg_iovlen = 1;
         mm[1].msg_hdr = m;          /* the connection, with a datagram too big to go */
         mm[1].msg_hdr.msg_iov = &bv;
