@@ -1002,12 +1002,9 @@ static int cmd_run(int argc, char **argv)
     char file[PATH_MAX], judged[PATH_MAX];
     int reach = !quiet && which(prog, file, sizeof file) ? mlp_elf_reach(file, 0, judged, sizeof judged) : 0;
     if (reach == 1 || reach == 2)
-        fprintf(stderr, "memlan run: warning: %s%s%s %s, so its connections will not be "
+        fprintf(stderr, "memlan run: warning: %s%s%s is %s, so its connections will not be "
                         "accelerated\n", file, strcmp(file, judged) ? ": its interpreter " : "",
-                strcmp(file, judged) ? judged : "",
-                reach == 1 ? "is statically linked: LD_PRELOAD cannot reach it"
-                           : "is a Go program: Go makes its socket calls itself, not through libc, "
-                             "where LD_PRELOAD could reach them");
+                strcmp(file, judged) ? judged : "", mlp_elf_reach_why(reach));
     /* A set-user-ID or set-group-ID program runs in secure-execution mode, where the dynamic
      * linker ignores an LD_PRELOAD path (sudo, or a server installed so). */
     struct stat pst;

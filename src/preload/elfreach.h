@@ -109,4 +109,11 @@ static inline int mlp_elf_reach(const char *path, int depth, char *judged, size_
     return r >= 0 && go ? 2 : r;
 }
 
+/* Why a program mlp_elf_reach judged 1 or 2 runs without memlan, for what is said of it. */
+static inline const char *mlp_elf_reach_why(int reach)
+{
+    return reach == 1 ? "statically linked: LD_PRELOAD cannot reach it"
+                      : "a Go program: Go makes its socket calls itself, not through libc, where "
+                        "LD_PRELOAD could reach them";
+}
 #endif

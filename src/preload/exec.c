@@ -508,10 +508,7 @@ static void mlp_exec_reach_note(const char *path)
     if (reach == 1 || reach == 2)
         mlp_say(MLP_SAID_REACH, "exec of %.200s%s%.200s, %s; that program runs without memlan, its "
                 "connections on TCP", path, strcmp(path, judged) ? ": its interpreter " : "",
-                strcmp(path, judged) ? judged : "",
-                reach == 1 ? "statically linked: LD_PRELOAD cannot reach it"
-                           : "a Go program: Go makes its socket calls itself, not through libc, "
-                             "where LD_PRELOAD could reach them");
+                strcmp(path, judged) ? judged : "", mlp_elf_reach_why(reach));
 }
 
 static char *const *mlp_exec_prepare(struct mlp_carry *c, char *const envp[])

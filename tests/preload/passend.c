@@ -24,6 +24,7 @@
  *   passer_exit the same with an acceptor that _exit()s
  */
 #include "fdpass.h"
+#include "twoends.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -200,14 +201,8 @@ int main(int argc, char **argv)
     const char *mode = argv[2];
     signal(SIGPIPE, SIG_IGN);
     setvbuf(stdout, NULL, _IOLBF, 0);
-    int l = socket(AF_INET, SOCK_STREAM, 0), one = 1;
-    setsockopt(l, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (bind(l, (struct sockaddr *)&a, sizeof a) < 0 || listen(l, 8) < 0) {
-        perror("listen");
-        return 1;
-    }
+    struct sockaddr_in a;
+    int l = listen_backlog(port, 8, &a); /* twoends.h */
     int sp[2];
     if (socketpair(AF_UNIX, SOCK_STREAM, 0, sp) < 0)
         return 1;
