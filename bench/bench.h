@@ -69,6 +69,7 @@ void lat_from_samples(struct lat *l, double *us, long n);
 
 /* floors.c */
 int floor_cacheline(const char *placement, double seconds, struct lat *out);
+int floor_twolines(const char *placement, double seconds, struct lat *out);
 int floor_futex(const char *placement, double seconds, struct lat *out);
 int floor_ring(const char *placement, double seconds, double *Mps);
 int floor_pipe(const char *placement, double seconds, double *MBps);

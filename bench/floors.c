@@ -145,19 +145,29 @@ static inline void relax(void)
  * child answers each with the next even one; the child stops on FLOOR_STOP, read from the same
  * word.  Nothing else is touched while a value is in flight: no second line, no stop flag, no
  * clock (a batch of LAT_BATCH round trips is timed as one; see lat_batch_ns()).
+ *
+ * Two bare lines (floor_twolines): the same, but the child answers in a word of another line, as
+ * a duplex channel (one ring for each direction) must.  Each side then spins on a line it never
+ * writes and writes a line it never spins on, where the single line's answer goes back in the
+ * line that just came.  On the project's 2-vCPU VM this round trip is 1.2 to 2.1 times the single
+ * line's, depending on where the hypervisor runs the two vCPUs (docs/results.md): the floor of
+ * any design with a ring for each direction, memlan's included.  A line between the two keeps
+ * them out of one 128-byte pair (the adjacent-line prefetch).
  */
 #define FLOOR_STOP 0xffffffffu
 
-struct floor_line {
-    _Alignas(64) _Atomic uint32_t v;
-    char pad[60];
+struct floor_lines {
+    _Alignas(64) _Atomic uint32_t ping;
+    char pad[124];
+    _Alignas(64) _Atomic uint32_t pong; /* used by floor_twolines only */
+    char pad2[60];
 };
 
-static void floor_line_child(struct floor_line *s, int yield)
+static void floor_bounce_child(_Atomic uint32_t *ping, _Atomic uint32_t *pong, int yield)
 {
     for (uint32_t want = 1;; want += 2) {
         uint32_t x;
-        while ((x = atomic_load_explicit(&s->v, memory_order_acquire)) != want) {
+        while ((x = atomic_load_explicit(ping, memory_order_acquire)) != want) {
             if (x == FLOOR_STOP)
                 _exit(0);
             if (yield)
@@ -165,15 +175,16 @@ static void floor_line_child(struct floor_line *s, int yield)
             else
                 relax();
         }
-        atomic_store_explicit(&s->v, want + 1, memory_order_release);
+        atomic_store_explicit(pong, want + 1, memory_order_release);
     }
 }
 
-int floor_cacheline(const char *placement, double seconds, struct lat *out)
+static int floor_bounce(const char *placement, double seconds, struct lat *out, int two)
 {
-    struct floor_line *s = shared_page(sizeof *s);
+    struct floor_lines *s = shared_page(sizeof *s);
     if (!s)
         return -ENOMEM;
+    _Atomic uint32_t *ping = &s->ping, *pong = two ? &s->pong : &s->ping;
     int yield = strcmp(placement, "same") == 0;
     pid_t pid = fork();
     if (pid < 0) {
@@ -182,7 +193,7 @@ int floor_cacheline(const char *placement, double seconds, struct lat *out)
     }
     if (pid == 0) {
         bench_pin(placement, 1);
-        floor_line_child(s, yield);
+        floor_bounce_child(ping, pong, yield);
     }
     bench_pin(placement, 0);
     long cap = 2000000, n = 0;
@@ -190,12 +201,12 @@ int floor_cacheline(const char *placement, double seconds, struct lat *out)
     uint64_t start = bench_now_ns(), end = start + (uint64_t)(seconds * 1e9);
     uint64_t hard_end = start + (uint64_t)(5 * seconds * 1e9);
     uint32_t v = 0;
-    for (long b = 0; n < cap && v < FLOOR_STOP - 4 * LAT_BATCH; b++) {
+    for (long b = 0; us && n < cap && v < FLOOR_STOP - 4 * LAT_BATCH; b++) {
         uint64_t t0 = bench_now_ns();
         for (int k = 0; k < LAT_BATCH; k++) {
-            atomic_store_explicit(&s->v, ++v, memory_order_release);
+            atomic_store_explicit(ping, ++v, memory_order_release);
             ++v;
-            while (atomic_load_explicit(&s->v, memory_order_acquire) != v) {
+            while (atomic_load_explicit(pong, memory_order_acquire) != v) {
                 if (yield)
                     sched_yield();
                 else
@@ -208,13 +219,23 @@ int floor_cacheline(const char *placement, double seconds, struct lat *out)
         if (bench_enough(n, t1, end, hard_end))
             break;
     }
-    atomic_store(&s->v, FLOOR_STOP);
+    atomic_store(ping, FLOOR_STOP);
     waitpid(pid, NULL, 0);
     lat_from_samples(out, us, n);
     free(us);
     munmap(s, sizeof *s);
     bench_pin("none", 0);
     return 0;
+}
+
+int floor_cacheline(const char *placement, double seconds, struct lat *out)
+{
+    return floor_bounce(placement, seconds, out, 0);
+}
+
+int floor_twolines(const char *placement, double seconds, struct lat *out)
+{
+    return floor_bounce(placement, seconds, out, 1);
 }
 
 /* The bare futex: the same exchange through two words, each side sleeping in FUTEX_WAIT and

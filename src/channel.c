@@ -1120,7 +1120,7 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
                    _Atomic uint32_t *peer_cpu, struct ml_spin *sp,
                    bool (*ready)(struct memlan_channel *, uint64_t),
                    bool (*spin_ready)(struct memlan_channel *, uint64_t), uint64_t arg,
-                   uint64_t deadline, uint64_t slice)
+                   uint64_t deadline, uint64_t slice, bool *spun_out)
 {
     int me = __ml_getcpu();
     ml_note_cpu(cpu, (uint32_t)(me + 1));
@@ -1143,6 +1143,10 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
     if (sr > 0) {
         /* Relaxed atomics: the socket layer's waiters hold no lock (see __ml_chan_wait_ro). */
         uint64_t hits = __atomic_add_fetch(&ch->spin_hits, 1, __ATOMIC_RELAXED);
+        if (spun_out) { /* the native receive's: its thread's count of quick looks is ours to read */
+            *spun_out = true;
+            hits += ch->rx_quick_hits;
+        }
         if (word == &ch->rx.ctl->rx_wait)
             ml_store_relaxed(&ch->rx.ctl->spin_hits, hits);
         return 0;
@@ -1391,7 +1395,7 @@ int memlan_channel_wait_peer(memlan_channel_t *ch, int timeout_ms)
      * every one, on the core the server needs to accept it). */
     static struct ml_spin attach_spin;
     int r = ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->tx.ctl->rx_cpu,
-                    &attach_spin, ml_attached, ml_attached, 0, ml_deadline(timeout_ms), 0);
+                    &attach_spin, ml_attached, ml_attached, 0, ml_deadline(timeout_ms), 0, NULL);
     if (r < 0)
         return r;
     if (ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE)
@@ -1412,9 +1416,11 @@ static uint64_t ml_deadline_ns(uint64_t tmo_ns)
 int __ml_chan_wait_rx(struct memlan_channel *ch, int flags)
 {
     (void)flags;
+    bool spun = false;
     int r = ml_wait(ch, &ch->rx.ctl->rx_wait, &ch->rx.ctl->rx_cpu, &ch->tx.ctl->rx_cpu,
                     &ch->spin_rx, ml_rx_ready, ml_rx_ready_spin, 0,
-                    ml_deadline_ns(ch->rx_tmo_ns), 0);
+                    ml_deadline_ns(ch->rx_tmo_ns), 0, &spun);
+    ch->rx_spin_first = spun;
     return r; /* -ETIMEDOUT at memlan_channel_set_timeout's bound */
 }
 
@@ -1422,7 +1428,8 @@ int __ml_chan_wait_tx(struct memlan_channel *ch, uint64_t want)
 {
     ch->tx_want = want;
     int r = ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->rx.ctl->tx_cpu,
-                    &ch->spin_tx, ml_tx_ready, ml_tx_ready, 0, ml_deadline_ns(ch->tx_tmo_ns), 0);
+                    &ch->spin_tx, ml_tx_ready, ml_tx_ready, 0, ml_deadline_ns(ch->tx_tmo_ns), 0,
+                    NULL);
     return r;
 }
 
@@ -1472,11 +1479,12 @@ int __ml_chan_wait_ro_slice(struct memlan_channel *ch, int dir, uint64_t want, u
     int r;
     if (dir == 0)
         r = ml_wait(ch, &ch->rx.ctl->rx_wait, &ch->rx.ctl->rx_cpu, &ch->tx.ctl->rx_cpu,
-                    &ch->spin_rx, ml_rx_ready_unlocked, ml_rx_ready_unlocked, 0, deadline, slice);
+                    &ch->spin_rx, ml_rx_ready_unlocked, ml_rx_ready_unlocked, 0, deadline, slice,
+                    NULL);
     else
         r = ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->rx.ctl->tx_cpu,
                     &ch->spin_tx, ml_tx_ready_unlocked, ml_tx_ready_unlocked, want ? want : 1,
-                    deadline, slice);
+                    deadline, slice, NULL);
     return r == -ETIMEDOUT ? -EAGAIN : r;
 }
 
@@ -1918,6 +1926,35 @@ static int ml_rx_empty(struct memlan_channel *ch, int flags)
     return 1;
 }
 
+/*
+ * The quick look (design.md, "A receive looks again before it waits"): a blocking receive that
+ * finds the ring empty, when its last wait ended by spinning, looks a few more times, a pause
+ * apart, before it takes the wait.  The rounds are the first of the wait's own spin, which reads
+ * no clock and asks nothing else before its 32nd (__ml_spin_run): what they leave out is the
+ * wait's set-up and, when the answer comes within them, its way out (the cpu words, the
+ * policy's bookkeeping, a locked add), which a request and its reply pay on each side of every
+ * round trip.  Where the policy does not spin (the peer on our cpu, MEMLAN_SPIN_US=0, one cpu)
+ * the last wait did not end by spinning, and nothing changes.  true: something to look at
+ * (bytes, a record, or a corrupt ring).
+ */
+#define ML_RX_QUICK_ROUNDS 31
+
+static bool ml_rx_quick(struct memlan_channel *ch, int flags)
+{
+    if (!ch->rx_spin_first || (flags & MEMLAN_DONTWAIT))
+        return false;
+    for (int k = 0; k < ML_RX_QUICK_ROUNDS; k++) {
+        ml_cpu_relax();
+        if (ml_rx_avail(ch, false) != 0) {
+            ch->rx_quick_hits++;
+            ml_store_relaxed(&ch->rx.ctl->spin_hits,
+                             __atomic_load_n(&ch->spin_hits, __ATOMIC_RELAXED) + ch->rx_quick_hits);
+            return true;
+        }
+    }
+    return false;
+}
+
 static inline void ml_rx_release(struct memlan_channel *ch, uint64_t n)
 {
     ml_ring_consume(&ch->rx, n, ml_ring_nofence(&ch->rx, &ch->rx.ctl->tx_mb, &ch->rx.ctl->tx_mb_ack));
@@ -2025,6 +2062,8 @@ static ssize_t ml_recv(memlan_channel_t *ch, uint8_t *dst, size_t len, int flags
         if (done && !(flags & MEMLAN_WAITALL))
             return (ssize_t)done;
         ml_rx_wake_pending(ch, unwoken); /* before any wait: the producer may wait for room */
+        if (ml_rx_quick(ch, done ? (flags & ~MEMLAN_DONTWAIT) : flags))
+            continue;
         int r = ml_rx_empty(ch, done ? (flags & ~MEMLAN_DONTWAIT) : flags);
         if (r <= 0)
             return done ? (ssize_t)done : r;
@@ -2045,6 +2084,8 @@ static int64_t ml_rx_wait_avail(struct memlan_channel *ch, int flags)
             return -EPROTO;
         if (a > 0)
             return a;
+        if (ml_rx_quick(ch, flags))
+            continue;
         int r = ml_rx_empty(ch, flags);
         if (r <= 0)
             return r;

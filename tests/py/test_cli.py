@@ -8,7 +8,8 @@ import xml.etree.ElementTree as ET
 
 from conftest import memlan
 
-SPLIT_SAME_KEYS = ["rtt_spin_us", "rtt_sleep_us", "floor_spin_us", "floor_futex_us", "tcp_rtt_us",
+SPLIT_SAME_KEYS = ["rtt_spin_us", "rtt_sleep_us", "floor_spin_us", "floor_twolines_us",
+                   "floor_futex_us", "tcp_rtt_us",
                    "bw_64k_MBps", "xmax_64k_MBps", "tcp_bw_64k_MBps", "rate_64_Mps",
                    "tcp_rate_64_Mps", "floor_ring_64_Mps", "bw_1m_MBps", "bw_1m_inplace_MBps"]
 
@@ -73,6 +74,9 @@ def test_bench_json_has_every_figure(fabric, tmp_path):
         vs = r[placement]["vs_floor"]
         assert abs(vs["rtt_spin_vs_cacheline"] * r[placement]["floor_spin_us"]
                    - r[placement]["rtt_spin_us"]) < 0.01 * r[placement]["rtt_spin_us"] + 0.002
+        # and against two bare lines, one for each direction (a duplex channel's floor)
+        assert abs(vs["rtt_spin_vs_twolines"] * r[placement]["floor_twolines_us"]
+                   - r[placement]["rtt_spin_us"]) < 0.01 * r[placement]["rtt_spin_us"] + 0.002
         assert abs(vs["rate_64_vs_ring"] * r[placement]["floor_ring_64_Mps"]
                    - r[placement]["rate_64_Mps"]) < 0.01 * r[placement]["rate_64_Mps"] + 0.001
         assert vs["bw_64k_vs_xmax"] > 0 and vs["bw_1m_vs_xmax"] > 0
@@ -102,7 +106,8 @@ def test_bench_json_has_every_figure(fabric, tmp_path):
     texts = [e.text for e in root.iter() if e.tag.endswith("text") and e.text]
     assert "1 MiB" in texts and "64 B" in texts and not any("e+" in s for s in texts)
     bars = [e for e in root.iter() if e.tag.endswith("rect") and e.get("class") == "bar"]
-    assert len(bars) == 2 * 7 and "kernel TCP loopback" in texts and "pipe" in texts
+    assert len(bars) == 2 * 8 and "floor: two lines" in texts
+    assert "kernel TCP loopback" in texts and "pipe" in texts
 
 
 def test_bench_text_names_its_goals(fabric):
