@@ -39,11 +39,6 @@ struct memlan_channel {
      * path's wait (__ml_chan_spin_rx_ro), which spins that much less (relaxed: a lost or
      * stolen count only changes how long a spin is) */
     _Atomic uint64_t rx_spun_ns;
-    /* The receiving thread's own (the native face's, one receiving thread at a time): its last
-     * wait ended by spinning, so its next empty ring is looked at a few more times before the
-     * wait (ml_rx_quick); and the waits that look ended, for memlan stat's spin_hits. */
-    bool rx_spin_first;
-    uint64_t rx_quick_hits;
     uint64_t tx_want;         /* free bytes the sender waits for */
     uint64_t reserved;        /* bytes given by the last reserve */
     uint64_t peeked;          /* bytes (record) given by the last peek */
@@ -94,6 +89,11 @@ struct memlan_channel {
     uint64_t wait_found_late; /* waits that found what they waited for at the look after such a
                                * sleep: never, from an honest peer, unless it was held off a cpu
                                * (a wake-up lost, or one that came a liveness interval late) */
+    /* The receiving thread's own (the native face's, one receiving thread at a time): its last
+     * wait ended by spinning, so its next empty ring is looked at a few more times before the
+     * wait (ml_rx_quick); and the waits that look ended, for memlan stat's spin_hits. */
+    bool rx_spin_first;
+    uint64_t rx_quick_hits;
 };
 
 void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
