@@ -1134,16 +1134,22 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
         uint64_t spun = atomic_exchange_explicit(&ch->rx_spun_ns, 0, memory_order_relaxed);
         budget = budget > spun ? budget - spun : 0;
     }
+    bool yield = false;
+    if (!budget && !atomic_load_explicit(&__ml_intr_blind, memory_order_relaxed)) {
+        /* The peer waits on our cpu: give it the cpu rather than sleep at once (spin.c). */
+        budget = __ml_yield_budget_ns(sp, ml_load_relaxed(peer_cpu));
+        yield = budget != 0;
+    }
     struct ml_wait_spin ws = {ch, spin_ready, arg, count, runs0};
     struct ml_spinning spin = {.sp = sp, .budget = budget, .every = 32, .look = ml_wait_spin_look,
-                               .tick = ml_wait_spin_tick, .arg = &ws};
+                               .tick = ml_wait_spin_tick, .arg = &ws, .yield = yield};
     int sr = __ml_spin_run(&spin);
     if (sr < 0)
         return sr;
     if (sr > 0) {
         /* Relaxed atomics: the socket layer's waiters hold no lock (see __ml_chan_wait_ro). */
         uint64_t hits = __atomic_add_fetch(&ch->spin_hits, 1, __ATOMIC_RELAXED);
-        if (spun_out) { /* the native receive's: its thread's count of quick looks is ours to read */
+        if (spun_out && !yield) { /* the native receive's: its thread's count of quick looks is ours to read */
             *spun_out = true;
             hits += ch->rx_quick_hits;
         }

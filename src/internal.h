@@ -180,6 +180,12 @@ struct ml_spin {
     uint32_t fails;           /* consecutive spins that ended in sleep */
 };
 uint64_t __ml_spin_budget_ns(struct ml_spin *sp, uint32_t peer_cpu);
+/* Where the spin budget is 0 because the peer last waited on our cpu (or we have only one): how
+ * long a channel's wait gives its cpu away with sched_yield before it sleeps, 0 for none (the
+ * preload, MEMLAN_SPIN_US set): see "Spin budget" in docs/design.md. */
+uint64_t __ml_yield_budget_ns(struct ml_spin *sp, uint32_t peer_cpu);
+/* The preload's: never yield (a seccomp filter may kill for sched_yield: OpenSSH's does). */
+void __ml_yield_off(void);
 void __ml_spin_result(struct ml_spin *sp, bool success);
 void __ml_spin_set_us(int us);
 /* What the policy asks the system (cpus online, MEMLAN_SPIN_US), asked now: the preload calls it
@@ -215,6 +221,9 @@ struct ml_spinning {
     uint64_t start;           /* __ml_now_ns() when the budget started */
     unsigned round;           /* 1, 2, ... */
     bool found;
+    /* Give the cpu away (sched_yield) at each round instead of pausing, with a tick and a look
+     * at the clock every round: the budget is __ml_yield_budget_ns's. */
+    bool yield;
 };
 __attribute__((visibility("default"))) int __ml_spin_run(struct ml_spinning *s);
 /* A look found work and the spin goes on (memlan_svc_run serves calls while they keep coming):

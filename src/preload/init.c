@@ -415,6 +415,7 @@ static void mlp_init_once(void)
     int inside = mlp_inside;
     mlp_inside = 1;
     __ml_mb_off(); /* every publication keeps its full barrier here: see __ml_mb_off() */
+    __ml_yield_off(); /* and no wait gives its cpu away: see __ml_yield_budget_ns() */
 #define MLP_CALL(ret, name, params, args)                                                      \
     mlp_real_##name = (ret(*) params)dlsym(RTLD_NEXT, #name);
 #include "calls.h"

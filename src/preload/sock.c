@@ -777,6 +777,7 @@ static unsigned mlp_wait_hook(void)
 __attribute__((constructor)) static void mlp_wait_hook_init(void)
 {
     __ml_mb_off(); /* before any channel, whichever of our constructors runs first */
+    __ml_yield_off(); /* and no wait gives its cpu away: see __ml_yield_budget_ns() */
     __ml_wait_hook = mlp_wait_hook;
     __ml_intr_count = mlp_sig_runs;
     __ml_intr_any = mlp_sig_runs_any;
