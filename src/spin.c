@@ -147,7 +147,10 @@ int __ml_spin_run(struct ml_spinning *s)
     /* No clock yet: a wait's answer often comes within the first rounds, and a clock reading
      * (about 20 ns under a hypervisor) on entry was on a round trip's path.  The budget counts
      * from the first tick's reading; the rounds before it are every pauses at most. */
-    s->start = 0;
+    /* A yield is a system call, and may give the cpu away for a whole time slice of a peer
+     * that keeps it (ms): its budget counts from before the first, so that the wait, which
+     * nothing can wake while it yields, yields at most once past its budget. */
+    s->start = s->yield ? __ml_now_ns() : 0;
     s->found = false;
     for (s->round = 1;; s->round++) {
         int r = s->look(s, s->arg);
