@@ -10,7 +10,8 @@
  * The peer: a child on our cpu that received once (it waited there) and then keeps the cpu.
  * 1. 8 receives with a 30 ms timeout: -ETIMEDOUT, each after at most one yield that lasted
  *    longer than the budget (sched_yield is this program's own, timed).
- * 2. 8 receives with a 2 ms timeout: the same, and the wait gives up after that yield.
+ * 2. 8 receives with a 2 ms timeout: the same (the waits before failed: none yields now,
+ *    tests/c/yield-busy-peer.c; when one did, it gave up after that yield).
  */
 #include "test.h"
 #include "channel.h"
