@@ -1087,6 +1087,7 @@ struct ml_wait_spin {
     uint64_t arg;
     unsigned (*count)(void);
     unsigned runs0;
+    uint64_t deadline;        /* the wait's (0: none): a yielding spin stops there */
 };
 
 static int ml_wait_spin_look(struct ml_spinning *s, void *a)
@@ -1102,6 +1103,10 @@ static int ml_wait_spin_tick(struct ml_spinning *s, void *a)
         (void)__ml_wait_hook(); /* a cancellation point while spinning too */
     if (w->count && w->count() != w->runs0 && !w->spin_ready(w->ch, w->arg))
         return -EINTR; /* a handler ran: the kernel's call would have ended */
+    /* A yield may give the cpu away for a whole time slice of a peer that keeps it (ms): the
+     * deadline is looked at after each (a spin's rounds are ns, its budget 50 us: none). */
+    if (s->yield && w->deadline && __ml_now_ns() >= w->deadline && !w->spin_ready(w->ch, w->arg))
+        return -ETIMEDOUT;
     return 0;
 }
 
@@ -1140,7 +1145,7 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
         budget = __ml_yield_budget_ns(sp, ml_load_relaxed(peer_cpu));
         yield = budget != 0;
     }
-    struct ml_wait_spin ws = {ch, spin_ready, arg, count, runs0};
+    struct ml_wait_spin ws = {ch, spin_ready, arg, count, runs0, deadline};
     struct ml_spinning spin = {.sp = sp, .budget = budget, .every = 32, .look = ml_wait_spin_look,
                                .tick = ml_wait_spin_tick, .arg = &ws, .yield = yield};
     int sr = __ml_spin_run(&spin);
@@ -1515,7 +1520,7 @@ int __ml_chan_spin_rx_ro(struct memlan_channel *ch, uint64_t cap_ns)
     if (ml_load_relaxed(&ch->rx_spun_ns)) /* an earlier spin's, whose wait never came */
         ml_store_relaxed(&ch->rx_spun_ns, 0);
     ml_note_cpu(&ch->rx.ctl->rx_cpu, (uint32_t)(__ml_getcpu() + 1));
-    struct ml_wait_spin ws = {ch, ml_rx_ready_unlocked, 0, count, count ? count() : 0};
+    struct ml_wait_spin ws = {ch, ml_rx_ready_unlocked, 0, count, count ? count() : 0, 0};
     struct ml_spinning spin = {.sp = &ch->spin_rx, .budget = budget, .every = 32,
                                .look = ml_wait_spin_look, .tick = ml_hold_spin_tick, .arg = &ws};
     int r = __ml_spin_run(&spin);

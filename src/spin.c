@@ -108,10 +108,10 @@ void __ml_yield_off(void) { ml_store_relaxed(&ml_yield_on, -1); }
 /* The peer last waited on our cpu, or we have only one: a spin would hold the cpu the peer needs,
  * but a sched_yield gives it to the peer at once, and its answer then comes without a futex
  * wake-up on either side (a request and its reply on one core: two context switches a round
- * trip instead of two futex waits and wakes).  The same budget as a spin, cut the same way after
+ * trip instead of two futex waits and wakes).  The same budget as a spin, but none at all after
  * yields that ended in sleep anyway (a peer that is not runnable: sched_yield then returns at
- * once, and the yields are a spin).  None where the spin is fixed (MEMLAN_SPIN_US: 0 turns both
- * off) and none in the preload. */
+ * once, and the yields are a spin) or found the answer late (below).  None where the spin is
+ * fixed (MEMLAN_SPIN_US: 0 turns both off) and none in the preload. */
 uint64_t __ml_yield_budget_ns(struct ml_spin *sp, uint32_t peer_cpu)
 {
     if (ml_spin_config() != -1 || ml_load_relaxed(&ml_yield_on) <= 0)
@@ -121,9 +121,17 @@ uint64_t __ml_yield_budget_ns(struct ml_spin *sp, uint32_t peer_cpu)
         if (peer_cpu == 0 || me < 0 || peer_cpu - 1u != (uint32_t)me)
             return 0; /* the peer waits elsewhere: the spin's case */
     }
+    /* After a run of yields that ended in sleep anyway, or found the answer only after the
+     * budget (the peer kept the cpu after answering: nothing wakes a yielding wait, and the
+     * answer waited for the end of the peer's time slice, ms, where a sleep's wake-up would
+     * have come at once), sleep at once, as before yields were made: a shorter budget would
+     * still give a slice away at its first yield.  Such a wait is told as one more failure, so
+     * that every 32nd probes with the full budget. */
     uint32_t f = __atomic_load_n(&sp->fails, __ATOMIC_RELAXED);
-    if (f >= ML_SPIN_FAILS_BEFORE_CUT && (f & 31) != 0)
-        return ML_SPIN_DEFAULT_NS / 8;
+    if (f >= ML_SPIN_FAILS_BEFORE_CUT && (f & 31) != 0) {
+        __ml_spin_result(sp, false);
+        return 0;
+    }
     return ML_SPIN_DEFAULT_NS;
 }
 
@@ -147,12 +155,17 @@ int __ml_spin_run(struct ml_spinning *s)
     /* No clock yet: a wait's answer often comes within the first rounds, and a clock reading
      * (about 20 ns under a hypervisor) on entry was on a round trip's path.  The budget counts
      * from the first tick's reading; the rounds before it are every pauses at most. */
-    s->start = 0;
+    /* A yield is a system call, and may give the cpu away for a whole time slice of a peer
+     * that keeps it (ms): its budget counts from before the first, so that the wait, which
+     * nothing can wake while it yields, yields at most once past its budget. */
+    s->start = s->yield ? __ml_now_ns() : 0;
     s->found = false;
     for (s->round = 1;; s->round++) {
         int r = s->look(s, s->arg);
         if (r > 0) {
-            __ml_spin_result(s->sp, true);
+            /* A yield found its answer after the budget: told as a failure (see
+             * __ml_yield_budget_ns) */
+            __ml_spin_result(s->sp, !s->yield || __ml_now_ns() - s->start < s->budget);
             return r;
         }
         if (s->yield)
