@@ -14,15 +14,6 @@
 #include "channel.h"
 
 #include <pthread.h>
-#include <sched.h>
-
-static void pin(int cpu)
-{
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(cpu, &set);
-    (void)sched_setaffinity(0, sizeof set, &set);
-}
 
 static uint8_t pat(uint64_t i, uint64_t j) { return (uint8_t)(i * 13 + j * 5 + 1); }
 
@@ -48,7 +39,7 @@ static bool same(const uint8_t *b, size_t n, uint64_t i)
 /* The echo: every message back as it came (a stream: every byte), until end of stream. */
 static int echo(memlan_channel_t *ch, int cpu)
 {
-    pin(cpu);
+    (void)ml_test_pin(cpu);
     uint8_t b[4096];
     for (;;) {
         ssize_t r = memlan_recv(ch, b, sizeof b, 0);
@@ -74,7 +65,8 @@ struct spoil {
 static void *spoil_head(void *arg)
 {
     struct spoil *s = arg;
-    pin(s->cpu); /* not the receiver's: it spins, and the write must come while it does */
+    /* not the receiver's cpu: it spins, and the write must come while it does */
+    (void)ml_test_pin(s->cpu);
     ml_store_release(&s->ready, 1);
     while (!ml_load_acquire(&s->go))
         ;
@@ -130,7 +122,7 @@ int main(void)
     pid_t pid = ml_test_fork_peer(fab, &mo, &ch);
     if (pid == 0)
         _exit(echo(ch, other));
-    pin(0);
+    (void)ml_test_pin(0);
     ASSERT_OK(memlan_channel_wait_peer(ch, 10000));
     const uint64_t N = 3000;
     for (uint64_t i = 0; i < N; i++) {
@@ -186,7 +178,8 @@ int main(void)
         ssize_t r = memlan_recv(ch, in, first, 0);
         ASSERT_TRUE(r > 0 && (size_t)r <= first);
         if ((size_t)r < n)
-            ASSERT_EQ(memlan_recv(ch, in + r, n - (size_t)r, MEMLAN_WAITALL), (ssize_t)(n - (size_t)r));
+            ASSERT_EQ(memlan_recv(ch, in + r, n - (size_t)r, MEMLAN_WAITALL),
+                      (ssize_t)(n - (size_t)r));
         ASSERT_TRUE(same(in, n, i));
     }
     printf("quick-look: stream ring: %" PRIu64 " quick hits\n", ch->rx_quick_hits);

@@ -12,6 +12,7 @@
 #include <errno.h>
 #include <dirent.h>
 #include <inttypes.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,6 +122,15 @@ static inline uint64_t ml_test_now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* Keep the calling thread (and what it forks or starts after) on one cpu: 0, or -1. */
+static inline int ml_test_pin(int cpu)
+{
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    return sched_setaffinity(0, sizeof set, &set);
 }
 
 /* xorshift64*: a reproducible stream of test data. */

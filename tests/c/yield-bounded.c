@@ -16,23 +16,7 @@
 #include "test.h"
 #include "channel.h"
 
-#include <sched.h>
 #include <sys/syscall.h>
-
-static void pin0(void)
-{
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(0, &set);
-    ASSERT_EQ(sched_setaffinity(0, sizeof set, &set), 0);
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 /* The library's sched_yield, counted: the calls that gave the cpu away for longer than the
  * spin budget (50 us). */
@@ -40,9 +24,9 @@ static unsigned long long_yields, yields;
 
 int sched_yield(void)
 {
-    uint64_t t0 = now_ns();
+    uint64_t t0 = ml_test_now_ns();
     long r = syscall(SYS_sched_yield);
-    if (now_ns() - t0 > 100000)
+    if (ml_test_now_ns() - t0 > 100000)
         long_yields++;
     yields++;
     return (int)r;
@@ -54,9 +38,9 @@ static void receives(memlan_channel_t *ch, int tmo_ms)
     uint8_t b[64];
     for (int i = 0; i < 8; i++) {
         unsigned long l0 = long_yields, y0 = yields;
-        uint64_t t0 = now_ns();
+        uint64_t t0 = ml_test_now_ns();
         ASSERT_EQ(memlan_recv(ch, b, sizeof b, 0), -ETIMEDOUT);
-        uint64_t took = now_ns() - t0;
+        uint64_t took = ml_test_now_ns() - t0;
         printf("yield-bounded: %d ms timeout: %.2f ms, %lu yields, %lu long\n", tmo_ms,
                (double)took / 1e6, yields - y0, long_yields - l0);
         ASSERT_GE(took, (uint64_t)tmo_ms * 1000000u);
@@ -68,7 +52,7 @@ int main(void)
 {
     ml_test_watchdog(60);
     unsetenv("MEMLAN_SPIN_US");
-    pin0();
+    ASSERT_EQ(ml_test_pin(0), 0);
     memlan_fabric_t *fab = ml_test_fabric();
     struct memlan_channel_opts o = {.kind = MEMLAN_MSG};
     memlan_channel_t *ch;
@@ -77,7 +61,7 @@ int main(void)
         uint8_t b[64];
         if (memlan_recv(ch, b, sizeof b, 0) != 1) /* waits on cpu 0: rx_cpu says so */
             _exit(3);
-        for (uint64_t end = now_ns() + 20000000000ull; now_ns() < end;)
+        for (uint64_t end = ml_test_now_ns() + 20000000000ull; ml_test_now_ns() < end;)
             ; /* keeps the cpu, until killed */
         _exit(0);
     }

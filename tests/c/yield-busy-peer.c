@@ -12,28 +12,12 @@
 #include "test.h"
 #include "channel.h"
 
-#include <sched.h>
-
-static void pin0(void)
-{
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(0, &set);
-    ASSERT_EQ(sched_setaffinity(0, sizeof set, &set), 0);
-}
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
 
 enum { N = 100 };
 
 static int server(memlan_channel_t *ch)
 {
-    pin0();
+    ASSERT_EQ(ml_test_pin(0), 0);
     uint8_t b[64];
     for (;;) {
         ssize_t r = memlan_recv(ch, b, sizeof b, 0);
@@ -41,11 +25,11 @@ static int server(memlan_channel_t *ch)
             break;
         if (r != 8)
             return 3;
-        uint64_t t = now_ns();
+        uint64_t t = ml_test_now_ns();
         memcpy(b + 8, &t, sizeof t);
         if (memlan_send(ch, b, 16, 0) != 16)
             return 4;
-        for (uint64_t end = now_ns() + 3000000; now_ns() < end;)
+        for (uint64_t end = ml_test_now_ns() + 3000000; ml_test_now_ns() < end;)
             ; /* the work after the answer */
     }
     memlan_channel_close(ch);
@@ -56,7 +40,7 @@ int main(void)
 {
     ml_test_watchdog(60);
     unsetenv("MEMLAN_SPIN_US");
-    pin0();
+    ASSERT_EQ(ml_test_pin(0), 0);
     memlan_fabric_t *fab = ml_test_fabric();
     struct memlan_channel_opts o = {.kind = MEMLAN_MSG};
     memlan_channel_t *ch;
@@ -71,7 +55,7 @@ int main(void)
         memcpy(b, &i, sizeof i);
         ASSERT_EQ(memlan_send(ch, b, 8, 0), 8);
         ASSERT_EQ(memlan_recv(ch, b, sizeof b, 0), 16);
-        uint64_t got = now_ns(), sent, j;
+        uint64_t got = ml_test_now_ns(), sent, j;
         memcpy(&j, b, sizeof j);
         memcpy(&sent, b + 8, sizeof sent);
         ASSERT_EQ(j, i);

@@ -13,22 +13,13 @@
 #include "channel.h"
 #include "sys/sys.h"
 
-#include <sched.h>
-
-static void pin0(void)
-{
-    cpu_set_t set;
-    CPU_ZERO(&set);
-    CPU_SET(0, &set);
-    ASSERT_EQ(sched_setaffinity(0, sizeof set, &set), 0);
-}
 
 enum { N = 2000 };
 
 /* The echo on our cpu; exits with its own sleeps, capped. */
 static int echo(memlan_channel_t *ch)
 {
-    pin0();
+    ASSERT_EQ(ml_test_pin(0), 0);
     uint8_t b[64];
     for (;;) {
         ssize_t r = memlan_recv(ch, b, sizeof b, 0);
@@ -73,7 +64,7 @@ int main(void)
 {
     ml_test_watchdog(60);
     unsetenv("MEMLAN_SPIN_US");
-    pin0();
+    ASSERT_EQ(ml_test_pin(0), 0);
     memlan_fabric_t *fab = ml_test_fabric();
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 
