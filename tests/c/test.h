@@ -124,6 +124,23 @@ static inline uint64_t ml_test_now_ns(void)
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
+/* The k-th cpu (0, 1, ...) this process may run on, as its affinity was when first asked (a
+ * container's cpuset may leave cpu 0 out); -1 if it may run on k or fewer. */
+static inline int ml_test_cpu(int k)
+{
+    static cpu_set_t allowed;
+    static int asked;
+    if (!asked) {
+        asked = 1;
+        if (sched_getaffinity(0, sizeof allowed, &allowed) != 0)
+            CPU_ZERO(&allowed);
+    }
+    for (int c = 0; c < CPU_SETSIZE; c++)
+        if (CPU_ISSET(c, &allowed) && k-- == 0)
+            return c;
+    return -1;
+}
+
 /* Keep the calling thread (and what it forks or starts after) on one cpu: 0, or -1. */
 static inline int ml_test_pin(int cpu)
 {

@@ -52,7 +52,7 @@ int main(void)
 {
     ml_test_watchdog(60);
     unsetenv("MEMLAN_SPIN_US");
-    ASSERT_EQ(ml_test_pin(0), 0);
+    ASSERT_EQ(ml_test_pin(ml_test_cpu(0)), 0);
     memlan_fabric_t *fab = ml_test_fabric();
     struct memlan_channel_opts o = {.kind = MEMLAN_MSG};
     memlan_channel_t *ch;
@@ -69,8 +69,8 @@ int main(void)
     usleep(50000); /* the child waits */
     ASSERT_EQ(memlan_send(ch, "x", 1, 0), 1);
     usleep(20000); /* and now keeps the cpu */
-    if (ml_load_relaxed(&ch->tx.ctl->rx_cpu) != 1) {
-        printf("yield-bounded: the child did not wait on cpu 0: skipped\n");
+    if (ml_load_relaxed(&ch->tx.ctl->rx_cpu) != (uint32_t)ml_test_cpu(0) + 1) {
+        printf("yield-bounded: the child did not wait on our cpu: skipped\n");
         kill(pid, SIGKILL);
         ml_test_wait_child(pid);
         memlan_channel_close(ch);

@@ -17,7 +17,7 @@ enum { N = 100 };
 
 static int server(memlan_channel_t *ch)
 {
-    ASSERT_EQ(ml_test_pin(0), 0);
+    ASSERT_EQ(ml_test_pin(ml_test_cpu(0)), 0);
     uint8_t b[64];
     for (;;) {
         ssize_t r = memlan_recv(ch, b, sizeof b, 0);
@@ -40,7 +40,7 @@ int main(void)
 {
     ml_test_watchdog(60);
     unsetenv("MEMLAN_SPIN_US");
-    ASSERT_EQ(ml_test_pin(0), 0);
+    ASSERT_EQ(ml_test_pin(ml_test_cpu(0)), 0);
     memlan_fabric_t *fab = ml_test_fabric();
     struct memlan_channel_opts o = {.kind = MEMLAN_MSG};
     memlan_channel_t *ch;

@@ -19,7 +19,7 @@ enum { N = 2000 };
 /* The echo on our cpu; exits with its own sleeps, capped. */
 static int echo(memlan_channel_t *ch)
 {
-    ASSERT_EQ(ml_test_pin(0), 0);
+    ASSERT_EQ(ml_test_pin(ml_test_cpu(0)), 0);
     uint8_t b[64];
     for (;;) {
         ssize_t r = memlan_recv(ch, b, sizeof b, 0);
@@ -64,25 +64,26 @@ int main(void)
 {
     ml_test_watchdog(60);
     unsetenv("MEMLAN_SPIN_US");
-    ASSERT_EQ(ml_test_pin(0), 0);
+    ASSERT_EQ(ml_test_pin(ml_test_cpu(0)), 0);
     memlan_fabric_t *fab = ml_test_fabric();
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 
     /* 1. */
     int me = __ml_getcpu();
-    ASSERT_EQ(me, 0);
+    ASSERT_EQ(me, ml_test_cpu(0));
+    uint32_t ours = (uint32_t)me + 1, elsewhere = (uint32_t)me + 2; /* the words: cpu + 1 */
     struct ml_spin sp = {0};
-    ASSERT_EQ(__ml_spin_budget_ns(&sp, 1), 0);   /* the peer on our cpu: no spin... */
-    ASSERT_NE(__ml_yield_budget_ns(&sp, 1), 0);  /* ...a yield instead */
+    ASSERT_EQ(__ml_spin_budget_ns(&sp, ours), 0);   /* the peer on our cpu: no spin... */
+    ASSERT_NE(__ml_yield_budget_ns(&sp, ours), 0);  /* ...a yield instead */
     if (ncpu >= 2) {
-        ASSERT_EQ(__ml_yield_budget_ns(&sp, 2), 0); /* elsewhere: the spin's case */
+        ASSERT_EQ(__ml_yield_budget_ns(&sp, elsewhere), 0); /* elsewhere: the spin's case */
         ASSERT_EQ(__ml_yield_budget_ns(&sp, 0), 0); /* not known: taken as elsewhere */
-        ASSERT_NE(__ml_spin_budget_ns(&sp, 2), 0);
+        ASSERT_NE(__ml_spin_budget_ns(&sp, elsewhere), 0);
     }
     __ml_spin_set_us(0);
-    ASSERT_EQ(__ml_yield_budget_ns(&sp, 1), 0); /* MEMLAN_SPIN_US=0: neither */
+    ASSERT_EQ(__ml_yield_budget_ns(&sp, ours), 0); /* MEMLAN_SPIN_US=0: neither */
     __ml_spin_set_us(20);
-    ASSERT_EQ(__ml_yield_budget_ns(&sp, 1), 0); /* a fixed spin is the user's: it spins */
+    ASSERT_EQ(__ml_yield_budget_ns(&sp, ours), 0); /* a fixed spin is the user's: it spins */
     __ml_spin_set_us(-1);
 
     /* 2. */
@@ -95,7 +96,7 @@ int main(void)
 
     /* 3. */
     __ml_yield_off();
-    ASSERT_EQ(__ml_yield_budget_ns(&sp, 1), 0);
+    ASSERT_EQ(__ml_yield_budget_ns(&sp, ours), 0);
     slept = round_trips(fab, &child);
     printf("yield-same-cpu: not yielding: %" PRIu64 " and %d sleeps\n", slept, child);
     ASSERT_GE(slept, N / 2);
