@@ -59,7 +59,7 @@ int main(void)
     pid_t pid = ml_test_fork_peer(fab, &o, &ch);
     if (pid == 0) {
         uint8_t b[64];
-        if (memlan_recv(ch, b, sizeof b, 0) != 1) /* waits on cpu 0: rx_cpu says so */
+        if (memlan_recv(ch, b, sizeof b, 0) != 1) /* waits on our cpu: rx_cpu says so */
             _exit(3);
         for (uint64_t end = ml_test_now_ns() + 20000000000ull; ml_test_now_ns() < end;)
             ; /* keeps the cpu, until killed */

@@ -12,7 +12,6 @@
 #include "test.h"
 #include "channel.h"
 
-
 enum { N = 100 };
 
 static int server(memlan_channel_t *ch)

@@ -13,7 +13,6 @@
 #include "channel.h"
 #include "sys/sys.h"
 
-
 enum { N = 2000 };
 
 /* The echo on our cpu; exits with its own sleeps, capped. */
