@@ -272,10 +272,41 @@ static inline bool mlp_fast_mine(_Atomic uint32_t *w)
     return (atomic_load_explicit(w, memory_order_relaxed) & MLP_FAST_TID) == mlp_tid();
 }
 
+/* The process has one thread (glibc's __libc_single_threaded, 2.32 and later; never read as
+ * such elsewhere).  Then no other thread can hold, wait for or take a fast word, and taking and
+ * giving one back are a plain load and store, with no locked instruction (design.md "A socket
+ * never forked takes a fast word").  Only this thread can make a second one, with
+ * pthread_create, which is not async-signal-safe and so not called from a handler on top of a
+ * take; threads made by a raw clone are not told of (glibc's own stdio locks rely on the same
+ * variable).  Once false it stays false (glibc 2.36 makes it true again only in a fork child,
+ * which has one thread). */
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
+#include <sys/single_threaded.h>
+static inline bool mlp_one_thread(void) { return __libc_single_threaded != 0; }
+#else
+static inline bool mlp_one_thread(void) { return false; }
+#endif
+
 /* 0: taken; EDEADLK: this thread holds it already (a section a jump abandoned). */
 static int mlp_fast_lock(_Atomic uint32_t *w)
 {
     uint32_t me = mlp_tid(), v = 0;
+    if (ml_likely(mlp_one_thread())) {
+        /* One thread: nobody else changes the word.  A handler on top of us between the load
+         * and the store finds it free and, if it takes it, gives it back before we go on. */
+        v = atomic_load_explicit(w, memory_order_relaxed);
+        if (ml_likely(v == 0)) {
+            atomic_store_explicit(w, me, memory_order_relaxed);
+            atomic_signal_fence(memory_order_seq_cst); /* before the section, and the look at
+                                                        * the forked flag: a handler's fork
+                                                        * is the only other party */
+            return 0;
+        }
+        if ((v & MLP_FAST_TID) == me)
+            return EDEADLK;
+        v = 0; /* held by another thread: the word and the flag were copied into a fork child
+                * of a process with threads; as before */
+    }
     /* seq_cst: the take comes before the look at the socket's forked flag (mlp_lock_dir). */
     if (ml_likely(atomic_compare_exchange_strong(w, &v, me)))
         return 0;
@@ -307,6 +338,12 @@ static int mlp_fast_lock(_Atomic uint32_t *w)
 
 static void mlp_fast_unlock(_Atomic uint32_t *w)
 {
+    if (ml_likely(mlp_one_thread()) &&
+        ml_likely(!(atomic_load_explicit(w, memory_order_relaxed) & MLP_FAST_WAITERS))) {
+        atomic_signal_fence(memory_order_seq_cst); /* the section's accesses before the store */
+        atomic_store_explicit(w, 0, memory_order_release);
+        return;
+    }
     if (ml_unlikely(atomic_exchange_explicit(w, 0, memory_order_release) & MLP_FAST_WAITERS)) {
         int saved = errno;
         (void)__ml_sys_futex_wake(w, 1);

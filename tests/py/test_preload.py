@@ -720,6 +720,31 @@ def test_jump_out_of_a_handler_on_a_receive_that_spins_keeps_nothing(fabric, tmp
     settle(fabric)
 
 
+ONETHREAD = BUILD / "tests-preload" / "onethread"
+
+
+def test_one_thread_takes_words_plainly_and_threads_made_later_do_not(fabric, tmp_path):
+    """onethread: a process with one thread (glibc's __libc_single_threaded: under memlan its
+    fast words are taken and given back with a plain load and store) moves 20,000 records
+    there and back through a fork child's echo, jumps out of 300 blocking receives, then makes
+    four threads, two on each cpu, that send 2,000 records each at once, three rounds: every
+    record whole, each thread's in order, as over kernel TCP.  A build that kept the plain take
+    once threads exist (mlp_one_thread always true) lost records, broke the connection or hung
+    in 6 runs of 6."""
+    plain, under, text = scripted(ONETHREAD, tmp_path)
+    want = ("one thread: yes\n"
+            "1 one thread: 20000 of 20000 records came back whole\n"
+            "2 jumps: jumped out 300 of 300; then EAGAIN 300, records whole 300\n"
+            "after pthread_create, one thread: no\n"
+            "3 four threads, three rounds: 24000 records, 0 not whole, 0 out of order\n"
+            "4 one thread again: 2000 of 2000 records came back whole\n"
+            "done\n")
+    assert plain.stdout == want, plain.stdout + plain.stderr
+    assert under.stdout == want, under.stdout + under.stderr
+    assert text.count("accelerated (client)") == 1, text
+    settle(fabric)
+
+
 CLOSEMARK = BUILD / "tests-preload" / "closemark"
 
 
