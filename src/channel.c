@@ -458,14 +458,14 @@ static bool ml_lock_bounded(pthread_mutex_t *mu)
 
 /* The pool is a saving, never worth a wait that may not end: a connect or a close that a signal
  * handler makes (both are async-signal-safe) on top of this thread's own section under the lock
- * would wait for itself.  A few tries, yielding to a holder on our cpu; then no pooled channel
- * (a new one is made) or no parking (the file goes). */
+ * would wait for itself.  A few tries, giving the cpu to a holder that may be on ours
+ * (__ml_brief_wait); then no pooled channel (a new one is made) or no parking (the file goes). */
 static bool ml_lock_brief(pthread_mutex_t *mu)
 {
-    for (int i = 0; i < 64; i++) {
+    for (unsigned i = 0; i < 96; i++) {
         if (pthread_mutex_trylock(mu) == 0)
             return true;
-        sched_yield();
+        __ml_brief_wait(i);
     }
     return false;
 }

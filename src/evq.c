@@ -429,7 +429,7 @@ static bool ml_evq_part_drop(struct memlan_evq *q, struct ml_evq_part *p, bool c
             atomic_store(&p->live, true);
             return false;
         }
-        (void)__ml_sys_sched_yield();
+        __ml_brief_wait(i);
     }
     char name[80];
     __ml_fabric_name(name, sizeof name, "bell", p->seg->token);

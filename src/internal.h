@@ -186,6 +186,9 @@ uint64_t __ml_spin_budget_ns(struct ml_spin *sp, uint32_t peer_cpu);
 uint64_t __ml_yield_budget_ns(struct ml_spin *sp, uint32_t peer_cpu);
 /* The preload's: never yield (a seccomp filter may kill for sched_yield: OpenSSH's does). */
 void __ml_yield_off(void);
+/* Round `round` of a wait for a lock or a count held for a few instructions or system calls:
+ * pauses, then gives the cpu away (sched_yield; in the preload a short futex sleep). */
+void __ml_brief_wait(unsigned round);
 void __ml_spin_result(struct ml_spin *sp, bool success);
 void __ml_spin_set_us(int us);
 /* What the policy asks the system (cpus online, MEMLAN_SPIN_US), asked now: the preload calls it

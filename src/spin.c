@@ -105,6 +105,31 @@ static _Atomic int ml_yield_on = 1;
 
 void __ml_yield_off(void) { ml_store_relaxed(&ml_yield_on, -1); }
 
+/* Round `round` (0, 1, ...) of a wait for a holder that keeps a lock or a count for a few
+ * instructions or system calls.  The first 32 rounds pause.  Then the holder may be off its cpu
+ * (preempted, perhaps on ours), and the cpu is given away: with sched_yield, except in the
+ * preload, which never calls it (a seccomp filter may kill for it: OpenSSH's does): there every
+ * 16th round sleeps 10 us on a futex word of its own (futex is what glibc's own locks call, so a
+ * filter that lets a program have threads lets it; one that refuses it is a 1 ms nap in
+ * __ml_sys_futex_wait), the others pause.  1,000 rounds are about 4 ms of it at most here. */
+void __ml_brief_wait(unsigned round)
+{
+    if (round < 32) {
+        ml_cpu_relax();
+        return;
+    }
+    if (ml_load_relaxed(&ml_yield_on) > 0) {
+        (void)__ml_sys_sched_yield();
+        return;
+    }
+    if (round % 16 != 15) {
+        ml_cpu_relax();
+        return;
+    }
+    _Atomic uint32_t word = 0;
+    (void)__ml_sys_futex_wait(&word, 0, 10000);
+}
+
 /* The peer last waited on our cpu, or we have only one: a spin would hold the cpu the peer needs,
  * but a sched_yield gives it to the peer at once, and its answer then comes without a futex
  * wake-up on either side (a request and its reply on one core: two context switches a round

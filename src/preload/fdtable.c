@@ -349,8 +349,8 @@ void mlp_fork_gate_close(void)
      * say that the scan begins and look again (seq_cst, as the entering side's count and its
      * look at scanning): a handler that counted itself before seeing it is waited for too. */
     for (;;) {
-        while (atomic_load(&mlp_gate_busy) > mlp_gate_depth)
-            sched_yield();
+        for (unsigned i = 0; atomic_load(&mlp_gate_busy) > mlp_gate_depth; i++)
+            __ml_brief_wait(i);
         atomic_store(&mlp_gate_scanning, true);
         if (atomic_load(&mlp_gate_busy) <= mlp_gate_depth)
             break;

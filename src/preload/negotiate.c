@@ -1978,8 +1978,9 @@ bool mlp_take_passed(int fd)
         if (v == MLP_RCV_TAKING) {
             /* another thread looks: its few system calls, bounded */
             uint64_t until = mlp_now_ns() + 2000000000ull;
-            while (atomic_load(&rec->received) == MLP_RCV_TAKING && mlp_now_ns() < until)
-                sched_yield();
+            for (unsigned i = 0;
+                 atomic_load(&rec->received) == MLP_RCV_TAKING && mlp_now_ns() < until; i++)
+                __ml_brief_wait(i);
             return mlp_fd_is_ours(fd);
         }
         if (v != MLP_RCV_NEW || mlp_cfg.off || mlp_sig_in_handler() || mlp_holds_lock())
@@ -3205,6 +3206,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
         wait_ns = MLP_SHORT_WAIT_NS;
     uint64_t deadline = mlp_now_ns() + wait_ns;
     bool marked = false;
+    unsigned written_waits = 0;
     for (;;) {
         /* SYNC: pending first, then the name: see mlp_pending_done(). */
         uint32_t pend = ml_load_acquire(&m->pending);
@@ -3298,7 +3300,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
             (void)__ml_sys_futex_wait(&m->pending, pend, 1000000);
             atomic_fetch_sub(&m->waiters, 1);
         } else {
-            (void)__ml_sys_sched_yield(); /* being written */
+            __ml_brief_wait(written_waits++); /* being written */
         }
     }
     mlp_put(ls);

@@ -41,10 +41,10 @@ static int mlp_bus_real(const struct sigaction *act, struct sigaction *old)
 
 static bool mlp_bus_lock(void)
 {
-    for (int i = 0; i < 1000; i++) {
+    for (unsigned i = 0; i < 1000; i++) {
         if (!atomic_exchange_explicit(&mlp_bus_busy, 1, memory_order_acquire))
             return true;
-        sched_yield();
+        __ml_brief_wait(i);
     }
     return false; /* held by the very thread a handler interrupted, or stuck: pass through */
 }

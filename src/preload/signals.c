@@ -224,10 +224,7 @@ static void mlp_sig_lock_take(void)
         int z = 0;
         if (atomic_compare_exchange_weak(&mlp_sig_lock, &z, 1))
             return;
-        if (i % 64 == 63)
-            (void)syscall(SYS_sched_yield); /* its holder is between two system calls */
-        else
-            ml_cpu_relax();
+        __ml_brief_wait(i); /* its holder is between two system calls */
     }
 }
 
