@@ -247,6 +247,8 @@ __attribute__((visibility("default"))) struct ml_spin *__ml_evq_spin(struct meml
 /* evq.c: nothing posted to the queue, certainly (false: cannot tell, go and collect).  Without
  * the lock that collecting takes: the socket layer's epoll spin looks here first. */
 bool __ml_evq_quiet(struct memlan_evq *q);
+/* The same, looking only at the words over slots ever handed out (a spin's look). */
+bool __ml_evq_quiet_hint(struct memlan_evq *q);
 
 /* How often a side blocked on a channel checks that its peer still lives. */
 #define ML_LIVENESS_NS (100u * 1000000u)

@@ -346,7 +346,7 @@ bool mlp_queue_add(struct mlp_sock *s, bool under_epmu)
 static void mlp_ep_drain(struct mlp_ep *e)
 {
     memlan_evq_t *q = __atomic_load_n(&e->q, __ATOMIC_ACQUIRE);
-    if (!q)
+    if (!q || __ml_evq_quiet(q)) /* nothing posted (see mlp_queue_drain) */
         return;
     struct memlan_event ev[64];
     int n;
@@ -1788,8 +1788,8 @@ static int mlp_ep_spin_look(struct ml_spinning *sp, void *a)
      * the locked look before any sleep finds (*gen keeps the locked look's, the older). */
     memlan_evq_t *pq = __atomic_load_n(&mlp_q, __ATOMIC_ACQUIRE),
                  *sq = __atomic_load_n(&w->e->q, __ATOMIC_ACQUIRE);
-    if (!__atomic_load_n(&w->e->rhead, __ATOMIC_RELAXED) && (!pq || __ml_evq_quiet(pq)) &&
-        (!sq || __ml_evq_quiet(sq)))
+    if (!__atomic_load_n(&w->e->rhead, __ATOMIC_RELAXED) && (!pq || __ml_evq_quiet_hint(pq)) &&
+        (!sq || __ml_evq_quiet_hint(sq)))
         return 0;
     return mlp_ep_collect(w->epfd, w->e, w->out, w->max, w->undecided, w->gen);
 }

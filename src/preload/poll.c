@@ -130,7 +130,12 @@ bool mlp_arm(struct mlp_sock *s, short events, bool under_epmu)
  * sets' ready lists (poll and select recompute their own fds' readiness anyway). */
 void mlp_queue_drain(void)
 {
-    if (!mlp_q)
+    /* Nothing posted: the collect would find nothing.  Looked at without the lock, as
+     * epoll_wait's spin does (the queue goes only in a fork child): a lock and a scan of the
+     * summary words fewer per call, the process's queue being quiet whenever a set's own
+     * queue takes its members' posts. */
+    memlan_evq_t *q = __atomic_load_n(&mlp_q, __ATOMIC_ACQUIRE);
+    if (!q || __ml_evq_quiet(q))
         return;
     struct memlan_event ev[64];
     int n;
