@@ -288,7 +288,28 @@ static inline bool mlp_one_thread(void) { return false; }
 #endif
 
 /* 0: taken; EDEADLK: this thread holds it already (a section a jump abandoned). */
-static int mlp_fast_lock(_Atomic uint32_t *w)
+static int mlp_fast_lock_any(_Atomic uint32_t *w);
+
+static inline int mlp_fast_lock(_Atomic uint32_t *w)
+{
+    /* The take that finds the word free, inline (the rest: mlp_fast_lock_any). */
+    uint32_t me = mlp_tid_cache;
+    if (ml_likely(me != 0)) {
+        uint32_t v = 0;
+        if (ml_likely(mlp_one_thread())) {
+            if (ml_likely(atomic_load_explicit(w, memory_order_relaxed) == 0)) {
+                atomic_store_explicit(w, me, memory_order_relaxed);
+                atomic_signal_fence(memory_order_seq_cst); /* see mlp_fast_lock_any */
+                return 0;
+            }
+        } else if (ml_likely(atomic_compare_exchange_strong(w, &v, me))) {
+            return 0;
+        }
+    }
+    return mlp_fast_lock_any(w);
+}
+
+static int mlp_fast_lock_any(_Atomic uint32_t *w)
 {
     uint32_t me = mlp_tid(), v = 0;
     if (ml_likely(mlp_one_thread())) {
@@ -506,7 +527,7 @@ static inline void mlp_give(void *m, int kind)
         mlp_mutex_unlock(m);
 }
 
-static int mlp_lock(void *m, int kind)
+static int mlp_lock_any(void *m, int kind)
 {
     bool robust = kind == MLP_LK_ROBUST;
     uintptr_t sp = (uintptr_t)__builtin_frame_address(0);
@@ -572,7 +593,28 @@ static int mlp_lock(void *m, int kind)
     return r == EOWNERDEAD;
 }
 
-static void mlp_unlock(void *m, int kind)
+/* The usual case inline: this thread holds no lock of ours, so nothing of its own can be in
+ * progress beneath it or abandoned, and a fast word is taken as mlp_lock_any takes it (the entry
+ * first, complete before the count).  The entry's stack position is the caller's frame, a
+ * little above where mlp_lock_any's would be: a handler's call sits a signal frame (over a
+ * kilobyte) below it, and a later call at the caller's depth within MLP_SIGFRAME_MIN of it
+ * (mlp_held_stale). */
+static inline __attribute__((always_inline)) int mlp_lock(void *m, int kind)
+{
+    if (ml_likely(kind == MLP_LK_FAST) && ml_likely(mlp_nheld == 0)) {
+        mlp_held[0] = m;
+        mlp_held_kind[0] = MLP_LK_FAST;
+        mlp_held_sp[0] = (uintptr_t)__builtin_frame_address(0);
+        mlp_nheld = 1;
+        if (ml_likely(mlp_fast_lock(m) == 0))
+            return 0;
+        mlp_nheld = 0; /* held already, with no entry: in progress beneath us (as below) */
+        return -1;
+    }
+    return mlp_lock_any(m, kind);
+}
+
+static void mlp_unlock_any(void *m, int kind)
 {
     int saved = errno;
     /* Usually the newest entry (a handler's calls end before the call they interrupted goes
@@ -599,6 +641,21 @@ static void mlp_unlock(void *m, int kind)
             mlp_nheld = n - 1;
     }
     errno = saved;
+}
+
+/* The usual case inline: m is this thread's newest entry, a fast word it took itself.  As
+ * mlp_unlock_any (the word given back, then its entry dropped), without the search; the
+ * give-back keeps errno itself. */
+static inline void mlp_unlock(void *m, int kind)
+{
+    unsigned top = mlp_nheld - 1u;
+    if (ml_likely(kind == MLP_LK_FAST) && ml_likely(top < MLP_HELD_MAX) && mlp_held[top] == m &&
+        ml_likely(mlp_held_kind[top] == MLP_LK_FAST)) {
+        mlp_fast_unlock(m);
+        mlp_nheld = top;
+        return;
+    }
+    mlp_unlock_any(m, kind);
 }
 
 /*
@@ -1244,6 +1301,9 @@ static uint64_t mlp_tx_want(struct mlp_sock *s, size_t left)
  * crashed the copy (tests/preload/iovedge.c). */
 static ssize_t mlp_iov_total(const struct iovec *iov, int n, bool nocopy)
 {
+    if (n == 1 && iov && iov[0].iov_len <= (size_t)SSIZE_MAX &&
+        (iov[0].iov_base || !iov[0].iov_len || nocopy))
+        return (ssize_t)iov[0].iov_len; /* one piece that passes every check below */
     if (n > 0 && !iov)
         return -EFAULT;
     for (int i = 0; i < n; i++)
