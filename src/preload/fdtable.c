@@ -29,17 +29,9 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 
-/*
- * The table: a top level sized by RLIMIT_NOFILE's hard limit (reserved, not committed), whose
- * entries point to chunks of MLP_FDCHUNK records, mapped the first time an fd in them needs a
- * record and never unmapped (a thread may hold a pointer into one).  An fd whose chunk does not
- * exist has no record: nothing of ours, one load.
- */
-#define MLP_FDCHUNK_SHIFT 10
-#define MLP_FDCHUNK (1 << MLP_FDCHUNK_SHIFT)
-
-static struct mlp_fdrec *_Atomic *mlp_fdtop;
-static int mlp_nfds;                       /* fds the table can hold */
+/* The table (preload.h, mlp_fdrec, which reads these two inline). */
+struct mlp_fdrec *_Atomic *mlp_fdtop;
+int mlp_nfds; /* fds the table can hold */
 static _Atomic int mlp_maxfd = -1;         /* highest fd that ever had a record */
 static int mlp_high_base = 64;
 static pthread_mutex_t mlp_free_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -64,15 +56,6 @@ void mlp_fdtable_init(void)
         return;
     mlp_fdtop = p;
     mlp_nfds = (int)(ntop << MLP_FDCHUNK_SHIFT);
-}
-
-struct mlp_fdrec *mlp_fdrec(int fd)
-{
-    if ((unsigned)fd >= (unsigned)mlp_nfds || ml_unlikely(!mlp_fdtop))
-        return NULL;
-    struct mlp_fdrec *c = atomic_load_explicit(&mlp_fdtop[fd >> MLP_FDCHUNK_SHIFT],
-                                               memory_order_acquire);
-    return c ? &c[fd & (MLP_FDCHUNK - 1)] : NULL;
 }
 
 struct mlp_fdrec *mlp_fdrec_make(int fd)

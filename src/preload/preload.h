@@ -235,7 +235,23 @@ struct mlp_fdrec {
 #define MLP_RCV_NEW    1   /* received, not looked at (odd: a look is due or under way) */
 #define MLP_RCV_LOOKED 2   /* looked at: no connection passed with it */
 #define MLP_RCV_TAKING 3   /* a thread looks now */
-struct mlp_fdrec *mlp_fdrec(int fd);      /* NULL: no record, nothing of ours */
+/* The fd table (fdtable.c): a top level sized by RLIMIT_NOFILE's hard limit (reserved, not
+ * committed), whose entries point to chunks of MLP_FDCHUNK records, mapped the first time an fd
+ * in them needs a record and never unmapped (a thread may hold a pointer into one).  An fd whose
+ * chunk does not exist has no record: nothing of ours, one load.  Inline: every data call looks. */
+#define MLP_FDCHUNK_SHIFT 10
+#define MLP_FDCHUNK (1 << MLP_FDCHUNK_SHIFT)
+extern struct mlp_fdrec *_Atomic *mlp_fdtop;
+extern int mlp_nfds;
+/* NULL: no record, nothing of ours. */
+static inline struct mlp_fdrec *mlp_fdrec(int fd)
+{
+    if ((unsigned)fd >= (unsigned)mlp_nfds || __builtin_expect(!mlp_fdtop, 0))
+        return NULL;
+    struct mlp_fdrec *c = atomic_load_explicit(&mlp_fdtop[fd >> MLP_FDCHUNK_SHIFT],
+                                               memory_order_acquire);
+    return c ? &c[fd & (MLP_FDCHUNK - 1)] : NULL;
+}
 struct mlp_fdrec *mlp_fdrec_make(int fd); /* NULL only past the table or out of memory */
 bool mlp_take_passed(int fd);
 /* A descriptor received over SCM_RIGHTS that no call has looked at yet: look now (memory only
