@@ -110,8 +110,8 @@ void __ml_yield_off(void) { ml_store_relaxed(&ml_yield_on, -1); }
  * (preempted, perhaps on ours), and the cpu is given away: with sched_yield, except in the
  * preload, which never calls it (a seccomp filter may kill for it: OpenSSH's does): there every
  * 16th round sleeps 10 us on a futex word of its own (futex is what glibc's own locks call, so a
- * filter that lets a program have threads lets it; one that refuses it is a 1 ms nap in
- * __ml_sys_futex_wait), the others pause.  1,000 rounds are about 4 ms of it at most here. */
+ * filter that lets a program have threads lets it; one that refuses it gets the same 10 us as a
+ * nap in __ml_sys_futex_wait, whose 1 ms is only its longest), the others pause.  1,000 rounds are about 4 ms of it at most here. */
 void __ml_brief_wait(unsigned round)
 {
     if (round < 32) {

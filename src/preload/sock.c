@@ -278,8 +278,8 @@ static inline bool mlp_fast_mine(_Atomic uint32_t *w)
  * never forked takes a fast word").  Only this thread can make a second one, with
  * pthread_create, which is not async-signal-safe and so not called from a handler on top of a
  * take; threads made by a raw clone are not told of (glibc's own stdio locks rely on the same
- * variable).  Once false it stays false (glibc 2.36 makes it true again only in a fork child,
- * which has one thread). */
+ * variable).  Once false it stays false, in a fork child too (glibc 2.36 keeps it false there;
+ * one that set it true would do so where the child has one thread). */
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
 #include <sys/single_threaded.h>
 static inline bool mlp_one_thread(void) { return __libc_single_threaded != 0; }

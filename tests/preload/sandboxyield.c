@@ -5,11 +5,16 @@
  * child settles a connection to the parent, puts the filter on, and then four threads at once:
  *   sigaction  20,000 installs each of one handler (under memlan the signal table's lock)
  *   sigbus     5,000 installs each of a SIGBUS handler (the SIGBUS guard's lock)
- *   fds        2,000 socket()/close() pairs each (the fd table)
+ *   fork gate  thread 0 forks 1,000 times (each child leaves at once) while the other three
+ *              dup() and close() the connection (the fd table's fork gate: the fork's prepare
+ *              handler waits there for installs and uninstalls in progress)
  * and last a byte each way on the connection.  The parent prints how the child ended: over
  * kernel TCP, and under memlan, "exited 0".  The locks' waits gave the cpu away with sched_yield
  * when their holder kept them past a few pauses, and the filter killed the process for it
- * ("killed by signal 31").
+ * ("killed by signal 31").  Each phase alone was killed so with the old waits (scratch copies
+ * with the other two taken out, 3 or 4 runs of each).  The fork gate phase used to make and close
+ * 2,000 plain sockets per thread, which never pass the gate (only a connection of ours is in the
+ * fd table), and it exited 0 with the old waits too.
  *
  * usage: sandboxyield PORT
  */
@@ -18,6 +23,8 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 
@@ -41,15 +48,35 @@ static void *install_loop(void *arg)
     return NULL;
 }
 
-static void *fds_loop(void *arg)
+#define FORKS 1000
+
+static int conn;
+static atomic_int forks_done;
+
+/* Thread 0 forks; the others dup() and close() the connection until it is done (each dup an
+ * install in the fd table, each close an uninstall). */
+static void *gate_loop(void *arg)
 {
-    (void)arg;
-    for (int i = 0; i < 2000; i++) {
-        int s = socket(AF_INET, SOCK_STREAM, 0);
-        if (s < 0)
-            die("socket");
-        close(s);
+    if ((intptr_t)arg != 0) {
+        for (int i = 0; i < 200000 && !atomic_load(&forks_done); i++) {
+            int d = dup(conn);
+            if (d < 0)
+                die("dup");
+            close(d);
+        }
+        return NULL;
     }
+    for (int i = 0; i < FORKS; i++) {
+        pid_t p = fork();
+        if (p < 0)
+            die("fork");
+        if (p == 0)
+            _exit(0);
+        int st;
+        if (waitpid(p, &st, 0) != p)
+            die("waitpid");
+    }
+    atomic_store(&forks_done, 1);
     return NULL;
 }
 
@@ -57,7 +84,7 @@ static void run(const char *what, void *(*fn)(void *), void *arg)
 {
     pthread_t t[THREADS];
     for (int i = 0; i < THREADS; i++)
-        if (pthread_create(&t[i], NULL, fn, arg) != 0)
+        if (pthread_create(&t[i], NULL, fn, arg ? arg : (void *)(intptr_t)i) != 0)
             die("pthread_create");
     for (int i = 0; i < THREADS; i++)
         pthread_join(t[i], NULL);
@@ -85,7 +112,8 @@ int main(int argc, char **argv)
         struct installs usr1 = {SIGUSR1, 20000}, bus = {SIGBUS, 5000};
         run("sigaction", install_loop, &usr1);
         run("sigbus", install_loop, &bus);
-        run("fds", fds_loop, NULL);
+        conn = c;
+        run("fork gate", gate_loop, NULL);
         if (send(c, "d", 1, 0) != 1 || recv(c, &x, 1, MSG_WAITALL) != 1 || x != 'D')
             die("last byte");
         printf("child: the connection works\n");
