@@ -107,18 +107,20 @@ void __ml_yield_off(void) { ml_store_relaxed(&ml_yield_on, -1); }
 
 /* Round `round` (0, 1, ...) of a wait for a holder that keeps a lock or a count for a few
  * instructions or system calls.  The first 32 rounds pause.  Then the holder may be off its cpu
- * (preempted, perhaps on ours), and the cpu is given away: with sched_yield, except in the
- * preload, which never calls it (a seccomp filter may kill for it: OpenSSH's does): there every
- * 16th round sleeps 10 us on a futex word of its own (futex is what glibc's own locks call, so a
- * filter that lets a program have threads lets it; one that refuses it gets the same 10 us as a
- * nap in __ml_sys_futex_wait, whose 1 ms is only its longest), the others pause.  1,000 rounds are about 4 ms of it at most here. */
+ * (preempted, perhaps on ours), and the cpu is given away: with sched_yield, except where no
+ * wait may yield (the preload, which a seccomp filter may kill for it, OpenSSH's does; a native
+ * program with MEMLAN_SPIN_US set, as design.md tells one so confined): there every 16th round
+ * sleeps 10 us on a futex word of its own (futex is what glibc's own locks call, so a filter
+ * that lets a program have threads lets it; one that refuses it gets the same 10 us as a nap in
+ * __ml_sys_futex_wait, whose 1 ms is only its longest), the others pause.  1,000 rounds are
+ * about 4 ms of it at most here. */
 void __ml_brief_wait(unsigned round)
 {
     if (round < 32) {
         ml_cpu_relax();
         return;
     }
-    if (ml_load_relaxed(&ml_yield_on) > 0) {
+    if (ml_load_relaxed(&ml_yield_on) > 0 && ml_spin_config() == -1) {
         (void)__ml_sys_sched_yield();
         return;
     }

@@ -348,8 +348,11 @@ int __ml_sys_futex_wait(_Atomic uint32_t *word, uint32_t expect, int64_t timeout
         struct timespec nap = {0, 1000000};
         if (timeout_ns >= 0 && timeout_ns < 1000000)
             nap.tv_nsec = (long)timeout_ns;
+        /* The system call, not libc's clock_nanosleep, which is a cancellation point: callers
+         * hold locks (a fork's prepare handler among them) that a cancellation must not
+         * abandon. */
         if (atomic_load_explicit(word, memory_order_relaxed) == expect)
-            (void)clock_nanosleep(CLOCK_MONOTONIC, 0, &nap, NULL);
+            (void)SYS_CALL(SYS_clock_nanosleep, CLOCK_MONOTONIC, 0, &nap, NULL);
         r = -ETIMEDOUT;
     }
     return (int)r;
