@@ -297,9 +297,14 @@ static inline int mlp_fast_lock(_Atomic uint32_t *w)
     if (ml_likely(me != 0)) {
         uint32_t v = 0;
         if (ml_likely(mlp_one_thread())) {
+            /* One thread: nobody else changes the word.  A handler on top of us between the
+             * load and the store finds it free and, if it takes it, gives it back before we go
+             * on. */
             if (ml_likely(atomic_load_explicit(w, memory_order_relaxed) == 0)) {
                 atomic_store_explicit(w, me, memory_order_relaxed);
-                atomic_signal_fence(memory_order_seq_cst); /* see mlp_fast_lock_any */
+                atomic_signal_fence(memory_order_seq_cst); /* before the section, and the look
+                                                            * at the forked flag: a handler's
+                                                            * fork is the only other party */
                 return 0;
             }
         } else if (ml_likely(atomic_compare_exchange_strong(w, &v, me))) {
@@ -309,25 +314,12 @@ static inline int mlp_fast_lock(_Atomic uint32_t *w)
     return mlp_fast_lock_any(w);
 }
 
+/* The word found held (by this thread: a section a jump abandoned; by another: a thread of ours,
+ * or, with one thread, a fork child's copy of a word a parent's thread held), or this thread's id
+ * not read yet: the compare-and-swap's way, with one thread too. */
 static int mlp_fast_lock_any(_Atomic uint32_t *w)
 {
     uint32_t me = mlp_tid(), v = 0;
-    if (ml_likely(mlp_one_thread())) {
-        /* One thread: nobody else changes the word.  A handler on top of us between the load
-         * and the store finds it free and, if it takes it, gives it back before we go on. */
-        v = atomic_load_explicit(w, memory_order_relaxed);
-        if (ml_likely(v == 0)) {
-            atomic_store_explicit(w, me, memory_order_relaxed);
-            atomic_signal_fence(memory_order_seq_cst); /* before the section, and the look at
-                                                        * the forked flag: a handler's fork
-                                                        * is the only other party */
-            return 0;
-        }
-        if ((v & MLP_FAST_TID) == me)
-            return EDEADLK;
-        v = 0; /* held by another thread: the word and the flag were copied into a fork child
-                * of a process with threads; as before */
-    }
     /* seq_cst: the take comes before the look at the socket's forked flag (mlp_lock_dir). */
     if (ml_likely(atomic_compare_exchange_strong(w, &v, me)))
         return 0;
