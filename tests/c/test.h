@@ -184,6 +184,18 @@ static inline pid_t ml_test_fork_peer(memlan_fabric_t *fab, const struct memlan_
     return pid;
 }
 
+/* The start of a test of the spin policy's defaults: MEMLAN_SPIN_US unset, this process on the
+ * first cpu it may use (the forked peer starts there too), *fab a fabric of its own, and a
+ * message channel to a forked peer, as ml_test_fork_peer makes it. */
+static inline pid_t ml_test_same_cpu_peer(memlan_fabric_t **fab, memlan_channel_t **ch)
+{
+    unsetenv("MEMLAN_SPIN_US");
+    ASSERT_EQ(ml_test_pin(ml_test_cpu(0)), 0);
+    *fab = ml_test_fabric();
+    struct memlan_channel_opts o = {.kind = MEMLAN_MSG};
+    return ml_test_fork_peer(*fab, &o, ch);
+}
+
 static inline int ml_test_wait_child(pid_t pid)
 {
     int st;

@@ -51,12 +51,9 @@ static void receives(memlan_channel_t *ch, int tmo_ms)
 int main(void)
 {
     ml_test_watchdog(60);
-    unsetenv("MEMLAN_SPIN_US");
-    ASSERT_EQ(ml_test_pin(ml_test_cpu(0)), 0);
-    memlan_fabric_t *fab = ml_test_fabric();
-    struct memlan_channel_opts o = {.kind = MEMLAN_MSG};
+    memlan_fabric_t *fab;
     memlan_channel_t *ch;
-    pid_t pid = ml_test_fork_peer(fab, &o, &ch);
+    pid_t pid = ml_test_same_cpu_peer(&fab, &ch);
     if (pid == 0) {
         uint8_t b[64];
         if (memlan_recv(ch, b, sizeof b, 0) != 1) /* waits on our cpu: rx_cpu says so */

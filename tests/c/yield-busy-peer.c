@@ -38,12 +38,9 @@ static int server(memlan_channel_t *ch)
 int main(void)
 {
     ml_test_watchdog(60);
-    unsetenv("MEMLAN_SPIN_US");
-    ASSERT_EQ(ml_test_pin(ml_test_cpu(0)), 0);
-    memlan_fabric_t *fab = ml_test_fabric();
-    struct memlan_channel_opts o = {.kind = MEMLAN_MSG};
+    memlan_fabric_t *fab;
     memlan_channel_t *ch;
-    pid_t pid = ml_test_fork_peer(fab, &o, &ch);
+    pid_t pid = ml_test_same_cpu_peer(&fab, &ch);
     if (pid == 0)
         _exit(server(ch));
     ASSERT_OK(memlan_channel_wait_peer(ch, 10000));
