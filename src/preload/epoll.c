@@ -336,6 +336,13 @@ bool mlp_queue_add(struct mlp_sock *s, bool under_epmu)
             pthread_mutex_unlock(&mlp_q_mu);
         }
     }
+    if (ok)
+        /* A receive that finds nothing arms nothing here (the native API's arm at -EAGAIN,
+         * "Event queues"): epoll_wait, poll and select arm a reader before they sleep, and an
+         * armed reader made every send post, for nothing, while epoll_wait spun over the ring
+         * ("epoll_wait watches its members while it spins").  A sender's EAGAIN still arms its
+         * room: an edge-triggered writer is armed for room only when it had none. */
+        s->ch->evq_events = MEMLAN_EV_WRITE;
     pthread_mutex_unlock(&mlp_home_mu);
     if ((moved || flipped) && !under_epmu)
         mlp_mark_sock(s);
@@ -1452,10 +1459,35 @@ bool mlp_arm_et(struct mlp_member *m, uint32_t reported)
     return (mlp_ev_from_poll(rev) & (m->events | EPOLLERR | EPOLLHUP) & ~reported) != 0;
 }
 
+/* Members that one epoll_wait leaves unarmed while it spins, looking at their rings itself
+ * (design.md, "epoll_wait watches its members while it spins").  Each holds a reference to its
+ * socket, so its channel stays mapped while the spin reads it without mlp_epmu. */
+#define MLP_EP_WATCH 4
+struct mlp_ep_watch {
+    int n;
+    int fd[MLP_EP_WATCH];
+    struct mlp_sock *s[MLP_EP_WATCH];
+};
+
+/* May m, found not ready, be watched rather than armed?  Level-triggered readers of ours only:
+ * an edge-triggered member's arm keeps what was reported, and a writer's room, an exclusive
+ * wake-up or a one-shot member are the arm's to tell. */
+static bool mlp_ep_watchable(const struct mlp_member *m)
+{
+    const struct mlp_sock *s = m->s;
+    return !(m->events & (EPOLLET | EPOLLONESHOT | EPOLLEXCLUSIVE | EPOLLOUT | EPOLLWRNORM |
+                          EPOLLPRI)) &&
+           s->type == MLP_CONN && s->state == MLP_ACCEL && s->ch && s->ch->evq && mlp_q &&
+           !atomic_load_explicit(&s->fin_ns, memory_order_relaxed);
+}
+
 /* Take up to max ready events off e's ready list (mlp_epmu held).  Sockets to drop go to puts.
- * *undecided: some member waits for its connection to settle (it must be looked at again soon). */
+ * *undecided: some member waits for its connection to settle (it must be looked at again soon).
+ * w: the caller spins next; level-triggered readers found not ready are watched there, not
+ * armed (NULL: armed). */
 static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, int max,
-                          bool *undecided, struct mlp_sock **puts, int *np)
+                          bool *undecided, struct mlp_sock **puts, int *np,
+                          struct mlp_ep_watch *w)
 {
     int got = 0;
     for (int k = e->nready; k > 0 && got < max && e->rhead && *np < 64; k--) {
@@ -1523,6 +1555,11 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
         } else if (atomic_load(&s->fin_ns) && mlp_check_peer(s)) {
             mlp_rl_push(m); /* its FIN came before its lock went: nap and look again */
             *undecided = true;
+        } else if (w && w->n < MLP_EP_WATCH && mlp_ep_watchable(m)) {
+            /* The caller's spin looks at its ring; armed when the spin ends (mlp_ep_unwatch). */
+            atomic_fetch_add(&s->refs, 1);
+            w->fd[w->n] = m->fd;
+            w->s[w->n++] = s;
         } else if (et ? mlp_arm_et(m, reported) : mlp_arm(s, (short)(m->events & 0xffff), true)) {
             /* It changed as we armed.  Look at it again now: its writer may have written before
              * it could see the tripwire, and then no post comes; a caller that got nothing here
@@ -1570,19 +1607,53 @@ static bool mlp_ep_passed_look(struct mlp_ep *e)
 }
 
 static int mlp_ep_collect(int epfd, struct mlp_ep *e, struct epoll_event *out, int max,
-                          bool *undecided, uint64_t *gen)
+                          bool *undecided, uint64_t *gen, struct mlp_ep_watch *w)
 {
     struct mlp_sock *puts[64];
     int np = 0;
     mlp_queue_drain();
     mlp_ep_drain(e);
     pthread_mutex_lock(&mlp_epmu);
-    int got = e->rhead ? mlp_ep_harvest(epfd, e, out, max, undecided, puts, &np) : 0;
+    int got = e->rhead ? mlp_ep_harvest(epfd, e, out, max, undecided, puts, &np, w) : 0;
     if (gen)
         *gen = e->gen;
     pthread_mutex_unlock(&mlp_epmu);
     mlp_put_all(puts, np);
     return got;
+}
+
+/* The spin is over (or left by a jump): every member w watched is armed as the harvest would
+ * have armed it, or goes back on the ready list when it turned ready as it was armed or cannot
+ * be armed (the next collect reports it, or naps on it, as the harvest does).  arm false: each
+ * goes back on the list unarmed (the spin saw one ready; the collect that follows looks at them
+ * all, and mlp_ep_left's: a handler's context, where an arm's queue work has no place).
+ * left: from mlp_ep_left (a jump from under mlp_epmu, which stays held, leaves them).  Returns
+ * whether any went back. */
+static bool mlp_ep_unwatch(struct mlp_ep *e, struct mlp_ep_watch *w, bool arm, bool left)
+{
+    int n = w->n;
+    if (!n)
+        return false;
+    if (left ? !mlp_lock_left(&mlp_epmu) : pthread_mutex_lock(&mlp_epmu) != 0)
+        return false;
+    bool back = false;
+    for (int i = 0; i < n; i++) {
+        int fd = w->fd[i];
+        struct mlp_sock *s = w->s[i];
+        struct mlp_member *m = fd < e->nbyfd ? e->byfd[fd] : NULL;
+        if (!m || m->s != s || m->disabled || m->queued)
+            continue; /* gone, changed, or listed again meanwhile (a post, a MOD) */
+        if (!arm || !mlp_ep_watchable(m) || mlp_arm(s, (short)(m->events & 0xffff), true) ||
+            !s->ch->evq) {
+            mlp_rl_push(m);
+            back = true;
+        }
+    }
+    w->n = 0; /* before the puts: a jump between leaks them, never puts twice */
+    pthread_mutex_unlock(&mlp_epmu);
+    for (int i = 0; i < n; i++)
+        mlp_put(w->s[i]); /* outside the lock: the last put may destroy the socket */
+    return back;
 }
 
 /* A set inside another set looks readable to the outer one through its eventfd: keep that true
@@ -1700,12 +1771,15 @@ struct mlp_ep_undo {
     struct mlp_ep *e;
     volatile bool waiter;
     volatile int sleeper;
+    struct mlp_ep_watch *w; /* its members go back on the ready list */
 };
 
 static void mlp_ep_left(void *arg)
 {
     struct mlp_ep_undo *u = arg;
     struct mlp_ep *e = u->e;
+    if (u->w)
+        (void)mlp_ep_unwatch(e, u->w, false, true);
     if (u->waiter) {
         u->waiter = false;
         __atomic_sub_fetch(&e->waiters, 1, __ATOMIC_RELAXED);
@@ -1776,11 +1850,19 @@ struct mlp_ep_spin {
     int max;
     bool *undecided;
     uint64_t *gen;
+    struct mlp_ep_watch *watch;
 };
 
 static int mlp_ep_spin_look(struct ml_spinning *sp, void *a)
 {
     struct mlp_ep_spin *w = a;
+    /* The members it watches: their rings, read as a blocking receive's spin reads its own. */
+    struct mlp_ep_watch *wa = w->watch;
+    for (int i = 0; i < wa->n; i++)
+        if (__ml_chan_ready_ro(wa->s[i]->ch, 0, 0)) {
+            (void)mlp_ep_unwatch(w->e, wa, false, false);
+            return mlp_ep_collect(w->epfd, w->e, w->out, w->max, w->undecided, w->gen, wa);
+        }
     /* Nothing on the set's ready list and nothing posted to its queues: no lock taken.  Each
      * round used to take three mutexes (the process's queue, the set's, mlp_epmu), 40 % of an
      * idle redis-server's cycles between requests under perf; they make a look several times
@@ -1791,7 +1873,7 @@ static int mlp_ep_spin_look(struct ml_spinning *sp, void *a)
     if (!__atomic_load_n(&w->e->rhead, __ATOMIC_RELAXED) && (!pq || __ml_evq_quiet_hint(pq)) &&
         (!sq || __ml_evq_quiet_hint(sq)))
         return 0;
-    return mlp_ep_collect(w->epfd, w->e, w->out, w->max, w->undecided, w->gen);
+    return mlp_ep_collect(w->epfd, w->e, w->out, w->max, w->undecided, w->gen, wa);
 }
 
 /* Is another thread of ours still handling this set's last event, on the cpu we are on?  The
@@ -1851,7 +1933,8 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
     bool spun = false;
     int ret;
     int64_t live = ML_LIVENESS_NS;
-    struct mlp_ep_undo u = {.e = e};
+    struct mlp_ep_watch watch = {.n = 0};
+    struct mlp_ep_undo u = {.e = e, .w = &watch};
     mlp_left_push(&u.buf, mlp_ep_left, &u);
     pthread_cleanup_push(mlp_ep_left, &u);
     __atomic_add_fetch(&e->waiters, 1, __ATOMIC_RELAXED);
@@ -1876,11 +1959,15 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             bool ours = false;
             got = mlp_ep_filter(out, r, &ours);
         }
+        /* Before its spin, level-triggered readers found not ready are watched, not armed: a
+         * sender then makes no post, and the spin sees their data as it lands. */
+        bool watch_on = !spun && timeout_ns != 0 && !e->nested;
         if (got < max)
-            got += mlp_ep_collect(epfd, e, out + got, max - got, &undecided, &gen);
+            got += mlp_ep_collect(epfd, e, out + got, max - got, &undecided, &gen,
+                                  watch_on ? &watch : NULL);
         if (!got && !spun && timeout_ns != 0) {
             spun = true;
-            struct mlp_ep_spin look = {epfd, e, out, max, &undecided, &gen};
+            struct mlp_ep_spin look = {epfd, e, out, max, &undecided, &gen, &watch};
             struct ml_spinning spin = {
                 .sp = &mlp_poll_spin,
                 .budget = mlp_ep_handler_here(e) ? 0
@@ -1888,6 +1975,7 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
                 .every = 4, .look = mlp_ep_spin_look, .arg = &look};
             got = __ml_spin_run(&spin);
         }
+        (void)mlp_ep_unwatch(e, &watch, true, false); /* armed before any sleep or return */
         if (got) {
             ret = got;
             break;
@@ -1973,7 +2061,7 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             __atomic_load_n(&e->n, __ATOMIC_RELAXED))
             again = mlp_ep_passed_look(e); /* the sleep ran out: passed peers' locks */
         if (again && w < max)
-            w += mlp_ep_collect(epfd, e, out + w, max - w, &undecided, NULL);
+            w += mlp_ep_collect(epfd, e, out + w, max - w, &undecided, NULL, NULL);
         if (w || mlp_left(deadline) == 0) {
             ret = w;
             break;
