@@ -349,11 +349,11 @@ bool mlp_queue_add(struct mlp_sock *s, bool under_epmu)
     return ok;
 }
 
-/* Take the events of e's own queue (as mlp_queue_drain does the process's). */
-static void mlp_ep_drain(struct mlp_ep *e)
+/* Take the events of e's own queue (as mlp_queue_drain_look does the process's). */
+static void mlp_ep_drain(struct mlp_ep *e, bool full)
 {
     memlan_evq_t *q = __atomic_load_n(&e->q, __ATOMIC_ACQUIRE);
-    if (!q || __ml_evq_quiet(q)) /* nothing posted (see mlp_queue_drain) */
+    if (!q || (full ? __ml_evq_quiet(q) : __ml_evq_quiet_hint(q))) /* nothing posted */
         return;
     struct memlan_event ev[64];
     int n;
@@ -399,7 +399,7 @@ static bool mlp_member_ready(struct mlp_member *m)
         return false;
     if (s->type != MLP_CONN || s->state != MLP_ACCEL || !s->ch)
         return true;
-    int rev = mlp_revents(s, m->fd);
+    int rev = mlp_revents_want(s, m->fd, (short)(m->events & 0xffff));
     return rev < 0 || (mlp_ev_from_poll(rev) & (m->events | EPOLLERR | EPOLLHUP)) != 0;
 }
 
@@ -1453,7 +1453,7 @@ bool mlp_arm_et(struct mlp_member *m, uint32_t reported)
     if (!ev)
         return false;
     (void)__ml_chan_arm_evq(s->ch, ev); /* its fence orders the arm before the look below */
-    int rev = mlp_revents(s, m->fd);
+    int rev = mlp_revents_want(s, m->fd, (short)(m->events & 0xffff));
     if (rev < 0)
         return true;
     return (mlp_ev_from_poll(rev) & (m->events | EPOLLERR | EPOLLHUP) & ~reported) != 0;
@@ -1500,7 +1500,9 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
         bool et = (m->events & EPOLLET) != 0;
         uint32_t reported = 0; /* edge-triggered: bits already reported for the current edge */
     look:;
-        int rev = s->type == MLP_CONN && s->state != MLP_TCP ? mlp_revents(s, m->fd) : -1;
+        int rev = s->type == MLP_CONN && s->state != MLP_TCP
+                      ? mlp_revents_want(s, m->fd, (short)(m->events & 0xffff))
+                      : -1;
         if (rev < 0) {
             puts[(*np)++] = mlp_member_to_kernel(epfd, m);
             continue;
@@ -1606,38 +1608,15 @@ static bool mlp_ep_passed_look(struct mlp_ep *e)
     return found;
 }
 
-static int mlp_ep_collect(int epfd, struct mlp_ep *e, struct epoll_event *out, int max,
-                          bool *undecided, uint64_t *gen, struct mlp_ep_watch *w)
-{
-    struct mlp_sock *puts[64];
-    int np = 0;
-    mlp_queue_drain();
-    mlp_ep_drain(e);
-    pthread_mutex_lock(&mlp_epmu);
-    int got = e->rhead ? mlp_ep_harvest(epfd, e, out, max, undecided, puts, &np, w) : 0;
-    if (gen)
-        *gen = e->gen;
-    pthread_mutex_unlock(&mlp_epmu);
-    mlp_put_all(puts, np);
-    return got;
-}
-
 /* The spin is over (or left by a jump): every member w watched is armed as the harvest would
  * have armed it, or goes back on the ready list when it turned ready as it was armed or cannot
  * be armed (the next collect reports it, or naps on it, as the harvest does).  arm false: each
- * goes back on the list unarmed (the spin saw one ready; the collect that follows looks at them
- * all, and mlp_ep_left's: a handler's context, where an arm's queue work has no place).
- * left: from mlp_ep_left (a jump from under mlp_epmu, which stays held, leaves them).  Returns
- * whether any went back. */
-static bool mlp_ep_unwatch(struct mlp_ep *e, struct mlp_ep_watch *w, bool arm, bool left)
+ * goes back on the list unarmed (mlp_ep_left's: a handler's context, where an arm's queue work
+ * has no place).  mlp_epmu held; w's references stay.  Returns whether any went back. */
+static bool mlp_ep_unwatch_locked(struct mlp_ep *e, struct mlp_ep_watch *w, bool arm)
 {
-    int n = w->n;
-    if (!n)
-        return false;
-    if (left ? !mlp_lock_left(&mlp_epmu) : pthread_mutex_lock(&mlp_epmu) != 0)
-        return false;
     bool back = false;
-    for (int i = 0; i < n; i++) {
+    for (int i = 0; i < w->n; i++) {
         int fd = w->fd[i];
         struct mlp_sock *s = w->s[i];
         struct mlp_member *m = fd < e->nbyfd ? e->byfd[fd] : NULL;
@@ -1649,11 +1628,52 @@ static bool mlp_ep_unwatch(struct mlp_ep *e, struct mlp_ep_watch *w, bool arm, b
             back = true;
         }
     }
+    return back;
+}
+
+/* The same, taking mlp_epmu, then w's references given back.  left: from mlp_ep_left (a jump
+ * from under mlp_epmu, which stays held, leaves them). */
+static bool mlp_ep_unwatch(struct mlp_ep *e, struct mlp_ep_watch *w, bool arm, bool left)
+{
+    int n = w->n;
+    if (!n)
+        return false;
+    if (left ? !mlp_lock_left(&mlp_epmu) : pthread_mutex_lock(&mlp_epmu) != 0)
+        return false;
+    bool back = mlp_ep_unwatch_locked(e, w, arm);
     w->n = 0; /* before the puts: a jump between leaks them, never puts twice */
     pthread_mutex_unlock(&mlp_epmu);
     for (int i = 0; i < n; i++)
         mlp_put(w->s[i]); /* outside the lock: the last put may destroy the socket */
     return back;
+}
+
+/* full: the drains look at every summary word, as they must once memlan_evq_arm said that
+ * something is pending (a look bounded to the slots handed out would leave a peer's bits above
+ * them there, and the caller looping); false for a wait's first collect and its spin's. */
+static int mlp_ep_collect(int epfd, struct mlp_ep *e, struct epoll_event *out, int max,
+                          bool *undecided, uint64_t *gen, struct mlp_ep_watch *w, bool full)
+{
+    struct mlp_sock *puts[64 + MLP_EP_WATCH];
+    int np = 0;
+    mlp_queue_drain_look(full);
+    mlp_ep_drain(e, full);
+    pthread_mutex_lock(&mlp_epmu);
+    if (w && w->n) {
+        /* The spin saw a watched member ready: all go back on the list, unarmed, for the
+         * harvest to look at (those still not ready are watched again). */
+        (void)mlp_ep_unwatch_locked(e, w, false);
+        int n = w->n;
+        w->n = 0; /* before the puts are listed: a jump leaks them, never puts twice */
+        for (int i = 0; i < n; i++)
+            puts[np++] = w->s[i];
+    }
+    int got = e->rhead ? mlp_ep_harvest(epfd, e, out, max, undecided, puts, &np, w) : 0;
+    if (gen)
+        *gen = e->gen;
+    pthread_mutex_unlock(&mlp_epmu);
+    mlp_put_all(puts, np);
+    return got;
 }
 
 /* A set inside another set looks readable to the outer one through its eventfd: keep that true
@@ -1859,10 +1879,9 @@ static int mlp_ep_spin_look(struct ml_spinning *sp, void *a)
     /* The members it watches: their rings, read as a blocking receive's spin reads its own. */
     struct mlp_ep_watch *wa = w->watch;
     for (int i = 0; i < wa->n; i++)
-        if (__ml_chan_ready_ro(wa->s[i]->ch, 0, 0)) {
-            (void)mlp_ep_unwatch(w->e, wa, false, false);
-            return mlp_ep_collect(w->epfd, w->e, w->out, w->max, w->undecided, w->gen, wa);
-        }
+        if (__ml_chan_ready_ro(wa->s[i]->ch, 0, 0))
+            return mlp_ep_collect(w->epfd, w->e, w->out, w->max, w->undecided, w->gen, wa,
+                                  false);
     /* Nothing on the set's ready list and nothing posted to its queues: no lock taken.  Each
      * round used to take three mutexes (the process's queue, the set's, mlp_epmu), 40 % of an
      * idle redis-server's cycles between requests under perf; they make a look several times
@@ -1873,7 +1892,7 @@ static int mlp_ep_spin_look(struct ml_spinning *sp, void *a)
     if (!__atomic_load_n(&w->e->rhead, __ATOMIC_RELAXED) && (!pq || __ml_evq_quiet_hint(pq)) &&
         (!sq || __ml_evq_quiet_hint(sq)))
         return 0;
-    return mlp_ep_collect(w->epfd, w->e, w->out, w->max, w->undecided, w->gen, wa);
+    return mlp_ep_collect(w->epfd, w->e, w->out, w->max, w->undecided, w->gen, wa, false);
 }
 
 /* Is another thread of ours still handling this set's last event, on the cpu we are on?  The
@@ -1930,7 +1949,7 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
         if (r != MLP_EP_SWITCH)
             return r;
     }
-    bool spun = false;
+    bool spun = false, again_full = false;
     int ret;
     int64_t live = ML_LIVENESS_NS;
     struct mlp_ep_watch watch = {.n = 0};
@@ -1964,7 +1983,8 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
         bool watch_on = !spun && timeout_ns != 0 && !e->nested;
         if (got < max)
             got += mlp_ep_collect(epfd, e, out + got, max - got, &undecided, &gen,
-                                  watch_on ? &watch : NULL);
+                                  watch_on ? &watch : NULL, again_full);
+        again_full = true; /* a look again follows an arm's answer, or a sleep */
         if (!got && !spun && timeout_ns != 0) {
             spun = true;
             struct mlp_ep_spin look = {epfd, e, out, max, &undecided, &gen, &watch};
@@ -2061,7 +2081,7 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             __atomic_load_n(&e->n, __ATOMIC_RELAXED))
             again = mlp_ep_passed_look(e); /* the sleep ran out: passed peers' locks */
         if (again && w < max)
-            w += mlp_ep_collect(epfd, e, out + w, max - w, &undecided, NULL, NULL);
+            w += mlp_ep_collect(epfd, e, out + w, max - w, &undecided, NULL, NULL, true);
         if (w || mlp_left(deadline) == 0) {
             ret = w;
             break;

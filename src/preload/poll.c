@@ -30,7 +30,12 @@
 /* ---- one socket's readiness -------------------------------------------------------------- */
 
 /* poll(2) bits of an accelerated or undecided socket; -1 when the kernel's answer is the truth. */
-int mlp_revents(struct mlp_sock *s, int fd)
+int mlp_revents(struct mlp_sock *s, int fd) { return mlp_revents_want(s, fd, -1); }
+
+/* The same for a caller that keeps only the bits of want (and the errors): room is looked for
+ * only when asked.  The look reads the peer's consumer line (tail), which the peer writes at
+ * every receive: an epoll server of readers paid a line transfer per wait for it. */
+int mlp_revents_want(struct mlp_sock *s, int fd, short want)
 {
     if (s->type != MLP_CONN || !s->ch ||
         atomic_load_explicit(&s->disconnected, memory_order_relaxed)) /* the kernel's again */
@@ -71,7 +76,8 @@ int mlp_revents(struct mlp_sock *s, int fd)
         rev |= POLLIN | POLLRDNORM;
     if (rd_done)
         rev |= POLLRDHUP;
-    if (ps == ML_SIDE_CLOSED || dead || ch->shut_wr || mlp_tx_roomy_ro(ch))
+    if (ps == ML_SIDE_CLOSED || dead || ch->shut_wr ||
+        ((want & (POLLOUT | POLLWRNORM)) && mlp_tx_roomy_ro(ch)))
         rev |= POLLOUT | POLLWRNORM;
     if (rd_done && ch->shut_wr) /* both ways shut, whoever shut them: our SHUT_RDWR too */
         rev |= POLLHUP;
@@ -87,7 +93,7 @@ int mlp_revents(struct mlp_sock *s, int fd)
 
 short mlp_sock_revents(struct mlp_sock *s, int fd, short events)
 {
-    int r = mlp_revents(s, fd);
+    int r = mlp_revents_want(s, fd, events);
     if (r < 0)
         return -1;
     return (short)(r & (events | POLLERR | POLLHUP | POLLNVAL));
@@ -128,14 +134,20 @@ bool mlp_arm(struct mlp_sock *s, short events, bool under_epmu)
 
 /* Take the queue's events: each names a socket that changed, whose epoll memberships go on their
  * sets' ready lists (poll and select recompute their own fds' readiness anyway). */
-void mlp_queue_drain(void)
+void mlp_queue_drain(void) { mlp_queue_drain_look(true); }
+
+/* full false: the look at the summary words covers the slots handed out only
+ * (__ml_evq_quiet_hint), for a caller that has not been told by memlan_evq_arm that something
+ * is pending (an epoll_wait's first look and its spin's): bits a peer wrote above them are left
+ * to the full look that follows such an answer. */
+void mlp_queue_drain_look(bool full)
 {
     /* Nothing posted: the collect would find nothing.  Looked at without the lock, as
      * epoll_wait's spin does (the queue goes only in a fork child): a lock and a scan of the
      * summary words fewer per call, the process's queue being quiet whenever a set's own
      * queue takes its members' posts. */
     memlan_evq_t *q = __atomic_load_n(&mlp_q, __ATOMIC_ACQUIRE);
-    if (!q || __ml_evq_quiet(q))
+    if (!q || (full ? __ml_evq_quiet(q) : __ml_evq_quiet_hint(q)))
         return;
     struct memlan_event ev[64];
     int n;

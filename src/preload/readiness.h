@@ -93,7 +93,9 @@ memlan_evq_t *mlp_queue(void);
 void mlp_queue_made(memlan_evq_t *q); /* a new queue: nameless at once if exit() began */
 bool mlp_queue_add(struct mlp_sock *s, bool under_epmu);
 void mlp_queue_drain(void);
+void mlp_queue_drain_look(bool full);
 int mlp_revents(struct mlp_sock *s, int fd);
+int mlp_revents_want(struct mlp_sock *s, int fd, short want);
 struct timespec mlp_ts(int64_t ns);
 void mlp_unhome(struct mlp_sock *s);
 bool mlp_vf(int *vf);
