@@ -1499,6 +1499,11 @@ int __ml_chan_wait_ro_slice(struct memlan_channel *ch, int dir, uint64_t want, u
     return r == -ETIMEDOUT ? -EAGAIN : r;
 }
 
+bool __ml_chan_rx_nothing(struct memlan_channel *ch)
+{
+    return ch->kind == MEMLAN_STREAM && !ch->rx.corrupt && ml_ring_avail(&ch->rx, 1) == 0;
+}
+
 /* The spin of a socket layer's blocking receive that holds its direction (sock.c,
  * mlp_recv_fast: the ring was empty).  Readiness as the regular wait reads it, read-only: a
  * handler that runs on top of the spin may borrow the direction and move its position.  No

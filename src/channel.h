@@ -180,6 +180,9 @@ bool __ml_chan_ready_ro(struct memlan_channel *ch, int dir, uint64_t want);
 int __ml_chan_wait_ro_slice(struct memlan_channel *ch, int dir, uint64_t want, uint64_t deadline,
                             uint64_t slice);
 int __ml_chan_spin_rx_ro(struct memlan_channel *ch, uint64_t cap_ns);
+/* A stream ring holds nothing at our position (the receive's first look, head reloaded); false
+ * when it holds something or cannot tell.  For a holder of the direction. */
+bool __ml_chan_rx_nothing(struct memlan_channel *ch);
 void __ml_chan_kick_tx(struct memlan_channel *ch);
 void __ml_chan_post_self(struct memlan_channel *ch);
 bool __ml_chan_rx_at_mark_ro(const struct memlan_channel *ch);

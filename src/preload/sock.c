@@ -2208,7 +2208,9 @@ ssize_t mlp_recv_fast(int fd, const struct iovec *iov, int n, int flags)
         /* MSG_WAITALL waits only on a blocking call (as the kernel's) */
         int i = 0;
         size_t off = 0;
-        r = mlp_rx_pass(s, iov, n, &i, &off, false);
+        /* A blocking receive that finds the ring empty spins at once: the receive's own look
+         * would say EAGAIN after its looks at the peer's state, which the spin makes too. */
+        r = !nb && __ml_chan_rx_nothing(s->ch) ? -EAGAIN : mlp_rx_pass(s, iov, n, &i, &off, false);
         if (r == -EAGAIN && !nb && (r = mlp_rx_hold_spin(s, fd)) == 1) {
             i = 0;
             off = 0;
