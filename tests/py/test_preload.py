@@ -584,6 +584,46 @@ def test_epoll_wait_left_by_siglongjmp_mid_spin_keeps_its_members(fabric, tmp_pa
     settle(fabric)
 
 
+WATCHHOLE = BUILD / "tests-preload" / "watchhole"
+
+
+def watchhole(tmp_path, mode, under=True):
+    """watchhole PORT MODE, under memlan with a 300 ms spin (or over kernel TCP)."""
+    cmd = [str(WATCHHOLE), str(next_port()), mode]
+    env = dict(os.environ)
+    if under:
+        cmd = [str(MEMLAN), "run", "--log", str(tmp_path / f"memlan-{mode}.log"), "--"] + cmd
+        env["MEMLAN_SPIN_US"] = "300000"
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env,
+                          stdin=subprocess.DEVNULL)
+
+
+WATCHHOLE_LINES = {
+    "handler": "handler: the handler's wait got 1 event\n",
+    "blocked": "blocked: the other thread's wait got 1 event\n",
+    "fork": "fork: the client read EOF\n",
+}
+
+
+@pytest.mark.parametrize("mode", list(WATCHHOLE_LINES))
+def test_epoll_members_watched_mid_spin_are_seen_by_other_waits(fabric, tmp_path, mode):
+    """A level-triggered member that epoll_wait's spin watches (neither armed nor on the ready
+    list) while, 5 ms into the spin: a SIGALRM handler waits on the same set ("handler"),
+    or lets another thread wait on it and waits for that ("blocked"): the client's byte 50 ms
+    later must be reported to that wait, as over kernel TCP; or another thread forks, and the
+    child and the parent close the connection ("fork"): the client reads EOF, as over kernel
+    TCP.  Before, the other waits reported nothing in 3 s (nothing posted for the watched
+    member, and the spin did not run while the handler did), and the child's copy of the
+    spin's socket reference was never given back, so its close did not end the connection."""
+    kernel = watchhole(tmp_path, mode, under=False)
+    assert kernel.stdout == WATCHHOLE_LINES[mode], kernel.stdout + kernel.stderr
+    under = watchhole(tmp_path, mode)
+    assert under.stdout == kernel.stdout, under.stdout + under.stderr
+    assert under.returncode == kernel.returncode == 0
+    assert (tmp_path / f"memlan-{mode}.log").read_text().count("accelerated (accepted") == 1
+    settle(fabric)
+
+
 def test_fork_child_poll_leaves_parent_woken(fabric, tmp_path):
     """A fork child polls the socket its parent waits on (then exits, or sleeps): the parent,
     asleep in epoll_wait on a set made before the fork or in poll, is still woken by its peer's
