@@ -6,7 +6,7 @@
  * under `memlan run` with a long spin (MEMLAN_SPIN_US=300000) by tests/py/test_preload.py,
  * whose outputs must match.
  *
- * usage: watchhole PORT handler | blocked | fork
+ * usage: watchhole PORT handler | blocked | fork | mod | del | close | dup2
  *
  * Each mode: one connection from a forked client, in a level-triggered EPOLLIN set, three
  * ping-pongs through epoll_wait (the member is on the set's ready list, as a reported
@@ -21,6 +21,11 @@
  *   fork: another thread forks; the child closes the connection and lives 3 s, the parent's
  *     other thread closes it too.  Both copies are closed: the client reads end-of-file within
  *     2 s, as over kernel TCP ("fork: the client read EOF").
+ *   mod, del, close, dup2: another thread, 5 ms into the wait (500 ms), changes the member: MOD
+ *     to EPOLLIN|EPOLLET, DEL (then the main thread adds it back and waits 1 s), close, or a
+ *     dup2 of a second connection over its fd; the client sends one byte 50 ms after "g" (on
+ *     both connections).  Printed: what the waits got ("MODE: the wait got R (events E), then
+ *     R2"), and for close and dup2 whether the client read EOF; lines in either order.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -123,6 +128,32 @@ static void *other_wait(void *a)
     return NULL;
 }
 
+static int conn2 = -1;
+static const char *ctl_mode;
+
+/* mod, del, close, dup2: another thread changes the member 5 ms into the wait. */
+static void *changer(void *a)
+{
+    (void)a;
+    char c;
+    if (read(p1[0], &c, 1) != 1)
+        return NULL;
+    msleep(5);
+    struct epoll_event ev = {.events = EPOLLIN | EPOLLET, .data.fd = conn};
+    int r = 0;
+    if (!strcmp(ctl_mode, "mod"))
+        r = epoll_ctl(ep, EPOLL_CTL_MOD, conn, &ev);
+    else if (!strcmp(ctl_mode, "del"))
+        r = epoll_ctl(ep, EPOLL_CTL_DEL, conn, NULL);
+    else if (!strcmp(ctl_mode, "close"))
+        r = close(conn);
+    else if (!strcmp(ctl_mode, "dup2"))
+        r = dup2(conn2, conn) == conn ? 0 : -1;
+    if (r != 0)
+        die(ctl_mode);
+    return NULL;
+}
+
 static void *forker(void *a)
 {
     (void)a;
@@ -145,7 +176,7 @@ static void *forker(void *a)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: watchhole PORT handler | blocked | fork\n");
+        fprintf(stderr, "usage: watchhole PORT handler | blocked | fork | mod | del | close | dup2\n");
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -157,11 +188,19 @@ int main(int argc, char **argv)
     setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
     if (bind(ls, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(ls, 8) != 0)
         die("listen");
+    if (!strcmp(mode, "mod") || !strcmp(mode, "del") || !strcmp(mode, "close") ||
+        !strcmp(mode, "dup2"))
+        ctl_mode = mode;
     pid_t client = fork();
     if (client == 0) {
         int s = socket(AF_INET, SOCK_STREAM, 0);
         if (s < 0 || connect(s, (struct sockaddr *)&addr, sizeof addr) != 0)
             die("connect");
+        if (ctl_mode) { /* a second connection: dup2's */
+            conn2 = socket(AF_INET, SOCK_STREAM, 0);
+            if (conn2 < 0 || connect(conn2, (struct sockaddr *)&addr, sizeof addr) != 0)
+                die("connect");
+        }
         setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         char c;
         for (int i = 0; i < 3; i++) {
@@ -171,6 +210,18 @@ int main(int argc, char **argv)
         }
         if (get1(s, &c, 5000) != 1 || c != 'g')
             _exit(1);
+        if (ctl_mode) {
+            msleep(50);
+            put1(s, 'd');
+            if (conn2 >= 0)
+                put1(conn2, 'd');
+            int r;
+            while ((r = get1(s, &c, 2000)) == 1 && c != 'e')
+                ;
+            if (r != 1)
+                printf("%s: the client read %s\n", mode, r == 0 ? "EOF" : "no EOF in 2 s");
+            _exit(0);
+        }
         if (!strcmp(mode, "fork")) {
             int r;
             while ((r = get1(s, &c, 2000)) == 1)
@@ -186,7 +237,7 @@ int main(int argc, char **argv)
         _exit(0);
     }
     conn = accept(ls, NULL, NULL);
-    if (conn < 0)
+    if (conn < 0 || (ctl_mode && (conn2 = accept(ls, NULL, NULL)) < 0))
         die("accept");
     setsockopt(conn, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     ep = epoll_create1(0);
@@ -206,7 +257,9 @@ int main(int argc, char **argv)
     sigemptyset(&alrm);
     sigaddset(&alrm, SIGALRM);
     pthread_sigmask(SIG_BLOCK, &alrm, &old); /* the other thread never takes SIGALRM */
-    if (!strcmp(mode, "blocked"))
+    if (ctl_mode)
+        pthread_create(&t, NULL, changer, NULL);
+    else if (!strcmp(mode, "blocked"))
         pthread_create(&t, NULL, other_wait, NULL);
     else if (!strcmp(mode, "fork"))
         pthread_create(&t, NULL, forker, NULL);
@@ -216,6 +269,30 @@ int main(int argc, char **argv)
     sa.sa_handler = !strcmp(mode, "handler") ? on_nested : on_blocked;
     sigaction(SIGALRM, &sa, NULL);
     put1(conn, 'g');
+    if (ctl_mode) {
+        if (write(p1[1], "x", 1) != 1)
+            die("write");
+        int r1 = epoll_wait(ep, &ev, 1, 500);
+        uint32_t e1 = r1 == 1 ? ev.events : 0;
+        pthread_join(t, NULL);
+        int r2 = 0;
+        if (!strcmp(mode, "del")) {
+            ev.events = EPOLLIN;
+            ev.data.fd = conn;
+            if (epoll_ctl(ep, EPOLL_CTL_ADD, conn, &ev) != 0)
+                die("add again");
+            r2 = epoll_wait(ep, &ev, 1, 1000);
+        }
+        printf("%s: the wait got %d (events %#x), then %d\n", mode, r1, e1, r2);
+        if (!strcmp(mode, "mod") || !strcmp(mode, "del")) {
+            if (get1(conn, &c, 5000) != 1 || c != 'd')
+                die("last ping");
+            put1(conn, 'e');
+        }
+        int st;
+        waitpid(client, &st, 0);
+        return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
+    }
     if (!strcmp(mode, "fork")) {
         if (write(p1[1], "x", 1) != 1)
             die("write");
