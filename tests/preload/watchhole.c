@@ -6,7 +6,8 @@
  * under `memlan run` with a long spin (MEMLAN_SPIN_US=300000) by tests/py/test_preload.py,
  * whose outputs must match.
  *
- * usage: watchhole PORT handler | blocked | fork | mod | del | close | dup2
+ * usage: watchhole PORT handler | blocked | fork | mod | del | close | dup2 |
+ *                  peerclose | peerkill
  *
  * Each mode: one connection from a forked client, in a level-triggered EPOLLIN set, three
  * ping-pongs through epoll_wait (the member is on the set's ready list, as a reported
@@ -26,6 +27,8 @@
  *     dup2 of a second connection over its fd; the client sends one byte 50 ms after "g" (on
  *     both connections).  Printed: what the waits got ("MODE: the wait got R (events E), then
  *     R2"), and for close and dup2 whether the client read EOF; lines in either order.
+ *   peerclose, peerkill: the client closes, or is killed by SIGKILL, 50 ms after "g"; the wait
+ *     (3 s) reports the end as the kernel's does.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -149,6 +152,7 @@ static void *changer(void *a)
         r = close(conn);
     else if (!strcmp(ctl_mode, "dup2"))
         r = dup2(conn2, conn) == conn ? 0 : -1;
+    /* peerclose, peerkill: the client closes, or is killed, 50 ms into the wait */
     if (r != 0)
         die(ctl_mode);
     return NULL;
@@ -176,7 +180,7 @@ static void *forker(void *a)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: watchhole PORT handler | blocked | fork | mod | del | close | dup2\n");
+        fprintf(stderr, "usage: watchhole PORT MODE (see the top of watchhole.c)\n");
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -189,7 +193,7 @@ int main(int argc, char **argv)
     if (bind(ls, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(ls, 8) != 0)
         die("listen");
     if (!strcmp(mode, "mod") || !strcmp(mode, "del") || !strcmp(mode, "close") ||
-        !strcmp(mode, "dup2"))
+        !strcmp(mode, "dup2") || !strcmp(mode, "peerclose") || !strcmp(mode, "peerkill"))
         ctl_mode = mode;
     pid_t client = fork();
     if (client == 0) {
@@ -210,6 +214,13 @@ int main(int argc, char **argv)
         }
         if (get1(s, &c, 5000) != 1 || c != 'g')
             _exit(1);
+        if (ctl_mode && !strncmp(mode, "peer", 4)) {
+            msleep(50);
+            if (!strcmp(mode, "peerkill"))
+                kill(getpid(), SIGKILL);
+            close(s);
+            _exit(0);
+        }
         if (ctl_mode) {
             msleep(50);
             put1(s, 'd');
@@ -272,7 +283,7 @@ int main(int argc, char **argv)
     if (ctl_mode) {
         if (write(p1[1], "x", 1) != 1)
             die("write");
-        int r1 = epoll_wait(ep, &ev, 1, 500);
+        int r1 = epoll_wait(ep, &ev, 1, !strncmp(mode, "peer", 4) ? 3000 : 500);
         uint32_t e1 = r1 == 1 ? ev.events : 0;
         pthread_join(t, NULL);
         int r2 = 0;
@@ -291,6 +302,8 @@ int main(int argc, char **argv)
         }
         int st;
         waitpid(client, &st, 0);
+        if (!strcmp(mode, "peerkill"))
+            return WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL ? 0 : 1;
         return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : 1;
     }
     if (!strcmp(mode, "fork")) {

@@ -624,12 +624,13 @@ def test_epoll_members_watched_mid_spin_are_seen_by_other_waits(fabric, tmp_path
     settle(fabric)
 
 
-@pytest.mark.parametrize("mode", ["mod", "del", "close", "dup2"])
+@pytest.mark.parametrize("mode", ["mod", "del", "close", "dup2", "peerclose", "peerkill"])
 def test_epoll_member_changed_by_another_thread_mid_spin(fabric, tmp_path, mode):
     """Another thread changes a member that epoll_wait's spin watches, 5 ms into it: MOD to
     edge-triggered, DEL (then ADD again), close, or a dup2 over its fd; the client's byte comes
-    50 ms later.  What the waits report, and whether the client reads EOF, is as over kernel
-    TCP (the watch's record names the member by fd and socket, and finds it changed)."""
+    50 ms later.  Or the client closes, or is killed, 50 ms into the spin.  What the waits
+    report, and whether the client reads EOF, is as over kernel TCP (the watch's record names
+    the member by fd and socket, and finds it changed)."""
     kernel = watchhole(tmp_path, mode, under=False)
     assert kernel.returncode == 0, kernel.stdout + kernel.stderr
     under = watchhole(tmp_path, mode)
