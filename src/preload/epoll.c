@@ -1484,8 +1484,9 @@ struct mlp_ep_watch {
  * not exist there) and keeps what this thread's own holds (a handler that forked may have
  * interrupted its spin, which gives them back when it goes on).  A wait nested in a handler
  * watches beside the one it interrupted; none when the slots are full. */
-#define MLP_EP_MINE (4 * MLP_EP_WATCH)
-static __thread struct mlp_sock *mlp_ep_mine[MLP_EP_MINE] __attribute__((tls_model("initial-exec")));
+#define MLP_EP_MINE (2 * MLP_EP_WATCH) /* a wait, and one a handler of its spin makes */
+static __thread struct mlp_sock *mlp_ep_mine[MLP_EP_MINE]
+    __attribute__((tls_model("initial-exec")));
 
 static int mlp_ep_mine_slot(const struct mlp_sock *s)
 {
