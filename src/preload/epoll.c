@@ -1955,10 +1955,15 @@ struct mlp_ep_spin {
 static int mlp_ep_spin_look(struct ml_spinning *sp, void *a)
 {
     struct mlp_ep_spin *w = a;
-    /* The members it watches: their rings, read as a blocking receive's spin reads its own. */
+    /* The members it watches: their rings, read as a blocking receive's spin reads its own.
+     * And their fds: a socket whose last fd went (a close, a dup2 over it, a disconnect by
+     * another thread) is let go of at once, since the kernel's epoll holds no reference to its
+     * members' files: held to the spin's end, its connection's end (the FIN, a disconnect's
+     * reset) waited for the spin's budget (tests/preload/watchhole.c, "disconnect"). */
     struct mlp_ep_watch *wa = w->watch;
     for (int i = 0; i < wa->n; i++)
-        if (__ml_chan_ready_ro(wa->s[i]->ch, 0, 0)) {
+        if (__ml_chan_ready_ro(wa->s[i]->ch, 0, 0) ||
+            !atomic_load_explicit(&wa->s[i]->nfds, memory_order_relaxed)) {
             (void)mlp_ep_unwatch(w->e, wa, false, false);
             return mlp_ep_collect(w->epfd, w->e, w->out, w->max, w->undecided, w->gen, wa);
         }

@@ -6,7 +6,7 @@
  * under `memlan run` with a long spin (MEMLAN_SPIN_US=300000) by tests/py/test_preload.py,
  * whose outputs must match.
  *
- * usage: watchhole PORT handler | blocked | fork | mod | del | close | dup2 |
+ * usage: watchhole PORT handler | blocked | fork | mod | del | close | dup2 | disconnect |
  *                  peerclose | peerkill
  *
  * Each mode: one connection from a forked client, in a level-triggered EPOLLIN set, three
@@ -22,11 +22,13 @@
  *   fork: another thread forks; the child closes the connection and lives 3 s, the parent's
  *     other thread closes it too.  Both copies are closed: the client reads end-of-file within
  *     2 s, as over kernel TCP ("fork: the client read EOF").
- *   mod, del, close, dup2: another thread, 5 ms into the wait (500 ms), changes the member: MOD
- *     to EPOLLIN|EPOLLET, DEL (then the main thread adds it back and waits 1 s), close, or a
- *     dup2 of a second connection over its fd; the client sends one byte 50 ms after "g" (on
- *     both connections).  Printed: what the waits got ("MODE: the wait got R (events E), then
- *     R2"), and for close and dup2 whether the client read EOF; lines in either order.
+ *   mod, del, close, dup2, disconnect: another thread, 5 ms into the wait (500 ms), changes the
+ *     member: MOD to EPOLLIN|EPOLLET, DEL (then the main thread adds it back and waits 1 s),
+ *     close, a dup2 of a second connection over its fd, or connect(AF_UNSPEC).  For mod and
+ *     del the client sends one byte 50 ms after "g"; for the others it waits 150 ms for the
+ *     end of the connection, then sends one byte 50 ms later (and on the second connection).
+ *     Printed: what the waits got ("MODE: the wait got R (events E), then R2"), and for close,
+ *     dup2 and disconnect what the client read and what its send did; lines in either order.
  *   peerclose, peerkill: the client closes, or is killed by SIGKILL, 50 ms after "g"; the wait
  *     (3 s) reports the end as the kernel's does.
  */
@@ -152,6 +154,10 @@ static void *changer(void *a)
         r = close(conn);
     else if (!strcmp(ctl_mode, "dup2"))
         r = dup2(conn2, conn) == conn ? 0 : -1;
+    else if (!strcmp(ctl_mode, "disconnect")) {
+        struct sockaddr sa = {.sa_family = AF_UNSPEC};
+        r = connect(conn, &sa, sizeof sa);
+    }
     /* peerclose, peerkill: the client closes, or is killed, 50 ms into the wait */
     if (r != 0)
         die(ctl_mode);
@@ -193,7 +199,7 @@ int main(int argc, char **argv)
     if (bind(ls, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(ls, 8) != 0)
         die("listen");
     if (!strcmp(mode, "mod") || !strcmp(mode, "del") || !strcmp(mode, "close") ||
-        !strcmp(mode, "dup2") || !strcmp(mode, "peerclose") || !strcmp(mode, "peerkill"))
+        !strcmp(mode, "dup2") || !strcmp(mode, "disconnect") || !strcmp(mode, "peerclose") || !strcmp(mode, "peerkill"))
         ctl_mode = mode;
     pid_t client = fork();
     if (client == 0) {
@@ -221,16 +227,24 @@ int main(int argc, char **argv)
             close(s);
             _exit(0);
         }
+        if (ctl_mode && strcmp(mode, "mod") && strcmp(mode, "del")) {
+            /* close, dup2, disconnect: the end comes at once, as the kernel's file goes */
+            int r;
+            while ((r = get1(s, &c, 150)) == 1)
+                ;
+            msleep(50);
+            ssize_t k = send(s, "d", 1, MSG_NOSIGNAL);
+            printf("%s: the client read %s, then its send %s\n", mode,
+                   r == 0 ? "EOF" : "no EOF in 150 ms", k == 1 ? "went" : strerror(errno));
+            if (conn2 >= 0)
+                put1(conn2, 'd');
+            _exit(0);
+        }
         if (ctl_mode) {
             msleep(50);
             put1(s, 'd');
-            if (conn2 >= 0)
-                put1(conn2, 'd');
-            int r;
-            while ((r = get1(s, &c, 2000)) == 1 && c != 'e')
-                ;
-            if (r != 1)
-                printf("%s: the client read %s\n", mode, r == 0 ? "EOF" : "no EOF in 2 s");
+            if (get1(s, &c, 2000) != 1 || c != 'e')
+                _exit(1);
             _exit(0);
         }
         if (!strcmp(mode, "fork")) {

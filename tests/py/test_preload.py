@@ -624,13 +624,17 @@ def test_epoll_members_watched_mid_spin_are_seen_by_other_waits(fabric, tmp_path
     settle(fabric)
 
 
-@pytest.mark.parametrize("mode", ["mod", "del", "close", "dup2", "peerclose", "peerkill"])
+@pytest.mark.parametrize("mode", ["mod", "del", "close", "dup2", "disconnect", "peerclose",
+                                  "peerkill"])
 def test_epoll_member_changed_by_another_thread_mid_spin(fabric, tmp_path, mode):
     """Another thread changes a member that epoll_wait's spin watches, 5 ms into it: MOD to
-    edge-triggered, DEL (then ADD again), close, or a dup2 over its fd; the client's byte comes
-    50 ms later.  Or the client closes, or is killed, 50 ms into the spin.  What the waits
-    report, and whether the client reads EOF, is as over kernel TCP (the watch's record names
-    the member by fd and socket, and finds it changed)."""
+    edge-triggered, DEL (then ADD again), close, a dup2 over its fd, or connect(AF_UNSPEC);
+    or the client closes, or is killed, 50 ms into the spin.  What the waits report, and what
+    the client reads and its send does, are as over kernel TCP.  The spin's reference to a
+    socket whose last fd went is let go of at its next look, since the kernel's epoll holds no
+    reference to its members' files: held to the spin's end (300 ms), the client read no EOF
+    in 150 ms after the close, dup2 or disconnect, and its send after the disconnect went
+    through where the kernel's said EPIPE."""
     kernel = watchhole(tmp_path, mode, under=False)
     assert kernel.returncode == 0, kernel.stdout + kernel.stderr
     under = watchhole(tmp_path, mode)
