@@ -48,6 +48,7 @@
                       EPOLLWAKEUP | EPOLLET | EPOLLEXCLUSIVE)
 
 struct mlp_ep;
+struct mlp_ep_watch;
 
 struct mlp_member {
     struct mlp_ep *ep;
@@ -94,6 +95,8 @@ struct mlp_ep {
     int rep_cpu, rep_fd;
     void *rep_s;
     uint64_t rep_tx, rep_rx;
+    struct mlp_ep_watch *watches;       /* the waits whose spins watch members of this set
+                                         * (mlp_epmu; "epoll_wait watches its members") */
     struct mlp_ep *next_free;
     /* Wake-ups (see "One doorbell per set" in design.md).  Kept when the set is reused: */
     memlan_evq_t *q;                    /* the set's own queue, made at its first setup */
@@ -878,6 +881,8 @@ void mlp_epoll_after_fork(void)
             continue;
         e->in_kernel = false;
         e->sleepers = 0;
+        e->watches = NULL; /* the parent's other threads' waits: their members are listed
+                            * below (a handler's fork: its own spin's record finds it so) */
         /* Its own queue is the parent's (its doorbell stays in the shared kernel set, as the
          * process's does): the child's members post to the child's queue until the set has
          * one of its own again, made at its next setup.  A set under several fds is met once
@@ -1467,7 +1472,80 @@ struct mlp_ep_watch {
     int n;
     int fd[MLP_EP_WATCH];
     struct mlp_sock *s[MLP_EP_WATCH];
+    /* The rest under mlp_epmu.  Linked in its set's list (watches) while it has members, so
+     * that any other wait on the set takes them back (mlp_ep_unwatch_others); stop: one did,
+     * and this wait watches no more. */
+    struct mlp_ep_watch *next;
+    bool linked, stop;
 };
+
+/* The sockets this thread's waits watch, each counted in its s->lent as well: a fork child's
+ * mlp_poll_fork_drop gives back what the parent's other threads' spins held (their threads do
+ * not exist there) and keeps what this thread's own holds (a handler that forked may have
+ * interrupted its spin, which gives them back when it goes on).  A wait nested in a handler
+ * watches beside the one it interrupted; none when the slots are full. */
+#define MLP_EP_MINE (2 * MLP_EP_WATCH) /* a wait, and one a handler of its spin makes */
+static __thread struct mlp_sock *mlp_ep_mine[MLP_EP_MINE]
+    __attribute__((tls_model("initial-exec")));
+
+static int mlp_ep_mine_slot(const struct mlp_sock *s)
+{
+    for (int i = 0; i < MLP_EP_MINE; i++)
+        if (mlp_ep_mine[i] == s)
+            return i;
+    return -1;
+}
+
+/* In a fork child: how many of s's lent references this thread's own spins hold. */
+int mlp_ep_watch_mine(const struct mlp_sock *s)
+{
+    int k = 0;
+    for (int i = 0; i < MLP_EP_MINE; i++)
+        k += s && mlp_ep_mine[i] == s;
+    return k;
+}
+
+static void mlp_ep_watch_unlink(struct mlp_ep *e, struct mlp_ep_watch *w)
+{
+    if (!w->linked)
+        return;
+    for (struct mlp_ep_watch **pp = &e->watches; *pp; pp = &(*pp)->next)
+        if (*pp == w) { /* not there when the set was reused, or in a fork child */
+            *pp = w->next;
+            break;
+        }
+    w->linked = false;
+}
+
+/* Another wait on e is here (mlp_epmu held): every member that other waits' spins watch goes
+ * back on the ready list, unarmed, for this wait's harvest to report or arm, and those waits
+ * watch no more.  A watched member is seen by nobody but its spin: a wait of another thread,
+ * or of a handler that interrupted the spin, would otherwise report nothing of it, and sleep
+ * through its data (nothing posts for it) for as long as the spin did not run, as while the
+ * handler ran (tests/preload/watchhole.c).  own: the caller's own record, left alone. */
+static bool mlp_ep_unwatch_others(struct mlp_ep *e, const struct mlp_ep_watch *own)
+{
+    bool back = false;
+    for (struct mlp_ep_watch **pp = &e->watches; *pp;) {
+        struct mlp_ep_watch *w = *pp;
+        if (w == own) {
+            pp = &w->next;
+            continue;
+        }
+        *pp = w->next;
+        w->linked = false;
+        w->stop = true;
+        for (int i = 0; i < w->n; i++) {
+            int fd = w->fd[i];
+            struct mlp_member *m = fd < e->nbyfd ? e->byfd[fd] : NULL;
+            if (m && m->s == w->s[i] && !m->disabled && !m->queued) {
+                mlp_rl_push(m);
+                back = true;
+            }
+        }
+    }
+    return back;
+}
 
 /* May m, found not ready, be watched rather than armed?  Level-triggered readers of ours only:
  * an edge-triggered member's arm keeps what was reported, and a writer's room, an exclusive
@@ -1496,7 +1574,7 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
         struct mlp_sock *s = m->s;
         if (m->disabled)
             continue;
-        int looks = 0;
+        int looks = 0, slot;
         bool et = (m->events & EPOLLET) != 0;
         uint32_t reported = 0; /* edge-triggered: bits already reported for the current edge */
     look:;
@@ -1557,11 +1635,20 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
         } else if (atomic_load(&s->fin_ns) && mlp_check_peer(s)) {
             mlp_rl_push(m); /* its FIN came before its lock went: nap and look again */
             *undecided = true;
-        } else if (w && w->n < MLP_EP_WATCH && mlp_ep_watchable(m)) {
-            /* The caller's spin looks at its ring; armed when the spin ends (mlp_ep_unwatch). */
+        } else if (w && !w->stop && !e->sleepers && w->n < MLP_EP_WATCH &&
+                   mlp_ep_watchable(m) && (slot = mlp_ep_mine_slot(NULL)) >= 0) {
+            /* The caller's spin looks at its ring; armed when the spin ends (mlp_ep_unwatch).
+             * Not while a thread sleeps on the set: it would not hear of the data. */
             atomic_fetch_add(&s->refs, 1);
             w->fd[w->n] = m->fd;
             w->s[w->n++] = s;
+            mlp_ep_mine[slot] = s;
+            atomic_fetch_add(&s->lent, 1); /* after it is named (mlp_poll_fork_drop) */
+            if (!w->linked) {
+                w->next = e->watches;
+                e->watches = w;
+                w->linked = true;
+            }
         } else if (et ? mlp_arm_et(m, reported) : mlp_arm(s, (short)(m->events & 0xffff), true)) {
             /* It changed as we armed.  Look at it again now: its writer may have written before
              * it could see the tripwire, and then no post comes; a caller that got nothing here
@@ -1631,17 +1718,34 @@ static bool mlp_ep_unwatch_locked(struct mlp_ep *e, struct mlp_ep_watch *w, bool
     return back;
 }
 
+/* w's members are named no more (mlp_epmu held): their lent counts and this thread's slots given
+ * back, w out of its set's list.  Returns how many references (w->s[0..n)) the caller puts once
+ * the lock is released. */
+static int mlp_ep_watch_drop_locked(struct mlp_ep *e, struct mlp_ep_watch *w)
+{
+    int n = w->n;
+    for (int i = 0; i < n; i++) {
+        struct mlp_sock *s = w->s[i];
+        atomic_fetch_sub(&s->lent, 1); /* before it is unnamed (mlp_poll_fork_drop) */
+        int slot = mlp_ep_mine_slot(s);
+        if (slot >= 0)
+            mlp_ep_mine[slot] = NULL;
+    }
+    w->n = 0; /* before the puts: a jump between leaks them, never puts twice */
+    mlp_ep_watch_unlink(e, w);
+    return n;
+}
+
 /* The same, taking mlp_epmu, then w's references given back.  left: from mlp_ep_left (a jump
  * from under mlp_epmu, which stays held, leaves them). */
 static bool mlp_ep_unwatch(struct mlp_ep *e, struct mlp_ep_watch *w, bool arm, bool left)
 {
-    int n = w->n;
-    if (!n)
+    if (!w->n)
         return false;
     if (left ? !mlp_lock_left(&mlp_epmu) : pthread_mutex_lock(&mlp_epmu) != 0)
         return false;
     bool back = mlp_ep_unwatch_locked(e, w, arm);
-    w->n = 0; /* before the puts: a jump between leaks them, never puts twice */
+    int n = mlp_ep_watch_drop_locked(e, w);
     pthread_mutex_unlock(&mlp_epmu);
     for (int i = 0; i < n; i++)
         mlp_put(w->s[i]); /* outside the lock: the last put may destroy the socket */
@@ -1659,12 +1763,13 @@ static int mlp_ep_collect(int epfd, struct mlp_ep *e, struct epoll_event *out, i
     mlp_queue_drain_look(full);
     mlp_ep_drain(e, full);
     pthread_mutex_lock(&mlp_epmu);
+    if (e->watches)
+        (void)mlp_ep_unwatch_others(e, w); /* what other spins watch, this wait sees */
     if (w && w->n) {
-        /* The spin saw a watched member ready: all go back on the list, unarmed, for the
-         * harvest to look at (those still not ready are watched again). */
+        /* The spin saw a watched member ready, or its fd gone: all go back on the list,
+         * unarmed, for the harvest to look at (those still not ready are watched again). */
         (void)mlp_ep_unwatch_locked(e, w, false);
-        int n = w->n;
-        w->n = 0; /* before the puts are listed: a jump leaks them, never puts twice */
+        int n = mlp_ep_watch_drop_locked(e, w);
         for (int i = 0; i < n; i++)
             puts[np++] = w->s[i];
     }
@@ -1682,6 +1787,8 @@ static int mlp_ep_collect(int epfd, struct mlp_ep *e, struct epoll_event *out, i
 static void mlp_ep_prune(struct mlp_ep *e)
 {
     bool ready = false;
+    if (e->watches)
+        (void)mlp_ep_unwatch_others(e, NULL); /* a spin's members: armed below, or listed */
     for (int k = e->nready; k > 0 && e->rhead && !ready; k--) {
         struct mlp_member *m = e->rhead;
         mlp_rl_del(m);
@@ -1876,10 +1983,15 @@ struct mlp_ep_spin {
 static int mlp_ep_spin_look(struct ml_spinning *sp, void *a)
 {
     struct mlp_ep_spin *w = a;
-    /* The members it watches: their rings, read as a blocking receive's spin reads its own. */
+    /* The members it watches: their rings, read as a blocking receive's spin reads its own.
+     * And their fds: a socket whose last fd went (a close, a dup2 over it, a disconnect by
+     * another thread) is let go of at once, since the kernel's epoll holds no reference to its
+     * members' files: held to the spin's end, its connection's end (the FIN, a disconnect's
+     * reset) waited for the spin's budget (tests/preload/watchhole.c, "disconnect"). */
     struct mlp_ep_watch *wa = w->watch;
     for (int i = 0; i < wa->n; i++)
-        if (__ml_chan_ready_ro(wa->s[i]->ch, 0, 0))
+        if (__ml_chan_ready_ro(wa->s[i]->ch, 0, 0) ||
+            !atomic_load_explicit(&wa->s[i]->nfds, memory_order_relaxed))
             return mlp_ep_collect(w->epfd, w->e, w->out, w->max, w->undecided, w->gen, wa,
                                   false);
     /* Nothing on the set's ready list and nothing posted to its queues: no lock taken.  Each
@@ -2007,6 +2119,10 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             mlp_ep_setup(epfd, e);
             mlp_nested_refresh();
             pthread_mutex_lock(&mlp_epmu);
+            /* Members another thread's spin watches come back to be armed first: nothing
+             * posts for them, and that spin may stop running (a handler on its thread). */
+            if (e->watches)
+                (void)mlp_ep_unwatch_others(e, NULL);
             bool changed = e->gen != gen;
             if (!changed) {
                 e->sleepers++;

@@ -458,7 +458,7 @@ void mlp_poll_fork_drop(struct mlp_sock *s)
         r->s = NULL;
         drop++;
     }
-    int mine = own && own->held == s;
+    int mine = (own && own->held == s) + mlp_ep_watch_mine(s); /* and its own spins' */
     int lent = atomic_load(&s->lent) - mine;
     if (lent > 0) {
         atomic_store(&s->lent, mine);

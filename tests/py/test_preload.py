@@ -584,6 +584,65 @@ def test_epoll_wait_left_by_siglongjmp_mid_spin_keeps_its_members(fabric, tmp_pa
     settle(fabric)
 
 
+WATCHHOLE = BUILD / "tests-preload" / "watchhole"
+
+
+def watchhole(tmp_path, mode, under=True):
+    """watchhole PORT MODE, under memlan with a 300 ms spin (or over kernel TCP)."""
+    cmd = [str(WATCHHOLE), str(next_port()), mode]
+    env = dict(os.environ)
+    if under:
+        cmd = [str(MEMLAN), "run", "--log", str(tmp_path / f"memlan-{mode}.log"), "--"] + cmd
+        env["MEMLAN_SPIN_US"] = "300000"
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env,
+                          stdin=subprocess.DEVNULL)
+
+
+WATCHHOLE_LINES = {
+    "handler": "handler: the handler's wait got 1 event\n",
+    "blocked": "blocked: the other thread's wait got 1 event\n",
+    "fork": "fork: the client read EOF\n",
+}
+
+
+@pytest.mark.parametrize("mode", list(WATCHHOLE_LINES))
+def test_epoll_members_watched_mid_spin_are_seen_by_other_waits(fabric, tmp_path, mode):
+    """A level-triggered member that epoll_wait's spin watches (neither armed nor on the ready
+    list) while, 5 ms into the spin: a SIGALRM handler waits on the same set ("handler"),
+    or lets another thread wait on it and waits for that ("blocked"): the client's byte 50 ms
+    later must be reported to that wait, as over kernel TCP; or another thread forks, and the
+    child and the parent close the connection ("fork"): the client reads EOF, as over kernel
+    TCP.  Before, the other waits reported nothing in 3 s (nothing posted for the watched
+    member, and the spin did not run while the handler did), and the child's copy of the
+    spin's socket reference was never given back, so its close did not end the connection."""
+    kernel = watchhole(tmp_path, mode, under=False)
+    assert kernel.stdout == WATCHHOLE_LINES[mode], kernel.stdout + kernel.stderr
+    under = watchhole(tmp_path, mode)
+    assert under.stdout == kernel.stdout, under.stdout + under.stderr
+    assert under.returncode == kernel.returncode == 0
+    assert (tmp_path / f"memlan-{mode}.log").read_text().count("accelerated (accepted") == 1
+    settle(fabric)
+
+
+@pytest.mark.parametrize("mode", ["mod", "del", "close", "dup2", "disconnect", "peerclose",
+                                  "peerkill"])
+def test_epoll_member_changed_by_another_thread_mid_spin(fabric, tmp_path, mode):
+    """Another thread changes a member that epoll_wait's spin watches, 5 ms into it: MOD to
+    edge-triggered, DEL (then ADD again), close, a dup2 over its fd, or connect(AF_UNSPEC);
+    or the client closes, or is killed, 50 ms into the spin.  What the waits report, and what
+    the client reads and its send does, are as over kernel TCP.  The spin's reference to a
+    socket whose last fd went is let go of at its next look, since the kernel's epoll holds no
+    reference to its members' files: held to the spin's end (300 ms), the client read no EOF
+    in 150 ms after the close, dup2 or disconnect, and its send after the disconnect went
+    through where the kernel's said EPIPE."""
+    kernel = watchhole(tmp_path, mode, under=False)
+    assert kernel.returncode == 0, kernel.stdout + kernel.stderr
+    under = watchhole(tmp_path, mode)
+    assert under.returncode == 0, under.stdout + under.stderr
+    assert sorted(under.stdout.splitlines()) == sorted(kernel.stdout.splitlines())
+    settle(fabric)
+
+
 def test_fork_child_poll_leaves_parent_woken(fabric, tmp_path):
     """A fork child polls the socket its parent waits on (then exits, or sleeps): the parent,
     asleep in epoll_wait on a set made before the fork or in poll, is still woken by its peer's
