@@ -1553,7 +1553,11 @@ static bool mlp_ep_unwatch_others(struct mlp_ep *e, const struct mlp_ep_watch *o
 static bool mlp_ep_watchable(const struct mlp_member *m)
 {
     const struct mlp_sock *s = m->s;
-    return !(m->events & (EPOLLET | EPOLLONESHOT | EPOLLEXCLUSIVE | EPOLLOUT | EPOLLWRNORM |
+    /* A member that asks for no bytes (events 0, or EPOLLRDHUP alone) is armed: its unread
+     * bytes would make the spin's look say ready on every round, and the collect find nothing
+     * to report. */
+    return (m->events & (EPOLLIN | EPOLLRDNORM)) &&
+           !(m->events & (EPOLLET | EPOLLONESHOT | EPOLLEXCLUSIVE | EPOLLOUT | EPOLLWRNORM |
                           EPOLLPRI)) &&
            s->type == MLP_CONN && s->state == MLP_ACCEL && s->ch && s->ch->evq && mlp_q &&
            !atomic_load_explicit(&s->fin_ns, memory_order_relaxed);
