@@ -42,16 +42,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "twoends.h"
+
 #define NCONN 3
 
 static struct sockaddr_in addr;
-
-static void die(const char *what)
-{
-    printf("%s: %s\n", what, strerror(errno));
-    fflush(stdout);
-    _exit(1);
-}
 
 static int dial(void)
 {
@@ -114,26 +109,11 @@ static void spin_us(unsigned us)
 
 /* ---- count ---- */
 
-/* The k-th cpu we may run on, pinned to (none with fewer than two). */
-static void pin_nth(int k)
-{
-    cpu_set_t all, one;
-    if (sched_getaffinity(0, sizeof all, &all) != 0 || CPU_COUNT(&all) < 2)
-        return;
-    for (int c = 0; c < CPU_SETSIZE; c++)
-        if (CPU_ISSET(c, &all) && k-- == 0) {
-            CPU_ZERO(&one);
-            CPU_SET(c, &one);
-            sched_setaffinity(0, sizeof one, &one);
-            return;
-        }
-}
-
 static int count_mode(int ls, long n)
 {
     pid_t pid = fork();
     if (pid == 0) {
-        pin_nth(1);
+        pin(1);
         int s = dial();
         char b[64];
         for (long i = 0; i < n; i++) {
@@ -146,7 +126,7 @@ static int count_mode(int ls, long n)
         }
         _exit(0);
     }
-    pin_nth(0);
+    pin(0);
     int s = accept(ls, NULL, NULL), one = 1;
     if (s < 0)
         die("accept");
@@ -372,13 +352,7 @@ int main(int argc, char **argv)
         return 2;
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons((uint16_t)atoi(argv[1]));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    int one = 1, ls = socket(AF_INET, SOCK_STREAM, 0);
-    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(ls, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(ls, 8) != 0)
-        die("listen");
+    int ls = listen_backlog(atoi(argv[1]), 8, &addr);
     long n = argc > 3 ? atol(argv[3]) : 0;
     if (!strcmp(argv[2], "count"))
         return count_mode(ls, n);

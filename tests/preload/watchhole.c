@@ -50,16 +50,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "twoends.h"
+
 static struct sockaddr_in addr;
 static int ep, conn, p1[2], p2[2];
 static volatile int other_got = -2;
-
-static void die(const char *what)
-{
-    printf("%s: %s\n", what, strerror(errno));
-    fflush(stdout);
-    _exit(1);
-}
 
 static void msleep(int ms)
 {
@@ -191,15 +186,10 @@ int main(int argc, char **argv)
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *mode = argv[2];
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons((uint16_t)atoi(argv[1]));
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    int one = 1, ls = socket(AF_INET, SOCK_STREAM, 0);
-    setsockopt(ls, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(ls, (struct sockaddr *)&addr, sizeof addr) != 0 || listen(ls, 8) != 0)
-        die("listen");
+    int one = 1, ls = listen_backlog(atoi(argv[1]), 8, &addr);
     if (!strcmp(mode, "mod") || !strcmp(mode, "del") || !strcmp(mode, "close") ||
-        !strcmp(mode, "dup2") || !strcmp(mode, "disconnect") || !strcmp(mode, "peerclose") || !strcmp(mode, "peerkill"))
+        !strcmp(mode, "dup2") || !strcmp(mode, "disconnect") || !strcmp(mode, "peerclose") ||
+        !strcmp(mode, "peerkill"))
         ctl_mode = mode;
     pid_t client = fork();
     if (client == 0) {
