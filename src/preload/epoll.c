@@ -1517,6 +1517,45 @@ static void mlp_ep_watch_unlink(struct mlp_ep *e, struct mlp_ep_watch *w)
     w->linked = false;
 }
 
+/* May m, found not ready, be watched rather than armed?  Level-triggered readers of ours only:
+ * an edge-triggered member's arm keeps what was reported, and a writer's room, an exclusive
+ * wake-up or a one-shot member are the arm's to tell. */
+static bool mlp_ep_watchable(const struct mlp_member *m)
+{
+    const struct mlp_sock *s = m->s;
+    /* A member that asks for no bytes (events 0, or EPOLLRDHUP alone) is armed: its unread
+     * bytes would make the spin's look say ready on every round, and the collect find nothing
+     * to report. */
+    return (m->events & (EPOLLIN | EPOLLRDNORM)) &&
+           !(m->events & (EPOLLET | EPOLLONESHOT | EPOLLEXCLUSIVE | EPOLLOUT | EPOLLWRNORM |
+                          EPOLLPRI)) &&
+           s->type == MLP_CONN && s->state == MLP_ACCEL && s->ch && s->ch->evq && mlp_q &&
+           !atomic_load_explicit(&s->fin_ns, memory_order_relaxed);
+}
+
+/* The spin is over (or left by a jump): every member w watched is armed as the harvest would
+ * have armed it, or goes back on the ready list when it turned ready as it was armed or cannot
+ * be armed (the next collect reports it, or naps on it, as the harvest does).  arm false: each
+ * goes back on the list unarmed (mlp_ep_left's: a handler's context, where an arm's queue work
+ * has no place).  mlp_epmu held; w's references stay.  Returns whether any went back. */
+static bool mlp_ep_unwatch_locked(struct mlp_ep *e, struct mlp_ep_watch *w, bool arm)
+{
+    bool back = false;
+    for (int i = 0; i < w->n; i++) {
+        int fd = w->fd[i];
+        struct mlp_sock *s = w->s[i];
+        struct mlp_member *m = fd < e->nbyfd ? e->byfd[fd] : NULL;
+        if (!m || m->s != s || m->disabled || m->queued)
+            continue; /* gone, changed, or listed again meanwhile (a post, a MOD) */
+        if (!arm || !mlp_ep_watchable(m) || mlp_arm(s, (short)(m->events & 0xffff), true) ||
+            !s->ch->evq) {
+            mlp_rl_push(m);
+            back = true;
+        }
+    }
+    return back;
+}
+
 /* Another wait on e is here (mlp_epmu held): every member that other waits' spins watch goes
  * back on the ready list, unarmed, for this wait's harvest to report or arm, and those waits
  * watch no more.  A watched member is seen by nobody but its spin: a wait of another thread,
@@ -1535,32 +1574,9 @@ static bool mlp_ep_unwatch_others(struct mlp_ep *e, const struct mlp_ep_watch *o
         *pp = w->next;
         w->linked = false;
         w->stop = true;
-        for (int i = 0; i < w->n; i++) {
-            int fd = w->fd[i];
-            struct mlp_member *m = fd < e->nbyfd ? e->byfd[fd] : NULL;
-            if (m && m->s == w->s[i] && !m->disabled && !m->queued) {
-                mlp_rl_push(m);
-                back = true;
-            }
-        }
+        back |= mlp_ep_unwatch_locked(e, w, false);
     }
     return back;
-}
-
-/* May m, found not ready, be watched rather than armed?  Level-triggered readers of ours only:
- * an edge-triggered member's arm keeps what was reported, and a writer's room, an exclusive
- * wake-up or a one-shot member are the arm's to tell. */
-static bool mlp_ep_watchable(const struct mlp_member *m)
-{
-    const struct mlp_sock *s = m->s;
-    /* A member that asks for no bytes (events 0, or EPOLLRDHUP alone) is armed: its unread
-     * bytes would make the spin's look say ready on every round, and the collect find nothing
-     * to report. */
-    return (m->events & (EPOLLIN | EPOLLRDNORM)) &&
-           !(m->events & (EPOLLET | EPOLLONESHOT | EPOLLEXCLUSIVE | EPOLLOUT | EPOLLWRNORM |
-                          EPOLLPRI)) &&
-           s->type == MLP_CONN && s->state == MLP_ACCEL && s->ch && s->ch->evq && mlp_q &&
-           !atomic_load_explicit(&s->fin_ns, memory_order_relaxed);
 }
 
 /* Take up to max ready events off e's ready list (mlp_epmu held).  Sockets to drop go to puts.
@@ -1697,29 +1713,6 @@ static bool mlp_ep_passed_look(struct mlp_ep *e)
     }
     pthread_mutex_unlock(&mlp_epmu);
     return found;
-}
-
-/* The spin is over (or left by a jump): every member w watched is armed as the harvest would
- * have armed it, or goes back on the ready list when it turned ready as it was armed or cannot
- * be armed (the next collect reports it, or naps on it, as the harvest does).  arm false: each
- * goes back on the list unarmed (mlp_ep_left's: a handler's context, where an arm's queue work
- * has no place).  mlp_epmu held; w's references stay.  Returns whether any went back. */
-static bool mlp_ep_unwatch_locked(struct mlp_ep *e, struct mlp_ep_watch *w, bool arm)
-{
-    bool back = false;
-    for (int i = 0; i < w->n; i++) {
-        int fd = w->fd[i];
-        struct mlp_sock *s = w->s[i];
-        struct mlp_member *m = fd < e->nbyfd ? e->byfd[fd] : NULL;
-        if (!m || m->s != s || m->disabled || m->queued)
-            continue; /* gone, changed, or listed again meanwhile (a post, a MOD) */
-        if (!arm || !mlp_ep_watchable(m) || mlp_arm(s, (short)(m->events & 0xffff), true) ||
-            !s->ch->evq) {
-            mlp_rl_push(m);
-            back = true;
-        }
-    }
-    return back;
 }
 
 /* w's members are named no more (mlp_epmu held): their lent counts and this thread's slots given
