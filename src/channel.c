@@ -1194,7 +1194,10 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
         }
         ran_out = false;
         uint64_t now = __ml_now_ns();
-        int64_t tmo = every;
+        /* A wait in slices sleeps to the slice's end: its caller makes the liveness looks at
+         * their own pace across the slices (sock.c, mlp_wait_long), and a look of ours in the
+         * middle of each slice woke a long wait twice a slice, not once (idlewake). */
+        int64_t tmo = slice ? INT64_MAX : every;
         if (ml_unlikely(bounded) && tmo > 1000000)
             tmo = 1000000; /* see __ml_mb_wait_barrier() */
         if (every < (int64_t)ML_LIVENESS_MAX_NS)

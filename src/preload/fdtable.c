@@ -42,6 +42,7 @@ void mlp_fdtable_init(void)
     struct rlimit rl;
     rlim_t n = 1u << 20;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+        mlp_nofile_note(rl.rlim_cur);
         if (rl.rlim_max == RLIM_INFINITY || rl.rlim_max > n)
             n = rl.rlim_max == RLIM_INFINITY ? (rlim_t)1 << 30 : rl.rlim_max;
         if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur / 2 > 64)

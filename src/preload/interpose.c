@@ -601,13 +601,24 @@ static void mlp_rlimit_note(pid_t pid, int res, rlim_t cur)
     }
 }
 
+/* After the call: RLIMIT_NOFILE's new soft limit, where the kernel took it (pqueue.c,
+ * mlp_sleep_efds); not a vfork child's, whose limits are its own but whose memory is ours.  r is
+ * the call's result; errno is left as the call left it. */
+static int mlp_rlimit_took(int r, pid_t pid, int res, unsigned long long cur)
+{
+    if (r == 0 && res == RLIMIT_NOFILE && (pid == 0 || pid == mlp_pid) && !mlp_vfork_child())
+        mlp_nofile_note(cur);
+    return r;
+}
+
 MLP_EXPORT int setrlimit(__rlimit_resource_t res, const struct rlimit *rl)
 {
     MLP_INIT();
     const struct rlimit *volatile p = rl; /* declared nonnull, but a NULL must be EFAULT, not a crash */
     if (p)
         mlp_rlimit_note(0, (int)res, p->rlim_cur);
-    return mlp_real_setrlimit(res, rl);
+    int r = mlp_real_setrlimit(res, rl);
+    return p ? mlp_rlimit_took(r, 0, (int)res, (unsigned long long)p->rlim_cur) : r;
 }
 
 MLP_EXPORT int setrlimit64(__rlimit_resource_t res, const struct rlimit64 *rl)
@@ -616,7 +627,8 @@ MLP_EXPORT int setrlimit64(__rlimit_resource_t res, const struct rlimit64 *rl)
     const struct rlimit64 *volatile p = rl;
     if (p)
         mlp_rlimit_note(0, (int)res, (rlim_t)p->rlim_cur);
-    return mlp_real_setrlimit64(res, rl);
+    int r = mlp_real_setrlimit64(res, rl);
+    return p ? mlp_rlimit_took(r, 0, (int)res, (unsigned long long)p->rlim_cur) : r;
 }
 
 MLP_EXPORT int prlimit(pid_t pid, enum __rlimit_resource res, const struct rlimit *nl,
@@ -625,7 +637,8 @@ MLP_EXPORT int prlimit(pid_t pid, enum __rlimit_resource res, const struct rlimi
     MLP_INIT();
     if (nl)
         mlp_rlimit_note(pid, (int)res, nl->rlim_cur);
-    return mlp_real_prlimit(pid, res, nl, ol);
+    int r = mlp_real_prlimit(pid, res, nl, ol);
+    return nl ? mlp_rlimit_took(r, pid, (int)res, (unsigned long long)nl->rlim_cur) : r;
 }
 
 MLP_EXPORT int prlimit64(pid_t pid, enum __rlimit_resource res, const struct rlimit64 *nl,
@@ -634,7 +647,8 @@ MLP_EXPORT int prlimit64(pid_t pid, enum __rlimit_resource res, const struct rli
     MLP_INIT();
     if (nl)
         mlp_rlimit_note(pid, (int)res, (rlim_t)nl->rlim_cur);
-    return mlp_real_prlimit64(pid, res, nl, ol);
+    int r = mlp_real_prlimit64(pid, res, nl, ol);
+    return nl ? mlp_rlimit_took(r, pid, (int)res, (unsigned long long)nl->rlim_cur) : r;
 }
 
 MLP_EXPORT void closefrom(int lowfd)

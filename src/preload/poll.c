@@ -702,7 +702,7 @@ int mlp_sock_sleep(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline
     if (mine) {
         pw = mlp_pw_self;
     } else {
-        if (atomic_fetch_add(&mlp_pw_sleepers, 1) >= MLP_SLEEP_EFDS) {
+        if (atomic_fetch_add(&mlp_pw_sleepers, 1) >= mlp_sleep_efds()) {
             atomic_fetch_sub(&mlp_pw_sleepers, 1);
             return -ENOSYS;
         }

@@ -43,10 +43,32 @@ void mlp_q_forget(memlan_evq_t *q)
 }
 
 /* Threads whose eventfd a blocking call's long sleep made (mlp_sock_sleep): at most
- * MLP_SLEEP_EFDS, so that a program with a thread per connection does not get an fd of ours per
- * thread (its own opens would meet RLIMIT_NOFILE sooner); the others sleep on the futex. */
-/* MLP_SLEEP_EFDS: readiness.h */
+ * mlp_sleep_efds(), so that a program with a thread per connection does not get an fd of ours
+ * per thread past a share of its limit (its own opens would meet RLIMIT_NOFILE sooner); the
+ * others sleep on the futex (sock.c, mlp_wait_long). */
 _Atomic int mlp_pw_sleepers;
+
+/* How many: a sixteenth of RLIMIT_NOFILE's soft limit, read at start (mlp_fdtable_init) and
+ * noted when the program changes it through libc (setrlimit and prlimit are interposed, and a
+ * server that serves a thread per connection raises its limit as it starts: mariadbd to its
+ * open_files_limit, the JVM to the hard limit), at least MLP_SLEEP_EFDS_MIN and at most _MAX.
+ * A program's own opens then meet the limit no sooner than with a sixteenth of it in use.  A
+ * fixed 64 left the threads past it sleeping in 50 ms slices on the futex: 300 threads blocked
+ * in recv on idle connections kept 8 % of a cpu busy (tests/preload/idlewake.c). */
+static _Atomic long mlp_nofile_cur = 1024;
+
+void mlp_nofile_note(unsigned long long cur)
+{
+    atomic_store_explicit(&mlp_nofile_cur, cur > (1ull << 30) ? 1L << 30 : (long)cur,
+                          memory_order_relaxed);
+}
+
+int mlp_sleep_efds(void)
+{
+    long n = atomic_load_explicit(&mlp_nofile_cur, memory_order_relaxed) / 16;
+    return n < MLP_SLEEP_EFDS_MIN ? MLP_SLEEP_EFDS_MIN
+                                  : n > MLP_SLEEP_EFDS_MAX ? MLP_SLEEP_EFDS_MAX : (int)n;
+}
 
 void mlp_poll_after_fork(void)
 {

@@ -384,6 +384,7 @@ void mlp_sock_liveness(memlan_channel_t *ch, int fd); /* the kernel socket under
  * so once, flags the records of the ports it listens on (clients stop offering), and makes every
  * new connection plain TCP at once; its accelerated connections go on. */
 void mlp_rlimit_changing(int res, const struct rlimit *rl); /* init.c: before setrlimit */
+void mlp_nofile_note(unsigned long long cur); /* pqueue.c: RLIMIT_NOFILE's soft limit now */
 void mlp_poll_prepare_thread(void); /* pqueue.c: this thread's wake-up, made before a sandbox */
 bool mlp_cred_lost(bool at_accept);  /* true: no new connection of ours may use the fabric */
 bool mlp_fabric_out(void);            /* the same, as last found: no system call */

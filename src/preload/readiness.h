@@ -15,8 +15,11 @@
 struct mlp_ep;
 struct mlp_member;
 
-/* The most threads with an eventfd of their own for a blocking call's long sleep (pqueue.c). */
-#define MLP_SLEEP_EFDS 64
+/* The most threads with an eventfd of their own for a blocking call's long sleep (pqueue.c):
+ * a sixteenth of the process's RLIMIT_NOFILE, between MLP_SLEEP_EFDS_MIN and _MAX. */
+#define MLP_SLEEP_EFDS_MIN 64
+#define MLP_SLEEP_EFDS_MAX 1024
+int mlp_sleep_efds(void);
 
 /* A thread's registration on one socket it waits for, and its waiter (pqueue.c). */
 struct mlp_pwreg {

@@ -1202,13 +1202,17 @@ static uint64_t mlp_call_deadline(uint64_t *dl, uint64_t tmo_ns)
  * decides.  Before, it learned of such an end only at its next liveness look (100 ms, doubling
  * to 1 s while it waited): about 0.9 s late (tests/preload/forkexit.c).  Where that sleep cannot
  * be (mlp_sock_sleep says -ENOSYS: more threads than it makes eventfds for, no event queue, a
- * vfork child, ...) the call sleeps on the futex in slices of MLP_LOOK_NS and, between two,
- * looks at the kernel socket (mlp_end_look: an fstat and a zero-timeout ppoll), and at the
- * peer's liveness at the liveness interval's pace as the futex sleep would: 20 wake-ups a second
- * for each such blocked thread, so that the end is seen within about 50 ms rather than 0.9 s
- * (forkexit many-recv: 72 receivers, 8 past the 64 eventfds).
+ * vfork child, ...) the call sleeps on the futex in slices, the first of MLP_LOOK_NS, each after
+ * doubled up to MLP_LOOK_MAX_NS, and between two looks at the kernel socket (mlp_end_look: an
+ * fstat and a zero-timeout ppoll), and at the peer's liveness at the liveness interval's pace as
+ * the futex sleep would: so that the end is seen within about 50 ms of a short wait and 200 ms
+ * of a long one, rather than 0.9 s (forkexit many-recv: 72 receivers, past the 64 eventfds that
+ * a limit of 1024 fds gives).  A long wait costs 5 wake-ups a second (a futex return, two system
+ * calls), not the 20 that 50 ms slices cost: 300 threads blocked on idle connections, 236 of
+ * them past the eventfds, used 6 % of a cpu so (tests/preload/idlewake.c).
  */
 #define MLP_LOOK_NS 50000000ull
+#define MLP_LOOK_MAX_NS 200000000ull
 
 static int mlp_wait_long(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline)
 {
@@ -1217,7 +1221,7 @@ static int mlp_wait_long(struct mlp_sock *s, int dir, uint64_t want, uint64_t de
     unsigned (*count)(void) = deadline && __ml_intr_any ? __ml_intr_any : __ml_intr_count;
     unsigned runs0 = count ? count() : 0;
     int64_t live = ML_LIVENESS_NS, flive = ML_LIVENESS_NS;
-    uint64_t next_live = 0;
+    uint64_t next_live = 0, look = MLP_LOOK_NS;
     for (;;) {
         if (__ml_chan_ready_ro(s->ch, dir, want))
             return 0;
@@ -1229,9 +1233,10 @@ static int mlp_wait_long(struct mlp_sock *s, int dir, uint64_t want, uint64_t de
             uint64_t now = mlp_now_ns();
             if (!next_live)
                 next_live = now + (uint64_t)flive;
-            r = __ml_chan_wait_ro_slice(s->ch, dir, want, deadline, now + MLP_LOOK_NS);
+            r = __ml_chan_wait_ro_slice(s->ch, dir, want, deadline, now + look);
             if (r != -ETIME)
                 return r;
+            look = look * 2 < MLP_LOOK_MAX_NS ? look * 2 : MLP_LOOK_MAX_NS;
             if (mlp_end_look(s))
                 return 0; /* the peer is gone: the look under the lock says how */
             if ((now = mlp_now_ns()) >= next_live) {

@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "switches.h"
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -51,15 +52,9 @@ static void die(const char *what)
 
 static long switches(void)
 {
-    FILE *f = fopen("/proc/thread-self/status", "r");
-    if (!f)
+    long v = thread_switches(0);
+    if (v < 0)
         die("/proc/thread-self/status");
-    char line[256];
-    long v = -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "voluntary_ctxt_switches: %ld", &v) == 1)
-            break;
-    fclose(f);
     return v;
 }
 

@@ -39,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include "switches.h"
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/eventfd.h>
@@ -58,20 +59,9 @@ static void die(const char *what)
 /* Voluntary context switches of thread tid (0: the calling thread). */
 static long switches(pid_t tid)
 {
-    char path[64];
-    if (tid)
-        snprintf(path, sizeof path, "/proc/self/task/%d/status", (int)tid);
-    else
-        snprintf(path, sizeof path, "/proc/thread-self/status");
-    FILE *f = fopen(path, "r");
-    if (!f)
-        die(path);
-    char line[256];
-    long v = -1;
-    while (fgets(line, sizeof line, f))
-        if (sscanf(line, "voluntary_ctxt_switches: %ld", &v) == 1)
-            break;
-    fclose(f);
+    long v = thread_switches(tid);
+    if (v < 0)
+        die("/proc/.../status");
     return v;
 }
 

@@ -1517,15 +1517,51 @@ def test_a_program_built_with_addresssanitizer_runs_accelerated(fabric, tmp_path
 
 def test_many_blocked_receivers_see_a_fork_childs_end(fabric, tmp_path):
     """forkexit many-recv: 72 threads blocked in recv without SO_RCVTIMEO, one per connection,
-    more than memlan makes eventfds for (64); a fork child holds every accepted end and leaves
-    by _exit.  Every receiver reads EOF within 400 ms of the child's end, as over kernel TCP.
-    Before, the 8 without an eventfd slept on the ring's futex until their next liveness look
-    (64 of 72 prompt, the last about 910 ms late)."""
+    more than memlan makes eventfds for (64, under the limit of 1024 fds the program sets); a
+    fork child holds every accepted end and leaves by _exit.  Every receiver reads EOF within
+    400 ms of the child's end, as over kernel TCP.  Before, the 8 without an eventfd slept on
+    the ring's futex until their next liveness look (64 of 72 prompt, the last about 910 ms
+    late); they now sleep in slices of 50 ms growing to 200 ms (the program's receivers wait
+    1.6 s before the end, in the longest slices)."""
     plain, under, text = scripted(FORKEXIT, tmp_path, "many-recv")
     assert plain.stdout.endswith("done\n") and "LATE" not in plain.stdout, plain.stdout
     assert "72 of 72 within 400 ms" in plain.stdout, plain.stdout
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
     assert text.count("accelerated (client)") == 72, text
+    settle(fabric)
+
+
+IDLEWAKE = BUILD / "tests-preload" / "idlewake"
+
+
+@pytest.mark.parametrize("nofile", [4096, 1024])
+def test_threads_blocked_on_idle_connections_stay_asleep(fabric, tmp_path, nofile):
+    """idlewake: 100 threads, each blocked in recv on an idle connection, as a thread-per-
+    connection server's (mariadbd's, a JVM's) wait between requests, with RLIMIT_NOFILE's soft
+    limit set through setrlimit as such servers raise theirs.  Over kernel TCP no receiver runs
+    while it waits.  Under memlan a blocked receive sleeps on an eventfd of its thread with the
+    kernel socket (so that the peer's end wakes it), made for a sixteenth of the limit's threads
+    (at least 64, at most 1024); the others sleep on the ring's futex in slices, looking at the
+    kernel socket between two.  Counted over 1.5 s after a second's settling, the wake-ups of
+    the busiest receiver: with 4096 fds every thread has its eventfd and wakes only for the
+    liveness looks (1 s apart by then; 2 counted); with 1024, the 36 past the 64 wake once a
+    slice (200 ms by then; 7 counted).  Before, 64 eventfds whatever the limit, and slices of
+    50 ms: 30 wake-ups in both, and 300 such threads kept 8 % of a cpu busy (`/tmp` program; 0.5 %
+    now with a limit of 20000 fds, 2.4 % with 1024)."""
+    plain, under, text = scripted(IDLEWAKE, tmp_path, "100", str(nofile))
+    assert plain.stdout.splitlines()[0] == "received: 100 of 100", plain.stdout
+    assert "wakes: most 0 total 0 eventfds 0" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines()[0] == plain.stdout.splitlines()[0], under.stdout + under.stderr
+    m = re.search(r"wakes: most (\d+) total (\d+) eventfds (\d+)", under.stdout)
+    assert m, under.stdout
+    most, efds = int(m.group(1)), int(m.group(3))
+    if nofile == 4096:
+        assert efds >= 100, under.stdout  # one per blocked thread: 4096 / 16 = 256 may be made
+        assert most <= 4, under.stdout
+    else:
+        assert 64 <= efds < 100, under.stdout  # 1024 / 16 = 64
+        assert most <= 12, under.stdout
+    assert text.count("accelerated (client)") == 100, text
     settle(fabric)
 
 
