@@ -63,8 +63,6 @@ static inline int listen_here(int port, struct sockaddr_in *a)
     return listen_backlog(port, 1, a);
 }
 
-/* A connection to the listener l at a, a byte each way (under memlan both ends are settled on
- * the channel then): the client's fd; *acc: the accepted one. */
 /* A scripted test's start: stdout unbuffered, a minute's alarm, a listener on 127.0.0.1:port
  * that closes on exec (*a: its address). */
 static inline int scripted_listener(const char *port, struct sockaddr_in *a)
@@ -76,6 +74,8 @@ static inline int scripted_listener(const char *port, struct sockaddr_in *a)
     return l;
 }
 
+/* A connection to the listener l at a, a byte each way (under memlan both ends are settled on
+ * the channel then): the client's fd; *acc: the accepted one. */
 static inline int settled_pair(int l, struct sockaddr_in *a, int *acc)
 {
     char b;
