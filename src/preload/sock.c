@@ -2325,8 +2325,17 @@ int mlp_ioctl(struct mlp_sock *s, int fd, unsigned long req, void *arg, bool *ha
         return 0;
     switch (req) {
     case FIONREAD: { /* == SIOCINQ */
+        /* An undecided client is settled first, without waiting, as a poll would settle it:
+         * the acceptor may have attached and written since our offer, and a count of 0 there
+         * (Java's InputStream.available() after a sleep) said no bytes where kernel TCP said
+         * 1000.  Fallen to TCP, the kernel's count is the answer. */
+        int st = s->state;
+        if (st == MLP_UNDECIDED)
+            st = mlp_decide(s, fd, false);
+        if (st == MLP_TCP)
+            return 0;
         *handled = true;
-        if (s->state == MLP_UNDECIDED)
+        if (st == MLP_UNDECIDED)
             return *(int *)arg = 0, 0;
         int64_t a = __ml_chan_rx_avail_ro(s->ch); /* we do not hold the direction */
         *(int *)arg = a > 0 ? (a > INT32_MAX ? INT32_MAX : (int)a) : 0;
