@@ -237,6 +237,52 @@ def test_client_closed_before_accept(fabric, tmp_path):
     settle(fabric)
 
 
+OUTQ = r"""
+import fcntl, socket, struct, sys, termios, time
+SIOCOUTQNSD = 0x894B
+def ask(s, req):
+    return struct.unpack("i", fcntl.ioctl(s.fileno(), req, b"\0\0\0\0"))[0]
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", int(sys.argv[1])))
+l.listen(1)
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+a, _ = l.accept()
+c.sendall(b"x"); a.recv(1); a.sendall(b"y"); c.recv(1)     # settled (memlan: on the channel)
+for n in (1000, 9000):                                      # within any receive buffer
+    c.sendall(b"z" * n)
+    for _ in range(100):                                    # loopback's ack, at most 1 s
+        if ask(c, termios.TIOCOUTQ) == 0:
+            break
+        time.sleep(0.01)
+    print(n, "outq", ask(c, termios.TIOCOUTQ), "unsent", ask(c, SIOCOUTQNSD),
+          "peer inq", ask(a, termios.FIONREAD))
+print("read", len(a.recv(10000, socket.MSG_WAITALL)))
+"""
+
+
+def test_outq_counts_what_loopback_counts(fabric, tmp_path):
+    """SIOCOUTQ and SIOCOUTQNSD after sends that the peer has not read yet, within its receive
+    buffer: over kernel TCP on loopback 0 (delivered, acknowledged: the peer's FIONREAD counts
+    the bytes), and so under memlan, where the ring's bytes are the peer's receive queue.  Before,
+    memlan counted them in SIOCOUTQ (1000, then 10000), so a program that waits for its queue to
+    empty waited for the peer program's read.  Found trying Java under memlan (helper rt)."""
+    script = tmp_path / "outq.py"
+    script.write_text(OUTQ)
+    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    plain = subprocess.run([py, str(script), str(next_port())], capture_output=True, text=True,
+                           timeout=30)
+    log = tmp_path / "outq.log"
+    under = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", py, str(script),
+                            str(next_port())], capture_output=True, text=True, timeout=30)
+    assert plain.returncode == 0 and under.returncode == 0, (plain.stderr, under.stderr)
+    assert plain.stdout == ("1000 outq 0 unsent 0 peer inq 1000\n"
+                            "9000 outq 0 unsent 0 peer inq 10000\nread 10000\n"), plain.stdout
+    assert under.stdout == plain.stdout, under.stdout
+    assert "accelerated (client)" in log.read_text()
+    settle(fabric)
+
+
 RING_FILL = r"""
 import socket, sys
 port, cbuf, lbuf = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
