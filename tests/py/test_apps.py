@@ -1021,6 +1021,107 @@ def test_varnish_as_debian_ships_it(pubdir, monkeypatch):
         shutil.rmtree(fab, ignore_errors=True)
 
 
+TINYPROXY_CONF = """
+# /etc/tinyproxy/tinyproxy.conf as Debian ships it (bookworm), with the test's port, address and
+# paths (Debian's /run/tinyproxy and /var/log/tinyproxy belong to the tinyproxy user).
+User tinyproxy
+Group {group}
+Port {port}
+Listen 127.0.0.1
+Timeout 600
+DefaultErrorFile "/usr/share/tinyproxy/default.html"
+StatFile "/usr/share/tinyproxy/stats.html"
+LogFile "{d}/log/tinyproxy.log"
+LogLevel Info
+PidFile "{d}/log/tinyproxy.pid"
+MaxClients 100
+Allow 127.0.0.1
+Allow ::1
+ViaProxyName "tinyproxy"
+"""
+
+
+def test_tinyproxy_restarted_into_the_fabrics_group(gfabric, group, pubdir):
+    """tinyproxy as Debian starts it (`tinyproxy -d`, root dropping to tinyproxy), in front of a
+    Python backend, curl through it, every answer compared with the same fetch over kernel TCP.
+    As shipped (Group tinyproxy) its workers lose the group fabric: its clients stay on TCP, with
+    the reason.  The admin sets Group to the fabric's group and restarts it (SIGTERM, as
+    systemd's restart: tinyproxy exits without closing its listener): now its clients are
+    accelerated.  Before, the new tinyproxy took over the dead one's listener record, no_offer
+    and all, and every client stayed on TCP, "a server process changed its credentials", until
+    a `memlan clean`."""
+    if os.geteuid() != 0:
+        pytest.skip("tinyproxy drops from root to its user: needs root")
+    need("tinyproxy", "curl")
+    fab, gid = gfabric
+    pwd.getpwnam("tinyproxy")
+    www = pubdir / "www"
+    www.mkdir()
+    files = {"big.bin": os.urandom(4 << 20), "small.txt": b"small %s\n" % os.urandom(8).hex().encode()}
+    for n, b in files.items():
+        (www / n).write_bytes(b)
+        os.chmod(www / n, 0o644)
+    os.chmod(www, 0o755)
+    owned_dir(pubdir / "log", "tinyproxy")
+    got = owned_dir(pubdir / "got", "daemon")
+    port, bport = next_port(), next_port()
+    conf = pubdir / "tinyproxy.conf"
+    slog, blog, clog = (logfile(pubdir, n) for n in ("server.log", "backend.log", "client.log"))
+    urls = [f"http://127.0.0.1:{bport}/{n}" for n in ("big.bin", "small.txt", "nope")]
+
+    def fetch(tag, on):
+        """curl through the proxy: three URLs in one curl, then the big file alone (tinyproxy
+        closes its client's connection after each answer: four connections)."""
+        outs = [str(got / f"{tag}-{i}") for i in range(4)]
+        cmd = ["curl", "-s", "-x", f"http://127.0.0.1:{port}", "-w", "%{http_code} "]
+        for o, u in zip(outs, urls):
+            cmd += ["-o", o, u]
+        codes = subprocess.run(member(gid, wrap(cmd, clog, on)), capture_output=True, text=True,
+                               timeout=60).stdout
+        codes += subprocess.run(member(gid, wrap(cmd[:6] + ["-o", outs[3], urls[0]], clog, on)),
+                                capture_output=True, text=True, timeout=60).stdout
+        return codes, [pathlib.Path(o).read_bytes() if os.path.exists(o) else None for o in outs]
+
+    def proxy(conf_group, on):
+        conf.write_text(TINYPROXY_CONF.format(d=pubdir, group=conf_group, port=port))
+        p = subprocess.Popen(wrap(["tinyproxy", "-d", "-c", str(conf)], slog, on),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        wait_port(port, p)
+        return p
+
+    backend = srv = None
+    try:
+        backend = subprocess.Popen(member(gid, wrap(["python3", "-m", "http.server", "-b",
+                                                     "127.0.0.1", str(bport)], blog)),
+                                   cwd=www, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(bport, backend)
+        # Kernel TCP: no memlan anywhere on the client's path.
+        srv = proxy("tinyproxy", False)
+        want = fetch("tcp", False)
+        assert sigterm_exit(srv) == 0
+        assert want[0].split() == ["200", "200", "404", "200"], want[0]
+        assert want[1][0] == want[1][3] == files["big.bin"] and want[1][1] == files["small.txt"]
+        # As shipped, under memlan: the same answers, on TCP, with the reason.
+        srv = proxy("tinyproxy", True)
+        assert fetch("shipped", True) == want
+        c = clog.read_text()
+        assert "accelerated (client)" not in c and tcp_reasons(clog) == [
+            "a server process changed its credentials: it cannot take offers"] * 4, c[-3000:]
+        assert "fabric out of reach" in slog.read_text(), slog.read_text()[-3000:]
+        assert sigterm_exit(srv) == 0  # systemd's restart: SIGTERM, then a new one
+        # Group set to the fabric's: its clients accelerated, the same answers.
+        clog.write_text("")
+        srv = proxy(group[0], True)
+        assert fetch("group", True) == want
+        c = clog.read_text()
+        assert c.count("accelerated (client)") == 4 and tcp_reasons(clog) == [], c[-3000:]
+        assert srv.poll() is None, "tinyproxy exited"
+        assert sigterm_exit(srv) == 0
+    finally:
+        kill_quietly(srv)
+        kill_quietly(backend)
+
+
 # ---- Node.js cluster -----------------------------------------------------------------------------
 
 NODE_CLUSTER = r"""

@@ -3111,6 +3111,66 @@ def test_deferred_accept_listener_does_not_hold_memlan_clients(fabric, tmp_path,
     settle(fabric)
 
 
+DEAD_DEFERRED = r"""
+import os, signal, socket, sys
+port, how = int(sys.argv[1]), sys.argv[2]
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, 30)
+l.bind(("127.0.0.1", port))
+l.listen(16)
+print("ready", flush=True)
+if how == "exit":
+    os._exit(0)  # as tinyproxy and squid -N stop: the listener is never closed
+signal.pause()   # "kill": SIGKILL
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "kill"])
+def test_a_dead_listeners_record_is_not_the_next_ones(fabric, tmp_path, how):
+    """A listener with TCP_DEFER_ACCEPT that exits without closing it (exit(), SIGKILL) leaves
+    its port's record in the fabric with no_offer set; the next server on the port, without the
+    option, used to take the record over as it was: every client stayed on TCP, "the server's
+    listener defers accept until data", until a `memlan clean` (found with tinyproxy restarted
+    after its Group was changed to the fabric's: "a server process changed its credentials").
+    Now the new listener removes a record nobody holds before it publishes."""
+    dead, script = tmp_path / "dead.py", tmp_path / "deferred.py"
+    dead.write_text(DEAD_DEFERRED)
+    script.write_text(DEFERRED)
+    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    port = next_port()
+    log = tmp_path / "restart.log"
+    pre = [str(MEMLAN), "run", "--log", str(log), "--"]
+    first = subprocess.Popen(pre + [py, str(dead), str(port), how], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert first.stdout.readline().strip() == "ready"
+        if how == "kill":
+            first.kill()
+        assert first.wait(timeout=30) in (0, -signal.SIGKILL)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert "TCP_DEFER_ACCEPT set" in log.read_text(), log.read_text()
+    srv = subprocess.Popen(pre + [py, str(script), "server", str(port), "none"],
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        assert srv.stdout.readline().strip() == "ready False"
+        cli = subprocess.run(pre + [py, str(script), "client", str(port), "none"],
+                             capture_output=True, text=True, timeout=60)
+        assert srv.wait(timeout=30) == 0 and cli.returncode == 0, cli.stderr
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    assert cli.stdout == "".join("PING %d True\n" % i for i in range(3)), cli.stdout
+    text = log.read_text()
+    assert "defers accept until data" not in text, text
+    assert text.count("accelerated (client)") == 3, text
+    settle(fabric)
+
+
 CONNREFUSED = BUILD / "tests-preload" / "connrefused"
 
 
