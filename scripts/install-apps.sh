@@ -28,7 +28,7 @@ want=(redis-server:redis-server memcached:memcached nginx:nginx-light wrk:wrk
       /usr/lib/python3/dist-packages/grpc/__init__.py:python3-grpcio
       mariadbd:mariadb-server mariadb-slap:mariadb-client node:nodejs
       /usr/sbin/pgbouncer:pgbouncer javac:default-jdk-headless
-      /usr/sbin/php-fpm8.2:php8.2-fpm)
+      /usr/sbin/php-fpm8.2:php8.2-fpm /usr/bin/tinyproxy:tinyproxy /usr/sbin/apache2:apache2)
 # The MPICH header's directory is per architecture (mpicc.mpich comes with the runtime package,
 # mpi.h only with libmpich-dev: checking the compiler left test_seeds without the header).
 arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)

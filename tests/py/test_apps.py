@@ -1021,6 +1021,247 @@ def test_varnish_as_debian_ships_it(pubdir, monkeypatch):
         shutil.rmtree(fab, ignore_errors=True)
 
 
+def apache_conf(src, conf, d, port, accept_filter):
+    """A private copy of Debian's /etc/apache2 (mpm_event, workers as www-data), as an admin
+    makes a second instance: its envvars' run, lock and log directories in d, Listen on
+    127.0.0.1:port, the default site's DocumentRoot d/www; the copy is conf."""
+    shutil.copytree(src, conf, symlinks=True)
+    env = (conf / "envvars").read_text()
+    for var, sub in (("PID_FILE", "run/apache2.pid"), ("RUN_DIR", "run"), ("LOCK_DIR", "lock"),
+                     ("LOG_DIR", "log")):
+        env = re.sub(rf"(?m)^export APACHE_{var}=.*$", f"export APACHE_{var}={d / sub}", env)
+    (conf / "envvars").write_text(env)
+    (conf / "ports.conf").write_text(f"Listen 127.0.0.1:{port}\n")
+    site = conf / "sites-available" / "000-default.conf"
+    s = site.read_text().replace("<VirtualHost *:80>", f"<VirtualHost *:{port}>")
+    site.write_text(s.replace("DocumentRoot /var/www/html", f"DocumentRoot {d / 'www'}"))
+    extra = f"ServerName localhost\n<Directory {d / 'www'}/>\n\tRequire all granted\n</Directory>\n"
+    if accept_filter:
+        extra += "AcceptFilter http none\n"  # README: Debian's default defers accept
+    with open(conf / "apache2.conf", "a") as f:
+        f.write(extra)
+    return conf
+
+
+def test_apache2_as_debian_ships_it(gfabric, group, pubdir):
+    """apache2 with Debian's own configuration (mpm_event, root's parent started by apache2ctl,
+    workers as www-data, a member of the fabric's group), curl as another member: static files
+    (1 MiB, 10 MiB, small) on one keep-alive connection, a range, a 404, a 10 MiB POST, each
+    compared with the same run over kernel TCP.  As shipped, Apache's listener defers accept
+    (TCP_DEFER_ACCEPT): its clients stay on TCP with that reason.  With `AcceptFilter http none`
+    every connection is accelerated at both ends, after a graceful reload too."""
+    if os.geteuid() != 0:
+        pytest.skip("apache2 starts as root and drops to www-data: needs root")
+    need("/usr/sbin/apache2ctl", "/usr/sbin/apache2", "/etc/apache2/apache2.conf", "curl")
+    fab, gid = gfabric
+    pwd.getpwnam("www-data")
+    subprocess.run(["gpasswd", "-a", "www-data", group[0]], check=True, capture_output=True)
+    www = pubdir / "www"
+    www.mkdir()
+    files = {"1m.bin": os.urandom(1 << 20), "10m.bin": os.urandom(10 << 20),
+             "small.txt": b"small %s\n" % os.urandom(8).hex().encode()}
+    for n, b in files.items():
+        (www / n).write_bytes(b)
+        os.chmod(www / n, 0o644)
+    os.chmod(www, 0o755)
+    for sub in ("run", "lock", "log"):
+        (pubdir / sub).mkdir()
+    got = owned_dir(pubdir / "got", "daemon")
+    slog, clog = logfile(pubdir, "server.log"), logfile(pubdir, "client.log")
+
+    def ctl(conf, verb, on):
+        env = dict(os.environ, APACHE_CONFDIR=str(conf))
+        p = subprocess.run(wrap(["apache2ctl", verb], slog, on), capture_output=True, text=True,
+                           timeout=60, env=env)
+        assert p.returncode == 0, f"apache2ctl {verb}: {p.stdout}{p.stderr}"
+
+    def parent():
+        try:
+            return int((pubdir / "run" / "apache2.pid").read_text())
+        except (OSError, ValueError):
+            return None
+
+    def serving(port):
+        end = time.time() + 15
+        while not listening(port) and time.time() < end:
+            time.sleep(0.05)
+        assert listening(port), "apache2 does not listen"
+
+    def stop(conf, on):
+        pid = parent()
+        ctl(conf, "stop", on)
+        end = time.time() + 20
+        while pid and os.path.exists(f"/proc/{pid}") and time.time() < end:
+            time.sleep(0.05)
+        assert not (pid and os.path.exists(f"/proc/{pid}")), "apache2 did not stop"
+
+    def fetch(tag, port, on):
+        u = f"http://127.0.0.1:{port}"
+        outs = [str(got / f"{tag}-{i}") for i in range(6)]
+        fmt = ["-w", "%{http_code} %{num_connects} "]
+        cmds = [["curl", "-s"] + fmt + ["-o", outs[0], f"{u}/1m.bin", "-o", outs[1],
+                                         f"{u}/10m.bin", "-o", outs[2], f"{u}/small.txt",
+                                         "-o", outs[3], f"{u}/nope"],
+                ["curl", "-s"] + fmt + ["-r", "1000-2000999", "-o", outs[4], f"{u}/10m.bin"],
+                ["curl", "-s"] + fmt + ["--data-binary", f"@{www / '10m.bin'}", "-o", outs[5],
+                                        f"{u}/small.txt"]]
+        codes = " ".join(member_run(gid, c, clog) if on else
+                         subprocess.run(member(gid, c), capture_output=True, text=True,
+                                        timeout=60).stdout for c in cmds)
+        return codes, [pathlib.Path(o).read_bytes() if os.path.exists(o) else None for o in outs]
+
+    confs = []
+    try:
+        # Kernel TCP, then Debian's default (deferred accept) under memlan.
+        port = next_port()
+        conf = apache_conf("/etc/apache2", pubdir / "shipped", pubdir, port, False)
+        confs.append(conf)
+        ctl(conf, "start", False)
+        serving(port)
+        want = fetch("tcp", port, False)
+        stop(conf, False)
+        assert want[0].split() == ["200", "1", "200", "0", "200", "0", "404", "0", "206", "1",
+                                   "200", "1"], want[0]
+        assert want[1][:3] == [files["1m.bin"], files["10m.bin"], files["small.txt"]]
+        assert want[1][4] == files["10m.bin"][1000:2001000] and want[1][5] == files["small.txt"]
+        ctl(conf, "start", True)
+        serving(port)
+        assert fetch("shipped", port, True) == want
+        assert tcp_reasons(clog) == ["the server's listener defers accept until data "
+                                     "(TCP_DEFER_ACCEPT)"] * 3, clog.read_text()[-3000:]
+        stop(conf, True)
+        # AcceptFilter http none: accelerated, before and after a graceful reload.
+        clog.write_text("")
+        conf = apache_conf("/etc/apache2", pubdir / "nodefer", pubdir, port, True)
+        confs.append(conf)
+        ctl(conf, "start", True)
+        serving(port)
+        assert fetch("accel", port, True) == want
+        kids = children(parent())
+        ctl(conf, "graceful", False)
+        end = time.time() + 15
+        while time.time() < end and (not children(parent()) or set(children(parent())) & set(kids)):
+            time.sleep(0.05)
+        now = children(parent())
+        assert now and not set(now) & set(kids), (kids, now)
+        assert fetch("reloaded", port, True) == want
+        c, s = clog.read_text(), slog.read_text()
+        assert c.count("accelerated (client)") == 6 and tcp_reasons(clog) == [], c[-3000:]
+        assert s.count("accelerated (accepted") == 6, s[-3000:]
+        assert "out of reach" not in s and CRED_CHANGED not in s, s[-3000:]
+        stop(conf, True)
+        err = (pubdir / "log" / "error.log").read_text()
+        for bad in ("Segmentation fault", "exit signal", "AH00052"):
+            assert bad not in err, err[-3000:]
+    finally:
+        pid = parent()
+        if pid and os.path.exists(f"/proc/{pid}"):
+            for k in children(pid):
+                os.kill(k, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
+
+
+TINYPROXY_CONF = """
+# /etc/tinyproxy/tinyproxy.conf as Debian ships it (bookworm), with the test's port, address and
+# paths (Debian's /run/tinyproxy and /var/log/tinyproxy belong to the tinyproxy user).
+User tinyproxy
+Group {group}
+Port {port}
+Listen 127.0.0.1
+Timeout 600
+DefaultErrorFile "/usr/share/tinyproxy/default.html"
+StatFile "/usr/share/tinyproxy/stats.html"
+LogFile "{d}/log/tinyproxy.log"
+LogLevel Info
+PidFile "{d}/log/tinyproxy.pid"
+MaxClients 100
+Allow 127.0.0.1
+Allow ::1
+ViaProxyName "tinyproxy"
+"""
+
+
+def test_tinyproxy_restarted_into_the_fabrics_group(gfabric, group, pubdir):
+    """tinyproxy as Debian starts it (`tinyproxy -d`, root dropping to tinyproxy), in front of a
+    Python backend, curl through it, every answer compared with the same fetch over kernel TCP.
+    As shipped (Group tinyproxy) its workers lose the group fabric: its clients stay on TCP, with
+    the reason.  The admin sets Group to the fabric's group and restarts it (SIGTERM, as
+    systemd's restart: tinyproxy exits without closing its listener): now its clients are
+    accelerated.  Before, the new tinyproxy took over the dead one's listener record, no_offer
+    and all, and every client stayed on TCP, "a server process changed its credentials", until
+    a `memlan clean`."""
+    if os.geteuid() != 0:
+        pytest.skip("tinyproxy drops from root to its user: needs root")
+    need("tinyproxy", "curl")
+    fab, gid = gfabric
+    pwd.getpwnam("tinyproxy")
+    www = pubdir / "www"
+    www.mkdir()
+    files = {"big.bin": os.urandom(4 << 20), "small.txt": b"small %s\n" % os.urandom(8).hex().encode()}
+    for n, b in files.items():
+        (www / n).write_bytes(b)
+        os.chmod(www / n, 0o644)
+    os.chmod(www, 0o755)
+    owned_dir(pubdir / "log", "tinyproxy")
+    got = owned_dir(pubdir / "got", "daemon")
+    port, bport = next_port(), next_port()
+    conf = pubdir / "tinyproxy.conf"
+    slog, blog, clog = (logfile(pubdir, n) for n in ("server.log", "backend.log", "client.log"))
+    urls = [f"http://127.0.0.1:{bport}/{n}" for n in ("big.bin", "small.txt", "nope")]
+
+    def fetch(tag, on):
+        """curl through the proxy: three URLs in one curl, then the big file alone (tinyproxy
+        closes its client's connection after each answer: four connections)."""
+        outs = [str(got / f"{tag}-{i}") for i in range(4)]
+        cmd = ["curl", "-s", "-x", f"http://127.0.0.1:{port}", "-w", "%{http_code} "]
+        for o, u in zip(outs, urls):
+            cmd += ["-o", o, u]
+        codes = subprocess.run(member(gid, wrap(cmd, clog, on)), capture_output=True, text=True,
+                               timeout=60).stdout
+        codes += subprocess.run(member(gid, wrap(cmd[:6] + ["-o", outs[3], urls[0]], clog, on)),
+                                capture_output=True, text=True, timeout=60).stdout
+        return codes, [pathlib.Path(o).read_bytes() if os.path.exists(o) else None for o in outs]
+
+    def proxy(conf_group, on):
+        conf.write_text(TINYPROXY_CONF.format(d=pubdir, group=conf_group, port=port))
+        p = subprocess.Popen(wrap(["tinyproxy", "-d", "-c", str(conf)], slog, on),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        wait_port(port, p)
+        return p
+
+    backend = srv = None
+    try:
+        backend = subprocess.Popen(member(gid, wrap(["python3", "-m", "http.server", "-b",
+                                                     "127.0.0.1", str(bport)], blog)),
+                                   cwd=www, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(bport, backend)
+        # Kernel TCP: no memlan anywhere on the client's path.
+        srv = proxy("tinyproxy", False)
+        want = fetch("tcp", False)
+        assert sigterm_exit(srv) == 0
+        assert want[0].split() == ["200", "200", "404", "200"], want[0]
+        assert want[1][0] == want[1][3] == files["big.bin"] and want[1][1] == files["small.txt"]
+        # As shipped, under memlan: the same answers, on TCP, with the reason.
+        srv = proxy("tinyproxy", True)
+        assert fetch("shipped", True) == want
+        c = clog.read_text()
+        assert "accelerated (client)" not in c and tcp_reasons(clog) == [
+            "a server process changed its credentials: it cannot take offers"] * 4, c[-3000:]
+        assert "fabric out of reach" in slog.read_text(), slog.read_text()[-3000:]
+        assert sigterm_exit(srv) == 0  # systemd's restart: SIGTERM, then a new one
+        # Group set to the fabric's: its clients accelerated, the same answers.
+        clog.write_text("")
+        srv = proxy(group[0], True)
+        assert fetch("group", True) == want
+        c = clog.read_text()
+        assert c.count("accelerated (client)") == 4 and tcp_reasons(clog) == [], c[-3000:]
+        assert srv.poll() is None, "tinyproxy exited"
+        assert sigterm_exit(srv) == 0
+    finally:
+        kill_quietly(srv)
+        kill_quietly(backend)
+
+
 # ---- Node.js cluster -----------------------------------------------------------------------------
 
 NODE_CLUSTER = r"""
