@@ -349,10 +349,45 @@ static bool mlp_env_named(const char *e, const char *name)
 }
 
 /*
+ * LD_PRELOAD and the MEMLAN_* settings as the environment had them when this image started,
+ * copied (no allocation: our start-up may run inside an allocator's), for an exec made after the
+ * program emptied its own environment: a daemon that keeps only the variables it names (dovecot's
+ * master runs clearenv() at start-up and execs its login, imap and auth processes with what
+ * import_environment lists; exim's keep_environment) left nothing of ours in environ, so its
+ * children ran without memlan while the master's listeners stayed published, and a memlan client
+ * of a port whose first bytes are its own (dovecot's doveadm HTTP API) waited
+ * MEMLAN_ACCEPT_WAIT_MS for every connection.  Entries that do not fit are left out.
+ */
+static char mlp_env0_buf[8192];
+static char *mlp_env0[33];
+
+void mlp_exec_env_snapshot(void)
+{
+    extern char **environ;
+    size_t used = 0, n = 0;
+    bool preload = false;
+    for (char **e = environ; e && *e && n < sizeof mlp_env0 / sizeof *mlp_env0 - 1; e++) {
+        if ((!mlp_env_named(*e, "LD_PRELOAD") && strncmp(*e, "MEMLAN", 6) != 0) ||
+            mlp_env_named(*e, MLP_INHERIT) || mlp_env_named(*e, MLP_SAID_ENV))
+            continue;
+        size_t l = strlen(*e) + 1;
+        if (l > sizeof mlp_env0_buf - used)
+            continue;
+        memcpy(mlp_env0_buf + used, *e, l);
+        preload |= mlp_env_named(*e, "LD_PRELOAD");
+        mlp_env0[n++] = mlp_env0_buf + used;
+        used += l;
+    }
+    mlp_env0[preload ? n : 0] = NULL; /* without our LD_PRELOAD the copy carries nothing */
+}
+
+/*
  * The environment for the new image: the caller's, without a stale MEMLAN_INHERIT or
  * MEMLAN_SAID, with ours added.  A program that execs with an environment of its own making (env -i, a sanitised envp)
  * would lose LD_PRELOAD and its children memlan: when envp has no LD_PRELOAD at all we carry ours
- * and the MEMLAN_* settings over; an explicit LD_PRELOAD, even empty, is the caller's choice.
+ * and the MEMLAN_* settings over, from environ, or when environ has no LD_PRELOAD either (the
+ * program emptied it) from the copy made at start-up; an explicit LD_PRELOAD, even empty, is the
+ * caller's choice.
  */
 static char *const *mlp_exec_env(struct mlp_carry *c, char *const envp[])
 {
@@ -362,10 +397,18 @@ static char *const *mlp_exec_env(struct mlp_carry *c, char *const envp[])
     for (; envp[n]; n++)
         if (mlp_env_named(envp[n], "LD_PRELOAD"))
             has_preload = true;
+    char **from = environ; /* where ours are carried from */
+    if (!has_preload && mlp_env0[0]) {
+        bool there = false;
+        for (char **e = environ; e && *e && !there; e++)
+            there = mlp_env_named(*e, "LD_PRELOAD");
+        if (!there)
+            from = mlp_env0;
+    }
     unsigned said = mlp_said;
     size_t extra = (c->memfd >= 0) + (said != 0);
     if (!has_preload)
-        for (char **e = environ; e && *e; e++)
+        for (char **e = from; e && *e; e++)
             if (mlp_env_named(*e, "LD_PRELOAD") || strncmp(*e, "MEMLAN", 6) == 0)
                 extra++;
     bool stale = false;
@@ -383,7 +426,7 @@ static char *const *mlp_exec_env(struct mlp_carry *c, char *const envp[])
             (has_preload || strncmp(envp[i], "MEMLAN", 6) != 0))
             ne[j++] = envp[i];
     if (!has_preload)
-        for (char **e = environ; e && *e; e++)
+        for (char **e = from; e && *e; e++)
             if ((mlp_env_named(*e, "LD_PRELOAD") || strncmp(*e, "MEMLAN", 6) == 0) &&
                 !mlp_env_named(*e, MLP_INHERIT) && !mlp_env_named(*e, MLP_SAID_ENV))
                 ne[j++] = *e;
