@@ -36,7 +36,10 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <dirent.h>
+#include <pthread.h>
+#include <signal.h>
 #include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define MLP_INHERIT "MEMLAN_INHERIT"
@@ -740,7 +743,8 @@ void mlp_exec_adopt(void)
  * the call the parent closes its copies of the bridges and the list (the child's are its own), or
  * undoes everything if the spawn failed.  A file action that closes the bridges or the list
  * (closefrom) leaves the new image nothing to take up: its connections are lost, as before.
- * system() and popen() spawn inside libc too, past this interposer (design.md, "Not supported").
+ * popen() spawns inside libc too, past this interposer (design.md, "Not supported"); system()
+ * is interposed below.
  */
 static char *const *mlp_spawn_prepare(struct mlp_carry *c, const posix_spawn_file_actions_t *fa,
                                       char *const envp[])
@@ -815,6 +819,111 @@ MLP_EXPORT int posix_spawn_file_actions_adddup2(posix_spawn_file_actions_t *fa, 
             mlp_spawn_note_dup(fa, fd);
     }
     return r;
+}
+
+/*
+ * system(): glibc spawns "/bin/sh -c" with its own internal posix_spawn, past our interposer,
+ * so a shell given an accelerated connection (one whose fd survives exec: socat's
+ * SYSTEM:...,nofork dup2s the accepted socket onto 0 and 1 and calls system()) got an idle kernel
+ * socket there, its bytes in a channel it did not have: the shell and its programs read nothing,
+ * and the client waited for ever.  When such a connection exists we do what glibc's system()
+ * does (sysdeps/posix/system.c: SIGINT and SIGQUIT ignored while the shell runs, counted across
+ * threads, SIGCHLD blocked, the shell spawned with the caller's mask and those two signals reset
+ * to their default where they were not ignored, a cancelled caller's shell killed and reaped,
+ * 127 where the shell cannot be spawned) with the interposed posix_spawn, which carries them.
+ * Otherwise, and in a vfork child, glibc's own system() runs.
+ */
+static pthread_mutex_t mlp_system_mu = PTHREAD_MUTEX_INITIALIZER;
+static int mlp_system_refs;
+static struct sigaction mlp_system_intr, mlp_system_quit;
+
+static bool mlp_system_carries(void)
+{
+    int max = mlp_fd_max();
+    for (int fd = 0; fd <= max; fd++)
+        if (mlp_fd_is_ours(fd) && mlp_fd_survives_exec(fd))
+            return true;
+    return false;
+}
+
+static void mlp_system_restore(void)
+{
+    pthread_mutex_lock(&mlp_system_mu);
+    if (--mlp_system_refs == 0) {
+        sigaction(SIGINT, &mlp_system_intr, NULL);
+        sigaction(SIGQUIT, &mlp_system_quit, NULL);
+    }
+    pthread_mutex_unlock(&mlp_system_mu);
+}
+
+struct mlp_system_args {
+    pid_t pid;
+    sigset_t omask;
+};
+
+static void mlp_system_cancelled(void *arg)
+{
+    struct mlp_system_args *a = arg;
+    kill(a->pid, SIGKILL);
+    while (waitpid(a->pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    mlp_system_restore();
+    pthread_sigmask(SIG_SETMASK, &a->omask, NULL);
+}
+
+MLP_EXPORT int system(const char *line)
+{
+    MLP_INIT_EXEC();
+    if (!mlp_real_system)
+        return errno = ENOSYS, -1;
+    if (!line || mlp_inside || mlp_cfg.off || mlp_vfork_child() || !mlp_system_carries())
+        return mlp_real_system(line);
+    extern char **environ;
+    struct sigaction ign = {.sa_handler = SIG_IGN};
+    sigemptyset(&ign.sa_mask);
+    pthread_mutex_lock(&mlp_system_mu);
+    if (mlp_system_refs++ == 0) {
+        sigaction(SIGINT, &ign, &mlp_system_intr);
+        sigaction(SIGQUIT, &ign, &mlp_system_quit);
+    }
+    pthread_mutex_unlock(&mlp_system_mu);
+    struct mlp_system_args a = {.pid = -1};
+    sigset_t chld, reset;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    pthread_sigmask(SIG_BLOCK, &chld, &a.omask);
+    sigemptyset(&reset);
+    if (mlp_system_intr.sa_handler != SIG_IGN)
+        sigaddset(&reset, SIGINT);
+    if (mlp_system_quit.sa_handler != SIG_IGN)
+        sigaddset(&reset, SIGQUIT);
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    posix_spawnattr_setsigmask(&attr, &a.omask);
+    posix_spawnattr_setsigdefault(&attr, &reset);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+    char *argv[] = {(char *)"sh", (char *)"-c", (char *)"--", (char *)line, NULL};
+    mlp_log(2, "system(): the shell is spawned through posix_spawn, which carries this "
+               "process's accelerated connections to it");
+    int status = -1;
+    int r = mlp_spawn_call(mlp_real_posix_spawn, &a.pid, "/bin/sh", NULL, &attr, argv, environ);
+    posix_spawnattr_destroy(&attr);
+    if (r == 0) {
+        pthread_cleanup_push(mlp_system_cancelled, &a);
+        pid_t w;
+        while ((w = waitpid(a.pid, &status, 0)) < 0 && errno == EINTR)
+            ;
+        if (w != a.pid)
+            status = -1;
+        pthread_cleanup_pop(0);
+    } else {
+        status = 127 << 8; /* as a shell that _exit(127): POSIX's answer, and glibc's */
+    }
+    mlp_system_restore();
+    pthread_sigmask(SIG_SETMASK, &a.omask, NULL);
+    if (r != 0)
+        errno = r;
+    return status;
 }
 
 /* ---- the interposers --------------------------------------------------------------------- */

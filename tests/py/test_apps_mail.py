@@ -7,12 +7,13 @@ import hashlib
 import os
 import pwd
 import subprocess
+import sys
 import time
 
 import pytest
 
 from conftest import MEMLAN, port_free, pubdir  # noqa: F401 (fixtures)
-from test_apps import accelerated, need, tcp_reasons, wait_port, wrap
+from test_apps import accelerated, need, settle, tcp_reasons, wait_port, wrap
 
 PORT = [18800]  # 18801-18999: no other test's range, below the ephemeral range (32768-60999)
 
@@ -174,3 +175,88 @@ def test_dovecot_as_debian_ships_it(fabric, pubdir):
         stop(srv)
     err = (pubdir / "dovecot.log").read_text()
     assert "Panic" not in err and "Fatal" not in err, err[-3000:]
+
+
+# ---- socat -------------------------------------------------------------------------------------
+
+def socat_pair(port, addr, data, slog, clog, on):
+    """A forking socat server `addr` on port, one `socat - TCP:` client sending data and then
+    its end (half-close); the client's status and what it read."""
+    srv = subprocess.Popen(wrap(["socat", f"TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork", addr],
+                                slog, on), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        wait_port(port, srv)
+        try:
+            p = subprocess.run(wrap(["socat", "-t", "20", "-", f"TCP:127.0.0.1:{port}"], clog, on),
+                               input=data, capture_output=True, timeout=30)
+            return p.returncode, p.stdout
+        except subprocess.TimeoutExpired:
+            return "timeout", b""
+    finally:
+        stop(srv)
+
+
+@pytest.mark.parametrize("addr", ["EXEC:cat,nofork", "EXEC:sha256sum,nofork", "EXEC:sha256sum",
+                                  "SYSTEM:cat,nofork", "SYSTEM:sha256sum,nofork"])
+def test_socat_exec_and_system(fabric, tmp_path, addr):
+    """socat's forking server hands each connection to a program: EXEC through a socketpair, or
+    with nofork the accelerated socket itself as its stdin and stdout, across fork and exec;
+    SYSTEM through system(), whose shell glibc spawns inside libc, past the exec interposers: it
+    got an idle kernel socket, read nothing, and the client waited for ever.  Each client sends
+    2 MB and half-closes; what it reads back and its status are kernel TCP's (before, SYSTEM with
+    nofork timed out).  A shell (dash) leaves by _exit, so its files wait for the lazy reclaim."""
+    need("socat", "sha256sum")
+    data = os.urandom(2 << 20)
+    port = next_port()
+    plain = socat_pair(port, addr, data, tmp_path / "ps.log", tmp_path / "pc.log", False)
+    assert plain[0] == 0 and len(plain[1]) in (len(data), 68), plain[0]
+    slog, clog = tmp_path / "server.log", tmp_path / "client.log"
+    got = socat_pair(port, addr, data, slog, clog, True)
+    assert got[0] == plain[0] and got[1] == plain[1], (got[0], len(got[1]), clog.read_text()[-2000:],
+                                                        slog.read_text()[-2000:])
+    assert accelerated(clog) == 1 and accelerated(slog) == 1, (clog.read_text(), slog.read_text())
+    settle()
+
+
+SYSTEM_CLIENT = r"""
+import os, signal, socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1]))); os.set_inheritable(s.fileno(), True)
+fd = s.fileno()
+out = [os.system("exit 3"), os.system("kill -TERM $$"), os.system("/nonexistent/prog 2>/dev/null")]
+out.append(os.system(f"printf via-shell >&{fd}"))                 # the shell writes the connection
+out.append(os.system(f"dd bs=1 count=9 <&{fd} 2>/dev/null"))       # and reads it: the echo
+s.sendall(b"hello")
+out.append(os.system(f"dd bs=1 count=3 <&{fd} 2>/dev/null"))       # 'hel', and 'lo' for recv
+out.append(signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+print(out, s.recv(100), flush=True)
+"""
+
+
+def test_system_with_an_accelerated_connection(fabric, tmp_path):
+    """system() in a process whose accelerated connection survives exec: the shell and its
+    programs use the connection (before, they had an idle kernel socket and waited for ever), and
+    system()'s answers (exit status, a signal's, 127 for no program) and SIGINT's disposition
+    afterwards are glibc's, as over kernel TCP."""
+    need("socat")
+    port = next_port()
+    (tmp_path / "client.py").write_text(SYSTEM_CLIENT)
+    slog, clog = tmp_path / "server.log", tmp_path / "client.log"
+    srv = subprocess.Popen(wrap(["socat", f"TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork",
+                                 "EXEC:cat"], slog), stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE)
+    try:
+        wait_port(port, srv)
+        outs = []
+        for on in (False, True):
+            try:
+                p = subprocess.run(wrap([sys.executable, str(tmp_path / "client.py"), str(port)],
+                                        clog, on), capture_output=True, text=True, timeout=20)
+                outs.append((p.returncode, p.stdout))
+            except subprocess.TimeoutExpired:
+                outs.append(("timeout", ""))
+        assert outs[0] == (0, "via-shellhel[768, 15, 32512, 0, 0, 0, True] b'lo'\n"), outs
+        assert outs[1] == outs[0], (outs, clog.read_text()[-2000:])
+        assert accelerated(clog) == 1, clog.read_text()
+    finally:
+        stop(srv)
+    settle()
