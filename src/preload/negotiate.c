@@ -1867,6 +1867,8 @@ void mlp_pass_finish(const struct msghdr *m, void *made, bool ok, int sfd, int *
         list = p->next;
         struct mlp_sock *s = p->s;
         p->s = NULL;
+        if (ok)
+            atomic_store(&s->sent, true);
         if (p->again) { /* passed again: the record that stands, and its bridge, serve it */
             mlp_put(s);
             free(p);

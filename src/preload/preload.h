@@ -154,6 +154,9 @@ struct mlp_sock {
     _Atomic bool split_told;      /* bytes found on the idle kernel socket were reported */
     _Atomic bool passed;          /* accelerated, it was passed to another process over
                                    * SCM_RIGHTS (negotiate.c, mlp_passed; sock.c, mlp_at_exit) */
+    _Atomic bool sent;            /* sent to another process over SCM_RIGHTS, which holds the
+                                   * file now: a parked epoll entry goes at our close of it
+                                   * (epoll.c, mlp_epoll_fd_closing) */
     _Atomic bool shut_owed;       /* shut down (SHUT_WR) while undecided: the kernel socket's
                                    * shutdown waits for the settle (mlp_shut_owed_pay) */
     _Atomic bool disconnected;    /* connect(AF_UNSPEC) made it the kernel's (mlp_disconnect):
