@@ -377,6 +377,7 @@ void *mlp_pass_prepare(const struct msghdr *m, int sfd, int *carries);
 void mlp_pass_finish(const struct msghdr *m, void *made, bool ok, int sfd, int *carries);
 void mlp_pass_tick(void);
 bool mlp_take_passed(int fd);   /* a descriptor received over SCM_RIGHTS: true once ours */
+bool mlp_received_pending(void); /* some fd may carry a received mark not looked at */
 extern _Atomic bool mlp_had_accel; /* a channel was set up in this process image */
 void mlp_note_confined(void);   /* a seccomp filter was installed through us */
 bool mlp_known_confined(void);  /* memory only: a filter is known (mlp_note_confined, or looked) */
