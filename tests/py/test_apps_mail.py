@@ -18,8 +18,7 @@ import time
 import pytest
 
 from conftest import MEMLAN, gfabric, group, port_free, pubdir  # noqa: F401 (fixtures)
-from test_apps import (CLIENT_UID, CRED_CHANGED, accelerated, member, need, settle, tcp_reasons,
-                       wait_port, wrap)
+from test_apps import accelerated, member, need, settle, tcp_reasons, wait_port, wrap
 
 PORT = [18800]  # 18801-18999: no other test's range, below the ephemeral range (32768-60999)
 
