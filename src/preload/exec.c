@@ -36,6 +36,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <dirent.h>
+#include <gnu/libc-version.h>
 #include <pthread.h>
 #include <signal.h>
 #include <spawn.h>
@@ -902,7 +903,16 @@ MLP_EXPORT int system(const char *line)
     posix_spawnattr_setsigmask(&attr, &a.omask);
     posix_spawnattr_setsigdefault(&attr, &reset);
     posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+    /* glibc 2.36 (Debian 12's) runs "sh -c LINE" (checked: a line that starts with '-' is
+     * taken as an option there); newer glibc puts "--" before the line, taken here from 2.37. */
+    unsigned maj = 0, min = 0;
+    bool dashes = sscanf(gnu_get_libc_version(), "%u.%u", &maj, &min) == 2 &&
+                  (maj > 2 || (maj == 2 && min >= 37));
     char *argv[] = {(char *)"sh", (char *)"-c", (char *)"--", (char *)line, NULL};
+    if (!dashes) {
+        argv[2] = (char *)line;
+        argv[3] = NULL;
+    }
     mlp_log(2, "system(): the shell is spawned through posix_spawn, which carries this "
                "process's accelerated connections to it");
     int status = -1;
