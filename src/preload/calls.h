@@ -144,6 +144,9 @@ MLP_CALL(int, posix_spawnp,
          (pid_t *pid, const char *file, const posix_spawn_file_actions_t *fa,
           const posix_spawnattr_t *attr, char *const argv[], char *const envp[]),
          (pid, file, fa, attr, argv, envp))
+/* system: glibc spawns its shell inside libc; exec.c spawns it through posix_spawn instead
+ * when an accelerated connection would reach the shell. */
+MLP_CALL(int, system, (const char *line), (line))
 MLP_CALL(int, posix_spawn_file_actions_init, (posix_spawn_file_actions_t *fa), (fa))
 MLP_CALL(int, posix_spawn_file_actions_destroy, (posix_spawn_file_actions_t *fa), (fa))
 MLP_CALL(int, posix_spawn_file_actions_adddup2, (posix_spawn_file_actions_t *fa, int fd, int nfd),

@@ -776,14 +776,18 @@ static int mlp_ep_some_fd(struct mlp_ep *e)
 }
 
 /* fd is about to stop naming its socket (close, close_range, a dup2 or dup3 over it) while
- * another fd of ours still names it.  A member parked under fd (the application deleted it)
- * leaves its set now, its kernel entry with it: the kernel keys the entry by file and fd
- * number, and only now can fd still name it.  Left in place, the entry outlived the fd (the
- * file lives on under the other), and the socket brought back under that number (dup2) met
- * EEXIST on its ADD, which the kernel, whose entry the DEL had removed, answers 0
- * (tests/preload/epollpark2.c).  Only while another fd names the socket: at its last the
- * kernel's entry goes with the file, and where the file lives on in a fork child that parked
- * it too, the child's copy of the member still counts on the entry. */
+ * another fd of ours still names it, or after we passed it to another process over SCM_RIGHTS.
+ * A member parked under fd (the application deleted it) leaves its set now, its kernel entry
+ * with it: the kernel keys the entry by file and fd number, and only now can fd still name it.
+ * Left in place, the entry outlived the fd (the file lives on under the other, or in the
+ * process we passed it to), and the socket brought back under that number (dup2; or passed
+ * back to us: dovecot's imap-hibernate hands an idle client back to a new imap process, which
+ * hands it to imap-hibernate again, at the same fd) met EEXIST on its ADD, which the kernel,
+ * whose entry the DEL had removed, answers 0 (tests/preload/epollpark2.c; imap-hibernate died
+ * of "Panic: epoll_ctl(add, 14) failed: File exists", test_apps_mail.py).  Otherwise only while
+ * another fd names the socket: at its last the kernel's entry goes with the file, and where
+ * the file lives on in a fork child that parked it too, the child's copy of the member still
+ * counts on the entry. */
 void mlp_epoll_fd_closing(int fd)
 {
     struct mlp_sock *s = mlp_get(fd);
@@ -792,8 +796,8 @@ void mlp_epoll_fd_closing(int fd)
     struct mlp_sock *puts[64];
     int np = 0;
     /* Not in a handler: the thread it interrupted may hold mlp_epmu. */
-    if (__atomic_load_n(&s->epm, __ATOMIC_RELAXED) && atomic_load(&s->nfds) > 1 &&
-        !mlp_sig_in_handler()) {
+    if (__atomic_load_n(&s->epm, __ATOMIC_RELAXED) &&
+        (atomic_load(&s->nfds) > 1 || atomic_load(&s->sent)) && !mlp_sig_in_handler()) {
         pthread_mutex_lock(&mlp_epmu);
         for (struct mlp_member **pp = &s->epm; *pp && np < 64;) {
             struct mlp_member *m = *pp;

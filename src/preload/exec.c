@@ -36,7 +36,11 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <dirent.h>
+#include <gnu/libc-version.h>
+#include <pthread.h>
+#include <signal.h>
 #include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define MLP_INHERIT "MEMLAN_INHERIT"
@@ -349,10 +353,45 @@ static bool mlp_env_named(const char *e, const char *name)
 }
 
 /*
+ * LD_PRELOAD and the MEMLAN_* settings as the environment had them when this image started,
+ * copied (no allocation: our start-up may run inside an allocator's), for an exec made after the
+ * program emptied its own environment: a daemon that keeps only the variables it names (dovecot's
+ * master runs clearenv() at start-up and execs its login, imap and auth processes with what
+ * import_environment lists; exim's keep_environment) left nothing of ours in environ, so its
+ * children ran without memlan while the master's listeners stayed published, and a memlan client
+ * of a port whose first bytes are its own (dovecot's doveadm HTTP API) waited
+ * MEMLAN_ACCEPT_WAIT_MS for every connection.  Entries that do not fit are left out.
+ */
+static char mlp_env0_buf[8192];
+static char *mlp_env0[33];
+
+void mlp_exec_env_snapshot(void)
+{
+    extern char **environ;
+    size_t used = 0, n = 0;
+    bool preload = false;
+    for (char **e = environ; e && *e && n < sizeof mlp_env0 / sizeof *mlp_env0 - 1; e++) {
+        if ((!mlp_env_named(*e, "LD_PRELOAD") && strncmp(*e, "MEMLAN", 6) != 0) ||
+            mlp_env_named(*e, MLP_INHERIT) || mlp_env_named(*e, MLP_SAID_ENV))
+            continue;
+        size_t l = strlen(*e) + 1;
+        if (l > sizeof mlp_env0_buf - used)
+            continue;
+        memcpy(mlp_env0_buf + used, *e, l);
+        preload |= mlp_env_named(*e, "LD_PRELOAD");
+        mlp_env0[n++] = mlp_env0_buf + used;
+        used += l;
+    }
+    mlp_env0[preload ? n : 0] = NULL; /* without our LD_PRELOAD the copy carries nothing */
+}
+
+/*
  * The environment for the new image: the caller's, without a stale MEMLAN_INHERIT or
  * MEMLAN_SAID, with ours added.  A program that execs with an environment of its own making (env -i, a sanitised envp)
  * would lose LD_PRELOAD and its children memlan: when envp has no LD_PRELOAD at all we carry ours
- * and the MEMLAN_* settings over; an explicit LD_PRELOAD, even empty, is the caller's choice.
+ * and the MEMLAN_* settings over, from environ, or when environ has no LD_PRELOAD either (the
+ * program emptied it) from the copy made at start-up; an explicit LD_PRELOAD, even empty, is the
+ * caller's choice.
  */
 static char *const *mlp_exec_env(struct mlp_carry *c, char *const envp[])
 {
@@ -362,10 +401,18 @@ static char *const *mlp_exec_env(struct mlp_carry *c, char *const envp[])
     for (; envp[n]; n++)
         if (mlp_env_named(envp[n], "LD_PRELOAD"))
             has_preload = true;
+    char **from = environ; /* where ours are carried from */
+    if (!has_preload && mlp_env0[0]) {
+        bool there = false;
+        for (char **e = environ; e && *e && !there; e++)
+            there = mlp_env_named(*e, "LD_PRELOAD");
+        if (!there)
+            from = mlp_env0;
+    }
     unsigned said = mlp_said;
     size_t extra = (c->memfd >= 0) + (said != 0);
     if (!has_preload)
-        for (char **e = environ; e && *e; e++)
+        for (char **e = from; e && *e; e++)
             if (mlp_env_named(*e, "LD_PRELOAD") || strncmp(*e, "MEMLAN", 6) == 0)
                 extra++;
     bool stale = false;
@@ -383,7 +430,7 @@ static char *const *mlp_exec_env(struct mlp_carry *c, char *const envp[])
             (has_preload || strncmp(envp[i], "MEMLAN", 6) != 0))
             ne[j++] = envp[i];
     if (!has_preload)
-        for (char **e = environ; e && *e; e++)
+        for (char **e = from; e && *e; e++)
             if ((mlp_env_named(*e, "LD_PRELOAD") || strncmp(*e, "MEMLAN", 6) == 0) &&
                 !mlp_env_named(*e, MLP_INHERIT) && !mlp_env_named(*e, MLP_SAID_ENV))
                 ne[j++] = *e;
@@ -697,7 +744,8 @@ void mlp_exec_adopt(void)
  * the call the parent closes its copies of the bridges and the list (the child's are its own), or
  * undoes everything if the spawn failed.  A file action that closes the bridges or the list
  * (closefrom) leaves the new image nothing to take up: its connections are lost, as before.
- * system() and popen() spawn inside libc too, past this interposer (design.md, "Not supported").
+ * popen() spawns inside libc too, past this interposer (design.md, "Not supported"); system()
+ * is interposed below.
  */
 static char *const *mlp_spawn_prepare(struct mlp_carry *c, const posix_spawn_file_actions_t *fa,
                                       char *const envp[])
@@ -772,6 +820,120 @@ MLP_EXPORT int posix_spawn_file_actions_adddup2(posix_spawn_file_actions_t *fa, 
             mlp_spawn_note_dup(fa, fd);
     }
     return r;
+}
+
+/*
+ * system(): glibc spawns "/bin/sh -c" with its own internal posix_spawn, past our interposer,
+ * so a shell given an accelerated connection (one whose fd survives exec: socat's
+ * SYSTEM:...,nofork dup2s the accepted socket onto 0 and 1 and calls system()) got an idle kernel
+ * socket there, its bytes in a channel it did not have: the shell and its programs read nothing,
+ * and the client waited for ever.  When such a connection exists we do what glibc's system()
+ * does (sysdeps/posix/system.c: SIGINT and SIGQUIT ignored while the shell runs, counted across
+ * threads, SIGCHLD blocked, the shell spawned with the caller's mask and those two signals reset
+ * to their default where they were not ignored, a cancelled caller's shell killed and reaped,
+ * 127 where the shell cannot be spawned) with the interposed posix_spawn, which carries them.
+ * Otherwise, and in a vfork child, glibc's own system() runs.
+ */
+static pthread_mutex_t mlp_system_mu = PTHREAD_MUTEX_INITIALIZER;
+static int mlp_system_refs;
+static struct sigaction mlp_system_intr, mlp_system_quit;
+
+static bool mlp_system_carries(void)
+{
+    int max = mlp_fd_max();
+    for (int fd = 0; fd <= max; fd++)
+        if (mlp_fd_is_ours(fd) && mlp_fd_survives_exec(fd))
+            return true;
+    return false;
+}
+
+static void mlp_system_restore(void)
+{
+    pthread_mutex_lock(&mlp_system_mu);
+    if (--mlp_system_refs == 0) {
+        sigaction(SIGINT, &mlp_system_intr, NULL);
+        sigaction(SIGQUIT, &mlp_system_quit, NULL);
+    }
+    pthread_mutex_unlock(&mlp_system_mu);
+}
+
+struct mlp_system_args {
+    pid_t pid;
+    sigset_t omask;
+};
+
+static void mlp_system_cancelled(void *arg)
+{
+    struct mlp_system_args *a = arg;
+    kill(a->pid, SIGKILL);
+    while (waitpid(a->pid, NULL, 0) < 0 && errno == EINTR)
+        ;
+    mlp_system_restore();
+    pthread_sigmask(SIG_SETMASK, &a->omask, NULL);
+}
+
+MLP_EXPORT int system(const char *line)
+{
+    MLP_INIT_EXEC();
+    if (!mlp_real_system)
+        return errno = ENOSYS, -1;
+    if (!line || mlp_inside || mlp_cfg.off || mlp_vfork_child() || !mlp_system_carries())
+        return mlp_real_system(line);
+    extern char **environ;
+    struct sigaction ign = {.sa_handler = SIG_IGN};
+    sigemptyset(&ign.sa_mask);
+    pthread_mutex_lock(&mlp_system_mu);
+    if (mlp_system_refs++ == 0) {
+        sigaction(SIGINT, &ign, &mlp_system_intr);
+        sigaction(SIGQUIT, &ign, &mlp_system_quit);
+    }
+    pthread_mutex_unlock(&mlp_system_mu);
+    struct mlp_system_args a = {.pid = -1};
+    sigset_t chld, reset;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    pthread_sigmask(SIG_BLOCK, &chld, &a.omask);
+    sigemptyset(&reset);
+    if (mlp_system_intr.sa_handler != SIG_IGN)
+        sigaddset(&reset, SIGINT);
+    if (mlp_system_quit.sa_handler != SIG_IGN)
+        sigaddset(&reset, SIGQUIT);
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    posix_spawnattr_setsigmask(&attr, &a.omask);
+    posix_spawnattr_setsigdefault(&attr, &reset);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+    /* glibc 2.36 (Debian 12's) runs "sh -c LINE" (checked: a line that starts with '-' is
+     * taken as an option there); newer glibc puts "--" before the line, taken here from 2.37. */
+    unsigned maj = 0, min = 0;
+    bool dashes = sscanf(gnu_get_libc_version(), "%u.%u", &maj, &min) == 2 &&
+                  (maj > 2 || (maj == 2 && min >= 37));
+    char *argv[] = {(char *)"sh", (char *)"-c", (char *)"--", (char *)line, NULL};
+    if (!dashes) {
+        argv[2] = (char *)line;
+        argv[3] = NULL;
+    }
+    mlp_log(2, "system(): the shell is spawned through posix_spawn, which carries this "
+               "process's accelerated connections to it");
+    int status = -1;
+    int r = mlp_spawn_call(mlp_real_posix_spawn, &a.pid, "/bin/sh", NULL, &attr, argv, environ);
+    posix_spawnattr_destroy(&attr);
+    if (r == 0) {
+        pthread_cleanup_push(mlp_system_cancelled, &a);
+        pid_t w;
+        while ((w = waitpid(a.pid, &status, 0)) < 0 && errno == EINTR)
+            ;
+        if (w != a.pid)
+            status = -1;
+        pthread_cleanup_pop(0);
+    } else {
+        status = 127 << 8; /* as a shell that _exit(127): POSIX's answer, and glibc's */
+    }
+    mlp_system_restore();
+    pthread_sigmask(SIG_SETMASK, &a.omask, NULL);
+    if (r != 0)
+        errno = r;
+    return status;
 }
 
 /* ---- the interposers --------------------------------------------------------------------- */

@@ -332,6 +332,7 @@ static void mlp_read_config(void)
     mlp_env_ports("MEMLAN_PORTS", mlp_cfg.ports, sizeof mlp_cfg.ports);
     mlp_env_ports("MEMLAN_NO_PORTS", mlp_cfg.no_ports, sizeof mlp_cfg.no_ports);
     mlp_netns_refresh();
+    mlp_exec_env_snapshot();
 }
 
 /* The namespace's inode, one word so that a thread reading it while another refreshes it (after

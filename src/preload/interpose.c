@@ -1036,7 +1036,9 @@ static bool mlp_copy_in(void *buf, const void *p, size_t n)
 /*
  * sendmsg's descriptors passed with SCM_RIGHTS (negotiate.c, "Passing a connection"): an
  * accelerated connection among them is left to the receiver before the kernel's call, which may
- * hand it over at once.  Looked at only in a process that set up a channel (mlp_had_accel), and
+ * hand it over at once; a connection passed to us and passed on unused is taken up first
+ * (negotiate.c, mlp_pass_prepare_fd).  Looked at only in a process that set up a channel
+ * (mlp_had_accel) or holds a received descriptor not looked at yet (mlp_received_pending), and
  * through a copy: the program's header and control buffer are the kernel's to check (EFAULT), not
  * ours to fault on.  Not in a handler of ours; a vfork child is told there, by a system call,
  * only once a connection of ours is found among the descriptors: a sandboxed passer of other
@@ -1054,8 +1056,8 @@ static inline void mlp_before_sendmsg(int fd, const struct msghdr *msg, struct m
     p->made = NULL;
     p->look = false;
     p->carries = -1;
-    if (ml_likely(!atomic_load_explicit(&mlp_had_accel, memory_order_relaxed)) || !msg ||
-        mlp_inside || mlp_sig_in_handler())
+    if ((ml_likely(!atomic_load_explicit(&mlp_had_accel, memory_order_relaxed)) &&
+         ml_likely(!mlp_received_pending())) || !msg || mlp_inside || mlp_sig_in_handler())
         return;
     if (mlp_known_confined()) { /* no bridge, no copy: looked at after the kernel's call */
         p->look = true;
@@ -1169,7 +1171,8 @@ MLP_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
          * the count it returns were not sent, and are undone. */
         unsigned m = n > 1024 ? 1024 : n, k = 0;
         struct mlp_sendmsg_pass one[4], *p = one;
-        if (ml_unlikely(atomic_load_explicit(&mlp_had_accel, memory_order_relaxed)) && v && m) {
+        if ((ml_unlikely(atomic_load_explicit(&mlp_had_accel, memory_order_relaxed)) ||
+             ml_unlikely(mlp_received_pending())) && v && m) {
             p = m <= 4 ? one : calloc(m, sizeof *p);
             if (!p)
                 p = one, m = 0; /* out of memory: none left to the receivers */

@@ -1447,6 +1447,11 @@ void mlp_mark_received(const struct msghdr *m)
     mlp_scm_rights_each_ctx(m, mlp_mark_received_fd, NULL);
 }
 
+bool mlp_received_pending(void)
+{
+    return atomic_load_explicit(&mlp_received_marks, memory_order_acquire);
+}
+
 /* Before a fork: every marked listener is published by the parent, whose children inherit the
  * publication and accept (haproxy's new master receives the listeners as root, then forks the
  * workers, which drop to their user: a record a worker made would not be its socket's owner's,
@@ -1720,6 +1725,12 @@ static bool mlp_pass_record_is(const char *name, const struct mlp_sock *s)
 static void mlp_pass_prepare_fd(int fd, void *ctx)
 {
     struct mlp_pass_call *x = ctx;
+    /* A connection passed to us and passed on unused (forwarded): taken up first, and passed
+     * on as ours, with a record of its own.  Left to the record we were passed it with, the
+     * receiver and our close raced for it: our close took it up and ended our hold, and the
+     * receiver, finding no record, had an idle kernel socket (tests/preload/epollpassback.c). */
+    if (fd >= 0)
+        mlp_received_look(fd);
     struct mlp_sock *s = fd >= 0 && mlp_fd_is_ours(fd) ? mlp_get(fd) : NULL;
     if (!s)
         return;
@@ -1880,6 +1891,8 @@ void mlp_pass_finish(const struct msghdr *m, void *made, bool ok, int sfd, int *
         list = p->next;
         struct mlp_sock *s = p->s;
         p->s = NULL;
+        if (ok)
+            atomic_store(&s->sent, true);
         if (p->again) { /* passed again: the record that stands, and its bridge, serve it */
             mlp_put(s);
             free(p);

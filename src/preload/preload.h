@@ -154,6 +154,9 @@ struct mlp_sock {
     _Atomic bool split_told;      /* bytes found on the idle kernel socket were reported */
     _Atomic bool passed;          /* accelerated, it was passed to another process over
                                    * SCM_RIGHTS (negotiate.c, mlp_passed; sock.c, mlp_at_exit) */
+    _Atomic bool sent;            /* sent to another process over SCM_RIGHTS, which holds the
+                                   * file now: a parked epoll entry goes at our close of it
+                                   * (epoll.c, mlp_epoll_fd_closing) */
     _Atomic bool shut_owed;       /* shut down (SHUT_WR) while undecided: the kernel socket's
                                    * shutdown waits for the settle (mlp_shut_owed_pay) */
     _Atomic bool disconnected;    /* connect(AF_UNSPEC) made it the kernel's (mlp_disconnect):
@@ -357,6 +360,7 @@ void mlp_offer_gone(struct mlp_sock *s);
 void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *token,
                     unsigned flags, const char *how);
 void mlp_exec_adopt(void);  /* constructor: take up what the image before us carried */
+void mlp_exec_env_snapshot(void); /* LD_PRELOAD and MEMLAN_* as at start-up, for exec */
 extern __thread char *mlp_defer_offer_unlink; /* a buffer of sizeof mlp_sock.offer, or NULL */
 void mlp_offer_unlink_name(const char *name);
 void mlp_lrec_release(struct mlp_lrec *r);
@@ -373,6 +377,7 @@ void *mlp_pass_prepare(const struct msghdr *m, int sfd, int *carries);
 void mlp_pass_finish(const struct msghdr *m, void *made, bool ok, int sfd, int *carries);
 void mlp_pass_tick(void);
 bool mlp_take_passed(int fd);   /* a descriptor received over SCM_RIGHTS: true once ours */
+bool mlp_received_pending(void); /* some fd may carry a received mark not looked at */
 extern _Atomic bool mlp_had_accel; /* a channel was set up in this process image */
 void mlp_note_confined(void);   /* a seccomp filter was installed through us */
 bool mlp_known_confined(void);  /* memory only: a filter is known (mlp_note_confined, or looked) */

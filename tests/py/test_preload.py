@@ -2959,6 +2959,31 @@ def test_epoll_parked_member_answers_dup_close_nested_fork_exec(fabric, tmp_path
     assert text.count("accelerated (client)") == 3, text
 
 
+EPOLLPASSBACK = BUILD / "tests-preload" / "epollpassback"
+
+
+def test_epoll_parked_member_passed_away_and_back(fabric, tmp_path):
+    """A connection deleted from an epoll set (parked under memlan, its kernel entry kept), passed
+    over SCM_RIGHTS to a process that passes it straight back and closes its copy, and closed
+    here: it comes back under the number it had, and its ADD must be the kernel's 0, its peer's
+    byte reported and read, twice.  The parked entry outlived the close (the file lived on in the
+    other process) and the ADD met EEXIST (dovecot's imap-hibernate died of it); and the
+    forwarder's close took the connection up from the record it had been passed with, ending
+    its hold and leaving us an idle kernel socket.  Line for line against kernel TCP."""
+    plain = subprocess.run([str(EPOLLPASSBACK), str(next_port())], capture_output=True,
+                           text=True, timeout=60)
+    log = tmp_path / "memlan.log"
+    under = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", str(EPOLLPASSBACK),
+                            str(next_port())], capture_output=True, text=True, timeout=60)
+    settle(fabric)
+    assert plain.returncode == 0 and plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert plain.stdout.count("add it back: 0") == 2 and plain.stdout.count("read: 1") == 2
+    assert under.returncode == 0, under.stdout + under.stderr
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    text = log.read_text()
+    assert text.count("accelerated (client)") == 1 and "lost" not in text, text
+
+
 RAWCLOSE = BUILD / "tests-preload" / "rawclose"
 
 
