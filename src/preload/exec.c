@@ -904,10 +904,11 @@ MLP_EXPORT int system(const char *line)
     posix_spawnattr_setsigdefault(&attr, &reset);
     posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
     /* glibc 2.36 (Debian 12's) runs "sh -c LINE" (checked: a line that starts with '-' is
-     * taken as an option there); newer glibc puts "--" before the line, taken here from 2.37. */
+     * taken as an option there); glibc 2.38 puts "--" before the line (as other projects that
+     * track its spawns found: firebuild's change for it), so from 2.38 on we do. */
     unsigned maj = 0, min = 0;
     bool dashes = sscanf(gnu_get_libc_version(), "%u.%u", &maj, &min) == 2 &&
-                  (maj > 2 || (maj == 2 && min >= 37));
+                  (maj > 2 || (maj == 2 && min >= 38));
     char *argv[] = {(char *)"sh", (char *)"-c", (char *)"--", (char *)line, NULL};
     if (!dashes) {
         argv[2] = (char *)line;
