@@ -237,8 +237,7 @@ struct ml_listen_rec {
                                 * listener defers accept until data), so clients do not offer
                                 * (plain TCP at once).  Set through the mapping the process made
                                 * before any change; never cleared: it goes with the record,
-                                * when the last listener on the port closes, or, when they all
-                                * died, when the next one publishes (negotiate.c). */
+                                * when the last listener on the port closes. */
     _Atomic uint32_t xns;      /* nonzero once a client of another network namespace offered
                                 * here: only then does an acceptor look up a non-local peer's
                                 * link-layer address (rtnetlink) for the offer's name */

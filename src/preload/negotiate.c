@@ -1335,19 +1335,6 @@ int mlp_on_listen(int fd, bool before)
         int lfd;
         struct ml_listen_rec *m;
         ino_t ino;
-        /* A record that no live process holds is its dead listeners': they exited without
-         * closing (exit(), a crash, SIGKILL: tinyproxy and squid -N stop so), and the last
-         * close that removes it never came.  What it says of them (no_offer: a credential
-         * change, TCP_DEFER_ACCEPT; groupwide; the ring hint; their ACL entries) is not true of
-         * us, and no_offer is never cleared: reused, it kept every client of the port on TCP
-         * after a restart (tinyproxy restarted with its Group set to the fabric's group: "a
-         * server process changed its credentials").  It goes first, as at the last close
-         * (removed only if nobody holds its lock byte: a live listener's record stays). */
-        char lname[64];
-        mlp_lrec_name(lname, sizeof lname, cur, a.port);
-        if (mlp_fab && __ml_fabric_reclaim_name(mlp_fab, lname) > 0)
-            mlp_log(1, "listen fd %d port %d: the record its dead listeners left removed", fd,
-                    a.port);
         err = mlp_lrec_open(cur, a.port, true, &lfd, &m, &ino);
         if (err == 0) {
             r->lock_fd = lfd;

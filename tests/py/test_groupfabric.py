@@ -1013,11 +1013,8 @@ def test_group_fabric_restarted_worker_on_a_root_made_socket(gfabric, pubdir):
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         rounds(cli, 3)
         ino = rec.stat().st_ino
-        # Killed: the next worker removes the record its dead predecessor left (what that one
-        # set there, no_offer and its ACL, is not the next one's) and makes its own: the client
-        # vouches for the new one as after a stop.
-        tell(srv, "k", "ready 2")
-        assert rec.stat().st_ino != ino and rec.stat().st_uid == B
+        tell(srv, "k", "ready 2")  # killed: the next worker takes its dead record over
+        assert rec.stat().st_ino == ino and rec.stat().st_uid == B
         rounds(cli, 3)
         tell(srv, "s", "ready 3")  # stopped and started: a new socket, a new record
         assert rec.stat().st_uid == B

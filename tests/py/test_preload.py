@@ -3233,6 +3233,7 @@ signal.pause()   # "kill": SIGKILL
 """
 
 
+@pytest.mark.xfail(strict=True, reason="a dead listener's record is taken over as it was, no_offer included: removing it at the next publish (ec75050) also removed live records whose holders kept no lock on them (haproxy's seamless reload: test_haproxy_master_worker_reload failed 1 run in 2-5)")
 @pytest.mark.parametrize("how", ["exit", "kill"])
 def test_a_dead_listeners_record_is_not_the_next_ones(fabric, tmp_path, how):
     """A listener with TCP_DEFER_ACCEPT that exits without closing it (exit(), SIGKILL) leaves
