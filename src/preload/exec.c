@@ -396,6 +396,9 @@ void mlp_exec_env_snapshot(void)
 static char *const *mlp_exec_env(struct mlp_carry *c, char *const envp[])
 {
     extern char **environ;
+    static char *const none[] = {NULL};
+    if (!envp)
+        envp = none; /* clearenv() leaves environ NULL; the kernel takes a NULL envp as empty */
     size_t n = 0;
     bool has_preload = false;
     for (; envp[n]; n++)
@@ -831,21 +834,12 @@ MLP_EXPORT int posix_spawn_file_actions_adddup2(posix_spawn_file_actions_t *fa, 
  * does (sysdeps/posix/system.c: SIGINT and SIGQUIT ignored while the shell runs, counted across
  * threads, SIGCHLD blocked, the shell spawned with the caller's mask and those two signals reset
  * to their default where they were not ignored, a cancelled caller's shell killed and reaped,
- * 127 where the shell cannot be spawned) with the interposed posix_spawn, which carries them.
- * Otherwise, and in a vfork child, glibc's own system() runs.
+ * 127 where the shell cannot be spawned) with the interposed posix_spawn, which carries them,
+ * for every call (see system() below); in a vfork child glibc's own system() runs.
  */
 static pthread_mutex_t mlp_system_mu = PTHREAD_MUTEX_INITIALIZER;
 static int mlp_system_refs;
 static struct sigaction mlp_system_intr, mlp_system_quit;
-
-static bool mlp_system_carries(void)
-{
-    int max = mlp_fd_max();
-    for (int fd = 0; fd <= max; fd++)
-        if (mlp_fd_is_ours(fd) && mlp_fd_survives_exec(fd))
-            return true;
-    return false;
-}
 
 static void mlp_system_restore(void)
 {
@@ -872,14 +866,14 @@ static void mlp_system_cancelled(void *arg)
     pthread_sigmask(SIG_SETMASK, &a->omask, NULL);
 }
 
-MLP_EXPORT int system(const char *line)
+static int mlp_system_run(const char *line)
 {
-    MLP_INIT_EXEC();
-    if (!mlp_real_system)
-        return errno = ENOSYS, -1;
-    if (!line || mlp_inside || mlp_cfg.off || mlp_vfork_child() || !mlp_system_carries())
-        return mlp_real_system(line);
     extern char **environ;
+    /* No cancellation point before the wait, as glibc's: the carry's settling of an undecided
+     * connection may wait (a cancellation point of ours), and a cancel there left SIGINT and
+     * SIGQUIT ignored and the carry made (found in review). */
+    int cstate;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cstate);
     struct sigaction ign = {.sa_handler = SIG_IGN};
     sigemptyset(&ign.sa_mask);
     pthread_mutex_lock(&mlp_system_mu);
@@ -915,26 +909,45 @@ MLP_EXPORT int system(const char *line)
         argv[3] = NULL;
     }
     mlp_log(2, "system(): the shell is spawned through posix_spawn, which carries this "
-               "process's accelerated connections to it");
+               "process's accelerated connections to it, if any");
     int status = -1;
     int r = mlp_spawn_call(mlp_real_posix_spawn, &a.pid, "/bin/sh", NULL, &attr, argv, environ);
     posix_spawnattr_destroy(&attr);
     if (r == 0) {
         pthread_cleanup_push(mlp_system_cancelled, &a);
+        pthread_setcancelstate(cstate, NULL);
         pid_t w;
         while ((w = waitpid(a.pid, &status, 0)) < 0 && errno == EINTR)
             ;
         if (w != a.pid)
             status = -1;
+        pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, NULL);
         pthread_cleanup_pop(0);
     } else {
         status = 127 << 8; /* as a shell that _exit(127): POSIX's answer, and glibc's */
     }
     mlp_system_restore();
     pthread_sigmask(SIG_SETMASK, &a.omask, NULL);
+    pthread_setcancelstate(cstate, NULL);
     if (r != 0)
         errno = r;
     return status;
+}
+
+/* Every call takes our way, carrying or not (but for a vfork child, and with memlan off): glibc
+ * keeps a count of its own calls and its own copies of SIGINT's and SIGQUIT's dispositions, and a
+ * call of each kind at once in two threads left SIGINT ignored for good (found in review).
+ * system(NULL) asks whether a shell runs, as glibc's does ("exit 0"). */
+MLP_EXPORT int system(const char *line)
+{
+    MLP_INIT_EXEC();
+    if (!mlp_real_system)
+        return errno = ENOSYS, -1;
+    if (mlp_inside || mlp_cfg.off || mlp_vfork_child())
+        return mlp_real_system(line);
+    if (!line)
+        return mlp_system_run("exit 0") == 0;
+    return mlp_system_run(line);
 }
 
 /* ---- the interposers --------------------------------------------------------------------- */

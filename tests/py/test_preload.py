@@ -1577,6 +1577,21 @@ def test_many_blocked_receivers_see_a_fork_childs_end(fabric, tmp_path):
     settle(fabric)
 
 
+CLEARENVSPAWN = BUILD / "tests-preload" / "clearenvspawn"
+
+
+def test_spawns_after_clearenv(fabric, tmp_path):
+    """clearenvspawn: after clearenv() (environ NULL), system(), system(NULL) and posix_spawn with
+    environ, with and without an accelerated connection open, answer as over kernel TCP.  Before,
+    the carry's environment walked the NULL environ: SIGSEGV at the first system()."""
+    plain, under, text = scripted(CLEARENVSPAWN, tmp_path)
+    assert plain.stdout.endswith("done\n") and "environ NULL" in plain.stdout, plain.stdout
+    assert "a connection: system: 3" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    assert "accelerated (client)" in text, text
+    settle(fabric)
+
+
 IDLEWAKE = BUILD / "tests-preload" / "idlewake"
 
 
