@@ -147,6 +147,9 @@ MLP_CALL(int, posix_spawnp,
 /* system: glibc spawns its shell inside libc; exec.c spawns it through posix_spawn instead
  * when an accelerated connection would reach the shell. */
 MLP_CALL(int, system, (const char *line), (line))
+/* clearenv: noted (exec.c), so that exec carries our settings from the start-up copy only where
+ * the program emptied its environment wholesale, not where it unset LD_PRELOAD on purpose. */
+MLP_CALL(int, clearenv, (void), ())
 MLP_CALL(int, posix_spawn_file_actions_init, (posix_spawn_file_actions_t *fa), (fa))
 MLP_CALL(int, posix_spawn_file_actions_destroy, (posix_spawn_file_actions_t *fa), (fa))
 MLP_CALL(int, posix_spawn_file_actions_adddup2, (posix_spawn_file_actions_t *fa, int fd, int nfd),

@@ -364,6 +364,14 @@ static bool mlp_env_named(const char *e, const char *name)
  */
 static char mlp_env0_buf[8192];
 static char *mlp_env0[33];
+static _Atomic bool mlp_env_cleared; /* the program called clearenv() */
+
+MLP_EXPORT int clearenv(void)
+{
+    MLP_INIT_EXEC();
+    atomic_store(&mlp_env_cleared, true);
+    return mlp_real_clearenv ? mlp_real_clearenv() : (errno = ENOSYS, -1);
+}
 
 void mlp_exec_env_snapshot(void)
 {
@@ -389,9 +397,10 @@ void mlp_exec_env_snapshot(void)
  * The environment for the new image: the caller's, without a stale MEMLAN_INHERIT or
  * MEMLAN_SAID, with ours added.  A program that execs with an environment of its own making (env -i, a sanitised envp)
  * would lose LD_PRELOAD and its children memlan: when envp has no LD_PRELOAD at all we carry ours
- * and the MEMLAN_* settings over, from environ, or when environ has no LD_PRELOAD either (the
- * program emptied it) from the copy made at start-up; an explicit LD_PRELOAD, even empty, is the
- * caller's choice.
+ * and the MEMLAN_* settings over, from environ, or when environ has no LD_PRELOAD either and the
+ * program emptied it with clearenv() from the copy made at start-up; an explicit LD_PRELOAD, even
+ * empty, is the caller's choice, and so is an LD_PRELOAD it unset (`env -u LD_PRELOAD`: put
+ * back from the copy, it brought back libraries the caller had dropped; found in review).
  */
 static char *const *mlp_exec_env(struct mlp_carry *c, char *const envp[])
 {
@@ -405,7 +414,7 @@ static char *const *mlp_exec_env(struct mlp_carry *c, char *const envp[])
         if (mlp_env_named(envp[n], "LD_PRELOAD"))
             has_preload = true;
     char **from = environ; /* where ours are carried from */
-    if (!has_preload && mlp_env0[0]) {
+    if (!has_preload && mlp_env0[0] && atomic_load(&mlp_env_cleared)) {
         bool there = false;
         for (char **e = environ; e && *e && !there; e++)
             there = mlp_env_named(*e, "LD_PRELOAD");

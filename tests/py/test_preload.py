@@ -1592,6 +1592,16 @@ def test_spawns_after_clearenv(fabric, tmp_path):
     settle(fabric)
 
 
+def test_an_unset_ld_preload_stays_unset(fabric):
+    """`env -u LD_PRELOAD CMD` under memlan: CMD runs without LD_PRELOAD, as the caller asked.
+    The start-up copy of our settings is carried only after clearenv() (dovecot's master);
+    before, an LD_PRELOAD unset on purpose came back from it (review of 5304f5f)."""
+    r = subprocess.run([str(MEMLAN), "run", "--", "/usr/bin/env", "-u", "LD_PRELOAD", "/bin/sh",
+                        "-c", 'echo "[$LD_PRELOAD]"'], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0 and r.stdout == "[]\n", r.stdout + r.stderr
+    settle(fabric)
+
+
 IDLEWAKE = BUILD / "tests-preload" / "idlewake"
 
 
