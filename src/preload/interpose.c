@@ -602,11 +602,13 @@ static void mlp_rlimit_note(pid_t pid, int res, rlim_t cur)
 }
 
 /* After the call: RLIMIT_NOFILE's new soft limit, where the kernel took it (pqueue.c,
- * mlp_sleep_efds); not a vfork child's, whose limits are its own but whose memory is ours.  r is
- * the call's result; errno is left as the call left it. */
+ * mlp_sleep_efds).  A vfork child's limit, its own, lands in our memory too: only a share of
+ * eventfds off, where asking whether we are one (getpid) is a system call a filter installed
+ * before the setrlimit may kill for (review).  r is the call's result; errno is left as the call
+ * left it. */
 static int mlp_rlimit_took(int r, pid_t pid, int res, unsigned long long cur)
 {
-    if (r == 0 && res == RLIMIT_NOFILE && (pid == 0 || pid == mlp_pid) && !mlp_vfork_child())
+    if (r == 0 && res == RLIMIT_NOFILE && (pid == 0 || pid == mlp_pid))
         mlp_nofile_note(cur);
     return r;
 }

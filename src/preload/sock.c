@@ -2330,11 +2330,13 @@ int mlp_ioctl(struct mlp_sock *s, int fd, unsigned long req, void *arg, bool *ha
          * (Java's InputStream.available() after a sleep) said no bytes where kernel TCP said
          * 1000.  Fallen to TCP, the kernel's count is the answer. */
         int st = s->state;
-        if (st == MLP_UNDECIDED)
-            st = mlp_decide(s, fd, false);
+        if (st == MLP_UNDECIDED && !mlp_sig_in_handler() && !mlp_vfork_child())
+            st = mlp_decide(s, fd, false); /* not from a handler (its lock), nor a vfork child */
         if (st == MLP_TCP)
             return 0;
         *handled = true;
+        if (!arg)
+            return -EFAULT; /* the kernel's answer, not our fault */
         if (st == MLP_UNDECIDED)
             return *(int *)arg = 0, 0;
         int64_t a = __ml_chan_rx_avail_ro(s->ch); /* we do not hold the direction */
@@ -2352,6 +2354,8 @@ int mlp_ioctl(struct mlp_sock *s, int fd, unsigned long req, void *arg, bool *ha
          * test_outq_counts_what_loopback_counts).  Past the peer's receive buffer the kernel
          * keeps the rest in our queue; the ring has no such split, and says 0 there too. */
         *handled = true;
+        if (!arg)
+            return -EFAULT;
         *(int *)arg = 0;
         return 0;
     case FIONBIO:
