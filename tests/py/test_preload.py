@@ -3193,6 +3193,23 @@ else:
 """
 
 
+def deferred_round(pre, py, script, port, when):
+    """One server and one client of the DEFERRED script on port (pre: the memlan run prefix, or
+    none): the client's output."""
+    srv = subprocess.Popen(pre + [py, str(script), "server", str(port), when],
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        assert srv.stdout.readline().strip() == "ready %s" % (when != "none")
+        cli = subprocess.run(pre + [py, str(script), "client", str(port), when],
+                             capture_output=True, text=True, timeout=60)
+        assert srv.wait(timeout=30) == 0 and cli.returncode == 0, cli.stderr
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    return cli.stdout
+
+
 @pytest.mark.parametrize("when", ["before", "after", "raw", "none"])
 def test_deferred_accept_listener_does_not_hold_memlan_clients(fabric, tmp_path, when):
     """A listener with TCP_DEFER_ACCEPT (Apache's default on Linux, nginx's "deferred") gets a
@@ -3214,18 +3231,7 @@ def test_deferred_accept_listener_does_not_hold_memlan_clients(fabric, tmp_path,
         port = next_port()
         log = tmp_path / f"deferred-{under}.log"
         pre = [str(MEMLAN), "run", "--log", str(log), "--"] if under else []
-        srv = subprocess.Popen(pre + [py, str(script), "server", str(port), when],
-                               stdout=subprocess.PIPE, text=True)
-        try:
-            assert srv.stdout.readline().strip() == "ready %s" % (when != "none")
-            cli = subprocess.run(pre + [py, str(script), "client", str(port), when],
-                                 capture_output=True, text=True, timeout=60)
-            assert srv.wait(timeout=30) == 0 and cli.returncode == 0, cli.stderr
-        finally:
-            if srv.poll() is None:
-                srv.kill()
-                srv.wait()
-        outs[under] = cli.stdout
+        outs[under] = deferred_round(pre, py, script, port, when)
     want = "".join("PING %d True\n" % i for i in range(3))
     assert outs[False] == want and outs[True] == want, outs
     text = log.read_text()
@@ -3266,7 +3272,8 @@ def test_a_dead_listeners_record_is_not_the_next_ones(fabric, tmp_path, how):
     option, used to take the record over as it was: every client stayed on TCP, "the server's
     listener defers accept until data", until a `memlan clean` (found with tinyproxy restarted
     after its Group was changed to the fabric's: "a server process changed its credentials").
-    Now the new listener removes a record nobody holds before it publishes."""
+    Strict xfail: removing a record nobody holds locked at the next publish (ec75050) also
+    removed live ones (haproxy's seamless reload), and was taken back."""
     dead, script = tmp_path / "dead.py", tmp_path / "deferred.py"
     dead.write_text(DEAD_DEFERRED)
     script.write_text(DEFERRED)
@@ -3286,18 +3293,8 @@ def test_a_dead_listeners_record_is_not_the_next_ones(fabric, tmp_path, how):
             first.kill()
             first.wait()
     assert "TCP_DEFER_ACCEPT set" in log.read_text(), log.read_text()
-    srv = subprocess.Popen(pre + [py, str(script), "server", str(port), "none"],
-                           stdout=subprocess.PIPE, text=True)
-    try:
-        assert srv.stdout.readline().strip() == "ready False"
-        cli = subprocess.run(pre + [py, str(script), "client", str(port), "none"],
-                             capture_output=True, text=True, timeout=60)
-        assert srv.wait(timeout=30) == 0 and cli.returncode == 0, cli.stderr
-    finally:
-        if srv.poll() is None:
-            srv.kill()
-            srv.wait()
-    assert cli.stdout == "".join("PING %d True\n" % i for i in range(3)), cli.stdout
+    out = deferred_round(pre, py, script, port, "none")
+    assert out == "".join("PING %d True\n" % i for i in range(3)), out
     text = log.read_text()
     assert "defers accept until data" not in text, text
     assert text.count("accelerated (client)") == 3, text
