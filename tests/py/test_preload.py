@@ -27,6 +27,10 @@ CONFORM = BUILD / "tests-preload" / "conform"
 PORT = [20100]  # below the ephemeral range (32768-60999): no outgoing connection takes it
 
 
+# The system's python for the scripted programs (the one `memlan run` users have), else ours.
+PY = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+
+
 def next_port():
     PORT[0] += 1
     while not port_free(PORT[0]):
@@ -151,7 +155,7 @@ def test_listener_inherited_by_plain_process(fabric, tmp_path):
     """A memlan listener handed to a program without memlan still serves memlan clients."""
     port = next_port()
     log = tmp_path / "m.log"
-    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    py = PY
     parent = subprocess.Popen([str(MEMLAN), "run", "--log", str(log), "--", py, "-c", PARENT,
                                str(port), ECHO_SERVER], stdout=subprocess.PIPE, text=True)
     assert parent.stdout.readline().strip() == "ready"
@@ -173,7 +177,7 @@ def test_peer_sigkill_gives_eof_not_hang(fabric, tmp_path):
     """A server killed mid-connection: the blocked memlan client returns within the bound."""
     port = next_port()
     log = tmp_path / "k.log"
-    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    py = PY
     srv = subprocess.Popen([str(MEMLAN), "run", "--log", str(log), "--", py, "-c",
                             "import socket,time; l=socket.socket(); "
                             "l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
@@ -223,7 +227,7 @@ def test_client_closed_before_accept(fabric, tmp_path):
     script = tmp_path / "cba.py"
     script.write_text(CLOSED_BEFORE_ACCEPT)
     port = next_port()
-    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    py = PY
     plain = subprocess.run([py, str(script), str(port)], capture_output=True, text=True,
                            timeout=30)
     log = tmp_path / "cba.log"
@@ -269,7 +273,7 @@ def test_outq_counts_what_loopback_counts(fabric, tmp_path):
     empty waited for the peer program's read.  Found trying Java under memlan (helper rt)."""
     script = tmp_path / "outq.py"
     script.write_text(OUTQ)
-    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    py = PY
     plain = subprocess.run([py, str(script), str(next_port())], capture_output=True, text=True,
                            timeout=30)
     log = tmp_path / "outq.log"
@@ -319,7 +323,7 @@ def test_so_buffers_size_the_rings(fabric, tmp_path, cbuf, lbuf):
     script = tmp_path / "fill.py"
     script.write_text(RING_FILL)
     log = tmp_path / "fill.log"
-    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    py = PY
     out = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", py, str(script),
                           str(next_port()), str(cbuf), str(lbuf)],
                          capture_output=True, text=True, timeout=60)
@@ -418,7 +422,7 @@ def test_threads_share_one_socket(fabric, tmp_path):
     TCP and under memlan.  (The second part hung before the fix to the socket lock in sock.c.)"""
     script = tmp_path / "threads.py"
     script.write_text(THREADS)
-    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    py = PY
     plain = subprocess.run([py, str(script), str(next_port()), "3000"], capture_output=True,
                            text=True, timeout=120)
     log = tmp_path / "threads.log"
@@ -456,7 +460,7 @@ def test_reuseport_listeners_in_two_processes(fabric, tmp_path):
     port = next_port()
     while not port_free(port, strict=True):  # the servers set no SO_REUSEADDR: no TIME_WAIT
         port = next_port()
-    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    py = PY
     logs = [tmp_path / "rp0.log", tmp_path / "rp1.log"]
     srvs = [subprocess.Popen([str(MEMLAN), "run", "--log", str(lg), "--", py, str(script),
                               str(port)], stdout=subprocess.PIPE, text=True) for lg in logs]
@@ -489,7 +493,7 @@ def test_reuseport_listeners_in_two_processes(fabric, tmp_path):
 
 def test_stat_shows_connections_and_reasons(fabric, tmp_path):
     port = next_port()
-    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    py = PY
     srv = subprocess.Popen([str(MEMLAN), "run", "--", py, "-c",
                             "import socket,time; l=socket.socket(); "
                             "l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); "
@@ -3225,7 +3229,7 @@ def test_deferred_accept_listener_does_not_hold_memlan_clients(fabric, tmp_path,
         pytest.skip("the raw setsockopt's system call number is known for x86-64 and arm64 only")
     script = tmp_path / "deferred.py"
     script.write_text(DEFERRED)
-    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    py = PY
     outs = {}
     for under in (False, True):
         port = next_port()
@@ -3277,7 +3281,7 @@ def test_a_dead_listeners_record_is_not_the_next_ones(fabric, tmp_path, how):
     dead, script = tmp_path / "dead.py", tmp_path / "deferred.py"
     dead.write_text(DEAD_DEFERRED)
     script.write_text(DEFERRED)
-    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    py = PY
     port = next_port()
     log = tmp_path / "restart.log"
     pre = [str(MEMLAN), "run", "--log", str(log), "--"]
@@ -3349,7 +3353,7 @@ def test_a_request_to_a_server_killed_while_idle_reads_as_over_tcp(fabric, tmp_p
     reused connection after either, but the error is not the kernel's."""
     script = tmp_path / "killed.py"
     script.write_text(KILLED_IDLE)
-    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    py = PY
     outs = {}
     for under in (False, True):
         port = next_port()
