@@ -501,6 +501,53 @@ int __ml_fabric_clean_report(memlan_fabric_t *fab, struct ml_clean_report *rep)
     return r;
 }
 
+/*
+ * A listener record (ls-NETNS-PORT) that nobody holds locked may still have live listeners: one
+ * need not hold the lock (a listening socket passed over SCM_RIGHTS, whose publisher is gone:
+ * haproxy's seamless reload).  The record names the sockets published in it (lsock); true while
+ * one of them may still listen on the port: always for a sweep (ask false: a client's, which
+ * may run in a sandbox, asks the kernel nothing), and for a clean where the kernel cannot say or
+ * lists one as listening.  A record of another namespace than ours, or one that names no socket
+ * (an older memlan's), is judged by its lock alone, as before.
+ */
+static bool ml_lrec_may_listen(memlan_fabric_t *fab, const char *name, bool ask)
+{
+    unsigned long long ns;
+    int port, end = 0;
+    struct stat me;
+    if (sscanf(name, "ls-%llx-%d%n", &ns, &port, &end) != 2 || name[end] != 0 || port <= 0 ||
+        port > 65535 ||
+        (__ml_sys_fstatat(AT_FDCWD, "/proc/thread-self/ns/net", &me, 0) < 0 &&
+         __ml_sys_fstatat(AT_FDCWD, "/proc/self/ns/net", &me, 0) < 0) ||
+        (unsigned long long)me.st_ino != ns)
+        return false;
+    long fd = __ml_sys_open(fab->dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, 0);
+    if (fd < 0)
+        return false;
+    struct ml_listen_rec m;
+    struct stat st;
+    bool named = false;
+    if (__ml_sys_fstat((int)fd, &st) == 0 && S_ISREG(st.st_mode) &&
+        (size_t)st.st_size >= sizeof m &&
+        __ml_sys_pread((int)fd, &m, sizeof m, 0) == (ssize_t)sizeof m && m.magic == ML_LREC_MAGIC)
+        for (unsigned i = 0; i < ML_LREC_LSOCKS; i++)
+            named |= m.lsock[i] != 0;
+    __ml_sys_close((int)fd);
+    if (!named)
+        return false;
+    if (!ask || m.lsock_full)
+        return true;
+    enum { MAX = 256 };
+    uint32_t *live = malloc(MAX * sizeof *live);
+    int n = live ? __ml_sys_tcp_listeners(port, live, MAX) : -ENOMEM;
+    bool listens = n < 0 || n > MAX;
+    for (int j = 0; j < n && j < MAX && !listens; j++)
+        for (unsigned i = 0; i < ML_LREC_LSOCKS && !listens; i++)
+            listens = m.lsock[i] != 0 && m.lsock[i] == live[j];
+    free(live);
+    return listens;
+}
+
 static int ml_fabric_reclaim_cx(memlan_fabric_t *fab, struct ml_clean_ctx *cx)
 {
     long dfd = __ml_sys_open(fab->dirfd, ".", O_RDONLY | O_DIRECTORY, 0);
@@ -519,8 +566,10 @@ static int ml_fabric_reclaim_cx(memlan_fabric_t *fab, struct ml_clean_ctx *cx)
             if (strncmp(nm, "seg-", 4) == 0 && __ml_token_valid(nm + 4)) {
                 removed += ml_reclaim_seg_cx(fab, nm, cx);
             } else if (strncmp(nm, "ls-", 3) == 0) {
-                /* A listener record: its listeners hold read locks on byte 0. */
-                removed += ml_reclaim_seg_cx(fab, nm, cx);
+                /* A listener record: its listeners hold read locks on byte 0, and those that
+                 * hold none are looked for by their sockets. */
+                if (!ml_lrec_may_listen(fab, nm, cx != NULL))
+                    removed += ml_reclaim_seg_cx(fab, nm, cx);
             } else if (strncmp(nm, "la-", 3) == 0) {
                 /* An address record (src/preload/negotiate.c): a symbolic link to a listener
                  * record, stale once that record is gone or no listener holds it. */

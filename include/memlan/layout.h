@@ -221,6 +221,7 @@ struct ml_offer_blk {
  */
 #define ML_LREC_MAGIC 0x434552504c4d454dull /* "MEMLPREC" */
 #define ML_LREC_REFUSED 64u
+#define ML_LREC_LSOCKS 15u /* with lsock_full: one line */
 
 struct ml_listen_rec {
     uint64_t magic;
@@ -237,7 +238,8 @@ struct ml_listen_rec {
                                 * listener defers accept until data), so clients do not offer
                                 * (plain TCP at once).  Set through the mapping the process made
                                 * before any change; never cleared: it goes with the record,
-                                * when the last listener on the port closes. */
+                                * when the last listener on the port closes, or, when they all
+                                * died, when the next one publishes (lsock below). */
     _Atomic uint32_t xns;      /* nonzero once a client of another network namespace offered
                                 * here: only then does an acceptor look up a non-local peer's
                                 * link-layer address (rtnetlink) for the offer's name */
@@ -252,6 +254,16 @@ struct ml_listen_rec {
      * MEMLAN_ACCEPT_WAIT_MS (appended to the record: older readers ignore them). */
     _Alignas(ML_CACHELINE) _Atomic uint32_t refused_next;
     _Atomic uint64_t refused[ML_LREC_REFUSED];
+    /* The listening sockets published here, by inode (as sock_diag and /proc/net/tcp name
+     * them): how a publisher tells a record whose listeners all died without closing from a live
+     * one whose holders keep no lock on it (design.md, rendezvous step 1).  A publisher writes
+     * its socket's inode into a free (0) slot; one that finds none clears the slots of sockets
+     * the kernel no longer lists as listening on the port, and failing that sets lsock_full, and
+     * the record is taken for live from then on, as before these slots.  Peer input: a wrong
+     * entry keeps a dead record (its clients on TCP) or has a live one made anew (its clients on
+     * TCP until its listeners publish again), nothing worse (appended: older readers ignore it). */
+    _Alignas(ML_CACHELINE) _Atomic uint32_t lsock_full;
+    _Atomic uint32_t lsock[ML_LREC_LSOCKS];
 };
 #define ML_NO_OFFER_CRED 1u
 #define ML_NO_OFFER_GRANT 2u /* a fabric shared by a group: a listener of the port could not be
@@ -330,6 +342,8 @@ struct ml_evq_hdr {
 
 _Static_assert(sizeof(struct ml_seg_hdr) == 128, "segment header is 128 bytes");
 _Static_assert(offsetof(struct ml_listen_rec, refused) == 136, "refusals after the first line");
+_Static_assert(offsetof(struct ml_listen_rec, lsock_full) == 704 &&
+                   sizeof(struct ml_listen_rec) == 768, "listening sockets on a line of their own");
 _Static_assert(offsetof(struct ml_seg_hdr, state) == 64, "state offset");
 _Static_assert(offsetof(struct ml_ring_ctl, tail) == 64, "tail on its own line");
 _Static_assert(offsetof(struct ml_ring_ctl, rx_wait) == 128, "rx tripwire on its own line");

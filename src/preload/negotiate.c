@@ -1281,6 +1281,109 @@ static bool mlp_addr_netns(const struct mlp_addr *a, char *netns, size_t nslen)
     return mlp_lrec_name_ok(cur, netns, nslen, a->port);
 }
 
+/*
+ * A record whose listeners all died without closing (exit(), a crash, SIGKILL: tinyproxy and
+ * `squid -N` stop so) outlives them: the last close that removes it never came.  Taken over as
+ * it was by the next listener, what it says of them (no_offer: a credential change, a
+ * TCP_DEFER_ACCEPT; the ring hint; groupwide) kept every client of the port on TCP after a
+ * restart, until a `memlan clean`.  Its lock alone cannot tell: a live listener need not hold
+ * it (haproxy's re-executed master receives its listeners over SCM_RIGHTS while the old,
+ * chrooted worker serves them; a record removed there lost what vouched for the live one).  So
+ * the record names the listening sockets published in it (lsock, by inode), and the kernel says
+ * which still listen: a record is dead when nobody holds its lock, it names sockets, ours is not
+ * one of them, and none of them is a listening socket on the port in our namespace (a
+ * sock_diag dump of TCP's listeners, both families).  Anything unknown (an older record that
+ * names none, lsock_full, a sandboxed process, a dump refused) keeps the record, as before.
+ */
+static bool mlp_unconfined(void);
+
+#define MLP_LISTENERS_MAX 256
+
+/* Before this process's first listener on port publishes (mlp_neg_mu): the record, if its
+ * listeners are all dead (above), is removed, so that ours is made afresh.  my_ino: the inode of
+ * the socket we publish. */
+static void mlp_lrec_reclaim_dead(int fd, const char *netns, int port, uint32_t my_ino)
+{
+    char name[64];
+    mlp_lrec_name(name, sizeof name, netns, port);
+    long rfd = __ml_sys_open(mlp_fab->dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+                             0);
+    if (rfd < 0)
+        return; /* none (the usual start), or not ours to read: nothing to do */
+    struct ml_listen_rec m;
+    struct stat st;
+    bool named = false, dead = false;
+    if (__ml_sys_fstat((int)rfd, &st) == 0 && S_ISREG(st.st_mode) &&
+        (size_t)st.st_size >= sizeof m &&
+        __ml_sys_pread((int)rfd, &m, sizeof m, 0) == (ssize_t)sizeof m &&
+        m.magic == ML_LREC_MAGIC && !m.lsock_full && !mlp_lrec_live((int)rfd)) {
+        dead = true;
+        for (unsigned i = 0; i < ML_LREC_LSOCKS; i++) {
+            uint32_t v = m.lsock[i];
+            named |= v != 0;
+            if (v != 0 && v == my_ino)
+                dead = false; /* our socket is theirs: passed or inherited, and alive */
+        }
+    }
+    __ml_sys_close((int)rfd);
+    if (!dead || !named || !mlp_unconfined())
+        return;
+    uint32_t *live = malloc(MLP_LISTENERS_MAX * sizeof *live);
+    int n = live ? __ml_sys_tcp_listeners(port, live, MLP_LISTENERS_MAX) : -ENOMEM;
+    if (n < 0 || n > MLP_LISTENERS_MAX) {
+        mlp_log(1, "listen fd %d port %d: its record names no listener of ours, and the kernel "
+                   "could not say whether they live (%s): kept",
+                fd, port, n < 0 ? strerror(-n) : "too many listeners");
+        free(live);
+        return;
+    }
+    for (unsigned i = 0; i < ML_LREC_LSOCKS && dead; i++)
+        for (int j = 0; j < n && dead; j++)
+            if (m.lsock[i] != 0 && m.lsock[i] == live[j])
+                dead = false;
+    free(live);
+    if (dead && __ml_fabric_reclaim_name(mlp_fab, name) > 0)
+        mlp_log(1, "listen fd %d port %d: the record its dead listeners left (none of their "
+                   "sockets listens any more) removed",
+                fd, port);
+}
+
+/* Our listening socket (inode ino) named in the record m, for mlp_lrec_reclaim_dead. */
+static void mlp_lrec_note_socket(struct ml_listen_rec *m, int port, uint32_t ino)
+{
+    if (!m || ino == 0 || ml_load_relaxed(&m->lsock_full))
+        return;
+    for (int pass = 0; pass < 2; pass++) {
+        for (unsigned i = 0; i < ML_LREC_LSOCKS; i++)
+            if (ml_load_relaxed(&m->lsock[i]) == ino)
+                return;
+        for (unsigned i = 0; i < ML_LREC_LSOCKS; i++) {
+            uint32_t z = 0;
+            if (ml_load_relaxed(&m->lsock[i]) == 0 &&
+                atomic_compare_exchange_strong(&m->lsock[i], &z, ino))
+                return;
+        }
+        if (pass == 1 || !mlp_unconfined())
+            break;
+        /* None free: the slots of sockets that no longer listen on the port are cleared. */
+        uint32_t *live = malloc(MLP_LISTENERS_MAX * sizeof *live);
+        int n = live ? __ml_sys_tcp_listeners(port, live, MLP_LISTENERS_MAX) : -ENOMEM;
+        if (n >= 0 && n <= MLP_LISTENERS_MAX)
+            for (unsigned i = 0; i < ML_LREC_LSOCKS; i++) {
+                uint32_t v = ml_load_relaxed(&m->lsock[i]);
+                bool listens = false;
+                for (int j = 0; j < n && !listens; j++)
+                    listens = live[j] == v;
+                if (!listens)
+                    (void)atomic_compare_exchange_strong(&m->lsock[i], &v, 0u);
+            }
+        free(live);
+        if (n < 0 || n > MLP_LISTENERS_MAX)
+            break;
+    }
+    ml_store_release(&m->lsock_full, 1u);
+}
+
 int mlp_on_listen(int fd, bool before)
 {
     if (mlp_cfg.off)
@@ -1331,10 +1434,13 @@ int mlp_on_listen(int fd, bool before)
         mlp_lrecs[a.port] = r;
     }
     int err = r ? 0 : -ENOMEM;
+    struct stat sst;
+    uint32_t sino = __ml_sys_fstat(fd, &sst) == 0 ? (uint32_t)sst.st_ino : 0;
     if (r && r->nlisten == 0) {
         int lfd;
         struct ml_listen_rec *m;
         ino_t ino;
+        mlp_lrec_reclaim_dead(fd, cur, a.port, sino);
         err = mlp_lrec_open(cur, a.port, true, &lfd, &m, &ino);
         if (err == 0) {
             r->lock_fd = lfd;
@@ -1350,8 +1456,10 @@ int mlp_on_listen(int fd, bool before)
                 ml_store_release(&m->groupwide, 1u);
         }
     }
-    if (err == 0)
+    if (err == 0) {
         r->nlisten++;
+        mlp_lrec_note_socket(r->map, a.port, sino);
+    }
     pthread_mutex_unlock(&mlp_neg_mu);
     if (err < 0) {
         mlp_log(0, "listen fd %d port %d: cannot publish (%s); its connections stay on TCP", fd,

@@ -10,6 +10,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <linux/inet_diag.h>
+#include <linux/netlink.h>
+#include <linux/sock_diag.h>
 #include <linux/sockios.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -19,6 +22,7 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/mman.h>
@@ -496,4 +500,72 @@ int __ml_getcpu(void)
     int c = sched_getcpu(); /* vDSO on x86_64 and arm64 */
     errno = saved;
     return c < 0 ? -1 : c;
+}
+
+/* The listening TCP sockets on port in our network namespace, both families (a sock_diag dump
+ * of TCP_LISTEN): their inodes into ino[] (the first max), and their count; -errno. */
+int __ml_sys_tcp_listeners(int port, uint32_t *ino, int max)
+{
+    int fd = __ml_sys_socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
+    if (fd < 0)
+        return fd;
+    struct timeval tv = {.tv_sec = 1};
+    (void)SYS_CALL(SYS_setsockopt, fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    enum { BUFSZ = 32768 }; /* a dump's parts are at most a page or 8 KiB */
+    char *buf = malloc(BUFSZ);
+    int n = 0, e = buf ? 0 : -ENOMEM;
+    for (int fam = 0; fam < 2 && e == 0; fam++) {
+        struct {
+            struct nlmsghdr h;
+            struct inet_diag_req_v2 q;
+        } req;
+        memset(&req, 0, sizeof req);
+        req.h.nlmsg_len = sizeof req;
+        req.h.nlmsg_type = SOCK_DIAG_BY_FAMILY;
+        req.h.nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+        req.h.nlmsg_seq = (uint32_t)fam + 1;
+        req.q.sdiag_family = fam ? AF_INET6 : AF_INET;
+        req.q.sdiag_protocol = IPPROTO_TCP;
+        req.q.idiag_states = 1u << TCP_LISTEN;
+        ssize_t got = __ml_sys_send(fd, &req, sizeof req); /* to the kernel: no address */
+        if (got < 0) {
+            e = (int)got;
+            break;
+        }
+        bool done = false;
+        for (int parts = 0; !done && e == 0; parts++) {
+            got = parts < 4096 ? __ml_sys_recv(fd, buf, BUFSZ) : -EIO;
+            if (got < 0) {
+                e = got == -EAGAIN ? -ETIMEDOUT : (int)got;
+                break;
+            }
+            for (const struct nlmsghdr *h = (const void *)buf; NLMSG_OK(h, (size_t)got);
+                 h = NLMSG_NEXT(h, got)) {
+                if (h->nlmsg_seq != req.h.nlmsg_seq)
+                    continue;
+                if (h->nlmsg_type == NLMSG_DONE) {
+                    done = true;
+                    break;
+                }
+                if (h->nlmsg_type == NLMSG_ERROR) {
+                    const struct nlmsgerr *ne = NLMSG_DATA(h);
+                    e = h->nlmsg_len >= NLMSG_LENGTH(sizeof *ne) && ne->error ? ne->error
+                                                                               : -EIO;
+                    break;
+                }
+                if (h->nlmsg_type != SOCK_DIAG_BY_FAMILY ||
+                    h->nlmsg_len < NLMSG_LENGTH(sizeof(struct inet_diag_msg)))
+                    continue;
+                const struct inet_diag_msg *m = NLMSG_DATA(h);
+                if (m->idiag_state != TCP_LISTEN || ntohs(m->id.idiag_sport) != port)
+                    continue;
+                if (n < max)
+                    ino[n] = m->idiag_inode;
+                n++;
+            }
+        }
+    }
+    free(buf);
+    (void)SYS_CALL(SYS_close, fd);
+    return e < 0 ? e : n;
 }
