@@ -34,6 +34,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/statvfs.h>
 #include <sys/stat.h>
 #include <dirent.h>
 #include <gnu/libc-version.h>
@@ -68,6 +70,11 @@ struct mlp_carry {
     struct mlp_sock **took;   /* sockets a vfork child counted itself in */
     int ntook;
     const posix_spawn_file_actions_t *fa; /* posix_spawn's file actions, or NULL */
+    const char *path;         /* the program the exec names (NULL: an fd, or unknown) */
+    bool blind_known;         /* mlp_exec_blind asked (at the first connection to carry) */
+    const char *blind;        /* the image to come runs without memlan: why (mlp_exec_blind) */
+    char blindwhy[160];
+    char blindpath[512];
 };
 
 /*
@@ -182,6 +189,8 @@ static void mlp_buf_add(struct mlp_buf *b, const char *fmt, ...)
 }
 
 /* One socket (group g[0..n), all the same mlp_sock) before exec: its line of the list, if any. */
+static void mlp_exec_blind(struct mlp_carry *c, const char *path);
+
 static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n, bool vforked,
                            bool spawn, struct mlp_buf *buf)
 {
@@ -226,6 +235,38 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
     }
     if (st != MLP_ACCEL || !s->ch)
         return;
+    if (!c->blind_known) {
+        c->blind_known = true;
+        mlp_exec_blind(c, c->path);
+    }
+    if (c->blind) {
+        /* Nothing in the new image can take it up.  Carried, its bridge kept the side alive to
+         * the peer for as long as the program ran, and both waited for ever (mlp_exec_blind).
+         * The last holder shuts it down before the exec, as the program's own shutdown would:
+         * the peer reads what we sent and then the end, and the program an empty socket.  One
+         * that others hold still stays theirs; this process's hold goes at the exec. */
+        bool last = !spawn && !vforked && ml_load_relaxed(&s->me->holders) <= 1;
+        mlp_log(0, "fd %d: an accelerated connection cannot follow the exec of %s (%s): %s",
+                nk ? keep[0] : g[0].fd, c->blindpath, c->blind,
+                last ? "shut down before it (the peer reads the end of the stream; the "
+                       "program, an empty socket)"
+                     : "it stays with the other processes that hold it, and the program gets "
+                       "its socket without the connection's bytes");
+        if (last && nk) {
+            int e0 = errno;
+            (void)mlp_shutdown(s, keep[0], SHUT_RDWR);
+            errno = e0;
+        }
+        if (last || spawn || vforked)
+            return; /* the spawner keeps its hold; a vfork child took none */
+        struct mlp_sock **ng = realloc(c->gave, (size_t)(c->ngave + 1) * sizeof *ng);
+        if (!ng)
+            return;
+        c->gave = ng;
+        atomic_fetch_sub(&s->me->holders, 1);
+        c->gave[c->ngave++] = s;
+        return;
+    }
     int b = __ml_chan_exec_bridge(s->ch);
     if (b < 0) {
         mlp_log(0, "fd %d: cannot carry the connection across exec (%s)", g[0].fd, strerror(-b));
@@ -570,7 +611,68 @@ static void mlp_exec_reach_note(const char *path)
                 strcmp(path, judged) ? judged : "", mlp_elf_reach_why(reach));
 }
 
-static char *const *mlp_exec_prepare(struct mlp_carry *c, char *const envp[])
+/*
+ * Will the image this exec starts run without memlan?  Then no connection can follow it: the
+ * dynamic linker ignores LD_PRELOAD in secure-execution mode (real and effective ids apart; a
+ * set-user-ID or set-group-ID file for another id, where no_new_privs and a nosuid mount do not
+ * disarm the bit), and a Go or statically linked program never loads it.  Sets c->blind to the
+ * reason, or leaves it NULL where the image will run memlan or we cannot tell (an fd, a name
+ * that PATH does not give: the exec may still find it, and a failed exec must find everything
+ * as it was).  A carried connection was taken up by nothing there: the bridge kept its side
+ * alive, and the peer and the program both waited for ever (socat `EXEC:` of a set-user-ID
+ * program, of a Go one).
+ */
+static void mlp_exec_blind(struct mlp_carry *c, const char *path)
+{
+    c->blind = NULL;
+    path = mlp_maybe_null(path);
+    if (mlp_cfg.off)
+        return;
+    int saved = errno;
+    uid_t ru, eu, su;
+    gid_t rg, eg, sg;
+    char found[512];
+    struct stat st;
+    if (path && !strchr(path, '/'))
+        path = mlp_path_search(path, found, sizeof found) ? found : NULL;
+    if (getresuid(&ru, &eu, &su) == 0 && getresgid(&rg, &eg, &sg) == 0 && (ru != eu || rg != eg) &&
+        path) {
+        snprintf(c->blindwhy, sizeof c->blindwhy, "secure-execution mode: real uid %u, "
+                 "effective uid %u", (unsigned)ru, (unsigned)eu);
+        c->blind = c->blindwhy;
+    } else if (path && stat(path, &st) == 0 &&
+               (((st.st_mode & S_ISUID) && st.st_uid != eu) ||
+                ((st.st_mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP) && st.st_gid != eg))) {
+        /* The kernel honours the bit on a binary only (a "#!" script runs its interpreter
+         * with our ids), and not under no_new_privs or on a nosuid mount. */
+        struct statvfs vf;
+        char magic[4] = {0};
+        long mf = __ml_sys_open(AT_FDCWD, path, O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0);
+        if (mf >= 0) {
+            (void)__ml_sys_pread((int)mf, magic, sizeof magic, 0);
+            __ml_sys_close((int)mf);
+        }
+        if (memcmp(magic, "\177ELF", 4) == 0 && prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) != 1 &&
+            !(statvfs(path, &vf) == 0 && (vf.f_flag & ST_NOSUID))) {
+            snprintf(c->blindwhy, sizeof c->blindwhy, "a set-%s-ID program: secure-execution "
+                     "mode", (st.st_mode & S_ISUID) && st.st_uid != eu ? "user" : "group");
+            c->blind = c->blindwhy;
+        }
+    }
+    if (!c->blind && path) {
+        char judged[512];
+        int reach = mlp_elf_reach(path, 0, judged, sizeof judged);
+        if (reach == 1 || reach == 2) {
+            snprintf(c->blindwhy, sizeof c->blindwhy, "%.150s", mlp_elf_reach_why(reach));
+            c->blind = c->blindwhy;
+        }
+    }
+    if (c->blind)
+        snprintf(c->blindpath, sizeof c->blindpath, "%.500s", path);
+    errno = saved;
+}
+
+static char *const *mlp_exec_prepare(struct mlp_carry *c, const char *path, char *const envp[])
 {
     static char *const empty[] = {NULL};
     for (int i = 0; i < 4; i++)
@@ -583,6 +685,7 @@ static char *const *mlp_exec_prepare(struct mlp_carry *c, char *const envp[])
     /* Exec takes the pool's mappings: give its channel files back now. */
     if (mlp_fab)
         __ml_chan_pool_drain(mlp_fab);
+    c->path = path;
     if (!mlp_cfg.off)
         c->memfd = mlp_carry_list(c, false);
     return mlp_exec_env(c, envp);
@@ -760,7 +863,7 @@ void mlp_exec_adopt(void)
  * is interposed below.
  */
 static char *const *mlp_spawn_prepare(struct mlp_carry *c, const posix_spawn_file_actions_t *fa,
-                                      char *const envp[])
+                                      const char *path, char *const envp[])
 {
     extern char **environ;
     memset(c, 0, sizeof *c);
@@ -768,6 +871,7 @@ static char *const *mlp_spawn_prepare(struct mlp_carry *c, const posix_spawn_fil
     c->fa = fa;
     if (!envp)
         envp = environ; /* glibc's posix_spawn passes the caller's environment then */
+    c->path = path;
     if (!mlp_cfg.off && !mlp_vfork_child())
         c->memfd = mlp_carry_list(c, true);
     return mlp_exec_env(c, envp);
@@ -788,7 +892,7 @@ static int mlp_spawn_call(mlp_spawn_fn real, pid_t *pid, const char *path,
         return real(pid, path, fa, attr, argv, envp);
     mlp_exec_secure_note(path);
     struct mlp_carry c;
-    char *const *env = mlp_spawn_prepare(&c, fa, envp);
+    char *const *env = mlp_spawn_prepare(&c, fa, path, envp);
     int r = real(pid, path, fa, attr, argv, env);
     mlp_spawn_done(&c, r);
     return r;
@@ -961,11 +1065,11 @@ MLP_EXPORT int system(const char *line)
 
 /* ---- the interposers --------------------------------------------------------------------- */
 
-#define MLP_EXEC(call)                                                                         \
+#define MLP_EXEC(path, call)                                                                   \
     do {                                                                                       \
         struct mlp_carry c;                                                                    \
         mlp_epoll_unpark_all(false); /* a set the new image inherits: no parked entry */      \
-        char *const *env = mlp_exec_prepare(&c, envp);                                         \
+        char *const *env = mlp_exec_prepare(&c, (path), envp);                                 \
         if (mlp_vfork_child())                                                                 \
             mlp_vfork_left_set(&c);                                                            \
         int r = (call);                                                                        \
@@ -981,7 +1085,7 @@ MLP_EXPORT int execve(const char *path, char *const argv[], char *const envp[])
         return mlp_real_execve(path, argv, envp);
     mlp_exec_secure_note(path);
     mlp_exec_reach_note(path);
-    MLP_EXEC(mlp_real_execve(path, argv, env));
+    MLP_EXEC(path, mlp_real_execve(path, argv, env));
 }
 
 MLP_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
@@ -991,7 +1095,7 @@ MLP_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
         return mlp_real_execvpe ? mlp_real_execvpe(file, argv, envp) : (errno = ENOSYS, -1);
     mlp_exec_secure_note(file);
     mlp_exec_reach_note(file);
-    MLP_EXEC(mlp_real_execvpe(file, argv, env));
+    MLP_EXEC(file, mlp_real_execvpe(file, argv, env));
 }
 
 MLP_EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
@@ -1000,7 +1104,7 @@ MLP_EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
     if (mlp_inside || !mlp_real_fexecve)
         return mlp_real_fexecve ? mlp_real_fexecve(fd, argv, envp) : (errno = ENOSYS, -1);
     mlp_exec_secure_note(NULL);
-    MLP_EXEC(mlp_real_fexecve(fd, argv, env));
+    MLP_EXEC(NULL, mlp_real_fexecve(fd, argv, env));
 }
 
 MLP_EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *const envp[],
@@ -1013,7 +1117,8 @@ MLP_EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *c
     path = mlp_maybe_null(path); /* NULL: the kernel's EFAULT, not ours to read */
     mlp_exec_secure_note(path && (dirfd == AT_FDCWD || path[0] == '/') ? path : NULL);
     mlp_exec_reach_note(path && (dirfd == AT_FDCWD || path[0] == '/') ? path : NULL);
-    MLP_EXEC(mlp_real_execveat(dirfd, path, argv, env, flags));
+    MLP_EXEC(path && (dirfd == AT_FDCWD || path[0] == '/') ? path : NULL,
+             mlp_real_execveat(dirfd, path, argv, env, flags));
 }
 
 MLP_EXPORT int execv(const char *path, char *const argv[])

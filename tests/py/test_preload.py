@@ -3393,6 +3393,115 @@ def test_a_live_listener_holding_no_lock_keeps_its_record(fabric, tmp_path):
     settle(fabric)
 
 
+BLIND_EXEC_SERVER = r"""
+import os, socket, sys
+port, prog = int(sys.argv[1]), sys.argv[2]
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", port))
+l.listen(4)
+print("ready", flush=True)
+c, _ = l.accept()
+pid = os.fork()
+if pid == 0:  # inetd's way (socat EXEC:): the connection on 0 and 1, then the program
+    os.dup2(c.fileno(), 0)
+    os.dup2(c.fileno(), 1)
+    os.execv(prog, [prog])
+c.close()
+_, st = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(st), flush=True)
+"""
+
+BLIND_EXEC_CLIENT = r"""
+import errno, socket, sys
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+c.settimeout(10)
+c.sendall(b"hello\n")
+try:
+    got = c.recv(100)
+    print("got", repr(got), flush=True)
+except socket.timeout:
+    print("timeout", flush=True)
+except OSError as e:
+    print("error", errno.errorcode[e.errno], flush=True)
+"""
+
+UPPER_C = r"""
+#include <ctype.h>
+#include <unistd.h>
+int main(void)
+{
+    char b[100];
+    ssize_t n = read(0, b, sizeof b);
+    if (n <= 0)
+        return 3;
+    for (ssize_t i = 0; i < n; i++)
+        b[i] = (char)toupper((unsigned char)b[i]);
+    return write(1, b, (size_t)n) == n ? 0 : 4;
+}
+"""
+
+
+@pytest.mark.parametrize("prog", ["static", "setuid"])
+def test_a_connection_exec_cannot_carry_ends_instead_of_hanging(fabric, tmp_path, prog):
+    """A server hands an accepted connection to a program it execs (inetd's way, socat's
+    `EXEC:`), and that program runs without memlan: statically linked (a Go program too), or
+    set-user-ID for another user (secure execution: the dynamic linker ignores LD_PRELOAD).
+    Over kernel TCP it answers.  Under memlan the connection was carried to an image that could
+    not take it up: the carried bridge kept the side alive to the peer, the client waited for
+    ever for an answer and the program for its request.  No byte can follow such an exec (they
+    are in the rings), so the connection now ends at it, with the reason in the log: the
+    client reads the end of the stream (or a reset) within seconds, and the program, once the
+    client has gone, the end of file."""
+    src = tmp_path / "upper.c"
+    src.write_text(UPPER_C)
+    exe = tmp_path / "upper"
+    if prog == "static":
+        if subprocess.run(["cc", "-static", "-o", str(exe), str(src)]).returncode != 0:
+            pytest.skip("no static C library")
+    else:
+        if os.geteuid() != 0:
+            pytest.skip("needs root, to make a set-user-ID program of another user")
+        subprocess.run(["cc", "-o", str(exe), str(src)], check=True)
+        os.chown(exe, 65534, 65534)
+        os.chmod(exe, 0o4755)
+        os.chmod(tmp_path, 0o755)
+        if os.statvfs(exe).f_flag & os.ST_NOSUID:
+            pytest.skip("the test directory is on a nosuid mount")
+    srv_py, cli_py = tmp_path / "srv.py", tmp_path / "cli.py"
+    srv_py.write_text(BLIND_EXEC_SERVER)
+    cli_py.write_text(BLIND_EXEC_CLIENT)
+    outs = {}
+    log = tmp_path / "blind.log"
+    for under in (False, True):
+        port = next_port()
+        pre = [str(MEMLAN), "run", "--log", str(log), "--"] if under else []
+        srv = subprocess.Popen(pre + [PY, str(srv_py), str(port), str(exe)],
+                               stdout=subprocess.PIPE, text=True)
+        cli = None
+        try:
+            assert srv.stdout.readline().strip() == "ready"
+            t0 = time.monotonic()
+            cli = subprocess.run(pre + [PY, str(cli_py), str(port)], capture_output=True,
+                                 text=True, timeout=30)
+            took = time.monotonic() - t0
+            outs[under] = (cli.stdout.strip(), srv.stdout.readline().strip())
+        finally:
+            if srv.poll() is None:
+                srv.kill()
+            srv.wait()
+    assert outs[False] == ("got b'HELLO\\n'", "child 0"), outs
+    said, child = outs[True]
+    # the request cannot reach the program: the client reads the end instead of waiting
+    assert said in ("got b''", "error ECONNRESET"), outs
+    assert took < 8, took
+    assert child == "child 3", outs  # the program read the end of file, not a hang
+    text = log.read_text()
+    assert f"cannot follow the exec of {exe}" in text, text
+    assert ("statically linked" if prog == "static" else "set-user-ID") in text, text
+    settle(fabric)
+
+
 KILLED_IDLE = r"""
 import errno, signal, socket, sys, time
 role, port = sys.argv[1], int(sys.argv[2])
