@@ -191,6 +191,18 @@ static void mlp_buf_add(struct mlp_buf *b, const char *fmt, ...)
 /* One socket (group g[0..n), all the same mlp_sock) before exec: its line of the list, if any. */
 static void mlp_exec_blind(struct mlp_carry *c, const char *path);
 
+/* This process's hold on s goes at the exec: its count given back now (restored by a failed
+ * exec's undo), for the processes that hold it still. */
+static void mlp_carry_give_back(struct mlp_carry *c, struct mlp_sock *s)
+{
+    struct mlp_sock **ng = realloc(c->gave, (size_t)(c->ngave + 1) * sizeof *ng);
+    if (!ng)
+        return;
+    c->gave = ng;
+    atomic_fetch_sub(&s->me->holders, 1);
+    c->gave[c->ngave++] = s;
+}
+
 static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n, bool vforked,
                            bool spawn, struct mlp_buf *buf)
 {
@@ -216,14 +228,8 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
     }
     if (!nk && !spawn) {
         /* Exec releases this process's hold; give our count back if others hold it still. */
-        if (vforked || ml_load_relaxed(&s->me->holders) <= 1)
-            return;
-        struct mlp_sock **ng = realloc(c->gave, (size_t)(c->ngave + 1) * sizeof *ng);
-        if (!ng)
-            return;
-        c->gave = ng;
-        atomic_fetch_sub(&s->me->holders, 1);
-        c->gave[c->ngave++] = s;
+        if (!vforked && ml_load_relaxed(&s->me->holders) > 1)
+            mlp_carry_give_back(c, s);
         return;
     }
     int st = s->state;
@@ -257,14 +263,8 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
             (void)mlp_shutdown(s, keep[0], SHUT_RDWR);
             errno = e0;
         }
-        if (last || spawn || vforked)
-            return; /* the spawner keeps its hold; a vfork child took none */
-        struct mlp_sock **ng = realloc(c->gave, (size_t)(c->ngave + 1) * sizeof *ng);
-        if (!ng)
-            return;
-        c->gave = ng;
-        atomic_fetch_sub(&s->me->holders, 1);
-        c->gave[c->ngave++] = s;
+        if (!last && !spawn && !vforked) /* the spawner keeps its hold; a vfork child took none */
+            mlp_carry_give_back(c, s);
         return;
     }
     int b = __ml_chan_exec_bridge(s->ch);
