@@ -1186,10 +1186,11 @@ def test_tinyproxy_restarted_into_the_fabrics_group(gfabric, group, pubdir):
     Python backend, curl through it, every answer compared with the same fetch over kernel TCP.
     As shipped (Group tinyproxy) its workers lose the group fabric: its clients stay on TCP, with
     the reason.  The admin sets Group to the fabric's group and restarts it (SIGTERM, as
-    systemd's restart: tinyproxy exits without closing its listener): its clients should then
-    be accelerated.  They are not (strict xfail): the new tinyproxy takes over the dead one's
-    listener record, no_offer and all, and every client stays on TCP, "a server process changed
-    its credentials", until a `memlan clean`."""
+    systemd's restart: tinyproxy exits without closing its listener): its clients are then
+    accelerated.  They used not to be: the new tinyproxy took over the dead one's listener
+    record, no_offer and all, and every client stayed on TCP, "a server process changed its
+    credentials", until a `memlan clean`; the record now names its sockets, and the next
+    listener removes it when none of them listens any more."""
     if os.geteuid() != 0:
         pytest.skip("tinyproxy drops from root to its user: needs root")
     need("tinyproxy", "curl")

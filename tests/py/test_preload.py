@@ -3275,8 +3275,8 @@ def test_a_dead_listeners_record_is_not_the_next_ones(fabric, tmp_path, how):
     option, used to take the record over as it was: every client stayed on TCP, "the server's
     listener defers accept until data", until a `memlan clean` (found with tinyproxy restarted
     after its Group was changed to the fabric's: "a server process changed its credentials").
-    Strict xfail: removing a record nobody holds locked at the next publish (ec75050) also
-    removed live ones (haproxy's seamless reload), and was taken back."""
+    Now the next listener removes it: it names the dead listener's socket, which the kernel no
+    longer lists (test_a_live_listener_holding_no_lock_keeps_its_record: a live one is kept)."""
     dead, script = tmp_path / "dead.py", tmp_path / "deferred.py"
     dead.write_text(DEAD_DEFERRED)
     script.write_text(DEFERRED)
