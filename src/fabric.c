@@ -173,6 +173,7 @@ int memlan_fabric_open(const char *path, memlan_fabric_t **out)
     fab->uid = getuid();
     pthread_mutex_init(&fab->pool_mu, NULL);
     fab->shared = (st.st_mode & 077) != 0;
+    fab->sweep_asks = true;
     snprintf(fab->path, sizeof fab->path, "%s", path);
     *out = fab;
     return 0;
@@ -478,9 +479,9 @@ int __ml_fabric_reclaim_name(memlan_fabric_t *fab, const char *name)
     return ml_reclaim_seg(fab, name);
 }
 
-static int ml_fabric_reclaim_cx(memlan_fabric_t *fab, struct ml_clean_ctx *cx);
+static int ml_fabric_reclaim_cx(memlan_fabric_t *fab, struct ml_clean_ctx *cx, bool ask);
 
-int __ml_fabric_reclaim(memlan_fabric_t *fab) { return ml_fabric_reclaim_cx(fab, NULL); }
+int __ml_fabric_reclaim(memlan_fabric_t *fab) { return ml_fabric_reclaim_cx(fab, NULL, false); }
 
 int __ml_fabric_clean_report(memlan_fabric_t *fab, struct ml_clean_report *rep)
 {
@@ -494,7 +495,7 @@ int __ml_fabric_clean_report(memlan_fabric_t *fab, struct ml_clean_report *rep)
     rep->dir_uid = (uint32_t)d.st_uid;
     struct ml_clean_ctx cx = {.rep = rep, .dir_owner = d.st_uid == geteuid() && fab->shared,
                               .nlocks = -1};
-    r = ml_fabric_reclaim_cx(fab, &cx);
+    r = ml_fabric_reclaim_cx(fab, &cx, true);
     free(cx.locks);
     if (r >= 0)
         rep->removed = r;
@@ -505,9 +506,9 @@ int __ml_fabric_clean_report(memlan_fabric_t *fab, struct ml_clean_report *rep)
  * A listener record (ls-NETNS-PORT) that nobody holds locked may still have live listeners: one
  * need not hold the lock (a listening socket passed over SCM_RIGHTS, whose publisher is gone:
  * haproxy's seamless reload).  The record names the sockets published in it (lsock); true while
- * one of them may still listen on the port: always for a sweep (ask false: a client's, which
- * may run in a sandbox, asks the kernel nothing), and for a clean where the kernel cannot say or
- * lists one as listening.  A record of another namespace than ours, or one that names no socket
+ * one of them may still listen on the port: always where we may not ask the kernel (ask false:
+ * a sweep in a process of the preload's that may be sandboxed, which asks nothing), and where
+ * the kernel cannot say or lists one as listening.  A record of another namespace than ours, or one that names no socket
  * (an older memlan's), is judged by its lock alone, as before.
  */
 static bool ml_lrec_may_listen(memlan_fabric_t *fab, const char *name, bool ask)
@@ -548,7 +549,7 @@ static bool ml_lrec_may_listen(memlan_fabric_t *fab, const char *name, bool ask)
     return listens;
 }
 
-static int ml_fabric_reclaim_cx(memlan_fabric_t *fab, struct ml_clean_ctx *cx)
+static int ml_fabric_reclaim_cx(memlan_fabric_t *fab, struct ml_clean_ctx *cx, bool ask)
 {
     long dfd = __ml_sys_open(fab->dirfd, ".", O_RDONLY | O_DIRECTORY, 0);
     if (dfd < 0)
@@ -568,7 +569,7 @@ static int ml_fabric_reclaim_cx(memlan_fabric_t *fab, struct ml_clean_ctx *cx)
             } else if (strncmp(nm, "ls-", 3) == 0) {
                 /* A listener record: its listeners hold read locks on byte 0, and those that
                  * hold none are looked for by their sockets. */
-                if (!ml_lrec_may_listen(fab, nm, cx != NULL))
+                if (!ml_lrec_may_listen(fab, nm, ask))
                     removed += ml_reclaim_seg_cx(fab, nm, cx);
             } else if (strncmp(nm, "la-", 3) == 0) {
                 /* An address record (src/preload/negotiate.c): a symbolic link to a listener
@@ -684,11 +685,13 @@ static int ml_fabric_reclaim_cx(memlan_fabric_t *fab, struct ml_clean_ctx *cx)
     return removed;
 }
 
-void __ml_fabric_sweep_once(memlan_fabric_t *fab)
+void __ml_fabric_sweep_once_ask(memlan_fabric_t *fab, bool ask)
 {
     if (!ml_load_relaxed(&fab->swept) && !ml_xchg(&fab->swept, true))
-        (void)__ml_fabric_reclaim(fab);
+        (void)ml_fabric_reclaim_cx(fab, NULL, ask);
 }
+
+void __ml_fabric_sweep_once(memlan_fabric_t *fab) { __ml_fabric_sweep_once_ask(fab, fab->sweep_asks); }
 
 int memlan_fabric_clean(memlan_fabric_t *fab)
 {

@@ -33,6 +33,8 @@ struct memlan_fabric {
     int dirfd;
     bool shared;              /* the directory is open to group or others */
     _Atomic bool swept;       /* lazy reclaim done (the first time we create a file) */
+    bool sweep_asks;          /* the lazy reclaim may ask the kernel which sockets listen
+                               * (sock_diag); the preload's fabric: false, it asks itself */
     uid_t uid;
     pthread_mutex_t pool_mu;
     int npool;                /* pool[0] is the oldest */
@@ -134,6 +136,7 @@ int __ml_fabric_clean_report(memlan_fabric_t *fab, struct ml_clean_report *rep);
 const char *__ml_fabric_explain(int err, char *buf, size_t len);
 /* The lazy sweep: once per handle, before the first file it creates (or when the caller says). */
 void __ml_fabric_sweep_once(memlan_fabric_t *fab);
+void __ml_fabric_sweep_once_ask(memlan_fabric_t *fab, bool ask); /* ask: sweep_asks */
 int __ml_fabric_reclaim_name(memlan_fabric_t *fab, const char *name); /* 1 if removed */
 
 /* segment.c: segments of any kind.  create() returns a zeroed, mapped, locked segment whose

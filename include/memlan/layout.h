@@ -260,8 +260,9 @@ struct ml_listen_rec {
      * its socket's inode into a free (0) slot; one that finds none clears the slots of sockets
      * the kernel no longer lists as listening on the port, and failing that sets lsock_full, and
      * the record is taken for live from then on, as before these slots.  Peer input: a wrong
-     * entry keeps a dead record (its clients on TCP) or has a live one made anew (its clients on
-     * TCP until its listeners publish again), nothing worse (appended: older readers ignore it). */
+     * entry keeps a dead record (its clients on TCP) or has a live one removed and made anew,
+     * with what vouched for it (its clients on TCP or refused until its listeners publish
+     * again); no byte goes astray (appended: older readers ignore it). */
     _Alignas(ML_CACHELINE) _Atomic uint32_t lsock_full;
     _Atomic uint32_t lsock[ML_LREC_LSOCKS];
 };

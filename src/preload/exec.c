@@ -36,6 +36,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/statvfs.h>
+#include <sys/xattr.h>
 #include <sys/stat.h>
 #include <dirent.h>
 #include <gnu/libc-version.h>
@@ -71,6 +72,7 @@ struct mlp_carry {
     int ntook;
     const posix_spawn_file_actions_t *fa; /* posix_spawn's file actions, or NULL */
     const char *path;         /* the program the exec names (NULL: an fd, or unknown) */
+    bool search;              /* execvp's and posix_spawnp's: a bare name is looked for in PATH */
     bool blind_known;         /* mlp_exec_blind asked (at the first connection to carry) */
     const char *blind;        /* the image to come runs without memlan: why (mlp_exec_blind) */
     char blindwhy[160];
@@ -622,44 +624,68 @@ static void mlp_exec_reach_note(const char *path)
  * alive, and the peer and the program both waited for ever (socat `EXEC:` of a set-user-ID
  * program, of a Go one).
  */
+static bool mlp_is_loader(const char *path)
+{
+    const char *b = strrchr(path, '/');
+    b = b ? b + 1 : path;
+    return strncmp(b, "ld-linux", 8) == 0 || strncmp(b, "ld.so", 5) == 0 ||
+           (strncmp(b, "ld-", 3) == 0 && strstr(b, ".so"));
+}
+
 static void mlp_exec_blind(struct mlp_carry *c, const char *path)
 {
     c->blind = NULL;
     path = mlp_maybe_null(path);
-    if (mlp_cfg.off)
+    if (mlp_cfg.off || !path)
         return;
     int saved = errno;
     uid_t ru, eu, su;
     gid_t rg, eg, sg;
     char found[512];
     struct stat st;
-    if (path && !strchr(path, '/'))
-        path = mlp_path_search(path, found, sizeof found) ? found : NULL;
-    if (getresuid(&ru, &eu, &su) == 0 && getresgid(&rg, &eg, &sg) == 0 && (ru != eu || rg != eg) &&
-        path) {
+    struct statvfs vf;
+    /* As the exec finds it: execvp and posix_spawnp search PATH for a bare name, the others
+     * take it as it is (from the working directory).  And judged only if the exec can run it:
+     * a regular file we may execute, not on a noexec mount (a failed exec must find the
+     * connection as it was). */
+    if (c->search && !strchr(path, '/') && !mlp_path_search(path, found, sizeof found))
+        goto out;
+    if (c->search && !strchr(path, '/'))
+        path = found;
+    if (stat(path, &st) < 0 || !S_ISREG(st.st_mode) || faccessat(AT_FDCWD, path, X_OK, AT_EACCESS) < 0 ||
+        (statvfs(path, &vf) == 0 && (vf.f_flag & ST_NOEXEC)) || mlp_is_loader(path))
+        goto out; /* the dynamic loader run as a program honours LD_PRELOAD */
+    if (getresuid(&ru, &eu, &su) < 0 || getresgid(&rg, &eg, &sg) < 0)
+        goto out;
+    char magic[4] = {0};
+    long mf = __ml_sys_open(AT_FDCWD, path, O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0);
+    if (mf >= 0) {
+        (void)__ml_sys_pread((int)mf, magic, sizeof magic, 0);
+        __ml_sys_close((int)mf);
+    }
+    bool elf = memcmp(magic, "\177ELF", 4) == 0;
+    bool nosuid = (statvfs(path, &vf) == 0 && (vf.f_flag & ST_NOSUID)) ||
+                  prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1;
+    if (ru != eu || rg != eg) {
         snprintf(c->blindwhy, sizeof c->blindwhy, "secure-execution mode: real uid %u, "
                  "effective uid %u", (unsigned)ru, (unsigned)eu);
         c->blind = c->blindwhy;
-    } else if (path && stat(path, &st) == 0 &&
+    } else if (elf && !nosuid &&
                (((st.st_mode & S_ISUID) && st.st_uid != eu) ||
                 ((st.st_mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP) && st.st_gid != eg))) {
         /* The kernel honours the bit on a binary only (a "#!" script runs its interpreter
          * with our ids), and not under no_new_privs or on a nosuid mount. */
-        struct statvfs vf;
-        char magic[4] = {0};
-        long mf = __ml_sys_open(AT_FDCWD, path, O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0);
-        if (mf >= 0) {
-            (void)__ml_sys_pread((int)mf, magic, sizeof magic, 0);
-            __ml_sys_close((int)mf);
-        }
-        if (memcmp(magic, "\177ELF", 4) == 0 && prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) != 1 &&
-            !(statvfs(path, &vf) == 0 && (vf.f_flag & ST_NOSUID))) {
-            snprintf(c->blindwhy, sizeof c->blindwhy, "a set-%s-ID program: secure-execution "
-                     "mode", (st.st_mode & S_ISUID) && st.st_uid != eu ? "user" : "group");
-            c->blind = c->blindwhy;
-        }
-    }
-    if (!c->blind && path) {
+        snprintf(c->blindwhy, sizeof c->blindwhy, "a set-%s-ID program: secure-execution mode",
+                 (st.st_mode & S_ISUID) && st.st_uid != eu ? "user" : "group");
+        c->blind = c->blindwhy;
+    } else if (elf && !nosuid && eu != 0 &&
+               getxattr(path, "security.capability", NULL, 0) > 0) {
+        /* File capabilities raise a non-root caller's: secure execution too (root's are
+         * all there already). */
+        snprintf(c->blindwhy, sizeof c->blindwhy, "a program with file capabilities: "
+                 "secure-execution mode");
+        c->blind = c->blindwhy;
+    } else {
         char judged[512];
         int reach = mlp_elf_reach(path, 0, judged, sizeof judged);
         if (reach == 1 || reach == 2) {
@@ -669,10 +695,12 @@ static void mlp_exec_blind(struct mlp_carry *c, const char *path)
     }
     if (c->blind)
         snprintf(c->blindpath, sizeof c->blindpath, "%.500s", path);
+out:
     errno = saved;
 }
 
-static char *const *mlp_exec_prepare(struct mlp_carry *c, const char *path, char *const envp[])
+static char *const *mlp_exec_prepare(struct mlp_carry *c, const char *path, bool search,
+                                     char *const envp[])
 {
     static char *const empty[] = {NULL};
     for (int i = 0; i < 4; i++)
@@ -686,6 +714,7 @@ static char *const *mlp_exec_prepare(struct mlp_carry *c, const char *path, char
     if (mlp_fab)
         __ml_chan_pool_drain(mlp_fab);
     c->path = path;
+    c->search = search;
     if (!mlp_cfg.off)
         c->memfd = mlp_carry_list(c, false);
     return mlp_exec_env(c, envp);
@@ -863,7 +892,7 @@ void mlp_exec_adopt(void)
  * is interposed below.
  */
 static char *const *mlp_spawn_prepare(struct mlp_carry *c, const posix_spawn_file_actions_t *fa,
-                                      const char *path, char *const envp[])
+                                      const char *path, bool search, char *const envp[])
 {
     extern char **environ;
     memset(c, 0, sizeof *c);
@@ -872,6 +901,7 @@ static char *const *mlp_spawn_prepare(struct mlp_carry *c, const posix_spawn_fil
     if (!envp)
         envp = environ; /* glibc's posix_spawn passes the caller's environment then */
     c->path = path;
+    c->search = search;
     if (!mlp_cfg.off && !mlp_vfork_child())
         c->memfd = mlp_carry_list(c, true);
     return mlp_exec_env(c, envp);
@@ -892,7 +922,7 @@ static int mlp_spawn_call(mlp_spawn_fn real, pid_t *pid, const char *path,
         return real(pid, path, fa, attr, argv, envp);
     mlp_exec_secure_note(path);
     struct mlp_carry c;
-    char *const *env = mlp_spawn_prepare(&c, fa, path, envp);
+    char *const *env = mlp_spawn_prepare(&c, fa, path, real == mlp_real_posix_spawnp, envp);
     int r = real(pid, path, fa, attr, argv, env);
     mlp_spawn_done(&c, r);
     return r;
@@ -1065,11 +1095,11 @@ MLP_EXPORT int system(const char *line)
 
 /* ---- the interposers --------------------------------------------------------------------- */
 
-#define MLP_EXEC(path, call)                                                                   \
+#define MLP_EXEC(path, search, call)                                                           \
     do {                                                                                       \
         struct mlp_carry c;                                                                    \
         mlp_epoll_unpark_all(false); /* a set the new image inherits: no parked entry */      \
-        char *const *env = mlp_exec_prepare(&c, (path), envp);                                 \
+        char *const *env = mlp_exec_prepare(&c, (path), (search), envp);                       \
         if (mlp_vfork_child())                                                                 \
             mlp_vfork_left_set(&c);                                                            \
         int r = (call);                                                                        \
@@ -1085,7 +1115,7 @@ MLP_EXPORT int execve(const char *path, char *const argv[], char *const envp[])
         return mlp_real_execve(path, argv, envp);
     mlp_exec_secure_note(path);
     mlp_exec_reach_note(path);
-    MLP_EXEC(path, mlp_real_execve(path, argv, env));
+    MLP_EXEC(path, false, mlp_real_execve(path, argv, env));
 }
 
 MLP_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
@@ -1095,7 +1125,7 @@ MLP_EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
         return mlp_real_execvpe ? mlp_real_execvpe(file, argv, envp) : (errno = ENOSYS, -1);
     mlp_exec_secure_note(file);
     mlp_exec_reach_note(file);
-    MLP_EXEC(file, mlp_real_execvpe(file, argv, env));
+    MLP_EXEC(file, true, mlp_real_execvpe(file, argv, env));
 }
 
 MLP_EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
@@ -1104,7 +1134,7 @@ MLP_EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
     if (mlp_inside || !mlp_real_fexecve)
         return mlp_real_fexecve ? mlp_real_fexecve(fd, argv, envp) : (errno = ENOSYS, -1);
     mlp_exec_secure_note(NULL);
-    MLP_EXEC(NULL, mlp_real_fexecve(fd, argv, env));
+    MLP_EXEC(NULL, false, mlp_real_fexecve(fd, argv, env));
 }
 
 MLP_EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *const envp[],
@@ -1117,7 +1147,7 @@ MLP_EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *c
     path = mlp_maybe_null(path); /* NULL: the kernel's EFAULT, not ours to read */
     mlp_exec_secure_note(path && (dirfd == AT_FDCWD || path[0] == '/') ? path : NULL);
     mlp_exec_reach_note(path && (dirfd == AT_FDCWD || path[0] == '/') ? path : NULL);
-    MLP_EXEC(path && (dirfd == AT_FDCWD || path[0] == '/') ? path : NULL,
+    MLP_EXEC(path && path[0] && (dirfd == AT_FDCWD || path[0] == '/') ? path : NULL, false,
              mlp_real_execveat(dirfd, path, argv, env, flags));
 }
 

@@ -240,6 +240,8 @@ MLP_EXPORT int listen(int fd, int backlog)
         struct mlp_sock *s = mlp_uninstall(fd);
         if (s)
             mlp_put(s);
+    } else if (r == 0 && pre) {
+        mlp_on_listened(fd);
     } else if (r == 0 && !pre && !mlp_inside && !mlp_cfg.off) {
         mlp_on_listen(fd, false);
     }

@@ -92,6 +92,7 @@ static memlan_fabric_t *mlp_fabric(void)
                      brief ? brief : why);
         } else {
             mlp_own_fd(&f->dirfd, true);
+            f->sweep_asks = false; /* a sandbox may kill for the socket: asked where we know */
             mlp_fab = f;
             mlp_cred_fabric_opened();
         }
@@ -1299,12 +1300,27 @@ static bool mlp_unconfined(void);
 
 #define MLP_LISTENERS_MAX 256
 
+/* Is the calling thread in the network namespace netns (our records' name for it)?  The kernel's
+ * dump answers for the thread's namespace, and mlp_netns is the process's view of it: another
+ * thread's setns or unshare may have moved one and not yet the other. */
+static bool mlp_thread_in_netns(const char *netns)
+{
+    struct stat st;
+    char me[24];
+    if (__ml_sys_fstatat(AT_FDCWD, "/proc/thread-self/ns/net", &st, 0) < 0)
+        return false;
+    snprintf(me, sizeof me, "%llx", (unsigned long long)st.st_ino);
+    return strcmp(me, netns) == 0;
+}
+
 /* Before this process's first listener on port publishes (mlp_neg_mu): the record, if its
  * listeners are all dead (above), is removed, so that ours is made afresh.  my_ino: the inode of
  * the socket we publish. */
 static void mlp_lrec_reclaim_dead(int fd, const char *netns, int port, uint32_t my_ino)
 {
     char name[64];
+    if (mlp_known_confined())
+        return; /* a sandbox: no call beyond the ones listen() makes anyway */
     mlp_lrec_name(name, sizeof name, netns, port);
     long rfd = __ml_sys_open(mlp_fab->dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
                              0);
@@ -1315,7 +1331,7 @@ static void mlp_lrec_reclaim_dead(int fd, const char *netns, int port, uint32_t 
     bool named = false, dead = false;
     if (__ml_sys_fstat((int)rfd, &st) == 0 && S_ISREG(st.st_mode) &&
         (size_t)st.st_size >= sizeof m &&
-        __ml_sys_pread((int)rfd, &m, sizeof m, 0) == (ssize_t)sizeof m &&
+        __ml_sys_read((int)rfd, &m, sizeof m) == (ssize_t)sizeof m &&
         m.magic == ML_LREC_MAGIC && !m.lsock_full && !mlp_lrec_live((int)rfd)) {
         dead = true;
         for (unsigned i = 0; i < ML_LREC_LSOCKS; i++) {
@@ -1326,7 +1342,7 @@ static void mlp_lrec_reclaim_dead(int fd, const char *netns, int port, uint32_t 
         }
     }
     __ml_sys_close((int)rfd);
-    if (!dead || !named || !mlp_unconfined())
+    if (!dead || !named || !mlp_thread_in_netns(netns) || !mlp_unconfined())
         return;
     uint32_t *live = malloc(MLP_LISTENERS_MAX * sizeof *live);
     int n = live ? __ml_sys_tcp_listeners(port, live, MLP_LISTENERS_MAX) : -ENOMEM;
@@ -1349,7 +1365,8 @@ static void mlp_lrec_reclaim_dead(int fd, const char *netns, int port, uint32_t 
 }
 
 /* Our listening socket (inode ino) named in the record m, for mlp_lrec_reclaim_dead. */
-static void mlp_lrec_note_socket(struct ml_listen_rec *m, int port, uint32_t ino)
+static void mlp_lrec_note_socket(struct ml_listen_rec *m, const char *netns, int port,
+                                 uint32_t ino)
 {
     if (!m || ino == 0 || ml_load_relaxed(&m->lsock_full))
         return;
@@ -1363,14 +1380,21 @@ static void mlp_lrec_note_socket(struct ml_listen_rec *m, int port, uint32_t ino
                 atomic_compare_exchange_strong(&m->lsock[i], &z, ino))
                 return;
         }
-        if (pass == 1 || !mlp_unconfined())
+        if (pass == 1 || mlp_known_confined() || !mlp_thread_in_netns(netns) ||
+            !mlp_unconfined())
             break;
-        /* None free: the slots of sockets that no longer listen on the port are cleared. */
+        /* None free: the slots of sockets that no longer listen on the port are cleared.  Read
+         * before the dump: a socket is named once it listens (mlp_on_listened), so one named
+         * in the snapshot and alive is in the dump, and a slot named anew meanwhile holds
+         * another value, which the exchange below leaves. */
+        uint32_t snap[ML_LREC_LSOCKS];
+        for (unsigned i = 0; i < ML_LREC_LSOCKS; i++)
+            snap[i] = ml_load_acquire(&m->lsock[i]);
         uint32_t *live = malloc(MLP_LISTENERS_MAX * sizeof *live);
         int n = live ? __ml_sys_tcp_listeners(port, live, MLP_LISTENERS_MAX) : -ENOMEM;
         if (n >= 0 && n <= MLP_LISTENERS_MAX)
             for (unsigned i = 0; i < ML_LREC_LSOCKS; i++) {
-                uint32_t v = ml_load_relaxed(&m->lsock[i]);
+                uint32_t v = snap[i];
                 bool listens = false;
                 for (int j = 0; j < n && !listens; j++)
                     listens = live[j] == v;
@@ -1458,7 +1482,8 @@ int mlp_on_listen(int fd, bool before)
     }
     if (err == 0) {
         r->nlisten++;
-        mlp_lrec_note_socket(r->map, a.port, sino);
+        if (!before) /* else once the kernel listens: mlp_on_listened */
+            mlp_lrec_note_socket(r->map, cur, a.port, sino);
     }
     pthread_mutex_unlock(&mlp_neg_mu);
     if (err < 0) {
@@ -1483,6 +1508,23 @@ int mlp_on_listen(int fd, bool before)
     if (!mlp_addr_loopback(&a))
         mlp_addr_links(fd, &a);
     return 0;
+}
+
+/* The kernel listens on fd, which mlp_on_listen published before it did: the socket is named in
+ * its record now (mlp_lrec_note_socket: a slot is named only for a listening socket). */
+void mlp_on_listened(int fd)
+{
+    struct mlp_sock *s = mlp_get(fd);
+    if (!s)
+        return;
+    struct stat st;
+    if (s->type == MLP_LISTENER && s->rec && __ml_sys_fstat(fd, &st) == 0) {
+        pthread_mutex_lock(&mlp_neg_mu);
+        if (s->rec->map && s->rec->nlisten > 0)
+            mlp_lrec_note_socket(s->rec->map, s->rec->netns, s->port, (uint32_t)st.st_ino);
+        pthread_mutex_unlock(&mlp_neg_mu);
+    }
+    mlp_put(s);
 }
 
 /*
@@ -2753,7 +2795,7 @@ void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, vo
             ml_store_relaxed(&mlp_fab->swept, true);
         } else {
             ml_store_relaxed(&lm->swept_s, now_s ? now_s : 1);
-            __ml_fabric_sweep_once(mlp_fab);
+            __ml_fabric_sweep_once_ask(mlp_fab, !mlp_confined());
         }
     }
     struct mlp_pending *p = malloc(sizeof *p);

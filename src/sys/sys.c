@@ -12,6 +12,7 @@
 #include <linux/futex.h>
 #include <linux/inet_diag.h>
 #include <linux/netlink.h>
+#include <linux/rtnetlink.h>
 #include <linux/sock_diag.h>
 #include <linux/sockios.h>
 #include <netinet/in.h>
@@ -502,8 +503,7 @@ int __ml_getcpu(void)
     return c < 0 ? -1 : c;
 }
 
-/* The listening TCP sockets on port in our network namespace, both families (a sock_diag dump
- * of TCP_LISTEN): their inodes into ino[] (the first max), and their count; -errno. */
+/* See sys.h. */
 int __ml_sys_tcp_listeners(int port, uint32_t *ino, int max)
 {
     int fd = __ml_sys_socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
@@ -511,13 +511,18 @@ int __ml_sys_tcp_listeners(int port, uint32_t *ino, int max)
         return fd;
     struct timeval tv = {.tv_sec = 1};
     (void)SYS_CALL(SYS_setsockopt, fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    enum { BUFSZ = 32768 }; /* a dump's parts are at most a page or 8 KiB */
+    enum { BUFSZ = 32768 }; /* a dump's part fits (the kernel's are at most 32 KiB) */
     char *buf = malloc(BUFSZ);
     int n = 0, e = buf ? 0 : -ENOMEM;
     for (int fam = 0; fam < 2 && e == 0; fam++) {
+        /* The kernel filters on the port (bytecode: sport >= port, then sport <= port), so the
+         * answer is a part or two however many listeners the host has, and a dump that
+         * another socket's close shifts between its parts cannot skip one of ours. */
         struct {
             struct nlmsghdr h;
             struct inet_diag_req_v2 q;
+            struct rtattr a;
+            struct inet_diag_bc_op ops[4];
         } req;
         memset(&req, 0, sizeof req);
         req.h.nlmsg_len = sizeof req;
@@ -527,6 +532,12 @@ int __ml_sys_tcp_listeners(int port, uint32_t *ino, int max)
         req.q.sdiag_family = fam ? AF_INET6 : AF_INET;
         req.q.sdiag_protocol = IPPROTO_TCP;
         req.q.idiag_states = 1u << TCP_LISTEN;
+        req.a.rta_type = INET_DIAG_REQ_BYTECODE;
+        req.a.rta_len = RTA_LENGTH(sizeof req.ops);
+        req.ops[0] = (struct inet_diag_bc_op){INET_DIAG_BC_S_GE, 8, 20};
+        req.ops[1] = (struct inet_diag_bc_op){0, 0, (uint16_t)port};
+        req.ops[2] = (struct inet_diag_bc_op){INET_DIAG_BC_S_LE, 8, 12};
+        req.ops[3] = (struct inet_diag_bc_op){0, 0, (uint16_t)port};
         ssize_t got = __ml_sys_send(fd, &req, sizeof req); /* to the kernel: no address */
         if (got < 0) {
             e = (int)got;
@@ -534,13 +545,18 @@ int __ml_sys_tcp_listeners(int port, uint32_t *ino, int max)
         }
         bool done = false;
         for (int parts = 0; !done && e == 0; parts++) {
-            got = parts < 4096 ? __ml_sys_recv(fd, buf, BUFSZ) : -EIO;
+            struct iovec iov = {buf, BUFSZ};
+            struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
+            got = parts < 4096 ? SYS_CALL(SYS_recvmsg, fd, &mh, 0) : -EIO;
+            if (got >= 0 && (mh.msg_flags & MSG_TRUNC))
+                got = -EMSGSIZE;
             if (got < 0) {
                 e = got == -EAGAIN ? -ETIMEDOUT : (int)got;
                 break;
             }
-            for (const struct nlmsghdr *h = (const void *)buf; NLMSG_OK(h, (size_t)got);
-                 h = NLMSG_NEXT(h, got)) {
+            int len = (int)got;
+            for (const struct nlmsghdr *h = (const void *)buf; NLMSG_OK(h, len);
+                 h = NLMSG_NEXT(h, len)) {
                 if (h->nlmsg_seq != req.h.nlmsg_seq)
                     continue;
                 if (h->nlmsg_type == NLMSG_DONE) {

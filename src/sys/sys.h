@@ -70,9 +70,10 @@ int __ml_sys_getdents(int fd, void *buf, size_t len);
 /* The inode of the network namespace the socket fd was made in, into *ino: 0, or a negative
  * errno (-EPERM without CAP_NET_ADMIN over that namespace, -ENOTTY on a kernel before 4.9). */
 int __ml_sys_socket_netns(int fd, uint64_t *ino);
-/* The listening TCP sockets on port in the caller's network namespace, both families (a
- * sock_diag dump of TCP_LISTEN, which asks no privilege): their inodes into ino[] (the first
- * max), and their count; or a negative errno.  Waits at most a second for the kernel. */
+/* The listening TCP sockets on port in the calling thread's network namespace, both families
+ * (a sock_diag dump of TCP_LISTEN filtered on the port by the kernel, which asks no privilege):
+ * their inodes into ino[] (the first max), and their count; or a negative errno.  Waits at most
+ * a second for each answer. */
 int __ml_sys_tcp_listeners(int port, uint32_t *ino, int max);
 /* 1 when a Unix seqpacket socket listens at path, 0 when none does (ECONNREFUSED, or not a
  * socket), or a negative errno.  The probe connection is closed at once, so the listener's

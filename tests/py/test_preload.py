@@ -3304,6 +3304,30 @@ def test_a_dead_listeners_record_is_not_the_next_ones(fabric, tmp_path, how):
     settle(fabric)
 
 
+def test_a_clients_sweep_removes_a_dead_listeners_record(fabric, tmp_path):
+    """The fabric's lazy sweep (a process's first offer) removes what dead processes left,
+    listener records included: one whose listener exited without closing goes at the next
+    client's sweep, though nothing listens on its port again.  A record now names its sockets,
+    and a sweep that would not ask the kernel which of them listen kept every such record (a
+    review of 07d2978: records of ports never used again piled up in /dev/shm until a
+    `memlan clean`); a client outside a sandbox asks."""
+    dead, script = tmp_path / "dead.py", tmp_path / "deferred.py"
+    dead.write_text(DEAD_DEFERRED)
+    script.write_text(DEFERRED)
+    pre = [str(MEMLAN), "run", "--"]
+    gone_port = next_port()
+    first = subprocess.Popen(pre + [PY, str(dead), str(gone_port), "exit"],
+                             stdout=subprocess.PIPE, text=True)
+    assert first.stdout.readline().strip() == "ready"
+    assert first.wait(timeout=30) == 0
+    rec = fabric / ("ls-%x-%d" % (os.stat("/proc/self/ns/net").st_ino, gone_port))
+    assert rec.exists()
+    out = deferred_round(pre, PY, script, next_port(), "none")
+    assert out == "".join("PING %d True\n" % i for i in range(3)), out
+    assert not rec.exists(), "a dead listener's record outlived a client's sweep"
+    settle(fabric)
+
+
 LOCKLESS = r"""
 import os, socket, sys
 role, port, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
@@ -3395,19 +3419,29 @@ def test_a_live_listener_holding_no_lock_keeps_its_record(fabric, tmp_path):
 
 BLIND_EXEC_SERVER = r"""
 import os, socket, sys
-port, prog = int(sys.argv[1]), sys.argv[2]
+port, prog, order = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 l = socket.socket()
 l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 l.bind(("127.0.0.1", port))
 l.listen(4)
 print("ready", flush=True)
 c, _ = l.accept()
+r, w = os.pipe()
 pid = os.fork()
 if pid == 0:  # inetd's way (socat EXEC:): the connection on 0 and 1, then the program
+    os.close(r if order == "shared" else w)
+    if order == "last":
+        os.read(r, 1)  # the parent has closed its copy: the exec is the last holder's
     os.dup2(c.fileno(), 0)
     os.dup2(c.fileno(), 1)
-    os.execv(prog, [prog])
+    argv = prog.split(" ")  # "LOADER PROGRAM": the dynamic loader runs the program
+    os.execv(argv[0], argv)  # "shared": w is close-on-exec, its end tells the parent
+os.close(w if order == "shared" else r)
+if order == "shared":
+    os.read(r, 1)  # end of file: the child has exec'd, holding the connection with us
 c.close()
+if order == "last":
+    os.write(w, b"x")
 _, st = os.waitpid(pid, 0)
 print("child", os.waitstatus_to_exitcode(st), flush=True)
 """
@@ -3442,8 +3476,9 @@ int main(void)
 """
 
 
-@pytest.mark.parametrize("prog", ["static", "setuid"])
-def test_a_connection_exec_cannot_carry_ends_instead_of_hanging(fabric, tmp_path, prog):
+@pytest.mark.parametrize("order", ["last", "shared"])
+@pytest.mark.parametrize("prog", ["static", "setuid", "loader"])
+def test_a_connection_exec_cannot_carry_ends_instead_of_hanging(fabric, tmp_path, prog, order):
     """A server hands an accepted connection to a program it execs (inetd's way, socat's
     `EXEC:`), and that program runs without memlan: statically linked (a Go program too), or
     set-user-ID for another user (secure execution: the dynamic linker ignores LD_PRELOAD).
@@ -3451,14 +3486,25 @@ def test_a_connection_exec_cannot_carry_ends_instead_of_hanging(fabric, tmp_path
     not take it up: the carried bridge kept the side alive to the peer, the client waited for
     ever for an answer and the program for its request.  No byte can follow such an exec (they
     are in the rings), so the connection now ends at it, with the reason in the log: the
-    client reads the end of the stream (or a reset) within seconds, and the program, once the
-    client has gone, the end of file."""
+    client reads the end of the stream (or a reset) within seconds, and the program the end of
+    file.  order "last": the server closed its copy first, and the exec, the last holder's,
+    shuts the connection down; "shared": the server closes its copy after the exec, which only
+    gave this process's hold back, and that close ends it.  prog "loader": a dynamic program
+    started through the dynamic loader (`ld.so PROGRAM`, as bundling launchers do), which has
+    no interpreter of its own but honours LD_PRELOAD: the connection follows it, as over TCP."""
     src = tmp_path / "upper.c"
     src.write_text(UPPER_C)
     exe = tmp_path / "upper"
     if prog == "static":
         if subprocess.run(["cc", "-static", "-o", str(exe), str(src)]).returncode != 0:
             pytest.skip("no static C library")
+    elif prog == "loader":
+        subprocess.run(["cc", "-o", str(exe), str(src)], check=True)
+        interp = subprocess.run(["readelf", "-l", str(exe)], capture_output=True, text=True)
+        m = re.search(r"interpreter: (\S+)\]", interp.stdout)
+        if not m:
+            pytest.skip("no program interpreter found")
+        exe = f"{m.group(1)} {exe}"
     else:
         if os.geteuid() != 0:
             pytest.skip("needs root, to make a set-user-ID program of another user")
@@ -3476,7 +3522,7 @@ def test_a_connection_exec_cannot_carry_ends_instead_of_hanging(fabric, tmp_path
     for under in (False, True):
         port = next_port()
         pre = [str(MEMLAN), "run", "--log", str(log), "--"] if under else []
-        srv = subprocess.Popen(pre + [PY, str(srv_py), str(port), str(exe)],
+        srv = subprocess.Popen(pre + [PY, str(srv_py), str(port), str(exe), order],
                                stdout=subprocess.PIPE, text=True)
         cli = None
         try:
@@ -3491,14 +3537,21 @@ def test_a_connection_exec_cannot_carry_ends_instead_of_hanging(fabric, tmp_path
                 srv.kill()
             srv.wait()
     assert outs[False] == ("got b'HELLO\\n'", "child 0"), outs
+    text = log.read_text()
+    if prog == "loader":
+        assert outs[True] == outs[False], outs
+        assert "cannot follow" not in text and "accelerated" in text, text
+        settle(fabric)
+        return
     said, child = outs[True]
     # the request cannot reach the program: the client reads the end instead of waiting
     assert said in ("got b''", "error ECONNRESET"), outs
     assert took < 8, took
     assert child == "child 3", outs  # the program read the end of file, not a hang
-    text = log.read_text()
     assert f"cannot follow the exec of {exe}" in text, text
     assert ("statically linked" if prog == "static" else "set-user-ID") in text, text
+    assert ("shut down before it" if order == "last" else "stays with the other processes") \
+        in text, text
     settle(fabric)
 
 
