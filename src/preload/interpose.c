@@ -786,6 +786,8 @@ static int mlp_fcntl_common(int (*real)(int, int, long), int fd, int cmd, long a
         if (s) {
             if (cmd == F_SETFL && s->me)
                 mlp_set_nonblock(s, (arg & O_NONBLOCK) != 0);
+            if (cmd == F_SETFL && (arg & O_ASYNC))
+                mlp_note_async(s, fd);
             if (cmd == F_SETFD && s->ch)
                 mlp_own_fd_cloexec(s->ch->seg->fd, (arg & FD_CLOEXEC) != 0);
             mlp_put(s);
@@ -826,10 +828,18 @@ MLP_EXPORT int ioctl(int fd, unsigned long req, ...)
         return mlp_real_ioctl(fd, req, arg);
     bool handled;
     int r = mlp_ioctl(s, fd, req, arg, &handled);
-    mlp_put(s);
-    if (handled)
+    if (handled) {
+        mlp_put(s);
         return (int)mlp_ret(r);
-    return mlp_real_ioctl(fd, req, arg);
+    }
+    r = mlp_real_ioctl(fd, req, arg);
+    if (r == 0 && req == FIOASYNC && *(const int *)arg) { /* the kernel read it: a valid int */
+        int saved = errno;
+        mlp_note_async(s, fd);
+        errno = saved;
+    }
+    mlp_put(s);
+    return r;
 }
 
 /* ---- data -------------------------------------------------------------------------------- */

@@ -152,6 +152,8 @@ struct mlp_sock {
                                    * hold it and move its ring positions (sock.c, mlp_lock_dir) */
     _Atomic bool tmo_synced;      /* SO_RCVTIMEO/SO_SNDTIMEO copied from the kernel socket */
     _Atomic bool split_told;      /* bytes found on the idle kernel socket were reported */
+    _Atomic bool async_told;      /* O_ASYNC asked for: said once that no SIGIO comes for the
+                                   * channel's bytes (mlp_note_async) */
     _Atomic bool passed;          /* accelerated, it was passed to another process over
                                    * SCM_RIGHTS (negotiate.c, mlp_passed; sock.c, mlp_at_exit) */
     _Atomic bool sent;            /* sent to another process over SCM_RIGHTS, which holds the
@@ -412,6 +414,7 @@ ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t coun
 ssize_t mlp_splice_from(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned flags);
 ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned flags);
 int mlp_shutdown(struct mlp_sock *s, int fd, int how);
+void mlp_note_async(struct mlp_sock *s, int fd); /* O_ASYNC asked for: said once */
 int mlp_ioctl(struct mlp_sock *s, int fd, unsigned long req, void *arg, bool *handled);
 void mlp_set_nonblock(struct mlp_sock *s, bool on);
 bool mlp_nonblock(struct mlp_sock *s);

@@ -2318,6 +2318,24 @@ int mlp_shutdown(struct mlp_sock *s, int fd, int how)
     return reset ? -ENOTCONN : 0;
 }
 
+/*
+ * O_ASYNC (fcntl F_SETFL, ioctl FIOASYNC) asks the kernel for SIGIO (or F_SETSIG's signal) when
+ * the socket becomes readable or writable.  The kernel raises it for its own socket, which an
+ * accelerated connection's bytes never reach: a program that waits for the signal before it
+ * reads would wait for ever, with nothing said.  It is said, once per connection, in the log
+ * and on stderr (design.md, "Not supported").  Not from a handler or a vfork child.
+ */
+void mlp_note_async(struct mlp_sock *s, int fd)
+{
+    if (s->type != MLP_CONN || s->state == MLP_TCP || mlp_sig_in_handler() || mlp_vfork_child() ||
+        atomic_exchange(&s->async_told, true))
+        return;
+    mlp_log(0, "fd %d: O_ASYNC asks for SIGIO when data comes, which the kernel raises for its "
+               "socket only, and this connection's bytes go through shared memory: no SIGIO "
+               "comes for them (a program that waits for it before it reads waits for ever)",
+            fd);
+}
+
 int mlp_ioctl(struct mlp_sock *s, int fd, unsigned long req, void *arg, bool *handled)
 {
     *handled = false;
