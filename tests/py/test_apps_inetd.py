@@ -357,3 +357,195 @@ def test_xinetd_cat_send_all_before_reading(fabric, pubdir):
     settle()
     assert out[0][0] == 0 and out[0][1].startswith(b"1048576 "), out[0]
     assert out[1] == out[0], out
+
+
+# ---- netcat, bash's /dev/tcp, socat, python subprocess, glibc stdio on a socket -----------------
+
+# glibc's stdio on a connected socket: two FILEs (fdopen of the socket and of a dup), an odd
+# buffer size, fflush, shutdown(SHUT_WR), then fgets the first line and fread the rest to EOF.
+STDIO_CLIENT = r"""
+#include <arpa/inet.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+int main(int argc, char **argv)
+{
+    long n = atol(argv[2]);
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(atoi(argv[1]))};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    if (connect(s, (void *)&a, sizeof a) < 0) { perror("connect"); return 2; }
+    FILE *w = fdopen(dup(s), "w"), *r = fdopen(s, "r");
+    setvbuf(w, NULL, _IOFBF, 3001);
+    fprintf(w, "line one\n");
+    for (long i = 0; i < n; i++) fputc('a' + i % 26, w);
+    fputc('\n', w);
+    if (fflush(w)) { perror("fflush"); return 3; }
+    if (shutdown(fileno(w), SHUT_WR)) { perror("shutdown"); return 4; }
+    char line[256], buf[777];
+    long total = 0;
+    unsigned long h = 5381;
+    size_t k;
+    if (fgets(line, sizeof line, r)) printf("first: %s", line);
+    while ((k = fread(buf, 1, sizeof buf, r)) > 0)
+        for (size_t i = 0; i < k; i++, total++) h = h * 33 + (unsigned char)buf[i];
+    printf("rest %ld hash %lx eof %d err %d\n", total, h, feof(r), ferror(r));
+    return fclose(r) || fclose(w);
+}
+"""
+
+# A python server whose children have the connection as stdin and stdout (subprocess), and a
+# client whose child writes the request into the connection while it reads the answer.
+SUBPROC_SERVER = r"""
+import socket, subprocess, sys
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", int(sys.argv[1]))); ls.listen(4)
+print("ready", flush=True)
+for cmd in (["tr", "a-z", "A-Z"], ["sha256sum"]):
+    c, _ = ls.accept()
+    subprocess.run(cmd, stdin=c, stdout=c, check=True)
+    c.close()
+"""
+
+SUBPROC_CLIENT = r"""
+import hashlib, socket, subprocess, sys, threading
+for _ in range(2):
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    p = subprocess.Popen(["cat", sys.argv[2]], stdout=s)
+    def finish():
+        p.wait(); s.shutdown(socket.SHUT_WR)
+    t = threading.Thread(target=finish); t.start()
+    got = b"".join(iter(lambda: s.recv(65536), b""))
+    t.join()
+    print(p.returncode, len(got), hashlib.sha256(got).hexdigest()[:32], got[:20], flush=True)
+"""
+
+
+def sh(cmd, log, on, timeout=30, **kw):
+    try:
+        p = subprocess.run(wrap(["bash", "-c", cmd], log, on), capture_output=True,
+                           timeout=timeout, **kw)
+        return p.returncode, p.stdout, p.stderr[-300:]
+    except subprocess.TimeoutExpired:
+        return "timeout", b"", b""
+
+
+def test_netcat_bash_socat_stdio(fabric, pubdir):
+    """The ways a shell or a small program puts a connection on stdio, each with both ends under
+    memlan and then over kernel TCP, the bytes and statuses compared: bash's /dev/tcp (exec
+    3<>, a redirection) to and from netcat-openbsd's `nc -l` (1 MB each way, `nc -N` shutting
+    its write side at EOF), socat EXEC: of sha256sum fed by `nc -N`, ncat's --sh-exec, and glibc's stdio on a
+    socket (fdopen, fwrite through a 3001-byte buffer, shutdown, fgets, fread to EOF) against
+    socat EXEC:...,nofork of a C filter.  Every connection is accelerated at both ends."""
+    have("nc", "ncat", "socat", "bash", "cc", "sha256sum")
+    big = pubdir / "big"
+    big.write_bytes(os.urandom(1 << 20))
+    (pubdir / "stdio.c").write_text(STDIO_CLIENT)
+    (pubdir / "up.c").write_text(SVC_C)
+    for src, out in (("stdio.c", "stdio"), ("up.c", "up")):
+        subprocess.run(["cc", "-O2", "-o", str(pubdir / out), str(pubdir / src)], check=True,
+                       timeout=60)
+    results = {}
+    for on in (False, True):
+        slog, clog = pubdir / f"server{on:d}.log", pubdir / f"client{on:d}.log"
+        r = results[on] = []
+
+        def serve(cmd, port):
+            # Its output to a file, read at the end: a pipe nobody reads would stop it.
+            p = subprocess.Popen(wrap(cmd, slog, on), stdin=subprocess.DEVNULL,
+                                 stdout=open(pubdir / "out", "wb"), stderr=subprocess.DEVNULL)
+            wait_port(port, p)
+            return p
+
+        def done(p, timeout=20):
+            try:
+                p.wait(timeout)
+                return p.returncode, (pubdir / "out").read_bytes()
+            except subprocess.TimeoutExpired:
+                stop(p)
+                return "timeout", b""
+
+        # bash writes 1 MB through exec 3<>/dev/tcp, nc -l keeps it.
+        port = next_port()
+        p = serve(["nc", "-l", "127.0.0.1", str(port)], port)
+        r.append(sh(f"exec 3<>/dev/tcp/127.0.0.1/{port}; cat {big} >&3; exec 3>&-", clog, on))
+        rc, out = done(p)
+        r.append((rc, hashlib.sha256(out).hexdigest()))
+        # nc -N -l sends 1 MB and shuts down; bash reads it through a redirection.
+        port = next_port()
+        p = subprocess.Popen(wrap(["nc", "-N", "-l", "127.0.0.1", str(port)], slog, on),
+                             stdin=open(big, "rb"), stdout=subprocess.DEVNULL)
+        wait_port(port, p)
+        rc, out, err = sh(f"cat </dev/tcp/127.0.0.1/{port}", clog, on)
+        r.append((rc, hashlib.sha256(out).hexdigest(), err))
+        r.append(done(p))
+        # socat EXEC:sha256sum, fed by nc -N (half-close, then the digest comes back).
+        port = next_port()
+        p = serve(["socat", f"TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr", "EXEC:sha256sum"],
+                  port)
+        r.append(sh(f"nc -N 127.0.0.1 {port} <{big}", clog, on))
+        r.append(done(p))
+        # ncat's --sh-exec (a shell, then tr, on the connection), fed by socat.
+        port = next_port()
+        p = serve(["ncat", "-l", "127.0.0.1", str(port), "--sh-exec", "tr a-z A-Z"], port)
+        rc, out, err = sh(f"socat -t 20 - TCP:127.0.0.1:{port} <{pubdir}/stdio.c", clog, on)
+        r.append((rc, hashlib.sha256(out).hexdigest(), out[:30], err))
+        r.append(done(p))
+        # glibc stdio on the socket, against a C filter on the connection (socat nofork).
+        port = next_port()
+        p = serve(["socat", f"TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork",
+                   f"EXEC:{pubdir}/up,nofork"], port)
+        for n in (0, 10, 200000):
+            r.append(sh(f"{pubdir}/stdio {port} {n}", clog, on))
+        stop(p)
+    assert results[False][0][0] == 0 and results[False][1][0] == 0, results[False]
+    for i, (plain, got) in enumerate(zip(results[False], results[True])):
+        assert got == plain, (i, got, plain, (pubdir / "client1.log").read_text()[-2000:],
+                              (pubdir / "server1.log").read_text()[-2000:])
+    assert results[True][1][1] == hashlib.sha256(big.read_bytes()).hexdigest()
+    assert b"rest 200015" in results[True][-1][1], results[True][-1]
+    c, s = (pubdir / "client1.log").read_text(), (pubdir / "server1.log").read_text()
+    assert "TCP (" not in c and "TCP (" not in s, (tcp_reasons(pubdir / "client1.log"),
+                                                   tcp_reasons(pubdir / "server1.log"))
+    assert "split" not in c + s, (c + s)[-3000:]
+    assert accelerated(pubdir / "client1.log") == 7, c[-3000:]
+    settle()
+
+
+def test_python_subprocess_with_the_connection_as_stdio(fabric, pubdir):
+    """CPython's subprocess starts its child with vfork, dup2s the socket onto the child's stdin
+    and stdout, closes the rest (close_range) and execs: a python server runs tr, then
+    sha256sum, on each accepted connection, and a python client's child (cat) writes 1 MB into
+    its connection while the client reads the answer.  The vfork child's dup2s went past the fd
+    table (the parent's), so its exec carried nothing: the programs wrote to the idle kernel
+    sockets under the accelerated connections, and each peer read 0 bytes ("bytes arrived on the
+    kernel socket ...: the stream is split").  Now the exec carries what the child dup2'd: the
+    answers are kernel TCP's, and the programs' ends are carried across exec."""
+    have("tr", "sha256sum", "cat")
+    big = pubdir / "big"
+    big.write_bytes(os.urandom(1 << 20))
+    (pubdir / "srv.py").write_text(SUBPROC_SERVER)
+    (pubdir / "cli.py").write_text(SUBPROC_CLIENT)
+    out = {}
+    for on in (False, True):
+        slog, clog = pubdir / f"server{on:d}.log", pubdir / f"client{on:d}.log"
+        port = next_port()
+        p = subprocess.Popen(wrap([sys.executable, str(pubdir / "srv.py"), str(port)], slog, on),
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            assert p.stdout.readline() == b"ready\n"
+            out[on] = sh(f"{sys.executable} {pubdir}/cli.py {port} {big}", clog, on, timeout=40)
+            out[on, "server"] = p.wait(20)
+        finally:
+            stop(p)
+    want = hashlib.sha256(big.read_bytes().upper()).hexdigest()[:32]
+    assert out[False][0] == 0 and want.encode() in out[False][1], out[False]
+    assert out[True] == out[False] and out[True, "server"] == 0, (
+        out, (pubdir / "client1.log").read_text()[-2000:], (pubdir / "server1.log").read_text()[-2000:])
+    c, s = (pubdir / "client1.log").read_text(), (pubdir / "server1.log").read_text()
+    assert "split" not in c + s, (c + s)[-3000:]
+    # The client's cat (fd 1) and the server's tr and sha256sum (fd 0) took their channels up.
+    assert c.count("fd 1: accelerated (carried across exec)") == 2, c[-3000:]
+    assert s.count("fd 0: accelerated (carried across exec)") == 2, s[-3000:]
+    settle()
