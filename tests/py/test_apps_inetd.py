@@ -438,7 +438,7 @@ def test_netcat_bash_socat_stdio(fabric, pubdir):
     its write side at EOF), socat EXEC: of sha256sum fed by `nc -N`, ncat's --sh-exec, and glibc's stdio on a
     socket (fdopen, fwrite through a 3001-byte buffer, shutdown, fgets, fread to EOF) against
     socat EXEC:...,nofork of a C filter.  Every connection is accelerated at both ends."""
-    have("nc", "ncat", "socat", "bash", "cc", "sha256sum")
+    have("nc.openbsd", "ncat", "socat", "bash", "cc", "sha256sum")
     big = pubdir / "big"
     big.write_bytes(os.urandom(1 << 20))
     (pubdir / "stdio.c").write_text(STDIO_CLIENT)
@@ -468,13 +468,13 @@ def test_netcat_bash_socat_stdio(fabric, pubdir):
 
         # bash writes 1 MB through exec 3<>/dev/tcp, nc -l keeps it.
         port = next_port()
-        p = serve(["nc", "-l", "127.0.0.1", str(port)], port)
+        p = serve(["nc.openbsd", "-l", "127.0.0.1", str(port)], port)
         r.append(sh(f"exec 3<>/dev/tcp/127.0.0.1/{port}; cat {big} >&3; exec 3>&-", clog, on))
         rc, out = done(p)
         r.append((rc, hashlib.sha256(out).hexdigest()))
         # nc -N -l sends 1 MB and shuts down; bash reads it through a redirection.
         port = next_port()
-        p = subprocess.Popen(wrap(["nc", "-N", "-l", "127.0.0.1", str(port)], slog, on),
+        p = subprocess.Popen(wrap(["nc.openbsd", "-N", "-l", "127.0.0.1", str(port)], slog, on),
                              stdin=open(big, "rb"), stdout=subprocess.DEVNULL)
         wait_port(port, p)
         rc, out, err = sh(f"cat </dev/tcp/127.0.0.1/{port}", clog, on)
@@ -484,7 +484,7 @@ def test_netcat_bash_socat_stdio(fabric, pubdir):
         port = next_port()
         p = serve(["socat", f"TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr", "EXEC:sha256sum"],
                   port)
-        r.append(sh(f"nc -N 127.0.0.1 {port} <{big}", clog, on))
+        r.append(sh(f"nc.openbsd -N 127.0.0.1 {port} <{big}", clog, on))
         r.append(done(p))
         # ncat's --sh-exec (a shell, then tr, on the connection), fed by socat.
         port = next_port()
@@ -548,4 +548,172 @@ def test_python_subprocess_with_the_connection_as_stdio(fabric, pubdir):
     # The client's cat (fd 1) and the server's tr and sha256sum (fd 0) took their channels up.
     assert c.count("fd 1: accelerated (carried across exec)") == 2, c[-3000:]
     assert s.count("fd 0: accelerated (carried across exec)") == 2, s[-3000:]
+    settle()
+
+
+# ---- OpenSSH: forwarding, scp, rsync and git over ssh -----------------------------------------
+
+SSHD_CONF = """
+Port {port}
+ListenAddress 127.0.0.1
+HostKey {d}/hostkey
+PidFile {d}/sshd.pid
+AuthorizedKeysFile {d}/authorized_keys
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+PermitRootLogin prohibit-password
+AllowTcpForwarding yes
+Subsystem sftp {sftp}
+"""
+
+# An echo server that answers each connection with the digest of what it read, then the bytes
+# reversed (threads: the forwarders' connections overlap).
+ECHO_SERVER = r"""
+import hashlib, socket, sys, threading
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", int(sys.argv[1]))); ls.listen(16)
+print("ready", flush=True)
+def serve(c):
+    d = b"".join(iter(lambda: c.recv(65536), b""))
+    c.sendall(hashlib.sha256(d).hexdigest().encode() + b"\n" + d[::-1]); c.close()
+while True:
+    c, _ = ls.accept(); threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
+
+# A SOCKS5 client (ssh -D) to 127.0.0.1:target, then the same exchange as CLIENT's.
+SOCKS_CLIENT = r"""
+import hashlib, socket, struct, sys, threading
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1]))); s.settimeout(25)
+s.sendall(b"\x05\x01\x00"); assert s.recv(2) == b"\x05\x00"
+s.sendall(b"\x05\x01\x00\x01" + socket.inet_aton("127.0.0.1") + struct.pack("!H", int(sys.argv[2])))
+r = b""
+while len(r) < 10:
+    r += s.recv(10 - len(r))
+assert r[1] == 0, r
+data = bytes((i * 7 + 13) % 251 for i in range(int(sys.argv[3])))
+def send():
+    s.sendall(data); s.shutdown(socket.SHUT_WR)
+threading.Thread(target=send).start()
+got = b"".join(iter(lambda: s.recv(65536), b""))
+print(len(got), hashlib.sha256(got).hexdigest(), got[:60])
+"""
+
+
+def forwarded(port, timeout=15):
+    """Wait until something listens on port (a forwarder ssh or sshd opened)."""
+    from test_apps import listening
+    end = time.time() + timeout
+    while time.time() < end:
+        if listening(port):
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_ssh_forwarding_scp_rsync_git(fabric, pubdir):
+    """sshd as Debian ships it (privilege separation, the re-executed per-connection sshd, its
+    sandboxed child), on a port of its own, with a key made for the test: `ssh -L`, `ssh -R`,
+    `ssh -D` (SOCKS5, a python client), `ssh -W` to an echo server (1 MB each way), scp of 20 MB,
+    rsync and git over ssh; all under memlan and then over kernel TCP, the bytes and statuses
+    compared.  The ssh connections and the forwarded ones are accelerated."""
+    have("/usr/sbin/sshd", "ssh", "scp", "ssh-keygen", "rsync", "git")
+    sftp = next((p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/openssh/sftp-server")
+                 if os.path.exists(p)), None)
+    if not sftp:
+        pytest.skip("no sftp-server")
+    os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # the privilege-separation chroot
+    for k in ("hostkey", "id"):
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(pubdir / k)],
+                       check=True, timeout=30)
+    shutil.copy(pubdir / "id.pub", pubdir / "authorized_keys")
+    (pubdir / "client.py").write_text(CLIENT)
+    (pubdir / "socks.py").write_text(SOCKS_CLIENT)
+    (pubdir / "echo.py").write_text(ECHO_SERVER)
+    big = pubdir / "big"
+    big.write_bytes(os.urandom(20 << 20))
+    repo = pubdir / "repo"
+    subprocess.run(["git", "init", "-q", "--bare", str(repo)], check=True, timeout=30)
+    work = pubdir / "work"
+    subprocess.run(["git", "init", "-q", str(work)], check=True, timeout=30)
+    for i in range(3):
+        (work / f"f{i}").write_bytes(os.urandom(200000))
+        subprocess.run(["git", "-C", str(work), "add", "."], check=True, timeout=30)
+        subprocess.run(["git", "-C", str(work), "-c", "user.name=t", "-c", "user.email=t@x",
+                        "commit", "-q", "-m", f"c{i}"], check=True, timeout=30)
+    head = subprocess.run(["git", "-C", str(work), "rev-parse", "HEAD"], capture_output=True,
+                          text=True, check=True).stdout.strip()
+    results = {}
+    for on in (True, False):
+        slog, clog = pubdir / f"server{on:d}.log", pubdir / f"client{on:d}.log"
+        port, eport = next_port(), next_port()
+        conf = pubdir / "sshd_config"
+        conf.write_text(SSHD_CONF.format(port=port, d=pubdir, sftp=sftp))
+        opts = ["-i", str(pubdir / "id"), "-o", "StrictHostKeyChecking=no", "-o",
+                "UserKnownHostsFile=/dev/null", "-o", "BatchMode=yes", "-o", "LogLevel=ERROR",
+                "-o", "ExitOnForwardFailure=yes"]
+        sshcmd = " ".join(["ssh", "-p", str(port)] + opts)
+        r = results[on] = {}
+        procs = []
+        try:
+            sshd = subprocess.Popen(wrap(["/usr/sbin/sshd", "-D", "-e", "-f", str(conf), "-E",
+                                          str(pubdir / "sshd.log")], slog, on),
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            procs.append(sshd)
+            wait_port(port, sshd)
+            echo = subprocess.Popen(wrap([sys.executable, str(pubdir / "echo.py"), str(eport)],
+                                         slog, on), stdout=subprocess.PIPE,
+                                    stderr=subprocess.DEVNULL)
+            procs.append(echo)
+            assert echo.stdout.readline() == b"ready\n"
+            fw = {}
+            for kind in ("L", "R", "D"):
+                fw[kind] = next_port()
+                spec = {"L": f"{fw[kind]}:127.0.0.1:{eport}", "R": f"{fw[kind]}:127.0.0.1:{eport}",
+                        "D": f"127.0.0.1:{fw[kind]}"}[kind]
+                procs.append(subprocess.Popen(
+                    wrap(["ssh", "-p", str(port)] + opts + ["-N", f"-{kind}", spec,
+                                                            "root@127.0.0.1"], clog, on),
+                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+                assert forwarded(fw[kind]), f"ssh -{kind} did not listen"
+            for kind in ("L", "R"):
+                r[kind] = client(pubdir, fw[kind], 1 << 20, "hi", clog, on)
+            try:
+                p = subprocess.run(wrap([sys.executable, str(pubdir / "socks.py"), str(fw["D"]),
+                                         str(eport), str(1 << 20)], clog, on),
+                                   capture_output=True, timeout=40)
+                r["D"] = (p.returncode, p.stdout)
+            except subprocess.TimeoutExpired:
+                r["D"] = ("timeout", b"")
+            r["W"] = sh(f"{sshcmd} -W 127.0.0.1:{eport} root@127.0.0.1 <{big} | head -c 65",
+                        clog, on, timeout=60)
+            dst = pubdir / f"scp{on:d}"
+            r["scp"] = sh(f"scp -P {port} {' '.join(opts)} {big} root@127.0.0.1:{dst}", clog, on,
+                          timeout=60)[:1] + (dst.read_bytes() == big.read_bytes(),)
+            rdst = pubdir / f"rsync{on:d}"
+            r["rsync"] = sh(f"rsync -a -e '{sshcmd}' {big} {work} root@127.0.0.1:{rdst}/", clog,
+                            on, timeout=60)[:1] + (
+                (rdst / "big").read_bytes() == big.read_bytes(),
+                sorted(os.listdir(rdst / "work")))
+            gdst = pubdir / f"clone{on:d}"
+            env = dict(os.environ, GIT_SSH_COMMAND=sshcmd)
+            r["git"] = (sh(f"git -C {work} push -q root@127.0.0.1:{repo} HEAD:refs/heads/b{on:d} && "
+                           f"git clone -q -b b{on:d} root@127.0.0.1:{repo} {gdst} && "
+                           f"git -C {gdst} rev-parse HEAD", clog, on, timeout=60, env=env))
+        finally:
+            for p in reversed(procs):
+                stop(p)
+    for key in results[False]:
+        assert results[True][key] == results[False][key], (key, results[True][key],
+                                                           results[False][key])
+    assert results[False]["L"][0] == 0 and results[False]["L"][1].startswith(b"1048643 ")
+    assert results[False]["scp"] == (0, True) and results[False]["rsync"][:2] == (0, True)
+    assert results[False]["git"][1].strip() == head.encode(), results[False]["git"]
+    c, s = (pubdir / "client1.log").read_text(), (pubdir / "server1.log").read_text()
+    # ssh -L's, -D's and -W's connections to the echo server and sshd's for -R, each client of
+    # a forwarder, and every ssh and scp, rsync and git made: accelerated at both ends.
+    assert "split" not in c + s, (c + s)[-3000:]
+    assert accelerated(pubdir / "client1.log") >= 12, (c[-3000:], tcp_reasons(pubdir / "client1.log"))
+    assert not tcp_reasons(pubdir / "client1.log"), tcp_reasons(pubdir / "client1.log")
     settle()
