@@ -70,6 +70,8 @@ struct mlp_carry {
     struct mlp_sock **took;   /* sockets a vfork child counted itself in */
     int ntook;
     const posix_spawn_file_actions_t *fa; /* posix_spawn's file actions, or NULL */
+    int *credports;           /* ports whose ML_NO_OFFER_CRED we cleared (mlp_lrec_cred_exec) */
+    int ncredports;
     const char *path;         /* the program the exec names (NULL: an fd, or unknown) */
     bool blind_known;         /* mlp_exec_blind asked (at the first connection to carry) */
     const char *blind;        /* the image to come runs without memlan: why (mlp_exec_blind) */
@@ -725,6 +727,32 @@ static void mlp_exec_blind(struct mlp_carry *c, const char *path)
     errno = saved;
 }
 
+/* A process whose fabric is out of reach (a credential change) and that execs: the ports it
+ * marked "clients will not offer" and keeps no listener of across the exec are cleared
+ * (mlp_lrec_cred_exec: an inetd's child that drops to a service's user). */
+static void mlp_exec_cred_marks(struct mlp_carry *c)
+{
+    if ((int)__ml_sys_getpid() != mlp_pid)
+        return; /* a vfork child: the marks are its parent's */
+    uint8_t *kept = calloc(65536 / 8, 1);
+    if (!kept)
+        return;
+    int max = mlp_fd_max();
+    for (int fd = 0; fd <= max; fd++) {
+        if (!mlp_fd_is_ours(fd))
+            continue;
+        struct mlp_sock *s = mlp_get(fd);
+        if (!s)
+            continue;
+        int port = s->type == MLP_LISTENER ? s->port : -1;
+        if (port >= 0 && port < 65536 && mlp_fd_survives_exec(fd))
+            kept[port / 8] |= (uint8_t)(1u << (port % 8));
+        mlp_put(s);
+    }
+    c->credports = mlp_lrec_cred_exec(kept, &c->ncredports);
+    free(kept);
+}
+
 static char *const *mlp_exec_prepare(struct mlp_carry *c, const char *path, char *const envp[])
 {
     static char *const empty[] = {NULL};
@@ -741,6 +769,8 @@ static char *const *mlp_exec_prepare(struct mlp_carry *c, const char *path, char
     c->path = path;
     if (!mlp_cfg.off)
         c->memfd = mlp_carry_list(c, false);
+    if (mlp_fab && !mlp_cfg.off && mlp_fabric_out())
+        mlp_exec_cred_marks(c);
     return mlp_exec_env(c, envp);
 }
 
@@ -755,6 +785,9 @@ static void mlp_carry_end(struct mlp_carry *c, bool undo)
         atomic_fetch_add(&c->gave[i]->me->holders, 1);
     for (int i = 0; undo && i < c->ntook; i++)
         atomic_fetch_sub(&c->took[i]->me->holders, 1);
+    if (undo && c->ncredports)
+        mlp_lrec_cred_undo(c->credports, c->ncredports);
+    free(c->credports);
     if (c->memfd >= 0)
         __ml_sys_close(c->memfd);
     free(c->bridges);

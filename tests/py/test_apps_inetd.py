@@ -287,16 +287,15 @@ def test_xinetd_nobody_service_with_a_plain_client(fabric, pubdir):
     settle()
 
 
-@pytest.mark.xfail(strict=True, reason="xinetd's child for a `user = nobody` service drops to "
-                   "nobody while it still holds every listener of xinetd's (they close at its "
-                   "exec): cred.c marks each of those ports ML_NO_OFFER_CRED in its record at the "
-                   "drop, and the mark stays while xinetd, their last listener, lives; so after "
-                   "one connection to a nobody service every later client of every port of that "
-                   "xinetd stays on TCP ('a server process changed its credentials: it cannot "
-                   "take offers'), though only xinetd (root) accepts on them")
 def test_xinetd_nobody_service_keeps_the_other_ports_accelerated(fabric, pubdir):
-    """One connection to a `user = nobody` service, then a memlan client of a root service of
-    the same xinetd: accelerated, as the one before it."""
+    """xinetd's child for a `user = nobody` service drops to nobody while it still holds every
+    listener of xinetd's (they close at its exec): cred.c marks each of those ports "clients will
+    not offer" at the drop, and the mark stayed while xinetd, their last listener, lived, so
+    after one connection to a nobody service every later client of every port of that xinetd
+    stayed on TCP ("a server process changed its credentials: it cannot take offers"), though
+    only xinetd (root) accepts on them.  Now the child's exec, which keeps no listener, clears
+    the marks it set: a memlan client of a root service after a nobody service's connection is
+    accelerated, as the one before it."""
     have("xinetd", "cc")
     services_dir(pubdir)
     svcs = [("c", str(pubdir / "up"), False, "root"), ("shnobody", str(pubdir / "svc.sh"), False,
@@ -312,6 +311,8 @@ def test_xinetd_nobody_service_keeps_the_other_ports_accelerated(fabric, pubdir)
         settle()
     assert first[0] == 0 and second == first and plain[0] == 0, (first, second, plain)
     assert accelerated(clog) == 2, (clog.read_text()[-2000:], tcp_reasons(clog))
+    s = slog.read_text()
+    assert "clients will not offer" in s and "clients may offer again" in s, s[-3000:]
 
 
 @pytest.mark.xfail(strict=True, reason="a connection accepted by root's xinetd cannot be carried "
