@@ -237,9 +237,11 @@ struct ml_listen_rec {
                                 * port cannot take offers (it changed its credentials; or its
                                 * listener defers accept until data), so clients do not offer
                                 * (plain TCP at once).  Set through the mapping the process made
-                                * before any change; never cleared: it goes with the record,
-                                * when the last listener on the port closes, or, when they all
-                                * died, when the next one publishes (lsock below). */
+                                * before any change; it goes with the record, when the last
+                                * listener on the port closes, or, when they all died, when the
+                                * next one publishes (lsock below); a credential change's is
+                                * cleared by its setter's exec where no listener of it on the
+                                * port survives (an inetd's child: src/preload/negotiate.c). */
     _Atomic uint32_t xns;      /* nonzero once a client of another network namespace offered
                                 * here: only then does an acceptor look up a non-local peer's
                                 * link-layer address (rtnetlink) for the offer's name */

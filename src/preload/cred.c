@@ -19,7 +19,8 @@
  *     geteuid() with the euid the fabric was opened with;
  *   - a process that gets its access back (seteuid back to root) uses the fabric again for its
  *     own connections; the records it flagged stay flagged until their last listener closes,
- *     since no client can know when the next drop comes.
+ *     since no client can know when the next drop comes, or until it execs without a listener
+ *     on their port (an inetd's child that drops to a service's user: mlp_lrec_cred_exec).
  * A fork inherits all of it; an exec starts again.  A vfork child (which shares our memory)
  * passes straight through.  Every interposer returns exactly what libc returned, errno included.
  *

@@ -71,6 +71,8 @@ struct mlp_carry {
     struct mlp_sock **took;   /* sockets a vfork child counted itself in */
     int ntook;
     const posix_spawn_file_actions_t *fa; /* posix_spawn's file actions, or NULL */
+    int *credports;           /* ports whose ML_NO_OFFER_CRED we cleared (mlp_lrec_cred_exec) */
+    int ncredports;
     const char *path;         /* the program the exec names (NULL: an fd, or unknown) */
     bool search;              /* execvp's and posix_spawnp's: a bare name is looked for in PATH */
     bool blind_known;         /* mlp_exec_blind asked (at the first connection to carry) */
@@ -190,6 +192,45 @@ static void mlp_buf_add(struct mlp_buf *b, const char *fmt, ...)
     b->failed = true;
 }
 
+/*
+ * A vfork child's dup2 and dup3 of our sockets.  The child runs in its parent's memory, so it
+ * leaves the fd table alone (the parent's numbers); but what it dup2s onto 0 and 1 is what its
+ * exec must carry: CPython's subprocess (vfork, dup2 of the socket onto the child's stdin and
+ * stdout, close_range of the rest, execve) ran its program on an idle kernel socket, and the
+ * peer read the program's bytes as "arrived on the kernel socket" (the stream split).  So the
+ * child notes each such dup here, in the vforking thread's storage, which it shares: by pid (a
+ * note of an earlier child is stale), with the socket's inode then (the source fd may be closed
+ * before the exec).  Fixed room, no allocation: dup2 is async-signal-safe.
+ */
+#define MLP_VFORK_DUPS 8
+static __thread struct {
+    int pid, n;
+    int from[MLP_VFORK_DUPS], to[MLP_VFORK_DUPS];
+    unsigned long ino[MLP_VFORK_DUPS];
+} mlp_vfork_dups __attribute__((tls_model("initial-exec")));
+
+static unsigned long mlp_fd_ino(int fd);
+
+void mlp_vfork_note_dup(int fd, int fd2)
+{
+    int pid = (int)__ml_sys_getpid();
+    if (mlp_vfork_dups.pid != pid) {
+        mlp_vfork_dups.pid = pid;
+        mlp_vfork_dups.n = 0;
+    }
+    unsigned long ino = mlp_fd_ino(fd);
+    int i = 0;
+    while (i < mlp_vfork_dups.n && mlp_vfork_dups.to[i] != fd2)
+        i++; /* a second dup onto the same number replaces the first */
+    if (i == MLP_VFORK_DUPS || !ino)
+        return;
+    mlp_vfork_dups.from[i] = fd;
+    mlp_vfork_dups.to[i] = fd2;
+    mlp_vfork_dups.ino[i] = ino;
+    if (i == mlp_vfork_dups.n)
+        mlp_vfork_dups.n++;
+}
+
 /* One socket (group g[0..n), all the same mlp_sock) before exec: its line of the list, if any. */
 static void mlp_exec_blind(struct mlp_carry *c, const char *path);
 
@@ -209,7 +250,7 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
                            bool spawn, struct mlp_buf *buf)
 {
     struct mlp_sock *s = g[0].s;
-    int keep[n], nk = 0;
+    int keep[n + MLP_VFORK_DUPS], nk = 0;
     bool moved = false; /* a spawn's file actions dup2 one of its fds into the child */
     for (int i = 0; i < n; i++) {
         if (mlp_fd_survives_exec(g[i].fd))
@@ -217,6 +258,19 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
         else if (spawn && mlp_spawn_dups(c->fa, g[i].fd))
             moved = true;
     }
+    /* A vfork child's own dups of this socket (mlp_vfork_note_dup), where they still name it. */
+    if (vforked && !spawn && mlp_vfork_dups.pid == (int)__ml_sys_getpid())
+        for (int k = 0; k < mlp_vfork_dups.n; k++) {
+            int to = mlp_vfork_dups.to[k];
+            bool ours = false, dup = false;
+            for (int i = 0; i < n && !ours; i++)
+                ours = g[i].fd == mlp_vfork_dups.from[k];
+            for (int i = 0; i < nk && !dup; i++)
+                dup = keep[i] == to;
+            if (ours && !dup && mlp_fd_survives_exec(to) &&
+                mlp_fd_ino(to) == mlp_vfork_dups.ino[k])
+                keep[nk++] = to;
+        }
     if (spawn && !nk && !moved)
         return; /* the spawned program does not get it: nothing to carry or give back */
     if (s->type == MLP_LISTENER) {
@@ -304,7 +358,8 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
     }
     unsigned flags = (s->ch->rd_eof_when_empty ? MLP_CARRY_RD_EOF : 0) |
                      (s->ch->shut_rd ? MLP_CARRY_SHUT_RD : 0);
-    mlp_buf_add(buf, "C %d %d %lu %u %s", s->side, b, mlp_fd_ino(g[0].fd), flags,
+    /* The inode of an fd the new image gets (a vfork child may have closed g[0]'s). */
+    mlp_buf_add(buf, "C %d %d %lu %u %s", s->side, b, mlp_fd_ino(nk ? keep[0] : g[0].fd), flags,
                       s->ch->seg->token);
     for (int i = 0; i < nk; i++)
         mlp_buf_add(buf, " %d", keep[i]);
@@ -699,6 +754,32 @@ out:
     errno = saved;
 }
 
+/* A process whose fabric is out of reach (a credential change) and that execs: the ports it
+ * marked "clients will not offer" and keeps no listener of across the exec are cleared
+ * (mlp_lrec_cred_exec: an inetd's child that drops to a service's user). */
+static void mlp_exec_cred_marks(struct mlp_carry *c)
+{
+    if ((int)__ml_sys_getpid() != mlp_pid)
+        return; /* a vfork child: the marks are its parent's */
+    uint8_t *kept = calloc(65536 / 8, 1);
+    if (!kept)
+        return;
+    int max = mlp_fd_max();
+    for (int fd = 0; fd <= max; fd++) {
+        if (!mlp_fd_is_ours(fd))
+            continue;
+        struct mlp_sock *s = mlp_get(fd);
+        if (!s)
+            continue;
+        int port = s->type == MLP_LISTENER ? s->port : -1;
+        if (port >= 0 && port < 65536 && mlp_fd_survives_exec(fd))
+            kept[port / 8] |= (uint8_t)(1u << (port % 8));
+        mlp_put(s);
+    }
+    c->credports = mlp_lrec_cred_exec(kept, &c->ncredports);
+    free(kept);
+}
+
 static char *const *mlp_exec_prepare(struct mlp_carry *c, const char *path, bool search,
                                      char *const envp[])
 {
@@ -717,6 +798,8 @@ static char *const *mlp_exec_prepare(struct mlp_carry *c, const char *path, bool
     c->search = search;
     if (!mlp_cfg.off)
         c->memfd = mlp_carry_list(c, false);
+    if (mlp_fab && !mlp_cfg.off && mlp_fabric_out())
+        mlp_exec_cred_marks(c);
     return mlp_exec_env(c, envp);
 }
 
@@ -731,6 +814,9 @@ static void mlp_carry_end(struct mlp_carry *c, bool undo)
         atomic_fetch_add(&c->gave[i]->me->holders, 1);
     for (int i = 0; undo && i < c->ntook; i++)
         atomic_fetch_sub(&c->took[i]->me->holders, 1);
+    if (undo && c->ncredports)
+        mlp_lrec_cred_undo(c->credports, c->ncredports);
+    free(c->credports);
     if (c->memfd >= 0)
         __ml_sys_close(c->memfd);
     free(c->bridges);

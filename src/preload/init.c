@@ -122,13 +122,31 @@ _Atomic unsigned mlp_said;
 static unsigned mlp_said_before; /* the topics MEMLAN_SAID brought from an ancestor */
 static bool mlp_quiet;
 static bool mlp_stderr_known;
+static bool mlp_stderr_net; /* fd 2 is a client's connection (an inetd's service) */
 static dev_t mlp_stderr_dev;
 static ino_t mlp_stderr_ino;
+
+/* Is fd a network socket (AF_INET, AF_INET6)?  An inetd, socat's EXEC or sshd's inetd mode
+ * hands a program its client's connection as stdin, stdout and stderr: a line written there is
+ * in the client's data (a Unix socket, as systemd's journal gives, is a log and stays one). */
+static bool mlp_fd_is_net(int fd, const struct stat *st)
+{
+    if (!S_ISSOCK(st->st_mode))
+        return false;
+    int dom = 0;
+    socklen_t len = sizeof dom;
+    if (__ml_sys_raw(SYS_getsockopt, fd, SOL_SOCKET, SO_DOMAIN, (long)&dom, (long)&len, 0) < 0)
+        return false;
+    return dom == AF_INET || dom == AF_INET6;
+}
 
 static void mlp_note_stderr(void)
 {
     struct stat st;
     mlp_stderr_known = __ml_sys_fstat(2, &st) == 0;
+    mlp_stderr_net = mlp_stderr_known && mlp_fd_is_net(2, &st);
+    if (mlp_stderr_net)
+        mlp_stderr_known = false; /* nothing of ours goes there */
     if (mlp_stderr_known)
         mlp_stderr_dev = st.st_dev, mlp_stderr_ino = st.st_ino;
 }
@@ -287,7 +305,8 @@ static void mlp_read_config(void)
     /* The log first, so that what is said about the other settings reaches it too. */
     mlp_fsize_note();
     const char *log = getenv("MEMLAN_LOG");
-    if (log && *log) {
+    /* Not into a client's connection (mlp_note_stderr): no log in such a process. */
+    if (log && *log && !(mlp_stderr_net && (!strcmp(log, "stderr") || !strcmp(log, "1")))) {
         int fd = -1;
         if (strcmp(log, "stderr") == 0 || strcmp(log, "1") == 0)
             fd = (int)__ml_sys_fcntl_dupfd(2, 100, true);

@@ -457,6 +457,11 @@ static int mlp_dup23(int fd, int fd2, int flags, bool three)
     }
     errno = saved;
     int r = three ? mlp_real_dup3(fd, fd2, flags) : mlp_real_dup2(fd, fd2);
+    if (r >= 0 && fd != fd2 && child && mlp_fdrec(fd)) {
+        saved = errno;
+        mlp_vfork_note_dup(fd, fd2); /* for its exec: the table is the parent's */
+        errno = saved;
+    }
     if (r >= 0 && fd != fd2 && !child) {
         saved = errno;
         mlp_fd_released(fd2, NULL);

@@ -745,6 +745,8 @@ struct mlp_lrec {
                                * server's address too */
     unsigned misses;          /* acceptor: waits in a row that ended with no offer (see
                                * mlp_on_accept: pending is peer-writable) */
+    int cred_pid;             /* the process that set ML_NO_OFFER_CRED in the record through
+                               * this mapping (mlp_lrec_no_offer), 0: none */
 };
 static struct mlp_lrec *mlp_lrecs[65536];
 static void mlp_neg_deferred_run(void); /* under mlp_neg_mu: what signal handlers left */
@@ -2186,11 +2188,62 @@ bool mlp_lrec_no_offer(uint32_t why)
         struct mlp_lrec *r = mlp_lrecs[port];
         if (r && r->nlisten > 0 && r->map && !ml_load_relaxed(&r->map->no_offer)) {
             ml_store_release(&r->map->no_offer, why);
+            if (why == ML_NO_OFFER_CRED)
+                r->cred_pid = ml_load_relaxed(&mlp_pid);
             mlp_log(1, "port %d: clients will not offer (%s)", port, mlp_cred_why);
         }
     }
     pthread_mutex_unlock(&mlp_neg_mu);
     return true;
+}
+
+/*
+ * Before an exec of this process (not a vfork child's, whose memory is its parent's): the ports
+ * whose ML_NO_OFFER_CRED this process set, and on which none of its listeners survives the exec,
+ * are cleared (kept[port / 8] bit: a listener of ours on port survives).  An inetd's child drops
+ * to a service's user while it still holds every listener of the inetd, then execs the service
+ * without them: its mark stayed while the inetd (root, the only acceptor) lived, and every later
+ * client of every port of the inetd stayed on TCP.  A process that changed its credentials and
+ * still accepts on a cleared port sets the mark again at its accept (mlp_on_accept).  Returns
+ * the ports cleared (malloc'd, *n of them) for mlp_lrec_cred_undo when the exec fails.
+ */
+int *mlp_lrec_cred_exec(const uint8_t *kept, int *n)
+{
+    *n = 0;
+    int pid = ml_load_relaxed(&mlp_pid);
+    if ((int)__ml_sys_getpid() != pid || pthread_mutex_trylock(&mlp_neg_mu) != 0)
+        return NULL; /* busy (a handler's exec): the marks stay, as before */
+    int *out = NULL, cap = 0;
+    for (int port = 0; port < 65536; port++) {
+        struct mlp_lrec *r = mlp_lrecs[port];
+        if (!r || r->cred_pid != pid || !r->map || (kept[port / 8] & (1u << (port % 8))))
+            continue;
+        uint32_t v = ML_NO_OFFER_CRED;
+        if (*n == cap) {
+            int *no = realloc(out, (size_t)(cap = cap ? cap * 2 : 16) * sizeof *no);
+            if (!no)
+                break;
+            out = no;
+        }
+        if (atomic_compare_exchange_strong(&r->map->no_offer, &v, 0)) {
+            out[(*n)++] = port;
+            mlp_log(1, "port %d: clients may offer again (the process that changed its "
+                       "credentials execs without its listeners)", port);
+        }
+    }
+    pthread_mutex_unlock(&mlp_neg_mu);
+    return out;
+}
+
+/* The exec failed: the marks mlp_lrec_cred_exec cleared are set again. */
+void mlp_lrec_cred_undo(const int *ports, int n)
+{
+    for (int i = 0; i < n; i++) {
+        struct mlp_lrec *r = mlp_lrecs[ports[i]];
+        uint32_t none = 0;
+        if (r && r->map)
+            (void)atomic_compare_exchange_strong(&r->map->no_offer, &none, ML_NO_OFFER_CRED);
+    }
 }
 
 /* Why a record says not to offer. */
@@ -3328,7 +3381,10 @@ void mlp_on_accept(int lfd, int fd, int flags)
     if (mlp_cred_lost(true)) {
         /* The fabric is out of our reach: we could neither take an offer nor refuse one.  The
          * record says so (cred.c), so clients that looked after the change did not offer, and one
-         * that offered just before sees it and withdraws: nobody waits for us. */
+         * that offered just before sees it and withdraws: nobody waits for us.  (Said again
+         * where the process that said it first has exec'd since: mlp_lrec_cred_exec.) */
+        uint32_t none = 0;
+        (void)atomic_compare_exchange_strong(&m->no_offer, &none, ML_NO_OFFER_CRED);
         mlp_put(ls);
         mlp_stat_tcp_addrs(fd, &l, &r, mlp_cred_why);
         return;

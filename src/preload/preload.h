@@ -363,6 +363,7 @@ void mlp_offer_gone(struct mlp_sock *s);
 void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *token,
                     unsigned flags, const char *how);
 void mlp_exec_adopt(void);  /* constructor: take up what the image before us carried */
+void mlp_vfork_note_dup(int fd, int fd2); /* a vfork child's dup2/dup3 of our fd (exec.c) */
 void mlp_exec_env_snapshot(void); /* LD_PRELOAD and MEMLAN_* as at start-up, for exec */
 extern __thread char *mlp_defer_offer_unlink; /* a buffer of sizeof mlp_sock.offer, or NULL */
 void mlp_offer_unlink_name(const char *name);
@@ -385,6 +386,8 @@ extern _Atomic bool mlp_had_accel; /* a channel was set up in this process image
 void mlp_note_confined(void);   /* a seccomp filter was installed through us */
 bool mlp_known_confined(void);  /* memory only: a filter is known (mlp_note_confined, or looked) */
 bool mlp_lrec_no_offer(uint32_t why);/* ML_NO_OFFER_*: in every record we listen on; false: busy */
+int *mlp_lrec_cred_exec(const uint8_t *kept, int *n); /* before exec: ML_NO_OFFER_CRED we set */
+void mlp_lrec_cred_undo(const int *ports, int n);      /* the exec failed: set again */
 void mlp_lrec_grant(uid_t uid);      /* a shared fabric: uid may accept on our ports (cred.c) */
 void mlp_sock_liveness(memlan_channel_t *ch, int fd); /* the kernel socket under a channel */
 
