@@ -1606,6 +1606,35 @@ def test_an_unset_ld_preload_stays_unset(fabric):
     settle(fabric)
 
 
+TRUNCATED_ENV = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None)
+environ = ctypes.POINTER(ctypes.c_char_p).in_dll(libc, "environ")
+environ[0] = None                      # postfix's clean_env(): the array cut, no clearenv()
+libc.setenv(b"LANG", b"C", 1)          # and what import_environment names put back
+os.execv("/bin/sh", ["sh", "-c", 'echo "[${LD_PRELOAD:+set}] [$LANG]"'])
+"""
+
+
+@pytest.mark.parametrize("how", ["truncated", "env-i", "env-u"])
+def test_an_environment_emptied_by_hand_keeps_memlan(fabric, tmp_path, how):
+    """A program that empties its environment without clearenv() and execs: postfix's
+    clean_env() sets environ[0] = 0 and puts back what import_environment names, so `memlan run
+    -- postfix start` ran master and every daemon without memlan, silently (their clients read
+    "no memlan listener on this port"); `env -i` replaces environ.  Both now carry LD_PRELOAD
+    from the start-up copy; an LD_PRELOAD unset by name (`env -u`) stays unset."""
+    (tmp_path / "t.py").write_text(TRUNCATED_ENV)
+    cmd = {"truncated": [PY, str(tmp_path / "t.py")],
+           "env-i": ["/usr/bin/env", "-i", "LANG=C", "/bin/sh", "-c",
+                     'echo "[${LD_PRELOAD:+set}] [$LANG]"'],
+           "env-u": ["/usr/bin/env", "-u", "LD_PRELOAD", "LANG=C", "/bin/sh", "-c",
+                     'echo "[${LD_PRELOAD:+set}] [$LANG]"']}[how]
+    r = subprocess.run([str(MEMLAN), "run", "--"] + cmd, capture_output=True, text=True, timeout=30)
+    want = "[] [C]\n" if how == "env-u" else "[set] [C]\n"
+    assert r.returncode == 0 and r.stdout == want, r.stdout + r.stderr
+    settle(fabric)
+
+
 IDLEWAKE = BUILD / "tests-preload" / "idlewake"
 
 
