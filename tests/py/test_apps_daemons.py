@@ -1,0 +1,366 @@
+# SPDX-License-Identifier: Apache-2.0 OR MIT
+"""Network daemons under `memlan run`, as Debian ships them: postfix (master, smtpd in its chroot,
+qmgr, local delivery, its SMTP client relaying to a second listener; reload, stop and start),
+unbound (DNS over TCP, pipelined queries on one connection, forwarding over TCP to a second
+resolver) and slapd (dropping to the openldap user), with both ends under memlan, each
+workload's bytes and status compared with the same run over kernel TCP.  Every process is
+stopped by its PID; every wait is bounded.
+"""
+import grp
+import hashlib
+import mailbox
+import os
+import pathlib
+import pwd
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+from conftest import MEMLAN, port_free, pubdir  # noqa: F401 (fixture)
+from test_apps import accelerated, tcp_reasons, wait_port, wrap
+
+PORT = [24600]  # 24601-24799: no other test's range, below the ephemeral range (32768-60999)
+
+
+def next_port():
+    PORT[0] += 1
+    while not port_free(PORT[0], strict=True):
+        PORT[0] += 1
+    assert PORT[0] < 24800, "test_apps_daemons ran out of its ports"
+    return PORT[0]
+
+
+def stop(proc, timeout=15):
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def as_member(gid, cmd):
+    """cmd run as daemon (uid 1) with gid as its only group: a client of another user."""
+    return ["setpriv", "--reuid=1", f"--regid={gid}", f"--groups={gid}", "--"] + cmd
+
+
+def logfile(path):
+    path.write_text("")
+    os.chmod(path, 0o666)
+    return path
+
+
+def procs_with_env(key, value):
+    """PIDs of the processes whose environment holds key=value (a postfix instance's daemons
+    carry MAIL_CONFIG=its directory)."""
+    want, found = f"{key}={value}".encode(), []
+    for q in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if want in open(f"/proc/{q}/environ", "rb").read().split(b"\0"):
+                found.append(int(q))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.fixture
+def group_fabric(monkeypatch):
+    """A group fabric for the group the caller names (made by the documented command), in
+    MEMLAN_FABRIC; afterwards no channel or segment file may be left."""
+    made = []
+
+    def make(group):
+        d = pathlib.Path(tempfile.mkdtemp(prefix="memlan-dmn-", dir="/dev/shm"))
+        d.rmdir()
+        p = subprocess.run([str(MEMLAN), "fabric", "create", "--group", group, str(d)],
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0, p.stdout + p.stderr
+        monkeypatch.setenv("MEMLAN_FABRIC", str(d))
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        subprocess.run([str(MEMLAN), "clean", "--fabric", str(d)], capture_output=True, timeout=30)
+        left = sorted(os.listdir(d))
+        shutil.rmtree(d, ignore_errors=True)
+        assert [f for f in left if f.startswith(("seg-", "cx-"))] == [], f"left behind: {left}"
+
+
+# ---- postfix -----------------------------------------------------------------------------------
+# Debian's postfix conflicts with exim4-daemon-light (both are the mail-transport-agent), which
+# test_apps_mail needs: scripts/install-apps.sh unpacks postfix's package under
+# /opt/memlan-apps/postfix instead (its binaries, daemons, master.cf and postfix-script, unchanged)
+# and the instances here name its directories; an installed postfix serves as well.
+
+PF_OPT = pathlib.Path("/opt/memlan-apps/postfix")
+
+
+def postfix_root():
+    """The root postfix's files are under: / when the package is installed, else its unpacked
+    copy; None when neither is there."""
+    for root in (pathlib.Path("/"), PF_OPT):
+        if (root / "usr/sbin/postfix").exists() and (root / "usr/lib/postfix/sbin/master").exists():
+            return root
+    return None
+
+
+PF_MAIN = """
+# /etc/postfix/main.cf as Debian's postinst writes it ("Local only"), with the instance's paths,
+# address and port made the test's, TLS off (no snakeoil certificate) and no DNS.
+smtpd_banner = $myhostname ESMTP $mail_name (Debian/GNU)
+biff = no
+append_dot_mydomain = no
+readme_directory = no
+compatibility_level = 3.6
+smtpd_tls_security_level = none
+smtp_tls_security_level = none
+smtpd_relay_restrictions = permit_mynetworks permit_sasl_authenticated defer_unauth_destination
+myhostname = test.example
+alias_maps =
+alias_database =
+mynetworks = 127.0.0.0/8
+mailbox_size_limit = 0
+message_size_limit = 0
+recipient_delimiter = +
+inet_interfaces = 127.0.0.1
+inet_protocols = ipv4
+queue_directory = {d}/spool
+data_directory = {d}/data
+mail_spool_directory = {d}/mail
+maillog_file = {d}/maillog
+maillog_file_prefixes = {d}
+disable_dns_lookups = yes
+smtp_host_lookup = native
+local_recipient_maps =
+luser_relay = nobody
+daemon_directory = {root}/usr/lib/postfix/sbin
+command_directory = {root}/usr/sbin
+shlib_directory = {root}/usr/lib/postfix
+meta_directory = {d}/etc
+import_environment = MAIL_CONFIG MAIL_DEBUG MAIL_LOGTAG TZ XAUTHORITY DISPLAY LANG=C POSTLOG_SERVICE POSTLOG_HOSTNAME LD_LIBRARY_PATH={root}/usr/lib/postfix
+"""
+
+PF_LOCAL = "mydestination = test.example, localhost\n"
+PF_RELAY = "mydestination =\nrelayhost = [127.0.0.1]:{relay}\n"
+
+
+def postfix_instance(root, d, port, extra):
+    """A private instance in d: Debian's master.cf with its smtp service on 127.0.0.1:port
+    (chrooted, as shipped), main.cf above plus extra."""
+    etc = d / "etc"
+    for sub in ("etc", "mail", "spool", "data"):
+        (d / sub).mkdir(parents=True)
+    os.chmod(d, 0o755)
+    os.chmod(d / "mail", 0o1777)
+    pf = pwd.getpwnam("postfix")
+    os.chown(d / "data", pf.pw_uid, pf.pw_gid)
+    share, meta = root / "usr/share/postfix", root / "etc/postfix"
+    master = (share / "master.cf.dist").read_text()
+    svc = "smtp      inet  n       -       y       -       -       smtpd"
+    assert svc in master, "Debian's master.cf changed"
+    (etc / "master.cf").write_text(master.replace(svc, svc.replace("smtp     ", f"127.0.0.1:{port}"), 1))
+    shutil.copy(share / "dynamicmaps.cf", etc)
+    for f in ("postfix-files", "post-install", "postfix-script"):
+        shutil.copy(meta / f, etc)
+    for sub in ("postfix-files.d", "dynamicmaps.cf.d"):
+        shutil.copytree(meta / sub, etc / sub)
+    (etc / "main.cf").write_text(PF_MAIN.format(d=d, root=root) + extra)
+    return etc
+
+
+def postfix_cmd(root, etc, *verb):
+    return ["env", f"LD_LIBRARY_PATH={root}/usr/lib/postfix", str(root / "usr/sbin/postfix"),
+            "-c", str(etc), *verb]
+
+
+SMTP_CLIENT = r"""
+import hashlib, smtplib, sys, threading
+port, k, m, dom, base = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+def body(i):
+    size = (100, 3000, 70000, 1500000)[i % 4]
+    line = (b"%06d " % i) + bytes(range(48, 48 + 64))
+    lines = [(b"." if n % 50 == 0 else b"") + line + (b"%08d" % n) for n in range(size // 80 + 1)]
+    return b"\r\n".join(lines) + b"\r\n"  # dot-stuffed on the wire by smtplib
+res, bad = [], []
+def one(t):
+    try:
+        s = smtplib.SMTP("127.0.0.1", port, timeout=60)
+        for j in range(m):
+            i = base + t * 100 + j
+            msg = b"From: a@x.org\r\nTo: nobody@%s\r\nX-Id: %d\r\n\r\n" % (dom.encode(), i) + body(i)
+            s.sendmail("a@x.org", ["nobody@" + dom], msg)
+        s.quit(); res.append(t)
+    except Exception as e:
+        bad.append(repr(e))
+th = [threading.Thread(target=one, args=(t,)) for t in range(k)]
+[x.start() for x in th]; [x.join(120) for x in th]
+print(sorted(res), bad)
+for t in range(k):
+    for j in range(m):
+        i = base + t * 100 + j
+        print(i, hashlib.sha256(body(i).replace(b"\r\n", b"\n")).hexdigest())
+"""
+
+SMTP_SINK = r"""
+import hashlib, os, socket, sys, threading
+port, out = int(sys.argv[1]), sys.argv[2]
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", port)); ls.listen(64)
+def serve(c):
+    f = c.makefile("rb"); w = lambda s: c.sendall(s.encode() + b"\r\n")
+    w("220 sink ESMTP")
+    while True:
+        l = f.readline()
+        if not l: break
+        cmd = l[:4].upper()
+        if cmd == b"EHLO": c.sendall(b"250-sink\r\n250-PIPELINING\r\n250 8BITMIME\r\n")
+        elif cmd == b"HELO": w("250 sink")
+        elif cmd in (b"MAIL", b"RCPT", b"RSET", b"NOOP"): w("250 ok")
+        elif cmd == b"DATA":
+            w("354 go"); data = []
+            while True:
+                d = f.readline()
+                if d == b".\r\n" or not d: break
+                data.append(d[1:] if d.startswith(b".") else d)
+            hdr, _, body = b"".join(data).replace(b"\r\n", b"\n").partition(b"\n\n")
+            xid = [h.split(b":")[1].strip().decode() for h in hdr.split(b"\n")
+                   if h.lower().startswith(b"x-id:")][0]
+            with open(os.path.join(out, xid + ".tmp"), "w") as o:
+                o.write(hashlib.sha256(body).hexdigest())
+            os.rename(os.path.join(out, xid + ".tmp"), os.path.join(out, xid))
+            w("250 queued")
+        elif cmd == b"QUIT": w("221 bye"); break
+        else: w("502 no")
+    c.close()
+while True:
+    c, _ = ls.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
+
+
+def mbox_got(path):
+    """{X-Id: sha256 of the body} of the messages local delivered into the mbox at path."""
+    got = {}
+    if path.exists():
+        for msg in mailbox.mbox(str(path)):
+            got[int(msg["X-Id"])] = hashlib.sha256(
+                msg.get_payload(decode=False).encode("latin-1")).hexdigest()
+    return got
+
+
+def sink_got(d):
+    return {int(f.name): f.read_text() for f in d.iterdir() if f.name.isdigit()}
+
+
+def test_postfix_as_debian_ships_it(group_fabric, pubdir):
+    """postfix as Debian ships it, in two private instances started with `postfix start-fg`
+    under memlan (master as root; smtpd chrooted and as postfix; qmgr, cleanup, local): smtplib
+    clients (another user, in postfix's group: postfix drops every supplementary group) send 4
+    rounds of 3 connections x 6 messages (100 B to 1.5 MB, dot-stuffed) to one instance, which
+    delivers them locally, with `postfix reload` between two rounds; and to the other, whose
+    SMTP client relays them to a python SMTP sink under memlan, with `postfix stop` and a new
+    start-fg between two rounds.  The mailbox and the sink hold the same bodies as over kernel
+    TCP, every client connection is accelerated, and no daemon is left after the stop.  Before,
+    postfix's clean_env() (environ[0] = 0) dropped LD_PRELOAD: master and its daemons ran
+    without memlan and no connection was accelerated."""
+    if os.geteuid() != 0:
+        pytest.skip("postfix's master runs as root, as Debian starts it")
+    root = postfix_root()
+    if root is None:
+        pytest.skip("postfix is not installed (scripts/install-apps.sh unpacks it)")
+    try:
+        pf = pwd.getpwnam("postfix")
+        grp.getgrnam("postdrop")
+    except KeyError:
+        pytest.skip("no postfix user or postdrop group (scripts/install-apps.sh makes them)")
+    fab = group_fabric("postfix")
+    gid = pf.pw_gid
+    work = pubdir
+    (work / "client.py").write_text(SMTP_CLIENT)
+    (work / "sink.py").write_text(SMTP_SINK)
+    py = "/usr/bin/python3"
+    results = {}
+    for on in (False, True):
+        base = work / ("on" if on else "off")
+        base.mkdir()
+        os.chmod(base, 0o755)
+        slog, clog, klog = (logfile(base / n) for n in ("server.log", "client.log", "sink.log"))
+        pa, pb, ps = next_port(), next_port(), next_port()
+        a = postfix_instance(root, base / "a", pa, PF_LOCAL)
+        b = postfix_instance(root, base / "b", pb, PF_RELAY.format(relay=ps))
+        out = base / "sink"
+        out.mkdir()
+        os.chmod(out, 0o777)
+        procs = {}
+
+        def start(name, etc):
+            procs[name] = subprocess.Popen(wrap(postfix_cmd(root, etc, "start-fg"), slog, on),
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                           text=True)
+
+        def send(port, dom, first):
+            p = subprocess.run(as_member(gid, wrap([py, str(work / "client.py"), str(port), "3",
+                                                    "6", dom, str(first)], clog, on)),
+                               capture_output=True, text=True, timeout=120)
+            assert p.returncode == 0, (on, p.stderr[-2000:])
+            lines = p.stdout.splitlines()
+            assert lines[0] == "[0, 1, 2] []", (on, p.stdout[:2000], clog.read_text()[-2000:])
+            return {int(i): h for i, h in (l.split() for l in lines[1:])}
+
+        sink = subprocess.Popen(as_member(gid, wrap([py, str(work / "sink.py"), str(ps), str(out)],
+                                                    klog, on)),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            start("a", a)
+            start("b", b)
+            wait_port(ps, sink)
+            wait_port(pa, procs["a"])
+            wait_port(pb, procs["b"])
+            want_a, want_b = send(pa, "test.example", 1000), send(pb, "remote.example", 3000)
+            r = subprocess.run(wrap(postfix_cmd(root, a, "reload"), slog, on),
+                               capture_output=True, text=True, timeout=30)
+            assert r.returncode == 0, r.stderr
+            want_a.update(send(pa, "test.example", 2000))
+            r = subprocess.run(postfix_cmd(root, b, "stop"), capture_output=True, text=True,
+                               timeout=30)
+            assert r.returncode == 0, r.stderr
+            stopped = procs["b"].wait(30)  # start-fg's status: 143 (master's SIGTERM) over TCP
+            end = time.monotonic() + 15  # the daemons see their master gone and leave
+            while procs_with_env("MAIL_CONFIG", b) and time.monotonic() < end:
+                time.sleep(0.1)
+            assert procs_with_env("MAIL_CONFIG", b) == [], "postfix daemons left after stop"
+            start("b", b)
+            wait_port(pb, procs["b"])
+            want_b.update(send(pb, "remote.example", 4000))
+            end = time.monotonic() + 45
+            while time.monotonic() < end and (mbox_got(base / "a/mail/nobody") != want_a or
+                                              sink_got(out) != want_b):
+                time.sleep(0.2)
+            results[on] = (mbox_got(base / "a/mail/nobody"), sink_got(out), stopped)
+            assert results[on][:2] == (want_a, want_b), (
+                on, len(results[on][0]), len(results[on][1]),
+                (base / "a/maillog").read_text()[-2000:], (base / "b/maillog").read_text()[-2000:])
+            assert sink.poll() is None
+        finally:
+            for etc, name in ((a, "a"), (b, "b")):
+                if name in procs and procs[name].poll() is None:
+                    subprocess.run(postfix_cmd(root, etc, "stop"), capture_output=True, timeout=30)
+                stop(procs.get(name))
+            stop(sink)
+        for name in ("a", "b"):
+            log = (base / name / "maillog").read_text()
+            bad = [l for l in log.splitlines() if any(w in l for w in (
+                "fatal:", "panic:", "killed by signal", "status 1", "warning: process"))]
+            assert bad == [], (on, bad[-10:])
+    assert results[True] == results[False]
+    c, s, k = clog.read_text(), slog.read_text(), klog.read_text()
+    # 12 connections to smtpd, each accelerated at both ends (smtpd chrooted, as postfix)
+    assert c.count("accelerated (client)") == 12 and tcp_reasons(clog) == [], c[-3000:]
+    assert s.count("accelerated (accepted") == 12, s[-3000:]
+    assert "lost" not in s + c + k, (s + c + k)[-3000:]
