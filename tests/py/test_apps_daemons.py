@@ -364,3 +364,111 @@ def test_postfix_as_debian_ships_it(group_fabric, pubdir):
     assert c.count("accelerated (client)") == 12 and tcp_reasons(clog) == [], c[-3000:]
     assert s.count("accelerated (accepted") == 12, s[-3000:]
     assert "lost" not in s + c + k, (s + c + k)[-3000:]
+
+
+# ---- unbound -----------------------------------------------------------------------------------
+
+DNS_CLIENT = r"""
+import hashlib, socket, struct, sys
+port, n, conns = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+def q(qid, name, qtype):
+    b = b"".join(bytes([len(p)]) + p.encode() for p in name.split(".")) + b"\0"
+    return struct.pack(">HHHHHH", qid, 0x0100, 1, 0, 0, 0) + b + struct.pack(">HH", qtype, 1)
+def readn(s, k):
+    b = b""
+    while len(b) < k:
+        c = s.recv(k - len(b))
+        if not c: raise EOFError("closed after %d of %d" % (len(b), k))
+        b += c
+    return b
+out = []
+for c in range(conns):
+    s = socket.create_connection(("127.0.0.1", port), timeout=20)
+    qs, buf = {}, b""
+    for i in range(n):  # every query written at once, before the first answer is read
+        qid = (c * n + i) & 0xffff
+        name, t = ("h%d.test.example" % (i % 300), (1, 28)[i % 2]) if i % 7 else ("txt%d.test.example" % (i % 5), 16)
+        m = q(qid, name, t); qs[qid] = name; buf += struct.pack(">H", len(m)) + m
+    s.sendall(buf)
+    got = {}
+    for i in range(n):  # answers in any order: matched by id
+        r = readn(s, struct.unpack(">H", readn(s, 2))[0]); got[struct.unpack(">H", r[:2])[0]] = r[2:]
+    s.close()
+    out += ["%d %s %s" % (k, qs[k], got[k].hex()) for k in sorted(got)]
+print(len(out), hashlib.sha256("\n".join(out).encode()).hexdigest())
+"""
+
+
+def unbound_conf(d, port, forward=None):
+    """An unbound.conf as Debian's defaults leave it (no chroot, username unbound), listening on
+    127.0.0.1:port over TCP: a static zone of 600 A/AAAA and 5 TXT records, or forwarding that
+    zone over TCP (tcp-upstream, with no cache) to 127.0.0.1:forward."""
+    d.mkdir()
+    lines = ["server:", f"  interface: 127.0.0.1@{port}", f"  port: {port}", "  do-ip6: no",
+             f'  directory: "{d}"', f'  pidfile: "{d}/pid"', "  use-syslog: no",
+             f'  logfile: "{d}/log"', "  access-control: 127.0.0.0/8 allow",
+             "  incoming-num-tcp: 64", "  do-not-query-localhost: no", "  tcp-idle-timeout: 30000"]
+    if forward is None:
+        lines.append('  local-zone: "test.example." static')
+        for i in range(300):
+            lines.append(f'  local-data: "h{i}.test.example. 300 IN A 10.{i // 256}.{i % 256}.7"')
+            lines.append(f'  local-data: "h{i}.test.example. 300 IN AAAA fd00::{i:x}"')
+        for i in range(5):
+            lines.append(f"  local-data: 'txt{i}.test.example. 300 IN TXT \"{f'x{i}' * 60}\"'")
+    else:
+        lines += ["  tcp-upstream: yes", "  cache-max-ttl: 0", "  cache-max-negative-ttl: 0",
+                  '  domain-insecure: "test.example."', "forward-zone:", '  name: "test.example."',
+                  f"  forward-addr: 127.0.0.1@{forward}"]
+    (d / "unbound.conf").write_text("\n".join(lines) + "\n")
+    ub = pwd.getpwnam("unbound")
+    os.chown(d, ub.pw_uid, ub.pw_gid)
+    return d / "unbound.conf"
+
+
+def test_unbound_dns_over_tcp(group_fabric, pubdir):
+    """unbound as Debian ships it (dropping to the unbound user), DNS over TCP: 3 connections
+    to each of two instances, each with 1000 queries written before the first answer is read;
+    the second instance forwards them over TCP (tcp-upstream) to the first, with TCP Fast Open's
+    sendmsg(MSG_FASTOPEN), which was plain TCP and said nowhere.  The answers are kernel TCP's,
+    every client connection and the forwarder's upstream ones accelerated."""
+    if os.geteuid() != 0:
+        pytest.skip("unbound starts as root and drops to the unbound user")
+    if not shutil.which("unbound"):
+        pytest.skip("unbound is not installed (scripts/install-apps.sh installs it)")
+    group_fabric("unbound")
+    gid = pwd.getpwnam("unbound").pw_gid
+    (pubdir / "client.py").write_text(DNS_CLIENT)
+    res = {}
+    for on in (False, True):
+        base = pubdir / ("on" if on else "off")
+        base.mkdir()
+        alog, blog, clog = (logfile(base / n) for n in ("a.log", "b.log", "client.log"))
+        pa, pb = next_port(), next_port()
+        ca, cb = unbound_conf(base / "a", pa), unbound_conf(base / "b", pb, forward=pa)
+        a = subprocess.Popen(wrap(["unbound", "-d", "-c", str(ca)], alog, on),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        b = subprocess.Popen(wrap(["unbound", "-d", "-c", str(cb)], blog, on),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_port(pa, a)
+            wait_port(pb, b)
+            res[on] = []
+            for port in (pa, pb):
+                p = subprocess.run(as_member(gid, wrap(["/usr/bin/python3", str(pubdir / "client.py"),
+                                                        str(port), "1000", "3"], clog, on)),
+                                   capture_output=True, text=True, timeout=60)
+                res[on].append((p.returncode, p.stdout.strip(), p.stderr[-1000:]))
+            assert a.poll() is None and b.poll() is None
+        finally:
+            stop(a)
+            stop(b)
+        assert res[on][0][:2] == (0, res[on][0][1]) and res[on][0][1].startswith("3000 "), res[on]
+        for n in ("a", "b"):
+            log = (base / n / "log").read_text()
+            assert "error:" not in log and "fatal" not in log, log[-2000:]
+    assert res[True] == res[False], res
+    c, a, b = clog.read_text(), alog.read_text(), blog.read_text()
+    assert c.count("accelerated (client)") == 6 and tcp_reasons(clog) == [], c[-2000:]
+    assert b.count("accelerated (client)") >= 1 and tcp_reasons(blog) == [], b[-2000:]
+    assert a.count("accelerated (accepted") == 3 + b.count("accelerated (client)"), a[-2000:]
+    assert tcp_reasons(alog) == [], a[-2000:]
