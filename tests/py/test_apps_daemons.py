@@ -472,3 +472,89 @@ def test_unbound_dns_over_tcp(group_fabric, pubdir):
     assert b.count("accelerated (client)") >= 1 and tcp_reasons(blog) == [], b[-2000:]
     assert a.count("accelerated (accepted") == 3 + b.count("accelerated (client)"), a[-2000:]
     assert tcp_reasons(alog) == [], a[-2000:]
+
+
+# ---- slapd -------------------------------------------------------------------------------------
+
+SLAPD_CONF = """
+include /etc/ldap/schema/core.schema
+include /etc/ldap/schema/cosine.schema
+include /etc/ldap/schema/inetorgperson.schema
+pidfile {d}/pid
+modulepath /usr/lib/ldap
+moduleload back_mdb
+database mdb
+suffix "dc=test,dc=example"
+rootdn "cn=admin,dc=test,dc=example"
+rootpw secret
+directory {d}/db
+maxsize 104857600
+"""
+
+
+def ldif_add(n):
+    out = ["dn: dc=test,dc=example\nobjectClass: dcObject\nobjectClass: organization\no: t\ndc: test\n"]
+    for i in range(n):
+        out.append(f"dn: cn=u{i},dc=test,dc=example\nobjectClass: inetOrgPerson\ncn: u{i}\n"
+                   f"sn: s{i}\ndescription: {f'd{i}' * (1 + i % 400)}\n")
+    return "\n".join(out)
+
+
+def ldif_modify(n):
+    return "\n".join(f"dn: cn=u{i},dc=test,dc=example\nchangetype: modify\nreplace: sn\n"
+                     f"sn: m{i}\n-\nadd: mail\nmail: u{i}@test.example\n" for i in range(0, n, 3))
+
+
+def test_slapd_as_debian_ships_it(group_fabric, pubdir):
+    """slapd (OpenLDAP) as Debian starts it, dropping to the openldap user (-u/-g), with an mdb
+    database: ldapadd of 401 entries (up to 2 KB) and ldapmodify of 134 on one connection each,
+    ldapsearch with filters, ldapdelete, and ldapsearch again, each as a client of another user
+    in openldap's group; every output and status is kernel TCP's, every connection accelerated."""
+    if os.geteuid() != 0:
+        pytest.skip("slapd starts as root and drops to openldap")
+    if not shutil.which("slapd") or not shutil.which("ldapsearch"):
+        pytest.skip("slapd or ldap-utils is not installed (scripts/install-apps.sh installs them)")
+    group_fabric("openldap")
+    ol = pwd.getpwnam("openldap")
+    (pubdir / "add.ldif").write_text(ldif_add(400))
+    (pubdir / "mod.ldif").write_text(ldif_modify(400))
+    auth = ["-x", "-D", "cn=admin,dc=test,dc=example", "-w", "secret"]
+    res = {}
+    for on in (False, True):
+        base = pubdir / ("on" if on else "off")
+        (base / "db").mkdir(parents=True)
+        for p in (base, base / "db"):
+            os.chown(p, ol.pw_uid, ol.pw_gid)
+        (base / "slapd.conf").write_text(SLAPD_CONF.format(d=base))
+        slog, clog = logfile(base / "server.log"), logfile(base / "client.log")
+        port = next_port()
+        url = ["-H", f"ldap://127.0.0.1:{port}"]
+        srv = subprocess.Popen(wrap(["slapd", "-d", "0", "-h", f"ldap://127.0.0.1:{port}/", "-u",
+                                     "openldap", "-g", "openldap", "-f",
+                                     str(base / "slapd.conf")], slog, on),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        steps = [["ldapadd", *url, *auth, "-f", str(pubdir / "add.ldif")],
+                 ["ldapmodify", *url, *auth, "-f", str(pubdir / "mod.ldif")],
+                 ["ldapsearch", *url, "-x", "-LLL", "-b", "dc=test,dc=example", "(objectClass=*)"],
+                 ["ldapsearch", *url, "-x", "-LLL", "-b", "dc=test,dc=example", "(mail=u1*)", "sn"],
+                 ["ldapsearch", *url, "-x", "-LLL", "-b", "dc=test,dc=example", "(cn=nobody)"],
+                 ["ldapdelete", *url, *auth] + [f"cn=u{i},dc=test,dc=example" for i in range(0, 400, 2)],
+                 ["ldapdelete", *url, *auth, "cn=u0,dc=test,dc=example"],  # gone: status 32
+                 ["ldapsearch", *url, "-x", "-LLL", "-b", "dc=test,dc=example", "(sn=*)", "cn"]]
+        try:
+            wait_port(port, srv)
+            res[on] = []
+            for cmd in steps:
+                p = subprocess.run(as_member(ol.pw_gid, wrap(cmd, clog, on)), capture_output=True,
+                                   text=True, timeout=60)
+                res[on].append((cmd[0], p.returncode, hashlib.sha256(p.stdout.encode()).hexdigest(),
+                                len(p.stdout), p.stderr))
+            assert srv.poll() is None, "slapd exited"
+        finally:
+            stop(srv)
+        assert srv.returncode == 0, (on, srv.returncode, srv.stderr.read()[-2000:])
+    assert [r[1] for r in res[False]] == [0, 0, 0, 0, 0, 0, 32, 0], res[False]
+    assert res[True] == res[False], res
+    c, s = clog.read_text(), slog.read_text()
+    assert c.count("accelerated (client)") == len(steps) and tcp_reasons(clog) == [], c[-2000:]
+    assert s.count("accelerated (accepted") == len(steps) and tcp_reasons(slog) == [], s[-2000:]
