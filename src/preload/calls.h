@@ -152,6 +152,8 @@ MLP_CALL(int, system, (const char *line), (line))
  * environ[0] = 0), not where it unset LD_PRELOAD on purpose. */
 MLP_CALL(int, clearenv, (void), ())
 MLP_CALL(int, unsetenv, (const char *name), (name))
+/* chroot: the fabric is opened before it (negotiate.c, mlp_fabric_preopen). */
+MLP_CALL(int, chroot, (const char *path), (path))
 MLP_CALL(int, putenv, (char *string), (string))
 MLP_CALL(int, posix_spawn_file_actions_init, (posix_spawn_file_actions_t *fa), (fa))
 MLP_CALL(int, posix_spawn_file_actions_destroy, (posix_spawn_file_actions_t *fa), (fa))

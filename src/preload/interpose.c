@@ -567,6 +567,20 @@ MLP_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 
 /* ---- network namespaces: the rendezvous names carry ours, read again after a move ---- */
 
+/* chroot: a process that chroots before its first connect would find no fabric by its path
+ * afterwards; opened now, it is used through its descriptor (negotiate.c).  Not in a handler or
+ * a vfork child (whose state is its parent's), and the call itself is always the C library's. */
+MLP_EXPORT int chroot(const char *path)
+{
+    MLP_INIT();
+    if (!mlp_inside && !mlp_cfg.off && !mlp_sig_in_handler() && !mlp_vfork_child()) {
+        int saved = errno;
+        mlp_fabric_preopen();
+        errno = saved;
+    }
+    return mlp_real_chroot ? mlp_real_chroot(path) : (errno = ENOSYS, -1);
+}
+
 MLP_EXPORT int unshare(int flags)
 {
     MLP_INIT();

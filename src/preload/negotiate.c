@@ -113,6 +113,44 @@ static memlan_fabric_t *mlp_fabric(void)
     return mlp_fab;
 }
 
+/*
+ * Before chroot() (interpose.c): the fabric opened now, while its path still names it, so that a
+ * process that chroots before its first connect (postfix's smtp client, chroot y in Debian's
+ * master.cf) finds it through its descriptor afterwards; before, it found "no such directory" and
+ * every connection stayed on TCP.  Silent: a fabric that cannot be opened now is left to the
+ * first use, which says why.
+ */
+static bool mlp_confined(void);
+
+void mlp_fabric_preopen(void)
+{
+    if (mlp_cfg.off)
+        return;
+    /* Whether a seccomp filter confines us is read from /proc/self/status, which a chroot
+     * usually lacks: unread, a chrooted passer counted as confined, and postfix's smtp client,
+     * handing its connection to scache over SCM_RIGHTS, lost it ("the passer is in a seccomp
+     * sandbox"), a later smtp process then writing RSET on the kernel socket under it.  Read
+     * now; a filter installed later through our prctl or syscall is noted as before. */
+    (void)mlp_confined();
+    if (mlp_fab || mlp_fab_tried)
+        return;
+    pthread_mutex_lock(&mlp_neg_mu);
+    if (!mlp_fab && !mlp_fab_tried) {
+        memlan_fabric_t *f;
+        if (memlan_fabric_open(mlp_fabric_dir(), &f) == 0) {
+            if (faccessat(f->dirfd, ".", W_OK | X_OK, AT_EACCESS) == 0) {
+                mlp_own_fd(&f->dirfd, true);
+                mlp_fab = f;
+                mlp_cred_fabric_opened();
+                mlp_fab_tried = true;
+            } else {
+                memlan_fabric_close(f);
+            }
+        }
+    }
+    pthread_mutex_unlock(&mlp_neg_mu);
+}
+
 /* ---- addresses --------------------------------------------------------------------------- */
 
 struct mlp_addr {
@@ -2335,7 +2373,7 @@ static void mlp_hs_prepare(void)
         !atomic_compare_exchange_strong(&mlp_hs_fd, &none, -3))
         return;
     int saved = errno;
-    int fd = mlp_unconfined() ? socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
+    int fd = !mlp_confined() ? socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
                                        NETLINK_SOCK_DIAG)
                               : -1;
     if (fd >= 0)

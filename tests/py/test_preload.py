@@ -1721,15 +1721,12 @@ c, _ = ls.accept(); c.sendall(c.recv(10)); c.close()
 """
 
 
-@pytest.mark.xfail(strict=True, reason="the fabric opens at the first listen or connect, by its "
-                   "path: a process that chroots before its first connect (postfix's smtp client, "
-                   "chroot y in Debian's master.cf) finds no fabric and stays on TCP, logging "
-                   "'fabric unavailable: no such directory (MEMLAN_FABRIC_CREATE=1 creates it)'")
 def test_a_client_chrooted_before_its_first_connect(fabric, tmp_path):
     """A memlan client that chroots before its first connect (postfix's smtp, lmtp and relay
-    clients, chrooted as Debian's master.cf ships them) to a memlan server: the connection
-    could be accelerated (the fabric's directory could be opened before the chroot, as the
-    credential changes prepare before the call), but stays on TCP with a misleading reason."""
+    clients, chrooted as Debian's master.cf ships them) to a memlan server: the fabric opens
+    lazily, by its path, which the chroot hides, so the connection stayed on TCP with
+    "fabric unavailable: no such directory (MEMLAN_FABRIC_CREATE=1 creates it)".  Now chroot()
+    opens the fabric first, and the connection is accelerated."""
     if os.geteuid() != 0:
         pytest.skip("chroot needs root")
     (tmp_path / "c.py").write_text(CHROOT_CLIENT)
