@@ -32,7 +32,7 @@ want=(redis-server:redis-server memcached:memcached nginx:nginx-light wrk:wrk
       /usr/sbin/dovecot:dovecot-core /usr/lib/dovecot/imap:dovecot-imapd
       /usr/lib/dovecot/pop3:dovecot-pop3d socat:socat stunnel4:stunnel4 openssl:openssl
       exim4:exim4-daemon-light /usr/sbin/unbound:unbound /usr/sbin/slapd:slapd
-      ldapsearch:ldap-utils)
+      ldapsearch:ldap-utils beanstalkd:beanstalkd erlc:erlang-base)
 # postfix as Debian ships it, for test_apps_daemons.py: its package conflicts with
 # exim4-daemon-light (both are the mail-transport-agent), which test_apps_mail.py needs, so where
 # it is not installed its package is unpacked, unchanged, under /opt/memlan-apps/postfix (the tests

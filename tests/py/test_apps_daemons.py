@@ -2,8 +2,9 @@
 """Network daemons under `memlan run`, as Debian ships them: postfix (master, smtpd in its chroot,
 qmgr, local delivery, its SMTP client relaying to a second listener; reload, stop and start),
 unbound (DNS over TCP, pipelined queries on one connection, forwarding over TCP to a second
-resolver) and slapd (dropping to the openldap user), with both ends under memlan, each
-workload's bytes and status compared with the same run over kernel TCP.  Every process is
+resolver), slapd (dropping to the openldap user), beanstalkd and an Erlang gen_tcp echo, with
+both ends under memlan; and Go programs, which memlan cannot reach, beside memlan peers.  Each
+workload's bytes and status are compared with the same run over kernel TCP.  Every process is
 stopped by its PID; every wait is bounded.
 """
 import grp
@@ -21,7 +22,7 @@ import time
 import pytest
 
 from conftest import MEMLAN, port_free, pubdir  # noqa: F401 (fixture)
-from test_apps import accelerated, tcp_reasons, wait_port, wrap
+from test_apps import accelerated, settle, tcp_reasons, wait_port, wrap
 
 PORT = [24600]  # 24601-24799: no other test's range, below the ephemeral range (32768-60999)
 
@@ -568,3 +569,245 @@ def test_slapd_as_debian_ships_it(group_fabric, pubdir):
     c, s = clog.read_text(), slog.read_text()
     assert c.count("accelerated (client)") == len(steps) and tcp_reasons(clog) == [], c[-2000:]
     assert s.count("accelerated (accepted") == len(steps) and tcp_reasons(slog) == [], s[-2000:]
+
+
+# ---- beanstalkd --------------------------------------------------------------------------------
+
+BEANSTALK_CLIENT = r"""
+import hashlib, socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=30); f = s.makefile("rb")
+n, h, buf = 2000, hashlib.sha256(), b""
+for i in range(n):  # every put written before the first answer is read
+    body = (b"%d-" % i) * (1 + i % 500)
+    buf += b"put %d 0 60 %d\r\n%s\r\n" % (i % 7, len(body), body)
+s.sendall(buf)
+ids = [int(f.readline().split()[1]) for _ in range(n)]
+for _ in range(n):  # by priority, then in order
+    s.sendall(b"reserve-with-timeout 5\r\n"); l = f.readline().split()
+    body = f.read(int(l[2]) + 2)[:-2]; h.update(body)
+    s.sendall(b"delete %s\r\n" % l[1]); assert f.readline() == b"DELETED\r\n"
+s.sendall(b"reserve-with-timeout 0\r\n"); last = f.readline()
+print(len(set(ids)), h.hexdigest(), last.strip().decode())
+"""
+
+
+def test_beanstalkd(fabric, tmp_path):
+    """beanstalkd (one process, epoll): 2000 pipelined puts of up to 3 KB at 7 priorities, then
+    reserve and delete of each on one connection, by three clients in turn; what they read and
+    the final TIMED_OUT are kernel TCP's, every connection accelerated."""
+    if not shutil.which("beanstalkd"):
+        pytest.skip("beanstalkd is not installed")
+    (tmp_path / "c.py").write_text(BEANSTALK_CLIENT)
+    res = {}
+    for on in (False, True):
+        slog, clog = tmp_path / f"s{on}.log", tmp_path / f"c{on}.log"
+        port = next_port()
+        srv = subprocess.Popen(wrap(["beanstalkd", "-l", "127.0.0.1", "-p", str(port)], slog, on),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_port(port, srv)
+            res[on] = []
+            for _ in range(3):
+                p = subprocess.run(wrap(["/usr/bin/python3", str(tmp_path / "c.py"), str(port)],
+                                        clog, on), capture_output=True, text=True, timeout=60)
+                res[on].append((p.returncode, p.stdout.strip(), p.stderr[-1000:]))
+            assert srv.poll() is None
+        finally:
+            stop(srv)
+    assert res[False][0][0] == 0 and res[False][0][1].endswith(" TIMED_OUT"), res[False]
+    assert res[True] == res[False], res
+    assert accelerated(clog) == 3 and accelerated(slog) == 3, (clog.read_text(), slog.read_text())
+    assert tcp_reasons(clog) == [] and tcp_reasons(slog) == []
+    settle()  # beanstalkd ends on SIGTERM without its exit handlers: its files wait for a sweep
+
+
+# ---- Erlang ------------------------------------------------------------------------------------
+
+ERL_ECHO = r"""
+-module(echo).
+-export([server/2, client/2]).
+
+server(Port, N) ->
+    {ok, L} = gen_tcp:listen(Port, [binary, {active, false}, {reuseaddr, true},
+                                    {ip, {127,0,0,1}}]),
+    io:format("ready~n"),
+    loop(L, N).
+
+loop(_, 0) -> timer:sleep(500);
+loop(L, N) ->
+    {ok, S} = gen_tcp:accept(L),
+    Pid = spawn(fun() -> receive go -> echo(S) end end),
+    ok = gen_tcp:controlling_process(S, Pid), Pid ! go,
+    loop(L, N - 1).
+
+echo(S) ->
+    case gen_tcp:recv(S, 0) of
+        {ok, B} -> ok = gen_tcp:send(S, B), echo(S);
+        {error, closed} -> gen_tcp:close(S)
+    end.
+
+client(Port, Size) ->
+    {ok, S} = gen_tcp:connect({127,0,0,1}, Port, [binary, {active, false}]),
+    Data = list_to_binary([I rem 251 || I <- lists:seq(1, Size)]),
+    Self = self(),
+    spawn(fun() -> ok = gen_tcp:send(S, Data), ok = gen_tcp:shutdown(S, write), Self ! sent end),
+    Got = recv_all(S, <<>>),
+    receive sent -> ok end,
+    io:format("~p ~p~n", [byte_size(Got), crypto:hash(sha256, Got) =:= crypto:hash(sha256, Data)]).
+
+recv_all(S, Acc) ->
+    case gen_tcp:recv(S, 0) of
+        {ok, B} -> recv_all(S, <<Acc/binary, B/binary>>);
+        {error, closed} -> Acc
+    end.
+"""
+
+
+def test_erlang_gen_tcp(fabric, tmp_path):
+    """An Erlang gen_tcp echo server (one process per connection, handed over with
+    controlling_process) and three gen_tcp clients, each sending 3 MB from one process while
+    another reads the echo, then half-closing: the echo and the statuses are kernel TCP's, every
+    connection accelerated at both ends (BEAM's sockets go through libc)."""
+    if not shutil.which("erl") or not shutil.which("erlc"):
+        pytest.skip("Erlang is not installed")
+    (tmp_path / "echo.erl").write_text(ERL_ECHO)
+    subprocess.run(["erlc", "-o", str(tmp_path), str(tmp_path / "echo.erl")], check=True,
+                   timeout=120, capture_output=True)
+    erl = ["erl", "-noshell", "-pa", str(tmp_path), "-eval"]
+    res = {}
+    for on in (False, True):
+        slog, clog = tmp_path / f"s{on}.log", tmp_path / f"c{on}.log"
+        port = next_port()
+        srv = subprocess.Popen(wrap(erl + [f"echo:server({port}, 3), init:stop()."], slog, on),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert srv.stdout.readline() == "ready\n"
+            res[on] = []
+            for _ in range(3):
+                p = subprocess.run(wrap(erl + [f"echo:client({port}, 3000000), init:stop()."], clog,
+                                        on), capture_output=True, text=True, timeout=60)
+                res[on].append((p.returncode, p.stdout, p.stderr[-1000:]))
+            assert srv.wait(30) == 0, srv.stderr.read()[-2000:]
+        finally:
+            stop(srv)
+    assert res[False] == [(0, "3000000 true\n", "")] * 3, res[False]
+    assert res[True] == res[False], res
+    assert accelerated(clog) == 3 and accelerated(slog) == 3, (clog.read_text(), slog.read_text())
+
+
+# ---- Go ----------------------------------------------------------------------------------------
+
+GO_ECHO = """package main
+
+import (
+	"crypto/sha256"
+	"fmt"
+	"io"
+	"net"
+	"os"
+)
+
+func main() {
+	if os.Args[1] == "server" {
+		l, err := net.Listen("tcp", "127.0.0.1:"+os.Args[2])
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println("ready")
+		c, err := l.Accept()
+		if err != nil {
+			panic(err)
+		}
+		io.Copy(c, c)
+		c.Close()
+		return
+	}
+	c, err := net.Dial("tcp", "127.0.0.1:"+os.Args[2])
+	if err != nil {
+		panic(err)
+	}
+	data := make([]byte, 3<<20)
+	for i := range data {
+		data[i] = byte(i * 7)
+	}
+	go func() { c.Write(data); c.(*net.TCPConn).CloseWrite() }()
+	got, _ := io.ReadAll(c)
+	fmt.Println(len(got), sha256.Sum256(got) == sha256.Sum256(data))
+}
+"""
+
+PY_ECHO = r"""
+import socket, sys
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", int(sys.argv[1]))); ls.listen(1); print("ready", flush=True)
+c, _ = ls.accept()
+while True:
+    b = c.recv(65536)
+    if not b: break
+    c.sendall(b)
+c.close()
+"""
+
+PY_CLIENT = r"""
+import socket, sys, threading
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=30)
+data = bytes((i * 7) & 255 for i in range(3 << 20))
+def w(): s.sendall(data); s.shutdown(socket.SHUT_WR)
+t = threading.Thread(target=w); t.start(); got = []
+while True:
+    b = s.recv(65536)
+    if not b: break
+    got.append(b)
+t.join(); got = b"".join(got)
+print(len(got), "true" if got == data else "false")
+"""
+
+GO = "/usr/local/go/bin/go"
+
+
+def test_go_programs_stay_on_tcp_whole(fabric, tmp_path):
+    """Go makes its socket calls itself, so LD_PRELOAD never sees them: a memlan client (python)
+    of a Go server under memlan run, and a Go client under memlan run of a memlan server, stay
+    on TCP with nothing lost (3 MB echoed, half-closed); memlan run says why on stderr and in the
+    log file, and the memlan ends' log lines give their reasons."""
+    go = GO if os.path.exists(GO) else shutil.which("go")
+    if not go:
+        pytest.skip("Go is not installed")
+    (tmp_path / "main.go").write_text(GO_ECHO)
+    (tmp_path / "go.mod").write_text("module gox\ngo 1.20\n")
+    (tmp_path / "echo.py").write_text(PY_ECHO)
+    (tmp_path / "client.py").write_text(PY_CLIENT)
+    b = subprocess.run([go, "build", "-o", str(tmp_path / "gox"), "."], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, GOFLAGS="-mod=mod", CGO_ENABLED="0"))
+    assert b.returncode == 0, b.stderr
+    gox, py = str(tmp_path / "gox"), "/usr/bin/python3"
+    out = {}
+    for on in (False, True):
+        log = tmp_path / f"m{on}.log"
+        got = []
+        for server, client in (([gox, "server"], [py, str(tmp_path / "client.py")]),
+                               ([py, str(tmp_path / "echo.py")], [gox, "client"])):
+            port = str(next_port())
+            srv = subprocess.Popen(wrap(server + [port], log, on), stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True)
+            try:
+                assert srv.stdout.readline() == "ready\n", srv.stderr.read()
+                p = subprocess.run(wrap(client + [port], log, on), capture_output=True, text=True,
+                                   timeout=60)
+                got.append((p.returncode, p.stdout))
+                if on and client[0] == gox:
+                    assert "is a Go program" in p.stderr, p.stderr
+                assert srv.wait(30) == 0
+                if on and server[0] == gox:
+                    assert "is a Go program" in srv.stderr.read()
+            finally:
+                stop(srv)
+        out[on] = got
+    assert out[False] == [(0, "3145728 true\n")] * 2, out
+    assert out[True] == out[False], out
+    text = log.read_text()
+    assert text.count("is a Go program") == 2, text
+    assert accelerated(log) == 0, text
+    assert tcp_reasons(log) == ["no memlan listener on this port in the fabric",
+                                "the client is not memlan (no offer)"], text
