@@ -114,11 +114,11 @@ static memlan_fabric_t *mlp_fabric(void)
 }
 
 /*
- * Before chroot() (interpose.c): the fabric opened now, while its path still names it, so that a
- * process that chroots before its first connect (postfix's smtp client, chroot y in Debian's
- * master.cf) finds it through its descriptor afterwards; before, it found "no such directory" and
- * every connection stayed on TCP.  Silent: a fabric that cannot be opened now is left to the
- * first use, which says why.
+ * Before chroot() (interpose.c): a group-shared fabric opened now, while its path still names it,
+ * so that a process that chroots before its first connect (postfix's smtp client, chroot y in
+ * Debian's master.cf) finds it through its descriptor afterwards; before, it found "no such
+ * directory" and every connection stayed on TCP.  Silent: a fabric that cannot be opened now is
+ * left to the first use, which says why.
  */
 static bool mlp_confined(void);
 
@@ -138,7 +138,11 @@ void mlp_fabric_preopen(void)
     if (!mlp_fab && !mlp_fab_tried) {
         memlan_fabric_t *f;
         if (memlan_fabric_open(mlp_fabric_dir(), &f) == 0) {
-            if (faccessat(f->dirfd, ".", W_OK | X_OK, AT_EACCESS) == 0) {
+            /* Only a fabric shared with a group: a chroot goes with a drop to another account
+             * (privilege separation), which a user's private fabric does not admit; opened for
+             * nothing, its files made before the drop could not be removed after (dovecot's
+             * login processes chroot, then drop to dovenull: their stat entries were left). */
+            if (f->shared && faccessat(f->dirfd, ".", W_OK | X_OK, AT_EACCESS) == 0) {
                 mlp_own_fd(&f->dirfd, true);
                 mlp_fab = f;
                 mlp_cred_fabric_opened();
