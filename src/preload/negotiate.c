@@ -786,6 +786,8 @@ struct mlp_lrec {
                                * server's address too */
     unsigned misses;          /* acceptor: waits in a row that ended with no offer (see
                                * mlp_on_accept: pending is peer-writable) */
+    ino_t granted_ino;        /* the record file in whose ACL we last named granted_uid */
+    uid_t granted_uid;
 };
 static struct mlp_lrec *mlp_lrecs[65536];
 static void mlp_neg_deferred_run(void); /* under mlp_neg_mu: what signal handlers left */
@@ -2555,6 +2557,10 @@ static int mlp_lrec_grant_one(struct mlp_lrec *r, uid_t uid)
     struct stat st;
     if (__ml_sys_fstat(r->lock_fd, &st) == 0 && st.st_uid == uid)
         return 0;
+    /* Named already in this very file: a server that toggles its euid (postfix's master, some
+     * thirty seteuid calls as it starts) rewrote the ACL and logged the line at each. */
+    if (r->granted_uid == uid && r->granted_ino == st.st_ino && st.st_ino != 0)
+        return 0;
     /* Several workers may do this at once (each with its own euid): the read-modify-write of the
      * ACL goes under a write lock on byte 1 of the record, through a new open file (the workers
      * share the listener's), waited for at most 200 ms. */
@@ -2584,6 +2590,8 @@ static int mlp_lrec_grant_one(struct mlp_lrec *r, uid_t uid)
         mlp_log(0, "port %d: cannot name euid %u as an acceptor in the shared fabric's record "
                    "(%s): its clients will not offer", r->port, (unsigned)uid, strerror(-e));
     } else {
+        r->granted_uid = uid;
+        r->granted_ino = st.st_ino;
         mlp_log(1, "port %d: euid %u may accept private channels", r->port, (unsigned)uid);
     }
     return e;
