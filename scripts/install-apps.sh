@@ -32,7 +32,30 @@ want=(redis-server:redis-server memcached:memcached nginx:nginx-light wrk:wrk
       /usr/sbin/dovecot:dovecot-core /usr/lib/dovecot/imap:dovecot-imapd
       /usr/lib/dovecot/pop3:dovecot-pop3d socat:socat stunnel4:stunnel4 openssl:openssl
       exim4:exim4-daemon-light /usr/sbin/xinetd:xinetd /bin/nc.openbsd:netcat-openbsd
-      ncat:ncat)
+      ncat:ncat /usr/sbin/unbound:unbound /usr/sbin/slapd:slapd
+      ldapsearch:ldap-utils beanstalkd:beanstalkd erlc:erlang-base)
+# postfix as Debian ships it, for test_apps_daemons.py: its package conflicts with
+# exim4-daemon-light (both are the mail-transport-agent), which test_apps_mail.py needs, so where
+# it is not installed its package is unpacked, unchanged, under /opt/memlan-apps/postfix (the tests
+# name its directories in their main.cf), with the user and groups its postinst would make.
+if [[ ! -x /usr/sbin/postfix && ! -x /opt/memlan-apps/postfix/usr/sbin/postfix ]]; then
+    SUDO=; [[ $(id -u) -ne 0 ]] && SUDO=sudo
+    echo "install-apps: unpacking postfix under /opt/memlan-apps/postfix"
+    tmp=$(mktemp -d)
+    chmod 755 "$tmp"
+    if (cd "$tmp" && { apt-get download postfix >/dev/null 2>&1 ||
+                       { $SUDO apt-get update -qq && apt-get download postfix >/dev/null; }; }); then
+        $SUDO mkdir -p /opt/memlan-apps
+        $SUDO dpkg -x "$tmp"/postfix_*.deb /opt/memlan-apps/postfix
+        getent group postfix >/dev/null || $SUDO groupadd --system postfix
+        getent group postdrop >/dev/null || $SUDO groupadd --system postdrop
+        getent passwd postfix >/dev/null || $SUDO useradd --system -g postfix -d /var/spool/postfix \
+            -s /usr/sbin/nologin postfix
+    else
+        echo "install-apps: could not download postfix"
+    fi
+    rm -rf "$tmp"
+fi
 # The MPICH header's directory is per architecture (mpicc.mpich comes with the runtime package,
 # mpi.h only with libmpich-dev: checking the compiler left test_seeds without the header).
 arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)

@@ -508,8 +508,8 @@ int __ml_fabric_clean_report(memlan_fabric_t *fab, struct ml_clean_report *rep)
  * haproxy's seamless reload).  The record names the sockets published in it (lsock); true while
  * one of them may still listen on the port: always where we may not ask the kernel (ask false:
  * a sweep in a process of the preload's that may be sandboxed, which asks nothing), and where
- * the kernel cannot say or lists one as listening.  A record of another namespace than ours, or one that names no socket
- * (an older memlan's), is judged by its lock alone, as before.
+ * the kernel cannot say or lists one as listening.  A record of another namespace than ours, or
+ * one that names no socket (an older memlan's), is judged by its lock alone, as before.
  */
 static bool ml_lrec_may_listen(memlan_fabric_t *fab, const char *name, bool ask)
 {
@@ -530,7 +530,7 @@ static bool ml_lrec_may_listen(memlan_fabric_t *fab, const char *name, bool ask)
     bool named = false;
     if (__ml_sys_fstat((int)fd, &st) == 0 && S_ISREG(st.st_mode) &&
         (size_t)st.st_size >= sizeof m &&
-        __ml_sys_pread((int)fd, &m, sizeof m, 0) == (ssize_t)sizeof m && m.magic == ML_LREC_MAGIC)
+        __ml_sys_read((int)fd, &m, sizeof m) == (ssize_t)sizeof m && m.magic == ML_LREC_MAGIC)
         for (unsigned i = 0; i < ML_LREC_LSOCKS; i++)
             named |= m.lsock[i] != 0;
     __ml_sys_close((int)fd);
@@ -549,12 +549,25 @@ static bool ml_lrec_may_listen(memlan_fabric_t *fab, const char *name, bool ask)
     return listens;
 }
 
+/* Does the fabric's path still name its directory for this process?  Not after a chroot (the
+ * preload opens the fabric before one: postfix's chrooted smtp client), nor in another mount
+ * namespace: there the rpc- and ep- sockets, checked by path, would read ENOENT as "nobody
+ * listens" and be unlinked from under live servers. */
+static bool ml_fabric_path_is_dir(memlan_fabric_t *fab)
+{
+    struct stat a, b;
+    return __ml_sys_fstat(fab->dirfd, &a) == 0 &&
+           __ml_sys_fstatat(AT_FDCWD, fab->path, &b, 0) == 0 && a.st_dev == b.st_dev &&
+           a.st_ino == b.st_ino;
+}
+
 static int ml_fabric_reclaim_cx(memlan_fabric_t *fab, struct ml_clean_ctx *cx, bool ask)
 {
     long dfd = __ml_sys_open(fab->dirfd, ".", O_RDONLY | O_DIRECTORY, 0);
     if (dfd < 0)
         return (int)dfd;
     int removed = 0;
+    int by_path = -1; /* ml_fabric_path_is_dir, asked at the first socket met */
     char buf[8192];
     for (;;) {
         int n = __ml_sys_getdents((int)dfd, buf, sizeof buf);
@@ -605,7 +618,8 @@ static int ml_fabric_reclaim_cx(memlan_fabric_t *fab, struct ml_clean_ctx *cx, b
                     removed++;
                 }
             } else if (strncmp(nm, "rpc-", 4) == 0 && strlen(nm) > 9 &&
-                       strcmp(nm + strlen(nm) - 5, ".sock") == 0) {
+                       strcmp(nm + strlen(nm) - 5, ".sock") == 0 &&
+                       (by_path < 0 ? (by_path = ml_fabric_path_is_dir(fab)) : by_path)) {
                 /* An RPC server's rendezvous (src/rpc/rpc.c): stale once nobody listens
                  * there (its server was killed before its atexit could remove it). */
                 char path[sizeof(((struct sockaddr_un *)0)->sun_path)];
@@ -621,6 +635,10 @@ static int ml_fabric_reclaim_cx(memlan_fabric_t *fab, struct ml_clean_ctx *cx, b
                  * or on seeing no lock file, took a new server's socket from under it). */
                 size_t len = strlen(nm);
                 if (len > 8 && strcmp(nm + len - 5, ".sock") == 0) {
+                    if (by_path < 0)
+                        by_path = ml_fabric_path_is_dir(fab);
+                    if (!by_path)
+                        continue;
                     /* Without its lock file: a leftover (the lock file went some other way)
                      * once nothing listens there and it is older than any bind-to-listen gap. */
                     char lock[NAME_MAX + 1], path[sizeof(((struct sockaddr_un *)0)->sun_path)];

@@ -1000,11 +1000,25 @@ static int cmd_run(int argc, char **argv)
     }
     const char *prog = argv[optind];
     char file[PATH_MAX], judged[PATH_MAX];
-    int reach = !quiet && which(prog, file, sizeof file) ? mlp_elf_reach(file, 0, judged, sizeof judged) : 0;
-    if (reach == 1 || reach == 2)
-        fprintf(stderr, "memlan run: warning: %s%s%s is %s, so its connections will not be "
-                        "accelerated\n", file, strcmp(file, judged) ? ": its interpreter " : "",
-                strcmp(file, judged) ? judged : "", mlp_elf_reach_why(reach));
+    int reach = which(prog, file, sizeof file) ? mlp_elf_reach(file, 0, judged, sizeof judged) : 0;
+    if (reach == 1 || reach == 2) {
+        /* On stderr unless --quiet, and in the log file either way: a Go server's is the one
+         * process of a run whose connections stay on TCP with no line in the log (its clients'
+         * say only "no memlan listener on this port"). */
+        if (!quiet)
+            fprintf(stderr, "memlan run: warning: %s%s%s is %s, so its connections will not be "
+                            "accelerated\n", file, strcmp(file, judged) ? ": its interpreter " : "",
+                    strcmp(file, judged) ? judged : "", mlp_elf_reach_why(reach));
+        const char *lf = getenv("MEMLAN_LOG");
+        int fd = lf && *lf == '/' ? open(lf, O_WRONLY | O_APPEND | O_CLOEXEC) : -1;
+        if (fd >= 0) {
+            dprintf(fd, "memlan run[%d]: %s%s%s is %s, so its connections will not be "
+                        "accelerated\n", (int)getpid(), file,
+                    strcmp(file, judged) ? ": its interpreter " : "",
+                    strcmp(file, judged) ? judged : "", mlp_elf_reach_why(reach));
+            close(fd);
+        }
+    }
     /* A set-user-ID or set-group-ID program runs in secure-execution mode, where the dynamic
      * linker ignores an LD_PRELOAD path (sudo, or a server installed so). */
     struct stat pst;

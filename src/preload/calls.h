@@ -147,9 +147,14 @@ MLP_CALL(int, posix_spawnp,
 /* system: glibc spawns its shell inside libc; exec.c spawns it through posix_spawn instead
  * when an accelerated connection would reach the shell. */
 MLP_CALL(int, system, (const char *line), (line))
-/* clearenv: noted (exec.c), so that exec carries our settings from the start-up copy only where
- * the program emptied its environment wholesale, not where it unset LD_PRELOAD on purpose. */
+/* clearenv, unsetenv and putenv: noted (exec.c), so that exec carries our settings from the
+ * start-up copy where the program emptied its environment wholesale (clearenv(), or postfix's
+ * environ[0] = 0), not where it unset LD_PRELOAD on purpose. */
 MLP_CALL(int, clearenv, (void), ())
+MLP_CALL(int, unsetenv, (const char *name), (name))
+/* chroot: the fabric is opened before it (negotiate.c, mlp_fabric_preopen). */
+MLP_CALL(int, chroot, (const char *path), (path))
+MLP_CALL(int, putenv, (char *string), (string))
 MLP_CALL(int, posix_spawn_file_actions_init, (posix_spawn_file_actions_t *fa), (fa))
 MLP_CALL(int, posix_spawn_file_actions_destroy, (posix_spawn_file_actions_t *fa), (fa))
 MLP_CALL(int, posix_spawn_file_actions_adddup2, (posix_spawn_file_actions_t *fa, int fd, int nfd),

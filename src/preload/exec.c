@@ -462,13 +462,35 @@ static bool mlp_env_named(const char *e, const char *name)
  */
 static char mlp_env0_buf[8192];
 static char *mlp_env0[33];
-static _Atomic bool mlp_env_cleared; /* the program called clearenv() */
+/* The program removed LD_PRELOAD by name (unsetenv, or putenv of the bare name, as `env -u
+ * LD_PRELOAD` does); clearenv() afterwards empties everything, ours with the rest. */
+static _Atomic bool mlp_env_unset;
 
 MLP_EXPORT int clearenv(void)
 {
     MLP_INIT_EXEC();
-    atomic_store(&mlp_env_cleared, true);
+    atomic_store(&mlp_env_unset, false);
     return mlp_real_clearenv ? mlp_real_clearenv() : (errno = ENOSYS, -1);
+}
+
+MLP_EXPORT int unsetenv(const char *name)
+{
+    MLP_INIT_EXEC();
+    const char *n = name; /* libc declares it nonnull; NULL is EINVAL from libc's, not a fault */
+    __asm__("" : "+r"(n));
+    if (n && strcmp(n, "LD_PRELOAD") == 0)
+        atomic_store(&mlp_env_unset, true);
+    return mlp_real_unsetenv ? mlp_real_unsetenv(name) : (errno = ENOSYS, -1);
+}
+
+MLP_EXPORT int putenv(char *string)
+{
+    MLP_INIT_EXEC();
+    const char *v = string;
+    __asm__("" : "+r"(v));
+    if (v && strcmp(v, "LD_PRELOAD") == 0) /* glibc: a name without '=' unsets it */
+        atomic_store(&mlp_env_unset, true);
+    return mlp_real_putenv ? mlp_real_putenv(string) : (errno = ENOSYS, -1);
 }
 
 void mlp_exec_env_snapshot(void)
@@ -496,9 +518,12 @@ void mlp_exec_env_snapshot(void)
  * MEMLAN_SAID, with ours added.  A program that execs with an environment of its own making (env -i, a sanitised envp)
  * would lose LD_PRELOAD and its children memlan: when envp has no LD_PRELOAD at all we carry ours
  * and the MEMLAN_* settings over, from environ, or when environ has no LD_PRELOAD either and the
- * program emptied it with clearenv() from the copy made at start-up; an explicit LD_PRELOAD, even
- * empty, is the caller's choice, and so is an LD_PRELOAD it unset (`env -u LD_PRELOAD`: put
- * back from the copy, it brought back libraries the caller had dropped; found in review).
+ * program emptied it wholesale from the copy made at start-up: clearenv(), or environ truncated
+ * by hand (postfix's clean_env() sets environ[0] = 0 and puts back what import_environment names:
+ * `memlan run -- postfix start` ran master and every daemon without memlan, silently, its clients
+ * told "no memlan listener on this port"), or replaced (`env -i`); an explicit LD_PRELOAD, even
+ * empty, is the caller's choice, and so is an LD_PRELOAD it unset by name (`env -u LD_PRELOAD`:
+ * put back from the copy, it brought back libraries the caller had dropped; found in review).
  */
 static char *const *mlp_exec_env(struct mlp_carry *c, char *const envp[])
 {
@@ -512,7 +537,7 @@ static char *const *mlp_exec_env(struct mlp_carry *c, char *const envp[])
         if (mlp_env_named(envp[n], "LD_PRELOAD"))
             has_preload = true;
     char **from = environ; /* where ours are carried from */
-    if (!has_preload && mlp_env0[0] && atomic_load(&mlp_env_cleared)) {
+    if (!has_preload && mlp_env0[0] && !atomic_load(&mlp_env_unset)) {
         bool there = false;
         for (char **e = environ; e && *e && !there; e++)
             there = mlp_env_named(*e, "LD_PRELOAD");

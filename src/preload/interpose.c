@@ -574,6 +574,20 @@ MLP_EXPORT int close_range(unsigned int first, unsigned int last, int flags)
 
 /* ---- network namespaces: the rendezvous names carry ours, read again after a move ---- */
 
+/* chroot: a process that chroots before its first connect would find no fabric by its path
+ * afterwards; opened now, it is used through its descriptor (negotiate.c).  Not in a handler or
+ * a vfork child (whose state is its parent's), and the call itself is always the C library's. */
+MLP_EXPORT int chroot(const char *path)
+{
+    MLP_INIT();
+    if (!mlp_inside && !mlp_cfg.off && !mlp_sig_in_handler() && !mlp_vfork_child()) {
+        int saved = errno;
+        mlp_fabric_preopen();
+        errno = saved;
+    }
+    return mlp_real_chroot ? mlp_real_chroot(path) : (errno = ENOSYS, -1);
+}
+
 MLP_EXPORT int unshare(int flags)
 {
     MLP_INIT();
@@ -989,9 +1003,73 @@ MLP_EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct soc
     return mlp_recvfrom_call(fd, buf, len, flags, addr, alen);
 }
 
+/*
+ * TCP Fast Open's implicit connect: sendto or sendmsg with MSG_FASTOPEN and an address on a TCP
+ * socket not yet connected (unbound's upstream queries with tcp-upstream, as Debian builds it;
+ * curl --tcp-fastopen) connects and sends in one call.  The kernel made that connection without
+ * us: plain TCP, said nowhere, and the server read "the client is not memlan (no offer)".  Now
+ * it is our connect, then the send, as the kernel does it when it has no cookie for the server
+ * (its first connection to it): a blocking socket connects and then sends everything; a
+ * non-blocking one answers EINPROGRESS with nothing sent, and the program sends again once the
+ * socket is writable (as every TFO client must).  A connect that fails gives its errno, as the
+ * kernel's TFO connect does.  Anything else (connected already, not TCP, AF_UNSPEC, a handler,
+ * a vfork child): the kernel's call.  *done is false where the caller makes the kernel's call.
+ */
+static ssize_t mlp_fastopen(int fd, const struct sockaddr *addr, socklen_t alen,
+                            const struct msghdr *msg, int flags, bool *done)
+{
+    *done = false;
+    if (!addr || alen < sizeof(struct sockaddr_in) ||
+        (addr->sa_family != AF_INET && addr->sa_family != AF_INET6) || mlp_inside ||
+        mlp_cfg.off || mlp_sig_in_handler() || mlp_vfork_child())
+        return 0;
+    int type = 0, proto = 0;
+    socklen_t tl = sizeof type, pl = sizeof proto;
+    struct sockaddr_storage peer;
+    socklen_t plen = sizeof peer;
+    int saved = errno;
+    if (mlp_real_getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) < 0 || type != SOCK_STREAM ||
+        mlp_real_getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &pl) < 0 ||
+        proto != IPPROTO_TCP) {
+        errno = saved;
+        return 0;
+    }
+    if (getpeername(fd, (struct sockaddr *)&peer, &plen) == 0 || errno != ENOTCONN) {
+        /* Connected: on our connection the kernel's socket says what the kernel would (EISCONN
+         * after connect(); a socket its own TFO connect left connecting takes the data), asked
+         * with nothing to send; then the data goes our way. */
+        if (mlp_fd_is_ours(fd) &&
+            mlp_real_sendto(fd, "", 0, MSG_FASTOPEN | MSG_DONTWAIT | MSG_NOSIGNAL, addr, alen) < 0) {
+            *done = true;
+            return -1;
+        }
+        errno = saved;
+        return 0;
+    }
+    errno = saved;
+    *done = true;
+    if (connect(fd, addr, alen) < 0)
+        return -1; /* EINPROGRESS (non-blocking: nothing sent, as without a cookie), or its error */
+    struct msghdr m = *msg;
+    m.msg_name = NULL;
+    m.msg_namelen = 0;
+    m.msg_control = NULL; /* TCP takes no control messages on this path */
+    m.msg_controllen = 0;
+    return sendmsg(fd, &m, flags);
+}
+
 MLP_EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags,
                           const struct sockaddr *addr, socklen_t alen)
 {
+    if (ml_unlikely(flags & MSG_FASTOPEN) && addr) {
+        MLP_INIT();
+        struct iovec fv = {(void *)buf, len};
+        struct msghdr m = {.msg_iov = &fv, .msg_iovlen = 1};
+        bool done;
+        ssize_t r = mlp_fastopen(fd, addr, alen, &m, flags & ~MSG_FASTOPEN, &done);
+        if (done)
+            return r;
+    }
     struct iovec v = {(void *)buf, len};
     ssize_t f = mlp_fast_tx(fd, &v, 1, flags);
     if (ml_likely(f == MLP_PASS))
@@ -1105,6 +1183,14 @@ static inline void mlp_after_sendmsg(int fd, const struct msghdr *msg, struct ml
 
 MLP_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
+    if (ml_unlikely(flags & MSG_FASTOPEN) && msg && msg->msg_name) {
+        MLP_INIT();
+        bool done;
+        ssize_t r = mlp_fastopen(fd, msg->msg_name, msg->msg_namelen, msg, flags & ~MSG_FASTOPEN,
+                                 &done);
+        if (done)
+            return r;
+    }
     ssize_t f = mlp_fast_msg(fd, (struct msghdr *)msg, flags, true);
     if (f != MLP_SLOW && f != MLP_PASS)
         return f;

@@ -114,6 +114,48 @@ static memlan_fabric_t *mlp_fabric(void)
     return mlp_fab;
 }
 
+/*
+ * Before chroot() (interpose.c): a group-shared fabric opened now, while its path still names it,
+ * so that a process that chroots before its first connect (postfix's smtp client, chroot y in
+ * Debian's master.cf) finds it through its descriptor afterwards; before, it found "no such
+ * directory" and every connection stayed on TCP.  Silent: a fabric that cannot be opened now is
+ * left to the first use, which says why.
+ */
+static bool mlp_confined(void);
+
+void mlp_fabric_preopen(void)
+{
+    if (mlp_cfg.off)
+        return;
+    /* Whether a seccomp filter confines us is read from /proc/self/status, which a chroot
+     * usually lacks: unread, a chrooted passer counted as confined, and postfix's smtp client,
+     * handing its connection to scache over SCM_RIGHTS, lost it ("the passer is in a seccomp
+     * sandbox"), a later smtp process then writing RSET on the kernel socket under it.  Read
+     * now; a filter installed later through our prctl or syscall is noted as before. */
+    (void)mlp_confined();
+    if (mlp_fab || mlp_fab_tried)
+        return;
+    pthread_mutex_lock(&mlp_neg_mu);
+    if (!mlp_fab && !mlp_fab_tried) {
+        memlan_fabric_t *f;
+        if (memlan_fabric_open(mlp_fabric_dir(), &f) == 0) {
+            /* Only a fabric shared with a group: a chroot goes with a drop to another account
+             * (privilege separation), which a user's private fabric does not admit; opened for
+             * nothing, its files made before the drop could not be removed after (dovecot's
+             * login processes chroot, then drop to dovenull: their stat entries were left). */
+            if (f->shared && faccessat(f->dirfd, ".", W_OK | X_OK, AT_EACCESS) == 0) {
+                mlp_own_fd(&f->dirfd, true);
+                mlp_fab = f;
+                mlp_cred_fabric_opened();
+                mlp_fab_tried = true;
+            } else {
+                memlan_fabric_close(f);
+            }
+        }
+    }
+    pthread_mutex_unlock(&mlp_neg_mu);
+}
+
 /* ---- addresses --------------------------------------------------------------------------- */
 
 struct mlp_addr {
@@ -747,6 +789,8 @@ struct mlp_lrec {
                                * mlp_on_accept: pending is peer-writable) */
     int cred_pid;             /* the process that set ML_NO_OFFER_CRED in the record through
                                * this mapping (mlp_lrec_no_offer), 0: none */
+    ino_t granted_ino;        /* the record file in whose ACL we last named granted_uid */
+    uid_t granted_uid;
 };
 static struct mlp_lrec *mlp_lrecs[65536];
 static void mlp_neg_deferred_run(void); /* under mlp_neg_mu: what signal handlers left */
@@ -2538,7 +2582,7 @@ static void mlp_hs_prepare(void)
         !atomic_compare_exchange_strong(&mlp_hs_fd, &none, -3))
         return;
     int saved = errno;
-    int fd = mlp_unconfined() ? socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
+    int fd = !mlp_confined() ? socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
                                        NETLINK_SOCK_DIAG)
                               : -1;
     if (fd >= 0)
@@ -2716,6 +2760,10 @@ static int mlp_lrec_grant_one(struct mlp_lrec *r, uid_t uid)
     struct stat st;
     if (__ml_sys_fstat(r->lock_fd, &st) == 0 && st.st_uid == uid)
         return 0;
+    /* Named already in this very file: a server that toggles its euid (postfix's master, some
+     * thirty seteuid calls as it starts) rewrote the ACL and logged the line at each. */
+    if (r->granted_uid == uid && r->granted_ino == st.st_ino && st.st_ino != 0)
+        return 0;
     /* Several workers may do this at once (each with its own euid): the read-modify-write of the
      * ACL goes under a write lock on byte 1 of the record, through a new open file (the workers
      * share the listener's), waited for at most 200 ms. */
@@ -2745,6 +2793,8 @@ static int mlp_lrec_grant_one(struct mlp_lrec *r, uid_t uid)
         mlp_log(0, "port %d: cannot name euid %u as an acceptor in the shared fabric's record "
                    "(%s): its clients will not offer", r->port, (unsigned)uid, strerror(-e));
     } else {
+        r->granted_uid = uid;
+        r->granted_ino = st.st_ino;
         mlp_log(1, "port %d: euid %u may accept private channels", r->port, (unsigned)uid);
     }
     return e;

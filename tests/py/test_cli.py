@@ -297,6 +297,15 @@ def test_run_warns_about_go_programs(fabric, tmp_path):
     assert p.returncode == 0 and "is a Go program" in p.stderr and str(fake) in p.stderr, p.stderr
     assert "not be accelerated" in p.stderr and "statically linked" not in p.stderr
     assert cli("run", "--quiet", "--", fake).stderr == ""
+    # And in the log file, --quiet or not: the Go program's is the one process of a run whose
+    # connections stay on TCP with no line there (before, said on stderr only).
+    log = tmp_path / "m.log"
+    for quiet in ([], ["--quiet"]):
+        p = cli("run", *quiet, "--log", str(log), "--", fake)
+        assert p.returncode == 0 and p.stderr.count("is a Go program") == (0 if quiet else 1)
+    lines = log.read_text().splitlines()
+    assert len(lines) == 2 and all("is a Go program" in l and str(fake) in l and
+                                   "not be accelerated" in l for l in lines), lines
 
 
 def test_exec_of_a_go_program_under_memlan_is_said(fabric, tmp_path):

@@ -1606,6 +1606,154 @@ def test_an_unset_ld_preload_stays_unset(fabric):
     settle(fabric)
 
 
+TRUNCATED_ENV = r"""
+import ctypes, os, sys
+libc = ctypes.CDLL(None)
+environ = ctypes.POINTER(ctypes.c_char_p).in_dll(libc, "environ")
+environ[0] = None                      # postfix's clean_env(): the array cut, no clearenv()
+libc.setenv(b"LANG", b"C", 1)          # and what import_environment names put back
+os.execv("/bin/sh", ["sh", "-c", 'echo "[${LD_PRELOAD:+set}] [$LANG]"'])
+"""
+
+
+@pytest.mark.parametrize("how", ["truncated", "env-i", "env-u"])
+def test_an_environment_emptied_by_hand_keeps_memlan(fabric, tmp_path, how):
+    """A program that empties its environment without clearenv() and execs: postfix's
+    clean_env() sets environ[0] = 0 and puts back what import_environment names, so `memlan run
+    -- postfix start` ran master and every daemon without memlan, silently (their clients read
+    "no memlan listener on this port"); `env -i` replaces environ.  Both now carry LD_PRELOAD
+    from the start-up copy; an LD_PRELOAD unset by name (`env -u`) stays unset."""
+    (tmp_path / "t.py").write_text(TRUNCATED_ENV)
+    cmd = {"truncated": [PY, str(tmp_path / "t.py")],
+           "env-i": ["/usr/bin/env", "-i", "LANG=C", "/bin/sh", "-c",
+                     'echo "[${LD_PRELOAD:+set}] [$LANG]"'],
+           "env-u": ["/usr/bin/env", "-u", "LD_PRELOAD", "LANG=C", "/bin/sh", "-c",
+                     'echo "[${LD_PRELOAD:+set}] [$LANG]"']}[how]
+    r = subprocess.run([str(MEMLAN), "run", "--"] + cmd, capture_output=True, text=True, timeout=30)
+    want = "[] [C]\n" if how == "env-u" else "[set] [C]\n"
+    assert r.returncode == 0 and r.stdout == want, r.stdout + r.stderr
+    settle(fabric)
+
+
+FASTOPEN = r"""
+import errno, hashlib, select, socket, sys, threading
+port, dead = int(sys.argv[1]), int(sys.argv[2])
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", port)); ls.listen(8)
+def serve():
+    for _ in range(4):
+        c, _ = ls.accept(); n = int.from_bytes(c.recv(4, socket.MSG_WAITALL), "big"); got = b""
+        while len(got) < n:
+            b = c.recv(min(65536, n - len(got)))  # what follows the message is left unread
+            if not b: break
+            got += b
+        c.sendall(hashlib.sha256(got).digest()); c.close()
+threading.Thread(target=serve, daemon=True).start()
+data = bytes(range(256)) * 1000
+msg = len(data).to_bytes(4, "big") + data
+def reply(s):
+    r = s.recv(32, socket.MSG_WAITALL); s.close()
+    return r == hashlib.sha256(data).digest()
+def err(f):
+    try:
+        return f()
+    except OSError as e:
+        return errno.errorcode[e.errno]
+out = []
+s = socket.socket()                                 # blocking sendto: connects, sends it all
+out.append(err(lambda: s.sendto(msg, socket.MSG_FASTOPEN, ("127.0.0.1", port)) == len(msg)))
+out.append(reply(s))
+s = socket.socket()                                 # blocking sendmsg
+out.append(err(lambda: s.sendmsg([msg[:100], msg[100:]], [], socket.MSG_FASTOPEN, ("127.0.0.1", port))))
+out.append(reply(s))
+s = socket.socket(); s.setblocking(False)           # non-blocking: EINPROGRESS, nothing sent
+out.append(err(lambda: s.sendto(msg, socket.MSG_FASTOPEN, ("127.0.0.1", port))))
+select.select([], [s], [], 10); out.append(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+s.setblocking(True); s.sendall(msg)
+out.append(err(lambda: s.sendto(b"x", socket.MSG_FASTOPEN, ("127.0.0.1", port))))  # taken
+out.append(reply(s))
+s = socket.socket()                                 # connected by connect(): EISCONN too
+s.connect(("127.0.0.1", port)); out.append(err(lambda: s.sendto(b"x", socket.MSG_FASTOPEN, ("127.0.0.1", port))))
+s.sendall(msg); out.append(reply(s))
+s = socket.socket()                                 # nobody listens
+out.append(err(lambda: s.sendto(msg, socket.MSG_FASTOPEN, ("127.0.0.1", dead)))); s.close()
+print(out)
+"""
+
+
+def test_tcp_fast_open_connects_through_memlan(fabric, tmp_path):
+    """TCP Fast Open's implicit connect (sendto/sendmsg with MSG_FASTOPEN and an address on a
+    socket not yet connected; unbound's upstream queries over TCP, as Debian builds it): the
+    connection was the kernel's, said nowhere (the server read "the client is not memlan").  Now
+    it is memlan's: a blocking call sends everything, a non-blocking one answers EINPROGRESS as
+    the kernel does without a cookie; a socket connected by connect() answers EISCONN (before,
+    memlan sent the bytes), a dead port ECONNREFUSED; the answers are kernel TCP's and the four
+    connections are accelerated."""
+    (tmp_path / "t.py").write_text(FASTOPEN)
+    dead = next_port()
+    res = []
+    log = tmp_path / "memlan.log"
+    for on in (False, True):
+        cmd = [PY, str(tmp_path / "t.py"), str(next_port()), str(dead)]
+        r = subprocess.run(([str(MEMLAN), "run", "--log", str(log), "--"] if on else []) + cmd,
+                           capture_output=True, text=True, timeout=60)
+        res.append((r.returncode, r.stdout, r.stderr[-1500:]))
+    # After its own TFO connect the kernel takes more MSG_FASTOPEN data on the socket (x: 1);
+    # after connect() it answers EISCONN.
+    assert res[0] == (0, "[True, True, 256004, True, 'EINPROGRESS', 0, 1, True, 'EISCONN', "
+                         "True, 'ECONNREFUSED']\n", ""), res[0]
+    assert res[1] == res[0], (res, log.read_text()[-2000:])
+    assert log.read_text().count("accelerated (client)") == 4, log.read_text()
+
+
+CHROOT_CLIENT = r"""
+import encodings.idna, os, socket, sys  # idna: socket's host names, not importable in the jail
+os.chroot(sys.argv[2]); os.chdir("/")  # before the first connect, as postfix's smtp client
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=10)
+s.sendall(b"ping"); print(s.recv(10).decode())
+"""
+
+ECHO_ONCE = r"""
+import socket, sys
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", int(sys.argv[1]))); ls.listen(1); print("ready", flush=True)
+c, _ = ls.accept(); c.sendall(c.recv(10)); c.close()
+"""
+
+
+def test_a_client_chrooted_before_its_first_connect(gfabric, tmp_path):
+    """A memlan client that chroots before its first connect (postfix's smtp, lmtp and relay
+    clients, chrooted as Debian's master.cf ships them) to a memlan server: the fabric opens
+    lazily, by its path, which the chroot hides, so the connection stayed on TCP with
+    "fabric unavailable: no such directory (MEMLAN_FABRIC_CREATE=1 creates it)".  Now chroot()
+    opens a group-shared fabric first (a user's private one: nothing changes, since a chroot goes
+    with a drop to another account there), and the connection is accelerated."""
+    if os.geteuid() != 0:
+        pytest.skip("chroot needs root")
+    (tmp_path / "c.py").write_text(CHROOT_CLIENT)
+    (tmp_path / "s.py").write_text(ECHO_ONCE)
+    (tmp_path / "jail").mkdir()
+    port = next_port()
+    log = tmp_path / "memlan.log"
+    srv = subprocess.Popen([str(MEMLAN), "run", "--log", str(log), "--", PY, str(tmp_path / "s.py"),
+                            str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert srv.stdout.readline() == "ready\n"
+        r = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", PY, str(tmp_path / "c.py"),
+                            str(port), str(tmp_path / "jail")], capture_output=True, text=True,
+                           timeout=30)
+        assert (r.returncode, r.stdout) == (0, "ping\n"), r.stderr  # the bytes are right either way
+        srv.wait(10)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    settle(gfabric[0])
+    text = log.read_text()
+    assert "fabric unavailable" not in text, text
+    assert text.count("accelerated (client)") == 1, text
+
+
 IDLEWAKE = BUILD / "tests-preload" / "idlewake"
 
 
