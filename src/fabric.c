@@ -709,7 +709,10 @@ void __ml_fabric_sweep_once_ask(memlan_fabric_t *fab, bool ask)
         (void)ml_fabric_reclaim_cx(fab, NULL, ask);
 }
 
-void __ml_fabric_sweep_once(memlan_fabric_t *fab) { __ml_fabric_sweep_once_ask(fab, fab->sweep_asks); }
+void __ml_fabric_sweep_once(memlan_fabric_t *fab)
+{
+    __ml_fabric_sweep_once_ask(fab, atomic_load_explicit(&fab->sweep_asks, memory_order_relaxed));
+}
 
 int memlan_fabric_clean(memlan_fabric_t *fab)
 {

@@ -33,8 +33,8 @@ struct memlan_fabric {
     int dirfd;
     bool shared;              /* the directory is open to group or others */
     _Atomic bool swept;       /* lazy reclaim done (the first time we create a file) */
-    bool sweep_asks;          /* the lazy reclaim may ask the kernel which sockets listen
-                               * (sock_diag); the preload's fabric: false, it asks itself */
+    _Atomic bool sweep_asks;  /* the lazy reclaim may ask the kernel which sockets listen
+                               * (sock_diag); the preload's: only outside a seccomp sandbox */
     uid_t uid;
     pthread_mutex_t pool_mu;
     int npool;                /* pool[0] is the oldest */

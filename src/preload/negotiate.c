@@ -65,6 +65,8 @@ static const char *mlp_fabric_dir(void)
     return mlp_cfg.fabric[0] ? mlp_cfg.fabric : NULL;
 }
 
+static bool mlp_confined(void);
+
 /* The fabric, opened on first use. */
 static memlan_fabric_t *mlp_fabric(void)
 {
@@ -92,7 +94,9 @@ static memlan_fabric_t *mlp_fabric(void)
                      brief ? brief : why);
         } else {
             mlp_own_fd(&f->dirfd, true);
-            f->sweep_asks = false; /* a sandbox may kill for the socket: asked where we know */
+            /* The lazy sweep asks the kernel which listeners live (sock_diag) only outside a
+             * seccomp sandbox, which may kill for the socket (mlp_note_confined clears it). */
+            atomic_store(&f->sweep_asks, !mlp_confined());
             mlp_fab = f;
             mlp_cred_fabric_opened();
         }
@@ -145,6 +149,7 @@ void mlp_fabric_preopen(void)
              * login processes chroot, then drop to dovenull: their stat entries were left). */
             if (f->shared && faccessat(f->dirfd, ".", W_OK | X_OK, AT_EACCESS) == 0) {
                 mlp_own_fd(&f->dirfd, true);
+                atomic_store(&f->sweep_asks, !mlp_confined());
                 mlp_fab = f;
                 mlp_cred_fabric_opened();
                 mlp_fab_tried = true;
@@ -1736,7 +1741,13 @@ void mlp_accept_received(int fd)
 static _Atomic int mlp_confinement;
 static bool mlp_unconfined(void);
 
-void mlp_note_confined(void) { atomic_store(&mlp_confinement, 2); }
+void mlp_note_confined(void)
+{
+    atomic_store(&mlp_confinement, 2);
+    memlan_fabric_t *f = mlp_fab;
+    if (f)
+        atomic_store(&f->sweep_asks, false);
+}
 
 bool mlp_known_confined(void) { return atomic_load_explicit(&mlp_confinement, memory_order_relaxed) == 2; }
 

@@ -34,6 +34,31 @@ def port_free(port, strict=False):
     return True
 
 
+
+def port_range(first, last, name):
+    """A suite's next_port over its own ports first..last (each free even for a server without
+    SO_REUSEADDR)."""
+    at = [first - 1]
+
+    def next_port():
+        at[0] += 1
+        while not port_free(at[0], strict=True):
+            at[0] += 1
+        assert at[0] <= last, f"{name} ran out of its ports"
+        return at[0]
+    return next_port
+
+
+def stop_proc(proc, timeout=15):
+    """SIGTERM, then SIGKILL after timeout seconds; a process that ended already is left."""
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
 @pytest.fixture
 def fabric(monkeypatch):
     d = tempfile.mkdtemp(prefix="memlan-py-", dir="/dev/shm")

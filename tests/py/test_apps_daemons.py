@@ -23,28 +23,13 @@ import time
 
 import pytest
 
-from conftest import MEMLAN, port_free, pubdir  # noqa: F401 (fixture)
+from conftest import MEMLAN, port_range, stop_proc, port_free, pubdir  # noqa: F401 (fixture)
 from test_apps import accelerated, settle, tcp_reasons, wait_port, wrap
 
-PORT = [26600]  # 26601-26799: no other test's range, below the ephemeral range (32768-60999)
+next_port = port_range(26601, 26799, "test_apps_daemons")  # no other test's range, below the ephemeral range
 
 
-def next_port():
-    PORT[0] += 1
-    while not port_free(PORT[0], strict=True):
-        PORT[0] += 1
-    assert PORT[0] < 26800, "test_apps_daemons ran out of its ports"
-    return PORT[0]
-
-
-def stop(proc, timeout=15):
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+stop = stop_proc
 
 
 def as_member(gid, cmd):

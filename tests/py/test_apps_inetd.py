@@ -19,18 +19,11 @@ import time
 
 import pytest
 
-from conftest import MEMLAN, port_free, pubdir  # noqa: F401 (fixtures)
+from conftest import MEMLAN, port_range, stop_proc, port_free, pubdir  # noqa: F401 (fixtures)
 from test_apps import accelerated, settle, tcp_reasons, wait_port, wrap
+from test_privdrop import SSHD_CONF as PRIVDROP_SSHD_CONF
 
-PORT = [19300]  # 19301-19499: no other test's range, below the ephemeral range
-
-
-def next_port():
-    PORT[0] += 1
-    while not port_free(PORT[0], strict=True):
-        PORT[0] += 1
-    assert PORT[0] < 19500, "test_apps_inetd ran out of its ports"
-    return PORT[0]
+next_port = port_range(19301, 19499, "test_apps_inetd")  # no other test's range, below the ephemeral range
 
 
 def have(*progs):
@@ -39,14 +32,7 @@ def have(*progs):
             pytest.skip(f"{p} is not installed (scripts/install-apps.sh installs it)")
 
 
-def stop(proc):
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+stop = stop_proc
 
 
 def body(n, seed=0):
@@ -554,20 +540,8 @@ def test_python_subprocess_with_the_connection_as_stdio(fabric, pubdir):
 
 # ---- OpenSSH: forwarding, scp, rsync and git over ssh -----------------------------------------
 
-SSHD_CONF = """
-Port {port}
-ListenAddress 127.0.0.1
-HostKey {d}/hostkey
-PidFile {d}/sshd.pid
-AuthorizedKeysFile {d}/authorized_keys
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-UsePAM no
-StrictModes no
-PermitRootLogin prohibit-password
-AllowTcpForwarding yes
-Subsystem sftp {sftp}
-"""
+# test_privdrop's sshd configuration, with forwarding allowed.
+SSHD_CONF = PRIVDROP_SSHD_CONF.replace("Subsystem", "AllowTcpForwarding yes\nSubsystem")
 
 # An echo server that answers each connection with the digest of what it read, then the bytes
 # reversed (threads: the forwarders' connections overlap).

@@ -17,28 +17,13 @@ import time
 
 import pytest
 
-from conftest import MEMLAN, gfabric, group, port_free, pubdir  # noqa: F401 (fixtures)
+from conftest import MEMLAN, port_range, stop_proc, gfabric, group, port_free, pubdir  # noqa: F401 (fixtures)
 from test_apps import accelerated, member, need, settle, tcp_reasons, wait_port, wrap
 
-PORT = [18800]  # 18801-18999: no other test's range, below the ephemeral range (32768-60999)
+next_port = port_range(18801, 18999, "test_apps_mail")  # no other test's range, below the ephemeral range
 
 
-def next_port():
-    PORT[0] += 1
-    while not port_free(PORT[0], strict=True):
-        PORT[0] += 1
-    assert PORT[0] < 19000, "test_apps_mail ran out of its ports"
-    return PORT[0]
-
-
-def stop(proc):
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+stop = stop_proc
 
 
 # ---- dovecot -----------------------------------------------------------------------------------
