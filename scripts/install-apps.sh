@@ -31,7 +31,7 @@ want=(redis-server:redis-server memcached:memcached nginx:nginx-light wrk:wrk
       /usr/sbin/php-fpm8.2:php8.2-fpm /usr/bin/tinyproxy:tinyproxy /usr/sbin/apache2:apache2
       /usr/sbin/dovecot:dovecot-core /usr/lib/dovecot/imap:dovecot-imapd
       /usr/lib/dovecot/pop3:dovecot-pop3d socat:socat stunnel4:stunnel4 openssl:openssl
-      exim4:exim4-daemon-light)
+      exim4:exim4-daemon-light beanstalkd:beanstalkd)
 # The MPICH header's directory is per architecture (mpicc.mpich comes with the runtime package,
 # mpi.h only with libmpich-dev: checking the compiler left test_seeds without the header).
 arch=$(dpkg-architecture -qDEB_HOST_MULTIARCH 2>/dev/null || echo x86_64-linux-gnu)
