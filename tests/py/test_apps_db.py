@@ -104,8 +104,11 @@ def test_postgres_streaming_replication(fabric, tmp_path, mode):
     (the tables' checksums agree).  Then the standby's walreceiver is killed -9 while pgbench
     writes (the standby's postmaster restarts its children and reconnects), and the primary's
     walsender is killed -9 right after a large commit (the primary restarts its backends; the
-    standby reconnects and catches up); the checksums agree each time.  Last the standby is
-    promoted and takes writes."""
+    standby reconnects and catches up); the checksums agree each time.  Then synchronous
+    replication (each commit waits for the standby's flush, reported on the same connection),
+    and the walreceiver stopped by SIGSTOP past wal_sender_timeout (the walsender gives up and
+    closes; continued, the walreceiver reads the end and its successor catches up).  Last the
+    standby is promoted and takes writes."""
     need(pg_bin("postgres"), pg_bin("initdb"), pg_bin("pg_ctl"), "pgbench", "psql", "pg_basebackup")
     on = mode == "memlan"
     with service_dir(fabric, tmp_path, "postgres") as (work, root):
@@ -117,7 +120,7 @@ def test_postgres_streaming_replication(fabric, tmp_path, mode):
                        check=True, capture_output=True, timeout=120)
         pp, sp = next_port(), next_port()
         common = ["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", f"unix_socket_directories={work}",
-                  "-c", "wal_retrieve_retry_interval=500ms"]
+                  "-c", "wal_retrieve_retry_interval=500ms", "-c", "wal_sender_timeout=2s"]
         prim = subprocess.Popen(wrap(as_pg + [pg_bin("postgres"), "-D", str(pdata), "-p", str(pp)] + common,
                                      slog, on), stdout=subprocess.DEVNULL,
                                 stderr=open(work / "primary.out", "w"), env=env)
@@ -185,11 +188,39 @@ def test_postgres_streaming_replication(fabric, tmp_path, mode):
             a, b = q(pp, BLOBS), q(sp, BLOBS)
             assert a == b and a.startswith("60000:"), (a, b)
 
+            # Synchronous replication: each commit waits for the standby's flush, reported back on
+            # the stream the walsender writes.
+            q(pp, "alter system set synchronous_standby_names = '*'")
+            q(pp, "select pg_reload_conf()")
+            until("sync standby", lambda: q(pp, "select sync_state from pg_stat_replication") == "sync")
+            sh(as_pg + ["pgbench", "-c", "4", "-j", "2", "-t", "100", "-p", str(pp), "postgres"], clog, on, env=env)
+            same("synchronous")
+            q(pp, "alter system reset synchronous_standby_names")
+            q(pp, "select pg_reload_conf()")
+            until("async again", lambda: q(pp, "select sync_state from pg_stat_replication") == "async")
+
+            # The walreceiver stopped (SIGSTOP) past wal_sender_timeout: the walsender gives up
+            # and closes; continued, the walreceiver finds the end, and its successor catches up.
+            wr = int(q(sp, "select pid from pg_stat_wal_receiver"))
+            os.kill(wr, signal.SIGSTOP)
+            try:
+                q(pp, "insert into blobs select g, 'while stopped' from generate_series(70001, 72000) g")
+                until("walsender timed out", lambda: "due to replication timeout" in (work / "primary.out").read_text(),
+                      timeout=30)
+            finally:
+                os.kill(wr, signal.SIGCONT)
+            until("walreceiver streaming after the stop",
+                  lambda: q(sp, "select status from pg_stat_wal_receiver") == "streaming"
+                  and q(sp, "select pid from pg_stat_wal_receiver") != str(wr), timeout=60)
+            same("after the stop")
+            a, b = q(pp, BLOBS), q(sp, BLOBS)
+            assert a == b and a.startswith("62000:"), (a, b)
+
             # Promotion: the standby takes writes of its own.
             sh(as_pg + [pg_bin("pg_ctl"), "-D", str(sdata), "-w", "-t", "60", "promote"], rlog, on, env=env)
             until("promoted", lambda: q(sp, "select pg_is_in_recovery()") == "f")
             q(sp, "insert into blobs values (60001, 'after promotion')")
-            assert q(sp, "select count(*) from blobs") == "60001"
+            assert q(sp, "select count(*) from blobs") == "62001"
             if on:
                 # The walreceiver's connection (at the start and after each kill), psql's,
                 # pgbench's and the base backup's two: all accelerated, none on TCP.
@@ -350,21 +381,26 @@ print("ok", len(ids) if not bad else bad[:10])
 
 # ---- MariaDB binlog replication ----------------------------------------------------------------
 
+@pytest.mark.parametrize("sync", ["async", "semisync"])
 @pytest.mark.parametrize("mode", MODES)
-def test_mariadb_replication(fabric, tmp_path, mode):
+def test_mariadb_replication(fabric, tmp_path, mode, sync):
     """Two mariadbd as Debian runs them (started as root, --user=mysql), a primary with a binlog
     and a replica whose IO thread connects to it over 127.0.0.1 (CHANGE MASTER TO ...
     MASTER_HOST='127.0.0.1', GTID), all under memlan: rows and a concurrent mariadb-slap load
     written on the primary are on the replica (CHECKSUM TABLE equal, GTID positions equal); the
-    primary's binlog dump thread is KILLed mid-stream, and the replica reconnects and catches up."""
+    primary's binlog dump thread is KILLed mid-stream, and the replica reconnects and catches up.
+    semisync: every commit waits for the replica's acknowledgement, which the primary's ack
+    thread reads from the connection its dump thread writes to; none may fall back to async."""
     need("mariadbd", "mariadb-install-db", "mariadb", "mariadb-slap")
     on = mode == "memlan"
     with service_dir(fabric, tmp_path, "mysql") as (work, root):
         user = ["--user=mysql"] if root else []
         ports, procs, logs = {}, {}, {}
         try:
+            semi = sync == "semisync"
             for name, extra in (("primary", ["--server-id=1", "--log-bin=mysql-bin", "--binlog-format=ROW"]),
-                                ("replica", ["--server-id=2", "--relay-log=relay-bin", "--read-only=1"])):
+                                ("replica", ["--server-id=2", "--relay-log=relay-bin", "--read-only=1"] +
+                                 (["--rpl-semi-sync-slave-enabled=1"] if semi else []))):
                 data = work / name
                 subprocess.run(["mariadb-install-db", "--no-defaults", f"--datadir={data}", "--skip-test-db",
                                 "--auth-root-authentication-method=socket"] + user,
@@ -399,6 +435,15 @@ def test_mariadb_replication(fabric, tmp_path, mode):
             sock_sql("replica", f"CHANGE MASTER TO MASTER_HOST='127.0.0.1', MASTER_PORT={ports['primary']}, "
                                 "MASTER_USER='repl', MASTER_PASSWORD='repl-pw', MASTER_USE_GTID=slave_pos, "
                                 "MASTER_CONNECT_RETRY=1; START SLAVE;")
+            if semi:
+                # Each commit waits for the replica's acknowledgement, which a thread of the
+                # primary's reads from the connection the dump thread writes to.
+                sock_sql("primary", "SET GLOBAL rpl_semi_sync_master_timeout = 60000; "
+                                    "SET GLOBAL rpl_semi_sync_master_enabled = 1")
+                sock_sql("replica", "STOP SLAVE IO_THREAD; START SLAVE IO_THREAD")
+                until("semi-sync replica", lambda: sock_sql(
+                    "primary", "SHOW STATUS LIKE 'Rpl_semi_sync_master_clients'").split() == [
+                    "Rpl_semi_sync_master_clients", "1"], timeout=30)
 
             def status():
                 out = sock_sql("replica", "SHOW SLAVE STATUS\\G", names=True)
@@ -457,6 +502,11 @@ def test_mariadb_replication(fabric, tmp_path, mode):
             same("after the dump thread's kill")
             st = status()
             assert st["Last_IO_Errno"] == "0" and st["Last_SQL_Errno"] == "0", st
+            if semi:  # every commit acknowledged, none fell back to asynchronous
+                semist = dict(l.split("\t") for l in sock_sql("primary", "SHOW STATUS LIKE 'Rpl_semi_sync_master_%'")
+                              .splitlines())
+                assert semist["Rpl_semi_sync_master_no_tx"] == "0" and int(semist["Rpl_semi_sync_master_yes_tx"]) > 100 \
+                    and semist["Rpl_semi_sync_master_status"] == "ON", semist
             if on:
                 r = logs["replica"].read_text()
                 assert r.count("accelerated (client)") >= 2, r[-3000:]  # the IO thread, twice
