@@ -107,24 +107,27 @@ def test_postgres_streaming_replication(fabric, tmp_path, mode):
     standby reconnects and catches up); the checksums agree each time.  Then synchronous
     replication (each commit waits for the standby's flush, reported on the same connection),
     and the walreceiver stopped by SIGSTOP past wal_sender_timeout (the walsender gives up and
-    closes; continued, the walreceiver reads the end and its successor catches up).  Last the
-    standby is promoted and takes writes."""
-    need(pg_bin("postgres"), pg_bin("initdb"), pg_bin("pg_ctl"), "pgbench", "psql", "pg_basebackup")
+    closes; continued, the walreceiver reads the end and its successor catches up).  Then the
+    standby is promoted and takes writes, and the old primary, rewound from it by pg_rewind,
+    follows it as its standby."""
+    need(pg_bin("postgres"), pg_bin("initdb"), pg_bin("pg_ctl"), "pgbench", "psql", "pg_basebackup", pg_bin("pg_rewind"))
     on = mode == "memlan"
     with service_dir(fabric, tmp_path, "postgres") as (work, root):
         as_pg = ["runuser", "-u", "postgres", "--"] if root else []
         pdata, sdata = work / "primary", work / "standby"
         slog, rlog, clog = logfile(work, "primary.log"), logfile(work, "standby.log"), logfile(work, "client.log")
+        olog = logfile(work, "old-primary.log")  # the old primary, rewound and restarted as a standby
         env = dict(os.environ, PGHOST="127.0.0.1", PGUSER="bench", PGCONNECT_TIMEOUT="10")
         subprocess.run(as_pg + [pg_bin("initdb"), "-D", str(pdata), "-A", "trust", "-U", "bench"],
                        check=True, capture_output=True, timeout=120)
         pp, sp = next_port(), next_port()
         common = ["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", f"unix_socket_directories={work}",
-                  "-c", "wal_retrieve_retry_interval=500ms", "-c", "wal_sender_timeout=2s"]
+                  "-c", "wal_retrieve_retry_interval=500ms", "-c", "wal_sender_timeout=2s",
+                  "-c", "wal_log_hints=on", "-c", "wal_keep_size=512MB"]
         prim = subprocess.Popen(wrap(as_pg + [pg_bin("postgres"), "-D", str(pdata), "-p", str(pp)] + common,
                                      slog, on), stdout=subprocess.DEVNULL,
                                 stderr=open(work / "primary.out", "w"), env=env)
-        standby_up = False
+        standby_up = old_up = False
         try:
             until("primary listening", lambda: listening(pp) or prim.poll() is not None)
             assert prim.poll() is None, (work / "primary.out").read_text()
@@ -221,22 +224,48 @@ def test_postgres_streaming_replication(fabric, tmp_path, mode):
             until("promoted", lambda: q(sp, "select pg_is_in_recovery()") == "f")
             q(sp, "insert into blobs values (60001, 'after promotion')")
             assert q(sp, "select count(*) from blobs") == "62001"
+
+            # The old primary rewound from the new one (pg_rewind over libpq) and started as its
+            # standby.
+            q(pp, "insert into blobs values (99999, 'the old timeline only')")
+            subprocess.run(as_pg + [pg_bin("pg_ctl"), "-D", str(pdata), "-w", "-t", "60", "-m", "fast", "stop"],
+                           check=True, capture_output=True, timeout=90)
+            prim.wait(30)
+            assert prim.returncode == 0, (work / "primary.out").read_text()[-3000:]
+            q(sp, "checkpoint")  # the new timeline in its control file, where pg_rewind reads it
+            sh(as_pg + [pg_bin("pg_rewind"), "-D", str(pdata), "-R", "--source-server",
+                        f"host=127.0.0.1 port={sp} user=bench dbname=postgres"], clog, on, env=env)
+            # (the settings pg_rewind copied from the new primary name its slot: made there)
+            q(sp, "select pg_create_physical_replication_slot('standby1')")
+            sh(as_pg + [pg_bin("pg_ctl"), "-D", str(pdata), "-l", str(work / "old.out"), "-w", "-t", "60",
+                        "-o", " ".join(["-p", str(pp)] + common), "start"], olog, on, env=env)
+            old_up = True
+            q(sp, "insert into blobs values (60002, 'to the rewound standby')")
+            lsn = q(sp, "select pg_current_wal_lsn()")
+            until("rewound standby caught up",
+                  lambda: q(pp, f"select pg_last_wal_replay_lsn() >= '{lsn}'::pg_lsn") == "t", timeout=60)
+            for sql in (ACCOUNTS, HISTORY, BLOBS):
+                a, b = q(sp, sql), q(pp, sql)
+                assert a == b and a, (sql, a, b)
+            assert q(pp, "select count(*) from blobs where id = 99999") == "0"
             if on:
                 # The walreceiver's connection (at the start and after each kill), psql's,
                 # pgbench's and the base backup's two: all accelerated, none on TCP.
                 r = rlog.read_text()
                 assert r.count("accelerated (client)") >= 3, r[-3000:]
+                assert "accelerated (client)" in olog.read_text(), olog.read_text()  # its walreceiver
                 assert accelerated(slog) >= 30 and accelerated(clog) >= 30, clog.read_text()[-3000:]
-                assert tcp_lines(slog) == tcp_lines(rlog) == tcp_lines(clog) == [], \
-                    (tcp_lines(slog), tcp_lines(rlog), tcp_lines(clog))
-                assert lost_lines(slog, rlog, clog) == []
+                assert tcp_lines(slog) == tcp_lines(rlog) == tcp_lines(clog) == tcp_lines(olog) == [], \
+                    (tcp_lines(slog), tcp_lines(rlog), tcp_lines(clog), tcp_lines(olog))
+                assert lost_lines(slog, rlog, clog, olog) == []
         finally:
             if standby_up:
                 subprocess.run(as_pg + [pg_bin("pg_ctl"), "-D", str(sdata), "-w", "-t", "60", "-m", "fast", "stop"],
                                capture_output=True, timeout=90)
             # runuser does not pass SIGINT on, and answers SIGTERM with SIGKILL 2 s later
-            subprocess.run(as_pg + [pg_bin("pg_ctl"), "-D", str(pdata), "-w", "-t", "60", "-m", "fast", "stop"],
-                           capture_output=True, timeout=90)
+            if prim.poll() is None or old_up:
+                subprocess.run(as_pg + [pg_bin("pg_ctl"), "-D", str(pdata), "-w", "-t", "60", "-m", "fast", "stop"],
+                               capture_output=True, timeout=90)
             stop_pid(prim)
             if os.environ.get("KEEP"):
                 subprocess.run(["cp", "-a", str(work), f"/tmp/keep-{mode}"])
