@@ -96,8 +96,12 @@ HISTORY = ("select count(*) || ':' || coalesce(sum(delta), 0) || ':' || "
 BLOBS = "select count(*) || ':' || md5(string_agg(id || ':' || v, ',' order by id)) from blobs"
 
 
+SNAKEOIL = ("/etc/ssl/certs/ssl-cert-snakeoil.pem", "/etc/ssl/private/ssl-cert-snakeoil.key")
+
+
+@pytest.mark.parametrize("ssl", ["plain", "ssl"])
 @pytest.mark.parametrize("mode", MODES)
-def test_postgres_streaming_replication(fabric, tmp_path, mode):
+def test_postgres_streaming_replication(fabric, tmp_path, mode, ssl):
     """A primary and a standby made by pg_basebackup (its WAL streamed over a second connection),
     both started as Debian does (as postgres, the standby by pg_ctl), replicating over TCP
     127.0.0.1 with a replication slot.  pgbench writes on the primary; the standby replays it all
@@ -109,8 +113,11 @@ def test_postgres_streaming_replication(fabric, tmp_path, mode):
     and the walreceiver stopped by SIGSTOP past wal_sender_timeout (the walsender gives up and
     closes; continued, the walreceiver reads the end and its successor catches up).  Then the
     standby is promoted and takes writes, and the old primary, rewound from it by pg_rewind,
-    follows it as its standby."""
+    follows it as its standby.  ssl: with ssl=on and Debian's snakeoil certificate, as Debian's
+    clusters are made, so that every connection (the WAL stream's too) is TLS inside."""
     need(pg_bin("postgres"), pg_bin("initdb"), pg_bin("pg_ctl"), "pgbench", "psql", "pg_basebackup", pg_bin("pg_rewind"))
+    if ssl == "ssl" and (not all(os.path.exists(f) for f in SNAKEOIL) or os.geteuid() != 0):
+        pytest.skip("Debian's snakeoil certificate (ssl-cert), readable by postgres, is needed")
     on = mode == "memlan"
     with service_dir(fabric, tmp_path, "postgres") as (work, root):
         as_pg = ["runuser", "-u", "postgres", "--"] if root else []
@@ -124,6 +131,9 @@ def test_postgres_streaming_replication(fabric, tmp_path, mode):
         common = ["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", f"unix_socket_directories={work}",
                   "-c", "wal_retrieve_retry_interval=500ms", "-c", "wal_sender_timeout=2s",
                   "-c", "wal_log_hints=on", "-c", "wal_keep_size=512MB"]
+        if ssl == "ssl":
+            common += ["-c", "ssl=on", "-c", f"ssl_cert_file={SNAKEOIL[0]}", "-c", f"ssl_key_file={SNAKEOIL[1]}"]
+            env["PGSSLMODE"] = "require"
         prim = subprocess.Popen(wrap(as_pg + [pg_bin("postgres"), "-D", str(pdata), "-p", str(pp)] + common,
                                      slog, on), stdout=subprocess.DEVNULL,
                                 stderr=open(work / "primary.out", "w"), env=env)
@@ -157,6 +167,8 @@ def test_postgres_streaming_replication(fabric, tmp_path, mode):
                     assert a == b and a, (what, sql, a, b)
 
             until("walreceiver streaming", lambda: q(sp, "select status from pg_stat_wal_receiver") == "streaming")
+            assert q(pp, "select bool_and(ssl) from pg_stat_ssl join pg_stat_replication using (pid)") == \
+                ("t" if ssl == "ssl" else "f")
             sh(as_pg + ["pgbench", "-c", "4", "-j", "2", "-t", "150", "-p", str(pp), "postgres"], clog, on, env=env)
             same("after pgbench")
 
