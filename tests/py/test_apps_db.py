@@ -12,6 +12,7 @@ that the connections were accelerated.  Every process is stopped by its PID; eve
 bounded.
 """
 import hashlib
+import json
 import os
 import pathlib
 import re
@@ -22,7 +23,7 @@ import time
 
 import pytest
 
-from conftest import logfile, port_free
+from conftest import MEMLAN, logfile, port_free
 from test_apps import accelerated, listening, pg_bin, service_dir, settle, sys_python, wrap
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -835,3 +836,72 @@ def test_redis_cluster_failover(fabric, tmp_path, mode):
 
 def val_of(i):
     return hashlib.sha256(str(i).encode()).hexdigest() * 8
+
+
+# ---- memlan stat and fork-per-connection servers -----------------------------------------------
+
+FORKING_SERVER = r"""
+import os, socket, sys
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", int(sys.argv[1])))
+l.listen()
+print("listening", flush=True)
+c, _ = l.accept()
+pid = os.fork()
+if pid == 0:  # the backend: serves the connection the postmaster accepted
+    l.close()
+    c.sendall(b"%d\n" % os.getpid())
+    while True:
+        d = c.recv(4096)
+        if not d:
+            break
+        c.sendall(d)
+    os._exit(0)
+c.close()  # the postmaster keeps no copy
+_, st = os.waitpid(pid, 0)
+print("child exited", os.waitstatus_to_exitcode(st), flush=True)
+"""
+
+
+@pytest.mark.xfail(strict=True, reason="memlan stat lists an accelerated connection under the process that "
+                   "accepted (or connected) it only: a fork child that holds it after its parent closed its "
+                   "copy (a PostgreSQL backend or walsender, any fork-per-connection server) shows no conn "
+                   "line, and the channel line still names the parent's pid (the child handler sets each "
+                   "socket's stat slot to -1 and nothing registers it in the child's own entry)")
+def test_stat_lists_a_connection_held_by_a_fork_child(fabric, tmp_path):
+    """A fork-per-connection server as PostgreSQL's postmaster is (accept, fork, the child serves,
+    the parent closes its copy), both ends under memlan: while the connection is open, `memlan
+    stat --pid CHILD` lists it, accelerated, as it lists the client's under the client's pid.
+    Found with PostgreSQL: `memlan stat --pid` of a walsender or a backend listed no connection,
+    and the channel line named the postmaster, which had closed its copy long before."""
+    port = next_port()
+    slog, clog = tmp_path / "server.log", tmp_path / "client.log"
+    srv = Bg([sys_python(), "-c", FORKING_SERVER, str(port)], slog, True, tmp_path / "server.out")
+    cli = None
+    try:
+        until("listening", lambda: "listening" in srv.text() or srv.p.poll() is not None)
+        cli = subprocess.Popen(wrap([sys_python(), "-c", "import socket, sys\n"
+                                     "c = socket.create_connection(('127.0.0.1', int(sys.argv[1])))\n"
+                                     "f = c.makefile('rb')\nprint(f.readline().decode().strip(), flush=True)\n"
+                                     "sys.stdin.readline()\nc.sendall(b'ping')\nassert c.recv(4) == b'ping'\n",
+                                     str(port)], clog, True),
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        child = int(cli.stdout.readline())
+        time.sleep(0.3)  # the parent's close done
+        stat = json.loads(subprocess.run([str(MEMLAN), "stat", "--json", "--pid", str(child)], capture_output=True,
+                                         text=True, timeout=30).stdout)
+        mine = json.loads(subprocess.run([str(MEMLAN), "stat", "--json", "--pid", str(cli.pid)],
+                                         capture_output=True, text=True, timeout=30).stdout)
+        cli.communicate("go\n", timeout=30)
+        assert cli.returncode == 0
+        assert [c["state"] for c in mine["connections"]] == ["accelerated"], mine
+        assert [c["state"] for c in stat["connections"]] == ["accelerated"], stat
+    finally:
+        if cli and cli.poll() is None:
+            cli.kill()
+            cli.wait()
+        srv.p.wait(30)
+        srv.stop()
+        settle()  # (here: the expected failure leaves no file behind either)
+    assert srv.text().splitlines() == ["listening", "child exited 0"], srv.text()
