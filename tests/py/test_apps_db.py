@@ -16,6 +16,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -112,7 +113,8 @@ def test_postgres_streaming_replication(fabric, tmp_path, mode, ssl):
     standby reconnects and catches up); the checksums agree each time.  Then synchronous
     replication (each commit waits for the standby's flush, reported on the same connection),
     and the walreceiver stopped by SIGSTOP past wal_sender_timeout (the walsender gives up and
-    closes; continued, the walreceiver reads the end and its successor catches up).  Then the
+    closes; continued, the walreceiver reads the end and its successor catches up), and WAL
+    archiving (the archiver, forked in the postmaster's handler, runs cp by system()).  Then the
     standby is promoted and takes writes, and the old primary, rewound from it by pg_rewind,
     follows it as its standby.  ssl: with ssl=on and Debian's snakeoil certificate, as Debian's
     clusters are made, so that every connection (the WAL stream's too) is TLS inside."""
@@ -131,7 +133,11 @@ def test_postgres_streaming_replication(fabric, tmp_path, mode, ssl):
         pp, sp = next_port(), next_port()
         common = ["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", f"unix_socket_directories={work}",
                   "-c", "wal_retrieve_retry_interval=500ms", "-c", "wal_sender_timeout=2s",
-                  "-c", "wal_log_hints=on", "-c", "wal_keep_size=512MB"]
+                  "-c", "wal_log_hints=on", "-c", "wal_keep_size=512MB",
+                  # the archiver (forked in the postmaster's handler too) runs cp through system()
+                  "-c", "archive_mode=on", "-c", f"archive_command=cp %p {work}/archive/%f"]
+        (work / "archive").mkdir()
+        shutil.chown(work / "archive", "postgres") if root else None
         if ssl == "ssl":
             common += ["-c", "ssl=on", "-c", f"ssl_cert_file={SNAKEOIL[0]}", "-c", f"ssl_key_file={SNAKEOIL[1]}"]
             env["PGSSLMODE"] = "require"
@@ -154,7 +160,7 @@ def test_postgres_streaming_replication(fabric, tmp_path, mode, ssl):
                         "-C", "-S", "standby1", "--checkpoint=fast"], clog, on, env=env)
             # pg_ctl starts the standby through a shell it forks, as Debian's pg_ctlcluster does.
             sh(as_pg + [pg_bin("pg_ctl"), "-D", str(sdata), "-l", str(work / "standby.out"), "-w",
-                        "-t", "60", "-o", " ".join(["-p", str(sp)] + common), "start"], rlog, on, env=env)
+                        "-t", "60", "-o", shlex.join(["-p", str(sp)] + common), "start"], rlog, on, env=env)
             standby_up = True
 
             def caught_up():
@@ -232,6 +238,11 @@ def test_postgres_streaming_replication(fabric, tmp_path, mode, ssl):
             a, b = q(pp, BLOBS), q(sp, BLOBS)
             assert a == b and a.startswith("62000:"), (a, b)
 
+            q(pp, "select pg_switch_wal()")
+            until("archived", lambda: q(pp, "select archived_count > 2 and failed_count = 0 and "
+                                            "last_archived_wal = pg_walfile_name(pg_current_wal_lsn() - 1) "
+                                            "from pg_stat_archiver") == "t", timeout=30)
+
             # Promotion: the standby takes writes of its own.
             sh(as_pg + [pg_bin("pg_ctl"), "-D", str(sdata), "-w", "-t", "60", "promote"], rlog, on, env=env)
             until("promoted", lambda: q(sp, "select pg_is_in_recovery()") == "f")
@@ -251,7 +262,7 @@ def test_postgres_streaming_replication(fabric, tmp_path, mode, ssl):
             # (the settings pg_rewind copied from the new primary name its slot: made there)
             q(sp, "select pg_create_physical_replication_slot('standby1')")
             sh(as_pg + [pg_bin("pg_ctl"), "-D", str(pdata), "-l", str(work / "old.out"), "-w", "-t", "60",
-                        "-o", " ".join(["-p", str(pp)] + common), "start"], olog, on, env=env)
+                        "-o", shlex.join(["-p", str(pp)] + common), "start"], olog, on, env=env)
             old_up = True
             q(sp, "insert into blobs values (60002, 'to the rewound standby')")
             lsn = q(sp, "select pg_current_wal_lsn()")
