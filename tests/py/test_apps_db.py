@@ -651,24 +651,24 @@ print(b.body(int(r.split()[1])).decode())
 @pytest.mark.parametrize("mode", MODES)
 def test_multiprocessing_connection_authkey(fabric, tmp_path, mode):
     """Python's multiprocessing.connection Listener and Client over TCP with an authkey (the
-    HMAC challenge both ways), two clients one after the other, 2000 pickled objects each way
+    HMAC challenge both ways), two clients one after the other, 600 pickled objects each way
     and a 3 MB message: all answered and checked, both ends under memlan and accelerated.  A
     client with the wrong key is refused (AuthenticationError), as over TCP."""
     on = mode == "memlan"
     port = next_port()
     slog, clog = tmp_path / "server.log", tmp_path / "client.log"
     py = [sys_python(), str(HERE / "apps_db.py")]
-    srv = Bg(py + ["mp-server", str(port), "2000", "s3cret"], slog, on, tmp_path / "server.out")
+    srv = Bg(py + ["mp-server", str(port), "600", "s3cret"], slog, on, tmp_path / "server.out")
     try:
         until("listening", lambda: "listening" in srv.text() or srv.p.poll() is not None)
         bad = sh([sys_python(), "-c", MP_BADKEY, str(port)], clog, on, timeout=60)
         assert bad.stdout.strip() == "AuthenticationError", bad.stdout + bad.stderr
         for _ in range(2):
-            out = sh(py + ["mp-client", str(port), "2000", "s3cret"], clog, on, timeout=90).stdout
-            assert out.strip() == "ok 2000", out
+            out = sh(py + ["mp-client", str(port), "600", "s3cret"], clog, on, timeout=90).stdout
+            assert out.strip() == "ok 600", out
         srv.p.wait(60)
         assert srv.p.returncode == 0 and srv.text().splitlines() == [
-            "listening", "refused: digest received was wrong", "ok 2000"], srv.text()
+            "listening", "refused: digest received was wrong", "ok 600"], srv.text()
         if on:
             assert accelerated(slog) == 3 and accelerated(clog) == 3, (slog.read_text(), clog.read_text())
             assert tcp_lines(slog) == tcp_lines(clog) == [] and lost_lines(slog, clog) == []
