@@ -390,6 +390,7 @@ static void mlp_atfork_parent(void)
 static void mlp_atfork_child(void)
 {
     mlp_pid = (int)__ml_sys_getpid();
+    mlp_sig_after_fork_child();
     mlp_fork_gate_open(true);
     mlp_after_fork_child();
 }

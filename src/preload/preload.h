@@ -491,6 +491,7 @@ unsigned mlp_sig_nores_count(void); /* signals.c: handlers without SA_RESTART ru
 unsigned mlp_sig_runs(void);        /* signals.c: the same count, read without side effects */
 unsigned mlp_sig_runs_any(void);    /* signals.c: every handler run through us, on this thread */
 bool mlp_sig_in_handler(void);       /* signals.c: this thread runs a handler installed through us */
+void mlp_sig_after_fork_child(void); /* signals.c: a fork child is in no handler of ours */
 
 /* Save and restore errno around our own work inside an interposer. */
 #define MLP_SAVE_ERRNO int mlp_saved_errno_ = errno

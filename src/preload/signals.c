@@ -56,6 +56,19 @@ static _Atomic int mlp_sig_lock; /* the table and the kernel's dispositions, cha
 
 bool mlp_sig_in_handler(void) { return mlp_sig_depth != 0; }
 
+/*
+ * A fork child starts outside every handler, even one forked inside a handler that it never
+ * leaves: PostgreSQL's postmaster (15 and before) forks the walreceiver and its background
+ * workers in its SIGUSR1 handler, and each runs to its end there.  With the depth copied, such
+ * a child took itself for a handler for ever, and each connect it made stayed on kernel TCP
+ * without a word (a standby's WAL stream: tests/preload/sigfork.c).  What the depth guards
+ * against, locks of ours that the interrupted frame may hold, the fork child handlers reset (as
+ * for the parent's other threads, which the child lacks too), and glibc resets malloc's.  A
+ * child that does return from the handler finds the depth at 0 already: the trampoline does not
+ * count it down past 0.
+ */
+void mlp_sig_after_fork_child(void) { mlp_sig_depth = 0; }
+
 static void mlp_app_get(int sig, void **fn, int *flags)
 {
     for (;;) {
@@ -188,7 +201,8 @@ static void mlp_trampoline(int sig, siginfo_t *si, void *uc)
     else
         ((void (*)(int))fn)(sig);
     mlp_spin_unlend(lent);
-    mlp_sig_depth--;
+    if (mlp_sig_depth) /* 0 in a fork child that returns from the handler it was forked in */
+        mlp_sig_depth--;
 }
 
 int mlp_sigaction_real(int sig, const struct sigaction *act, struct sigaction *old)

@@ -3931,6 +3931,26 @@ def test_connect_in_a_signal_handler_does_not_hang(fabric, tmp_path):
     settle(fabric)
 
 
+SIGFORK = BUILD / "tests-preload" / "sigfork"
+
+
+@pytest.mark.parametrize("how", ["plain", "nested", "return"])
+def test_child_forked_in_a_signal_handler_connects_accelerated(fabric, tmp_path, how):
+    """A child forked inside a signal handler (PostgreSQL 15's postmaster forks its walreceiver
+    and background workers in its SIGUSR1 handler, and they never leave it) connects to its
+    parent's listener: accelerated, the echo matching, as over kernel TCP.  Before, the child
+    inherited the handler depth and took itself for a handler for ever: its connect stayed on
+    TCP without a word, the parent's log saying "the client is not memlan (no offer)" (a
+    standby's WAL stream, test_apps_db).  nested: forked from a handler inside another;
+    return: the child returns from the handler and connects from the loop it interrupted (the
+    depth, reset at the fork, is not counted down past 0)."""
+    plain, under, text = scripted(SIGFORK, tmp_path, *([] if how == "plain" else [how]))
+    assert plain.stdout.splitlines() == ["child: echo matches", "parent: child exited 0"], plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (client)") == 1 and "no offer" not in text, text
+    settle(fabric)
+
+
 DISSOLVE = BUILD / "tests-preload" / "dissolve"
 
 
