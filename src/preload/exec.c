@@ -211,6 +211,17 @@ static __thread struct {
 
 static unsigned long mlp_fd_ino(int fd);
 
+/* Is fd a number this vfork child dup'd one of our sockets onto (a step of a chain: dup, then
+ * dup2 of that onto 0, as CPython's _posixsubprocess moves a stdio fd out of the way)?  Memory
+ * first: no system call unless a note names fd. */
+bool mlp_vfork_noted(int fd)
+{
+    for (int i = 0; i < mlp_vfork_dups.n; i++)
+        if (mlp_vfork_dups.to[i] == fd)
+            return mlp_vfork_dups.pid == (int)__ml_sys_getpid();
+    return false;
+}
+
 void mlp_vfork_note_dup(int fd, int fd2)
 {
     int pid = (int)__ml_sys_getpid();
@@ -219,6 +230,11 @@ void mlp_vfork_note_dup(int fd, int fd2)
         mlp_vfork_dups.n = 0;
     }
     unsigned long ino = mlp_fd_ino(fd);
+    for (int k = 0; k < mlp_vfork_dups.n; k++)
+        if (mlp_vfork_dups.to[k] == fd && mlp_vfork_dups.ino[k] == ino) {
+            fd = mlp_vfork_dups.from[k]; /* a chain: noted under the parent's fd it started from */
+            break;
+        }
     int i = 0;
     while (i < mlp_vfork_dups.n && mlp_vfork_dups.to[i] != fd2)
         i++; /* a second dup onto the same number replaces the first */
@@ -288,11 +304,15 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
             mlp_carry_give_back(c, s);
         return;
     }
+    /* An fd that names the socket now: a vfork child may have closed g[0]'s number (CPython's
+     * close_range after its dup2s), where a decision would read POLLNVAL and the catch-up EBADF,
+     * leaving the ring's bytes to come after the new image's (a review of 4ea00a2). */
+    int live = nk ? keep[0] : g[0].fd;
     int st = s->state;
     if (st == MLP_UNDECIDED)
-        st = mlp_decide(s, g[0].fd, true);
+        st = mlp_decide(s, live, true);
     if (st == MLP_TCP) {
-        (void)mlp_tcp_catch_up(s, g[0].fd, true); /* the new image sees a plain socket */
+        (void)mlp_tcp_catch_up(s, live, true); /* the new image sees a plain socket */
         return;
     }
     if (st != MLP_ACCEL || !s->ch)
@@ -309,7 +329,7 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
          * that others hold still stays theirs; this process's hold goes at the exec. */
         bool last = !spawn && !vforked && ml_load_relaxed(&s->me->holders) <= 1;
         mlp_log(0, "fd %d: an accelerated connection cannot follow the exec of %s (%s): %s",
-                nk ? keep[0] : g[0].fd, c->blindpath, c->blind,
+                live, c->blindpath, c->blind,
                 last ? "shut down before it (the peer reads the end of the stream; the "
                        "program, an empty socket)"
                      : "it stays with the other processes that hold it, and the program gets "
@@ -325,7 +345,7 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
     }
     int b = __ml_chan_exec_bridge(s->ch);
     if (b < 0) {
-        mlp_log(0, "fd %d: cannot carry the connection across exec (%s)", g[0].fd, strerror(-b));
+        mlp_log(0, "fd %d: cannot carry the connection across exec (%s)", live, strerror(-b));
         return;
     }
     int *nb = realloc(c->bridges, (size_t)(c->nbridges + 1) * sizeof *nb);
@@ -359,7 +379,7 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
     unsigned flags = (s->ch->rd_eof_when_empty ? MLP_CARRY_RD_EOF : 0) |
                      (s->ch->shut_rd ? MLP_CARRY_SHUT_RD : 0);
     /* The inode of an fd the new image gets (a vfork child may have closed g[0]'s). */
-    mlp_buf_add(buf, "C %d %d %lu %u %s", s->side, b, mlp_fd_ino(nk ? keep[0] : g[0].fd), flags,
+    mlp_buf_add(buf, "C %d %d %lu %u %s", s->side, b, mlp_fd_ino(live), flags,
                       s->ch->seg->token);
     for (int i = 0; i < nk; i++)
         mlp_buf_add(buf, " %d", keep[i]);
@@ -525,6 +545,16 @@ void mlp_exec_env_snapshot(void)
  * empty, is the caller's choice, and so is an LD_PRELOAD it unset by name (`env -u LD_PRELOAD`:
  * put back from the copy, it brought back libraries the caller had dropped; found in review).
  */
+/* Does envp[0..n) give the variable that entry ("NAME=value") names? */
+static bool mlp_envp_names(char *const envp[], size_t n, const char *entry)
+{
+    size_t l = strcspn(entry, "=");
+    for (size_t i = 0; i < n; i++)
+        if (strncmp(envp[i], entry, l) == 0 && (envp[i][l] == '=' || envp[i][l] == 0))
+            return true;
+    return false;
+}
+
 static char *const *mlp_exec_env(struct mlp_carry *c, char *const envp[])
 {
     extern char **environ;
@@ -548,7 +578,8 @@ static char *const *mlp_exec_env(struct mlp_carry *c, char *const envp[])
     size_t extra = (c->memfd >= 0) + (said != 0);
     if (!has_preload)
         for (char **e = from; e && *e; e++)
-            if (mlp_env_named(*e, "LD_PRELOAD") || strncmp(*e, "MEMLAN", 6) == 0)
+            if ((mlp_env_named(*e, "LD_PRELOAD") || strncmp(*e, "MEMLAN", 6) == 0) &&
+                !mlp_envp_names(envp, n, *e))
                 extra++;
     bool stale = false;
     for (size_t i = 0; i < n; i++)
@@ -560,14 +591,16 @@ static char *const *mlp_exec_env(struct mlp_carry *c, char *const envp[])
     if (!ne)
         return envp;
     size_t j = 0;
+    /* The caller's own MEMLAN_* settings stay (`env -i MEMLAN_OFF=1 prog`, a Popen env that sets
+     * MEMLAN_FABRIC): ours fill in only the names it did not give (a review of db0f797). */
     for (size_t i = 0; i < n; i++)
-        if (!mlp_env_named(envp[i], MLP_INHERIT) && !mlp_env_named(envp[i], MLP_SAID_ENV) &&
-            (has_preload || strncmp(envp[i], "MEMLAN", 6) != 0))
+        if (!mlp_env_named(envp[i], MLP_INHERIT) && !mlp_env_named(envp[i], MLP_SAID_ENV))
             ne[j++] = envp[i];
     if (!has_preload)
         for (char **e = from; e && *e; e++)
             if ((mlp_env_named(*e, "LD_PRELOAD") || strncmp(*e, "MEMLAN", 6) == 0) &&
-                !mlp_env_named(*e, MLP_INHERIT) && !mlp_env_named(*e, MLP_SAID_ENV))
+                !mlp_env_named(*e, MLP_INHERIT) && !mlp_env_named(*e, MLP_SAID_ENV) &&
+                !mlp_envp_names(envp, n, *e))
                 ne[j++] = *e;
     if (c->memfd >= 0) {
         snprintf(c->envvar, sizeof c->envvar, MLP_INHERIT "=%d", c->memfd);

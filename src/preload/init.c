@@ -126,13 +126,22 @@ static bool mlp_stderr_net; /* fd 2 is a client's connection (an inetd's service
 static dev_t mlp_stderr_dev;
 static ino_t mlp_stderr_ino;
 
-/* Is fd a network socket (AF_INET, AF_INET6)?  An inetd, socat's EXEC or sshd's inetd mode
- * hands a program its client's connection as stdin, stdout and stderr: a line written there is
- * in the client's data (a Unix socket, as systemd's journal gives, is a log and stays one). */
+/* Is fd a client's connection: a network socket (AF_INET, AF_INET6), or the socket of stdin
+ * or stdout?  An inetd, socat's EXEC or sshd's inetd mode hands a program its client's
+ * connection as stdin, stdout and stderr: a line written there is in the client's data (a Unix
+ * socket of its own, as systemd's journal gives, is a log and stays one). */
 static bool mlp_fd_is_net(int fd, const struct stat *st)
 {
     if (!S_ISSOCK(st->st_mode))
         return false;
+    /* The very socket of stdin or stdout, whatever its family: a connection handed over as all
+     * three (systemd's Accept=yes on a Unix socket, socat UNIX-LISTEN with EXEC; journald's
+     * stderr is a socket of its own, with /dev/null as stdin). */
+    struct stat o;
+    for (int other = 0; other < 2; other++)
+        if (__ml_sys_fstat(other, &o) == 0 && S_ISSOCK(o.st_mode) && o.st_ino == st->st_ino &&
+            o.st_dev == st->st_dev)
+            return true;
     int dom = 0;
     socklen_t len = sizeof dom;
     if (__ml_sys_raw(SYS_getsockopt, fd, SOL_SOCKET, SO_DOMAIN, (long)&dom, (long)&len, 0) < 0)

@@ -431,8 +431,14 @@ MLP_EXPORT int dup(int fd)
         return -1;
     }
     int r = mlp_real_dup(fd);
-    if (r >= 0 && !mlp_inside && (mlp_fdrec(fd) || mlp_fdrec(r)) && !mlp_vfork_child())
-        mlp_dup_to(fd, r);
+    if (r >= 0 && !mlp_inside && (mlp_fdrec(fd) || mlp_fdrec(r) || mlp_vfork_noted(fd))) {
+        int saved = errno;
+        if (!mlp_vfork_child())
+            mlp_dup_to(fd, r);
+        else if (mlp_fdrec(fd) || mlp_vfork_noted(fd))
+            mlp_vfork_note_dup(fd, r); /* a step of a chain toward 0, 1 or 2 (its exec) */
+        errno = saved;
+    }
     return r;
 }
 
@@ -444,7 +450,7 @@ static int mlp_dup23(int fd, int fd2, int flags, bool three)
         errno = EBADF;
         return -1;
     }
-    if (!mlp_fdrec(fd) && !mlp_fdrec(fd2))
+    if (!mlp_fdrec(fd) && !mlp_fdrec(fd2) && !mlp_vfork_noted(fd))
         return three ? mlp_real_dup3(fd, fd2, flags) : mlp_real_dup2(fd, fd2);
     bool child = mlp_vfork_child();
     int saved = errno;
@@ -457,7 +463,7 @@ static int mlp_dup23(int fd, int fd2, int flags, bool three)
     }
     errno = saved;
     int r = three ? mlp_real_dup3(fd, fd2, flags) : mlp_real_dup2(fd, fd2);
-    if (r >= 0 && fd != fd2 && child && mlp_fdrec(fd)) {
+    if (r >= 0 && fd != fd2 && child && (mlp_fdrec(fd) || mlp_vfork_noted(fd))) {
         saved = errno;
         mlp_vfork_note_dup(fd, fd2); /* for its exec: the table is the parent's */
         errno = saved;
@@ -800,6 +806,8 @@ static int mlp_fcntl_common(int (*real)(int, int, long), int fd, int cmd, long a
     if (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC) {
         if ((mlp_fdrec(fd) || mlp_fdrec(r)) && !mlp_vfork_child())
             mlp_dup_to(fd, r);
+        else if ((mlp_fdrec(fd) || mlp_vfork_noted(fd)) && mlp_vfork_child())
+            mlp_vfork_note_dup(fd, r); /* a step of a chain toward 0, 1 or 2 (its exec) */
     } else if (cmd == F_SETFL || cmd == F_SETFD) {
         struct mlp_sock *s = mlp_conn(fd);
         if (s) {
@@ -957,8 +965,20 @@ MLP_EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags)
     return mlp_recv_call(fd, buf, len, flags);
 }
 
+static ssize_t mlp_fastopen(int fd, const struct sockaddr *addr, socklen_t alen,
+                            const struct msghdr *msg, int flags, bool *done);
+
 MLP_EXPORT ssize_t send(int fd, const void *buf, size_t len, int flags)
 {
+    if (ml_unlikely(flags & MSG_FASTOPEN)) { /* no address: the kernel's answer on ours too */
+        MLP_INIT();
+        struct iovec fv = {(void *)buf, len};
+        struct msghdr m = {.msg_iov = &fv, .msg_iovlen = 1};
+        bool done;
+        ssize_t r = mlp_fastopen(fd, NULL, 0, &m, flags & ~MSG_FASTOPEN, &done);
+        if (done)
+            return r;
+    }
     struct iovec v = {(void *)buf, len};
     ssize_t f = mlp_fast_tx(fd, &v, 1, flags);
     if (ml_likely(f == MLP_PASS))
@@ -1015,19 +1035,53 @@ MLP_EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct soc
  * kernel's TFO connect does.  Anything else (connected already, not TCP, AF_UNSPEC, a handler,
  * a vfork child): the kernel's call.  *done is false where the caller makes the kernel's call.
  */
+/* Does the kernel make TFO connects (net.ipv4.tcp_fastopen's client bit, 1, Linux's default)?
+ * Read once; unreadable: the default.  Where it does not, its call answers EOPNOTSUPP, and so
+ * do we (the kernel's call). */
+static bool mlp_tfo_client(void)
+{
+    static _Atomic int known = -1;
+    int v = atomic_load_explicit(&known, memory_order_relaxed);
+    if (v < 0) {
+        char b[16] = {0};
+        long f = __ml_sys_open(AT_FDCWD, "/proc/sys/net/ipv4/tcp_fastopen", O_RDONLY, 0);
+        v = 1;
+        if (f >= 0) {
+            if (__ml_sys_read((int)f, b, sizeof b - 1) > 0)
+                v = (int)(strtol(b, NULL, 0) & 1);
+            __ml_sys_close((int)f);
+        }
+        atomic_store_explicit(&known, v, memory_order_relaxed);
+    }
+    return v == 1;
+}
+
 static ssize_t mlp_fastopen(int fd, const struct sockaddr *addr, socklen_t alen,
                             const struct msghdr *msg, int flags, bool *done)
 {
     *done = false;
-    if (!addr || alen < sizeof(struct sockaddr_in) ||
-        (addr->sa_family != AF_INET && addr->sa_family != AF_INET6) || mlp_inside ||
-        mlp_cfg.off || mlp_sig_in_handler() || mlp_vfork_child())
+    if (mlp_inside || mlp_cfg.off || mlp_sig_in_handler() || mlp_vfork_child())
+        return 0;
+    int saved = errno;
+    if (!addr) {
+        /* MSG_FASTOPEN without an address: on a connected socket the kernel refuses it (its
+         * implicit connect finds the socket connected); on ours it must too, not send the bytes
+         * through the channel.  Asked of the kernel's socket with nothing to send. */
+        if (mlp_fd_is_ours(fd) &&
+            mlp_real_sendto(fd, "", 0, MSG_FASTOPEN | MSG_DONTWAIT | MSG_NOSIGNAL, NULL, 0) < 0) {
+            *done = true;
+            return -1;
+        }
+        errno = saved;
+        return 0;
+    }
+    if (alen < sizeof(struct sockaddr_in) ||
+        (addr->sa_family != AF_INET && addr->sa_family != AF_INET6) || !mlp_tfo_client())
         return 0;
     int type = 0, proto = 0;
     socklen_t tl = sizeof type, pl = sizeof proto;
     struct sockaddr_storage peer;
     socklen_t plen = sizeof peer;
-    int saved = errno;
     if (mlp_real_getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tl) < 0 || type != SOCK_STREAM ||
         mlp_real_getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &proto, &pl) < 0 ||
         proto != IPPROTO_TCP) {
@@ -1048,7 +1102,19 @@ static ssize_t mlp_fastopen(int fd, const struct sockaddr *addr, socklen_t alen,
     }
     errno = saved;
     *done = true;
-    if (connect(fd, addr, alen) < 0)
+    /* MSG_DONTWAIT makes the kernel's implicit connect non-blocking (EINPROGRESS) on a blocking
+     * socket too: ours is made so for the connect, then given its mode back through our fcntl,
+     * so that the connection's own idea of its mode follows. */
+    int fl = (flags & MSG_DONTWAIT) ? mlp_real_fcntl(fd, F_GETFL, 0) : -1;
+    bool temp_nb = fl >= 0 && !(fl & O_NONBLOCK) &&
+                   mlp_real_fcntl(fd, F_SETFL, fl | O_NONBLOCK) == 0;
+    int cr = connect(fd, addr, alen);
+    if (temp_nb) {
+        int ce = errno;
+        (void)fcntl(fd, F_SETFL, fl);
+        errno = ce;
+    }
+    if (cr < 0)
         return -1; /* EINPROGRESS (non-blocking: nothing sent, as without a cookie), or its error */
     struct msghdr m = *msg;
     m.msg_name = NULL;
@@ -1061,7 +1127,7 @@ static ssize_t mlp_fastopen(int fd, const struct sockaddr *addr, socklen_t alen,
 MLP_EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags,
                           const struct sockaddr *addr, socklen_t alen)
 {
-    if (ml_unlikely(flags & MSG_FASTOPEN) && addr) {
+    if (ml_unlikely(flags & MSG_FASTOPEN)) {
         MLP_INIT();
         struct iovec fv = {(void *)buf, len};
         struct msghdr m = {.msg_iov = &fv, .msg_iovlen = 1};
@@ -1183,7 +1249,7 @@ static inline void mlp_after_sendmsg(int fd, const struct msghdr *msg, struct ml
 
 MLP_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 {
-    if (ml_unlikely(flags & MSG_FASTOPEN) && msg && msg->msg_name) {
+    if (ml_unlikely(flags & MSG_FASTOPEN) && msg) {
         MLP_INIT();
         bool done;
         ssize_t r = mlp_fastopen(fd, msg->msg_name, msg->msg_namelen, msg, flags & ~MSG_FASTOPEN,

@@ -2571,20 +2571,7 @@ static pthread_mutex_t mlp_hs_mu = PTHREAD_MUTEX_INITIALIZER;
  * with the calls an offer makes anyway (open, read): a process already confined at its first
  * offer may be killed for socket(AF_NETLINK) (tests/preload/sandboxdiag.c "before"), and gets
  * no handshake looks (its connections wait for the accept wait, as before them). */
-static bool mlp_unconfined(void)
-{
-    char b[4096];
-    int fd = (int)__ml_sys_open(AT_FDCWD, "/proc/self/status", O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0)
-        return false;
-    ssize_t n = __ml_sys_read(fd, b, sizeof b - 1);
-    __ml_sys_close(fd);
-    if (n <= 0)
-        return false;
-    b[n] = 0;
-    const char *f = strstr(b, "\nSeccomp:");
-    return f && strncmp(f + 9, "\t0\n", 3) == 0;
-}
+static bool mlp_unconfined(void) { return __ml_sys_seccomp_mode() == 0; }
 
 static void mlp_hs_prepare(void)
 {
@@ -2593,9 +2580,12 @@ static void mlp_hs_prepare(void)
         !atomic_compare_exchange_strong(&mlp_hs_fd, &none, -3))
         return;
     int saved = errno;
-    int fd = !mlp_confined() ? socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                                       NETLINK_SOCK_DIAG)
-                              : -1;
+    /* Asked now (a filter may have come by a system call no interposer sees since the state
+     * was cached); where /proc cannot say (a chroot), the state cached before it. */
+    int mode = __ml_sys_seccomp_mode();
+    bool free_ = mode == 0 || (mode < 0 && !mlp_confined());
+    int fd = free_ ? socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, NETLINK_SOCK_DIAG)
+                   : -1;
     if (fd >= 0)
         mlp_own_fd(&fd, true);
     errno = saved;

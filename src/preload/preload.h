@@ -364,6 +364,7 @@ void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *tok
                     unsigned flags, const char *how);
 void mlp_exec_adopt(void);  /* constructor: take up what the image before us carried */
 void mlp_vfork_note_dup(int fd, int fd2); /* a vfork child's dup2/dup3 of our fd (exec.c) */
+bool mlp_vfork_noted(int fd);              /* fd: a vfork child's dup of ours (exec.c) */
 void mlp_fabric_preopen(void);     /* negotiate.c: open the fabric now, silently (before chroot) */
 void mlp_exec_env_snapshot(void); /* LD_PRELOAD and MEMLAN_* as at start-up, for exec */
 extern __thread char *mlp_defer_offer_unlink; /* a buffer of sizeof mlp_sock.offer, or NULL */

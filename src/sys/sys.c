@@ -503,6 +503,26 @@ int __ml_getcpu(void)
     return c < 0 ? -1 : c;
 }
 
+int __ml_sys_seccomp_mode(void)
+{
+    char b[8192];
+    long fd = __ml_sys_open(AT_FDCWD, "/proc/self/status", O_RDONLY, 0);
+    if (fd < 0)
+        return (int)fd;
+    ssize_t n = __ml_sys_read((int)fd, b, sizeof b - 1);
+    __ml_sys_close((int)fd);
+    if (n <= 0)
+        return n < 0 ? (int)n : -EIO;
+    b[n] = 0;
+    const char *f = strstr(b, "\nSeccomp:");
+    if (!f)
+        return -ENOENT;
+    f += 9;
+    while (*f == '\t' || *f == ' ')
+        f++;
+    return *f >= '0' && *f <= '9' ? *f - '0' : -EIO;
+}
+
 /* See sys.h. */
 int __ml_sys_tcp_listeners(int port, uint32_t *ino, int max)
 {

@@ -75,6 +75,11 @@ int __ml_sys_socket_netns(int fd, uint64_t *ino);
  * their inodes into ino[] (the first max), and their count; or a negative errno.  Waits at most
  * a second for each answer. */
 int __ml_sys_tcp_listeners(int port, uint32_t *ino, int max);
+/* The calling process's seccomp mode as /proc/self/status says it now ("Seccomp:": 0 none, 1
+ * strict, 2 a filter), or a negative errno where it cannot be read (no /proc: a chroot).  Read
+ * fresh, with open and read, before a call a filter may kill for (socket(AF_NETLINK)): a
+ * filter can come by a system call no interposer sees. */
+int __ml_sys_seccomp_mode(void);
 /* 1 when a Unix seqpacket socket listens at path, 0 when none does (ECONNREFUSED, or not a
  * socket), or a negative errno.  The probe connection is closed at once, so the listener's
  * accept sees a peer that hung up. */

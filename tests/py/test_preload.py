@@ -1616,21 +1616,25 @@ os.execv("/bin/sh", ["sh", "-c", 'echo "[${LD_PRELOAD:+set}] [$LANG]"'])
 """
 
 
-@pytest.mark.parametrize("how", ["truncated", "env-i", "env-u"])
+@pytest.mark.parametrize("how", ["truncated", "env-i", "env-u", "env-i-own"])
 def test_an_environment_emptied_by_hand_keeps_memlan(fabric, tmp_path, how):
     """A program that empties its environment without clearenv() and execs: postfix's
     clean_env() sets environ[0] = 0 and puts back what import_environment names, so `memlan run
     -- postfix start` ran master and every daemon without memlan, silently (their clients read
     "no memlan listener on this port"); `env -i` replaces environ.  Both now carry LD_PRELOAD
-    from the start-up copy; an LD_PRELOAD unset by name (`env -u`) stays unset."""
+    from the start-up copy; an LD_PRELOAD unset by name (`env -u`) stays unset, and a MEMLAN_*
+    setting the caller gives (`env -i MEMLAN_OFF=1`) is the caller's: ours fill in only the
+    names it did not give (a review found them replaced by the start-up copy's)."""
     (tmp_path / "t.py").write_text(TRUNCATED_ENV)
     cmd = {"truncated": [PY, str(tmp_path / "t.py")],
            "env-i": ["/usr/bin/env", "-i", "LANG=C", "/bin/sh", "-c",
                      'echo "[${LD_PRELOAD:+set}] [$LANG]"'],
            "env-u": ["/usr/bin/env", "-u", "LD_PRELOAD", "LANG=C", "/bin/sh", "-c",
-                     'echo "[${LD_PRELOAD:+set}] [$LANG]"']}[how]
+                     'echo "[${LD_PRELOAD:+set}] [$LANG]"'],
+           "env-i-own": ["/usr/bin/env", "-i", "LANG=C", "MEMLAN_OFF=1", "/bin/sh", "-c",
+                         'echo "[${LD_PRELOAD:+set}] [$LANG] [$MEMLAN_OFF]"']}[how]
     r = subprocess.run([str(MEMLAN), "run", "--"] + cmd, capture_output=True, text=True, timeout=30)
-    want = "[] [C]\n" if how == "env-u" else "[set] [C]\n"
+    want = {"env-u": "[] [C]\n", "env-i-own": "[set] [C] [1]\n"}.get(how, "[set] [C]\n")
     assert r.returncode == 0 and r.stdout == want, r.stdout + r.stderr
     settle(fabric)
 
@@ -1641,7 +1645,7 @@ port, dead = int(sys.argv[1]), int(sys.argv[2])
 ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 ls.bind(("127.0.0.1", port)); ls.listen(8)
 def serve():
-    for _ in range(4):
+    for _ in range(6):
         c, _ = ls.accept(); n = int.from_bytes(c.recv(4, socket.MSG_WAITALL), "big"); got = b""
         while len(got) < n:
             b = c.recv(min(65536, n - len(got)))  # what follows the message is left unread
@@ -1677,6 +1681,13 @@ s.connect(("127.0.0.1", port)); out.append(err(lambda: s.sendto(b"x", socket.MSG
 s.sendall(msg); out.append(reply(s))
 s = socket.socket()                                 # nobody listens
 out.append(err(lambda: s.sendto(msg, socket.MSG_FASTOPEN, ("127.0.0.1", dead)))); s.close()
+s = socket.socket()                                 # MSG_DONTWAIT: a blocking socket's TFO
+out.append(err(lambda: s.sendto(msg, socket.MSG_FASTOPEN | socket.MSG_DONTWAIT, ("127.0.0.1", port))))
+select.select([], [s], [], 10); out.append(s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+out.append(err(lambda: s.send(msg[:1], socket.MSG_FASTOPEN)))  # no address: its TFO takes it
+s.sendall(msg[1:]); out.append(reply(s))            # still blocking: the reply waits
+s = socket.socket(); s.connect(("127.0.0.1", port))  # no address after connect(): EISCONN
+out.append(err(lambda: s.send(b"x", socket.MSG_FASTOPEN))); s.sendall(msg); out.append(reply(s))
 print(out)
 """
 
@@ -1700,10 +1711,19 @@ def test_tcp_fast_open_connects_through_memlan(fabric, tmp_path):
         res.append((r.returncode, r.stdout, r.stderr[-1500:]))
     # After its own TFO connect the kernel takes more MSG_FASTOPEN data on the socket (x: 1);
     # after connect() it answers EISCONN.
+    # MSG_DONTWAIT makes a blocking socket's implicit connect non-blocking, the socket staying
+    # blocking; MSG_FASTOPEN without an address is taken on the socket's own TFO connection and
+    # refused (EISCONN) after connect() (a review of dfe5be1: memlan blocked in the connect, and
+    # sent the bytes where the kernel refuses them).  Kernel TCP's answers where the client bit
+    # of net.ipv4.tcp_fastopen is set (Linux's default); memlan's must be the same.
+    with open("/proc/sys/net/ipv4/tcp_fastopen") as f:
+        if not int(f.read(), 0) & 1:
+            pytest.skip("TCP Fast Open's client side is off here (net.ipv4.tcp_fastopen)")
     assert res[0] == (0, "[True, True, 256004, True, 'EINPROGRESS', 0, 1, True, 'EISCONN', "
-                         "True, 'ECONNREFUSED']\n", ""), res[0]
+                         "True, 'ECONNREFUSED', 'EINPROGRESS', 0, 1, True, 'EISCONN', True]\n",
+                      ""), res[0]
     assert res[1] == res[0], (res, log.read_text()[-2000:])
-    assert log.read_text().count("accelerated (client)") == 4, log.read_text()
+    assert log.read_text().count("accelerated (client)") == 6, log.read_text()
 
 
 CHROOT_CLIENT = r"""
@@ -3764,6 +3784,65 @@ def test_o_async_on_a_connection_is_said(fabric, tmp_path, how):
     text = log.read_text()
     assert "accelerated" in text and "O_ASYNC asks for SIGIO" in text, text
     assert text.count("O_ASYNC asks for SIGIO") == 1, text
+    settle(fabric)
+
+
+STDIO_CHAIN = r"""
+import hashlib, os, socket, subprocess, sys
+role, port = sys.argv[1], int(sys.argv[2])
+if role == "server":   # a daemon with 0, 1 and 2 closed: the accepted socket lands on fd 0
+    l = socket.socket()
+    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind(("127.0.0.1", port))
+    l.listen(4)
+    out = os.fdopen(os.dup(1), "w")
+    print("ready", file=out, flush=True)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for n in (0, 1, 2):
+        os.close(n)
+    c, _ = l.accept()
+    # stdout=0 is a stdio slot: CPython's child dup()s it away before its dup2 onto 1 (a chain)
+    r = subprocess.run(["cat"], stdin=c, stdout=c, stderr=devnull)
+    print("server", c.fileno(), r.returncode, file=out, flush=True)
+else:
+    data = os.urandom(100000)
+    c = socket.create_connection(("127.0.0.1", port))
+    c.sendall(data)
+    c.shutdown(socket.SHUT_WR)
+    got = c.makefile("rb").read()  # to the end of the stream
+    print("client", len(got), got == data, flush=True)
+"""
+
+
+def test_a_vfork_childs_dup_chain_carries_the_connection(fabric, tmp_path):
+    """A server whose accepted connection landed on fd 0 (its stdio closed, a daemon's way) runs
+    `cat` on it with CPython's subprocess: the vfork child dup()s the socket away from 0 before
+    it dup2s it onto 1 (stdout is a stdio slot), then execs.  4ea00a2 carried the connection at
+    the numbers a vfork child dup2'd it onto, but not through a chain of dups: `cat` wrote to the
+    idle kernel socket and the stream split (a review of 4ea00a2).  The client must get its
+    bytes back, as over kernel TCP."""
+    script = tmp_path / "chain.py"
+    script.write_text(STDIO_CHAIN)
+    outs = {}
+    log = tmp_path / "chain.log"
+    for under in (False, True):
+        port = next_port()
+        pre = [str(MEMLAN), "run", "--log", str(log), "--"] if under else []
+        srv = subprocess.Popen(pre + [PY, str(script), "server", str(port)],
+                               stdout=subprocess.PIPE, text=True)
+        try:
+            assert srv.stdout.readline().strip() == "ready"
+            cli = subprocess.run(pre + [PY, str(script), "client", str(port)],
+                                 capture_output=True, text=True, timeout=30)
+            outs[under] = (cli.stdout.strip(), srv.stdout.readline().strip())
+        finally:
+            if srv.poll() is None:
+                srv.kill()
+            srv.wait()
+    assert outs[False] == ("client 100000 True", "server 0 0"), outs
+    assert outs[True] == outs[False], (outs, log.read_text()[-2000:])
+    text = log.read_text()
+    assert "split" not in text and "accelerated (carried across exec)" in text, text
     settle(fabric)
 
 
