@@ -525,6 +525,12 @@ static bool ml_lrec_may_listen(memlan_fabric_t *fab, const char *name, bool ask)
     long fd = __ml_sys_open(fab->dirfd, name, O_RDONLY | O_NOFOLLOW | O_NONBLOCK, 0);
     if (fd < 0)
         return false;
+    /* A listener holds its lock: live, and nothing to ask (the reclaim would keep it anyway). */
+    struct flock fl = {.l_type = F_WRLCK, .l_whence = SEEK_SET, .l_len = 1};
+    if (__ml_sys_fcntl((int)fd, F_OFD_GETLK, (long)&fl) == 0 && fl.l_type != F_UNLCK) {
+        __ml_sys_close((int)fd);
+        return true;
+    }
     struct ml_listen_rec m;
     struct stat st;
     bool named = false;
