@@ -544,15 +544,11 @@ static bool ml_lrec_may_listen(memlan_fabric_t *fab, const char *name, bool ask)
         return false;
     if (!ask || m.lsock_full || __ml_sys_seccomp_mode() != 0)
         return true; /* a filter may kill for the netlink socket (one no interposer saw) */
-    enum { MAX = 256 };
-    uint32_t *live = malloc(MAX * sizeof *live);
-    int n = live ? __ml_sys_tcp_listeners(port, live, MAX) : -ENOMEM;
-    bool listens = n < 0 || n > MAX;
-    for (int j = 0; j < n && j < MAX && !listens; j++)
-        for (unsigned i = 0; i < ML_LREC_LSOCKS && !listens; i++)
-            listens = m.lsock[i] != 0 && m.lsock[i] == live[j];
-    free(live);
-    return listens;
+    uint32_t inos[ML_LREC_LSOCKS];
+    bool listens[ML_LREC_LSOCKS];
+    for (unsigned i = 0; i < ML_LREC_LSOCKS; i++)
+        inos[i] = m.lsock[i];
+    return __ml_sys_tcp_listening(port, inos, ML_LREC_LSOCKS, listens) != 0; /* or unknown */
 }
 
 /* Does the fabric's path still name its directory for this process?  Not after a chroot (the

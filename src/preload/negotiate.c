@@ -1349,8 +1349,6 @@ static bool mlp_addr_netns(const struct mlp_addr *a, char *netns, size_t nslen)
  */
 static bool mlp_unconfined(void);
 
-#define MLP_LISTENERS_MAX 256
-
 /* Is the calling thread in the network namespace netns (our records' name for it)?  The kernel's
  * dump answers for the thread's namespace, and mlp_netns is the process's view of it: another
  * thread's setns or unshare may have moved one and not yet the other. */
@@ -1395,21 +1393,18 @@ static void mlp_lrec_reclaim_dead(int fd, const char *netns, int port, uint32_t 
     __ml_sys_close((int)rfd);
     if (!dead || !named || !mlp_thread_in_netns(netns) || !mlp_unconfined())
         return;
-    uint32_t *live = malloc(MLP_LISTENERS_MAX * sizeof *live);
-    int n = live ? __ml_sys_tcp_listeners(port, live, MLP_LISTENERS_MAX) : -ENOMEM;
-    if (n < 0 || n > MLP_LISTENERS_MAX) {
+    uint32_t inos[ML_LREC_LSOCKS];
+    bool listens[ML_LREC_LSOCKS];
+    for (unsigned i = 0; i < ML_LREC_LSOCKS; i++)
+        inos[i] = m.lsock[i];
+    int n = __ml_sys_tcp_listening(port, inos, ML_LREC_LSOCKS, listens);
+    if (n < 0) {
         mlp_log(1, "listen fd %d port %d: its record names no listener of ours, and the kernel "
                    "could not say whether they live (%s): kept",
-                fd, port, n < 0 ? strerror(-n) : "too many listeners");
-        free(live);
+                fd, port, strerror(-n));
         return;
     }
-    for (unsigned i = 0; i < ML_LREC_LSOCKS && dead; i++)
-        for (int j = 0; j < n && dead; j++)
-            if (m.lsock[i] != 0 && m.lsock[i] == live[j])
-                dead = false;
-    free(live);
-    if (dead && __ml_fabric_reclaim_name(mlp_fab, name) > 0)
+    if (n == 0 && __ml_fabric_reclaim_name(mlp_fab, name) > 0)
         mlp_log(1, "listen fd %d port %d: the record its dead listeners left (none of their "
                    "sockets listens any more) removed",
                 fd, port);
@@ -1439,22 +1434,16 @@ static void mlp_lrec_note_socket(struct ml_listen_rec *m, const char *netns, int
          * in the snapshot and alive is in the dump, and a slot named anew meanwhile holds
          * another value, which the exchange below leaves. */
         uint32_t snap[ML_LREC_LSOCKS];
+        bool listens[ML_LREC_LSOCKS];
         for (unsigned i = 0; i < ML_LREC_LSOCKS; i++)
             snap[i] = ml_load_acquire(&m->lsock[i]);
-        uint32_t *live = malloc(MLP_LISTENERS_MAX * sizeof *live);
-        int n = live ? __ml_sys_tcp_listeners(port, live, MLP_LISTENERS_MAX) : -ENOMEM;
-        if (n >= 0 && n <= MLP_LISTENERS_MAX)
-            for (unsigned i = 0; i < ML_LREC_LSOCKS; i++) {
-                uint32_t v = snap[i];
-                bool listens = false;
-                for (int j = 0; j < n && !listens; j++)
-                    listens = live[j] == v;
-                if (!listens)
-                    (void)atomic_compare_exchange_strong(&m->lsock[i], &v, 0u);
-            }
-        free(live);
-        if (n < 0 || n > MLP_LISTENERS_MAX)
+        if (__ml_sys_tcp_listening(port, snap, ML_LREC_LSOCKS, listens) < 0)
             break;
+        for (unsigned i = 0; i < ML_LREC_LSOCKS; i++) {
+            uint32_t v = snap[i];
+            if (!listens[i])
+                (void)atomic_compare_exchange_strong(&m->lsock[i], &v, 0u);
+        }
     }
     ml_store_release(&m->lsock_full, 1u);
 }

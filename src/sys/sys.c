@@ -523,8 +523,9 @@ int __ml_sys_seccomp_mode(void)
     return *f >= '0' && *f <= '9' ? *f - '0' : -EIO;
 }
 
-/* See sys.h. */
-int __ml_sys_tcp_listeners(int port, uint32_t *ino, int max)
+/* The listening TCP sockets on port: their inodes into ino[] (the first max), their count, or
+ * -errno (__ml_sys_tcp_listening). */
+static int ml_tcp_listeners(int port, uint32_t *ino, int max)
 {
     int fd = __ml_sys_socket(AF_NETLINK, SOCK_DGRAM | SOCK_CLOEXEC, NETLINK_SOCK_DIAG);
     if (fd < 0)
@@ -604,4 +605,23 @@ int __ml_sys_tcp_listeners(int port, uint32_t *ino, int max)
     free(buf);
     (void)SYS_CALL(SYS_close, fd);
     return e < 0 ? e : n;
+}
+
+/* See sys.h. */
+int __ml_sys_tcp_listening(int port, const uint32_t *inos, int n, bool *listens)
+{
+    enum { MAX = 256 };
+    uint32_t *live = malloc(MAX * sizeof *live);
+    int k = live ? ml_tcp_listeners(port, live, MAX) : -ENOMEM;
+    if (k > MAX)
+        k = -E2BIG;
+    int found = k < 0 ? k : 0;
+    for (int i = 0; i < n && k >= 0; i++) {
+        listens[i] = false;
+        for (int j = 0; j < k && inos[i] != 0 && !listens[i]; j++)
+            listens[i] = live[j] == inos[i];
+        found += listens[i];
+    }
+    free(live);
+    return found;
 }

@@ -70,11 +70,11 @@ int __ml_sys_getdents(int fd, void *buf, size_t len);
 /* The inode of the network namespace the socket fd was made in, into *ino: 0, or a negative
  * errno (-EPERM without CAP_NET_ADMIN over that namespace, -ENOTTY on a kernel before 4.9). */
 int __ml_sys_socket_netns(int fd, uint64_t *ino);
-/* The listening TCP sockets on port in the calling thread's network namespace, both families
- * (a sock_diag dump of TCP_LISTEN filtered on the port by the kernel, which asks no privilege):
- * their inodes into ino[] (the first max), and their count; or a negative errno.  Waits at most
- * a second for each answer. */
-int __ml_sys_tcp_listeners(int port, uint32_t *ino, int max);
+/* Which of the sockets inos[0..n) (inodes; 0: none) listen on TCP port in the calling thread's
+ * network namespace, both families (a sock_diag dump of TCP_LISTEN filtered on the port by the
+ * kernel, which asks no privilege): listens[i] for each, and how many do; or a negative errno
+ * (-E2BIG: more listeners on the port than it reads).  Waits at most a second per answer. */
+int __ml_sys_tcp_listening(int port, const uint32_t *inos, int n, bool *listens);
 /* The calling process's seccomp mode as /proc/self/status says it now ("Seccomp:": 0 none, 1
  * strict, 2 a filter), or a negative errno where it cannot be read (no /proc: a chroot).  Read
  * fresh, with open and read, before a call a filter may kill for (socket(AF_NETLINK)): a
