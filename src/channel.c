@@ -806,9 +806,15 @@ int __ml_chan_attach_gen(memlan_fabric_t *fab, const char *token, uint32_t gen,
  * this file keeps the side alive until the new image maps the channel from it.  The fd, or
  * -errno; the caller closes it if exec fails.
  */
-int __ml_chan_exec_bridge(struct memlan_channel *ch)
+int __ml_chan_exec_bridge(struct memlan_channel *ch, int kept)
 {
     long fd = __ml_seg_reopen(ch->seg, O_RDWR);
+    /* Refused by name (credentials changed since: the preload kept the file open before the
+     * change, cred.c): a duplicate of that open, without close-on-exec.  It shares that open's
+     * locks, so a failed exec's close of it leaves the bridge byte held until the kept fd's
+     * close at the socket's; the side is alive then anyway. */
+    if ((fd == -EACCES || fd == -EPERM) && kept > 0)
+        fd = __ml_sys_fcntl_dupfd(kept, 0, false);
     if (fd < 0)
         return (int)fd;
     int r = __ml_sys_lock_byte_shared((int)fd, ML_LOCK_BRIDGE(ch->side));

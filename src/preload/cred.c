@@ -59,6 +59,7 @@ bool mlp_fabric_out(void) { return ml_load_acquire(&mlp_cred_gone) != 0; }
 
 static void mlp_cred_ring_peers(bool nopost);
 static void mlp_cred_mark_lost(const char *why);
+static void mlp_cred_keep_files(void);
 
 static void mlp_cred_check(const char *what)
 {
@@ -171,6 +172,61 @@ static void mlp_cred_ring_peers(bool nopost)
     }
 }
 
+/*
+ * An exec carries a connection through its channel's file opened anew (exec.c's bridge), by name
+ * in the fabric: after a drop the directory may refuse us (an inetd's child that drops to a
+ * service's user and execs it with the connection on fds 0 and 1).  So before the change, while
+ * the name still opens, a process that holds few accelerated connections keeps each one's file
+ * open (a protected, close-on-exec fd of ours, s->cred_fd), from which the bridge is made when the
+ * name is refused (__ml_chan_exec_bridge).  Used for nothing else: a liveness look through it
+ * would be an fcntl, which a sandbox that follows a drop may kill for (the name, refused, sends
+ * that look to the kernel socket).  Few: an fd each, and a server that drops with many
+ * connections open (rare: servers drop before they accept) must not find its fd limit nearer;
+ * its exec with a connection then says it cannot carry it, as before.  Tried once at a time: two
+ * threads changing credentials at once keep one set.
+ */
+#define MLP_CRED_KEEP_MAX 16
+
+static bool mlp_cred_wants_file(const struct mlp_sock *s)
+{
+    return s->type == MLP_CONN && s->ch && s->me && s->state == MLP_ACCEL && s->cred_fd <= 0;
+}
+
+static void mlp_cred_keep_files(void)
+{
+    static _Atomic bool busy;
+    if (atomic_exchange(&busy, true))
+        return;
+    int max = mlp_fd_max(), n = 0;
+    for (int fd = 0; fd <= max && n <= MLP_CRED_KEEP_MAX; fd++) {
+        struct mlp_sock *s = mlp_get(fd);
+        if (!s)
+            continue;
+        if (mlp_cred_wants_file(s))
+            n++;
+        mlp_put(s);
+    }
+    for (int fd = 0; fd <= max && n <= MLP_CRED_KEEP_MAX; fd++) {
+        struct mlp_sock *s = mlp_get(fd);
+        if (!s)
+            continue;
+        /* Our reference keeps s->ch; s->cred_fd is closed at the last one (mlp_sock_destroy). */
+        if (mlp_cred_wants_file(s)) {
+            long f = __ml_seg_reopen(s->ch->seg, O_RDWR | O_CLOEXEC);
+            if (f >= 0) { /* 0 too: an inetd's child closed its stdin before the drop */
+                s->cred_fd = (int)f;
+                mlp_own_fd(&s->cred_fd, true); /* moved out of the program's way, protected */
+                if (s->cred_fd == 0) { /* could not move: 0 means none, and is the program's */
+                    mlp_disown_fd(0);
+                    __ml_sys_close(0);
+                }
+            }
+        }
+        mlp_put(s);
+    }
+    atomic_store(&busy, false);
+}
+
 /* ---- the interposers --------------------------------------------------------------------- */
 
 /* Before: what needs the fabric and is worth having afterwards, made while we still can.
@@ -180,6 +236,7 @@ static void mlp_cred_before(uid_t euid)
     if (mlp_fab && !ml_load_relaxed(&mlp_cred_gone)) {
         mlp_stat_prepare();
         mlp_cred_ring_peers(false);
+        mlp_cred_keep_files();
         /* In a fabric shared on purpose the new euid may go on accepting: the records of our
          * ports name it while we still own them (negotiate.c), and clients grant it their
          * channels.  Not for a change the call may refuse: a spare entry is harmless. */

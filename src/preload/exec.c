@@ -343,7 +343,7 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
             mlp_carry_give_back(c, s);
         return;
     }
-    int b = __ml_chan_exec_bridge(s->ch);
+    int b = __ml_chan_exec_bridge(s->ch, s->cred_fd);
     if (b < 0) {
         mlp_log(0, "fd %d: cannot carry the connection across exec (%s)", live, strerror(-b));
         return;
@@ -419,6 +419,10 @@ static int mlp_carry_list(struct mlp_carry *c, bool spawn)
     qsort(refs, (size_t)n, sizeof *refs, mlp_fdref_cmp);
     bool vforked = (int)__ml_sys_getpid() != mlp_pid;
     struct mlp_buf buf = {.failed = oom};
+    /* The fabric the channels live in, which the new image's own may not be: the default is
+     * per uid, and an inetd's child execs its service after a drop (mlp_carry_fabric). */
+    if (mlp_fab && !strchr(mlp_fab->path, '\n'))
+        mlp_buf_add(&buf, "F %s\n", mlp_fab->path);
     for (int i = 0; i < n;) {
         int j = i + 1;
         while (j < n && refs[j].s == refs[i].s)
@@ -946,6 +950,10 @@ static int mlp_parse_fds(char *p, unsigned long ino, int *fds, int max)
 static void mlp_adopt_line(char *line)
 {
     int fds[64];
+    if (line[0] == 'F' && line[1] == ' ') {
+        snprintf(mlp_carry_fabric, sizeof mlp_carry_fabric, "%s", line + 2);
+        return;
+    }
     if (line[0] == 'L') {
         unsigned long ino;
         int off = 0;

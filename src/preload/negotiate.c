@@ -52,6 +52,7 @@
 
 static pthread_mutex_t mlp_neg_mu = PTHREAD_MUTEX_INITIALIZER;
 static bool mlp_fab_tried;
+char mlp_carry_fabric[4096];
 
 /* The fabric's directory when it is opened: MEMLAN_FABRIC as the environment has it then (a
  * program may set its own before its first socket, as libmemlan's memlan_fabric_open(NULL) in the
@@ -74,10 +75,16 @@ static memlan_fabric_t *mlp_fabric(void)
         return mlp_fab;
     const char *why = NULL; /* set when the fabric cannot be used: said once, below */
     static char expl[96];
+    bool refused = false;
     pthread_mutex_lock(&mlp_neg_mu);
     if (!mlp_fab_tried) {
         memlan_fabric_t *f;
-        int r = memlan_fabric_open(mlp_fabric_dir(), &f);
+        /* An image that took connections up across exec opens the fabric they live in (exec.c
+         * names it): the default is per uid, and an inetd's child drops to its service's user
+         * before the exec.  Not writable by this user, it is kept for them alone, as a process
+         * that dropped after opening it keeps it (cred.c): its own connections stay on TCP. */
+        const char *carried = mlp_carry_fabric[0] ? mlp_carry_fabric : NULL;
+        int r = memlan_fabric_open(carried ? carried : mlp_fabric_dir(), &f);
         const char *brief = r == -EACCES ? "another user's, or open to others" : NULL;
         why = r == -EACCES ? "permission denied: the directory is another user's, or open to "
                              "others (a fabric shared on purpose is named by MEMLAN_FABRIC)"
@@ -85,9 +92,13 @@ static memlan_fabric_t *mlp_fabric(void)
         /* A directory we may open but not write into (another user's shared fabric, a
          * read-only mount) would fail every connection one by one: say it now, once. */
         if (r == 0 && faccessat(f->dirfd, ".", W_OK | X_OK, AT_EACCESS) < 0) {
-            memlan_fabric_close(f);
-            r = -EACCES;
-            why = brief = "not writable by this user";
+            if (carried) {
+                refused = true;
+            } else {
+                memlan_fabric_close(f);
+                r = -EACCES;
+                why = brief = "not writable by this user";
+            }
         }
         if (r < 0) {
             snprintf(mlp_fab_error, sizeof mlp_fab_error, "fabric unavailable: %s",
@@ -103,10 +114,12 @@ static memlan_fabric_t *mlp_fabric(void)
         mlp_fab_tried = true;
     }
     pthread_mutex_unlock(&mlp_neg_mu);
+    if (refused)
+        mlp_fabric_refused("not writable by this user", -EACCES);
     /* Once: mlp_fab_tried is set for good (and a forked child inherits it).  Said outside the
      * lock, so that a stderr that blocks (a full pipe) holds up no other thread's connect. */
     if (why) {
-        const char *dir = mlp_fabric_dir();
+        const char *dir = mlp_carry_fabric[0] ? mlp_carry_fabric : mlp_fabric_dir();
         char def[64];
         if (!dir || !*dir) {
             snprintf(def, sizeof def, "/dev/shm/memlan-%u", (unsigned)getuid());
@@ -1938,7 +1951,7 @@ static void mlp_pass_prepare_fd(int fd, void *ctx)
         why = "its socket's addresses are unavailable";
     else if (!(p = calloc(1, sizeof *p)))
         why = "out of memory";
-    else if ((b = __ml_chan_exec_bridge(s->ch)) < 0)
+    else if ((b = __ml_chan_exec_bridge(s->ch, s->cred_fd)) < 0)
         why = strerror(-b);
     if (why) {
         mlp_log(0, "fd %d: cannot leave the connection to the process it is passed to (%s)", fd,

@@ -69,6 +69,7 @@ void mlp_netns_refresh(void);
 extern struct mlp_config mlp_cfg;
 extern memlan_fabric_t *mlp_fab;     /* NULL when the fabric could not be opened (reason logged) */
 extern char mlp_fab_error[128];
+extern char mlp_carry_fabric[4096]; /* exec.c: the fabric of the connections carried to us */
 extern _Atomic int mlp_pid;          /* getpid(), kept current across fork */
 
 void mlp_init(void);                 /* idempotent; every interposer calls it via MLP_ENTER */
@@ -186,6 +187,8 @@ struct mlp_sock {
                                       * fork children share (mlp_locks_share) */
     struct mlp_locks own_locks;   /* private: a socket never forked, or one whose page could
                                    * not be made */
+    int cred_fd;                  /* cred.c: the channel's file kept open before a credential
+                                   * change, for exec's bridge when the name is refused; 0: none */
     int keep_fd;                  /* a duplicate of the kernel socket kept while calls are in
                                    * progress after its last fd was closed (0: none; see
                                    * mlp_keep_file), closed with the last reference */

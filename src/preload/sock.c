@@ -2511,6 +2511,11 @@ void mlp_sock_destroy(struct mlp_sock *s)
      * mlp_fast_defer. */
     bool tx = mlp_fast_lock(&s->ftx) == 0, rx = mlp_fast_lock(&s->frx) == 0;
     mlp_sock_destroy_conn(s);
+    if (s->cred_fd > 0) {
+        mlp_disown_fd(s->cred_fd);
+        __ml_sys_close(s->cred_fd);
+        s->cred_fd = 0;
+    }
     if (s->keep_fd > 0) { /* after the channel's close: the peer reads our end, not a death */
         mlp_disown_fd(s->keep_fd);
         __ml_sys_close(s->keep_fd);

@@ -540,3 +540,96 @@ def test_run_warns_of_a_setuid_program(pubdir):
                        timeout=30)
     assert p.returncode == 0, p.stderr
     assert f"memlan run: warning: {prog} is set-user-ID" in p.stderr, p.stderr
+
+
+# An inetd's way with a service of another user: accept as root, fork, drop, put the connection on
+# fds 0 and 1, exec the service.  Argument: "echo" (the service answers what it read), or "kill"
+# (the service reads until the end; the client is killed mid-stream).
+DROP_EXEC_SERVER = r"""
+import os, socket, sys, time
+what, svc = sys.argv[1], sys.argv[2]
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(4)
+print(ls.getsockname()[1], flush=True)
+c, _ = ls.accept()
+pid = os.fork()
+if pid == 0:
+    os.close(0)  # as xinetd's child: the first file opened from now on is fd 0
+    os.setgid(65534); os.setgroups([]); os.setuid(65534)
+    os.dup2(c.fileno(), 0); os.dup2(c.fileno(), 1)
+    os.execv("/usr/bin/python3", ["python3", svc, what])  # not a python under /root
+c.close()
+t0 = time.monotonic()
+_, st = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(st), round(time.monotonic() - t0, 1), flush=True)
+"""
+DROP_EXEC_SERVICE = r"""
+import hashlib, sys
+d = sys.stdin.buffer.read()
+if sys.argv[1] == "echo":
+    sys.stdout.buffer.write(hashlib.sha256(d).hexdigest().encode() + b"\n" + d[::-1])
+"""
+DROP_EXEC_CLIENT = r"""
+import os, socket, sys
+port, what = int(sys.argv[1]), sys.argv[2]
+c = socket.create_connection(("127.0.0.1", port))
+c.settimeout(20)
+data = bytes(range(256)) * 1200  # past a ring's size
+c.sendall(data)
+if what == "kill":
+    print("sent", flush=True)
+    os.kill(os.getpid(), 9)
+c.shutdown(socket.SHUT_WR)
+out = b""
+while True:
+    b = c.recv(65536)
+    if not b:
+        break
+    out += b
+print(len(out), out[:65].decode(), out[65:] == data[::-1], flush=True)
+"""
+
+
+@pytest.mark.parametrize("what", ["echo", "kill"])
+def test_a_dropped_childs_exec_carries_its_connection(fabric, pubdir, what):
+    """A root server's child that drops to nobody and execs a service with the connection on its
+    standard streams (inetd's way, xinetd's `user =`).  Over kernel TCP the service reads the
+    request and answers, or reads the end when the client is killed.  Under memlan the exec used
+    to find the channel's file out of reach (root's fabric, mode 0700): the connection was not
+    carried, the client read nothing; once carried, the new image (another uid, whose default
+    fabric is another directory) refused the fabric and shut the connection down.  Now both
+    take the same course as over TCP, and the service says it took the connection up."""
+    pwd.getpwnam("nobody")
+    for name, text in (("srv.py", DROP_EXEC_SERVER), ("svc.py", DROP_EXEC_SERVICE),
+                       ("cli.py", DROP_EXEC_CLIENT)):
+        (pubdir / name).write_text(text)
+        os.chmod(pubdir / name, 0o644)
+    got = []
+    for on in (False, True):
+        slog, clog = pubdir / f"server{on:d}.log", pubdir / f"client{on:d}.log"
+        for f in (slog, clog):
+            f.write_text("")
+            os.chmod(f, 0o666)  # the service, as nobody, writes its lines there too
+        srv = subprocess.Popen(wrap(["python3", str(pubdir / "srv.py"), what,
+                                     str(pubdir / "svc.py")], slog, on),
+                               stdout=subprocess.PIPE, text=True)
+        try:
+            port = srv.stdout.readline().strip()
+            cli = subprocess.run(wrap(["python3", str(pubdir / "cli.py"), port, what], clog, on),
+                                 capture_output=True, text=True, timeout=30)
+            status = srv.stdout.readline().split()
+            assert srv.wait(10) == 0
+        finally:
+            if srv.poll() is None:
+                srv.kill()
+                srv.wait()
+        # The service's exit status, and whether it ended within the liveness look's bound.
+        got.append((cli.returncode, cli.stdout, status[0], float(status[1]) < 5))
+        if on:
+            s = slog.read_text()
+            assert "accelerated (carried across exec)" in s, s[-3000:]
+            assert "accelerated (client)" in clog.read_text(), clog.read_text()
+    settle()
+    assert got[1] == got[0], got
+    assert got[0][2] == "0" and got[0][3], got
