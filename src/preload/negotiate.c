@@ -1764,6 +1764,58 @@ static bool mlp_confined(void)
     return c == 2;
 }
 
+/*
+ * A fork child's first send or receive on a connection its parent listed in memlan stat: listed
+ * in our own entry now, and the channel's line names us (`memlan stat --pid` of a PostgreSQL
+ * backend or walsender listed nothing, and its channel named the postmaster, which had closed
+ * its copy long before).  Not inside a handler (it allocates and takes locks: owed until the
+ * next call); not where the fabric is out of our reach, nor where a sandbox may confine us or
+ * we do not know (the entry is a file we create, which such a filter may kill for).  The fd is
+ * the parent's, or, moved since (an inetd's child dup2s it onto 0 and 1), the lowest that names
+ * the socket.  Once per socket per process: the flag is taken by one thread.
+ */
+void mlp_stat_inherited(struct mlp_sock *s)
+{
+    if (!atomic_exchange(&s->stat_owed, false))
+        return;
+    if (mlp_sig_in_handler()) {
+        atomic_store(&s->stat_owed, true);
+        return;
+    }
+    if (mlp_fabric_out() || atomic_load_explicit(&mlp_confinement, memory_order_relaxed) != 1 ||
+        s->state != MLP_ACCEL || !s->ch || s->slot >= 0)
+        return;
+    int fd = s->stat_fd;
+    struct mlp_sock *t = fd >= 0 ? mlp_get(fd) : NULL;
+    if (t)
+        mlp_put(t); /* compared only: ours keeps s */
+    if (t != s) {
+        fd = -1;
+        int max = mlp_fd_max();
+        for (int i = 0; i <= max && fd < 0; i++) {
+            if ((t = mlp_get(i))) {
+                if (t == s)
+                    fd = i;
+                mlp_put(t);
+            }
+        }
+        if (fd < 0)
+            return;
+    }
+    struct mlp_addr l, r;
+    bool have = mlp_sock_addrs(fd, &l, &r, NULL, 0) == 0;
+    int e = errno;
+    int slot = mlp_proc_slot();
+    errno = e;
+    if (slot < 0)
+        return;
+    mlp_slot_fill(slot, ML_CONN_ACCEL, fd, have ? &l : NULL, have ? &r : NULL, s->ch->seg->token,
+                  s->side == 1 ? ML_CONN_ACCEPTED : "");
+    s->stat_fd = fd;
+    s->slot = slot;
+    s->ch->hdr->side_pid[s->side] = (int32_t)mlp_pid; /* shown only: memlan stat reads it */
+}
+
 struct mlp_passing {
     struct mlp_passing *next;
     struct mlp_sock *s;       /* held while the message may still be refused; NULL after */
@@ -3064,6 +3116,7 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, cons
     if (!mac)
         mlp_hs_prepare(); /* for mlp_handshake_open, before any sandbox (there) */
     s->slot = mlp_proc_slot();
+    s->stat_fd = fd;
     mlp_slot_fill(s->slot, ML_CONN_WAIT, fd, l, r, ch->seg->token, "offer posted, not yet taken");
     mlp_install(fd, s);
     mlp_put(s);
@@ -3601,6 +3654,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
     s->state = MLP_ACCEL;
     mlp_sock_liveness(ch, fd);
     s->slot = mlp_proc_slot();
+    s->stat_fd = fd;
     mlp_slot_fill(s->slot, ML_CONN_ACCEL, fd, &l, &r, ch->seg->token, ML_CONN_ACCEPTED);
     mlp_install(fd, s);
     mlp_put(s);
@@ -3676,6 +3730,7 @@ void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *tok
     if (have && side == 1)
         s->port = l.port;
     s->slot = mlp_proc_slot();
+    s->stat_fd = fds[0];
     mlp_slot_fill(s->slot, ML_CONN_ACCEL, fds[0], have ? &l : NULL, have ? &r : NULL, token,
                   side == 1 ? ML_CONN_ACCEPTED : "");
     for (int i = 0; i < n; i++)

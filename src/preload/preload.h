@@ -147,6 +147,9 @@ struct mlp_sock {
     bool cred_primed;             /* cred.c: its peer's queues were posted to (and so mapped)
                                    * before a credential change */
     int slot;                     /* our line in the process's stat segment, -1 if none */
+    int stat_fd;                  /* the fd that line names */
+    _Atomic bool stat_owed;       /* a fork child's: its parent listed it, we have not yet
+                                   * (negotiate.c, mlp_stat_inherited) */
     unsigned fork_gen;            /* last fork this socket was counted in (holders) */
     _Atomic bool exit_let_go;     /* exit() gave our holders count back (sock.c, mlp_at_exit) */
     _Atomic bool forked;          /* it was in the table at a fork: another process may
@@ -403,6 +406,7 @@ void mlp_rlimit_changing(int res, const struct rlimit *rl); /* init.c: before se
 void mlp_nofile_note(unsigned long long cur); /* pqueue.c: RLIMIT_NOFILE's soft limit now */
 void mlp_poll_prepare_thread(void); /* pqueue.c: this thread's wake-up, made before a sandbox */
 bool mlp_cred_lost(bool at_accept);  /* true: no new connection of ours may use the fabric */
+void mlp_stat_inherited(struct mlp_sock *s); /* a fork child's first use */
 bool mlp_fabric_out(void);            /* the same, as last found: no system call */
 extern const char *mlp_cred_why;     /* why, for our own connections' log lines and memlan stat */
 void mlp_cred_fabric_opened(void);   /* negotiate.c: the credentials the fabric was opened with */

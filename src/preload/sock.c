@@ -906,6 +906,8 @@ static int mlp_lock_dir(struct mlp_sock *s, bool nb, bool tx)
             return nb ? -EAGAIN : -EINTR;
         mlp_unlock(f, MLP_LK_FAST);
     }
+    if (ml_unlikely(atomic_load_explicit(&s->stat_owed, memory_order_relaxed)))
+        mlp_stat_inherited(s); /* a fork child's first use: before any lock of the socket */
     struct mlp_locks *l = mlp_locks_share(s);
     pthread_mutex_t *m = tx ? &l->tx : &l->rx;
     r = mlp_lock(m, l == &s->own_locks ? MLP_LK_PRIVATE : MLP_LK_ROBUST);
@@ -2673,6 +2675,11 @@ void mlp_after_fork_child(void)
         atomic_store_explicit(&s->ftx, 0, memory_order_relaxed);
         atomic_store_explicit(&s->frx, 0, memory_order_relaxed);
         atomic_store_explicit(&s->exit_let_go, false, memory_order_relaxed); /* counted anew */
+        /* Its line was the parent's (our entry is our own, made on first use): listed again,
+         * in ours, at our first send or receive on it (mlp_lock_dir), not here, where a child
+         * that execs at once or never touches it (redis's BGSAVE) would pay for nothing. */
+        if (s->slot >= 0 && s->type == MLP_CONN && s->state == MLP_ACCEL)
+            atomic_store_explicit(&s->stat_owed, true, memory_order_relaxed);
         s->slot = -1;
         mlp_put(s);
     }

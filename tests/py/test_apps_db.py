@@ -875,17 +875,13 @@ print("child exited", os.waitstatus_to_exitcode(st), flush=True)
 """
 
 
-@pytest.mark.xfail(strict=True, reason="memlan stat lists an accelerated connection under the process that "
-                   "accepted (or connected) it only: a fork child that holds it after its parent closed its "
-                   "copy (a PostgreSQL backend or walsender, any fork-per-connection server) shows no conn "
-                   "line, and the channel line still names the parent's pid (the child handler sets each "
-                   "socket's stat slot to -1 and nothing registers it in the child's own entry)")
 def test_stat_lists_a_connection_held_by_a_fork_child(fabric, tmp_path):
     """A fork-per-connection server as PostgreSQL's postmaster is (accept, fork, the child serves,
     the parent closes its copy), both ends under memlan: while the connection is open, `memlan
     stat --pid CHILD` lists it, accelerated, as it lists the client's under the client's pid.
     Found with PostgreSQL: `memlan stat --pid` of a walsender or a backend listed no connection,
-    and the channel line named the postmaster, which had closed its copy long before."""
+    and the channel line named the postmaster, which had closed its copy long before.  The child
+    lists it from its first send or receive on it (mlp_stat_inherited)."""
     port = next_port()
     slog, clog = tmp_path / "server.log", tmp_path / "client.log"
     srv = Bg([sys_python(), "-c", FORKING_SERVER, str(port)], slog, True, tmp_path / "server.out")
@@ -904,10 +900,15 @@ def test_stat_lists_a_connection_held_by_a_fork_child(fabric, tmp_path):
                                          text=True, timeout=30).stdout)
         mine = json.loads(subprocess.run([str(MEMLAN), "stat", "--json", "--pid", str(cli.pid)],
                                          capture_output=True, text=True, timeout=30).stdout)
+        every = json.loads(subprocess.run([str(MEMLAN), "stat", "--json"], capture_output=True,
+                                          text=True, timeout=30).stdout)
         cli.communicate("go\n", timeout=30)
         assert cli.returncode == 0
         assert [c["state"] for c in mine["connections"]] == ["accelerated"], mine
         assert [c["state"] for c in stat["connections"]] == ["accelerated"], stat
+        # The channel's line names the child, not the postmaster that accepted and let go.
+        chans = [o["side_pids"] for o in every["objects"] if o["kind"] == "channel"]
+        assert chans == [[cli.pid, child]], (chans, every)
     finally:
         if cli and cli.poll() is None:
             cli.kill()
