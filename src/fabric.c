@@ -128,6 +128,9 @@ static const char *ml_fabric_path(const char *path, char *def, size_t len, bool 
  * created by accident (a typo in MEMLAN_FABRIC would make a fabric on disk, or nowhere anyone
  * else looks) unless MEMLAN_FABRIC_CREATE=1 asks for it.
  */
+static int ml_fabric_open_as(const char *path, bool explicit_path, bool create_it, uid_t owner,
+                             memlan_fabric_t **out);
+
 int memlan_fabric_open(const char *path, memlan_fabric_t **out)
 {
     if (!out)
@@ -139,14 +142,34 @@ int memlan_fabric_open(const char *path, memlan_fabric_t **out)
     char def[64];
     bool explicit_path;
     path = ml_fabric_path(path, def, sizeof def, &explicit_path);
-    if (strlen(path) >= PATH_MAX - 64)
-        return -EINVAL;
-
     const char *create = getenv("MEMLAN_FABRIC_CREATE");
     if (create && *create && strcmp(create, "0") != 0 && strcmp(create, "1") != 0)
         __ml_env_say_bad(ML_ENV_FABRIC_CREATE, "MEMLAN_FABRIC_CREATE", create, "0 or 1",
                          "0 (a missing fabric directory is not created)");
-    if (!explicit_path || (create && strcmp(create, "1") == 0)) {
+    return ml_fabric_open_as(path, explicit_path,
+                             !explicit_path || (create && strcmp(create, "1") == 0), getuid(),
+                             out);
+}
+
+/* The fabric of connections carried across exec (the preload): path as the image before named
+ * it, a default one (not explicit) checked as that image's default, for its owner's uid; never
+ * created. */
+int __ml_fabric_open_carried(const char *path, bool explicit_path, uid_t owner,
+                             memlan_fabric_t **out)
+{
+    if (!out || !path)
+        return -EINVAL;
+    *out = NULL;
+    __ml_spin_init();
+    return ml_fabric_open_as(path, explicit_path, false, owner, out);
+}
+
+static int ml_fabric_open_as(const char *path, bool explicit_path, bool create_it, uid_t owner,
+                             memlan_fabric_t **out)
+{
+    if (strlen(path) >= PATH_MAX - 64)
+        return -EINVAL;
+    if (create_it) {
         int r = __ml_sys_mkdir(path, 0700);
         if (r < 0 && r != -EEXIST)
             return r;
@@ -163,7 +186,7 @@ int memlan_fabric_open(const char *path, memlan_fabric_t **out)
     /* The default directory must be ours alone: anyone able to write into it could plant files
      * that we would map.  A fabric shared on purpose is named explicitly. */
     if (!S_ISDIR(st.st_mode) ||
-        (!explicit_path && (st.st_uid != getuid() || (st.st_mode & 077))))
+        (!explicit_path && (st.st_uid != owner || (st.st_mode & 077))))
         goto fail;
     memlan_fabric_t *fab = calloc(1, sizeof *fab);
     r = -ENOMEM;

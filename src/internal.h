@@ -122,6 +122,8 @@ int __ml_token_valid(const char *token);
 int __ml_token_new(char out[MEMLAN_TOKEN_LEN + 1]);
 void __ml_fabric_name(char *buf, size_t len, const char *prefix, const char *token);
 int __ml_fabric_reclaim(memlan_fabric_t *fab);
+int __ml_fabric_open_carried(const char *path, bool explicit_path, uid_t owner,
+                             memlan_fabric_t **out); /* the preload's exec: see fabric.c */
 /* memlan_fabric_clean with an account of what it left (memlan clean says it): files it may not
  * open and so could not judge, dead files it may not remove, and files too new to judge
  * without opening them; each with the first such name. */

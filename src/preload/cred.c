@@ -175,56 +175,62 @@ static void mlp_cred_ring_peers(bool nopost)
 /*
  * An exec carries a connection through its channel's file opened anew (exec.c's bridge), by name
  * in the fabric: after a drop the directory may refuse us (an inetd's child that drops to a
- * service's user and execs it with the connection on fds 0 and 1).  So before the change, while
- * the name still opens, a process that holds few accelerated connections keeps each one's file
- * open (a protected, close-on-exec fd of ours, s->cred_fd), from which the bridge is made when the
- * name is refused (__ml_chan_exec_bridge).  Used for nothing else: a liveness look through it
+ * service's user and execs it with the connection on fds 0 and 1).  So before a change that may
+ * put it out of reach (another euid; in a fabric shared with a group, a change of groups too),
+ * while the name still opens, the file of each accelerated connection is kept open (a protected,
+ * close-on-exec fd of ours at our high numbers, s->cred_fd), from which the bridge is made when
+ * the name is refused (__ml_chan_exec_bridge).  Used for nothing else: a liveness look through it
  * would be an fcntl, which a sandbox that follows a drop may kill for (the name, refused, sends
- * that look to the kernel socket).  Few: an fd each, and a server that drops with many
- * connections open (rare: servers drop before they accept) must not find its fd limit nearer;
- * its exec with a connection then says it cannot carry it, as before.  Tried once at a time: two
- * threads changing credentials at once keep one set.
+ * that look to the kernel socket).  At most 16 per process, kept until their sockets go: an fd
+ * each, and a server that drops with many connections open, or toggles its euid around every
+ * request, must not find its fd limit nearer; the others' exec says it cannot carry them, as
+ * before.  An fd that cannot go to our high numbers (a soft limit lowered since start-up) is
+ * closed, never left at a number the program may think free (a write to a closed stdout landed
+ * in the channel's file: a review's reproduction).  Two threads changing credentials at once may
+ * open the same file: the first to set cred_fd keeps it, the other closes its own.
  */
 #define MLP_CRED_KEEP_MAX 16
+static _Atomic int mlp_cred_kept; /* the process's kept files (sock.c gives them back) */
 
 static bool mlp_cred_wants_file(const struct mlp_sock *s)
 {
-    return s->type == MLP_CONN && s->ch && s->me && s->state == MLP_ACCEL && s->cred_fd <= 0;
+    return s->type == MLP_CONN && s->ch && s->me && s->state == MLP_ACCEL &&
+           __atomic_load_n(&s->cred_fd, __ATOMIC_RELAXED) <= 0;
 }
+
+void mlp_cred_kept_closed(void) { atomic_fetch_sub(&mlp_cred_kept, 1); }
 
 static void mlp_cred_keep_files(void)
 {
-    static _Atomic bool busy;
-    if (atomic_exchange(&busy, true))
-        return;
-    int max = mlp_fd_max(), n = 0;
-    for (int fd = 0; fd <= max && n <= MLP_CRED_KEEP_MAX; fd++) {
+    int max = mlp_fd_max();
+    for (int fd = 0; fd <= max && atomic_load(&mlp_cred_kept) < MLP_CRED_KEEP_MAX; fd++) {
         struct mlp_sock *s = mlp_get(fd);
         if (!s)
             continue;
-        if (mlp_cred_wants_file(s))
-            n++;
-        mlp_put(s);
-    }
-    for (int fd = 0; fd <= max && n <= MLP_CRED_KEEP_MAX; fd++) {
-        struct mlp_sock *s = mlp_get(fd);
-        if (!s)
-            continue;
-        /* Our reference keeps s->ch; s->cred_fd is closed at the last one (mlp_sock_destroy). */
+        /* Our reference keeps s->ch; s->cred_fd is closed at the last one (mlp_sock_destroy).
+         * A socket at several fds is kept once: the first sets cred_fd. */
         if (mlp_cred_wants_file(s)) {
             long f = __ml_seg_reopen(s->ch->seg, O_RDWR | O_CLOEXEC);
-            if (f >= 0) { /* 0 too: an inetd's child closed its stdin before the drop */
-                s->cred_fd = (int)f;
-                mlp_own_fd(&s->cred_fd, true); /* moved out of the program's way, protected */
-                if (s->cred_fd == 0) { /* could not move: 0 means none, and is the program's */
-                    mlp_disown_fd(0);
-                    __ml_sys_close(0);
-                }
+            int h = f >= 0 ? mlp_fd_to_high((int)f) : -1;
+            int none = 0;
+            if (h >= 0 && __atomic_compare_exchange_n(&s->cred_fd, &none, h, false,
+                                                      __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
+                mlp_own_fd_at(&s->cred_fd); /* protected from the program's closes and dups */
+                atomic_fetch_add(&mlp_cred_kept, 1);
+            } else if (h >= 0) {
+                __ml_sys_close(h);
             }
         }
         mlp_put(s);
     }
-    atomic_store(&busy, false);
+}
+
+/* An image that took connections up in a fabric it cannot write (negotiate.c, mlp_fabric):
+ * their peers must not sleep on queues we cannot post to, as after a drop in this image. */
+void mlp_cred_adopted_out(void)
+{
+    if (ml_load_acquire(&mlp_cred_gone) && !mlp_sig_in_handler())
+        mlp_cred_ring_peers(true);
 }
 
 /* ---- the interposers --------------------------------------------------------------------- */
@@ -236,7 +242,8 @@ static void mlp_cred_before(uid_t euid)
     if (mlp_fab && !ml_load_relaxed(&mlp_cred_gone)) {
         mlp_stat_prepare();
         mlp_cred_ring_peers(false);
-        mlp_cred_keep_files();
+        if (euid != (uid_t)-1 ? euid != geteuid() : mlp_fab->shared)
+            mlp_cred_keep_files();
         /* In a fabric shared on purpose the new euid may go on accepting: the records of our
          * ports name it while we still own them (negotiate.c), and clients grant it their
          * channels.  Not for a change the call may refuse: a spare entry is harmless. */

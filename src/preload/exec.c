@@ -419,16 +419,26 @@ static int mlp_carry_list(struct mlp_carry *c, bool spawn)
     qsort(refs, (size_t)n, sizeof *refs, mlp_fdref_cmp);
     bool vforked = (int)__ml_sys_getpid() != mlp_pid;
     struct mlp_buf buf = {.failed = oom};
-    /* The fabric the channels live in, which the new image's own may not be: the default is
-     * per uid, and an inetd's child execs its service after a drop (mlp_carry_fabric). */
-    if (mlp_fab && !strchr(mlp_fab->path, '\n'))
-        mlp_buf_add(&buf, "F %s\n", mlp_fab->path);
     for (int i = 0; i < n;) {
         int j = i + 1;
         while (j < n && refs[j].s == refs[i].s)
             j++;
         mlp_carry_sock(c, refs + i, j - i, vforked, spawn, &buf);
         i = j;
+    }
+    /* The fabric the carried connections live in, first, which the new image's own may not be:
+     * the default is per uid, and an inetd's child execs its service after a drop
+     * (mlp_carry_fabric).  Only with a connection: listeners alone are published again in the
+     * new image's own fabric, as an image that carries nothing opens its own. */
+    if (mlp_fab && c->nbridges > 0 && !buf.failed && !strchr(mlp_fab->path, '\n')) {
+        struct mlp_buf head = {.failed = false};
+        if (mlp_fab_explicit)
+            mlp_buf_add(&head, "F e %s\n", mlp_fab->path);
+        else
+            mlp_buf_add(&head, "F d %u %s\n", (unsigned)mlp_fab_owner, mlp_fab->path);
+        mlp_buf_add(&head, "%.*s", (int)buf.len, buf.p ? buf.p : "");
+        free(buf.p);
+        buf = head;
     }
     for (int i = 0; i < n; i++)
         mlp_put(refs[i].s);
@@ -951,7 +961,19 @@ static void mlp_adopt_line(char *line)
 {
     int fds[64];
     if (line[0] == 'F' && line[1] == ' ') {
-        snprintf(mlp_carry_fabric, sizeof mlp_carry_fabric, "%s", line + 2);
+        unsigned owner = 0;
+        int off = 0;
+        if (line[2] == 'e' && line[3] == ' ') {
+            mlp_carry_explicit = true;
+            off = 4;
+        } else if (sscanf(line, "F d %u %n", &owner, &off) == 1 && off > 0) {
+            mlp_carry_explicit = false;
+            mlp_carry_owner = (uid_t)owner;
+        } else {
+            return;
+        }
+        if (line[off] == '/')
+            snprintf(mlp_carry_fabric, sizeof mlp_carry_fabric, "%s", line + off);
         return;
     }
     if (line[0] == 'L') {
@@ -1021,6 +1043,7 @@ void mlp_exec_adopt(void)
     }
     mlp_inside = inside;
     free(buf);
+    mlp_cred_adopted_out(); /* taken up in a fabric out of our reach: peers must not sleep */
     for (int fd = 0; fd <= 2; fd++)
         mlp_stdio_adopt(fd, false); /* inetd-style: the standard streams are the connection */
 }

@@ -414,13 +414,29 @@ bool mlp_is_internal_fd(int fd)
     return r && atomic_load_explicit(&r->owner, memory_order_relaxed);
 }
 
+/* A duplicate of fd at our high numbers (half the soft limit), or -errno.  A soft limit lowered
+ * since start-up (a daemon's own, lower one) is read again, and the base with it: before, our
+ * fds stayed where they were opened, a number the program had closed (its stdout) and took for
+ * free (a write to it returned EINVAL, from our eventfd, where the kernel says EBADF). */
+static long mlp_dup_high(int fd, bool cloexec)
+{
+    long h = __ml_sys_fcntl_dupfd(fd, mlp_high_base, cloexec);
+    struct rlimit rl;
+    if (h == -EINVAL && getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+        rl.rlim_cur / 2 > 16 && (rlim_t)mlp_high_base > rl.rlim_cur / 2) {
+        mlp_high_base = (int)(rl.rlim_cur / 2);
+        h = __ml_sys_fcntl_dupfd(fd, mlp_high_base, cloexec);
+    }
+    return h;
+}
+
 /* *fdp (ours) -> a high number, same open file description (OFD locks stay); remembered as ours. */
 void mlp_own_fd(int *fdp, bool cloexec)
 {
     int fd = *fdp;
     if (fd < 0)
         return; /* a channel keeps no fd (see __ml_seg_drop_fd) */
-    long nfd = __ml_sys_fcntl_dupfd(fd, mlp_high_base, cloexec);
+    long nfd = mlp_dup_high(fd, cloexec);
     if (nfd >= 0) {
         __ml_sys_close(fd);
         fd = (int)nfd;
@@ -429,6 +445,22 @@ void mlp_own_fd(int *fdp, bool cloexec)
     }
     *fdp = fd;
     mlp_internal_set(fd, fdp);
+}
+
+/* fd (taken) -> a duplicate at our high numbers, or -1 (fd closed) where none can be made: for
+ * an fd of ours that must never sit at a number the program may take for free. */
+int mlp_fd_to_high(int fd)
+{
+    long h = mlp_dup_high(fd, true);
+    __ml_sys_close(fd);
+    return h >= 0 ? (int)h : -1;
+}
+
+/* *fdp, at our high numbers already (mlp_fd_to_high), remembered as ours where it lies. */
+void mlp_own_fd_at(int *fdp)
+{
+    if (*fdp >= 0)
+        mlp_internal_set(*fdp, fdp);
 }
 
 /* Before closing one of ours. */
@@ -445,7 +477,7 @@ int mlp_evict_fd(int fd)
         return 0;
     int *owner = atomic_load(&mlp_fdrec(fd)->owner);
     long flags = __ml_sys_fcntl(fd, F_GETFD, 0);
-    long nfd = __ml_sys_fcntl_dupfd(fd, mlp_high_base, flags > 0 && (flags & FD_CLOEXEC));
+    long nfd = mlp_dup_high(fd, flags > 0 && (flags & FD_CLOEXEC));
     if (nfd < 0)
         nfd = __ml_sys_fcntl_dupfd(fd, fd + 1, flags > 0 && (flags & FD_CLOEXEC));
     if (nfd < 0)

@@ -53,6 +53,12 @@
 static pthread_mutex_t mlp_neg_mu = PTHREAD_MUTEX_INITIALIZER;
 static bool mlp_fab_tried;
 char mlp_carry_fabric[4096];
+bool mlp_carry_explicit;  /* the carried fabric was named (MEMLAN_FABRIC), not a default */
+uid_t mlp_carry_owner;    /* a carried default's owner (its uid's default directory) */
+/* How our fabric was named, for an exec that carries connections in it (exec.c's F line): a
+ * default is checked in the new image as that user's default, whatever uid the image runs as. */
+bool mlp_fab_explicit;
+uid_t mlp_fab_owner;
 
 /* The fabric's directory when it is opened: MEMLAN_FABRIC as the environment has it then (a
  * program may set its own before its first socket, as libmemlan's memlan_fabric_open(NULL) in the
@@ -84,7 +90,14 @@ static memlan_fabric_t *mlp_fabric(void)
          * before the exec.  Not writable by this user, it is kept for them alone, as a process
          * that dropped after opening it keeps it (cred.c): its own connections stay on TCP. */
         const char *carried = mlp_carry_fabric[0] ? mlp_carry_fabric : NULL;
-        int r = memlan_fabric_open(carried ? carried : mlp_fabric_dir(), &f);
+        const char *dir = mlp_fabric_dir();
+        int r = carried ? __ml_fabric_open_carried(carried, mlp_carry_explicit, mlp_carry_owner, &f)
+                        : memlan_fabric_open(dir, &f);
+        if (carried && r == 0 && strcmp(carried, dir ? dir : "") != 0 &&
+            (dir || mlp_carry_explicit || mlp_carry_owner != getuid()))
+            mlp_log(0, "this program's connections carried across exec live in fabric %.200s: it "
+                       "is this process's fabric (not %.200s)", carried,
+                    dir ? dir : "the default");
         const char *brief = r == -EACCES ? "another user's, or open to others" : NULL;
         why = r == -EACCES ? "permission denied: the directory is another user's, or open to "
                              "others (a fabric shared on purpose is named by MEMLAN_FABRIC)"
@@ -108,6 +121,8 @@ static memlan_fabric_t *mlp_fabric(void)
             /* The lazy sweep asks the kernel which listeners live (sock_diag) only outside a
              * seccomp sandbox, which may kill for the socket (mlp_note_confined clears it). */
             atomic_store(&f->sweep_asks, !mlp_confined());
+            mlp_fab_explicit = carried ? mlp_carry_explicit : dir != NULL;
+            mlp_fab_owner = carried && !mlp_carry_explicit ? mlp_carry_owner : getuid();
             mlp_fab = f;
             mlp_cred_fabric_opened();
         }
@@ -161,6 +176,8 @@ void mlp_fabric_preopen(void)
              * nothing, its files made before the drop could not be removed after (dovecot's
              * login processes chroot, then drop to dovenull: their stat entries were left). */
             if (f->shared && faccessat(f->dirfd, ".", W_OK | X_OK, AT_EACCESS) == 0) {
+                mlp_fab_explicit = mlp_fabric_dir() != NULL;
+                mlp_fab_owner = getuid();
                 mlp_own_fd(&f->dirfd, true);
                 atomic_store(&f->sweep_asks, !mlp_confined());
                 mlp_fab = f;

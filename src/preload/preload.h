@@ -70,6 +70,8 @@ extern struct mlp_config mlp_cfg;
 extern memlan_fabric_t *mlp_fab;     /* NULL when the fabric could not be opened (reason logged) */
 extern char mlp_fab_error[128];
 extern char mlp_carry_fabric[4096]; /* exec.c: the fabric of the connections carried to us */
+extern bool mlp_carry_explicit, mlp_fab_explicit; /* named, not a uid's default */
+extern uid_t mlp_carry_owner, mlp_fab_owner;      /* a default's owner */
 extern _Atomic int mlp_pid;          /* getpid(), kept current across fork */
 
 void mlp_init(void);                 /* idempotent; every interposer calls it via MLP_ENTER */
@@ -407,6 +409,10 @@ void mlp_nofile_note(unsigned long long cur); /* pqueue.c: RLIMIT_NOFILE's soft 
 void mlp_poll_prepare_thread(void); /* pqueue.c: this thread's wake-up, made before a sandbox */
 bool mlp_cred_lost(bool at_accept);  /* true: no new connection of ours may use the fabric */
 void mlp_stat_inherited(struct mlp_sock *s); /* a fork child's first use */
+void mlp_cred_kept_closed(void);  /* a socket's cred_fd closed (sock.c) */
+void mlp_cred_adopted_out(void);  /* exec.c: took connections up in a fabric out of reach */
+int mlp_fd_to_high(int fd);       /* fd moved to our high numbers (closed), or -1 */
+void mlp_own_fd_at(int *fdp);     /* one of ours, already high */
 bool mlp_fabric_out(void);            /* the same, as last found: no system call */
 extern const char *mlp_cred_why;     /* why, for our own connections' log lines and memlan stat */
 void mlp_cred_fabric_opened(void);   /* negotiate.c: the credentials the fabric was opened with */

@@ -2517,6 +2517,7 @@ void mlp_sock_destroy(struct mlp_sock *s)
         mlp_disown_fd(s->cred_fd);
         __ml_sys_close(s->cred_fd);
         s->cred_fd = 0;
+        mlp_cred_kept_closed();
     }
     if (s->keep_fd > 0) { /* after the channel's close: the peer reads our end, not a death */
         mlp_disown_fd(s->keep_fd);

@@ -633,3 +633,172 @@ def test_a_dropped_childs_exec_carries_its_connection(fabric, pubdir, what):
     settle()
     assert got[1] == got[0], got
     assert got[0][2] == "0" and got[0][3], got
+
+
+ECHO_SERVER = r"""
+import socket, sys, threading
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(128)
+print(ls.getsockname()[1], flush=True)
+def serve(c):
+    while True:
+        d = c.recv(100)
+        if not d:
+            break
+        c.sendall(d)
+    c.close()
+while True:
+    c, _ = ls.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"""
+
+
+def echo_server(pubdir, log, on, env=None, user=None):
+    (pubdir / "echo.py").write_text(ECHO_SERVER)
+    os.chmod(pubdir / "echo.py", 0o644)
+    cmd = wrap(["python3", str(pubdir / "echo.py")], log, on)
+    if user is not None:
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"] + cmd
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+    return p, int(p.stdout.readline())
+
+
+# A daemon with its own, lower fd limit, its stdout closed, drops to nobody: its writes to fd 1
+# must fail with EBADF (no fd of memlan's may sit there), and its connection goes on.
+LOWFD = r"""
+import os, resource, socket, sys
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+c.sendall(b"x"); c.recv(1)
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+os.close(1)
+os.setgid(65534); os.setuid(65534)
+try:
+    r = "write(1) %d" % os.write(1, b"A" * 4096)
+except OSError as e:
+    r = "write(1) errno %d" % e.errno
+c.sendall(b"after")
+sys.stderr.write("%s recv %r\n" % (r, c.recv(100)))
+"""
+
+
+def test_a_drop_leaves_no_fd_of_ours_where_the_program_closed_one(fabric, pubdir):
+    """A client with a soft fd limit lowered below memlan's start-up one (a daemon's own) closes
+    its stdout and drops to nobody: its write to fd 1 fails with EBADF and its connection goes on,
+    as over kernel TCP.  Before, the channel file kept for exec (and before it the thread's
+    eventfd) stayed where it was opened, on fd 1: the write landed in the channel's file, the peer
+    read "corrupt indices" and reset the connection (a review's reproduction)."""
+    got = []
+    for on in (False, True):
+        log = pubdir / f"l{on:d}.log"
+        log.write_text("")
+        os.chmod(log, 0o666)
+        srv, port = echo_server(pubdir, log, on)
+        try:
+            (pubdir / "low.py").write_text(LOWFD)
+            p = subprocess.run(wrap(["python3", str(pubdir / "low.py"), str(port)], log, on),
+                               capture_output=True, text=True, timeout=30)
+            got.append((p.returncode, p.stderr.splitlines()[-1:]))
+            if on:
+                assert "accelerated (client)" in log.read_text(), log.read_text()
+        finally:
+            srv.kill()
+            srv.wait()
+    settle()
+    assert got[0] == (0, ["write(1) errno 9 recv b'after'"]), got
+    assert got[1] == got[0], got
+
+
+# Holds a listening socket only (close-on-exec or not, never a connection), then execs a client,
+# directly or from a child that dropped to nobody, with the client's own MEMLAN_FABRIC.
+EXEC_CLIENT = r"""
+import os, socket, sys
+port, fab, how = sys.argv[1], sys.argv[2], sys.argv[3]
+ls = socket.socket(); ls.bind(("127.0.0.1", 0)); ls.listen(1)
+cli = [sys.argv[4], "-c", "import socket, sys\nc = socket.create_connection(('127.0.0.1', %s))\n"
+       "c.sendall(b'hi'); print(c.recv(10))" % port]
+env = dict(os.environ, MEMLAN_FABRIC=fab)
+if how == "exec":
+    os.execve(cli[0], cli, env)
+pid = os.fork()
+if pid == 0:
+    os.setgid(65534); os.setgroups([]); os.setuid(65534)
+    os.execve(cli[0], cli, env)
+_, st = os.waitpid(pid, 0)
+sys.exit(os.waitstatus_to_exitcode(st))
+"""
+
+
+@pytest.mark.parametrize("how", ["exec", "dropped"])
+def test_an_exec_that_carries_no_connection_opens_its_own_fabric(fabric, pubdir, how):
+    """A process whose fabric is A and that holds only a listener execs a client whose
+    MEMLAN_FABRIC is B, where its server is ("exec"), or a child that dropped to nobody does,
+    B being nobody's ("dropped"): the client is accelerated in B.  Before, every exec that had
+    any socket of ours named the image's fabric to the new image, which then opened A instead of
+    its own: "TCP (no memlan listener on this port in the fabric)", and after the drop also "the
+    fabric refuses this process" (a review of the commit that carried connections after a
+    drop)."""
+    other = pathlib.Path(tempfile.mkdtemp(prefix="memlan-py-", dir="/dev/shm"))
+    try:
+        user = None
+        if how == "dropped":
+            os.chown(other, 65534, 65534)
+            user = 65534
+        slog, clog = pubdir / "s.log", pubdir / "c.log"
+        for f in (slog, clog):
+            f.write_text("")
+            os.chmod(f, 0o666)
+        (pubdir / "x.py").write_text(EXEC_CLIENT)
+        srv, port = echo_server(pubdir, slog, True, env=dict(os.environ, MEMLAN_FABRIC=str(other)),
+                                user=user)
+        try:
+            p = subprocess.run(wrap(["python3", str(pubdir / "x.py"), str(port), str(other), how,
+                                     "/usr/bin/python3"], clog),
+                               capture_output=True, text=True, timeout=30)
+        finally:
+            srv.kill()
+            srv.wait()
+        assert p.returncode == 0 and p.stdout == "b'hi'\n", (p.stdout, p.stderr)
+        c = clog.read_text()
+        assert "accelerated (client)" in c and "refuses" not in c, c
+    finally:
+        shutil.rmtree(other, ignore_errors=True)
+    settle()
+
+
+TOGGLER = r"""
+import os, socket, sys
+conns = []
+for i in range(40):
+    c = socket.create_connection(("127.0.0.1", int(sys.argv[1]))); c.sendall(b"x"); c.recv(1)
+    conns.append(c)
+    os.seteuid(65534); os.seteuid(0)  # drops its euid around each piece of work
+files = 0
+for f in os.listdir("/proc/self/fd"):
+    try:
+        files += os.path.basename(os.readlink("/proc/self/fd/" + f)).startswith("seg-")
+    except OSError:
+        pass
+print(files)
+"""
+
+
+def test_euid_toggles_keep_a_bounded_number_of_channel_files(fabric, pubdir):
+    """A server that drops its euid around each request, with 40 accelerated connections: memlan
+    keeps at most 16 channel files open for exec after a drop, in all.  Before, the bound was
+    counted anew at each call: one more fd per connection (41 channel files where the parent
+    commit held 1), the program's fd limit nearer (a review's reproduction)."""
+    log = pubdir / "t.log"
+    srv, port = echo_server(pubdir, log, True)
+    try:
+        (pubdir / "t.py").write_text(TOGGLER)
+        p = subprocess.run(wrap(["python3", str(pubdir / "t.py"), str(port)], log),
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        srv.kill()
+        srv.wait()
+    assert p.returncode == 0, p.stderr
+    assert log.read_text().count("accelerated (client)") == 40, log.read_text()[-2000:]
+    assert int(p.stdout) <= 16 + 2, p.stdout  # the kept ones, the pool's spare
+    settle()
