@@ -176,8 +176,8 @@ static void mlp_cred_ring_peers(bool nopost)
  * An exec carries a connection through its channel's file opened anew (exec.c's bridge), by name
  * in the fabric: after a drop the directory may refuse us (an inetd's child that drops to a
  * service's user and execs it with the connection on fds 0 and 1).  So before a change that may
- * put it out of reach (another euid; in a fabric shared with a group, a change of groups too),
- * while the name still opens, the file of each accelerated connection is kept open (a protected,
+ * put it out of reach (any but a uid call that keeps the euid: groups, and capabilities, count
+ * too), while the name still opens, the file of each accelerated connection is kept open (a protected,
  * close-on-exec fd of ours at our high numbers, s->cred_fd), from which the bridge is made when
  * the name is refused (__ml_chan_exec_bridge).  Used for nothing else: a liveness look through it
  * would be an fcntl, which a sandbox that follows a drop may kill for (the name, refused, sends
@@ -208,17 +208,20 @@ static void mlp_cred_keep_files(void)
         if (!s)
             continue;
         /* Our reference keeps s->ch; s->cred_fd is closed at the last one (mlp_sock_destroy).
-         * A socket at several fds is kept once: the first sets cred_fd. */
+         * A socket at several fds is kept once: the first sets cred_fd.  The count is reserved
+         * first, so that threads changing credentials at once stay within the bound. */
         if (mlp_cred_wants_file(s)) {
-            long f = __ml_seg_reopen(s->ch->seg, O_RDWR | O_CLOEXEC);
+            bool room = atomic_fetch_add(&mlp_cred_kept, 1) < MLP_CRED_KEEP_MAX;
+            long f = room ? __ml_seg_reopen(s->ch->seg, O_RDWR | O_CLOEXEC) : -1;
             int h = f >= 0 ? mlp_fd_to_high((int)f) : -1;
             int none = 0;
             if (h >= 0 && __atomic_compare_exchange_n(&s->cred_fd, &none, h, false,
                                                       __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {
                 mlp_own_fd_at(&s->cred_fd); /* protected from the program's closes and dups */
-                atomic_fetch_add(&mlp_cred_kept, 1);
-            } else if (h >= 0) {
-                __ml_sys_close(h);
+            } else {
+                if (h >= 0)
+                    __ml_sys_close(h);
+                atomic_fetch_sub(&mlp_cred_kept, 1);
             }
         }
         mlp_put(s);
@@ -242,7 +245,7 @@ static void mlp_cred_before(uid_t euid)
     if (mlp_fab && !ml_load_relaxed(&mlp_cred_gone)) {
         mlp_stat_prepare();
         mlp_cred_ring_peers(false);
-        if (euid != (uid_t)-1 ? euid != geteuid() : mlp_fab->shared)
+        if (euid == (uid_t)-1 || euid != geteuid()) /* not a uid call that keeps the euid */
             mlp_cred_keep_files();
         /* In a fabric shared on purpose the new euid may go on accepting: the records of our
          * ports name it while we still own them (negotiate.c), and clients grant it their

@@ -417,14 +417,16 @@ bool mlp_is_internal_fd(int fd)
 /* A duplicate of fd at our high numbers (half the soft limit), or -errno.  A soft limit lowered
  * since start-up (a daemon's own, lower one) is read again, and the base with it: before, our
  * fds stayed where they were opened, a number the program had closed (its stdout) and took for
- * free (a write to it returned EINVAL, from our eventfd, where the kernel says EBADF). */
+ * free (a write to it returned EINVAL, from our eventfd, where the kernel says EBADF).  A
+ * limit lowered by a raw system call is not seen. */
 static long mlp_dup_high(int fd, bool cloexec)
 {
     long h = __ml_sys_fcntl_dupfd(fd, mlp_high_base, cloexec);
-    struct rlimit rl;
-    if (h == -EINVAL && getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-        rl.rlim_cur / 2 > 16 && (rlim_t)mlp_high_base > rl.rlim_cur / 2) {
-        mlp_high_base = (int)(rl.rlim_cur / 2);
+    /* The limit as our setrlimit and prlimit interposers noted it: no system call here, which a
+     * sandbox installed since may not allow. */
+    long cur = mlp_nofile_now();
+    if (h == -EINVAL && cur / 2 > 2 && mlp_high_base > cur / 2) {
+        mlp_high_base = (int)(cur / 2);
         h = __ml_sys_fcntl_dupfd(fd, mlp_high_base, cloexec);
     }
     return h;

@@ -1795,13 +1795,23 @@ void mlp_stat_inherited(struct mlp_sock *s)
 {
     if (!atomic_exchange(&s->stat_owed, false))
         return;
-    if (mlp_sig_in_handler()) {
+    int e = errno; /* as the call leaves it: the program's, whatever we meet */
+    /* Not in a handler, nor in a vfork child of ours (its files are not ours: the entry's fd
+     * would name nothing, or the program's file, in the parent afterwards; a review's
+     * reproduction): owed to a later call. */
+    if (mlp_sig_in_handler() || mlp_vfork_child()) {
         atomic_store(&s->stat_owed, true);
+        errno = e;
         return;
     }
-    if (mlp_fabric_out() || atomic_load_explicit(&mlp_confinement, memory_order_relaxed) != 1 ||
-        s->state != MLP_ACCEL || !s->ch || s->slot >= 0)
+    /* Nor once exit() has begun (stdio's flush after our atexit handler): the entry would be
+     * made after its name was taken away, and stay in the fabric. */
+    if (mlp_fabric_out() || mlp_exiting() ||
+        atomic_load_explicit(&mlp_confinement, memory_order_relaxed) != 1 ||
+        s->state != MLP_ACCEL || !s->ch || s->slot >= 0) {
+        errno = e;
         return;
+    }
     int fd = s->stat_fd;
     struct mlp_sock *t = fd >= 0 ? mlp_get(fd) : NULL;
     if (t)
@@ -1816,12 +1826,13 @@ void mlp_stat_inherited(struct mlp_sock *s)
                 mlp_put(t);
             }
         }
-        if (fd < 0)
+        if (fd < 0) {
+            errno = e;
             return;
+        }
     }
     struct mlp_addr l, r;
     bool have = mlp_sock_addrs(fd, &l, &r, NULL, 0) == 0;
-    int e = errno;
     int slot = mlp_proc_slot();
     errno = e;
     if (slot < 0)

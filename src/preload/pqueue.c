@@ -63,6 +63,8 @@ void mlp_nofile_note(unsigned long long cur)
                           memory_order_relaxed);
 }
 
+long mlp_nofile_now(void) { return atomic_load_explicit(&mlp_nofile_cur, memory_order_relaxed); }
+
 int mlp_sleep_efds(void)
 {
     long n = atomic_load_explicit(&mlp_nofile_cur, memory_order_relaxed) / 16;

@@ -406,6 +406,7 @@ void mlp_sock_liveness(memlan_channel_t *ch, int fd); /* the kernel socket under
  * new connection plain TCP at once; its accelerated connections go on. */
 void mlp_rlimit_changing(int res, const struct rlimit *rl); /* init.c: before setrlimit */
 void mlp_nofile_note(unsigned long long cur); /* pqueue.c: RLIMIT_NOFILE's soft limit now */
+long mlp_nofile_now(void);                    /* as last noted (start-up, setrlimit, prlimit) */
 void mlp_poll_prepare_thread(void); /* pqueue.c: this thread's wake-up, made before a sandbox */
 bool mlp_cred_lost(bool at_accept);  /* true: no new connection of ours may use the fabric */
 void mlp_stat_inherited(struct mlp_sock *s); /* a fork child's first use */
