@@ -1374,8 +1374,9 @@ static bool mlp_addr_netns(const struct mlp_addr *a, char *netns, size_t nslen)
  * the record names the listening sockets published in it (lsock, by inode), and the kernel says
  * which still listen: a record is dead when nobody holds its lock, it names sockets, ours is not
  * one of them, and none of them is a listening socket on the port in our namespace (a
- * sock_diag dump of TCP's listeners, both families).  Anything unknown (an older record that
- * names none, lsock_full, a sandboxed process, a dump refused) keeps the record, as before.
+ * sock_diag dump of TCP's listeners, both families).  A record whose slots cannot tell
+ * (lsock_full) is dead when nothing but our socket listens on the port at all.  Anything unknown
+ * (an older record that names none, a sandboxed process, a dump refused) keeps the record.
  */
 static bool mlp_unconfined(void);
 
@@ -1411,7 +1412,7 @@ static void mlp_lrec_reclaim_dead(int fd, const char *netns, int port, uint32_t 
     if (__ml_sys_fstat((int)rfd, &st) == 0 && S_ISREG(st.st_mode) &&
         (size_t)st.st_size >= sizeof m &&
         __ml_sys_read((int)rfd, &m, sizeof m) == (ssize_t)sizeof m &&
-        m.magic == ML_LREC_MAGIC && !m.lsock_full && !mlp_lrec_live((int)rfd)) {
+        m.magic == ML_LREC_MAGIC && !mlp_lrec_live((int)rfd)) {
         dead = true;
         for (unsigned i = 0; i < ML_LREC_LSOCKS; i++) {
             uint32_t v = m.lsock[i];
@@ -1419,6 +1420,7 @@ static void mlp_lrec_reclaim_dead(int fd, const char *netns, int port, uint32_t 
             if (v != 0 && v == my_ino)
                 dead = false; /* our socket is theirs: passed or inherited, and alive */
         }
+        named |= m.lsock_full != 0;
     }
     __ml_sys_close((int)rfd);
     if (!dead || !named || !mlp_thread_in_netns(netns) || !mlp_unconfined())
@@ -1427,7 +1429,10 @@ static void mlp_lrec_reclaim_dead(int fd, const char *netns, int port, uint32_t 
     bool listens[ML_LREC_LSOCKS];
     for (unsigned i = 0; i < ML_LREC_LSOCKS; i++)
         inos[i] = m.lsock[i];
-    int n = __ml_sys_tcp_listening(port, inos, ML_LREC_LSOCKS, listens);
+    /* Slots that cannot tell (lsock_full: more listeners than they hold, or written by a member
+     * of a shared fabric): dead only when nothing but our socket listens on the port. */
+    int n = m.lsock_full ? __ml_sys_tcp_listeners_but(port, my_ino)
+                         : __ml_sys_tcp_listening(port, inos, ML_LREC_LSOCKS, listens);
     if (n < 0) {
         mlp_log(1, "listen fd %d port %d: its record names no listener of ours, and the kernel "
                    "could not say whether they live (%s): kept",

@@ -608,6 +608,21 @@ static int ml_tcp_listeners(int port, uint32_t *ino, int max)
 }
 
 /* See sys.h. */
+int __ml_sys_tcp_listeners_but(int port, uint32_t except)
+{
+    enum { MAX = 256 };
+    uint32_t *live = malloc(MAX * sizeof *live);
+    int k = live ? ml_tcp_listeners(port, live, MAX) : -ENOMEM;
+    if (k > MAX)
+        k = -E2BIG;
+    int others = k;
+    for (int j = 0; j < k; j++)
+        others -= except != 0 && live[j] == except;
+    free(live);
+    return others;
+}
+
+/* See sys.h. */
 int __ml_sys_tcp_listening(int port, const uint32_t *inos, int n, bool *listens)
 {
     enum { MAX = 256 };

@@ -75,6 +75,10 @@ int __ml_sys_socket_netns(int fd, uint64_t *ino);
  * kernel, which asks no privilege): listens[i] for each, and how many do; or a negative errno
  * (-E2BIG: more listeners on the port than it reads).  Waits at most a second per answer. */
 int __ml_sys_tcp_listening(int port, const uint32_t *inos, int n, bool *listens);
+/* How many TCP sockets listen on port there, other than the one of inode except (0: none), or a
+ * negative errno, as __ml_sys_tcp_listening asks: a record whose slots cannot tell (lsock_full,
+ * which anyone able to write the record can set) is dead when nothing at all listens. */
+int __ml_sys_tcp_listeners_but(int port, uint32_t except);
 /* The calling process's seccomp mode as /proc/self/status says it now ("Seccomp:": 0 none, 1
  * strict, 2 a filter), or a negative errno where it cannot be read (no /proc: a chroot).  Read
  * fresh, with open and read, before a call a filter may kill for (socket(AF_NETLINK)): a

@@ -3496,6 +3496,54 @@ def test_a_clients_sweep_removes_a_dead_listeners_record(fabric, tmp_path):
     settle(fabric)
 
 
+def lrec_offset(field, tmp_path):
+    """offsetof(struct ml_listen_rec, field), from the installed layout header."""
+    src = tmp_path / "off.c"
+    src.write_text('#include <stdio.h>\n#include <stddef.h>\n#include "memlan/layout.h"\n'
+                   'int main(void) { printf("%%zu\\n", offsetof(struct ml_listen_rec, %s)); }\n'
+                   % field)
+    subprocess.run(["cc", "-I", str(ROOT / "include"), "-o", str(tmp_path / "off"), str(src)],
+                   check=True, timeout=60)
+    return int(subprocess.run([str(tmp_path / "off")], capture_output=True, text=True,
+                              check=True).stdout)
+
+
+@pytest.mark.parametrize("then", ["clean", "next"])
+def test_a_dead_listeners_record_forged_full_still_goes(fabric, tmp_path, then):
+    """A dead listener's record whose lsock_full another member of the fabric wrote (the chaos
+    suite's vandal did): `memlan clean` removes it ("clean"), and so does the next listener on
+    the port ("next"), since nothing listens on the port any more.  Before, a record whose slots
+    could not tell was kept as unknown, for ever: "A's or B's files left after clean:
+    ['ls-...']" (make test's chaos), and the next server's clients read the dead one's
+    TCP_DEFER_ACCEPT ("defers accept until data")."""
+    dead, script = tmp_path / "dead.py", tmp_path / "deferred.py"
+    dead.write_text(DEAD_DEFERRED)
+    script.write_text(DEFERRED)
+    port = next_port()
+    log = tmp_path / "restart.log"
+    pre = [str(MEMLAN), "run", "--log", str(log), "--"]
+    first = subprocess.Popen(pre + [PY, str(dead), str(port), "exit"], stdout=subprocess.PIPE,
+                             text=True)
+    assert first.stdout.readline().strip() == "ready"
+    assert first.wait(timeout=30) == 0
+    rec = fabric / ("ls-%x-%d" % (os.stat("/proc/self/ns/net").st_ino, port))
+    off = lrec_offset("lsock_full", tmp_path)
+    with open(rec, "r+b") as f:  # the vandal's write
+        f.seek(off)
+        f.write((1).to_bytes(4, "little"))
+    if then == "clean":
+        p = subprocess.run([str(MEMLAN), "clean"], capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0, p.stderr
+        assert not rec.exists(), p.stdout + p.stderr
+    else:
+        out = deferred_round(pre, PY, script, port, "none")
+        assert out == "".join("PING %d True\n" % i for i in range(3)), out
+        text = log.read_text()
+        assert "defers accept until data" not in text, text
+        assert text.count("accelerated (client)") == 3, text
+    settle(fabric)
+
+
 LOCKLESS = r"""
 import os, socket, sys
 role, port, path = sys.argv[1], int(sys.argv[2]), sys.argv[3]
