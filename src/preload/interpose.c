@@ -755,6 +755,20 @@ MLP_EXPORT long syscall(long n, ...)
 #endif
     long (*real)(long, long, long, long, long, long, long) = mlp_real_syscall;
     long r;
+    /* A new process without fork's handlers (vsftpd's sessions): see mlp_raw_fork.  A clone
+     * with a stack of its own (b) or that shares our memory, fd table or signal handlers is
+     * not a fork; s390's clone takes its arguments in another order. */
+#if !defined(__s390__) && !defined(__s390x__)
+    if (ml_unlikely(((n == SYS_clone && b == 0 &&
+                      !(a & (CLONE_VM | CLONE_VFORK | CLONE_THREAD | CLONE_FILES |
+                             CLONE_SIGHAND | CLONE_SETTLS))) ||
+#ifdef SYS_fork
+                     n == SYS_fork ||
+#endif
+                     false) &&
+                    real != NULL))
+        return mlp_raw_fork(real, n, a, b, c, d, e, f);
+#endif
     if (ml_likely(real != NULL)) {
         r = real(n, a, b, c, d, e, f);
     } else {

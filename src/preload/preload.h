@@ -270,6 +270,10 @@ static inline void mlp_received_look(int fd)
 int mlp_fdrec_next(int fd, int max);      /* next fd >= fd that may have a record, or -1 */
 bool mlp_fdrec_busy(const struct mlp_fdrec *r);
 bool mlp_vfork_child(void);               /* a vfork child: touch no memlan state */
+/* syscall(SYS_clone, flags without CLONE_VM, NULL, ...) or syscall(SYS_fork): call runs it
+ * with fork's handlers around it (init.c) */
+long mlp_raw_fork(long (*call)(long, long, long, long, long, long, long), long n, long a, long b,
+                  long c, long d, long e, long f);
 
 /* fd table (fdtable.c).  get() takes a reference that put() drops; NULL = not ours. */
 struct mlp_sock *mlp_sock_new(int type);

@@ -3201,6 +3201,27 @@ def test_raw_syscall_close_releases_the_fd(fabric, tmp_path):
     settle(fabric)
 
 
+RAWCLONE = BUILD / "tests-preload" / "rawclone"
+
+
+def test_raw_clone_child_serves_its_parents_connection(fabric, tmp_path):
+    """A child made by syscall(SYS_clone, SIGCHLD, NULL) and by syscall(SYS_fork), as vsftpd
+    makes each session's process, moves an accepted connection its parent then closes onto its
+    stdio, writes a greeting, reads a line and answers 100 KB: the client reads them all and
+    end-of-file, as over kernel TCP.  Before, the child took itself for a vfork child and went
+    past memlan: its greeting reached the idle kernel socket ("26 bytes arrived on the kernel
+    socket under an accelerated connection", the stream split; "greeting: missing"), and every
+    vsftpd login under memlan read end-of-file."""
+    plain, under, text = scripted(RAWCLONE, tmp_path)
+    assert plain.stdout.count(": greeting: ok") == 2, plain.stdout + plain.stderr
+    assert plain.stdout.count("102400 bytes right, end-of-file") == 2, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    assert text.count("accelerated (client)") == 2, text
+    assert text.count("accelerated (accepted") == 2, text
+    assert "arrived on the kernel socket" not in text, text
+    settle(fabric)
+
+
 URINGCTL = BUILD / "tests-preload" / "uringctl"
 
 
