@@ -217,10 +217,10 @@ MLP_EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 MLP_EXPORT int listen(int fd, int backlog)
 {
     MLP_INIT();
-    bool pre = false;
+    bool pre = false, refused = false;
     int saved = errno;
     if (!mlp_inside && !mlp_cfg.off && !mlp_fd_is_ours(fd)) {
-        mlp_on_listen(fd, true);
+        refused = mlp_on_listen(fd, true) > 0;
         pre = mlp_fd_is_ours(fd);
         /* A client looks the record up, then connects: one whose look-up just missed the
          * publication and whose connect came just after the kernel's listen stayed on TCP (4 of
@@ -242,7 +242,9 @@ MLP_EXPORT int listen(int fd, int backlog)
             mlp_put(s);
     } else if (r == 0 && pre) {
         mlp_on_listened(fd);
-    } else if (r == 0 && !pre && !mlp_inside && !mlp_cfg.off) {
+    } else if (r == 0 && !pre && !refused && !mlp_inside && !mlp_cfg.off) {
+        /* (a publication refused before the kernel's listen was said once: the log said
+         * "cannot publish" twice for each of proftpd's passive-mode ports) */
         mlp_on_listen(fd, false);
     }
     errno = r < 0 ? err : saved;

@@ -347,7 +347,8 @@ int mlp_reset_state(struct mlp_sock *s, bool probe);
 int mlp_reset_take(struct mlp_sock *s, bool probe, bool by_recv); /* its errno, once */
 void mlp_bufhint_clear(int fd);
 void mlp_lowat_inherited(int fd); /* a socket carried across exec: its SO_RCVLOWAT counts */
-int mlp_on_listen(int fd, bool before); /* before: ahead of the kernel's listen (bound sockets only) */
+int mlp_on_listen(int fd, bool before); /* before: ahead of the kernel's listen (bound sockets only);
+                                        * 1: the fabric refused the record (said) */
 void mlp_on_listened(int fd); /* after the kernel's listen of a socket published before it */
 struct msghdr;
 void mlp_mark_received(const struct msghdr *m);
