@@ -33,8 +33,10 @@ want=(redis-server:redis-server memcached:memcached nginx:nginx-light wrk:wrk
       /usr/lib/dovecot/pop3:dovecot-pop3d socat:socat stunnel4:stunnel4 openssl:openssl
       exim4:exim4-daemon-light /usr/sbin/xinetd:xinetd /bin/nc.openbsd:netcat-openbsd
       ncat:ncat /usr/sbin/unbound:unbound /usr/sbin/slapd:slapd
-      ldapsearch:ldap-utils beanstalkd:beanstalkd erlc:erlang-base
-      /usr/sbin/proftpd:proftpd-basic)
+      ldapsearch:ldap-utils beanstalkd:beanstalkd erlc:erlang-base)
+# proftpd-basic conflicts with an installed vsftpd package (both are an ftp-server): apt would
+# remove vsftpd; test_apps_files.py then runs that one and skips proftpd's test.
+[[ -x /usr/sbin/vsftpd ]] || want+=(/usr/sbin/proftpd:proftpd-basic)
 # postfix as Debian ships it, for test_apps_daemons.py: its package conflicts with
 # exim4-daemon-light (both are the mail-transport-agent), which test_apps_mail.py needs, so where
 # it is not installed its package is unpacked, unchanged, under /opt/memlan-apps/postfix (the tests
