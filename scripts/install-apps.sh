@@ -34,6 +34,9 @@ want=(redis-server:redis-server memcached:memcached nginx:nginx-light wrk:wrk
       exim4:exim4-daemon-light /usr/sbin/xinetd:xinetd /bin/nc.openbsd:netcat-openbsd
       ncat:ncat /usr/sbin/unbound:unbound /usr/sbin/slapd:slapd
       ldapsearch:ldap-utils beanstalkd:beanstalkd erlc:erlang-base)
+# proftpd-basic conflicts with an installed vsftpd package (both are an ftp-server): apt would
+# remove vsftpd; test_apps_files.py then runs that one and skips proftpd's test.
+[[ -x /usr/sbin/vsftpd ]] || want+=(/usr/sbin/proftpd:proftpd-basic)
 # postfix as Debian ships it, for test_apps_daemons.py: its package conflicts with
 # exim4-daemon-light (both are the mail-transport-agent), which test_apps_mail.py needs, so where
 # it is not installed its package is unpacked, unchanged, under /opt/memlan-apps/postfix (the tests
@@ -53,6 +56,27 @@ if [[ ! -x /usr/sbin/postfix && ! -x /opt/memlan-apps/postfix/usr/sbin/postfix ]
             -s /usr/sbin/nologin postfix
     else
         echo "install-apps: could not download postfix"
+    fi
+    rm -rf "$tmp"
+fi
+# vsftpd as Debian ships it, for test_apps_files.py: its package conflicts with proftpd-basic
+# (both are an ftp-server), which the same tests run, so where it is not installed its package is
+# unpacked, unchanged, under /opt/memlan-apps/vsftpd, with the ftp user its postinst would make
+# and its PAM service (/etc/pam.d/vsftpd, its pam_service_name) where there is none.
+if [[ ! -x /usr/sbin/vsftpd && ! -x /opt/memlan-apps/vsftpd/usr/sbin/vsftpd ]]; then
+    SUDO=; [[ $(id -u) -ne 0 ]] && SUDO=sudo
+    echo "install-apps: unpacking vsftpd under /opt/memlan-apps/vsftpd"
+    tmp=$(mktemp -d)
+    chmod 755 "$tmp"
+    if (cd "$tmp" && { apt-get download vsftpd >/dev/null 2>&1 ||
+                       { $SUDO apt-get update -qq && apt-get download vsftpd >/dev/null; }; }); then
+        $SUDO mkdir -p /opt/memlan-apps
+        $SUDO dpkg -x "$tmp"/vsftpd_*.deb /opt/memlan-apps/vsftpd
+        [[ -e /etc/pam.d/vsftpd ]] || $SUDO cp /opt/memlan-apps/vsftpd/etc/pam.d/vsftpd /etc/pam.d/vsftpd
+        getent passwd ftp >/dev/null || $SUDO adduser --system --home /srv/ftp --no-create-home \
+            --quiet --gecos 'ftp daemon' --group ftp
+    else
+        echo "install-apps: could not download vsftpd"
     fi
     rm -rf "$tmp"
 fi

@@ -19,6 +19,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -26,6 +27,9 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
+#include <sys/single_threaded.h>
+#endif
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -422,11 +426,59 @@ static void mlp_atfork_child(void)
  * allocator's start calls passes through us.  A fork before our constructor (in another
  * library's) runs none of our handlers: nothing of ours exists yet.
  */
+static _Atomic bool mlp_atfork_on; /* registered: a fork from now on runs our handlers */
+
 static void mlp_atfork_register(void)
 {
     void *volatile p = malloc(1);
     free(p);
     pthread_atfork(mlp_atfork_prepare, mlp_atfork_parent, mlp_atfork_child);
+    atomic_store(&mlp_atfork_on, true);
+}
+
+/*
+ * A new process made by syscall(SYS_clone, flags, NULL, ...) (or SYS_fork), which runs none of
+ * fork's handlers: vsftpd makes each session's process so (CLONE_NEWPID or CLONE_NEWIPC, then its
+ * unprivileged half with CLONE_NEWNET).  Unseen, the child took itself for a vfork child (its pid
+ * not ours) and went past us on every call: the accelerated control connection it got from the
+ * listener's accept was written on its idle kernel socket ("220 (vsFTPd 3.0.3)" arrived there,
+ * the stream split) and every login failed.  Our handlers run around the call as around fork():
+ * the holders counted, the gate closed, the child's state made fresh, its network namespace read
+ * again (CLONE_NEWNET).  Only where glibc's own fork locking is not missed: a process with one
+ * thread (__libc_single_threaded), whose allocator nobody else can hold, and not from a signal
+ * handler of ours; elsewhere (another thread may hold the allocator's lock, which the child
+ * handler's frees would wait on for ever) the call goes past us as before.  Returns the call's
+ * result, errno as it left it.
+ */
+long mlp_raw_fork(long (*call)(long, long, long, long, long, long, long), long n, long a, long b,
+                  long c, long d, long e, long f)
+{
+    bool ours = atomic_load(&mlp_atfork_on) && !mlp_inside && !mlp_cfg.off &&
+                !mlp_vfork_child() && !mlp_sig_in_handler();
+#if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
+    ours = ours && __libc_single_threaded;
+#else
+    ours = false;
+#endif
+    if (!ours)
+        return call(n, a, b, c, d, e, f);
+    int saved = errno;
+    mlp_publish_received(); /* as fork() does: the children inherit the publication */
+    mlp_atfork_prepare();
+    errno = saved;
+    long r = call(n, a, b, c, d, e, f);
+    int err = errno;
+    if (r == 0) {
+        mlp_atfork_child();
+        if (n == SYS_clone && (a & CLONE_NEWNET))
+            mlp_netns_refresh();
+    } else {
+        mlp_atfork_parent();
+        if (r < 0)
+            mlp_fork_failed(); /* the prepare handler counted the child that was not born */
+    }
+    errno = err;
+    return r;
 }
 
 static void mlp_keep_fd(int *fdp) { mlp_own_fd(fdp, true); }

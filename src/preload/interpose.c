@@ -217,10 +217,10 @@ MLP_EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 MLP_EXPORT int listen(int fd, int backlog)
 {
     MLP_INIT();
-    bool pre = false;
+    bool pre = false, refused = false;
     int saved = errno;
     if (!mlp_inside && !mlp_cfg.off && !mlp_fd_is_ours(fd)) {
-        mlp_on_listen(fd, true);
+        refused = mlp_on_listen(fd, true) > 0;
         pre = mlp_fd_is_ours(fd);
         /* A client looks the record up, then connects: one whose look-up just missed the
          * publication and whose connect came just after the kernel's listen stayed on TCP (4 of
@@ -242,7 +242,9 @@ MLP_EXPORT int listen(int fd, int backlog)
             mlp_put(s);
     } else if (r == 0 && pre) {
         mlp_on_listened(fd);
-    } else if (r == 0 && !pre && !mlp_inside && !mlp_cfg.off) {
+    } else if (r == 0 && !pre && !refused && !mlp_inside && !mlp_cfg.off) {
+        /* (a publication refused before the kernel's listen was said once: the log said
+         * "cannot publish" twice for each of proftpd's passive-mode ports) */
         mlp_on_listen(fd, false);
     }
     errno = r < 0 ? err : saved;
@@ -755,6 +757,20 @@ MLP_EXPORT long syscall(long n, ...)
 #endif
     long (*real)(long, long, long, long, long, long, long) = mlp_real_syscall;
     long r;
+    /* A new process without fork's handlers (vsftpd's sessions): see mlp_raw_fork.  A clone
+     * with a stack of its own (b) or that shares our memory, fd table or signal handlers is
+     * not a fork; s390's clone takes its arguments in another order. */
+#if !defined(__s390__) && !defined(__s390x__)
+    if (ml_unlikely(((n == SYS_clone && b == 0 &&
+                      !(a & (CLONE_VM | CLONE_VFORK | CLONE_THREAD | CLONE_FILES |
+                             CLONE_SIGHAND | CLONE_SETTLS))) ||
+#ifdef SYS_fork
+                     n == SYS_fork ||
+#endif
+                     false) &&
+                    real != NULL))
+        return mlp_raw_fork(real, n, a, b, c, d, e, f);
+#endif
     if (ml_likely(real != NULL)) {
         r = real(n, a, b, c, d, e, f);
     } else {

@@ -1564,7 +1564,7 @@ int mlp_on_listen(int fd, bool before)
     if (err < 0) {
         mlp_log(0, "listen fd %d port %d: cannot publish (%s); its connections stay on TCP", fd,
                 a.port, strerror(-err));
-        return 0;
+        return 1; /* said: listen() does not try (and say it) again after the kernel's call */
     }
     struct mlp_sock *s = mlp_sock_new(MLP_LISTENER);
     if (!s) {
@@ -3209,7 +3209,10 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
     else if (p && p->other_ns && !p->no_offer && (why = mlp_direct_link(&l, &r, mac)))
         ;
     else if (!p)
-        why = "no memlan listener on this port in the fabric";
+        /* a process out of reach of the fabric finds no record either: its own reason first
+         * (proftpd's and vsftpd's active-mode data connections, made after the drop to the
+         * user's account, read "no memlan listener" while the client's listener was there) */
+        why = mlp_cred_lost(false) ? mlp_cred_why : "no memlan listener on this port in the fabric";
     else if (p->no_offer)
         why = p->no_offer;
     else if (mlp_cred_lost(false))

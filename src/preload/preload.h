@@ -278,6 +278,10 @@ static inline void mlp_received_look(int fd)
 int mlp_fdrec_next(int fd, int max);      /* next fd >= fd that may have a record, or -1 */
 bool mlp_fdrec_busy(const struct mlp_fdrec *r);
 bool mlp_vfork_child(void);               /* a vfork child: touch no memlan state */
+/* syscall(SYS_clone, flags without CLONE_VM, NULL, ...) or syscall(SYS_fork): call runs it
+ * with fork's handlers around it (init.c) */
+long mlp_raw_fork(long (*call)(long, long, long, long, long, long, long), long n, long a, long b,
+                  long c, long d, long e, long f);
 
 /* fd table (fdtable.c).  get() takes a reference that put() drops; NULL = not ours. */
 struct mlp_sock *mlp_sock_new(int type);
@@ -351,7 +355,8 @@ int mlp_reset_state(struct mlp_sock *s, bool probe);
 int mlp_reset_take(struct mlp_sock *s, bool probe, bool by_recv); /* its errno, once */
 void mlp_bufhint_clear(int fd);
 void mlp_lowat_inherited(int fd); /* a socket carried across exec: its SO_RCVLOWAT counts */
-int mlp_on_listen(int fd, bool before); /* before: ahead of the kernel's listen (bound sockets only) */
+int mlp_on_listen(int fd, bool before); /* before: ahead of the kernel's listen (bound sockets only);
+                                        * 1: the fabric refused the record (said) */
 void mlp_on_listened(int fd); /* after the kernel's listen of a socket published before it */
 struct msghdr;
 void mlp_mark_received(const struct msghdr *m);

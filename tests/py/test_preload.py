@@ -3068,6 +3068,31 @@ def test_sandboxed_receiver_reads_what_it_received(fabric, tmp_path):
     settle(fabric)
 
 
+SANDBOXSIG = BUILD / "tests-preload" / "sandboxsig"
+
+
+def test_sandboxed_process_installs_handlers(fabric, tmp_path):
+    """sandboxsig: a fork child sharing an accelerated connection puts on a seccomp filter that
+    kills for rt_sigprocmask (vsftpd's filters allow rt_sigaction, for the handlers it installs
+    after them, and not rt_sigprocmask), installs a handler with sigaction, or with signal,
+    raises the signal and answers a line on the connection; a third, under a filter that kills
+    for getsockopt (vsftpd's), reads and answers on an accepted connection nobody had read or
+    written before its fork: each exits 0 and its parent reads the answer, as over kernel TCP.
+    Before, memlan's sigaction blocked every signal around its own table's update: the child was
+    killed by SIGSYS (signal 31) at its first sigaction, and vsftpd's sandboxed processes
+    (seccomp_sandbox=YES) at their first handler; then the third, and vsftpd's pre-login process,
+    at the first read, where memlan copied the socket's SO_RCVTIMEO and SO_SNDTIMEO to the
+    channel (getsockopt)."""
+    plain, under, text = scripted(SANDBOXSIG, tmp_path)
+    assert plain.stdout.splitlines() == ["sigaction: answer pong, child exit 0",
+                                         "signal: answer pong, child exit 0",
+                                         "first read: answer pong, child exit 0", "done"], \
+        plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    assert text.count("accelerated (client)") == 3, text
+    settle(fabric)
+
+
 SANDBOXYIELD = BUILD / "tests-preload" / "sandboxyield"
 
 
@@ -3198,6 +3223,27 @@ def test_raw_syscall_close_releases_the_fd(fabric, tmp_path):
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
     assert text.count("accelerated (client)") == 4, text
     assert text.count("accelerated (accepted") == 4, text
+    settle(fabric)
+
+
+RAWCLONE = BUILD / "tests-preload" / "rawclone"
+
+
+def test_raw_clone_child_serves_its_parents_connection(fabric, tmp_path):
+    """A child made by syscall(SYS_clone, SIGCHLD, NULL) and by syscall(SYS_fork), as vsftpd
+    makes each session's process, moves an accepted connection its parent then closes onto its
+    stdio, writes a greeting, reads a line and answers 100 KB: the client reads them all and
+    end-of-file, as over kernel TCP.  Before, the child took itself for a vfork child and went
+    past memlan: its greeting reached the idle kernel socket ("26 bytes arrived on the kernel
+    socket under an accelerated connection", the stream split; "greeting: missing"), and every
+    vsftpd login under memlan read end-of-file."""
+    plain, under, text = scripted(RAWCLONE, tmp_path)
+    assert plain.stdout.count(": greeting: ok") == 2, plain.stdout + plain.stderr
+    assert plain.stdout.count("102400 bytes right, end-of-file") == 2, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    assert text.count("accelerated (client)") == 2, text
+    assert text.count("accelerated (accepted") == 2, text
+    assert "arrived on the kernel socket" not in text, text
     settle(fabric)
 
 

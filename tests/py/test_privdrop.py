@@ -488,6 +488,45 @@ def test_client_dropping_euid_for_a_while(fabric, tmp_path):
     settle()
 
 
+DROPPED_ENDS = r"""
+import encodings.idna, os, socket, sys
+port = int(sys.argv[1])
+a = socket.socket(); a.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+a.bind(("127.0.0.1", port)); a.listen(4)
+os.setegid(65534); os.seteuid(65534)  # as proftpd's session after its login, vsftpd's helper
+c = socket.create_connection(("127.0.0.1", port)); s, _ = a.accept()
+c.sendall(b"x"); print("first", s.recv(1))
+l = socket.socket(); l.bind(("127.0.0.1", port + 1)); l.listen(1)  # a passive-mode port
+d = socket.create_connection(("127.0.0.1", port + 1)); t, _ = l.accept()
+t.sendall(b"y"); print("second", d.recv(1))
+"""
+
+
+def test_dropped_process_says_why_once(fabric, tmp_path):
+    """A process whose euid dropped out of the fabric's reach (proftpd's session after its login,
+    vsftpd's privileged helper as nobody) connects to a memlan listener and listens on a new port
+    (FTP's passive mode) and connects to it: each connection's TCP line gives its credentials as
+    the reason, and the refused publication is said once.  Before, its connects said "no memlan
+    listener on this port in the fabric" (the client's listener was there: proftpd's and
+    vsftpd's active-mode data connections), and each passive port said "cannot publish" twice
+    (before the kernel's listen and again after it)."""
+    pwd.getpwnam("nobody")
+    (tmp_path / "ends.py").write_text(DROPPED_ENDS)
+    log = tmp_path / "m.log"
+    port = next_port()
+    next_port()
+    try:  # (the dropped process cannot remove its record: the sweep does)
+        out = run(["/usr/bin/python3", str(tmp_path / "ends.py"), str(port)], log, timeout=60)
+    finally:
+        settle()
+    assert out.splitlines() == ["first b'x'", "second b'y'"], out
+    text = log.read_text()
+    reasons = tcp_reasons(log)
+    assert len(reasons) == 3 and all(r.startswith(f"this process {CRED} (seteuid")
+                                     for r in reasons), text
+    assert text.count(f"port {port + 1}: cannot publish (Permission denied)") == 1, text
+
+
 # ---- an exec that the dynamic linker runs in secure-execution mode -----------------------------
 
 SECURE_EXEC = r"""

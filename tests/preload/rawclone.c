@@ -1,0 +1,141 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
+/*
+ * rawclone: a child made by syscall(SYS_clone, SIGCHLD, NULL), as vsftpd makes each session's
+ * process (with CLONE_NEWPID or CLONE_NEWIPC, and CLONE_NEWNET for its unprivileged half), and by
+ * syscall(SYS_fork), serves an accepted connection its parent then closes, as a forking server
+ * does: the child moves its stdio onto the connection (dup2 to 0, 1, 2, as vsftpd), writes a
+ * greeting, reads the client's line, answers 100 KB and exits; the client reads the greeting,
+ * the answer whole and end-of-file.
+ *
+ * Under memlan the child took itself for a vfork child (its pid was not the one fork's handlers
+ * keep) and went past memlan on every call: its greeting was written on the idle kernel socket
+ * ("bytes arrived on the kernel socket under an accelerated connection", the stream split), and
+ * vsftpd's logins all failed.
+ *
+ * usage: rawclone PORT
+ */
+#include "twoends.h"
+
+#include <poll.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+
+#define ANSWER (100 * 1024)
+
+static long raw_child(int how)
+{
+    if (how == 0)
+        return syscall(SYS_clone, (long)SIGCHLD, 0L, 0L, 0L, 0L);
+#ifdef SYS_fork
+    return syscall(SYS_fork);
+#else
+    return syscall(SYS_clone, (long)SIGCHLD, 0L, 0L, 0L, 0L);
+#endif
+}
+
+/* The child's side: the connection on 0, 1 and 2, as vsftpd's session has it. */
+static void serve(int s, int l)
+{
+    alarm(15); /* an alarm is not inherited: the child's own bound */
+    close(l);
+    if (dup2(s, 0) != 0 || dup2(s, 1) != 1 || dup2(s, 2) != 2)
+        _exit(10);
+    close(s);
+    static const char hello[] = "220 hello from the child\r\n";
+    if (write(1, hello, sizeof hello - 1) != (ssize_t)sizeof hello - 1)
+        _exit(11);
+    char line[64];
+    size_t n = 0;
+    while (n < sizeof line && (n == 0 || line[n - 1] != '\n')) {
+        ssize_t r = read(0, line + n, sizeof line - n);
+        if (r <= 0)
+            _exit(12);
+        n += (size_t)r;
+    }
+    if (n != 6 || memcmp(line, "USER\r\n", 6) != 0)
+        _exit(13);
+    static char big[ANSWER];
+    for (size_t i = 0; i < sizeof big; i++)
+        big[i] = (char)(i * 7 + 3);
+    for (size_t off = 0; off < sizeof big;) {
+        ssize_t w = write(1, big + off, sizeof big - off);
+        if (w <= 0)
+            _exit(14);
+        off += (size_t)w;
+    }
+    _exit(0);
+}
+
+/* Everything the client reads until end-of-file, within 10 s. */
+static size_t read_all(int c, char *buf, size_t max, int *eof)
+{
+    size_t n = 0;
+    *eof = 0;
+    double end = now_s() + 10;
+    while (now_s() < end) {
+        struct pollfd p = {.fd = c, .events = POLLIN};
+        if (poll(&p, 1, 500) != 1)
+            continue;
+        ssize_t r = recv(c, buf + n, max - n, MSG_DONTWAIT);
+        if (r == 0) {
+            *eof = 1;
+            break;
+        }
+        if (r < 0)
+            break;
+        n += (size_t)r;
+        if (n == max)
+            break;
+    }
+    return n;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc != 2)
+        return 2;
+    struct sockaddr_in a;
+    int l = scripted_listener(argv[1], &a);
+    static const char *names[] = {"clone(SIGCHLD)", "fork"};
+    static char buf[ANSWER + 256];
+    for (int how = 0; how < 2; how++) {
+        int s;
+        int c = settled_pair(l, &a, &s);
+        long pid = raw_child(how);
+        if (pid < 0)
+            die("raw clone");
+        if (pid == 0)
+            serve(s, l);
+        close(s); /* as a forking server: the child alone serves it now */
+        char hello[64];
+        size_t n = 0;
+        while (n < 26) {
+            struct pollfd p = {.fd = c, .events = POLLIN};
+            if (poll(&p, 1, 5000) != 1)
+                break;
+            ssize_t r = recv(c, hello + n, 26 - n, 0);
+            if (r <= 0)
+                break;
+            n += (size_t)r;
+        }
+        printf("%s: greeting: %s\n", names[how],
+               n == 26 && memcmp(hello, "220 hello from the child\r\n", 26) == 0 ? "ok" : "missing");
+        if (send(c, "USER\r\n", 6, MSG_NOSIGNAL) != 6)
+            printf("%s: send: %s\n", names[how], strerror(errno));
+        int eof;
+        size_t got = read_all(c, buf, sizeof buf, &eof);
+        int right = got == ANSWER;
+        for (size_t i = 0; right && i < got; i++)
+            right = buf[i] == (char)(i * 7 + 3);
+        printf("%s: answer: %zu bytes%s, %s\n", names[how], got, right ? " right" : "",
+               eof ? "end-of-file" : "no end-of-file");
+        int st = 0;
+        if (waitpid((pid_t)pid, &st, 0) != (pid_t)pid)
+            die("waitpid");
+        printf("%s: child status %d\n", names[how], WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+        close(c);
+    }
+    printf("done\n");
+    return 0;
+}
