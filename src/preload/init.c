@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #if defined(__GLIBC__) && (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 32))
@@ -463,12 +464,35 @@ long mlp_raw_fork(long (*call)(long, long, long, long, long, long, long), long n
     if (!ours)
         return call(n, a, b, c, d, e, f);
     int saved = errno;
+    /* glibc names a thread in its mutexes by its descriptor's tid, which only its own fork sets
+     * in the child (CLONE_CHILD_SETTID), and registers the thread's robust list with the kernel
+     * again there (set_robust_list).  A raw clone's child kept its parent's tid: a process-shared
+     * robust mutex the parent held read EDEADLK in the child (our socket locks: a reset reported,
+     * tests/preload/rawclone.c "shared"), and with no robust list a child dying inside a send
+     * would leave the socket's lock held for ever.  The kernel says where the tid lies (glibc
+     * gives that address as the thread's clear-child-tid: PR_GET_TID_ADDRESS, checked to lie in
+     * the thread's descriptor and to hold our tid) and where the list's head is: read here, set
+     * in the child as glibc's fork sets them.  Not in a known sandbox, nor where either cannot be
+     * read (a kernel without CHECKPOINT_RESTORE): the child is left as before. */
+    int *tidp = NULL;
+    void *rhead = NULL;
+    size_t rlen = 0;
+    char *self = (char *)pthread_self();
+    bool fixid = !mlp_known_confined() &&
+                 __ml_sys_raw(SYS_prctl, PR_GET_TID_ADDRESS, (long)&tidp, 0, 0, 0, 0) == 0 &&
+                 (char *)tidp >= self && (char *)tidp + sizeof *tidp <= self + 4096 &&
+                 *tidp == (int)__ml_sys_raw(SYS_gettid, 0, 0, 0, 0, 0, 0) &&
+                 __ml_sys_raw(SYS_get_robust_list, 0, (long)&rhead, (long)&rlen, 0, 0, 0) == 0;
     mlp_publish_received(); /* as fork() does: the children inherit the publication */
     mlp_atfork_prepare();
     errno = saved;
     long r = call(n, a, b, c, d, e, f);
     int err = errno;
     if (r == 0) {
+        if (fixid) {
+            *tidp = (int)__ml_sys_raw(SYS_gettid, 0, 0, 0, 0, 0, 0);
+            (void)__ml_sys_raw(SYS_set_robust_list, (long)rhead, (long)rlen, 0, 0, 0, 0);
+        }
         mlp_atfork_child();
         if (n == SYS_clone && (a & CLONE_NEWNET))
             mlp_netns_refresh();

@@ -12,6 +12,12 @@
  * ("bytes arrived on the kernel socket under an accelerated connection", the stream split), and
  * vsftpd's logins all failed.
  *
+ * "shared": parent and raw child then both send on one connection at once, 10000 records of 8
+ * bytes each ('P' and 'C'), three times, the client counting whole records of each.  glibc's mutexes name a
+ * thread by its descriptor's tid, which a raw clone's child kept from its parent: a socket lock
+ * (process-shared, robust, error-checking) held by one read EDEADLK in the other, which memlan
+ * took for a broken lock and reported as a reset ("send: Connection reset by peer").
+ *
  * usage: rawclone PORT
  */
 #include "twoends.h"
@@ -22,6 +28,8 @@
 #include <sys/wait.h>
 
 #define ANSWER (100 * 1024)
+#define NREC 10000 /* 8-byte records each: 160 KB in all, within a ring */
+#define RECSZ 8
 
 static long raw_child(int how)
 {
@@ -134,6 +142,62 @@ int main(int argc, char **argv)
         if (waitpid((pid_t)pid, &st, 0) != (pid_t)pid)
             die("waitpid");
         printf("%s: child status %d\n", names[how], WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+        close(c);
+    }
+    /* shared */
+    for (int round = 0; round < 3; round++) {
+        int s, go[2];
+        int c = settled_pair(l, &a, &s);
+        if (pipe(go) < 0)
+            die("pipe");
+        long pid = raw_child(0);
+        if (pid < 0)
+            die("raw clone");
+        char rec[RECSZ];
+        int mine = pid == 0 ? 'C' : 'P', bad = 0;
+        memset(rec, mine, sizeof rec);
+        if (pid == 0) {
+            alarm(15);
+            close(l);
+            close(c);
+            char b;
+            if (read(go[0], &b, 1) != 1) /* both start together */
+                _exit(20);
+        } else {
+            usleep(100000);
+            if (write(go[1], "g", 1) != 1)
+                die("write");
+        }
+        for (int i = 0; i < NREC && !bad; i++) {
+            ssize_t w = send(s, rec, sizeof rec, MSG_NOSIGNAL);
+            if (w != (ssize_t)sizeof rec) {
+                printf("shared: %c: send %zd: %s\n", mine, w, w < 0 ? strerror(errno) : "short");
+                fflush(stdout);
+                bad = 1;
+            }
+        }
+        if (pid == 0)
+            _exit(bad);
+        int st = 0;
+        if (waitpid((pid_t)pid, &st, 0) != (pid_t)pid)
+            die("waitpid");
+        close(s);
+        int eof, recs[2] = {0, 0}, mixed = 0;
+        static char all[2 * NREC * RECSZ + 1]; /* within a ring: the client reads after */
+        size_t got = read_all(c, all, sizeof all, &eof);
+        for (size_t off = 0; off + RECSZ <= got; off += RECSZ) {
+            int k = all[off] == 'P' ? 0 : all[off] == 'C' ? 1 : -1;
+            for (int j = 1; j < RECSZ && k >= 0; j++)
+                if (all[off + j] != all[off])
+                    k = -1;
+            if (k < 0)
+                mixed++;
+            else
+                recs[k]++;
+        }
+        printf("shared: %d P records, %d C records, %d mixed, %s; child status %d\n", recs[0],
+               recs[1], mixed, eof ? "end-of-file" : "no end-of-file",
+               WIFEXITED(st) ? WEXITSTATUS(st) : -1);
         close(c);
     }
     printf("done\n");
