@@ -1344,15 +1344,6 @@ static void mlp_sync_timeouts(struct mlp_sock *s, int fd)
 {
     if (ml_likely(atomic_load_explicit(&s->tmo_synced, memory_order_acquire)) || !s->ch)
         return;
-    /* Not in a known seccomp sandbox, whose filter may kill for getsockopt (vsftpd's do): its
-     * values were copied before, at the fork that made the process (mlp_holders_add), or, for
-     * a connection it made or took up itself, are the kernel's defaults unless it set them
-     * since (mlp_setsockopt).  vsftpd's sandboxed pre-login process was killed (SIGSYS) at its
-     * first read of the control connection, which its parent had never read nor written. */
-    if (mlp_known_confined()) {
-        atomic_store_explicit(&s->tmo_synced, true, memory_order_release);
-        return;
-    }
     int saved = errno;
     struct timeval tv;
     socklen_t l = sizeof tv;
@@ -2622,8 +2613,6 @@ static void mlp_holders_add(int d)
             atomic_store(&s->forked, true); /* for good; before the drain below (seq_cst) */
         /* One count per socket, however many fds name it: the stamp says it is counted. */
         if (s->type == MLP_CONN && s->me) {
-            if (d > 0) /* copied for the child, which may confine itself before its first use */
-                mlp_sync_timeouts(s, fd);
             if (d > 0) {
                 /* Parent and child must share one lock page; nobody of ours may hold a fast
                  * word across the fork (a holder that started before the flag was set). */
