@@ -124,12 +124,10 @@ unsigned mlp_sig_nores_count(void)
     return mlp_nores_runs;
 }
 
-/* A vfork child shares our memory, not our dispositions: it must write nothing of ours.  Not
- * asked in a known seccomp sandbox, whose filter may kill for getpid (see sigaction): a vfork
- * child that confines itself and then installs a handler writes its parent's table. */
+/* A vfork child shares our memory, not our dispositions: it must write nothing of ours. */
 static bool mlp_sig_vfork_child(void)
 {
-    return mlp_pid && !mlp_known_confined() && (int)__ml_sys_getpid() != mlp_pid;
+    return mlp_pid && (int)__ml_sys_getpid() != mlp_pid;
 }
 
 static void *mlp_sig_next(const char *name)
@@ -244,21 +242,9 @@ static void mlp_sig_lock_take(void)
     }
 }
 
-/* This thread holds mlp_sig_lock (in sigaction, between the take and the release). */
-static __thread bool mlp_sig_lock_mine __attribute__((tls_model("initial-exec")));
-
 MLP_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 {
     bool ok = sig > 0 && sig < MLP_NSIG;
-    /* In a seccomp sandbox (one installed through our prctl or syscall: memory only) nothing
-     * here makes a system call the program did not: vsftpd's filters allow rt_sigaction, for
-     * the handlers it installs after them, and neither rt_sigprocmask nor, in general, getpid.
-     * Under memlan its sandboxed processes were killed (SIGSYS) at their first sigaction, which
-     * blocked every signal around the table's update (tests/preload/sandboxsig.c).  So no vfork
-     * child's look there (mlp_sig_vfork_child), and no mask: a handler of this thread that
-     * comes inside the update and installs one in turn goes past the lock this thread holds
-     * (below), rather than wait for it for ever. */
-    bool confined = mlp_known_confined();
     /* A vfork child shares our memory, not our dispositions: it writes nothing of ours (its
      * handlers go in unwrapped: it is about to exec or _exit). */
     if (mlp_sig_vfork_child()) {
@@ -284,13 +270,8 @@ MLP_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction 
     bool wrap = act && ok && act->sa_handler != SIG_DFL && act->sa_handler != SIG_IGN;
     sigset_t saved;
     int e0 = errno;
-    bool nested = confined && mlp_sig_lock_mine;
-    if (!confined)
-        mlp_sig_block(&saved);
-    if (!nested) {
-        mlp_sig_lock_take();
-        mlp_sig_lock_mine = true;
-    }
+    mlp_sig_block(&saved);
+    mlp_sig_lock_take();
     errno = e0;
     if (ok)
         mlp_app_get(sig, &prev_fn, &prev_flags);
@@ -307,12 +288,8 @@ MLP_EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction 
     int e = errno;
     if (r < 0 && wrap)
         mlp_app_set(sig, prev_fn, prev_flags);
-    if (!nested) {
-        mlp_sig_lock_mine = false;
-        atomic_store(&mlp_sig_lock, 0);
-    }
-    if (!confined)
-        mlp_sig_unblock(&saved);
+    atomic_store(&mlp_sig_lock, 0);
+    mlp_sig_unblock(&saved);
     if (r == 0 && old && old->sa_sigaction == mlp_trampoline && (old->sa_flags & SA_SIGINFO)) {
         /* What the application installed, not our trampoline. */
         if (prev_flags & SA_SIGINFO) {

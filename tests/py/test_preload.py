@@ -3068,25 +3068,6 @@ def test_sandboxed_receiver_reads_what_it_received(fabric, tmp_path):
     settle(fabric)
 
 
-SANDBOXSIG = BUILD / "tests-preload" / "sandboxsig"
-
-
-def test_sandboxed_process_installs_handlers(fabric, tmp_path):
-    """sandboxsig: a fork child sharing an accelerated connection puts on a seccomp filter that
-    kills for rt_sigprocmask (vsftpd's filters allow rt_sigaction, for the handlers it installs
-    after them, and not rt_sigprocmask), installs a handler with sigaction, or with signal,
-    raises the signal and answers a line on the connection: it exits 0 and its parent reads the
-    answer, as over kernel TCP.  Before, memlan's sigaction blocked every signal around its own
-    table's update: the child was killed by SIGSYS (signal 31) at its first sigaction, and
-    vsftpd's sandboxed processes (seccomp_sandbox=YES) at their first handler."""
-    plain, under, text = scripted(SANDBOXSIG, tmp_path)
-    assert plain.stdout.splitlines() == ["sigaction: answer pong, child exit 0",
-                                         "signal: answer pong, child exit 0", "done"], plain.stdout
-    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
-    assert text.count("accelerated (client)") == 2, text
-    settle(fabric)
-
-
 SANDBOXYIELD = BUILD / "tests-preload" / "sandboxyield"
 
 
