@@ -556,21 +556,23 @@ static bool ml_lrec_may_listen(memlan_fabric_t *fab, const char *name, bool ask)
     }
     struct ml_listen_rec m;
     struct stat st;
-    bool named = false;
+    bool named = false, full = false;
     if (__ml_sys_fstat((int)fd, &st) == 0 && S_ISREG(st.st_mode) &&
         (size_t)st.st_size >= sizeof m &&
-        __ml_sys_read((int)fd, &m, sizeof m) == (ssize_t)sizeof m && m.magic == ML_LREC_MAGIC)
+        __ml_sys_read((int)fd, &m, sizeof m) == (ssize_t)sizeof m && m.magic == ML_LREC_MAGIC) {
         for (unsigned i = 0; i < ML_LREC_LSOCKS; i++)
             named |= m.lsock[i] != 0;
+        full = m.lsock_full != 0;
+    }
     __ml_sys_close((int)fd);
-    if (!named && !m.lsock_full)
+    if (!named && !full)
         return false;
     if (!ask || __ml_sys_seccomp_mode() != 0)
         return true; /* a filter may kill for the netlink socket (one no interposer saw) */
     /* Slots that cannot tell (more listeners than they hold, or a member of a shared fabric
      * wrote the flag: the chaos suite's vandal left a dead server's record that no `memlan
      * clean` removed): alive while anything at all listens on the port, or unknown. */
-    if (m.lsock_full)
+    if (full)
         return __ml_sys_tcp_listeners_but(port, 0) != 0;
     uint32_t inos[ML_LREC_LSOCKS];
     bool listens[ML_LREC_LSOCKS];

@@ -490,11 +490,20 @@ long mlp_raw_fork(long (*call)(long, long, long, long, long, long, long), long n
     int err = errno;
     if (r == 0) {
         if (fixid) {
-            *tidp = (int)__ml_sys_raw(SYS_gettid, 0, 0, 0, 0, 0, 0);
+            /* set_tid_address also names the tid's place to the kernel for this child's own
+             * raw clones (a raw clone gives its child no clear-child-tid: vsftpd's session
+             * raw-clones its unprivileged half), and answers the tid.  The list starts empty:
+             * the parent's mutexes are not the child's (glibc's fork empties it so too). */
+            *tidp = (int)__ml_sys_raw(SYS_set_tid_address, (long)tidp, 0, 0, 0, 0, 0);
+            *(void **)rhead = rhead;
             (void)__ml_sys_raw(SYS_set_robust_list, (long)rhead, (long)rlen, 0, 0, 0, 0);
         }
         mlp_atfork_child();
-        if (n == SYS_clone && (a & CLONE_NEWNET))
+        if (n == SYS_clone ? (a & CLONE_NEWNET) != 0
+#ifdef SYS_clone3
+            : n == SYS_clone3 ? (((const struct mlp_clone_args *)a)->flags & CLONE_NEWNET) != 0
+#endif
+                              : false)
             mlp_netns_refresh();
     } else {
         mlp_atfork_parent();

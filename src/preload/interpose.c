@@ -740,6 +740,28 @@ static long mlp_uring_refuse(void)
 }
 #endif
 
+#ifdef SYS_clone3
+/* clone3 as a fork (LXC makes its children so, for CLONE_INTO_CGROUP and CLONE_PIDFD): the
+ * arguments readable (at least the first version's 64 bytes, read through the kernel, so that a
+ * bad pointer stays the kernel's EFAULT to give and never our fault; not in a known sandbox,
+ * which may kill for that read), no stack of its own, and none of the flags that share our
+ * memory, files or signal handlers. */
+static bool mlp_clone3_forks(long a, long size)
+{
+    if (a == 0 || size < (long)sizeof(struct mlp_clone_args) || size > 4096 ||
+        mlp_known_confined())
+        return false;
+    struct mlp_clone_args ca;
+    struct iovec l = {&ca, sizeof ca}, r = {(void *)a, sizeof ca};
+    if (__ml_sys_raw(SYS_process_vm_readv, __ml_sys_getpid(), (long)&l, 1, (long)&r, 1, 0) !=
+        (long)sizeof ca)
+        return false;
+    return ca.stack == 0 && ca.stack_size == 0 &&
+           !(ca.flags & (CLONE_VM | CLONE_VFORK | CLONE_THREAD | CLONE_FILES | CLONE_SIGHAND |
+                         CLONE_SETTLS));
+}
+#endif
+
 MLP_EXPORT long syscall(long n, ...)
 {
     va_list ap;
@@ -766,6 +788,9 @@ MLP_EXPORT long syscall(long n, ...)
                              CLONE_SIGHAND | CLONE_SETTLS))) ||
 #ifdef SYS_fork
                      n == SYS_fork ||
+#endif
+#ifdef SYS_clone3
+                     (n == SYS_clone3 && mlp_clone3_forks(a, b)) ||
 #endif
                      false) &&
                     real != NULL))

@@ -1430,8 +1430,9 @@ static void mlp_lrec_reclaim_dead(int fd, const char *netns, int port, uint32_t 
     for (unsigned i = 0; i < ML_LREC_LSOCKS; i++)
         inos[i] = m.lsock[i];
     /* Slots that cannot tell (lsock_full: more listeners than they hold, or written by a member
-     * of a shared fabric): dead only when nothing but our socket listens on the port. */
-    int n = m.lsock_full ? __ml_sys_tcp_listeners_but(port, my_ino)
+     * of a shared fabric): dead only when nothing listens on the port, ours included (a socket
+     * of ours that listens already was passed or inherited, and may be one the record named). */
+    int n = m.lsock_full ? __ml_sys_tcp_listeners_but(port, 0)
                          : __ml_sys_tcp_listening(port, inos, ML_LREC_LSOCKS, listens);
     if (n < 0) {
         mlp_log(1, "listen fd %d port %d: its record names no listener of ours, and the kernel "

@@ -282,6 +282,10 @@ bool mlp_vfork_child(void);               /* a vfork child: touch no memlan stat
  * with fork's handlers around it (init.c) */
 long mlp_raw_fork(long (*call)(long, long, long, long, long, long, long), long n, long a, long b,
                   long c, long d, long e, long f);
+/* The head of clone3's struct clone_args (linux/sched.h, its first version: 64 bytes). */
+struct mlp_clone_args {
+    uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls;
+};
 
 /* fd table (fdtable.c).  get() takes a reference that put() drops; NULL = not ours. */
 struct mlp_sock *mlp_sock_new(int type);

@@ -18,11 +18,18 @@
  * (process-shared, robust, error-checking) held by one read EDEADLK in the other, which memlan
  * took for a broken lock and reported as a reset ("send: Connection reset by peer").
  *
+ * "nested": the raw child raw-clones one of its own (vsftpd's session and its unprivileged
+ * half), and those two send at once: a raw clone gives its child no clear-child-tid, so the
+ * grandchild was left with its parent's tid unless the child names its own place to the kernel.
+ * The first cases run with a child made by syscall(SYS_clone3) too (LXC's way), which went past
+ * memlan as the others once did: the parent's close ended the connection under it.
+ *
  * usage: rawclone PORT
  */
 #include "twoends.h"
 
 #include <poll.h>
+#include <stdint.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -35,6 +42,17 @@ static long raw_child(int how)
 {
     if (how == 0)
         return syscall(SYS_clone, (long)SIGCHLD, 0L, 0L, 0L, 0L);
+    if (how == 2) {
+#ifdef SYS_clone3
+        struct { /* linux/sched.h's struct clone_args, first version */
+            uint64_t flags, pidfd, child_tid, parent_tid, exit_signal, stack, stack_size, tls;
+        } ca = {.exit_signal = SIGCHLD};
+        long r = syscall(SYS_clone3, &ca, sizeof ca);
+        if (r >= 0 || errno != ENOSYS)
+            return r;
+#endif
+        return syscall(SYS_clone, (long)SIGCHLD, 0L, 0L, 0L, 0L); /* as clone3 would */
+    }
 #ifdef SYS_fork
     return syscall(SYS_fork);
 #else
@@ -105,9 +123,9 @@ int main(int argc, char **argv)
         return 2;
     struct sockaddr_in a;
     int l = scripted_listener(argv[1], &a);
-    static const char *names[] = {"clone(SIGCHLD)", "fork"};
+    static const char *names[] = {"clone(SIGCHLD)", "fork", "clone3"};
     static char buf[ANSWER + 256];
-    for (int how = 0; how < 2; how++) {
+    for (int how = 0; how < 3; how++) {
         int s;
         int c = settled_pair(l, &a, &s);
         long pid = raw_child(how);
@@ -198,6 +216,70 @@ int main(int argc, char **argv)
         printf("shared: %d P records, %d C records, %d mixed, %s; child status %d\n", recs[0],
                recs[1], mixed, eof ? "end-of-file" : "no end-of-file",
                WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+        close(c);
+    }
+    /* nested: the raw child raw-clones a child of its own (vsftpd's session and its
+     * unprivileged half), and those two send at once; the parent only reads. */
+    for (int round = 0; round < 3; round++) {
+        int s, go[2];
+        int c = settled_pair(l, &a, &s);
+        if (pipe(go) < 0)
+            die("pipe");
+        long pid = raw_child(0);
+        if (pid < 0)
+            die("raw clone");
+        if (pid == 0) {
+            alarm(15);
+            close(l);
+            close(c);
+            long g = raw_child(0);
+            if (g < 0)
+                _exit(30);
+            char rec[RECSZ], b;
+            int mine = g == 0 ? 'G' : 'C', bad = 0;
+            memset(rec, mine, sizeof rec);
+            if (g == 0 && read(go[0], &b, 1) != 1)
+                _exit(20);
+            if (g > 0) {
+                usleep(100000);
+                if (write(go[1], "g", 1) != 1)
+                    _exit(21);
+            }
+            for (int i = 0; i < NREC && !bad; i++) {
+                ssize_t w = send(s, rec, sizeof rec, MSG_NOSIGNAL);
+                if (w != (ssize_t)sizeof rec) {
+                    printf("nested: %c: send %zd: %s\n", mine, w,
+                           w < 0 ? strerror(errno) : "short");
+                    fflush(stdout);
+                    bad = 1;
+                }
+            }
+            if (g == 0)
+                _exit(bad);
+            int gst = 0;
+            if (waitpid((pid_t)g, &gst, 0) != (pid_t)g || !WIFEXITED(gst) || WEXITSTATUS(gst))
+                bad = 1;
+            _exit(bad);
+        }
+        close(s);
+        int st = 0;
+        if (waitpid((pid_t)pid, &st, 0) != (pid_t)pid)
+            die("waitpid");
+        int eof, recs[2] = {0, 0}, mixed = 0;
+        static char all[2 * NREC * RECSZ + 1];
+        size_t got = read_all(c, all, sizeof all, &eof);
+        for (size_t off = 0; off + RECSZ <= got; off += RECSZ) {
+            int k = all[off] == 'C' ? 0 : all[off] == 'G' ? 1 : -1;
+            for (int j = 1; j < RECSZ && k >= 0; j++)
+                if (all[off + j] != all[off])
+                    k = -1;
+            if (k < 0)
+                mixed++;
+            else
+                recs[k]++;
+        }
+        printf("nested: %d C records, %d G records, %d mixed, %s; status %d\n", recs[0], recs[1],
+               mixed, eof ? "end-of-file" : "no end-of-file", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
         close(c);
     }
     printf("done\n");

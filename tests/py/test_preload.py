@@ -3215,11 +3215,13 @@ def test_raw_clone_child_serves_its_parents_connection(fabric, tmp_path):
     connection at once: glibc named the child by its parent's thread id, and a socket lock one
     held read EDEADLK in the other, reported as a reset."""
     plain, under, text = scripted(RAWCLONE, tmp_path)
-    assert plain.stdout.count(": greeting: ok") == 2, plain.stdout + plain.stderr
-    assert plain.stdout.count("102400 bytes right, end-of-file") == 2, plain.stdout
+    assert plain.stdout.count(": greeting: ok") == 3, plain.stdout + plain.stderr
+    assert plain.stdout.count("102400 bytes right, end-of-file") == 3, plain.stdout
+    assert plain.stdout.count("nested: 10000 C records, 10000 G records, 0 mixed, end-of-file; "
+                              "status 0") == 3, plain.stdout
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
-    assert text.count("accelerated (client)") == 5, text
-    assert text.count("accelerated (accepted") == 5, text
+    assert text.count("accelerated (client)") == 9, text
+    assert text.count("accelerated (accepted") == 9, text
     assert "arrived on the kernel socket" not in text, text
     # Both at once on one connection: every record whole, none refused (before the child's
     # thread id was set: "send: Connection reset by peer" and the lock said broken).
