@@ -117,6 +117,27 @@ static size_t read_all(int c, char *buf, size_t max, int *eof)
     return n;
 }
 
+/* Two writers' records (RECSZ bytes of one letter each, letters w[0] and w[1]) read to the
+ * end: each writer's whole records into recs, the count of mixed ones returned. */
+static int count_records(int c, const char *w, int recs[2], int *eof)
+{
+    static char all[2 * NREC * RECSZ + 1]; /* within a ring: the client reads after */
+    size_t got = read_all(c, all, sizeof all, eof);
+    int mixed = 0;
+    recs[0] = recs[1] = 0;
+    for (size_t off = 0; off + RECSZ <= got; off += RECSZ) {
+        int k = all[off] == w[0] ? 0 : all[off] == w[1] ? 1 : -1;
+        for (int j = 1; j < RECSZ && k >= 0; j++)
+            if (all[off + j] != all[off])
+                k = -1;
+        if (k < 0)
+            mixed++;
+        else
+            recs[k]++;
+    }
+    return mixed;
+}
+
 int main(int argc, char **argv)
 {
     if (argc != 2)
@@ -200,19 +221,7 @@ int main(int argc, char **argv)
         if (waitpid((pid_t)pid, &st, 0) != (pid_t)pid)
             die("waitpid");
         close(s);
-        int eof, recs[2] = {0, 0}, mixed = 0;
-        static char all[2 * NREC * RECSZ + 1]; /* within a ring: the client reads after */
-        size_t got = read_all(c, all, sizeof all, &eof);
-        for (size_t off = 0; off + RECSZ <= got; off += RECSZ) {
-            int k = all[off] == 'P' ? 0 : all[off] == 'C' ? 1 : -1;
-            for (int j = 1; j < RECSZ && k >= 0; j++)
-                if (all[off + j] != all[off])
-                    k = -1;
-            if (k < 0)
-                mixed++;
-            else
-                recs[k]++;
-        }
+        int eof, recs[2], mixed = count_records(c, "PC", recs, &eof);
         printf("shared: %d P records, %d C records, %d mixed, %s; child status %d\n", recs[0],
                recs[1], mixed, eof ? "end-of-file" : "no end-of-file",
                WIFEXITED(st) ? WEXITSTATUS(st) : -1);
@@ -265,19 +274,7 @@ int main(int argc, char **argv)
         int st = 0;
         if (waitpid((pid_t)pid, &st, 0) != (pid_t)pid)
             die("waitpid");
-        int eof, recs[2] = {0, 0}, mixed = 0;
-        static char all[2 * NREC * RECSZ + 1];
-        size_t got = read_all(c, all, sizeof all, &eof);
-        for (size_t off = 0; off + RECSZ <= got; off += RECSZ) {
-            int k = all[off] == 'C' ? 0 : all[off] == 'G' ? 1 : -1;
-            for (int j = 1; j < RECSZ && k >= 0; j++)
-                if (all[off + j] != all[off])
-                    k = -1;
-            if (k < 0)
-                mixed++;
-            else
-                recs[k]++;
-        }
+        int eof, recs[2], mixed = count_records(c, "CG", recs, &eof);
         printf("nested: %d C records, %d G records, %d mixed, %s; status %d\n", recs[0], recs[1],
                mixed, eof ? "end-of-file" : "no end-of-file", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
         close(c);
