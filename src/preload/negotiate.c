@@ -3159,6 +3159,18 @@ static void mlp_offer_claimed(struct mlp_sock *s)
     s->offer[0] = 0;
 }
 
+/* An undecided client's close found its offer claimed (its withdrawal lost): the connection was
+ * accelerated, and the acceptor may have read all it wrote.  Said as mlp_decide says it: a
+ * client that only wrote into the ring and closed (logger, a log forwarder's last connection)
+ * had never looked again, and its log and `memlan stat` said nothing of the connection but
+ * "offer posted, not yet taken" (tests/py/test_apps_logs.py). */
+void mlp_claimed_at_close(struct mlp_sock *s, int fd)
+{
+    mlp_offer_claimed(s);
+    mlp_stat_conn(s, fd, "");
+    mlp_log(1, "fd %d: accelerated (client)", fd);
+}
+
 void mlp_offer_unlink_name(const char *name)
 {
     if (name[0] && mlp_fab)

@@ -2447,11 +2447,17 @@ void mlp_before_last_close(struct mlp_sock *s, int fd)
                 (void)nanosleep(&(struct timespec){0, 1000000}, NULL);
         if (!locked)
             return;
-        if (s->state == MLP_UNDECIDED)
-            s->state = __ml_chan_withdraw(s->ch) == 0 ? MLP_TCP : MLP_ACCEL;
+        bool claimed = false;
+        if (s->state == MLP_UNDECIDED) {
+            int w = __ml_chan_withdraw(s->ch);
+            s->state = w == 0 ? MLP_TCP : MLP_ACCEL;
+            claimed = w != 0 && __ml_chan_attach_state(s->ch) == 1; /* not a broken word */
+        }
         pthread_mutex_unlock(&s->mu);
         if (s->state == MLP_TCP)
             mlp_stat_conn(s, fd, "closed before a memlan acceptor took the offer");
+        else if (claimed)
+            mlp_claimed_at_close(s, fd);
     }
     if (s->state == MLP_TCP)
         (void)mlp_tcp_catch_up(s, fd, true);
