@@ -3409,7 +3409,15 @@ static bool mlp_offer_owner_ok(const struct stat *st, const struct mlp_addr *l,
  * address that way): the reason says so rather than blame the client.  Fallback path only. */
 static bool mlp_peer_closed(int fd)
 {
-    return mlp_tcp_look(fd) == 0;
+    /* The FIN behind the bytes it wrote first counts: a client that wrote and closed before we
+     * accepted (logger --tcp into a syslog-ng or rsyslog that accepts a moment later) had its
+     * bytes sent over TCP at its close, and the peek saw them, not the end: the log blamed the
+     * client, "not memlan (no offer)" (tests/py/test_apps_logs.py). */
+    int saved = errno;
+    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
+    bool rdhup = mlp_real_poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP));
+    errno = saved;
+    return rdhup || mlp_tcp_look(fd) == 0;
 }
 
 void mlp_on_accept(int lfd, int fd, int flags)

@@ -2447,16 +2447,20 @@ void mlp_before_last_close(struct mlp_sock *s, int fd)
                 (void)nanosleep(&(struct timespec){0, 1000000}, NULL);
         if (!locked)
             return;
-        bool claimed = false;
+        bool claimed = false, withdrew = false;
         if (s->state == MLP_UNDECIDED) {
             int w = __ml_chan_withdraw(s->ch);
             s->state = w == 0 ? MLP_TCP : MLP_ACCEL;
+            withdrew = w == 0;
             claimed = w != 0 && __ml_chan_attach_state(s->ch) == 1; /* not a broken word */
         }
         pthread_mutex_unlock(&s->mu);
-        if (s->state == MLP_TCP)
+        if (withdrew) {
+            /* Said in the log too: the connection stayed on TCP (what went into the ring goes
+             * out over TCP below), and its log said nothing past "offer posted". */
             mlp_stat_conn(s, fd, "closed before a memlan acceptor took the offer");
-        else if (claimed)
+            mlp_log(1, "fd %d: TCP (closed before a memlan acceptor took the offer)", fd);
+        } else if (claimed)
             mlp_claimed_at_close(s, fd);
     }
     if (s->state == MLP_TCP)

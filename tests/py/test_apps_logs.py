@@ -135,16 +135,83 @@ def rsyslogd(d, log, on):
     return spawn(["rsyslogd", "-n", "-f", str(d / "rsyslog.conf"), "-i", str(d / "pid")], log, on)
 
 
-def send_lines(port, tag, lines, log, on, timeout=60):
+def send_lines(port, tag, lines, log, on, extra=(), timeout=60):
     """logger --tcp with one message a line of its standard input: its status."""
-    p = subprocess.run(wrap(["logger", "--tcp", "-n", "127.0.0.1", "-P", str(port), "-t", tag],
-                            log, on), input="".join(l + "\n" for l in lines), text=True,
+    p = subprocess.run(wrap(["logger", "--tcp", "-n", "127.0.0.1", "-P", str(port), "-t", tag,
+                             *extra], log, on), input="".join(l + "\n" for l in lines), text=True,
                        capture_output=True, timeout=timeout)
     return p.returncode, p.stderr[-500:]
 
 
 def batch(tag, first, n):
     return [f"{tag} line {i:06d} {'x' * (i % 97)}" for i in range(first, first + n)]
+
+
+def relay(base, on, start_recv, start_fwd, recv_out, fwd_out, extra=()):
+    """The relay workload: 4 logger --tcp senders of 1500 lines straight to the receiver and 3
+    through the forwarder; the receiver stopped, 3 more batches of 500 sent to the forwarder while
+    it is down, and a new receiver started on the same port.  start_recv(log) and start_fwd(log)
+    start the daemons on the ports (pr, pf) returned with them.  Checks that each sender's lines
+    reach the receiver once and in order (the forwarder's own file, for what it relayed); returns
+    (statuses, the receiver's lines by sender) and the three memlan logs."""
+    rlog, flog, clog = (logfile(base / n) for n in ("recv.log", "fwd.log", "client.log"))
+    recv, pr = start_recv(rlog)
+    fwd, pf = start_fwd(flog)
+    recv2 = None
+    direct = {f"d{k}": batch(f"d{k}", 0, 1500) for k in range(4)}
+    via = {f"f{k}": batch(f"f{k}", 0, 1500) for k in range(3)}
+    later = {f"f{k}": batch(f"f{k}", 1500, 500) for k in range(3)}
+    tags = list(direct) + list(via)
+    status = []
+    count = lambda: sum(map(len, records(recv_out, tags).values()))  # noqa: E731
+    try:
+        wait_port(pr, recv)
+        wait_port(pf, fwd)
+        for tag, lines in list(direct.items()) + list(via.items()):
+            status.append(send_lines(pr if tag in direct else pf, tag, lines, clog, on, extra))
+        want1 = sum(map(len, direct.values())) + sum(map(len, via.values()))
+        wait_for(lambda: count() >= want1, 40, "the first batches at the receiver")
+        stop(recv)
+        status.append(("receiver", recv.returncode))
+        for tag, lines in later.items():
+            status.append(send_lines(pf, tag, lines, clog, on, extra))
+        time.sleep(1.5)  # the forwarder meets the closed connection while the receiver is down
+        recv2, _ = start_recv(rlog)
+        wait_port(pr, recv2)
+        want2 = want1 + sum(map(len, later.values()))
+        try:
+            wait_for(lambda: count() >= want2, 30, "the later batches at the receiver")
+        except AssertionError:
+            pass  # compared with kernel TCP's below
+        time.sleep(1.0)  # nothing more may come
+        assert fwd.poll() is None and recv2.poll() is None
+    finally:
+        stop(fwd)
+        stop(recv2)
+        stop(recv)
+    status += [("forwarder", fwd.returncode), ("receiver2", recv2.returncode)]
+    got = records(recv_out, tags)
+    at_fwd = records(fwd_out, list(via))
+    for tag in direct:
+        assert got[tag] == direct[tag], (on, tag, len(got[tag]))
+    for tag in via:
+        assert at_fwd[tag] == via[tag] + later[tag], (on, tag, len(at_fwd[tag]))
+    return (status, got), (rlog, flog, clog)
+
+
+def relay_compare(res, logs):
+    """The memlan run's statuses and lines are kernel TCP's; every connection accelerated."""
+    assert res[True][0] == res[False][0], (res[True][0], res[False][0])
+    for tag in res[False][1]:
+        assert res[True][1][tag] == res[False][1][tag], (tag, len(res[True][1][tag]), len(res[False][1][tag]))
+    rlog, flog, clog = logs
+    r, f, c = rlog.read_text(), flog.read_text(), clog.read_text()
+    assert c.count("accelerated (client)") == 10 and tcp_reasons(clog) == [], c[-2000:]
+    # the forwarder's reconnects while the receiver is down are refused (syslog-ng's time_reopen)
+    down = "no memlan listener on this port in the fabric"
+    assert tcp_reasons(rlog) == [] and set(tcp_reasons(flog)) <= {down}, r[-2000:] + f[-2000:]
+    assert f.count("accelerated (client)") >= 2, f[-3000:]
+    assert r.count("accelerated (accepted") == 4 + f.count("accelerated (client)"), r[-3000:]
 
 
 def test_rsyslog_as_debian_ships_it(group_fabric, pubdir):
@@ -163,61 +230,78 @@ def test_rsyslog_as_debian_ships_it(group_fabric, pubdir):
         base = pubdir / ("on" if on else "off")
         base.mkdir()
         os.chmod(base, 0o755)
-        rlog, flog, clog = (logfile(base / n) for n in ("recv.log", "fwd.log", "client.log"))
         pr, pf = next_port(), next_port()
         rd = rsyslog_dir(base, "recv", RS_RECEIVER, port=pr)
         fd = rsyslog_dir(base, "fwd", RS_FORWARDER, port=pf, to=pr)
-        recv = rsyslogd(rd, rlog, on)
-        fwd = rsyslogd(fd, flog, on)
-        recv2 = None
-        direct = {f"d{k}": batch(f"d{k}", 0, 1500) for k in range(4)}
-        via = {f"f{k}": batch(f"f{k}", 0, 1500) for k in range(3)}
-        later = {f"f{k}": batch(f"f{k}", 1500, 500) for k in range(3)}
-        tags = list(direct) + list(via)
-        status = []
-        try:
-            wait_port(pr, recv)
-            wait_port(pf, fwd)
-            for tag, lines in list(direct.items()) + list(via.items()):
-                status.append(send_lines(pr if tag in direct else pf, tag, lines, clog, on))
-            want1 = sum(map(len, direct.values())) + sum(map(len, via.values()))
-            wait_for(lambda: sum(map(len, records(rd / "out.log", tags).values())) >= want1, 40,
-                     "the first batches at the receiver")
-            stop(recv)
-            status.append(("receiver", recv.returncode))
-            for tag, lines in later.items():
-                status.append(send_lines(pf, tag, lines, clog, on))
-            time.sleep(1.5)  # the forwarder meets the closed connection while the receiver is down
-            recv2 = rsyslogd(rd, rlog, on)
-            wait_port(pr, recv2)
-            want2 = want1 + sum(map(len, later.values()))
-            try:
-                wait_for(lambda: sum(map(len, records(rd / "out.log", tags).values())) >= want2, 40,
-                         "the later batches at the receiver")
-            except AssertionError:
-                pass
-            time.sleep(1.0)  # nothing more may come
-            assert fwd.poll() is None and recv2.poll() is None
-        finally:
-            stop(fwd)
-            stop(recv2)
-            stop(recv)
-        status += [("forwarder", fwd.returncode), ("receiver2", recv2.returncode)]
-        got = records(rd / "out.log", tags)
-        at_fwd = records(fd / "out.log", list(via))
-        res[on] = (status, got, at_fwd)
-        for tag in direct:
-            assert got[tag] == direct[tag], (on, tag, len(got[tag]))
-        for tag in via:
-            assert at_fwd[tag] == via[tag] + later[tag], (on, tag, len(at_fwd[tag]))
-    assert res[True][0] == res[False][0], (res[True][0], res[False][0])
-    for tag in res[False][1]:
-        assert res[True][1][tag] == res[False][1][tag], (tag, len(res[True][1][tag]), len(res[False][1][tag]))
-    r, f, c = rlog.read_text(), flog.read_text(), clog.read_text()
-    assert c.count("accelerated (client)") == 10 and tcp_reasons(clog) == [], c[-2000:]
-    assert tcp_reasons(rlog) == [] and tcp_reasons(flog) == [], r[-2000:] + f[-2000:]
-    assert f.count("accelerated (client)") >= 2, f[-3000:]
-    assert r.count("accelerated (accepted") == 4 + f.count("accelerated (client)"), r[-3000:]
+        res[on], logs = relay(base, on, lambda log: (rsyslogd(rd, log, on), pr),
+                              lambda log: (rsyslogd(fd, log, on), pf), rd / "out.log", fd / "out.log")
+    relay_compare(res, logs)
+
+
+# ---- syslog-ng ---------------------------------------------------------------------------------
+# Debian's syslog-ng-core conflicts with rsyslog (both are the system-log-daemon): where it is not
+# installed, scripts/install-apps.sh unpacks its package, unchanged, under
+# /opt/memlan-apps/syslog-ng.  Its options as Debian's syslog-ng.conf sets them; it runs as root
+# with the capabilities it keeps by default, its network() source and destination over TCP, the
+# destination with a disk buffer.
+
+SNG_OPT = pathlib.Path("/opt/memlan-apps/syslog-ng")
+
+SNG_COMMON = """@version: 3.38
+options {{ chain_hostnames(off); flush_lines(0); use_dns(no); use_fqdn(no);
+          dns_cache(no); owner("root"); group("adm"); perm(0640);
+          stats_freq(0); bad_hostname("^gconfd$"); time_reopen(1); }};
+source s_net {{ network(ip("127.0.0.1") port({port}) transport("tcp") max_connections(50)); }};
+destination d_file {{ file("{d}/out.log" template("${{PROGRAM}}|${{MSG}}\n")); }};
+log {{ source(s_net); destination(d_file); }};
+"""
+
+SNG_FORWARDER = SNG_COMMON + """
+destination d_fwd {{ network("127.0.0.1" port({to}) transport("tcp")
+                             disk_buffer(mem_buf_length(20000) disk_buf_size(10000000)
+                                         reliable(no) dir("{d}/buf"))); }};
+log {{ source(s_net); destination(d_fwd); }};
+"""
+
+
+def syslog_ng_root():
+    for root in (pathlib.Path("/"), SNG_OPT):
+        if (root / "usr/sbin/syslog-ng").exists() and (root / "usr/lib/syslog-ng").exists():
+            return root
+    return None
+
+
+def syslog_ng(root, d, log, on):
+    lib = root / "usr/lib/syslog-ng"
+    mods = sorted(p for p in lib.iterdir() if p.is_dir() and (p / "libafsocket.so").exists())
+    cmd = ["env", f"LD_LIBRARY_PATH={lib}", str(root / "usr/sbin/syslog-ng"), "-F",
+           f"--cfgfile={d}/syslog-ng.conf", f"--persist-file={d}/persist",
+           f"--pidfile={d}/pid", f"--control={d}/ctl", f"--module-path={mods[-1]}"]
+    return spawn(cmd, log, on)
+
+
+def test_syslog_ng_as_debian_ships_it(pubdir, fabric):
+    """syslog-ng's network() source and destination over TCP, both ends under memlan, fed by
+    logger --tcp (RFC 3164): the relay workload of the rsyslog test, with syslog-ng's disk
+    buffer behind the forwarder's destination; every line once and in order, as over kernel
+    TCP."""
+    if os.geteuid() != 0:
+        pytest.skip("syslog-ng runs as root, as Debian starts it")
+    root = syslog_ng_root()
+    if root is None:
+        pytest.skip("syslog-ng is not installed nor unpacked (scripts/install-apps.sh unpacks it)")
+    res = {}
+    for on in (False, True):
+        base = pubdir / ("on" if on else "off")
+        pr, pf = next_port(), next_port()
+        rd, fd = base / "recv", base / "fwd"
+        for d, conf, kw in ((rd, SNG_COMMON, {"port": pr}), (fd, SNG_FORWARDER, {"port": pf, "to": pr})):
+            (d / "buf").mkdir(parents=True)
+            (d / "syslog-ng.conf").write_text(conf.format(d=d, **kw))
+        res[on], logs = relay(base, on, lambda log: (syslog_ng(root, rd, log, on), pr),
+                              lambda log: (syslog_ng(root, fd, log, on), pf), rd / "out.log",
+                              fd / "out.log", extra=("--rfc3164",))
+    relay_compare(res, logs)
 
 
 # ---- a client that only writes -----------------------------------------------------------------
@@ -279,3 +363,263 @@ def test_write_only_client_is_told_accelerated(fabric, tmp_path):
     c = clog.read_text()
     assert c.count("accelerated (client)") == 1 and tcp_reasons(clog) == [], c
     settle()
+
+
+def test_client_that_wrote_and_closed_before_accept(fabric, tmp_path):
+    """A memlan client that writes its records and closes before the memlan server accepts
+    (logger --tcp into a syslog-ng forwarder that accepts a moment later): its bytes go over
+    TCP at its close, as they must, but the server's log blamed the client, "the client is not
+    memlan (no offer)" (its look for the client's end peeked the bytes and missed the FIN behind
+    them), and the client's own log said nothing past "offer posted"."""
+    port = next_port()
+    slog, clog = logfile(tmp_path / "s.log"), logfile(tmp_path / "c.log")
+    srv = subprocess.Popen(wrap([shutil.which("python3"), "-c", WRITE_ONLY_SERVER, str(port)], slog),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert srv.stdout.readline().strip() == "ready"
+        cli = subprocess.run(wrap([shutil.which("python3"), "-c", WRITE_ONLY_CLIENT, str(port)], clog),
+                             input="\n", capture_output=True, text=True, timeout=30)
+        assert cli.returncode == 0, cli.stderr
+        out, err = srv.communicate(timeout=15)
+        assert srv.returncode == 0 and out.split() == ["got", str(20 * 500)], (out, err)
+    finally:
+        stop(srv)
+    s, c = slog.read_text(), clog.read_text()
+    assert tcp_reasons(slog) == ["the client closed before accept (no offer)"], s
+    assert tcp_reasons(clog) == ["closed before a memlan acceptor took the offer"], c
+    settle()
+
+
+# ---- bind9 -------------------------------------------------------------------------------------
+# named as Debian's named.service starts it (-f -u bind, its worker threads), an authoritative
+# primary and a secondary that transfers the zone from it over TCP (AXFR), both under memlan.
+
+NAMED_CONF = """
+options {{
+    directory "{d}";
+    pid-file "{d}/named.pid";
+    listen-on port {port} {{ 127.0.0.1; }};
+    listen-on-v6 {{ none; }};
+    recursion no;
+    dnssec-validation no;
+    allow-transfer {{ 127.0.0.1; }};
+    notify no;
+    tcp-clients 200;
+}};
+controls {{ }};
+logging {{ channel f {{ file "{d}/named.log"; severity info; print-category yes; }};
+           category default {{ f; }}; category xfer-in {{ f; }}; category xfer-out {{ f; }}; }};
+zone "test.example" {{
+    {zone}
+}};
+"""
+
+PRIMARY = 'type primary; file "{d}/test.example.zone";'
+SECONDARY = 'type secondary; primaries port {primary} {{ 127.0.0.1; }}; file "{d}/secondary.zone";'
+
+
+def zone_text(n):
+    out = ["$TTL 3600",
+           "@ IN SOA ns.test.example. admin.test.example. 2024010101 3600 600 86400 300",
+           "@ IN NS ns.test.example.", "ns IN A 127.0.0.1"]
+    for i in range(n):
+        out.append(f"h{i} IN A 10.{i // 65536 % 256}.{i // 256 % 256}.{i % 256}")
+        out.append(f'h{i} IN TXT "{i:06d}-' + "t" * (i % 200) + '"')
+    return "\n".join(out) + "\n"
+
+
+def named_dir(base, name, port, zone):
+    d = base / name
+    d.mkdir(parents=True)
+    b = pwd.getpwnam("bind")
+    os.chown(d, b.pw_uid, b.pw_gid)
+    (d / "named.conf").write_text(NAMED_CONF.format(d=d, port=port, zone=zone.format(d=d)))
+    return d
+
+
+def named(d, log, on):
+    return spawn(["named", "-f", "-u", "bind", "-n", "4", "-c", str(d / "named.conf")], log, on)
+
+
+def dig(port, *args, log, on):
+    p = subprocess.run(wrap(["dig", "@127.0.0.1", "-p", str(port), "+tcp", "+noall", "+answer",
+                             "+nocookie", *args], log, on), capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stdout, p.stderr[-500:]
+
+
+def test_bind9_named_as_debian_ships_it(pubdir, group_fabric):
+    """named -u bind with 4 worker threads, an authoritative primary of a zone of 6004 records:
+    dig +tcp queries, dig +keepopen with 200 queries on one connection, an AXFR by dig, and a
+    secondary named that transfers the zone over TCP and then answers the same; every answer and
+    status is kernel TCP's, every TCP connection accelerated."""
+    if os.geteuid() != 0:
+        pytest.skip("named starts as root and drops to the bind user")
+    if not shutil.which("named") or not shutil.which("dig"):
+        pytest.skip("bind9 or dig is not installed (scripts/install-apps.sh installs them)")
+    group_fabric("bind")
+    n = 3000
+    res = {}
+    for on in (False, True):
+        base = pubdir / ("on" if on else "off")
+        base.mkdir()
+        os.chmod(base, 0o755)
+        plog, slog, clog = (logfile(base / f) for f in ("primary.log", "secondary.log", "client.log"))
+        pp, ps = next_port(), next_port()
+        pd = named_dir(base, "primary", pp, PRIMARY)
+        (pd / "test.example.zone").write_text(zone_text(n))
+        sd = named_dir(base, "secondary", ps, SECONDARY.replace("{primary}", str(pp)))
+        prim = named(pd, plog, on)
+        sec = None
+        out = []
+        try:
+            wait_port(pp, prim)
+            out.append(dig(pp, "h1.test.example", "TXT", log=clog, on=on))
+            out.append(dig(pp, "nothere.test.example", "A", log=clog, on=on))
+            many = [a for i in range(0, n, 15) for a in (f"h{i}.test.example", "TXT")]
+            out.append(dig(pp, "+keepopen", *many, log=clog, on=on))
+            out.append(dig(pp, "test.example", "AXFR", log=clog, on=on))
+            sec = named(sd, slog, on)
+            wait_port(ps, sec)
+            wait_for(lambda: "transfer of 'test.example/IN' from" in (sd / "named.log").read_text()
+                     and "Transfer completed" in (sd / "named.log").read_text(), 30,
+                     "the secondary's zone transfer")
+            out.append(dig(ps, "+keepopen", *many, log=clog, on=on))
+            out.append(dig(ps, "test.example", "AXFR", log=clog, on=on))
+            assert prim.poll() is None and sec.poll() is None
+        finally:
+            stop(sec)
+            stop(prim)
+        out += [("primary", prim.returncode), ("secondary", sec.returncode)]
+        res[on] = out
+        assert [o[0] for o in out[:6]] == [0] * 6, out
+        assert out[0][1].count("TXT") == 1 and out[1][1] == "", out[:2]
+        assert out[2][1].count("\tTXT\t") == len(many) // 2, out[2][1][-500:]
+        assert out[3][1].count("\tA\t") == n + 1 and out[3][1].count("\tTXT\t") == n, out[3][1][-500:]
+        assert sorted(out[5][1].splitlines()) == sorted(out[3][1].splitlines())
+        assert out[4][1] == out[2][1]
+        xfer = (sd / "named.log").read_text()
+        assert "Transfer completed" in xfer, xfer[-2000:]
+    assert res[True] == res[False]
+    p, s, c = plog.read_text(), slog.read_text(), clog.read_text()
+    assert c.count("accelerated (client)") == 6 and tcp_reasons(clog) == [], c[-2000:]
+    assert s.count("accelerated (client)") >= 1, s[-2000:]
+    assert tcp_reasons(plog) == [] and tcp_reasons(slog) == [], p[-2000:] + s[-2000:]
+    assert p.count("accelerated (accepted") == 4 + s.count("accelerated (client)"), p[-2000:]
+
+
+# ---- ngircd ------------------------------------------------------------------------------------
+# ngircd as Debian ships it: its ngircd.conf's ServerUID and ServerGID (irc), which it drops to
+# when started as root; PAM, ident and DNS off, as a private server's would be.
+
+NGIRCD_CONF = """
+[Global]
+    Name = irc.test.example
+    Info = memlan test
+    Listen = 127.0.0.1
+    Ports = {port}
+    ServerGID = irc
+    ServerUID = irc
+    MotdPhrase = "hello"
+    PidFile = {d}/ngircd.pid
+[Limits]
+    MaxConnections = 100
+    MaxConnectionsIP = 0
+    MaxJoins = 10
+    PingTimeout = 120
+    PongTimeout = 20
+[Options]
+    DNS = no
+    Ident = no
+    PAM = no
+"""
+
+IRC_CLIENT = r"""
+import socket, sys, time, hashlib
+port, me, k, m = int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+nicks = {f"u{i}" for i in range(k)}
+s = socket.create_connection(("127.0.0.1", port), timeout=30)
+buf = b""
+def lines():
+    global buf
+    while True:
+        while b"\r\n" in buf:
+            l, buf = buf.split(b"\r\n", 1)
+            yield l.decode()
+        d = s.recv(65536)
+        if not d:
+            raise SystemExit("server closed: " + repr(buf[-200:]))
+        buf += d
+it = lines()
+def send(t): s.sendall(t.encode() + b"\r\n")
+send(f"NICK {me}"); send(f"USER {me} 0 * :test {me}")
+for l in it:
+    if l.startswith("PING"): send("PONG" + l[4:])
+    if f" 001 {me} " in l: break
+send("JOIN #test")
+present = set()
+for l in it:
+    p = l.split()
+    if p[1] == "353": present |= {n.lstrip("@+") for n in l.split(" :", 1)[1].split()}
+    if p[1] == "JOIN": present.add(p[0][1:].split("!")[0])
+    if present >= nicks: break
+got = {n: [] for n in nicks - {me}}
+want = (k - 1) * m
+n_got, sent, end = 0, 0, time.time() + 60
+for i in range(m):
+    send(f"PRIVMSG #test :{me} says {i:04d} " + "z" * (1 + i * 37 % 300))
+while n_got < want and time.time() < end:
+    l = next(it)
+    p = l.split(" ", 3)
+    if p[0].startswith("PING") : send("PONG" + l[4:]); continue
+    if len(p) == 4 and p[1] == "PRIVMSG" and p[2] == "#test":
+        got[p[0][1:].split("!")[0]].append(p[3][1:]); n_got += 1
+send("QUIT :bye")
+for l in it:
+    if l.startswith("ERROR"): break
+print(me, n_got, hashlib.sha256(repr(sorted(got.items())).encode()).hexdigest())
+for n, msgs in sorted(got.items()):
+    assert msgs == [f"{n} says {i:04d} " + "z" * (1 + i * 37 % 300) for i in range(m)], (n, [x[:16] for x in msgs])
+"""
+
+
+def test_ngircd_as_debian_ships_it(pubdir, group_fabric):
+    """ngircd dropping to the irc user, 6 python clients (one process each) that join one
+    channel and each send 12 messages to it: every client gets every other's messages once and in
+    order, as over kernel TCP; every connection accelerated."""
+    if os.geteuid() != 0:
+        pytest.skip("ngircd starts as root and drops to the irc user")
+    if not shutil.which("ngircd"):
+        pytest.skip("ngircd is not installed (scripts/install-apps.sh installs it)")
+    group_fabric("irc")
+    (pubdir / "client.py").write_text(IRC_CLIENT)
+    k, m = 6, 12
+    res = {}
+    for on in (False, True):
+        base = pubdir / ("on" if on else "off")
+        base.mkdir()
+        os.chmod(base, 0o755)
+        irc = pwd.getpwnam("irc")
+        os.chown(base, irc.pw_uid, irc.pw_gid)
+        slog, clog = logfile(base / "server.log"), logfile(base / "client.log")
+        port = next_port()
+        (base / "ngircd.conf").write_text(NGIRCD_CONF.format(d=base, port=port))
+        srv = spawn(["ngircd", "-n", "-f", str(base / "ngircd.conf")], slog, on)
+        cl = []
+        try:
+            wait_port(port, srv)
+            cl = [subprocess.Popen(wrap([shutil.which("python3"), str(pubdir / "client.py"), str(port),
+                                         f"u{i}", str(k), str(m)], clog, on),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                  for i in range(k)]
+            outs = [c.communicate(timeout=50) for c in cl]
+            res[on] = sorted((c.returncode, o.strip()) for c, (o, e) in zip(cl, outs))
+            assert all(c.returncode == 0 for c in cl), (on, [e[-300:] for o, e in outs], [o for o, e in outs])
+            assert srv.poll() is None
+        finally:
+            for c in cl:
+                stop(c)
+            stop(srv)
+    assert res[True] == res[False], res
+    s, c = slog.read_text(), clog.read_text()
+    assert c.count("accelerated (client)") == k and tcp_reasons(clog) == [], c[-2000:]
+    assert s.count("accelerated (accepted") == k and tcp_reasons(slog) == [], s[-2000:]
