@@ -1522,9 +1522,12 @@ def test_exit_ends_no_connection_before_the_process_does(fabric, tmp_path, case,
     plain, under, text = scripted(EXITRACE, tmp_path, case, str(rounds))
     assert plain.stdout.endswith(f"{case} rounds {rounds} bad 0\n"), plain.stdout
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
-    # undecided: withdrawn, TCP; taken: accelerated, but the client never looked (no log line)
-    per_round = {"poll": 3, "undecided": 0, "taken": 0}.get(case, 1)
+    # undecided: withdrawn, TCP, said at the exit; taken: accelerated, the client never looked
+    # before its exit, which says so (test_apps_logs.py::test_write_only_client_is_told_accelerated)
+    per_round = {"poll": 3, "undecided": 0}.get(case, 1)
     assert text.count("accelerated (client)") == rounds * per_round, text
+    if case == "undecided":
+        assert text.count("TCP (closed before a memlan acceptor took the offer)") == rounds, text
     assert "split" not in text, text
     assert os.listdir(fabric) == [], os.listdir(fabric)  # every name went at exit()
 
