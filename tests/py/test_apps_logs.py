@@ -511,6 +511,32 @@ def test_client_that_wrote_and_closed_before_accept(fabric, tmp_path):
     settle()
 
 
+def test_client_that_closed_while_another_is_pending(fabric, tmp_path):
+    """As above, with another client's count in the listener record's pending (omfwd with
+    RebindInterval makes its next connection as its last closes): the acceptor waited for the
+    closed client's offer to its deadline and said "no offer from the client within the server's
+    wait", where the client's end, already there, says that none can come."""
+    from test_groupfabric import lrec_poke
+    port = next_port()
+    slog, clog = logfile(tmp_path / "s.log"), logfile(tmp_path / "c.log")
+    srv = subprocess.Popen(wrap([shutil.which("python3"), "-c", WRITE_ONLY_SERVER, str(port)], slog),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert srv.stdout.readline().strip() == "ready"
+        lrec_poke(fabric, port, 64, "<I", 1)  # pending: "a client is posting its offer"
+        cli = subprocess.run(wrap([shutil.which("python3"), "-c", WRITE_ONLY_CLIENT, str(port)], clog),
+                             input="\n", capture_output=True, text=True, timeout=30)
+        assert cli.returncode == 0, cli.stderr
+        out, err = srv.communicate(timeout=15)
+        assert srv.returncode == 0 and out.split() == ["got", str(20 * 500)], (out, err)
+    finally:
+        stop(srv)
+    s, c = slog.read_text(), clog.read_text()
+    assert tcp_reasons(slog) == ["the client closed before accept (no offer)"], s
+    assert tcp_reasons(clog) == ["closed before a memlan acceptor took the offer"], c
+    settle()
+
+
 # ---- bind9 -------------------------------------------------------------------------------------
 # named as Debian's named.service starts it (-f -u bind, its worker threads), an authoritative
 # primary and a secondary that transfers the zone from it over TCP (AXFR), both under memlan.
