@@ -359,6 +359,60 @@ def test_rsyslog_imptcp_threads_octet_counted(group_fabric, pubdir):
     assert len(early) <= k // 4, c[-2000:]  # they write for a while: most are taken first
 
 
+def test_rsyslog_omfwd_rebinds(group_fabric, pubdir):
+    """omfwd with RebindInterval 50 and octet-counted framing: the forwarder closes its
+    connection and opens a new one every 50 messages, 100 connections for 5000 lines, each
+    closing with its last lines perhaps not yet read.  Every line arrives once and in order, as
+    over kernel TCP; a connection that closed before the receiver took its offer stays on TCP,
+    and both ends say so."""
+    if os.geteuid() != 0:
+        pytest.skip("rsyslogd starts as root and drops to the daemon user")
+    if not shutil.which("rsyslogd"):
+        pytest.skip("rsyslog is not installed (scripts/install-apps.sh installs it)")
+    group_fabric("daemon")
+    lines = [f"s0 line {i:06d} " + "w" * (i % 300) for i in range(5000)]
+    fwd_conf = RS_FORWARDER.replace('template="RSYSLOG_ForwardFormat"', 'template="RSYSLOG_ForwardFormat" '
+                                    'RebindInterval="50" TCP_Framing="octet-counted"')
+    recv_conf = RS_RECEIVER.replace('input(type="imtcp" address',
+                                    'input(type="imtcp" supportOctetCountedFraming="on" address')
+    assert "RebindInterval" in fwd_conf and "OctetCounted" in recv_conf
+    res = {}
+    for on in (False, True):
+        base = pubdir / ("on" if on else "off")
+        base.mkdir()
+        os.chmod(base, 0o755)
+        rlog, flog, clog = (logfile(base / n) for n in ("recv.log", "fwd.log", "client.log"))
+        pr, pf = next_port(), next_port()
+        rd = rsyslog_dir(base, "recv", recv_conf, port=pr)
+        fd = rsyslog_dir(base, "fwd", fwd_conf, port=pf, to=pr)
+        recv, fwd = rsyslogd(rd, rlog, on), rsyslogd(fd, flog, on)
+        try:
+            wait_port(pr, recv)
+            wait_port(pf, fwd)
+            st = send_lines(pf, "s0", lines, clog, on)
+            try:
+                wait_for(lambda: len(records(rd / "out.log", ["s0"])["s0"]) >= len(lines), 40,
+                         "every line at the receiver")
+            except AssertionError:
+                pass
+            time.sleep(0.5)
+            assert recv.poll() is None and fwd.poll() is None
+        finally:
+            stop(fwd)
+            stop(recv)
+        got = records(rd / "out.log", ["s0"])["s0"]
+        res[on] = (st, fwd.returncode, recv.returncode, got)
+        assert got == lines, (on, len(got))
+    assert res[True] == res[False]
+    f, r = flog.read_text(), rlog.read_text()
+    early = [w for w in tcp_reasons(flog) if w == "closed before a memlan acceptor took the offer"]
+    before = {"the client closed before accept (no offer)", "the client closed before accept",
+              "the client had already withdrawn its offer"}
+    assert set(tcp_reasons(rlog)) <= before and len(tcp_reasons(rlog)) == len(early), r[-3000:]
+    assert f.count("accelerated (client)") == r.count("accelerated (accepted"), f[-3000:]
+    assert f.count("accelerated (client)") + len(early) >= 100, f[-3000:]
+
+
 # ---- syslog-ng ---------------------------------------------------------------------------------
 # Debian's syslog-ng-core conflicts with rsyslog (both are the system-log-daemon): where it is not
 # installed, scripts/install-apps.sh unpacks its package, unchanged, under
