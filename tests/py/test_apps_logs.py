@@ -12,9 +12,9 @@ import hashlib
 import os
 import pathlib
 import pwd
-import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -876,3 +876,79 @@ def test_ngircd_as_debian_ships_it(pubdir, group_fabric):
     s, c = slog.read_text(), clog.read_text()
     assert c.count("accelerated (client)") == k and tcp_reasons(clog) == [], c[-2000:]
     assert s.count("accelerated (accepted") == k and tcp_reasons(slog) == [], s[-2000:]
+
+
+def linked(port, peer):
+    """Does the ngircd on port list peer among its links?"""
+    try:
+        s = socket.create_connection(("127.0.0.1", port), timeout=10)
+        s.sendall(b"NICK probe\r\nUSER p 0 * :p\r\nLINKS\r\nQUIT\r\n")
+        b = b""
+        while True:
+            d = s.recv(4096)
+            if not d:
+                break
+            b += d
+        s.close()
+    except OSError:
+        return False
+    return peer.encode() in b and b" 364 " in b
+
+
+def test_ngircd_network_of_two(pubdir, group_fabric):
+    """Two ngircd servers dropping to irc and linked (server to server over TCP, both under
+    memlan), 6 python clients, 3 on each, in one channel, each sending 12 messages: every client
+    gets every other's messages once and in order across the link, as over kernel TCP; the link
+    and every client connection accelerated."""
+    if os.geteuid() != 0:
+        pytest.skip("ngircd starts as root and drops to the irc user")
+    if not shutil.which("ngircd"):
+        pytest.skip("ngircd is not installed (scripts/install-apps.sh installs it)")
+    group_fabric("irc")
+    (pubdir / "client.py").write_text(IRC_CLIENT)
+    irc = pwd.getpwnam("irc")
+    k, m = 6, 12
+    res = {}
+    for on in (False, True):
+        base = pubdir / ("on" if on else "off")
+        base.mkdir()
+        os.chmod(base, 0o755)
+        pa, pb = next_port(), next_port()
+        logs, procs, cl = {}, {}, []
+        for me, port, other, oport, active in (("a", pa, "b", pb, True), ("b", pb, "a", pa, False)):
+            d = base / me
+            d.mkdir()
+            os.chown(d, irc.pw_uid, irc.pw_gid)
+            conf = NGIRCD_CONF.format(d=d, port=port).replace("irc.test.example", f"{me}.test.example")
+            conf += (f"    ConnectRetry = 5\n[Server]\n    Name = {other}.test.example\n"
+                     f"    Host = 127.0.0.1\n" + (f"    Port = {oport}\n" if active else "") +
+                     f"    MyPassword = pw{me}\n    PeerPassword = pw{other}\n")
+            (d / "ngircd.conf").write_text(conf)
+            logs[me] = logfile(base / f"{me}.log")
+        clog = logfile(base / "client.log")
+        try:
+            for me, port in (("b", pb), ("a", pa)):
+                procs[me] = spawn(["ngircd", "-n", "-f", str(base / me / "ngircd.conf")], logs[me], on)
+                wait_port(port, procs[me])
+            wait_for(lambda: linked(pa, "b.test.example") and linked(pb, "a.test.example"), 30,
+                     "the servers' link")
+            cl = [subprocess.Popen(wrap([shutil.which("python3"), str(pubdir / "client.py"),
+                                         str(pa if i % 2 else pb), f"u{i}", str(k), str(m)], clog, on),
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                  for i in range(k)]
+            outs = [c.communicate(timeout=50) for c in cl]
+            res[on] = sorted((c.returncode, o.strip()) for c, (o, e) in zip(cl, outs))
+            assert all(c.returncode == 0 for c in cl), (on, [e[-300:] for o, e in outs])
+            assert all(p.poll() is None for p in procs.values())
+        finally:
+            for c in cl:
+                stop(c)
+            for p in procs.values():
+                stop(p)
+    assert res[True] == res[False], res
+    a, b, c = logs["a"].read_text(), logs["b"].read_text(), clog.read_text()
+    assert c.count("accelerated (client)") == k and tcp_reasons(clog) == [], c[-2000:]
+    # the LINKS probes are plain clients: on TCP, said so
+    assert set(tcp_reasons(logs["a"]) + tcp_reasons(logs["b"])) <= {"the client is not memlan (no offer)"}
+    assert a.count("accelerated (client)") >= 1 and "accelerated (accepted" in b, a[-2000:] + b[-2000:]
+    assert a.count("accelerated (accepted") + b.count("accelerated (accepted") == k + a.count("accelerated (client)")
