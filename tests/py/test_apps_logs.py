@@ -686,7 +686,8 @@ def dig(port, *args, log, on):
 def test_bind9_named_as_debian_ships_it(pubdir, group_fabric):
     """named -u bind with 4 worker threads, an authoritative primary of a zone of 6004 records:
     dig +tcp queries, dig +keepopen with 200 queries on one connection, an AXFR by dig, 40 digs
-    at once (queries on one connection each, or an AXFR), a
+    at once (queries on one connection each, or an AXFR), 3 connections of 2000 queries written
+    before the first answer is read, a
     secondary named that transfers the zone over TCP and answers the same; then the primary's
     zone grows, rndc reload (its control channel, over TCP) and rndc refresh on the secondary
     bring the change over by IXFR, and rndc stop ends both.  Every answer and status is kernel
@@ -696,6 +697,8 @@ def test_bind9_named_as_debian_ships_it(pubdir, group_fabric):
     if not shutil.which("named") or not shutil.which("dig") or not shutil.which("rndc"):
         pytest.skip("bind9 or dig is not installed (scripts/install-apps.sh installs them)")
     group_fabric("bind")
+    from test_apps_daemons import DNS_CLIENT  # 2000 queries on a connection, written at once
+    (pubdir / "pipelined.py").write_text(DNS_CLIENT)
     n = 3000
     res = {}
     for on in (False, True):
@@ -719,6 +722,10 @@ def test_bind9_named_as_debian_ships_it(pubdir, group_fabric):
             out.append(dig(pp, "+keepopen", *many, log=clog, on=on))
             out.append(dig(pp, "test.example", "AXFR", log=clog, on=on))
             out.append(parallel_digs(pp, n, clog, on))
+            pipe = subprocess.run(wrap([shutil.which("python3"), str(pubdir / "pipelined.py"), str(pp),
+                                        "2000", "3"], clog, on),
+                                  capture_output=True, text=True, timeout=60)
+            pipelined = (pipe.returncode, pipe.stdout.strip(), pipe.stderr[-500:])
             sec = named(sd, slog, on)
             wait_port(ps, sec)
             wait_for(lambda: serial_of(ps, clog, on) == "2024010101", 30, "the secondary's AXFR")
@@ -738,7 +745,8 @@ def test_bind9_named_as_debian_ships_it(pubdir, group_fabric):
         finally:
             stop(sec)
             stop(prim)
-        res[on] = out
+        res[on] = out + [pipelined]
+        assert pipelined[0] == 0 and pipelined[1].startswith("6000 "), pipelined
         par = out.pop(4)
         assert par[0] == [0] * 40, par
         assert [o[0] for o in out[:12]] == [0] * 12 and out[6][1], out
