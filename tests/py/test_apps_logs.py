@@ -1,12 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0 OR MIT
 """Log and name daemons under `memlan run`, as Debian ships them: rsyslog (imtcp's worker
-threads, dropping privileges with $PrivDropToUser; a second rsyslog forwarding with omfwd through
-a disk-assisted queue, across a restart of the receiver), syslog-ng (network() source and
-destination), bind9's named (-u bind, its worker threads; queries over TCP, several on one
-connection, and a zone transfer between a primary and a secondary) and ngircd with several
-clients in one channel.  Every workload's records and status are compared with the same run over
-kernel TCP; both ends run under memlan.  Every process is stopped by its PID; every wait is
-bounded.
+threads and imptcp's, dropping privileges with $PrivDropToUser; a second rsyslog forwarding with
+omfwd through a disk-assisted queue across restarts and a SIGSTOP of the receiver, and with
+RebindInterval), syslog-ng (network() source and destination, a disk buffer), bind9's named (-u
+bind, its worker threads; queries over TCP, several on one connection, pipelined, 40 clients at
+once, AXFR and IXFR between a primary and a secondary, rndc over its control channel) and ngircd
+(one server, and two linked), all fed by logger --tcp, dig, rndc and python clients under memlan.
+Every workload's records and statuses are compared with the same run over kernel TCP, and the
+memlan logs with the path each connection took.  Three small tests pin what the log daemons'
+write-and-close clients showed: the client's settle at its close, said in its log and stat, and
+the acceptor's reason for a client that closed before it accepted.  Every process is stopped by
+its PID; every wait is bounded.
 """
 import hashlib
 import os
