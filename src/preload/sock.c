@@ -2455,13 +2455,19 @@ void mlp_before_last_close(struct mlp_sock *s, int fd)
             claimed = w != 0 && __ml_chan_attach_state(s->ch) == 1; /* not a broken word */
         }
         pthread_mutex_unlock(&s->mu);
+        /* Said in the log when the connection ends with us: a process that shares it (a child
+         * that settled it before its exec, stunnel's exec service) goes on with it and says for
+         * itself what it became. */
+        bool alone = !s->me || atomic_load(&s->me->holders) <= 1;
         if (withdrew) {
-            /* Said in the log too: the connection stayed on TCP (what went into the ring goes
-             * out over TCP below), and its log said nothing past "offer posted". */
+            /* The connection stayed on TCP (what went into the ring goes out over TCP below),
+             * and its log said nothing past "offer posted". */
             mlp_stat_conn(s, fd, "closed before a memlan acceptor took the offer");
-            mlp_log(1, "fd %d: TCP (closed before a memlan acceptor took the offer)", fd);
-        } else if (claimed)
+            if (alone)
+                mlp_log(1, "fd %d: TCP (closed before a memlan acceptor took the offer)", fd);
+        } else if (claimed && alone) {
             mlp_claimed_at_close(s, fd);
+        }
     }
     if (s->state == MLP_TCP)
         (void)mlp_tcp_catch_up(s, fd, true);
