@@ -33,7 +33,9 @@ want=(redis-server:redis-server memcached:memcached nginx:nginx-light wrk:wrk
       /usr/lib/dovecot/pop3:dovecot-pop3d socat:socat stunnel4:stunnel4 openssl:openssl
       exim4:exim4-daemon-light /usr/sbin/xinetd:xinetd /bin/nc.openbsd:netcat-openbsd
       ncat:ncat /usr/sbin/unbound:unbound /usr/sbin/slapd:slapd
-      ldapsearch:ldap-utils beanstalkd:beanstalkd erlc:erlang-base)
+      ldapsearch:ldap-utils beanstalkd:beanstalkd erlc:erlang-base
+      /usr/sbin/rsyslogd:rsyslog logger:bsdutils /usr/sbin/named:bind9 dig:bind9-dnsutils
+      /usr/sbin/ngircd:ngircd)
 # proftpd-basic conflicts with an installed vsftpd package (both are an ftp-server): apt would
 # remove vsftpd; test_apps_files.py then runs that one and skips proftpd's test.
 [[ -x /usr/sbin/vsftpd ]] || want+=(/usr/sbin/proftpd:proftpd-basic)
@@ -77,6 +79,26 @@ if [[ ! -x /usr/sbin/vsftpd && ! -x /opt/memlan-apps/vsftpd/usr/sbin/vsftpd ]]; 
             --quiet --gecos 'ftp daemon' --group ftp
     else
         echo "install-apps: could not download vsftpd"
+    fi
+    rm -rf "$tmp"
+fi
+# syslog-ng as Debian ships it, for test_apps_logs.py: syslog-ng-core conflicts with rsyslog (both
+# are the system-log-daemon), so where it is not installed its package is unpacked, unchanged,
+# under /opt/memlan-apps/syslog-ng (the test runs its binary with LD_LIBRARY_PATH and
+# --module-path there), with the libraries it needs beside it installed.
+if [[ ! -x /usr/sbin/syslog-ng && ! -x /opt/memlan-apps/syslog-ng/usr/sbin/syslog-ng ]]; then
+    SUDO=; [[ $(id -u) -ne 0 ]] && SUDO=sudo
+    echo "install-apps: unpacking syslog-ng-core under /opt/memlan-apps/syslog-ng"
+    tmp=$(mktemp -d)
+    chmod 755 "$tmp"
+    if (cd "$tmp" && { apt-get download syslog-ng-core >/dev/null 2>&1 ||
+                       { $SUDO apt-get update -qq && apt-get download syslog-ng-core >/dev/null; }; }); then
+        $SUDO mkdir -p /opt/memlan-apps
+        $SUDO dpkg -x "$tmp"/syslog-ng-core_*.deb /opt/memlan-apps/syslog-ng
+        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+            libivykis0 libnet1 libwrap0 >/dev/null || echo "install-apps: syslog-ng's libraries missing"
+    else
+        echo "install-apps: could not download syslog-ng-core"
     fi
     rm -rf "$tmp"
 fi

@@ -237,7 +237,11 @@ static void proc_conns(const char *dir, int fd, const struct ml_seg_hdr *h,
         c.why[sizeof c.why - 1] = 0;
         char tok[ML_TOKEN_HEX + 1] = "";
         unsigned long long b0 = 0, b1 = 0, w0 = 0, w1 = 0, s0 = 0, s1 = 0;
-        if (c.state == ML_CONN_ACCEL) {
+        /* A client's slot says waiting until the client looks at its offer again (its next
+         * call on the socket): one that wrote into the ring and went idle (a log forwarder
+         * between messages) was shown "waiting: offer posted, not yet taken" while its acceptor
+         * had taken the channel and read every byte.  The channel's attach word says. */
+        if (c.state == ML_CONN_ACCEL || c.state == ML_CONN_WAIT) {
             char path[PATH_MAX + 64];
             memcpy(tok, c.token, ML_TOKEN_HEX);
             tok[ML_TOKEN_HEX] = 0;
@@ -249,7 +253,9 @@ static void proc_conns(const char *dir, int fd, const struct ml_seg_hdr *h,
                 if (pread(cfd, &ch, sizeof ch, sizeof(struct ml_seg_hdr)) == sizeof ch &&
                     ch.ctl_off[0] < 4096 && ch.ctl_off[1] < 4096 &&
                     pread(cfd, &r0, sizeof r0, (off_t)ch.ctl_off[0]) == sizeof r0 &&
-                    pread(cfd, &r1, sizeof r1, (off_t)ch.ctl_off[1]) == sizeof r1) {
+                    pread(cfd, &r1, sizeof r1, (off_t)ch.ctl_off[1]) == sizeof r1 &&
+                    (c.state == ML_CONN_ACCEL || atomic_load(&ch.attached) == 1)) {
+                    c.state = ML_CONN_ACCEL;
                     /* ring 0 carries the connecting end's bytes, ring 1 the acceptor's */
                     bool acc = strcmp(c.why, ML_CONN_ACCEPTED) == 0;
                     b0 = acc ? r1.head : r0.head, b1 = acc ? r0.head : r1.head;

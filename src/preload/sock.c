@@ -2449,11 +2449,27 @@ void mlp_before_last_close(struct mlp_sock *s, int fd)
                 (void)nanosleep(&(struct timespec){0, 1000000}, NULL);
         if (!locked)
             return;
-        if (s->state == MLP_UNDECIDED)
-            s->state = __ml_chan_withdraw(s->ch) == 0 ? MLP_TCP : MLP_ACCEL;
+        bool claimed = false, withdrew = false;
+        if (s->state == MLP_UNDECIDED) {
+            int w = __ml_chan_withdraw(s->ch);
+            s->state = w == 0 ? MLP_TCP : MLP_ACCEL;
+            withdrew = w == 0;
+            claimed = w != 0 && __ml_chan_attach_state(s->ch) == 1; /* not a broken word */
+        }
         pthread_mutex_unlock(&s->mu);
-        if (s->state == MLP_TCP)
+        /* Said in the log when the connection ends with us: a process that shares it (a child
+         * that settled it before its exec, stunnel's exec service) goes on with it and says for
+         * itself what it became. */
+        bool alone = !s->me || atomic_load(&s->me->holders) <= 1;
+        if (withdrew) {
+            /* The connection stayed on TCP (what went into the ring goes out over TCP below),
+             * and its log said nothing past "offer posted". */
             mlp_stat_conn(s, fd, "closed before a memlan acceptor took the offer");
+            if (alone)
+                mlp_log(1, "fd %d: TCP (closed before a memlan acceptor took the offer)", fd);
+        } else if (claimed && alone) {
+            mlp_claimed_at_close(s, fd);
+        }
     }
     if (s->state == MLP_TCP)
         (void)mlp_tcp_catch_up(s, fd, true);

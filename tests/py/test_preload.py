@@ -1522,9 +1522,12 @@ def test_exit_ends_no_connection_before_the_process_does(fabric, tmp_path, case,
     plain, under, text = scripted(EXITRACE, tmp_path, case, str(rounds))
     assert plain.stdout.endswith(f"{case} rounds {rounds} bad 0\n"), plain.stdout
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
-    # undecided: withdrawn, TCP; taken: accelerated, but the client never looked (no log line)
-    per_round = {"poll": 3, "undecided": 0, "taken": 0}.get(case, 1)
+    # undecided: withdrawn, TCP, said at the exit; taken: accelerated, the client never looked
+    # before its exit, which says so (test_apps_logs.py::test_write_only_client_is_told_accelerated)
+    per_round = {"poll": 3, "undecided": 0}.get(case, 1)
     assert text.count("accelerated (client)") == rounds * per_round, text
+    if case == "undecided":
+        assert text.count("TCP (closed before a memlan acceptor took the offer)") == rounds, text
     assert "split" not in text, text
     assert os.listdir(fabric) == [], os.listdir(fabric)  # every name went at exit()
 
@@ -4054,7 +4057,10 @@ def test_interrupted_connect_offers_at_eintr(fabric, tmp_path):
     plain, under, text = scripted(CONNECTINTR, tmp_path)
     assert "server: ping within 0.5 s" in plain.stdout, plain.stdout
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
-    assert text.count("accelerated (client)") == 1, text
+    # the interrupted connection (fd 5), and the one that filled the queue (fd 4), which sent
+    # nothing and is told at its close
+    assert text.count("fd 5: accelerated (client)") == 1, text
+    assert text.count("accelerated (client)") == 2, text
     settle(fabric)
 
 
