@@ -245,8 +245,18 @@ static void proc_conns(const char *dir, int fd, const struct ml_seg_hdr *h,
             char path[PATH_MAX + 64];
             memcpy(tok, c.token, ML_TOKEN_HEX);
             tok[ML_TOKEN_HEX] = 0;
+            /* The token is another process's word (a member of a shared fabric may write its
+             * entry): hex only, so that it names a file in the fabric and nothing through it
+             * ("x/../../fifo"), and that file opened without blocking and read only if it is a
+             * regular file (a planted FIFO hung this command: a review's reproduction). */
+            bool hex = strspn(tok, "0123456789abcdef") == ML_TOKEN_HEX;
             snprintf(path, sizeof path, "%s/seg-%s", dir, tok);
-            int cfd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+            int cfd = hex ? open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC) : -1;
+            struct stat cst;
+            if (cfd >= 0 && (fstat(cfd, &cst) != 0 || !S_ISREG(cst.st_mode))) {
+                close(cfd);
+                cfd = -1;
+            }
             if (cfd >= 0) {
                 struct ml_chan_hdr ch;
                 struct ml_ring_ctl r0, r1;
@@ -436,9 +446,15 @@ static int stat_once(const struct stat_opts *o)
             continue;
         char path[PATH_MAX + 300];
         snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-        int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+        /* Without blocking, a regular file only: a FIFO planted under a seg- name hung it. */
+        int fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
         if (fd < 0)
             continue;
+        struct stat fst;
+        if (fstat(fd, &fst) != 0 || !S_ISREG(fst.st_mode)) {
+            close(fd);
+            continue;
+        }
         struct ml_seg_hdr h;
         if (pread(fd, &h, sizeof h, 0) != sizeof h || h.magic != ML_SEG_MAGIC ||
             (o->pid && h.owner_pid != o->pid) || (o->kind && strcmp(o->kind, kind_name(h.kind)))) {

@@ -3649,7 +3649,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
         }
         if (k == -ENOENT && pend == 0) {
             const char *no = mlp_no_offer_why(m);
-            why = mlp_peer_closed(fd) ? "the client closed before accept (no offer)"
+            why = mlp_peer_closed(fd) ? "the client shut down its sending before accept, with no offer (a memlan client that closed, or one without memlan)"
                   : no                ? no
                   : other_ns ? "no offer under this connection's addresses: the client is not "
                                "memlan, or a NAT between the namespaces changed them"
@@ -3676,7 +3676,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
              * Another client's count in pending (omfwd's next connection, made as its last
              * closes) had this accept wait to the deadline and say "no offer from the client
              * within the server's wait" for a client that closed (tests/py/test_apps_logs.py). */
-            why = "the client closed before accept (no offer)";
+            why = "the client shut down its sending before accept, with no offer (a memlan client that closed, or one without memlan)";
             break;
         }
         if (mlp_now_ns() >= deadline) {

@@ -2452,9 +2452,17 @@ void mlp_before_last_close(struct mlp_sock *s, int fd)
         bool claimed = false, withdrew = false;
         if (s->state == MLP_UNDECIDED) {
             int w = __ml_chan_withdraw(s->ch);
-            s->state = w == 0 ? MLP_TCP : MLP_ACCEL;
-            withdrew = w == 0;
-            claimed = w != 0 && __ml_chan_attach_state(s->ch) == 1; /* not a broken word */
+            if (w == -EPROTO) {
+                /* A broken word (garbage, written by no attacher): nobody can attach any more,
+                 * so the ring's bytes go over TCP below, as mlp_withdraw sends them; an acceptor
+                 * that claimed before the word was overwritten reads our reset.  Kept on the
+                 * ring, they were lost: the server read end-of-file (a review's reproduction). */
+                atomic_fetch_or(&s->me->flags, ML_SOCK_RESET);
+                __ml_chan_abandon(s->ch);
+            }
+            s->state = w == 0 || w == -EPROTO ? MLP_TCP : MLP_ACCEL;
+            withdrew = w == 0 || w == -EPROTO;
+            claimed = w == -EBUSY && __ml_chan_attach_state(s->ch) == 1;
         }
         pthread_mutex_unlock(&s->mu);
         /* Said in the log when the connection ends with us: a process that shares it (a child
@@ -2564,10 +2572,12 @@ static void mlp_sock_destroy_conn(struct mlp_sock *s)
         return;
     if (s->state == MLP_UNDECIDED) {
         pthread_mutex_lock(&s->mu);
-        if (__ml_chan_withdraw(s->ch) == 0)
-            s->state = MLP_TCP;
-        else
-            s->state = MLP_ACCEL;
+        int w = __ml_chan_withdraw(s->ch);
+        if (w == -EPROTO) { /* broken: nobody attaches; an acceptor that had reads a reset */
+            atomic_fetch_or(&s->me->flags, ML_SOCK_RESET);
+            __ml_chan_abandon(s->ch);
+        }
+        s->state = w == 0 || w == -EPROTO ? MLP_TCP : MLP_ACCEL;
         pthread_mutex_unlock(&s->mu);
     }
     mlp_offer_gone(s);

@@ -28,6 +28,9 @@ import pytest
 from conftest import MEMLAN, port_range, stop_proc, pubdir  # noqa: F401 (fixture)
 from test_apps import accelerated, settle, tcp_reasons, wait_port, wrap  # noqa: F401
 
+# The acceptor's reason for a client that shut down its sending before accept, no offer.
+NO_OFFER_FIN = ("the client shut down its sending before accept, with no offer (a memlan client "
+                "that closed, or one without memlan)")
 next_port = port_range(27401, 27599, "test_apps_logs")  # no other test's range, below the ephemeral range
 
 stop = stop_proc
@@ -265,7 +268,7 @@ def relay_compare(res, logs):
     assert c.count("accelerated (client)") + len(early) == 12, c[-2000:]
     # the forwarder's reconnects while the receiver is down are refused (syslog-ng's time_reopen)
     down = "no memlan listener on this port in the fabric"
-    before = {"the client closed before accept (no offer)", "the client closed before accept",
+    before = {NO_OFFER_FIN, "the client closed before accept",
               "the client had already withdrawn its offer"}  # as the acceptor met the close
     rr, fr = tcp_reasons(rlog), tcp_reasons(flog)
     assert set(rr + fr) <= {down} | before, r[-2000:] + f[-2000:]
@@ -410,7 +413,7 @@ def test_rsyslog_omfwd_rebinds(group_fabric, pubdir):
     assert res[True] == res[False]
     f, r = flog.read_text(), rlog.read_text()
     early = [w for w in tcp_reasons(flog) if w == "closed before a memlan acceptor took the offer"]
-    before = {"the client closed before accept (no offer)", "the client closed before accept",
+    before = {NO_OFFER_FIN, "the client closed before accept",
               "the client had already withdrawn its offer"}
     assert set(tcp_reasons(rlog)) <= before and len(tcp_reasons(rlog)) == len(early), r[-3000:]
     assert f.count("accelerated (client)") == r.count("accelerated (accepted"), f[-3000:]
@@ -564,7 +567,7 @@ def test_client_that_wrote_and_closed_before_accept(fabric, tmp_path):
     finally:
         stop(srv)
     s, c = slog.read_text(), clog.read_text()
-    assert tcp_reasons(slog) == ["the client closed before accept (no offer)"], s
+    assert tcp_reasons(slog) == [NO_OFFER_FIN], s
     assert tcp_reasons(clog) == ["closed before a memlan acceptor took the offer"], c
     settle()
 
@@ -590,7 +593,7 @@ def test_client_that_closed_while_another_is_pending(fabric, tmp_path):
     finally:
         stop(srv)
     s, c = slog.read_text(), clog.read_text()
-    assert tcp_reasons(slog) == ["the client closed before accept (no offer)"], s
+    assert tcp_reasons(slog) == [NO_OFFER_FIN], s
     assert tcp_reasons(clog) == ["closed before a memlan acceptor took the offer"], c
     settle()
 

@@ -48,6 +48,27 @@ def test_stat_shows_live_objects_and_clean_leaves_them(fabric, holder):
     assert os.listdir(fabric) == []
 
 
+def test_stat_passes_over_planted_files(fabric, holder):
+    """memlan stat lists a fabric in which a member planted a FIFO under a segment's name, and a
+    process entry whose connection token names a path through the fabric ("x/../../FIFO"): it
+    answers at once.  Before, its open of the FIFO waited for a writer for ever (a review's
+    reproduction; a member of a shared fabric can plant both)."""
+    proc, seg, ch = holder()
+    os.mkfifo(fabric / "seg-planted")
+    os.mkdir(fabric / "seg-x")
+    os.mkfifo(fabric.parent / (fabric.name + "-fifo"))
+    try:
+        p = memlan("stat", "--json", timeout=10)
+        assert json.loads(p.stdout)["objects"], p.stdout
+    finally:
+        os.unlink(fabric.parent / (fabric.name + "-fifo"))
+        os.unlink(fabric / "seg-planted")
+        os.rmdir(fabric / "seg-x")
+        proc.stdin.write("close\n")
+        proc.stdin.flush()
+        proc.wait(timeout=10)
+
+
 def test_sigkill_then_clean_reclaims(fabric, holder):
     proc, seg, ch = holder()
     proc.send_signal(signal.SIGKILL)

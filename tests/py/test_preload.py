@@ -3529,12 +3529,11 @@ def test_a_clients_sweep_removes_a_dead_listeners_record(fabric, tmp_path):
     settle(fabric)
 
 
-def lrec_offset(field, tmp_path):
-    """offsetof(struct ml_listen_rec, field), from the installed layout header."""
+def layout_offset(expr, tmp_path):
+    """A C expression over memlan/layout.h (an offsetof, a sizeof), from the header."""
     src = tmp_path / "off.c"
     src.write_text('#include <stdio.h>\n#include <stddef.h>\n#include "memlan/layout.h"\n'
-                   'int main(void) { printf("%%zu\\n", offsetof(struct ml_listen_rec, %s)); }\n'
-                   % field)
+                   'int main(void) { printf("%%zu\\n", (size_t)(%s)); }\n' % expr)
     subprocess.run(["cc", "-I", str(ROOT / "include"), "-o", str(tmp_path / "off"), str(src)],
                    check=True, timeout=60)
     return int(subprocess.run([str(tmp_path / "off")], capture_output=True, text=True,
@@ -3560,7 +3559,7 @@ def test_a_dead_listeners_record_forged_full_still_goes(fabric, tmp_path, then):
     assert first.stdout.readline().strip() == "ready"
     assert first.wait(timeout=30) == 0
     rec = fabric / ("ls-%x-%d" % (os.stat("/proc/self/ns/net").st_ino, port))
-    off = lrec_offset("lsock_full", tmp_path)
+    off = layout_offset("offsetof(struct ml_listen_rec, lsock_full)", tmp_path)
     with open(rec, "r+b") as f:  # the vandal's write
         f.seek(off)
         f.write((1).to_bytes(4, "little"))
@@ -3574,6 +3573,64 @@ def test_a_dead_listeners_record_forged_full_still_goes(fabric, tmp_path, then):
         text = log.read_text()
         assert "defers accept until data" not in text, text
         assert text.count("accelerated (client)") == 3, text
+    settle(fabric)
+
+
+BROKEN_WORD_CLIENT = r"""
+import glob, os, socket, sys, time
+port, fab, off = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+s = socket.create_connection(("127.0.0.1", port))
+s.sendall(b"precious-bytes!")
+time.sleep(0.05)
+offer = glob.glob(fab + "/cx-*")[0]  # the offer's name is a link to the channel's file
+fd = os.open(offer, os.O_RDWR)
+os.pwrite(fd, (7).to_bytes(4, "little"), off)  # garbage in the attach word
+os.close(fd)
+s.close()
+"""
+
+LATE_SERVER = r"""
+import socket, sys, time
+l = socket.socket()
+l.bind(("127.0.0.1", 0))
+l.listen(4)
+print(l.getsockname()[1], flush=True)
+time.sleep(0.5)  # accepts after the client closed
+c, _ = l.accept()
+data = b""
+while True:
+    d = c.recv(65536)
+    if not d:
+        break
+    data += d
+print(data.decode(), flush=True)
+"""
+
+
+def test_a_close_over_a_broken_attach_word_sends_the_rings_bytes(fabric, tmp_path):
+    """A client writes, then closes before its server accepts, its channel's attach word
+    overwritten with garbage meanwhile (written by no attacher: nobody can attach any more):
+    the server reads the bytes over TCP, as it reads them over kernel TCP.  Before, that close
+    took the broken word for a claim and kept the bytes in the ring, and the server read
+    end-of-file (a review's reproduction)."""
+    off = layout_offset("sizeof(struct ml_seg_hdr) + offsetof(struct ml_chan_hdr, attached)",
+                        tmp_path)
+    (tmp_path / "c.py").write_text(BROKEN_WORD_CLIENT)
+    (tmp_path / "s.py").write_text(LATE_SERVER)
+    log = tmp_path / "b.log"
+    pre = [str(MEMLAN), "run", "--log", str(log), "--"]
+    srv = subprocess.Popen(pre + [PY, str(tmp_path / "s.py")], stdout=subprocess.PIPE, text=True)
+    try:
+        port = srv.stdout.readline().strip()
+        subprocess.run(pre + [PY, str(tmp_path / "c.py"), port, str(fabric), str(off)],
+                       check=True, timeout=30)
+        out = srv.stdout.readline().strip()
+        assert srv.wait(timeout=30) == 0
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    assert out == "precious-bytes!", (out, log.read_text())
     settle(fabric)
 
 
