@@ -674,7 +674,7 @@ def test_a_dropped_childs_exec_carries_its_connection(fabric, pubdir, what):
     assert got[0][2] == "0" and got[0][3], got
 
 
-ECHO_SERVER = r"""
+ECHO_FOREVER = r"""
 import socket, sys, threading
 ls = socket.socket()
 ls.bind(("127.0.0.1", 0))
@@ -694,7 +694,7 @@ while True:
 
 
 def echo_server(pubdir, log, on, env=None, user=None):
-    (pubdir / "echo.py").write_text(ECHO_SERVER)
+    (pubdir / "echo.py").write_text(ECHO_FOREVER)
     os.chmod(pubdir / "echo.py", 0o644)
     cmd = wrap(["python3", str(pubdir / "echo.py")], log, on)
     if user is not None:
