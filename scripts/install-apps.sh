@@ -33,7 +33,10 @@ want=(redis-server:redis-server memcached:memcached nginx:nginx-light wrk:wrk
       /usr/lib/dovecot/pop3:dovecot-pop3d socat:socat stunnel4:stunnel4 openssl:openssl
       exim4:exim4-daemon-light /usr/sbin/xinetd:xinetd /bin/nc.openbsd:netcat-openbsd
       ncat:ncat /usr/sbin/unbound:unbound /usr/sbin/slapd:slapd
-      ldapsearch:ldap-utils beanstalkd:beanstalkd erlc:erlang-base)
+      ldapsearch:ldap-utils beanstalkd:beanstalkd erlc:erlang-base
+      gunicorn:gunicorn /usr/lib/python3/dist-packages/gevent/__init__.py:python3-gevent
+      uwsgi:uwsgi-core /usr/lib/uwsgi/plugins/python3_plugin.so:uwsgi-plugin-python3
+      /usr/share/tomcat10/bin/catalina.sh:tomcat10 puma:puma rackup:ruby-rack)
 # postfix as Debian ships it, for test_apps_daemons.py: its package conflicts with
 # exim4-daemon-light (both are the mail-transport-agent), which test_apps_mail.py needs, so where
 # it is not installed its package is unpacked, unchanged, under /opt/memlan-apps/postfix (the tests
