@@ -565,3 +565,187 @@ def test_nginx_in_front_of_gunicorn_and_uwsgi(fabric, tmp_path):
     assert accelerated(logs["gunicorn"]) >= 1 and accelerated(logs["uwsgi"]) >= 1
     assert ng.count("accelerated (client)") == accelerated(logs["gunicorn"]) + accelerated(logs["uwsgi"])
     settle()
+
+
+# ---- Tomcat 10, and Java's own HTTP server -----------------------------------------------------
+
+ECHO_JSP = r"""<%@ page import="java.security.MessageDigest,java.io.InputStream" contentType="text/plain" %><%
+MessageDigest md = MessageDigest.getInstance("SHA-256");
+InputStream in = request.getInputStream();
+byte[] buf = new byte[65536]; long total = 0; int n;
+while ((n = in.read(buf)) > 0) { md.update(buf, 0, n); total += n; }
+StringBuilder sb = new StringBuilder();
+for (byte b : md.digest()) sb.append(String.format("%02x", b));
+String st = request.getParameter("status");
+if (st != null) response.setStatus(Integer.parseInt(st));
+out.print(total + " " + sb);
+%>"""
+
+GEN_JSP = r"""<%@ page contentType="application/octet-stream" trimDirectiveWhitespaces="true" %><%
+int n = Integer.parseInt(request.getParameter("n"));
+java.io.OutputStream os = response.getOutputStream();
+byte[] chunk = new byte[8192];
+for (int i = 0; i < chunk.length; i++) chunk[i] = (byte)(i * 31 + n);
+for (int left = n; left > 0; left -= chunk.length) os.write(chunk, 0, Math.min(left, chunk.length));
+os.flush();
+%>"""
+
+
+def tomcat_base(base, port, static):
+    """A CATALINA_BASE as Debian's /var/lib/tomcat10 (its conf from /etc/tomcat10, the HTTP
+    connector on port), with a ROOT webapp: big.bin, echo.jsp and gen.jsp."""
+    shutil.copytree("/etc/tomcat10", base / "conf")
+    conf = base / "conf/server.xml"
+    xml = conf.read_text()
+    assert 'port="8080"' in xml, "Debian's server.xml changed"
+    conf.write_text(xml.replace('port="8080"', f'port="{port}"'))
+    root = base / "webapps/ROOT"
+    root.mkdir(parents=True)
+    for sub in ("logs", "work", "temp"):
+        (base / sub).mkdir()
+    (root / "big.bin").write_bytes(static)
+    (root / "echo.jsp").write_text(ECHO_JSP)
+    (root / "gen.jsp").write_text(GEN_JSP)
+
+
+def test_tomcat10_as_debian_ships_it(fabric, tmp_path):
+    """Tomcat 10 started as Debian's tomcat-start.sh starts it (catalina.sh run in its
+    CATALINA_BASE, Debian's server.xml: the NIO connector, which sends static files with
+    sendfile): a 5 MB static file twice on one keep-alive connection and by a slow reader, a
+    JSP's 3 MB response, a JSP reading 2 MB uploads (chunked too) and answering 201, then wrk
+    on a small JSP and on the static file; bytes and statuses are kernel TCP's, every connection
+    accelerated, and a plain curl on TCP with the reason in Tomcat's log."""
+    have("/usr/share/tomcat10/bin/catalina.sh", "java", "curl", "wrk")
+    static, up = os.urandom(5 << 20), tmp_path / "up.bin"
+    up.write_bytes(os.urandom(2_000_000))
+    (tmp_path / "slow.py").write_text(SLOW)
+    res = {}
+    for on in (False, True):
+        base = tmp_path / ("on" if on else "off")
+        port = next_port()
+        tomcat_base(base, port, static)
+        slog, clog, wlog = base / "server.log", base / "client.log", base / "wrk.log"
+        env = dict(os.environ, CATALINA_HOME="/usr/share/tomcat10", CATALINA_BASE=str(base),
+                   CATALINA_TMPDIR=str(base / "temp"),
+                   JAVA_OPTS="-Djava.awt.headless=true -Xmx256m -XX:+UseSerialGC")
+        srv = subprocess.Popen(wrap(["/usr/share/tomcat10/bin/catalina.sh", "run"], slog, on),
+                               cwd=base, env=env, stdout=open(base / "catalina.out", "w"),
+                               stderr=subprocess.STDOUT)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_port(port, srv, 60)
+            res[on] = [curl([f"{url}/big.bin", f"{url}/big.bin"], clog, on),
+                       curl([f"{url}/gen.jsp?n=3000000"], clog, on),
+                       curl(["--data-binary", f"@{up}", f"{url}/echo.jsp?status=201", "-w",
+                             " %{http_code}"], clog, on),
+                       curl(["-H", "Transfer-Encoding: chunked", "--data-binary", f"@{up}",
+                             f"{url}/echo.jsp", "-w", " %{http_code}"], clog, on),
+                       curl([f"{url}/nothing.jsp", "-w", " %{http_code}"], clog, on),
+                       slow(tmp_path, port, "/big.bin", clog, on),
+                       slow(tmp_path, port, "/gen.jsp?n=2000000", clog, on)]
+            if on:
+                assert only_accelerated(clog, slog) == 13, clog.read_text()[-2000:]
+                wrk(f"{url}/gen.jsp?n=1000", wlog, conns=8)
+                wrk(f"{url}/big.bin", wlog, conns=4)
+                # Tomcat closes a kept-alive connection after 100 requests (maxKeepAliveRequests)
+                assert accelerated(wlog) >= 12 and tcp_reasons(wlog) == [], wlog.read_text()[-2000:]
+                plain = subprocess.run(["curl", "-sS", f"{url}/big.bin"], capture_output=True,
+                                       timeout=30).stdout
+                assert plain == static
+                assert any("not memlan" in r for r in tcp_reasons(slog)), slog.read_text()[-2000:]
+            assert srv.poll() is None, "tomcat exited"
+        finally:
+            stop(srv, 30)
+        log = (base / "catalina.out").read_text()
+        assert "SEVERE" not in log and "Exception" not in log, log[-3000:]
+    assert res[True] == res[False], res
+    assert res[False][0][:3] == (0, hashlib.sha256(static * 2).hexdigest(), 2 * len(static)), res
+    assert res[False][4][2] > 0 and res[False][6].endswith("4 []"), res
+    settle()
+
+
+def test_java_httpserver_thread_pool(fabric, tmp_path):
+    """Java's com.sun.net.httpserver on a pool of 8 threads: 12 keep-alive clients x 60
+    requests (3 MB responses, chunked ones, chunked uploads), slow readers, and wrk; bytes and
+    statuses are kernel TCP's, every connection accelerated."""
+    have("java", "javac", "wrk")
+    files(tmp_path)
+    (tmp_path / "Srv.java").write_text(JAVA_SRV)
+    p = subprocess.run(["javac", "-d", str(tmp_path), str(tmp_path / "Srv.java")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    res = {}
+    for on in (False, True):
+        base = tmp_path / ("on" if on else "off")
+        base.mkdir()
+        slog, clog, wlog = base / "server.log", base / "client.log", base / "wrk.log"
+        port = next_port()
+        srv = subprocess.Popen(wrap(["java", "-Xmx256m", "-XX:+UseSerialGC", "-cp", str(tmp_path),
+                                     "Srv", str(port)], slog, on),
+                               stdout=subprocess.DEVNULL, stderr=open(base / "java.err", "w"))
+        try:
+            wait_port(port, srv, 60)
+            out, err = finish(client(tmp_path, port, 12, 60, clog, on))
+            res[on] = [out, slow(tmp_path, port, "/big?3000000", clog, on),
+                       slow(tmp_path, port, "/stream?3000000", clog, on)]
+            if on:
+                assert only_accelerated(clog, slog) == 12 + 8, clog.read_text()[-2000:]
+                wrk(f"http://127.0.0.1:{port}/big?1000", wlog, conns=8)
+                assert accelerated(wlog) == 8 and tcp_reasons(wlog) == [], wlog.read_text()[-2000:]
+            assert srv.poll() is None, "java exited"
+        finally:
+            stop(srv)
+        err = (base / "java.err").read_text()
+        assert "handler:" not in err.replace("handler: java.io.IOException: Broken pipe", ""), err[-2000:]
+    assert res[True] == res[False], res
+    assert res[False][0].startswith("12 720 ") and res[False][0].endswith("[]"), res
+    settle()
+
+
+# ---- puma --------------------------------------------------------------------------------------
+
+def test_puma_cluster_phased_and_hot_restart(fabric, tmp_path):
+    """puma (Debian's) in cluster mode, 3 workers of 2 to 4 threads, a Rack app: 8 keep-alive
+    clients x 90 requests (3 MB responses, streamed ones, chunked uploads), with a phased
+    restart (SIGUSR1: the workers one by one) and a hot restart (SIGUSR2: the master re-execs
+    itself, keeping its listener) in the middle of the load; slow readers and wrk.  Bytes and
+    statuses are kernel TCP's, every connection accelerated."""
+    have("puma", "wrk")
+    files(tmp_path)
+    (tmp_path / "config.ru").write_text(RACK_APP)
+    res = {}
+    for on in (False, True):
+        base = tmp_path / ("on" if on else "off")
+        base.mkdir()
+        slog, clog, wlog = base / "server.log", base / "client.log", base / "wrk.log"
+        port = next_port()
+        srv = subprocess.Popen(wrap(["puma", "-w", "3", "-t", "2:4", "-b", f"tcp://127.0.0.1:{port}",
+                                     str(tmp_path / "config.ru")], slog, on),
+                               cwd=tmp_path, stdout=open(base / "puma.out", "w"),
+                               stderr=subprocess.STDOUT)
+        try:
+            wait_port(port, srv, 60)
+            end = time.monotonic() + 30  # the workers booted
+            while (base / "puma.out").read_text().count("Worker") < 3 and time.monotonic() < end:
+                time.sleep(0.1)
+            sigs = iter((signal.SIGUSR1, signal.SIGUSR2))
+            c = client(tmp_path, port, 8, 90, clog, on, marks=base / "marks")
+            reload_at_marks(base / "marks", c, lambda: srv.send_signal(next(sigs)))
+            out, err = finish(c)
+            time.sleep(1)
+            res[on] = [out, slow(tmp_path, port, "/big?3000000", clog, on),
+                       slow(tmp_path, port, "/stream?3000000", clog, on)]
+            if on:
+                assert only_accelerated(clog, slog, allowed=(BUSY,)) >= 8 + 8, clog.read_text()[-2000:]
+                wrk(f"http://127.0.0.1:{port}/big?1000", wlog, conns=8)
+                assert accelerated(wlog) == 8 and tcp_reasons(wlog) == [], wlog.read_text()[-2000:]
+            assert srv.poll() is None, "puma exited"
+        finally:
+            stop(srv)
+        log = (base / "puma.out").read_text()
+        assert "Starting phased worker restart" in log and "* Restarting..." in log, log[-3000:]
+        assert "* Inherited tcp://127.0.0.1:" in log, log[-3000:]
+        assert "Error" not in log and "error" not in log.replace("Errors", ""), log[-3000:]
+    assert res[True] == res[False], res
+    assert res[False][0].startswith("8 720 ") and res[False][0].endswith("[]"), res
+    settle()
