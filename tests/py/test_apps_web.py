@@ -21,7 +21,7 @@ import time
 
 import pytest
 
-from conftest import MEMLAN, port_range, stop_proc, port_free  # noqa: F401 (fixtures)
+from conftest import fabric, port_range, stop_proc  # noqa: F401 (fixture)
 from test_apps import accelerated, settle, tcp_reasons, wait_port, wrap
 
 next_port = port_range(27201, 27399, "test_apps_web")  # no other test's range, below the ephemeral range
