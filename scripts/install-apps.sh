@@ -35,7 +35,10 @@ want=(redis-server:redis-server memcached:memcached nginx:nginx-light wrk:wrk
       ncat:ncat /usr/sbin/unbound:unbound /usr/sbin/slapd:slapd
       ldapsearch:ldap-utils beanstalkd:beanstalkd erlc:erlang-base
       /usr/sbin/rsyslogd:rsyslog logger:bsdutils /usr/sbin/named:bind9 dig:bind9-dnsutils
-      /usr/sbin/ngircd:ngircd)
+      /usr/sbin/ngircd:ngircd
+      gunicorn:gunicorn /usr/lib/python3/dist-packages/gevent/__init__.py:python3-gevent
+      uwsgi:uwsgi-core /usr/lib/uwsgi/plugins/python3_plugin.so:uwsgi-plugin-python3
+      /usr/share/tomcat10/bin/catalina.sh:tomcat10 puma:puma rackup:ruby-rack)
 # proftpd-basic conflicts with an installed vsftpd package (both are an ftp-server): apt would
 # remove vsftpd; test_apps_files.py then runs that one and skips proftpd's test.
 [[ -x /usr/sbin/vsftpd ]] || want+=(/usr/sbin/proftpd:proftpd-basic)
