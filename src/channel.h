@@ -142,7 +142,8 @@ uint32_t __ml_chan_generation(const struct memlan_channel *ch);
  * that made the handle, and in a fork child lets go of the child's copies only. */
 void __ml_chan_end(struct memlan_channel *ch);
 int __ml_chan_withdraw(struct memlan_channel *ch);
-int __ml_chan_exec_bridge(struct memlan_channel *ch, int kept); /* kept: the file, opened before (>0) */
+/* kept: the channel's file, opened before (> 0), for when the name is refused; else 0 */
+int __ml_chan_exec_bridge(struct memlan_channel *ch, int kept);
 int __ml_chan_adopt(memlan_fabric_t *fab, const char *token, int fd, int side,
                     memlan_channel_t **out);
 int __ml_chan_bridge_open(memlan_fabric_t *fab, const char *token, int side);

@@ -176,17 +176,17 @@ static void mlp_cred_ring_peers(bool nopost)
  * An exec carries a connection through its channel's file opened anew (exec.c's bridge), by name
  * in the fabric: after a drop the directory may refuse us (an inetd's child that drops to a
  * service's user and execs it with the connection on fds 0 and 1).  So before a change that may
- * put it out of reach (any but a uid call that keeps the euid: groups, and capabilities, count
- * too), while the name still opens, the file of each accelerated connection is kept open (a protected,
- * close-on-exec fd of ours at our high numbers, s->cred_fd), from which the bridge is made when
- * the name is refused (__ml_chan_exec_bridge).  Used for nothing else: a liveness look through it
- * would be an fcntl, which a sandbox that follows a drop may kill for (the name, refused, sends
- * that look to the kernel socket).  At most 16 per process, kept until their sockets go: an fd
- * each, and a server that drops with many connections open, or toggles its euid around every
- * request, must not find its fd limit nearer; the others' exec says it cannot carry them, as
- * before.  An fd that cannot go to our high numbers (a soft limit lowered since start-up) is
- * closed, never left at a number the program may think free (a write to a closed stdout landed
- * in the channel's file: a review's reproduction).  Two threads changing credentials at once may
+ * put it out of reach (any but a uid call that keeps the euid: groups and capabilities count
+ * too), while the name still opens, the file of each accelerated connection is kept open (a
+ * protected, close-on-exec fd of ours at our high numbers, s->cred_fd), from which the bridge is
+ * made when the name is refused (__ml_chan_exec_bridge).  Used for nothing else: a liveness
+ * look through it would be an fcntl, which a sandbox that follows a drop may kill for (the
+ * name, refused, sends that look to the kernel socket). At most 16 per process, kept until their
+ * sockets go: an fd each, and a server that drops with many connections open, or toggles its euid
+ * around every request, must not find its fd limit nearer; the others' exec says it cannot carry
+ * them, as before. An fd that cannot go to our high numbers (a soft limit lowered since start-up)
+ * is closed, never left at a number the program may think free (a write to a closed stdout landed
+ * in the channel's file: a review's reproduction). Two threads changing credentials at once may
  * open the same file: the first to set cred_fd keeps it, the other closes its own.
  */
 #define MLP_CRED_KEEP_MAX 16

@@ -415,7 +415,7 @@ bool mlp_is_internal_fd(int fd)
 }
 
 /* A duplicate of fd at our high numbers (half the soft limit), or -errno.  A soft limit lowered
- * since start-up (a daemon's own, lower one) is read again, and the base with it: before, our
+ * since start-up (a daemon's own, lower one) lowers the base with it: before, our
  * fds stayed where they were opened, a number the program had closed (its stdout) and took for
  * free (a write to it returned EINVAL, from our eventfd, where the kernel says EBADF).  A
  * limit lowered by a raw system call is not seen. */

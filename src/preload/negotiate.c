@@ -51,6 +51,10 @@
 #include <unistd.h>
 
 static pthread_mutex_t mlp_neg_mu = PTHREAD_MUTEX_INITIALIZER;
+/* The acceptor's reason when no offer came and the client's FIN is there. */
+#define MLP_WHY_NO_OFFER_FIN                                                                    \
+    "the client shut down its sending before accept, with no offer (a memlan client that "      \
+    "closed, or one without memlan)"
 static bool mlp_fab_tried;
 char mlp_carry_fabric[4096];
 bool mlp_carry_explicit;  /* the carried fabric was named (MEMLAN_FABRIC), not a default */
@@ -3649,7 +3653,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
         }
         if (k == -ENOENT && pend == 0) {
             const char *no = mlp_no_offer_why(m);
-            why = mlp_peer_closed(fd) ? "the client shut down its sending before accept, with no offer (a memlan client that closed, or one without memlan)"
+            why = mlp_peer_closed(fd) ? MLP_WHY_NO_OFFER_FIN
                   : no                ? no
                   : other_ns ? "no offer under this connection's addresses: the client is not "
                                "memlan, or a NAT between the namespaces changed them"
@@ -3676,7 +3680,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
              * Another client's count in pending (omfwd's next connection, made as its last
              * closes) had this accept wait to the deadline and say "no offer from the client
              * within the server's wait" for a client that closed (tests/py/test_apps_logs.py). */
-            why = "the client shut down its sending before accept, with no offer (a memlan client that closed, or one without memlan)";
+            why = MLP_WHY_NO_OFFER_FIN;
             break;
         }
         if (mlp_now_ns() >= deadline) {
