@@ -236,7 +236,9 @@ def test_client_closed_before_accept(fabric, tmp_path):
     assert plain.returncode == 0 and under.returncode == 0, (plain.stderr, under.stderr)
     assert under.stdout == plain.stdout == "b'' b'after'\n", (plain.stdout, under.stdout)
     text = log.read_text()
-    assert "the client closed before accept" in text, text
+    # Either of the acceptor's ways to see it (the claim's or the wait's): neither blames it.
+    assert ("the client closed before accept" in text or
+            "the client shut down its sending before accept" in text), text
     assert "not memlan" not in text and "accelerated (accepted" in text, text
     settle(fabric)
 
