@@ -268,8 +268,11 @@ def relay_compare(res, logs):
     assert c.count("accelerated (client)") + len(early) == 12, c[-2000:]
     # the forwarder's reconnects while the receiver is down are refused (syslog-ng's time_reopen)
     down = "no memlan listener on this port in the fabric"
+    # As the acceptor met the close.  "not memlan" too: a client descheduled between its
+    # withdrawal and its kernel close has no offer and no FIN yet at the acceptor's look (a
+    # loaded machine: make test with helpers running), a known imprecision of the reason.
     before = {NO_OFFER_FIN, "the client closed before accept",
-              "the client had already withdrawn its offer"}  # as the acceptor met the close
+              "the client had already withdrawn its offer", "the client is not memlan (no offer)"}
     rr, fr = tcp_reasons(rlog), tcp_reasons(flog)
     assert set(rr + fr) <= {down} | before, r[-2000:] + f[-2000:]
     assert len(rr + fr) - fr.count(down) == len(early), r[-2000:] + f[-2000:]
@@ -414,7 +417,7 @@ def test_rsyslog_omfwd_rebinds(group_fabric, pubdir):
     f, r = flog.read_text(), rlog.read_text()
     early = [w for w in tcp_reasons(flog) if w == "closed before a memlan acceptor took the offer"]
     before = {NO_OFFER_FIN, "the client closed before accept",
-              "the client had already withdrawn its offer"}
+              "the client had already withdrawn its offer", "the client is not memlan (no offer)"}
     assert set(tcp_reasons(rlog)) <= before and len(tcp_reasons(rlog)) == len(early), r[-3000:]
     assert f.count("accelerated (client)") == r.count("accelerated (accepted"), f[-3000:]
     assert f.count("accelerated (client)") + len(early) >= 100, f[-3000:]

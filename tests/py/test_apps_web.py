@@ -324,6 +324,23 @@ def wrk(url, log, conns=8, secs=1, closes=False):
     return out
 
 
+CLOSED_EARLY = "closed before a memlan acceptor took the offer"
+
+
+def wrk_said(wlog, runs=1):
+    """wrk's log: (accelerated connections, TCP reasons), its probes left out: each run of wrk
+    first opens one connection and closes it unused, which its close says accelerated or, closed
+    before the server took its offer, TCP with that reason (since 02b5df3: before, it said
+    nothing)."""
+    acc, why = accelerated(wlog), tcp_reasons(wlog)
+    for _ in range(runs):
+        if CLOSED_EARLY in why:
+            why.remove(CLOSED_EARLY)
+        else:
+            acc -= 1
+    return acc, why
+
+
 def only_accelerated(clog, slog, allowed=()):
     """Every connection of clog's clients accelerated (or TCP for one of the allowed reasons),
     and the server accepted as many accelerated."""
@@ -383,8 +400,12 @@ def test_gunicorn_workers_recycled_and_reloaded(fabric, tmp_path, worker):
                 assert n >= 8 + 8, clog.read_text()[-2000:]
                 if worker != "sync":
                     wrk(f"http://127.0.0.1:{port}/big?1000", wlog, closes=True)
-                    assert accelerated(wlog) >= 8, wlog.read_text()[-2000:]
-                    assert [r for r in tcp_reasons(wlog) if BUSY not in r] == [], wlog.read_text()[-2000:]
+                    acc, why = wrk_said(wlog)
+                    assert acc >= 8, wlog.read_text()[-2000:]
+                    # a connection wrk closes before a recycled worker's successor accepts it
+                    # says so too
+                    assert [r for r in why if BUSY not in r and r != CLOSED_EARLY] == [], \
+                        wlog.read_text()[-2000:]
                 plain = subprocess.run(["curl", "-sS", f"http://127.0.0.1:{port}/big?2000000"],
                                        capture_output=True, timeout=30).stdout
                 assert plain == blob(2000000, "2000000")
@@ -449,7 +470,7 @@ def test_uwsgi_master_processes_threads(fabric, tmp_path):
                 # uWSGI's http11-socket closes a connection after a response of no length
                 assert only_accelerated(klog, blog) >= 8, klog.read_text()[-2000:]
                 wrk(f"http://127.0.0.1:{p2}/big?1000", wlog, conns=6)
-                assert accelerated(wlog) == 6 and tcp_reasons(wlog) == [], wlog.read_text()[-2000:]
+                assert wrk_said(wlog) == (6, []), wlog.read_text()[-2000:]
             assert a.poll() is None and b.poll() is None, "uwsgi exited"
         finally:
             stop(a)
@@ -648,7 +669,8 @@ def test_tomcat10_as_debian_ships_it(fabric, tmp_path):
                 wrk(f"{url}/gen.jsp?n=1000", wlog, conns=8)
                 wrk(f"{url}/big.bin", wlog, conns=4)
                 # Tomcat closes a kept-alive connection after 100 requests (maxKeepAliveRequests)
-                assert accelerated(wlog) >= 12 and tcp_reasons(wlog) == [], wlog.read_text()[-2000:]
+                acc, why = wrk_said(wlog, runs=2)
+                assert acc >= 12 and why == [], wlog.read_text()[-2000:]
                 plain = subprocess.run(["curl", "-sS", f"{url}/big.bin"], capture_output=True,
                                        timeout=30).stdout
                 assert plain == static
@@ -691,7 +713,7 @@ def test_java_httpserver_thread_pool(fabric, tmp_path):
             if on:
                 assert only_accelerated(clog, slog) == 12 + 8, clog.read_text()[-2000:]
                 wrk(f"http://127.0.0.1:{port}/big?1000", wlog, conns=8)
-                assert accelerated(wlog) == 8 and tcp_reasons(wlog) == [], wlog.read_text()[-2000:]
+                assert wrk_said(wlog) == (8, []), wlog.read_text()[-2000:]
             assert srv.poll() is None, "java exited"
         finally:
             stop(srv)
@@ -738,7 +760,7 @@ def test_puma_cluster_phased_and_hot_restart(fabric, tmp_path):
             if on:
                 assert only_accelerated(clog, slog, allowed=(BUSY,)) >= 8 + 8, clog.read_text()[-2000:]
                 wrk(f"http://127.0.0.1:{port}/big?1000", wlog, conns=8)
-                assert accelerated(wlog) == 8 and tcp_reasons(wlog) == [], wlog.read_text()[-2000:]
+                assert wrk_said(wlog) == (8, []), wlog.read_text()[-2000:]
             assert srv.poll() is None, "puma exited"
         finally:
             stop(srv)
