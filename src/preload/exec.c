@@ -70,6 +70,8 @@ struct mlp_carry {
     int ngave;
     struct mlp_sock **took;   /* sockets a vfork child counted itself in */
     int ntook;
+    int *handed;              /* received fds a vfork child handed to its exec (mlp_carry_received) */
+    int nhanded;
     const posix_spawn_file_actions_t *fa; /* posix_spawn's file actions, or NULL */
     int *credports;           /* ports whose ML_NO_OFFER_CRED we cleared (mlp_lrec_cred_exec) */
     int ncredports;
@@ -386,6 +388,56 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
     mlp_buf_add(buf, "\n");
 }
 
+/*
+ * A vfork child's exec of a descriptor received over SCM_RIGHTS that nobody has looked at yet (a
+ * connection passed to us, not used): the child may not look (it runs in its parent's memory, and
+ * what a look installs would be the parent's, naming files only the child has), so the new image
+ * looks instead, at its start: the list names the socket ("R inode fds"), at the numbers it will
+ * have there (the fd itself if it survives the exec, and the child's dups of it: worker pools
+ * vfork, dup2 the connection onto 0 and 1, and exec a handler).  Before, the exec carried
+ * nothing, the handler wrote on the idle kernel socket and the peer read the end alone; and the
+ * parent's close of its copy took the connection up and ended it.  So the parent's mark is set
+ * "looked" (its copy is the kernel socket from now, as an fd it keeps of a connection it passed
+ * on; a failed exec sets it back).
+ */
+static void mlp_carry_received(struct mlp_carry *c, int fd, struct mlp_buf *buf)
+{
+    struct mlp_fdrec *rec = mlp_fdrec(fd);
+    if (!rec || ml_load_relaxed(&rec->received) != MLP_RCV_NEW)
+        return;
+    struct stat st;
+    unsigned long ino = __ml_sys_fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)
+                            ? (unsigned long)st.st_ino : 0; /* 0: closed, or not a socket */
+    int keep[1 + MLP_VFORK_DUPS], nk = 0;
+    if (ino && mlp_fd_survives_exec(fd))
+        keep[nk++] = fd;
+    if (mlp_vfork_dups.pid == (int)__ml_sys_getpid())
+        for (int k = 0; k < mlp_vfork_dups.n; k++) {
+            int to = mlp_vfork_dups.to[k];
+            if (mlp_vfork_dups.from[k] != fd || (ino && mlp_vfork_dups.ino[k] != ino) ||
+                to == fd || !mlp_fd_survives_exec(to) || mlp_fd_ino(to) != mlp_vfork_dups.ino[k])
+                continue;
+            ino = mlp_vfork_dups.ino[k]; /* the child may have closed fd after its dup2 */
+            keep[nk++] = to;
+        }
+    if (!nk || !ino)
+        return; /* the new program does not get it: the parent's mark stays */
+    int *nh = realloc(c->handed, (size_t)(c->nhanded + 1) * sizeof *nh);
+    if (!nh) {
+        buf->failed = true;
+        return;
+    }
+    c->handed = nh;
+    uint8_t v = MLP_RCV_NEW;
+    if (!atomic_compare_exchange_strong(&rec->received, &v, (uint8_t)MLP_RCV_LOOKED))
+        return;
+    c->handed[c->nhanded++] = fd;
+    mlp_buf_add(buf, "R %lu", ino);
+    for (int i = 0; i < nk; i++)
+        mlp_buf_add(buf, " %d", keep[i]);
+    mlp_buf_add(buf, "\n");
+}
+
 /* Write the list of carried sockets into a memfd for the new image; -1 when nothing to carry. */
 static int mlp_carry_list(struct mlp_carry *c, bool spawn)
 {
@@ -393,8 +445,12 @@ static int mlp_carry_list(struct mlp_carry *c, bool spawn)
     struct mlp_fdref *refs = NULL;
     int n = 0, cap = 0;
     bool oom = false;
+    bool vforked = (int)__ml_sys_getpid() != mlp_pid;
+    struct mlp_buf rbuf = {.failed = false}; /* received fds handed on unlooked: "R" lines */
     for (int fd = 0; fd <= max && !oom; fd++) {
         mlp_received_look(fd); /* a connection passed to us and not used yet goes on too */
+        if (vforked && !spawn && !mlp_fd_is_ours(fd) && mlp_received_pending())
+            mlp_carry_received(c, fd, &rbuf); /* which a vfork child cannot look at */
         if (!mlp_fd_is_ours(fd))
             continue;
         struct mlp_sock *s = mlp_get(fd);
@@ -412,13 +468,16 @@ static int mlp_carry_list(struct mlp_carry *c, bool spawn)
         }
         refs[n++] = (struct mlp_fdref){fd, s};
     }
-    if (n == 0) {
+    if (n == 0 && !rbuf.len && !rbuf.failed) {
         free(refs);
         return -1;
     }
-    qsort(refs, (size_t)n, sizeof *refs, mlp_fdref_cmp);
-    bool vforked = (int)__ml_sys_getpid() != mlp_pid;
-    struct mlp_buf buf = {.failed = oom};
+    if (n)
+        qsort(refs, (size_t)n, sizeof *refs, mlp_fdref_cmp);
+    struct mlp_buf buf = {.failed = oom || rbuf.failed};
+    if (rbuf.len)
+        mlp_buf_add(&buf, "%.*s", (int)rbuf.len, rbuf.p);
+    free(rbuf.p);
     for (int i = 0; i < n;) {
         int j = i + 1;
         while (j < n && refs[j].s == refs[i].s)
@@ -638,7 +697,7 @@ static char *const *mlp_exec_env(struct mlp_carry *c, char *const envp[])
  * child, frees them: the child that made them has exec'd or exited by then, since the thread
  * was suspended until it did.
  */
-static __thread void *mlp_vfork_left[4] __attribute__((tls_model("initial-exec")));
+static __thread void *mlp_vfork_left[5] __attribute__((tls_model("initial-exec")));
 
 static void mlp_vfork_left_set(const struct mlp_carry *c)
 {
@@ -646,6 +705,7 @@ static void mlp_vfork_left_set(const struct mlp_carry *c)
     mlp_vfork_left[1] = c ? c->bridges : NULL;
     mlp_vfork_left[2] = c ? c->gave : NULL;
     mlp_vfork_left[3] = c ? c->took : NULL;
+    mlp_vfork_left[4] = c ? c->handed : NULL;
 }
 
 /* libc declares the exec calls' paths nonnull, and the compiler may drop our NULL checks of
@@ -856,7 +916,7 @@ static char *const *mlp_exec_prepare(struct mlp_carry *c, const char *path, bool
                                      char *const envp[])
 {
     static char *const empty[] = {NULL};
-    for (int i = 0; i < 4; i++)
+    for (int i = 0; i < 5; i++)
         free(mlp_vfork_left[i]);
     mlp_vfork_left_set(NULL);
     memset(c, 0, sizeof *c);
@@ -886,6 +946,11 @@ static void mlp_carry_end(struct mlp_carry *c, bool undo)
         atomic_fetch_add(&c->gave[i]->me->holders, 1);
     for (int i = 0; undo && i < c->ntook; i++)
         atomic_fetch_sub(&c->took[i]->me->holders, 1);
+    for (int i = 0; undo && i < c->nhanded; i++) {
+        struct mlp_fdrec *rec = mlp_fdrec(c->handed[i]); /* the parent's mark, as it was */
+        if (rec)
+            ml_store_relaxed(&rec->received, (uint8_t)MLP_RCV_NEW);
+    }
     if (undo && c->ncredports)
         mlp_lrec_cred_undo(c->credports, c->ncredports);
     free(c->credports);
@@ -894,6 +959,7 @@ static void mlp_carry_end(struct mlp_carry *c, bool undo)
     free(c->bridges);
     free(c->gave);
     free(c->took);
+    free(c->handed);
     free(c->env);
     errno = saved;
 }
@@ -957,6 +1023,27 @@ static int mlp_parse_fds(char *p, unsigned long ino, int *fds, int max)
     return n;
 }
 
+/* An "R" or "L" line: "X inode fds...", the fds of this image that are that socket (64 at most). */
+static int mlp_line_fds(char *line, int *fds)
+{
+    unsigned long ino;
+    int off = 0;
+    if (sscanf(line + 1, " %lu%n", &ino, &off) != 1)
+        return 0;
+    return mlp_parse_fds(line + 1 + off, ino, fds, 64);
+}
+
+/* fds[0] holds a socket of ours: the other numbers of the list name it too. */
+static void mlp_install_rest(const int *fds, int n)
+{
+    struct mlp_sock *s = mlp_get(fds[0]);
+    if (!s)
+        return;
+    for (int i = 1; i < n; i++)
+        mlp_install(fds[i], s);
+    mlp_put(s);
+}
+
 static void mlp_adopt_line(char *line)
 {
     int fds[64];
@@ -976,21 +1063,23 @@ static void mlp_adopt_line(char *line)
             snprintf(mlp_carry_fabric, sizeof mlp_carry_fabric, "%s", line + off);
         return;
     }
+    if (line[0] == 'R') {
+        /* A connection passed to the image before us and not looked at (mlp_carry_received):
+         * looked at now, before stdio is set up on it, as its first call would. */
+        int n = mlp_line_fds(line, fds);
+        if (n > 0) {
+            mlp_mark_received_one(fds[0]);
+            if (mlp_take_passed(fds[0]))
+                mlp_install_rest(fds, n);
+        }
+        return;
+    }
     if (line[0] == 'L') {
-        unsigned long ino;
-        int off = 0;
-        if (sscanf(line, "L %lu%n", &ino, &off) != 1)
-            return;
-        int n = mlp_parse_fds(line + off, ino, fds, 64);
+        int n = mlp_line_fds(line, fds);
         if (n <= 0 || mlp_on_listen(fds[0], false) < 0)
             return;
         mlp_lowat_inherited(fds[0]); /* a mark the image before us set on the listener */
-        struct mlp_sock *s = mlp_get(fds[0]);
-        if (s) {
-            for (int i = 1; i < n; i++)
-                mlp_install(fds[i], s);
-            mlp_put(s);
-        }
+        mlp_install_rest(fds, n);
         return;
     }
     int side, bridge, off = 0;

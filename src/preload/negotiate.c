@@ -1659,6 +1659,9 @@ static void mlp_mark_received_fd(int fd, void *ctx)
     }
 }
 
+/* One descriptor marked so (the new image of a vfork child's exec: mlp_carry_received). */
+void mlp_mark_received_one(int fd) { mlp_mark_received_fd(fd, NULL); }
+
 void mlp_mark_received(const struct msghdr *m)
 {
     mlp_scm_rights_each_ctx(m, mlp_mark_received_fd, NULL);

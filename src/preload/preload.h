@@ -364,6 +364,7 @@ int mlp_on_listen(int fd, bool before); /* before: ahead of the kernel's listen 
 void mlp_on_listened(int fd); /* after the kernel's listen of a socket published before it */
 struct msghdr;
 void mlp_mark_received(const struct msghdr *m);
+void mlp_mark_received_one(int fd);
 void mlp_accept_received(int fd);
 void mlp_publish_received(void);
 void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, void **token);

@@ -11,6 +11,10 @@
  *   dup2        dup2s /dev/null over it at once (closing it so), without any other call
  *   fork        forks a child that writes "hello\n" and closes it; closes its own copy at once
  *   vfork       vforks a child that puts it on 1 and execs echo hello; closes its own copy
+ *   vforkmove   the same, the child closing the received number after its dup2 (the socket
+ *               reaches the exec on 1 alone)
+ *   vforkfail   vforks a child whose exec fails (no such program); the worker then writes
+ *               "hello\n" on it itself and closes it
  *   exec        puts it on 1 (dup2) and execs echo hello
  *   twice       (the acceptor passes the connection twice, by two sendmsg) writes "hello\n" on
  *               the first copy and closes both
@@ -150,11 +154,27 @@ static void worker(int sp, const char *mode)
     }
     if (!strcmp(mode, "usevfork"))
         (void)!write(fd, "first\n", 6);
-    if (!strcmp(mode, "fork") || !strcmp(mode, "vfork") || !strcmp(mode, "usevfork")) {
+    if (!strcmp(mode, "vforkfail")) {
+        pid_t c = vfork();
+        if (c == 0) {
+            dup2(fd, 1);
+            execl("/nonexistent/memlan-passend", "x", (char *)NULL);
+            _exit(127);
+        }
+        int st;
+        waitpid(c, &st, 0);
+        (void)!write(fd, "hello\n", 6);
+        close(fd);
+        _exit(0);
+    }
+    if (!strcmp(mode, "fork") || !strcmp(mode, "vfork") || !strcmp(mode, "usevfork") ||
+        !strcmp(mode, "vforkmove")) {
         pid_t c = !strcmp(mode, "fork") ? fork() : vfork();
         if (c == 0) {
             if (strcmp(mode, "fork")) { /* the vfork child execs with the connection on 1 */
                 dup2(fd, 1);
+                if (!strcmp(mode, "vforkmove"))
+                    close(fd);
                 execl("/bin/echo", "echo", "hello", (char *)NULL);
                 _exit(127);
             }

@@ -3016,19 +3016,25 @@ def test_passed_connection_outlives_a_passer_that_exits(fabric, tmp_path, mode):
         settle(fabric)
 
 
-@pytest.mark.xfail(strict=True, reason="a connection passed and not used yet is not carried "
-                   "across an exec made in a vfork child")
-def test_passed_connection_unused_goes_across_vfork_exec(fabric, tmp_path):
+@pytest.mark.parametrize("mode", ["vfork", "vforkmove", "usevfork", "vforkfail"])
+def test_passed_connection_goes_across_vfork_exec(fabric, tmp_path, mode):
     """passend vfork: the worker vforks at once; the child puts the connection it received on
-    fd 1 and execs echo hello, the parent closes its copy.  Over kernel TCP the client reads
-    "hello" and the end.  Under memlan a vfork child looks at nothing (it shares our memory), so
-    the exec carries no channel and echo writes to the idle kernel socket: the client reads the
-    end alone.  (The same with the connection used first, passend usevfork, loses it too: a
-    dup2 in a vfork child changes no record, so the carry names the parent's fd.)"""
+    fd 1 (vforkmove: and closes the received number) and execs echo hello, the parent closes its
+    copy.  Over kernel TCP the client reads "hello" and the end.  A vfork child looks at nothing
+    (it shares its parent's memory), so before, the exec carried no channel, echo wrote to the
+    idle kernel socket and the parent's close took the connection up and ended it: the client
+    read the end alone.  Now the new image looks at its start ("R" in the carry list).  usevfork:
+    the worker writes "first" before (the connection is its own, carried as one).  vforkfail:
+    the child's exec fails, and the worker writes "hello" itself: the parent's mark, set aside
+    for the exec, is back."""
     try:
-        plain, under, text = scripted(PASSEND, tmp_path, "vfork")
-        assert plain.stdout == "client: got hello\nclient: end of stream\ndone\n", plain.stdout
+        plain, under, text = scripted(PASSEND, tmp_path, mode)
+        want = ("client: got first\n" if mode == "usevfork" else "") + \
+            "client: got hello\nclient: end of stream\ndone\n"
+        assert plain.stdout == want, plain.stdout
         assert under.stdout == plain.stdout, under.stdout + under.stderr
+        assert "lost" not in under.stderr and "split" not in text, under.stderr + text
+        assert text.count("accelerated (passed over SCM_RIGHTS)") == 1, text
     finally:
         settle(fabric)
 
