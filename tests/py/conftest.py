@@ -101,6 +101,31 @@ def gfabric(group, monkeypatch):
 
 
 @pytest.fixture
+def group_fabric(monkeypatch):
+    """A group fabric for the group the caller names (made by the documented command, so a
+    Debian daemon's own group can be its members), in MEMLAN_FABRIC; afterwards `memlan clean`
+    must leave no channel, segment or pass record in it."""
+    made = []
+
+    def make(group):
+        d = pathlib.Path(tempfile.mkdtemp(prefix="memlan-app-", dir="/dev/shm"))
+        d.rmdir()
+        p = subprocess.run([str(MEMLAN), "fabric", "create", "--group", group, str(d)],
+                           capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0, p.stdout + p.stderr
+        monkeypatch.setenv("MEMLAN_FABRIC", str(d))
+        made.append(d)
+        return d
+
+    yield make
+    for d in made:
+        subprocess.run([str(MEMLAN), "clean", "--fabric", str(d)], capture_output=True, timeout=30)
+        left = sorted(os.listdir(d))
+        shutil.rmtree(d, ignore_errors=True)
+        assert [f for f in left if f.startswith(("seg-", "cx-", "px-"))] == [], f"left behind: {left}"
+
+
+@pytest.fixture
 def pubdir():
     """A directory that an unprivileged account can read (pytest's tmp_path is 0700)."""
     d = pathlib.Path(tempfile.mkdtemp(prefix="memlan-priv-"))

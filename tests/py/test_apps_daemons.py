@@ -18,7 +18,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
@@ -54,30 +53,6 @@ def procs_with_env(key, value):
         except OSError:
             pass
     return found
-
-
-@pytest.fixture
-def group_fabric(monkeypatch):
-    """A group fabric for the group the caller names (made by the documented command), in
-    MEMLAN_FABRIC; afterwards no channel or segment file may be left."""
-    made = []
-
-    def make(group):
-        d = pathlib.Path(tempfile.mkdtemp(prefix="memlan-dmn-", dir="/dev/shm"))
-        d.rmdir()
-        p = subprocess.run([str(MEMLAN), "fabric", "create", "--group", group, str(d)],
-                           capture_output=True, text=True, timeout=30)
-        assert p.returncode == 0, p.stdout + p.stderr
-        monkeypatch.setenv("MEMLAN_FABRIC", str(d))
-        made.append(d)
-        return d
-
-    yield make
-    for d in made:
-        subprocess.run([str(MEMLAN), "clean", "--fabric", str(d)], capture_output=True, timeout=30)
-        left = sorted(os.listdir(d))
-        shutil.rmtree(d, ignore_errors=True)
-        assert [f for f in left if f.startswith(("seg-", "cx-"))] == [], f"left behind: {left}"
 
 
 # ---- postfix -----------------------------------------------------------------------------------

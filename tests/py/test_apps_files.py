@@ -19,13 +19,13 @@ import random
 import re
 import shutil
 import subprocess
-import tempfile
 import time
 
 import pytest
 
 from conftest import MEMLAN, port_range, stop_proc, port_free, pubdir  # noqa: F401 (fixture)
 from test_apps import accelerated, settle, tcp_reasons, wait_port, wrap
+from test_privdrop import RSYNCD_CONF  # the daemon as Debian's users run it: nobody, chroot
 
 # The acceptor's reason for a client that shut down its sending before accept, no offer.
 NO_OFFER_FIN = ("the client shut down its sending before accept, with no offer (a memlan client "
@@ -64,30 +64,6 @@ def tree_digest(root):
         if p.is_file():
             h.update(str(p.relative_to(root)).encode() + b"\0" + p.read_bytes())
     return h.hexdigest()
-
-
-@pytest.fixture
-def group_fabric(monkeypatch):
-    """A group fabric for the group the caller names (made by the documented command), in
-    MEMLAN_FABRIC; afterwards no channel or segment file may be left."""
-    made = []
-
-    def make(group):
-        d = pathlib.Path(tempfile.mkdtemp(prefix="memlan-files-", dir="/dev/shm"))
-        d.rmdir()
-        p = subprocess.run([str(MEMLAN), "fabric", "create", "--group", group, str(d)],
-                           capture_output=True, text=True, timeout=30)
-        assert p.returncode == 0, p.stdout + p.stderr
-        monkeypatch.setenv("MEMLAN_FABRIC", str(d))
-        made.append(d)
-        return d
-
-    yield make
-    for d in made:
-        subprocess.run([str(MEMLAN), "clean", "--fabric", str(d)], capture_output=True, timeout=30)
-        left = sorted(os.listdir(d))
-        shutil.rmtree(d, ignore_errors=True)
-        assert [f for f in left if f.startswith(("seg-", "cx-", "px-"))] == [], f"left behind: {left}"
 
 
 # ---- FTP: a local user, the workload, the comparison -------------------------------------------
@@ -466,17 +442,6 @@ def test_proftpd_as_debian_ships_it(group_fabric, ftp_account, pubdir):
 
 
 # ---- rsync's daemon ----------------------------------------------------------------------------
-
-RSYNCD_CONF = """
-uid = nobody
-gid = nogroup
-use chroot = yes
-pid file = {d}/rsyncd.pid
-log file = {d}/rsyncd.log
-[mod]
-    path = {d}/mod
-    read only = false
-"""
 
 XINETD_RSYNC = """defaults
 {{
