@@ -389,39 +389,58 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
 }
 
 /*
- * A vfork child's exec of a descriptor received over SCM_RIGHTS that nobody has looked at yet (a
- * connection passed to us, not used): the child may not look (it runs in its parent's memory, and
- * what a look installs would be the parent's, naming files only the child has), so the new image
- * looks instead, at its start: the list names the socket ("R inode fds"), at the numbers it will
- * have there (the fd itself if it survives the exec, and the child's dups of it: worker pools
- * vfork, dup2 the connection onto 0 and 1, and exec a handler).  Before, the exec carried
- * nothing, the handler wrote on the idle kernel socket and the peer read the end alone; and the
- * parent's close of its copy took the connection up and ended it.  So the parent's mark is set
- * "looked" (its copy is the kernel socket from now, as an fd it keeps of a connection it passed
- * on; a failed exec sets it back).
+ * A vfork child's exec that takes, as its standard streams, a descriptor received over
+ * SCM_RIGHTS that nobody has looked at yet (a connection passed to the worker, not used: the
+ * child dup2s it onto 0 and 1 and execs a handler).  The child may not look (it runs in its
+ * parent's memory, and what a look installs would be the parent's, naming files only the child
+ * has), so the new image looks instead, at its start: the list names the socket ("R inode fds",
+ * the numbers 0 to 2 it is on there).  Before, the exec carried nothing, the handler wrote on
+ * the idle kernel socket and the parent's close of its copy took the connection up and ended
+ * it.  So the parent's mark is set "looked" (its copy is the kernel socket from then on; a
+ * failed exec, or a list that cannot be made, sets it back).  Only there: a program that merely
+ * inherits the fd at its own number (a helper that never touches it) would take the
+ * connection away from the parent that goes on using it; only a TCP socket; only where the
+ * parent's fd is still that socket (another thread may have closed the number and received
+ * another connection there since the vfork: its mark is not ours to change); only for a
+ * program that will run with memlan (mlp_exec_blind).
  */
 static void mlp_carry_received(struct mlp_carry *c, int fd, struct mlp_buf *buf)
 {
     struct mlp_fdrec *rec = mlp_fdrec(fd);
     if (!rec || ml_load_relaxed(&rec->received) != MLP_RCV_NEW)
         return;
-    struct stat st;
-    unsigned long ino = __ml_sys_fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)
-                            ? (unsigned long)st.st_ino : 0; /* 0: closed, or not a socket */
-    int keep[1 + MLP_VFORK_DUPS], nk = 0;
-    if (ino && mlp_fd_survives_exec(fd))
-        keep[nk++] = fd;
+    unsigned long ino = 0;
+    int keep[3], nk = 0;
+    if (fd <= 2 && mlp_fd_survives_exec(fd))
+        keep[nk++] = fd, ino = mlp_fd_ino(fd);
     if (mlp_vfork_dups.pid == (int)__ml_sys_getpid())
-        for (int k = 0; k < mlp_vfork_dups.n; k++) {
+        for (int k = 0; k < mlp_vfork_dups.n && nk < 3; k++) {
             int to = mlp_vfork_dups.to[k];
-            if (mlp_vfork_dups.from[k] != fd || (ino && mlp_vfork_dups.ino[k] != ino) ||
-                to == fd || !mlp_fd_survives_exec(to) || mlp_fd_ino(to) != mlp_vfork_dups.ino[k])
+            unsigned long ti = mlp_vfork_dups.ino[k];
+            if (mlp_vfork_dups.from[k] != fd || to < 0 || to > 2 || to == fd || !ti ||
+                (ino && ti != ino) || !mlp_fd_survives_exec(to) || mlp_fd_ino(to) != ti)
                 continue;
-            ino = mlp_vfork_dups.ino[k]; /* the child may have closed fd after its dup2 */
+            ino = ti; /* the child may have closed fd after its dup2 */
             keep[nk++] = to;
         }
     if (!nk || !ino)
-        return; /* the new program does not get it: the parent's mark stays */
+        return;
+    struct stat st;
+    int dom = 0;
+    socklen_t dl = sizeof dom;
+    char pfd[48];
+    snprintf(pfd, sizeof pfd, "/proc/%d/fd/%d", (int)getppid(), fd);
+    if (__ml_sys_fstat(keep[0], &st) < 0 || !S_ISSOCK(st.st_mode) ||
+        mlp_real_getsockopt(keep[0], SOL_SOCKET, SO_DOMAIN, &dom, &dl) < 0 ||
+        (dom != AF_INET && dom != AF_INET6) ||
+        __ml_sys_fstatat(AT_FDCWD, pfd, &st, 0) < 0 || (unsigned long)st.st_ino != ino)
+        return;
+    if (!c->blind_known) {
+        c->blind_known = true;
+        mlp_exec_blind(c, c->path);
+    }
+    if (c->blind)
+        return;
     int *nh = realloc(c->handed, (size_t)(c->nhanded + 1) * sizeof *nh);
     if (!nh) {
         buf->failed = true;
@@ -436,6 +455,19 @@ static void mlp_carry_received(struct mlp_carry *c, int fd, struct mlp_buf *buf)
     for (int i = 0; i < nk; i++)
         mlp_buf_add(buf, " %d", keep[i]);
     mlp_buf_add(buf, "\n");
+}
+
+/* The parent's marks that mlp_carry_received set aside, as they were (the exec failed, or the
+ * list could not be made): only where nothing else changed them meanwhile. */
+static void mlp_carry_received_undo(struct mlp_carry *c)
+{
+    for (int i = 0; i < c->nhanded; i++) {
+        struct mlp_fdrec *rec = mlp_fdrec(c->handed[i]);
+        uint8_t v = MLP_RCV_LOOKED;
+        if (rec)
+            (void)atomic_compare_exchange_strong(&rec->received, &v, (uint8_t)MLP_RCV_NEW);
+    }
+    c->nhanded = 0;
 }
 
 /* Write the list of carried sockets into a memfd for the new image; -1 when nothing to carry. */
@@ -532,6 +564,7 @@ static int mlp_carry_list(struct mlp_carry *c, bool spawn)
         for (int i = 0; i < c->ntook; i++) /* nor will the new image hold them */
             atomic_fetch_sub(&c->took[i]->me->holders, 1);
         c->ntook = 0;
+        mlp_carry_received_undo(c); /* nor look at what was handed to it */
     }
     free(buf.p);
     return mfd;
@@ -946,11 +979,8 @@ static void mlp_carry_end(struct mlp_carry *c, bool undo)
         atomic_fetch_add(&c->gave[i]->me->holders, 1);
     for (int i = 0; undo && i < c->ntook; i++)
         atomic_fetch_sub(&c->took[i]->me->holders, 1);
-    for (int i = 0; undo && i < c->nhanded; i++) {
-        struct mlp_fdrec *rec = mlp_fdrec(c->handed[i]); /* the parent's mark, as it was */
-        if (rec)
-            ml_store_relaxed(&rec->received, (uint8_t)MLP_RCV_NEW);
-    }
+    if (undo)
+        mlp_carry_received_undo(c);
     if (undo && c->ncredports)
         mlp_lrec_cred_undo(c->credports, c->ncredports);
     free(c->credports);

@@ -15,6 +15,8 @@
  *               reaches the exec on 1 alone)
  *   vforkfail   vforks a child whose exec fails (no such program); the worker then writes
  *               "hello\n" on it itself and closes it
+ *   vforkkeep   vforks a child that execs true, which inherits the connection at its number
+ *               and never touches it; the worker writes "hello\n" on it and closes it
  *   exec        puts it on 1 (dup2) and execs echo hello
  *   twice       (the acceptor passes the connection twice, by two sendmsg) writes "hello\n" on
  *               the first copy and closes both
@@ -154,9 +156,13 @@ static void worker(int sp, const char *mode)
     }
     if (!strcmp(mode, "usevfork"))
         (void)!write(fd, "first\n", 6);
-    if (!strcmp(mode, "vforkfail")) {
+    if (!strcmp(mode, "vforkfail") || !strcmp(mode, "vforkkeep")) {
         pid_t c = vfork();
         if (c == 0) {
+            if (!strcmp(mode, "vforkkeep")) {
+                execl("/bin/true", "true", (char *)NULL);
+                _exit(127);
+            }
             dup2(fd, 1);
             execl("/nonexistent/memlan-passend", "x", (char *)NULL);
             _exit(127);

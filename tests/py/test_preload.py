@@ -3016,7 +3016,7 @@ def test_passed_connection_outlives_a_passer_that_exits(fabric, tmp_path, mode):
         settle(fabric)
 
 
-@pytest.mark.parametrize("mode", ["vfork", "vforkmove", "usevfork", "vforkfail"])
+@pytest.mark.parametrize("mode", ["vfork", "vforkmove", "usevfork", "vforkfail", "vforkkeep"])
 def test_passed_connection_goes_across_vfork_exec(fabric, tmp_path, mode):
     """passend vfork: the worker vforks at once; the child puts the connection it received on
     fd 1 (vforkmove: and closes the received number) and execs echo hello, the parent closes its
@@ -3026,7 +3026,9 @@ def test_passed_connection_goes_across_vfork_exec(fabric, tmp_path, mode):
     read the end alone.  Now the new image looks at its start ("R" in the carry list).  usevfork:
     the worker writes "first" before (the connection is its own, carried as one).  vforkfail:
     the child's exec fails, and the worker writes "hello" itself: the parent's mark, set aside
-    for the exec, is back."""
+    for the exec, is back.  vforkkeep: the program only inherits the fd at its number (true)
+    and the worker writes "hello": the connection stays the worker's (a first version handed it
+    to every exec that inherited it, and the worker's bytes went to the kernel socket)."""
     try:
         plain, under, text = scripted(PASSEND, tmp_path, mode)
         want = ("client: got first\n" if mode == "usevfork" else "") + \
