@@ -87,7 +87,7 @@ void mlp_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
  */
 #define MLP_SAID_ENV "MEMLAN_SAID"
 enum { MLP_SAID_CONFIG = 1, MLP_SAID_FABRIC = 2, MLP_SAID_FULL = 4, MLP_SAID_EVQ = 8,
-       MLP_SAID_SECURE = 16, MLP_SAID_PASS = 32, MLP_SAID_REACH = 64 };
+       MLP_SAID_SECURE = 16, MLP_SAID_PASS = 32, MLP_SAID_REACH = 64, MLP_SAID_STALL = 128 };
 extern _Atomic unsigned mlp_said;     /* topics said by us or an ancestor: passed on at exec */
 void mlp_say(unsigned topic, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 bool mlp_port_allowed(int port, const char **why);
@@ -158,6 +158,7 @@ struct mlp_sock {
                                    * hold it and move its ring positions (sock.c, mlp_lock_dir) */
     _Atomic bool tmo_synced;      /* SO_RCVTIMEO/SO_SNDTIMEO copied from the kernel socket */
     _Atomic bool split_told;      /* bytes found on the idle kernel socket were reported */
+    _Atomic bool stall_told;      /* a send stalled with both rings full was reported */
     _Atomic bool async_told;      /* O_ASYNC asked for: said once that no SIGIO comes for the
                                    * channel's bytes (mlp_note_async) */
     _Atomic bool passed;          /* accelerated, it was passed to another process over

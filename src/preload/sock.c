@@ -25,6 +25,7 @@
 #include <limits.h>
 #include <poll.h>
 #include <linux/sockios.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -1224,6 +1225,67 @@ static uint64_t mlp_call_deadline(uint64_t *dl, uint64_t tmo_ns)
 #define MLP_LOOK_NS 50000000ull
 #define MLP_LOOK_MAX_NS 200000000ull
 
+/*
+ * A blocking send that waits for room while nothing moves either way: our ring full and not
+ * drained, the peer's ring to us holding at least half a ring that nobody here reads, and
+ * neither index moving for MLP_STALL_NS.  Both ends writing before they read wait for each
+ * other so for ever where kernel TCP's larger buffers may have held the exchange (docs/
+ * design.md, "Rings do not grow"): said once per socket, in the log, and on stderr once per
+ * image, with the way out (larger rings), rather than a silent hang.  Read-only looks at the
+ * shared indices (a peer's garbage only makes us say it or not); not from a handler, nor in a
+ * known sandbox.
+ */
+#define MLP_STALL_NS 2000000000ull
+
+struct mlp_stall {
+    uint64_t t0, tail, head;
+};
+
+/* A socket's own (or its peer's) port, 0 if it cannot be told. */
+static int mlp_port_of(int fd, bool peer)
+{
+    struct sockaddr_storage ss;
+    socklen_t l = sizeof ss;
+    int r = peer ? getpeername(fd, (struct sockaddr *)&ss, &l)
+                 : getsockname(fd, (struct sockaddr *)&ss, &l);
+    if (r < 0)
+        return 0;
+    if (ss.ss_family == AF_INET)
+        return ntohs(((struct sockaddr_in *)&ss)->sin_port);
+    if (ss.ss_family == AF_INET6)
+        return ntohs(((struct sockaddr_in6 *)&ss)->sin6_port);
+    return 0;
+}
+
+static void mlp_stall_look(struct mlp_sock *s, struct mlp_stall *st)
+{
+    if (atomic_load_explicit(&s->stall_told, memory_order_relaxed) || mlp_sig_in_handler() ||
+        mlp_known_confined())
+        return; /* (a sandbox's filter may kill the calls that name the ports and say it) */
+    struct memlan_channel *ch = s->ch;
+    int64_t in = __ml_chan_rx_avail_ro(ch);
+    uint64_t tail = ml_load_relaxed(&ch->tx.ctl->tail), head = ml_load_relaxed(&ch->rx.ctl->head);
+    uint64_t now = mlp_now_ns();
+    if (in < (int64_t)(ch->size / 2) || !st->t0 || tail != st->tail || head != st->head) {
+        *st = (struct mlp_stall){in < (int64_t)(ch->size / 2) ? 0 : now, tail, head};
+        return;
+    }
+    if (now - st->t0 < MLP_STALL_NS || atomic_exchange(&s->stall_told, true))
+        return;
+    int saved = errno, inside = mlp_inside;
+    mlp_inside = 1; /* the kernel socket's names, past our interposers */
+    int lp = mlp_port_of(ch->sock_fd, false), rp = mlp_port_of(ch->sock_fd, true);
+    mlp_inside = inside;
+    mlp_say(MLP_SAID_STALL, "a send from port %d to port %d has waited %llu s for room in its "
+            "%llu KiB ring while %lld bytes from the peer wait unread: both ends write before "
+            "they read and wait for each other, where kernel TCP's larger buffers may have held "
+            "it (design.md, \"Rings do not grow\"); larger rings: MEMLAN_RING_KB, or "
+            "SO_SNDBUF/SO_RCVBUF before connect", lp, rp,
+            (unsigned long long)((now - st->t0) / 1000000000ull),
+            (unsigned long long)(ch->size >> 10), (long long)in);
+    errno = saved;
+}
+
 static int mlp_wait_long(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline)
 {
     /* As ml_wait does (channel.c): a handler without SA_RESTART, or any with a deadline, ends
@@ -1232,9 +1294,12 @@ static int mlp_wait_long(struct mlp_sock *s, int dir, uint64_t want, uint64_t de
     unsigned runs0 = count ? count() : 0;
     int64_t live = ML_LIVENESS_NS, flive = ML_LIVENESS_NS;
     uint64_t next_live = 0, look = MLP_LOOK_NS;
+    struct mlp_stall stall = {0, 0, 0};
     for (;;) {
         if (__ml_chan_ready_ro(s->ch, dir, want))
             return 0;
+        if (dir == 1)
+            mlp_stall_look(s, &stall);
         unsigned intr0 = __ml_wait_hook ? __ml_wait_hook() : 0; /* a cancellation point */
         if (count && count() != runs0)
             return __ml_chan_ready_ro(s->ch, dir, want) ? 0 : -EINTR;

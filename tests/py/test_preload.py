@@ -4240,3 +4240,75 @@ def test_a_fork_childs_first_use_is_listed_without_side_effects(fabric, tmp_path
     child = int(re.search(r"exit child (\d+)", under.stderr).group(1))
     assert [o for o in stat["objects"] if o.get("pid") == child] == [], (child, stat)
     settle(fabric)
+
+
+BOTH_WRITE = r"""
+import socket, sys
+role, port = sys.argv[1], int(sys.argv[2])
+N = 1 << 20
+if role == "server":
+    l = socket.socket()
+    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind(("127.0.0.1", port))
+    l.listen(1)
+    print("ready", flush=True)
+    s, _ = l.accept()
+else:
+    s = socket.create_connection(("127.0.0.1", port))
+s.sendall(role[0].encode() * N)  # all of it before a byte is read
+got = b""
+while len(got) < N:
+    b = s.recv(1 << 16)
+    if not b:
+        break
+    got += b
+print(role, len(got), set(got) == {("c" if role == "server" else "s").encode()[0]}, flush=True)
+"""
+
+
+def test_both_ends_writing_before_they_read_is_said(fabric, tmp_path):
+    """Each end sends 1 MiB before it reads (a blocking sendall).  Kernel TCP's buffers hold
+    it; the two 256 KiB rings do not (docs/design.md, "Rings do not grow"): both sends wait for
+    each other for ever.  That is said, once per socket, in the log and on stderr, within a few
+    seconds, with the way out (larger rings), rather than a silent hang; and with
+    MEMLAN_RING_KB=2048 the exchange completes as over TCP."""
+    script = tmp_path / "both.py"
+    script.write_text(BOTH_WRITE)
+    want = ["client 1048576 True", "server 1048576 True"]
+
+    def run(pre, env=None, limit=30):
+        port = next_port()
+        srv = subprocess.Popen(pre + [PY, str(script), "server", str(port)], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        cli = None
+        try:
+            assert srv.stdout.readline().strip() == "ready"
+            cli = subprocess.Popen(pre + [PY, str(script), "client", str(port)], env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                cli.wait(timeout=limit)
+                srv.wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                pass
+        finally:
+            for p in (cli, srv):
+                if p and p.poll() is None:
+                    p.kill()
+        outs = [p.communicate() for p in (cli, srv)]
+        return sorted(o[0].strip() for o in outs if o[0].strip()), [o[1] for o in outs]
+
+    plain, _ = run([])
+    assert plain == want, plain
+    log = tmp_path / "m.log"
+    said, errs = run([str(MEMLAN), "run", "--log", str(log), "--"], limit=10)
+    settle(fabric)
+    text = log.read_text()
+    assert said == [] and text.count("accelerated") == 2, (said, text)
+    stall = re.findall(r"a send from port \d+ to port \d+ has waited \d+ s for room in its "
+                       r"256 KiB ring while 262144 bytes from the peer wait unread", text)
+    assert len(stall) == 2, text  # each end, once
+    assert all("larger rings: MEMLAN_RING_KB" in e for e in errs), errs
+    env = dict(os.environ, MEMLAN_RING_KB="2048")
+    big, _ = run([str(MEMLAN), "run", "--"], env=env)
+    settle(fabric)
+    assert big == want, big
