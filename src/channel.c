@@ -1005,12 +1005,6 @@ void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
      * and its fork child's poll); each gets its wake-up.  Bits past the slots (a peer's
      * garbage) name nothing. */
     uint32_t w = ml_xchg(word, 0u);
-    if (word == &ch->tx.ctl->rx_wait && (w & (ML_WAIT_FUTEX | ML_WAIT_EVQ_ANY))) {
-        /* A waiter for our bytes, which it takes from this tail on: if it never does, it was
-         * dead (__ml_chan_unread_since_wake) */
-        ch->tx_woke_tail = ml_load_relaxed(&ch->tx.ctl->tail);
-        ch->tx_woke = true;
-    }
     if (w & ML_WAIT_FUTEX) {
         __ml_sys_futex_wake(word, INT32_MAX);
         ch->wakeups++;
@@ -2420,16 +2414,6 @@ uint64_t __ml_chan_tx_queued(struct memlan_channel *ch)
 
 /* Did the peer leave bytes we sent unread (the kernel would answer its close with a reset)? */
 bool __ml_chan_peer_left_unread(struct memlan_channel *ch) { return __ml_chan_tx_queued(ch) != 0; }
-
-/* The bytes we sent that a dead peer left unread begin where it waited for them: we woke it
- * there (a blocked recv, or its poll or epoll), and a live waiter takes what it is woken for
- * within microseconds, so it was dead when they went (the socket layer: a write after its
- * close, not bytes it died with).  Only a wake made by this process counts. */
-bool __ml_chan_unread_since_wake(struct memlan_channel *ch)
-{
-    return ch->tx_woke && ml_load_acquire(&ch->tx.ctl->tail) == ch->tx_woke_tail &&
-           __ml_chan_tx_queued(ch) != 0;
-}
 
 /* Wake a thread of ours blocked in recv (after shutdown(SHUT_RD) from another thread, or a lower
  * SO_RCVLOWAT). */

@@ -55,8 +55,6 @@ struct memlan_channel {
                                * with our bytes unread, was already dead: its kernel's reset
                                * came first (EPIPE kept, see mlp_peer_aborted) */
     bool peer_seen;           /* creator: the attached word once read 1 (see ml_peer_dead) */
-    bool tx_woke;             /* we woke a waiter for our bytes, whose tail was then tx_woke_tail */
-    uint64_t tx_woke_tail;    /* (the peer's to write: it decides only its own end's errno) */
     bool split;               /* the peer talks over the kernel socket: it decided TCP */
     uint64_t split_ns;        /* when bytes were first seen on the kernel socket (0: none) */
     bool unattached;          /* creator: nobody attached within attach_by; withdrawn */
@@ -167,7 +165,6 @@ int64_t __ml_chan_rx_avail_ro(const struct memlan_channel *ch); /* -1: cannot te
 int64_t __ml_chan_tx_free_ro(const struct memlan_channel *ch);
 uint64_t __ml_chan_tx_queued(struct memlan_channel *ch);
 bool __ml_chan_peer_left_unread(struct memlan_channel *ch);
-bool __ml_chan_unread_since_wake(struct memlan_channel *ch);
 void __ml_chan_kick_rx(struct memlan_channel *ch);
 uint32_t __ml_chan_peer_state(struct memlan_channel *ch);
 void __ml_evq_fds(struct memlan_evq *q, int **seg_fd, int **bell_fd);

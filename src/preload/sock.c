@@ -1017,18 +1017,10 @@ static int mlp_peer_aborted(struct mlp_sock *s, bool probe, bool *after_fin)
         if (!dead)
             return 0;
         fin = ps == ML_SIDE_SHUT_WR;
-        bool unread = s->ch->split || __ml_chan_peer_left_unread(s->ch);
-        if (unread && !s->ch->split && __ml_chan_unread_since_wake(s->ch)) {
-            /* What it left unread went after its death, to a waiter we woke that never took
-             * it: over TCP its kernel's FIN came at its death, and these bytes drew the reset
-             * (recv reads the end, the next send EPIPE), not a reset instead of the FIN.  A
-             * keep-alive client's next request to a killed server (apache2, mpm_event). */
-            unread = false;
-            late = true;
-        }
         /* split: it talks TCP, see channel.c; SO_LINGER 0: the kernel's close at its end
          * aborts */
-        if (unread || (atomic_load(&mlp_side_block(s->ch, 1 - s->side)->flags) & ML_SOCK_LINGER0))
+        if (s->ch->split || __ml_chan_peer_left_unread(s->ch) ||
+            (atomic_load(&mlp_side_block(s->ch, 1 - s->side)->flags) & ML_SOCK_LINGER0))
             e = !fin || s->ch->split                          ? ECONNRESET
                 : s->ch->shut_wr && !s->ch->dead_before_fin ? 0
                                                             : EPIPE;
