@@ -161,21 +161,29 @@ void mlp_queue_drain_look(bool full)
     } while (n == 64);
 }
 
-/* A peer whose process passed its socket over SCM_RIGHTS (ML_SOCK_PASSED, negotiate.c's
- * mlp_passed) and then ended by _exit or a signal: its exit handler, which publishes such a
- * side's end (sock.c, mlp_passed_at_exit), never ran, and its kernel socket's FIN never comes,
- * since the receiver holds that socket.  So a poll or epoll_wait whose sleep ran out asks such a
- * peer's lock, at most once per liveness interval (100 ms) and socket (a peer that sets the flag
- * without passing costs us only that system call).  True when the peer is now known gone.
- * Before, a server asleep in epoll_wait or poll on it waited for ever (tests/preload/passexit.c,
- * "epoll-_exit"). */
+/* A peer whose end no FIN of its kernel socket will tell us:
+ * - one whose process passed its socket over SCM_RIGHTS (ML_SOCK_PASSED, negotiate.c's
+ *   mlp_passed) and then ended by _exit or a signal: its exit handler, which publishes such a
+ *   side's end (sock.c, mlp_passed_at_exit), never ran, and its kernel socket's FIN never comes,
+ *   since the receiver holds that socket (tests/preload/passexit.c, "epoll-_exit");
+ * - one that shut down its writing and left bytes of ours unread: its FIN came at the shutdown,
+ *   and its death, which over TCP resets a writer, says nothing more to our kernel socket (a
+ *   nonblocking writer whose ring it no longer drained waited for POLLOUT for ever).
+ * So a poll or epoll_wait whose sleep ran out asks such a peer's lock, at most once per
+ * liveness interval (100 ms) and socket (a peer that sets the flag without passing, or a live
+ * one that does not read for that long, costs us only that system call).  True when the peer
+ * is now known gone.  Before, a server asleep in epoll_wait or poll on it waited for ever. */
 bool mlp_peer_passed_gone(struct mlp_sock *s)
 {
     if (s->type != MLP_CONN || !s->ch || s->state != MLP_ACCEL)
         return false;
     struct memlan_channel *ch = s->ch;
-    if (ch->peer_dead || __ml_chan_peer_state(ch) != ML_SIDE_OPEN ||
-        !(atomic_load(&mlp_side_block(ch, 1 - s->side)->flags) & ML_SOCK_PASSED))
+    if (ch->peer_dead)
+        return false;
+    uint32_t ps = __ml_chan_peer_state(ch);
+    if (!(ps == ML_SIDE_OPEN &&
+          (atomic_load(&mlp_side_block(ch, 1 - s->side)->flags) & ML_SOCK_PASSED)) &&
+        !(ps == ML_SIDE_SHUT_WR && !ch->shut_wr && __ml_chan_tx_queued(ch) != 0))
         return false;
     /* at the liveness pace, whatever the caller's timeouts */
     uint64_t now = mlp_coarse_ns(), t = atomic_load(&s->passed_ns);

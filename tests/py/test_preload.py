@@ -4297,3 +4297,89 @@ def test_both_ends_writing_before_they_read_is_said(fabric, tmp_path):
     big, _ = run([str(MEMLAN), "run", "--"], env=env)
     settle(fabric)
     assert big == want, big
+
+
+SHUT_THEN_KILLED = ACCEPT_ONE + r"""
+import errno, select, signal, sys, time
+role, port, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if role == "server":
+    l, a = accept_one(port)
+    a.sendall(a.recv(100).upper())
+    a.shutdown(socket.SHUT_WR)  # half-closed: it answers, then only reads (it never does)
+    print("served", flush=True)
+    signal.pause()
+else:
+    c = socket.create_connection(("127.0.0.1", port))
+    c.sendall(b"one")
+    print(c.recv(100).decode(), flush=True)
+    sys.stdin.readline()  # the server is SIGKILLed now
+    c.setblocking(False)
+    err = None
+    for i in range(400):  # until the ring or the kernel says no
+        try:
+            c.send(b"x" * 65536)
+        except OSError as e:
+            err = e.errno
+            break
+    t0 = time.monotonic()
+    if how == "poll":
+        p = select.poll()
+        p.register(c.fileno(), select.POLLOUT)
+        ev = [e for f, e in p.poll(10000)]
+    else:
+        ep = select.epoll()
+        ep.register(c.fileno(), select.EPOLLOUT)
+        ev = [e for f, e in ep.poll(10)]
+    took = time.monotonic() - t0
+    try:
+        c.send(b"y")
+        last = "sent"
+    except OSError as e:
+        last = errno.errorcode[e.errno]
+    print("flood %s, woke %s within 3 s, then %s" % (
+        errno.errorcode.get(err, err), bool(ev) and bool(ev[0] & select.POLLOUT) and took < 3,
+        last), flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["poll", "epoll"])
+def test_a_writer_to_a_half_closed_peer_that_died_is_woken(fabric, tmp_path, how):
+    """A server answers, shuts down its writing and is killed; the client floods it without
+    blocking, then waits for POLLOUT.  Over kernel TCP the dead server's kernel resets the
+    client: the flood ends with EPIPE, POLLOUT comes at once and the next send says EPIPE.
+    Under memlan the peer's death told our kernel socket nothing (its FIN had come at its
+    shutdown), nobody asked its lock, and the writer waited for POLLOUT for ever.  Now a wait
+    that runs out asks the lock of such a peer (poll.c, mlp_peer_passed_gone): POLLOUT comes
+    within the liveness interval and the next send says EPIPE.  (The flood itself still fills
+    the ring first, where the kernel refuses the first send: the send path does not look.)"""
+    script = tmp_path / "shutkilled.py"
+    script.write_text(SHUT_THEN_KILLED)
+    outs = {}
+    for under in (False, True):
+        port = next_port()
+        pre = [str(MEMLAN), "run", "--log", str(tmp_path / "s.log"), "--"] if under else []
+        srv = subprocess.Popen(pre + [PY, str(script), "server", str(port), how],
+                               stdout=subprocess.PIPE, text=True)
+        cli = None
+        try:
+            assert srv.stdout.readline().strip() == "ready"
+            cli = subprocess.Popen(pre + [PY, str(script), "client", str(port), how],
+                                   stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            assert cli.stdout.readline().strip() == "ONE"
+            assert srv.stdout.readline().strip() == "served"
+            srv.kill()
+            srv.wait()
+            time.sleep(0.3)
+            cli.stdin.write("go\n")
+            cli.stdin.flush()
+            outs[under] = cli.stdout.readline().strip()
+            assert cli.wait(timeout=30) == 0
+        finally:
+            for p in (cli, srv):
+                if p and p.poll() is None:
+                    p.kill()
+                    p.wait()
+    settle(fabric)
+    assert outs[False] == "flood EPIPE, woke True within 3 s, then EPIPE", outs
+    assert "accelerated (client)" in (tmp_path / "s.log").read_text()
+    assert outs[True] == "flood EAGAIN, woke True within 3 s, then EPIPE", outs
