@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from conftest import MEMLAN, fabric, logfile, port_range, pubdir, stop_proc  # noqa: F401 (fixtures)
+from conftest import MEMLAN, fabric, logfile, port_free, port_range, pubdir, stop_proc  # noqa: F401 (fixtures)
 from test_apps import accelerated, settle, tcp_reasons, wait_port, wrap
 
 next_port = port_range(27801, 27999, "test_apps_h2")  # no other test's range, below the ephemeral range
@@ -422,6 +422,101 @@ def test_h2o_graceful_restart_under_load(fabric, pubdir):
         err = (base / "h2o.err").read_text()
         assert "received fatal signal" not in err and err.count("died, status:0") >= 2, err[-2000:]
     assert res[False] == ([4000, 4000, 4000, 4000, 0, 0, 0], [4000, 0, 0, 0], 4000 * 20000), res
+    assert res[True] == res[False], res
+    settle()
+
+
+PEEK = r"""
+import os, signal, socket, subprocess, sys, time
+if sys.argv[1] == "server":
+    l = socket.create_server(("127.0.0.1", int(sys.argv[2])))
+    print("ready", flush=True)
+    c, _ = l.accept()
+    c.sendall(b"x" * 100)
+    c.recv(1)  # the client's word: now die without a close, as a killed origin does
+    os.kill(os.getpid(), getattr(signal, sys.argv[3]))
+port, sig = int(sys.argv[1]), sys.argv[2]
+srv = subprocess.Popen([sys.executable, __file__, "server", str(port), sig], stdout=subprocess.PIPE, text=True)
+assert srv.stdout.readline() == "ready\n"
+c = socket.create_connection(("127.0.0.1", port))
+got = b""
+while len(got) < 100:  # the whole answer, and no empty read after it
+    got += c.recv(100 - len(got))
+c.sendall(b"!")
+srv.wait(10)
+time.sleep(0.2)  # the kernel's FIN is there
+c.setblocking(False)
+try:
+    print(sig, "peek:", repr(c.recv(1, socket.MSG_PEEK)))
+except BlockingIOError:
+    print(sig, "peek: EAGAIN")
+except OSError as e:
+    print(sig, "peek:", e)
+"""
+
+
+def test_nonblocking_peek_sees_a_dead_peer_at_once(fabric, tmp_path):
+    """A connection pool's liveness check, reduced: the client reads a whole answer, its peer's
+    process dies (SIGKILL, SIGTERM) without a close, and one nonblocking recv(MSG_PEEK) answers
+    EOF, as over kernel TCP.  Before, the first empty answer since the data never looked at the
+    kernel socket: EAGAIN, and h2o reused the dead connection (the next test)."""
+    (tmp_path / "peek.py").write_text(PEEK)
+    log = tmp_path / "peek.log"
+    out = {}
+    for on in (False, True):
+        out[on] = [subprocess.run(wrap([PY, str(tmp_path / "peek.py"), str(next_port()), sig], log, on),
+                                  capture_output=True, text=True, timeout=60).stdout
+                   for sig in ("SIGKILL", "SIGTERM")]
+    assert out[False] == ["SIGKILL peek: b''\n", "SIGTERM peek: b''\n"], out
+    assert out[True] == out[False], out
+    assert accelerated(log) == 4, log.read_text()
+    settle()
+
+
+def test_h2o_proxy_after_its_origin_restarts(fabric, pubdir):
+    """h2o keeps its upstream connections to the origin alive in a pool and, before it reuses
+    one, peeks at it (recv MSG_PEEK): when the origin was killed (SIGKILL, SIGTERM) and started
+    again on its port, the next requests through the proxy are answered 200 over a new
+    connection, as over kernel TCP.  Before, the peek answered EAGAIN on the dead peer's
+    accelerated connection, h2o sent the request into it and answered 502 (curl: 502 502 502;
+    h2load: 26 to 61 of 400 5xx)."""
+    have("h2o", "h2load", "curl", "openssl")
+    setup(pubdir, fabric)
+    res = {}
+    for on in (False, True):
+        base = pubdir / ("on" if on else "off")
+        base.mkdir()
+        base.chmod(0o777)
+        slog, olog, clog = (logfile(base, n) for n in ("h2o.log", "origin.log", "client.log"))
+        o, po = origin(pubdir, olog, on)
+        h = None
+        try:
+            h = H2o(pubdir, base, po, slog, on)
+            url = f"http://127.0.0.1:{h.pc}/proxy/big?1000"
+            res[on] = []
+            for sig in (signal.SIGKILL, signal.SIGTERM):
+                res[on].append(h2load(["-c", "8", "-m", "8", "-n", "400", url], clog, on))
+                o.send_signal(sig)
+                o.wait(10)
+                end = time.monotonic() + 10
+                while not port_free(po) and time.monotonic() < end:
+                    time.sleep(0.05)
+                o = subprocess.Popen(wrap([PY, str(pubdir / "origin.py"), str(po)], olog, on),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                wait_port(po, o, 30)
+                res[on].append([subprocess.run(wrap(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}",
+                                                     url], clog, on), capture_output=True, text=True,
+                                               timeout=60).stdout for _ in range(3)])
+                res[on].append(h2load(["-c", "8", "-m", "8", "-n", "400", url], clog, on))
+            if on:
+                s = slog.read_text()
+                assert s.count("accelerated (client)") >= 16, s[-2000:]
+            assert h.p.poll() is None, "h2o exited"
+        finally:
+            if h:
+                h.stop()
+            stop_proc(o)
+    assert res[False][1] == ["200"] * 3 and res[False][2][1] == [400, 0, 0, 0], res
     assert res[True] == res[False], res
     settle()
 
