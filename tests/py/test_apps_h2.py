@@ -367,11 +367,13 @@ def test_h2o_graceful_restart_under_load(fabric, pubdir):
             urls = (f"https://127.0.0.1:{h.pt}/proxy/big?20000", f"http://127.0.0.1:{h.pc}/proxy/big?20000")
             # slow downloads that the first worker must finish after it was told to go: h2c
             # and HTTP/1.1 (sendfile) from a file, TLS through the proxy
+            # (each into a file: a reader that stops reading meanwhile is the next test's)
+            outs = [open(base / f"slow{i}", "w+b") for i in range(3)]
             slow = [subprocess.Popen(wrap(["curl", "-sS", "-k", "-m", "60", "--limit-rate", "2M", *a],
-                                          clog, on), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-                    for a in (["--http2-prior-knowledge", f"http://127.0.0.1:{h.pc}/big"],
-                              ["--http1.1", f"http://127.0.0.1:{h.pc}/big"],
-                              ["--http2", f"https://127.0.0.1:{h.pt}/proxy/big?5000000"])]
+                                          clog, on), stdout=f, stderr=subprocess.PIPE)
+                    for f, a in zip(outs, (["--http2-prior-knowledge", f"http://127.0.0.1:{h.pc}/big"],
+                                           ["--http1.1", f"http://127.0.0.1:{h.pc}/big"],
+                                           ["--http2", f"https://127.0.0.1:{h.pt}/proxy/big?5000000"]))]
             time.sleep(0.3)
             for n, url in enumerate(urls, 2):
                 p = subprocess.Popen(wrap(["h2load", "-c", "8", "-m", "16", "-n", "20000", url],
@@ -390,15 +392,18 @@ def test_h2o_graceful_restart_under_load(fabric, pubdir):
                 assert data >= 20000 * reqs[3], out[-2000:]
                 assert h.err().count("received SIGTERM, gracefully shutting down") >= n - 1
             got = []
-            for p in slow:
+            for p, f in zip(slow, outs):
                 try:
-                    out, err = p.communicate(timeout=60)
+                    p.communicate(timeout=60)
                 finally:
                     stop_proc(p, 5)
+                f.seek(0)
+                out = f.read()
+                f.close()
                 got.append((p.returncode, len(out), hashlib.sha256(out).hexdigest()))
             big = hashlib.sha256((pubdir / "www" / "big").read_bytes()).hexdigest()
             assert got == [(0, 5_000_000, big)] * 2 + [
-                (0, 5_000_000, hashlib.sha256(blob(5000000, "5000000")).hexdigest())], got
+                (0, 5_000_000, hashlib.sha256(blob(5000000, "5000000")).hexdigest())], (on, big, got, h.err()[-2000:])
             end = time.monotonic() + 40  # the old workers finish their streams and exit
             while h.err().count("died, status:0") < 2:
                 assert time.monotonic() < end, h.err()[-3000:]
@@ -424,6 +429,53 @@ def test_h2o_graceful_restart_under_load(fabric, pubdir):
     assert res[False] == ([4000, 4000, 4000, 4000, 0, 0, 0], [4000, 0, 0, 0], 4000 * 20000), res
     assert res[True] == res[False], res
     settle()
+
+
+@pytest.mark.xfail(strict=True, reason="under memlan an HTTP/2 download whose reader stopped "
+                   "reading ends short when h2o's old worker finishes its graceful shutdown")
+def test_h2o_graceful_restart_with_stalled_h2_readers(fabric, pubdir):
+    """Six HTTP/2 downloads of 40 MB from h2o (three h2c, three over TLS), each client's output
+    a pipe nobody reads for 3 s (a stalled consumer), while h2o is reloaded by SIGHUP: over
+    kernel TCP each arrives whole.  Under memlan (256 KiB rings) some end short by up to a ring
+    (e.g. 59,948,676 of 60,000,000 bytes, a true prefix) and curl says "(18) HTTP/2 stream 1 was
+    not closed cleanly before end of the underlying stream"; with MEMLAN_RING_KB=131072 (the
+    whole answer fits in the ring) none does.  HTTP/1.1 downloads are not affected."""
+    have("h2o", "curl", "openssl")
+    setup(pubdir, fabric)
+    (pubdir / "www" / "huge").write_bytes(os.urandom(40_000_000))
+    want = hashlib.sha256((pubdir / "www" / "huge").read_bytes()).hexdigest()
+    res = {}
+    for on in (False, True):
+        base = pubdir / ("on" if on else "off")
+        base.mkdir()
+        base.chmod(0o777)
+        slog, olog, clog = (logfile(base, n) for n in ("h2o.log", "origin.log", "client.log"))
+        o, po = origin(pubdir, olog, on)
+        h, ps = None, []
+        try:
+            h = H2o(pubdir, base, po, slog, on)
+            for i in range(6):
+                a = ["--http2-prior-knowledge", f"http://127.0.0.1:{h.pc}/huge"] if i % 2 else \
+                    ["--http2", f"https://127.0.0.1:{h.pt}/huge"]
+                ps.append(subprocess.Popen(wrap(["curl", "-sS", "-k", "-m", "60", *a], clog, on),
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+            time.sleep(0.5)
+            h.hup(2)
+            time.sleep(2.5)
+            got = []
+            for p in ps:
+                out, err = p.communicate(timeout=60)
+                got.append((p.returncode, len(out), hashlib.sha256(out).hexdigest(), err[-200:]))
+            res[on] = got
+        finally:
+            for p in ps:
+                stop_proc(p, 5)
+            if h:
+                h.stop()
+            stop_proc(o)
+    settle()  # before the verdict: the fixture finds the fabric clean either way
+    assert res[False] == [(0, 40_000_000, want, b"")] * 6, res[False]
+    assert res[True] == res[False], res[True]
 
 
 PEEK = r"""
