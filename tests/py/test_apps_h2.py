@@ -439,42 +439,46 @@ def test_h2o_graceful_restart_with_stalled_h2_readers(fabric, pubdir):
     kernel TCP each arrives whole.  Under memlan (256 KiB rings) some end short by up to a ring
     (e.g. 59,948,676 of 60,000,000 bytes, a true prefix) and curl says "(18) HTTP/2 stream 1 was
     not closed cleanly before end of the underlying stream"; with MEMLAN_RING_KB=131072 (the
-    whole answer fits in the ring) none does.  HTTP/1.1 downloads are not affected."""
+    whole answer fits in the ring) none does.  HTTP/1.1 downloads are not affected.  It does
+    not happen every time: under memlan up to three rounds run, until one loses bytes."""
     have("h2o", "curl", "openssl")
     setup(pubdir, fabric)
     (pubdir / "www" / "huge").write_bytes(os.urandom(40_000_000))
-    want = hashlib.sha256((pubdir / "www" / "huge").read_bytes()).hexdigest()
+    want = [(0, 40_000_000, hashlib.sha256((pubdir / "www" / "huge").read_bytes()).hexdigest(), b"")] * 6
     res = {}
     for on in (False, True):
-        base = pubdir / ("on" if on else "off")
-        base.mkdir()
-        base.chmod(0o777)
-        slog, olog, clog = (logfile(base, n) for n in ("h2o.log", "origin.log", "client.log"))
-        o, po = origin(pubdir, olog, on)
-        h, ps = None, []
-        try:
-            h = H2o(pubdir, base, po, slog, on)
-            for i in range(6):
-                a = ["--http2-prior-knowledge", f"http://127.0.0.1:{h.pc}/huge"] if i % 2 else \
-                    ["--http2", f"https://127.0.0.1:{h.pt}/huge"]
-                ps.append(subprocess.Popen(wrap(["curl", "-sS", "-k", "-m", "60", *a], clog, on),
-                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-            time.sleep(0.5)
-            h.hup(2)
-            time.sleep(2.5)
-            got = []
-            for p in ps:
-                out, err = p.communicate(timeout=60)
-                got.append((p.returncode, len(out), hashlib.sha256(out).hexdigest(), err[-200:]))
-            res[on] = got
-        finally:
-            for p in ps:
-                stop_proc(p, 5)
-            if h:
-                h.stop()
-            stop_proc(o)
+        for r in range(3 if on else 1):
+            base = pubdir / f"{'on' if on else 'off'}{r}"
+            base.mkdir()
+            base.chmod(0o777)
+            slog, olog, clog = (logfile(base, n) for n in ("h2o.log", "origin.log", "client.log"))
+            o, po = origin(pubdir, olog, on)
+            h, ps = None, []
+            try:
+                h = H2o(pubdir, base, po, slog, on)
+                for i in range(6):
+                    a = ["--http2-prior-knowledge", f"http://127.0.0.1:{h.pc}/huge"] if i % 2 else \
+                        ["--http2", f"https://127.0.0.1:{h.pt}/huge"]
+                    ps.append(subprocess.Popen(wrap(["curl", "-sS", "-k", "-m", "60", *a], clog, on),
+                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+                time.sleep(0.5)
+                h.hup(2)
+                time.sleep(2.5)
+                got = []
+                for p in ps:
+                    out, err = p.communicate(timeout=60)
+                    got.append((p.returncode, len(out), hashlib.sha256(out).hexdigest(), err[-200:]))
+                res[on] = got
+            finally:
+                for p in ps:
+                    stop_proc(p, 5)
+                if h:
+                    h.stop()
+                stop_proc(o)
+            if res[on] != want:
+                break
     settle()  # before the verdict: the fixture finds the fabric clean either way
-    assert res[False] == [(0, 40_000_000, want, b"")] * 6, res[False]
+    assert res[False] == want, res[False]
     assert res[True] == res[False], res[True]
 
 
