@@ -2065,8 +2065,15 @@ ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     size_t total = (size_t)t;
     mlp_sync_timeouts(s, fd);
     if (flags & MSG_PEEK) {
+        /* A nonblocking peek that finds the ring empty looks at the kernel socket at once, not
+         * from the second empty answer as a recv does: one such peek is how a connection pool
+         * asks whether an idle connection still lives before it reuses it (h2o's socketpool,
+         * right after it read a response, so no empty answer came before), and over kernel
+         * TCP it answers EOF once the peer's process is gone.  Answering EAGAIN, the pool
+         * sent its next request into a dead peer's ring and its client got a 502
+         * (test_apps_h2.py).  mlp_end_look makes at most one look a millisecond. */
         ssize_t p = mlp_peek(s, iov, n, total, flags, nb);
-        if (p == -EAGAIN && nb && mlp_eagain_look(s))
+        if (p == -EAGAIN && nb && mlp_end_look(s))
             p = mlp_peek(s, iov, n, total, flags, nb);
         return mlp_rx_error(s, p);
     }
