@@ -1693,11 +1693,14 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
     return got;
 }
 
-/* After a sleep that ran out: a member whose peer passed its socket to another
- * process and then ended without its exit handler (poll.c, mlp_peer_passed_gone) goes on the
- * ready list, where the harvest reports its end.  Nothing else would: no post comes from a dead
- * process, nor a FIN from a kernel socket that the receiver holds.  A walk of the set's members,
- * made only when a wait ran out, and a system call only for those whose peer says it passed. */
+/* A member whose peer's end no FIN tells (poll.c, mlp_peer_passed_gone: one that passed its
+ * socket to another process and then ended without its exit handler, or one that shut down its
+ * writing and died while we wait to write) goes on the ready list, where the harvest reports its
+ * end.  Nothing else would: no post comes from a dead process, nor a FIN from a kernel socket
+ * that the receiver holds or that sent its FIN at the shutdown.  A walk of the set's members at
+ * most once per liveness interval, by any wait that may sleep, busy set or idle (made only when
+ * a wait ran out, a writer in a busy loop's set was never woken), and a system call only for
+ * those members whose peer qualifies. */
 static bool mlp_ep_passed_look(struct mlp_ep *e)
 {
     /* at the liveness pace per set, whatever the caller's timeouts (a short one each loop) */
@@ -1710,7 +1713,8 @@ static bool mlp_ep_passed_look(struct mlp_ep *e)
     pthread_mutex_lock(&mlp_epmu);
     for (int fd = 0; fd < e->nbyfd; fd++) {
         struct mlp_member *m = e->byfd[fd];
-        if (m && m->s && !m->disabled && !m->parked && !m->queued && mlp_peer_passed_gone(m->s)) {
+        if (m && m->s && !m->disabled && !m->parked && !m->queued &&
+            mlp_peer_passed_gone(m->s, (m->events & EPOLLOUT) != 0)) {
             mlp_rl_push(m);
             found = true;
         }
@@ -2194,9 +2198,8 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
         }
         bool again = bell;
         int w = mlp_ep_filter(out, r, &again);
-        if (!w && !again && r == 0 && slept && left != 0 &&
-            __atomic_load_n(&e->n, __ATOMIC_RELAXED))
-            again = mlp_ep_passed_look(e); /* the sleep ran out: passed peers' locks */
+        if (timeout_ns != 0 && __atomic_load_n(&e->n, __ATOMIC_RELAXED) && mlp_ep_passed_look(e))
+            again = true; /* peers whose end no FIN tells: their locks, at the liveness pace */
         if (again && w < max)
             w += mlp_ep_collect(epfd, e, out + w, max - w, &undecided, NULL, NULL, true);
         if (w || mlp_left(deadline) == 0) {

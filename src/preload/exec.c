@@ -397,12 +397,13 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
  * the numbers 0 to 2 it is on there).  Before, the exec carried nothing, the handler wrote on
  * the idle kernel socket and the parent's close of its copy took the connection up and ended
  * it.  So the parent's mark is set "looked" (its copy is the kernel socket from then on; a
- * failed exec, or a list that cannot be made, sets it back).  Only there: a program that merely
- * inherits the fd at its own number (a helper that never touches it) would take the
- * connection away from the parent that goes on using it; only a TCP socket; only where the
- * parent's fd is still that socket (another thread may have closed the number and received
- * another connection there since the vfork: its mark is not ours to change); only for a
- * program that will run with memlan (mlp_exec_blind).
+ * failed exec, or a list that cannot be made, sets it back).  Only at numbers the child dup2'd
+ * it onto: a program that merely inherits the fd (a helper that never touches it, even at 0
+ * where the worker received it) would take the connection away from the parent that goes on
+ * using it; only a TCP socket; not where the parent's fd is known to be another socket now
+ * (another thread may have closed the number and received another connection there since the
+ * vfork: its mark is not ours to change); only for a program that will run with memlan
+ * (mlp_exec_blind).
  */
 static void mlp_carry_received(struct mlp_carry *c, int fd, struct mlp_buf *buf)
 {
@@ -411,8 +412,8 @@ static void mlp_carry_received(struct mlp_carry *c, int fd, struct mlp_buf *buf)
         return;
     unsigned long ino = 0;
     int keep[3], nk = 0;
-    if (fd <= 2 && mlp_fd_survives_exec(fd))
-        keep[nk++] = fd, ino = mlp_fd_ino(fd);
+    /* Only numbers the child itself dup2'd it onto: one the worker received at 0 (its stdin
+     * closed) is its own, and a helper that only inherits it does not take it. */
     if (mlp_vfork_dups.pid == (int)__ml_sys_getpid())
         for (int k = 0; k < mlp_vfork_dups.n && nk < 3; k++) {
             int to = mlp_vfork_dups.to[k];
@@ -425,15 +426,21 @@ static void mlp_carry_received(struct mlp_carry *c, int fd, struct mlp_buf *buf)
         }
     if (!nk || !ino)
         return;
-    struct stat st;
+    struct stat st, pst;
     int dom = 0;
     socklen_t dl = sizeof dom;
     char pfd[48];
-    snprintf(pfd, sizeof pfd, "/proc/%d/fd/%d", (int)getppid(), fd);
     if (__ml_sys_fstat(keep[0], &st) < 0 || !S_ISSOCK(st.st_mode) ||
         mlp_real_getsockopt(keep[0], SOL_SOCKET, SO_DOMAIN, &dom, &dl) < 0 ||
-        (dom != AF_INET && dom != AF_INET6) ||
-        __ml_sys_fstatat(AT_FDCWD, pfd, &st, 0) < 0 || (unsigned long)st.st_ino != ino)
+        (dom != AF_INET && dom != AF_INET6))
+        return;
+    /* The parent's fd must still be this socket.  Where that cannot be asked (a non-dumpable
+     * parent, as after a credential change; a /proc of another pid namespace, or none) it is
+     * trusted: that race (another thread's close of the number and a receive at it, between
+     * the vfork and the exec) is rarer than those configurations. */
+    snprintf(pfd, sizeof pfd, "/proc/%d/fd/%d", (int)getppid(), fd);
+    if (__ml_sys_fstatat(AT_FDCWD, pfd, &pst, 0) == 0 &&
+        (pst.st_ino != st.st_ino || pst.st_dev != st.st_dev))
         return;
     if (!c->blind_known) {
         c->blind_known = true;

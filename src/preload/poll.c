@@ -166,14 +166,18 @@ void mlp_queue_drain_look(bool full)
  *   mlp_passed) and then ended by _exit or a signal: its exit handler, which publishes such a
  *   side's end (sock.c, mlp_passed_at_exit), never ran, and its kernel socket's FIN never comes,
  *   since the receiver holds that socket (tests/preload/passexit.c, "epoll-_exit");
- * - one that shut down its writing and left bytes of ours unread: its FIN came at the shutdown,
- *   and its death, which over TCP resets a writer, says nothing more to our kernel socket (a
- *   nonblocking writer whose ring it no longer drained waited for POLLOUT for ever).
- * So a poll or epoll_wait whose sleep ran out asks such a peer's lock, at most once per
- * liveness interval (100 ms) and socket (a peer that sets the flag without passing, or a live
- * one that does not read for that long, costs us only that system call).  True when the peer
- * is now known gone.  Before, a server asleep in epoll_wait or poll on it waited for ever. */
-bool mlp_peer_passed_gone(struct mlp_sock *s)
+ * - one that shut down its writing and left our ring at least half full while we wait to write
+ *   (out: the caller asks for POLLOUT): its FIN came at the shutdown, and its death, which over
+ *   TCP resets a writer, says nothing more to our kernel socket (a nonblocking writer whose
+ *   ring it no longer drained waited for POLLOUT for ever).  Not one that passed its socket
+ *   (ML_SOCK_PASSED): its lock goes with its process while the receiver may not have taken
+ *   the side up yet, and a live connection was declared dead.
+ * So a poll or epoll_wait that may sleep (not a zero timeout) asks such a peer's lock, at most
+ * once per liveness interval (100 ms) and socket, busy set or idle (a peer that sets the flag
+ * without passing, or a live one that does not read for that long, costs us only that look).
+ * True when the peer is now known gone.  Before, a server asleep in epoll_wait or poll on it
+ * waited for ever. */
+bool mlp_peer_passed_gone(struct mlp_sock *s, bool out)
 {
     if (s->type != MLP_CONN || !s->ch || s->state != MLP_ACCEL)
         return false;
@@ -181,9 +185,10 @@ bool mlp_peer_passed_gone(struct mlp_sock *s)
     if (ch->peer_dead)
         return false;
     uint32_t ps = __ml_chan_peer_state(ch);
-    if (!(ps == ML_SIDE_OPEN &&
-          (atomic_load(&mlp_side_block(ch, 1 - s->side)->flags) & ML_SOCK_PASSED)) &&
-        !(ps == ML_SIDE_SHUT_WR && !ch->shut_wr && __ml_chan_tx_queued(ch) != 0))
+    bool passed = (atomic_load(&mlp_side_block(ch, 1 - s->side)->flags) & ML_SOCK_PASSED) != 0;
+    if (!(ps == ML_SIDE_OPEN && passed) &&
+        !(ps == ML_SIDE_SHUT_WR && out && !passed && !ch->shut_wr &&
+          __ml_chan_tx_queued(ch) >= ch->size / 2))
         return false;
     /* at the liveness pace, whatever the caller's timeouts */
     uint64_t now = mlp_coarse_ns(), t = atomic_load(&s->passed_ns);
@@ -610,8 +615,10 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
                     } else if (!ready) {
                         nap = true; /* FIN before the peer's state is visible: look again */
                     }
-                } else if (r == 0 && left != 0 && naccel && mlp_peer_passed_gone(socks[i])) {
-                    /* the sleep ran out: a passed peer's lock (a zero-timeout poll never asks) */
+                } else if (!zero && naccel &&
+                           mlp_peer_passed_gone(socks[i], (fds[i].events & POLLOUT) != 0)) {
+                    /* a peer whose end no FIN tells: its lock, at the liveness pace (a
+                     * zero-timeout poll never asks) */
                     checked = true;
                     short rv = mlp_sock_revents(socks[i], fds[i].fd, fds[i].events);
                     if (rv > 0)

@@ -1220,14 +1220,15 @@ static uint64_t mlp_call_deadline(uint64_t *dl, uint64_t tmo_ns)
 /*
  * A blocking send that waits for room while nothing moves either way: our ring full and not
  * drained, the peer's ring to us holding at least half a ring that nobody here reads, and
- * neither index moving for MLP_STALL_NS.  Both ends writing before they read wait for each
- * other so for ever where kernel TCP's larger buffers may have held the exchange (docs/
+ * neither index moving for MLP_STALL_NS (10 s: a peer that is only slow, paused or computing,
+ * moves within that, as a review found with 2 s).  Both ends writing before they read wait for
+ * each other so for ever where kernel TCP's larger buffers may have held the exchange (docs/
  * design.md, "Rings do not grow"): said once per socket, in the log, and on stderr once per
  * image, with the way out (larger rings), rather than a silent hang.  Read-only looks at the
  * shared indices (a peer's garbage only makes us say it or not); not from a handler, nor in a
  * known sandbox.
  */
-#define MLP_STALL_NS 2000000000ull
+#define MLP_STALL_NS 10000000000ull
 
 struct mlp_stall {
     uint64_t t0, tail, head;
@@ -1269,9 +1270,9 @@ static void mlp_stall_look(struct mlp_sock *s, struct mlp_stall *st)
     int lp = mlp_port_of(ch->sock_fd, false), rp = mlp_port_of(ch->sock_fd, true);
     mlp_inside = inside;
     mlp_say(MLP_SAID_STALL, "a send from port %d to port %d has waited %llu s for room in its "
-            "%llu KiB ring while %lld bytes from the peer wait unread: both ends write before "
-            "they read and wait for each other, where kernel TCP's larger buffers may have held "
-            "it (design.md, \"Rings do not grow\"); larger rings: MEMLAN_RING_KB, or "
+            "%llu KiB ring while %lld bytes from the peer wait unread: if both ends write "
+            "before they read, they wait for each other, where kernel TCP's larger buffers may "
+            "have held it (design.md, \"Rings do not grow\"); larger rings: MEMLAN_RING_KB, or "
             "SO_SNDBUF/SO_RCVBUF before connect", lp, rp,
             (unsigned long long)((now - st->t0) / 1000000000ull),
             (unsigned long long)(ch->size >> 10), (long long)in);

@@ -17,6 +17,8 @@
  *               "hello\n" on it itself and closes it
  *   vforkkeep   vforks a child that execs true, which inherits the connection at its number
  *               and never touches it; the worker writes "hello\n" on it and closes it
+ *   vforkkeep0  the same, the worker's stdin closed first, so that it receives the connection
+ *               at 0 (where true gets it as its stdin)
  *   exec        puts it on 1 (dup2) and execs echo hello
  *   twice       (the acceptor passes the connection twice, by two sendmsg) writes "hello\n" on
  *               the first copy and closes both
@@ -134,6 +136,8 @@ static int passer_gone = -1; /* read end of a pipe whose write end only the pass
 
 static void worker(int sp, const char *mode)
 {
+    if (!strcmp(mode, "vforkkeep0"))
+        close(0);
     int fd = fdpass_recv(sp, 0);
     if (fd < 0)
         _exit(1);
@@ -156,10 +160,10 @@ static void worker(int sp, const char *mode)
     }
     if (!strcmp(mode, "usevfork"))
         (void)!write(fd, "first\n", 6);
-    if (!strcmp(mode, "vforkfail") || !strcmp(mode, "vforkkeep")) {
+    if (!strcmp(mode, "vforkfail") || !strncmp(mode, "vforkkeep", 9)) {
         pid_t c = vfork();
         if (c == 0) {
-            if (!strcmp(mode, "vforkkeep")) {
+            if (strcmp(mode, "vforkfail")) {
                 execl("/bin/true", "true", (char *)NULL);
                 _exit(127);
             }
