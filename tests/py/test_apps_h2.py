@@ -482,6 +482,69 @@ def test_h2o_graceful_restart_with_stalled_h2_readers(fabric, pubdir):
     assert res[True] == res[False], res[True]
 
 
+PARTIAL = r"""
+import hashlib, os, select, socket, subprocess, sys, time
+CH = 81920  # h2o's write buffer
+def blob(n):
+    b = hashlib.sha256(b"partial").digest() * 2048
+    return (b * (n // len(b) + 1))[:n]
+if sys.argv[1] == "server":
+    l = socket.create_server(("127.0.0.1", int(sys.argv[2])))
+    print("ready", flush=True)
+    c, _ = l.accept()
+    assert c.recv(100) == b"GET"
+    c.setblocking(False)
+    data = blob(64 << 20)
+    sent, end = 0, time.monotonic() + 20
+    while time.monotonic() < end and sent < len(data):
+        try:
+            n = c.send(data[sent:sent + CH])
+        except BlockingIOError:
+            select.select([], [c], [], 1)
+            continue
+        sent += n
+        if n < CH:
+            break  # a send that took part of the buffer: close at once, the rest dropped
+    c.close()
+    print(sent, flush=True)
+    sys.exit(0)
+port = int(sys.argv[1])
+srv = subprocess.Popen([sys.executable, __file__, "server", str(port)], stdout=subprocess.PIPE, text=True)
+assert srv.stdout.readline() == "ready\n"
+c = socket.create_connection(("127.0.0.1", port))
+c.sendall(b"GET")
+time.sleep(0.5)  # the stalled reader: the writer fills what the connection holds meanwhile
+got = bytearray()
+end = time.monotonic() + 20
+while time.monotonic() < end:
+    b = c.recv(1 << 16)
+    if not b:
+        break
+    got += b
+sent = int(srv.stdout.readline())
+srv.wait(10)
+print(sent == len(got), bytes(got) == blob(len(got)), 0 < sent % CH)
+"""
+
+
+def test_close_right_after_a_partial_send(fabric, tmp_path):
+    """What h2o 2.2.5 does at the end of a graceful shutdown (the stalled-reader test above),
+    reduced: a nonblocking writer sends 80 KB pieces to a reader that does not read for 0.5 s,
+    and closes at once after the first send that took only part of its piece.  The reader gets
+    exactly the bytes that the sends returned, then EOF, as over kernel TCP: nothing that a send
+    counted is lost at the close, and no EOF comes before the ring is empty."""
+    (tmp_path / "partial.py").write_text(PARTIAL)
+    log = tmp_path / "partial.log"
+    out = {}
+    for on in (False, True):
+        out[on] = [subprocess.run(wrap([PY, str(tmp_path / "partial.py"), str(next_port())], log, on),
+                                  capture_output=True, text=True, timeout=60).stdout for _ in range(3)]
+    assert out[False] == ["True True True\n"] * 3, out
+    assert out[True] == out[False], out
+    assert accelerated(log) == 6, log.read_text()
+    settle()
+
+
 PEEK = r"""
 import os, signal, socket, subprocess, sys, time
 if sys.argv[1] == "server":
