@@ -431,55 +431,138 @@ def test_h2o_graceful_restart_under_load(fabric, pubdir):
     settle()
 
 
-@pytest.mark.xfail(strict=True, reason="under memlan an HTTP/2 download whose reader stopped "
-                   "reading ends short when h2o's old worker finishes its graceful shutdown")
+# h2o 2.2.5's HTTP/2 connection, once the second GOAWAY of a graceful shutdown is out and its
+# last stream's last frames are queued, starts their write and closes the socket in the same
+# call (do_emit_writereq), with what that nonblocking writev did not take still in its buffer:
+# the client gets a true prefix and curl says this.  At most the rest of one write buffer.
+H2O_SHORT = b"was not closed cleanly before end of the underlying stream"
+H2O_WBUF = 131072  # its 80 KiB write buffer, the frame that crosses it, TLS records
+
+
 def test_h2o_graceful_restart_with_stalled_h2_readers(fabric, pubdir):
     """Six HTTP/2 downloads of 40 MB from h2o (three h2c, three over TLS), each client's output
-    a pipe nobody reads for 3 s (a stalled consumer), while h2o is reloaded by SIGHUP: over
-    kernel TCP each arrives whole.  Under memlan (256 KiB rings) some end short by up to a ring
-    (e.g. 59,948,676 of 60,000,000 bytes, a true prefix) and curl says "(18) HTTP/2 stream 1 was
-    not closed cleanly before end of the underlying stream"; with MEMLAN_RING_KB=131072 (the
-    whole answer fits in the ring) none does.  HTTP/1.1 downloads are not affected.  It does
-    not happen every time: under memlan up to three rounds run, until one loses bytes."""
+    a pipe nobody reads for 3 s (a stalled consumer), while h2o is reloaded by SIGHUP.  Over
+    kernel TCP each arrives whole.  Under memlan some may end short, and that is h2o's own
+    defect, not memlan's: h2o 2.2.5 closes an HTTP/2 connection in graceful shutdown right
+    after a writev that took only part of its last buffer (curl: "(18) HTTP/2 stream 1 was not
+    closed cleanly before end of the underlying stream", a true prefix; fixed upstream after
+    2.2.5 by deferring the close while a write is in flight).  A writev whose last buffer does
+    not fit is common with a 256 KiB ring and rare with kernel TCP's autotuned buffers (MBs);
+    it is not rare over kernel TCP either once its buffers are the ring's size: run without
+    memlan in a network namespace of its own with net.ipv4.tcp_wmem and tcp_rmem capped at
+    128 KiB, 7 of 18 h2c downloads in three runs ended short the same way, and traced (an
+    LD_PRELOAD that logs h2o's writev returns and curl's recv), each download's bytes were
+    exactly the sum of what h2o's writes returned on its connection, under memlan too.  So under memlan each download must be
+    whole, or short by h2o's defect's signature: a true prefix, at most one write buffer short
+    (80 KiB; under 128 KiB with the frame that crosses it and TLS), with curl's message.
+    Memlan's own part, the bytes a send counted reaching the reader before the end, is
+    test_close_right_after_a_partial_send's, exactly."""
     have("h2o", "curl", "openssl")
     setup(pubdir, fabric)
-    (pubdir / "www" / "huge").write_bytes(os.urandom(40_000_000))
-    want = [(0, 40_000_000, hashlib.sha256((pubdir / "www" / "huge").read_bytes()).hexdigest(), b"")] * 6
+    data = os.urandom(40_000_000)
+    (pubdir / "www" / "huge").write_bytes(data)
     res = {}
     for on in (False, True):
-        for r in range(3 if on else 1):
-            base = pubdir / f"{'on' if on else 'off'}{r}"
-            base.mkdir()
-            base.chmod(0o777)
-            slog, olog, clog = (logfile(base, n) for n in ("h2o.log", "origin.log", "client.log"))
-            o, po = origin(pubdir, olog, on)
-            h, ps = None, []
-            try:
-                h = H2o(pubdir, base, po, slog, on)
-                for i in range(6):
-                    a = ["--http2-prior-knowledge", f"http://127.0.0.1:{h.pc}/huge"] if i % 2 else \
-                        ["--http2", f"https://127.0.0.1:{h.pt}/huge"]
-                    ps.append(subprocess.Popen(wrap(["curl", "-sS", "-k", "-m", "60", *a], clog, on),
-                                               stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-                time.sleep(0.5)
-                h.hup(2)
-                time.sleep(2.5)
-                got = []
-                for p in ps:
-                    out, err = p.communicate(timeout=60)
-                    got.append((p.returncode, len(out), hashlib.sha256(out).hexdigest(), err[-200:]))
-                res[on] = got
-            finally:
-                for p in ps:
-                    stop_proc(p, 5)
-                if h:
-                    h.stop()
-                stop_proc(o)
-            if res[on] != want:
-                break
+        base = pubdir / ("on" if on else "off")
+        base.mkdir()
+        base.chmod(0o777)
+        slog, olog, clog = (logfile(base, n) for n in ("h2o.log", "origin.log", "client.log"))
+        o, po = origin(pubdir, olog, on)
+        h, ps = None, []
+        try:
+            h = H2o(pubdir, base, po, slog, on)
+            for i in range(6):
+                a = ["--http2-prior-knowledge", f"http://127.0.0.1:{h.pc}/huge"] if i % 2 else \
+                    ["--http2", f"https://127.0.0.1:{h.pt}/huge"]
+                ps.append(subprocess.Popen(wrap(["curl", "-sS", "-k", "-m", "60", *a], clog, on),
+                                           stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+            time.sleep(0.5)
+            h.hup(2)
+            time.sleep(2.5)
+            got = []
+            for p in ps:
+                out, err = p.communicate(timeout=60)
+                if out == data and p.returncode == 0 and not err:
+                    got.append("whole")
+                elif (p.returncode == 18 and H2O_SHORT in err and data.startswith(out) and
+                      0 < len(data) - len(out) <= H2O_WBUF):
+                    got.append("h2o's short close")
+                else:
+                    got.append((p.returncode, len(out), data.startswith(out), err[-200:]))
+            res[on] = got
+        finally:
+            for p in ps:
+                stop_proc(p, 5)
+            if h:
+                h.stop()
+            stop_proc(o)
     settle()  # before the verdict: the fixture finds the fabric clean either way
-    assert res[False] == want, res[False]
-    assert res[True] == res[False], res[True]
+    assert res[False] == ["whole"] * 6, res[False]
+    assert all(g in ("whole", "h2o's short close") for g in res[True]), res[True]
+    assert accelerated(clog) == 6, clog.read_text()[-2000:]
+
+
+PARTIAL = r"""
+import hashlib, os, select, socket, subprocess, sys, time
+CH = 81920  # h2o's write buffer
+def blob(n):
+    b = hashlib.sha256(b"partial").digest() * 2048
+    return (b * (n // len(b) + 1))[:n]
+if sys.argv[1] == "server":
+    l = socket.create_server(("127.0.0.1", int(sys.argv[2])))
+    print("ready", flush=True)
+    c, _ = l.accept()
+    assert c.recv(100) == b"GET"
+    c.setblocking(False)
+    data = blob(64 << 20)
+    sent, end = 0, time.monotonic() + 20
+    while time.monotonic() < end and sent < len(data):
+        try:
+            n = c.send(data[sent:sent + CH])
+        except BlockingIOError:
+            select.select([], [c], [], 1)
+            continue
+        sent += n
+        if n < CH:
+            break  # a send that took part of the buffer: close at once, the rest dropped
+    c.close()
+    print(sent, flush=True)
+    sys.exit(0)
+port = int(sys.argv[1])
+srv = subprocess.Popen([sys.executable, __file__, "server", str(port)], stdout=subprocess.PIPE, text=True)
+assert srv.stdout.readline() == "ready\n"
+c = socket.create_connection(("127.0.0.1", port))
+c.sendall(b"GET")
+time.sleep(0.5)  # the stalled reader: the writer fills what the connection holds meanwhile
+got = bytearray()
+end = time.monotonic() + 20
+while time.monotonic() < end:
+    b = c.recv(1 << 16)
+    if not b:
+        break
+    got += b
+sent = int(srv.stdout.readline())
+srv.wait(10)
+print(sent == len(got), bytes(got) == blob(len(got)), 0 < sent % CH)
+"""
+
+
+def test_close_right_after_a_partial_send(fabric, tmp_path):
+    """What h2o 2.2.5 does at the end of a graceful shutdown (the stalled-reader test above),
+    reduced: a nonblocking writer sends 80 KB pieces to a reader that does not read for 0.5 s,
+    and closes at once after the first send that took only part of its piece.  The reader gets
+    exactly the bytes that the sends returned, then EOF, as over kernel TCP: nothing that a send
+    counted is lost at the close, and no EOF comes before the ring is empty."""
+    (tmp_path / "partial.py").write_text(PARTIAL)
+    log = tmp_path / "partial.log"
+    out = {}
+    for on in (False, True):
+        out[on] = [subprocess.run(wrap([PY, str(tmp_path / "partial.py"), str(next_port())], log, on),
+                                  capture_output=True, text=True, timeout=60).stdout for _ in range(3)]
+    assert out[False] == ["True True True\n"] * 3, out
+    assert out[True] == out[False], out
+    assert accelerated(log) == 6, log.read_text()
+    settle()
 
 
 PEEK = r"""
