@@ -1699,9 +1699,9 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
  * end.  Nothing else would: no post comes from a dead process, nor a FIN from a kernel socket
  * that the receiver holds or that sent its FIN at the shutdown.  A walk of the set's members at
  * most once per liveness interval, by any wait that may sleep, busy set or idle (made only when
- * a wait ran out, a writer in a busy loop's set was never woken), and a system call only for
- * those members whose peer qualifies. */
-static bool mlp_ep_passed_look(struct mlp_ep *e)
+ * a wait ran out, a writer in a busy loop's set was never woken; a passed peer still only then,
+ * ran_out), and a system call only for those members whose peer qualifies. */
+static bool mlp_ep_passed_look(struct mlp_ep *e, bool ran_out)
 {
     /* at the liveness pace per set, whatever the caller's timeouts (a short one each loop) */
     uint64_t now = mlp_coarse_ns(), t = __atomic_load_n(&e->passed_ns, __ATOMIC_RELAXED);
@@ -1714,7 +1714,7 @@ static bool mlp_ep_passed_look(struct mlp_ep *e)
     for (int fd = 0; fd < e->nbyfd; fd++) {
         struct mlp_member *m = e->byfd[fd];
         if (m && m->s && !m->disabled && !m->parked && !m->queued &&
-            mlp_peer_passed_gone(m->s, (m->events & EPOLLOUT) != 0)) {
+            mlp_peer_passed_gone(m->s, (m->events & EPOLLOUT) != 0, ran_out)) {
             mlp_rl_push(m);
             found = true;
         }
@@ -2198,7 +2198,8 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
         }
         bool again = bell;
         int w = mlp_ep_filter(out, r, &again);
-        if (timeout_ns != 0 && __atomic_load_n(&e->n, __ATOMIC_RELAXED) && mlp_ep_passed_look(e))
+        if (timeout_ns != 0 && __atomic_load_n(&e->n, __ATOMIC_RELAXED) &&
+            mlp_ep_passed_look(e, !w && !again && r == 0 && slept && left != 0))
             again = true; /* peers whose end no FIN tells: their locks, at the liveness pace */
         if (again && w < max)
             w += mlp_ep_collect(epfd, e, out + w, max - w, &undecided, NULL, NULL, true);

@@ -172,12 +172,15 @@ void mlp_queue_drain_look(bool full)
  *   ring it no longer drained waited for POLLOUT for ever).  Not one that passed its socket
  *   (ML_SOCK_PASSED): its lock goes with its process while the receiver may not have taken
  *   the side up yet, and a live connection was declared dead.
- * So a poll or epoll_wait that may sleep (not a zero timeout) asks such a peer's lock, at most
- * once per liveness interval (100 ms) and socket, busy set or idle (a peer that sets the flag
- * without passing, or a live one that does not read for that long, costs us only that look).
- * True when the peer is now known gone.  Before, a server asleep in epoll_wait or poll on it
- * waited for ever. */
-bool mlp_peer_passed_gone(struct mlp_sock *s, bool out)
+ * So a poll or epoll_wait asks such a peer's lock, at most once per liveness interval (100 ms)
+ * and socket (a peer that sets the flag without passing, or a live one that does not read for
+ * that long, costs us only that look): a passed one only once a sleep ran out (ran_out: its
+ * receiver may take the side up a little after the passer's _exit, which waits for nothing; a
+ * look at the first wait declared it dead, removed the channel's file, and the receiver could
+ * not open it: passexit epoll-_exit), a half-closed one at any wait that may sleep, busy set or
+ * idle.  True when the peer is now known gone.  Before, a server asleep in epoll_wait or poll
+ * on it waited for ever. */
+bool mlp_peer_passed_gone(struct mlp_sock *s, bool out, bool ran_out)
 {
     if (s->type != MLP_CONN || !s->ch || s->state != MLP_ACCEL)
         return false;
@@ -186,7 +189,7 @@ bool mlp_peer_passed_gone(struct mlp_sock *s, bool out)
         return false;
     uint32_t ps = __ml_chan_peer_state(ch);
     bool passed = (atomic_load(&mlp_side_block(ch, 1 - s->side)->flags) & ML_SOCK_PASSED) != 0;
-    if (!(ps == ML_SIDE_OPEN && passed) &&
+    if (!(ps == ML_SIDE_OPEN && passed && ran_out) &&
         !(ps == ML_SIDE_SHUT_WR && out && !passed && !ch->shut_wr &&
           __ml_chan_tx_queued(ch) >= ch->size / 2))
         return false;
@@ -616,7 +619,8 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
                         nap = true; /* FIN before the peer's state is visible: look again */
                     }
                 } else if (!zero && naccel &&
-                           mlp_peer_passed_gone(socks[i], (fds[i].events & POLLOUT) != 0)) {
+                           mlp_peer_passed_gone(socks[i], (fds[i].events & POLLOUT) != 0,
+                                                r == 0 && left != 0)) {
                     /* a peer whose end no FIN tells: its lock, at the liveness pace (a
                      * zero-timeout poll never asks) */
                     checked = true;

@@ -487,7 +487,7 @@ int mlp_sock_sleep(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline
 bool mlp_end_look(struct mlp_sock *s);
 bool mlp_look_due(struct mlp_sock *s, uint64_t now);
 bool mlp_check_peer(struct mlp_sock *s);
-bool mlp_peer_passed_gone(struct mlp_sock *s, bool out);
+bool mlp_peer_passed_gone(struct mlp_sock *s, bool out, bool ran_out);
 void mlp_poll_kick(struct mlp_sock *s);
 int mlp_select(int n, fd_set *r, fd_set *w, fd_set *e, int64_t timeout_ns, const sigset_t *mask,
                int64_t *left_ns);
