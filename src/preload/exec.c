@@ -700,13 +700,14 @@ static void mlp_exec_secure_note(const char *path)
      * squid's master, started as /usr/sbin/squid, first tries /usr/sbin/squid_start, which
      * Debian does not ship, and the log said "exec of /usr/sbin/squid_start ... that program runs
      * without memlan"; in one process, that took the only note from the exec that followed. */
-    int saved = errno;
-    bool runs = !path || !strchr(path, '/') ||
-                (stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
-                 faccessat(AT_FDCWD, path, X_OK, AT_EACCESS) == 0);
-    errno = saved;
-    if (!runs)
-        return;
+    if ((ru != eu || rg != eg) && path && strchr(path, '/')) {
+        int saved = errno;
+        bool runs = stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
+                    faccessat(AT_FDCWD, path, X_OK, AT_EACCESS) == 0;
+        errno = saved;
+        if (!runs)
+            return;
+    }
     if (ru != eu || rg != eg) {
         mlp_say(MLP_SAID_SECURE, "exec of %.200s with real uid %u, effective uid %u (gid %u, %u): "
                 "secure-execution mode, where the dynamic linker ignores LD_PRELOAD; that "
