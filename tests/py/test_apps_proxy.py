@@ -19,14 +19,13 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 
 import pytest
 
 from conftest import MEMLAN, as_user, port_range, stop_proc, pubdir  # noqa: F401 (fixture)
-from test_apps import settle, tcp_reasons, wait_port, wrap  # noqa: F401
+from test_apps import settle, tcp_reasons, wait_port, wrap
 
 next_port = port_range(27601, 27799, "test_apps_proxy")  # no other test's range, below the ephemeral range
 
