@@ -35,7 +35,7 @@ want=(redis-server:redis-server memcached:memcached nginx:nginx-light wrk:wrk
       ncat:ncat /usr/sbin/unbound:unbound /usr/sbin/slapd:slapd
       ldapsearch:ldap-utils beanstalkd:beanstalkd erlc:erlang-base
       /usr/sbin/rsyslogd:rsyslog logger:bsdutils /usr/sbin/named:bind9 dig:bind9-dnsutils
-      /usr/sbin/ngircd:ngircd
+      /usr/sbin/ngircd:ngircd /usr/sbin/squid:squid /usr/sbin/privoxy:privoxy
       /usr/bin/h2o:h2o h2load:nghttp2-client /usr/sbin/nghttpx:nghttp2-proxy
       gunicorn:gunicorn /usr/lib/python3/dist-packages/gevent/__init__.py:python3-gevent
       uwsgi:uwsgi-core /usr/lib/uwsgi/plugins/python3_plugin.so:uwsgi-plugin-python3
