@@ -31,9 +31,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/stat.h>
-#include <sys/statvfs.h>
 #include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
@@ -1046,23 +1044,12 @@ static int cmd_run(int argc, char **argv)
     /* A set-user-ID or set-group-ID program runs in secure-execution mode, where the dynamic
      * linker ignores an LD_PRELOAD path (sudo, or a server installed so). */
     struct stat pst;
-    struct statvfs pvf;
     if (!quiet && reach == 0 && stat(file, &pst) == 0 &&
         (((pst.st_mode & S_ISUID) && pst.st_uid != geteuid()) ||
          ((pst.st_mode & (S_ISGID | S_IXGRP)) == (S_ISGID | S_IXGRP) && pst.st_gid != getegid())))
         fprintf(stderr, "memlan run: warning: %s is set-%s-ID: the dynamic linker ignores "
                         "LD_PRELOAD for it, so its connections will not be accelerated\n", file,
                 (pst.st_mode & S_ISUID) && pst.st_uid != geteuid() ? "user" : "group");
-    /* So does a program with file capabilities run by another user than root (a server given
-     * cap_net_bind_service by setcap; squid's pinger), unless no_new_privs or a nosuid mount
-     * disarms them. */
-    else if (!quiet && reach == 0 && geteuid() != 0 && S_ISREG(pst.st_mode) &&
-             getxattr(file, "security.capability", NULL, 0) > 0 &&
-             prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) != 1 &&
-             !(statvfs(file, &pvf) == 0 && (pvf.f_flag & ST_NOSUID)))
-        fprintf(stderr, "memlan run: warning: %s has file capabilities: the dynamic linker "
-                        "ignores LD_PRELOAD for it, so its connections will not be accelerated\n",
-                file);
     char lib[4096];
     if (find_preload(lib, sizeof lib) < 0) {
         fprintf(stderr, "memlan run: cannot find " PRELOAD_NAME " in ../lib next to this program, in "

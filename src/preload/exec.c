@@ -772,33 +772,6 @@ static bool mlp_path_search(const char *name, char *found, size_t cap)
 }
 
 /*
- * Will the kernel give this file's capabilities to a non-root caller's exec (secure-execution
- * mode)?  A regular ELF file with a security.capability attribute, not on a nosuid mount, and no
- * no_new_privs (either disarms them); a "#!" script's are not looked at.  errno kept.
- */
-static bool mlp_file_caps_raise(const char *path)
-{
-    int saved = errno;
-    struct stat st;
-    struct statvfs vf;
-    char magic[4] = {0};
-    bool r = stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
-             getxattr(path, "security.capability", NULL, 0) > 0 &&
-             !(statvfs(path, &vf) == 0 && (vf.f_flag & ST_NOSUID)) &&
-             prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) != 1;
-    if (r) {
-        long mf = __ml_sys_open(AT_FDCWD, path, O_RDONLY | O_CLOEXEC | O_NONBLOCK, 0);
-        if (mf >= 0) {
-            (void)__ml_sys_pread((int)mf, magic, sizeof magic, 0);
-            __ml_sys_close((int)mf);
-        }
-        r = memcmp(magic, "\177ELF", 4) == 0;
-    }
-    errno = saved;
-    return r;
-}
-
-/*
  * An exec in secure-execution mode (the kernel's AT_SECURE: real and effective ids differ, or a
  * set-user-ID or set-group-ID file): the new image's dynamic linker ignores an LD_PRELOAD path
  * (it loads only set-user-ID libraries of its system directories, by bare name), so the program
@@ -847,10 +820,6 @@ static void mlp_exec_secure_note(const char *path)
                 "where the dynamic linker ignores LD_PRELOAD; that program runs without memlan, "
                 "its connections on TCP",
                 path, (st.st_mode & S_ISUID) && st.st_uid != eu ? "user" : "group");
-    } else if (path && strchr(path, '/') && eu != 0 && mlp_file_caps_raise(path)) {
-        mlp_say(MLP_SAID_SECURE, "exec of %.200s, a program with file capabilities: "
-                "secure-execution mode, where the dynamic linker ignores LD_PRELOAD; that program "
-                "runs without memlan, its connections on TCP", path);
     }
 }
 
