@@ -37,6 +37,8 @@
 #include <sys/prctl.h>
 #include <sys/statvfs.h>
 #include <sys/xattr.h>
+#include <linux/capability.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <dirent.h>
 #include <gnu/libc-version.h>
@@ -871,6 +873,57 @@ static bool mlp_is_loader(const char *path)
            (strncmp(b, "ld-", 3) == 0 && strstr(b, ".so"));
 }
 
+/*
+ * Will a non-root caller's exec of this regular file run in secure-execution mode for its file
+ * capabilities?  The kernel's rule (cap_bprm_creds_from_file), not the attribute's presence: the
+ * file's permitted set within our bounding set, with its inheritable set within ours, becomes
+ * the new permitted set (within our old permitted set under no_new_privs), and the exec is
+ * secure when the file's effective bit is set or that set is not empty.  No_new_privs does not
+ * disarm the effective bit; a nosuid mount disarms everything (checked by the caller).  A v3
+ * attribute that names another namespace's root gives nothing.  Before, any attribute was
+ * taken for secure execution and none under no_new_privs: a program with inheritable-only
+ * capabilities, which runs memlan, had its carried connection shut down before the exec, and
+ * an effective one under no_new_privs (systemd's NoNewPrivileges) got a connection it could
+ * not take up.  errno kept by the caller.
+ */
+static bool mlp_file_caps_secure(const char *path, bool nnp)
+{
+    uint32_t v[6] = {0};
+    ssize_t n = getxattr(path, "security.capability", v, sizeof v);
+    if (n < (ssize_t)(2 * sizeof v[0]))
+        return false; /* none (ENODATA, ENOTSUP), or unreadable: as the kernel, no capabilities */
+    uint32_t rev = v[0] & VFS_CAP_REVISION_MASK;
+    bool eff = (v[0] & VFS_CAP_FLAGS_EFFECTIVE) != 0;
+    uint64_t fp = v[1], fi = v[2];
+    if (rev == VFS_CAP_REVISION_2 || rev == VFS_CAP_REVISION_3) {
+        if (n < (ssize_t)(5 * sizeof v[0]))
+            return false;
+        fp |= (uint64_t)v[3] << 32;
+        fi |= (uint64_t)v[4] << 32;
+        if (rev == VFS_CAP_REVISION_3 && (n < (ssize_t)(6 * sizeof v[0]) || v[5] != 0))
+            return false; /* another namespace's root: the kernel gives nothing */
+    } else if (rev != VFS_CAP_REVISION_1) {
+        return false;
+    }
+    struct __user_cap_header_struct h = {.version = _LINUX_CAPABILITY_VERSION_3, .pid = 0};
+    struct __user_cap_data_struct d[2];
+    memset(d, 0, sizeof d);
+    if (syscall(SYS_capget, &h, d) < 0)
+        return eff || fp || fi; /* cannot tell: as before, the attribute decides */
+    uint64_t ci = d[0].inheritable | (uint64_t)d[1].inheritable << 32;
+    uint64_t cp = d[0].permitted | (uint64_t)d[1].permitted << 32;
+    uint64_t np = fi & ci;
+    for (int cap = 0; cap < 64; cap++)
+        if ((fp >> cap) & 1) {
+            int in = prctl(PR_CAPBSET_READ, cap, 0, 0, 0);
+            if (in != 0) /* 1, or an error: counted as in the bounding set */
+                np |= (uint64_t)1 << cap;
+        }
+    if (nnp)
+        np &= cp;
+    return eff || np != 0;
+}
+
 static void mlp_exec_blind(struct mlp_carry *c, const char *path)
 {
     c->blind = NULL;
@@ -902,9 +955,12 @@ static void mlp_exec_blind(struct mlp_carry *c, const char *path)
         (void)__ml_sys_pread((int)mf, magic, sizeof magic, 0);
         __ml_sys_close((int)mf);
     }
-    bool elf = memcmp(magic, "\177ELF", 4) == 0;
-    bool nosuid = (statvfs(path, &vf) == 0 && (vf.f_flag & ST_NOSUID)) ||
-                  prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1;
+    /* A file we may execute but not read is a binary: the kernel runs a script only through
+     * its interpreter, which must read it (a 0711 set-user-ID or capability binary). */
+    bool elf = memcmp(magic, "\177ELF", 4) == 0 || (mf == -EACCES);
+    bool mnt_nosuid = statvfs(path, &vf) == 0 && (vf.f_flag & ST_NOSUID);
+    bool nnp = prctl(PR_GET_NO_NEW_PRIVS, 0, 0, 0, 0) == 1;
+    bool nosuid = mnt_nosuid || nnp;
     if (ru != eu || rg != eg) {
         snprintf(c->blindwhy, sizeof c->blindwhy, "secure-execution mode: real uid %u, "
                  "effective uid %u", (unsigned)ru, (unsigned)eu);
@@ -917,10 +973,9 @@ static void mlp_exec_blind(struct mlp_carry *c, const char *path)
         snprintf(c->blindwhy, sizeof c->blindwhy, "a set-%s-ID program: secure-execution mode",
                  (st.st_mode & S_ISUID) && st.st_uid != eu ? "user" : "group");
         c->blind = c->blindwhy;
-    } else if (elf && !nosuid && eu != 0 &&
-               getxattr(path, "security.capability", NULL, 0) > 0) {
-        /* File capabilities raise a non-root caller's: secure execution too (root's are
-         * all there already). */
+    } else if (elf && !mnt_nosuid && eu != 0 && mlp_file_caps_secure(path, nnp)) {
+        /* File capabilities that raise a non-root caller's: secure execution too (root's are
+         * all there already); no_new_privs does not disarm them (mlp_file_caps_secure). */
         snprintf(c->blindwhy, sizeof c->blindwhy, "a program with file capabilities: "
                  "secure-execution mode");
         c->blind = c->blindwhy;

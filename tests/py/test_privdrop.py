@@ -849,3 +849,94 @@ def test_euid_toggles_keep_a_bounded_number_of_channel_files(fabric, pubdir):
     assert log.read_text().count("accelerated (client)") == 40, log.read_text()[-2000:]
     assert int(p.stdout) <= 16 + 2, p.stdout  # the kept ones, the pool's spare
     settle()
+
+
+CAPS_EXEC_SERVER = r"""
+import ctypes, os, socket, sys
+prog, nnp = sys.argv[1], sys.argv[2] == "nnp"
+ls = socket.socket()
+ls.bind(("127.0.0.1", 0))
+ls.listen(4)
+print(ls.getsockname()[1], flush=True)
+c, _ = ls.accept()
+pid = os.fork()
+if pid == 0:
+    os.setgid(65534); os.setgroups([]); os.setuid(65534)
+    if nnp:  # systemd's NoNewPrivileges=yes
+        assert ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+    os.dup2(c.fileno(), 0); os.dup2(c.fileno(), 1)
+    os.execv(prog, [prog])
+c.close()
+_, st = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(st), flush=True)
+"""
+CAPS_EXEC_CLIENT = r"""
+import socket, sys
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+c.settimeout(20)
+c.sendall(b"hello\n")
+c.shutdown(socket.SHUT_WR)
+out = b""
+try:
+    while True:
+        b = c.recv(100)
+        if not b:
+            break
+        out += b
+except OSError as e:
+    out = repr(e).encode()
+print(out, flush=True)
+"""
+
+
+@pytest.mark.skipif(shutil.which("setcap") is None, reason="no setcap (libcap2-bin)")
+@pytest.mark.parametrize("how", ["inheritable", "effective-nnp"])
+def test_an_exec_judges_file_capabilities_as_the_kernel(pubdir, how):
+    """A root server's child drops to nobody and execs a copy of cat with the connection on its
+    standard streams (inetd's way), the copy given file capabilities.  The kernel runs it in
+    secure-execution mode (LD_PRELOAD ignored) only if the capabilities raise the caller's:
+    "inheritable" (cap_net_raw+i, and nobody's inheritable set is empty) does not, and cat runs
+    memlan: the connection is carried and echoed, as over TCP.  Before, any capability
+    attribute counted: the connection was shut down before the exec, the client read nothing.
+    "effective-nnp" (cap_net_raw+ep under no_new_privs, systemd's NoNewPrivileges=yes) does: the
+    effective bit is not disarmed by no_new_privs.  Before, it was taken as disarmed, the
+    connection carried into a program without memlan, and the client read a reset; now it is
+    shut down before the exec, said with the reason (design.md, "Across exec": no connection
+    can follow into a program that runs without memlan)."""
+    pwd.getpwnam("nobody")
+    (pubdir / "srv.py").write_text(CAPS_EXEC_SERVER)
+    (pubdir / "cli.py").write_text(CAPS_EXEC_CLIENT)
+    prog = pubdir / "cat"
+    shutil.copy("/bin/cat", prog)
+    os.chmod(prog, 0o755)
+    caps = "cap_net_raw+i" if how == "inheritable" else "cap_net_raw+ep"
+    subprocess.run(["setcap", caps, str(prog)], check=True, capture_output=True, timeout=30)
+    mode = "nnp" if how == "effective-nnp" else "-"
+    got = []
+    for on in (False, True):
+        slog, clog = pubdir / f"server{on:d}.log", pubdir / f"client{on:d}.log"
+        for f in (slog, clog):
+            f.write_text("")
+            os.chmod(f, 0o666)
+        srv = subprocess.Popen(wrap(["python3", str(pubdir / "srv.py"), str(prog), mode], slog,
+                                    on), stdout=subprocess.PIPE, text=True)
+        try:
+            port = srv.stdout.readline().strip()
+            cli = subprocess.run(wrap(["python3", str(pubdir / "cli.py"), port], clog, on),
+                                 capture_output=True, text=True, timeout=30)
+            assert srv.stdout.readline().strip() == "0"
+            assert srv.wait(10) == 0
+        finally:
+            if srv.poll() is None:
+                srv.kill()
+                srv.wait()
+        got.append(cli.stdout.strip())
+    settle()
+    assert got[0] == "b'hello\\n'", got
+    s = slog.read_text()
+    if how == "inheritable":
+        assert got[1] == got[0], (got, s[-3000:])
+        assert "accelerated (carried across exec)" in s, s[-3000:]
+    else:
+        assert got[1] == "b''", (got, s[-3000:])
+        assert "cannot follow the exec of" in s and "a program with file capabilities" in s, s
