@@ -592,15 +592,19 @@ def test_run_warns_of_a_setuid_program(pubdir):
 # An inetd's way with a service of another user: accept as root, fork, drop, put the connection on
 # fds 0 and 1, exec the service.  Argument: "echo" (the service answers what it read), or "kill"
 # (the service reads until the end; the client is killed mid-stream).
-DROP_EXEC_SERVER = r"""
-import os, socket, sys, time
-what, svc = sys.argv[1], sys.argv[2]
+# A root server that accepts one connection on a port it prints, and forks the child that
+# serves it (the scripts below go on with the child's part).
+ACCEPT_FORK = r"""
+import ctypes, os, socket, sys, time
 ls = socket.socket()
 ls.bind(("127.0.0.1", 0))
 ls.listen(4)
 print(ls.getsockname()[1], flush=True)
 c, _ = ls.accept()
 pid = os.fork()
+"""
+DROP_EXEC_SERVER = ACCEPT_FORK + r"""
+what, svc = sys.argv[1], sys.argv[2]
 if pid == 0:
     os.close(0)  # as xinetd's child: the first file opened from now on is fd 0
     os.setgid(65534); os.setgroups([]); os.setuid(65534)
@@ -851,15 +855,8 @@ def test_euid_toggles_keep_a_bounded_number_of_channel_files(fabric, pubdir):
     settle()
 
 
-CAPS_EXEC_SERVER = r"""
-import ctypes, os, socket, sys
+CAPS_EXEC_SERVER = ACCEPT_FORK + r"""
 prog, nnp = sys.argv[1], sys.argv[2] == "nnp"
-ls = socket.socket()
-ls.bind(("127.0.0.1", 0))
-ls.listen(4)
-print(ls.getsockname()[1], flush=True)
-c, _ = ls.accept()
-pid = os.fork()
 if pid == 0:
     os.setgid(65534); os.setgroups([]); os.setuid(65534)
     if nnp:  # systemd's NoNewPrivileges=yes
