@@ -37,6 +37,7 @@
 #include <sys/prctl.h>
 #include <sys/statvfs.h>
 #include <sys/xattr.h>
+#include <endian.h>
 #include <linux/capability.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
@@ -880,7 +881,11 @@ static bool mlp_is_loader(const char *path)
  * the new permitted set (within our old permitted set under no_new_privs), and the exec is
  * secure when the file's effective bit is set or that set is not empty.  No_new_privs does not
  * disarm the effective bit; a nosuid mount disarms everything (checked by the caller).  A v3
- * attribute that names another namespace's root gives nothing.  Before, any attribute was
+ * attribute that names another namespace's root gives nothing (read from inside a user
+ * namespace whose ancestor's root owns the file, the kernel still honours it: not followed).
+ * An effective file whose permitted set is not all granted fails to exec (EPERM): not blind.
+ * Not followed either: a "#!" script's interpreter's capabilities, and the narrowing under
+ * ptrace or a CLONE_FS sharer.  Before, any attribute was
  * taken for secure execution and none under no_new_privs: a program with inheritable-only
  * capabilities, which runs memlan, had its carried connection shut down before the exec, and
  * an effective one under no_new_privs (systemd's NoNewPrivileges) got a connection it could
@@ -892,6 +897,8 @@ static bool mlp_file_caps_secure(const char *path, bool nnp)
     ssize_t n = getxattr(path, "security.capability", v, sizeof v);
     if (n < (ssize_t)(2 * sizeof v[0]))
         return false; /* none (ENODATA, ENOTSUP), or unreadable: as the kernel, no capabilities */
+    for (int i = 0; i < 6; i++)
+        v[i] = le32toh(v[i]); /* the attribute is little-endian */
     uint32_t rev = v[0] & VFS_CAP_REVISION_MASK;
     bool eff = (v[0] & VFS_CAP_FLAGS_EFFECTIVE) != 0;
     uint64_t fp = v[1], fi = v[2];
@@ -914,11 +921,13 @@ static bool mlp_file_caps_secure(const char *path, bool nnp)
     uint64_t cp = d[0].permitted | (uint64_t)d[1].permitted << 32;
     uint64_t np = fi & ci;
     for (int cap = 0; cap < 64; cap++)
-        if ((fp >> cap) & 1) {
-            int in = prctl(PR_CAPBSET_READ, cap, 0, 0, 0);
-            if (in != 0) /* 1, or an error: counted as in the bounding set */
-                np |= (uint64_t)1 << cap;
-        }
+        if (((fp >> cap) & 1) && prctl(PR_CAPBSET_READ, cap, 0, 0, 0) == 1)
+            np |= (uint64_t)1 << cap; /* EINVAL: past this kernel's last, which it masks off */
+    /* An effective file whose permitted set is not all granted: the exec fails (EPERM), and a
+     * failed exec must find the connection as it was (ping with cap_net_raw+ep where the
+     * container's bounding set lacks it). */
+    if (eff && (fp & ~np) != 0)
+        return false;
     if (nnp)
         np &= cp;
     return eff || np != 0;
