@@ -215,6 +215,29 @@ int __ml_mb_wait_barrier(struct memlan_channel *ch, _Atomic uint32_t *decl, _Ato
     return ml_mb_needed(decl, ack) ? ml_mb_barrier(ch, decl, ack, NULL, NULL) : 0;
 }
 
+/* The producer's switch from the word w (a new side's, or the next holder's after fork or
+ * exec): P is taken as the position within 2^63 behind our head, where an honest word's is.  A
+ * word that lies costs only the producer's own direction: its bytes land where the consumer will
+ * not look (ml_ring_free_grow marks the ring corrupt where they would not fit). */
+static void ml_grow_take(struct ml_ring *r, uint64_t w)
+{
+    uint64_t behind = ((r->pos << 1) - (w & ~(uint64_t)1)) >> 1;
+    r->swp = r->pos - behind;
+    r->swg = r->gsize && (w & 1);
+    r->gkept = false; /* another holder may have let the pages go */
+    atomic_store_explicit(atomic_load_explicit(&r->gpub, memory_order_relaxed),
+                          ml_grow_word(r->swp, r->swg), memory_order_release);
+}
+
+/* Whether our direction may switch into its region now: it grows, nothing refused it, the peer
+ * attached (an offer's bytes may be withdrawn, and __ml_chan_unsent reads the ring alone), and no
+ * switch is outstanding (the tail t has passed the last one, at swp). */
+static bool ml_growable(const struct memlan_channel *ch, uint64_t t, uint64_t swp)
+{
+    return ch->tx.gsize && !ml_load_relaxed(&ch->grow_off) && (int64_t)(t - swp) >= 0 &&
+           (ch->side == 1 || ml_load_acquire(&ch->hdr->attached) == 1);
+}
+
 static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, int side)
 {
     struct ml_chan_hdr *c = (struct ml_chan_hdr *)(seg->base + seg->body_off);
@@ -227,6 +250,10 @@ static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, 
         (struct ml_ring_ctl *)(seg->base + ML_CHAN_CTL1_OFF),
     };
     uint8_t *data[2] = {seg->base + ML_PAGE, seg->base + ML_PAGE + 2 * seg->mirror};
+    /* The regions (segment.c maps them as the rings, each followed by a second view). */
+    uint64_t g = ch->kind == MEMLAN_STREAM ? seg->grow : 0;
+    uint8_t *gdata[2] = {seg->base + ML_PAGE + 4 * seg->mirror,
+                         seg->base + ML_PAGE + 4 * seg->mirror + 2 * seg->grow};
     struct ml_ring *rings[2] = {&ch->tx, &ch->rx};
     struct ml_chan_refs *refs = (struct ml_chan_refs *)(seg->base + ML_CHAN_REFS_OFF);
     ch->tx_refs = &refs[side];
@@ -238,6 +265,10 @@ static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, 
         r->data = data[idx];
         r->size = seg->mirror;
         r->mask = seg->mirror - 1;
+        r->gdata = g ? gdata[idx] : NULL;
+        r->gsize = g;
+        r->gmask = g ? g - 1 : 0;
+        r->cap = seg->mirror + g;
         r->corrupt = false;
         r->msg = ch->kind == MEMLAN_MSG;
     }
@@ -247,12 +278,14 @@ static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, 
     ch->tx.other = ml_load_acquire(&ch->tx.ctl->tail);
     ch->rx.pos = ml_load_acquire(&ch->rx.ctl->tail);
     ch->rx.other = ch->rx.pos;
-    if (ch->tx.pos - ch->tx.other > ch->size)
+    if (ch->tx.pos - ch->tx.other > ch->tx.cap)
         ch->tx.corrupt = true;
     for (int i = 0; i < 2; i++) {
         rings[i]->pub = &rings[i]->own_pub;
         atomic_store_explicit(&rings[i]->own_pub, rings[i]->pos, memory_order_relaxed);
+        rings[i]->gpub = &rings[i]->own_gpub;
     }
+    ml_grow_take(&ch->tx, g ? ml_load_acquire(&ch->tx.ctl->grow) : 0);
     /* A message ring's records start on 8-byte boundaries, and our positions only ever move by
      * whole records: a position taken from shared memory that is not aligned was written by a
      * broken or hostile peer (reading a record header there would be a misaligned access). */
@@ -279,6 +312,7 @@ static void ml_chan_init(struct memlan_channel *ch, struct memlan_segment *seg, 
     struct ml_chan_hdr *c = (struct ml_chan_hdr *)(seg->base + seg->body_off);
     c->chan_kind = kind == MEMLAN_MSG ? ML_CHAN_MSG : ML_CHAN_STREAM;
     c->ring_size = (uint32_t)rs;
+    c->grow_size = (uint32_t)seg->grow;
     c->ctl_off[0] = ML_CHAN_CTL0_OFF;
     c->ctl_off[1] = ML_CHAN_CTL1_OFF;
     c->data_off[0] = ML_PAGE;
@@ -288,17 +322,25 @@ static void ml_chan_init(struct memlan_channel *ch, struct memlan_segment *seg, 
     ml_chan_bind(ch, seg, 0);
 }
 
-static int ml_chan_new_seg(memlan_fabric_t *fab, uint64_t rs, struct memlan_segment **seg)
+/* A channel file's body: the first page and two rings, and, where the rings grow (g, 0: not),
+ * a hole of two rings and the two regions (segment.c, ml_seg_grow_of). */
+static uint64_t ml_chan_body(uint64_t rs, uint64_t g)
+{
+    return ML_PAGE - sizeof(struct ml_seg_hdr) + 2 * rs + (g ? 2 * rs + 2 * g : 0);
+}
+
+static int ml_chan_new_seg(memlan_fabric_t *fab, uint64_t rs, uint64_t g,
+                           struct memlan_segment **seg)
 {
     int r = __ml_seg_create(fab, ML_KIND_CHANNEL, MEMLAN_MODE_RW, sizeof(struct ml_seg_hdr),
-                            ML_PAGE - sizeof(struct ml_seg_hdr) + 2 * rs, rs, seg);
+                            ml_chan_body(rs, g), rs, seg);
     if (r == 0)
         __ml_seg_drop_fd(*seg); /* the lock lives on in the mappings */
     return r;
 }
 
-static int ml_chan_new_private(memlan_fabric_t *fab, uint64_t rs, const struct ml_access *acc,
-                               struct memlan_segment **seg);
+static int ml_chan_new_private(memlan_fabric_t *fab, uint64_t rs, uint64_t g,
+                               const struct ml_access *acc, struct memlan_segment **seg);
 
 int memlan_channel_create(memlan_fabric_t *fab, const struct memlan_channel_opts *opts,
                           memlan_channel_t **out)
@@ -332,8 +374,8 @@ int __ml_chan_create_for(memlan_fabric_t *fab, const struct memlan_channel_opts 
         return -ENOMEM;
     struct memlan_segment *seg;
     static const struct ml_access none;
-    int r = fab->shared ? ml_chan_new_private(fab, rs, acc ? acc : &none, &seg)
-                        : ml_chan_new_seg(fab, rs, &seg);
+    int r = fab->shared ? ml_chan_new_private(fab, rs, 0, acc ? acc : &none, &seg)
+                        : ml_chan_new_seg(fab, rs, 0, &seg);
     if (r < 0) {
         free(ch);
         return r;
@@ -427,6 +469,9 @@ static void ml_chan_reset(struct memlan_segment *seg)
                used < seg->mirror ? used : seg->mirror);
         memset(ctl[i], 0, sizeof *ctl[i]);
     }
+    /* The regions' pages go back to the file system (and their bytes with them). */
+    if (seg->grow)
+        (void)__ml_sys_madvise(b + ML_PAGE + 4 * seg->mirror, 4 * seg->grow, MADV_REMOVE);
     ml_store_relaxed(&ctl[0]->rx_cpu, peer_rx_cpu);
     ml_store_relaxed(&ctl[1]->tx_cpu, peer_tx_cpu);
     memset(b + ML_CHAN_SOCK_OFF, 0, 2 * sizeof(struct ml_sock_side));
@@ -470,7 +515,7 @@ static bool ml_lock_brief(pthread_mutex_t *mu)
     return false;
 }
 
-static struct memlan_segment *ml_pool_take(memlan_fabric_t *fab, uint64_t rs,
+static struct memlan_segment *ml_pool_take(memlan_fabric_t *fab, uint64_t rs, uint64_t g,
                                           const struct ml_access *acc)
 {
     struct memlan_segment *got = NULL;
@@ -482,7 +527,7 @@ static struct memlan_segment *ml_pool_take(memlan_fabric_t *fab, uint64_t rs,
          * may have opened it by name and may keep that descriptor; the next connection on the
          * file must be one that user may read anyway.  (Rewriting the ACL would not close an
          * open file.) */
-        if (seg->mirror != rs || memcmp(&seg->access, acc, sizeof *acc) != 0)
+        if (seg->mirror != rs || seg->grow != g || memcmp(&seg->access, acc, sizeof *acc) != 0)
             continue;
         tries++;
         long fd = __ml_seg_reopen(seg, O_RDWR);
@@ -523,6 +568,14 @@ static bool ml_pool_park(struct memlan_channel *ch)
         return false;
     if (__ml_guard_broken(ch->seg->guard))
         return false; /* shrunk under us (guard.c): private memory now, never lent again */
+    /* A parked file keeps no region pages it need not: the region we read from (we read no
+     * more), and ours once the peer has read all of it; bytes the peer has still to read stay
+     * until the reset (a sender that closed with 4 MiB unread lost them to this punch). */
+    if (ch->tx.gsize) {
+        (void)__ml_sys_madvise(ch->rx.gdata, ch->rx.gsize, MADV_REMOVE);
+        if (ml_load_acquire(&ch->tx.ctl->tail) == ml_ring_pub(&ch->tx, memory_order_relaxed))
+            (void)__ml_sys_madvise(ch->tx.gdata, ch->tx.gsize, MADV_REMOVE);
+    }
     bool ok = false;
     if (!ml_lock_brief(&ml_pool_reg_mu))
         return false;
@@ -578,12 +631,11 @@ void __ml_chan_pool_drain(memlan_fabric_t *fab)
  * entry per acceptor user before anyone can know its name.  A file system without ACLs gives
  * -EOPNOTSUPP (the file goes): the caller decides (design.md, "Fabric").
  */
-static int ml_chan_new_private(memlan_fabric_t *fab, uint64_t rs, const struct ml_access *acc,
-                               struct memlan_segment **seg)
+static int ml_chan_new_private(memlan_fabric_t *fab, uint64_t rs, uint64_t g,
+                               const struct ml_access *acc, struct memlan_segment **seg)
 {
     int r = __ml_seg_create_private(fab, ML_KIND_CHANNEL, MEMLAN_MODE_RW,
-                                    sizeof(struct ml_seg_hdr),
-                                    ML_PAGE - sizeof(struct ml_seg_hdr) + 2 * rs, rs, seg);
+                                    sizeof(struct ml_seg_hdr), ml_chan_body(rs, g), rs, seg);
     if (r < 0)
         return r;
     if (acc->n > 0 && (r = __ml_acl_private((*seg)->fd, acc->uids, (int)acc->n)) < 0) {
@@ -597,17 +649,19 @@ static int ml_chan_new_private(memlan_fabric_t *fab, uint64_t rs, const struct m
 }
 
 /* A stream channel for the socket layer: from the pool when one is free, else new. */
-int __ml_chan_create_pooled(memlan_fabric_t *fab, size_t ring_size, memlan_channel_t **out)
+int __ml_chan_create_pooled(memlan_fabric_t *fab, size_t ring_size, size_t grow,
+                            memlan_channel_t **out)
 {
-    return __ml_chan_create_pooled_for(fab, ring_size, NULL, out);
+    return __ml_chan_create_pooled_for(fab, ring_size, grow, NULL, out);
 }
 
-int __ml_chan_create_pooled_for(memlan_fabric_t *fab, size_t ring_size,
+/* grow: each ring's region (rounded up to a power of two; none unless above the ring's size). */
+int __ml_chan_create_pooled_for(memlan_fabric_t *fab, size_t ring_size, size_t grow,
                                 const struct ml_access *acc, memlan_channel_t **out)
 {
     *out = NULL;
     if (!fab || ring_size < ML_MIN_RING || ring_size > ML_MAX_RING ||
-        (acc && acc->n > ML_ACCESS_MAX))
+        (acc && acc->n > ML_ACCESS_MAX) || grow > ML_MAX_GROW)
         return -EINVAL;
     /* No set given: the file is made as memlan_channel_create() makes it (group-wide in a
      * shared fabric).  A set given, even empty: private. */
@@ -617,13 +671,16 @@ int __ml_chan_create_pooled_for(memlan_fabric_t *fab, size_t ring_size,
         key.n |= 0x80000000u; /* pooled apart from group-wide files */
     pthread_once(&ml_pool_once, ml_pool_atfork);
     uint64_t rs = ml_pow2_up(ring_size);
+    uint64_t g = grow ? ml_pow2_up(grow) : 0;
+    if (g <= rs)
+        g = 0;
     struct memlan_channel *ch = calloc(1, sizeof *ch);
     if (!ch)
         return -ENOMEM;
-    struct memlan_segment *seg = ml_pool_take(fab, rs, &key);
+    struct memlan_segment *seg = ml_pool_take(fab, rs, g, &key);
     if (!seg) {
-        int r = acc && fab->shared ? ml_chan_new_private(fab, rs, acc, &seg)
-                                   : ml_chan_new_seg(fab, rs, &seg);
+        int r = acc && fab->shared ? ml_chan_new_private(fab, rs, g, acc, &seg)
+                                   : ml_chan_new_seg(fab, rs, g, &seg);
         if (r == 0)
             seg->access = key;
         if (r < 0) {
@@ -1332,12 +1389,12 @@ int64_t __ml_chan_rx_avail_ro(const struct memlan_channel *ch)
         uint64_t t = ml_ring_pub(&ch->rx, memory_order_acquire);
         /* SYNC: pairs with the release (seq_cst) store of head in ml_ring_produce(). */
         uint64_t h = ml_load_acquire(&ch->rx.ctl->head);
-        if (h - t <= ch->rx.size) {
+        if (h - t <= ch->rx.cap) {
             /* An exec'd holder of our side publishes only in the channel: its reads count
              * when the shared tail is ahead of ours and not past head (__ml_chan_resync_rx).
              * It can only say less than ours: never the "ready for ever" above. */
             uint64_t st = ml_load_acquire(&ch->rx.ctl->tail);
-            if ((int64_t)(st - t) > 0 && h - st <= ch->rx.size)
+            if ((int64_t)(st - t) > 0 && h - st <= ch->rx.cap)
                 t = st;
             return (int64_t)(h - t);
         }
@@ -1356,8 +1413,23 @@ int64_t __ml_chan_tx_free_ro(const struct memlan_channel *ch)
         /* SYNC: pairs with the release (seq_cst) store of tail in ml_ring_consume(). */
         uint64_t t = ml_load_acquire(&ch->tx.ctl->tail);
         uint64_t h = ml_ring_pub(&ch->tx, memory_order_acquire);
-        if (h - t <= ch->tx.size)
-            return (int64_t)(ch->tx.size - (h - t));
+        if (!ch->tx.gsize) {
+            if (h - t <= ch->tx.size)
+                return (int64_t)(ch->tx.size - (h - t));
+            continue;
+        }
+        /* A growing ring: the room in the area of the head, by the switch as its producer
+         * published it where the peer cannot write (never ctl->grow); at a full ring that may
+         * still grow, the region's (the send switches: POLLOUT, as the kernel's below its
+         * buffer's maximum). */
+        uint64_t w = ml_ring_gpub(&ch->tx);
+        uint64_t p = h - (((h << 1) - (w & ~(uint64_t)1)) >> 1);
+        uint64_t used = h - ((int64_t)(t - p) < 0 ? p : t), sz = (w & 1) ? ch->tx.gsize : ch->tx.size;
+        if (h - t > ch->tx.cap || used > sz)
+            continue;
+        if (!(w & 1) && ml_growable(ch, t, p))
+            return (int64_t)ch->tx.gsize;
+        return (int64_t)(sz - used);
     }
     return -1;
 }
@@ -1674,6 +1746,78 @@ static inline uint64_t ml_stream_chunk(const struct memlan_channel *ch)
 
 static ssize_t ml_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flags, bool checked);
 
+/* ---- growth (ring.h, "Growth"; design.md, "Rings grow") -------------------------------------- */
+
+/* A region last grown into this long ago gives its pages back when its producer next finds
+ * everything read; one used more recently keeps them for the next growth (reserving 4 MiB costs
+ * about a millisecond: a 1 MiB ping-pong on one cpu grows at every message). */
+#define ML_GROW_KEEP_NS 1000000000ull
+
+/* The switch, for the consumer (ctl->grow: before the head that passes swp, which
+ * ml_ring_produce stores with release) and for readiness and the next holder (gpub). */
+static void ml_grow_publish(struct ml_ring *r)
+{
+    uint64_t w = ml_grow_word(r->swp, r->swg);
+    atomic_store_explicit(atomic_load_explicit(&r->gpub, memory_order_relaxed), w,
+                          memory_order_release);
+    /* SYNC: pairs with the acquire load of head, then of grow, in ml_ring_rd(). */
+    atomic_store_explicit(&r->ctl->grow, w, memory_order_release);
+}
+
+/* The producer found its ring full (its look at the tail was just made): go on in the region, at
+ * our head, once its pages are reserved (a fabric that cannot give them leaves the ring as it
+ * is, and the direction never grows again: a store to an unreserved page of a full tmpfs would
+ * be a SIGBUS).  true: switched. */
+static bool ml_grow(struct memlan_channel *ch)
+{
+    struct ml_ring *r = &ch->tx;
+    if (r->swg || !ml_growable(ch, r->other, r->swp))
+        return false;
+    if (!r->gkept) {
+        if (__ml_sys_madvise(r->gdata, r->gsize, MADV_POPULATE_WRITE) < 0) {
+            ml_store_relaxed(&ch->grow_off, true);
+            return false;
+        }
+        r->gkept = true;
+    }
+    r->swp = r->pos;
+    r->swg = true;
+    r->grew_ns = __ml_now_ns();
+    ch->grows++;
+    ml_grow_publish(r);
+    return true;
+}
+
+/* Before a send or a reserve of a growing direction.  In the region: once everything has been
+ * read (nothing written since the switch stays put, so that switches only move forward), back to
+ * the ring at our head, giving the region's pages back if we grew into it long enough ago.  Back
+ * in the ring with the pages kept: every 64th call looks whether they are old enough to go. */
+static void ml_grow_idle(struct memlan_channel *ch)
+{
+    struct ml_ring *r = &ch->tx;
+    if (!r->swg) {
+        if (r->gkept && (r->ops & 63) == 0 && __ml_now_ns() - r->grew_ns >= ML_GROW_KEEP_NS) {
+            (void)__ml_sys_madvise(r->gdata, r->gsize, MADV_REMOVE);
+            r->gkept = false;
+        }
+        return;
+    }
+    if (r->pos == r->swp)
+        return;
+    /* SYNC: as in ml_ring_free(): the consumer has finished reading every byte below tail. */
+    uint64_t t = ml_load_acquire(&r->ctl->tail);
+    if (t != r->pos)
+        return;
+    r->other = t;
+    r->swp = r->pos;
+    r->swg = false;
+    ml_grow_publish(r);
+    if (__ml_now_ns() - r->grew_ns >= ML_GROW_KEEP_NS) {
+        (void)__ml_sys_madvise(r->gdata, r->gsize, MADV_REMOVE);
+        r->gkept = false;
+    }
+}
+
 /* Copy n bytes from the cursor's place in its vector to dst, and move the cursor past them (the
  * caller counted that many there; the bound on the pieces keeps a vector that another thread of
  * the program shortens meanwhile from taking us past its end). */
@@ -1727,12 +1871,16 @@ static ssize_t ml_stream_send(memlan_channel_t *ch, const uint8_t *src, struct m
     uint64_t unwoken = 0; /* published since our last look at the consumer's tripwire */
     bool first = true;
     int mid = -1; /* checks in mid-copy: not yet asked */
+    if (ml_unlikely(ch->tx.swg || ch->tx.gkept))
+        ml_grow_idle(ch);
     while (done < len) {
         int64_t fr = ml_ring_free(&ch->tx, 1);
         if (ml_unlikely(fr < 0)) {
             ml_tx_wake_pending(ch, &unwoken);
             return done ? (ssize_t)done : -EPROTO;
         }
+        if (fr == 0 && ch->tx.gsize && ml_grow(ch))
+            continue;
         if (fr == 0) {
             /* The consumer hears of what we published before we stop or wait: a wait here
              * with its wake-up still owed would be each side waiting for the other. */
@@ -1759,9 +1907,9 @@ static ssize_t ml_stream_send(memlan_channel_t *ch, const uint8_t *src, struct m
         if (n > chunk)
             n = chunk;
         if (c)
-            ml_gather(ml_ring_at(&ch->tx, ch->tx.pos), c, n);
+            ml_gather(ml_ring_wr(&ch->tx), c, n);
         else
-            memcpy(ml_ring_at(&ch->tx, ch->tx.pos), src + done, n);
+            memcpy(ml_ring_wr(&ch->tx), src + done, n);
         ml_ring_produce(&ch->tx, n, ml_ring_nofence(&ch->tx, &ch->tx.ctl->rx_mb, &ch->tx.ctl->rx_mb_ack));
         ml_mb_busy(ch, &ch->tx, &ch->tx.ctl->tx_mb, &ch->tx.ctl->tx_mb_ack);
         ch->bytes_tx += n;
@@ -1860,6 +2008,8 @@ static ssize_t ml_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flag
         need = ml_msg_rec(min) + sizeof(struct ml_msg_hdr); /* and the next header slot */
     } else if (min > ch->size) {
         return -EMSGSIZE;
+    } else if (ml_unlikely(ch->tx.swg || ch->tx.gkept)) {
+        ml_grow_idle(ch);
     }
     for (;;) {
         int e = checked ? 0 : ml_tx_error(ch);
@@ -1869,8 +2019,10 @@ static ssize_t ml_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flag
         int64_t fr = ml_ring_free(&ch->tx, need);
         if (ml_unlikely(fr < 0))
             return -EPROTO;
+        if ((uint64_t)fr < need && ch->tx.gsize && ml_grow(ch))
+            continue;
         if ((uint64_t)fr >= need) {
-            uint8_t *p = ml_ring_at(&ch->tx, ch->tx.pos);
+            uint8_t *p = ml_ring_wr(&ch->tx);
             if (ch->kind == MEMLAN_MSG) {
                 ch->reserved = min;
                 *ptr = p + sizeof(struct ml_msg_hdr);
@@ -2060,10 +2212,14 @@ static ssize_t ml_recv(memlan_channel_t *ch, uint8_t *dst, size_t len, int flags
              * refills the ring behind us.  Its wake-up waits for half a ring's worth (a blocked
              * producer waits for that much room) when it waits on another cpu, else for the
              * end of the call. */
-            uint64_t n = len - done < (uint64_t)a ? len - done : (uint64_t)a;
+            const uint8_t *src;
+            int64_t run = ml_ring_rd(&ch->rx, (uint64_t)a, &src);
+            if (ml_unlikely(run < 0))
+                return done ? (ssize_t)done : -EPROTO;
+            uint64_t n = len - done < (uint64_t)run ? len - done : (uint64_t)run;
             if (n > chunk)
                 n = chunk;
-            memcpy(dst + done, ml_ring_at(&ch->rx, ch->rx.pos), n);
+            memcpy(dst + done, src, n);
             ml_ring_consume(&ch->rx, n, ml_ring_nofence(&ch->rx, &ch->rx.ctl->tx_mb, &ch->rx.ctl->tx_mb_ack));
             ml_mb_busy(ch, &ch->rx, &ch->rx.ctl->rx_mb, &ch->rx.ctl->rx_mb_ack);
             ch->bytes_rx += n;
@@ -2177,9 +2333,39 @@ ssize_t memlan_peek(memlan_channel_t *ch, const void **ptr, int flags)
         *ptr = p;
         return (ssize_t)l;
     }
-    ch->peeked = (uint64_t)a;
-    *ptr = ml_ring_at(&ch->rx, ch->rx.pos);
-    return (ssize_t)a;
+    const uint8_t *p;
+    int64_t run = ml_ring_rd(&ch->rx, (uint64_t)a, &p);
+    if (run < 0)
+        return -EPROTO;
+    ch->peeked = (uint64_t)run;
+    *ptr = p;
+    return (ssize_t)run;
+}
+
+ssize_t __ml_chan_peek2(struct memlan_channel *ch, const void **p, const void **p2, size_t *n2,
+                        int flags)
+{
+    *p2 = NULL;
+    *n2 = 0;
+    ssize_t run = memlan_peek(ch, p, flags);
+    if (run <= 0 || ch->kind != MEMLAN_STREAM || !ch->rx.gsize)
+        return run;
+    /* What follows the run lies in the other area; the producer cannot switch again before we
+     * read past the run's end (one switch outstanding), so one more look sees it all. */
+    int64_t a = ml_ring_avail(&ch->rx, 1);
+    if (a <= run)
+        return a < 0 ? -EPROTO : run;
+    uint64_t at = ch->rx.pos;
+    ch->rx.pos += (uint64_t)run;
+    const uint8_t *q;
+    int64_t more = ml_ring_rd(&ch->rx, (uint64_t)a - (uint64_t)run, &q);
+    ch->rx.pos = at;
+    if (more < 0)
+        return -EPROTO;
+    *p2 = q;
+    *n2 = (size_t)more;
+    ch->peeked += (uint64_t)more;
+    return run;
 }
 
 int memlan_release(memlan_channel_t *ch, size_t len)
@@ -2366,9 +2552,15 @@ void __ml_chan_resync_tx(struct memlan_channel *ch)
 {
     uint64_t pub = ml_ring_pub(&ch->tx, memory_order_relaxed);
     ch->tx.other = ml_load_acquire(&ch->tx.ctl->tail);
-    ch->tx.pos = ml_chan_newer(pub, ml_load_acquire(&ch->tx.ctl->head), ch->tx.other, ch->size);
-    if (ch->tx.pos - ch->tx.other > ch->size)
+    ch->tx.pos = ml_chan_newer(pub, ml_load_acquire(&ch->tx.ctl->head), ch->tx.other,
+                               ch->tx.cap);
+    if (ch->tx.pos - ch->tx.other > ch->tx.cap)
         ch->tx.corrupt = true;
+    /* The switch as the last holder published it; the channel's where its head was taken (an
+     * exec'd holder's, which publishes only there). */
+    if (ch->tx.gsize)
+        ml_grow_take(&ch->tx, ch->tx.pos == pub ? ml_ring_gpub(&ch->tx)
+                                                : ml_load_acquire(&ch->tx.ctl->grow));
     /* Say where we are from the start: the peer's first wait then knows whether spinning could
      * help (on our cpu it cannot: we would need the core it spins on). */
     uint32_t cpu = (uint32_t)(__ml_getcpu() + 1);
@@ -2381,7 +2573,7 @@ void __ml_chan_resync_rx(struct memlan_channel *ch)
     uint64_t pub = ml_ring_pub(&ch->rx, memory_order_relaxed);
     uint64_t tail = ml_load_acquire(&ch->rx.ctl->tail), head = ml_load_acquire(&ch->rx.ctl->head);
     /* within a ring below the peer's head: tail is taken when head - tail <= size */
-    ch->rx.pos = ml_chan_newer(pub, tail, head - ch->size, ch->size);
+    ch->rx.pos = ml_chan_newer(pub, tail, head - ch->rx.cap, ch->rx.cap);
     ch->rx.other = ch->rx.pos;
 }
 
@@ -2389,7 +2581,8 @@ void __ml_chan_resync_rx(struct memlan_channel *ch)
  * reach but our fork children share) instead of our own, so that the processes that share a
  * socket after fork read each other's positions (readiness, and __ml_chan_resync_*).  NULL: back
  * to our own (before those words go).  The caller makes sure that nobody holds either direction meanwhile. */
-void __ml_chan_pub_share(struct memlan_channel *ch, _Atomic uint64_t *tx, _Atomic uint64_t *rx)
+void __ml_chan_pub_share(struct memlan_channel *ch, _Atomic uint64_t *tx, _Atomic uint64_t *rx,
+                         _Atomic uint64_t *grow)
 {
     struct ml_ring *rings[2] = {&ch->tx, &ch->rx};
     _Atomic uint64_t *words[2] = {tx, rx};
@@ -2399,6 +2592,9 @@ void __ml_chan_pub_share(struct memlan_channel *ch, _Atomic uint64_t *tx, _Atomi
                               memory_order_relaxed);
         atomic_store_explicit(&rings[i]->pub, w, memory_order_release);
     }
+    _Atomic uint64_t *g = grow ? grow : &ch->tx.own_gpub;
+    atomic_store_explicit(g, ml_ring_gpub(&ch->tx), memory_order_relaxed);
+    atomic_store_explicit(&ch->tx.gpub, g, memory_order_release);
 }
 
 /* Bytes sent and not yet consumed by the peer. */
@@ -2409,7 +2605,7 @@ uint64_t __ml_chan_tx_queued(struct memlan_channel *ch)
      * fork our private head may be behind another process's (see __ml_chan_rx_avail_ro). */
     uint64_t t = ml_load_acquire(&ch->tx.ctl->tail);
     uint64_t q = ml_ring_pub(&ch->tx, memory_order_acquire) - t;
-    return q > ch->size ? 0 : q;
+    return q > ch->tx.cap ? 0 : q;
 }
 
 /* Did the peer leave bytes we sent unread (the kernel would answer its close with a reset)? */

@@ -94,6 +94,10 @@ struct memlan_channel {
      * wait (ml_rx_quick); and the waits that look ended, for memlan stat's spin_hits. */
     bool rx_spin_first;
     uint64_t rx_quick_hits;
+    /* Our direction may not grow (again): its region could not be reserved (a full fabric, a
+     * kernel without MADV_POPULATE_WRITE, a sandbox); read by readiness, so atomic. */
+    _Atomic bool grow_off;
+    uint64_t grows;           /* times our direction went into its region (memlan stat) */
 };
 
 void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
@@ -126,11 +130,12 @@ int __ml_chan_check_peer(struct memlan_channel *ch);
 void __ml_evq_post_local(struct memlan_evq *q, uint32_t index);
 
 /* For the socket layer (src/preload): see channel.c. */
-int __ml_chan_create_pooled(memlan_fabric_t *fab, size_t ring_size, memlan_channel_t **out);
+int __ml_chan_create_pooled(memlan_fabric_t *fab, size_t ring_size, size_t grow,
+                            memlan_channel_t **out);
 /* The same, private to the acceptor users acc in a shared fabric (acl.c; -EOPNOTSUPP where the
  * file system has no ACLs); acc NULL: as above. */
 struct ml_access;
-int __ml_chan_create_pooled_for(memlan_fabric_t *fab, size_t ring_size,
+int __ml_chan_create_pooled_for(memlan_fabric_t *fab, size_t ring_size, size_t grow,
                                 const struct ml_access *acc, memlan_channel_t **out);
 int __ml_chan_attach_offer(memlan_fabric_t *fab, int fd, int fdb, const struct stat *st,
                            const char *name, memlan_channel_t **out);
@@ -160,7 +165,12 @@ size_t __ml_chan_unsent(struct memlan_channel *ch, const void **ptr);
 void __ml_chan_unsent_done(struct memlan_channel *ch, size_t n);
 void __ml_chan_resync_tx(struct memlan_channel *ch);
 void __ml_chan_resync_rx(struct memlan_channel *ch);
-void __ml_chan_pub_share(struct memlan_channel *ch, _Atomic uint64_t *tx, _Atomic uint64_t *rx);
+void __ml_chan_pub_share(struct memlan_channel *ch, _Atomic uint64_t *tx, _Atomic uint64_t *rx,
+                         _Atomic uint64_t *grow);
+/* MSG_PEEK: up to two runs of readable bytes (the ring's up to a switch, then the region's):
+ * the first at *p (the count returned), the second's n2 bytes at *p2.  As memlan_peek. */
+ssize_t __ml_chan_peek2(struct memlan_channel *ch, const void **p, const void **p2, size_t *n2,
+                        int flags);
 int64_t __ml_chan_rx_avail_ro(const struct memlan_channel *ch); /* -1: cannot tell, go and look */
 int64_t __ml_chan_tx_free_ro(const struct memlan_channel *ch);
 uint64_t __ml_chan_tx_queued(struct memlan_channel *ch);

@@ -22,6 +22,7 @@
 
 #define ML_PAGE 4096u
 #define ML_MAX_SEG_SIZE (1ull << 40)
+#define ML_MAX_GROW (64ull << 20) /* the largest region a stream ring grows into */
 
 #define ml_likely(x)   __builtin_expect(!!(x), 1)
 #define ml_unlikely(x) __builtin_expect(!!(x), 0)
@@ -61,6 +62,7 @@ struct memlan_segment {
     uint32_t kind;
     uint64_t body_off, body_size;
     uint64_t mirror;          /* a channel's ring size: each ring's data is mapped twice */
+    uint64_t grow;            /* a channel's region size (0: none), mapped twice too */
     bool owner;               /* we created it */
     int32_t pid;              /* the process that made this handle: a fork child's close of its
                                * inherited copy lets go of its copies only (memlan_segment_close,

@@ -47,7 +47,60 @@ struct ml_ring {
      * last armed a tripwire of this ring (the declaration policy). */
     uint32_t mb_seen, mb_low;
     uint64_t ops, ops_at_arm;
+    /* Growth (below): the region, gsize bytes mirrored as data is (gsize 0: the ring does not
+     * grow); cap, the most bytes between tail and head (size + gsize).  The producer's last
+     * switch: position swp, from which on its bytes go to the region (swg) or the ring, as it
+     * last published it (gpub: own_gpub, or the lock page's word as pub); when it last went
+     * into the region. */
+    uint8_t *gdata;
+    uint64_t gsize, gmask, cap;
+    uint64_t swp;
+    bool swg;
+    bool gkept;               /* producer: we reserved the region's pages and kept them */
+    uint64_t grew_ns;
+    _Atomic uint64_t *_Atomic gpub;
+    _Atomic uint64_t own_gpub;
 };
+
+/*
+ * Growth (docs/design.md, "Rings grow").  A stream ring of the socket layer that its producer
+ * finds full may go on in a region of gsize bytes of the same file, as the kernel grows a TCP
+ * socket's buffers: the producer stores the switch, (P << 1) | 1 with P its head, in ctl->grow
+ * before the head that passes P, and writes on at P in the region; the consumer reads the ring
+ * up to P, then the region.  A producer that finds everything read (tail == head) switches back
+ * to the ring at its head the same way ((P << 1) | 0).  Only one switch is outstanding: the next
+ * waits until the tail has passed P, so where a position lies follows from the tail, P and the
+ * area named, with no other state.  A position x lies at x & mask in the ring, at x & gmask in
+ * the region.  Positions are compared with P modulo 2^63.
+ */
+static inline uint64_t ml_grow_word(uint64_t p, bool region) { return (p << 1) | (region ? 1u : 0u); }
+
+/* x lies before the switch w: P - x in (0, 2^62) modulo 2^63. */
+static inline bool ml_grow_before(uint64_t x, uint64_t w)
+{
+    return (int64_t)((w & ~(uint64_t)1) - (x << 1)) > 0;
+}
+
+/* The producer's first position of the area its head is in (bytes before it, from the tail on,
+ * lie in the other area). */
+static inline uint64_t ml_grow_base(const struct ml_ring *r, uint64_t t)
+{
+    return (int64_t)(t - r->swp) < 0 ? r->swp : t;
+}
+
+/* The producer's copy of its switch for a reader that holds nothing (readiness, the next
+ * holder): the newer of the published word and our own, as ml_ring_pub. */
+static inline uint64_t ml_ring_gpub(const struct ml_ring *r)
+{
+    _Atomic uint64_t *w = atomic_load_explicit(&r->gpub, memory_order_acquire);
+    uint64_t p = atomic_load_explicit(w, memory_order_acquire);
+    if (ml_unlikely(w != &r->own_gpub)) {
+        uint64_t o = atomic_load_explicit(&r->own_gpub, memory_order_acquire);
+        if ((int64_t)((o & ~(uint64_t)1) - (p & ~(uint64_t)1)) > 0)
+            p = o;
+    }
+    return p;
+}
 
 /* pos as its holder last published it, for a reader that holds nothing (readiness) and for the
  * next holder's resync.  Where the word is the lock page's (__ml_chan_pub_share), the newer of it
@@ -67,9 +120,34 @@ static inline uint64_t ml_ring_pub(const struct ml_ring *r, memory_order mo)
     return p;
 }
 
-/* Producer: free bytes, reloading tail only when fewer than want are known free.  -1 if corrupt. */
+/* Producer of a growing ring: free bytes in the area of its head (ml_ring_free). */
+static inline int64_t ml_ring_free_grow(struct ml_ring *r, uint64_t want)
+{
+    uint64_t sz = r->swg ? r->gsize : r->size;
+    uint64_t used = r->pos - ml_grow_base(r, r->other);
+    if (ml_likely(used <= sz && sz - used >= want))
+        return (int64_t)(sz - used);
+    /* SYNC: as in ml_ring_free(). */
+    uint64_t t = ml_load_acquire(&r->ctl->tail);
+    if (ml_unlikely(t - r->other > r->pos - r->other)) {
+        r->corrupt = true;
+        return -1;
+    }
+    r->other = t;
+    used = r->pos - ml_grow_base(r, t);
+    if (ml_unlikely(used > sz)) { /* a switch taken from shared memory (resync) that lies */
+        r->corrupt = true;
+        return -1;
+    }
+    return (int64_t)(sz - used);
+}
+
+/* Producer: free bytes (in the area of its head, for a growing ring), reloading tail only when
+ * fewer than want are known free.  -1 if corrupt. */
 static inline int64_t ml_ring_free(struct ml_ring *r, uint64_t want)
 {
+    if (r->gsize)
+        return ml_ring_free_grow(r, want);
     uint64_t used = r->pos - r->other;
     if (ml_likely(r->size - used >= want))
         return (int64_t)(r->size - used);
@@ -142,7 +220,7 @@ static inline int64_t ml_ring_avail(struct ml_ring *r, uint64_t want)
         return (int64_t)avail;
     /* SYNC: pairs with the release store of head in ml_ring_produce(). */
     uint64_t h = ml_load_acquire(&r->ctl->head);
-    if (ml_unlikely(h - r->pos > r->size || h - r->pos < avail)) {
+    if (ml_unlikely(h - r->pos > r->cap || h - r->pos < avail)) {
         /* A message ring's consumer may have taken records by their publication words before
          * the head that covers them reached us: a head at most a ring behind our position is
          * "nothing new" (the producer stores the word of record n+1 only after the head that
@@ -175,6 +253,39 @@ static inline void ml_ring_consume(struct ml_ring *r, uint64_t n, bool nofence)
 static inline uint8_t *ml_ring_at(const struct ml_ring *r, uint64_t idx)
 {
     return r->data + (idx & r->mask);
+}
+
+/* Producer: where its next byte goes. */
+static inline uint8_t *ml_ring_wr(const struct ml_ring *r)
+{
+    return ml_unlikely(r->swg) ? r->gdata + (r->pos & r->gmask) : r->data + (r->pos & r->mask);
+}
+
+/* Consumer of a stream ring with avail bytes readable: where the first lies (*p), and how many of
+ * them lie there in a row (the rest are in the other area); -1, the ring corrupt, when more than
+ * the area holds would.  The switch is loaded after the head that made avail readable (an honest
+ * producer stores it before the head that passes its P). */
+static inline int64_t ml_ring_rd(struct ml_ring *r, uint64_t avail, const uint8_t **p)
+{
+    if (ml_likely(!r->gsize)) {
+        *p = ml_ring_at(r, r->pos);
+        return (int64_t)avail;
+    }
+    uint64_t w = atomic_load_explicit(&r->ctl->grow, memory_order_acquire);
+    bool region = w & 1;
+    uint64_t n = avail;
+    if (ml_grow_before(r->pos, w)) {
+        region = !region;
+        uint64_t d = ((w & ~(uint64_t)1) - (r->pos << 1)) >> 1;
+        if (d < n)
+            n = d;
+    }
+    if (ml_unlikely(n > (region ? r->gsize : r->size))) {
+        r->corrupt = true;
+        return -1;
+    }
+    *p = region ? r->gdata + (r->pos & r->gmask) : r->data + (r->pos & r->mask);
+    return (int64_t)n;
 }
 
 /*

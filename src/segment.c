@@ -25,6 +25,22 @@
 
 static uint64_t ml_round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
+/* A channel's region size from its file's size and ring size (docs/design.md, "Rings grow"):
+ * 0 for a file of [page][ring 0][ring 1]; for [page][ring 0][ring 1][hole of two rings][region
+ * 0][region 1], the region's size, a power of two above the ring's and at most ML_MAX_GROW;
+ * UINT64_MAX for any other size. */
+static uint64_t ml_seg_grow_of(uint64_t total, uint64_t mirror)
+{
+    if (total == ML_PAGE + 2 * mirror)
+        return 0;
+    if (total <= ML_PAGE + 4 * mirror || ((total - ML_PAGE - 4 * mirror) & 1))
+        return UINT64_MAX;
+    uint64_t g = (total - ML_PAGE - 4 * mirror) / 2;
+    if (g <= mirror || (g & (g - 1)) || g > ML_MAX_GROW)
+        return UINT64_MAX;
+    return g;
+}
+
 /*
  * Map a segment.  With mirror == 0 the file is mapped once.  A channel (mirror == R, the ring
  * size) has the file layout [header page][ring 0 data][ring 1 data], and is mapped as
@@ -32,7 +48,10 @@ static uint64_t ml_round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a
  * by a second view of itself: see ring.h.  Three mmap calls do it (connection set-up pays for each
  * one): the whole file, with the rest of the span mapped past its end so that the span is ours;
  * then file [ring 0][ring 1] over the span from the first ring's end, and file [ring 1] over its
- * last quarter.  Nothing past the end of the file stays mapped.
+ * last quarter.  Nothing past the end of the file stays mapped.  A channel whose rings grow
+ * (regions of G bytes after a hole of two rings in the file) is mapped the same way twice over:
+ * the first call already maps region 0 where it belongs, and two more map [region 0][region 1]
+ * from region 0's end and [region 1] over the last quarter.
  */
 static int ml_seg_map(int fd, uint64_t total, int prot, uint64_t mirror, uint8_t **base,
                       size_t *vsize)
@@ -46,17 +65,21 @@ static int ml_seg_map(int fd, uint64_t total, int prot, uint64_t mirror, uint8_t
         *vsize = total;
         return 0;
     }
-    if (total != ML_PAGE + 2 * mirror)
+    uint64_t grow = ml_seg_grow_of(total, mirror);
+    if (grow == UINT64_MAX)
         return -EPROTO;
-    size_t vs = ML_PAGE + 4 * mirror;
+    size_t vs = ML_PAGE + 4 * mirror + 4 * grow;
     if ((r = __ml_sys_mmap(&p, NULL, vs, prot, MAP_SHARED, fd, 0)) < 0)
         return r;
     uint8_t *b = p;
-    struct { uint64_t va, off, len; } part[2] = {
+    uint64_t g0 = ML_PAGE + 4 * mirror; /* region 0, in the file and in the span */
+    struct { uint64_t va, off, len; } part[4] = {
         {ML_PAGE + mirror, ML_PAGE, 2 * mirror},
         {ML_PAGE + 3 * mirror, ML_PAGE + mirror, mirror},
+        {g0 + grow, g0, 2 * grow},
+        {g0 + 3 * grow, g0 + grow, grow},
     };
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < (grow ? 4 : 2); i++) {
         void *q;
         r = __ml_sys_mmap(&q, b + part[i].va, part[i].len, prot, MAP_SHARED | MAP_FIXED, fd,
                           (off_t)part[i].off);
@@ -127,6 +150,10 @@ static int ml_seg_create(memlan_fabric_t *fab, uint32_t kind, int mode, uint64_t
      * (ML_KIND_PROC, 4096 slots, most never used) reserves its first page here and the rest as
      * its owner claims slots (mlp_proc_slot() in src/preload/negotiate.c). */
     uint64_t reserve = kind == ML_KIND_PROC ? ML_PAGE : total;
+    /* A channel's regions (the rings' growth) are reserved when a ring grows into one
+     * (channel.c, ml_grow), never before: most connections never fill a ring. */
+    if (kind == ML_KIND_CHANNEL && mirror && total > ML_PAGE + 2 * mirror)
+        reserve = ML_PAGE + 2 * mirror;
     r = __ml_sys_fallocate((int)fd, 0, (off_t)reserve);
     if (r == -EOPNOTSUPP || (r == 0 && reserve < total))
         r = __ml_sys_ftruncate((int)fd, (off_t)total);
@@ -144,6 +171,7 @@ static int ml_seg_create(memlan_fabric_t *fab, uint32_t kind, int mode, uint64_t
     seg->map_size = vsize;
     seg->guard = __ml_guard_add(p, vsize);
     seg->mirror = mirror;
+    seg->grow = mirror ? ml_seg_grow_of(total, mirror) : 0; /* ml_seg_map checked it */
     seg->hdr = (struct ml_seg_hdr *)p;
     seg->kind = kind;
     seg->body_off = body_off;
@@ -265,7 +293,8 @@ int __ml_seg_import_fd(memlan_fabric_t *fab, const char *token, int fd, uint32_t
         if (h.body_off != sizeof h || h.body_size < sizeof both.c)
             goto fail;
         mirror = both.c.ring_size;
-        if (mirror < ML_PAGE || (mirror & (mirror - 1)) || h.total_size != ML_PAGE + 2 * mirror)
+        if (mirror < ML_PAGE || (mirror & (mirror - 1)) ||
+            ml_seg_grow_of(h.total_size, mirror) != both.c.grow_size)
             goto fail;
     }
     uint8_t *p;
@@ -288,6 +317,7 @@ int __ml_seg_import_fd(memlan_fabric_t *fab, const char *token, int fd, uint32_t
     seg->map_size = vsize;
     seg->guard = __ml_guard_add(p, vsize);
     seg->mirror = mirror;
+    seg->grow = mirror ? both.c.grow_size : 0;
     seg->hdr = (struct ml_seg_hdr *)p;
     seg->kind = kind;
     seg->body_off = h.body_off;
@@ -320,14 +350,15 @@ fail:
  * (the pool reuses a file once the old peer's lock is gone), so it is made from an open of its
  * own, and each connection's attacher lock lives on the offer's open, kept after its fd is closed
  * by a one-page mapping (seg->hold) that goes at close.  Bounded: 8 mappings of files up to
- * 4 MiB + a page, none idle for more than 5 s once the process accepts or closes again.
+ * 12 MiB + a page (the socket layer's 256 KiB rings with their 4 MiB regions, whose pages exist
+ * only where a ring grew), none idle for more than 5 s once the process accepts or closes again.
  */
 #define ML_MAPC_N 8
-#define ML_MAPC_MAX_FILE ((4u << 20) + ML_PAGE)
+#define ML_MAPC_MAX_FILE ((12u << 20) + ML_PAGE)
 #define ML_MAPC_IDLE_NS (5ull * 1000000000u)
 
 struct ml_mapc {
-    uint64_t dev, ino, total, mirror, body_off, body_size;
+    uint64_t dev, ino, total, mirror, grow, body_off, body_size;
     uint8_t *base;
     size_t vsize;
     int guard;
@@ -416,8 +447,9 @@ static void ml_mapc_park(struct memlan_segment *seg)
         ml_mapc[old] = ml_mapc[--ml_nmapc];
     }
     /* total: the file's size, which a channel's geometry fixes */
-    struct ml_mapc e = {.dev = seg->dev, .ino = seg->ino, .total = ML_PAGE + 2 * seg->mirror,
-                        .mirror = seg->mirror, .body_off = seg->body_off,
+    uint64_t total = ML_PAGE + 2 * seg->mirror + (seg->grow ? 2 * seg->mirror + 2 * seg->grow : 0);
+    struct ml_mapc e = {.dev = seg->dev, .ino = seg->ino, .total = total,
+                        .mirror = seg->mirror, .grow = seg->grow, .body_off = seg->body_off,
                         .body_size = seg->body_size, .base = seg->base, .vsize = seg->map_size,
                         .guard = seg->guard, .parked_ns = now};
     ml_mapc[ml_nmapc++] = e;
@@ -482,6 +514,7 @@ int __ml_seg_import_cached(memlan_fabric_t *fab, int fd, int fdb, const struct s
     seg->map_size = e.vsize;
     seg->guard = e.guard;
     seg->mirror = e.mirror;
+    seg->grow = e.grow;
     seg->hdr = (struct ml_seg_hdr *)e.base;
     seg->kind = ML_KIND_CHANNEL;
     seg->body_off = e.body_off;

@@ -19,9 +19,10 @@
 #include <stddef.h>
 
 #define ML_SEG_MAGIC       0x47534e414c4d454dull /* "MEMLANSG" little-endian */
-#define ML_LAYOUT_VERSION  4u /* 2: tripwire words are sets of waiter kinds; 3: message records
+#define ML_LAYOUT_VERSION  5u /* 2: tripwire words are sets of waiter kinds; 3: message records
                                  * carry publication words (src/ring.h); 4: a direction names up
-                                 * to ML_EVQ_REFS event queues (struct ml_chan_refs) */
+                                 * to ML_EVQ_REFS event queues (struct ml_chan_refs); 5: a stream
+                                 * ring may grow into a region (ml_chan_hdr.grow_size) */
 #define ML_CACHELINE       64
 #define ML_TOKEN_HEX       32 /* a token is 128 random bits written as lowercase hex */
 
@@ -107,6 +108,10 @@ struct ml_chan_refs {
 struct ml_ring_ctl {
     _Alignas(ML_CACHELINE) _Atomic uint64_t head;     /* producer's line */
     _Atomic uint32_t rx_mb_ack;  /* the producer's copy of the last rx_mb it read (see rx_mb) */
+    /* A growing stream ring (grow_size != 0): (P << 1) | r, the producer's last switch: from
+     * position P (mod 2^63) on, bytes are in the region (r = 1) or in the ring (r = 0); before
+     * P, in the other.  Stored before the head that passes P (src/ring.h, "Growth"). */
+    _Atomic uint64_t grow;
     _Alignas(ML_CACHELINE) _Atomic uint64_t tail;     /* consumer's line */
     _Atomic uint32_t tx_mb_ack;  /* the consumer's copy of the last tx_mb it read */
     _Alignas(ML_CACHELINE) _Atomic uint32_t rx_wait;  /* consumer's tripwire */
@@ -147,6 +152,11 @@ struct ml_chan_hdr {
     int32_t side_pid[2];
     _Atomic uint32_t generation; /* bumped each time the creator reuses the file for a new
                                   * connection (src/channel.c, the pool); an offer names it */
+    uint32_t grow_size;        /* 0, or each direction's region (a power of two above
+                                * ring_size): the file is [page][ring 0][ring 1][hole of two
+                                * rings][region 0][region 1], and a stream ring may go on in its
+                                * region once full (docs/design.md, "Rings grow") */
+    uint32_t unused[15];
 };
 
 #define ML_ATTACH_WITHDRAWN 2u
@@ -352,7 +362,7 @@ _Static_assert(offsetof(struct ml_ring_ctl, tail) == 64, "tail on its own line")
 _Static_assert(offsetof(struct ml_ring_ctl, rx_wait) == 128, "rx tripwire on its own line");
 _Static_assert(offsetof(struct ml_ring_ctl, tx_wait) == 192, "tx tripwire on its own line");
 _Static_assert(sizeof(struct ml_ring_ctl) == 320, "ring control is five lines");
-_Static_assert(sizeof(struct ml_chan_hdr) == 64, "channel header is one line");
+_Static_assert(sizeof(struct ml_chan_hdr) == 128, "channel header is two lines");
 _Static_assert(sizeof(struct ml_sock_side) == 64, "socket side block is one line");
 _Static_assert(sizeof(struct ml_msg_hdr) == ML_MSG_ALIGN, "message header");
 _Static_assert(offsetof(struct ml_evq_hdr, waiter) == 64, "evq waiter on its own line");

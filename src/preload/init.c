@@ -358,6 +358,8 @@ static void mlp_read_config(void)
     mlp_cfg.server_wait_ms = mlp_env_int("MEMLAN_SERVER_WAIT_MS", 50, 1, 60000, "50 ms");
     int kb = mlp_env_int("MEMLAN_RING_KB", 256, 4, 1 << 20, "256 KiB");
     mlp_cfg.ring_size = (size_t)kb * 1024;
+    kb = mlp_env_int("MEMLAN_RING_GROW_KB", 4096, 0, 64 << 10, "4096 KiB");
+    mlp_cfg.ring_grow = (size_t)kb * 1024;
     /* Read by the core's spin policy (src/spin.c), which falls back the same way; said here,
      * with the rest of the configuration, so the core does not say it again. */
     (void)mlp_env_int("MEMLAN_SPIN_US", 0, 0, 1000000, "adaptive");

@@ -807,6 +807,14 @@ static size_t mlp_ring_size(int fd, uint32_t listener_hint)
     return rs;
 }
 
+/* The region a full ring grows into (docs/design.md, "Rings grow"): MEMLAN_RING_GROW_KB, but
+ * none where the ring's size came from SO_SNDBUF/SO_RCVBUF (ours or the listener's), as the
+ * kernel stops autotuning a buffer the program sized. */
+static size_t mlp_ring_grow(int fd, uint32_t listener_hint)
+{
+    return mlp_bufhint_of(fd) || listener_hint ? 0 : mlp_cfg.ring_grow;
+}
+
 /* ---- listener records -------------------------------------------------------------------- */
 
 struct mlp_lrec {
@@ -3073,7 +3081,8 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, cons
     memlan_fabric_t *fab = mlp_fab;
     uint32_t hint = ml_load_relaxed(&lmap->ring_hint);
     memlan_channel_t *ch;
-    int e = __ml_chan_create_pooled_for(fab, mlp_ring_size(fd, hint), acc, &ch);
+    int e = __ml_chan_create_pooled_for(fab, mlp_ring_size(fd, hint),
+                                        mlp_ring_grow(fd, hint), acc, &ch);
     if (e == -EOPNOTSUPP && acc) {
         /* A shared fabric on a file system without POSIX ACLs: no channel can be private to its
          * two ends.  Files every member can open only when the user asked for them. */
@@ -3085,7 +3094,8 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, cons
                    : "connections to other users stay on TCP "
                      "(MEMLAN_FABRIC_GROUPWIDE=1 on both sides shares them with every member)");
         if (gw && ml_load_acquire(&lmap->groupwide))
-            e = __ml_chan_create_pooled(fab, mlp_ring_size(fd, hint), &ch);
+            e = __ml_chan_create_pooled(fab, mlp_ring_size(fd, hint),
+                                        mlp_ring_grow(fd, hint), &ch);
         else if (gw)
             e = -EPERM;
     }

@@ -51,6 +51,7 @@ struct mlp_config {
     int accept_wait_ms;       /* MEMLAN_ACCEPT_WAIT_MS: how long a client offer waits for accept */
     int server_wait_ms;       /* how long accept waits for a client still posting its offer */
     size_t ring_size;         /* MEMLAN_RING_KB: ring per direction unless SO_*BUF says more */
+    size_t ring_grow;         /* MEMLAN_RING_GROW_KB: the region a full ring grows into (0: none) */
     char ports[256];          /* MEMLAN_PORTS: only these server ports ("" = all) */
     char no_ports[256];       /* MEMLAN_NO_PORTS: never these */
     /* Read with the rest at start-up, not when the fabric is first opened: a daemon that clears
@@ -117,7 +118,8 @@ struct mlp_ep;
 struct mlp_locks {
     pthread_mutex_t tx;
     _Atomic uint64_t pub_tx;
-    char pad_tx[MLP_LOCKDIR_BYTES - sizeof(pthread_mutex_t) - sizeof(uint64_t)];
+    _Atomic uint64_t pub_grow;    /* the tx ring's switch as its holder last published it */
+    char pad_tx[MLP_LOCKDIR_BYTES - sizeof(pthread_mutex_t) - 2 * sizeof(uint64_t)];
     pthread_mutex_t rx;
     _Atomic uint64_t pub_rx;
     char pad_rx[MLP_LOCKDIR_BYTES - sizeof(pthread_mutex_t) - sizeof(uint64_t)];

@@ -137,7 +137,7 @@ static struct mlp_locks *mlp_locks_share(struct mlp_sock *s)
         if (n != MAP_FAILED) {
             mlp_dir_locks_init(n, true);
             if (s->ch)
-                __ml_chan_pub_share(s->ch, &n->pub_tx, &n->pub_rx);
+                __ml_chan_pub_share(s->ch, &n->pub_tx, &n->pub_rx, &n->pub_grow);
             uint32_t f = atomic_fetch_or(&s->own_locks.fl, MLP_FL_MOVED);
             atomic_store_explicit(&n->fl, f & MLP_FL_NONBLOCK, memory_order_relaxed);
             atomic_store_explicit(&s->locks, n, memory_order_release);
@@ -160,7 +160,7 @@ static void mlp_locks_free(struct mlp_sock *s)
     struct mlp_locks *l = atomic_exchange(&s->locks, &s->own_locks);
     if (l && l != &s->own_locks) {
         if (s->ch)
-            __ml_chan_pub_share(s->ch, NULL, NULL); /* the channel outlives the page a little */
+            __ml_chan_pub_share(s->ch, NULL, NULL, NULL); /* the channel outlives the page a little */
         munmap(l, sizeof *l);
     }
 }
@@ -1906,9 +1906,12 @@ static ssize_t mlp_peek_once(struct mlp_sock *s, const struct iovec *iov, int n,
         int e = mlp_lock_rx(s, nb);
         if (e < 0)
             return e;
-        const void *p;
-        ssize_t a = memlan_peek(s->ch, &p, MEMLAN_DONTWAIT);
-        if (a > 0 && (flags & MSG_WAITALL) && (size_t)a < total && !nb &&
+        const void *p, *p2;
+        size_t a2;
+        /* Two runs where the ring grew (the ring's, then the region's): a peek sees them all. */
+        ssize_t a = __ml_chan_peek2(s->ch, &p, &p2, &a2, MEMLAN_DONTWAIT);
+        size_t both = a > 0 ? (size_t)a + a2 : 0;
+        if (a > 0 && (flags & MSG_WAITALL) && both < total && !nb &&
             __ml_chan_peer_state(s->ch) == ML_SIDE_OPEN && !s->ch->peer_dead) {
             /* MSG_PEEK|MSG_WAITALL (rare): the tripwire wakes a waiter for any byte, not for
              * len of them, so look again every 50 us (without the lock) until len are there
@@ -1946,11 +1949,23 @@ static ssize_t mlp_peek_once(struct mlp_sock *s, const struct iovec *iov, int n,
                 continue;
             return a;
         }
-        size_t left = (size_t)a < total ? (size_t)a : total, off = 0;
+        size_t left = both < total ? both : total, off = 0;
         for (int i = 0; i < n && left; i++) {
             size_t c = iov[i].iov_len < left ? iov[i].iov_len : left;
-            if (!(flags & MSG_TRUNC)) /* TCP's MSG_TRUNC copies nothing, peeking or not */
-                memcpy(iov[i].iov_base, (const char *)p + off, c);
+            if (!(flags & MSG_TRUNC)) { /* TCP's MSG_TRUNC copies nothing, peeking or not */
+                /* bytes off..off+c of the two runs */
+                size_t k = 0;
+                while (k < c) {
+                    size_t at = off + k;
+                    const char *src = at < (size_t)a ? (const char *)p + at
+                                                     : (const char *)p2 + (at - (size_t)a);
+                    size_t m = at < (size_t)a ? (size_t)a - at : a2 - (at - (size_t)a);
+                    if (m > c - k)
+                        m = c - k;
+                    memcpy((char *)iov[i].iov_base + k, src, m);
+                    k += m;
+                }
+            }
             off += c;
             left -= c;
         }

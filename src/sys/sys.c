@@ -281,6 +281,11 @@ int __ml_sys_mmap(void **out, void *addr, size_t len, int prot, int flags, int f
 
 int __ml_sys_munmap(void *p, size_t len) { return (int)SYS_CALL(SYS_munmap, p, len); }
 
+int __ml_sys_madvise(void *p, size_t len, int advice)
+{
+    return (int)SYS_CALL(SYS_madvise, p, len, advice);
+}
+
 int __ml_sys_getrandom(void *buf, size_t len)
 {
     size_t got = 0;

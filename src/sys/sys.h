@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/mman.h>
 #include <sys/types.h>
 #include <sys/stat.h>
 
@@ -49,6 +50,10 @@ int __ml_sys_mkdir(const char *path, mode_t mode);
 int __ml_sys_mknodat(int dirfd, const char *path, mode_t mode);
 int __ml_sys_mmap(void **out, void *addr, size_t len, int prot, int flags, int fd, off_t off);
 int __ml_sys_munmap(void *p, size_t len);
+int __ml_sys_madvise(void *p, size_t len, int advice);
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
 int __ml_sys_getrandom(void *buf, size_t len);
 /* OFD byte locks: the liveness of a fabric file's owner.  lock() with wait=0 gives -EAGAIN when
  * another open file description holds the byte; held() answers 1 when someone else holds it. */

@@ -50,7 +50,7 @@ int main(void)
     char tok[MEMLAN_TOKEN_LEN + 1];
 
     /* 1. Both sides closed: the next channel is the same file, one generation on. */
-    ASSERT_OK(__ml_chan_create_pooled(fab, 4096, &a));
+    ASSERT_OK(__ml_chan_create_pooled(fab, 4096, 0, &a));
     snprintf(tok, sizeof tok, "%s", memlan_channel_token(a));
     uint32_t g0 = __ml_chan_generation(a);
     ASSERT_OK(__ml_chan_attach_gen(fab, tok, g0, &b));
@@ -58,7 +58,7 @@ int main(void)
     memlan_channel_close(b);
     memlan_channel_close(a);
     ASSERT_EQ(count_files(), 1);
-    ASSERT_OK(__ml_chan_create_pooled(fab, 4096, &a));
+    ASSERT_OK(__ml_chan_create_pooled(fab, 4096, 0, &a));
     ASSERT_TRUE(strcmp(memlan_channel_token(a), tok) == 0);
     ASSERT_EQ(__ml_chan_generation(a), g0 + 1);
 
@@ -77,7 +77,7 @@ int main(void)
      * EOF, from the same file. */
     ASSERT_EQ(memlan_send(a, "last words", 10, 0), 10);
     memlan_channel_close(a);
-    ASSERT_OK(__ml_chan_create_pooled(fab, 4096, &c));
+    ASSERT_OK(__ml_chan_create_pooled(fab, 4096, 0, &c));
     ASSERT_TRUE(strcmp(memlan_channel_token(c), tok) != 0);
     ASSERT_EQ(memlan_recv(b, buf, sizeof buf, 0), 10);
     ASSERT_TRUE(memcmp(buf, "last words", 10) == 0);
@@ -86,13 +86,13 @@ int main(void)
     memlan_channel_close(c);
 
     /* 4. Another ring size is another file. */
-    ASSERT_OK(__ml_chan_create_pooled(fab, 8192, &a));
+    ASSERT_OK(__ml_chan_create_pooled(fab, 8192, 0, &a));
     ASSERT_TRUE(strcmp(memlan_channel_token(a), tok) != 0);
     memlan_channel_close(a);
 
     /* 5. A channel made before a fork stays out of the pool (the child may hold it). */
     int before = count_files();
-    ASSERT_OK(__ml_chan_create_pooled(fab, 16384, &a));
+    ASSERT_OK(__ml_chan_create_pooled(fab, 16384, 0, &a));
     pid_t pid = fork();
     ASSERT_TRUE(pid >= 0);
     if (pid == 0)
@@ -105,7 +105,7 @@ int main(void)
     /* 6. The pool is bounded (the oldest go), and the fabric's close removes what it holds. */
     memlan_channel_t *many[ML_POOL_MAX + 4];
     for (int i = 0; i < ML_POOL_MAX + 4; i++)
-        ASSERT_OK(__ml_chan_create_pooled(fab, 4096, &many[i]));
+        ASSERT_OK(__ml_chan_create_pooled(fab, 4096, 0, &many[i]));
     for (int i = 0; i < ML_POOL_MAX + 4; i++)
         memlan_channel_close(many[i]);
     ASSERT_EQ(count_files(), ML_POOL_MAX);

@@ -830,13 +830,11 @@ def test_tomcat_answers_a_3mb_upload_it_does_not_read_with_large_rings(tomcat, t
     assert got == "404 768" and accelerated(log) == 1, (got, log.read_text()[-2000:])
 
 
-@pytest.mark.xfail(strict=True, reason="rings do not grow (docs/design.md, 'Limits and known gaps'): with "
-                   "the default 256 KiB rings the 3 MB body's last MB does not fit where kernel "
-                   "TCP's buffers take it, and the client's write fails with EPIPE when Tomcat "
-                   "closes, before it reads the 404")
 def test_tomcat_answers_a_3mb_upload_it_does_not_read(tomcat, tmp_path):
-    """As above with memlan's default rings: kernel TCP's client reads the 404, memlan's gets
-    BrokenPipeError(32, 'Broken pipe') from http.client's request()."""
+    """As above with memlan's default rings: with fixed 256 KiB rings the 3 MB body's last MB did
+    not fit where kernel TCP's buffers take it, and the client's write failed with EPIPE
+    (BrokenPipeError from http.client's request()) when Tomcat closed, before it read the 404;
+    the rings grow now (docs/design.md, "Rings grow")."""
     assert post_3mb(tmp_path, tomcat, False)[0] == "404 768"
     got, log = post_3mb(tmp_path, tomcat, True)
     assert accelerated(log) == 1

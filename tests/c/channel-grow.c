@@ -1,0 +1,189 @@
+/* SPDX-License-Identifier: Apache-2.0 OR MIT */
+/* channel-grow: a stream ring that its producer finds full goes on in its region (ring.h,
+ * "Growth"; design.md, "Rings grow").  A sender whose reader does not read gets the ring's and
+ * the region's bytes accepted, no more; the reader gets every byte in order across each switch
+ * (into the region and back to the ring once everything was read), through recv, peek and the
+ * two-run peek; readiness says "writable" at a full ring that may still grow and not at a full
+ * region; a channel made without a region, or whose peer has not attached, never grows; and a
+ * peer that writes garbage into the switch word gets a corrupt ring (EPROTO) or bytes, never a
+ * crash or a read outside the rings; a sender's close leaves its unread region to its reader,
+ * and a pooled file's reuse starts with empty regions. */
+#include "test.h"
+#include "channel.h"
+
+#define RING 4096u
+#define REGION 65536u
+
+static uint8_t pat(uint64_t i) { return (uint8_t)(i * 131u + (i >> 9) * 7u + 1u); }
+
+/* Send n bytes of the pattern from *at without waiting; the bytes the channel took. */
+static size_t send_some(memlan_channel_t *a, uint64_t *at, size_t n)
+{
+    static uint8_t buf[1 << 17];
+    ASSERT_LE(n, sizeof buf);
+    for (size_t i = 0; i < n; i++)
+        buf[i] = pat(*at + i);
+    ssize_t r = memlan_send(a, buf, n, MEMLAN_DONTWAIT);
+    if (r == -EAGAIN)
+        return 0;
+    ASSERT_TRUE(r > 0);
+    *at += (uint64_t)r;
+    return (size_t)r;
+}
+
+/* Receive everything readable, checking the pattern from *at; the bytes read. */
+static size_t recv_all(memlan_channel_t *b, uint64_t *at, size_t chunk)
+{
+    static uint8_t buf[1 << 17];
+    size_t got = 0;
+    for (;;) {
+        ssize_t r = memlan_recv(b, buf, chunk, MEMLAN_DONTWAIT);
+        if (r == -EAGAIN || r == 0) /* nothing yet, or the end */
+            return got;
+        ASSERT_TRUE(r > 0);
+        for (ssize_t i = 0; i < r; i++)
+            if (buf[i] != pat(*at + (uint64_t)i)) {
+                fprintf(stderr, "byte %llu: %u, not %u\n", (unsigned long long)(*at + (uint64_t)i),
+                        buf[i], pat(*at + (uint64_t)i));
+                ASSERT_TRUE(0);
+            }
+        *at += (uint64_t)r;
+        got += (size_t)r;
+    }
+}
+
+static size_t fill(memlan_channel_t *a, uint64_t *at)
+{
+    size_t total = 0, k;
+    while ((k = send_some(a, at, 1000)) > 0)
+        total += k;
+    return total;
+}
+
+int main(void)
+{
+    ml_test_watchdog(60);
+    memlan_fabric_t *fab = ml_test_fabric();
+    memlan_channel_t *a, *b;
+    char tok[MEMLAN_TOKEN_LEN + 1];
+
+    /* 1. Unattached: the offer's bytes stay in the ring (they may be withdrawn). */
+    ASSERT_OK(__ml_chan_create_pooled(fab, RING, REGION, &a));
+    uint64_t sent = 0, read = 0;
+    ASSERT_EQ(fill(a, &sent), (size_t)RING);
+    ASSERT_EQ(a->grows, 0u);
+    snprintf(tok, sizeof tok, "%s", memlan_channel_token(a));
+    ASSERT_OK(__ml_chan_attach_gen(fab, tok, __ml_chan_generation(a), &b));
+
+    /* 2. Attached, the reader away: the full ring is writable (it may grow), the send grows it,
+     * and the ring's and the region's bytes are taken, no more. */
+    ASSERT_TRUE(memlan_channel_poll(a) & MEMLAN_EV_WRITE);
+    ASSERT_EQ(fill(a, &sent), (size_t)REGION);
+    ASSERT_EQ(a->grows, 1u);
+    ASSERT_EQ(sent, (uint64_t)(RING + REGION));
+    ASSERT_TRUE(!(memlan_channel_poll(a) & MEMLAN_EV_WRITE));
+    ASSERT_EQ(__ml_chan_tx_queued(a), (uint64_t)(RING + REGION));
+    ASSERT_TRUE(memlan_channel_poll(b) & MEMLAN_EV_READ);
+
+    /* 3. A peek sees the ring's run; the two-run peek sees both, as they were sent. */
+    const void *p, *p2;
+    size_t n2;
+    ssize_t r = memlan_peek(b, &p, MEMLAN_DONTWAIT);
+    ASSERT_EQ(r, (ssize_t)RING);
+    ASSERT_OK(memlan_release(b, 0));
+    r = __ml_chan_peek2(b, &p, &p2, &n2, MEMLAN_DONTWAIT);
+    ASSERT_EQ(r, (ssize_t)RING);
+    ASSERT_EQ(n2, (size_t)REGION);
+    for (uint64_t i = 0; i < RING + REGION; i++) {
+        uint8_t v = i < RING ? ((const uint8_t *)p)[i] : ((const uint8_t *)p2)[i - RING];
+        ASSERT_EQ(v, pat(i));
+    }
+    ASSERT_OK(memlan_release(b, 0));
+
+    /* 4. Read in odd pieces: every byte in order across the switch. */
+    ASSERT_EQ(recv_all(b, &read, 777), (size_t)(RING + REGION));
+    ASSERT_EQ(read, sent);
+
+    /* 5. Everything read: the next send goes back to the ring, and a full ring grows again. */
+    ASSERT_EQ(send_some(a, &sent, 100), 100u);
+    ASSERT_TRUE(!a->tx.swg);
+    ASSERT_EQ(recv_all(b, &read, 4096), 100u);
+    ASSERT_EQ(fill(a, &sent), (size_t)(RING + REGION));
+    ASSERT_EQ(a->grows, 2u);
+
+    /* 6. Reads and writes interleaved at random, the reader sometimes behind by more than the
+     * ring: the stream as sent, whatever the switches. */
+    uint64_t seed = 12345;
+    for (int round = 0; round < 20000; round++) {
+        uint64_t x = ml_test_rand(&seed);
+        if (x & 1)
+            (void)send_some(a, &sent, 1 + (size_t)((x >> 8) % 9000));
+        if ((x & 6) == 0)
+            (void)recv_all(b, &read, 1 + (size_t)((x >> 24) % 20000));
+        ASSERT_LE(sent - read, (uint64_t)(RING + REGION));
+    }
+    (void)recv_all(b, &read, 65536);
+    ASSERT_EQ(read, sent);
+    ASSERT_TRUE(a->grows > 2u);
+    memlan_channel_close(b);
+    memlan_channel_close(a);
+
+    /* 7. Without a region: the ring's bytes only. */
+    ASSERT_OK(__ml_chan_create_pooled(fab, RING, 0, &a));
+    snprintf(tok, sizeof tok, "%s", memlan_channel_token(a));
+    ASSERT_OK(__ml_chan_attach_gen(fab, tok, __ml_chan_generation(a), &b));
+    sent = read = 0;
+    ASSERT_EQ(fill(a, &sent), (size_t)RING);
+    ASSERT_TRUE(!(memlan_channel_poll(a) & MEMLAN_EV_WRITE));
+    ASSERT_EQ(recv_all(b, &read, 4096), (size_t)RING);
+    memlan_channel_close(b);
+    memlan_channel_close(a);
+
+    /* 8. A hostile producer's switch word: garbage while bytes are readable gives EPROTO or
+     * bytes of the rings, never a crash. */
+    for (int round = 0; round < 200; round++) {
+        ASSERT_OK(__ml_chan_create_pooled(fab, RING, REGION, &a));
+        snprintf(tok, sizeof tok, "%s", memlan_channel_token(a));
+        ASSERT_OK(__ml_chan_attach_gen(fab, tok, __ml_chan_generation(a), &b));
+        sent = 0;
+        (void)fill(a, &sent);
+        uint64_t w = ml_test_rand(&seed);
+        if (round % 4 == 0)
+            w = (w & 0xffff) << 1; /* a switch near the stream's start */
+        atomic_store(&b->rx.ctl->grow, w);
+        static uint8_t buf[1 << 17];
+        for (int k = 0; k < 64; k++) {
+            r = memlan_recv(b, buf, sizeof buf, MEMLAN_DONTWAIT);
+            if (r <= 0)
+                break;
+        }
+        ASSERT_TRUE(r == -EPROTO || r == -EAGAIN || r > 0);
+        r = __ml_chan_peek2(b, &p, &p2, &n2, MEMLAN_DONTWAIT);
+        ASSERT_TRUE(r == -EPROTO || r == -EAGAIN || r > 0);
+        memlan_channel_close(b);
+        memlan_channel_close(a);
+    }
+    /* 9. A sender that closes with its region unread: the reader still gets every byte (its
+     * close parks the file in the pool; the park gave the unread region's pages back, and the
+     * bytes were lost).  Then the file's reuse starts with both regions empty. */
+    ASSERT_OK(__ml_chan_create_pooled(fab, RING, REGION, &a));
+    snprintf(tok, sizeof tok, "%s", memlan_channel_token(a));
+    ASSERT_OK(__ml_chan_attach_gen(fab, tok, __ml_chan_generation(a), &b));
+    sent = read = 0;
+    ASSERT_EQ(fill(a, &sent), (size_t)(RING + REGION));
+    uint8_t *region0 = a->tx.gdata;
+    memlan_channel_close(a);
+    ASSERT_EQ(recv_all(b, &read, 3000), (size_t)(RING + REGION));
+    static uint8_t buf[16];
+    ASSERT_EQ(memlan_recv(b, buf, sizeof buf, MEMLAN_DONTWAIT), 0); /* the end */
+    memlan_channel_close(b);
+    ASSERT_OK(__ml_chan_create_pooled(fab, RING, REGION, &a));
+    ASSERT_TRUE(a->tx.gdata == region0); /* the same file, from the pool */
+    for (uint64_t i = 0; i < 2 * (uint64_t)REGION; i++)
+        ASSERT_EQ(a->tx.gdata[i < REGION ? i : i + REGION], 0);
+    memlan_channel_close(a);
+
+    memlan_fabric_close(fab);
+    printf("channel-grow: ok\n");
+    return 0;
+}
