@@ -820,6 +820,10 @@ static void run_usage(FILE *f)
             "  --ring-kb N         ring size per direction, KiB, 4 to 1048576, unless\n"
             "                      SO_SNDBUF/SO_RCVBUF set before connect say otherwise\n"
             "                      (MEMLAN_RING_KB, default 256)\n"
+            "  --ring-grow-kb N    the region a full ring grows into, KiB, 0 (never) to 65536,\n"
+            "                      as kernel TCP autotunes its buffers; none where\n"
+            "                      SO_SNDBUF/SO_RCVBUF sized the ring (MEMLAN_RING_GROW_KB,\n"
+            "                      default 4096)\n"
             "  --off               load the library but accelerate nothing (MEMLAN_OFF=1)\n"
             "  -q, --quiet         say nothing on stderr when memlan cannot accelerate or a\n"
             "                      setting is bad (MEMLAN_QUIET=1); --log still logs\n"
@@ -935,13 +939,15 @@ static bool which(const char *name, char *out, size_t len)
 
 static int cmd_run(int argc, char **argv)
 {
-    enum { O_SPIN = 256, O_FABRIC, O_PORTS, O_NOPORTS, O_LOG, O_LOGLEVEL, O_ACCEPT, O_RING, O_OFF };
+    enum { O_SPIN = 256, O_FABRIC, O_PORTS, O_NOPORTS, O_LOG, O_LOGLEVEL, O_ACCEPT, O_RING, O_OFF,
+           O_GROW };
     static const struct option opts[] = {
         {"spin-us", required_argument, 0, O_SPIN},   {"fabric", required_argument, 0, O_FABRIC},
         {"ports", required_argument, 0, O_PORTS},    {"no-ports", required_argument, 0, O_NOPORTS},
         {"log", required_argument, 0, O_LOG},        {"log-level", required_argument, 0, O_LOGLEVEL},
         {"accept-wait-ms", required_argument, 0, O_ACCEPT},
         {"ring-kb", required_argument, 0, O_RING},   {"off", no_argument, 0, O_OFF},
+        {"ring-grow-kb", required_argument, 0, O_GROW},
         {"quiet", no_argument, 0, 'q'},              {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     int c;
@@ -987,6 +993,11 @@ static int cmd_run(int argc, char **argv)
             if (!parse_long(optarg, 4, 1 << 20, &v))
                 return bad_value("run", "--ring-kb", optarg, "KiB, 4 to 1048576");
             setenv("MEMLAN_RING_KB", optarg, 1);
+            break;
+        case O_GROW:
+            if (!parse_long(optarg, 0, 64 << 10, &v))
+                return bad_value("run", "--ring-grow-kb", optarg, "KiB, 0 to 65536");
+            setenv("MEMLAN_RING_GROW_KB", optarg, 1);
             break;
         case O_OFF: setenv("MEMLAN_OFF", "1", 1); break;
         case 'q':

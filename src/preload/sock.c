@@ -1269,13 +1269,17 @@ static void mlp_stall_look(struct mlp_sock *s, struct mlp_stall *st)
     mlp_inside = 1; /* the kernel socket's names, past our interposers */
     int lp = mlp_port_of(ch->sock_fd, false), rp = mlp_port_of(ch->sock_fd, true);
     mlp_inside = inside;
+    /* The region counts where the ring may still grow or has grown. */
+    bool region = ch->tx.gsize && !atomic_load_explicit(&ch->grow_off, memory_order_relaxed);
     mlp_say(MLP_SAID_STALL, "a send from port %d to port %d has waited %llu s for room in its "
-            "%llu KiB ring while %lld bytes from the peer wait unread: if both ends write "
-            "before they read, they wait for each other, where kernel TCP's larger buffers may "
-            "have held it (design.md, \"Rings do not grow\"); larger rings: MEMLAN_RING_KB, or "
-            "SO_SNDBUF/SO_RCVBUF before connect", lp, rp,
+            "%llu KiB ring%s%.0llu%s while %lld bytes from the peer wait unread: if both ends "
+            "write before they read, they wait for each other, where kernel TCP's larger "
+            "buffers may have held it (design.md, \"Rings grow\"); larger rings: "
+            "MEMLAN_RING_GROW_KB, MEMLAN_RING_KB, or SO_SNDBUF/SO_RCVBUF before connect", lp, rp,
             (unsigned long long)((now - st->t0) / 1000000000ull),
-            (unsigned long long)(ch->size >> 10), (long long)in);
+            (unsigned long long)(ch->size >> 10), region ? " and its " : "",
+            region ? (unsigned long long)(ch->tx.gsize >> 10) : 0ull,
+            region ? " KiB region" : "", (long long)in);
     errno = saved;
 }
 

@@ -220,6 +220,7 @@ def test_clean_help_cleans_nothing(fabric, holder):
     (["run", "--bogus", "--"], "--bogus"),
     (["run", "--spin-us", "abc", "--"], "--spin-us"),
     (["run", "--ring-kb", "-5", "--"], "--ring-kb"),
+    (["run", "--ring-grow-kb", "70000", "--"], "--ring-grow-kb"),
     (["run", "--ports", "foo", "--"], "--ports"),
     (["run", "--no-ports", "80-", "--"], "--no-ports"),
     (["run", "--log-level", "9", "--"], "--log-level"),

@@ -321,7 +321,9 @@ print(total, c.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) if cbuf else 0,
 def test_so_buffers_size_the_rings(fabric, tmp_path, cbuf, lbuf):
     """SO_SNDBUF/SO_RCVBUF set before connect (client) or on the listener size the rings: a
     nonblocking sender whose peer does not read fits exactly one ring, the kernel's value of the
-    largest buffer set rounded up to a power of two, or MEMLAN_RING_KB (256 KB) when none is."""
+    largest buffer set rounded up to a power of two (such a ring does not grow, as the kernel
+    does not autotune a buffer the program sized); when none is, MEMLAN_RING_KB (256 KB) and
+    the 4 MiB region the full ring grows into (docs/design.md, "Rings grow")."""
     script = tmp_path / "fill.py"
     script.write_text(RING_FILL)
     log = tmp_path / "fill.log"
@@ -332,7 +334,7 @@ def test_so_buffers_size_the_rings(fabric, tmp_path, cbuf, lbuf):
     assert out.returncode == 0, out.stderr
     total, ceff, leff = (int(x) for x in out.stdout.split())
     want = max(ceff, leff)
-    ring = 256 * 1024
+    ring = 256 * 1024 + 4096 * 1024
     if want:
         ring = 4096
         while ring < want:
@@ -4256,11 +4258,12 @@ print(role, len(got), set(got) == {("c" if role == "server" else "s").encode()[0
 
 def test_both_ends_writing_before_they_read_is_said(fabric, tmp_path):
     """Each end sends 1 MiB before it reads (a blocking sendall).  Kernel TCP's buffers hold
-    it; the two 256 KiB rings do not (docs/design.md, "Rings do not grow"): both sends wait for
-    each other for ever.  That is said, once per socket, in the log and on stderr, after 10 s
-    (2 s also caught peers that were only slow), with the way out (larger rings), rather than a
-    silent hang; and with
-    MEMLAN_RING_KB=2048 the exchange completes as over TCP."""
+    it, and so do memlan's rings, which grow into their 4 MiB regions once full (docs/design.md,
+    "Rings grow"; before, both sends waited for each other for ever).  With growth off
+    (MEMLAN_RING_GROW_KB=0) the two 256 KiB rings do not hold it: that is said, once per socket,
+    in the log and on stderr, after 10 s (2 s also caught peers that were only slow), with the
+    way out (larger rings), rather than a silent hang; and with MEMLAN_RING_KB=2048 the
+    exchange completes as over TCP."""
     script = tmp_path / "both.py"
     script.write_text(BOTH_WRITE)
     want = ["client 1048576 True", "server 1048576 True"]
@@ -4288,16 +4291,22 @@ def test_both_ends_writing_before_they_read_is_said(fabric, tmp_path):
 
     plain, _ = run([])
     assert plain == want, plain
+    log = tmp_path / "g.log"
+    grown, _ = run([str(MEMLAN), "run", "--log", str(log), "--"])
+    settle(fabric)
+    text = log.read_text()
+    assert grown == want and text.count("accelerated") == 2, (grown, text)
     log = tmp_path / "m.log"
-    said, errs = run([str(MEMLAN), "run", "--log", str(log), "--"], limit=20)
+    said, errs = run([str(MEMLAN), "run", "--log", str(log), "--"],
+                     dict(os.environ, MEMLAN_RING_GROW_KB="0"), limit=20)
     settle(fabric)
     text = log.read_text()
     assert said == [] and text.count("accelerated") == 2, (said, text)
     stall = re.findall(r"a send from port \d+ to port \d+ has waited \d+ s for room in its "
                        r"256 KiB ring while 262144 bytes from the peer wait unread", text)
     assert len(stall) == 2, text  # each end, once
-    assert all("larger rings: MEMLAN_RING_KB" in e for e in errs), errs
-    env = dict(os.environ, MEMLAN_RING_KB="2048")
+    assert all("larger rings: MEMLAN_RING_GROW_KB, MEMLAN_RING_KB" in e for e in errs), errs
+    env = dict(os.environ, MEMLAN_RING_KB="2048", MEMLAN_RING_GROW_KB="0")
     big, _ = run([str(MEMLAN), "run", "--"], env=env)
     settle(fabric)
     assert big == want, big
