@@ -224,9 +224,15 @@ static void ml_grow_take(struct ml_ring *r, uint64_t w)
     uint64_t behind = ((r->pos << 1) - (w & ~(uint64_t)1)) >> 1;
     r->swp = r->pos - behind;
     r->swg = r->gsize && (w & 1);
-    r->gkept = false; /* another holder may have let the pages go */
-    atomic_store_explicit(atomic_load_explicit(&r->gpub, memory_order_relaxed),
-                          ml_grow_word(r->swp, r->swg), memory_order_release);
+    r->gsure = false;      /* another holder may have let the pages go, */
+    r->gmaybe = w != 0;    /* or kept them (a word never stored: no switch, no pages) */
+    w = ml_grow_word(r->swp, r->swg);
+    /* Both copies say what we go by: a holder that stopped between its two stores (killed,
+     * or left by a jump) may have left them apart. */
+    if (r->gsize)
+        atomic_store_explicit(&r->ctl->grow, w, memory_order_release);
+    atomic_store_explicit(atomic_load_explicit(&r->gpub, memory_order_relaxed), w,
+                          memory_order_release);
 }
 
 /* Whether our direction may switch into its region now: it grows, nothing refused it, the peer
@@ -568,14 +574,14 @@ static bool ml_pool_park(struct memlan_channel *ch)
         return false;
     if (__ml_guard_broken(ch->seg->guard))
         return false; /* shrunk under us (guard.c): private memory now, never lent again */
-    /* A parked file keeps no region pages it need not: the region we read from (we read no
-     * more), and ours once the peer has read all of it; bytes the peer has still to read stay
-     * until the reset (a sender that closed with 4 MiB unread lost them to this punch). */
-    if (ch->tx.gsize) {
-        (void)__ml_sys_madvise(ch->rx.gdata, ch->rx.gsize, MADV_REMOVE);
-        if (ml_load_acquire(&ch->tx.ctl->tail) == ml_ring_pub(&ch->tx, memory_order_relaxed))
-            (void)__ml_sys_madvise(ch->tx.gdata, ch->tx.gsize, MADV_REMOVE);
-    }
+    /* A parked file gives our region's pages back once the peer has read all of it (the
+     * channel's head and tail: a process we passed the socket to publishes only there); bytes
+     * it has still to read stay until the reset (a sender that closed with its region unread
+     * lost them to a punch here), and so does the region the peer writes (it may be copying
+     * into it still: a page it had to take again on a full fabric would be its SIGBUS). */
+    if (ch->tx.gsize &&
+        ml_load_acquire(&ch->tx.ctl->tail) == ml_load_acquire(&ch->tx.ctl->head))
+        (void)__ml_sys_madvise(ch->tx.gdata, ch->tx.gsize, MADV_REMOVE);
     bool ok = false;
     if (!ml_lock_brief(&ml_pool_reg_mu))
         return false;
@@ -1758,10 +1764,11 @@ static ssize_t ml_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flag
 static void ml_grow_publish(struct ml_ring *r)
 {
     uint64_t w = ml_grow_word(r->swp, r->swg);
+    /* SYNC: pairs with the acquire load of head, then of grow, in ml_ring_rd().  The channel's
+     * copy first: a next holder takes it (__ml_chan_resync_tx), whatever stopped us after. */
+    atomic_store_explicit(&r->ctl->grow, w, memory_order_release);
     atomic_store_explicit(atomic_load_explicit(&r->gpub, memory_order_relaxed), w,
                           memory_order_release);
-    /* SYNC: pairs with the acquire load of head, then of grow, in ml_ring_rd(). */
-    atomic_store_explicit(&r->ctl->grow, w, memory_order_release);
 }
 
 /* The producer found its ring full (its look at the tail was just made): go on in the region, at
@@ -1773,12 +1780,15 @@ static bool ml_grow(struct memlan_channel *ch)
     struct ml_ring *r = &ch->tx;
     if (r->swg || !ml_growable(ch, r->other, r->swp))
         return false;
-    if (!r->gkept) {
+    if (!r->gsure) {
         if (__ml_sys_madvise(r->gdata, r->gsize, MADV_POPULATE_WRITE) < 0) {
+            /* What it did reserve goes back: a full fabric stays as full as it was. */
+            (void)__ml_sys_madvise(r->gdata, r->gsize, MADV_REMOVE);
+            r->gmaybe = false;
             ml_store_relaxed(&ch->grow_off, true);
             return false;
         }
-        r->gkept = true;
+        r->gsure = r->gmaybe = true;
     }
     r->swp = r->pos;
     r->swg = true;
@@ -1788,18 +1798,25 @@ static bool ml_grow(struct memlan_channel *ch)
     return true;
 }
 
+/* The region's pages go back to the file system (its bytes have all been read). */
+static void ml_grow_trim(struct ml_ring *r)
+{
+    (void)__ml_sys_madvise(r->gdata, r->gsize, MADV_REMOVE);
+    r->gsure = r->gmaybe = false;
+}
+
 /* Before a send or a reserve of a growing direction.  In the region: once everything has been
  * read (nothing written since the switch stays put, so that switches only move forward), back to
  * the ring at our head, giving the region's pages back if we grew into it long enough ago.  Back
- * in the ring with the pages kept: every 64th call looks whether they are old enough to go. */
+ * in the ring with pages that may be kept: every 64th call looks whether they are old enough to
+ * go (out of the region, it holds no byte to read: the switch back came when all was read). */
 static void ml_grow_idle(struct memlan_channel *ch)
 {
     struct ml_ring *r = &ch->tx;
     if (!r->swg) {
-        if (r->gkept && (r->ops & 63) == 0 && __ml_now_ns() - r->grew_ns >= ML_GROW_KEEP_NS) {
-            (void)__ml_sys_madvise(r->gdata, r->gsize, MADV_REMOVE);
-            r->gkept = false;
-        }
+        if (r->gmaybe && (++r->gcalls & 63) == 0 &&
+            __ml_now_ns() - r->grew_ns >= ML_GROW_KEEP_NS)
+            ml_grow_trim(r);
         return;
     }
     if (r->pos == r->swp)
@@ -1812,10 +1829,8 @@ static void ml_grow_idle(struct memlan_channel *ch)
     r->swp = r->pos;
     r->swg = false;
     ml_grow_publish(r);
-    if (__ml_now_ns() - r->grew_ns >= ML_GROW_KEEP_NS) {
-        (void)__ml_sys_madvise(r->gdata, r->gsize, MADV_REMOVE);
-        r->gkept = false;
-    }
+    if (__ml_now_ns() - r->grew_ns >= ML_GROW_KEEP_NS)
+        ml_grow_trim(r);
 }
 
 /* Copy n bytes from the cursor's place in its vector to dst, and move the cursor past them (the
@@ -1871,7 +1886,7 @@ static ssize_t ml_stream_send(memlan_channel_t *ch, const uint8_t *src, struct m
     uint64_t unwoken = 0; /* published since our last look at the consumer's tripwire */
     bool first = true;
     int mid = -1; /* checks in mid-copy: not yet asked */
-    if (ml_unlikely(ch->tx.swg || ch->tx.gkept))
+    if (ml_unlikely(ch->tx.swg || ch->tx.gmaybe))
         ml_grow_idle(ch);
     while (done < len) {
         int64_t fr = ml_ring_free(&ch->tx, 1);
@@ -2008,7 +2023,7 @@ static ssize_t ml_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flag
         need = ml_msg_rec(min) + sizeof(struct ml_msg_hdr); /* and the next header slot */
     } else if (min > ch->size) {
         return -EMSGSIZE;
-    } else if (ml_unlikely(ch->tx.swg || ch->tx.gkept)) {
+    } else if (ml_unlikely(ch->tx.swg || ch->tx.gmaybe)) {
         ml_grow_idle(ch);
     }
     for (;;) {
@@ -2347,6 +2362,11 @@ ssize_t __ml_chan_peek2(struct memlan_channel *ch, const void **p, const void **
 {
     *p2 = NULL;
     *n2 = 0;
+    /* The head, not our cached copy: a peek that waits for more (MSG_WAITALL) looks again and
+     * again, and the cached copy never grew while it was not used up (the wait for the rest
+     * of a 60 KB peek whose first half was there went on for ever). */
+    if (ch->kind == MEMLAN_STREAM && !ch->rx.corrupt)
+        (void)ml_ring_avail(&ch->rx, ch->rx.cap + 1);
     ssize_t run = memlan_peek(ch, p, flags);
     if (run <= 0 || ch->kind != MEMLAN_STREAM || !ch->rx.gsize)
         return run;
@@ -2556,11 +2576,13 @@ void __ml_chan_resync_tx(struct memlan_channel *ch)
                                ch->tx.cap);
     if (ch->tx.pos - ch->tx.other > ch->tx.cap)
         ch->tx.corrupt = true;
-    /* The switch as the last holder published it; the channel's where its head was taken (an
-     * exec'd holder's, which publishes only there). */
+    /* The switch from the channel, where every holder stores it first: one that does not share
+     * our lock page (an exec'd image, a receiver of the socket over SCM_RIGHTS) publishes only
+     * there, and a switch moves no head (a sendfile that read nothing after it; our own
+     * published copy would then be stale).  A word the peer overwrote moves only where our
+     * bytes go for its own reading (ml_ring_free_grow keeps them inside our areas). */
     if (ch->tx.gsize)
-        ml_grow_take(&ch->tx, ch->tx.pos == pub ? ml_ring_gpub(&ch->tx)
-                                                : ml_load_acquire(&ch->tx.ctl->grow));
+        ml_grow_take(&ch->tx, ml_load_acquire(&ch->tx.ctl->grow));
     /* Say where we are from the start: the peer's first wait then knows whether spinning could
      * help (on our cpu it cannot: we would need the core it spins on). */
     uint32_t cpu = (uint32_t)(__ml_getcpu() + 1);

@@ -167,8 +167,9 @@ void __ml_chan_resync_tx(struct memlan_channel *ch);
 void __ml_chan_resync_rx(struct memlan_channel *ch);
 void __ml_chan_pub_share(struct memlan_channel *ch, _Atomic uint64_t *tx, _Atomic uint64_t *rx,
                          _Atomic uint64_t *grow);
-/* MSG_PEEK: up to two runs of readable bytes (the ring's up to a switch, then the region's):
- * the first at *p (the count returned), the second's n2 bytes at *p2.  As memlan_peek. */
+/* MSG_PEEK: up to two runs of readable bytes (the ring's up to a switch, then the region's),
+ * as far as the head now (not the cached copy): the first at *p (the count returned), the
+ * second's n2 bytes at *p2.  As memlan_peek. */
 ssize_t __ml_chan_peek2(struct memlan_channel *ch, const void **p, const void **p2, size_t *n2,
                         int flags);
 int64_t __ml_chan_rx_avail_ro(const struct memlan_channel *ch); /* -1: cannot tell, go and look */

@@ -56,7 +56,9 @@ struct ml_ring {
     uint64_t gsize, gmask, cap;
     uint64_t swp;
     bool swg;
-    bool gkept;               /* producer: we reserved the region's pages and kept them */
+    bool gsure;               /* producer: we reserved the region's pages and kept them */
+    bool gmaybe;              /* producer: the region may hold pages to give back */
+    uint32_t gcalls;          /* producer: calls since the last look at gmaybe's pages */
     uint64_t grew_ns;
     _Atomic uint64_t *_Atomic gpub;
     _Atomic uint64_t own_gpub;

@@ -1223,7 +1223,7 @@ static uint64_t mlp_call_deadline(uint64_t *dl, uint64_t tmo_ns)
  * neither index moving for MLP_STALL_NS (10 s: a peer that is only slow, paused or computing,
  * moves within that, as a review found with 2 s).  Both ends writing before they read wait for
  * each other so for ever where kernel TCP's larger buffers may have held the exchange (docs/
- * design.md, "Rings do not grow"): said once per socket, in the log, and on stderr once per
+ * design.md, "Rings grow"): said once per socket, in the log, and on stderr once per
  * image, with the way out (larger rings), rather than a silent hang.  Read-only looks at the
  * shared indices (a peer's garbage only makes us say it or not); not from a handler, nor in a
  * known sandbox.
@@ -2007,12 +2007,19 @@ static ssize_t mlp_rx_pass(struct mlp_sock *s, const struct iovec *iov, int n, i
             continue;
         ssize_t r;
         if (trunc) {
-            const void *p;
-            r = memlan_peek(s->ch, &p, MEMLAN_DONTWAIT);
-            if (r > 0) {
-                size_t c = (size_t)r < want ? (size_t)r : want;
+            /* A peek sees one run: where the ring grew, the region's bytes are a second. */
+            r = 0;
+            while ((size_t)r < want) {
+                const void *p;
+                ssize_t k = memlan_peek(s->ch, &p, MEMLAN_DONTWAIT);
+                if (k <= 0) {
+                    if (r == 0)
+                        r = k;
+                    break;
+                }
+                size_t c = (size_t)k < want - (size_t)r ? (size_t)k : want - (size_t)r;
                 (void)memlan_release(s->ch, c);
-                r = (ssize_t)c;
+                r += (ssize_t)c;
             }
         } else {
             r = memlan_recv(s->ch, (char *)iov[*i].iov_base + *off, want, MEMLAN_DONTWAIT);

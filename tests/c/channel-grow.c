@@ -11,6 +11,9 @@
 #include "test.h"
 #include "channel.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+
 #define RING 4096u
 #define REGION 65536u
 
@@ -50,6 +53,43 @@ static size_t recv_all(memlan_channel_t *b, uint64_t *at, size_t chunk)
         *at += (uint64_t)r;
         got += (size_t)r;
     }
+}
+
+/* Region pages present in memory (mincore). */
+static size_t resident(const void *p, size_t len)
+{
+    static unsigned char v[REGION / 4096];
+    ASSERT_OK(mincore((void *)p, len, v));
+    size_t n = 0;
+    for (size_t i = 0; i < len / 4096; i++)
+        n += v[i] & 1;
+    return n;
+}
+
+/* Another holder of side 0's socket that shares no lock page with the first (an exec'd image,
+ * a receiver over SCM_RIGHTS): the channel adopted from its file. */
+static memlan_channel_t *other_holder(memlan_fabric_t *fab, memlan_channel_t *a)
+{
+    long fd = __ml_seg_reopen(a->seg, O_RDWR);
+    ASSERT_TRUE(fd >= 0);
+    memlan_channel_t *e;
+    ASSERT_OK(__ml_chan_adopt(fab, memlan_channel_token(a), (int)fd, 0, &e));
+    return e;
+}
+
+static void let_go(memlan_channel_t *e) /* that holder's copy goes; the side stays open */
+{
+    e->seg->owner = false;
+    __ml_seg_destroy(e->seg);
+    free(e);
+}
+
+static void pair(memlan_fabric_t *fab, memlan_channel_t **a, memlan_channel_t **b)
+{
+    char tok[MEMLAN_TOKEN_LEN + 1];
+    ASSERT_OK(__ml_chan_create_pooled(fab, RING, REGION, a));
+    snprintf(tok, sizeof tok, "%s", memlan_channel_token(*a));
+    ASSERT_OK(__ml_chan_attach_gen(fab, tok, __ml_chan_generation(*a), b));
 }
 
 static size_t fill(memlan_channel_t *a, uint64_t *at)
@@ -182,6 +222,86 @@ int main(void)
     for (uint64_t i = 0; i < 2 * (uint64_t)REGION; i++)
         ASSERT_EQ(a->tx.gdata[i < REGION ? i : i + REGION], 0);
     memlan_channel_close(a);
+
+    /* 10. Another holder switches at a full ring and writes nothing after (a sendfile at the
+     * end of its file: reserve, commit 0); the first holder's next send (its lock's resync)
+     * goes where the reader looks.  It took its own stale copy of the switch: every byte
+     * after it wrong.  */
+    pair(fab, &a, &b);
+    sent = read = 0;
+    ASSERT_EQ(send_some(a, &sent, RING), (size_t)RING);
+    memlan_channel_t *e = other_holder(fab, a);
+    void *w;
+    ASSERT_TRUE(memlan_reserve(e, &w, 1, MEMLAN_DONTWAIT) > 0);
+    ASSERT_TRUE(e->tx.swg);
+    ASSERT_OK(memlan_commit(e, 0));
+    let_go(e);
+    ASSERT_EQ(recv_all(b, &read, 4096), (size_t)RING);
+    __ml_chan_resync_tx(a);
+    ASSERT_EQ(send_some(a, &sent, 100), 100u);
+    ASSERT_EQ(recv_all(b, &read, 4096), 100u);
+    memlan_channel_close(b);
+    memlan_channel_close(a);
+
+    /* 11. A holder stopped between the switch's two stores (killed, or left by a jump): its
+     * own copy says "region", the channel's still "ring"; the next holder goes by the
+     * channel's, as the reader does. */
+    pair(fab, &a, &b);
+    sent = read = 0;
+    ASSERT_EQ(send_some(a, &sent, RING), (size_t)RING);
+    ASSERT_EQ(recv_all(b, &read, 4096), (size_t)RING);
+    ASSERT_EQ(fill(a, &sent), (size_t)(RING + REGION));
+    ASSERT_EQ(recv_all(b, &read, 65536), (size_t)(RING + REGION));
+    ASSERT_EQ(send_some(a, &sent, 10), 10u); /* back in the ring */
+    ASSERT_EQ(recv_all(b, &read, 4096), 10u);
+    ASSERT_EQ(send_some(a, &sent, RING), (size_t)RING);
+    atomic_store(&a->tx.own_gpub, ml_grow_word(a->tx.pos, true)); /* the first store only */
+    ASSERT_EQ(recv_all(b, &read, 4096), (size_t)RING);
+    __ml_chan_resync_tx(a);
+    ASSERT_EQ(send_some(a, &sent, 1000), 1000u);
+    ASSERT_EQ(recv_all(b, &read, 4096), 1000u);
+    memlan_channel_close(b);
+    memlan_channel_close(a);
+
+    /* 12. The creator's last close (the pool's park) while a holder it passed the socket to
+     * has written past the ring, unread: the reader gets every byte (the park compared the
+     * tail with the creator's own stale head, and gave the region's pages back). */
+    pair(fab, &a, &b);
+    sent = read = 0;
+    e = other_holder(fab, a);
+    ASSERT_EQ(send_some(e, &sent, RING + 5000), (size_t)(RING + 5000));
+    ASSERT_EQ(e->grows, 1u);
+    let_go(e);
+    memlan_channel_close(a);
+    ASSERT_EQ(recv_all(b, &read, 4096), (size_t)(RING + 5000));
+    memlan_channel_close(b);
+
+    /* 13. Back in the ring with the region's pages kept: a second after the growth they go,
+     * for a holder whose every send is of two chunks (a count of chunks looked at every 64th
+     * missed it), and for one that resyncs before each (a fork's sharers: the resync forgot
+     * the pages). */
+    for (int resync = 0; resync < 2; resync++) {
+        pair(fab, &a, &b);
+        sent = read = 0;
+        ASSERT_EQ(fill(a, &sent), (size_t)(RING + REGION));
+        ASSERT_EQ(resident(a->tx.gdata, REGION), (size_t)(REGION / 4096));
+        ASSERT_EQ(recv_all(b, &read, 65536), (size_t)(RING + REGION));
+        ASSERT_EQ(send_some(a, &sent, 10), 10u); /* back in the ring, within the second */
+        ASSERT_TRUE(!a->tx.swg);
+        ASSERT_EQ(recv_all(b, &read, 4096), 10u);
+        ASSERT_TRUE(resident(a->tx.gdata, REGION) > 0);
+        struct timespec ts = {1, 200000000};
+        nanosleep(&ts, NULL);
+        for (int i = 0; i < 300; i++) {
+            if (resync)
+                __ml_chan_resync_tx(a);
+            ASSERT_EQ(send_some(a, &sent, RING / 2), (size_t)(RING / 2)); /* two chunks */
+            ASSERT_EQ(recv_all(b, &read, 4096), (size_t)(RING / 2));
+        }
+        ASSERT_EQ(resident(a->tx.gdata, REGION), 0u);
+        memlan_channel_close(b);
+        memlan_channel_close(a);
+    }
 
     memlan_fabric_close(fab);
     printf("channel-grow: ok\n");

@@ -344,6 +344,89 @@ def test_so_buffers_size_the_rings(fabric, tmp_path, cbuf, lbuf):
     settle(fabric)
 
 
+# A connected pair in one process (c the client, a the accepted end), its first byte through.
+PAIR = r"""
+import socket, sys, threading, time
+port = int(sys.argv[1])
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", port))
+l.listen(1)
+c = socket.create_connection(("127.0.0.1", port))
+a, _ = l.accept()
+c.sendall(b"h")
+assert a.recv(1) == b"h"
+"""
+
+GROWN_PEEK = PAIR + r"""
+data = bytes((i * 7 + i // 251) % 256 for i in range(60000))
+t = threading.Thread(target=c.sendall, args=(data,))
+t.start()  # more than the ring holds, before a byte is read
+p = a.recv(60000, socket.MSG_PEEK | socket.MSG_WAITALL)
+t.join()
+print("peek", len(p), p == data)
+print("trunc", len(a.recv(30000, socket.MSG_TRUNC)))
+rest = b""
+while len(rest) < 30000:
+    rest += a.recv(30000 - len(rest))
+print("rest", len(rest), rest == data[30000:])
+"""
+
+
+def test_a_grown_ring_is_read_whole_by_peek_and_trunc(fabric, tmp_path):
+    """60 KB sent before the reader reads (what kernel TCP's receive queue holds unread):
+    under memlan with 16 KiB rings (MEMLAN_RING_KB), 16 KiB in the ring and the rest in the
+    region it grew into (docs/design.md, "Rings grow").  recv(MSG_PEEK|MSG_WAITALL) of all of
+    it, then recv(MSG_TRUNC) of half, then the rest: the same counts and bytes as over kernel
+    TCP (a peek sees the ring's run and the region's; a discard that stopped at the switch
+    returned less than asked)."""
+    script = tmp_path / "grownpeek.py"
+    script.write_text(GROWN_PEEK)
+    want = ["peek 60000 True", "trunc 30000", "rest 30000 True"]
+    plain = subprocess.run([PY, str(script), str(next_port())], capture_output=True, text=True,
+                           timeout=60)
+    assert plain.stdout.split("\n")[:3] == want, plain.stdout + plain.stderr
+    log = tmp_path / "g.log"
+    under = subprocess.run([str(MEMLAN), "run", "--ring-kb", "16", "--log", str(log), "--", PY,
+                            str(script), str(next_port())], capture_output=True, text=True,
+                           timeout=60)
+    assert under.stdout.split("\n")[:3] == want, under.stdout + under.stderr
+    assert "accelerated (client)" in log.read_text()
+    settle(fabric)
+
+
+PEEK_LATE = PAIR + r"""
+def send():
+    c.sendall(b"a" * 30000)
+    time.sleep(0.3)
+    c.sendall(b"b" * 30000)
+t = threading.Thread(target=send)
+t.start()
+time.sleep(0.1)  # the peek begins with half of it there
+p = a.recv(60000, socket.MSG_PEEK | socket.MSG_WAITALL)
+t.join()
+print("peek", len(p), p == b"a" * 30000 + b"b" * 30000)
+"""
+
+
+def test_a_peek_waiting_for_all_sees_what_comes_after_it_began(fabric, tmp_path):
+    """recv(MSG_PEEK|MSG_WAITALL) of 60 KB begun when 30 KB are there, the rest sent 0.3 s
+    later: it returns all 60 KB, as over kernel TCP.  Before, under memlan, it looked again and
+    again at its cached copy of the head, which it never reloaded while that was not used up,
+    and waited for ever."""
+    script = tmp_path / "peeklate.py"
+    script.write_text(PEEK_LATE)
+    plain = subprocess.run([PY, str(script), str(next_port())], capture_output=True, text=True,
+                           timeout=30)
+    assert plain.stdout == "peek 60000 True\n", plain.stdout + plain.stderr
+    log = tmp_path / "p.log"
+    under = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", PY, str(script),
+                            str(next_port())], capture_output=True, text=True, timeout=30)
+    assert under.stdout == plain.stdout, under.stdout + under.stderr
+    assert "accelerated (client)" in log.read_text()
+    settle(fabric)
+
+
 THREADS = r"""
 import hashlib, socket, struct, sys, threading
 port, n = int(sys.argv[1]), int(sys.argv[2])
