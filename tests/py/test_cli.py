@@ -668,6 +668,46 @@ def test_full_fabric_is_said_once(tmp_path):
     assert q.stdout == "hihihi\n" and "is full" not in q.stderr, q.stderr
 
 
+NO_GROW = ("import socket, sys; l = socket.socket(); l.bind(('127.0.0.1', 0)); l.listen(1); "
+           "c = socket.create_connection(l.getsockname()); a = l.accept()[0]; "
+           "c.sendall(b'h'); a.recv(1); c.setblocking(False); n = 0\n"
+           "while n < 3 << 20:\n"
+           "    try: n += c.send(bytes([n % 251]) * 4096)\n"
+           "    except BlockingIOError: break\n"
+           "import os; v = os.statvfs(os.environ['MEMLAN_FABRIC'])\n"
+           "print((v.f_blocks - v.f_bfree) * v.f_frsize // 1024)\n"
+           "got = bytearray()\n"
+           "while len(got) < n: got += a.recv(1 << 20)\n"
+           "print(n, all(got[i] == (i // 4096 * 4096) % 251 for i in range(0, n, 4096)))")
+
+
+def test_a_ring_that_cannot_grow_on_a_full_fabric_stays_as_it_was(tmp_path):
+    """A 1.5 MiB fabric holds a connection's rings (516 KiB) but not the 4 MiB region a full
+    ring grows into (docs/design.md, "Rings grow"): the region's pages are asked for before the
+    first store and refused, so the sender is told EAGAIN at the ring's 256 KiB, as before
+    growth, and no store meets a page the fabric cannot give (which would be a SIGBUS); every
+    byte arrives; what the refused reservation took is given back at once."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        pytest.skip("needs root to mount a small tmpfs in a private mount namespace")
+    d = tmp_path / "small"
+    d.mkdir()
+    script = (f"mount -t tmpfs -o size=1536k none {d} || exit 77; "
+              f"{MEMLAN} run --fabric {d} --log {tmp_path}/g.log -- {PY} -c \"$0\"; rc=$?; "
+              f"df -k {d} | tail -1; umount {d}; exit $rc")
+    p = subprocess.run(["unshare", "-m", "--propagation", "private", "sh", "-c", script,
+                        NO_GROW], capture_output=True, text=True, timeout=60)
+    if p.returncode == 77:
+        pytest.skip("mount refused: " + p.stderr)
+    assert p.returncode == 0, p.stdout + p.stderr
+    out = p.stdout.splitlines()
+    # KiB used after the refused growth: the rings and the records, not what the refused
+    # reservation had taken before it failed (the fabric stayed full for every other channel)
+    assert int(out[0]) < 1024, out
+    assert out[1] == "262144 True", p.stdout + p.stderr
+    assert int(out[2].split()[2]) < 64, out  # KiB used once the program is gone
+    assert "accelerated (client)" in (tmp_path / "g.log").read_text()
+
+
 def test_default_fabric_of_another_owner_is_said(tmp_path):
     if os.geteuid() != 0 or not shutil.which("setpriv"):
         pytest.skip("needs root to be another user")
