@@ -49,6 +49,26 @@ static uint64_t ml_pow2_up(uint64_t v)
     return p;
 }
 
+/* Our madvise calls (a region's reservation and its give-back) are made only where no seccomp
+ * filter may kill for them: 0 not known yet, 1 none (read once per image, at the first that
+ * needs to know: the filter outlives fork and exec), -1 a filter (then no region is reserved,
+ * and pages already reserved stay until the file goes).  A filter that comes later through a
+ * call the preload sees sets -1 (__ml_madvise_off). */
+static _Atomic int ml_madv;
+
+void __ml_madvise_off(void) { ml_store_relaxed(&ml_madv, -1); }
+
+static bool ml_madv_ok(void)
+{
+    int v = ml_load_relaxed(&ml_madv);
+    if (ml_unlikely(v == 0)) {
+        int want = __ml_sys_seccomp_mode() == 0 ? 1 : -1;
+        (void)ml_cas(&ml_madv, &v, want);
+        v = ml_load_relaxed(&ml_madv);
+    }
+    return v > 0;
+}
+
 /* ---- the asymmetric barrier (design.md, "The asymmetric barrier") ------------------------- */
 
 #ifndef MEMBARRIER_CMD_QUERY
@@ -476,7 +496,7 @@ static void ml_chan_reset(struct memlan_segment *seg)
         memset(ctl[i], 0, sizeof *ctl[i]);
     }
     /* The regions' pages go back to the file system (and their bytes with them). */
-    if (seg->grow)
+    if (seg->grow && ml_madv_ok())
         (void)__ml_sys_madvise(b + ML_PAGE + 4 * seg->mirror, 4 * seg->grow, MADV_REMOVE);
     ml_store_relaxed(&ctl[0]->rx_cpu, peer_rx_cpu);
     ml_store_relaxed(&ctl[1]->tx_cpu, peer_tx_cpu);
@@ -579,7 +599,7 @@ static bool ml_pool_park(struct memlan_channel *ch)
      * it has still to read stay until the reset (a sender that closed with its region unread
      * lost them to a punch here), and so does the region the peer writes (it may be copying
      * into it still: a page it had to take again on a full fabric would be its SIGBUS). */
-    if (ch->tx.gsize &&
+    if (ch->tx.gsize && ml_madv_ok() &&
         ml_load_acquire(&ch->tx.ctl->tail) == ml_load_acquire(&ch->tx.ctl->head))
         (void)__ml_sys_madvise(ch->tx.gdata, ch->tx.gsize, MADV_REMOVE);
     bool ok = false;
@@ -1780,6 +1800,10 @@ static bool ml_grow(struct memlan_channel *ch)
     struct ml_ring *r = &ch->tx;
     if (r->swg || !ml_growable(ch, r->other, r->swp))
         return false;
+    if (!ml_madv_ok()) {
+        ml_store_relaxed(&ch->grow_off, true);
+        return false;
+    }
     if (!r->gsure) {
         if (__ml_sys_madvise(r->gdata, r->gsize, MADV_POPULATE_WRITE) < 0) {
             /* What it did reserve goes back: a full fabric stays as full as it was. */
@@ -1801,7 +1825,8 @@ static bool ml_grow(struct memlan_channel *ch)
 /* The region's pages go back to the file system (its bytes have all been read). */
 static void ml_grow_trim(struct ml_ring *r)
 {
-    (void)__ml_sys_madvise(r->gdata, r->gsize, MADV_REMOVE);
+    if (ml_madv_ok())
+        (void)__ml_sys_madvise(r->gdata, r->gsize, MADV_REMOVE);
     r->gsure = r->gmaybe = false;
 }
 

@@ -124,6 +124,7 @@ static inline void __ml_chan_wake_rmw(struct memlan_channel *ch, _Atomic uint32_
 
 bool __ml_chan_arm_evq(struct memlan_channel *ch, uint32_t events);
 void __ml_mb_off(void);
+void __ml_madvise_off(void); /* a seccomp filter came: no more madvise (a ring's growth) */
 int __ml_mb_wait_barrier(struct memlan_channel *ch, _Atomic uint32_t *decl, _Atomic uint32_t *ack);
 void __ml_chan_post_peer_refs(struct memlan_channel *ch);
 int __ml_chan_check_peer(struct memlan_channel *ch);

@@ -1784,6 +1784,7 @@ static bool mlp_unconfined(void);
 void mlp_note_confined(void)
 {
     atomic_store(&mlp_confinement, 2);
+    __ml_madvise_off(); /* a ring's growth reserves and gives back pages with madvise */
     memlan_fabric_t *f = mlp_fab;
     if (f)
         atomic_store(&f->sweep_asks, false);

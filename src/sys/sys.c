@@ -510,22 +510,39 @@ int __ml_getcpu(void)
 
 int __ml_sys_seccomp_mode(void)
 {
-    char b[8192];
+    /* A small window read a piece at a time (the line is past the first kilobyte): this may
+     * run on a signal handler's stack, which can be a few KiB. */
+    char b[512];
+    static const char key[] = "\nSeccomp:";
+    const size_t keep = sizeof key + 4;
     long fd = __ml_sys_open(AT_FDCWD, "/proc/self/status", O_RDONLY, 0);
     if (fd < 0)
         return (int)fd;
-    ssize_t n = __ml_sys_read((int)fd, b, sizeof b - 1);
+    size_t have = 0;
+    int mode = -ENOENT;
+    for (;;) {
+        ssize_t n = __ml_sys_read((int)fd, b + have, sizeof b - 1 - have);
+        if (n < 0)
+            mode = (int)n;
+        if (n <= 0)
+            break;
+        have += (size_t)n;
+        b[have] = 0;
+        const char *f = strstr(b, key);
+        if (f && (size_t)(f - b) + sizeof key + 2 <= have) {
+            f += sizeof key - 1;
+            while (*f == '\t' || *f == ' ')
+                f++;
+            mode = *f >= '0' && *f <= '9' ? *f - '0' : -EIO;
+            break;
+        }
+        if (have > keep) { /* keep the tail, where the key may have begun */
+            memmove(b, b + have - keep, keep);
+            have = keep;
+        }
+    }
     __ml_sys_close((int)fd);
-    if (n <= 0)
-        return n < 0 ? (int)n : -EIO;
-    b[n] = 0;
-    const char *f = strstr(b, "\nSeccomp:");
-    if (!f)
-        return -ENOENT;
-    f += 9;
-    while (*f == '\t' || *f == ' ')
-        f++;
-    return *f >= '0' && *f <= '9' ? *f - '0' : -EIO;
+    return mode;
 }
 
 /* The listening TCP sockets on port: their inodes into ino[] (the first max), their count, or

@@ -344,6 +344,29 @@ def test_so_buffers_size_the_rings(fabric, tmp_path, cbuf, lbuf):
     settle(fabric)
 
 
+GROWSECCOMP = BUILD / "tests-preload" / "growseccomp"
+
+
+@pytest.mark.parametrize("how", ["prctl", "inherit"])
+def test_a_ring_does_not_grow_where_a_filter_may_kill_for_it(fabric, tmp_path, how):
+    """A sender fills its connection past the ring, its reader away, in a process whose seccomp
+    filter kills madvise(MADV_POPULATE_WRITE) and madvise(MADV_REMOVE), with which a ring grows
+    and gives its pages back (docs/design.md, "Rings grow"): the filter installed after the
+    connection through prctl, or before an exec (as systemd's SystemCallFilter= does).  Over
+    kernel TCP the program runs to its end; under memlan too, the ring's 256 KiB taken and no
+    more, every byte read back.  Before, the growth's madvise was a SIGSYS."""
+    plain = subprocess.run([str(GROWSECCOMP), how, str(next_port())], capture_output=True,
+                           text=True, timeout=60)
+    assert plain.returncode == 0 and plain.stdout.endswith(" intact\n"), plain.stdout + plain.stderr
+    log = tmp_path / "s.log"
+    under = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", str(GROWSECCOMP), how,
+                            str(next_port())], capture_output=True, text=True, timeout=60)
+    assert under.returncode == 0, (under.returncode, under.stdout, under.stderr)
+    assert under.stdout == "filled 262144, read 262144 intact\n", under.stdout + under.stderr
+    assert "accelerated (client)" in log.read_text()
+    settle(fabric)
+
+
 # A connected pair in one process (c the client, a the accepted end), its first byte through.
 PAIR = r"""
 import socket, sys, threading, time
