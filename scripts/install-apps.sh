@@ -117,6 +117,9 @@ for w in "${want[@]}"; do
     else command -v "$cmd" >/dev/null 2>&1 && continue; fi
     missing+=("$pkg")
 done
+# Erlang's crypto application (test_apps_daemons.py's gen_tcp checks the bytes with
+# crypto:hash): a package of its own, which erlang-base does not pull in.
+compgen -G "/usr/lib/erlang/lib/crypto-*/ebin/crypto.beam" >/dev/null || missing+=(erlang-crypto)
 [[ ${#missing[@]} -eq 0 ]] && { echo "install-apps: all present"; exit 0; }
 SUDO=; [[ $(id -u) -ne 0 ]] && SUDO=sudo
 echo "install-apps: installing ${missing[*]}"
