@@ -244,15 +244,20 @@ static void ml_grow_take(struct ml_ring *r, uint64_t w)
     uint64_t behind = ((r->pos << 1) - (w & ~(uint64_t)1)) >> 1;
     r->swp = r->pos - behind;
     r->swg = r->gsize && (w & 1);
-    r->gsure = false;      /* another holder may have let the pages go, */
-    r->gmaybe = w != 0;    /* or kept them (a word never stored: no switch, no pages) */
-    w = ml_grow_word(r->swp, r->swg);
-    /* Both copies say what we go by: a holder that stopped between its two stores (killed,
-     * or left by a jump) may have left them apart. */
-    if (r->gsize)
-        atomic_store_explicit(&r->ctl->grow, w, memory_order_release);
-    atomic_store_explicit(atomic_load_explicit(&r->gpub, memory_order_relaxed), w,
-                          memory_order_release);
+    r->gsure = false; /* another holder may have let the pages go, or kept them: */
+    if (w != 0 && !r->gmaybe) { /* (a word never stored: no switch, no pages) */
+        /* looked at by the trim a second from now, not at once: a sibling may have kept them
+         * for its next growth (set at every resync, a forked socket's trim punched an empty
+         * region every 64th send for ever) */
+        r->gmaybe = true;
+        r->grew_ns = __ml_now_ns();
+    }
+    /* Only our own copy: the channel's is where every holder stores first, so it is never
+     * behind ours, and a store of it here (the value just loaded) would undo a switch that a
+     * holder of another process made in between (one that shares no lock page with us: a
+     * process that took the socket up after exec, or over SCM_RIGHTS, while the first sends). */
+    atomic_store_explicit(atomic_load_explicit(&r->gpub, memory_order_relaxed),
+                          ml_grow_word(r->swp, r->swg), memory_order_release);
 }
 
 /* Whether our direction may switch into its region now: it grows, nothing refused it, the peer
@@ -2601,6 +2606,12 @@ void __ml_chan_resync_tx(struct memlan_channel *ch)
                                ch->tx.cap);
     if (ch->tx.pos - ch->tx.other > ch->tx.cap)
         ch->tx.corrupt = true;
+    /* Published as ours from now on: readiness compares the peer's tail with it, and a holder
+     * that took the channel's head (one that shares no lock page with the last) still had the
+     * head it published when it took the socket up: poll said "writable" and the send EAGAIN,
+     * again and again. */
+    atomic_store_explicit(atomic_load_explicit(&ch->tx.pub, memory_order_relaxed), ch->tx.pos,
+                          memory_order_relaxed);
     /* The switch from the channel, where every holder stores it first: one that does not share
      * our lock page (an exec'd image, a receiver of the socket over SCM_RIGHTS) publishes only
      * there, and a switch moves no head (a sendfile that read nothing after it; our own
@@ -2622,6 +2633,8 @@ void __ml_chan_resync_rx(struct memlan_channel *ch)
     /* within a ring below the peer's head: tail is taken when head - tail <= size */
     ch->rx.pos = ml_chan_newer(pub, tail, head - ch->rx.cap, ch->rx.cap);
     ch->rx.other = ch->rx.pos;
+    atomic_store_explicit(atomic_load_explicit(&ch->rx.pub, memory_order_relaxed), ch->rx.pos,
+                          memory_order_relaxed); /* as for tx */
 }
 
 /* Publish our indices in words of the caller's (tx head and rx tail, in memory the peer cannot

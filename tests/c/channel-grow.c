@@ -303,6 +303,22 @@ int main(void)
         memlan_channel_close(a);
     }
 
+    /* 14. A holder that shares no lock page with the first, in turn after it filled the ring
+     * and the region: once its lock's resync has run, readiness no longer says "writable"
+     * while its send says EAGAIN (it compared the tail with the head it published when it took
+     * the socket up, again and again: a poll loop's spin). */
+    pair(fab, &a, &b);
+    sent = read = 0;
+    e = other_holder(fab, a);
+    ASSERT_EQ(fill(a, &sent), (size_t)(RING + REGION));
+    __ml_chan_resync_tx(e);
+    ASSERT_TRUE(!(memlan_channel_poll(e) & MEMLAN_EV_WRITE));
+    ASSERT_EQ(memlan_send(e, buf, 1, MEMLAN_DONTWAIT), -EAGAIN);
+    ASSERT_EQ(recv_all(b, &read, 65536), (size_t)(RING + REGION));
+    let_go(e);
+    memlan_channel_close(b);
+    memlan_channel_close(a);
+
     memlan_fabric_close(fab);
     printf("channel-grow: ok\n");
     return 0;
