@@ -281,10 +281,10 @@ static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, 
         (struct ml_ring_ctl *)(seg->base + ML_CHAN_CTL1_OFF),
     };
     uint8_t *data[2] = {seg->base + ML_PAGE, seg->base + ML_PAGE + 2 * seg->mirror};
-    /* The regions (segment.c maps them as the rings, each followed by a second view). */
+    /* The regions (segment.c maps them once each, after the rings' second views). */
     uint64_t g = ch->kind == MEMLAN_STREAM ? seg->grow : 0;
     uint8_t *gdata[2] = {seg->base + ML_PAGE + 4 * seg->mirror,
-                         seg->base + ML_PAGE + 4 * seg->mirror + 2 * seg->grow};
+                         seg->base + ML_PAGE + 4 * seg->mirror + seg->grow};
     struct ml_ring *rings[2] = {&ch->tx, &ch->rx};
     struct ml_chan_refs *refs = (struct ml_chan_refs *)(seg->base + ML_CHAN_REFS_OFF);
     ch->tx_refs = &refs[side];
@@ -354,10 +354,10 @@ static void ml_chan_init(struct memlan_channel *ch, struct memlan_segment *seg, 
 }
 
 /* A channel file's body: the first page and two rings, and, where the rings grow (g, 0: not),
- * a hole of two rings and the two regions (segment.c, ml_seg_grow_of). */
+ * the two regions (segment.c, ml_seg_grow_of). */
 static uint64_t ml_chan_body(uint64_t rs, uint64_t g)
 {
-    return ML_PAGE - sizeof(struct ml_seg_hdr) + 2 * rs + (g ? 2 * rs + 2 * g : 0);
+    return ML_PAGE - sizeof(struct ml_seg_hdr) + 2 * rs + 2 * g;
 }
 
 static int ml_chan_new_seg(memlan_fabric_t *fab, uint64_t rs, uint64_t g,
@@ -502,7 +502,7 @@ static void ml_chan_reset(struct memlan_segment *seg)
     }
     /* The regions' pages go back to the file system (and their bytes with them). */
     if (seg->grow && ml_madv_ok())
-        (void)__ml_sys_madvise(b + ML_PAGE + 4 * seg->mirror, 4 * seg->grow, MADV_REMOVE);
+        (void)__ml_sys_madvise(b + ML_PAGE + 4 * seg->mirror, 2 * seg->grow, MADV_REMOVE);
     ml_store_relaxed(&ctl[0]->rx_cpu, peer_rx_cpu);
     ml_store_relaxed(&ctl[1]->tx_cpu, peer_tx_cpu);
     memset(b + ML_CHAN_SOCK_OFF, 0, 2 * sizeof(struct ml_sock_side));
@@ -1951,6 +1951,7 @@ static ssize_t ml_stream_send(memlan_channel_t *ch, const uint8_t *src, struct m
         uint64_t n = len - done < (uint64_t)fr ? len - done : (uint64_t)fr;
         if (n > chunk)
             n = chunk;
+        n = ml_ring_wr_run(&ch->tx, n);
         if (c)
             ml_gather(ml_ring_wr(&ch->tx), c, n);
         else
@@ -2051,7 +2052,9 @@ static ssize_t ml_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flag
         if (min > memlan_channel_max_msg(ch))
             return -EMSGSIZE;
         need = ml_msg_rec(min) + sizeof(struct ml_msg_hdr); /* and the next header slot */
-    } else if (min > ch->size) {
+    } else if (min > ch->size || (ch->tx.gsize && min > 1)) {
+        /* (a growing ring's region has no second view: a reservation there gives the run to
+         * its end, which a larger minimum could wait on for ever; __ml_chan_tx_room instead) */
         return -EMSGSIZE;
     } else if (ml_unlikely(ch->tx.swg || ch->tx.gmaybe)) {
         ml_grow_idle(ch);
@@ -2073,6 +2076,7 @@ static ssize_t ml_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flag
                 *ptr = p + sizeof(struct ml_msg_hdr);
                 return (ssize_t)min;
             }
+            fr = (int64_t)ml_ring_wr_run(&ch->tx, (uint64_t)fr); /* need is 1 when growing */
             ch->reserved = (uint64_t)fr;
             *ptr = p;
             return (ssize_t)fr;
@@ -2387,35 +2391,66 @@ ssize_t memlan_peek(memlan_channel_t *ch, const void **ptr, int flags)
     return (ssize_t)run;
 }
 
-ssize_t __ml_chan_peek2(struct memlan_channel *ch, const void **p, const void **p2, size_t *n2,
-                        int flags)
+ssize_t __ml_chan_peek_runs(struct memlan_channel *ch, struct iovec *run, int max, int *nrun,
+                            int flags)
 {
-    *p2 = NULL;
-    *n2 = 0;
+    *nrun = 0;
     /* The head, not our cached copy: a peek that waits for more (MSG_WAITALL) looks again and
      * again, and the cached copy never grew while it was not used up (the wait for the rest
      * of a 60 KB peek whose first half was there went on for ever). */
     if (ch->kind == MEMLAN_STREAM && !ch->rx.corrupt)
         (void)ml_ring_avail(&ch->rx, ch->rx.cap + 1);
-    ssize_t run = memlan_peek(ch, p, flags);
-    if (run <= 0 || ch->kind != MEMLAN_STREAM || !ch->rx.gsize)
-        return run;
-    /* What follows the run lies in the other area; the producer cannot switch again before we
-     * read past the run's end (one switch outstanding), so one more look sees it all. */
+    const void *p;
+    ssize_t first = memlan_peek(ch, &p, flags);
+    if (first <= 0)
+        return first;
+    run[0] = (struct iovec){(void *)p, (size_t)first};
+    *nrun = 1;
+    if (ch->kind != MEMLAN_STREAM || !ch->rx.gsize)
+        return first;
+    /* What follows lies in the other area, or at the region's start: at most the ring's run
+     * up to a switch and the region's in two (the producer cannot switch again before we read
+     * past the switch: one outstanding). */
     int64_t a = ml_ring_avail(&ch->rx, 1);
-    if (a <= run)
-        return a < 0 ? -EPROTO : run;
-    uint64_t at = ch->rx.pos;
-    ch->rx.pos += (uint64_t)run;
-    const uint8_t *q;
-    int64_t more = ml_ring_rd(&ch->rx, (uint64_t)a - (uint64_t)run, &q);
-    ch->rx.pos = at;
-    if (more < 0)
+    if (a < 0)
         return -EPROTO;
-    *p2 = q;
-    *n2 = (size_t)more;
-    ch->peeked += (uint64_t)more;
-    return run;
+    uint64_t at = ch->rx.pos, got = (uint64_t)first;
+    while (*nrun < max && got < (uint64_t)a) {
+        ch->rx.pos = at + got;
+        const uint8_t *q;
+        int64_t more = ml_ring_rd(&ch->rx, (uint64_t)a - got, &q);
+        if (more <= 0)
+            break;
+        run[(*nrun)++] = (struct iovec){(void *)q, (size_t)more};
+        got += (uint64_t)more;
+    }
+    ch->rx.pos = at;
+    if (ch->rx.corrupt)
+        return -EPROTO;
+    ch->peeked = got;
+    return (ssize_t)got;
+}
+
+/* A blocking send of at most half a stream ring goes in whole or not at all: the room it needs
+ * now (growing the ring into its region when that is what gives it), else -EAGAIN; the caller,
+ * who holds the direction, then sends with __ml_chan_sendv, which cannot find less. */
+ssize_t __ml_chan_tx_room(struct memlan_channel *ch, uint64_t want)
+{
+    int e = ml_tx_error(ch);
+    if (e)
+        return e;
+    if (ml_unlikely(ch->tx.swg || ch->tx.gmaybe))
+        ml_grow_idle(ch);
+    int64_t fr = ml_ring_free(&ch->tx, want);
+    if (fr >= 0 && (uint64_t)fr < want && ch->tx.gsize && ml_grow(ch))
+        fr = ml_ring_free(&ch->tx, want);
+    if (fr < 0)
+        return -EPROTO;
+    if ((uint64_t)fr < want) {
+        ml_eagain(ch, MEMLAN_EV_WRITE);
+        return -EAGAIN;
+    }
+    return (ssize_t)fr;
 }
 
 int memlan_release(memlan_channel_t *ch, size_t len)

@@ -168,11 +168,13 @@ void __ml_chan_resync_tx(struct memlan_channel *ch);
 void __ml_chan_resync_rx(struct memlan_channel *ch);
 void __ml_chan_pub_share(struct memlan_channel *ch, _Atomic uint64_t *tx, _Atomic uint64_t *rx,
                          _Atomic uint64_t *grow);
-/* MSG_PEEK: up to two runs of readable bytes (the ring's up to a switch, then the region's),
- * as far as the head now (not the cached copy): the first at *p (the count returned), the
- * second's n2 bytes at *p2.  As memlan_peek. */
-ssize_t __ml_chan_peek2(struct memlan_channel *ch, const void **p, const void **p2, size_t *n2,
-                        int flags);
+/* MSG_PEEK: the readable bytes as far as the head now (not the cached copy), in up to max runs
+ * (*nrun of them: the ring's up to a switch, then the region's, which its end may cut in two);
+ * their total, or memlan_peek's answer. */
+ssize_t __ml_chan_peek_runs(struct memlan_channel *ch, struct iovec *run, int max, int *nrun,
+                            int flags);
+/* The room for a whole send of want bytes, growing the ring if that gives it; -EAGAIN. */
+ssize_t __ml_chan_tx_room(struct memlan_channel *ch, uint64_t want);
 int64_t __ml_chan_rx_avail_ro(const struct memlan_channel *ch); /* -1: cannot tell, go and look */
 int64_t __ml_chan_tx_free_ro(const struct memlan_channel *ch);
 uint64_t __ml_chan_tx_queued(struct memlan_channel *ch);

@@ -47,8 +47,7 @@ struct ml_ring {
      * last armed a tripwire of this ring (the declaration policy). */
     uint32_t mb_seen, mb_low;
     uint64_t ops, ops_at_arm;
-    /* Growth (below): the region, gsize bytes mirrored as data is (gsize 0: the ring does not
-     * grow); cap, the most bytes between tail and head (size + gsize).  The producer's last
+    /* Growth (below): the region, gsize bytes mapped once (gsize 0: the ring does not grow); cap, the most bytes between tail and head (size + gsize).  The producer's last
      * switch: position swp, from which on its bytes go to the region (swg) or the ring, as it
      * last published it (gpub: own_gpub, or the lock page's word as pub); when it last went
      * into the region. */
@@ -73,7 +72,8 @@ struct ml_ring {
  * to the ring at its head the same way ((P << 1) | 0).  Only one switch is outstanding: the next
  * waits until the tail has passed P, so where a position lies follows from the tail, P and the
  * area named, with no other state.  A position x lies at x & mask in the ring, at x & gmask in
- * the region.  Positions are compared with P modulo 2^63.
+ * the region, which is mapped once (a run that passes its end goes on at its start).  Positions
+ * are compared with P modulo 2^63.
  */
 static inline uint64_t ml_grow_word(uint64_t p, bool region) { return (p << 1) | (region ? 1u : 0u); }
 
@@ -263,9 +263,19 @@ static inline uint8_t *ml_ring_wr(const struct ml_ring *r)
     return ml_unlikely(r->swg) ? r->gdata + (r->pos & r->gmask) : r->data + (r->pos & r->mask);
 }
 
+/* Producer: how many of n bytes go there in a row (a region has no second view: its end cuts
+ * a copy in two). */
+static inline uint64_t ml_ring_wr_run(const struct ml_ring *r, uint64_t n)
+{
+    if (ml_likely(!r->swg))
+        return n;
+    uint64_t end = r->gsize - (r->pos & r->gmask);
+    return n < end ? n : end;
+}
+
 /* Consumer of a stream ring with avail bytes readable: where the first lies (*p), and how many of
- * them lie there in a row (the rest are in the other area); -1, the ring corrupt, when more than
- * the area holds would.  The switch is loaded after the head that made avail readable (an honest
+ * them lie there in a row (the rest are in the other area, or, past the region's end, at its
+ * start); -1, the ring corrupt, when more than the area holds would.  The switch is loaded after the head that made avail readable (an honest
  * producer stores it before the head that passes its P). */
 static inline int64_t ml_ring_rd(struct ml_ring *r, uint64_t avail, const uint8_t **p)
 {
@@ -286,8 +296,13 @@ static inline int64_t ml_ring_rd(struct ml_ring *r, uint64_t avail, const uint8_
         r->corrupt = true;
         return -1;
     }
-    *p = region ? r->gdata + (r->pos & r->gmask) : r->data + (r->pos & r->mask);
-    return (int64_t)n;
+    if (!region) {
+        *p = r->data + (r->pos & r->mask);
+        return (int64_t)n;
+    }
+    uint64_t end = r->gsize - (r->pos & r->gmask); /* no second view: a run ends there */
+    *p = r->gdata + (r->pos & r->gmask);
+    return (int64_t)(n < end ? n : end);
 }
 
 /*

@@ -26,16 +26,16 @@
 static uint64_t ml_round_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
 /* A channel's region size from its file's size and ring size (docs/design.md, "Rings grow"):
- * 0 for a file of [page][ring 0][ring 1]; for [page][ring 0][ring 1][hole of two rings][region
- * 0][region 1], the region's size, a power of two above the ring's and at most ML_MAX_GROW;
- * UINT64_MAX for any other size. */
+ * 0 for a file of [page][ring 0][ring 1]; for [page][ring 0][ring 1][region 0][region 1], the
+ * region's size, a power of two above the ring's and at most ML_MAX_GROW; UINT64_MAX for any
+ * other size. */
 static uint64_t ml_seg_grow_of(uint64_t total, uint64_t mirror)
 {
     if (total == ML_PAGE + 2 * mirror)
         return 0;
-    if (total <= ML_PAGE + 4 * mirror || ((total - ML_PAGE - 4 * mirror) & 1))
+    if (total <= ML_PAGE + 2 * mirror || ((total - ML_PAGE - 2 * mirror) & 1))
         return UINT64_MAX;
-    uint64_t g = (total - ML_PAGE - 4 * mirror) / 2;
+    uint64_t g = (total - ML_PAGE - 2 * mirror) / 2;
     if (g <= mirror || (g & (g - 1)) || g > ML_MAX_GROW)
         return UINT64_MAX;
     return g;
@@ -48,10 +48,11 @@ static uint64_t ml_seg_grow_of(uint64_t total, uint64_t mirror)
  * by a second view of itself: see ring.h.  Three mmap calls do it (connection set-up pays for each
  * one): the whole file, with the rest of the span mapped past its end so that the span is ours;
  * then file [ring 0][ring 1] over the span from the first ring's end, and file [ring 1] over its
- * last quarter.  Nothing past the end of the file stays mapped.  A channel whose rings grow
- * (regions of G bytes after a hole of two rings in the file) is mapped the same way twice over:
- * the first call already maps region 0 where it belongs, and two more map [region 0][region 1]
- * from region 0's end and [region 1] over the last quarter.
+ * last quarter.  Nothing past the end of the file stays mapped.  A channel whose rings grow has
+ * its two regions after the rings in the file, mapped once each (not mirrored: a copy that wraps
+ * is two) by the third call, which maps [ring 1][region 0][region 1] from the span's last
+ * ring on: still three mappings a channel (a process's mapping count is bounded, 65530 by
+ * default: a second view of each region made six, and 10,000 connections could not map).
  */
 static int ml_seg_map(int fd, uint64_t total, int prot, uint64_t mirror, uint8_t **base,
                       size_t *vsize)
@@ -68,18 +69,15 @@ static int ml_seg_map(int fd, uint64_t total, int prot, uint64_t mirror, uint8_t
     uint64_t grow = ml_seg_grow_of(total, mirror);
     if (grow == UINT64_MAX)
         return -EPROTO;
-    size_t vs = ML_PAGE + 4 * mirror + 4 * grow;
+    size_t vs = ML_PAGE + 4 * mirror + 2 * grow;
     if ((r = __ml_sys_mmap(&p, NULL, vs, prot, MAP_SHARED, fd, 0)) < 0)
         return r;
     uint8_t *b = p;
-    uint64_t g0 = ML_PAGE + 4 * mirror; /* region 0, in the file and in the span */
-    struct { uint64_t va, off, len; } part[4] = {
+    struct { uint64_t va, off, len; } part[2] = {
         {ML_PAGE + mirror, ML_PAGE, 2 * mirror},
-        {ML_PAGE + 3 * mirror, ML_PAGE + mirror, mirror},
-        {g0 + grow, g0, 2 * grow},
-        {g0 + 3 * grow, g0 + grow, grow},
+        {ML_PAGE + 3 * mirror, ML_PAGE + mirror, mirror + 2 * grow},
     };
-    for (int i = 0; i < (grow ? 4 : 2); i++) {
+    for (int i = 0; i < 2; i++) {
         void *q;
         r = __ml_sys_mmap(&q, b + part[i].va, part[i].len, prot, MAP_SHARED | MAP_FIXED, fd,
                           (off_t)part[i].off);
@@ -447,7 +445,7 @@ static void ml_mapc_park(struct memlan_segment *seg)
         ml_mapc[old] = ml_mapc[--ml_nmapc];
     }
     /* total: the file's size, which a channel's geometry fixes */
-    uint64_t total = ML_PAGE + 2 * seg->mirror + (seg->grow ? 2 * seg->mirror + 2 * seg->grow : 0);
+    uint64_t total = ML_PAGE + 2 * seg->mirror + 2 * seg->grow;
     struct ml_mapc e = {.dev = seg->dev, .ino = seg->ino, .total = total,
                         .mirror = seg->mirror, .grow = seg->grow, .body_off = seg->body_off,
                         .body_size = seg->body_size, .base = seg->base, .vsize = seg->map_size,

@@ -153,9 +153,9 @@ struct ml_chan_hdr {
     _Atomic uint32_t generation; /* bumped each time the creator reuses the file for a new
                                   * connection (src/channel.c, the pool); an offer names it */
     uint32_t grow_size;        /* 0, or each direction's region (a power of two above
-                                * ring_size): the file is [page][ring 0][ring 1][hole of two
-                                * rings][region 0][region 1], and a stream ring may go on in its
-                                * region once full (docs/design.md, "Rings grow") */
+                                * ring_size): the file is [page][ring 0][ring 1][region 0]
+                                * [region 1], and a stream ring may go on in its region once
+                                * full (docs/design.md, "Rings grow") */
     uint32_t unused[15];
 };
 

@@ -1464,17 +1464,12 @@ static ssize_t mlp_tx_pass(struct mlp_sock *s, const struct iovec *iov, int n, i
  * else the channel's answer (-EAGAIN: not enough room yet). */
 static ssize_t mlp_tx_whole(struct mlp_sock *s, const struct iovec *iov, int n, size_t total)
 {
-    void *p;
-    ssize_t room = memlan_reserve(s->ch, &p, total, MEMLAN_DONTWAIT);
+    ssize_t room = __ml_chan_tx_room(s->ch, total);
     if (room < 0)
         return room;
-    size_t off = 0;
-    for (int i = 0; i < n; i++) {
-        memcpy((char *)p + off, iov[i].iov_base, iov[i].iov_len);
-        off += iov[i].iov_len;
-    }
-    int r = memlan_commit(s->ch, total);
-    return r < 0 ? r : (ssize_t)total;
+    /* The room is there, and only our peer's reads change it (more room): all of it goes. */
+    struct ml_iov_cur c = {.iov = iov, .n = n};
+    return total ? __ml_chan_sendv(s->ch, &c, MEMLAN_DONTWAIT) : 0;
 }
 
 /* A send of more than ML_INT_MAX_IO bytes: of the first ML_INT_MAX_IO (off the common path, for
@@ -1910,12 +1905,12 @@ static ssize_t mlp_peek_once(struct mlp_sock *s, const struct iovec *iov, int n,
         int e = mlp_lock_rx(s, nb);
         if (e < 0)
             return e;
-        const void *p, *p2;
-        size_t a2;
-        /* Two runs where the ring grew (the ring's, then the region's): a peek sees them all. */
-        ssize_t a = __ml_chan_peek2(s->ch, &p, &p2, &a2, MEMLAN_DONTWAIT);
-        size_t both = a > 0 ? (size_t)a + a2 : 0;
-        if (a > 0 && (flags & MSG_WAITALL) && both < total && !nb &&
+        /* Up to three runs where the ring grew (the ring's, then the region's, which its end
+         * may cut): a peek sees them all. */
+        struct iovec run[3];
+        int nrun;
+        ssize_t a = __ml_chan_peek_runs(s->ch, run, 3, &nrun, MEMLAN_DONTWAIT);
+        if (a > 0 && (flags & MSG_WAITALL) && (size_t)a < total && !nb &&
             __ml_chan_peer_state(s->ch) == ML_SIDE_OPEN && !s->ch->peer_dead) {
             /* MSG_PEEK|MSG_WAITALL (rare): the tripwire wakes a waiter for any byte, not for
              * len of them, so look again every 50 us (without the lock) until len are there
@@ -1953,25 +1948,29 @@ static ssize_t mlp_peek_once(struct mlp_sock *s, const struct iovec *iov, int n,
                 continue;
             return a;
         }
-        size_t left = both < total ? both : total, off = 0;
-        for (int i = 0; i < n && left; i++) {
-            size_t c = iov[i].iov_len < left ? iov[i].iov_len : left;
-            if (!(flags & MSG_TRUNC)) { /* TCP's MSG_TRUNC copies nothing, peeking or not */
-                /* bytes off..off+c of the two runs */
-                size_t k = 0;
-                while (k < c) {
-                    size_t at = off + k;
-                    const char *src = at < (size_t)a ? (const char *)p + at
-                                                     : (const char *)p2 + (at - (size_t)a);
-                    size_t m = at < (size_t)a ? (size_t)a - at : a2 - (at - (size_t)a);
-                    if (m > c - k)
-                        m = c - k;
-                    memcpy((char *)iov[i].iov_base + k, src, m);
-                    k += m;
+        size_t left = (size_t)a < total ? (size_t)a : total, off = 0;
+        if (!(flags & MSG_TRUNC)) { /* TCP's MSG_TRUNC copies nothing, peeking or not */
+            struct ml_iov_cur from = {.iov = run, .n = nrun}, to = {.iov = iov, .n = n};
+            while (left && from.i < from.n && to.i < to.n) {
+                const struct iovec *f = &run[from.i], *t = &iov[to.i];
+                size_t m = f->iov_len - from.off < t->iov_len - to.off ? f->iov_len - from.off
+                                                                       : t->iov_len - to.off;
+                if (m > left)
+                    m = left;
+                memcpy((char *)t->iov_base + to.off, (const char *)f->iov_base + from.off, m);
+                off += m;
+                left -= m;
+                if ((from.off += m) == f->iov_len) {
+                    from.i++;
+                    from.off = 0;
+                }
+                if ((to.off += m) == t->iov_len) {
+                    to.i++;
+                    to.off = 0;
                 }
             }
-            off += c;
-            left -= c;
+        } else {
+            off = left;
         }
         (void)memlan_release(s->ch, 0);
         mlp_unlock_rx(s);
