@@ -1455,7 +1455,8 @@ int64_t __ml_chan_tx_free_ro(const struct memlan_channel *ch)
          * buffer's maximum). */
         uint64_t w = ml_ring_gpub(&ch->tx);
         uint64_t p = h - (((h << 1) - (w & ~(uint64_t)1)) >> 1);
-        uint64_t used = h - ((int64_t)(t - p) < 0 ? p : t), sz = (w & 1) ? ch->tx.gsize : ch->tx.size;
+        uint64_t used = h - ((int64_t)(t - p) < 0 ? p : t);
+        uint64_t sz = (w & 1) ? ch->tx.gsize : ch->tx.size;
         if (h - t > ch->tx.cap || used > sz)
             continue;
         if (!(w & 1) && ml_growable(ch, t, p))
@@ -1912,7 +1913,9 @@ static ssize_t ml_stream_send(memlan_channel_t *ch, const uint8_t *src, struct m
 {
     int e;
     size_t done = 0;
-    const uint64_t chunk = ml_stream_chunk(ch);
+    /* A whole send (the socket layer's blocking send of up to half a ring) is one publication,
+     * as its one reserve and commit were: a reader never sees part of it. */
+    const uint64_t chunk = (flags & ML_SEND_WHOLE) ? UINT64_MAX : ml_stream_chunk(ch);
     uint64_t unwoken = 0; /* published since our last look at the consumer's tripwire */
     bool first = true;
     int mid = -1; /* checks in mid-copy: not yet asked */
@@ -1951,11 +1954,17 @@ static ssize_t ml_stream_send(memlan_channel_t *ch, const uint8_t *src, struct m
         uint64_t n = len - done < (uint64_t)fr ? len - done : (uint64_t)fr;
         if (n > chunk)
             n = chunk;
-        n = ml_ring_wr_run(&ch->tx, n);
-        if (c)
-            ml_gather(ml_ring_wr(&ch->tx), c, n);
-        else
-            memcpy(ml_ring_wr(&ch->tx), src + done, n);
+        /* A region's end cuts the copy in two (no second view), not the publication. */
+        uint64_t run = ml_ring_wr_run(&ch->tx, n);
+        if (c) {
+            ml_gather(ml_ring_wr(&ch->tx), c, run);
+            if (run < n)
+                ml_gather(ch->tx.gdata, c, n - run);
+        } else {
+            memcpy(ml_ring_wr(&ch->tx), src + done, run);
+            if (run < n)
+                memcpy(ch->tx.gdata, src + done + run, n - run);
+        }
         ml_ring_produce(&ch->tx, n, ml_ring_nofence(&ch->tx, &ch->tx.ctl->rx_mb, &ch->tx.ctl->rx_mb_ack));
         ml_mb_busy(ch, &ch->tx, &ch->tx.ctl->tx_mb, &ch->tx.ctl->tx_mb_ack);
         ch->bytes_tx += n;
@@ -2433,7 +2442,8 @@ ssize_t __ml_chan_peek_runs(struct memlan_channel *ch, struct iovec *run, int ma
 
 /* A blocking send of at most half a stream ring goes in whole or not at all: the room it needs
  * now (growing the ring into its region when that is what gives it), else -EAGAIN; the caller,
- * who holds the direction, then sends with __ml_chan_sendv, which cannot find less. */
+ * who holds the direction, then sends with __ml_chan_sendv(ML_SEND_WHOLE), which finds no
+ * less (the peer's reads only add room) unless the ring turns out corrupt. */
 ssize_t __ml_chan_tx_room(struct memlan_channel *ch, uint64_t want)
 {
     int e = ml_tx_error(ch);

@@ -211,5 +211,7 @@ struct ml_iov_cur {
     size_t off;
 };
 ssize_t __ml_chan_sendv(struct memlan_channel *ch, struct ml_iov_cur *c, int flags);
+/* __ml_chan_sendv's flag for a send that __ml_chan_tx_room found room for: one publication. */
+#define ML_SEND_WHOLE 0x40000000
 
 #endif

@@ -47,7 +47,8 @@ struct ml_ring {
      * last armed a tripwire of this ring (the declaration policy). */
     uint32_t mb_seen, mb_low;
     uint64_t ops, ops_at_arm;
-    /* Growth (below): the region, gsize bytes mapped once (gsize 0: the ring does not grow); cap, the most bytes between tail and head (size + gsize).  The producer's last
+    /* Growth (below): the region, gsize bytes mapped once (gsize 0: the ring does not
+     * grow); cap, the most bytes between tail and head (size + gsize).  The producer's last
      * switch: position swp, from which on its bytes go to the region (swg) or the ring, as it
      * last published it (gpub: own_gpub, or the lock page's word as pub); when it last went
      * into the region. */
@@ -75,7 +76,10 @@ struct ml_ring {
  * the region, which is mapped once (a run that passes its end goes on at its start).  Positions
  * are compared with P modulo 2^63.
  */
-static inline uint64_t ml_grow_word(uint64_t p, bool region) { return (p << 1) | (region ? 1u : 0u); }
+static inline uint64_t ml_grow_word(uint64_t p, bool region)
+{
+    return (p << 1) | (region ? 1u : 0u);
+}
 
 /* x lies before the switch w: P - x in (0, 2^62) modulo 2^63. */
 static inline bool ml_grow_before(uint64_t x, uint64_t w)

@@ -1469,7 +1469,7 @@ static ssize_t mlp_tx_whole(struct mlp_sock *s, const struct iovec *iov, int n, 
         return room;
     /* The room is there, and only our peer's reads change it (more room): all of it goes. */
     struct ml_iov_cur c = {.iov = iov, .n = n};
-    return total ? __ml_chan_sendv(s->ch, &c, MEMLAN_DONTWAIT) : 0;
+    return total ? __ml_chan_sendv(s->ch, &c, MEMLAN_DONTWAIT | ML_SEND_WHOLE) : 0;
 }
 
 /* A send of more than ML_INT_MAX_IO bytes: of the first ML_INT_MAX_IO (off the common path, for

@@ -3,8 +3,9 @@
  * "Growth"; design.md, "Rings grow").  A sender whose reader does not read gets the ring's and
  * the region's bytes accepted, no more; the reader gets every byte in order across each switch
  * (into the region and back to the ring once everything was read), through recv, peek and the
- * runs' peek (the region, mapped once, cut at its end); readiness says "writable" at a full ring that may still grow and not at a full
- * region; a channel made without a region, or whose peer has not attached, never grows; and a
+ * runs' peek (the region, mapped once, cut at its end); readiness says "writable" at a full
+ * ring that may still grow and not at a full region; a channel made without a region, or whose
+ * peer has not attached, never grows; a send across a region's end is one publication; and a
  * peer that writes garbage into the switch word gets a corrupt ring (EPROTO) or bytes, never a
  * crash or a read outside the rings; a sender's close leaves its unread region to its reader,
  * and a pooled file's reuse starts with empty regions. */
@@ -329,6 +330,21 @@ int main(void)
     ASSERT_EQ(memlan_send(e, buf, 1, MEMLAN_DONTWAIT), -EAGAIN);
     ASSERT_EQ(recv_all(b, &read, 65536), (size_t)(RING + REGION));
     let_go(e);
+    memlan_channel_close(b);
+    memlan_channel_close(a);
+
+    /* 15. A send that crosses the region's end is one publication (its copy is cut there, the
+     * head moves once): the reader never sees its first part alone, as over kernel TCP a
+     * small write is never seen in two. */
+    pair(fab, &a, &b);
+    sent = read = 0;
+    ASSERT_EQ(send_some(a, &sent, RING), (size_t)RING);
+    ASSERT_EQ(send_some(a, &sent, REGION - RING - 10), (size_t)(REGION - RING - 10));
+    ASSERT_TRUE(a->tx.swg);
+    uint64_t ops = a->tx.ops;
+    ASSERT_EQ(send_some(a, &sent, 32), 32u); /* 10 bytes to the region's end, 22 after */
+    ASSERT_EQ(a->tx.ops, ops + 1);
+    ASSERT_EQ(recv_all(b, &read, 65536), (size_t)(REGION + 22));
     memlan_channel_close(b);
     memlan_channel_close(a);
 
