@@ -62,7 +62,7 @@ struct memlan_segment {
     uint32_t kind;
     uint64_t body_off, body_size;
     uint64_t mirror;          /* a channel's ring size: each ring's data is mapped twice */
-    uint64_t grow;            /* a channel's region size (0: none), mapped twice too */
+    uint64_t grow;            /* a channel's region size (0: none), mapped once each */
     bool owner;               /* we created it */
     int32_t pid;              /* the process that made this handle: a fork child's close of its
                                * inherited copy lets go of its copies only (memlan_segment_close,

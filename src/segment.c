@@ -348,8 +348,9 @@ fail:
  * (the pool reuses a file once the old peer's lock is gone), so it is made from an open of its
  * own, and each connection's attacher lock lives on the offer's open, kept after its fd is closed
  * by a one-page mapping (seg->hold) that goes at close.  Bounded: 8 mappings of files up to
- * 12 MiB + a page (the socket layer's 256 KiB rings with their 4 MiB regions, whose pages exist
- * only where a ring grew), none idle for more than 5 s once the process accepts or closes again.
+ * 12 MiB + a page (the socket layer's 256 KiB rings with their 4 MiB regions make 8.5 MiB, whose
+ * region pages exist only where a ring grew), none idle for more than 5 s once the process
+ * accepts or closes again.
  */
 #define ML_MAPC_N 8
 #define ML_MAPC_MAX_FILE ((12u << 20) + ML_PAGE)
