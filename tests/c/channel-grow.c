@@ -257,9 +257,10 @@ int main(void)
     memlan_channel_close(b);
     memlan_channel_close(a);
 
-    /* 11. A holder stopped between the switch's two stores (killed, or left by a jump): its
-     * own copy says "region", the channel's still "ring"; the next holder goes by the
-     * channel's, as the reader does. */
+    /* 11. The two copies of the switch apart, our own saying "region" and the channel's still
+     * "ring" (what a holder stopped between the two stores left when it stored its own first;
+     * it now stores the channel's first): the next holder goes by the channel's, as the reader
+     * does. */
     pair(fab, &a, &b);
     sent = read = 0;
     ASSERT_EQ(send_some(a, &sent, RING), (size_t)RING);
