@@ -814,9 +814,12 @@ static void run_usage(FILE *f)
             "  --log stderr|FILE   log each decision (MEMLAN_LOG); a FILE is opened for append\n"
             "                      now, and a relative one made absolute\n"
             "  --log-level N       0 errors, 1 decisions, 2 debug (MEMLAN_LOG_LEVEL, default 1)\n"
-            "  --accept-wait-ms N  how long a client's offer waits for a memlan accept before the\n"
-            "                      connection stays on TCP, 1 to 600000 (MEMLAN_ACCEPT_WAIT_MS,\n"
-            "                      default 2000)\n"
+            "  --accept-wait-ms N  how long a client's offer waits for a memlan accept, from the\n"
+            "                      server's accept, before the connection stays on TCP, 1 to\n"
+            "                      600000 (MEMLAN_ACCEPT_WAIT_MS, default 2000)\n"
+            "  --accept-queue-ms N how long it waits in all, from the connect, for a server that\n"
+            "                      has not accepted the connection yet, 1 to 600000\n"
+            "                      (MEMLAN_ACCEPT_QUEUE_MS, default 60000)\n"
             "  --ring-kb N         ring size per direction, KiB, 4 to 1048576, unless\n"
             "                      SO_SNDBUF/SO_RCVBUF set before connect say otherwise\n"
             "                      (MEMLAN_RING_KB, default 256)\n"
@@ -940,12 +943,13 @@ static bool which(const char *name, char *out, size_t len)
 static int cmd_run(int argc, char **argv)
 {
     enum { O_SPIN = 256, O_FABRIC, O_PORTS, O_NOPORTS, O_LOG, O_LOGLEVEL, O_ACCEPT, O_RING, O_OFF,
-           O_GROW };
+           O_GROW, O_QUEUE };
     static const struct option opts[] = {
         {"spin-us", required_argument, 0, O_SPIN},   {"fabric", required_argument, 0, O_FABRIC},
         {"ports", required_argument, 0, O_PORTS},    {"no-ports", required_argument, 0, O_NOPORTS},
         {"log", required_argument, 0, O_LOG},        {"log-level", required_argument, 0, O_LOGLEVEL},
         {"accept-wait-ms", required_argument, 0, O_ACCEPT},
+        {"accept-queue-ms", required_argument, 0, O_QUEUE},
         {"ring-kb", required_argument, 0, O_RING},   {"off", no_argument, 0, O_OFF},
         {"ring-grow-kb", required_argument, 0, O_GROW},
         {"quiet", no_argument, 0, 'q'},              {"help", no_argument, 0, 'h'},
@@ -988,6 +992,11 @@ static int cmd_run(int argc, char **argv)
             if (!parse_long(optarg, 1, 600000, &v))
                 return bad_value("run", "--accept-wait-ms", optarg, "milliseconds, 1 to 600000");
             setenv("MEMLAN_ACCEPT_WAIT_MS", optarg, 1);
+            break;
+        case O_QUEUE:
+            if (!parse_long(optarg, 1, 600000, &v))
+                return bad_value("run", "--accept-queue-ms", optarg, "milliseconds, 1 to 600000");
+            setenv("MEMLAN_ACCEPT_QUEUE_MS", optarg, 1);
             break;
         case O_RING:
             if (!parse_long(optarg, 4, 1 << 20, &v))

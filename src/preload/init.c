@@ -355,6 +355,8 @@ static void mlp_read_config(void)
         snprintf(mlp_cfg.fabric, sizeof mlp_cfg.fabric, "%s", fab);
     mlp_cfg.log_level = mlp_env_int("MEMLAN_LOG_LEVEL", 1, 0, 2, "1 (decisions)");
     mlp_cfg.accept_wait_ms = mlp_env_int("MEMLAN_ACCEPT_WAIT_MS", 2000, 1, 600000, "2000 ms");
+    mlp_cfg.accept_queue_ms =
+        mlp_env_int("MEMLAN_ACCEPT_QUEUE_MS", 60000, 1, 600000, "60000 ms");
     mlp_cfg.server_wait_ms = mlp_env_int("MEMLAN_SERVER_WAIT_MS", 50, 1, 60000, "50 ms");
     int kb = mlp_env_int("MEMLAN_RING_KB", 256, 4, 1 << 20, "256 KiB");
     mlp_cfg.ring_size = (size_t)kb * 1024;

@@ -55,6 +55,9 @@ static pthread_mutex_t mlp_neg_mu = PTHREAD_MUTEX_INITIALIZER;
 #define MLP_WHY_NO_OFFER_FIN                                                                    \
     "the client shut down its sending before accept, with no offer (a memlan client that "      \
     "closed, or one without memlan)"
+/* The acceptor's reason when the client marked its offer withdrawn (mlp_withdrawal_key). */
+#define MLP_WHY_WITHDRAWN                                                                       \
+    "the client withdrew its offer before this accept (the client's own log says why)"
 static bool mlp_fab_tried;
 char mlp_carry_fabric[4096];
 bool mlp_carry_explicit;  /* the carried fabric was named (MEMLAN_FABRIC), not a default */
@@ -2434,22 +2437,43 @@ static uint64_t mlp_refusal_key(const char *name)
  * exchange is a full barrier before the acceptor's last look for the offer, paired with the
  * client's fence between posting its offer and looking here (mlp_refused_in): either the
  * acceptor's look finds the offer, or the client finds the refusal. */
-static void mlp_refuse_mark(struct ml_listen_rec *m, const char *name)
+static void mlp_lrec_mark(struct ml_listen_rec *m, uint64_t key)
 {
     uint32_t i = ml_fetch_add(&m->refused_next, 1u) % ML_LREC_REFUSED;
-    (void)ml_xchg(&m->refused[i], mlp_refusal_key(name));
+    (void)ml_xchg(&m->refused[i], key);
+}
+
+static bool mlp_lrec_marked(const struct ml_listen_rec *m, uint64_t key)
+{
+    ml_fence(); /* SYNC: pairs with the exchange in mlp_lrec_mark() */
+    for (unsigned i = 0; i < ML_LREC_REFUSED; i++)
+        if (ml_load_relaxed((_Atomic uint64_t *)&m->refused[i]) == key)
+            return true;
+    return false;
+}
+
+static void mlp_refuse_mark(struct ml_listen_rec *m, const char *name)
+{
+    mlp_lrec_mark(m, mlp_refusal_key(name));
 }
 
 /* Has an acceptor refused the offer under name?  The words are any member's to write: a false
  * yes sends us to TCP, a false no leaves us to the accept wait. */
 static bool mlp_refused_in(const struct ml_listen_rec *m, const char *name)
 {
-    uint64_t k = mlp_refusal_key(name);
-    ml_fence(); /* SYNC: pairs with the exchange in mlp_refuse_mark() */
-    for (unsigned i = 0; i < ML_LREC_REFUSED; i++)
-        if (ml_load_relaxed((_Atomic uint64_t *)&m->refused[i]) == k)
-            return true;
-    return false;
+    return mlp_lrec_marked(m, mlp_refusal_key(name));
+}
+
+/* A client that gave up its offer says so in the same words, under the complement of the
+ * refusal's key, before it removes the offer's name (the exchange orders them): an acceptor
+ * that then finds no offer says that the client withdrew, not that it is not memlan.  Peer input
+ * too: a wrong word changes only what the acceptor says (a connection of the same four
+ * addresses that comes later may find the mark of one that withdrew: it is looked at only where
+ * no offer is coming, pending 0 or the server's wait over). */
+static uint64_t mlp_withdrawal_key(const char *name)
+{
+    uint64_t k = ~mlp_refusal_key(name);
+    return k ? k : 2;
 }
 
 /*
@@ -2708,7 +2732,8 @@ static void mlp_hs_prepare(void)
     ml_store_release(&mlp_hs_fd, fd >= 0 ? fd : -2);
 }
 
-static int mlp_hs_ask(const struct mlp_addr *l, const struct mlp_addr *r, uint8_t *state)
+static int mlp_hs_ask(const struct mlp_addr *l, const struct mlp_addr *r, uint8_t *state,
+                      uint32_t *inode)
 {
     int fd = ml_load_acquire(&mlp_hs_fd);
     if (fd < 0 || pthread_mutex_trylock(&mlp_hs_mu) != 0)
@@ -2725,8 +2750,7 @@ static int mlp_hs_ask(const struct mlp_addr *l, const struct mlp_addr *r, uint8_
     uint32_t uid;
     if (__ml_sys_write(fd, &req, sizeof req) == (ssize_t)sizeof req) {
         ssize_t n = __ml_sys_read(fd, u.b, sizeof u.b);
-        uint32_t inode;
-        e = n > 0 ? mlp_diag_answer(&u.h, n, &req, true, &uid, state, &inode)
+        e = n > 0 ? mlp_diag_answer(&u.h, n, &req, true, &uid, state, inode)
                   : n < 0 ? (int)n : -EIO;
     }
     pthread_mutex_unlock(&mlp_hs_mu);
@@ -3354,6 +3378,8 @@ static void mlp_withdraw(struct mlp_sock *s, int fd, const char *why)
             atomic_fetch_or(&s->me->flags, ML_SOCK_RESET);
             __ml_chan_abandon(s->ch);
             s->state = MLP_TCP;
+            if (s->lmap && s->offer[0])
+                mlp_lrec_mark(s->lmap, mlp_withdrawal_key(s->offer)); /* before the name goes */
             mlp_offer_gone(s);
             mlp_stat_conn(s, fd, why);
             mlp_log(1, "fd %d: TCP (%s)", fd, why);
@@ -3417,11 +3443,68 @@ static bool mlp_handshake_open(struct mlp_sock *s, int fd)
     s->hs_ns = now;
     struct mlp_addr l, r;
     uint8_t state = 0;
+    uint32_t inode;
     int saved = errno;
-    bool open = mlp_sock_addrs(fd, &l, &r, NULL, 0) == 0 && mlp_hs_ask(&l, &r, &state) == 0 &&
+    bool open = mlp_sock_addrs(fd, &l, &r, NULL, 0) == 0 &&
+                mlp_hs_ask(&l, &r, &state, &inode) == 0 &&
                 (state == TCP_SYN_RECV || state == TCP_LISTEN);
     errno = saved;
     return open;
+}
+
+/*
+ * Has our offer waited MEMLAN_ACCEPT_WAIT_MS for a server that accepted?  The wait counts from
+ * the server's accept, not from our offer: no acceptor can take an offer before its accept, and a
+ * server may accept late for reasons of its own.  Apache's graceful restart (SIGUSR1, ServerLimit
+ * equal to StartServers) accepts nothing for about 2 s, until its next maintenance tick forks the
+ * new children: clients that connected meanwhile gave up at 2 s from their offer, and 0 to 4 of
+ * them went over TCP, depending on how they fell against the tick (test_apache2_mod_http2;
+ * test_a_server_that_accepts_late_takes_the_offer).  Over TCP they would have waited as long,
+ * as a client of a server that has not accepted yet waits for its answer: waiting costs nothing
+ * it would not.
+ *
+ * So, once the wait from the offer is over, we ask the kernel (sock_diag, the same look-up as
+ * mlp_handshake_open's, by the connection's four addresses) whether the server's side of our
+ * connection is still in its accept queue: established, with no file yet (an accepted socket
+ * has its file's inode).  While it is, we wait on, and look again every MLP_QUEUE_LOOK_NS, so
+ * that the wait ends MEMLAN_ACCEPT_WAIT_MS after the accept, less that much.  Where we cannot
+ * look (a sandbox, a server in another namespace; another thread asking now, for a second at
+ * the most), the wait counts from the offer, as before.  MEMLAN_ACCEPT_QUEUE_MS (60 s) from the
+ * offer bounds it all: past it we withdraw to TCP whatever the kernel says (set to
+ * MEMLAN_ACCEPT_WAIT_MS or less, the wait counts from the offer alone, as before).  Nothing
+ * here is a peer's to write.
+ */
+#define MLP_QUEUE_LOOK_NS 100000000ull
+static bool mlp_accept_wait_over(struct mlp_sock *s, int fd)
+{
+    uint64_t now = mlp_now_ns(), wait = (uint64_t)mlp_cfg.accept_wait_ms * 1000000u;
+    uint64_t from = s->queued_ns > s->offer_ns ? s->queued_ns : s->offer_ns;
+    bool over = now - from > wait;
+    if (!over && !(s->queued_ns && now - s->qlook_ns >= MLP_QUEUE_LOOK_NS))
+        return false;
+    if (now - s->offer_ns > (uint64_t)mlp_cfg.accept_queue_ms * 1000000u ||
+        strstr(s->offer, "-m") /* across namespaces (mlp_offer_name): not ours to look up */ ||
+        ml_load_acquire(&mlp_hs_fd) < 0)
+        return over;
+    s->qlook_ns = now;
+    struct mlp_addr l, r;
+    uint8_t state = 0;
+    uint32_t inode = 1;
+    int saved = errno, e = mlp_sock_addrs(fd, &l, &r, NULL, 0);
+    if (e == 0)
+        e = mlp_hs_ask(&l, &r, &state, &inode);
+    errno = saved;
+    if (e == -EAGAIN && now - from <= wait + MLP_QUEUE_LOOK_NS * 10)
+        return false; /* another thread asks now, or a fork sibling took our answer: again */
+    bool queued = e == 0 && inode == 0 && (state == TCP_ESTABLISHED || state == TCP_CLOSE_WAIT);
+    if (queued) {
+        if (!s->queued_ns)
+            mlp_log(1, "fd %d: the server has not accepted the connection yet: its offer waits "
+                       "on (MEMLAN_ACCEPT_WAIT_MS counts from the accept)", fd);
+        s->queued_ns = now;
+        return false;
+    }
+    return over;
 }
 
 /*
@@ -3467,11 +3550,14 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
                             : "the connection ended or failed before the server took the offer";
             else if (mlp_handshake_open(s, fd))
                 why = "the server's kernel held the handshake open: only TCP data completes it";
-            else if (mlp_now_ns() - s->offer_ns > (uint64_t)mlp_cfg.accept_wait_ms * 1000000u)
+            else if (mlp_accept_wait_over(s, fd))
                 why = strstr(s->offer, "-m") /* across namespaces (mlp_offer_name) */
                           ? "no memlan acceptor took the offer within MEMLAN_ACCEPT_WAIT_MS (a "
                             "NAT between the namespaces changes the addresses it looks for)"
-                          : "no memlan acceptor took the offer within MEMLAN_ACCEPT_WAIT_MS";
+                      : s->queued_ns ? "no memlan acceptor took the offer within "
+                                       "MEMLAN_ACCEPT_WAIT_MS of the server's accept"
+                                     : "no memlan acceptor took the offer within "
+                                       "MEMLAN_ACCEPT_WAIT_MS";
         }
         if (why) {
             mlp_withdraw(s, fd, why);
@@ -3479,7 +3565,9 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
         }
         if (!wait)
             return MLP_UNDECIDED;
-        uint64_t left = (uint64_t)mlp_cfg.accept_wait_ms * 1000000u - (mlp_now_ns() - s->offer_ns);
+        uint64_t aw = (uint64_t)mlp_cfg.accept_wait_ms * 1000000u, now = mlp_now_ns();
+        uint64_t from = s->queued_ns > s->offer_ns ? s->queued_ns : s->offer_ns;
+        uint64_t left = now - from < aw ? aw - (now - from) : 0;
         int ms = left / 1000000u > 10 ? 10 : (int)(left / 1000000u) + 1;
         (void)memlan_channel_wait_peer(s->ch, ms);
     }
@@ -3667,8 +3755,10 @@ void mlp_on_accept(int lfd, int fd, int flags)
         }
         if (k == -ENOENT && pend == 0) {
             const char *no = mlp_no_offer_why(m);
-            why = mlp_peer_closed(fd) ? MLP_WHY_NO_OFFER_FIN
-                  : no                ? no
+            bool gone = mlp_lrec_marked(m, mlp_withdrawal_key(name));
+            why = gone                  ? MLP_WHY_WITHDRAWN
+                  : mlp_peer_closed(fd) ? MLP_WHY_NO_OFFER_FIN
+                  : no                  ? no
                   : other_ns ? "no offer under this connection's addresses: the client is not "
                                "memlan, or a NAT between the namespaces changed them"
                              : "the client is not memlan (no offer)";
@@ -3711,6 +3801,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
             if (pend > 0 && wait_ok)
                 __atomic_add_fetch(&ls->rec->misses, 1, __ATOMIC_RELAXED);
             why = k == 0 ? "a file that is not an offer has this connection's offer name"
+                  : mlp_lrec_marked(m, mlp_withdrawal_key(name)) ? MLP_WHY_WITHDRAWN
                   : other_ns ? "no offer under this connection's addresses within the "
                                "server's wait (a NAT between the namespaces changes them)"
                              : "no offer from the client within the server's wait";

@@ -48,7 +48,10 @@ struct mlp_config {
     bool off;                 /* MEMLAN_OFF=1 or MEMLAN=off: pass everything through */
     int log_level;            /* MEMLAN_LOG_LEVEL: 0 errors, 1 decisions (default when logging), 2 debug */
     int log_fd;               /* MEMLAN_LOG=stderr|PATH; -1 = no log */
-    int accept_wait_ms;       /* MEMLAN_ACCEPT_WAIT_MS: how long a client offer waits for accept */
+    int accept_wait_ms;       /* MEMLAN_ACCEPT_WAIT_MS: how long a client offer waits for a
+                               * memlan acceptor, from the server's accept */
+    int accept_queue_ms;      /* MEMLAN_ACCEPT_QUEUE_MS: how long, from the offer, it waits in
+                               * all (mlp_accept_wait_over) */
     int server_wait_ms;       /* how long accept waits for a client still posting its offer */
     size_t ring_size;         /* MEMLAN_RING_KB: ring per direction unless SO_*BUF says more */
     size_t ring_grow;         /* MEMLAN_RING_GROW_KB: the region a full ring grows into (0: none) */
@@ -145,6 +148,9 @@ struct mlp_sock {
     uint64_t peek_ns;             /* client: when we last peeked the kernel socket, undecided */
     uint64_t hs_ns;               /* client: when we last asked whether the server's kernel
                                    * completed our handshake (mlp_handshake_open) */
+    uint64_t queued_ns;           /* client: when we last saw our connection in the server's
+                                   * accept queue, its accept wait over (mlp_accept_wait_over) */
+    uint64_t qlook_ns;            /* client: when we last looked for that */
     char offer[160];              /* client: the offer's name in the fabric, "" once gone */
     struct ml_listen_rec *lmap;   /* client, undecided: the listener's record (held: see
                                    * mlp_lmap_hold), whose no_offer tells us to withdraw at once */

@@ -57,7 +57,8 @@ static void round_(const char *what, int l, struct sockaddr_in *a, int op, uint3
     again_(what, l, a, c, s, op, events, true);
 }
 
-/* A client whose offer no acceptor took within MEMLAN_ACCEPT_WAIT_MS (2 s): on TCP, its member
+/* A client whose offer no acceptor took within MEMLAN_ACCEPT_QUEUE_MS (the test's 2 s; the wait
+ * counts from the connect while the server has not accepted): on TCP, its member
  * handed to the kernel.  The program changes the entry's data (9), disconnects it and connects it
  * again: the set reports the new connection's bytes with data 9. */
 static void fell_(int l, struct sockaddr_in *a)

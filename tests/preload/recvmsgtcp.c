@@ -2,7 +2,8 @@
 /*
  * recvmsgtcp: recvmsg and recvmmsg with a name, a control buffer and msg_flags preset, on both
  * ends of a connection; prints what the calls returned in the header.  Run under memlan with
- * MEMLAN_ACCEPT_WAIT_MS=1 and a server that accepts 300 ms late, the connection settles on TCP
+ * MEMLAN_ACCEPT_WAIT_MS=1, MEMLAN_ACCEPT_QUEUE_MS=1 (from the connect, the server not having
+ * accepted yet) and a server that accepts 300 ms late, the connection settles on TCP
  * with both ends memlan sockets: the kernel's answers must come back all the same (0, 0, 0 and
  * no control message), not the values the caller preset.
  *

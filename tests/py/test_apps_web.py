@@ -158,11 +158,13 @@ public class Srv {
 # has passed a third (two thirds) of its rounds, the file mark1 (mark2) appears in marks, for the
 # test to reload the server in the middle of the load.  Prints the connections that finished,
 # the responses, a hash of (kind, status, length, body hash) in order, and the failures; on
-# stderr the worker PIDs seen and the retries.
+# stderr the worker PIDs seen and the retries.  The lines hashed go to the file lines, for a
+# mismatch to say which responses differ.
 CLIENT = r"""
 import hashlib, http.client, os, sys, threading, time
 port, conns, rounds, flags = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-chunked, stream, marks = "c" in flags, "s" in flags, sys.argv[5] if len(sys.argv) > 5 else ""
+chunked, stream, lines = "c" in flags, "s" in flags, sys.argv[5]
+marks = sys.argv[6] if len(sys.argv) > 6 else ""
 res, bad, pids, retried, lock, passed = {}, [], set(), [0], threading.Lock(), {}
 def gen(n, seed):
     for i in range(0, n, 50000):
@@ -213,6 +215,8 @@ def one(t):
 th = [threading.Thread(target=one, args=(t,)) for t in range(conns)]
 [x.start() for x in th]; [x.join(90) for x in th]
 allout = [l for t in sorted(res) for l in res[t]]
+with open(lines, "w") as f:
+    f.write("".join("%d %s\n" % (t, l) for t in sorted(res) for l in res[t]))
 print(len(res), len(allout), hashlib.sha256("\n".join(allout).encode()).hexdigest(), sorted(bad))
 print("pids", len(pids), "retried", retried[0], file=sys.stderr)
 """
@@ -263,7 +267,7 @@ def client(d, port, conns, rounds, log, on, chunked=True, stream=True, marks=Non
     """Starts CLIENT (under memlan when on): chunked uploads, responses of no length; returns
     the Popen."""
     cmd = [PY, str(d / "client.py"), str(port), str(conns), str(rounds),
-           "-" + "c" * chunked + "s" * stream]
+           "-" + "c" * chunked + "s" * stream, str(d / f"lines-{'on' if on else 'off'}-{port}")]
     if marks is not None:
         marks.mkdir(exist_ok=True)
         cmd.append(str(marks))
@@ -292,6 +296,20 @@ def reload_at_marks(marks, proc, action, timeout=60):
             time.sleep(0.01)
         if (marks / m).exists():
             action()
+
+
+def lines_differ(d):
+    """The response lines (thread, kind, status, length, body hash) that CLIENT's runs under
+    d got differently with memlan off and on, run by run in order."""
+    runs = {on: sorted(d.glob(f"lines-{on}-*"), key=lambda f: f.stat().st_mtime)
+            for on in ("off", "on")}
+    out = []
+    for off, on in zip(runs["off"], runs["on"]):
+        a, b = off.read_text().splitlines(), on.read_text().splitlines()
+        out += [f"{off.name} {x!r} / {on.name} {y!r}" for x, y in zip(a, b) if x != y][:20]
+        if len(a) != len(b):
+            out.append(f"{off.name} {len(a)} lines / {on.name} {len(b)} lines")
+    return out
 
 
 def slow(d, port, path, log, on, conns=4):
@@ -416,7 +434,7 @@ def test_gunicorn_workers_recycled_and_reloaded(fabric, tmp_path, worker):
         err = (base / "gunicorn.err").read_text()
         assert "Traceback" not in err and "[ERROR]" not in err and "Exception" not in err, err[-3000:]
         assert err.count("Handling signal: hup") == 2, err[-3000:]
-    assert res[True] == res[False], res
+    assert res[True] == res[False], (res, lines_differ(tmp_path))
     assert res[False][0].startswith("8 720 ") and res[False][0].endswith("[]"), res
     settle()
 
@@ -478,7 +496,7 @@ def test_uwsgi_master_processes_threads(fabric, tmp_path):
         err = pathlib.Path(str(slog) + ".err").read_text()
         assert err.count("has been touched... grace them all") == 2, err[-3000:]
         assert "Traceback" not in err and "OSError" not in err, err[-3000:]
-    assert res[True] == res[False], res
+    assert res[True] == res[False], (res, lines_differ(tmp_path))
     assert res[False][0].startswith("8 720 ") and res[False][3].startswith("6 360 "), res
     # As uWSGI starts by default: TCP_DEFER_ACCEPT on its socket, and the reason in the log.
     slog, clog, port = tmp_path / "defer.log", tmp_path / "defer-client.log", next_port()
@@ -573,7 +591,7 @@ def test_nginx_in_front_of_gunicorn_and_uwsgi(fabric, tmp_path):
             stop(g)
         err = (base / "error.log").read_text()
         assert "[alert]" not in err and "[error]" not in err and "exited on signal" not in err, err[-2000:]
-    assert res[True] == res[False], res
+    assert res[True] == res[False], (res, lines_differ(tmp_path))
     want = "5000000 " + hashlib.sha256(up.read_bytes()).hexdigest()
     assert res[False][1][1] == hashlib.sha256(want.encode()).hexdigest(), res[False]
     assert res[False][0].startswith("8 480 ") and res[False][0].endswith("[]"), res
@@ -680,7 +698,7 @@ def test_tomcat10_as_debian_ships_it(fabric, tmp_path):
             stop(srv, 30)
         log = (base / "catalina.out").read_text()
         assert "SEVERE" not in log and "Exception" not in log, log[-3000:]
-    assert res[True] == res[False], res
+    assert res[True] == res[False], (res, lines_differ(tmp_path))
     assert res[False][0][:3] == (0, hashlib.sha256(static * 2).hexdigest(), 2 * len(static)), res
     assert res[False][4][2] > 0 and res[False][6].endswith("4 []"), res
     settle()
@@ -719,7 +737,7 @@ def test_java_httpserver_thread_pool(fabric, tmp_path):
             stop(srv)
         err = (base / "java.err").read_text()
         assert "handler:" not in err.replace("handler: java.io.IOException: Broken pipe", ""), err[-2000:]
-    assert res[True] == res[False], res
+    assert res[True] == res[False], (res, lines_differ(tmp_path))
     assert res[False][0].startswith("12 720 ") and res[False][0].endswith("[]"), res
     settle()
 
@@ -768,7 +786,7 @@ def test_puma_cluster_phased_and_hot_restart(fabric, tmp_path):
         assert "Starting phased worker restart" in log and "* Restarting..." in log, log[-3000:]
         assert "* Inherited tcp://127.0.0.1:" in log, log[-3000:]
         assert "Error" not in log and "error" not in log.replace("Errors", ""), log[-3000:]
-    assert res[True] == res[False], res
+    assert res[True] == res[False], (res, lines_differ(tmp_path))
     assert res[False][0].startswith("8 720 ") and res[False][0].endswith("[]"), res
     settle()
 
@@ -972,6 +990,6 @@ def test_http_edges(fabric, tmp_path, name):
         if on:
             assert accelerated(clog) == (6 if idle else 5) and tcp_reasons(clog) == [], \
                 clog.read_text()[-2000:]
-    assert res[True] == res[False], res
+    assert res[True] == res[False], (res, lines_differ(tmp_path))
     assert res[False][0] == 0 and "'after a reset', 300" in res[False][1], res
     settle()

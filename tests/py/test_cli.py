@@ -225,6 +225,7 @@ def test_clean_help_cleans_nothing(fabric, holder):
     (["run", "--no-ports", "80-", "--"], "--no-ports"),
     (["run", "--log-level", "9", "--"], "--log-level"),
     (["run", "--accept-wait-ms", "0", "--"], "--accept-wait-ms"),
+    (["run", "--accept-queue-ms", "600001", "--"], "--accept-queue-ms"),
     (["run", "--log", "/nonexistent-dir/x.log", "--"], "/nonexistent-dir/x.log"),
 ])
 def test_bad_options_are_refused_before_anything_runs(fabric, tmp_path, args, named):

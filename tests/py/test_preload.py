@@ -151,6 +151,19 @@ sys.exit(p.wait())
 """
 
 
+def echo_client(port, log, *opts):
+    """Under memlan run with opts: sends 70,000 x and a newline to port, reads to the end, and
+    checks that the answer is "echo " and the line."""
+    client = subprocess.run([str(MEMLAN), "run", "--log", str(log), *opts, "--", PY, "-c",
+                             "import socket; c=socket.create_connection(('127.0.0.1',%d));"
+                             "c.sendall(b'x'*70000+b'\\n'); d=b''\n"
+                             "while True:\n  b=c.recv(65536)\n  if not b: break\n  d+=b\n"
+                             "print(len(d), d[:5].decode(), d.endswith(b'x\\n'))" % port],
+                            capture_output=True, text=True, timeout=30)
+    assert client.returncode == 0, client.stderr
+    assert client.stdout.split() == ["70006", "echo", "True"], client.stdout
+
+
 def test_listener_inherited_by_plain_process(fabric, tmp_path):
     """A memlan listener handed to a program without memlan still serves memlan clients."""
     port = next_port()
@@ -159,17 +172,62 @@ def test_listener_inherited_by_plain_process(fabric, tmp_path):
     parent = subprocess.Popen([str(MEMLAN), "run", "--log", str(log), "--", py, "-c", PARENT,
                                str(port), ECHO_SERVER], stdout=subprocess.PIPE, text=True)
     assert parent.stdout.readline().strip() == "ready"
-    client = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--accept-wait-ms", "300",
-                             "--", py, "-c",
-                             "import socket,sys; c=socket.create_connection(('127.0.0.1',%d));"
-                             "c.sendall(b'x'*70000+b'\\n'); d=b''\n"
-                             "while True:\n  b=c.recv(65536)\n  if not b: break\n  d+=b\n"
-                             "print(len(d), d[:5].decode(), d.endswith(b'x\\n'))" % port],
-                            capture_output=True, text=True, timeout=30)
-    assert client.returncode == 0, client.stderr
-    assert client.stdout.split() == ["70006", "echo", "True"], client.stdout
+    echo_client(port, log, "--accept-wait-ms", "300")
     assert parent.wait(timeout=10) == 0
     assert "no memlan acceptor took the offer" in log.read_text(), log.read_text()
+    settle(fabric)
+
+
+# Listens, prints "ready", sleeps argv[2] seconds with the client's connection in its accept
+# queue, then accepts and answers the client's line.
+LATE_ACCEPT = r"""
+import socket, sys, time
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", int(sys.argv[1])))
+l.listen(8)
+print("ready", flush=True)
+time.sleep(float(sys.argv[2]))
+s, _ = l.accept()
+d = b""
+while not d.endswith(b"\n"):
+    d += s.recv(65536)
+s.sendall(b"echo " + d)
+s.close()
+"""
+
+
+@pytest.mark.parametrize("queue_ms", [None, "300"])
+def test_a_server_that_accepts_late_takes_the_offer(fabric, tmp_path, queue_ms):
+    """A memlan server that accepts 1.5 s after the client connected (apache2 after a graceful
+    restart accepts nothing for about 2 s), the client's MEMLAN_ACCEPT_WAIT_MS 300 ms: the wait
+    counts from the server's accept, and the connection is accelerated.  With
+    MEMLAN_ACCEPT_QUEUE_MS 300 the client gives up at 300 ms from its offer, goes over TCP, and
+    the acceptor says that the client withdrew (not "the client is not memlan").  Before: TCP
+    in both, and the acceptor blamed the client."""
+    port = next_port()
+    slog, clog = tmp_path / "s.log", tmp_path / "c.log"
+    srv = subprocess.Popen([str(MEMLAN), "run", "--log", str(slog), "--accept-wait-ms", "300",
+                            "--", PY, "-c", LATE_ACCEPT, str(port), "1.5"],
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        assert srv.stdout.readline().strip() == "ready"
+        extra = ["--accept-queue-ms", queue_ms] if queue_ms else []
+        echo_client(port, clog, "--accept-wait-ms", "300", *extra)
+        assert srv.wait(timeout=10) == 0
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    c, s = clog.read_text(), slog.read_text()
+    if queue_ms is None:
+        assert "the server has not accepted the connection yet" in c, c
+        assert "accelerated (client)" in c and "TCP (" not in c, c
+        assert "accelerated (accepted" in s and "TCP (" not in s, s
+    else:
+        assert "TCP (no memlan acceptor took the offer within MEMLAN_ACCEPT_WAIT_MS)" in c, c
+        assert "TCP (the client withdrew its offer before this accept" in s, s
+        assert "accelerated" not in c + s, c + s
     settle(fabric)
 
 
@@ -628,15 +686,16 @@ def test_stat_shows_connections_and_reasons(fabric, tmp_path):
     settle(fabric)
 
 
-def scripted(prog, tmp_path, *args):
+def scripted(prog, tmp_path, *args, env=None):
     """Run a scripted test program over kernel TCP, then under memlan: (plain, under, log).
-    args: more arguments after the port."""
+    args: more arguments after the port; env: more settings for the run under memlan."""
     plain = subprocess.run([str(prog), str(next_port()), *args], capture_output=True, text=True,
                            timeout=60)
     assert plain.returncode == 0, plain.stdout + plain.stderr
     log = tmp_path / "memlan.log"
     under = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", str(prog),
-                            str(next_port()), *args], capture_output=True, text=True, timeout=60)
+                            str(next_port()), *args], capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, **(env or {})))
     assert under.returncode == 0, under.stdout + under.stderr
     return plain, under, log.read_text()
 
@@ -2883,7 +2942,8 @@ def test_recvmsg_on_a_connection_settled_on_tcp_matches_kernel(fabric, tmp_path)
                            timeout=60)
     assert plain.returncode == 0 and plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
     log = tmp_path / "memlan.log"
-    env = dict(os.environ, MEMLAN_ACCEPT_WAIT_MS="1")
+    # (the wait from the connect, not from the accept: MEMLAN_ACCEPT_QUEUE_MS)
+    env = dict(os.environ, MEMLAN_ACCEPT_WAIT_MS="1", MEMLAN_ACCEPT_QUEUE_MS="1")
     under = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", str(RECVMSGTCP),
                             str(next_port())], capture_output=True, text=True, timeout=60,
                            env=env)
@@ -3454,10 +3514,13 @@ def test_epoll_member_disconnected_and_connected_again(fabric, tmp_path):
     and connected again on the same fd, its entry kept, changed or deleted in between, and a
     client that fell to TCP (no accept within 2 s) whose entry the program changed before: the
     set reports the new connection's bytes with the entry's data (or nothing, deleted) as over
-    kernel TCP, the new connections accelerated.  Before, the new connection was never taken
+    kernel TCP, the new connections accelerated (MEMLAN_ACCEPT_QUEUE_MS 2 s: the client that
+    falls to TCP waits no longer).  Before, the new connection was never taken
     back into the set, whose kernel entry watched the kernel socket: "kept: after the server's
     byte: 0" (and "fell to TCP: ... 0")."""
-    plain, under, text = scripted(BUILD / "tests-preload" / "epollreconnect", tmp_path)
+    # The client that falls to TCP is accepted 2.5 s after its connect, past its wait in all.
+    plain, under, text = scripted(BUILD / "tests-preload" / "epollreconnect", tmp_path,
+                                  env={"MEMLAN_ACCEPT_QUEUE_MS": "2000"})
     assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
     assert "kept: after the server's byte: 1 [7 0x1]" in plain.stdout, plain.stdout
     assert "fell to TCP: after the server's byte: 1 [9 0x1]" in plain.stdout, plain.stdout
