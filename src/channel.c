@@ -1810,6 +1810,12 @@ static bool ml_grow(struct memlan_channel *ch)
         ml_store_relaxed(&ch->grow_off, true);
         return false;
     }
+    /* A peer that died does not read: without this look its ring filled and then its region,
+     * 4 MiB more accepted and lost before the blocking wait's look found it dead (kernel TCP
+     * fails the second send after the peer's end).  A full ring is a slow path, and a switch is
+     * made once per region's worth at the most: one look (a lock query) each. */
+    if (ml_peer_dead(ch))
+        return false;
     if (!r->gsure) {
         if (__ml_sys_madvise(r->gdata, r->gsize, MADV_POPULATE_WRITE) < 0) {
             /* What it did reserve goes back: a full fabric stays as full as it was. */

@@ -263,6 +263,64 @@ def test_peer_sigkill_gives_eof_not_hang(fabric, tmp_path):
     settle(fabric)
 
 
+# A server child that reads the client's "hi" and is killed; the client, its SIGPIPE ignored,
+# then sends 64 KiB at a time (blocking, then nonblocking) and says how many sends went through
+# before the first error.
+SEND_TO_KILLED = r"""
+import os, signal, socket, sys, time
+port, nb = int(sys.argv[1]), sys.argv[2] == "nonblocking"
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", port))
+l.listen(4)
+pid = os.fork()
+if pid == 0:
+    s, _ = l.accept()
+    s.recv(2)
+    time.sleep(60)
+    os._exit(0)
+l.close()
+c = socket.create_connection(("127.0.0.1", port))
+c.sendall(b"hi")
+time.sleep(0.3)
+os.kill(pid, signal.SIGKILL)
+os.waitpid(pid, 0)
+time.sleep(0.3)
+signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+c.setblocking(not nb)
+buf = b"x" * 65536
+for i in range(200):
+    try:
+        c.send(buf)
+    except BlockingIOError:
+        print("EAGAIN after", i)
+        break
+    except OSError as e:
+        print("error after", i)
+        break
+else:
+    print("200 sends went through")
+"""
+
+
+@pytest.mark.parametrize("mode", ["blocking", "nonblocking"])
+def test_sends_to_a_killed_peer_fail_within_the_ring(fabric, tmp_path, mode):
+    """A peer killed (SIGKILL) after it read everything: kernel TCP fails the client's second
+    send.  Under memlan the sends fail once the ring (256 KiB) is full, its region never taken
+    up: before, the ring grew into its 4 MiB region first, and 68 sends of 64 KiB (4.25 MiB)
+    went through to a dead peer, lost."""
+    plain = subprocess.run([PY, "-c", SEND_TO_KILLED, str(next_port()), mode],
+                           capture_output=True, text=True, timeout=60)
+    assert plain.stdout.strip() == "error after 1", plain.stdout + plain.stderr
+    log = tmp_path / "m.log"
+    under = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", PY, "-c", SEND_TO_KILLED,
+                            str(next_port()), mode], capture_output=True, text=True, timeout=60)
+    what, _, n = under.stdout.strip().rpartition(" ")
+    assert what == "error after" and int(n) <= 4, under.stdout + under.stderr
+    assert "accelerated (client)" in log.read_text(), log.read_text()
+    settle(fabric)
+
+
 CLOSED_BEFORE_ACCEPT = r"""
 import socket, sys
 l = socket.socket()
