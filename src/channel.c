@@ -1831,6 +1831,8 @@ static bool ml_grow(struct memlan_channel *ch)
     r->grew_ns = __ml_now_ns();
     ch->grows++;
     ml_grow_publish(r);
+    if (__ml_grow_note)
+        __ml_grow_note(ch);
     return true;
 }
 
@@ -1847,6 +1849,22 @@ static void ml_grow_trim(struct ml_ring *r)
  * the ring at our head, giving the region's pages back if we grew into it long enough ago.  Back
  * in the ring with pages that may be kept: every 64th call looks whether they are old enough to
  * go (out of the region, it holds no byte to read: the switch back came when all was read). */
+/* In the region with everything read: back to the ring at our head.  true: out of the region. */
+static bool ml_grow_back(struct ml_ring *r)
+{
+    if (r->pos == r->swp)
+        return false;
+    /* SYNC: as in ml_ring_free(): the consumer has finished reading every byte below tail. */
+    uint64_t t = ml_load_acquire(&r->ctl->tail);
+    if (t != r->pos)
+        return false;
+    r->other = t;
+    r->swp = r->pos;
+    r->swg = false;
+    ml_grow_publish(r);
+    return true;
+}
+
 static void ml_grow_idle(struct memlan_channel *ch)
 {
     struct ml_ring *r = &ch->tx;
@@ -1856,19 +1874,34 @@ static void ml_grow_idle(struct memlan_channel *ch)
             ml_grow_trim(r);
         return;
     }
-    if (r->pos == r->swp)
-        return;
-    /* SYNC: as in ml_ring_free(): the consumer has finished reading every byte below tail. */
-    uint64_t t = ml_load_acquire(&r->ctl->tail);
-    if (t != r->pos)
-        return;
-    r->other = t;
-    r->swp = r->pos;
-    r->swg = false;
-    ml_grow_publish(r);
-    if (__ml_now_ns() - r->grew_ns >= ML_GROW_KEEP_NS)
+    if (ml_grow_back(r) && __ml_now_ns() - r->grew_ns >= ML_GROW_KEEP_NS)
         ml_grow_trim(r);
 }
+
+void (*__ml_grow_note)(struct memlan_channel *ch);
+
+/*
+ * The producer's look while it sends nothing (the socket layer's, under its send lock, at the
+ * wake-ups of its sleeps): back to the ring once everything was read, and the region's pages
+ * given back once a second has passed since the growth.  Without it a sender that stopped
+ * right after a burst kept the region's pages (4 MiB) until its next send or its close: twenty
+ * idle keep-alive connections after a 1 MB response each held 92 MB of the fabric.  1: pages
+ * may still be kept (look again later); 0: none.
+ */
+int __ml_chan_grow_settle(struct memlan_channel *ch)
+{
+    struct ml_ring *r = &ch->tx;
+    if (!r->swg && !r->gmaybe)
+        return 0;
+    if (r->swg && !ml_grow_back(r))
+        return 1;
+    if (__ml_now_ns() - r->grew_ns < ML_GROW_KEEP_NS)
+        return 1;
+    ml_grow_trim(r);
+    return 0;
+}
+
+uint64_t __ml_chan_grow_keep_ns(void) { return ML_GROW_KEEP_NS; }
 
 /* Copy n bytes from the cursor's place in its vector to dst, and move the cursor past them (the
  * caller counted that many there; the bound on the pieces keeps a vector that another thread of

@@ -98,6 +98,7 @@ struct memlan_channel {
      * kernel without MADV_POPULATE_WRITE, a sandbox); read by readiness, so atomic. */
     _Atomic bool grow_off;
     uint64_t grows;           /* times our direction went into its region (memlan stat) */
+    uint32_t grow_slot;       /* the socket layer's: its slot in the list of idle regions + 1 */
 };
 
 void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
@@ -128,6 +129,12 @@ void __ml_madvise_off(void); /* a seccomp filter came: no more madvise (a ring's
 int __ml_mb_wait_barrier(struct memlan_channel *ch, _Atomic uint32_t *decl, _Atomic uint32_t *ack);
 void __ml_chan_post_peer_refs(struct memlan_channel *ch);
 int __ml_chan_check_peer(struct memlan_channel *ch);
+/* Growth, for the socket layer: called after each switch into a region (NULL: none); the
+ * producer's look while idle, under its send lock (1: pages may still be kept); the time the
+ * pages are kept after a growth. */
+extern void (*__ml_grow_note)(struct memlan_channel *ch);
+int __ml_chan_grow_settle(struct memlan_channel *ch);
+uint64_t __ml_chan_grow_keep_ns(void);
 void __ml_evq_post_local(struct memlan_evq *q, uint32_t index);
 
 /* For the socket layer (src/preload): see channel.c. */

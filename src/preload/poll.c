@@ -588,6 +588,8 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             r = mlp_real_ppoll(k, nk, left < 0 ? NULL : &ts, mask);
         else
             pthread_testcancel();
+        if (r == 0 && !ready && !zero)
+            mlp_kept_tick(); /* a sleep's wake-up: regions kept while their senders rest */
         if (r < 0 && errno == EINVAL && nk > n) {
             /* More fds than RLIMIT_NOFILE allows (sshd's sandboxed child sets it to 1, for its
              * own poll of one fd): ours go, and without them we nap and look again. */
@@ -784,6 +786,7 @@ int mlp_sock_sleep(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline
             ret = errno == EINTR ? -EINTR : -ENOSYS;
         } else if (r == 0) {
             (void)__ml_chan_check_peer(ch); /* the liveness look, as the futex's timeout */
+            mlp_kept_tick();
         } else {
             /* Awake: a drain (ours or another thread's) need not write our eventfd. */
             atomic_store(&pw->rung, 1);

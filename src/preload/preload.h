@@ -312,6 +312,7 @@ void mlp_fork_gate_open(bool child);
 bool mlp_fd_is_ours(int fd);                   /* quick test without a reference */
 bool mlp_fd_is_ours_call(int fd);              /* the same for a data call (waits out a close) */
 uint32_t mlp_thread_id(void);                  /* sock.c: this thread's id of ours, never 0 */
+void mlp_kept_tick(void);                     /* sock.c: at a sleep's wake-up: idle regions */
 bool mlp_holds_lock(void);                     /* sock.c: this thread holds a lock of ours */
 int mlp_fd_max(void);
 void mlp_fdtable_init(void);

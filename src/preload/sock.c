@@ -853,8 +853,120 @@ void mlp_call_end(struct mlp_call *c)
 /* ml_wait() calls this before each sleep and after an interrupted one (channel.c): a blocking
  * call on an accelerated socket is a cancellation point, as the kernel's is, and the count of
  * handlers without SA_RESTART that ran here decides whether an interrupted call restarts. */
+/*
+ * Regions kept while their sender sends nothing (design.md, "Rings grow").  A sender's region
+ * pages go back when it next finds everything read a second after its growth, at its next send;
+ * one that stopped sending after a burst (a keep-alive server after a large response) kept them
+ * until its close.  So each growth lists the socket here (its fd; a free slot taken by CAS,
+ * nothing that a handler cannot do; a full list leaves the socket out, as before), and the
+ * wake-ups that every sleep of ours makes anyway (the liveness interval's, at most a second
+ * apart: blocking calls, poll, select, epoll) walk the list once it is due: each socket's send
+ * lock tried (never waited for: a send in progress does the same itself), its producer's idle
+ * look made (__ml_chan_grow_settle), signals blocked meanwhile (a handler's send on the socket
+ * would find the lock held by its own thread; a jump out of the handler would leave it held).
+ * Sockets shared after fork (a robust lock) are left to their sends and their close.
+ */
+#define MLP_KEPT_MAX 1024u
+static _Atomic int mlp_kept[MLP_KEPT_MAX]; /* fd + 1; 0: free */
+static _Atomic uint32_t mlp_kept_next;
+static _Atomic uint64_t mlp_kept_due;      /* CLOCK_MONOTONIC ns of the next walk; 0: none */
+
+static void mlp_kept_due_at(uint64_t t)
+{
+    uint64_t cur = atomic_load_explicit(&mlp_kept_due, memory_order_relaxed);
+    while ((cur == 0 || t < cur) &&
+           !atomic_compare_exchange_weak_explicit(&mlp_kept_due, &cur, t, memory_order_relaxed,
+                                                  memory_order_relaxed))
+        ;
+}
+
+/* ml_grow's note, under the socket's send lock (perhaps in a handler). */
+static void mlp_grow_note(struct memlan_channel *ch)
+{
+    int fd = ch->sock_fd;
+    if (!ch->sock_ino || fd < 0 || fd == INT32_MAX)
+        return;
+    uint32_t at = ch->grow_slot;
+    if (at && at <= MLP_KEPT_MAX && atomic_load_explicit(&mlp_kept[at - 1], memory_order_relaxed) ==
+                                        fd + 1) {
+        mlp_kept_due_at(__ml_now_ns() + __ml_chan_grow_keep_ns());
+        return;
+    }
+    uint32_t start = atomic_fetch_add_explicit(&mlp_kept_next, 1, memory_order_relaxed);
+    for (uint32_t k = 0; k < MLP_KEPT_MAX; k++) {
+        uint32_t i = (start + k) % MLP_KEPT_MAX;
+        int none = 0;
+        if (atomic_load_explicit(&mlp_kept[i], memory_order_relaxed) == 0 &&
+            atomic_compare_exchange_strong(&mlp_kept[i], &none, fd + 1)) {
+            ch->grow_slot = i + 1;
+            mlp_kept_due_at(__ml_now_ns() + __ml_chan_grow_keep_ns());
+            return;
+        }
+    }
+}
+
+/* One listed socket: 1 if its region may still be kept, 0 if not (or no longer ours to look
+ * at: another socket or none under the fd, shared after fork). */
+static int mlp_kept_settle(int fd)
+{
+    struct mlp_sock *s = mlp_get(fd);
+    if (!s)
+        return 0;
+    int kept = 0;
+    if (s->type == MLP_CONN && s->ch && s->state == MLP_ACCEL && !atomic_load(&s->forked)) {
+        uint32_t none = 0;
+        if (atomic_compare_exchange_strong(&s->ftx, &none, mlp_tid())) {
+            /* A fork prepared meanwhile: its handler set the flag before it waits for us. */
+            if (!atomic_load(&s->forked))
+                kept = __ml_chan_grow_settle(s->ch);
+            else
+                kept = 1;
+            mlp_fast_unlock(&s->ftx);
+        } else {
+            kept = 1; /* a send holds it now, or a thread waits for it: again later */
+        }
+    }
+    mlp_put(s);
+    return kept;
+}
+
+/* At a sleep's wake-up: the walk, when due. */
+void mlp_kept_tick(void)
+{
+    uint64_t due = atomic_load_explicit(&mlp_kept_due, memory_order_relaxed);
+    if (ml_likely(due == 0))
+        return;
+    uint64_t now = __ml_now_ns();
+    if (now < due || mlp_vfork_child() || mlp_sig_in_handler() ||
+        !atomic_compare_exchange_strong(&mlp_kept_due, &due, 0))
+        return; /* another thread walks */
+    sigset_t all, old;
+    sigfillset(&all);
+    int saved = errno;
+    if (pthread_sigmask(SIG_BLOCK, &all, &old) != 0) {
+        mlp_kept_due_at(now + __ml_chan_grow_keep_ns());
+        errno = saved;
+        return;
+    }
+    bool more = false;
+    for (uint32_t i = 0; i < MLP_KEPT_MAX; i++) {
+        int v = atomic_load_explicit(&mlp_kept[i], memory_order_relaxed);
+        if (v <= 0)
+            continue;
+        if (mlp_kept_settle(v - 1))
+            more = true;
+        else
+            (void)atomic_compare_exchange_strong(&mlp_kept[i], &v, 0);
+    }
+    (void)pthread_sigmask(SIG_SETMASK, &old, NULL);
+    errno = saved;
+    if (more)
+        mlp_kept_due_at(now + __ml_chan_grow_keep_ns() / 4);
+}
+
 static unsigned mlp_wait_hook(void)
 {
+    mlp_kept_tick();
     pthread_cleanup_push(mlp_release_held, NULL);
     pthread_testcancel();
     pthread_cleanup_pop(0);
@@ -866,6 +978,7 @@ __attribute__((constructor)) static void mlp_wait_hook_init(void)
     __ml_mb_off(); /* before any channel, whichever of our constructors runs first */
     __ml_yield_off(); /* and no wait gives its cpu away: see __ml_yield_budget_ns() */
     __ml_wait_hook = mlp_wait_hook;
+    __ml_grow_note = mlp_grow_note;
     __ml_intr_count = mlp_sig_runs;
     __ml_intr_any = mlp_sig_runs_any;
 }

@@ -263,16 +263,21 @@ def test_peer_sigkill_gives_eof_not_hang(fabric, tmp_path):
     settle(fabric)
 
 
-# A server child that reads the client's "hi" and is killed; the client, its SIGPIPE ignored,
-# then sends 64 KiB at a time (blocking, then nonblocking) and says how many sends went through
-# before the first error.
-SEND_TO_KILLED = r"""
-import os, signal, socket, sys, time
-port, nb = int(sys.argv[1]), sys.argv[2] == "nonblocking"
+# A listener on 127.0.0.1, port argv[1], for the scripts below (port: its number).
+LISTENER = r"""
+import os, select, selectors, signal, socket, sys, time
+port = int(sys.argv[1])
 l = socket.socket()
 l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 l.bind(("127.0.0.1", port))
-l.listen(4)
+l.listen(16)
+"""
+
+# A server child that reads the client's "hi" and is killed; the client, its SIGPIPE ignored,
+# then sends 64 KiB at a time (blocking, then nonblocking) and says how many sends went through
+# before the first error.
+SEND_TO_KILLED = LISTENER + r"""
+nb = sys.argv[2] == "nonblocking"
 pid = os.fork()
 if pid == 0:
     s, _ = l.accept()
@@ -318,6 +323,73 @@ def test_sends_to_a_killed_peer_fail_within_the_ring(fabric, tmp_path, mode):
     what, _, n = under.stdout.strip().rpartition(" ")
     assert what == "error after" and int(n) <= 4, under.stdout + under.stderr
     assert "accelerated (client)" in log.read_text(), log.read_text()
+    settle(fabric)
+
+
+# A server child that answers each of 8 connections' "GET" with 1 MB and then waits for the next
+# request (mode: a blocking recv, an epoll set, a poll), while the client, having read the
+# answers, sums the blocks the fabric's files hold after 2.5 s idle, then says "bye".
+IDLE_AFTER_BURST = LISTENER + r"""
+mode, fab = sys.argv[2], sys.argv[3]
+pid = os.fork()
+if pid == 0:
+    conns = [l.accept()[0] for _ in range(8)]
+    for c in conns:
+        c.recv(3)
+        c.sendall(b"y" * 1000000)
+    if mode == "recv":
+        for c in conns:
+            c.recv(3)
+    elif mode == "epoll":
+        sel = selectors.EpollSelector()
+        for c in conns:
+            sel.register(c, selectors.EVENT_READ)
+        left = set(conns)
+        while left:
+            for k, _ in sel.select(10):
+                k.fileobj.recv(3)
+                sel.unregister(k.fileobj)
+                left.discard(k.fileobj)
+    else:
+        left = list(conns)
+        while left:
+            p = select.poll()
+            for c in left:
+                p.register(c, select.POLLIN)
+            ready = {fd for fd, _ in p.poll(10000)}
+            for c in [c for c in left if c.fileno() in ready]:
+                c.recv(3)
+                left.remove(c)
+    os._exit(0)
+cs = [socket.create_connection(("127.0.0.1", port)) for _ in range(8)]
+for c in cs:
+    c.sendall(b"GET")
+    got = 0
+    while got < 1000000:
+        got += len(c.recv(1 << 20))
+time.sleep(2.5)
+held = sum(os.stat(os.path.join(fab, f)).st_blocks * 512 for f in os.listdir(fab))
+print(held // 1024)
+for c in cs:
+    c.sendall(b"bye")
+os.waitpid(pid, 0)
+"""
+
+
+@pytest.mark.parametrize("mode", ["recv", "epoll", "poll"])
+def test_an_idle_sender_gives_its_regions_pages_back(fabric, tmp_path, mode):
+    """Eight keep-alive connections whose server sent 1 MB each (the rings grew into their
+    regions) and then waits for the next request, in a blocking recv, an epoll set or a poll:
+    2.5 s on, the fabric's files hold less than 1.5 MB a connection (each ring's 256 KiB both
+    ways, the rest given back, as kernel TCP frees its buffers once read).  Before, each kept
+    its 4 MiB region until its next send or its close: 8 connections held 37 MB."""
+    log = tmp_path / "m.log"
+    p = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", PY, "-c", IDLE_AFTER_BURST,
+                        str(next_port()), mode, str(fabric)], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert int(p.stdout.split()[0]) < 8 * 1536, p.stdout
+    assert log.read_text().count("accelerated (client)") == 8, log.read_text()
     settle(fabric)
 
 
