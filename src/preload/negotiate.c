@@ -3453,40 +3453,54 @@ static bool mlp_handshake_open(struct mlp_sock *s, int fd)
 }
 
 /*
- * Has our offer waited MEMLAN_ACCEPT_WAIT_MS for a server that accepted?  The wait counts from
- * the server's accept, not from our offer: no acceptor can take an offer before its accept, and a
- * server may accept late for reasons of its own.  Apache's graceful restart (SIGUSR1, ServerLimit
- * equal to StartServers) accepts nothing for about 2 s, until its next maintenance tick forks the
- * new children: clients that connected meanwhile gave up at 2 s from their offer, and 0 to 4 of
- * them went over TCP, depending on how they fell against the tick (test_apache2_mod_http2;
- * test_a_server_that_accepts_late_takes_the_offer).  Over TCP they would have waited as long,
- * as a client of a server that has not accepted yet waits for its answer: waiting costs nothing
- * it would not.
+ * Has our offer waited long enough for a memlan acceptor?  No acceptor can take an offer before
+ * its accept, and a server may accept late for reasons of its own.  Apache's graceful restart
+ * (SIGUSR1, ServerLimit equal to StartServers) accepts nothing for about 2 s, until its next
+ * maintenance tick forks the new children: clients that connected meanwhile gave up at 2 s from
+ * their offer, and 0 to 4 of h2load's 4 went over TCP, by how they fell against the tick
+ * (test_apache2_mod_http2; test_a_server_that_accepts_late_takes_the_offer).  Over TCP they
+ * would have waited as long for the answer.
  *
- * So, once the wait from the offer is over, we ask the kernel (sock_diag, the same look-up as
- * mlp_handshake_open's, by the connection's four addresses) whether the server's side of our
- * connection is still in its accept queue: established, with no file yet (an accepted socket
- * has its file's inode).  While it is, we wait on, and look again every MLP_QUEUE_LOOK_NS, so
- * that the wait ends MEMLAN_ACCEPT_WAIT_MS after the accept, less that much.  Where we cannot
- * look (a sandbox, a server in another namespace; another thread asking now, for a second at
- * the most), the wait counts from the offer, as before.  MEMLAN_ACCEPT_QUEUE_MS (60 s) from the
- * offer bounds it all: past it we withdraw to TCP whatever the kernel says (set to
- * MEMLAN_ACCEPT_WAIT_MS or less, the wait counts from the offer alone, as before).  Nothing
- * here is a peer's to write.
+ * So a decision that does not wait (a poll's, a nonblocking call's: the program's own loop
+ * waits, with its own timeouts and signals), once MEMLAN_ACCEPT_WAIT_MS from the offer is over,
+ * asks the kernel (sock_diag, the look-up of mlp_handshake_open, by the connection's four
+ * addresses) whether the server's side of the connection is still in its accept queue:
+ * established or close-wait, with no file yet (an accepted socket has its file's inode).  While
+ * it is, the offer waits on, looked at again every MLP_QUEUE_LOOK_NS; once it is not, a memlan
+ * acceptor takes the offer at its accept, so MLP_ACCEPTED_GRACE_NS after the last look that saw
+ * it queued ends the wait (a plain program that accepted costs the client that much, not the
+ * whole accept wait again).  MEMLAN_ACCEPT_QUEUE_MS (60 s) from the offer bounds it all.
+ *
+ * A decision that waits (a blocking recv, a send at a full ring, an exec that settles its
+ * sockets) counts from the offer, as before: it sleeps in mlp_decide, which heeds neither the
+ * program's signals nor SO_RCVTIMEO, nor would an exec or a vfork's parent wait so long over
+ * kernel TCP (a review of the first version, which extended these too: an alarm(3) around a
+ * read went unheard for 12 s, a system() waited 10 s).  So do a look that cannot be made (no
+ * diag socket: a sandbox at the first offer; a process confined since, whose filter may kill for
+ * getpeername; a server in another namespace) and one that another thread or a fork sibling
+ * makes now, for a second at the most.  Nothing here is a peer's to write.
  */
 #define MLP_QUEUE_LOOK_NS 100000000ull
-static bool mlp_accept_wait_over(struct mlp_sock *s, int fd)
+#define MLP_ACCEPTED_GRACE_NS 500000000ull
+static bool mlp_accept_wait_over(struct mlp_sock *s, int fd, bool wait)
 {
-    uint64_t now = mlp_now_ns(), wait = (uint64_t)mlp_cfg.accept_wait_ms * 1000000u;
-    uint64_t from = s->queued_ns > s->offer_ns ? s->queued_ns : s->offer_ns;
-    bool over = now - from > wait;
-    if (!over && !(s->queued_ns && now - s->qlook_ns >= MLP_QUEUE_LOOK_NS))
+    uint64_t now = mlp_now_ns(), aw = (uint64_t)mlp_cfg.accept_wait_ms * 1000000u;
+    uint64_t off = now - s->offer_ns;
+    if (off > (uint64_t)mlp_cfg.accept_queue_ms * 1000000u)
+        return true;
+    if (wait || strstr(s->offer, "-m") /* across namespaces (mlp_offer_name) */ ||
+        ml_load_acquire(&mlp_hs_fd) < 0 || mlp_confined())
+        return off > aw;
+    /* (loaded after now: another thread's later store makes q > now, not yet over) */
+    uint64_t q = atomic_load_explicit(&s->queued_ns, memory_order_relaxed);
+    uint64_t grace = aw < MLP_ACCEPTED_GRACE_NS ? aw : MLP_ACCEPTED_GRACE_NS;
+    bool over = q ? now > q && now - q > grace : off > aw;
+    if (!q && !over)
         return false;
-    if (now - s->offer_ns > (uint64_t)mlp_cfg.accept_queue_ms * 1000000u ||
-        strstr(s->offer, "-m") /* across namespaces (mlp_offer_name): not ours to look up */ ||
-        ml_load_acquire(&mlp_hs_fd) < 0)
-        return over;
-    s->qlook_ns = now;
+    uint64_t ql = atomic_load_explicit(&s->qlook_ns, memory_order_relaxed);
+    if (now > ql && now - ql < MLP_QUEUE_LOOK_NS)
+        return q ? over : off > aw + MLP_QUEUE_LOOK_NS * 10; /* the last look said nothing */
+    atomic_store_explicit(&s->qlook_ns, now, memory_order_relaxed);
     struct mlp_addr l, r;
     uint8_t state = 0;
     uint32_t inode = 1;
@@ -3494,14 +3508,13 @@ static bool mlp_accept_wait_over(struct mlp_sock *s, int fd)
     if (e == 0)
         e = mlp_hs_ask(&l, &r, &state, &inode);
     errno = saved;
-    if (e == -EAGAIN && now - from <= wait + MLP_QUEUE_LOOK_NS * 10)
-        return false; /* another thread asks now, or a fork sibling took our answer: again */
-    bool queued = e == 0 && inode == 0 && (state == TCP_ESTABLISHED || state == TCP_CLOSE_WAIT);
-    if (queued) {
-        if (!s->queued_ns)
+    if (e == -EAGAIN) /* another thread asks now, or a fork sibling took our answer */
+        return q ? over : off > aw + MLP_QUEUE_LOOK_NS * 10;
+    if (e == 0 && inode == 0 && (state == TCP_ESTABLISHED || state == TCP_CLOSE_WAIT)) {
+        if (!q)
             mlp_log(1, "fd %d: the server has not accepted the connection yet: its offer waits "
-                       "on (MEMLAN_ACCEPT_WAIT_MS counts from the accept)", fd);
-        s->queued_ns = now;
+                       "on (MEMLAN_ACCEPT_QUEUE_MS)", fd);
+        atomic_store_explicit(&s->queued_ns, now, memory_order_relaxed);
         return false;
     }
     return over;
@@ -3550,14 +3563,17 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
                             : "the connection ended or failed before the server took the offer";
             else if (mlp_handshake_open(s, fd))
                 why = "the server's kernel held the handshake open: only TCP data completes it";
-            else if (mlp_accept_wait_over(s, fd))
+            else if (mlp_accept_wait_over(s, fd, wait))
                 why = strstr(s->offer, "-m") /* across namespaces (mlp_offer_name) */
                           ? "no memlan acceptor took the offer within MEMLAN_ACCEPT_WAIT_MS (a "
                             "NAT between the namespaces changes the addresses it looks for)"
-                      : s->queued_ns ? "no memlan acceptor took the offer within "
-                                       "MEMLAN_ACCEPT_WAIT_MS of the server's accept"
-                                     : "no memlan acceptor took the offer within "
-                                       "MEMLAN_ACCEPT_WAIT_MS";
+                      : !atomic_load_explicit(&s->queued_ns, memory_order_relaxed)
+                          ? "no memlan acceptor took the offer within MEMLAN_ACCEPT_WAIT_MS"
+                      : mlp_now_ns() - s->offer_ns > (uint64_t)mlp_cfg.accept_queue_ms * 1000000u
+                          ? "the server did not accept the connection within "
+                            "MEMLAN_ACCEPT_QUEUE_MS"
+                          : "the server accepted the connection, and no memlan acceptor took "
+                            "the offer";
         }
         if (why) {
             mlp_withdraw(s, fd, why);
@@ -3565,9 +3581,7 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
         }
         if (!wait)
             return MLP_UNDECIDED;
-        uint64_t aw = (uint64_t)mlp_cfg.accept_wait_ms * 1000000u, now = mlp_now_ns();
-        uint64_t from = s->queued_ns > s->offer_ns ? s->queued_ns : s->offer_ns;
-        uint64_t left = now - from < aw ? aw - (now - from) : 0;
+        uint64_t left = (uint64_t)mlp_cfg.accept_wait_ms * 1000000u - (mlp_now_ns() - s->offer_ns);
         int ms = left / 1000000u > 10 ? 10 : (int)(left / 1000000u) + 1;
         (void)memlan_channel_wait_peer(s->ch, ms);
     }
