@@ -1818,7 +1818,19 @@ static void ml_grow_publish(struct ml_ring *r)
 static bool ml_grow(struct memlan_channel *ch)
 {
     struct ml_ring *r = &ch->tx;
-    if (r->swg || !ml_growable(ch, r->other, r->swp))
+    if (r->swg) {
+        /* The region full: a peer that died while we wrote into it does not read either, and
+         * without a look here a sender there filled it, up to 4 MiB lost, and then a
+         * nonblocking one was told EAGAIN for ever (a review).  A slow reader's region fills
+         * again and again: one look every 10 ms at the most. */
+        uint64_t now = __ml_now_ns();
+        if (!ch->peer_dead && ml_madv_ok() && now - r->dead_look_ns >= 10000000u) {
+            r->dead_look_ns = now;
+            (void)ml_peer_dead(ch);
+        }
+        return false;
+    }
+    if (!ml_growable(ch, r->other, r->swp))
         return false;
     if (!ml_madv_ok()) {
         ml_store_relaxed(&ch->grow_off, true);
@@ -1908,7 +1920,8 @@ int __ml_chan_grow_settle(struct memlan_channel *ch)
     if (!r->swg && !r->gmaybe)
         return 0;
     if (r->swg && !ml_grow_back(r))
-        return 1;
+        return r->pos != r->swp; /* unread bytes: later; none written since the switch (a
+                                  * sendfile at its file's end): only a send moves it on */
     if (__ml_now_ns() - r->grew_ns < ML_GROW_KEEP_NS)
         return 1;
     ml_grow_trim(r);

@@ -59,6 +59,7 @@ struct ml_ring {
     bool gsure;               /* producer: we reserved the region's pages and kept them */
     bool gmaybe;              /* producer: the region may hold pages to give back */
     uint32_t gcalls;          /* producer: calls since the last look at gmaybe's pages */
+    uint64_t dead_look_ns;    /* producer: the last look at the peer's life at a full region */
     uint64_t grew_ns;
     _Atomic uint64_t *_Atomic gpub;
     _Atomic uint64_t own_gpub;

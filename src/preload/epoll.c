@@ -2182,8 +2182,7 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             r = mlp_ep_kwait(epfd, out, max, left, mask);
             __atomic_store_n(&e->kpoll_ns, mlp_now_ns(), __ATOMIC_RELAXED);
         }
-        if (r == 0 && left != 0)
-            mlp_kept_tick(); /* a sleep's wake-up: regions kept while their senders rest */
+        mlp_kept_tick(); /* regions kept while their senders rest, when due (one load) */
         if (slept) {
             pthread_mutex_lock(&mlp_epmu);
             u.sleeper = 0;

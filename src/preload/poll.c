@@ -588,8 +588,7 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             r = mlp_real_ppoll(k, nk, left < 0 ? NULL : &ts, mask);
         else
             pthread_testcancel();
-        if (r == 0 && !ready && !zero)
-            mlp_kept_tick(); /* a sleep's wake-up: regions kept while their senders rest */
+        mlp_kept_tick(); /* regions kept while their senders rest, when due (one load) */
         if (r < 0 && errno == EINVAL && nk > n) {
             /* More fds than RLIMIT_NOFILE allows (sshd's sandboxed child sets it to 1, for its
              * own poll of one fd): ours go, and without them we nap and look again. */

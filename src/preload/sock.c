@@ -905,60 +905,66 @@ static void mlp_grow_note(struct memlan_channel *ch)
     }
 }
 
-/* One listed socket: 1 if its region may still be kept, 0 if not (or no longer ours to look
- * at: another socket or none under the fd, shared after fork). */
-static int mlp_kept_settle(int fd)
+/* One listed socket, in slot i (v: its value): its idle look, signals blocked while its send
+ * lock is held.  The slot is freed under the lock when no pages are kept (freed after it, a
+ * growth in between found its slot still taken and did not list itself again).  true: more to
+ * do later. */
+static bool mlp_kept_settle(uint32_t i, int v)
 {
-    struct mlp_sock *s = mlp_get(fd);
-    if (!s)
-        return 0;
-    int kept = 0;
+    struct mlp_sock *s = mlp_get(v - 1);
+    if (!s) {
+        (void)atomic_compare_exchange_strong(&mlp_kept[i], &v, 0);
+        return false;
+    }
+    bool more = false, done = true;
     if (s->type == MLP_CONN && s->ch && s->state == MLP_ACCEL && !atomic_load(&s->forked)) {
+        sigset_t all, old;
+        sigfillset(&all);
         uint32_t none = 0;
-        if (atomic_compare_exchange_strong(&s->ftx, &none, mlp_tid())) {
+        if (pthread_sigmask(SIG_BLOCK, &all, &old) != 0) {
+            done = false;
+            more = true;
+        } else if (atomic_compare_exchange_strong(&s->ftx, &none, mlp_tid())) {
             /* A fork prepared meanwhile: its handler set the flag before it waits for us. */
-            if (!atomic_load(&s->forked))
-                kept = __ml_chan_grow_settle(s->ch);
-            else
-                kept = 1;
+            if (!atomic_load(&s->forked) && __ml_chan_grow_settle(s->ch)) {
+                more = true;
+                done = false;
+            } else {
+                (void)atomic_compare_exchange_strong(&mlp_kept[i], &v, 0);
+            }
             mlp_fast_unlock(&s->ftx);
+            (void)pthread_sigmask(SIG_SETMASK, &old, NULL);
         } else {
-            kept = 1; /* a send holds it now, or a thread waits for it: again later */
+            (void)pthread_sigmask(SIG_SETMASK, &old, NULL);
+            more = true; /* a send holds it now, or a thread waits for it: again later */
+            done = false;
         }
     }
+    if (done)
+        (void)atomic_compare_exchange_strong(&mlp_kept[i], &v, 0);
     mlp_put(s);
-    return kept;
+    return more;
 }
 
-/* At a sleep's wake-up: the walk, when due. */
+/* At a return of a sleep of ours (or of a poll that did not sleep): the walk, when due. */
 void mlp_kept_tick(void)
 {
     uint64_t due = atomic_load_explicit(&mlp_kept_due, memory_order_relaxed);
     if (ml_likely(due == 0))
         return;
+    int saved = errno;
     uint64_t now = __ml_now_ns();
     if (now < due || mlp_vfork_child() || mlp_sig_in_handler() ||
-        !atomic_compare_exchange_strong(&mlp_kept_due, &due, 0))
-        return; /* another thread walks */
-    sigset_t all, old;
-    sigfillset(&all);
-    int saved = errno;
-    if (pthread_sigmask(SIG_BLOCK, &all, &old) != 0) {
-        mlp_kept_due_at(now + __ml_chan_grow_keep_ns());
+        !atomic_compare_exchange_strong(&mlp_kept_due, &due, 0)) {
         errno = saved;
-        return;
+        return; /* not yet, or another thread walks */
     }
     bool more = false;
     for (uint32_t i = 0; i < MLP_KEPT_MAX; i++) {
         int v = atomic_load_explicit(&mlp_kept[i], memory_order_relaxed);
-        if (v <= 0)
-            continue;
-        if (mlp_kept_settle(v - 1))
+        if (v > 0 && mlp_kept_settle(i, v))
             more = true;
-        else
-            (void)atomic_compare_exchange_strong(&mlp_kept[i], &v, 0);
     }
-    (void)pthread_sigmask(SIG_SETMASK, &old, NULL);
     errno = saved;
     if (more)
         mlp_kept_due_at(now + __ml_chan_grow_keep_ns() / 4);
