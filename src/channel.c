@@ -1727,24 +1727,11 @@ static int ml_tx_error(struct memlan_channel *ch)
     return 0;
 }
 
-/* The consumer's wake-up owed for the last n bytes published.  One that slept there had read
- * everything before them (it sleeps on an empty ring): where that was is kept, for the socket
- * layer to tell a peer that died idle, its end before these bytes, from one that died leaving
- * bytes unread (__ml_chan_peer_died_idle). */
-static inline void ml_tx_wake(struct memlan_channel *ch, uint64_t n)
-{
-    /* SYNC: F1; as in __ml_chan_wake_rmw() */
-    if (ml_unlikely(atomic_load_explicit(&ch->tx.ctl->rx_wait, memory_order_seq_cst) != 0)) {
-        ml_store_relaxed(&ch->tx_woke_at, ch->tx.pos - n + 1);
-        __ml_chan_wake_slow(ch, &ch->tx.ctl->rx_wait, ch->tx_refs->rx);
-    }
-}
-
 static inline void ml_tx_publish(struct memlan_channel *ch, uint64_t n)
 {
     ml_ring_produce(&ch->tx, n, ml_ring_nofence(&ch->tx, &ch->tx.ctl->rx_mb, &ch->tx.ctl->rx_mb_ack));
     ch->bytes_tx += n;
-    ml_tx_wake(ch, n);
+    __ml_chan_wake_rmw(ch, &ch->tx.ctl->rx_wait, ch->tx_refs->rx);
     ml_mb_busy(ch, &ch->tx, &ch->tx.ctl->tx_mb, &ch->tx.ctl->tx_mb_ack);
 }
 
@@ -1756,9 +1743,8 @@ static inline void ml_tx_publish(struct memlan_channel *ch, uint64_t n)
 static inline void ml_tx_wake_pending(struct memlan_channel *ch, uint64_t *unwoken)
 {
     if (*unwoken) {
-        uint64_t n = *unwoken;
         *unwoken = 0;
-        ml_tx_wake(ch, n);
+        __ml_chan_wake_rmw(ch, &ch->tx.ctl->rx_wait, ch->tx_refs->rx);
     }
 }
 
@@ -2781,15 +2767,6 @@ uint64_t __ml_chan_tx_queued(struct memlan_channel *ch)
 
 /* Did the peer leave bytes we sent unread (the kernel would answer its close with a reset)? */
 bool __ml_chan_peer_left_unread(struct memlan_channel *ch) { return __ml_chan_tx_queued(ch) != 0; }
-
-/* Did the peer, now dead, die asleep on our ring with everything before our last wake-up read
- * (so that what it left unread came after its end, as a write after a FIN)?  Its tail is the
- * peer's to write: a wrong one changes only which error is reported. */
-bool __ml_chan_peer_died_idle(struct memlan_channel *ch)
-{
-    uint64_t at = ml_load_relaxed(&ch->tx_woke_at);
-    return at && ml_load_acquire(&ch->tx.ctl->tail) == at - 1;
-}
 
 /* Wake a thread of ours blocked in recv (after shutdown(SHUT_RD) from another thread, or a lower
  * SO_RCVLOWAT). */

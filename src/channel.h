@@ -99,8 +99,6 @@ struct memlan_channel {
     _Atomic bool grow_off;
     uint64_t grows;           /* times our direction went into its region (memlan stat) */
     uint32_t grow_slot;       /* the socket layer's: its slot in the list of idle regions + 1 */
-    _Atomic uint64_t tx_woke_at; /* 1 + our head before the bytes whose publication found the
-                               * consumer asleep (ml_tx_wake); 0: never */
 };
 
 void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
@@ -188,7 +186,6 @@ int64_t __ml_chan_rx_avail_ro(const struct memlan_channel *ch); /* -1: cannot te
 int64_t __ml_chan_tx_free_ro(const struct memlan_channel *ch);
 uint64_t __ml_chan_tx_queued(struct memlan_channel *ch);
 bool __ml_chan_peer_left_unread(struct memlan_channel *ch);
-bool __ml_chan_peer_died_idle(struct memlan_channel *ch);
 void __ml_chan_kick_rx(struct memlan_channel *ch);
 uint32_t __ml_chan_peer_state(struct memlan_channel *ch);
 void __ml_evq_fds(struct memlan_evq *q, int **seg_fd, int **bell_fd);

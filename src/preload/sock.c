@@ -1136,19 +1136,9 @@ static int mlp_peer_aborted(struct mlp_sock *s, bool probe, bool *after_fin)
         if (!dead)
             return 0;
         fin = ps == ML_SIDE_SHUT_WR;
-        /* What it left unread came after its end when it died asleep on our ring with all
-         * before read (a keep-alive server killed while idle, then our next request): over TCP
-         * its FIN came at its death and the request drew a reset after it, which recv does not
-         * report (it reads the end) and the next send does, EPIPE.  It was reported as a reset
-         * instead of the FIN (test_a_request_to_a_server_killed_while_idle_reads_as_over_tcp). */
-        bool unread = __ml_chan_peer_left_unread(s->ch);
-        if (unread && !fin && __ml_chan_peer_died_idle(s->ch)) {
-            unread = false;
-            late = true;
-        }
         /* split: it talks TCP, see channel.c; SO_LINGER 0: the kernel's close at its end
          * aborts */
-        if (s->ch->split || unread ||
+        if (s->ch->split || __ml_chan_peer_left_unread(s->ch) ||
             (atomic_load(&mlp_side_block(s->ch, 1 - s->side)->flags) & ML_SOCK_LINGER0))
             e = !fin || s->ch->split                          ? ECONNRESET
                 : s->ch->shut_wr && !s->ch->dead_before_fin ? 0
