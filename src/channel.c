@@ -1797,6 +1797,24 @@ static void ml_grow_publish(struct ml_ring *r)
                           memory_order_release);
 }
 
+/* A full ring (or region) whose sender will be told to wait: is the peer alive?  One that died
+ * does not read, and without this look a nonblocking sender that does not poll (it retries)
+ * was told EAGAIN for ever, where kernel TCP reports the reset (a review); a blocking one
+ * learns it at its wait's liveness look.  A slow reader's ring fills again and again: one look
+ * every 10 ms at the most, and none where a seccomp filter may kill for its system calls (as
+ * for madvise). */
+static void ml_full_look(struct memlan_channel *ch)
+{
+    struct ml_ring *r = &ch->tx;
+    if (ch->peer_dead || !ml_madv_ok())
+        return;
+    uint64_t now = __ml_now_ns();
+    if (now - r->dead_look_ns >= 10000000u) {
+        r->dead_look_ns = now;
+        (void)ml_peer_dead(ch);
+    }
+}
+
 /* The producer found its ring full (its look at the tail was just made): go on in the region, at
  * our head, once its pages are reserved (a fabric that cannot give them leaves the ring as it
  * is, and the direction never grows again: a store to an unreserved page of a full tmpfs would
@@ -1805,15 +1823,7 @@ static bool ml_grow(struct memlan_channel *ch)
 {
     struct ml_ring *r = &ch->tx;
     if (r->swg) {
-        /* The region full: a peer that died while we wrote into it does not read either, and
-         * without a look here a sender there filled it, up to 4 MiB lost, and then a
-         * nonblocking one was told EAGAIN for ever (a review).  A slow reader's region fills
-         * again and again: one look every 10 ms at the most. */
-        uint64_t now = __ml_now_ns();
-        if (!ch->peer_dead && ml_madv_ok() && now - r->dead_look_ns >= 10000000u) {
-            r->dead_look_ns = now;
-            (void)ml_peer_dead(ch);
-        }
+        ml_full_look(ch);
         return false;
     }
     if (!ml_growable(ch, r->other, r->swp))
@@ -1987,6 +1997,7 @@ static ssize_t ml_stream_send(memlan_channel_t *ch, const uint8_t *src, struct m
             ml_tx_wake_pending(ch, &unwoken);
             if (done && (flags & MEMLAN_DONTWAIT))
                 break;
+            ml_full_look(ch);
             if ((e = ml_tx_error(ch)))
                 return done ? (ssize_t)done : e;
             if (flags & MEMLAN_DONTWAIT) {

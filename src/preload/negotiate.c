@@ -3482,24 +3482,32 @@ static bool mlp_handshake_open(struct mlp_sock *s, int fd)
  */
 #define MLP_QUEUE_LOOK_NS 100000000ull
 #define MLP_ACCEPTED_GRACE_NS 500000000ull
-static bool mlp_accept_wait_over(struct mlp_sock *s, int fd, bool wait)
+#define MLP_WHY_ACCEPT_WAIT "no memlan acceptor took the offer within MEMLAN_ACCEPT_WAIT_MS"
+static const char *mlp_accept_wait_over(struct mlp_sock *s, int fd, bool wait)
 {
     uint64_t now = mlp_now_ns(), aw = (uint64_t)mlp_cfg.accept_wait_ms * 1000000u;
-    uint64_t off = now - s->offer_ns;
-    if (off > (uint64_t)mlp_cfg.accept_queue_ms * 1000000u)
-        return true;
-    if (wait || strstr(s->offer, "-m") /* across namespaces (mlp_offer_name) */ ||
-        ml_load_acquire(&mlp_hs_fd) < 0 || mlp_confined())
-        return off > aw;
+    uint64_t off = now - s->offer_ns, cap = (uint64_t)mlp_cfg.accept_queue_ms * 1000000u;
     /* (loaded after now: another thread's later store makes q > now, not yet over) */
     uint64_t q = atomic_load_explicit(&s->queued_ns, memory_order_relaxed);
+    if (off > cap)
+        return q        ? "the server did not accept the connection within "
+                          "MEMLAN_ACCEPT_QUEUE_MS"
+               : cap < aw ? "no memlan acceptor took the offer within MEMLAN_ACCEPT_QUEUE_MS"
+                          : MLP_WHY_ACCEPT_WAIT;
+    const char *late = off > aw ? MLP_WHY_ACCEPT_WAIT : NULL;
+    if (wait || strstr(s->offer, "-m") /* across namespaces (mlp_offer_name) */ ||
+        ml_load_acquire(&mlp_hs_fd) < 0 || mlp_confined())
+        return late;
     uint64_t grace = aw < MLP_ACCEPTED_GRACE_NS ? aw : MLP_ACCEPTED_GRACE_NS;
-    bool over = q ? now > q && now - q > grace : off > aw;
+    const char *gone = "the server accepted the connection, and no memlan acceptor took the "
+                       "offer";
+    const char *over = q ? (now > q && now - q > grace ? gone : NULL) : late;
     if (!q && !over)
-        return false;
+        return NULL;
+    const char *unsure = q ? over : off > aw + MLP_QUEUE_LOOK_NS * 10 ? late : NULL;
     uint64_t ql = atomic_load_explicit(&s->qlook_ns, memory_order_relaxed);
     if (now > ql && now - ql < MLP_QUEUE_LOOK_NS)
-        return q ? over : off > aw + MLP_QUEUE_LOOK_NS * 10; /* the last look said nothing */
+        return unsure; /* looked just now, and the look said nothing (or the queue: q) */
     atomic_store_explicit(&s->qlook_ns, now, memory_order_relaxed);
     struct mlp_addr l, r;
     uint8_t state = 0;
@@ -3509,13 +3517,13 @@ static bool mlp_accept_wait_over(struct mlp_sock *s, int fd, bool wait)
         e = mlp_hs_ask(&l, &r, &state, &inode);
     errno = saved;
     if (e == -EAGAIN) /* another thread asks now, or a fork sibling took our answer */
-        return q ? over : off > aw + MLP_QUEUE_LOOK_NS * 10;
+        return unsure;
     if (e == 0 && inode == 0 && (state == TCP_ESTABLISHED || state == TCP_CLOSE_WAIT)) {
         if (!q)
             mlp_log(1, "fd %d: the server has not accepted the connection yet: its offer waits "
                        "on (MEMLAN_ACCEPT_QUEUE_MS)", fd);
         atomic_store_explicit(&s->queued_ns, now, memory_order_relaxed);
-        return false;
+        return NULL;
     }
     return over;
 }
@@ -3563,17 +3571,9 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
                             : "the connection ended or failed before the server took the offer";
             else if (mlp_handshake_open(s, fd))
                 why = "the server's kernel held the handshake open: only TCP data completes it";
-            else if (mlp_accept_wait_over(s, fd, wait))
-                why = strstr(s->offer, "-m") /* across namespaces (mlp_offer_name) */
-                          ? "no memlan acceptor took the offer within MEMLAN_ACCEPT_WAIT_MS (a "
-                            "NAT between the namespaces changes the addresses it looks for)"
-                      : !atomic_load_explicit(&s->queued_ns, memory_order_relaxed)
-                          ? "no memlan acceptor took the offer within MEMLAN_ACCEPT_WAIT_MS"
-                      : mlp_now_ns() - s->offer_ns > (uint64_t)mlp_cfg.accept_queue_ms * 1000000u
-                          ? "the server did not accept the connection within "
-                            "MEMLAN_ACCEPT_QUEUE_MS"
-                          : "the server accepted the connection, and no memlan acceptor took "
-                            "the offer";
+            else if ((why = mlp_accept_wait_over(s, fd, wait)) && strstr(s->offer, "-m"))
+                why = "no memlan acceptor took the offer within MEMLAN_ACCEPT_WAIT_MS (a NAT "
+                      "between the namespaces changes the addresses it looks for)";
         }
         if (why) {
             mlp_withdraw(s, fd, why);

@@ -926,12 +926,12 @@ static bool mlp_kept_settle(uint32_t i, int v)
             more = true;
         } else if (atomic_compare_exchange_strong(&s->ftx, &none, mlp_tid())) {
             /* A fork prepared meanwhile: its handler set the flag before it waits for us. */
-            if (!atomic_load(&s->forked) && __ml_chan_grow_settle(s->ch)) {
+            if (!atomic_load(&s->forked) && __ml_chan_grow_settle(s->ch))
                 more = true;
-                done = false;
-            } else {
+            else
                 (void)atomic_compare_exchange_strong(&mlp_kept[i], &v, 0);
-            }
+            done = false; /* (freed here or kept: not again after the lock, where a growth
+                           * may have listed the socket anew in the same slot) */
             mlp_fast_unlock(&s->ftx);
             (void)pthread_sigmask(SIG_SETMASK, &old, NULL);
         } else {

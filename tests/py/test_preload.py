@@ -353,21 +353,25 @@ else:
 
 
 @pytest.mark.parametrize("mode", ["blocking", "nonblocking", "blocking-grown",
-                                  "nonblocking-grown"])
+                                  "nonblocking-grown", "nonblocking-nogrow"])
 def test_sends_to_a_killed_peer_fail_within_the_ring(fabric, tmp_path, mode):
     """A peer killed (SIGKILL) after it read everything: kernel TCP fails the client's second
     send.  Under memlan the sends fail once the ring (256 KiB) is full, its region never taken
     up: before, the ring grew into its 4 MiB region first, and 68 sends of 64 KiB (4.25 MiB)
     went through to a dead peer, lost.  ("grown": killed with 1 MB of ours unread, the sender
     already in its region: kernel TCP fails the first send; memlan's fail once the region is
-    full, at most 68 of them, where a nonblocking one was told EAGAIN for ever.)"""
+    full, at most 68 of them, where a nonblocking one was told EAGAIN for ever.  "nogrow": rings
+    that do not grow, MEMLAN_RING_GROW_KB=0: a nonblocking sender that retried without a poll
+    was told EAGAIN for ever, before rings grew too.)"""
     plain = subprocess.run([PY, "-c", SEND_TO_KILLED, str(next_port()), mode],
                            capture_output=True, text=True, timeout=60)
     kernel = "error after 0" if mode.endswith("grown") else "error after 1"
     assert plain.stdout.strip() == kernel, plain.stdout + plain.stderr
     log = tmp_path / "m.log"
     under = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", PY, "-c", SEND_TO_KILLED,
-                            str(next_port()), mode], capture_output=True, text=True, timeout=60)
+                            str(next_port()), mode], capture_output=True, text=True, timeout=60,
+                           env=dict(os.environ, MEMLAN_RING_GROW_KB="0" if "nogrow" in mode
+                                    else "4096"))
     what, _, n = under.stdout.strip().rpartition(" ")
     bound = 68 if mode.endswith("grown") else 4
     assert what == "error after" and int(n) <= bound, under.stdout + under.stderr
