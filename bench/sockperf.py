@@ -35,7 +35,9 @@ PLACE = {
     "same": (["taskset", "-c", "0"], ["taskset", "-c", "0"]),
     "unpinned": ([], []),
 }
-PORT = [12200]
+# Each run starts at another port: sockperf's server binds without SO_REUSEADDR, so the ports of
+# the run before, in TIME_WAIT, refused it, and the client's connect was refused.
+PORT = [12200 + (os.getpid() % 400) * 20]
 
 
 def ensure_sockperf():
@@ -57,23 +59,40 @@ def wrap(mode):
     return [str(MEMLAN), "run", "--"], env
 
 
+def listening(port, srv, limit=10.0):
+    """Wait until a socket listens on 127.0.0.1:port (the kernel's table, so that no probe
+    connects to the server), at most limit seconds.  False: the server ended first."""
+    want = ":%04X" % port
+    end = time.monotonic() + limit
+    while time.monotonic() < end and srv.poll() is None:
+        with open("/proc/net/tcp") as f:
+            if any(l.split()[1].endswith(want) and l.split()[3] == "0A" for l in f.readlines()[1:]):
+                return True
+        time.sleep(0.02)
+    return srv.poll() is None
+
+
 def one(mode, place, client_args, secs):
-    PORT[0] += 1
-    port = str(PORT[0])
     pre, env_extra = wrap(mode)
     env = dict(os.environ, **env_extra)
     s_pin, c_pin = PLACE[place]
-    srv = subprocess.Popen(s_pin + pre + ["sockperf", "sr", "--tcp", "-i", "127.0.0.1", "-p", port],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    try:
-        time.sleep(0.5)
-        out = subprocess.run(c_pin + pre + ["sockperf"] + client_args +
-                             ["--tcp", "-i", "127.0.0.1", "-p", port, "-t", str(secs)],
-                             capture_output=True, text=True, timeout=secs + 30, env=env)
-        return out.stdout + out.stderr
-    finally:
-        srv.kill()
-        srv.wait()
+    for _ in range(5):  # a port another program holds: the next one
+        PORT[0] += 1
+        port = str(PORT[0])
+        srv = subprocess.Popen(s_pin + pre + ["sockperf", "sr", "--tcp", "-i", "127.0.0.1", "-p",
+                                              port],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        try:
+            if not listening(int(port), srv):
+                continue
+            out = subprocess.run(c_pin + pre + ["sockperf"] + client_args +
+                                 ["--tcp", "-i", "127.0.0.1", "-p", port, "-t", str(secs)],
+                                 capture_output=True, text=True, timeout=secs + 30, env=env)
+            return out.stdout + out.stderr
+        finally:
+            srv.kill()
+            srv.wait()
+    raise RuntimeError("sockperf's server did not start on 5 ports in a row")
 
 
 def rtt_us(text):
