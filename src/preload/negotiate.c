@@ -3533,8 +3533,9 @@ static const char *mlp_accept_wait_over(struct mlp_sock *s, int fd, bool wait)
  * With wait, block until one happens (the acceptor takes the offer, the server speaks over TCP,
  * or the accept wait runs out).  Returns the state.
  */
-int mlp_decide(struct mlp_sock *s, int fd, bool wait)
+static int mlp_decide_any(struct mlp_sock *s, int fd, bool wait, bool intr)
 {
+    unsigned runs0 = intr ? mlp_sig_nores_count() : 0;
     for (;;) {
         int st = s->state;
         if (st != MLP_UNDECIDED)
@@ -3584,8 +3585,23 @@ int mlp_decide(struct mlp_sock *s, int fd, bool wait)
         uint64_t left = (uint64_t)mlp_cfg.accept_wait_ms * 1000000u - (mlp_now_ns() - s->offer_ns);
         int ms = left / 1000000u > 10 ? 10 : (int)(left / 1000000u) + 1;
         (void)memlan_channel_wait_peer(s->ch, ms);
+        if (intr && mlp_sig_nores_count() != runs0)
+            return -EINTR; /* still undecided: the next call goes on */
     }
 }
+
+int mlp_decide(struct mlp_sock *s, int fd, bool wait) { return mlp_decide_any(s, fd, wait, false); }
+
+/*
+ * The wait of a program's blocking call (recv, send at a full ring, sendfile, splice) for the
+ * decision: -EINTR when a handler installed without SA_RESTART ran meanwhile, as the kernel's
+ * blocked call ends then.  The wait used to go on to the decision and the call after it, and
+ * the handler's interruption was lost: alarm(1) around a read from a memlan server that had not
+ * accepted yet read on (blocked on TCP after the accept wait), where kernel TCP returns EINTR at
+ * 1 s (tests/preload/decideintr.c).  An exec's settlement (exec.c) and stdio's take the
+ * decision whatever runs.
+ */
+int mlp_decide_call(struct mlp_sock *s, int fd) { return mlp_decide_any(s, fd, true, true); }
 
 /* ---- the accepting side ------------------------------------------------------------------ */
 

@@ -1671,7 +1671,9 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
         if (st == MLP_UNDECIDED) {
             /* Undecided: never wait for room, since nobody may ever drain the ring; wait for
              * the decision instead. */
-            st = mlp_decide(s, fd, true);
+            st = mlp_decide_call(s, fd);
+            if (st < 0)
+                return done ? done : st; /* a handler without SA_RESTART ran */
             if (st == MLP_TCP) {
                 /* Fell to TCP: what we took so far is in the ring and goes out first, then the
                  * rest of this call, so a blocking write still moves it all. */
@@ -1711,8 +1713,8 @@ static int mlp_ring_fault(int e, const void *p, size_t n)
 ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t count)
 {
     int st = s->state;
-    if (st == MLP_UNDECIDED)
-        st = mlp_decide(s, fd, true);
+    if (st == MLP_UNDECIDED && (st = mlp_decide_call(s, fd)) < 0)
+        return st;
     if (st == MLP_TCP) {
         int e = mlp_tcp_catch_up(s, fd, !mlp_nonblock(s));
         if (e < 0)
@@ -1807,7 +1809,9 @@ static int mlp_rx_settle(struct mlp_sock *s, int fd, bool nb)
 {
     int st = s->state;
     if (st == MLP_UNDECIDED) {
-        st = mlp_decide(s, fd, !nb);
+        st = nb ? mlp_decide(s, fd, false) : mlp_decide_call(s, fd);
+        if (st < 0)
+            return st; /* a handler without SA_RESTART ran */
         if (st == MLP_UNDECIDED)
             return -EAGAIN;
     }
@@ -1937,8 +1941,8 @@ ssize_t mlp_splice_from(struct mlp_sock *s, int fd, int pipe, size_t len, unsign
 ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned flags)
 {
     int st = s->state;
-    if (st == MLP_UNDECIDED)
-        st = mlp_decide(s, fd, true);
+    if (st == MLP_UNDECIDED && (st = mlp_decide_call(s, fd)) < 0)
+        return st;
     bool nb = (flags & SPLICE_F_NONBLOCK) || mlp_nonblock(s);
     if (st == MLP_TCP) {
         int e = mlp_tcp_catch_up(s, fd, !nb);

@@ -3162,6 +3162,21 @@ def test_recvmsg_on_a_connection_settled_on_tcp_matches_kernel(fabric, tmp_path)
     settle(fabric)  # the client's stat record: it ended with _exit
 
 
+@pytest.mark.parametrize("mode", ["intr", "restart"])
+def test_a_read_waiting_for_the_decision_is_interrupted_as_over_tcp(fabric, tmp_path, mode):
+    """tests/preload/decideintr.c: a client's blocking read while the server has not accepted
+    yet (3 s), alarm(1) with a handler without SA_RESTART: the read ends with EINTR and the next
+    one gets the answer, as over kernel TCP; with SA_RESTART the read returns the answer.
+    Before, the read's wait for the decision went on through the handler and returned the
+    answer: "read 5 hello" where the kernel says EINTR."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "decideintr", tmp_path, mode)
+    assert plain.stdout.startswith("read -1 EINTR" if mode == "intr" else "read 5 hello"), \
+        plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
+    assert "offer posted" in text, text
+    settle(fabric)
+
+
 def test_sandboxed_receiver_of_fds_is_not_killed(fabric, tmp_path):
     """A child whose seccomp filter kills for getsockopt (vsftpd's post-login child takes its
     data connections over SCM_RIGHTS so) receives a pipe, a connected and a listening TCP
