@@ -912,37 +912,31 @@ static void mlp_grow_note(struct memlan_channel *ch)
 static bool mlp_kept_settle(uint32_t i, int v)
 {
     struct mlp_sock *s = mlp_get(v - 1);
-    if (!s) {
-        (void)atomic_compare_exchange_strong(&mlp_kept[i], &v, 0);
-        return false;
-    }
-    bool more = false, done = true;
-    if (s->type == MLP_CONN && s->ch && s->state == MLP_ACCEL && !atomic_load(&s->forked)) {
+    bool more = false;
+    if (!s || s->type != MLP_CONN || !s->ch || s->state != MLP_ACCEL || atomic_load(&s->forked)) {
+        (void)atomic_compare_exchange_strong(&mlp_kept[i], &v, 0); /* not ours to look at */
+    } else {
         sigset_t all, old;
         sigfillset(&all);
         uint32_t none = 0;
         if (pthread_sigmask(SIG_BLOCK, &all, &old) != 0) {
-            done = false;
             more = true;
-        } else if (atomic_compare_exchange_strong(&s->ftx, &none, mlp_tid())) {
-            /* A fork prepared meanwhile: its handler set the flag before it waits for us. */
-            if (!atomic_load(&s->forked) && __ml_chan_grow_settle(s->ch))
-                more = true;
-            else
-                (void)atomic_compare_exchange_strong(&mlp_kept[i], &v, 0);
-            done = false; /* (freed here or kept: not again after the lock, where a growth
-                           * may have listed the socket anew in the same slot) */
-            mlp_fast_unlock(&s->ftx);
-            (void)pthread_sigmask(SIG_SETMASK, &old, NULL);
         } else {
+            if (atomic_compare_exchange_strong(&s->ftx, &none, mlp_tid())) {
+                /* A fork prepared meanwhile: its handler set the flag before it waits for us. */
+                more = !atomic_load(&s->forked) && __ml_chan_grow_settle(s->ch);
+                if (!more) /* freed under the lock: after it, a growth may have listed the
+                            * socket anew in the same slot */
+                    (void)atomic_compare_exchange_strong(&mlp_kept[i], &v, 0);
+                mlp_fast_unlock(&s->ftx);
+            } else {
+                more = true; /* a send holds it now, or a thread waits for it: again later */
+            }
             (void)pthread_sigmask(SIG_SETMASK, &old, NULL);
-            more = true; /* a send holds it now, or a thread waits for it: again later */
-            done = false;
         }
     }
-    if (done)
-        (void)atomic_compare_exchange_strong(&mlp_kept[i], &v, 0);
-    mlp_put(s);
+    if (s)
+        mlp_put(s);
     return more;
 }
 
