@@ -3471,11 +3471,13 @@ static bool mlp_handshake_open(struct mlp_sock *s, int fd)
  * it queued ends the wait (a plain program that accepted costs the client that much, not the
  * whole accept wait again).  MEMLAN_ACCEPT_QUEUE_MS (60 s) from the offer bounds it all.
  *
- * A decision that waits (a blocking recv, a send at a full ring, an exec that settles its
- * sockets) counts from the offer, as before: it sleeps in mlp_decide, which heeds neither the
- * program's signals nor SO_RCVTIMEO, nor would an exec or a vfork's parent wait so long over
- * kernel TCP (a review of the first version, which extended these too: an alarm(3) around a
- * read went unheard for 12 s, a system() waited 10 s).  So do a look that cannot be made (no
+ * A blocking receive's wait (mlp_decide_call with rx) waits on the same way: it heeds the
+ * program's signals and SO_RCVTIMEO as the kernel's read does, which would wait as long for the
+ * answer.  The other decisions that wait (a send at a full ring, sendfile, splice, an exec that
+ * settles its sockets, stdio's) count from the offer, as before: over kernel TCP a send's bytes
+ * go into the buffers of a connection not yet accepted, and an exec or a vfork's parent would
+ * not wait so long (a review of the first version, which extended them all: a system() waited
+ * 10 s, a 600 KiB send 62 s).  So do a look that cannot be made (no
  * diag socket: a sandbox at the first offer; a process confined since, whose filter may kill for
  * getpeername; a server in another namespace) and one that another thread or a fork sibling
  * makes now, for a second at the most.  Nothing here is a peer's to write.
@@ -3533,9 +3535,10 @@ static const char *mlp_accept_wait_over(struct mlp_sock *s, int fd, bool wait)
  * With wait, block until one happens (the acceptor takes the offer, the server speaks over TCP,
  * or the accept wait runs out).  Returns the state.
  */
-static int mlp_decide_any(struct mlp_sock *s, int fd, bool wait, bool intr)
+static int mlp_decide_any(struct mlp_sock *s, int fd, bool wait, bool intr, uint64_t deadline,
+                          bool queue)
 {
-    unsigned runs0 = intr ? mlp_sig_nores_count() : 0;
+    unsigned any0 = intr ? mlp_sig_runs_any() : 0, nores0 = intr ? mlp_sig_nores_count() : 0;
     for (;;) {
         int st = s->state;
         if (st != MLP_UNDECIDED)
@@ -3572,7 +3575,8 @@ static int mlp_decide_any(struct mlp_sock *s, int fd, bool wait, bool intr)
                             : "the connection ended or failed before the server took the offer";
             else if (mlp_handshake_open(s, fd))
                 why = "the server's kernel held the handshake open: only TCP data completes it";
-            else if ((why = mlp_accept_wait_over(s, fd, wait)) && strstr(s->offer, "-m"))
+            else if ((why = mlp_accept_wait_over(s, fd, wait && !queue)) &&
+                     strstr(s->offer, "-m"))
                 why = "no memlan acceptor took the offer within MEMLAN_ACCEPT_WAIT_MS (a NAT "
                       "between the namespaces changes the addresses it looks for)";
         }
@@ -3582,26 +3586,46 @@ static int mlp_decide_any(struct mlp_sock *s, int fd, bool wait, bool intr)
         }
         if (!wait)
             return MLP_UNDECIDED;
-        uint64_t left = (uint64_t)mlp_cfg.accept_wait_ms * 1000000u - (mlp_now_ns() - s->offer_ns);
+        uint64_t now = mlp_now_ns();
+        if (deadline && now >= deadline)
+            return -EAGAIN; /* SO_RCVTIMEO or SO_SNDTIMEO: still undecided, as below */
+        uint64_t left = (uint64_t)mlp_cfg.accept_wait_ms * 1000000u - (now - s->offer_ns);
+        if (deadline && deadline - now < left)
+            left = deadline - now;
         int ms = left / 1000000u > 10 ? 10 : (int)(left / 1000000u) + 1;
-        (void)memlan_channel_wait_peer(s->ch, ms);
-        if (intr && mlp_sig_nores_count() != runs0)
+        int w = memlan_channel_wait_peer(s->ch, ms);
+        /* A handler ran (the wait says so, or our count of those run through us): without
+         * SA_RESTART it ends the call, and any does where a timeout is set (sock_intr_errno).
+         * The count of handlers without SA_RESTART is never the same twice once one was
+         * installed where we cannot count it (siginterrupt, sysv_signal): so it is asked only
+         * after a handler ran, or every wait of such a program would end at its first 10 ms. */
+        if (intr && (w == -EINTR || mlp_sig_runs_any() != any0) &&
+            (deadline || mlp_sig_nores_count() != nores0))
             return -EINTR; /* still undecided: the next call goes on */
     }
 }
 
-int mlp_decide(struct mlp_sock *s, int fd, bool wait) { return mlp_decide_any(s, fd, wait, false); }
+int mlp_decide(struct mlp_sock *s, int fd, bool wait)
+{
+    return mlp_decide_any(s, fd, wait, false, 0, false);
+}
 
 /*
  * The wait of a program's blocking call (recv, send at a full ring, sendfile, splice) for the
- * decision: -EINTR when a handler installed without SA_RESTART ran meanwhile, as the kernel's
- * blocked call ends then.  The wait used to go on to the decision and the call after it, and
- * the handler's interruption was lost: alarm(1) around a read from a memlan server that had not
- * accepted yet read on (blocked on TCP after the accept wait), where kernel TCP returns EINTR at
- * 1 s (tests/preload/decideintr.c).  An exec's settlement (exec.c) and stdio's take the
- * decision whatever runs.
+ * decision: -EINTR when a handler installed without SA_RESTART ran meanwhile, or any handler
+ * where a timeout is set (deadline), as the kernel's blocked call ends then; -EAGAIN at the
+ * deadline (SO_RCVTIMEO, SO_SNDTIMEO from the call's start).  rx: a receive, which waits on
+ * while the server leaves the connection queued (mlp_accept_wait_over).  The wait used to go
+ * on to the decision and the call after it, and the handler's interruption was lost: alarm(1)
+ * around a read from a memlan server that had not accepted yet read on (blocked on TCP after
+ * the accept wait), where kernel TCP returns EINTR at 1 s; a 1 s SO_RCVTIMEO went unheard
+ * (tests/preload/decideintr.c).  An exec's settlement (exec.c) and stdio's take the decision
+ * whatever runs.
  */
-int mlp_decide_call(struct mlp_sock *s, int fd) { return mlp_decide_any(s, fd, true, true); }
+int mlp_decide_call(struct mlp_sock *s, int fd, uint64_t deadline, bool rx)
+{
+    return mlp_decide_any(s, fd, true, true, deadline, rx);
+}
 
 /* ---- the accepting side ------------------------------------------------------------------ */
 

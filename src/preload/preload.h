@@ -382,7 +382,8 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
                          int err);
 void mlp_on_accept(int lfd, int fd, int flags);
 int mlp_decide(struct mlp_sock *s, int fd, bool wait);  /* client: settle an undecided socket */
-int mlp_decide_call(struct mlp_sock *s, int fd); /* the same, waiting, or -EINTR (negotiate.c) */
+/* the same, waiting, or -EINTR, or -EAGAIN at the deadline (SO_RCVTIMEO/SNDTIMEO; 0: none) */
+int mlp_decide_call(struct mlp_sock *s, int fd, uint64_t deadline, bool rx);
 void mlp_shut_owed_pay(struct mlp_sock *s, int fd); /* sock.c: the kernel shutdown owed */
 void mlp_claimed_at_close(struct mlp_sock *s, int fd); /* negotiate.c: a close found it claimed */
 void mlp_offer_gone(struct mlp_sock *s);

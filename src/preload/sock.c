@@ -1539,6 +1539,27 @@ static void mlp_sync_timeouts(struct mlp_sock *s, int fd)
     atomic_store_explicit(&s->tmo_synced, true, memory_order_release);
 }
 
+/*
+ * What is left of a call's SO_RCVTIMEO or SO_SNDTIMEO (its deadline dl, 0: none) after its
+ * wait for the decision fell to TCP.  The kernel's call that follows counts the whole timeout
+ * again from its own start, so the time the decision took is waited for here first, on the
+ * kernel socket: 0, go on (ready: the kernel's call will not wait long); -EAGAIN, the timeout ran
+ * out, as the kernel's call says then; -EINTR, a handler ran, which ends a call with a timeout
+ * whatever its SA_RESTART (sock_intr_errno), as it ends this poll.
+ */
+static int mlp_tcp_wait_left(int fd, short ev, uint64_t dl)
+{
+    if (!dl)
+        return 0;
+    uint64_t now = mlp_now_ns(), left = now < dl ? dl - now : 0;
+    struct timespec ts = {(time_t)(left / 1000000000u), (long)(left % 1000000000u)};
+    struct pollfd p = {.fd = fd, .events = ev};
+    int saved = errno, r = mlp_real_ppoll(&p, 1, &ts, NULL);
+    int e = r < 0 ? -errno : r == 0 ? -EAGAIN : 0;
+    errno = saved;
+    return e;
+}
+
 /* Send iov[i..n) from byte off of iov[i] over the kernel socket, blocking, all of it unless
  * an error or a signal stops it (the kernel's blocking send does the same); bytes or -errno. */
 static ssize_t mlp_tcp_send_rest(int fd, const struct iovec *iov, int n, int i, size_t off,
@@ -1665,15 +1686,17 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
         if (st == MLP_UNDECIDED) {
             /* Undecided: never wait for room, since nobody may ever drain the ring; wait for
              * the decision instead. */
-            st = mlp_decide_call(s, fd);
+            st = mlp_decide_call(s, fd, mlp_call_deadline(&dl, s->ch->tx_tmo_ns), false);
             if (st < 0)
-                return done ? done : st; /* a handler without SA_RESTART ran */
+                return done ? done : st; /* a handler ran, or SO_SNDTIMEO ran out */
             if (st == MLP_TCP) {
                 /* Fell to TCP: what we took so far is in the ring and goes out first, then the
                  * rest of this call, so a blocking write still moves it all. */
                 int e = mlp_tcp_catch_up(s, fd, true);
                 if (e < 0)
                     return done ? done : mlp_tx_error(s, e, flags);
+                if ((e = mlp_tcp_wait_left(fd, POLLOUT, dl)) < 0)
+                    return done ? done : e; /* SO_SNDTIMEO ran out, or a handler ran */
                 ssize_t w = mlp_tcp_send_rest(fd, iov, n, i, off, flags);
                 if (w < 0)
                     return done ? done : (w == -EPIPE && !(flags & MSG_NOSIGNAL)
@@ -1703,14 +1726,31 @@ static int mlp_ring_fault(int e, const void *p, size_t n)
     return e == -EFAULT && __ml_guard_fault_in(p, n) ? -ECONNRESET : e;
 }
 
+/* Before a send that is not mlp_send (sendfile, splice): the state, settled where the call may
+ * wait for it (dl: its deadline).  A nonblocking one never waits: still undecided, it writes
+ * into the ring as mlp_send does, to go out over TCP first if the connection falls to it.  (It
+ * used to wait for the decision whatever O_NONBLOCK said: 2 s, or until the server accepted.) */
+static int mlp_tx_settle(struct mlp_sock *s, int fd, bool nb, uint64_t *dl)
+{
+    int st = s->state;
+    if (st != MLP_UNDECIDED)
+        return st;
+    mlp_sync_timeouts(s, fd);
+    return nb ? mlp_decide(s, fd, false)
+              : mlp_decide_call(s, fd, mlp_call_deadline(dl, s->ch->tx_tmo_ns), false);
+}
+
 /* sendfile(2) into an accelerated socket: the file's bytes are read straight into the ring. */
 ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t count)
 {
-    int st = s->state;
-    if (st == MLP_UNDECIDED && (st = mlp_decide_call(s, fd)) < 0)
+    uint64_t dl = 0;
+    int st = mlp_tx_settle(s, fd, mlp_nonblock(s), &dl);
+    if (st < 0)
         return st;
     if (st == MLP_TCP) {
         int e = mlp_tcp_catch_up(s, fd, !mlp_nonblock(s));
+        if (e == 0)
+            e = mlp_tcp_wait_left(fd, POLLOUT, dl);
         if (e < 0)
             return e;
         ssize_t r = mlp_real_sendfile(fd, in, off, count);
@@ -1728,7 +1768,6 @@ ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t coun
     }
     size_t done = 0;
     ssize_t err = 0;
-    uint64_t dl = 0;
     bool end = false;
     while (done < count && !end) {
         if ((err = mlp_lock_tx(s, nb)) < 0) {
@@ -1776,6 +1815,8 @@ ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t coun
         return (ssize_t)done;
     if (err == 0)
         return 0;
+    if (err == -EPIPE && st == MLP_UNDECIDED && mlp_decide(s, fd, false) == MLP_TCP)
+        return mlp_sendfile(s, fd, in, off, count); /* fell to TCP meanwhile: over TCP */
     char probe;
     if ((err == -EPIPE || err == -ECONNRESET) && pread(in, &probe, 1, pos) == 0)
         return 0; /* the kernel reads the file first: at its end, nothing to send, no error */
@@ -1797,17 +1838,26 @@ ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t coun
     return err == -EAGAIN ? -EAGAIN : mlp_tx_error(s, err, 0);
 }
 
-/* Before a receive: the socket's state once settled (-EAGAIN while still undecided and nb).
+/* Before a receive: the socket's state once settled (-EAGAIN while still undecided and nb, or
+ * when SO_RCVTIMEO ran out first; dl: the call's deadline, counted from the wait's start).
  * Fallen to TCP: what we wrote before the fall goes out before we wait for the answer. */
-static int mlp_rx_settle(struct mlp_sock *s, int fd, bool nb)
+static int mlp_rx_settle(struct mlp_sock *s, int fd, bool nb, uint64_t *dl)
 {
     int st = s->state;
     if (st == MLP_UNDECIDED) {
-        st = nb ? mlp_decide(s, fd, false) : mlp_decide_call(s, fd);
+        if (!nb)
+            mlp_sync_timeouts(s, fd);
+        st = nb ? mlp_decide(s, fd, false)
+                : mlp_decide_call(s, fd, mlp_call_deadline(dl, s->ch->rx_tmo_ns), true);
         if (st < 0)
-            return st; /* a handler without SA_RESTART ran */
+            return st; /* a handler ran, or SO_RCVTIMEO ran out: still undecided */
         if (st == MLP_UNDECIDED)
             return -EAGAIN;
+        if (st == MLP_TCP) {
+            (void)mlp_tcp_catch_up(s, fd, !nb);
+            int e = nb ? 0 : mlp_tcp_wait_left(fd, POLLIN, *dl);
+            return e < 0 ? e : st;
+        }
     }
     if (st == MLP_TCP)
         (void)mlp_tcp_catch_up(s, fd, !nb);
@@ -1871,7 +1921,8 @@ static int mlp_pipe_wait(int pipe, short ev, bool nb)
 ssize_t mlp_splice_from(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned flags)
 {
     bool nb = (flags & SPLICE_F_NONBLOCK) || mlp_nonblock(s);
-    int st = mlp_rx_settle(s, fd, nb);
+    uint64_t dl = 0;
+    int st = mlp_rx_settle(s, fd, nb, &dl);
     if (st < 0)
         return st;
     if (st == MLP_TCP) {
@@ -1882,7 +1933,6 @@ ssize_t mlp_splice_from(struct mlp_sock *s, int fd, int pipe, size_t len, unsign
         return 0;
     mlp_sync_timeouts(s, fd);
     bool pnb = (flags & SPLICE_F_NONBLOCK) != 0;
-    uint64_t dl = 0;
     ssize_t w;
     for (;;) {
         int e = mlp_lock_rx(s, nb);
@@ -1934,12 +1984,15 @@ ssize_t mlp_splice_from(struct mlp_sock *s, int fd, int pipe, size_t len, unsign
  * free space, so what left the pipe is in the ring. */
 ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned flags)
 {
-    int st = s->state;
-    if (st == MLP_UNDECIDED && (st = mlp_decide_call(s, fd)) < 0)
-        return st;
     bool nb = (flags & SPLICE_F_NONBLOCK) || mlp_nonblock(s);
+    uint64_t dl = 0;
+    int st = mlp_tx_settle(s, fd, nb, &dl);
+    if (st < 0)
+        return st;
     if (st == MLP_TCP) {
         int e = mlp_tcp_catch_up(s, fd, !nb);
+        if (e == 0)
+            e = mlp_tcp_wait_left(fd, POLLOUT, dl);
         if (e < 0)
             return e;
         ssize_t r = mlp_real_splice(pipe, NULL, fd, NULL, len, flags);
@@ -1957,7 +2010,6 @@ ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned
     mlp_sync_timeouts(s, fd);
     void *p;
     ssize_t room;
-    uint64_t dl = 0;
     for (;;) {
         int e = mlp_lock_tx(s, nb);
         if (e < 0)
@@ -1973,6 +2025,8 @@ ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned
         mlp_unlock_tx(s);
         if (room == -EAGAIN)
             return -EAGAIN;
+        if (room == -EPIPE && st == MLP_UNDECIDED && mlp_decide(s, fd, false) == MLP_TCP)
+            return mlp_splice_to(s, fd, pipe, len, flags); /* fell to TCP meanwhile */
         if ((room == -EPIPE || room == -ECONNRESET) && mlp_write_after_close(s)) {
             /* TCP takes this one write (the peer's kernel answers it with a reset): the
              * bytes leave the pipe and are dropped. */
@@ -2155,12 +2209,16 @@ static ssize_t mlp_rx_pass(struct mlp_sock *s, const struct iovec *iov, int n, i
  * (through a header of ours the caller's msg_controllen stayed as it had set it, and a program
  * that walked CMSG_FIRSTHDR read its own uninitialised buffer); on a channel, no name, no control
  * message, no flag. */
+static ssize_t mlp_recv_at(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags,
+                           uint64_t *dl);
+
 ssize_t mlp_recvmsg(struct mlp_sock *s, int fd, struct msghdr *m, int flags)
 {
     if (m->msg_iovlen > IOV_MAX)
         return -EMSGSIZE;
+    uint64_t dl = 0; /* SO_RCVTIMEO's deadline, from the first wait (the decision's) */
     if (!(flags & (MSG_OOB | MSG_ERRQUEUE))) {
-        int st = mlp_rx_settle(s, fd, (flags & MSG_DONTWAIT) || mlp_nonblock(s));
+        int st = mlp_rx_settle(s, fd, (flags & MSG_DONTWAIT) || mlp_nonblock(s), &dl);
         if (st < 0)
             return st;
         if (st == MLP_TCP) {
@@ -2168,7 +2226,7 @@ ssize_t mlp_recvmsg(struct mlp_sock *s, int fd, struct msghdr *m, int flags)
             return r < 0 ? -errno : r;
         }
     }
-    ssize_t r = mlp_recv(s, fd, m->msg_iov, (int)m->msg_iovlen, flags);
+    ssize_t r = mlp_recv_at(s, fd, m->msg_iov, (int)m->msg_iovlen, flags, &dl);
     if (r >= 0) {
         m->msg_namelen = 0;
         m->msg_controllen = 0;
@@ -2179,20 +2237,29 @@ ssize_t mlp_recvmsg(struct mlp_sock *s, int fd, struct msghdr *m, int flags)
 
 /* A receive into more than ML_INT_MAX_IO bytes: into the first ML_INT_MAX_IO (see mlp_send_cut). */
 static __attribute__((noinline)) ssize_t mlp_recv_cut(struct mlp_sock *s, int fd,
-                                                      const struct iovec *iov, int n, int flags)
+                                                      const struct iovec *iov, int n, int flags,
+                                                      uint64_t *dl)
 {
     struct iovec v[IOV_MAX];
-    return mlp_recv(s, fd, v, mlp_iov_cut(iov, n, v), flags);
+    return mlp_recv_at(s, fd, v, mlp_iov_cut(iov, n, v), flags, dl);
 }
 
 ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags)
+{
+    uint64_t dl = 0;
+    return mlp_recv_at(s, fd, iov, n, flags, &dl);
+}
+
+/* A receive whose SO_RCVTIMEO counts from *dl once set (a wait for the decision before it). */
+static ssize_t mlp_recv_at(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags,
+                           uint64_t *dl)
 {
     if (flags & MSG_OOB)
         return -EINVAL; /* as the kernel says when there is no urgent data */
     if (flags & MSG_ERRQUEUE)
         return -EAGAIN;
     bool nb = (flags & MSG_DONTWAIT) || mlp_nonblock(s);
-    int st = mlp_rx_settle(s, fd, nb);
+    int st = mlp_rx_settle(s, fd, nb, dl);
     if (st < 0)
         return st;
     if (st == MLP_TCP) {
@@ -2204,7 +2271,7 @@ ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     if (t <= 0)
         return t;
     if (ml_unlikely(t > ML_INT_MAX_IO))
-        return mlp_recv_cut(s, fd, iov, n, flags);
+        return mlp_recv_cut(s, fd, iov, n, flags, dl);
     size_t total = (size_t)t;
     mlp_sync_timeouts(s, fd);
     if (flags & MSG_PEEK) {
@@ -2233,7 +2300,6 @@ ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     ssize_t done = 0, r;
     int i = 0;
     size_t off = 0;
-    uint64_t dl = 0;
     bool looked = false;
     for (;;) {
         if ((r = mlp_lock_rx(s, nb)) < 0)
@@ -2254,7 +2320,7 @@ ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
         }
         if (r != -EAGAIN || nb || (size_t)done >= target)
             break;
-        if ((r = mlp_wait_dir(s, 0, 1, &dl)) < 0)
+        if ((r = mlp_wait_dir(s, 0, 1, dl)) < 0)
             break;
     }
     if (done > 0)

@@ -225,15 +225,17 @@ print(len(d), d[:5].decode(), d.endswith(b"x\n"))
 """
 
 
-@pytest.mark.parametrize("client,queue_ms", [("poll", None), ("poll", "300"), ("blocking", None)])
+@pytest.mark.parametrize("client,queue_ms", [("poll", None), ("poll", "300"), ("blocking", None),
+                                             ("blocking", "300")])
 def test_a_server_that_accepts_late_takes_the_offer(fabric, tmp_path, client, queue_ms):
     """A memlan server that accepts 1.5 s after the client connected (apache2 after a graceful
     restart accepts nothing for about 2 s), the client's MEMLAN_ACCEPT_WAIT_MS 300 ms.  A client
-    driven by poll waits on while its connection is in the accept queue, and is accelerated.
-    With MEMLAN_ACCEPT_QUEUE_MS 300 it gives up at 300 ms from its offer, goes over TCP, and the
-    acceptor says that the client withdrew (not "the client is not memlan").  A blocking client
-    (its read waits for the decision, heeding no signal) keeps the wait from its offer: TCP, the
-    same reasons.  Before: TCP for all, and the acceptor blamed the client."""
+    driven by poll, or blocked in its read (a wait that heeds signals and SO_RCVTIMEO, as the
+    kernel's read would wait for the answer), waits on while its connection is in the accept
+    queue, and is accelerated.  With MEMLAN_ACCEPT_QUEUE_MS 300 it gives up at 300 ms from its
+    offer, goes over TCP, and the acceptor says that the client withdrew (not "the client is not
+    memlan").  Before: TCP for all, and the acceptor blamed the client; the blocking client kept
+    its wait from the offer and went over TCP until its wait heeded signals and timeouts."""
     port = next_port()
     slog, clog = tmp_path / "s.log", tmp_path / "c.log"
     srv = subprocess.Popen([str(MEMLAN), "run", "--log", str(slog), "--accept-wait-ms", "300",
@@ -256,7 +258,7 @@ def test_a_server_that_accepts_late_takes_the_offer(fabric, tmp_path, client, qu
             srv.kill()
             srv.wait()
     c, s = clog.read_text(), slog.read_text()
-    if client == "poll" and queue_ms is None:
+    if queue_ms is None:
         assert "the server has not accepted the connection yet" in c, c
         assert "accelerated (client)" in c and "TCP (" not in c, c
         assert "accelerated (accepted" in s and "TCP (" not in s, s
@@ -3162,16 +3164,26 @@ def test_recvmsg_on_a_connection_settled_on_tcp_matches_kernel(fabric, tmp_path)
     settle(fabric)  # the client's stat record: it ended with _exit
 
 
-@pytest.mark.parametrize("mode", ["intr", "restart"])
+DECIDEINTR_FIRST = {"intr": "read -1 EINTR after 1 s", "restart": "read 5 hello after 3 s",
+                    "timeo": "read -1 EAGAIN after 1 s", "timeo-restart": "read -1 EINTR after 1 s",
+                    "sysv": "read 5 hello after 3 s", "sndtimeo": "write a part after 1 s",
+                    "sendfile": "sendfile 1000 after 0 s", "splice": "splice 1000 after 0 s"}
+
+
+@pytest.mark.parametrize("mode", list(DECIDEINTR_FIRST))
 def test_a_read_waiting_for_the_decision_is_interrupted_as_over_tcp(fabric, tmp_path, mode):
-    """tests/preload/decideintr.c: a client's blocking read while the server has not accepted
-    yet (3 s), alarm(1) with a handler without SA_RESTART: the read ends with EINTR and the next
-    one gets the answer, as over kernel TCP; with SA_RESTART the read returns the answer.
+    """tests/preload/decideintr.c: a client's blocking call while the server has not accepted
+    yet (3 s).  alarm(1) with a handler without SA_RESTART: the read ends with EINTR and the
+    next one gets the answer, as over kernel TCP; with SA_RESTART the read returns the answer.
     Before, the read's wait for the decision went on through the handler and returned the
-    answer: "read 5 hello" where the kernel says EINTR."""
+    answer: "read 5 hello" where the kernel says EINTR.  SO_RCVTIMEO of 1 s: EAGAIN at 1 s and
+    2 s, the answer at 3 s (the wait heeded no timeout: the answer at 3 s, no EAGAIN); with a
+    timeout any handler ends the read (it went on); SO_SNDTIMEO and a 64 MiB write: a part at 1
+    s (at 3 s); a program that called siginterrupt() and gets no signal: the answer at 3 s
+    (every read ended at once with EINTR).  A nonblocking sendfile or splice of 1000 bytes
+    returns them at once (it waited for the decision: at 2 s), and the server reads them."""
     plain, under, text = scripted(BUILD / "tests-preload" / "decideintr", tmp_path, mode)
-    assert plain.stdout.startswith("read -1 EINTR" if mode == "intr" else "read 5 hello"), \
-        plain.stdout
+    assert plain.stdout.startswith(DECIDEINTR_FIRST[mode]), plain.stdout
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
     assert "offer posted" in text, text
     settle(fabric)
