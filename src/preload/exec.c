@@ -835,6 +835,8 @@ static void mlp_exec_secure_note(const char *path)
  * again by the images it starts (MEMLAN_SAID), on stderr and in the log.  path: the file as the
  * exec names it; a bare name is looked for in PATH, as execvp does (NULL, an fd: nothing said).
  */
+static bool mlp_is_valgrind_tool(const char *path);
+
 static void mlp_exec_reach_note(const char *path)
 {
     path = mlp_maybe_null(path);
@@ -847,7 +849,7 @@ static void mlp_exec_reach_note(const char *path)
         path = found;
     }
     int saved = errno;
-    int reach = mlp_elf_reach(path, 0, judged, sizeof judged);
+    int reach = mlp_is_valgrind_tool(path) ? 0 : mlp_elf_reach(path, 0, judged, sizeof judged);
     errno = saved;
     if (reach == 1 || reach == 2)
         mlp_say(MLP_SAID_REACH, "exec of %.200s%s%.200s, %s; that program runs without memlan, its "
@@ -872,6 +874,29 @@ static bool mlp_is_loader(const char *path)
     b = b ? b + 1 : path;
     return strncmp(b, "ld-linux", 8) == 0 || strncmp(b, "ld.so", 5) == 0 ||
            (strncmp(b, "ld-", 3) == 0 && strstr(b, ".so"));
+}
+
+/*
+ * A valgrind tool (memcheck-amd64-linux, ...): a statically linked program that runs its guest
+ * with the guest's own dynamic linker and the environment's LD_PRELOAD, its vgpreload libraries
+ * put in front, so memlan runs in the guest as under ld.so run as a program.  Its launcher
+ * (valgrind.bin) execs it; judged by the file, a connection carried to `valgrind PROGRAM`
+ * (socat EXEC:, inetd, tcpserver) was shut down before that exec and its client read nothing
+ * back, where kernel TCP's went through, and every valgrind under memlan said "statically
+ * linked: runs without memlan" of a guest that ran it.  Known by the file beside it that only a
+ * valgrind installation has: vgpreload_core-ARCH-linux.so, for a tool named NAME-ARCH-linux.
+ */
+static bool mlp_is_valgrind_tool(const char *path)
+{
+    const char *b = strrchr(path, '/'), *end = path + strlen(path), *p = end;
+    if (!b || end - b < 8 || strcmp(end - 6, "-linux") != 0)
+        return false;
+    int dashes = 0;
+    while (p > b + 1 && dashes < 2)
+        dashes += *--p == '-';
+    char core[600];
+    int n = snprintf(core, sizeof core, "%.*s/vgpreload_core%s.so", (int)(b - path), path, p);
+    return dashes == 2 && n > 0 && (size_t)n < sizeof core && access(core, F_OK) == 0;
 }
 
 /*
@@ -954,8 +979,9 @@ static void mlp_exec_blind(struct mlp_carry *c, const char *path)
     if (c->search && !strchr(path, '/'))
         path = found;
     if (stat(path, &st) < 0 || !S_ISREG(st.st_mode) || faccessat(AT_FDCWD, path, X_OK, AT_EACCESS) < 0 ||
-        (statvfs(path, &vf) == 0 && (vf.f_flag & ST_NOEXEC)) || mlp_is_loader(path))
-        goto out; /* the dynamic loader run as a program honours LD_PRELOAD */
+        (statvfs(path, &vf) == 0 && (vf.f_flag & ST_NOEXEC)) || mlp_is_loader(path) ||
+        mlp_is_valgrind_tool(path))
+        goto out; /* the dynamic loader run as a program honours LD_PRELOAD, as valgrind does */
     if (getresuid(&ru, &eu, &su) < 0 || getresgid(&rg, &eg, &sg) < 0)
         goto out;
     char magic[4] = {0};
