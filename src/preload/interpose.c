@@ -924,7 +924,9 @@ static ssize_t mlp_read_call(int fd, void *buf, size_t len)
     struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))
         return mlp_real_read(fd, buf, len);
-    ssize_t r = mlp_recv(s, fd, &v, 1, 0);
+    /* A read of nothing is 0 at once on a socket, whatever it waits for (sock_read_iter): an
+     * undecided one's waited for the decision, and one on TCP blocked in recvmsg (a review). */
+    ssize_t r = len ? mlp_recv(s, fd, &v, 1, 0) : 0;
     mlp_call_end(&c);
     return mlp_ret(r);
 }

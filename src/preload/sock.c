@@ -1300,10 +1300,35 @@ int mlp_tcp_catch_up(struct mlp_sock *s, int fd, bool block)
  * whole call, as the kernel counts its timeout down across the waits of one call. */
 static uint64_t mlp_call_deadline(uint64_t *dl, uint64_t tmo_ns)
 {
-    if (tmo_ns && !*dl)
-        *dl = __ml_now_ns() + tmo_ns;
+    if (tmo_ns && !*dl) {
+        uint64_t now = __ml_now_ns();
+        *dl = tmo_ns < UINT64_MAX - now ? now + tmo_ns : 0; /* past the clock's end: none */
+    }
     return *dl;
 }
+
+/* A SO_RCVTIMEO/SO_SNDTIMEO value in ns, 0 for none; one of 31 years or more counts as 31 years:
+ * still a timeout, as the kernel keeps it (any handler ends the call), where the product
+ * wrapped round (a tv_sec of 18446744074 fired at 0.29 s: a review). */
+static uint64_t mlp_tv_ns(const struct timeval *tv)
+{
+    if (tv->tv_sec < 0 || tv->tv_usec < 0 || (tv->tv_sec == 0 && tv->tv_usec == 0))
+        return 0; /* the kernel refuses a negative one; 0 is none */
+    if (tv->tv_sec >= 1000000000)
+        return 1000000000ull * 1000000000u;
+    return (uint64_t)tv->tv_sec * 1000000000u + (uint64_t)tv->tv_usec * 1000u;
+}
+
+/*
+ * What kernel TCP's buffers take into a connection before its server accepts it, and so what a
+ * blocking send takes there without waiting: the socket's send buffer, which grows to tcp_wmem's
+ * default maximum, 4 MiB.  An undecided ring holds less (MEMLAN_RING_KB), and a blocking send
+ * that finds it full waits for the decision (mlp_send): a wait the kernel's call does not have
+ * for a call of this size or less, so neither SO_SNDTIMEO nor a handler ends it (a 1 MiB send
+ * with a 1 s SO_SNDTIMEO returned 256 KiB, then EAGAIN, where the kernel takes it all at once:
+ * a review).  A larger call would wait in the kernel too, and its wait ends as that one would.
+ */
+#define MLP_KERNEL_TAKES (4u << 20)
 
 /* Sleep, holding no lock of the socket, until the direction (0 receive, 1 send: want bytes of
  * room) may have moved.  0: take the lock and look again; -EAGAIN: the timeout ran out; -EINTR. */
@@ -1531,10 +1556,10 @@ static void mlp_sync_timeouts(struct mlp_sock *s, int fd)
     struct timeval tv;
     socklen_t l = sizeof tv;
     if (mlp_real_getsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, &l) == 0 && l == sizeof tv)
-        s->ch->rx_tmo_ns = (uint64_t)tv.tv_sec * 1000000000u + (uint64_t)tv.tv_usec * 1000u;
+        s->ch->rx_tmo_ns = mlp_tv_ns(&tv);
     l = sizeof tv;
     if (mlp_real_getsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, &l) == 0 && l == sizeof tv)
-        s->ch->tx_tmo_ns = (uint64_t)tv.tv_sec * 1000000000u + (uint64_t)tv.tv_usec * 1000u;
+        s->ch->tx_tmo_ns = mlp_tv_ns(&tv);
     errno = saved;
     atomic_store_explicit(&s->tmo_synced, true, memory_order_release);
 }
@@ -1549,12 +1574,11 @@ static void mlp_sync_timeouts(struct mlp_sock *s, int fd)
  */
 static int mlp_tcp_wait_left(int fd, short ev, uint64_t dl)
 {
-    if (!dl)
-        return 0;
+    if (!dl || mlp_sandboxed())
+        return 0; /* a filter may kill for the poll (a review: one that kills for ppoll did) */
     uint64_t now = mlp_now_ns(), left = now < dl ? dl - now : 0;
-    struct timespec ts = {(time_t)(left / 1000000000u), (long)(left % 1000000000u)};
     struct pollfd p = {.fd = fd, .events = ev};
-    int saved = errno, r = mlp_real_ppoll(&p, 1, &ts, NULL);
+    int saved = errno, r = mlp_real_poll(&p, 1, (int)((left + 999999u) / 1000000u));
     int e = r < 0 ? -errno : r == 0 ? -EAGAIN : 0;
     errno = saved;
     return e;
@@ -1686,7 +1710,9 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
         if (st == MLP_UNDECIDED) {
             /* Undecided: never wait for room, since nobody may ever drain the ring; wait for
              * the decision instead. */
-            st = mlp_decide_call(s, fd, mlp_call_deadline(&dl, s->ch->tx_tmo_ns), false);
+            st = total > MLP_KERNEL_TAKES
+                     ? mlp_decide_call(s, fd, mlp_call_deadline(&dl, s->ch->tx_tmo_ns), false)
+                     : mlp_decide(s, fd, true);
             if (st < 0)
                 return done ? done : st; /* a handler ran, or SO_SNDTIMEO ran out */
             if (st == MLP_TCP) {
@@ -1726,31 +1752,30 @@ static int mlp_ring_fault(int e, const void *p, size_t n)
     return e == -EFAULT && __ml_guard_fault_in(p, n) ? -ECONNRESET : e;
 }
 
-/* Before a send that is not mlp_send (sendfile, splice): the state, settled where the call may
- * wait for it (dl: its deadline).  A nonblocking one never waits: still undecided, it writes
- * into the ring as mlp_send does, to go out over TCP first if the connection falls to it.  (It
- * used to wait for the decision whatever O_NONBLOCK said: 2 s, or until the server accepted.) */
-static int mlp_tx_settle(struct mlp_sock *s, int fd, bool nb, uint64_t *dl)
+/*
+ * A send that is not mlp_send (sendfile, splice) into an undecided socket writes into its ring,
+ * as mlp_send does, to go out over TCP first if the connection falls to it; a blocking one that
+ * finds the ring full waits for the decision as mlp_send does (MLP_KERNEL_TAKES: a call of n
+ * bytes; dl, its deadline).  They used to wait for the decision first, a nonblocking one too,
+ * and with SO_SNDTIMEO a blocking one then failed with EAGAIN where the kernel's buffers take
+ * the bytes at once (a review).  The state, or -EINTR, -EAGAIN.
+ */
+static int mlp_tx_decide_full(struct mlp_sock *s, int fd, size_t n, uint64_t *dl)
 {
-    int st = s->state;
-    if (st != MLP_UNDECIDED)
-        return st;
-    mlp_sync_timeouts(s, fd);
-    return nb ? mlp_decide(s, fd, false)
-              : mlp_decide_call(s, fd, mlp_call_deadline(dl, s->ch->tx_tmo_ns), false);
+    return n > MLP_KERNEL_TAKES
+               ? mlp_decide_call(s, fd, mlp_call_deadline(dl, s->ch->tx_tmo_ns), false)
+               : mlp_decide(s, fd, true);
 }
 
 /* sendfile(2) into an accelerated socket: the file's bytes are read straight into the ring. */
 ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t count)
 {
     uint64_t dl = 0;
-    int st = mlp_tx_settle(s, fd, mlp_nonblock(s), &dl);
-    if (st < 0)
-        return st;
+    int st = s->state;
+    if (st == MLP_UNDECIDED)
+        st = mlp_decide(s, fd, false); /* a look: undecided, the bytes go into the ring */
     if (st == MLP_TCP) {
         int e = mlp_tcp_catch_up(s, fd, !mlp_nonblock(s));
-        if (e == 0)
-            e = mlp_tcp_wait_left(fd, POLLOUT, dl);
         if (e < 0)
             return e;
         ssize_t r = mlp_real_sendfile(fd, in, off, count);
@@ -1768,7 +1793,7 @@ ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t coun
     }
     size_t done = 0;
     ssize_t err = 0;
-    bool end = false;
+    bool end = false, fell = false;
     while (done < count && !end) {
         if ((err = mlp_lock_tx(s, nb)) < 0) {
             if (done)
@@ -1801,7 +1826,21 @@ ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t coun
             }
         }
         mlp_unlock_tx(s);
-        if (end || done >= count || err != -EAGAIN || nb)
+        if (end || done >= count || (err != -EAGAIN && err != -EPIPE) || nb)
+            break;
+        if (st == MLP_UNDECIDED) {
+            /* Full, or settled on TCP meanwhile (EPIPE: see mlp_send): the decision. */
+            st = err == -EPIPE ? mlp_decide(s, fd, false) : mlp_tx_decide_full(s, fd, count, &dl);
+            if (st < 0) {
+                err = st;
+                break;
+            }
+            fell = st == MLP_TCP;
+            if (fell || st == MLP_UNDECIDED)
+                break;
+            continue;
+        }
+        if (err == -EPIPE)
             break;
         /* Full: a blocking sendfile moves everything, waiting without the lock. */
         if ((err = mlp_wait_dir(s, 1, mlp_tx_want(s, count - done), &dl)) < 0)
@@ -1811,12 +1850,23 @@ ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t coun
         *off = pos + (off_t)done;
     else if (done)
         (void)lseek(in, pos + (off_t)done, SEEK_SET);
+    if (!fell && err == -EPIPE && st == MLP_UNDECIDED)
+        fell = mlp_decide(s, fd, false) == MLP_TCP; /* a nonblocking call's: over TCP */
+    if (fell) {
+        /* Over TCP: what this call put into the ring goes out first (mlp_tcp_catch_up), then
+         * the rest from where it stopped (the offset or the file position is past it). */
+        int e = mlp_tcp_catch_up(s, fd, !nb);
+        if (e == 0)
+            e = mlp_tcp_wait_left(fd, POLLOUT, dl);
+        if (e < 0 || (done && nb))
+            return done ? (ssize_t)done : e;
+        ssize_t r = mlp_real_sendfile(fd, in, off, count - done);
+        return r < 0 ? (done ? (ssize_t)done : -errno) : (ssize_t)done + r;
+    }
     if (done)
         return (ssize_t)done;
     if (err == 0)
         return 0;
-    if (err == -EPIPE && st == MLP_UNDECIDED && mlp_decide(s, fd, false) == MLP_TCP)
-        return mlp_sendfile(s, fd, in, off, count); /* fell to TCP meanwhile: over TCP */
     char probe;
     if ((err == -EPIPE || err == -ECONNRESET) && pread(in, &probe, 1, pos) == 0)
         return 0; /* the kernel reads the file first: at its end, nothing to send, no error */
@@ -1922,6 +1972,8 @@ ssize_t mlp_splice_from(struct mlp_sock *s, int fd, int pipe, size_t len, unsign
 {
     bool nb = (flags & SPLICE_F_NONBLOCK) || mlp_nonblock(s);
     uint64_t dl = 0;
+    if (len == 0)
+        return 0; /* the kernel's splice of nothing, whatever the socket waits for */
     int st = mlp_rx_settle(s, fd, nb, &dl);
     if (st < 0)
         return st;
@@ -1929,8 +1981,6 @@ ssize_t mlp_splice_from(struct mlp_sock *s, int fd, int pipe, size_t len, unsign
         ssize_t r = mlp_real_splice(fd, NULL, pipe, NULL, len, flags);
         return r < 0 ? -errno : r;
     }
-    if (len == 0)
-        return 0;
     mlp_sync_timeouts(s, fd);
     bool pnb = (flags & SPLICE_F_NONBLOCK) != 0;
     ssize_t w;
@@ -1986,20 +2036,18 @@ ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned
 {
     bool nb = (flags & SPLICE_F_NONBLOCK) || mlp_nonblock(s);
     uint64_t dl = 0;
-    int st = mlp_tx_settle(s, fd, nb, &dl);
-    if (st < 0)
-        return st;
+    if (len == 0)
+        return 0; /* the kernel's splice of nothing, whatever the socket waits for */
+    int st = s->state;
+    if (st == MLP_UNDECIDED)
+        st = mlp_decide(s, fd, false); /* a look: undecided, the bytes go into the ring */
     if (st == MLP_TCP) {
         int e = mlp_tcp_catch_up(s, fd, !nb);
-        if (e == 0)
-            e = mlp_tcp_wait_left(fd, POLLOUT, dl);
         if (e < 0)
             return e;
         ssize_t r = mlp_real_splice(pipe, NULL, fd, NULL, len, flags);
         return r < 0 ? -errno : r;
     }
-    if (len == 0)
-        return 0;
     /* The kernel waits for the pipe first (SPLICE_F_NONBLOCK: EAGAIN), and an empty pipe
      * without writers is the end: 0. */
     int ev = mlp_pipe_wait(pipe, POLLIN, (flags & SPLICE_F_NONBLOCK) != 0);
@@ -2018,6 +2066,13 @@ ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned
         if (room != -EAGAIN || nb)
             break;
         mlp_unlock_tx(s);
+        if (st == MLP_UNDECIDED) {
+            if ((st = mlp_tx_decide_full(s, fd, len, &dl)) < 0)
+                return st;
+            if (st == MLP_TCP)
+                return mlp_splice_to(s, fd, pipe, len, flags); /* now over TCP */
+            continue;
+        }
         if ((e = mlp_wait_dir(s, 1, mlp_tx_want(s, len), &dl)) < 0)
             return e;
     }
@@ -2697,8 +2752,7 @@ int mlp_setsockopt(struct mlp_sock *s, int level, int name, const void *val, soc
     if (len < sizeof(struct timeval))
         return 0;
     if (name == SO_RCVTIMEO || name == SO_SNDTIMEO) {
-        const struct timeval *tv = val;
-        uint64_t ns = (uint64_t)tv->tv_sec * 1000000000u + (uint64_t)tv->tv_usec * 1000u;
+        uint64_t ns = mlp_tv_ns(val);
         if (name == SO_RCVTIMEO)
             s->ch->rx_tmo_ns = ns;
         else

@@ -9,16 +9,22 @@
  *                  timeout is never restarted), then the answer;
  *   sysv           siginterrupt(SIGUSR1, 1) called, no signal sent: the answer at 3 s;
  *   sndtimeo       SO_SNDTIMEO of 1 s and one write of 64 MiB: a part of it, at 1 s;
+ *   huge-restart   SO_RCVTIMEO of 634 years and the SA_RESTART alarm: EINTR at 1 s;
+ *   1m-sndtimeo    SO_SNDTIMEO of 1 s and a write of 1 MiB: all of it (the kernel's buffers);
  *   sendfile       O_NONBLOCK, a sendfile of 1000 bytes of a file: all of them, at once;
- *   splice         O_NONBLOCK, a splice of 1000 bytes from a pipe: all of them, at once.
+ *   splice         O_NONBLOCK, a splice of 1000 bytes from a pipe: all of them, at once;
+ *   sendfile-timeo, splice-timeo  the same, blocking, with SO_SNDTIMEO of 1 s;
+ *   read0          a read of 0 bytes: 0, at once; then the answer.
  * Those are kernel TCP's answers.  Under memlan the read waited for the decision
  * (MEMLAN_ACCEPT_WAIT_MS, 2 s) whatever ran, and the handler's interruption was lost ("read 5"
  * in intr mode); it heeded no SO_RCVTIMEO or SO_SNDTIMEO (timeo: EAGAIN at 3 s; sndtimeo: at 3
  * s); and once it heeded handlers, a program that had called siginterrupt read EINTR at once.
- * The nonblocking sendfile and splice waited for the decision: 1000 bytes at 2 s.
+ * The nonblocking sendfile and splice waited for the decision: 1000 bytes at 2 s; with the
+ * timeouts heeded, a review found the huge timeout wrapped round (EAGAIN at once), a 1 MiB
+ * write cut at 256 KiB, blocking sendfile and splice EAGAIN at 1 s, read0 waiting 2 s.
  * Prints what each call returned and after how many seconds (rounded).
  *
- * usage: decideintr PORT intr|restart|timeo|timeo-restart|sysv|sndtimeo|sendfile|splice
+ * usage: decideintr PORT MODE (above)
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -61,8 +67,7 @@ static void show(const char *what, ssize_t r, const char *buf)
 int main(int argc, char **argv)
 {
     if (argc < 3) {
-        fprintf(stderr, "usage: %s PORT intr|restart|timeo|timeo-restart|sysv|sndtimeo|"
-                "sendfile|splice\n", argv[0]);
+        fprintf(stderr, "usage: %s PORT MODE (see the source)\n", argv[0]);
         return 2;
     }
     const char *mode = argv[2];
@@ -81,7 +86,8 @@ int main(int argc, char **argv)
         nanosleep(&late, NULL);
         int s = accept(l, NULL, NULL);
         char b[1100];
-        size_t want = !strcmp(mode, "sendfile") || !strcmp(mode, "splice") ? 1002 : 2, got = 0;
+        size_t want = !strncmp(mode, "sendfile", 8) || !strncmp(mode, "splice", 6) ? 1002 : 2;
+        size_t got = 0;
         ssize_t k = 1;
         while (s >= 0 && got < want && (k = read(s, b, want - got)) > 0)
             got += (size_t)k;
@@ -100,9 +106,11 @@ int main(int argc, char **argv)
     }
     bool alarmed = !strcmp(mode, "intr") || strstr(mode, "restart");
     struct timeval tv = {!strcmp(mode, "timeo-restart") ? 5 : 1, 0};
-    if (!strcmp(mode, "timeo") || !strcmp(mode, "timeo-restart"))
+    if (!strcmp(mode, "huge-restart"))
+        tv.tv_sec = 20000000000; /* 634 years: a timeout still, for the kernel */
+    if (!strcmp(mode, "timeo") || strstr(mode, "-restart"))
         setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (!strcmp(mode, "sndtimeo"))
+    if (strstr(mode, "sndtimeo") || strstr(mode, "-timeo"))
         setsockopt(c, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
     if (!strcmp(mode, "sysv"))
 #pragma GCC diagnostic push
@@ -115,11 +123,11 @@ int main(int argc, char **argv)
     sa.sa_flags = strstr(mode, "restart") ? SA_RESTART : 0;
     sigaction(SIGALRM, &sa, NULL);
     t0 = now_s();
-    if (!strcmp(mode, "sendfile") || !strcmp(mode, "splice")) {
+    if (!strncmp(mode, "sendfile", 8) || !strncmp(mode, "splice", 6)) {
         char blk[1000];
         memset(blk, 'f', sizeof blk);
         int src[2] = {-1, -1};
-        if (!strcmp(mode, "sendfile")) {
+        if (!strncmp(mode, "sendfile", 8)) {
             FILE *f = tmpfile();
             if (!f || fwrite(blk, 1, sizeof blk, f) != sizeof blk || fflush(f))
                 return 1;
@@ -127,11 +135,12 @@ int main(int argc, char **argv)
         } else if (pipe(src) || write(src[1], blk, sizeof blk) != (ssize_t)sizeof blk) {
             return 1;
         }
-        fcntl(c, F_SETFL, fcntl(c, F_GETFL) | O_NONBLOCK);
+        if (!strstr(mode, "-timeo"))
+            fcntl(c, F_SETFL, fcntl(c, F_GETFL) | O_NONBLOCK);
         t0 = now_s();
         off_t at = 0;
-        ssize_t w = !strcmp(mode, "sendfile") ? sendfile(c, src[0], &at, sizeof blk)
-                                              : splice(src[0], NULL, c, NULL, sizeof blk, 0);
+        ssize_t w = !strncmp(mode, "sendfile", 8) ? sendfile(c, src[0], &at, sizeof blk)
+                                                  : splice(src[0], NULL, c, NULL, sizeof blk, 0);
         if (w >= 0)
             printf("%s %zd after %d s\n", mode, w, (int)(now_s() - t0 + 0.5));
         else
@@ -139,8 +148,8 @@ int main(int argc, char **argv)
         fcntl(c, F_SETFL, fcntl(c, F_GETFL) & ~O_NONBLOCK);
         char buf[16];
         show("read", read(c, buf, sizeof buf), buf);
-    } else if (!strcmp(mode, "sndtimeo")) {
-        size_t big = 64u << 20;
+    } else if (strstr(mode, "sndtimeo")) {
+        size_t big = !strcmp(mode, "1m-sndtimeo") ? 1u << 20 : 64u << 20;
         char *b = calloc(1, big);
         ssize_t w = b ? write(c, b, big) : -1;
         int after = (int)(now_s() - t0 + 0.5);
@@ -149,13 +158,15 @@ int main(int argc, char **argv)
         else if (w < 0)
             show("write", w, "");
         else
-            printf("write %zd after %d s\n", w, after);
+            printf("write all\n"); /* the kernel's buffers take 1 MiB at once; our ring less */
         free(b);
     } else {
         if (alarmed)
             alarm(1);
         char buf[16];
         ssize_t r = -1;
+        if (!strcmp(mode, "read0"))
+            show("read0", read(c, buf, 0), buf);
         for (int k = 0; k < 4 && r < 0; k++) {
             r = read(c, buf, sizeof buf);
             show(k ? "again" : "read", r, buf);

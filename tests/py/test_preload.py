@@ -383,8 +383,11 @@ def test_sends_to_a_killed_peer_fail_within_the_ring(fabric, tmp_path, mode):
 
 # A server child that answers each of 8 connections' "GET" with 1 MB and then waits for the next
 # request (mode: a blocking recv, an epoll set, a poll; "busy": with a ninth connection on which
-# a byte comes every 30 ms, so that the loop never sleeps out its wait), while the client, having
-# read the answers, sums the blocks the fabric's files hold then and 2.5 s later, then says "bye".
+# a byte comes every 30 ms, so that the loop never sleeps out its wait), while the client sums
+# the blocks the fabric's files hold once the answers lie unread in their regions, reads them,
+# sums the blocks again 2.5 s later, then says "bye".  (It used to sum them after reading every
+# answer: under load the first regions were given back before it read the last, and the first
+# sum missed them.)
 IDLE_AFTER_BURST = LISTENER + r"""
 import threading
 mode, fab = sys.argv[2], sys.argv[3]
@@ -434,12 +437,16 @@ if busy:
             time.sleep(0.03)
     th = threading.Thread(target=chatter)
     th.start()
-for c in cs:
+for c in cs:  # every request first: each answer lies in its region until read, held there
     c.sendall(b"GET")
+end = time.monotonic() + 20
+while held() <= 8 * 4096 * 1024 and time.monotonic() < end:
+    time.sleep(0.05)
+first = held()
+for c in cs:
     got = 0
     while got < 1000000:
         got += len(c.recv(1 << 20))
-first = held()
 time.sleep(2.5)
 print(first // 1024, held() // 1024)
 stop.append(1)
@@ -3167,7 +3174,10 @@ def test_recvmsg_on_a_connection_settled_on_tcp_matches_kernel(fabric, tmp_path)
 DECIDEINTR_FIRST = {"intr": "read -1 EINTR after 1 s", "restart": "read 5 hello after 3 s",
                     "timeo": "read -1 EAGAIN after 1 s", "timeo-restart": "read -1 EINTR after 1 s",
                     "sysv": "read 5 hello after 3 s", "sndtimeo": "write a part after 1 s",
-                    "sendfile": "sendfile 1000 after 0 s", "splice": "splice 1000 after 0 s"}
+                    "sendfile": "sendfile 1000 after 0 s", "splice": "splice 1000 after 0 s",
+                    "huge-restart": "read -1 EINTR after 1 s", "1m-sndtimeo": "write all",
+                    "sendfile-timeo": "sendfile-timeo 1000 after 0 s",
+                    "splice-timeo": "splice-timeo 1000 after 0 s", "read0": "read0 0  after 0 s"}
 
 
 @pytest.mark.parametrize("mode", list(DECIDEINTR_FIRST))
@@ -3181,7 +3191,11 @@ def test_a_read_waiting_for_the_decision_is_interrupted_as_over_tcp(fabric, tmp_
     timeout any handler ends the read (it went on); SO_SNDTIMEO and a 64 MiB write: a part at 1
     s (at 3 s); a program that called siginterrupt() and gets no signal: the answer at 3 s
     (every read ended at once with EINTR).  A nonblocking sendfile or splice of 1000 bytes
-    returns them at once (it waited for the decision: at 2 s), and the server reads them."""
+    returns them at once (it waited for the decision: at 2 s), and the server reads them.  A
+    review's cases: a SO_RCVTIMEO of 634 years is a timeout still (it wrapped round: EAGAIN at
+    once); a 1 MiB write with SO_SNDTIMEO is taken whole, as the kernel's buffers take it (256
+    KiB, then EAGAIN); a blocking sendfile or splice with SO_SNDTIMEO writes at once (EAGAIN at
+    1 s); a read of 0 bytes is 0 at once (at 2 s)."""
     plain, under, text = scripted(BUILD / "tests-preload" / "decideintr", tmp_path, mode)
     assert plain.stdout.startswith(DECIDEINTR_FIRST[mode]), plain.stdout
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + under.stderr
