@@ -1576,9 +1576,15 @@ static int mlp_tcp_wait_left(int fd, short ev, uint64_t dl)
 {
     if (!dl || mlp_sandboxed())
         return 0; /* a filter may kill for the poll (a review: one that kills for ppoll did) */
-    uint64_t now = mlp_now_ns(), left = now < dl ? dl - now : 0;
-    struct pollfd p = {.fd = fd, .events = ev};
-    int saved = errno, r = mlp_real_poll(&p, 1, (int)((left + 999999u) / 1000000u));
+    int saved = errno, r;
+    for (;;) { /* poll's int of ms holds 24.8 days: a longer timeout polls again (a review) */
+        uint64_t now = mlp_now_ns(), left = now < dl ? dl - now : 0;
+        uint64_t ms = (left + 999999u) / 1000000u;
+        struct pollfd p = {.fd = fd, .events = ev};
+        r = mlp_real_poll(&p, 1, ms > INT_MAX ? INT_MAX : (int)ms);
+        if (r != 0 || ms <= INT_MAX)
+            break;
+    }
     int e = r < 0 ? -errno : r == 0 ? -EAGAIN : 0;
     errno = saved;
     return e;
@@ -1762,9 +1768,21 @@ static int mlp_ring_fault(int e, const void *p, size_t n)
  */
 static int mlp_tx_decide_full(struct mlp_sock *s, int fd, size_t n, uint64_t *dl)
 {
+    /* n: what the call can move, not what it asks (a splice of 1 GiB from a pipe that holds
+     * 64 KiB, a sendfile past the file's end: the kernel takes those at once, a review). */
     return n > MLP_KERNEL_TAKES
                ? mlp_decide_call(s, fd, mlp_call_deadline(dl, s->ch->tx_tmo_ns), false)
                : mlp_decide(s, fd, true);
+}
+
+/* What a sendfile of count bytes from pos can move: no more than a regular file holds there. */
+static size_t mlp_file_left(int in, off_t pos, size_t count)
+{
+    struct stat st;
+    if (fstat(in, &st) < 0 || !S_ISREG(st.st_mode))
+        return count;
+    off_t left = st.st_size > pos ? st.st_size - pos : 0;
+    return (uint64_t)left < count ? (size_t)left : count;
 }
 
 /* sendfile(2) into an accelerated socket: the file's bytes are read straight into the ring. */
@@ -1830,7 +1848,8 @@ ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t coun
             break;
         if (st == MLP_UNDECIDED) {
             /* Full, or settled on TCP meanwhile (EPIPE: see mlp_send): the decision. */
-            st = err == -EPIPE ? mlp_decide(s, fd, false) : mlp_tx_decide_full(s, fd, count, &dl);
+            st = err == -EPIPE ? mlp_decide(s, fd, false)
+                               : mlp_tx_decide_full(s, fd, mlp_file_left(in, pos, count), &dl);
             if (st < 0) {
                 err = st;
                 break;
@@ -1856,8 +1875,9 @@ ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t coun
         /* Over TCP: what this call put into the ring goes out first (mlp_tcp_catch_up), then
          * the rest from where it stopped (the offset or the file position is past it). */
         int e = mlp_tcp_catch_up(s, fd, !nb);
-        if (e == 0)
-            e = mlp_tcp_wait_left(fd, POLLOUT, dl);
+        if (e < 0)
+            return done ? (ssize_t)done : mlp_tx_error(s, e, 0); /* a reset, EPIPE's SIGPIPE */
+        e = mlp_tcp_wait_left(fd, POLLOUT, dl);
         if (e < 0 || (done && nb))
             return done ? (ssize_t)done : e;
         ssize_t r = mlp_real_sendfile(fd, in, off, count - done);
@@ -2067,7 +2087,10 @@ ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned
             break;
         mlp_unlock_tx(s);
         if (st == MLP_UNDECIDED) {
-            if ((st = mlp_tx_decide_full(s, fd, len, &dl)) < 0)
+            int q = 0;
+            size_t can = mlp_real_ioctl(pipe, FIONREAD, &q) == 0 && q >= 0 && (size_t)q < len
+                             ? (size_t)q : len; /* what the pipe holds */
+            if ((st = mlp_tx_decide_full(s, fd, can, &dl)) < 0)
                 return st;
             if (st == MLP_TCP)
                 return mlp_splice_to(s, fd, pipe, len, flags); /* now over TCP */
