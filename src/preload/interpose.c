@@ -967,12 +967,7 @@ MLP_EXPORT ssize_t readv(int fd, const struct iovec *iov, int n)
     struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))
         return mlp_real_readv(fd, iov, n);
-    ssize_t r = n < 0 || n > IOV_MAX ? -EINVAL : 0;
-    size_t any = 0; /* a readv of nothing is 0 at once, as read's (mlp_read_call) */
-    for (int i = 0; r == 0 && i < n && !any; i++)
-        any = iov[i].iov_len;
-    if (r == 0 && any)
-        r = mlp_recv(s, fd, iov, n, 0);
+    ssize_t r = n < 0 || n > IOV_MAX ? -EINVAL : mlp_recv(s, fd, iov, n, 0);
     mlp_call_end(&c);
     return mlp_ret(r);
 }

@@ -2419,8 +2419,8 @@ static const char *mlp_no_offer_why(const struct ml_listen_rec *m)
     /* (one mark for both: a credential change, or a fabric that refused a file to a process whose
      * credentials did not change as libc saw them, a sandbox's: mlp_fabric_refused; the server's
      * own log says which) */
-    return v == ML_NO_OFFER_CRED ? "a server process lost the fabric (its credentials changed, "
-                                   "or the fabric refused it): it cannot take offers"
+    return v == ML_NO_OFFER_CRED ? "a server process lost the fabric (credentials, sandbox): it "
+                                   "cannot take offers" /* at most 79: a stat entry's why */
            : v == ML_NO_OFFER_GRANT
                ? "a server process cannot be named as an acceptor in the shared fabric's record"
            : v == ML_NO_OFFER_DEFER

@@ -14,7 +14,7 @@
  *   sendfile       O_NONBLOCK, a sendfile of 1000 bytes of a file: all of them, at once;
  *   splice         O_NONBLOCK, a splice of 1000 bytes from a pipe: all of them, at once;
  *   sendfile-timeo, splice-timeo  the same, blocking, with SO_SNDTIMEO of 1 s;
- *   read0          a read and a readv of 0 bytes: 0, at once; then the answer.
+ *   read0          a read of 0 bytes: 0, at once; then the answer.
  * Those are kernel TCP's answers.  Under memlan the read waited for the decision
  * (MEMLAN_ACCEPT_WAIT_MS, 2 s) whatever ran, and the handler's interruption was lost ("read 5"
  * in intr mode); it heeded no SO_RCVTIMEO or SO_SNDTIMEO (timeo: EAGAIN at 3 s; sndtimeo: at 3
@@ -38,7 +38,6 @@
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/time.h>
-#include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -166,11 +165,8 @@ int main(int argc, char **argv)
             alarm(1);
         char buf[16];
         ssize_t r = -1;
-        if (!strcmp(mode, "read0")) {
+        if (!strcmp(mode, "read0"))
             show("read0", read(c, buf, 0), buf);
-            struct iovec none = {buf, 0};
-            show("readv0", readv(c, &none, 1), buf);
-        }
         for (int k = 0; k < 4 && r < 0; k++) {
             r = read(c, buf, sizeof buf);
             show(k ? "again" : "read", r, buf);
