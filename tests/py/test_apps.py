@@ -1247,7 +1247,8 @@ def test_tinyproxy_restarted_into_the_fabrics_group(gfabric, group, pubdir):
         assert fetch("shipped", True) == want
         c = clog.read_text()
         assert "accelerated (client)" not in c and tcp_reasons(clog) == [
-            "a server process lost the fabric (credentials, sandbox): it cannot take offers"] * 4, c[-3000:]
+            "a server process lost the fabric (credentials, sandbox): it cannot take offers"
+        ] * 4, c[-3000:]
         assert "fabric out of reach" in slog.read_text(), slog.read_text()[-3000:]
         assert sigterm_exit(srv) == 0  # systemd's restart: SIGTERM, then a new one
         # Group set to the fabric's: its clients accelerated, the same answers.

@@ -497,7 +497,10 @@ def test_h2o_graceful_restart_with_stalled_h2_readers(fabric, pubdir):
                 h.stop()
             stop_proc(o)
     settle()  # before the verdict: the fixture finds the fabric clean either way
-    assert res[False] == ["whole"] * 6, res[False]
+    # Over kernel TCP too, now and then (a CI run, 2026-11-30: one of six): h2o's defect needs
+    # only a writev whose last buffer does not fit, which a loaded machine's smaller windows give.
+    assert all(g in ("whole", "h2o's short close") for g in res[False]), res[False]
+    assert res[False].count("whole") >= 3, res[False]
     assert all(g in ("whole", "h2o's short close") for g in res[True]), res[True]
     assert accelerated(clog) == 6, clog.read_text()[-2000:]
 
