@@ -1330,6 +1330,23 @@ static uint64_t mlp_tv_ns(const struct timeval *tv)
  */
 #define MLP_KERNEL_TAKES (4u << 20)
 
+/*
+ * A send into an undecided socket (mlp_send, sendfile, splice) writes into its ring, to go out
+ * over TCP first if the connection falls to it; a blocking one that finds the ring full waits
+ * for the decision (MLP_KERNEL_TAKES: a call that can move n bytes; dl, its deadline).  Sendfile
+ * and splice used to wait for the decision first, a nonblocking one too, and with SO_SNDTIMEO a
+ * blocking one then failed with EAGAIN where the kernel's buffers take the bytes at once (a
+ * review).  The state, or -EINTR, -EAGAIN.
+ */
+static int mlp_tx_decide_full(struct mlp_sock *s, int fd, size_t n, uint64_t *dl)
+{
+    /* n: what the call can move, not what it asks (a splice of 1 GiB from a pipe that holds
+     * 64 KiB, a sendfile past the file's end: the kernel takes those at once, a review). */
+    return n > MLP_KERNEL_TAKES
+               ? mlp_decide_call(s, fd, mlp_call_deadline(dl, s->ch->tx_tmo_ns), false)
+               : mlp_decide(s, fd, true);
+}
+
 /* Sleep, holding no lock of the socket, until the direction (0 receive, 1 send: want bytes of
  * room) may have moved.  0: take the lock and look again; -EAGAIN: the timeout ran out; -EINTR. */
 /*
@@ -1716,9 +1733,7 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
         if (st == MLP_UNDECIDED) {
             /* Undecided: never wait for room, since nobody may ever drain the ring; wait for
              * the decision instead. */
-            st = total > MLP_KERNEL_TAKES
-                     ? mlp_decide_call(s, fd, mlp_call_deadline(&dl, s->ch->tx_tmo_ns), false)
-                     : mlp_decide(s, fd, true);
+            st = mlp_tx_decide_full(s, fd, total, &dl);
             if (st < 0)
                 return done ? done : st; /* a handler ran, or SO_SNDTIMEO ran out */
             if (st == MLP_TCP) {
@@ -1756,23 +1771,6 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
 static int mlp_ring_fault(int e, const void *p, size_t n)
 {
     return e == -EFAULT && __ml_guard_fault_in(p, n) ? -ECONNRESET : e;
-}
-
-/*
- * A send that is not mlp_send (sendfile, splice) into an undecided socket writes into its ring,
- * as mlp_send does, to go out over TCP first if the connection falls to it; a blocking one that
- * finds the ring full waits for the decision as mlp_send does (MLP_KERNEL_TAKES: a call of n
- * bytes; dl, its deadline).  They used to wait for the decision first, a nonblocking one too,
- * and with SO_SNDTIMEO a blocking one then failed with EAGAIN where the kernel's buffers take
- * the bytes at once (a review).  The state, or -EINTR, -EAGAIN.
- */
-static int mlp_tx_decide_full(struct mlp_sock *s, int fd, size_t n, uint64_t *dl)
-{
-    /* n: what the call can move, not what it asks (a splice of 1 GiB from a pipe that holds
-     * 64 KiB, a sendfile past the file's end: the kernel takes those at once, a review). */
-    return n > MLP_KERNEL_TAKES
-               ? mlp_decide_call(s, fd, mlp_call_deadline(dl, s->ch->tx_tmo_ns), false)
-               : mlp_decide(s, fd, true);
 }
 
 /* What a sendfile of count bytes from pos can move: no more than a regular file holds there. */
