@@ -260,13 +260,13 @@ static void ml_grow_take(struct ml_ring *r, uint64_t w)
                           ml_grow_word(r->swp, r->swg), memory_order_release);
 }
 
-/* Whether our direction may switch into its region now: it grows, nothing refused it, the peer
- * attached (an offer's bytes may be withdrawn, and __ml_chan_unsent reads the ring alone), and no
- * switch is outstanding (the tail t has passed the last one, at swp). */
+/* Whether our direction may switch into its region now: it grows, nothing refused it, and no
+ * switch is outstanding (the tail t has passed the last one, at swp).  An offer's ring grows
+ * before the server attaches, as the kernel's buffers take up to 4 MiB before an accept: a
+ * withdrawn offer's bytes are read back from both areas (__ml_chan_unsent). */
 static bool ml_growable(const struct memlan_channel *ch, uint64_t t, uint64_t swp)
 {
-    return ch->tx.gsize && !ml_load_relaxed(&ch->grow_off) && (int64_t)(t - swp) >= 0 &&
-           (ch->side == 1 || ml_load_acquire(&ch->hdr->attached) == 1);
+    return ch->tx.gsize && !ml_load_relaxed(&ch->grow_off) && (int64_t)(t - swp) >= 0;
 }
 
 static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, int side)
@@ -2669,19 +2669,46 @@ uint32_t __ml_chan_attach_state(const struct memlan_channel *ch)
  */
 size_t __ml_chan_unsent(struct memlan_channel *ch, const void **ptr)
 {
-    uint64_t tail = ml_load_acquire(&ch->tx.ctl->tail);
-    uint64_t n = ch->tx.pos - tail;
-    if (n > ch->size) /* nobody else stores tail while withdrawn; never trust it anyway */
+    struct ml_ring *r = &ch->tx;
+    uint64_t tail = ml_load_acquire(&r->ctl->tail);
+    uint64_t n = r->pos - tail;
+    if (n > r->cap) /* nobody else stores tail while withdrawn; never trust it anyway */
         n = 0;
-    *ptr = ml_ring_at(&ch->tx, tail);
-    return (size_t)n;
+    /* An offer's ring grows as an accepted one's (ml_growable): bytes from our last switch on
+     * (swp) lie in the area it named, those before it in the other; a run ends at the switch,
+     * and at the region's end (no second view there). */
+    bool region = r->swg;
+    if (r->gsize && (int64_t)(tail - r->swp) < 0) {
+        region = !region;
+        if (n > r->swp - tail)
+            n = r->swp - tail;
+    }
+    if (!region) {
+        if (n > r->size)
+            n = r->size;
+        *ptr = ml_ring_at(r, tail);
+        return (size_t)n;
+    }
+    uint64_t end = r->gsize - (tail & r->gmask);
+    *ptr = r->gdata + (tail & r->gmask);
+    return (size_t)(n < end ? n : end);
 }
 
 void __ml_chan_unsent_done(struct memlan_channel *ch, size_t n)
 {
-    uint64_t tail = ml_load_relaxed(&ch->tx.ctl->tail);
-    ml_store_release(&ch->tx.ctl->tail, tail + n);
-    ch->tx.other = tail + n;
+    struct ml_ring *r = &ch->tx;
+    uint64_t tail = ml_load_relaxed(&r->ctl->tail);
+    ml_store_release(&r->ctl->tail, tail + n);
+    r->other = tail + n;
+    /* All out: the region's pages go back now, not a second later at a send's look (the
+     * socket sends over TCP from now on, and the idle walk looks only at accelerated ones: a
+     * withdrawn offer that grew kept 4 MiB of the fabric until its close). */
+    if (r->other == r->pos && (r->swg || r->gmaybe)) {
+        if (r->swg)
+            (void)ml_grow_back(r);
+        if (!r->swg)
+            ml_grow_trim(r);
+    }
 }
 
 /*

@@ -1322,11 +1322,13 @@ static uint64_t mlp_tv_ns(const struct timeval *tv)
 /*
  * What kernel TCP's buffers take into a connection before its server accepts it, and so what a
  * blocking send takes there without waiting: the socket's send buffer, which grows to tcp_wmem's
- * default maximum, 4 MiB.  An undecided ring holds less (MEMLAN_RING_KB), and a blocking send
- * that finds it full waits for the decision (mlp_send): a wait the kernel's call does not have
- * for a call of this size or less, so neither SO_SNDTIMEO nor a handler ends it (a 1 MiB send
- * with a 1 s SO_SNDTIMEO returned 256 KiB, then EAGAIN, where the kernel takes it all at once:
- * a review).  A larger call would wait in the kernel too, and its wait ends as that one would.
+ * default maximum, 4 MiB (3 MiB at once, measured).  An undecided ring grows into its region as
+ * an accepted one does (MEMLAN_RING_GROW_KB, 4 MiB), and so takes as much; one that cannot grow
+ * (a seccomp filter, a full fabric, SO_SNDBUF) holds MEMLAN_RING_KB, and a blocking send that
+ * finds it full waits for the decision: a wait the kernel's call does not have for a call of
+ * this size or less, so neither SO_SNDTIMEO nor a handler ends it (a 1 MiB send with a 1 s
+ * SO_SNDTIMEO returned 256 KiB, then EAGAIN, where the kernel takes it all at once: a review).
+ * A larger call would wait in the kernel too, and its wait ends as that one would.
  */
 #define MLP_KERNEL_TAKES (4u << 20)
 

@@ -4,11 +4,12 @@
  * the region's bytes accepted, no more; the reader gets every byte in order across each switch
  * (into the region and back to the ring once everything was read), through recv, peek and the
  * runs' peek (the region, mapped once, cut at its end); readiness says "writable" at a full
- * ring that may still grow and not at a full region; a channel made without a region, or whose
- * peer has not attached, never grows; a send across a region's end is one publication; and a
- * peer that writes garbage into the switch word gets a corrupt ring (EPROTO) or bytes, never a
- * crash or a read outside the rings; a sender's close leaves its unread region to its reader,
- * and a pooled file's reuse starts with empty regions. */
+ * ring that may still grow and not at a full region; a channel made without a region never
+ * grows, and one whose peer has not attached does, its bytes read back whole if it is
+ * withdrawn; a send across a region's end is one publication; and a peer that writes garbage
+ * into the switch word gets a corrupt ring (EPROTO) or bytes, never a crash or a read outside
+ * the rings; a sender's close leaves its unread region to its reader, and a pooled file's reuse
+ * starts with empty regions. */
 #include "test.h"
 #include "channel.h"
 
@@ -108,10 +109,40 @@ int main(void)
     memlan_channel_t *a, *b;
     char tok[MEMLAN_TOKEN_LEN + 1];
 
-    /* 1. Unattached: the offer's bytes stay in the ring (they may be withdrawn). */
+    /* 1. Unattached: an offer's ring grows as an accepted one's, as the kernel's buffers take
+     * bytes before an accept (it did not: a blocking send of 1 MiB waited for the server); a
+     * withdrawn offer's bytes come back whole and in order from both areas, the ring's run, the
+     * region's to its end and from its start, for the caller to send over TCP. */
     ASSERT_OK(__ml_chan_create_pooled(fab, RING, REGION, &a));
     uint64_t sent = 0, read = 0;
-    ASSERT_EQ(fill(a, &sent), (size_t)RING);
+    ASSERT_EQ(fill(a, &sent), (size_t)(RING + REGION));
+    ASSERT_EQ(a->grows, 1u);
+    ASSERT_OK(__ml_chan_withdraw(a));
+    size_t runs[8], nruns = 0;
+    for (;;) {
+        const void *u;
+        size_t n = __ml_chan_unsent(a, &u);
+        if (n == 0)
+            break;
+        ASSERT_TRUE(nruns < 8);
+        runs[nruns++] = n;
+        for (size_t i = 0; i < n; i++)
+            ASSERT_EQ(((const uint8_t *)u)[i], pat(read + i));
+        read += n;
+        __ml_chan_unsent_done(a, n);
+    }
+    ASSERT_EQ(read, sent);
+    ASSERT_EQ(nruns, 3u);
+    ASSERT_EQ(runs[0], (size_t)RING);
+    ASSERT_EQ(runs[1] + runs[2], (size_t)REGION);
+    ASSERT_EQ(resident(a->tx.gdata, REGION), 0u); /* all out: the region's pages went back */
+    memlan_channel_close(a);
+
+    /* The same with the ring's bytes only: they stay in the ring, unattached. */
+    ASSERT_OK(__ml_chan_create_pooled(fab, RING, REGION, &a));
+    sent = read = 0;
+    while (sent < RING)
+        ASSERT_TRUE(send_some(a, &sent, RING - sent < 1000 ? RING - sent : 1000) > 0);
     ASSERT_EQ(a->grows, 0u);
     snprintf(tok, sizeof tok, "%s", memlan_channel_token(a));
     ASSERT_OK(__ml_chan_attach_gen(fab, tok, __ml_chan_generation(a), &b));

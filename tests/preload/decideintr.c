@@ -10,7 +10,8 @@
  *   sysv           siginterrupt(SIGUSR1, 1) called, no signal sent: the answer at 3 s;
  *   sndtimeo       SO_SNDTIMEO of 1 s and one write of 64 MiB: a part of it, at 1 s;
  *   huge-restart   SO_RCVTIMEO of 634 years and the SA_RESTART alarm: EINTR at 1 s;
- *   1m-sndtimeo    SO_SNDTIMEO of 1 s and a write of 1 MiB: all of it (the kernel's buffers);
+ *   1m-sndtimeo    SO_SNDTIMEO of 1 s and a write of 1 MiB: all of it, at once (the kernel's
+ *                  buffers; an undecided ring grows as they do);
  *   sendfile       O_NONBLOCK, a sendfile of 1000 bytes of a file: all of them, at once;
  *   splice         O_NONBLOCK, a splice of 1000 bytes from a pipe: all of them, at once;
  *   sendfile-timeo, splice-timeo  the same, blocking, with SO_SNDTIMEO of 1 s;
@@ -158,7 +159,7 @@ int main(int argc, char **argv)
         else if (w < 0)
             show("write", w, "");
         else
-            printf("write all\n"); /* the kernel's buffers take 1 MiB at once; our ring less */
+            printf("write all after %d s\n", after); /* the kernel's buffers take 1 MiB */
         free(b);
     } else {
         if (alarmed)

@@ -255,17 +255,26 @@ static void splices(void)
 }
 
 /* A blocking write of 1 MiB right after connect, before the server has accepted: the kernel's
- * write blocks until all of it is taken (the reader drains it), and so must memlan's while it
- * still waits to know whether the server is memlan (it once returned 262,144: one ring). */
+ * buffers take all of it at once (about 3 MiB before an accept), and so must memlan's ring while
+ * it still waits to know whether the server is memlan (it once returned 262,144: one ring; then
+ * it waited for the accept; now the ring grows as the kernel's buffers do).  The server accepts
+ * only once the writer has closed: under memlan the connection then goes over TCP ("closed
+ * before a memlan acceptor took the offer"), the ring's bytes first. */
 static void undecided_write(void)
 {
     printf("undecided write\n");
     fflush(stdout);
     size_t n = 1 << 20;
+    int sync[2];
+    if (pipe(sync) < 0)
+        die("pipe");
     pid_t pid = fork();
     if (pid == 0) {
         alarm(20);
-        usleep(100000);
+        char x;
+        close(sync[1]);
+        if (read(sync[0], &x, 1) != 1) /* the writer closed (or died: then EOF) */
+            _exit(1);
         int s = accept(lfd, NULL, NULL);
         /* Read to the end (one byte of room past the MiB), so that this line comes after the
          * writer's, which closes after it prints: a reader that stopped at the MiB printed
@@ -298,6 +307,10 @@ static void undecided_write(void)
     printf("write 1 MiB -> %zd %s\n", k, en(k));
     fflush(stdout);
     close(c);
+    close(sync[0]);
+    if (write(sync[1], "c", 1) != 1)
+        die("write sync");
+    close(sync[1]);
     int st;
     waitpid(pid, &st, 0);
     alarm(0);
