@@ -182,8 +182,9 @@ def test_listener_inherited_by_plain_process(fabric, tmp_path):
 
 # Listens, prints "ready", waits for a connection to be queued, sleeps argv[2] seconds with it
 # in the accept queue, then accepts and answers the client's line.
-LATE_ACCEPT = r"""
-import select, socket, sys, time
+# A server that accepts argv[2] seconds after its first connection came.
+LATE_LISTEN = r"""
+import hashlib, select, socket, sys, time
 l = socket.socket()
 l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 l.bind(("127.0.0.1", int(sys.argv[1])))
@@ -192,6 +193,8 @@ print("ready", flush=True)
 select.select([l], [], [], 30)
 time.sleep(float(sys.argv[2]))
 s, _ = l.accept()
+"""
+LATE_ACCEPT = LATE_LISTEN + r"""
 d = b""
 while not d.endswith(b"\n"):
     d += s.recv(65536)
@@ -283,16 +286,7 @@ print("sent", flush=True)
 c.shutdown(socket.SHUT_WR)
 print(c.recv(100).decode(), flush=True)
 """
-LATE_READER = r"""
-import hashlib, select, socket, sys, time
-l = socket.socket()
-l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind(("127.0.0.1", int(sys.argv[1])))
-l.listen(8)
-print("ready", flush=True)
-select.select([l], [], [], 30)
-time.sleep(2)
-s, _ = l.accept()
+LATE_READER = LATE_LISTEN + r"""
 print("accepted", flush=True)
 h, n = hashlib.sha256(), 0
 while True:
@@ -321,7 +315,7 @@ def test_a_client_writes_2_mib_before_its_server_accepts(fabric, tmp_path, how):
 
     def wrap(log, opts, args):
         return ([str(MEMLAN), "run", "--log", str(log), *opts, "--"] if on else []) + args
-    srv = subprocess.Popen(wrap(slog, [], [PY, "-c", LATE_READER, str(port)]),
+    srv = subprocess.Popen(wrap(slog, [], [PY, "-c", LATE_READER, str(port), "2"]),
                            stdout=subprocess.PIPE, text=True)
     cli = None
     try:
@@ -2614,10 +2608,10 @@ def test_libc_surface_matches_kernel(fabric, tmp_path):
     longer than its buffer), recvmmsg/sendmmsg and preadv2/pwritev2 facing the plain calls,
     splice both ways and the kernel's refusals (splice, tee, copy_file_range), a blocking 1 MiB
     write while the offer is undecided (taken at once, as the kernel's buffers take it; its
-    server accepts after its close, so it goes over TCP), SO_RCVTIMEO/SO_SNDTIMEO set before connect and on the
-    listener, MSG_WAITALL on nonblocking calls: line for line as over kernel TCP, and every
-    other connection accelerated (a call that took the idle kernel socket shows as a different line,
-    or as a timeout that kills the run)."""
+    server accepts after its close, so it goes over TCP), SO_RCVTIMEO/SO_SNDTIMEO set before
+    connect and on the listener, MSG_WAITALL on nonblocking calls: line for line as over kernel
+    TCP, and every other connection accelerated (a call that took the idle kernel socket shows
+    as a different line, or as a timeout that kills the run)."""
     plain, under, text = scripted(LIBCCONF, tmp_path)
     assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
     for s in ("__read_chk", "__recv_chk", "__recvfrom_chk", "__poll_chk", "__ppoll_chk"):
