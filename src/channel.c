@@ -260,13 +260,41 @@ static void ml_grow_take(struct ml_ring *r, uint64_t w)
                           ml_grow_word(r->swp, r->swg), memory_order_release);
 }
 
+/* The bytes of the region our producer may fill: all of it once the peer attached; an offer's
+ * limit before (__ml_chan_offer_limit). */
+static uint64_t ml_glimit(const struct memlan_channel *ch)
+{
+    if (ml_likely(ch->tx.glimit == ch->tx.gsize) || ch->side == 1 ||
+        ml_load_acquire(&ch->hdr->attached) == 1)
+        return ch->tx.gsize;
+    return ch->tx.glimit;
+}
+
 /* Whether our direction may switch into its region now: it grows, nothing refused it, and no
  * switch is outstanding (the tail t has passed the last one, at swp).  An offer's ring grows
- * before the server attaches, as the kernel's buffers take up to 4 MiB before an accept: a
- * withdrawn offer's bytes are read back from both areas (__ml_chan_unsent). */
+ * before the server attaches, as the kernel's buffers take bytes before an accept, up to its
+ * limit (__ml_chan_offer_limit): a withdrawn offer's bytes are read back from both areas
+ * (__ml_chan_unsent) and must all fit in the kernel's buffers then. */
 static bool ml_growable(const struct memlan_channel *ch, uint64_t t, uint64_t swp)
 {
-    return ch->tx.gsize && !ml_load_relaxed(&ch->grow_off) && (int64_t)(t - swp) >= 0;
+    return ch->tx.gsize && !ml_load_relaxed(&ch->grow_off) && (int64_t)(t - swp) >= 0 &&
+           ml_glimit(ch) > 0;
+}
+
+/*
+ * An offer (the socket layer's client side before its server attaches) fills at most `bytes`
+ * of ring and region together: what a withdrawal must send over TCP at once, which the kernel's
+ * buffers take only up to about tcp_wmem's maximum.  Past that a send waits for the decision,
+ * as it does at a full ring.  Without the limit a program told that 4.25 MiB were sent had the
+ * rest stuck in the region after a fall to TCP: nobody flushed it while it polled for input,
+ * and close, exit and exec waited for its server to read (a review).  Lifted once the server
+ * attaches (ml_grow).  Call before the first send.
+ */
+void __ml_chan_offer_limit(struct memlan_channel *ch, uint64_t bytes)
+{
+    struct ml_ring *r = &ch->tx;
+    if (r->gsize)
+        r->glimit = bytes <= r->size ? 0 : bytes - r->size < r->gsize ? bytes - r->size : r->gsize;
 }
 
 static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, int side)
@@ -297,7 +325,7 @@ static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, 
         r->size = seg->mirror;
         r->mask = seg->mirror - 1;
         r->gdata = g ? gdata[idx] : NULL;
-        r->gsize = g;
+        r->gsize = r->glimit = g;
         r->gmask = g ? g - 1 : 0;
         r->cap = seg->mirror + g;
         r->corrupt = false;
@@ -655,6 +683,18 @@ void __ml_chan_pool_drain(memlan_fabric_t *fab)
     pthread_mutex_unlock(&fab->pool_mu);
     for (int i = 0; i < n; i++)
         __ml_seg_destroy(segs[i]);
+}
+
+/* _exit (the socket layer's): the parked files lose their names, as the drain at exit() removes
+ * them; no memory is freed and no lock waited for (system calls only: async-signal-safe, and a
+ * thread that holds the lock leaves them to the next sweep). */
+void __ml_chan_pool_unname(memlan_fabric_t *fab)
+{
+    if (!fab || pthread_mutex_trylock(&fab->pool_mu) != 0)
+        return;
+    for (int i = 0; i < fab->npool; i++)
+        __ml_seg_unname(fab->pool[i]);
+    pthread_mutex_unlock(&fab->pool_mu);
 }
 
 /*
@@ -1456,12 +1496,13 @@ int64_t __ml_chan_tx_free_ro(const struct memlan_channel *ch)
         uint64_t w = ml_ring_gpub(&ch->tx);
         uint64_t p = h - (((h << 1) - (w & ~(uint64_t)1)) >> 1);
         uint64_t used = h - ((int64_t)(t - p) < 0 ? p : t);
-        uint64_t sz = (w & 1) ? ch->tx.gsize : ch->tx.size;
-        if (h - t > ch->tx.cap || used > sz)
+        uint64_t lim = ml_glimit(ch);
+        uint64_t sz = (w & 1) ? lim : ch->tx.size;
+        if (h - t > ch->tx.cap || ((w & 1) ? used > ch->tx.gsize : used > sz))
             continue;
         if (!(w & 1) && ml_growable(ch, t, p))
-            return (int64_t)ch->tx.gsize;
-        return (int64_t)(sz - used);
+            return (int64_t)lim;
+        return used > sz ? 0 : (int64_t)(sz - used);
     }
     return -1;
 }
@@ -1822,6 +1863,11 @@ static void ml_full_look(struct memlan_channel *ch)
 static bool ml_grow(struct memlan_channel *ch)
 {
     struct ml_ring *r = &ch->tx;
+    if (ml_unlikely(r->glimit < r->gsize) && ml_glimit(ch) == r->gsize) {
+        r->glimit = r->gsize; /* the offer was taken: its limit is lifted */
+        if (r->swg)
+            return true; /* more room in the region */
+    }
     if (r->swg) {
         ml_full_look(ch);
         return false;
@@ -2704,6 +2750,12 @@ void __ml_chan_unsent_done(struct memlan_channel *ch, size_t n)
      * socket sends over TCP from now on, and the idle walk looks only at accelerated ones: a
      * withdrawn offer that grew kept 4 MiB of the fabric until its close). */
     if (r->other == r->pos && (r->swg || r->gmaybe)) {
+        if (r->swg && r->pos == r->swp) {
+            /* a switch that nothing followed (a sendfile at its file's end): back at once,
+             * where ml_grow_back waits for a send after it */
+            r->swg = false;
+            ml_grow_publish(r);
+        }
         if (r->swg)
             (void)ml_grow_back(r);
         if (!r->swg)

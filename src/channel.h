@@ -169,6 +169,8 @@ __ml_chan_create_for(memlan_fabric_t *fab, const struct memlan_channel_opts *opt
                      const struct ml_access *acc, memlan_channel_t **out);
 int __ml_chan_attach_uid(memlan_fabric_t *fab, const char *token, uint32_t uid,
                          memlan_channel_t **out);
+void __ml_chan_offer_limit(struct memlan_channel *ch, uint64_t bytes);
+void __ml_chan_pool_unname(memlan_fabric_t *fab);
 size_t __ml_chan_unsent(struct memlan_channel *ch, const void **ptr);
 void __ml_chan_unsent_done(struct memlan_channel *ch, size_t n);
 void __ml_chan_resync_tx(struct memlan_channel *ch);

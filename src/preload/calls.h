@@ -127,6 +127,9 @@ MLP_CALL(int, setgroups, (size_t n, const gid_t *list), (n, list))
 MLP_CALL(int, initgroups, (const char *user, gid_t group), (user, group))
 MLP_CALL(int, capset, (void *hdr, void *data), (hdr, data))
 MLP_CALL(pid_t, fork, (void), ())
+/* _exit and _Exit: this process's memlan stat entry loses its name first (negotiate.c). */
+MLP_CALL(void, _exit, (int status), (status))
+MLP_CALL(void, _Exit, (int status), (status))
 MLP_CALL(int, execve, (const char *path, char *const argv[], char *const envp[]),
          (path, argv, envp))
 MLP_CALL(int, execvpe, (const char *file, char *const argv[], char *const envp[]),

@@ -297,6 +297,16 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
     if (s->type == MLP_LISTENER) {
         if (!nk)
             return;
+        /* An image that runs without memlan takes nothing up; a dynamically linked Go program
+         * loads us all the same, and our constructor there published the listener again: every
+         * memlan client then offered to a server whose accepts we never see, and waited the
+         * accept wait, 2 s, for each connection (an explorer).  Its record goes with our lock. */
+        if (!c->blind_known) {
+            c->blind_known = true;
+            mlp_exec_blind(c, c->path);
+        }
+        if (c->blind)
+            return;
         mlp_buf_add(buf, "L %lu", mlp_fd_ino(keep[0]));
         for (int i = 0; i < nk; i++)
             mlp_buf_add(buf, " %d", keep[i]);

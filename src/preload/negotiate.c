@@ -818,6 +818,36 @@ static size_t mlp_ring_grow(int fd, uint32_t listener_hint)
     return mlp_bufhint_of(fd) || listener_hint ? 0 : mlp_cfg.ring_grow;
 }
 
+/*
+ * How much of an offer's ring and region a client may fill before its server attaches
+ * (__ml_chan_offer_limit): what a withdrawal then sends over TCP at once, and so no more than
+ * the kernel's buffers take before an accept.  They take about tcp_wmem's maximum there (the
+ * socket's send buffer; 4 MiB by default: 4,196,352 bytes to a nonblocking client, 3 MiB at
+ * once to a blocking one, measured); half of it, read once from /proc (unreadable: a
+ * container's or a sandbox's /proc, the ring alone, as before rings grew).
+ */
+static uint64_t mlp_offer_takes(void)
+{
+    static _Atomic int64_t known = -1;
+    int64_t v = atomic_load_explicit(&known, memory_order_relaxed);
+    if (v < 0) {
+        char b[64] = {0};
+        v = 0;
+        if (!mlp_sandboxed()) {
+            long f = __ml_sys_open(AT_FDCWD, "/proc/sys/net/ipv4/tcp_wmem", O_RDONLY, 0);
+            if (f >= 0) {
+                long min = 0, def = 0, max = 0;
+                if (__ml_sys_read((int)f, b, sizeof b - 1) > 0 &&
+                    sscanf(b, "%ld %ld %ld", &min, &def, &max) == 3 && max > 0)
+                    v = max / 2;
+                __ml_sys_close((int)f);
+            }
+        }
+        atomic_store_explicit(&known, v, memory_order_relaxed);
+    }
+    return (uint64_t)v;
+}
+
 /* ---- listener records -------------------------------------------------------------------- */
 
 struct mlp_lrec {
@@ -2037,6 +2067,13 @@ static void mlp_pass_prepare_fd(int fd, void *ctx)
     struct mlp_sock *s = fd >= 0 && mlp_fd_is_ours(fd) ? mlp_get(fd) : NULL;
     if (!s)
         return;
+    /* An undecided connection is settled before it goes, as before exec: passed as it was, its
+     * bytes stayed in our ring while the receiver wrote over the kernel socket, whose bytes
+     * then came before ours (a review).  Accelerated, it is passed below; on TCP, what the
+     * ring held is sent first. */
+    if (s->type == MLP_CONN && atomic_load(&s->state) == MLP_UNDECIDED && !mlp_confined() &&
+        !mlp_vfork_child() && mlp_decide(s, fd, true) == MLP_TCP)
+        (void)mlp_tcp_catch_up(s, fd, true);
     /* the vfork child's look (getpid) and the sandbox's after a connection of ours is found */
     if (s->type != MLP_CONN || atomic_load(&s->state) != MLP_ACCEL || !s->ch || !s->me ||
         !mlp_fab || mlp_vfork_child() || mlp_confined() ||
@@ -3146,6 +3183,7 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, cons
                              : "channel creation failed";
         return e;
     }
+    __ml_chan_offer_limit(ch, mlp_offer_takes());
     mlp_own_fd(&ch->seg->fd, mlp_fd_cloexec(fd));
     char name[160];
     mlp_offer_name(name, sizeof name, netns, l, r, mac);
@@ -4016,6 +4054,32 @@ void mlp_negotiate_after_fork(void)
         if (rec && ml_load_relaxed(&rec->tcp_slot))
             ml_store_relaxed(&rec->tcp_slot, 0);
     }
+}
+
+/*
+ * _exit() and _Exit(), which run no exit handler: our stat entry's file loses its name, as at
+ * exit() (its mapping goes with the process).  Without it every fork child that made an entry
+ * (its first call on a connection its parent had) and left by _exit (Python's ForkingMixIn,
+ * multiprocessing) left a dead file of 136 KiB in the fabric until the next sweep, which a
+ * long-lived server never makes: 1,002 files, 136 MB, after `ab -n 1000` (an explorer).  So do
+ * the channel files parked in the pool.  Only
+ * in the process that made the entry (not a vfork child, whose entry is its parent's), and only
+ * where no seccomp filter is known or may be (the unlink and its fstats could be killed for: a
+ * sandboxed process that ends so would die of SIGSYS).  Async-signal-safe: system calls only.
+ */
+void mlp_exit_unname(void)
+{
+    /* the confinement first: the vfork child's look is a getpid, which a filter may kill for
+     * (vsftpd's broker ends by _exit under one: test_sandboxed_passer_of_fds_is_not_killed) */
+    if (atomic_load_explicit(&mlp_confinement, memory_order_relaxed) != 1 || !mlp_ready ||
+        mlp_vfork_child())
+        return;
+    struct memlan_segment *p = mlp_proc;
+    if (p && mlp_proc_hdr && mlp_proc_hdr->pid == mlp_pid)
+        __ml_seg_unname(p);
+    /* and the channel files parked for reuse (a multiprocessing child's, closed before its
+     * _exit: 40 children left 40) */
+    __ml_chan_pool_unname(mlp_fab);
 }
 
 /* exit(): the spare channels of the pool go (nobody uses them), and our stat entry's file loses

@@ -417,6 +417,7 @@ bool mlp_take_passed(int fd);   /* a descriptor received over SCM_RIGHTS: true o
 bool mlp_received_pending(void); /* some fd may carry a received mark not looked at */
 extern _Atomic bool mlp_had_accel; /* a channel was set up in this process image */
 void mlp_note_confined(void);   /* a seccomp filter was installed through us */
+void mlp_exit_unname(void);     /* negotiate.c: _exit's part of mlp_at_exit */
 bool mlp_sandboxed(void);       /* negotiate.c: a seccomp filter may kill for a call */
 bool mlp_known_confined(void);  /* memory only: a filter is known (mlp_note_confined, or looked) */
 bool mlp_lrec_no_offer(uint32_t why);/* ML_NO_OFFER_*: in every record we listen on; false: busy */

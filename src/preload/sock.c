@@ -1253,7 +1253,12 @@ void mlp_shut_owed_pay(struct mlp_sock *s, int fd)
 int mlp_tcp_catch_up(struct mlp_sock *s, int fd, bool block)
 {
     const void *p;
-    if (!s->ch || !__ml_chan_unsent(s->ch, &p)) {
+    /* The look without the lock reads our own copy of the positions: a fork sibling's may lag
+     * behind what another holder put into the ring (it said "nothing unsent", and a child's
+     * send went over TCP ahead of its parent's 1 MiB: a review).  A shared socket looks under
+     * the lock, which resyncs them. */
+    if (!s->ch || (!atomic_load_explicit(&s->forked, memory_order_relaxed) &&
+                   !__ml_chan_unsent(s->ch, &p))) {
         if (s->ch && s->state == MLP_TCP)
             mlp_shut_owed_pay(s, fd);
         return 0;
@@ -1322,13 +1327,14 @@ static uint64_t mlp_tv_ns(const struct timeval *tv)
 /*
  * What kernel TCP's buffers take into a connection before its server accepts it, and so what a
  * blocking send takes there without waiting: the socket's send buffer, which grows to tcp_wmem's
- * default maximum, 4 MiB (3 MiB at once, measured).  An undecided ring grows into its region as
- * an accepted one does (MEMLAN_RING_GROW_KB, 4 MiB), and so takes as much; one that cannot grow
- * (a seccomp filter, a full fabric, SO_SNDBUF) holds MEMLAN_RING_KB, and a blocking send that
- * finds it full waits for the decision: a wait the kernel's call does not have for a call of
- * this size or less, so neither SO_SNDTIMEO nor a handler ends it (a 1 MiB send with a 1 s
- * SO_SNDTIMEO returned 256 KiB, then EAGAIN, where the kernel takes it all at once: a review).
- * A larger call would wait in the kernel too, and its wait ends as that one would.
+ * default maximum, 4 MiB.  An undecided ring grows into its region as an accepted one does, up
+ * to half of that (negotiate.c, mlp_offer_takes: a withdrawal must send it all over TCP at
+ * once); one that cannot grow (a seccomp filter, a full fabric, SO_SNDBUF) holds MEMLAN_RING_KB.
+ * A blocking send that finds it full waits for the decision: a wait the kernel's call does not
+ * have for a call of this size or less, so neither SO_SNDTIMEO nor a handler ends it (a 1 MiB
+ * send with a 1 s SO_SNDTIMEO returned 256 KiB, then EAGAIN, where the kernel takes it all at
+ * once: a review).  A larger call would wait in the kernel too, and its wait ends as that one
+ * would.
  */
 #define MLP_KERNEL_TAKES (4u << 20)
 

@@ -3,13 +3,13 @@
  * "Growth"; design.md, "Rings grow").  A sender whose reader does not read gets the ring's and
  * the region's bytes accepted, no more; the reader gets every byte in order across each switch
  * (into the region and back to the ring once everything was read), through recv, peek and the
- * runs' peek (the region, mapped once, cut at its end); readiness says "writable" at a full
- * ring that may still grow and not at a full region; a channel made without a region never
- * grows, and one whose peer has not attached does, its bytes read back whole if it is
- * withdrawn; a send across a region's end is one publication; and a peer that writes garbage
- * into the switch word gets a corrupt ring (EPROTO) or bytes, never a crash or a read outside
- * the rings; a sender's close leaves its unread region to its reader, and a pooled file's reuse
- * starts with empty regions. */
+ * runs' peek (the region, mapped once, cut at its end); readiness says "writable" at a full ring
+ * that may still grow and not at a full region; a channel made without a region never grows, and
+ * one whose peer has not attached does, up to its offer's limit, its bytes read back whole if it
+ * is withdrawn, and its region's pages given back then; a send across a region's end is one
+ * publication; and a peer that writes garbage into the switch word gets a corrupt ring (EPROTO) or
+ * bytes, never a crash or a read outside the rings; a sender's close leaves its unread region to
+ * its reader, and a pooled file's reuse starts with empty regions. */
 #include "test.h"
 #include "channel.h"
 
@@ -118,7 +118,7 @@ int main(void)
     ASSERT_EQ(fill(a, &sent), (size_t)(RING + REGION));
     ASSERT_EQ(a->grows, 1u);
     ASSERT_OK(__ml_chan_withdraw(a));
-    size_t runs[8], nruns = 0;
+    size_t runs[8], nruns = 0, n0;
     for (;;) {
         const void *u;
         size_t n = __ml_chan_unsent(a, &u);
@@ -136,6 +136,47 @@ int main(void)
     ASSERT_EQ(runs[0], (size_t)RING);
     ASSERT_EQ(runs[1] + runs[2], (size_t)REGION);
     ASSERT_EQ(resident(a->tx.gdata, REGION), 0u); /* all out: the region's pages went back */
+    memlan_channel_close(a);
+
+    /* An offer's limit (__ml_chan_offer_limit: what the kernel's buffers take at a withdrawal):
+     * the ring and 8 KiB of the region, no more, until the server attaches; then the rest of
+     * the region.  A limit within the ring: no growth at all. */
+    ASSERT_OK(__ml_chan_create_pooled(fab, RING, REGION, &a));
+    __ml_chan_offer_limit(a, RING + 8192);
+    sent = read = 0;
+    ASSERT_EQ(fill(a, &sent), (size_t)(RING + 8192));
+    ASSERT_TRUE(!(memlan_channel_poll(a) & MEMLAN_EV_WRITE));
+    snprintf(tok, sizeof tok, "%s", memlan_channel_token(a));
+    ASSERT_OK(__ml_chan_attach_gen(fab, tok, __ml_chan_generation(a), &b));
+    ASSERT_TRUE(memlan_channel_poll(a) & MEMLAN_EV_WRITE);
+    ASSERT_EQ(fill(a, &sent), (size_t)(REGION - 8192));
+    ASSERT_EQ(recv_all(b, &read, 3000), (size_t)(RING + REGION));
+    memlan_channel_close(b);
+    memlan_channel_close(a);
+    ASSERT_OK(__ml_chan_create_pooled(fab, RING, REGION, &a));
+    __ml_chan_offer_limit(a, RING);
+    sent = 0;
+    ASSERT_EQ(fill(a, &sent), (size_t)RING);
+    ASSERT_EQ(a->grows, 0u);
+    ASSERT_TRUE(!(memlan_channel_poll(a) & MEMLAN_EV_WRITE));
+    memlan_channel_close(a);
+
+    /* A growth that nothing followed (a reservation at a full ring, committed empty: a sendfile
+     * at its file's end), then a withdrawal: the region's pages go back once all is out (they
+     * stayed until the close: a review). */
+    ASSERT_OK(__ml_chan_create_pooled(fab, RING, REGION, &a));
+    sent = 0;
+    while (sent < RING)
+        ASSERT_TRUE(send_some(a, &sent, RING - sent < 1000 ? RING - sent : 1000) > 0);
+    void *rp;
+    ASSERT_TRUE(memlan_reserve(a, &rp, 1, MEMLAN_DONTWAIT) > 0);
+    ASSERT_EQ(a->grows, 1u);
+    ASSERT_OK(memlan_commit(a, 0));
+    ASSERT_TRUE(resident(a->tx.gdata, REGION) > 0);
+    ASSERT_OK(__ml_chan_withdraw(a));
+    for (const void *u; (n0 = __ml_chan_unsent(a, &u)) > 0;)
+        __ml_chan_unsent_done(a, n0);
+    ASSERT_EQ(resident(a->tx.gdata, REGION), 0u);
     memlan_channel_close(a);
 
     /* The same with the ring's bytes only: they stay in the ring, unattached. */

@@ -682,19 +682,31 @@ import (
 	"os"
 )
 
-func main() {
-	if os.Args[1] == "server" {
-		l, err := net.Listen("tcp", "127.0.0.1:"+os.Args[2])
-		if err != nil {
-			panic(err)
-		}
-		fmt.Println("ready")
+// Echo n connections, one at a time.
+func serve(l net.Listener, err error, n int) {
+	if err != nil {
+		panic(err)
+	}
+	fmt.Println("ready")
+	for i := 0; i < n; i++ {
 		c, err := l.Accept()
 		if err != nil {
 			panic(err)
 		}
 		io.Copy(c, c)
 		c.Close()
+	}
+}
+
+func main() {
+	if os.Args[1] == "inherited" { // a listener on fd 3
+		l, err := net.FileListener(os.NewFile(3, "listener"))
+		serve(l, err, 3)
+		return
+	}
+	if os.Args[1] == "server" {
+		l, err := net.Listen("tcp", "127.0.0.1:"+os.Args[2])
+		serve(l, err, 1)
 		return
 	}
 	c, err := net.Dial("tcp", "127.0.0.1:"+os.Args[2])
@@ -738,6 +750,68 @@ print(len(got), "true" if got == data else "false")
 """
 
 GO = "/usr/local/go/bin/go"
+
+
+# Binds and listens, puts the listener on fd 3 and execs the program after the port.
+EXEC_WITH_LISTENER = r"""
+import os, socket, sys
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", int(sys.argv[1])))
+l.listen(8)
+if l.fileno() != 3:
+    os.dup2(l.fileno(), 3)
+os.set_inheritable(3, True)
+os.execv(sys.argv[2], sys.argv[2:])
+"""
+THREE_ECHOES = r"""
+import socket, sys
+for i in range(3):
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])), timeout=30)
+    s.sendall(b"hello %d" % i)
+    s.shutdown(socket.SHUT_WR)
+    print(s.recv(100).decode(), flush=True)
+    s.close()
+"""
+
+
+def test_a_listener_handed_to_a_dynamically_linked_go_program(fabric, tmp_path):
+    """A process under memlan run that execs a Go server (built with cgo: dynamically linked,
+    so our library is loaded there, though Go accepts through its own system calls) with its
+    listener on fd 3.  Three memlan clients are echoed, over TCP, and none offers to the Go
+    server: before, our constructor in the Go image published the listener again, every client
+    offered, and each waited out MEMLAN_ACCEPT_WAIT_MS (2 s) for a claim that never came ("no
+    memlan acceptor took the offer"; an explorer).  Now exec writes no listener line for an
+    image that runs without memlan."""
+    go = GO if os.path.exists(GO) else shutil.which("go")
+    if not go:
+        pytest.skip("Go is not installed")
+    (tmp_path / "main.go").write_text(GO_ECHO)
+    (tmp_path / "go.mod").write_text("module gox\ngo 1.20\n")
+    b = subprocess.run([go, "build", "-o", str(tmp_path / "gox"), "."], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, GOFLAGS="-mod=mod", CGO_ENABLED="1"))
+    assert b.returncode == 0, b.stderr
+    assert b"/lib64/ld-linux" in (tmp_path / "gox").read_bytes()[:4096], "not dynamic"
+    port = str(next_port())
+    slog, clog = tmp_path / "s.log", tmp_path / "c.log"
+    srv = subprocess.Popen(wrap(["/usr/bin/python3", "-c", EXEC_WITH_LISTENER, port,
+                                 str(tmp_path / "gox"), "inherited"], slog, True),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert srv.stdout.readline() == "ready\n", srv.stderr.read()
+        p = subprocess.run(wrap(["/usr/bin/python3", "-c", THREE_ECHOES, port], clog, True),
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.split("\n")[:3] == ["hello 0", "hello 1", "hello 2"], p.stdout
+        assert srv.wait(30) == 0
+    finally:
+        stop(srv)
+    c = clog.read_text()
+    assert "offer posted" not in c and "took the offer" not in c, c
+    assert tcp_reasons(clog) == ["no memlan listener on this port in the fabric"] * 3, c
+    # the record the launcher made is dead since its exec (its lock went): the sweep's
+    subprocess.run([str(MEMLAN), "clean"], check=True, capture_output=True, timeout=60)
 
 
 def test_go_programs_stay_on_tcp_whole(fabric, tmp_path):
