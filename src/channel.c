@@ -260,14 +260,24 @@ static void ml_grow_take(struct ml_ring *r, uint64_t w)
                           ml_grow_word(r->swp, r->swg), memory_order_release);
 }
 
-/* The bytes of the region our producer may fill: all of it once the peer attached; an offer's
- * limit before (__ml_chan_offer_limit). */
+/* Whether our producer's offer limits (__ml_chan_offer_limit) hold still: set, and the peer
+ * not attached. */
+static bool ml_limited(const struct memlan_channel *ch)
+{
+    return ml_unlikely(ch->tx.glimit < ch->tx.gsize || ch->tx.rlimit < ch->tx.size) &&
+           ch->side == 0 && ml_load_acquire(&ch->hdr->attached) != 1;
+}
+
+/* The bytes of the region, and of the ring, our producer may fill: all of each once the peer
+ * attached; an offer's limits before. */
 static uint64_t ml_glimit(const struct memlan_channel *ch)
 {
-    if (ml_likely(ch->tx.glimit == ch->tx.gsize) || ch->side == 1 ||
-        ml_load_acquire(&ch->hdr->attached) == 1)
-        return ch->tx.gsize;
-    return ch->tx.glimit;
+    return ml_limited(ch) ? ch->tx.glimit : ch->tx.gsize;
+}
+
+static uint64_t ml_rlimit(const struct memlan_channel *ch)
+{
+    return ml_limited(ch) ? ch->tx.rlimit : ch->tx.size;
 }
 
 /* Whether our direction may switch into its region now: it grows, nothing refused it, and no
@@ -293,8 +303,14 @@ static bool ml_growable(const struct memlan_channel *ch, uint64_t t, uint64_t sw
 void __ml_chan_offer_limit(struct memlan_channel *ch, uint64_t bytes)
 {
     struct ml_ring *r = &ch->tx;
-    if (r->gsize)
-        r->glimit = bytes <= r->size ? 0 : bytes - r->size < r->gsize ? bytes - r->size : r->gsize;
+    if (!r->gsize || (ch->side == 0 && ml_load_acquire(&ch->hdr->attached) == 1))
+        return; /* a ring that does not grow is its own limit (SO_SNDBUF sized it) */
+    uint64_t g = bytes <= r->size ? 0 : bytes - r->size < r->gsize ? bytes - r->size : r->gsize;
+    uint64_t rl = bytes < r->size ? bytes : r->size;
+    if (g < r->glimit) /* only ever lowered (SO_SNDBUF after connect), until the lift */
+        r->glimit = g;
+    if (rl < r->rlimit)
+        r->rlimit = rl;
 }
 
 static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, int side)
@@ -326,6 +342,7 @@ static void ml_chan_bind(struct memlan_channel *ch, struct memlan_segment *seg, 
         r->mask = seg->mirror - 1;
         r->gdata = g ? gdata[idx] : NULL;
         r->gsize = r->glimit = g;
+        r->rlimit = seg->mirror;
         r->gmask = g ? g - 1 : 0;
         r->cap = seg->mirror + g;
         r->corrupt = false;
@@ -578,10 +595,23 @@ static struct memlan_segment *ml_pool_take(memlan_fabric_t *fab, uint64_t rs, ui
                                           const struct ml_access *acc)
 {
     struct memlan_segment *got = NULL;
+    int me = (int)__ml_sys_getpid();
     if (!ml_lock_brief(&fab->pool_mu))
         return NULL;
     for (int i = 0, tries = 0; i < fab->npool && tries < 2; i++) {
         struct memlan_segment *seg = fab->pool[i];
+        if (seg->park_pid != me) {
+            /* Parked by the process we were forked from without glibc's fork (a raw clone
+             * runs no pthread_atfork handler: ml_pool_child): its file, which it may take up
+             * again, never ours to reuse or remove (a review: a raw fork child's exit removed
+             * the file of its parent's live connection). */
+            memmove(&fab->pool[i], &fab->pool[i + 1], (size_t)(fab->npool - i - 1) * sizeof seg);
+            fab->npool--;
+            seg->owner = false;
+            __ml_seg_destroy(seg);
+            i--;
+            continue;
+        }
         /* A private channel is reused only for the same acceptor users: a user its ACL granted
          * may have opened it by name and may keep that descriptor; the next connection on the
          * file must be one that user may read anyway.  (Rewriting the ACL would not close an
@@ -660,6 +690,7 @@ static bool ml_pool_park(struct memlan_channel *ch)
         memmove(&fab->pool[0], &fab->pool[1], (ML_POOL_MAX - 1) * sizeof evict);
         fab->npool--;
     }
+    ch->seg->park_pid = (int)__ml_sys_getpid();
     fab->pool[fab->npool++] = ch->seg;
     pthread_mutex_unlock(&fab->pool_mu);
     __ml_seg_destroy(evict);
@@ -676,13 +707,16 @@ void __ml_chan_pool_drain(memlan_fabric_t *fab)
     pthread_mutex_unlock(&ml_pool_reg_mu);
     if (!ml_lock_bounded(&fab->pool_mu))
         return;
-    int n = fab->npool;
+    int n = fab->npool, me = (int)__ml_sys_getpid();
     struct memlan_segment *segs[ML_POOL_MAX];
     memcpy(segs, fab->pool, (size_t)n * sizeof segs[0]);
     fab->npool = 0;
     pthread_mutex_unlock(&fab->pool_mu);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        if (segs[i]->park_pid != me)
+            segs[i]->owner = false; /* a raw fork's parent's (ml_pool_take) */
         __ml_seg_destroy(segs[i]);
+    }
 }
 
 /* _exit (the socket layer's): the parked files lose their names, as the drain at exit() removes
@@ -692,8 +726,10 @@ void __ml_chan_pool_unname(memlan_fabric_t *fab)
 {
     if (!fab || pthread_mutex_trylock(&fab->pool_mu) != 0)
         return;
+    int me = (int)__ml_sys_getpid();
     for (int i = 0; i < fab->npool; i++)
-        __ml_seg_unname(fab->pool[i]);
+        if (fab->pool[i]->park_pid == me) /* not a raw fork's parent's (ml_pool_take) */
+            __ml_seg_unname(fab->pool[i]);
     pthread_mutex_unlock(&fab->pool_mu);
 }
 
@@ -1497,8 +1533,8 @@ int64_t __ml_chan_tx_free_ro(const struct memlan_channel *ch)
         uint64_t p = h - (((h << 1) - (w & ~(uint64_t)1)) >> 1);
         uint64_t used = h - ((int64_t)(t - p) < 0 ? p : t);
         uint64_t lim = ml_glimit(ch);
-        uint64_t sz = (w & 1) ? lim : ch->tx.size;
-        if (h - t > ch->tx.cap || ((w & 1) ? used > ch->tx.gsize : used > sz))
+        uint64_t sz = (w & 1) ? lim : ml_rlimit(ch);
+        if (h - t > ch->tx.cap || used > ((w & 1) ? ch->tx.gsize : ch->tx.size))
             continue;
         if (!(w & 1) && ml_growable(ch, t, p))
             return (int64_t)lim;
@@ -1863,10 +1899,10 @@ static void ml_full_look(struct memlan_channel *ch)
 static bool ml_grow(struct memlan_channel *ch)
 {
     struct ml_ring *r = &ch->tx;
-    if (ml_unlikely(r->glimit < r->gsize) && ml_glimit(ch) == r->gsize) {
-        r->glimit = r->gsize; /* the offer was taken: its limit is lifted */
-        if (r->swg)
-            return true; /* more room in the region */
+    if (ml_unlikely(r->glimit < r->gsize || r->rlimit < r->size) && !ml_limited(ch)) {
+        r->glimit = r->gsize; /* the offer was taken: its limits are lifted */
+        r->rlimit = r->size;
+        return true; /* more room: look again */
     }
     if (r->swg) {
         ml_full_look(ch);

@@ -64,6 +64,7 @@ struct memlan_segment {
     uint64_t mirror;          /* a channel's ring size: each ring's data is mapped twice */
     uint64_t grow;            /* a channel's region size (0: none), mapped once each */
     bool owner;               /* we created it */
+    int park_pid;             /* the process that parked it in its pool (channel.c) */
     int32_t pid;              /* the process that made this handle: a fork child's close of its
                                * inherited copy lets go of its copies only (memlan_segment_close,
                                * memlan_channel_close) */

@@ -54,9 +54,9 @@ struct ml_ring {
      * into the region. */
     uint8_t *gdata;
     uint64_t gsize, gmask, cap;
-    /* producer: the bytes of the region it may fill (gsize; less for an offer until its server
-     * attaches: __ml_chan_offer_limit) */
-    uint64_t glimit;
+    /* producer: the bytes of the ring and of the region it may fill (size and gsize; less for
+     * an offer until its server attaches: __ml_chan_offer_limit) */
+    uint64_t rlimit, glimit;
     uint64_t swp;
     bool swg;
     bool gsure;               /* producer: we reserved the region's pages and kept them */
@@ -133,7 +133,7 @@ static inline uint64_t ml_ring_pub(const struct ml_ring *r, memory_order mo)
 /* Producer of a growing ring: free bytes in the area of its head (ml_ring_free). */
 static inline int64_t ml_ring_free_grow(struct ml_ring *r, uint64_t want)
 {
-    uint64_t sz = r->swg ? r->glimit : r->size;
+    uint64_t sz = r->swg ? r->glimit : r->rlimit;
     uint64_t used = r->pos - ml_grow_base(r, r->other);
     if (ml_likely(used <= sz && sz - used >= want))
         return (int64_t)(sz - used);

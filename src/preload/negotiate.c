@@ -2055,6 +2055,8 @@ static bool mlp_pass_record_is(const char *name, const struct mlp_sock *s)
            side == s->side && strcmp(token, s->ch->seg->token) == 0;
 }
 
+static void mlp_withdraw(struct mlp_sock *s, int fd, const char *why);
+
 static void mlp_pass_prepare_fd(int fd, void *ctx)
 {
     struct mlp_pass_call *x = ctx;
@@ -2067,13 +2069,19 @@ static void mlp_pass_prepare_fd(int fd, void *ctx)
     struct mlp_sock *s = fd >= 0 && mlp_fd_is_ours(fd) ? mlp_get(fd) : NULL;
     if (!s)
         return;
-    /* An undecided connection is settled before it goes, as before exec: passed as it was, its
-     * bytes stayed in our ring while the receiver wrote over the kernel socket, whose bytes
-     * then came before ours (a review).  Accelerated, it is passed below; on TCP, what the
-     * ring held is sent first. */
+    /* An undecided connection is settled before it goes: passed as it was, its bytes stayed in
+     * our ring while the receiver wrote over the kernel socket, whose bytes then came before
+     * ours (a review).  Not by waiting for the decision (a nonblocking passer waited the accept
+     * wait, 2 s, and one whose flush could not finish for ever: a second review): taken now,
+     * accelerated, it is passed below; else the offer is withdrawn, and what the ring held is
+     * handed to the kernel without waiting, before the receiver can write. */
     if (s->type == MLP_CONN && atomic_load(&s->state) == MLP_UNDECIDED && !mlp_confined() &&
-        !mlp_vfork_child() && mlp_decide(s, fd, true) == MLP_TCP)
-        (void)mlp_tcp_catch_up(s, fd, true);
+        !mlp_vfork_child()) {
+        if (mlp_decide(s, fd, false) == MLP_UNDECIDED)
+            mlp_withdraw(s, fd, "passed over SCM_RIGHTS before a memlan acceptor took the offer");
+        if (atomic_load(&s->state) == MLP_TCP)
+            (void)mlp_tcp_catch_up(s, fd, false);
+    }
     /* the vfork child's look (getpid) and the sandbox's after a connection of ours is found */
     if (s->type != MLP_CONN || atomic_load(&s->state) != MLP_ACCEL || !s->ch || !s->me ||
         !mlp_fab || mlp_vfork_child() || mlp_confined() ||

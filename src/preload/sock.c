@@ -1329,9 +1329,11 @@ static uint64_t mlp_tv_ns(const struct timeval *tv)
  * blocking send takes there without waiting: the socket's send buffer, which grows to tcp_wmem's
  * default maximum, 4 MiB.  An undecided ring grows into its region as an accepted one does, up
  * to half of that (negotiate.c, mlp_offer_takes: a withdrawal must send it all over TCP at
- * once); one that cannot grow (a seccomp filter, a full fabric, SO_SNDBUF) holds MEMLAN_RING_KB.
- * A blocking send that finds it full waits for the decision: a wait the kernel's call does not
- * have for a call of this size or less, so neither SO_SNDTIMEO nor a handler ends it (a 1 MiB
+ * once; lower after SO_SNDBUF); one that cannot grow (a seccomp filter, a full fabric,
+ * SO_SNDBUF before connect) holds MEMLAN_RING_KB.  A blocking send that finds it full, or at
+ * the offer's limit (a send of 2 to 4 MiB: the kernel would take it at once), waits for the
+ * decision: a wait the kernel's call does not have for a call of this size or less, so neither
+ * SO_SNDTIMEO nor a handler ends it (a 1 MiB
  * send with a 1 s SO_SNDTIMEO returned 256 KiB, then EAGAIN, where the kernel takes it all at
  * once: a review).  A larger call would wait in the kernel too, and its wait ends as that one
  * would.
@@ -2758,6 +2760,17 @@ int mlp_setsockopt(struct mlp_sock *s, int level, int name, const void *val, soc
 {
     if (s->type != MLP_CONN || !s->ch || level != SOL_SOCKET)
         return 0;
+    if ((name == SO_SNDBUF || name == SO_SNDBUFFORCE) && len >= sizeof(int) &&
+        s->state == MLP_UNDECIDED && mlp_lock_tx(s, true) == 0) {
+        /* An offer's bytes must all fit in the kernel's buffers at a withdrawal: a send
+         * buffer made smaller after connect lowers its limit to the size asked (the kernel
+         * doubles it, and its peer's receive buffer takes more: 80 KB for 16 KiB, measured).
+         * Set higher, the limit stays.  A review: 1 MiB taken into the ring with SO_SNDBUF
+         * 16 KiB, and only 80 KB of it reached the server after the fall to TCP. */
+        int v = *(const int *)val;
+        __ml_chan_offer_limit(s->ch, v > 0 ? (uint64_t)v : 0);
+        mlp_unlock_tx(s);
+    }
     if (name == SO_LINGER && len >= sizeof(struct linger) && s->me) {
         const struct linger *lg = val;
         if (lg->l_onoff && lg->l_linger == 0)

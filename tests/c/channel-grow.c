@@ -160,6 +160,21 @@ int main(void)
     ASSERT_EQ(a->grows, 0u);
     ASSERT_TRUE(!(memlan_channel_poll(a) & MEMLAN_EV_WRITE));
     memlan_channel_close(a);
+    /* Within the ring (SO_SNDBUF made small after connect), and lowered only: 1000 bytes of
+     * the ring, then the whole ring and region once the server attached. */
+    ASSERT_OK(__ml_chan_create_pooled(fab, RING, REGION, &a));
+    __ml_chan_offer_limit(a, 1000);
+    __ml_chan_offer_limit(a, RING + 8192);
+    sent = read = 0;
+    ASSERT_EQ(fill(a, &sent), 1000u);
+    ASSERT_TRUE(!(memlan_channel_poll(a) & MEMLAN_EV_WRITE));
+    snprintf(tok, sizeof tok, "%s", memlan_channel_token(a));
+    ASSERT_OK(__ml_chan_attach_gen(fab, tok, __ml_chan_generation(a), &b));
+    ASSERT_TRUE(memlan_channel_poll(a) & MEMLAN_EV_WRITE);
+    ASSERT_EQ(fill(a, &sent), (size_t)(RING + REGION - 1000));
+    ASSERT_EQ(recv_all(b, &read, 3000), (size_t)(RING + REGION));
+    memlan_channel_close(b);
+    memlan_channel_close(a);
 
     /* A growth that nothing followed (a reservation at a full ring, committed empty: a sendfile
      * at its file's end), then a withdrawal: the region's pages go back once all is out (they
