@@ -1255,10 +1255,12 @@ int mlp_tcp_catch_up(struct mlp_sock *s, int fd, bool block)
     const void *p;
     /* The look without the lock reads our own copy of the positions: a fork sibling's may lag
      * behind what another holder put into the ring (it said "nothing unsent", and a child's
-     * send went over TCP ahead of its parent's 1 MiB: a review).  A shared socket looks under
-     * the lock, which resyncs them. */
-    if (!s->ch || (!atomic_load_explicit(&s->forked, memory_order_relaxed) &&
-                   !__ml_chan_unsent(s->ch, &p))) {
+     * send went over TCP ahead of its parent's 1 MiB: a review).  A shared socket looks at the
+     * head its holders publish (the lock page's word), and takes the lock, which resyncs the
+     * copies, only when bytes are there: not at every send and poll of a socket on TCP. */
+    if (!s->ch || (atomic_load_explicit(&s->forked, memory_order_relaxed)
+                       ? __ml_chan_tx_queued(s->ch) == 0
+                       : !__ml_chan_unsent(s->ch, &p))) {
         if (s->ch && s->state == MLP_TCP)
             mlp_shut_owed_pay(s, fd);
         return 0;
