@@ -2077,10 +2077,23 @@ static void mlp_pass_prepare_fd(int fd, void *ctx)
      * handed to the kernel without waiting, before the receiver can write. */
     if (s->type == MLP_CONN && atomic_load(&s->state) == MLP_UNDECIDED && !mlp_confined() &&
         !mlp_vfork_child()) {
-        if (mlp_decide(s, fd, false) == MLP_UNDECIDED)
+        if (mlp_decide(s, fd, false) == MLP_UNDECIDED) {
             mlp_withdraw(s, fd, "passed over SCM_RIGHTS before a memlan acceptor took the offer");
-        if (atomic_load(&s->state) == MLP_TCP)
-            (void)mlp_tcp_catch_up(s, fd, false);
+            /* The acceptor attached in between (the withdrawal's CAS lost): accelerated, and
+             * passed so below (left undecided, it went with no record, and the receiver wrote
+             * on the kernel socket under a channel: a third review, under gdb) */
+            if (atomic_load(&s->state) == MLP_UNDECIDED)
+                (void)mlp_decide(s, fd, false);
+        }
+        if (atomic_load(&s->state) == MLP_TCP && mlp_tcp_catch_up(s, fd, false) == -EAGAIN &&
+            s->ch && __ml_chan_tx_queued(s->ch) > 0)
+            /* Not all of it went: the kernel's buffers were made smaller than what the ring
+             * holds after it was written (SO_SNDBUF).  The rest follows at our next call on the
+             * socket, after what the receiver writes: said, not hidden. */
+            mlp_say(MLP_SAID_PASS, "fd %d: passed over SCM_RIGHTS with %llu bytes of its ring "
+                    "not yet sent over TCP (its SO_SNDBUF was made smaller after they were "
+                    "written): the receiver's writes may come before them", fd,
+                    (unsigned long long)__ml_chan_tx_queued(s->ch));
     }
     /* the vfork child's look (getpid) and the sandbox's after a connection of ours is found */
     if (s->type != MLP_CONN || atomic_load(&s->state) != MLP_ACCEL || !s->ch || !s->me ||

@@ -2765,12 +2765,14 @@ int mlp_setsockopt(struct mlp_sock *s, int level, int name, const void *val, soc
     if ((name == SO_SNDBUF || name == SO_SNDBUFFORCE) && len >= sizeof(int) &&
         s->state == MLP_UNDECIDED && mlp_lock_tx(s, true) == 0) {
         /* An offer's bytes must all fit in the kernel's buffers at a withdrawal: a send
-         * buffer made smaller after connect lowers its limit to the size asked (the kernel
-         * doubles it, and its peer's receive buffer takes more: 80 KB for 16 KiB, measured).
-         * Set higher, the limit stays.  A review: 1 MiB taken into the ring with SO_SNDBUF
-         * 16 KiB, and only 80 KB of it reached the server after the fall to TCP. */
+         * buffer made smaller after connect lowers its limit to twice the size asked, as the
+         * kernel doubles it, and 32 KiB of its peer's receive buffer (it took 80 KB for
+         * 16 KiB, 324 KB for 128 KiB, measured; the size itself made sends of 40 KB wait for
+         * the decision: a third review).  Set higher, the limit stays.  A review: 1 MiB taken
+         * into the ring with SO_SNDBUF 16 KiB, and only 80 KB of it reached the server after
+         * the fall to TCP. */
         int v = *(const int *)val;
-        __ml_chan_offer_limit(s->ch, v > 0 ? (uint64_t)v : 0);
+        __ml_chan_offer_limit(s->ch, 2 * (uint64_t)(v > 0 ? v : 0) + (32u << 10));
         mlp_unlock_tx(s);
     }
     if (name == SO_LINGER && len >= sizeof(struct linger) && s->me) {
