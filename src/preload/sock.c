@@ -1335,10 +1335,9 @@ static uint64_t mlp_tv_ns(const struct timeval *tv)
  * SO_SNDBUF before connect) holds MEMLAN_RING_KB.  A blocking send that finds it full, or at
  * the offer's limit (a send of 2 to 4 MiB: the kernel would take it at once), waits for the
  * decision: a wait the kernel's call does not have for a call of this size or less, so neither
- * SO_SNDTIMEO nor a handler ends it (a 1 MiB
- * send with a 1 s SO_SNDTIMEO returned 256 KiB, then EAGAIN, where the kernel takes it all at
- * once: a review).  A larger call would wait in the kernel too, and its wait ends as that one
- * would.
+ * SO_SNDTIMEO nor a handler ends it (a 1 MiB send with a 1 s SO_SNDTIMEO returned 256 KiB, then
+ * EAGAIN, where the kernel takes it all at once: a review).  A larger call would wait in the
+ * kernel too, and its wait ends as that one would.
  */
 #define MLP_KERNEL_TAKES (4u << 20)
 
