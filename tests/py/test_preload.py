@@ -472,8 +472,10 @@ def test_bytes_written_before_the_accept_keep_their_order(fabric, tmp_path, how)
     own stale copy of the positions, before growth too with 100 KiB), the receiver's mark
     inside the passer's bytes (an undecided socket was passed as it was).  A second review:
     (passsmall) the pass waited for the decision, and with a small send buffer the flush of the
-    ring, taken to the sysctl's limit, never ended (the passer hung); now the pass withdraws the
-    offer without waiting, and SO_SNDBUF after connect lowers the offer's limit."""
+    ring, taken to the sysctl's limit, never ended (the passer hung, where its own thread was
+    the server's reader); now the pass withdraws the offer without waiting, and SO_SNDBUF after
+    connect lowers the offer's limit.  This case checks the bytes and their order only: here
+    the server is another process, and 14c5d12's waiting pass passes it too (slowly)."""
     out = {}
     for on in (False, True):
         port = next_port()
