@@ -3526,15 +3526,30 @@ static bool mlp_handshake_open(struct mlp_sock *s, int fd)
  * (test_apache2_mod_http2; test_a_server_that_accepts_late_takes_the_offer).  Over TCP they
  * would have waited as long for the answer.
  *
- * So a decision that does not wait (a poll's, a nonblocking call's: the program's own loop
- * waits, with its own timeouts and signals), once MEMLAN_ACCEPT_WAIT_MS from the offer is over,
- * asks the kernel (sock_diag, the look-up of mlp_handshake_open, by the connection's four
- * addresses) whether the server's side of the connection is still in its accept queue:
- * established or close-wait, with no file yet (an accepted socket has its file's inode).  While
- * it is, the offer waits on, looked at again every MLP_QUEUE_LOOK_NS; once it is not, a memlan
- * acceptor takes the offer at its accept, so MLP_ACCEPTED_GRACE_NS after the last look that saw
- * it queued ends the wait (a plain program that accepted costs the client that much, not the
- * whole accept wait again).  MEMLAN_ACCEPT_QUEUE_MS (60 s) from the offer bounds it all.
+ * So the client asks the kernel (sock_diag, the look-up of mlp_handshake_open, by the
+ * connection's four addresses) where the server's side of the connection is: still in its
+ * accept queue (established or close-wait, with no file yet), or accepted (it has its file's
+ * inode).  The looks begin MLP_QUEUE_FIRST_NS after the offer (a memlan acceptor takes most
+ * offers sooner, and those connections never pay for one), and come, while a decision is asked,
+ * every half of the time since the offer, at most every quarter second (about ten before a 2 s
+ * accept wait is over, each one netlink round trip).
+ *
+ * - Accepted, and no memlan acceptor has taken the offer MLP_ACCEPTED_GRACE_NS after the look
+ *   that first saw the accept, or MLP_QUEUED_GRACE_NS after the last look that saw the
+ *   connection queued (the accept came somewhere between): the offer is over, whatever the
+ *   accept wait has left.  A memlan acceptor takes an offer in its accept call, within
+ *   microseconds of the kernel's accept, or refuses it, so the grace only covers its
+ *   scheduling.  The accepting process was one without memlan: a member of an SO_REUSEPORT
+ *   group that runs without it (a rolling upgrade), a child that runs without it and accepts on
+ *   its parent's published listener, a server under memlan in another fabric.  Each such client
+ *   used to wait the whole accept wait, where kernel TCP answers in milliseconds (an outside
+ *   user's SO_REUSEPORT pair: 2015 ms a connection for the plain member's clients).  A memlan
+ *   acceptor slower than the grace finds the offer withdrawn, and the connection goes over TCP
+ *   with the reason on both sides: nothing is lost.
+ * - Queued, once MEMLAN_ACCEPT_WAIT_MS from the offer is over, for a decision that does not
+ *   wait (a poll's, a nonblocking call's: the program's own loop waits, with its own timeouts
+ *   and signals): the offer waits on, while the looks see it queued, and a memlan acceptor
+ *   takes it at its accept.  MEMLAN_ACCEPT_QUEUE_MS (60 s) from the offer bounds it all.
  *
  * A blocking receive's wait (mlp_decide_call with rx) waits on the same way: it heeds the
  * program's signals and SO_RCVTIMEO as the kernel's read does, which would wait as long for the
@@ -3542,13 +3557,15 @@ static bool mlp_handshake_open(struct mlp_sock *s, int fd)
  * settles its sockets, stdio's) count from the offer, as before: over kernel TCP a send's bytes
  * go into the buffers of a connection not yet accepted, and an exec or a vfork's parent would
  * not wait so long (a review of the first version, which extended them all: a system() waited
- * 10 s, a 600 KiB send 62 s).  So do a look that cannot be made (no
- * diag socket: a sandbox at the first offer; a process confined since, whose filter may kill for
- * getpeername; a server in another namespace) and one that another thread or a fork sibling
- * makes now, for a second at the most.  Nothing here is a peer's to write.
+ * 10 s, a 600 KiB send 62 s); they end early on an accept as any.  So do a look that cannot be
+ * made (no diag socket: a sandbox at the first offer; a process confined since, whose filter
+ * may kill for getpeername; a server in another namespace) and one that another thread or a
+ * fork sibling makes now, for a second at the most.  Nothing here is a peer's to write.
  */
-#define MLP_QUEUE_LOOK_NS 100000000ull
-#define MLP_ACCEPTED_GRACE_NS 500000000ull
+#define MLP_QUEUE_FIRST_NS 20000000ull
+#define MLP_QUEUE_LOOK_NS 10000000ull
+#define MLP_ACCEPTED_GRACE_NS 250000000ull
+#define MLP_QUEUED_GRACE_NS 500000000ull
 #define MLP_WHY_ACCEPT_WAIT "no memlan acceptor took the offer within MEMLAN_ACCEPT_WAIT_MS"
 static const char *mlp_accept_wait_over(struct mlp_sock *s, int fd, bool wait)
 {
@@ -3556,24 +3573,34 @@ static const char *mlp_accept_wait_over(struct mlp_sock *s, int fd, bool wait)
     uint64_t off = now - s->offer_ns, cap = (uint64_t)mlp_cfg.accept_queue_ms * 1000000u;
     /* (loaded after now: another thread's later store makes q > now, not yet over) */
     uint64_t q = atomic_load_explicit(&s->queued_ns, memory_order_relaxed);
+    uint64_t acc = atomic_load_explicit(&s->acc_ns, memory_order_relaxed);
+    bool waited_on = q > s->offer_ns + aw; /* seen queued past the accept wait */
     if (off > cap)
-        return q        ? "the server did not accept the connection within "
-                          "MEMLAN_ACCEPT_QUEUE_MS"
+        return waited_on  ? "the server did not accept the connection within "
+                            "MEMLAN_ACCEPT_QUEUE_MS"
                : cap < aw ? "no memlan acceptor took the offer within MEMLAN_ACCEPT_QUEUE_MS"
                           : MLP_WHY_ACCEPT_WAIT;
     const char *late = off > aw ? MLP_WHY_ACCEPT_WAIT : NULL;
-    if (wait || strstr(s->offer, "-m") /* across namespaces (mlp_offer_name) */ ||
+    if (strstr(s->offer, "-m") /* across namespaces (mlp_offer_name) */ ||
         ml_load_acquire(&mlp_hs_fd) < 0 || mlp_confined())
         return late;
-    uint64_t grace = aw < MLP_ACCEPTED_GRACE_NS ? aw : MLP_ACCEPTED_GRACE_NS;
-    const char *gone = "the server accepted the connection, and no memlan acceptor took the "
-                       "offer";
-    const char *over = q ? (now > q && now - q > grace ? gone : NULL) : late;
-    if (!q && !over)
-        return NULL;
-    const char *unsure = q ? over : off > aw + MLP_QUEUE_LOOK_NS * 10 ? late : NULL;
+    if (late ? wait : off < MLP_QUEUE_FIRST_NS)
+        return late; /* a decision that waits counts from the offer; too soon to look */
+    uint64_t qgrace = aw < MLP_QUEUED_GRACE_NS ? aw : MLP_QUEUED_GRACE_NS;
+    uint64_t agrace = aw < MLP_ACCEPTED_GRACE_NS ? aw : MLP_ACCEPTED_GRACE_NS;
+    const char *gone = "no memlan acceptor took the offer, and the server accepted the "
+                       "connection";
+    bool accepted = (acc && now > acc && (now - acc > agrace || late)) ||
+                    (q && now > q && now - q > qgrace);
+    const char *over = accepted ? gone : q || acc ? NULL : late;
+    if (acc)
+        return over; /* seen accepted: nothing more to look for */
+    const char *unsure = q ? over : off > aw + 1000000000ull ? late : NULL;
+    uint64_t every = off / 2, most = qgrace / 2;
+    most = most < MLP_QUEUE_LOOK_NS ? MLP_QUEUE_LOOK_NS : most;
+    every = every < MLP_QUEUE_LOOK_NS ? MLP_QUEUE_LOOK_NS : every > most ? most : every;
     uint64_t ql = atomic_load_explicit(&s->qlook_ns, memory_order_relaxed);
-    if (now > ql && now - ql < MLP_QUEUE_LOOK_NS)
+    if (now > ql && now - ql < every)
         return unsure; /* looked just now, and the look said nothing (or the queue: q) */
     atomic_store_explicit(&s->qlook_ns, now, memory_order_relaxed);
     struct mlp_addr l, r;
@@ -3586,11 +3613,15 @@ static const char *mlp_accept_wait_over(struct mlp_sock *s, int fd, bool wait)
     if (e == -EAGAIN) /* another thread asks now, or a fork sibling took our answer */
         return unsure;
     if (e == 0 && inode == 0 && (state == TCP_ESTABLISHED || state == TCP_CLOSE_WAIT)) {
-        if (!q)
+        if (late && !waited_on)
             mlp_log(1, "fd %d: the server has not accepted the connection yet: its offer waits "
                        "on (MEMLAN_ACCEPT_QUEUE_MS)", fd);
         atomic_store_explicit(&s->queued_ns, now, memory_order_relaxed);
         return NULL;
+    }
+    if (e == 0 && inode != 0 && !acc) {
+        atomic_store_explicit(&s->acc_ns, now, memory_order_relaxed);
+        return late ? gone : NULL;
     }
     return over;
 }

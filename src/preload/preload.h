@@ -149,8 +149,9 @@ struct mlp_sock {
     uint64_t hs_ns;               /* client: when we last asked whether the server's kernel
                                    * completed our handshake (mlp_handshake_open) */
     _Atomic uint64_t queued_ns;   /* client: when we last saw our connection in the server's
-                                   * accept queue, its accept wait over (mlp_accept_wait_over) */
+                                   * accept queue (mlp_accept_wait_over) */
     _Atomic uint64_t qlook_ns;    /* client: when we last looked for that */
+    _Atomic uint64_t acc_ns;      /* client: when a look first saw it accepted, 0 if none */
     char offer[160];              /* client: the offer's name in the fabric, "" once gone */
     struct ml_listen_rec *lmap;   /* client, undecided: the listener's record (held: see
                                    * mlp_lmap_hold), whose no_offer tells us to withdraw at once */
