@@ -1075,8 +1075,11 @@ static char *const *mlp_exec_prepare(struct mlp_carry *c, const char *path, bool
     c->memfd = -1;
     if (!envp)
         envp = empty; /* Linux reads a null envp as an empty one */
-    /* Exec takes the pool's mappings: give its channel files back now. */
-    if (mlp_fab)
+    /* Exec takes the pool's mappings: give its channel files back now.  Not a vfork child's:
+     * the pool and the mappings are its parent's, which the exec leaves to it (drained here, a
+     * file parked by the parent lost its mapping and its place without its name: each
+     * subprocess.Popen after a connection's close left one in the fabric for good). */
+    if (mlp_fab && !mlp_vfork_child())
         __ml_chan_pool_drain(mlp_fab);
     c->path = path;
     c->search = search;
