@@ -636,6 +636,10 @@ static struct memlan_segment *ml_pool_take(memlan_fabric_t *fab, uint64_t rs, ui
             continue;
         }
         ml_chan_reset(seg);
+        /* unlocked, not only closed: a fork or vfork by another thread meanwhile holds a copy
+         * of fd, and the acceptor's lock failed while it lived (the acceptor read "withdrawn",
+         * and a client in the same process waited for ever: an explorer's strace) */
+        (void)__ml_sys_unlock_range((int)fd, ML_LOCK_ATTACHER, 3);
         __ml_sys_close((int)fd);
         if (__ml_guard_broken(seg->guard)) { /* shrunk while parked: the reset found it */
             __ml_seg_destroy(seg);

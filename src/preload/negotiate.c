@@ -2990,6 +2990,7 @@ static int mlp_lrec_grant_one(struct mlp_lrec *r, uid_t uid)
             e = -ESTALE;
         if (e == 0)
             e = __ml_acl_add_user((int)lfd, (uint32_t)uid);
+        (void)__ml_sys_unlock_range((int)lfd, 1, 1); /* see __ml_sys_unlock_range */
         __ml_sys_close((int)lfd);
     }
     if (e < 0) {

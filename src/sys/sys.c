@@ -323,6 +323,19 @@ int __ml_sys_lock_range(int fd, off_t start, off_t len)
     return r == -EACCES ? -EAGAIN : (int)r;
 }
 
+/* A transient lock goes by this, never by the close alone: an OFD lock lives as long as any
+ * descriptor of its open file, and a fork or vfork made by another thread between our open and
+ * our close gives the child a copy that holds it until the child's exec or end. */
+int __ml_sys_unlock_range(int fd, off_t start, off_t len)
+{
+    struct flock fl = {.l_type = F_UNLCK, .l_whence = SEEK_SET, .l_start = start, .l_len = len};
+    long r;
+    do
+        r = SYS_CALL(SYS_fcntl, fd, F_OFD_SETLK, &fl);
+    while (r == -EINTR);
+    return (int)r;
+}
+
 int __ml_sys_lock_byte_shared(int fd, off_t byte)
 {
     struct flock fl = {.l_type = F_RDLCK, .l_whence = SEEK_SET, .l_start = byte, .l_len = 1};

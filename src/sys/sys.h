@@ -61,6 +61,7 @@ int __ml_sys_lock_byte(int fd, off_t byte, int wait);
 int __ml_sys_byte_held(int fd, off_t byte);
 int __ml_sys_lock_byte_shared(int fd, off_t byte); /* a read lock, never waits */
 int __ml_sys_lock_range(int fd, off_t start, off_t len); /* a write lock, never waits */
+int __ml_sys_unlock_range(int fd, off_t start, off_t len); /* before a transient lock's close */
 /* futex on a word in shared memory (never FUTEX_PRIVATE: the waker is another process). */
 int __ml_sys_futex_wait(_Atomic uint32_t *word, uint32_t expect, int64_t timeout_ns);
 int __ml_sys_futex_wake(_Atomic uint32_t *word, int n);
