@@ -196,6 +196,8 @@ struct mlp_sock {
     _Atomic uint64_t look_ns;     /* the last look at the kernel socket by a call that must not
                                    * wait (poll.c, mlp_look_due; the coarse clock) */
     _Atomic uint32_t eagains;     /* nonblocking receives in a row that found the ring empty */
+    _Atomic uint64_t drained_ns;  /* the coarse clock at the last receive that got bytes after
+                                   * an empty one (sock.c, mlp_eagain_look) */
     pthread_mutex_t mu;           /* state changes: withdrawal, close */
     struct mlp_locks *_Atomic locks; /* sock.c: the direction locks and the file status flags:
                                       * own_locks until the socket is forked, then a page only

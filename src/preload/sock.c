@@ -2141,15 +2141,33 @@ ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned
 
 /* A nonblocking receive found the ring empty.  A program that only calls recv (no poll or
  * epoll, which watch the kernel socket) would never learn of an end that no close of the peer's
- * announced (tests/preload/forkexit.c, exit-nb): from the second empty answer in a row (no bytes
- * between them), the kernel socket is looked at (mlp_end_look, at most once a millisecond).  An
- * event-driven program's recv-until-EAGAIN gets data before each EAGAIN, and never pays for the
- * look.  True when the peer is found gone: look again under the lock. */
+ * announced (tests/preload/forkexit.c, exit-nb): the kernel socket is looked at (mlp_end_look,
+ * at most once a millisecond), from the first empty answer, unless it comes within
+ * MLP_DRAIN_NS of a receive that got bytes after an empty one: an event-driven program's
+ * recv-until-EAGAIN, which then never pays for the look.  A single nonblocking recv is how a
+ * connection pool asks whether an idle connection lives (redis-py's can_read, before it hands a
+ * pooled connection out): looked at only from the second empty answer in a row, it answered
+ * EAGAIN where kernel TCP says EOF, the pool handed out a dead server's connection and Celery's
+ * task failed with "Connection closed by server" (an explorer).  True when the peer is found
+ * gone: look again under the lock. */
+#define MLP_DRAIN_NS 10000000ull
 static bool mlp_eagain_look(struct mlp_sock *s)
 {
-    if (atomic_fetch_add_explicit(&s->eagains, 1, memory_order_relaxed) == 0)
-        return false;
+    if (atomic_fetch_add_explicit(&s->eagains, 1, memory_order_relaxed) == 0) {
+        uint64_t d = atomic_load_explicit(&s->drained_ns, memory_order_relaxed);
+        if (d && mlp_coarse_ns() - d < MLP_DRAIN_NS)
+            return false;
+    }
     return mlp_end_look(s);
+}
+
+/* A receive got bytes: the next empty answer is the first in a row. */
+static inline void mlp_rx_got(struct mlp_sock *s)
+{
+    if (ml_unlikely(atomic_load_explicit(&s->eagains, memory_order_relaxed))) {
+        atomic_store_explicit(&s->eagains, 0, memory_order_relaxed);
+        atomic_store_explicit(&s->drained_ns, mlp_coarse_ns(), memory_order_relaxed);
+    }
 }
 
 
@@ -2394,8 +2412,7 @@ static ssize_t mlp_recv_at(struct mlp_sock *s, int fd, const struct iovec *iov, 
         r = mlp_rx_pass(s, iov, n, &i, &off, (flags & MSG_TRUNC) != 0);
         mlp_unlock_rx(s);
         if (r > 0) {
-            if (ml_unlikely(atomic_load_explicit(&s->eagains, memory_order_relaxed)))
-                atomic_store_explicit(&s->eagains, 0, memory_order_relaxed);
+            mlp_rx_got(s);
             done += r;
             if (nb || i == n || (size_t)done >= target)
                 break;
@@ -2592,8 +2609,8 @@ ssize_t mlp_recv_fast(int fd, const struct iovec *iov, int n, int flags)
             r = mlp_rx_pass(s, iov, n, &i, &off, false);
         }
     }
-    if (r > 0 && ml_unlikely(atomic_load_explicit(&s->eagains, memory_order_relaxed)))
-        atomic_store_explicit(&s->eagains, 0, memory_order_relaxed);
+    if (r > 0)
+        mlp_rx_got(s);
 out:
     mlp_fast_end(s, &c, false);
     if (r == -EINTR) {

@@ -1241,13 +1241,16 @@ def scripted(prog, tmp_path, *args, env=None):
 # with zero-timeout epoll_waits of maxevents 3, every 0.3 s, for the client's end, while a pipe
 # of its own set is readable (PostgreSQL's client_connection_check_interval, its latch's fd);
 # the client (a fork child) is killed between two checks.  Prints at which check the end came.
-PEER_END_CHECK = r"""
+# Listens on argv[1] and forks: what follows runs in both processes.
+LISTEN_FORK = r"""
 import os, select, signal, socket, sys, time
 l = socket.socket()
 l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
 l.bind(("127.0.0.1", int(sys.argv[1])))
 l.listen(5)
 pid = os.fork()
+"""
+PEER_END_CHECK = LISTEN_FORK + r"""
 if pid == 0:
     l.close()
     c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
@@ -2247,6 +2250,63 @@ def test_fork_child_leaving_without_close_ends_promptly(fabric, tmp_path):
     assert "ECONNRESET" in plain.stdout and "exit-nb: after 0" in plain.stdout, plain.stdout
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
     assert text.count("accelerated (client)") == 13, text
+    settle(fabric)
+
+
+# A connection pool's health check (redis-py's can_read before it hands a pooled connection
+# out: one recv with a zero timeout, no poll), before and after a round trip with a server (a
+# fork child) that then ends by argv[2]: exit() without a close (redis-server on SIGTERM),
+# _exit, or SIGKILL.  0.3 s after the end, one nonblocking recv: what it answered.
+POOL_CHECK = LISTEN_FORK + r"""
+if pid == 0:
+    s, _ = l.accept()
+    s.sendall(s.recv(10))
+    if sys.argv[2] == "kill":
+        time.sleep(30)
+    if sys.argv[2] == "_exit":
+        os._exit(0)
+    sys.exit(0)
+l.close()
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+def check():
+    c.settimeout(0)
+    try:
+        return repr(c.recv(10))
+    except BlockingIOError:
+        return "EAGAIN"
+    finally:
+        c.settimeout(None)
+print("before:", check())
+c.sendall(b"ping")
+print("answer:", c.recv(10))
+if sys.argv[2] == "kill":
+    time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+os.waitpid(pid, 0)
+time.sleep(0.3)
+print("after the end:", check())
+"""
+
+
+@pytest.mark.parametrize("how", ["exit", "_exit", "kill"])
+def test_a_pools_one_nonblocking_recv_sees_a_dead_servers_end(fabric, tmp_path, how):
+    """One nonblocking recv, 0.3 s after the server's process ended without a close of ours
+    (exit() with the socket open, _exit, SIGKILL), answers the end, as over kernel TCP.  Before,
+    the kernel socket was looked at only from the second empty answer in a row: the first said
+    EAGAIN, redis-py's pool handed out the dead server's connection, and a Celery task failed
+    with "Connection closed by server" after a Redis restart (an explorer)."""
+    script = tmp_path / "pool.py"
+    script.write_text(POOL_CHECK)
+    plain = subprocess.run([PY, str(script), str(next_port()), how], capture_output=True,
+                           text=True, timeout=60)
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.splitlines()[-1] == "after the end: b''", plain.stdout
+    log = tmp_path / "m.log"
+    under = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", PY, str(script),
+                            str(next_port()), how], capture_output=True, text=True, timeout=60)
+    assert under.returncode == 0, under.stderr
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout
+    assert log.read_text().count("accelerated (client)") == 1, log.read_text()
     settle(fabric)
 
 
