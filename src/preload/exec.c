@@ -82,6 +82,7 @@ struct mlp_carry {
     bool search;              /* execvp's and posix_spawnp's: a bare name is looked for in PATH */
     bool blind_known;         /* mlp_exec_blind asked (at the first connection to carry) */
     const char *blind;        /* the image to come runs without memlan: why (mlp_exec_blind) */
+    signed char runs;         /* mlp_exec_runs: 1 the exec can run the file, 0 not, -1 unasked */
     char blindwhy[160];
     char blindpath[512];
 };
@@ -267,6 +268,35 @@ static void mlp_carry_give_back(struct mlp_carry *c, struct mlp_sock *s)
     c->gave[c->ngave++] = s;
 }
 
+static bool mlp_path_search(const char *name, char *found, size_t cap);
+
+/* Can the exec run the file it names (as it finds it: execvp's PATH search for a bare name)?
+ * A regular file we may execute, not on a noexec mount.  Asked once per exec. */
+static bool mlp_exec_runs(struct mlp_carry *c)
+{
+    if (c->runs < 0) {
+        char found[512];
+        const char *p = c->path;
+        struct stat st;
+        struct statvfs vf;
+        if (p && c->search && !strchr(p, '/'))
+            p = mlp_path_search(p, found, sizeof found) ? found : NULL;
+        c->runs = p && stat(p, &st) == 0 && S_ISREG(st.st_mode) &&
+                  faccessat(AT_FDCWD, p, X_OK, AT_EACCESS) == 0 &&
+                  !(statvfs(p, &vf) == 0 && (vf.f_flag & ST_NOEXEC));
+    }
+    return c->runs > 0;
+}
+
+/* May the exec take names out of the fabric (our stat entry's, a connection's that is ours
+ * alone)?  Not a vfork child's (they are its parent's), not in a seccomp sandbox (whose filter
+ * may kill for the unlink: it would change how the exec ends), and only where the exec can run
+ * its file (a failed exec goes on with them working, unnamed). */
+static bool mlp_exec_unnames(struct mlp_carry *c)
+{
+    return !mlp_vfork_child() && !mlp_sandboxed() && mlp_exec_runs(c);
+}
+
 static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n, bool vforked,
                            bool spawn, struct mlp_buf *buf)
 {
@@ -314,9 +344,17 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
         return;
     }
     if (!nk && !spawn) {
-        /* Exec releases this process's hold; give our count back if others hold it still. */
+        /* Exec releases this process's hold; give our count back if others hold it still.
+         * Ours alone, the file's name goes as at exit() (mlp_unname_at_exit: the peer then
+         * judges our liveness by the kernel socket), where the exec can run its file: nobody
+         * would remove it otherwise.  A fork child that execs after its parent closed its
+         * copy is the common case: a thread spawning children with CPython's subprocess while
+         * another made and closed connections left about 130 files in 3,000 (an explorer).
+         * A failed exec keeps the connection working, its name gone (as after exit()'s). */
         if (!vforked && ml_load_relaxed(&s->me->holders) > 1)
             mlp_carry_give_back(c, s);
+        else if (!vforked && s->state == MLP_ACCEL && mlp_exec_unnames(c))
+            mlp_unname_at_exit(s);
         return;
     }
     /* An fd that names the socket now: a vfork child may have closed g[0]'s number (CPython's
@@ -1073,6 +1111,7 @@ static char *const *mlp_exec_prepare(struct mlp_carry *c, const char *path, bool
     mlp_vfork_left_set(NULL);
     memset(c, 0, sizeof *c);
     c->memfd = -1;
+    c->runs = -1;
     if (!envp)
         envp = empty; /* Linux reads a null envp as an empty one */
     /* Exec takes the pool's mappings: give its channel files back now.  Not a vfork child's:
@@ -1087,6 +1126,10 @@ static char *const *mlp_exec_prepare(struct mlp_carry *c, const char *path, bool
         c->memfd = mlp_carry_list(c, false);
     if (mlp_fab && !mlp_cfg.off && mlp_fabric_out())
         mlp_exec_cred_marks(c);
+    /* Our stat entry is this image's: its name goes where the exec can run its file (a failed
+     * exec keeps the entry working, unnamed: `memlan stat` no longer lists it). */
+    if (mlp_fab && mlp_exec_unnames(c))
+        mlp_stat_unname();
     return mlp_exec_env(c, envp);
 }
 
@@ -1313,6 +1356,7 @@ static char *const *mlp_spawn_prepare(struct mlp_carry *c, const posix_spawn_fil
     extern char **environ;
     memset(c, 0, sizeof *c);
     c->memfd = -1;
+    c->runs = -1;
     c->fa = fa;
     if (!envp)
         envp = environ; /* glibc's posix_spawn passes the caller's environment then */

@@ -301,6 +301,8 @@ struct mlp_clone_args {
 
 /* fd table (fdtable.c).  get() takes a reference that put() drops; NULL = not ours. */
 struct mlp_sock *mlp_sock_new(int type);
+void mlp_vfork_dropped_finish(void); /* records a vfork child let go of (fdtable.c) */
+void mlp_stat_unname(void); /* negotiate.c: our stat entry's name goes (_exit, exec) */
 void mlp_locks_init(struct mlp_sock *s);
 struct mlp_sock *mlp_get(int fd);
 void mlp_put(struct mlp_sock *s);
@@ -428,6 +430,9 @@ int *mlp_lrec_cred_exec(const uint8_t *kept, int *n); /* before exec: ML_NO_OFFE
 void mlp_lrec_cred_undo(const int *ports, int n);      /* the exec failed: set again */
 void mlp_lrec_grant(uid_t uid);      /* a shared fabric: uid may accept on our ports (cred.c) */
 void mlp_sock_liveness(memlan_channel_t *ch, int fd); /* the kernel socket under a channel */
+/* sock.c: the channel's name goes, where the connection is open and ours alone (at exit(), and
+ * at an exec that does not carry it) */
+void mlp_unname_at_exit(struct mlp_sock *s);
 
 /* Credentials (cred.c).  A process whose credential change put the fabric out of its reach says
  * so once, flags the records of the ports it listens on (clients stop offering), and makes every
@@ -489,6 +494,7 @@ static inline void mlp_lsan_root(const void *p, size_t size)
 }
 bool mlp_exiting(void); /* exit() has begun: make nothing that outlives the process (sock.c) */
 void mlp_epoll_at_exit(void); /* epoll.c: the sets' queues lose their names */
+void mlp_poll_at_exit(void);  /* pqueue.c: the process's queue loses its names */
 void mlp_stdio_adopt(int fd, bool wait); /* stdio.c: a connection now at fd 0, 1 or 2 */
 
 /* A blocking wait on an accelerated socket sleeps on the ring's futex only for this long (a
