@@ -2963,11 +2963,12 @@ static const char *mlp_lrec_access(const char *netns, int port, const struct mlp
 static int mlp_lrec_grant_one(struct mlp_lrec *r, uid_t uid)
 {
     struct stat st;
-    if (__ml_sys_fstat(r->lock_fd, &st) == 0 && st.st_uid == uid)
+    bool known = __ml_sys_fstat(r->lock_fd, &st) == 0;
+    if (known && st.st_uid == uid)
         return 0;
     /* Named already in this very file: a server that toggles its euid (postfix's master, some
      * thirty seteuid calls as it starts) rewrote the ACL and logged the line at each. */
-    if (r->granted_uid == uid && r->granted_ino == st.st_ino && st.st_ino != 0)
+    if (known && r->granted_uid == uid && r->granted_ino == st.st_ino && st.st_ino != 0)
         return 0;
     /* Several workers may do this at once (each with its own euid): the read-modify-write of the
      * ACL goes under a write lock on byte 1 of the record, through a new open file (the workers
@@ -2996,8 +2997,18 @@ static int mlp_lrec_grant_one(struct mlp_lrec *r, uid_t uid)
     if (e < 0) {
         if (r->map && !ml_load_relaxed(&r->map->no_offer))
             ml_store_release(&r->map->no_offer, ML_NO_OFFER_GRANT);
-        mlp_log(0, "port %d: cannot name euid %u as an acceptor in the shared fabric's record "
-                   "(%s): its clients will not offer", r->port, (unsigned)uid, strerror(-e));
+        /* Another user's record is theirs to change: one left by their server that died (a
+         * signal: no exit handler) stays in a sticky directory until `memlan clean` (an
+         * explorer's runs as root kept a later user's server on TCP, with no word of why). */
+        if (known && st.st_uid != geteuid())
+            mlp_log(0, "port %d: cannot name euid %u as an acceptor in the shared fabric's "
+                       "record, which uid %u made (%s): its clients will not offer; if no "
+                       "server of uid %u listens on the port, `memlan clean` run by that user or "
+                       "root removes the record its dead server left", r->port, (unsigned)uid,
+                    (unsigned)st.st_uid, strerror(-e), (unsigned)st.st_uid);
+        else
+            mlp_log(0, "port %d: cannot name euid %u as an acceptor in the shared fabric's record "
+                       "(%s): its clients will not offer", r->port, (unsigned)uid, strerror(-e));
     } else {
         r->granted_uid = uid;
         r->granted_ino = st.st_ino;
