@@ -659,6 +659,15 @@ static bool ml_pool_park(struct memlan_channel *ch)
     memlan_fabric_t *fab = ch->seg->fab;
     if (!ch->poolable || ch->side != 0 || !ch->seg->owner || ch->forks != ml_forks)
         return false;
+    /* Not in a vfork child (its pid is not the one we cached: no fork handler runs for vfork),
+     * whose pool is its parent's: the exec's look at the sockets there may drop the last
+     * reference of one that another thread of the parent closed meanwhile, and parked under
+     * the child's pid, the file was later dropped without its name (CPython's subprocess
+     * vforks: a thread spawning while another made and closed connections left about 130
+     * files in 3,000).  Destroyed, its name goes now. */
+    int me = (int)__ml_sys_getpid();
+    if (me != (int)__ml_pid())
+        return false;
     if (__ml_guard_broken(ch->seg->guard))
         return false; /* shrunk under us (guard.c): private memory now, never lent again */
     /* A parked file gives our region's pages back once the peer has read all of it (the
@@ -694,7 +703,7 @@ static bool ml_pool_park(struct memlan_channel *ch)
         memmove(&fab->pool[0], &fab->pool[1], (ML_POOL_MAX - 1) * sizeof evict);
         fab->npool--;
     }
-    ch->seg->park_pid = (int)__ml_sys_getpid();
+    ch->seg->park_pid = me;
     fab->pool[fab->npool++] = ch->seg;
     pthread_mutex_unlock(&fab->pool_mu);
     __ml_seg_destroy(evict);

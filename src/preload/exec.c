@@ -62,6 +62,12 @@ struct mlp_fdref {
 };
 
 /* What one exec attempt changed, to undo if it fails. */
+struct mlp_buf {
+    char *p;
+    size_t len, cap;
+    bool failed;
+};
+
 struct mlp_carry {
     char **env;               /* the environment to pass (malloc'd), NULL = the caller's */
     char envvar[40];          /* MEMLAN_INHERIT=fd */
@@ -82,7 +88,7 @@ struct mlp_carry {
     bool search;              /* execvp's and posix_spawnp's: a bare name is looked for in PATH */
     bool blind_known;         /* mlp_exec_blind asked (at the first connection to carry) */
     const char *blind;        /* the image to come runs without memlan: why (mlp_exec_blind) */
-    signed char runs;         /* mlp_exec_runs: 1 the exec can run the file, 0 not, -1 unasked */
+    struct mlp_buf unb;       /* "U" lines: files the new image removes (mlp_unname_later) */
     char blindwhy[160];
     char blindpath[512];
 };
@@ -169,12 +175,6 @@ static unsigned long mlp_fd_ino(int fd)
 }
 
 /* A growing text buffer that remembers whether anything failed to go in. */
-struct mlp_buf {
-    char *p;
-    size_t len, cap;
-    bool failed;
-};
-
 static void mlp_buf_add(struct mlp_buf *b, const char *fmt, ...)
 {
     while (!b->failed) {
@@ -268,33 +268,30 @@ static void mlp_carry_give_back(struct mlp_carry *c, struct mlp_sock *s)
     c->gave[c->ngave++] = s;
 }
 
-static bool mlp_path_search(const char *name, char *found, size_t cap);
-
-/* Can the exec run the file it names (as it finds it: execvp's PATH search for a bare name)?
- * A regular file we may execute, not on a noexec mount.  Asked once per exec. */
-static bool mlp_exec_runs(struct mlp_carry *c)
+/*
+ * A file of ours that the exec leaves nobody to remove (our stat entry; a connection's channel
+ * whose last holder we are): its name goes once the exec has succeeded, removed by the new
+ * image at its start ("U" in the carry list, by absolute path, if the name is still that file),
+ * as exit() removes both.  Not before the exec: one that then fails goes on with them (a
+ * review: a failed exec of a script whose interpreter is missing left the connection's file
+ * unnamed, and its next carry across an exec failed, the stream split).  An image that runs
+ * without memlan leaves them to the next sweep, as before.  Not a vfork child's (they are its
+ * parent's), nor in a seccomp sandbox (its filter, which the new image keeps, may kill for the
+ * unlink).  Before, both stayed in the fabric for good: Xvfb forks, setuids and execs a shell
+ * at each server reset, and left one dead stat entry each; a fork child that exec'd after its
+ * parent closed its copy left the connection's channel.
+ */
+static void mlp_unname_later(struct mlp_carry *c, struct memlan_segment *seg)
 {
-    if (c->runs < 0) {
-        char found[512];
-        const char *p = c->path;
-        struct stat st;
-        struct statvfs vf;
-        if (p && c->search && !strchr(p, '/'))
-            p = mlp_path_search(p, found, sizeof found) ? found : NULL;
-        c->runs = p && stat(p, &st) == 0 && S_ISREG(st.st_mode) &&
-                  faccessat(AT_FDCWD, p, X_OK, AT_EACCESS) == 0 &&
-                  !(statvfs(p, &vf) == 0 && (vf.f_flag & ST_NOEXEC));
-    }
-    return c->runs > 0;
-}
-
-/* May the exec take names out of the fabric (our stat entry's, a connection's that is ours
- * alone)?  Not a vfork child's (they are its parent's), not in a seccomp sandbox (whose filter
- * may kill for the unlink: it would change how the exec ends), and only where the exec can run
- * its file (a failed exec goes on with them working, unnamed). */
-static bool mlp_exec_unnames(struct mlp_carry *c)
-{
-    return !mlp_vfork_child() && !mlp_sandboxed() && mlp_exec_runs(c);
+    char name[80];
+    struct stat st;
+    if (!seg || !seg->owner || !seg->fab || strchr(seg->fab->path, '\n') ||
+        mlp_vfork_child() || mlp_sandboxed())
+        return;
+    __ml_fabric_name(name, sizeof name, "seg", seg->token);
+    if (__ml_sys_fstatat(seg->fab->dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0)
+        mlp_buf_add(&c->unb, "U %lu %lu %s/%s\n", (unsigned long)st.st_ino,
+                    (unsigned long)st.st_dev, seg->fab->path, name);
 }
 
 static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n, bool vforked,
@@ -345,16 +342,11 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
     }
     if (!nk && !spawn) {
         /* Exec releases this process's hold; give our count back if others hold it still.
-         * Ours alone, the file's name goes as at exit() (mlp_unname_at_exit: the peer then
-         * judges our liveness by the kernel socket), where the exec can run its file: nobody
-         * would remove it otherwise.  A fork child that execs after its parent closed its
-         * copy is the common case: a thread spawning children with CPython's subprocess while
-         * another made and closed connections left about 130 files in 3,000 (an explorer).
-         * A failed exec keeps the connection working, its name gone (as after exit()'s). */
+         * Ours alone, the channel's name goes once the exec succeeded (mlp_unname_later). */
         if (!vforked && ml_load_relaxed(&s->me->holders) > 1)
             mlp_carry_give_back(c, s);
-        else if (!vforked && s->state == MLP_ACCEL && mlp_exec_unnames(c))
-            mlp_unname_at_exit(s);
+        else if (!vforked && s->state == MLP_ACCEL && s->side == 0 && s->ch)
+            mlp_unname_later(c, s->ch->seg);
         return;
     }
     /* An fd that names the socket now: a vfork child may have closed g[0]'s number (CPython's
@@ -558,7 +550,7 @@ static int mlp_carry_list(struct mlp_carry *c, bool spawn)
         }
         refs[n++] = (struct mlp_fdref){fd, s};
     }
-    if (n == 0 && !rbuf.len && !rbuf.failed) {
+    if (n == 0 && !rbuf.len && !rbuf.failed && !c->unb.len) {
         free(refs);
         return -1;
     }
@@ -592,6 +584,10 @@ static int mlp_carry_list(struct mlp_carry *c, bool spawn)
     for (int i = 0; i < n; i++)
         mlp_put(refs[i].s);
     free(refs);
+    if (c->unb.len && !c->unb.failed) /* last: nothing above depends on them */
+        mlp_buf_add(&buf, "%.*s", (int)c->unb.len, c->unb.p);
+    free(c->unb.p);
+    c->unb = (struct mlp_buf){.failed = false};
     int mfd = -1;
     if (buf.failed) {
         /* A partial list would give the new image some connections and leave others idle at
@@ -1111,7 +1107,6 @@ static char *const *mlp_exec_prepare(struct mlp_carry *c, const char *path, bool
     mlp_vfork_left_set(NULL);
     memset(c, 0, sizeof *c);
     c->memfd = -1;
-    c->runs = -1;
     if (!envp)
         envp = empty; /* Linux reads a null envp as an empty one */
     /* Exec takes the pool's mappings: give its channel files back now.  Not a vfork child's:
@@ -1122,14 +1117,12 @@ static char *const *mlp_exec_prepare(struct mlp_carry *c, const char *path, bool
         __ml_chan_pool_drain(mlp_fab);
     c->path = path;
     c->search = search;
-    if (!mlp_cfg.off)
+    if (!mlp_cfg.off) {
+        mlp_unname_later(c, mlp_stat_seg()); /* our stat entry is this image's */
         c->memfd = mlp_carry_list(c, false);
+    }
     if (mlp_fab && !mlp_cfg.off && mlp_fabric_out())
         mlp_exec_cred_marks(c);
-    /* Our stat entry is this image's: its name goes where the exec can run its file (a failed
-     * exec keeps the entry working, unnamed: `memlan stat` no longer lists it). */
-    if (mlp_fab && mlp_exec_unnames(c))
-        mlp_stat_unname();
     return mlp_exec_env(c, envp);
 }
 
@@ -1269,6 +1262,19 @@ static void mlp_adopt_line(char *line)
         }
         return;
     }
+    if (line[0] == 'U') {
+        /* A file the image before us left to us (mlp_unname_later), if the name is still it. */
+        unsigned long ino, dev;
+        int off = 0;
+        struct stat st;
+        if (sscanf(line, "U %lu %lu %n", &ino, &dev, &off) == 2 && off > 0 &&
+            line[off] == '/' && __ml_sys_fstatat(AT_FDCWD, line + off, &st,
+                                                 AT_SYMLINK_NOFOLLOW) == 0 &&
+            S_ISREG(st.st_mode) && (unsigned long)st.st_ino == ino &&
+            (unsigned long)st.st_dev == dev)
+            (void)__ml_sys_unlinkat(AT_FDCWD, line + off, 0);
+        return;
+    }
     if (line[0] == 'L') {
         int n = mlp_line_fds(line, fds);
         if (n <= 0 || mlp_on_listen(fds[0], false) < 0)
@@ -1356,7 +1362,6 @@ static char *const *mlp_spawn_prepare(struct mlp_carry *c, const posix_spawn_fil
     extern char **environ;
     memset(c, 0, sizeof *c);
     c->memfd = -1;
-    c->runs = -1;
     c->fa = fa;
     if (!envp)
         envp = environ; /* glibc's posix_spawn passes the caller's environment then */

@@ -214,44 +214,13 @@ struct mlp_sock *mlp_get_slot(int fd, struct mlp_sock *volatile *slot)
     return mlp_get_into(fd, slot);
 }
 
-/* Records whose last reference a vfork child dropped (mlp_put), for the parent to finish.  A
- * vfork child shares its parent's memory, and its exec's look at the sockets (exec.c) takes
- * references; another thread of the parent that closed one meanwhile left the child the last.
- * Finished there, the record's channel was ended by a process that is about to become another
- * program: parked in the parent's pool under the child's pid, its file was later dropped
- * without its name (a thread spawning children with CPython's subprocess, which vforks, while
- * another made and closed connections: about 130 files left in 3,000 connections, an
- * explorer's).  A push-only stack, taken whole (no ABA). */
-static struct mlp_sock *_Atomic mlp_vfork_dropped;
-
 void mlp_put(struct mlp_sock *s)
 {
     if (atomic_fetch_sub(&s->refs, 1) != 1)
         return;
     if (mlp_fast_defer(s))
         return;
-    if (ml_unlikely(mlp_vfork_child())) {
-        struct mlp_sock *h = atomic_load(&mlp_vfork_dropped);
-        do
-            s->next_free = h;
-        while (!atomic_compare_exchange_weak(&mlp_vfork_dropped, &h, s));
-        return;
-    }
     mlp_sock_finish(s);
-}
-
-/* The parent's side of mlp_vfork_dropped: at its next socket, close or exit. */
-void mlp_vfork_dropped_finish(void)
-{
-    if (ml_likely(!atomic_load_explicit(&mlp_vfork_dropped, memory_order_relaxed)) ||
-        mlp_vfork_child() || mlp_sig_in_handler())
-        return;
-    struct mlp_sock *p = atomic_exchange(&mlp_vfork_dropped, NULL);
-    while (p) {
-        struct mlp_sock *next = p->next_free;
-        mlp_sock_finish(p);
-        p = next;
-    }
 }
 
 /* Records a close from a signal handler finished while the free list's lock was held, perhaps by
@@ -279,7 +248,6 @@ void mlp_sock_finish(struct mlp_sock *s)
 
 struct mlp_sock *mlp_sock_new(int type)
 {
-    mlp_vfork_dropped_finish();
     pthread_mutex_lock(&mlp_free_mu);
     if (ml_unlikely(atomic_load_explicit(&mlp_free_pending, memory_order_relaxed))) {
         struct mlp_sock *p = atomic_exchange(&mlp_free_pending, NULL);

@@ -355,7 +355,6 @@ static void mlp_close_unmark(void *arg)
 static int mlp_close_one(int fd)
 {
     int saved = errno;
-    mlp_vfork_dropped_finish();
     char offer[sizeof ((struct mlp_sock *)0)->offer];
     offer[0] = 0;
     /* A connection passed to us and never used: taken up, so that its close ends it as the

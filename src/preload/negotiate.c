@@ -4143,15 +4143,14 @@ void mlp_negotiate_after_fork(void)
  * where no seccomp filter is known or may be (the unlink and its fstats could be killed for: a
  * sandboxed process that ends so would die of SIGSYS).  Async-signal-safe: system calls only.
  */
-/* The name of our stat entry goes (at _exit, and at an exec that can run its file: the image
- * to come has no record of it, and an exec that keeps the pid left it in the fabric for good:
- * Xvfb forks, setuids and execs a shell for each keyboard map it compiles, one dead entry of
- * 136 KiB at every server reset, an explorer's).  System calls only. */
-void mlp_stat_unname(void)
+/* The name of our stat entry goes (at _exit).  System calls only. */
+void mlp_stat_unname(void) { __ml_seg_unname(mlp_stat_seg()); }
+
+/* Our stat entry, where it is this process's (not a fork parent's copy), or NULL. */
+struct memlan_segment *mlp_stat_seg(void)
 {
     struct memlan_segment *p = mlp_proc;
-    if (p && mlp_proc_hdr && mlp_proc_hdr->pid == mlp_pid)
-        __ml_seg_unname(p);
+    return p && mlp_proc_hdr && mlp_proc_hdr->pid == mlp_pid ? p : NULL;
 }
 
 void mlp_exit_unname(void)

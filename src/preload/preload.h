@@ -301,8 +301,8 @@ struct mlp_clone_args {
 
 /* fd table (fdtable.c).  get() takes a reference that put() drops; NULL = not ours. */
 struct mlp_sock *mlp_sock_new(int type);
-void mlp_vfork_dropped_finish(void); /* records a vfork child let go of (fdtable.c) */
-void mlp_stat_unname(void); /* negotiate.c: our stat entry's name goes (_exit, exec) */
+void mlp_stat_unname(void); /* negotiate.c: our stat entry's name goes (_exit) */
+struct memlan_segment *mlp_stat_seg(void); /* negotiate.c: our stat entry, or NULL */
 void mlp_locks_init(struct mlp_sock *s);
 struct mlp_sock *mlp_get(int fd);
 void mlp_put(struct mlp_sock *s);
@@ -430,9 +430,6 @@ int *mlp_lrec_cred_exec(const uint8_t *kept, int *n); /* before exec: ML_NO_OFFE
 void mlp_lrec_cred_undo(const int *ports, int n);      /* the exec failed: set again */
 void mlp_lrec_grant(uid_t uid);      /* a shared fabric: uid may accept on our ports (cred.c) */
 void mlp_sock_liveness(memlan_channel_t *ch, int fd); /* the kernel socket under a channel */
-/* sock.c: the channel's name goes, where the connection is open and ours alone (at exit(), and
- * at an exec that does not carry it) */
-void mlp_unname_at_exit(struct mlp_sock *s);
 
 /* Credentials (cred.c).  A process whose credential change put the fabric out of its reach says
  * so once, flags the records of the ports it listens on (clients stop offering), and makes every

@@ -3116,7 +3116,7 @@ void mlp_after_fork_child(void)
  * can do still depends on our liveness (its reads end by our state, its writes by its own; the
  * flag keeps it from taking the missing name for our death meanwhile).  One the peer may still
  * write to keeps its name (the lock must answer then) and waits for the next sweep. */
-void mlp_unname_at_exit(struct mlp_sock *s)
+static void mlp_unname_at_exit(struct mlp_sock *s)
 {
     struct memlan_channel *ch = s->ch;
     if (s->state != MLP_ACCEL || !ch || !s->me || s->side != 0 || !ch->seg->owner ||
@@ -3226,7 +3226,6 @@ void mlp_at_exit(void)
 {
     if (mlp_vfork_child())
         return;
-    mlp_vfork_dropped_finish(); /* (not from a handler: it takes the free list's lock) */
     /* From now on a new queue loses its names at once, and a new connection stays on TCP. */
     atomic_store(&mlp_exit_began, true);
     atomic_thread_fence(memory_order_seq_cst);

@@ -253,6 +253,78 @@ def test_a_fork_childs_shutdown_while_undecided_reaches_the_server(fabric, tmp_p
     settle(fabric)
 
 
+# A client that holds its connection alone, tries to exec a script whose interpreter is missing
+# (ENOENT: the file itself is there, executable), then hands the connection to cat on its stdin
+# and stdout; the server (ECHO_BACK) sends a line, ends its writing, and prints what came back.
+FAILED_EXEC_THEN_CAT = r"""
+import os, socket, sys
+bad = sys.argv[2]
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+assert c.recv(5, socket.MSG_PEEK | socket.MSG_WAITALL) == b"ping\n"  # settled: accelerated
+try:
+    os.execv(bad, [bad])
+except OSError as e:
+    print("exec failed:", e.errno == 2, flush=True)
+os.dup2(c.fileno(), 0)
+os.dup2(c.fileno(), 1)
+c.close()
+os.execv("/bin/cat", ["cat"])
+"""
+ECHO_BACK = r"""
+import socket, sys
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", int(sys.argv[1])))
+l.listen(1)
+print("ready", flush=True)
+s, _ = l.accept()
+s.sendall(b"ping\n")
+s.shutdown(socket.SHUT_WR)
+s.settimeout(10)
+d = b""
+try:
+    while True:
+        b = s.recv(100)
+        if not b:
+            break
+        d += b
+except socket.timeout:
+    pass
+print(d.decode().strip() or "nothing", flush=True)
+"""
+
+
+def test_a_failed_exec_leaves_the_connection_carriable(fabric, tmp_path):
+    """A process that holds an accelerated connection alone tries an exec that fails after our
+    checks would pass (a script whose interpreter is missing), then execs cat with the
+    connection on its stdin and stdout: the server's line comes back, as over kernel TCP.  A
+    first version of the removal of names at exec took the connection's file name before the
+    exec, and the failed one left it unnamed: the next carry could not reopen the file, and the
+    stream split (a review).  Names now go only once an exec has succeeded."""
+    bad = tmp_path / "bad.sh"
+    bad.write_text("#!/nonexistent/interpreter\n")
+    bad.chmod(0o755)
+    port = next_port()
+    log = tmp_path / "m.log"
+    srv = subprocess.Popen([str(MEMLAN), "run", "--log", str(log), "--", PY, "-c", ECHO_BACK,
+                            str(port)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert srv.stdout.readline().strip() == "ready"
+        cli = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", PY, "-c",
+                              FAILED_EXEC_THEN_CAT, str(port), str(bad)], capture_output=True,
+                             text=True, timeout=60)
+        assert cli.returncode == 0, cli.stderr
+        assert srv.wait(timeout=20) == 0
+        assert srv.stdout.read().split() == ["ping"], log.read_text()
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    text = log.read_text()
+    assert "accelerated (client)" in text and "cannot carry" not in text, text
+    settle(fabric)
+
+
 # A member of an SO_REUSEPORT group on port argv[1] that answers each connection's line with
 # "echo <argv[2]> <line>", for argv[3] connections.
 REUSEPORT_ECHO = r"""
