@@ -3633,7 +3633,9 @@ static const char *mlp_accept_wait_over(struct mlp_sock *s, int fd, bool wait)
         e = mlp_hs_ask(&l, &r, &state, &inode);
     errno = saved;
     if (e == -EAGAIN) { /* another thread asks now, or a fork sibling took our answer */
-        atomic_store_explicit(&s->qlook_ns, ql, memory_order_relaxed); /* the next asks */
+        /* the next look in MLP_QUEUE_LOOK_NS, not at every peek of a poll (a review) */
+        atomic_store_explicit(&s->qlook_ns, now - every + MLP_QUEUE_LOOK_NS,
+                              memory_order_relaxed);
         return over;
     }
     if (e == 0 && inode == 0 && (state == TCP_ESTABLISHED || state == TCP_CLOSE_WAIT)) {
@@ -3643,7 +3645,8 @@ static const char *mlp_accept_wait_over(struct mlp_sock *s, int fd, bool wait)
         atomic_store_explicit(&s->queued_ns, now, memory_order_relaxed);
         return NULL;
     }
-    if (e == 0 && inode != 0) {
+    if (e == 0 && inode != 0 && state != TCP_LISTEN) { /* (a SYN cookie's look finds the
+                                                          * listener: not an accept) */
         atomic_store_explicit(&s->acc_ns, now, memory_order_relaxed);
         return NULL; /* the grace from now */
     }
