@@ -61,13 +61,14 @@ struct mlp_fdref {
     struct mlp_sock *s;
 };
 
-/* What one exec attempt changed, to undo if it fails. */
+/* A growing text buffer that remembers whether anything failed to go in. */
 struct mlp_buf {
     char *p;
     size_t len, cap;
     bool failed;
 };
 
+/* What one exec attempt changed, to undo if it fails. */
 struct mlp_carry {
     char **env;               /* the environment to pass (malloc'd), NULL = the caller's */
     char envvar[40];          /* MEMLAN_INHERIT=fd */
@@ -174,7 +175,6 @@ static unsigned long mlp_fd_ino(int fd)
     return __ml_sys_fstat(fd, &st) == 0 ? (unsigned long)st.st_ino : 0;
 }
 
-/* A growing text buffer that remembers whether anything failed to go in. */
 static void mlp_buf_add(struct mlp_buf *b, const char *fmt, ...)
 {
     while (!b->failed) {

@@ -3617,13 +3617,15 @@ static const char *mlp_accept_wait_over(struct mlp_sock *s, int fd, bool wait)
                                                                         : late;
     if (acc)
         return over; /* seen accepted: nothing more to look for */
+    /* no look now, or one that could not be made: a second past the wait for one that can */
+    const char *unsure = q ? over : off > aw + MLP_QUEUE_STALE_NS ? late : NULL;
     uint64_t every = off / 2;
     every = every < MLP_QUEUE_LOOK_NS    ? MLP_QUEUE_LOOK_NS
             : every > MLP_QUEUE_EVERY_NS ? MLP_QUEUE_EVERY_NS
                                          : every;
     uint64_t ql = atomic_load_explicit(&s->qlook_ns, memory_order_relaxed);
     if (now > ql && now - ql < every)
-        return over; /* looked just now */
+        return unsure; /* looked just now */
     atomic_store_explicit(&s->qlook_ns, now, memory_order_relaxed);
     struct mlp_addr l, r;
     uint8_t state = 0;
@@ -3636,7 +3638,7 @@ static const char *mlp_accept_wait_over(struct mlp_sock *s, int fd, bool wait)
         /* the next look in MLP_QUEUE_LOOK_NS, not at every peek of a poll (a review) */
         atomic_store_explicit(&s->qlook_ns, now - every + MLP_QUEUE_LOOK_NS,
                               memory_order_relaxed);
-        return over;
+        return unsure;
     }
     if (e == 0 && inode == 0 && (state == TCP_ESTABLISHED || state == TCP_CLOSE_WAIT)) {
         if (late && !waited_on)

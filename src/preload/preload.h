@@ -301,8 +301,6 @@ struct mlp_clone_args {
 
 /* fd table (fdtable.c).  get() takes a reference that put() drops; NULL = not ours. */
 struct mlp_sock *mlp_sock_new(int type);
-void mlp_stat_unname(void); /* negotiate.c: our stat entry's name goes (_exit) */
-struct memlan_segment *mlp_stat_seg(void); /* negotiate.c: our stat entry, or NULL */
 void mlp_locks_init(struct mlp_sock *s);
 struct mlp_sock *mlp_get(int fd);
 void mlp_put(struct mlp_sock *s);
@@ -423,6 +421,8 @@ bool mlp_received_pending(void); /* some fd may carry a received mark not looked
 extern _Atomic bool mlp_had_accel; /* a channel was set up in this process image */
 void mlp_note_confined(void);   /* a seccomp filter was installed through us */
 void mlp_exit_unname(void);     /* negotiate.c: _exit's part of mlp_at_exit */
+void mlp_stat_unname(void);     /* negotiate.c: our stat entry's name goes (_exit) */
+struct memlan_segment *mlp_stat_seg(void); /* negotiate.c: our stat entry, or NULL */
 bool mlp_sandboxed(void);       /* negotiate.c: a seccomp filter may kill for a call */
 bool mlp_known_confined(void);  /* memory only: a filter is known (mlp_note_confined, or looked) */
 bool mlp_lrec_no_offer(uint32_t why);/* ML_NO_OFFER_*: in every record we listen on; false: busy */
