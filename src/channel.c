@@ -591,6 +591,31 @@ static bool ml_lock_brief(pthread_mutex_t *mu)
     return false;
 }
 
+/*
+ * The creator of a socket channel lets go of its file (its close destroys it; exit drains the
+ * pool, _exit unnames it, the pool evicts it): while the attacher's side is open, the file's
+ * name stays for it, since the attacher reopens the file by name to carry the connection across
+ * an exec or to pass it over SCM_RIGHTS, and without it the ring's bytes were lost.  A one-shot
+ * client that sent a line, closed and exited before an inetd-style server's child exec'd its
+ * program lost its line (a review: 2 to 4 of 10; kernel TCP delivers all).  The attacher's last
+ * close removes the name then (ML_SOCK_NAME_LEFT, __ml_chan_end).  The flag goes first, then
+ * the attacher's state is read (seq_cst, as the attacher's store of its own and read of ours):
+ * one of the two sees the other, and an attacher closed already leaves the name to us.  True:
+ * the name is left (the caller's unlink is not made).  Peer-writable: a flag that lies only
+ * makes the attacher remove this channel's own name.
+ */
+static bool ml_chan_name_left(struct memlan_segment *seg)
+{
+    uint8_t *b = seg->base;
+    struct ml_chan_hdr *c = (struct ml_chan_hdr *)(b + seg->body_off);
+    if (ml_load_acquire(&c->attached) != 1)
+        return false;
+    struct ml_sock_side *sides = (struct ml_sock_side *)(b + ML_CHAN_SOCK_OFF);
+    atomic_fetch_or(&sides[0].flags, ML_SOCK_NAME_LEFT);
+    atomic_thread_fence(memory_order_seq_cst);
+    return atomic_load(&c->side_state[1]) != ML_SIDE_CLOSED;
+}
+
 static struct memlan_segment *ml_pool_take(memlan_fabric_t *fab, uint64_t rs, uint64_t g,
                                           const struct ml_access *acc)
 {
@@ -706,6 +731,8 @@ static bool ml_pool_park(struct memlan_channel *ch)
     ch->seg->park_pid = me;
     fab->pool[fab->npool++] = ch->seg;
     pthread_mutex_unlock(&fab->pool_mu);
+    if (evict && evict->owner && ml_chan_name_left(evict))
+        evict->owner = false;
     __ml_seg_destroy(evict);
     return true;
 }
@@ -726,8 +753,8 @@ void __ml_chan_pool_drain(memlan_fabric_t *fab)
     fab->npool = 0;
     pthread_mutex_unlock(&fab->pool_mu);
     for (int i = 0; i < n; i++) {
-        if (segs[i]->park_pid != me)
-            segs[i]->owner = false; /* a raw fork's parent's (ml_pool_take) */
+        if (segs[i]->park_pid != me || (segs[i]->owner && ml_chan_name_left(segs[i])))
+            segs[i]->owner = false; /* a raw fork's parent's (ml_pool_take); or left */
         __ml_seg_destroy(segs[i]);
     }
 }
@@ -741,7 +768,8 @@ void __ml_chan_pool_unname(memlan_fabric_t *fab)
         return;
     int me = (int)__ml_sys_getpid();
     for (int i = 0; i < fab->npool; i++)
-        if (fab->pool[i]->park_pid == me) /* not a raw fork's parent's (ml_pool_take) */
+        if (fab->pool[i]->park_pid == me && /* not a raw fork's parent's (ml_pool_take) */
+            !(fab->pool[i]->owner && ml_chan_name_left(fab->pool[i])))
             __ml_seg_unname(fab->pool[i]);
     pthread_mutex_unlock(&fab->pool_mu);
 }
@@ -2696,8 +2724,17 @@ void __ml_chan_end(struct memlan_channel *ch)
     if (ch->side == 1 && !ch->seg->owner && ch->peer_dead &&
         ml_peer_state(ch) != ML_SIDE_CLOSED)
         ch->seg->owner = true;
-    if (!ml_pool_park(ch))
+    /* The creator left us the name (ml_chan_name_left): our state first, then its flag. */
+    struct ml_sock_side *sides = (struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF);
+    atomic_thread_fence(memory_order_seq_cst);
+    if (ch->side == 1 && !ch->seg->owner &&
+        (atomic_load(&sides[0].flags) & ML_SOCK_NAME_LEFT))
+        ch->seg->owner = true;
+    if (!ml_pool_park(ch)) {
+        if (ch->side == 0 && ch->poolable && ch->seg->owner && ml_chan_name_left(ch->seg))
+            ch->seg->owner = false;
         __ml_seg_destroy(ch->seg);
+    }
     free(ch);
 }
 

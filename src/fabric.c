@@ -451,9 +451,16 @@ static int ml_reclaim_seg_cx(memlan_fabric_t *fab, const char *name, struct ml_c
     int removed = 0;
     /* We hold the owner's byte; if nobody holds its bridge the owner is gone (or is between
      * creating the file and locking it; its nlink check after locking makes it start again).
-     * Remove the name only if it still names the inode we locked. */
+     * A channel's second side may live on (its attacher's byte, or its bridge across an exec):
+     * it may still open the file by name to carry the connection across an exec or over
+     * SCM_RIGHTS, and removes the name itself at its close (channel.c, ML_SOCK_NAME_LEFT and a
+     * creator seen dead); removed here, an inetd-style server's child lost the line a one-shot
+     * client had sent before it exited (a review).  Remove the name only if it still names the
+     * inode we locked. */
     long u = -1;
     if (__ml_sys_byte_held((int)fd, ML_LOCK_BRIDGE(ML_LOCK_OWNER)) == 0 &&
+        __ml_sys_byte_held((int)fd, ML_LOCK_ATTACHER) == 0 &&
+        __ml_sys_byte_held((int)fd, ML_LOCK_BRIDGE(ML_LOCK_ATTACHER)) == 0 &&
         ml_still_names(fab, name, &a) && (u = __ml_sys_unlinkat(fab->dirfd, name, 0)) < 0 &&
         cx && (u == -EPERM || u == -EACCES))
         ml_clean_note(&cx->rep->kept, cx->rep->kept_name, sizeof cx->rep->kept_name, name);

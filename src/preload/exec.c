@@ -33,6 +33,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/auxv.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/statvfs.h>
@@ -281,17 +282,32 @@ static void mlp_carry_give_back(struct mlp_carry *c, struct mlp_sock *s)
  * at each server reset, and left one dead stat entry each; a fork child that exec'd after its
  * parent closed its copy left the connection's channel.
  */
+static void mlp_exec_blind(struct mlp_carry *c, const char *path);
+
 static void mlp_unname_later(struct mlp_carry *c, struct memlan_segment *seg)
 {
-    char name[80];
+    char name[80], lp[40], dir[4096];
     struct stat st;
-    if (!seg || !seg->owner || !seg->fab || strchr(seg->fab->path, '\n') ||
-        mlp_vfork_child() || mlp_sandboxed())
+    if (!seg || !seg->owner || !seg->fab || mlp_vfork_child() || mlp_sandboxed())
         return;
+    /* An image that runs without memlan removes nothing, and is handed no list for it (a
+     * review: a static program got a memfd and MEMLAN_INHERIT it would keep for its life). */
+    if (!c->blind_known) {
+        c->blind_known = true;
+        mlp_exec_blind(c, c->path);
+    }
+    if (c->blind)
+        return;
+    /* The directory as the kernel names it: absolute, whatever MEMLAN_FABRIC said. */
+    snprintf(lp, sizeof lp, "/proc/self/fd/%d", seg->fab->dirfd);
+    ssize_t dl = readlink(lp, dir, sizeof dir - 1);
+    if (dl <= 0 || dir[0] != '/' || memchr(dir, '\n', (size_t)dl))
+        return;
+    dir[dl] = '\0';
     __ml_fabric_name(name, sizeof name, "seg", seg->token);
     if (__ml_sys_fstatat(seg->fab->dirfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0)
         mlp_buf_add(&c->unb, "U %lu %lu %s/%s\n", (unsigned long)st.st_ino,
-                    (unsigned long)st.st_dev, seg->fab->path, name);
+                    (unsigned long)st.st_dev, dir, name);
 }
 
 static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n, bool vforked,
@@ -345,8 +361,10 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
          * Ours alone, the channel's name goes once the exec succeeded (mlp_unname_later). */
         if (!vforked && ml_load_relaxed(&s->me->holders) > 1)
             mlp_carry_give_back(c, s);
-        else if (!vforked && s->state == MLP_ACCEL && s->side == 0 && s->ch)
-            mlp_unname_later(c, s->ch->seg);
+        else if (!vforked && s->state == MLP_ACCEL && s->side == 0 && s->ch &&
+                 __ml_chan_peer_state(s->ch) == ML_SIDE_CLOSED)
+            mlp_unname_later(c, s->ch->seg); /* (a peer still open may carry it by its name:
+                                               * it goes at the peer's close, or a sweep) */
         return;
     }
     /* An fd that names the socket now: a vfork child may have closed g[0]'s number (CPython's
@@ -1263,13 +1281,16 @@ static void mlp_adopt_line(char *line)
         return;
     }
     if (line[0] == 'U') {
-        /* A file the image before us left to us (mlp_unname_later), if the name is still it. */
+        /* A file the image before us left to us (mlp_unname_later), if the name is still it:
+         * only a fabric file's name ("seg-" and a token), never any path the list names. */
         unsigned long ino, dev;
         int off = 0;
         struct stat st;
+        const char *base = strrchr(line, '/');
         if (sscanf(line, "U %lu %lu %n", &ino, &dev, &off) == 2 && off > 0 &&
-            line[off] == '/' && __ml_sys_fstatat(AT_FDCWD, line + off, &st,
-                                                 AT_SYMLINK_NOFOLLOW) == 0 &&
+            line[off] == '/' && base && strncmp(base + 1, "seg-", 4) == 0 &&
+            __ml_token_valid(base + 5) &&
+            __ml_sys_fstatat(AT_FDCWD, line + off, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
             S_ISREG(st.st_mode) && (unsigned long)st.st_ino == ino &&
             (unsigned long)st.st_dev == dev)
             (void)__ml_sys_unlinkat(AT_FDCWD, line + off, 0);
@@ -1308,6 +1329,11 @@ void mlp_exec_adopt(void)
     char *end;
     long mfd = strtol(v, &end, 10);
     unsetenv(MLP_INHERIT); /* ours alone: our children get their own */
+    /* Not in secure-execution mode: the list is the invoker's to write, and the image runs
+     * with rights the invoker may not have (a review: a "U" line would remove a file the
+     * invoker could not, were memlan ever loaded into a set-user-ID program). */
+    if (getauxval(AT_SECURE))
+        return;
     if (*end || mfd < 0 || mfd > 1 << 24)
         return;
     struct stat st;

@@ -3119,6 +3119,15 @@ void mlp_after_fork_child(void)
 static void mlp_unname_at_exit(struct mlp_sock *s)
 {
     struct memlan_channel *ch = s->ch;
+    /* The accepting side, ours alone, whose creator closed and left us the name
+     * (ML_SOCK_NAME_LEFT, channel.c): nothing depends on our liveness by name any more. */
+    if (s->state == MLP_ACCEL && ch && s->me && s->side == 1 && !ch->seg->owner &&
+        atomic_load(&s->me->holders) <= 1 && __ml_chan_peer_state(ch) == ML_SIDE_CLOSED &&
+        (atomic_load(&mlp_side_block(ch, 0)->flags) & ML_SOCK_NAME_LEFT)) {
+        ch->seg->owner = true;
+        __ml_seg_unname(ch->seg);
+        return;
+    }
     if (s->state != MLP_ACCEL || !ch || !s->me || s->side != 0 || !ch->seg->owner ||
         !ch->sock_ino)
         return;

@@ -428,39 +428,61 @@ def test_connections_made_while_another_thread_spawns(fabric, tmp_path, how):
     assert left == [], left
 
 
-# A connection of a process to itself, exchanged over, then a fork: the parent closes both ends
-# while the child still holds its copies (close-on-exec), and the child then execs /bin/true.
+# A client that reads its server's answer to the end (the server has closed), then forks: the
+# parent closes its copy while the child still holds it (close-on-exec), and the child then
+# execs /bin/true.  The server (ANSWER_AND_CLOSE) answers one connection and closes it.
 FORK_EXEC_LAST = r"""
 import os, socket, sys, time
-ls = socket.socket()
-ls.bind(("127.0.0.1", 0))
-ls.listen(8)
-c = socket.create_connection(ls.getsockname())
-s, _ = ls.accept()
-c.sendall(b"q" * 188)
-assert s.recv(1000) == b"q" * 188
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+d = b""
+while True:
+    b = c.recv(100)
+    if not b:
+        break
+    d += b
+assert d == b"answer", d
 pid = os.fork()
 if pid == 0:
     time.sleep(0.3)
     os.execv("/bin/true", ["/bin/true"])
 c.close()
-s.close()
 assert os.waitpid(pid, 0)[1] == 0
+"""
+ANSWER_AND_CLOSE = r"""
+import socket, sys
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", int(sys.argv[1])))
+l.listen(1)
+print("up", flush=True)
+s, _ = l.accept()
+s.sendall(b"answer")
+s.close()
+l.close()
 """
 
 
 def test_a_fork_child_that_execs_holding_the_last_copy_leaves_no_channel(fabric):
-    """The child of a fork execs while it holds the last copies of an accelerated connection
-    (its parent closed them after the fork): the channel's file goes at the exec, as at exit()
-    (the peer then judges the side by its kernel socket).  Before, the exec gave nothing back
-    (only a side that others still hold gives its count back) and nobody removed the file: a
-    fork child that execs is how most programs start another, and an explorer's runs left one
-    file per child so.  (The listener record the child also held stays until a sweep: a
-    known gap, docs/design.md.)"""
-    p = subprocess.run([str(MEMLAN), "run", "--", sys.executable, "-c", FORK_EXEC_LAST],
-                       capture_output=True, text=True, timeout=60)
-    assert p.returncode == 0, p.stderr
-    # the process's own stat entry went at its exit: a seg- file left is the channel's
+    """A client's fork child execs while it holds the last copy of an accelerated connection
+    whose server has closed (its parent closed its copy after the fork): once everything has
+    exited, the channel's file is gone (the new image removes its name, listed by the exec).
+    Before, the exec gave nothing back (only a side others still hold gives its count back)
+    and nobody removed the file: a fork child that execs is how most programs start another.
+    (A connection whose peer is still open keeps its name, which the peer may need to carry it
+    across an exec of its own: it goes at the peer's close, or at a sweep.)"""
+    port = next_port()
+    srv = run(ANSWER_AND_CLOSE, str(port))
+    try:
+        assert srv.stdout.readline().strip() == "up"
+        p = subprocess.run([str(MEMLAN), "run", "--", sys.executable, "-c", FORK_EXEC_LAST,
+                            str(port)], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        assert srv.wait(timeout=10) == 0
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    # both processes' stat entries went at their exits: a seg- file left is the channel's
     left = sorted(os.listdir(fabric))
     memlan("clean")
     assert [f for f in left if f.startswith("seg-")] == [], left

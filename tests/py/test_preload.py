@@ -325,6 +325,75 @@ def test_a_failed_exec_leaves_the_connection_carriable(fabric, tmp_path):
     settle(fabric)
 
 
+# An inetd-style server: accepts argv[2] connections; for each, a fork child puts it on fd 0 and
+# execs `timeout 10 cat` with its output in argv[3].N; the parent closes its copy.
+INETD_CAT = r"""
+import os, socket, sys
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", int(sys.argv[1])))
+l.listen(64)
+print("ready", flush=True)
+kids = []
+for i in range(int(sys.argv[2])):
+    s, _ = l.accept()
+    pid = os.fork()
+    if pid == 0:
+        os.dup2(s.fileno(), 0)
+        fd = os.open("%s.%d" % (sys.argv[3], i), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(fd, 1)
+        os.execv("/usr/bin/timeout", ["timeout", "10", "cat"])
+    s.close()
+    kids.append(pid)
+for p in kids:
+    os.waitpid(p, 0)
+"""
+# One-shot clients, one at a time: a fork child connects, sends a line, closes and ends by
+# os._exit (as `echo x | nc -q0 host port`).
+ONE_SHOT = r"""
+import os, socket, sys
+for i in range(int(sys.argv[2])):
+    if os.fork() == 0:
+        c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+        c.sendall(b"line-%d\n" % i)
+        c.close()
+        os._exit(0)
+    os.wait()
+"""
+
+
+def test_one_shot_clients_of_an_inetd_style_server_lose_nothing(fabric, tmp_path):
+    """Ten one-shot clients (connect, send a line, close, _exit) against an inetd-style server
+    whose child execs `timeout cat` with the connection on its stdin (carried across two execs):
+    every line arrives, as over kernel TCP, and the fabric is empty afterwards.  Before, the
+    client's exit removed the channel file's name (and the fabric's sweep would have, its
+    creator being gone), and the server side, which reopens the file by name to carry the
+    connection across an exec, failed: "cannot carry the connection across exec", and the line
+    was lost (a review: 2 to 4 of 10).  The creator now leaves the name to a live attacher,
+    which removes it at its own close."""
+    port, n = next_port(), 10
+    log = tmp_path / "m.log"
+    out = tmp_path / "conn"
+    srv = subprocess.Popen([str(MEMLAN), "run", "--log", str(log), "--", PY, "-c", INETD_CAT,
+                            str(port), str(n), str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert srv.stdout.readline().strip() == "ready"
+        cli = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", PY, "-c", ONE_SHOT,
+                              str(port), str(n)], capture_output=True, text=True, timeout=60)
+        assert cli.returncode == 0, cli.stderr
+        assert srv.wait(timeout=30) == 0
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    got = sorted(pathlib.Path(f"{out}.{i}").read_text() for i in range(n))
+    text = log.read_text()
+    assert got == sorted("line-%d\n" % i for i in range(n)), (got, text[-3000:])
+    assert "cannot carry" not in text, text[-3000:]
+    assert text.count("accelerated (client)") >= 1, text[-3000:]
+    assert sorted(os.listdir(fabric)) == [], (sorted(os.listdir(fabric)), text[-3000:])
+
+
 # A member of an SO_REUSEPORT group on port argv[1] that answers each connection's line with
 # "echo <argv[2]> <line>", for argv[3] connections.
 REUSEPORT_ECHO = r"""
