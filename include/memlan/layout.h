@@ -183,9 +183,6 @@ struct ml_chan_hdr {
                                 * while the connection still works: our liveness is no longer our
                                 * lock (the peer cannot open the file by name to ask it) but our
                                 * kernel socket, which the process holds until it is gone */
-#define ML_SOCK_NAME_LEFT 128u /* the creator's side let go of the channel file while the
-                                * attacher's side was open, and left it the file's name: the
-                                * attacher's last close removes it (src/channel.c) */
 #define ML_SOCK_LATE_FIN  128u /* we shut down after ML_SOCK_UNNAMED without shutting the kernel
                                 * socket down: its FIN, when it comes, is the process's end */
 #define ML_SOCK_RESET_AFTER_FIN 256u /* with ML_SOCK_RESET: we had shut down writing before (our FIN
@@ -194,6 +191,9 @@ struct ml_chan_hdr {
 #define ML_SOCK_PASSED   512u /* our process passed its socket to another over SCM_RIGHTS: its
                                 * kernel socket's FIN may never come (the receiver holds it), so
                                 * the peer's poll and epoll ask our lock at each liveness interval */
+#define ML_SOCK_NAME_LEFT 1024u /* the creator's side let go of the channel file while the
+                                 * attacher's side was open, and left it the file's name: the
+                                 * attacher's last close removes it (src/channel.c) */
 
 struct ml_sock_side {
     _Alignas(ML_CACHELINE) uint32_t unused[4]; /* were lock words: ignored, never read */
