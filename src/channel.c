@@ -613,7 +613,12 @@ static bool ml_chan_name_left(struct memlan_segment *seg)
     struct ml_sock_side *sides = (struct ml_sock_side *)(b + ML_CHAN_SOCK_OFF);
     atomic_fetch_or(&sides[0].flags, ML_SOCK_NAME_LEFT);
     atomic_thread_fence(memory_order_seq_cst);
-    return atomic_load(&c->side_state[1]) != ML_SIDE_CLOSED;
+    if (atomic_load(&c->side_state[1]) == ML_SIDE_CLOSED)
+        return false;
+    /* An attacher gone without its close (exit() or a signal, as a shut-down `cat` behind
+     * stunnel's exec service ends) would never take the name: its lock says (a look by name,
+     * only for a side that is not closed; one that cannot tell keeps the name). */
+    return __ml_seg_alive(seg, ML_LOCK_ATTACHER) != 0;
 }
 
 static struct memlan_segment *ml_pool_take(memlan_fabric_t *fab, uint64_t rs, uint64_t g,
