@@ -13,8 +13,10 @@
  * take (and then, seeing the entry changed, drop) a reference without touching freed memory.
  *
  * Our own descriptors (segment files, listener records, the log) are moved to high numbers and
- * remembered in their records, so that dup2() onto one of them by the application moves ours away first
- * and close() of one it never opened fails with EBADF as it would without us.
+ * remembered in their records, so that dup2() onto one of them by the application moves ours away
+ * first, and close() of one succeeds and leaves it open: a program that closes every fd that
+ * /proc/self/fd lists (chromium; systemd's close loop asserts that no close says EBADF) sees each
+ * close it made succeed, as each fd it listed was open.
  */
 #include "preload.h"
 #include "sys/sys.h"

@@ -395,10 +395,8 @@ static int mlp_close_call(int fd)
     struct mlp_fdrec *rec = mlp_fdrec(fd);
     if (ml_likely(!rec) || mlp_inside)
         return mlp_real_close(fd);
-    if (ml_unlikely(atomic_load_explicit(&rec->owner, memory_order_relaxed))) {
-        errno = EBADF; /* not the application's: as if it were not open */
-        return -1;
-    }
+    if (ml_unlikely(atomic_load_explicit(&rec->owner, memory_order_relaxed)))
+        return 0; /* ours, which the program saw listed in /proc/self/fd: "closed", kept */
     if (!mlp_fdrec_busy(rec) || mlp_vfork_child())
         return mlp_real_close(fd);
     return mlp_close_one(fd);

@@ -4,15 +4,17 @@
  * when the fd is released some other way than close(): close_range (with and without
  * CLOSE_RANGE_CLOEXEC), closefrom, dup2 over it, an fd above 65536, and a vfork child that closes
  * its copy before exec while the parent goes on reading; a close_range the kernel refuses (bad
- * flags, a seccomp filter) and CLOSE_RANGE_UNSHARE alone.  Run once over kernel TCP and once
- * under `memlan run`: the two outputs must be equal (tests/py/test_preload.py).
+ * flags, a seccomp filter), CLOSE_RANGE_UNSHARE alone, and a close of every fd /proc/self/fd
+ * lists.  Run once over kernel TCP and once under `memlan run`: the two outputs must be equal
+ * (tests/py/test_preload.py).
  *
- * usage: fdlifeconf PORT [CASE]   (CASE: run only that numbered case, 1 to 10)
+ * usage: fdlifeconf PORT [CASE]   (CASE: run only that numbered case, 1 to 11)
  * The program starts with close_range(3, ~0U, 0), as varnishd does: under memlan that also
  * closes memlan's own fds (its log), and the connections after it must still be accelerated.
  * Every wait is bounded: a peer that never sees the end prints "timeout" instead of hanging.
  */
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/filter.h>
@@ -318,6 +320,40 @@ int main(int argc, char **argv)
         ssize_t n = recv(s, b, sizeof b, MSG_WAITALL);
         printf("unshare: peer read %zd\n", n);
         outcome("unshare", s);
+        close(s);
+    }
+    CASE(11) {
+        /* 11. A close of every fd /proc/self/fd lists, as chromium and systemd's close loop make:
+         * each close succeeds (memlan's own fds are listed too; their close said EBADF), and the
+         * connections the program kept, and the next one, go on. */
+        pair(&c, &s, 0);
+        exchange("listed before", c, s);
+        int fds[256], n = 0, failed = 0;
+        DIR *d = opendir("/proc/self/fd");
+        if (!d)
+            die("opendir");
+        struct dirent *e;
+        while ((e = readdir(d)) && n < 256) {
+            int fd = atoi(e->d_name);
+            if (e->d_name[0] != '.' && fd > 2 && fd != dirfd(d) && fd != lfd && fd != c &&
+                fd != s)
+                fds[n++] = fd;
+        }
+        closedir(d);
+        for (int i = 0; i < n; i++)
+            if (close(fds[i]) < 0) {
+                failed++;
+                printf("close loop: fd listed, close says %s\n", strerror(errno));
+            }
+        printf("close loop: %d failed\n", failed);
+        exchange("listed after", c, s);
+        close(c);
+        outcome("listed", s);
+        close(s);
+        pair(&c, &s, 0);
+        exchange("after the close loop", c, s);
+        close(c);
+        outcome("after the close loop", s);
         close(s);
     }
     printf("done\n");
