@@ -965,7 +965,7 @@ MLP_EXPORT ssize_t readv(int fd, const struct iovec *iov, int n)
     struct mlp_sock *s = mlp_conn_call(fd, &c);
     if (ml_likely(!s))
         return mlp_real_readv(fd, iov, n);
-    ssize_t r = n < 0 || n > IOV_MAX ? -EINVAL : mlp_recv(s, fd, iov, n, 0);
+    ssize_t r = n < 0 || n > IOV_MAX ? -EINVAL : mlp_readv(s, fd, iov, n);
     mlp_call_end(&c);
     return mlp_ret(r);
 }
@@ -1439,7 +1439,7 @@ static ssize_t mlp_rwv2(bool wr, int fd, const struct iovec *iov, int n, off64_t
     else if (flags & RWF_NOWAIT)
         r = -EOPNOTSUPP;
     else
-        r = wr ? mlp_send(s, fd, iov, n, 0) : mlp_recv(s, fd, iov, n, 0);
+        r = wr ? mlp_send(s, fd, iov, n, 0) : mlp_readv(s, fd, iov, n);
     mlp_call_end(&c);
     return mlp_ret(r);
 }

@@ -458,6 +458,7 @@ ssize_t mlp_send_fast(int fd, const struct iovec *iov, int n, int flags);
 ssize_t mlp_recv_fast(int fd, const struct iovec *iov, int n, int flags);
 ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags);
 ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags);
+ssize_t mlp_readv(struct mlp_sock *s, int fd, const struct iovec *iov, int n);
 ssize_t mlp_recvmsg(struct mlp_sock *s, int fd, struct msghdr *m, int flags);
 ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t count);
 ssize_t mlp_splice_from(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned flags);

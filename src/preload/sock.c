@@ -1672,6 +1672,27 @@ static __attribute__((noinline)) ssize_t mlp_send_cut(struct mlp_sock *s, int fd
     return mlp_send(s, fd, v, mlp_iov_cut(iov, n, v), flags);
 }
 
+/*
+ * A send of nothing moves nothing and never waits, but TCP's checks come first
+ * (tcp_sendmsg_locked): a socket shut for writing says EPIPE (and raises SIGPIPE), a reset is
+ * reported.  A peer that closed is no error for it: no byte goes, so no reset comes back.  It
+ * answered 0 in every state.
+ */
+static ssize_t mlp_send_nothing(struct mlp_sock *s, int flags)
+{
+    ssize_t r = mlp_lock_tx(s, true);
+    if (r < 0)
+        return r == -EAGAIN ? 0 : r; /* another thread is sending: the socket is open */
+    r = __ml_chan_tx_room(s->ch, 0);
+    mlp_unlock_tx(s);
+    if (r >= 0 || r == -EAGAIN)
+        return 0;
+    if (r == -EPIPE && !s->ch->shut_wr && mlp_reset_state(s, true) == 0 &&
+        !(s->me && (atomic_load(&s->me->flags) & ML_SOCK_WROTE_LATE)))
+        return 0;
+    return mlp_tx_error(s, r, flags);
+}
+
 ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags)
 {
     if (flags & MSG_OOB)
@@ -1689,7 +1710,9 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
         return r < 0 ? -errno : r;
     }
     ssize_t t = mlp_iov_total(iov, n, false);
-    if (t <= 0)
+    if (ml_unlikely(t == 0))
+        return mlp_send_nothing(s, flags);
+    if (t < 0)
         return t;
     if (ml_unlikely(t > ML_INT_MAX_IO))
         return mlp_send_cut(s, fd, iov, n, flags);
@@ -2354,6 +2377,63 @@ ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     return mlp_recv_at(s, fd, iov, n, flags, &dl);
 }
 
+/* readv, preadv2: a read of nothing is 0 where a recv of nothing waits (sock_read_iter).  It
+ * still waits for the decision: the vector is the kernel's to read on TCP, which says EFAULT for
+ * a bad one where a look of ours would crash. */
+ssize_t mlp_readv(struct mlp_sock *s, int fd, const struct iovec *iov, int n)
+{
+    uint64_t dl = 0;
+    int st = mlp_rx_settle(s, fd, mlp_nonblock(s), &dl);
+    if (st < 0)
+        return st;
+    if (st == MLP_TCP) {
+        ssize_t r = mlp_real_readv(fd, iov, n);
+        return r < 0 ? -errno : r;
+    }
+    ssize_t t = mlp_iov_total(iov, n, false);
+    if (t <= 0)
+        return t;
+    return mlp_recv_at(s, fd, iov, n, 0, &dl);
+}
+
+/*
+ * A recv, recvfrom or recvmsg of nothing, as TCP's (tcp_recvmsg_locked): a byte there, or the
+ * end, answers 0 at once (nothing is taken), an error is reported, and an empty socket says
+ * EAGAIN nonblocking; blocking, the call waits once, for a byte, the end, its timeout or a
+ * signal, and then answers 0 whatever woke it (the kernel's loop ends when no length is left).
+ * It answered 0 at once, which a nonblocking caller takes for the end.  A read or readv of
+ * nothing is 0 at once (sock_read_iter): mlp_readv.
+ */
+static ssize_t mlp_recv_nothing(struct mlp_sock *s, int fd, bool nb, uint64_t *dl)
+{
+    mlp_sync_timeouts(s, fd);
+    bool looked = false;
+    for (;;) {
+        ssize_t r = mlp_lock_rx(s, nb);
+        if (r < 0)
+            return r;
+        const void *p;
+        r = memlan_peek(s->ch, &p, MEMLAN_DONTWAIT);
+        if (r > 0)
+            (void)memlan_release(s->ch, 0);
+        mlp_unlock_rx(s);
+        if (r > 0)
+            return 0;
+        if (r == -EAGAIN && nb && !looked && mlp_eagain_look(s)) {
+            looked = true; /* the peer's end, found on the kernel socket: look again */
+            continue;
+        }
+        if (r != -EAGAIN || nb) {
+            r = mlp_rx_error(s, r);
+            if (r == 0)
+                mlp_split_check(s, fd);
+            return r;
+        }
+        (void)mlp_wait_dir(s, 0, 1, dl);
+        return 0;
+    }
+}
+
 /* A receive whose SO_RCVTIMEO counts from *dl once set (a wait for the decision before it). */
 static ssize_t mlp_recv_at(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags,
                            uint64_t *dl)
@@ -2372,6 +2452,8 @@ static ssize_t mlp_recv_at(struct mlp_sock *s, int fd, const struct iovec *iov, 
         return r < 0 ? -errno : r;
     }
     ssize_t t = mlp_iov_total(iov, n, (flags & MSG_TRUNC) != 0);
+    if (ml_unlikely(t == 0))
+        return mlp_recv_nothing(s, fd, nb, dl);
     if (t <= 0)
         return t;
     if (ml_unlikely(t > ML_INT_MAX_IO))

@@ -3779,6 +3779,23 @@ def test_fd_released_other_ways_matches_kernel(fabric, tmp_path):
     settle(fabric)
 
 
+def test_calls_of_nothing_match_kernel(fabric, tmp_path):
+    """recv, recvfrom, recvmsg and recvmmsg of zero bytes wait as TCP's do (EAGAIN on an empty
+    socket nonblocking; blocking, one wait for a byte, the end, the timeout or a signal, then
+    0), read and readv of nothing are 0 at once, and a send of nothing says EPIPE once the
+    socket is shut for writing.  memlan answered every receive of nothing 0 at once (which a
+    nonblocking caller takes for the end) and every send of nothing 0.  Line for line as over
+    kernel TCP, on accelerated connections."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "zerolen", tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "recv 0 dontwait, empty: -1 Resource temporarily unavailable" in plain.stdout
+    assert "waited for the timeout: yes" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines()
+    assert text.count("accelerated (client)") == 5, text
+    assert text.count("accelerated (accepted") == 5, text
+    settle(fabric)
+
+
 def test_signal_corners_match_kernel(fabric, tmp_path):
     """A vfork child's own handler leaves the parent's in place (it used to replace it in the
     table memlan keeps in the memory they share); two threads installing handlers at once leave
