@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 static struct sockaddr_in addr;
-static volatile sig_atomic_t handler_ok, handler_runs;
+static volatile sig_atomic_t handler_ok, handler_runs, handler_errno;
 
 static void on_alarm(int sig)
 {
@@ -36,6 +36,8 @@ static void on_alarm(int sig)
         int r = connect(c, (struct sockaddr *)&addr, sizeof addr);
         if (r == 0 || errno == EINPROGRESS)
             handler_ok++;
+        else
+            handler_errno = errno;
         close(c);
     }
     handler_runs++;
@@ -84,6 +86,9 @@ int main(int argc, char **argv)
         setitimer(ITIMER_REAL, &off, NULL);
         printf("connects: all %s; handler connects: %s\n", ok > 0 ? "made" : "failed",
                handler_ok == handler_runs ? "all made" : "some failed");
+        if (handler_ok != handler_runs)
+            fprintf(stderr, "handler: %d of %d failed, the last with %s\n",
+                    (int)(handler_runs - handler_ok), (int)handler_runs, strerror(handler_errno));
         _exit(0);
     }
     int st = 0;
