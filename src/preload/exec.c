@@ -86,6 +86,9 @@ struct mlp_carry {
     const posix_spawn_file_actions_t *fa; /* posix_spawn's file actions, or NULL */
     int *credports;           /* ports whose ML_NO_OFFER_CRED we cleared (mlp_lrec_cred_exec) */
     int ncredports;
+    struct { int port; uint32_t before; } blinds[8]; /* ML_NO_OFFER_BLIND marks we wrote */
+    int nblinds;
+    char *const *envp;        /* the environment the exec passes (before ours is added) */
     const char *path;         /* the program the exec names (NULL: an fd, or unknown) */
     bool search;              /* execvp's and posix_spawnp's: a bare name is looked for in PATH */
     bool blind_known;         /* mlp_exec_blind asked (at the first connection to carry) */
@@ -348,8 +351,21 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
             c->blind_known = true;
             mlp_exec_blind(c, c->path);
         }
-        if (c->blind)
+        if (c->blind) {
+            /* Its accepts will be the kernel's: clients must not offer while it lives. */
+            int pid = (int)__ml_sys_getpid();
+            uint32_t before = mlp_lrec_blind_mark(s, pid);
+            if (before != UINT32_MAX) {
+                mlp_log(1, "listen fd %d port %d: clients will not offer while the program "
+                           "it is handed to runs: the exec of %s runs without memlan (%s)",
+                        keep[0], s->port, c->blindpath, c->blind);
+                if (c->nblinds < (int)(sizeof c->blinds / sizeof c->blinds[0])) {
+                    c->blinds[c->nblinds].port = s->port;
+                    c->blinds[c->nblinds++].before = before;
+                }
+            }
             return;
+        }
         mlp_buf_add(buf, "L %lu", mlp_fd_ino(keep[0]));
         for (int i = 0; i < nk; i++)
             mlp_buf_add(buf, " %d", keep[i]);
@@ -1020,6 +1036,71 @@ static bool mlp_file_caps_secure(const char *path, bool nnp)
     return eff || np != 0;
 }
 
+/* Does the LD_PRELOAD value v (entries apart by spaces or colons) name our library? */
+static bool mlp_preload_names_us(const char *v)
+{
+    static const char so[] = "libmemlan-preload.so";
+    for (const char *p = v; p && *p;) {
+        size_t l = strcspn(p, " :");
+        const char *b = p + l;
+        while (b > p && b[-1] != '/')
+            b--;
+        if ((size_t)(p + l - b) == sizeof so - 1 && memcmp(b, so, sizeof so - 1) == 0)
+            return true;
+        p += l + (p[l] != 0);
+    }
+    return false;
+}
+
+/*
+ * Will the environment the exec passes leave memlan out of the new image, as mlp_exec_env will
+ * make it (ours is added where envp has no LD_PRELOAD)?  An LD_PRELOAD of the caller's that does
+ * not name our library (a program that empties it for its children: LD_PRELOAD=""), or
+ * MEMLAN_OFF on.  Judged only where this image got us by LD_PRELOAD (start-up's copy): a library
+ * loaded another way (/etc/ld.so.preload) is loaded whatever the environment says.  The reason,
+ * or NULL.  Before, a connection carried into such an image was bridged to nothing: the child
+ * read the idle kernel socket, and its peer read a reset where kernel TCP delivered.
+ */
+static const char *mlp_exec_env_blind(char *const envp[])
+{
+    extern char **environ;
+    const char *pre0 = NULL;
+    for (char **e = mlp_env0; *e && !pre0; e++)
+        if (mlp_env_named(*e, "LD_PRELOAD"))
+            pre0 = *e + sizeof "LD_PRELOAD";
+    if (!pre0 || !mlp_preload_names_us(pre0))
+        return NULL;
+    const char *pre = NULL, *off = NULL;
+    for (char *const *e = envp; e && *e; e++) {
+        if (mlp_env_named(*e, "LD_PRELOAD"))
+            pre = *e + sizeof "LD_PRELOAD";
+        else if (mlp_env_named(*e, "MEMLAN_OFF"))
+            off = *e + sizeof "MEMLAN_OFF";
+    }
+    if (!pre) { /* ours is carried: from environ, else from start-up's copy (mlp_exec_env) */
+        char **from = environ;
+        bool there = false;
+        for (char **e = environ; e && *e && !there; e++)
+            there = mlp_env_named(*e, "LD_PRELOAD");
+        if (!there && (!mlp_env0[0] || atomic_load(&mlp_env_unset)))
+            return "the environment it is given has no LD_PRELOAD";
+        if (!there)
+            from = mlp_env0;
+        bool own_off = off != NULL;
+        for (char **e = from; e && *e; e++) {
+            if (mlp_env_named(*e, "LD_PRELOAD"))
+                pre = *e + sizeof "LD_PRELOAD";
+            else if (!own_off && mlp_env_named(*e, "MEMLAN_OFF"))
+                off = *e + sizeof "MEMLAN_OFF";
+        }
+    }
+    if (!pre || !mlp_preload_names_us(pre))
+        return "the LD_PRELOAD it is given leaves memlan out";
+    if (off && *off && strcmp(off, "0") != 0)
+        return "MEMLAN_OFF is set in the environment it is given";
+    return NULL;
+}
+
 static void mlp_exec_blind(struct mlp_carry *c, const char *path)
 {
     c->blind = NULL;
@@ -1044,6 +1125,8 @@ static void mlp_exec_blind(struct mlp_carry *c, const char *path)
         (statvfs(path, &vf) == 0 && (vf.f_flag & ST_NOEXEC)) || mlp_is_loader(path) ||
         mlp_is_valgrind_tool(path))
         goto out; /* the dynamic loader run as a program honours LD_PRELOAD, as valgrind does */
+    if ((c->blind = mlp_exec_env_blind(c->envp)))
+        goto named;
     if (getresuid(&ru, &eu, &su) < 0 || getresgid(&rg, &eg, &sg) < 0)
         goto out;
     char magic[4] = {0};
@@ -1084,6 +1167,7 @@ static void mlp_exec_blind(struct mlp_carry *c, const char *path)
             c->blind = c->blindwhy;
         }
     }
+named:
     if (c->blind)
         snprintf(c->blindpath, sizeof c->blindpath, "%.500s", path);
 out:
@@ -1135,6 +1219,7 @@ static char *const *mlp_exec_prepare(struct mlp_carry *c, const char *path, bool
         __ml_chan_pool_drain(mlp_fab);
     c->path = path;
     c->search = search;
+    c->envp = envp;
     if (!mlp_cfg.off) {
         mlp_unname_later(c, mlp_stat_seg()); /* our stat entry is this image's */
         c->memfd = mlp_carry_list(c, false);
@@ -1159,6 +1244,8 @@ static void mlp_carry_end(struct mlp_carry *c, bool undo)
         mlp_carry_received_undo(c);
     if (undo && c->ncredports)
         mlp_lrec_cred_undo(c->credports, c->ncredports);
+    for (int i = 0; undo && i < c->nblinds; i++)
+        mlp_lrec_blind_swap(c->blinds[i].port, (int)__ml_sys_getpid(), c->blinds[i].before);
     free(c->credports);
     if (c->memfd >= 0)
         __ml_sys_close(c->memfd);
@@ -1393,12 +1480,20 @@ static char *const *mlp_spawn_prepare(struct mlp_carry *c, const posix_spawn_fil
         envp = environ; /* glibc's posix_spawn passes the caller's environment then */
     c->path = path;
     c->search = search;
+    c->envp = envp;
     if (!mlp_cfg.off && !mlp_vfork_child())
         c->memfd = mlp_carry_list(c, true);
     return mlp_exec_env(c, envp);
 }
 
-static void mlp_spawn_done(struct mlp_carry *c, int r) { mlp_carry_end(c, r != 0); }
+/* A spawn's marks named the spawner (mlp_lrec_blind_mark): the child has its own pid now. */
+static void mlp_spawn_done(struct mlp_carry *c, int r, pid_t child)
+{
+    for (int i = 0; r == 0 && child > 0 && i < c->nblinds; i++)
+        mlp_lrec_blind_swap(c->blinds[i].port, (int)__ml_sys_getpid(),
+                            ML_NO_OFFER_BLIND | (uint32_t)child);
+    mlp_carry_end(c, r != 0);
+}
 
 typedef int (*mlp_spawn_fn)(pid_t *, const char *, const posix_spawn_file_actions_t *,
                             const posix_spawnattr_t *, char *const[], char *const[]);
@@ -1414,8 +1509,9 @@ static int mlp_spawn_call(mlp_spawn_fn real, pid_t *pid, const char *path,
     mlp_exec_secure_note(path);
     struct mlp_carry c;
     char *const *env = mlp_spawn_prepare(&c, fa, path, real == mlp_real_posix_spawnp, envp);
-    int r = real(pid, path, fa, attr, argv, env);
-    mlp_spawn_done(&c, r);
+    pid_t child = 0;
+    int r = real(pid ? pid : &child, path, fa, attr, argv, env);
+    mlp_spawn_done(&c, r, pid ? *pid : child);
     return r;
 }
 
