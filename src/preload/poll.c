@@ -679,11 +679,48 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
 struct mlp_sleep_undo {
     struct _pthread_cleanup_buffer buf;
     struct mlp_pwait *volatile w;
+    struct mlp_sock *volatile lends; /* the call's reference, counted in lends->lent */
 };
+
+/*
+ * While a blocking call sleeps here, the call's own reference to the socket (its mlp_call's) is
+ * counted in s->lent as a poll's lent one is, though the call keeps it: a fork by another thread
+ * meanwhile gave the child a copy of that reference, which no thread there would put, so the
+ * child's close of the socket did not end its hold and the parent's close did not end the
+ * connection (the channel's file stayed in the fabric after every process had exited: an
+ * explorer's fork6.py, a thread blocked in recv while the main thread forked).  The child's
+ * mlp_poll_fork_drop puts it, unless it is this thread's (mlp_sleep_lending: a handler that
+ * forked on top of this sleep returns into it in the child too).  Named here before it is
+ * counted and uncounted before the name goes: a fork in between leaves a reference (as before),
+ * never puts one too many.
+ */
+static __thread struct mlp_sock *mlp_sleep_lends;
+
+struct mlp_sock *mlp_sleep_lending(void) { return mlp_sleep_lends; }
+
+static void mlp_sleep_lend(struct mlp_sleep_undo *u, struct mlp_sock *s)
+{
+    mlp_sleep_lends = s;
+    u->lends = s;
+    atomic_signal_fence(memory_order_seq_cst);
+    atomic_fetch_add(&s->lent, 1);
+}
+
+static void mlp_sleep_unlend(struct mlp_sleep_undo *u)
+{
+    struct mlp_sock *s = u->lends;
+    if (s) {
+        atomic_fetch_sub(&s->lent, 1);
+        atomic_signal_fence(memory_order_seq_cst);
+        u->lends = NULL;
+        mlp_sleep_lends = NULL;
+    }
+}
 
 static void mlp_sleep_left(void *arg)
 {
     struct mlp_sleep_undo *u = arg;
+    mlp_sleep_unlend(u);
     struct mlp_pwait *w = u->w;
     if (w) {
         mlp_pw_left(w);
@@ -732,7 +769,7 @@ int mlp_sock_sleep(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline
         }
         pw->sleeper = true;
     }
-    struct mlp_sleep_undo u = {.w = NULL};
+    struct mlp_sleep_undo u = {.w = NULL, .lends = NULL};
     int ret = 0, saved = errno;
     mlp_left_push(&u.buf, mlp_sleep_left, &u);
     if (!mlp_pw_take(pw, (uintptr_t)__builtin_frame_address(0), &u.w)) {
@@ -748,6 +785,7 @@ int mlp_sock_sleep(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline
         return -ENOSYS;
     }
     pthread_cleanup_push(mlp_sleep_left, &u);
+    mlp_sleep_lend(&u, s);
     mlp_pw_clear(pw);
     bool ready = false;
     if (!mlp_queue_add(s, false))
@@ -805,6 +843,7 @@ int mlp_sock_sleep(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline
             }
         }
     }
+    mlp_sleep_unlend(&u);
     pthread_cleanup_pop(0);
     mlp_pw_unregister_all(pw);
     pw->busy = 0;

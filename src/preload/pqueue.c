@@ -482,7 +482,8 @@ void mlp_poll_fork_drop(struct mlp_sock *s)
         r->s = NULL;
         drop++;
     }
-    int mine = (own && own->held == s) + mlp_ep_watch_mine(s); /* and its own spins' */
+    int mine = (own && own->held == s) + mlp_ep_watch_mine(s) /* and its own spins' */
+               + (mlp_sleep_lending() == s);                  /* and its blocking call's */
     int lent = atomic_load(&s->lent) - mine;
     if (lent > 0) {
         atomic_store(&s->lent, mine);

@@ -506,6 +506,7 @@ void mlp_stdio_adopt(int fd, bool wait); /* stdio.c: a connection now at fd 0, 1
 short mlp_sock_revents(struct mlp_sock *s, int fd, short events);
 int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *mask);
 int mlp_sock_sleep(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline, int64_t *live);
+struct mlp_sock *mlp_sleep_lending(void); /* the socket this thread's mlp_sock_sleep lends */
 bool mlp_end_look(struct mlp_sock *s);
 bool mlp_look_due(struct mlp_sock *s, uint64_t now);
 bool mlp_check_peer(struct mlp_sock *s);

@@ -1,22 +1,25 @@
 /* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
- * forkasleep: a process forks while another of its threads sleeps in poll (or epoll_wait) on a
- * connection; the child closes its copy of the socket, the parent closes its own once the
- * sleeper has returned: the peer must read EOF at once, as over kernel TCP, where the socket's
- * last holder is gone.  Run once over kernel TCP and once under `memlan run`: the outputs must
- * be equal (tests/py/test_preload.py).
+ * forkasleep: a process forks while another of its threads sleeps in poll (or epoll_wait, or a
+ * blocking recv) on a connection; the child closes its copy of the socket, the parent closes
+ * its own once the sleeper has returned: the peer must read EOF at once, as over kernel TCP,
+ * where the socket's last holder is gone.  Run once over kernel TCP and once under `memlan
+ * run`: the outputs must be equal (tests/py/test_preload.py).
  *
  * usage: forkasleep PORT
- * Four cases, each on a connection of its own: the sleeper in poll or in epoll_wait (a set made
- * before the fork), and the child's close before the parent's or after it.  The sleeper is woken
- * by a byte the peer sends after the child's fork (and, in the first order, its close), then
- * waits three more times for a byte sent 30 ms after its wait began: it must be woken by each,
+ * Six cases, each on a connection of its own: the sleeper in poll, in epoll_wait (a set made
+ * before the fork) or in a blocking recv, and the child's close before the parent's or after
+ * it.  The sleeper is woken by a byte the peer sends after the child's fork (and, in the first
+ * order, its close), then waits three more times for a byte sent 30 ms after its wait began: it
+ * must be woken by each,
  * in most of them within 90 ms (memlan's liveness timer, which ends a wait whose wake-up was
  * lost, looks first after 100 ms; the time itself is not printed).  Between the two closes the
  * peer must not see the end (150 ms), after the second it must within 1 s.  Under memlan the
  * child inherited the registrations of the parent's sleeping poll, each holding a reference to
  * the socket, which nothing in the child ever gave back (the thread does not exist there): the
- * child's close did not end its hold, and the peer read no EOF until the child exited.
+ * child's close did not end its hold, and the peer read no EOF until the child exited.  So did
+ * the child's copy of the blocking recv's own reference to the socket (its channel's file also
+ * stayed in the fabric once every process had exited).
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -30,6 +33,7 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -113,7 +117,7 @@ static char ask(char cmd)
     return m;
 }
 
-static int s, ep;
+static int s, ep, kind; /* kind: 0 poll, 1 epoll_wait, 2 a blocking recv */
 static int started[2];
 
 /* One wait of the sleeper; true when it was woken by one byte, which it read. */
@@ -122,6 +126,13 @@ static bool wait_once(int k, bool timed)
     struct timespec t0;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     int n, rev = 0;
+    if (kind == 2) {
+        char b = 0;
+        ssize_t got = recv(s, &b, 1, 0); /* SO_RCVTIMEO: WAIT_MS */
+        long ms = ms_since(&t0);
+        printf("  sleeper wait %d: recv %zd %c\n", k, got, got == 1 ? b : '-');
+        return got == 1 && (!timed || ms < 90);
+    }
     if (ep >= 0) {
         struct epoll_event ev[4];
         n = epoll_wait(ep, ev, 4, WAIT_MS);
@@ -156,9 +167,12 @@ static void *sleeper(void *a)
     return NULL;
 }
 
-static void one_case(int l, bool epoll, bool child_first)
+static void one_case(int l, int k, bool child_first)
 {
-    printf("%s, %s close first:\n", epoll ? "epoll_wait" : "poll", child_first ? "child's" : "parent's");
+    static const char *const kinds[] = {"poll", "epoll_wait", "recv"};
+    bool epoll = k == 1;
+    kind = k;
+    printf("%s, %s close first:\n", kinds[k], child_first ? "child's" : "parent's");
     char m;
     if (write(to_peer[1], "c", 1) != 1)
         die("peer c");
@@ -166,6 +180,9 @@ static void one_case(int l, bool epoll, bool child_first)
     if (s < 0 || send(s, "h", 1, 0) != 1 || read(from_peer[0], &m, 1) != 1)
         die("accept");
     ep = -1;
+    struct timeval tv = {WAIT_MS / 1000, 0};
+    if (kind == 2 && setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv) < 0)
+        die("SO_RCVTIMEO");
     if (epoll) {
         ep = epoll_create1(EPOLL_CLOEXEC);
         struct epoll_event ev = {.events = EPOLLIN, .data.u64 = 7};
@@ -250,7 +267,7 @@ int main(int argc, char **argv)
         close(l);
         peer(port);
     }
-    for (int e = 0; e < 2; e++)
+    for (int e = 0; e < 3; e++)
         for (int c = 0; c < 2; c++)
             one_case(l, e, c == 0);
     if (write(to_peer[1], "q", 1) != 1)

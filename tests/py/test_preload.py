@@ -1762,18 +1762,20 @@ FORKASLEEP = BUILD / "tests-preload" / "forkasleep"
 
 
 def test_fork_while_a_thread_sleeps_in_poll(fabric, tmp_path):
-    """A process forks while another of its threads sleeps in poll (or epoll_wait) on a
-    connection; the child closes its copy, the parent closes its own after the sleeper returned
-    (or before the child's close): the peer reads EOF within 1 s of the last close, and the
-    sleeper is still woken by each byte, as over kernel TCP.  Before, the child kept the
-    references of the registrations it inherited from the sleeping poll (a thread that does not
-    exist in it), so its close did not end its hold and the peer read no EOF while the child
-    lived ("peer: n" in both poll cases; the epoll_wait cases held nothing and passed)."""
+    """A process forks while another of its threads sleeps in poll (or epoll_wait, or a
+    blocking recv) on a connection; the child closes its copy, the parent closes its own after
+    the sleeper returned (or before the child's close): the peer reads EOF within 1 s of the
+    last close, and the sleeper is still woken by each byte, as over kernel TCP.  Before, the
+    child kept the references of the registrations it inherited from the sleeping poll (a
+    thread that does not exist in it), so its close did not end its hold and the peer read no
+    EOF while the child lived ("peer: n" in both poll cases; the epoll_wait cases held nothing
+    and passed); and the blocking recv's own reference ("peer: n" in both recv cases, and the
+    channel's file left in the fabric: an explorer)."""
     plain, under, text = scripted(FORKASLEEP, tmp_path)
     assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
-    assert plain.stdout.count("peer: e") == 4 and "most waits: no" not in plain.stdout, plain.stdout
+    assert plain.stdout.count("peer: e") == 6 and "most waits: no" not in plain.stdout, plain.stdout
     assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
-    assert text.count("accelerated (client)") == 4, text
+    assert text.count("accelerated (client)") == 6, text
     settle(fabric)
 
 
