@@ -91,7 +91,8 @@ void mlp_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
  */
 #define MLP_SAID_ENV "MEMLAN_SAID"
 enum { MLP_SAID_CONFIG = 1, MLP_SAID_FABRIC = 2, MLP_SAID_FULL = 4, MLP_SAID_EVQ = 8,
-       MLP_SAID_SECURE = 16, MLP_SAID_PASS = 32, MLP_SAID_REACH = 64, MLP_SAID_STALL = 128 };
+       MLP_SAID_SECURE = 16, MLP_SAID_PASS = 32, MLP_SAID_REACH = 64, MLP_SAID_STALL = 128,
+       MLP_SAID_OOB = 256 };
 extern _Atomic unsigned mlp_said;     /* topics said by us or an ancestor: passed on at exec */
 void mlp_say(unsigned topic, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 bool mlp_port_allowed(int port, const char **why);

@@ -1693,13 +1693,25 @@ static ssize_t mlp_send_nothing(struct mlp_sock *s, int flags)
     return mlp_tx_error(s, r, flags);
 }
 
+/* Urgent data has no place in a ring (design.md, "Not supported"): the send fails with
+ * EOPNOTSUPP, and the first such refusal of the image is said, in the log and on stderr (an
+ * explorer met it only as Python's exception). */
+static ssize_t mlp_send_oob(int fd)
+{
+    if (!mlp_sig_in_handler() && !(atomic_fetch_or(&mlp_said, MLP_SAID_OOB) & MLP_SAID_OOB))
+        mlp_say(MLP_SAID_OOB, "fd %d: a send of urgent data (MSG_OOB) on an accelerated "
+                "connection is refused (EOPNOTSUPP): a channel has no out-of-band byte; "
+                "MEMLAN_OFF=1, or --no-ports for the port, keeps such connections on TCP", fd);
+    return -EOPNOTSUPP;
+}
+
 ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags)
 {
-    if (flags & MSG_OOB)
-        return -EOPNOTSUPP; /* urgent data has no place in a ring: documented */
     int st = s->state;
     if (st == MLP_UNDECIDED)
         st = mlp_decide(s, fd, false);
+    if (ml_unlikely(flags & MSG_OOB) && st != MLP_TCP)
+        return mlp_send_oob(fd); /* (settled on TCP: the kernel's urgent data, below) */
     bool nb = (flags & MSG_DONTWAIT) || mlp_nonblock(s);
     if (st == MLP_TCP) {
         int e = mlp_tcp_catch_up(s, fd, !nb);
@@ -2344,6 +2356,10 @@ ssize_t mlp_recvmsg(struct mlp_sock *s, int fd, struct msghdr *m, int flags)
     if (m->msg_iovlen > IOV_MAX)
         return -EMSGSIZE;
     uint64_t dl = 0; /* SO_RCVTIMEO's deadline, from the first wait (the decision's) */
+    if ((flags & (MSG_OOB | MSG_ERRQUEUE)) && s->state == MLP_TCP) {
+        ssize_t r = mlp_real_recvmsg(fd, m, flags); /* its urgent byte, its error queue */
+        return r < 0 ? -errno : r;
+    }
     if (!(flags & (MSG_OOB | MSG_ERRQUEUE))) {
         int st = mlp_rx_settle(s, fd, (flags & MSG_DONTWAIT) || mlp_nonblock(s), &dl);
         if (st < 0)
@@ -2438,10 +2454,17 @@ static ssize_t mlp_recv_nothing(struct mlp_sock *s, int fd, bool nb, uint64_t *d
 static ssize_t mlp_recv_at(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags,
                            uint64_t *dl)
 {
-    if (flags & MSG_OOB)
-        return -EINVAL; /* as the kernel says when there is no urgent data */
-    if (flags & MSG_ERRQUEUE)
-        return -EAGAIN;
+    if (flags & (MSG_OOB | MSG_ERRQUEUE)) {
+        /* Never a wait for the decision: the kernel's answer on a connection settled on TCP
+         * (its urgent byte, if one came), else the kernel's answer with none: EINVAL for
+         * MSG_OOB, EAGAIN for an empty error queue. */
+        if (s->state == MLP_TCP) {
+            struct msghdr mh = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
+            ssize_t r = mlp_real_recvmsg(fd, &mh, flags);
+            return r < 0 ? -errno : r;
+        }
+        return flags & MSG_OOB ? -EINVAL : -EAGAIN;
+    }
     bool nb = (flags & MSG_DONTWAIT) || mlp_nonblock(s);
     int st = mlp_rx_settle(s, fd, nb, dl);
     if (st < 0)

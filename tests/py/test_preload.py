@@ -3866,6 +3866,59 @@ def test_calls_of_nothing_match_kernel(fabric, tmp_path):
     settle(fabric)
 
 
+URGENT = r"""
+import errno, os, socket, sys
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", int(sys.argv[1])))
+l.listen(1)
+c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s, _ = l.accept()
+c.sendall(b"ab")
+assert s.recv(2) == b"ab"
+for i in range(2):
+    try:
+        c.send(b"!", socket.MSG_OOB)
+        print("urgent sent")
+    except OSError as e:
+        print("urgent:", errno.errorcode[e.errno])
+try:
+    print("recv urgent:", s.recv(1, socket.MSG_OOB))
+except OSError as e:
+    print("recv urgent:", errno.errorcode[e.errno])
+c.sendall(b"cd")
+c.close()
+d = b""
+while True:
+    b = s.recv(10)
+    if not b:
+        break
+    d += b
+print("then", d)
+"""
+
+
+def test_urgent_data_is_refused_and_said(fabric, tmp_path):
+    """send(MSG_OOB) on an accelerated connection: EOPNOTSUPP (a channel has no out-of-band
+    byte; design.md, "Not supported"), said once on stderr and in the log, where before the
+    program met it only as an error; the connection goes on, and recv(MSG_OOB) says EINVAL as
+    the kernel's does with no urgent byte.  (Over kernel TCP the byte is delivered out of band:
+    a difference, documented, never silent.)"""
+    script = tmp_path / "urgent.py"
+    script.write_text(URGENT)
+    log = tmp_path / "m.log"
+    r = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", PY, str(script),
+                        str(next_port())], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["urgent: ENOTSUP", "urgent: ENOTSUP",  # (EOPNOTSUPP)
+                                     "recv urgent: EINVAL", "then b'cd'"], r.stdout
+    assert r.stderr.count("a send of urgent data (MSG_OOB)") == 1, r.stderr
+    text = log.read_text()
+    assert text.count("a send of urgent data (MSG_OOB)") == 1, text
+    assert "accelerated (client)" in text, text
+    settle(fabric)
+
+
 def test_signal_corners_match_kernel(fabric, tmp_path):
     """A vfork child's own handler leaves the parent's in place (it used to replace it in the
     table memlan keeps in the memory they share); two threads installing handlers at once leave
