@@ -205,6 +205,14 @@ static void mlp_say_stderr(const char *buf, int n)
     int m = snprintf(line, sizeof line, "memlan[%d]: %.*s\n", (int)mlp_pid, n, buf);
     if (m <= 0)
         return;
+    long len = m < (int)sizeof line ? m : (int)sizeof line - 1;
+    if (!S_ISFIFO(st.st_mode) && !S_ISSOCK(st.st_mode)) {
+        /* No reader to lose (a terminal, a file): no signal to guard against, and no call a
+         * sandbox installed by a raw system call might kill for (chromium's network service
+         * died of SIGSYS at this note's sigpending). */
+        (void)__ml_sys_write(2, line, (size_t)len);
+        return;
+    }
     /* The reader may still go between the look and the write: SIGPIPE is blocked in this thread
      * for the write, and one that it raised (none was pending before) is taken back. */
     sigset_t pipe_set, old;
@@ -216,7 +224,7 @@ static void mlp_say_stderr(const char *buf, int n)
     sigset_t pending;
     if (sigpending(&pending) == 0)
         had = sigismember(&pending, SIGPIPE);
-    long w = __ml_sys_write(2, line, (size_t)(m < (int)sizeof line ? m : (int)sizeof line - 1));
+    long w = __ml_sys_write(2, line, (size_t)len);
     if (w == -EPIPE && !had) {
         struct timespec none = {0, 0};
         while (sigtimedwait(&pipe_set, NULL, &none) < 0 && errno == EINTR)
