@@ -645,6 +645,52 @@ void __ml_seg_destroy(struct memlan_segment *seg)
     free(seg);
 }
 
+/*
+ * A channel's holder that is not its side's last (the socket layer: fork children were counted
+ * as holders too) lets go of seg: its mapping goes, and the name stays for the others.  But
+ * where the others ended without a close of ours (a fork child's _exit: multiprocessing's
+ * workers end so) and the peer has let go as well, nobody would ever remove the name: the file
+ * stayed in the fabric while the process lived (an explorer: 172 channel files, 88 MB, in 12 s of
+ * a threaded client forking a pool).  So once ours is gone, a look by name (__ml_seg_id_look).
+ * mine, peer: the sides' lock bytes.  Its answer: 1 the name is gone, 0 a side is still held
+ * (the caller may look again later), -1 cannot tell.
+ */
+int __ml_seg_let_go_look(struct memlan_segment *seg, int mine, int peer)
+{
+    memlan_fabric_t *fab = seg->fab;
+    uint64_t ino = seg->ino, dev = seg->dev;
+    char token[MEMLAN_TOKEN_LEN + 1];
+    memcpy(token, seg->token, sizeof token);
+    seg->owner = false;
+    __ml_seg_destroy(seg);
+    return __ml_seg_id_look(fab, token, ino, dev, mine, peer);
+}
+
+/* The channel file named token (ino, dev): if neither side's lock is held (bridges included), its
+ * name goes (if it is still this file).  1 gone, 0 held, -1 cannot tell (a look that fails keeps
+ * the name). */
+int __ml_seg_id_look(memlan_fabric_t *fab, const char *token, uint64_t ino, uint64_t dev,
+                     int mine, int peer)
+{
+    struct memlan_segment id;
+    memset(&id, 0, sizeof id);
+    id.fab = fab;
+    id.fd = -1;
+    id.guard = -1;
+    id.ino = ino;
+    id.dev = dev;
+    size_t tl = strnlen(token, MEMLAN_TOKEN_LEN);
+    memcpy(id.token, token, tl);
+    id.token[tl] = 0;
+    int a = __ml_seg_alive(&id, mine);
+    int b = a == 0 ? __ml_seg_alive(&id, peer) : a;
+    if (a == 0 && b == 0) {
+        ml_seg_unlink(&id);
+        return 1;
+    }
+    return a > 0 || b > 0 ? 0 : -1;
+}
+
 /* ---- the public raw-segment API ---------------------------------------------------------- */
 
 int memlan_segment_export(memlan_fabric_t *fab, size_t size, int mode, memlan_segment_t **out)

@@ -3055,6 +3055,71 @@ void mlp_sock_destroy(struct mlp_sock *s)
         mlp_fast_unlock(&s->ftx);
 }
 
+/*
+ * Channels we let go of while another holder still held our side (sock.c's release, not the last
+ * holder: a fork child alive then, which may end by _exit and never close): their names are
+ * looked at again later, at most one look per entry per interval (100 ms, doubling to 10 s), a
+ * few entries at each later release of this process's (and up to 64 at exit()), so that the
+ * file of a connection whose last holder was a pool worker that outlived our close goes once
+ * that worker is gone (an explorer's threaded client forking a multiprocessing pool: 179 files
+ * left while it ran).  Bounded: 256 entries, the oldest dropped (its file left to a sweep, as
+ * before).  The list is this process's memory (a fork child's copy looks at the same names:
+ * harmless, a look by name).
+ */
+#define MLP_LATER_N 256
+struct mlp_later {
+    char token[MEMLAN_TOKEN_LEN + 1];
+    uint64_t ino, dev, due, wait;
+    int8_t mine, peer;
+};
+static struct mlp_later mlp_later[MLP_LATER_N];
+static int mlp_nlater;
+static pthread_mutex_t mlp_later_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void mlp_later_tick(uint64_t now, int max)
+{
+    if (!mlp_fab || pthread_mutex_trylock(&mlp_later_mu) != 0)
+        return; /* busy (another thread, or a handler on top of this one): next time */
+    for (int i = 0, looks = 0; i < mlp_nlater && looks < max;) {
+        struct mlp_later *e = &mlp_later[i];
+        if (e->due > now) {
+            i++;
+            continue;
+        }
+        looks++;
+        int r = __ml_seg_id_look(mlp_fab, e->token, e->ino, e->dev, e->mine, e->peer);
+        if (r != 0) { /* gone, or cannot tell: forgotten */
+            mlp_later[i] = mlp_later[--mlp_nlater];
+            continue;
+        }
+        e->wait = e->wait * 2 < 10000000000ull ? e->wait * 2 : 10000000000ull;
+        e->due = now + e->wait;
+        i++;
+    }
+    pthread_mutex_unlock(&mlp_later_mu);
+}
+
+/* Let go of ch's file (not the last holder of our side): look at once, and later while a side is
+ * still held (above). */
+static void mlp_let_go_look(struct memlan_channel *ch)
+{
+    struct mlp_later e = {.ino = ch->seg->ino, .dev = ch->seg->dev,
+                          .mine = (int8_t)(ch->side ? ML_LOCK_ATTACHER : ML_LOCK_OWNER),
+                          .peer = (int8_t)(ch->side ? ML_LOCK_OWNER : ML_LOCK_ATTACHER)};
+    memcpy(e.token, ch->seg->token, sizeof e.token);
+    uint64_t now = mlp_now_ns();
+    if (__ml_seg_let_go_look(ch->seg, e.mine, e.peer) == 0 &&
+        pthread_mutex_trylock(&mlp_later_mu) == 0) {
+        if (mlp_nlater == MLP_LATER_N) /* the oldest goes */
+            memmove(&mlp_later[0], &mlp_later[1], (MLP_LATER_N - 1) * sizeof mlp_later[0]);
+        e.wait = 100000000ull;
+        e.due = now + e.wait;
+        mlp_later[mlp_nlater < MLP_LATER_N ? mlp_nlater++ : MLP_LATER_N - 1] = e;
+        pthread_mutex_unlock(&mlp_later_mu);
+    }
+    mlp_later_tick(now, 4);
+}
+
 static void mlp_sock_destroy_conn(struct mlp_sock *s)
 {
     mlp_poll_forget(s);
@@ -3107,13 +3172,25 @@ static void mlp_sock_destroy_conn(struct mlp_sock *s)
         if (s->ch->evq)
             (void)memlan_evq_del(s->ch->evq, s->ch);
         /* Do not unlink: the channel lives on in another process; except a withdrawn offer's
-         * (TCP: nobody ever attached), which is ours alone once our last holder goes. */
+         * (TCP: nobody ever attached), which is ours alone once our last holder goes.  The other
+         * holders may all have ended without a close of ours (fork children's _exit): a look by
+         * name after ours is gone (__ml_seg_let_go_look), for a connection that was ours to
+         * end, where the look can be made (not in a sandbox, nor with the fabric out of reach,
+         * nor once exit() let go, nor for a socket passed to another process). */
+        bool look = !last && s->state == MLP_ACCEL && !atomic_load(&s->exit_let_go) &&
+                    !(atomic_load(&s->me->flags) & ML_SOCK_PASSED) && !mlp_sandboxed() &&
+                    !mlp_cred_lost(false);
         if (!(last && s->state == MLP_TCP))
             s->ch->seg->owner = false;
-        __ml_seg_destroy(s->ch->seg);
+        if (look)
+            mlp_let_go_look(s->ch);
+        else
+            __ml_seg_destroy(s->ch->seg);
         free(s->ch);
     }
     s->ch = NULL;
+    if (ml_unlikely(mlp_nlater))
+        mlp_later_tick(mlp_now_ns(), 4);
 }
 
 /* A child shares every accelerated socket with its parent: it counts as a holder from the moment
@@ -3370,4 +3447,6 @@ void mlp_at_exit(void)
     mlp_epoll_at_exit();
     mlp_poll_at_exit();
     mlp_negotiate_at_exit();
+    if (mlp_nlater && !in_handler)
+        mlp_later_tick(UINT64_MAX, 64); /* a last look, at a few of them */
 }
