@@ -291,11 +291,10 @@ struct ml_listen_rec {
 #define ML_NO_OFFER_PASS 4u  /* a process that accepts on the port passed an accelerated connection
                               * to another process over SCM_RIGHTS, which a channel cannot follow
                               * (design.md, "Passing a connection") */
-#define ML_NO_OFFER_BLIND 0x80000000u /* | pid: a process that holds a listener of the port runs
-                              * without memlan (an exec that kept the listener into an image that
-                              * does not load it, or turns it off), and its accepts are the
-                              * kernel's; clients offer again once that pid is gone (design.md,
-                              * "A listener that an image without memlan keeps") */
+#define ML_NO_OFFER_BLIND 5u /* a process that holds a listener of the port runs without memlan
+                              * (an exec kept the listener into an image that does not load it,
+                              * or turns it off), and its accepts are the kernel's (design.md, "A
+                              * listener that an image without memlan keeps") */
 
 /*
  * A memlan process's entry in the fabric (seg-TOKEN of kind ML_KIND_PROC), for memlan stat: one

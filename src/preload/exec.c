@@ -86,7 +86,7 @@ struct mlp_carry {
     const posix_spawn_file_actions_t *fa; /* posix_spawn's file actions, or NULL */
     int *credports;           /* ports whose ML_NO_OFFER_CRED we cleared (mlp_lrec_cred_exec) */
     int ncredports;
-    struct { int port; uint32_t before; } blinds[8]; /* ML_NO_OFFER_BLIND marks we wrote */
+    int *blinds;              /* ports whose ML_NO_OFFER_BLIND we wrote (malloc'd) */
     int nblinds;
     char *const *envp;        /* the environment the exec passes (before ours is added) */
     const char *path;         /* the program the exec names (NULL: an fd, or unknown) */
@@ -352,16 +352,15 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
             mlp_exec_blind(c, c->path);
         }
         if (c->blind) {
-            /* Its accepts will be the kernel's: clients must not offer while it lives. */
-            int pid = (int)__ml_sys_getpid();
-            uint32_t before = mlp_lrec_blind_mark(s, pid);
-            if (before != UINT32_MAX) {
-                mlp_log(1, "listen fd %d port %d: clients will not offer while the program "
-                           "it is handed to runs: the exec of %s runs without memlan (%s)",
+            /* Its accepts will be the kernel's: clients must not offer. */
+            if (mlp_lrec_blind_mark(s)) {
+                mlp_log(1, "listen fd %d port %d: clients will not offer (the exec of %s, "
+                           "which keeps the listener, runs without memlan: %s)",
                         keep[0], s->port, c->blindpath, c->blind);
-                if (c->nblinds < (int)(sizeof c->blinds / sizeof c->blinds[0])) {
-                    c->blinds[c->nblinds].port = s->port;
-                    c->blinds[c->nblinds++].before = before;
+                int *nb = realloc(c->blinds, (size_t)(c->nblinds + 1) * sizeof *nb);
+                if (nb) {
+                    c->blinds = nb;
+                    c->blinds[c->nblinds++] = s->port;
                 }
             }
             return;
@@ -1036,12 +1035,13 @@ static bool mlp_file_caps_secure(const char *path, bool nnp)
     return eff || np != 0;
 }
 
-/* Does the LD_PRELOAD value v (entries apart by spaces or colons) name our library? */
+/* Does the LD_PRELOAD value (or /etc/ld.so.preload's text) v name our library?  Entries are
+ * apart by spaces, colons, tabs or newlines, as the dynamic linker reads them. */
 static bool mlp_preload_names_us(const char *v)
 {
     static const char so[] = "libmemlan-preload.so";
     for (const char *p = v; p && *p;) {
-        size_t l = strcspn(p, " :");
+        size_t l = strcspn(p, " :\t\n");
         const char *b = p + l;
         while (b > p && b[-1] != '/')
             b--;
@@ -1052,52 +1052,61 @@ static bool mlp_preload_names_us(const char *v)
     return false;
 }
 
+/* What envp says of the new image: LD_PRELOAD's value as the dynamic linker takes it (the last
+ * one), MEMLAN_OFF's and MEMLAN's as our getenv there will (the first); NULL where absent. */
+static void mlp_env_scan(char *const envp[], const char **pre, const char **off, const char **word)
+{
+    for (char *const *e = envp; e && *e; e++) {
+        if (mlp_env_named(*e, "LD_PRELOAD"))
+            *pre = *e + sizeof "LD_PRELOAD";
+        else if (!*off && mlp_env_named(*e, "MEMLAN_OFF"))
+            *off = *e + sizeof "MEMLAN_OFF";
+        else if (!*word && mlp_env_named(*e, "MEMLAN"))
+            *word = *e + sizeof "MEMLAN";
+    }
+}
+
 /*
  * Will the environment the exec passes leave memlan out of the new image, as mlp_exec_env will
  * make it (ours is added where envp has no LD_PRELOAD)?  An LD_PRELOAD of the caller's that does
- * not name our library (a program that empties it for its children: LD_PRELOAD=""), or
- * MEMLAN_OFF on.  Judged only where this image got us by LD_PRELOAD (start-up's copy): a library
- * loaded another way (/etc/ld.so.preload) is loaded whatever the environment says.  The reason,
- * or NULL.  Before, a connection carried into such an image was bridged to nothing: the child
- * read the idle kernel socket, and its peer read a reset where kernel TCP delivered.
+ * not name our library (a program that empties it for its children: LD_PRELOAD=""), none at all,
+ * or memlan turned off there (MEMLAN_OFF, MEMLAN=off: init.c's reading).  Judged only where this
+ * image got us by LD_PRELOAD (start-up's copy) and /etc/ld.so.preload does not name us: a library
+ * loaded that way is loaded whatever the environment says.  The reason, or NULL.  Before, a
+ * connection carried into such an image was bridged to nothing: the child read the idle kernel
+ * socket, and its peer read a reset where kernel TCP delivered.
  */
 static const char *mlp_exec_env_blind(char *const envp[])
 {
     extern char **environ;
-    const char *pre0 = NULL;
-    for (char **e = mlp_env0; *e && !pre0; e++)
-        if (mlp_env_named(*e, "LD_PRELOAD"))
-            pre0 = *e + sizeof "LD_PRELOAD";
+    const char *pre0 = NULL, *off = NULL, *word = NULL, *pre = NULL;
+    mlp_env_scan(mlp_env0, &pre0, &off, &word);
     if (!pre0 || !mlp_preload_names_us(pre0))
         return NULL;
-    const char *pre = NULL, *off = NULL;
-    for (char *const *e = envp; e && *e; e++) {
-        if (mlp_env_named(*e, "LD_PRELOAD"))
-            pre = *e + sizeof "LD_PRELOAD";
-        else if (mlp_env_named(*e, "MEMLAN_OFF"))
-            off = *e + sizeof "MEMLAN_OFF";
+    char sys[4096];
+    long f = __ml_sys_open(AT_FDCWD, "/etc/ld.so.preload", O_RDONLY | O_CLOEXEC, 0);
+    if (f >= 0) {
+        long n = __ml_sys_pread((int)f, sys, sizeof sys - 1, 0);
+        __ml_sys_close((int)f);
+        sys[n > 0 ? n : 0] = 0;
+        if (mlp_preload_names_us(sys))
+            return NULL;
     }
+    off = word = NULL;
+    mlp_env_scan(envp, &pre, &off, &word);
     if (!pre) { /* ours is carried: from environ, else from start-up's copy (mlp_exec_env) */
-        char **from = environ;
         bool there = false;
         for (char **e = environ; e && *e && !there; e++)
             there = mlp_env_named(*e, "LD_PRELOAD");
-        if (!there && (!mlp_env0[0] || atomic_load(&mlp_env_unset)))
+        if (!there && atomic_load(&mlp_env_unset))
             return "the environment it is given has no LD_PRELOAD";
-        if (!there)
-            from = mlp_env0;
-        bool own_off = off != NULL;
-        for (char **e = from; e && *e; e++) {
-            if (mlp_env_named(*e, "LD_PRELOAD"))
-                pre = *e + sizeof "LD_PRELOAD";
-            else if (!own_off && mlp_env_named(*e, "MEMLAN_OFF"))
-                off = *e + sizeof "MEMLAN_OFF";
-        }
+        /* its MEMLAN_* settings are carried only where envp has none of that name */
+        mlp_env_scan(there ? environ : mlp_env0, &pre, &off, &word);
     }
     if (!pre || !mlp_preload_names_us(pre))
         return "the LD_PRELOAD it is given leaves memlan out";
-    if (off && *off && strcmp(off, "0") != 0)
-        return "MEMLAN_OFF is set in the environment it is given";
+    if ((off && *off && strcmp(off, "0") != 0) || (word && strcmp(word, "off") == 0))
+        return "memlan is turned off in the environment it is given (MEMLAN_OFF, MEMLAN=off)";
     return NULL;
 }
 
@@ -1245,7 +1254,8 @@ static void mlp_carry_end(struct mlp_carry *c, bool undo)
     if (undo && c->ncredports)
         mlp_lrec_cred_undo(c->credports, c->ncredports);
     for (int i = 0; undo && i < c->nblinds; i++)
-        mlp_lrec_blind_swap(c->blinds[i].port, (int)__ml_sys_getpid(), c->blinds[i].before);
+        mlp_lrec_blind_undo(c->blinds[i]);
+    free(c->blinds);
     free(c->credports);
     if (c->memfd >= 0)
         __ml_sys_close(c->memfd);
@@ -1486,14 +1496,7 @@ static char *const *mlp_spawn_prepare(struct mlp_carry *c, const posix_spawn_fil
     return mlp_exec_env(c, envp);
 }
 
-/* A spawn's marks named the spawner (mlp_lrec_blind_mark): the child has its own pid now. */
-static void mlp_spawn_done(struct mlp_carry *c, int r, pid_t child)
-{
-    for (int i = 0; r == 0 && child > 0 && i < c->nblinds; i++)
-        mlp_lrec_blind_swap(c->blinds[i].port, (int)__ml_sys_getpid(),
-                            ML_NO_OFFER_BLIND | (uint32_t)child);
-    mlp_carry_end(c, r != 0);
-}
+static void mlp_spawn_done(struct mlp_carry *c, int r) { mlp_carry_end(c, r != 0); }
 
 typedef int (*mlp_spawn_fn)(pid_t *, const char *, const posix_spawn_file_actions_t *,
                             const posix_spawnattr_t *, char *const[], char *const[]);
@@ -1509,9 +1512,8 @@ static int mlp_spawn_call(mlp_spawn_fn real, pid_t *pid, const char *path,
     mlp_exec_secure_note(path);
     struct mlp_carry c;
     char *const *env = mlp_spawn_prepare(&c, fa, path, real == mlp_real_posix_spawnp, envp);
-    pid_t child = 0;
-    int r = real(pid ? pid : &child, path, fa, attr, argv, env);
-    mlp_spawn_done(&c, r, pid ? *pid : child);
+    int r = real(pid, path, fa, attr, argv, env);
+    mlp_spawn_done(&c, r);
     return r;
 }
 

@@ -2470,67 +2470,38 @@ void mlp_lrec_cred_undo(const int *ports, int n)
 
 /*
  * Before an exec that keeps listener s into an image that runs without memlan (exec.c,
- * mlp_exec_blind): the port's record says so, with the pid (the exec keeps it), so that clients
- * do not offer while that process lives: it accepts where we never see it, and each client
- * waited for its offer to be taken (an eighth of the accept wait after the kernel's accept, 270
- * ms a connection to Apache Traffic Server, whose manager execs traffic_server with the
- * listeners under other credentials).  A mark of another kind stays (it holds clients off
- * too); one of this kind is replaced.  What the word held before, for mlp_lrec_blind_undo, or
- * UINT32_MAX when nothing was written.  No lock: a vfork child may be the caller, and the
- * mapping lives as long as the listener, which the caller holds.
+ * mlp_exec_blind): the port's record says so, and clients do not offer from then on, as for the
+ * other marks (it goes with the record): that process accepts where we never see it, and each
+ * client waited for its offer to be taken (an eighth of the accept wait after the kernel's
+ * accept: 270 ms a connection to Apache Traffic Server, whose manager execs traffic_server with
+ * the listeners under other credentials, an explorer).  Written only over no mark (another
+ * already holds clients off).  True when written, for mlp_lrec_blind_undo.  No lock: a vfork
+ * child may be the caller, and the mapping lives as long as the listener, which it holds.
  */
-uint32_t mlp_lrec_blind_mark(struct mlp_sock *s, int pid)
+bool mlp_lrec_blind_mark(struct mlp_sock *s)
 {
     struct mlp_lrec *r = s->rec;
-    if (!r || !r->map || pid <= 0)
-        return UINT32_MAX;
-    uint32_t want = ML_NO_OFFER_BLIND | (uint32_t)pid;
-    uint32_t v = ml_load_acquire(&r->map->no_offer);
-    do {
-        if ((v != 0 && !(v & ML_NO_OFFER_BLIND)) || v == want)
-            return UINT32_MAX;
-    } while (!atomic_compare_exchange_weak(&r->map->no_offer, &v, want));
-    return v;
+    uint32_t none = 0;
+    return r && r->map && atomic_compare_exchange_strong(&r->map->no_offer, &none,
+                                                         ML_NO_OFFER_BLIND);
 }
 
-/* The mark mlp_lrec_blind_mark wrote on port for pid becomes to, unless another replaced it
- * (as mlp_lrec_cred_undo, through our record of the port): the exec failed (to: what the word
- * held before), or a spawn's child has its pid now (the mark named the spawner's). */
-void mlp_lrec_blind_swap(int port, int pid, uint32_t to)
+/* The exec failed: the mark mlp_lrec_blind_mark wrote on port goes (as mlp_lrec_cred_undo,
+ * through our record of the port). */
+void mlp_lrec_blind_undo(int port)
 {
-    uint32_t want = ML_NO_OFFER_BLIND | (uint32_t)pid;
+    uint32_t v = ML_NO_OFFER_BLIND;
     struct mlp_lrec *r = port >= 0 && port < 65536 ? mlp_lrecs[port] : NULL;
     if (r && r->map)
-        (void)atomic_compare_exchange_strong(&r->map->no_offer, &want, to);
-}
-
-/* Is the process pid gone (a zombie still counts)?  Asked with signal 0, which delivers
- * nothing; a process we may not signal (EPERM) lives.  Not where a sandbox may kill for kill():
- * there it is taken to live (its clients stay on TCP). */
-static bool mlp_pid_gone(int pid)
-{
-    if (pid <= 0 || mlp_confined())
-        return false;
-    int saved = errno;
-    bool gone = kill(pid, 0) < 0 && errno == ESRCH;
-    errno = saved;
-    return gone;
+        (void)atomic_compare_exchange_strong(&r->map->no_offer, &v, 0u);
 }
 
 /* Why a record says not to offer. */
-static const char *mlp_no_offer_why(struct ml_listen_rec *m)
+static const char *mlp_no_offer_why(const struct ml_listen_rec *m)
 {
     uint32_t v = ml_load_acquire(&m->no_offer);
     if (v == 0)
         return NULL;
-    if (v & ML_NO_OFFER_BLIND) {
-        /* Peer-writable, as every mark: a false one keeps this port on TCP, or has us ask
-         * with signal 0 whether some pid lives. */
-        if (!mlp_pid_gone((int)(v & ~ML_NO_OFFER_BLIND)))
-            return "a process that holds the server's listener runs without memlan";
-        (void)atomic_compare_exchange_strong(&m->no_offer, &v, 0u);
-        return NULL;
-    }
     /* (one mark for both: a credential change, or a fabric that refused a file to a process whose
      * credentials did not change as libc saw them, a sandbox's: mlp_fabric_refused; the server's
      * own log says which) */
@@ -2542,6 +2513,8 @@ static const char *mlp_no_offer_why(struct ml_listen_rec *m)
                ? "the server's listener defers accept until data (TCP_DEFER_ACCEPT)"
            : v == ML_NO_OFFER_PASS
                ? "the server passes its accepted connections to other processes (SCM_RIGHTS)"
+           : v == ML_NO_OFFER_BLIND
+               ? "a process that holds the server's listener runs without memlan"
                : "the server's record says not to offer";
 }
 

@@ -429,8 +429,8 @@ bool mlp_known_confined(void);  /* memory only: a filter is known (mlp_note_conf
 bool mlp_lrec_no_offer(uint32_t why);/* ML_NO_OFFER_*: in every record we listen on; false: busy */
 int *mlp_lrec_cred_exec(const uint8_t *kept, int *n); /* before exec: ML_NO_OFFER_CRED we set */
 void mlp_lrec_cred_undo(const int *ports, int n);      /* the exec failed: set again */
-uint32_t mlp_lrec_blind_mark(struct mlp_sock *s, int pid); /* before exec into a blind image */
-void mlp_lrec_blind_swap(int port, int pid, uint32_t to); /* failed exec, or a spawn's pid */
+bool mlp_lrec_blind_mark(struct mlp_sock *s); /* before an exec into a blind image */
+void mlp_lrec_blind_undo(int port);           /* the exec failed */
 void mlp_lrec_grant(uid_t uid);      /* a shared fabric: uid may accept on our ports (cred.c) */
 void mlp_sock_liveness(memlan_channel_t *ch, int fd); /* the kernel socket under a channel */
 
