@@ -164,9 +164,8 @@ int __ml_seg_import_fd(memlan_fabric_t *fab, const char *token, int fd, uint32_t
                        bool writable, const struct stat *known, struct memlan_segment **out);
 long __ml_seg_reopen(const struct memlan_segment *seg, int flags);
 int __ml_seg_alive(const struct memlan_segment *seg, int lock_byte);
-int __ml_seg_let_go_look(struct memlan_segment *seg, int mine, int peer); /* see segment.c */
-int __ml_seg_id_look(memlan_fabric_t *fab, const char *token, uint64_t ino, uint64_t dev,
-                     int mine, int peer);
+int __ml_seg_let_go_look(struct memlan_segment *seg); /* see segment.c */
+int __ml_seg_id_look(memlan_fabric_t *fab, const char *token, uint64_t ino, uint64_t dev);
 /* Close the segment's fd and keep only its mappings.  The liveness lock taken on the fd belongs
  * to the open file description, which every mapping references: it is held until the last
  * mapping of it goes (munmap, exit, or exec), in this process and any child that inherited the

@@ -652,10 +652,10 @@ void __ml_seg_destroy(struct memlan_segment *seg)
  * workers end so) and the peer has let go as well, nobody would ever remove the name: the file
  * stayed in the fabric while the process lived (an explorer: 172 channel files, 88 MB, in 12 s of
  * a threaded client forking a pool).  So once ours is gone, a look by name (__ml_seg_id_look).
- * mine, peer: the sides' lock bytes.  Its answer: 1 the name is gone, 0 a side is still held
- * (the caller may look again later), -1 cannot tell.
+ * 1: the name is gone; 0: it stays (a side still held, or a look that could not tell: the
+ * caller may look again later).
  */
-int __ml_seg_let_go_look(struct memlan_segment *seg, int mine, int peer)
+int __ml_seg_let_go_look(struct memlan_segment *seg)
 {
     memlan_fabric_t *fab = seg->fab;
     uint64_t ino = seg->ino, dev = seg->dev;
@@ -663,32 +663,22 @@ int __ml_seg_let_go_look(struct memlan_segment *seg, int mine, int peer)
     memcpy(token, seg->token, sizeof token);
     seg->owner = false;
     __ml_seg_destroy(seg);
-    return __ml_seg_id_look(fab, token, ino, dev, mine, peer);
+    return __ml_seg_id_look(fab, token, ino, dev);
 }
 
-/* The channel file named token (ino, dev): if neither side's lock is held (bridges included), its
- * name goes (if it is still this file).  1 gone, 0 held, -1 cannot tell (a look that fails keeps
- * the name). */
-int __ml_seg_id_look(memlan_fabric_t *fab, const char *token, uint64_t ino, uint64_t dev,
-                     int mine, int peer)
+/* The channel file named token (ino, dev): the sweep's test for that one name (the owner's byte
+ * taken, then neither bridge nor the attacher's byte held: a creator reusing the file from its
+ * pool holds the owner's byte, so no new side can come meanwhile), and its name goes.  1 when
+ * the name is gone (or names another file now), else 0. */
+int __ml_seg_id_look(memlan_fabric_t *fab, const char *token, uint64_t ino, uint64_t dev)
 {
-    struct memlan_segment id;
-    memset(&id, 0, sizeof id);
-    id.fab = fab;
-    id.fd = -1;
-    id.guard = -1;
-    id.ino = ino;
-    id.dev = dev;
-    size_t tl = strnlen(token, MEMLAN_TOKEN_LEN);
-    memcpy(id.token, token, tl);
-    id.token[tl] = 0;
-    int a = __ml_seg_alive(&id, mine);
-    int b = a == 0 ? __ml_seg_alive(&id, peer) : a;
-    if (a == 0 && b == 0) {
-        ml_seg_unlink(&id);
+    char name[80];
+    __ml_fabric_name(name, sizeof name, "seg", token);
+    if (__ml_fabric_reclaim_name(fab, name) > 0)
         return 1;
-    }
-    return a > 0 || b > 0 ? 0 : -1;
+    struct stat b;
+    return __ml_sys_fstatat(fab->dirfd, name, &b, AT_SYMLINK_NOFOLLOW) < 0 ||
+           (uint64_t)b.st_ino != ino || (uint64_t)b.st_dev != dev;
 }
 
 /* ---- the public raw-segment API ---------------------------------------------------------- */

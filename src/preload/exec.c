@@ -1068,21 +1068,35 @@ static void mlp_env_scan(char *const envp[], const char **pre, const char **off,
 
 /*
  * Will the environment the exec passes leave memlan out of the new image, as mlp_exec_env will
- * make it (ours is added where envp has no LD_PRELOAD)?  An LD_PRELOAD of the caller's that does
- * not name our library (a program that empties it for its children: LD_PRELOAD=""), none at all,
- * or memlan turned off there (MEMLAN_OFF, MEMLAN=off: init.c's reading).  Judged only where this
- * image got us by LD_PRELOAD (start-up's copy) and /etc/ld.so.preload does not name us: a library
- * loaded that way is loaded whatever the environment says.  The reason, or NULL.  Before, a
+ * make it (ours is added where envp has no LD_PRELOAD)?  Memlan turned off there (MEMLAN_OFF,
+ * MEMLAN=off: init.c's reading, whichever way the library is loaded: an image with memlan off
+ * takes no connection up); an LD_PRELOAD of the caller's that does not name our library (a
+ * program that empties it for its children: LD_PRELOAD=""), or none at all, judged only where
+ * this image got us by LD_PRELOAD (start-up's copy) and /etc/ld.so.preload does not name us: a
+ * library loaded that way is loaded whatever LD_PRELOAD says.  The reason, or NULL.  Before, a
  * connection carried into such an image was bridged to nothing: the child read the idle kernel
  * socket, and its peer read a reset where kernel TCP delivered.
  */
 static const char *mlp_exec_env_blind(char *const envp[])
 {
     extern char **environ;
-    const char *pre0 = NULL, *off = NULL, *word = NULL, *pre = NULL;
-    mlp_env_scan(mlp_env0, &pre0, &off, &word);
+    const char *pre = NULL, *off = NULL, *word = NULL, *pre0 = NULL, *off0 = NULL, *word0 = NULL;
+    mlp_env_scan(envp, &pre, &off, &word);
+    bool carried = !pre; /* ours, and our MEMLAN_* settings, are added then, from where
+                          * mlp_exec_env takes them (a setting envp names stays envp's) */
+    if (carried) {
+        bool there = false;
+        for (char **e = environ; e && *e && !there; e++)
+            there = mlp_env_named(*e, "LD_PRELOAD");
+        mlp_env_scan(!there && mlp_env0[0] && !atomic_load(&mlp_env_unset) ? mlp_env0 : environ,
+                     &pre, &off, &word);
+    }
+    bool none = !pre;
+    if ((off && *off && strcmp(off, "0") != 0) || (word && strcmp(word, "off") == 0))
+        return "memlan is turned off in the environment it is given (MEMLAN_OFF, MEMLAN=off)";
+    mlp_env_scan(mlp_env0, &pre0, &off0, &word0);
     if (!pre0 || !mlp_preload_names_us(pre0))
-        return NULL;
+        return NULL; /* not loaded by LD_PRELOAD: the environment's LD_PRELOAD says nothing */
     char sys[4096];
     long f = __ml_sys_open(AT_FDCWD, "/etc/ld.so.preload", O_RDONLY | O_CLOEXEC, 0);
     if (f >= 0) {
@@ -1092,21 +1106,10 @@ static const char *mlp_exec_env_blind(char *const envp[])
         if (mlp_preload_names_us(sys))
             return NULL;
     }
-    off = word = NULL;
-    mlp_env_scan(envp, &pre, &off, &word);
-    if (!pre) { /* ours is carried: from environ, else from start-up's copy (mlp_exec_env) */
-        bool there = false;
-        for (char **e = environ; e && *e && !there; e++)
-            there = mlp_env_named(*e, "LD_PRELOAD");
-        if (!there && atomic_load(&mlp_env_unset))
-            return "the environment it is given has no LD_PRELOAD";
-        /* its MEMLAN_* settings are carried only where envp has none of that name */
-        mlp_env_scan(there ? environ : mlp_env0, &pre, &off, &word);
-    }
+    if (none)
+        return "the environment it is given has no LD_PRELOAD";
     if (!pre || !mlp_preload_names_us(pre))
         return "the LD_PRELOAD it is given leaves memlan out";
-    if ((off && *off && strcmp(off, "0") != 0) || (word && strcmp(word, "off") == 0))
-        return "memlan is turned off in the environment it is given (MEMLAN_OFF, MEMLAN=off)";
     return NULL;
 }
 

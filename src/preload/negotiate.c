@@ -2514,7 +2514,7 @@ static const char *mlp_no_offer_why(const struct ml_listen_rec *m)
            : v == ML_NO_OFFER_PASS
                ? "the server passes its accepted connections to other processes (SCM_RIGHTS)"
            : v == ML_NO_OFFER_BLIND
-               ? "a process that holds the server's listener runs without memlan"
+               ? "a process given the server's listener runs, or ran, without memlan"
                : "the server's record says not to offer";
 }
 

@@ -3063,22 +3063,35 @@ void mlp_sock_destroy(struct mlp_sock *s)
  * file of a connection whose last holder was a pool worker that outlived our close goes once
  * that worker is gone (an explorer's threaded client forking a multiprocessing pool: 179 files
  * left while it ran).  Bounded: 256 entries, the oldest dropped (its file left to a sweep, as
- * before).  The list is this process's memory (a fork child's copy looks at the same names:
- * harmless, a look by name).
+ * before).  A look is the sweep's test for that one file (__ml_seg_id_look).  A fork child starts
+ * with none (mlp_later_after_fork); nothing is looked at in a sandbox.
  */
 #define MLP_LATER_N 256
 struct mlp_later {
     char token[MEMLAN_TOKEN_LEN + 1];
     uint64_t ino, dev, due, wait;
-    int8_t mine, peer;
 };
 static struct mlp_later mlp_later[MLP_LATER_N];
 static int mlp_nlater;
 static pthread_mutex_t mlp_later_mu = PTHREAD_MUTEX_INITIALIZER;
 
+/* A fork child looks at none of its parent's entries (the parent does: each child that ended
+ * by exit() looked at up to 64 of them, a review counted 3,544 opens for 60 children), and its
+ * lock may have been held by another thread of the parent at the fork. */
+static void mlp_later_after_fork(void)
+{
+    mlp_nlater = 0;
+    pthread_mutex_init(&mlp_later_mu, NULL);
+}
+
 static void mlp_later_tick(uint64_t now, int max)
 {
-    if (!mlp_fab || pthread_mutex_trylock(&mlp_later_mu) != 0)
+    /* Not where a look (an open by name) may be killed for, or refused: a process that
+     * sandboxed itself or lost the fabric since it listed them (a review: SIGSYS at the next
+     * close after a seccomp filter that kills openat); its entries wait for a sweep. */
+    if (!mlp_fab || mlp_sandboxed() || mlp_cred_lost(false))
+        return;
+    if (pthread_mutex_trylock(&mlp_later_mu) != 0)
         return; /* busy (another thread, or a handler on top of this one): next time */
     for (int i = 0, looks = 0; i < mlp_nlater && looks < max;) {
         struct mlp_later *e = &mlp_later[i];
@@ -3087,8 +3100,7 @@ static void mlp_later_tick(uint64_t now, int max)
             continue;
         }
         looks++;
-        int r = __ml_seg_id_look(mlp_fab, e->token, e->ino, e->dev, e->mine, e->peer);
-        if (r != 0) { /* gone, or cannot tell: forgotten */
+        if (__ml_seg_id_look(mlp_fab, e->token, e->ino, e->dev)) { /* gone: forgotten */
             mlp_later[i] = mlp_later[--mlp_nlater];
             continue;
         }
@@ -3100,16 +3112,13 @@ static void mlp_later_tick(uint64_t now, int max)
 }
 
 /* Let go of ch's file (not the last holder of our side): look at once, and later while a side is
- * still held (above). */
+ * still held (above; the release's tick, after this). */
 static void mlp_let_go_look(struct memlan_channel *ch)
 {
-    struct mlp_later e = {.ino = ch->seg->ino, .dev = ch->seg->dev,
-                          .mine = (int8_t)(ch->side ? ML_LOCK_ATTACHER : ML_LOCK_OWNER),
-                          .peer = (int8_t)(ch->side ? ML_LOCK_OWNER : ML_LOCK_ATTACHER)};
+    struct mlp_later e = {.ino = ch->seg->ino, .dev = ch->seg->dev};
     memcpy(e.token, ch->seg->token, sizeof e.token);
     uint64_t now = mlp_now_ns();
-    if (__ml_seg_let_go_look(ch->seg, e.mine, e.peer) == 0 &&
-        pthread_mutex_trylock(&mlp_later_mu) == 0) {
+    if (__ml_seg_let_go_look(ch->seg) == 0 && pthread_mutex_trylock(&mlp_later_mu) == 0) {
         if (mlp_nlater == MLP_LATER_N) /* the oldest goes */
             memmove(&mlp_later[0], &mlp_later[1], (MLP_LATER_N - 1) * sizeof mlp_later[0]);
         e.wait = 100000000ull;
@@ -3117,7 +3126,6 @@ static void mlp_let_go_look(struct memlan_channel *ch)
         mlp_later[mlp_nlater < MLP_LATER_N ? mlp_nlater++ : MLP_LATER_N - 1] = e;
         pthread_mutex_unlock(&mlp_later_mu);
     }
-    mlp_later_tick(now, 4);
 }
 
 static void mlp_sock_destroy_conn(struct mlp_sock *s)
@@ -3256,6 +3264,7 @@ void mlp_after_fork_child(void)
 {
     mlp_tid_cache = 0; /* the parent's thread id was copied with this thread's storage */
     atomic_store(&mlp_exit_began, false);
+    mlp_later_after_fork();
     mlp_negotiate_after_fork();
     mlp_poll_after_fork();
     mlp_locks_after_fork();

@@ -200,7 +200,7 @@ ACCEPTED_PLAIN = ("TCP (no memlan acceptor took the offer within an eighth of "
                   "MEMLAN_ACCEPT_WAIT_MS of the server's accept)")
 
 
-BLIND_HOLDER = "TCP (a process that holds the server's listener runs without memlan)"
+BLIND_HOLDER = "TCP (a process given the server's listener runs, or ran, without memlan)"
 
 
 @pytest.mark.parametrize("how", ["exec", "spawn"])
