@@ -1537,9 +1537,24 @@ MLP_EXPORT int shutdown(int fd, int how)
     return (int)mlp_ret(r);
 }
 
+#ifndef TCP_ULP
+#define TCP_ULP 31
+#endif
+
 MLP_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
 {
     MLP_INIT();
+    if (ml_unlikely(level == IPPROTO_TCP && name == TCP_ULP)) {
+        struct mlp_sock *s = mlp_conn(fd); /* a channel's bytes never pass through it */
+        if (s) {
+            int e = mlp_ulp_set(s, fd);
+            mlp_put(s);
+            if (e < 0) {
+                errno = -e;
+                return -1;
+            }
+        }
+    }
     int r = mlp_real_setsockopt(fd, level, name, val, len);
     if (r < 0)
         return r;

@@ -2057,6 +2057,50 @@ static bool mlp_pass_record_is(const char *name, const struct mlp_sock *s)
 
 static void mlp_withdraw(struct mlp_sock *s, int fd, const char *why);
 
+/* An undecided client settled now, without waiting for the decision: taken by the acceptor
+ * already, accelerated; else its offer is withdrawn for why, and it is on TCP (an acceptor that
+ * attached in between, the withdrawal's CAS lost, makes it accelerated after all).  Returns the
+ * state. */
+static int mlp_settle_now(struct mlp_sock *s, int fd, const char *why)
+{
+    if (mlp_decide(s, fd, false) == MLP_UNDECIDED) {
+        mlp_withdraw(s, fd, why);
+        if (atomic_load(&s->state) == MLP_UNDECIDED)
+            (void)mlp_decide(s, fd, false);
+    }
+    return atomic_load(&s->state);
+}
+
+/*
+ * setsockopt(TCP_ULP) on a connection of ours.  An upper-layer protocol (kernel TLS, "tls"; ESP
+ * in TCP, "espintcp") transforms what the kernel socket carries, and an accelerated connection's
+ * bytes never pass through it: OpenSSL with kernel TLS on (nginx's `ssl_conf_command Options
+ * KTLS`, Python's OP_ENABLE_KTLS) would then write plaintext into the ring where its peer reads
+ * TLS records, and read the peer's records as plaintext.  On a channel it is refused with
+ * ENOENT, as a kernel without that protocol's module refuses it (OpenSSL then goes on with TLS
+ * in user space), logged once per process.  An undecided client is settled first, without
+ * waiting: withdrawn, it is on TCP, and the kernel's call is made once what the ring held has
+ * gone to the kernel (else it is refused too: those bytes would pass through the protocol).
+ * Returns 0 for the kernel's call, or -ENOENT.
+ */
+static _Atomic bool mlp_ulp_told;
+
+int mlp_ulp_set(struct mlp_sock *s, int fd)
+{
+    int st = atomic_load(&s->state);
+    if (st == MLP_UNDECIDED && s->ch && !mlp_confined() && !mlp_vfork_child())
+        st = mlp_settle_now(s, fd, "a TCP upper-layer protocol (TCP_ULP, kernel TLS) was set "
+                                   "before a memlan acceptor took the offer");
+    if (st == MLP_TCP && mlp_tcp_catch_up(s, fd, false) == 0)
+        return 0;
+    if (!atomic_exchange(&mlp_ulp_told, true))
+        mlp_log(1, "fd %d: TCP_ULP refused (ENOENT), as a kernel without the protocol's module "
+                   "refuses it: an upper-layer protocol (kernel TLS) acts on the kernel socket, "
+                   "which a channel's bytes never pass through (OpenSSL goes on with TLS in user "
+                   "space)", fd);
+    return -ENOENT;
+}
+
 static void mlp_pass_prepare_fd(int fd, void *ctx)
 {
     struct mlp_pass_call *x = ctx;
@@ -2077,14 +2121,11 @@ static void mlp_pass_prepare_fd(int fd, void *ctx)
      * handed to the kernel without waiting, before the receiver can write. */
     if (s->type == MLP_CONN && atomic_load(&s->state) == MLP_UNDECIDED && !mlp_confined() &&
         !mlp_vfork_child()) {
-        if (mlp_decide(s, fd, false) == MLP_UNDECIDED) {
-            mlp_withdraw(s, fd, "passed over SCM_RIGHTS before a memlan acceptor took the offer");
-            /* The acceptor attached in between (the withdrawal's CAS lost): accelerated, and
-             * passed so below (left undecided, it went with no record, and the receiver wrote
-             * on the kernel socket under a channel: a third review, under gdb) */
-            if (atomic_load(&s->state) == MLP_UNDECIDED)
-                (void)mlp_decide(s, fd, false);
-        }
+        /* The acceptor attached in between (the withdrawal's CAS lost): accelerated, and passed
+         * so below (left undecided, it went with no record, and the receiver wrote on the kernel
+         * socket under a channel: a third review, under gdb) */
+        (void)mlp_settle_now(s, fd, "passed over SCM_RIGHTS before a memlan acceptor took the "
+                                    "offer");
         if (atomic_load(&s->state) == MLP_TCP && mlp_tcp_catch_up(s, fd, false) == -EAGAIN &&
             s->ch && __ml_chan_tx_queued(s->ch) > 0)
             /* Not all of it went: the kernel's buffers were made smaller than what the ring

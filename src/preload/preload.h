@@ -364,6 +364,7 @@ void mlp_own_fd_cloexec(int fd, bool cloexec);
 /* SO_RCVBUF/SO_SNDBUF set by the program size the rings (negotiate.c). */
 void mlp_note_bufsize(int fd, int name);
 void mlp_note_linger(int fd, const void *val, socklen_t len); /* SO_LINGER, before connecting */
+int mlp_ulp_set(struct mlp_sock *s, int fd); /* setsockopt(TCP_ULP): 0 for the kernel's call */
 void mlp_note_defer(int fd); /* TCP_DEFER_ACCEPT set: a listener's clients will not offer */
 void mlp_note_lowat(int fd, const void *val, socklen_t len);  /* SO_RCVLOWAT, for a channel */
 uint32_t mlp_lowat_value(const void *val);                    /* SO_RCVLOWAT as the kernel's */

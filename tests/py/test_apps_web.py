@@ -370,6 +370,22 @@ def only_accelerated(clog, slog, allowed=()):
     return n
 
 
+# A worker that ends (recycled at --max-requests, or reloaded) while one of its threads has taken
+# a connection from the kernel's queue and not yet memlan's offer on it ends that connection: its
+# client reads the end, as over kernel TCP where the process ends after its accept, and asks again
+# on a new connection.  memlan's accept widens that window (it waits a little for an offer not
+# there yet).  Never more of these than the client's retries.
+ENDED = "the connection ended or failed before the server took the offer"
+
+
+def ended_allowed(clog, err):
+    """ENDED when CLIENT (its stderr err) retried at least as often; else nothing allowed."""
+    n = tcp_reasons(clog).count(ENDED)
+    retried = int(re.search(r"retried (\d+)", err).group(1))
+    assert n <= retried, (n, retried, err[-2000:])
+    return (ENDED,) if n else ()
+
+
 # Where a client connects while every worker is busy (uWSGI's threads each hold one keep-alive
 # connection) or restarting, memlan's offer waits MEMLAN_ACCEPT_WAIT_MS and the connection goes
 # on over TCP, with this reason in the log.
@@ -414,7 +430,7 @@ def test_gunicorn_workers_recycled_and_reloaded(fabric, tmp_path, worker):
             res[on] = [out, slow(tmp_path, port, "/big?3000000", clog, on),
                        slow(tmp_path, port, "/stream?2500000", clog, on)]
             if on:
-                n = only_accelerated(clog, slog, allowed=(BUSY,))
+                n = only_accelerated(clog, slog, allowed=(BUSY,) + ended_allowed(clog, err))
                 assert n >= 8 + 8, clog.read_text()[-2000:]
                 if worker != "sync":
                     wrk(f"http://127.0.0.1:{port}/big?1000", wlog, closes=True)
@@ -478,13 +494,15 @@ def test_uwsgi_master_processes_threads(fabric, tmp_path):
             c = client(tmp_path, p1, 8, 90, clog, on, chunked=False, marks=base / "marks")
             reload_at_marks(base / "marks", c, lambda: os.utime(touch))
             out, err = finish(c)
+            ended = ended_allowed(clog, err) if on else ()
             res[on] = [out, slow(tmp_path, p1, "/big?3000000", clog, on),
                        slow(tmp_path, p1, "/stream?2500000", clog, on)]
             # (a response of no length on a kept-alive connection ends at uWSGI's socket-timeout)
             out, err = finish(client(tmp_path, p2, 6, 60, klog, on, chunked=False, stream=False))
             res[on] += [out, slow(tmp_path, p2, "/big?3000000", klog, on, conns=2)]
             if on:
-                assert only_accelerated(clog, slog, allowed=(BUSY,)) >= 8, clog.read_text()[-2000:]
+                assert only_accelerated(clog, slog, allowed=(BUSY,) + ended) >= 8, \
+                    clog.read_text()[-2000:]
                 # uWSGI's http11-socket closes a connection after a response of no length
                 assert only_accelerated(klog, blog) >= 8, klog.read_text()[-2000:]
                 wrk(f"http://127.0.0.1:{p2}/big?1000", wlog, conns=6)

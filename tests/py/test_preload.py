@@ -3917,6 +3917,99 @@ def test_urgent_data_is_refused_and_said(fabric, tmp_path):
     settle(fabric)
 
 
+# TCP_ULP ("tls", kernel TLS) on connections: (1) an accelerated one, client and server side,
+# then 300 KB each way; (2) a client whose server has not accepted yet, after 5 bytes sent, then
+# 300 KB; (3) Python's ssl with OP_ENABLE_KTLS on both ends (OpenSSL sets TCP_ULP "tls" after
+# the handshake, and goes on in user space where it is refused), 2 MB from server to client.
+# Prints each setsockopt's answer and a digest of what arrived.  argv: port, key, certificate.
+ULP = r"""
+import errno, hashlib, socket, ssl, sys, threading
+port, key, cert = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+TCP_ULP = 31
+def ulp(s, who):
+    try:
+        s.setsockopt(socket.IPPROTO_TCP, TCP_ULP, b"tls")
+        print(who, "ok")
+    except OSError as e:
+        print(who, errno.errorcode[e.errno])
+def blob(n, seed):
+    return (hashlib.sha256(seed).digest() * (n // 32 + 1))[:n]
+def drain(s, n):
+    d = b""
+    while len(d) < n:
+        b = s.recv(65536)
+        if not b:
+            break
+        d += b
+    return hashlib.sha256(d).hexdigest()[:16], len(d)
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", port))
+l.listen(4)
+c = socket.create_connection(("127.0.0.1", port))
+a, _ = l.accept()
+c.sendall(b"x"); assert a.recv(1) == b"x"
+a.sendall(b"y"); assert c.recv(1) == b"y"
+ulp(c, "1 client"); ulp(a, "1 server")
+t = threading.Thread(target=lambda: a.sendall(blob(300000, b"a"))); t.start()
+c.sendall(blob(300000, b"c"))
+print("1 to server", drain(a, 300000), "to client", drain(c, 300000))
+t.join(); c.close(); a.close()
+c = socket.create_connection(("127.0.0.1", port))
+c.sendall(b"hello")
+ulp(c, "2 client")
+t = threading.Thread(target=lambda: c.sendall(blob(300000, b"2"))); t.start()
+a, _ = l.accept()
+print("2 to server", drain(a, 300005))
+t.join(); c.close(); a.close()
+sc = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER); sc.load_cert_chain(cert, key)
+cc = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT); cc.check_hostname = False
+cc.verify_mode = ssl.CERT_NONE
+for x in (sc, cc):
+    x.options |= getattr(ssl, "OP_ENABLE_KTLS", 1 << 3)
+def serve():
+    s = sc.wrap_socket(l.accept()[0], server_side=True)
+    s.sendall(blob(2000000, b"tls")); s.close()
+t = threading.Thread(target=serve); t.start()
+c = cc.wrap_socket(socket.create_connection(("127.0.0.1", port)))
+print("3 tls", drain(c, 2000000))
+t.join(); c.close()
+"""
+
+
+def test_tcp_ulp_is_refused_on_a_channel(fabric, tmp_path):
+    """setsockopt(TCP_ULP, "tls") on an accelerated connection says ENOENT, as a kernel
+    without the tls module says (an upper-layer protocol acts on the kernel socket, which a
+    channel's bytes never pass through: with kernel TLS on, OpenSSL would write plaintext into
+    the ring where its peer reads TLS records), logged; the connection goes on.  A client not
+    yet taken is settled on TCP first, with that reason, and the kernel answers.  Python's ssl
+    with OP_ENABLE_KTLS (OpenSSL sets TCP_ULP after the handshake) goes on in user space.  Bytes
+    as over kernel TCP.  (This machine's kernel has no tls module either: what tells memlan's
+    refusal from the kernel's here is the log.)"""
+    key, cert = tmp_path / "k.pem", tmp_path / "c.pem"
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout",
+                    str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=localhost"],
+                   check=True, capture_output=True, timeout=60)
+    script = tmp_path / "ulp.py"
+    script.write_text(ULP)
+    plain = subprocess.run([PY, str(script), str(next_port()), str(key), str(cert)],
+                           capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    log = tmp_path / "m.log"
+    r = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", PY, str(script),
+                        str(next_port()), str(key), str(cert)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    want = [ln if not ln.startswith("1 ") or " to " in ln else ln.rsplit(" ", 1)[0] + " ENOENT"
+            for ln in plain.stdout.splitlines()]
+    assert r.stdout.splitlines() == want, (r.stdout, plain.stdout)
+    text = log.read_text()
+    assert text.count("TCP_ULP refused (ENOENT)") == 1, text
+    assert "TCP (a TCP upper-layer protocol (TCP_ULP, kernel TLS) was set before" in text, text
+    assert text.count("accelerated (client)") == 2, text
+    settle(fabric)
+
+
 def test_signal_corners_match_kernel(fabric, tmp_path):
     """A vfork child's own handler leaves the parent's in place (it used to replace it in the
     table memlan keeps in the memory they share); two threads installing handlers at once leave
