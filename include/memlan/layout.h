@@ -295,6 +295,9 @@ struct ml_listen_rec {
                               * (an exec kept the listener into an image that does not load it,
                               * or turns it off), and its accepts are the kernel's (design.md, "A
                               * listener that an image without memlan keeps") */
+#define ML_NO_OFFER_ZEROCOPY 6u /* a listener of the port has SO_ZEROCOPY, which its accepted
+                                 * sockets inherit: MSG_ZEROCOPY's completions are the kernel's
+                                 * to report (design.md, "Options for the kernel socket") */
 
 /*
  * A memlan process's entry in the fabric (seg-TOKEN of kind ML_KIND_PROC), for memlan stat: one

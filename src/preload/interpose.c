@@ -1570,6 +1570,18 @@ MLP_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_
         mlp_note_lowat(fd, val, len);
     if (level == IPPROTO_TCP && name == TCP_DEFER_ACCEPT)
         mlp_note_defer(fd);
+    if (level == SOL_SOCKET && name == SO_ZEROCOPY && len >= sizeof(int) && !mlp_inside) {
+        /* (val was read by the kernel: it is readable) */
+        int saved = errno, e = mlp_note_zerocopy(fd, *(const int *)val != 0);
+        if (e < 0) {
+            int off = 0; /* the kernel's flag goes back off: the call failed, as far as anyone
+                          * can see */
+            (void)mlp_real_setsockopt(fd, SOL_SOCKET, SO_ZEROCOPY, &off, sizeof off);
+            errno = -e;
+            return -1;
+        }
+        errno = saved;
+    }
     struct mlp_sock *s = mlp_conn(fd);
     if (s) {
         mlp_setsockopt(s, level, name, val, len);

@@ -761,6 +761,12 @@ static uint32_t mlp_lowat_of(int fd)
     return rec ? ml_load_relaxed(&rec->rcvlowat) : 0u;
 }
 
+static bool mlp_zerocopy_noted(int fd)
+{
+    struct mlp_fdrec *rec = mlp_fdrec(fd);
+    return rec && ml_load_relaxed(&rec->zerocopy);
+}
+
 static uint32_t mlp_linger_flag(int fd)
 {
     struct mlp_fdrec *rec = mlp_fdrec(fd);
@@ -774,6 +780,8 @@ void mlp_bufhint_clear(int fd)
         return;
     if (ml_load_relaxed(&rec->linger0))
         ml_store_relaxed(&rec->linger0, (uint8_t)0);
+    if (ml_load_relaxed(&rec->zerocopy))
+        ml_store_relaxed(&rec->zerocopy, (uint8_t)0);
     if (ml_load_relaxed(&rec->received))
         ml_store_relaxed(&rec->received, (uint8_t)0);
     if (ml_load_relaxed(&rec->rcvlowat))
@@ -991,17 +999,23 @@ static void mlp_lmap_retire(struct ml_listen_rec *m)
  * publication (a kernel look, as the publication's own file calls do) and when the program sets
  * it on a published listener.  Never cleared: the record goes with its last listener.
  */
-static void mlp_listener_defer(struct mlp_sock *s, int fd)
+static void mlp_listener_opt(struct mlp_sock *s, int fd, int level, int name, uint32_t mark,
+                             const char *what)
 {
     int v = 0;
     socklen_t l = sizeof v;
-    if (!s->rec || !s->rec->map ||
-        mlp_real_getsockopt(fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, &v, &l) < 0 || v <= 0)
+    if (!s->rec || !s->rec->map || mlp_real_getsockopt(fd, level, name, &v, &l) < 0 || v <= 0)
         return;
     uint32_t none = 0;
-    if (atomic_compare_exchange_strong(&s->rec->map->no_offer, &none, ML_NO_OFFER_DEFER))
-        mlp_log(1, "listen fd %d port %d: TCP_DEFER_ACCEPT set: clients will not offer (the "
-                   "kernel holds a connection from accept until TCP data comes)", fd, s->port);
+    if (atomic_compare_exchange_strong(&s->rec->map->no_offer, &none, mark))
+        mlp_log(1, "listen fd %d port %d: %s", fd, s->port, what);
+}
+
+static void mlp_listener_defer(struct mlp_sock *s, int fd)
+{
+    mlp_listener_opt(s, fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, ML_NO_OFFER_DEFER,
+                     "TCP_DEFER_ACCEPT set: clients will not offer (the kernel holds a connection "
+                     "from accept until TCP data comes)");
 }
 
 void mlp_note_defer(int fd)
@@ -1015,6 +1029,18 @@ void mlp_note_defer(int fd)
         }
         mlp_put(s);
     }
+}
+
+/* SO_ZEROCOPY on a listener, which the sockets it accepts inherit (the kernel copies the flag
+ * with the socket): such a port's record says not to offer (ML_NO_OFFER_ZEROCOPY), and its
+ * acceptors refuse an offer made before the mark.  Looked for at the publication (a listener
+ * inherited across exec, or passed to us, may carry it) and when the program sets it.  Never
+ * cleared, as TCP_DEFER_ACCEPT's. */
+static void mlp_listener_zerocopy(struct mlp_sock *s, int fd)
+{
+    mlp_listener_opt(s, fd, SOL_SOCKET, SO_ZEROCOPY, ML_NO_OFFER_ZEROCOPY,
+                     "SO_ZEROCOPY set: clients will not offer (the kernel reports MSG_ZEROCOPY's "
+                     "completions, which a channel's sends never make)");
 }
 
 /* SO_RCVBUF/SO_SNDBUF set on a listening socket: published for the clients to come. */
@@ -1623,6 +1649,7 @@ int mlp_on_listen(int fd, bool before)
     if (hint && r->map)
         mlp_ring_hint_publish(r->map, hint);
     mlp_listener_defer(s, fd);
+    mlp_listener_zerocopy(s, fd);
     mlp_install(fd, s);
     mlp_put(s);
     mlp_log(1, "listen fd %d port %d: published in %s", fd, a.port, mlp_fab->path);
@@ -2083,14 +2110,27 @@ static int mlp_settle_now(struct mlp_sock *s, int fd, const char *why)
  * gone to the kernel (else it is refused too: those bytes would pass through the protocol).
  * Returns 0 for the kernel's call, or -ENOENT.
  */
-static _Atomic bool mlp_ulp_told;
+static _Atomic bool mlp_ulp_told, mlp_zerocopy_told;
+
+/* A connection of ours given an option that acts on the kernel socket only: its state, an
+ * undecided client settled first without waiting (withdrawn for why, what its ring held handed
+ * to the kernel without waiting: left there, it waited for the program's next call on the
+ * socket, and a server that waited for those bytes before it answered waited for ever). */
+static int mlp_kernel_only(struct mlp_sock *s, int fd, const char *why)
+{
+    int st = atomic_load(&s->state);
+    if (st == MLP_UNDECIDED && s->ch && !mlp_confined() && !mlp_vfork_child()) {
+        st = mlp_settle_now(s, fd, why);
+        if (st == MLP_TCP)
+            (void)mlp_tcp_catch_up(s, fd, false);
+    }
+    return st;
+}
 
 int mlp_ulp_set(struct mlp_sock *s, int fd)
 {
-    int st = atomic_load(&s->state);
-    if (st == MLP_UNDECIDED && s->ch && !mlp_confined() && !mlp_vfork_child())
-        st = mlp_settle_now(s, fd, "a TCP upper-layer protocol (TCP_ULP, kernel TLS) was set "
-                                   "before a memlan acceptor took the offer");
+    int st = mlp_kernel_only(s, fd, "a TCP upper-layer protocol (TCP_ULP, kernel TLS) was set "
+                                    "before a memlan acceptor took the offer");
     if (st == MLP_TCP && mlp_tcp_catch_up(s, fd, false) == 0)
         return 0;
     if (!atomic_exchange(&mlp_ulp_told, true))
@@ -2099,6 +2139,43 @@ int mlp_ulp_set(struct mlp_sock *s, int fd)
                    "which a channel's bytes never pass through (OpenSSL goes on with TLS in user "
                    "space)", fd);
     return -ENOENT;
+}
+
+/*
+ * SO_ZEROCOPY, once the kernel has set it (on = turned on).  With it, a send with MSG_ZEROCOPY
+ * leaves its buffer to the kernel and a completion comes on the socket's error queue (POLLERR,
+ * recvmsg MSG_ERRQUEUE), which the program waits for before it reuses the buffer (QEMU's
+ * multifd migration, the kernel's msg_zerocopy tool); a channel's send copies and makes none,
+ * and such a program waited for ever.  So: on a connection of ours it is refused with
+ * EOPNOTSUPP, the kernel's answer for a socket that cannot do it (-EOPNOTSUPP: the caller turns
+ * it off again), an undecided client settled first (withdrawn, it keeps it); noted on a socket
+ * not connected yet, whose connect then does not offer; on a listener, the port's record says not
+ * to offer (mlp_listener_zerocopy).  Logged once per process.
+ */
+int mlp_note_zerocopy(int fd, bool on)
+{
+    mlp_received_look(fd); /* a connection passed to us is ours from its first call */
+    struct mlp_sock *s = mlp_get(fd);
+    if (s) {
+        int r = 0;
+        if (on && s->type == MLP_LISTENER)
+            mlp_listener_zerocopy(s, fd);
+        else if (on && s->type == MLP_CONN &&
+                 mlp_kernel_only(s, fd, "SO_ZEROCOPY was set before a memlan acceptor took the "
+                                        "offer") != MLP_TCP) {
+            if (!atomic_exchange(&mlp_zerocopy_told, true))
+                mlp_log(1, "fd %d: SO_ZEROCOPY refused (EOPNOTSUPP): MSG_ZEROCOPY's completions "
+                           "come from the kernel socket, which a channel's sends never pass "
+                           "through", fd);
+            r = -EOPNOTSUPP;
+        }
+        mlp_put(s);
+        return r;
+    }
+    struct mlp_fdrec *rec = on ? mlp_fdrec_make(fd) : mlp_fdrec(fd);
+    if (rec)
+        ml_store_relaxed(&rec->zerocopy, (uint8_t)on);
+    return 0;
 }
 
 static void mlp_pass_prepare_fd(int fd, void *ctx)
@@ -2556,6 +2633,8 @@ static const char *mlp_no_offer_why(const struct ml_listen_rec *m)
                ? "the server passes its accepted connections to other processes (SCM_RIGHTS)"
            : v == ML_NO_OFFER_BLIND
                ? "a process given the server's listener runs, or ran, without memlan"
+           : v == ML_NO_OFFER_ZEROCOPY
+               ? "the server's listener has SO_ZEROCOPY (MSG_ZEROCOPY completions are the kernel's)"
                : "the server's record says not to offer";
 }
 
@@ -3162,7 +3241,10 @@ void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, vo
     const char *rns = other ? ns : cur;
     const char *no = mlp_cred_lost(false) ? mlp_cred_why
                      : mlp_exiting()      ? "exit() has begun in this process"
-                                          : mlp_no_offer_why(lm);
+                     : mlp_zerocopy_noted(fd)
+                         ? "SO_ZEROCOPY is set on the socket (MSG_ZEROCOPY completions are the "
+                           "kernel's)"
+                         : mlp_no_offer_why(lm);
     if (no) {
         struct mlp_pending *p = malloc(sizeof *p);
         if (p)
@@ -3939,11 +4021,14 @@ void mlp_on_accept(int lfd, int fd, int flags)
     mlp_offer_name(name, sizeof name, cur, &r, &l, other_ns ? mac : NULL);
     const char *why = NULL;
     memlan_channel_t *ch = NULL;
-    if (ml_load_acquire(&m->no_offer) == ML_NO_OFFER_PASS) {
+    uint32_t no_offer = ml_load_acquire(&m->no_offer);
+    if (no_offer == ML_NO_OFFER_PASS || no_offer == ML_NO_OFFER_ZEROCOPY) {
         /* This port's acceptors pass their connections on (mlp_after_pass): a client that
          * offered before the mark is refused, and withdraws to TCP, rather than be taken and
-         * lost (several accepted in one go before the first pass).  Peer-writable, as every
-         * no_offer: a false mark only keeps this port's connections on TCP. */
+         * lost (several accepted in one go before the first pass).  Likewise a listener with
+         * SO_ZEROCOPY, whose accepted socket inherits it (mlp_listener_zerocopy).
+         * Peer-writable, as every no_offer: a false mark only keeps this port's connections on
+         * TCP. */
         mlp_refuse_mark(m, name);
         mlp_stat_tcp_addrs(fd, &l, &r, mlp_no_offer_why(m));
         mlp_put(ls);

@@ -240,6 +240,7 @@ struct mlp_fdrec {
     int *_Atomic owner;              /* one of our own fds: where its number is kept */
     _Atomic uint32_t bufhint[2];     /* SO_SNDBUF, SO_RCVBUF as set by the program (ring sizes) */
     _Atomic uint8_t linger0;         /* SO_LINGER 0 set before the connection existed */
+    _Atomic uint8_t zerocopy;        /* SO_ZEROCOPY set before the connection existed */
     _Atomic uint8_t epfd;            /* an epoll fd the program made */
     _Atomic int tcp_slot;            /* memlan stat line of a plain TCP connection + 1, or 0 */
     _Atomic uint8_t received;        /* came over SCM_RIGHTS (MLP_RCV_*): a connection passed to
@@ -365,6 +366,10 @@ void mlp_own_fd_cloexec(int fd, bool cloexec);
 void mlp_note_bufsize(int fd, int name);
 void mlp_note_linger(int fd, const void *val, socklen_t len); /* SO_LINGER, before connecting */
 int mlp_ulp_set(struct mlp_sock *s, int fd); /* setsockopt(TCP_ULP): 0 for the kernel's call */
+#ifndef SO_ZEROCOPY
+#define SO_ZEROCOPY 60
+#endif
+int mlp_note_zerocopy(int fd, bool on); /* SO_ZEROCOPY set by the kernel: -EOPNOTSUPP to undo */
 void mlp_note_defer(int fd); /* TCP_DEFER_ACCEPT set: a listener's clients will not offer */
 void mlp_note_lowat(int fd, const void *val, socklen_t len);  /* SO_RCVLOWAT, for a channel */
 uint32_t mlp_lowat_value(const void *val);                    /* SO_RCVLOWAT as the kernel's */

@@ -4010,6 +4010,117 @@ def test_tcp_ulp_is_refused_on_a_channel(fabric, tmp_path):
     settle(fabric)
 
 
+# SO_ZEROCOPY and MSG_ZEROCOPY sends, each followed by a wait (poll for POLLERR, at most 5 s)
+# for every completion on the error queue, as the kernel's msg_zerocopy tool waits: (1) set on an
+# accelerated connection; (2) set before connect; (3) set on the listener, whose accepted socket
+# sends; (4) set on a client its server has not accepted yet.  Prints each setsockopt's answer,
+# whether the completions all came, and a digest of what arrived.  argv: two ports.
+ZEROCOPY = r"""
+import errno, hashlib, select, socket, struct, sys, threading
+p1, p2 = int(sys.argv[1]), int(sys.argv[2])
+SO_ZEROCOPY, MSG_ZEROCOPY, N = 60, 0x4000000, 300000
+data = (hashlib.sha256(b"zc").digest() * (N // 32 + 1))[:N]
+def zc(s, who):
+    try:
+        s.setsockopt(socket.SOL_SOCKET, SO_ZEROCOPY, 1)
+        print(who, "zerocopy ok")
+        return True
+    except OSError as e:
+        print(who, "zerocopy", errno.errorcode[e.errno])
+        return False
+def drain(r, out):
+    d = b""
+    while len(d) < N:
+        b = r.recv(65536)
+        if not b:
+            break
+        d += b
+    out.append((hashlib.sha256(d).hexdigest()[:16], len(d)))
+def send(s, r, who, z):
+    out = []
+    t = threading.Thread(target=drain, args=(r, out)); t.start()
+    sent = calls = 0
+    while sent < N:
+        sent += s.send(data[sent:], MSG_ZEROCOPY if z else 0)
+        calls += 1
+    done = -1
+    p = select.poll(); p.register(s, 0)
+    while z and done < calls - 1 and p.poll(5000):
+        try:
+            _, anc, _, _ = s.recvmsg(0, 1024, socket.MSG_ERRQUEUE)
+        except BlockingIOError:
+            continue
+        for lvl, typ, c in anc:
+            ee_errno, origin, _, code, _, lo, hi = struct.unpack("=IBBBBII", c[:16])
+            if origin == 5:  # SO_EE_ORIGIN_ZEROCOPY
+                done = max(done, hi)
+    t.join()
+    print(who, "completions", ("all" if done == calls - 1 else "missing") if z else "not asked",
+          out)
+def listener(port):
+    l = socket.socket()
+    l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    l.bind(("127.0.0.1", port))
+    l.listen(4)
+    return l
+l1, l2 = listener(p1), listener(p2)
+c = socket.create_connection(("127.0.0.1", p1))
+a, _ = l1.accept()
+c.sendall(b"x"); assert a.recv(1) == b"x"
+a.sendall(b"y"); assert c.recv(1) == b"y"
+send(c, a, "1", zc(c, "1")); c.close(); a.close()
+c = socket.socket()
+z = zc(c, "2")
+c.connect(("127.0.0.1", p1))
+a, _ = l1.accept()
+send(c, a, "2", z); c.close(); a.close()
+z = zc(l2, "3")
+c = socket.create_connection(("127.0.0.1", p2))
+a, _ = l2.accept()
+send(a, c, "3", z); c.close(); a.close()
+c = socket.create_connection(("127.0.0.1", p1))
+c.sendall(b"hello")
+z = zc(c, "4")
+a, _ = l1.accept()
+assert a.recv(5) == b"hello"
+send(c, a, "4", z); c.close(); a.close()
+"""
+
+
+def test_zerocopy_sends_get_their_completions(fabric, tmp_path):
+    """SO_ZEROCOPY: a send with MSG_ZEROCOPY leaves its buffer to the kernel, and the program
+    waits for the completion on the error queue before it reuses it (QEMU's multifd migration,
+    the kernel's msg_zerocopy tool); a channel's send made none, and such a program waited for
+    ever.  Now SO_ZEROCOPY on an accelerated connection says EOPNOTSUPP (the kernel's answer for
+    a socket that cannot) and the program sends without it; set before connect, on the listener
+    (its accepted sockets inherit it) or on a client not yet taken, the connection is on TCP
+    with that reason, and the completions come as over kernel TCP."""
+    script = tmp_path / "zc.py"
+    script.write_text(ZEROCOPY)
+    plain = subprocess.run([PY, str(script), str(next_port()), str(next_port())],
+                           capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    lines = plain.stdout.splitlines()
+    assert lines[0::2] == [f"{i} zerocopy ok" for i in range(1, 5)], plain.stdout
+    assert all(ln.startswith(f"{i} completions all ") for i, ln in zip(range(1, 5), lines[1::2]))
+    log = tmp_path / "m.log"
+    r = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", PY, str(script),
+                        str(next_port()), str(next_port())],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # (Python names EOPNOTSUPP ENOTSUP: the same number on Linux)
+    want = ["1 zerocopy ENOTSUP", lines[1].replace("completions all", "completions not asked")]
+    assert r.stdout.splitlines() == want + lines[2:], (r.stdout, plain.stdout)
+    text = log.read_text()
+    assert text.count("SO_ZEROCOPY refused (EOPNOTSUPP)") == 1, text
+    assert "TCP (SO_ZEROCOPY is set on the socket" in text, text
+    assert "SO_ZEROCOPY set: clients will not offer" in text, text
+    assert "TCP (the server's listener has SO_ZEROCOPY" in text, text
+    assert "TCP (SO_ZEROCOPY was set before a memlan acceptor took the offer)" in text, text
+    assert text.count("accelerated (client)") == 1, text
+    settle(fabric)
+
+
 def test_signal_corners_match_kernel(fabric, tmp_path):
     """A vfork child's own handler leaves the parent's in place (it used to replace it in the
     table memlan keeps in the memory they share); two threads installing handlers at once leave
