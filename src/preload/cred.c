@@ -244,6 +244,7 @@ static void mlp_cred_before(uid_t euid)
 {
     if (mlp_fab && !ml_load_relaxed(&mlp_cred_gone)) {
         mlp_stat_prepare();
+        mlp_stat_hand_over(euid); /* (root to another euid, in a shared fabric) */
         mlp_cred_ring_peers(false);
         if (euid == (uid_t)-1 || euid != geteuid()) /* not a uid call that keeps the euid */
             mlp_cred_keep_files();

@@ -48,6 +48,7 @@
 #include <sys/file.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 static pthread_mutex_t mlp_neg_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -591,6 +592,29 @@ void mlp_stat_prepare(void)
     int slot = mlp_proc_slot();
     if (slot >= 0)
         ml_store_release(&mlp_proc_conns[slot].state, ML_CONN_FREE);
+}
+
+/*
+ * Root about to take euid (not root) in a fabric shared on purpose (cred.c, before the call):
+ * our memlan stat entry, made as root, becomes euid's, so that the process can remove it at
+ * exit after the drop.  The directory is sticky: a file there is removed by its owner, the
+ * directory's or root only, and nsd or nbd-server, which drop after they listen, left their
+ * entry (0.9 MB, and a DEAD line in memlan stat) at every clean exit until root's `memlan
+ * clean`.  A drop back to root later changes nothing: root removes any file.  (The port's
+ * listener record is not handed over: a record owned by another user than the listening
+ * socket's maker is believed only when the kernel vouches for it, mlp_lrec_access, and root's
+ * next listener on the port, or root's `memlan clean`, removes it.)
+ */
+void mlp_stat_hand_over(uid_t euid)
+{
+    struct stat st;
+    if (!mlp_proc || !mlp_fab || !mlp_fab->shared || euid == 0 || euid == (uid_t)-1 ||
+        geteuid() != 0 || __ml_sys_fstat(mlp_proc->fd, &st) < 0 || st.st_uid != 0)
+        return;
+    long e = __ml_sys_raw(SYS_fchown, mlp_proc->fd, (long)euid, -1, 0, 0, 0);
+    if (e < 0)
+        mlp_log(1, "memlan stat entry: not handed to uid %u (%s): it stays in the fabric after "
+                   "this process until root's `memlan clean`", (unsigned)euid, strerror((int)-e));
 }
 
 void mlp_stat_clear(struct mlp_sock *s)

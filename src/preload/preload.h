@@ -416,6 +416,7 @@ void mlp_lmap_put(struct ml_listen_rec *m);
 void mlp_stat_conn(struct mlp_sock *s, int fd, const char *why);  /* record in memlan stat */
 void mlp_stat_tcp(int fd, const char *why);
 void mlp_stat_clear(struct mlp_sock *s);
+void mlp_stat_hand_over(uid_t euid); /* root dropping to euid: our stat entry becomes its */
 void mlp_stat_prepare(void);         /* create our memlan stat entry now, if there is a fabric */
 /* sendmsg's SCM_RIGHTS (negotiate.c, "Passing a connection"): before the kernel's call, the
  * accelerated connections among the descriptors are left to the receiver (NULL: none); after
