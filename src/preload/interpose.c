@@ -251,22 +251,27 @@ MLP_EXPORT int listen(int fd, int backlog)
     return r;
 }
 
+/* Once the kernel's accept has taken a connection, the program gets it: glibc acts on no
+ * cancellation after its accept returned one, and our work on it (the wait for the client's
+ * offer polls; the publication of a received listener opens files) runs with cancellation off.
+ * A thread cancelled in that wait lost the connection (a review: 4 connections of 5). */
 static int mlp_accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flags)
 {
     int r = mlp_real_accept4(fd, addr, len, flags);
+    if (r < 0 || mlp_inside)
+        return r;
+    int saved = errno, cstate;
+    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cstate);
     /* A listener received over SCM_RIGHTS is published at its first accept (negotiate.c) */
-    if (r >= 0 && !mlp_inside && ml_unlikely(!mlp_fd_is_ours(fd))) {
-        int saved = errno;
+    if (ml_unlikely(!mlp_fd_is_ours(fd)))
         mlp_accept_received(fd);
-        errno = saved;
-    }
-    if (r >= 0 && !mlp_inside && mlp_fd_is_ours(fd)) {
-        int saved = errno;
+    if (mlp_fd_is_ours(fd)) {
         mlp_on_accept(fd, r, flags);
         if (ml_unlikely(r <= 2))
             mlp_stdio_adopt(r, false);
-        errno = saved;
     }
+    pthread_setcancelstate(cstate, NULL);
+    errno = saved;
     return r;
 }
 
@@ -904,6 +909,12 @@ MLP_EXPORT int ioctl(int fd, unsigned long req, ...)
         mlp_note_async(s, fd);
         errno = saved;
     }
+    /* A connection settled on TCP keeps our copy of O_NONBLOCK too: what its ring still held at
+     * the fall goes out at its next call, blocking or not as the program asked last (Python's
+     * setblocking is this ioctl: a send after setblocking(False) blocked for ever on the stale
+     * copy, and a blocking sendall said EAGAIN: a review). */
+    if (r == 0 && req == FIONBIO)
+        mlp_set_nonblock(s, *(const int *)arg != 0);
     mlp_put(s);
     return r;
 }
@@ -1314,9 +1325,7 @@ MLP_EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
         }
         return r;
     }
-    ssize_t r = msg->msg_iovlen > IOV_MAX ? -EMSGSIZE
-                                          : mlp_send(s, fd, msg->msg_iov, (int)msg->msg_iovlen,
-                                                     flags);
+    ssize_t r = mlp_sendmsg(s, fd, msg, flags);
     mlp_call_end(&c);
     return mlp_ret(r);
 }
@@ -1408,8 +1417,7 @@ MLP_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
     ssize_t r = 0;
     while (sent < n) {
         const struct msghdr *m = &v[sent].msg_hdr;
-        r = m->msg_iovlen > IOV_MAX ? -EMSGSIZE
-                                    : mlp_send(s, fd, m->msg_iov, (int)m->msg_iovlen, flags);
+        r = mlp_sendmsg(s, fd, m, flags);
         if (r < 0)
             break;
         v[sent++].msg_len = (unsigned)r;
@@ -1545,10 +1553,11 @@ MLP_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_
 {
     MLP_INIT();
     if (ml_unlikely(level == IPPROTO_TCP && name == TCP_ULP)) {
-        struct mlp_sock *s = mlp_conn(fd); /* a channel's bytes never pass through it */
+        struct mlp_call c; /* its settlement may take the send lock and send: a cancellation */
+        struct mlp_sock *s = mlp_conn_call(fd, &c); /* a channel's bytes never pass through it */
         if (s) {
             int e = mlp_ulp_set(s, fd);
-            mlp_put(s);
+            mlp_call_end(&c);
             if (e < 0) {
                 errno = -e;
                 return -1;

@@ -2143,7 +2143,8 @@ static _Atomic bool mlp_ulp_told, mlp_zerocopy_told;
 static int mlp_kernel_only(struct mlp_sock *s, int fd, const char *why)
 {
     int st = atomic_load(&s->state);
-    if (st == MLP_UNDECIDED && s->ch && !mlp_confined() && !mlp_vfork_child()) {
+    if (st == MLP_UNDECIDED && s->ch && !mlp_confined() && !mlp_vfork_child() &&
+        !mlp_sig_in_handler()) { /* (a handler: our locks may be its thread's) */
         st = mlp_settle_now(s, fd, why);
         if (st == MLP_TCP)
             (void)mlp_tcp_catch_up(s, fd, false);
@@ -2157,11 +2158,12 @@ int mlp_ulp_set(struct mlp_sock *s, int fd)
                                     "before a memlan acceptor took the offer");
     if (st == MLP_TCP && mlp_tcp_catch_up(s, fd, false) == 0)
         return 0;
-    if (!atomic_exchange(&mlp_ulp_told, true))
+    if (!mlp_sig_in_handler() && !atomic_exchange(&mlp_ulp_told, true))
         mlp_log(1, "fd %d: TCP_ULP refused (ENOENT), as a kernel without the protocol's module "
                    "refuses it: an upper-layer protocol (kernel TLS) acts on the kernel socket, "
-                   "which a channel's bytes never pass through (OpenSSL goes on with TLS in user "
-                   "space)", fd);
+                   "%s (OpenSSL goes on with TLS in user space)", fd,
+                st == MLP_TCP ? "and bytes written before it are still on their way to it"
+                              : "which a channel's bytes never pass through");
     return -ENOENT;
 }
 

@@ -467,6 +467,7 @@ void mlp_fabric_refused(const char *what, int err); /* a create failed: EACCES/E
 ssize_t mlp_send_fast(int fd, const struct iovec *iov, int n, int flags);
 ssize_t mlp_recv_fast(int fd, const struct iovec *iov, int n, int flags);
 ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags);
+ssize_t mlp_sendmsg(struct mlp_sock *s, int fd, const struct msghdr *m, int flags);
 ssize_t mlp_recv(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags);
 ssize_t mlp_readv(struct mlp_sock *s, int fd, const struct iovec *iov, int n);
 ssize_t mlp_recvmsg(struct mlp_sock *s, int fd, struct msghdr *m, int flags);

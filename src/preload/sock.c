@@ -1705,6 +1705,28 @@ static ssize_t mlp_send_oob(int fd)
     return -EOPNOTSUPP;
 }
 
+/* sendmsg's and sendmmsg's entry.  On a connection settled on TCP the caller's header goes to
+ * the kernel whole, with its control messages: kernel TLS's record type (TLS_SET_RECORD_TYPE,
+ * with which OpenSSL sends its alerts and handshake records once the kernel holds the keys)
+ * went out as application data through the iovec alone, and a bad message's EINVAL was lost (a
+ * review).  On a channel, the data alone: a channel has no control message. */
+ssize_t mlp_sendmsg(struct mlp_sock *s, int fd, const struct msghdr *m, int flags)
+{
+    if (m->msg_iovlen > IOV_MAX)
+        return -EMSGSIZE;
+    int st = s->state;
+    if (m->msg_controllen && st == MLP_UNDECIDED)
+        st = mlp_decide(s, fd, false);
+    if (ml_likely(!m->msg_controllen) || st != MLP_TCP)
+        return mlp_send(s, fd, m->msg_iov, (int)m->msg_iovlen, flags);
+    bool nb = (flags & MSG_DONTWAIT) || mlp_nonblock(s);
+    int e = mlp_tcp_catch_up(s, fd, !nb);
+    if (e < 0)
+        return e == -EPIPE && !(flags & MSG_NOSIGNAL) ? (raise(SIGPIPE), e) : e;
+    ssize_t r = mlp_real_sendmsg(fd, m, flags);
+    return r < 0 ? -errno : r;
+}
+
 ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags)
 {
     int st = s->state;

@@ -3922,16 +3922,25 @@ def test_urgent_data_is_refused_and_said(fabric, tmp_path):
 # 300 KB; (3) Python's ssl with OP_ENABLE_KTLS on both ends (OpenSSL sets TCP_ULP "tls" after
 # the handshake, and goes on in user space where it is refused), 2 MB from server to client.
 # Prints each setsockopt's answer and a digest of what arrived.  argv: port, key, certificate.
-ULP = r"""
+ULP_COMMON = r"""
 import errno, hashlib, socket, ssl, sys, threading
-port, key, cert = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-TCP_ULP = 31
-def ulp(s, who):
+port = int(sys.argv[1])
+def ulp(s, who, ok="ok", err=""):
     try:
-        s.setsockopt(socket.IPPROTO_TCP, TCP_ULP, b"tls")
-        print(who, "ok")
+        s.setsockopt(socket.IPPROTO_TCP, 31, b"tls")  # TCP_ULP
+        print(who, ok)
     except OSError as e:
-        print(who, errno.errorcode[e.errno])
+        print(who, err + errno.errorcode[e.errno])
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", port))
+l.listen(4)
+c = socket.create_connection(("127.0.0.1", port))
+a, _ = l.accept()
+c.sendall(b"x"); assert a.recv(1) == b"x"
+"""
+ULP = ULP_COMMON + r"""
+key, cert = sys.argv[2], sys.argv[3]
 def blob(n, seed):
     return (hashlib.sha256(seed).digest() * (n // 32 + 1))[:n]
 def drain(s, n):
@@ -3942,13 +3951,6 @@ def drain(s, n):
             break
         d += b
     return hashlib.sha256(d).hexdigest()[:16], len(d)
-l = socket.socket()
-l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-l.bind(("127.0.0.1", port))
-l.listen(4)
-c = socket.create_connection(("127.0.0.1", port))
-a, _ = l.accept()
-c.sendall(b"x"); assert a.recv(1) == b"x"
 a.sendall(b"y"); assert c.recv(1) == b"y"
 ulp(c, "1 client"); ulp(a, "1 server")
 t = threading.Thread(target=lambda: a.sendall(blob(300000, b"a"))); t.start()
@@ -4007,6 +4009,84 @@ def test_tcp_ulp_is_refused_on_a_channel(fabric, tmp_path):
     assert text.count("TCP_ULP refused (ENOENT)") == 1, text
     assert "TCP (a TCP upper-layer protocol (TCP_ULP, kernel TLS) was set before" in text, text
     assert text.count("accelerated (client)") == 2, text
+    settle(fabric)
+
+
+# A kernel that grants TCP_ULP, for a machine whose kernel has no tls module: loaded after
+# memlan, so that memlan's call to the kernel's setsockopt reaches it.  It answers 0 and writes
+# "|ULP|" into the kernel socket at the grant: every byte sent before must come before it.
+FAKE_ULP = r"""
+#define _GNU_SOURCE
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
+{
+    if (level == IPPROTO_TCP && name == 31)
+        return syscall(SYS_sendto, fd, "|ULP|", 5, MSG_DONTWAIT, NULL, 0) == 5 ? 0 : -1;
+    return (int)syscall(SYS_setsockopt, fd, level, name, val, len);
+}
+"""
+
+# (1) an accelerated connection: TCP_ULP, then "after"; (2) a client not yet taken: "hello" into
+# its ring, TCP_ULP, "world", then a sendmsg with a control message the kernel refuses (EINVAL
+# from TCP; kernel TLS's record type travels so).  Prints the answers and what the server read.
+ULP_GRANTED = ULP_COMMON + r"""
+def rest(a):
+    d = b""
+    while True:
+        b = a.recv(100)
+        if not b:
+            return d
+        d += b
+ulp(c, "1", "ulp ok", "ulp ")
+c.sendall(b"after"); c.close()
+print("1 server read", rest(a))
+c = socket.create_connection(("127.0.0.1", port))
+c.sendall(b"hello")
+ulp(c, "2", "ulp ok", "ulp ")
+c.sendall(b"world")
+try:
+    print("2 sendmsg", c.sendmsg([b"!"], [(socket.SOL_SOCKET, 0x7777, b"\0\0\0\0")]))
+except OSError as e:
+    print("2 sendmsg", errno.errorcode[e.errno])
+c.close()
+a, _ = l.accept()
+print("2 server read", rest(a))
+"""
+
+
+def test_tcp_ulp_granted_by_the_kernel_comes_after_the_rings_bytes(fabric, tmp_path):
+    """With a kernel that grants TCP_ULP (a stand-in preloaded after memlan, this machine's
+    kernel having no tls module): on an accelerated connection memlan says ENOENT and the kernel
+    is never asked; a client not yet taken is settled on TCP, what its ring held goes to the
+    kernel before the grant (the stand-in marks it in the stream), and its later sendmsg's
+    control messages reach the kernel (before, they were dropped: kernel TLS's alerts and
+    handshake records would have gone out as application data)."""
+    shim = tmp_path / "fakeulp.so"
+    (tmp_path / "fakeulp.c").write_text(FAKE_ULP)
+    subprocess.run(["cc", "-shared", "-fPIC", "-o", str(shim), str(tmp_path / "fakeulp.c")],
+                   check=True, capture_output=True, timeout=60)
+    script = tmp_path / "ulp2.py"
+    script.write_text(ULP_GRANTED)
+    env = dict(os.environ, LD_PRELOAD=str(shim))
+    plain = subprocess.run([PY, str(script), str(next_port())], capture_output=True, text=True,
+                           timeout=60, env=env)
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert plain.stdout.splitlines() == [
+        "1 ulp ok", "1 server read b'|ULP|after'",
+        "2 ulp ok", "2 sendmsg EINVAL", "2 server read b'hello|ULP|world'"], plain.stdout
+    log = tmp_path / "m.log"
+    r = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", PY, str(script),
+                        str(next_port())], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.splitlines() == [
+        "1 ulp ENOENT", "1 server read b'after'",
+        "2 ulp ok", "2 sendmsg EINVAL", "2 server read b'hello|ULP|world'"], r.stdout
+    text = log.read_text()
+    assert "accelerated (client)" in text, text
+    assert "TCP (a TCP upper-layer protocol (TCP_ULP, kernel TLS) was set before" in text, text
     settle(fabric)
 
 
