@@ -156,7 +156,10 @@ struct ml_chan_hdr {
                                 * ring_size): the file is [page][ring 0][ring 1][region 0]
                                 * [region 1], and a stream ring may go on in its region once
                                 * full (docs/design.md, "Rings grow") */
-    uint32_t unused[15];
+    _Atomic uint32_t attacher_uid1; /* the attacher's euid + 1 as it attached (0: not said), for
+                                     * the creator to judge whether the attacher may remove the
+                                     * file's name (src/channel.c, ml_chan_name_left) */
+    uint32_t unused[14];
 };
 
 #define ML_ATTACH_WITHDRAWN 2u
@@ -295,9 +298,6 @@ struct ml_listen_rec {
                               * (an exec kept the listener into an image that does not load it,
                               * or turns it off), and its accepts are the kernel's (design.md, "A
                               * listener that an image without memlan keeps") */
-#define ML_NO_OFFER_ZEROCOPY 6u /* a listener of the port has SO_ZEROCOPY, which its accepted
-                                 * sockets inherit: MSG_ZEROCOPY's completions are the kernel's
-                                 * to report (design.md, "Options for the kernel socket") */
 
 /*
  * A memlan process's entry in the fabric (seg-TOKEN of kind ML_KIND_PROC), for memlan stat: one

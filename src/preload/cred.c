@@ -244,7 +244,8 @@ static void mlp_cred_before(uid_t euid)
 {
     if (mlp_fab && !ml_load_relaxed(&mlp_cred_gone)) {
         mlp_stat_prepare();
-        mlp_stat_hand_over(euid); /* (root to another euid, in a shared fabric) */
+        if (euid != (uid_t)-1 && euid != 0)
+            mlp_stat_owner(euid); /* (root to another euid, in a shared fabric) */
         mlp_cred_ring_peers(false);
         if (euid == (uid_t)-1 || euid != geteuid()) /* not a uid call that keeps the euid */
             mlp_cred_keep_files();
@@ -274,6 +275,11 @@ static void mlp_cred_before(uid_t euid)
             mlp_cred_before(euid);                                                             \
         errno = cred_errno_;                                                                   \
         int cred_ret_ = call;                                                                  \
+        if ((euid) != (uid_t)-1 && !mlp_sig_in_handler()) {                                    \
+            cred_errno_ = errno; /* still root (refused, or back): the entry is root's again */ \
+            mlp_stat_owner(0);                                                                 \
+            errno = cred_errno_;                                                               \
+        }                                                                                      \
         if (cred_ret_ == 0) {                                                                  \
             cred_errno_ = errno; /* as libc left it */                                         \
             mlp_cred_check(what);                                                              \

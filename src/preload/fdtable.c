@@ -104,7 +104,6 @@ bool mlp_fdrec_busy(const struct mlp_fdrec *r)
     return r && (atomic_load_explicit(&r->sock, memory_order_relaxed) ||
                  atomic_load_explicit(&r->owner, memory_order_relaxed) ||
                  atomic_load_explicit(&r->linger0, memory_order_relaxed) ||
-                 atomic_load_explicit(&r->zerocopy, memory_order_relaxed) ||
                  atomic_load_explicit(&r->epfd, memory_order_relaxed) ||
                  atomic_load_explicit(&r->bufhint[0], memory_order_relaxed) ||
                  atomic_load_explicit(&r->bufhint[1], memory_order_relaxed) ||

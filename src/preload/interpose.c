@@ -252,26 +252,27 @@ MLP_EXPORT int listen(int fd, int backlog)
 }
 
 /* Once the kernel's accept has taken a connection, the program gets it: glibc acts on no
- * cancellation after its accept returned one, and our work on it (the wait for the client's
- * offer polls; the publication of a received listener opens files) runs with cancellation off.
- * A thread cancelled in that wait lost the connection (a review: 4 connections of 5). */
+ * cancellation after its accept returned one, and our work on it is no cancellation point
+ * either (the wait for the client's offer sleeps on a futex and looks at the socket by the
+ * system calls themselves, negotiate.c's mlp_peer_closed; its libc poll was one, and a thread
+ * cancelled there lost the connection: a review's program got 4 of 5).  Not by turning
+ * cancellation off around it: a handler's siglongjmp out of the wait left it off for good. */
 static int mlp_accept_common(int fd, struct sockaddr *addr, socklen_t *len, int flags)
 {
     int r = mlp_real_accept4(fd, addr, len, flags);
-    if (r < 0 || mlp_inside)
-        return r;
-    int saved = errno, cstate;
-    pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cstate);
     /* A listener received over SCM_RIGHTS is published at its first accept (negotiate.c) */
-    if (ml_unlikely(!mlp_fd_is_ours(fd)))
+    if (r >= 0 && !mlp_inside && ml_unlikely(!mlp_fd_is_ours(fd))) {
+        int saved = errno;
         mlp_accept_received(fd);
-    if (mlp_fd_is_ours(fd)) {
+        errno = saved;
+    }
+    if (r >= 0 && !mlp_inside && mlp_fd_is_ours(fd)) {
+        int saved = errno;
         mlp_on_accept(fd, r, flags);
         if (ml_unlikely(r <= 2))
             mlp_stdio_adopt(r, false);
+        errno = saved;
     }
-    pthread_setcancelstate(cstate, NULL);
-    errno = saved;
     return r;
 }
 
@@ -1552,6 +1553,8 @@ MLP_EXPORT int shutdown(int fd, int how)
 MLP_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_t len)
 {
     MLP_INIT();
+    if (ml_unlikely(level == SOL_SOCKET && name == SO_ZEROCOPY) && !mlp_inside)
+        mlp_zerocopy_before(); /* a later connect asks the kernel whether its socket has it */
     if (ml_unlikely(level == IPPROTO_TCP && name == TCP_ULP)) {
         struct mlp_call c; /* its settlement may take the send lock and send: a cancellation */
         struct mlp_sock *s = mlp_conn_call(fd, &c); /* a channel's bytes never pass through it */
@@ -1579,17 +1582,22 @@ MLP_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_
         mlp_note_lowat(fd, val, len);
     if (level == IPPROTO_TCP && name == TCP_DEFER_ACCEPT)
         mlp_note_defer(fd);
-    if (level == SOL_SOCKET && name == SO_ZEROCOPY && len >= sizeof(int) && !mlp_inside) {
-        /* (val was read by the kernel: it is readable) */
-        int saved = errno, e = mlp_note_zerocopy(fd, *(const int *)val != 0);
-        if (e < 0) {
-            int off = 0; /* the kernel's flag goes back off: the call failed, as far as anyone
-                          * can see */
-            (void)mlp_real_setsockopt(fd, SOL_SOCKET, SO_ZEROCOPY, &off, sizeof off);
-            errno = -e;
-            return -1;
+    if (level == SOL_SOCKET && name == SO_ZEROCOPY && len >= sizeof(int) && !mlp_inside &&
+        *(const int *)val != 0) { /* (the kernel read val: it is readable) */
+        struct mlp_call c; /* its settlement may take the send lock and send: a cancellation */
+        struct mlp_sock *s = mlp_conn_call(fd, &c);
+        if (s) {
+            int saved = errno, e = mlp_zerocopy_set(s, fd);
+            mlp_call_end(&c);
+            if (e < 0) {
+                int off = 0; /* the kernel's flag goes back off: the call failed, as far as
+                              * anyone can see */
+                (void)mlp_real_setsockopt(fd, SOL_SOCKET, SO_ZEROCOPY, &off, sizeof off);
+                errno = -e;
+                return -1;
+            }
+            errno = saved;
         }
-        errno = saved;
     }
     struct mlp_sock *s = mlp_conn(fd);
     if (s) {

@@ -595,26 +595,30 @@ void mlp_stat_prepare(void)
 }
 
 /*
- * Root about to take euid (not root) in a fabric shared on purpose (cred.c, before the call):
- * our memlan stat entry, made as root, becomes euid's, so that the process can remove it at
- * exit after the drop.  The directory is sticky: a file there is removed by its owner, the
- * directory's or root only, and nsd or nbd-server, which drop after they listen, left their
- * entry (0.9 MB, and a DEAD line in memlan stat) at every clean exit until root's `memlan
- * clean`.  A drop back to root later changes nothing: root removes any file.  (The port's
- * listener record is not handed over: a record owned by another user than the listening
- * socket's maker is believed only when the kernel vouches for it, mlp_lrec_access, and root's
- * next listener on the port, or root's `memlan clean`, removes it.)
+ * Our memlan stat entry's owner, in a fabric shared on purpose, follows root's euid changes
+ * (cred.c): before a call that takes another euid it becomes that euid's, so that the process
+ * can remove it at exit after the drop; after any uid call that leaves us root (it failed, or a
+ * temporary drop ended) it is root's again.  The directory is sticky: a file there is removed by
+ * its owner, the directory's or root only, and nsd or nbd-server, which drop after they listen,
+ * left their entry (0.9 MB, and a DEAD line in memlan stat) at every clean exit until root's
+ * `memlan clean`.  Meanwhile that euid's other processes may write the entry, as any entry of a
+ * process of theirs.  Only where root can (CAP_CHOWN), and not in a seccomp sandbox (fchown is
+ * a call such a filter may kill for).  (The port's listener record is not handed over: a record
+ * owned by another user than the listening socket's maker is believed only when the kernel
+ * vouches for it, mlp_lrec_access; root's next listener on the port, or root's `memlan clean`,
+ * removes it.)
  */
-void mlp_stat_hand_over(uid_t euid)
+void mlp_stat_owner(uid_t uid)
 {
     struct stat st;
-    if (!mlp_proc || !mlp_fab || !mlp_fab->shared || euid == 0 || euid == (uid_t)-1 ||
-        geteuid() != 0 || __ml_sys_fstat(mlp_proc->fd, &st) < 0 || st.st_uid != 0)
+    if (!mlp_proc || !mlp_fab || !mlp_fab->shared || uid == (uid_t)-1 || geteuid() != 0 ||
+        __ml_sys_fstat(mlp_proc->fd, &st) < 0 || st.st_uid == uid || mlp_known_confined() ||
+        __ml_sys_seccomp_mode() != 0)
         return;
-    long e = __ml_sys_raw(SYS_fchown, mlp_proc->fd, (long)euid, -1, 0, 0, 0);
+    long e = __ml_sys_raw(SYS_fchown, mlp_proc->fd, (long)uid, -1, 0, 0, 0);
     if (e < 0)
-        mlp_log(1, "memlan stat entry: not handed to uid %u (%s): it stays in the fabric after "
-                   "this process until root's `memlan clean`", (unsigned)euid, strerror((int)-e));
+        mlp_log(1, "memlan stat entry: not handed to uid %u (%s): after a drop it stays in the "
+                   "fabric until root's `memlan clean`", (unsigned)uid, strerror((int)-e));
 }
 
 void mlp_stat_clear(struct mlp_sock *s)
@@ -785,10 +789,22 @@ static uint32_t mlp_lowat_of(int fd)
     return rec ? ml_load_relaxed(&rec->rcvlowat) : 0u;
 }
 
-static bool mlp_zerocopy_noted(int fd)
+/* Some socket of this process image was given SO_ZEROCOPY: from then on a connect asks the
+ * kernel whether its socket has it (one getsockopt; never before, for a sandbox that kills for
+ * it).  The flag is the socket's, not the fd number's: a dup, or the socket passed on, keeps it
+ * (a note kept per fd number lost it, and the connection was accelerated with the kernel's flag
+ * on: a review).  A socket given it in an earlier image, before an exec, is not seen. */
+static _Atomic bool mlp_zerocopy_seen;
+
+static bool mlp_zerocopy_on(int fd)
 {
-    struct mlp_fdrec *rec = mlp_fdrec(fd);
-    return rec && ml_load_relaxed(&rec->zerocopy);
+    if (!atomic_load_explicit(&mlp_zerocopy_seen, memory_order_relaxed))
+        return false;
+    int v = 0, saved = errno;
+    socklen_t l = sizeof v;
+    bool on = mlp_real_getsockopt(fd, SOL_SOCKET, SO_ZEROCOPY, &v, &l) == 0 && v > 0;
+    errno = saved;
+    return on;
 }
 
 static uint32_t mlp_linger_flag(int fd)
@@ -804,8 +820,6 @@ void mlp_bufhint_clear(int fd)
         return;
     if (ml_load_relaxed(&rec->linger0))
         ml_store_relaxed(&rec->linger0, (uint8_t)0);
-    if (ml_load_relaxed(&rec->zerocopy))
-        ml_store_relaxed(&rec->zerocopy, (uint8_t)0);
     if (ml_load_relaxed(&rec->received))
         ml_store_relaxed(&rec->received, (uint8_t)0);
     if (ml_load_relaxed(&rec->rcvlowat))
@@ -1023,48 +1037,50 @@ static void mlp_lmap_retire(struct ml_listen_rec *m)
  * publication (a kernel look, as the publication's own file calls do) and when the program sets
  * it on a published listener.  Never cleared: the record goes with its last listener.
  */
-static void mlp_listener_opt(struct mlp_sock *s, int fd, int level, int name, uint32_t mark,
-                             const char *what)
+/* The kernel's value of the option on the listener: set, the record says mark (if it says
+ * nothing else).  1: set, 0: not set, -1: unknown (no record, or the kernel did not say). */
+static int mlp_listener_opt(struct mlp_sock *s, int fd, int level, int name, uint32_t mark,
+                            const char *what)
 {
     int v = 0;
     socklen_t l = sizeof v;
-    if (!s->rec || !s->rec->map || mlp_real_getsockopt(fd, level, name, &v, &l) < 0 || v <= 0)
-        return;
+    if (!s->rec || !s->rec->map || mlp_real_getsockopt(fd, level, name, &v, &l) < 0)
+        return -1;
+    if (v <= 0)
+        return 0;
     uint32_t none = 0;
     if (atomic_compare_exchange_strong(&s->rec->map->no_offer, &none, mark))
         mlp_log(1, "listen fd %d port %d: %s", fd, s->port, what);
+    return 1;
 }
 
-static void mlp_listener_defer(struct mlp_sock *s, int fd)
+static int mlp_listener_defer(struct mlp_sock *s, int fd)
 {
-    mlp_listener_opt(s, fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, ML_NO_OFFER_DEFER,
-                     "TCP_DEFER_ACCEPT set: clients will not offer (the kernel holds a connection "
-                     "from accept until TCP data comes)");
+    return mlp_listener_opt(s, fd, IPPROTO_TCP, TCP_DEFER_ACCEPT, ML_NO_OFFER_DEFER,
+                            "TCP_DEFER_ACCEPT set: clients will not offer (the kernel holds a "
+                            "connection from accept until TCP data comes)");
 }
 
+/* TCP_DEFER_ACCEPT set on a published listener: marked as above; turned off again (the
+ * kernel's value 0 now), the mark goes, if it is the mark there.  pgbouncer sets it and then
+ * clears it at every RELOAD when told tcp_defer_accept = 0: its clients stayed on TCP for good
+ * after the first (an explorer).  Another process's listener of the port (SO_REUSEPORT) that
+ * still defers is not seen: its clients then offer, and wait for its accept. */
 void mlp_note_defer(int fd)
 {
     struct mlp_sock *s = mlp_get(fd);
     if (s) {
         if (s->type == MLP_LISTENER) {
             int saved = errno;
-            mlp_listener_defer(s, fd);
+            uint32_t was = ML_NO_OFFER_DEFER;
+            if (mlp_listener_defer(s, fd) == 0 &&
+                atomic_compare_exchange_strong(&s->rec->map->no_offer, &was, 0u))
+                mlp_log(1, "listen fd %d port %d: TCP_DEFER_ACCEPT cleared: clients offer again",
+                        fd, s->port);
             errno = saved;
         }
         mlp_put(s);
     }
-}
-
-/* SO_ZEROCOPY on a listener, which the sockets it accepts inherit (the kernel copies the flag
- * with the socket): such a port's record says not to offer (ML_NO_OFFER_ZEROCOPY), and its
- * acceptors refuse an offer made before the mark.  Looked for at the publication (a listener
- * inherited across exec, or passed to us, may carry it) and when the program sets it.  Never
- * cleared, as TCP_DEFER_ACCEPT's. */
-static void mlp_listener_zerocopy(struct mlp_sock *s, int fd)
-{
-    mlp_listener_opt(s, fd, SOL_SOCKET, SO_ZEROCOPY, ML_NO_OFFER_ZEROCOPY,
-                     "SO_ZEROCOPY set: clients will not offer (the kernel reports MSG_ZEROCOPY's "
-                     "completions, which a channel's sends never make)");
 }
 
 /* SO_RCVBUF/SO_SNDBUF set on a listening socket: published for the clients to come. */
@@ -1672,8 +1688,7 @@ int mlp_on_listen(int fd, bool before)
     uint32_t hint = mlp_bufhint_of(fd);
     if (hint && r->map)
         mlp_ring_hint_publish(r->map, hint);
-    mlp_listener_defer(s, fd);
-    mlp_listener_zerocopy(s, fd);
+    (void)mlp_listener_defer(s, fd);
     mlp_install(fd, s);
     mlp_put(s);
     mlp_log(1, "listen fd %d port %d: published in %s", fd, a.port, mlp_fab->path);
@@ -2168,40 +2183,52 @@ int mlp_ulp_set(struct mlp_sock *s, int fd)
 }
 
 /*
- * SO_ZEROCOPY, once the kernel has set it (on = turned on).  With it, a send with MSG_ZEROCOPY
- * leaves its buffer to the kernel and a completion comes on the socket's error queue (POLLERR,
- * recvmsg MSG_ERRQUEUE), which the program waits for before it reuses the buffer (QEMU's
- * multifd migration, the kernel's msg_zerocopy tool); a channel's send copies and makes none,
- * and such a program waited for ever.  So: on a connection of ours it is refused with
- * EOPNOTSUPP, the kernel's answer for a socket that cannot do it (-EOPNOTSUPP: the caller turns
- * it off again), an undecided client settled first (withdrawn, it keeps it); noted on a socket
- * not connected yet, whose connect then does not offer; on a listener, the port's record says not
- * to offer (mlp_listener_zerocopy).  Logged once per process.
+ * SO_ZEROCOPY.  With it, a send with MSG_ZEROCOPY leaves its buffer to the kernel and a
+ * completion comes on the socket's error queue (POLLERR, recvmsg MSG_ERRQUEUE), which the program
+ * waits for before it reuses the buffer (QEMU's multifd migration, the kernel's msg_zerocopy
+ * tool); a channel's send copies and makes none, and such a program waited for ever.  So a
+ * program that asks for it on a connection keeps the kernel's path: set on a connection of ours
+ * it is refused with EOPNOTSUPP, the kernel's answer for a socket that cannot do it (the caller
+ * turns the kernel's flag off again), an undecided client settled on TCP first (then it keeps
+ * it); set before connect, the connect does not offer (mlp_zerocopy_on: the process notes here,
+ * before the kernel's call, that some socket may have it).  A listener's is not looked at: gRPC
+ * sets it on every listener and sends with MSG_ZEROCOPY only when told to, and a mark kept every
+ * gRPC server on TCP (CI).  A connection accepted from such a listener inherits the flag; its
+ * first MSG_ZEROCOPY send on a channel is said (mlp_zerocopy_send), since no completion comes.
  */
-int mlp_note_zerocopy(int fd, bool on)
+void mlp_zerocopy_before(void)
 {
-    mlp_received_look(fd); /* a connection passed to us is ours from its first call */
-    struct mlp_sock *s = mlp_get(fd);
-    if (s) {
-        int r = 0;
-        if (on && s->type == MLP_LISTENER)
-            mlp_listener_zerocopy(s, fd);
-        else if (on && s->type == MLP_CONN &&
-                 mlp_kernel_only(s, fd, "SO_ZEROCOPY was set before a memlan acceptor took the "
-                                        "offer") != MLP_TCP) {
-            if (!atomic_exchange(&mlp_zerocopy_told, true))
-                mlp_log(1, "fd %d: SO_ZEROCOPY refused (EOPNOTSUPP): MSG_ZEROCOPY's completions "
-                           "come from the kernel socket, which a channel's sends never pass "
-                           "through", fd);
-            r = -EOPNOTSUPP;
-        }
-        mlp_put(s);
-        return r;
-    }
-    struct mlp_fdrec *rec = on ? mlp_fdrec_make(fd) : mlp_fdrec(fd);
-    if (rec)
-        ml_store_relaxed(&rec->zerocopy, (uint8_t)on);
-    return 0;
+    if (!atomic_load_explicit(&mlp_zerocopy_seen, memory_order_relaxed))
+        atomic_store(&mlp_zerocopy_seen, true);
+}
+
+/* A send with MSG_ZEROCOPY on a channel (sock.c): if the kernel socket has SO_ZEROCOPY (asked
+ * once per socket), its program will wait for completions that never come: said, once per
+ * process, on stderr and in the log. */
+void mlp_zerocopy_send(struct mlp_sock *s, int fd)
+{
+    if (atomic_exchange(&s->zerocopy_looked, true) || mlp_sig_in_handler())
+        return;
+    int v = 0, saved = errno;
+    socklen_t l = sizeof v;
+    if (mlp_real_getsockopt(fd, SOL_SOCKET, SO_ZEROCOPY, &v, &l) == 0 && v > 0 &&
+        !(atomic_fetch_or(&mlp_said, MLP_SAID_ZEROCOPY) & MLP_SAID_ZEROCOPY))
+        mlp_say(MLP_SAID_ZEROCOPY, "fd %d: a send with MSG_ZEROCOPY on an accelerated connection "
+                "that has SO_ZEROCOPY (from its listener): its data is copied, and no completion "
+                "will come on its error queue; MEMLAN_OFF=1, or --no-ports for the port, keeps "
+                "such connections on TCP", fd);
+    errno = saved;
+}
+
+int mlp_zerocopy_set(struct mlp_sock *s, int fd)
+{
+    if (mlp_kernel_only(s, fd, "SO_ZEROCOPY was set before a memlan acceptor took the offer") ==
+        MLP_TCP)
+        return 0;
+    if (!mlp_sig_in_handler() && !atomic_exchange(&mlp_zerocopy_told, true))
+        mlp_log(1, "fd %d: SO_ZEROCOPY refused (EOPNOTSUPP): MSG_ZEROCOPY's completions come from "
+                   "the kernel socket, which a channel's sends never pass through", fd);
+    return -EOPNOTSUPP;
 }
 
 static void mlp_pass_prepare_fd(int fd, void *ctx)
@@ -2659,8 +2686,6 @@ static const char *mlp_no_offer_why(const struct ml_listen_rec *m)
                ? "the server passes its accepted connections to other processes (SCM_RIGHTS)"
            : v == ML_NO_OFFER_BLIND
                ? "a process given the server's listener runs, or ran, without memlan"
-           : v == ML_NO_OFFER_ZEROCOPY
-               ? "the server's listener has SO_ZEROCOPY (MSG_ZEROCOPY completions are the kernel's)"
                : "the server's record says not to offer";
 }
 
@@ -3267,7 +3292,7 @@ void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, vo
     const char *rns = other ? ns : cur;
     const char *no = mlp_cred_lost(false) ? mlp_cred_why
                      : mlp_exiting()      ? "exit() has begun in this process"
-                     : mlp_zerocopy_noted(fd)
+                     : mlp_zerocopy_on(fd)
                          ? "SO_ZEROCOPY is set on the socket (MSG_ZEROCOPY completions are the "
                            "kernel's)"
                          : mlp_no_offer_why(lm);
@@ -3662,22 +3687,34 @@ static void mlp_withdraw(struct mlp_sock *s, int fd, const char *why)
  * ECONNRESET.  poll reports an error and leaves it; the peek follows only on POLLIN, where the
  * kernel returns bytes or a FIN's end before any error.  errno is kept.
  */
-static int mlp_tcp_look(int fd)
+/* fd's poll events now, asked by the system call itself (raw) where no cancellation may act
+ * (glibc's poll is a cancellation point), else through libc. */
+static short mlp_look_events(int fd, short events, bool raw)
+{
+    struct pollfd p = {.fd = fd, .events = events};
+    struct timespec zero = {0, 0};
+    long n = raw ? __ml_sys_raw(SYS_ppoll, (long)&p, 1, (long)&zero, 0, 0, 0)
+                 : mlp_real_poll(&p, 1, 0);
+    return n == 1 ? p.revents : 0;
+}
+
+static int mlp_tcp_look_by(int fd, bool raw)
 {
     int saved = errno, r = -1;
-    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
-    if (mlp_real_poll(&p, 1, 0) == 1) {
-        char c;
-        if (p.revents & (POLLERR | POLLNVAL))
-            r = 0;
-        else if (p.revents & POLLIN)
-            r = mlp_real_recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
-        else if (p.revents & POLLHUP)
-            r = 0;
-    }
+    short ev = mlp_look_events(fd, POLLIN | POLLRDHUP, raw);
+    char c;
+    if (ev & (POLLERR | POLLNVAL))
+        r = 0;
+    else if (ev & POLLIN)
+        r = (raw ? __ml_sys_raw(SYS_recvfrom, fd, (long)&c, 1, MSG_PEEK | MSG_DONTWAIT, 0, 0)
+                 : mlp_real_recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT)) > 0;
+    else if (ev & POLLHUP)
+        r = 0;
     errno = saved;
     return r;
 }
+
+static int mlp_tcp_look(int fd) { return mlp_tcp_look_by(fd, false); }
 
 /*
  * Is our handshake still open on the server's side while bytes wait in our ring?  A server's
@@ -3996,11 +4033,10 @@ static bool mlp_peer_closed(int fd)
      * accepted (logger --tcp into a syslog-ng or rsyslog that accepts a moment later) had its
      * bytes sent over TCP at its close, and the peek saw them, not the end: the log blamed the
      * client, "not memlan (no offer)" (tests/py/test_apps_logs.py). */
-    int saved = errno;
-    struct pollfd p = {.fd = fd, .events = POLLIN | POLLRDHUP};
-    bool rdhup = mlp_real_poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP));
-    errno = saved;
-    return rdhup || mlp_tcp_look(fd) == 0;
+    /* By the system calls themselves: the accept path is no cancellation point (interpose.c,
+     * mlp_accept_common). */
+    return (mlp_look_events(fd, POLLIN | POLLRDHUP, true) & (POLLRDHUP | POLLHUP)) ||
+           mlp_tcp_look_by(fd, true) == 0;
 }
 
 void mlp_on_accept(int lfd, int fd, int flags)
@@ -4047,14 +4083,11 @@ void mlp_on_accept(int lfd, int fd, int flags)
     mlp_offer_name(name, sizeof name, cur, &r, &l, other_ns ? mac : NULL);
     const char *why = NULL;
     memlan_channel_t *ch = NULL;
-    uint32_t no_offer = ml_load_acquire(&m->no_offer);
-    if (no_offer == ML_NO_OFFER_PASS || no_offer == ML_NO_OFFER_ZEROCOPY) {
+    if (ml_load_acquire(&m->no_offer) == ML_NO_OFFER_PASS) {
         /* This port's acceptors pass their connections on (mlp_after_pass): a client that
          * offered before the mark is refused, and withdraws to TCP, rather than be taken and
-         * lost (several accepted in one go before the first pass).  Likewise a listener with
-         * SO_ZEROCOPY, whose accepted socket inherits it (mlp_listener_zerocopy).
-         * Peer-writable, as every no_offer: a false mark only keeps this port's connections on
-         * TCP. */
+         * lost (several accepted in one go before the first pass).  Peer-writable, as every
+         * no_offer: a false mark only keeps this port's connections on TCP. */
         mlp_refuse_mark(m, name);
         mlp_stat_tcp_addrs(fd, &l, &r, mlp_no_offer_why(m));
         mlp_put(ls);

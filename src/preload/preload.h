@@ -92,7 +92,7 @@ void mlp_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
 #define MLP_SAID_ENV "MEMLAN_SAID"
 enum { MLP_SAID_CONFIG = 1, MLP_SAID_FABRIC = 2, MLP_SAID_FULL = 4, MLP_SAID_EVQ = 8,
        MLP_SAID_SECURE = 16, MLP_SAID_PASS = 32, MLP_SAID_REACH = 64, MLP_SAID_STALL = 128,
-       MLP_SAID_OOB = 256 };
+       MLP_SAID_OOB = 256, MLP_SAID_ZEROCOPY = 512 };
 extern _Atomic unsigned mlp_said;     /* topics said by us or an ancestor: passed on at exec */
 void mlp_say(unsigned topic, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 bool mlp_port_allowed(int port, const char **why);
@@ -169,6 +169,7 @@ struct mlp_sock {
     _Atomic bool tmo_synced;      /* SO_RCVTIMEO/SO_SNDTIMEO copied from the kernel socket */
     _Atomic bool split_told;      /* bytes found on the idle kernel socket were reported */
     _Atomic bool stall_told;      /* a send stalled with both rings full was reported */
+    _Atomic bool zerocopy_looked; /* its first send with MSG_ZEROCOPY asked the kernel's flag */
     _Atomic bool async_told;      /* O_ASYNC asked for: said once that no SIGIO comes for the
                                    * channel's bytes (mlp_note_async) */
     _Atomic bool passed;          /* accelerated, it was passed to another process over
@@ -240,7 +241,6 @@ struct mlp_fdrec {
     int *_Atomic owner;              /* one of our own fds: where its number is kept */
     _Atomic uint32_t bufhint[2];     /* SO_SNDBUF, SO_RCVBUF as set by the program (ring sizes) */
     _Atomic uint8_t linger0;         /* SO_LINGER 0 set before the connection existed */
-    _Atomic uint8_t zerocopy;        /* SO_ZEROCOPY set before the connection existed */
     _Atomic uint8_t epfd;            /* an epoll fd the program made */
     _Atomic int tcp_slot;            /* memlan stat line of a plain TCP connection + 1, or 0 */
     _Atomic uint8_t received;        /* came over SCM_RIGHTS (MLP_RCV_*): a connection passed to
@@ -369,7 +369,12 @@ int mlp_ulp_set(struct mlp_sock *s, int fd); /* setsockopt(TCP_ULP): 0 for the k
 #ifndef SO_ZEROCOPY
 #define SO_ZEROCOPY 60
 #endif
-int mlp_note_zerocopy(int fd, bool on); /* SO_ZEROCOPY set by the kernel: -EOPNOTSUPP to undo */
+#ifndef MSG_ZEROCOPY
+#define MSG_ZEROCOPY 0x4000000
+#endif
+void mlp_zerocopy_before(void);           /* setsockopt(SO_ZEROCOPY), before the kernel's call */
+void mlp_zerocopy_send(struct mlp_sock *s, int fd); /* MSG_ZEROCOPY on a channel: said */
+int mlp_zerocopy_set(struct mlp_sock *s, int fd); /* ... turned on, on a connection: -EOPNOTSUPP */
 void mlp_note_defer(int fd); /* TCP_DEFER_ACCEPT set: a listener's clients will not offer */
 void mlp_note_lowat(int fd, const void *val, socklen_t len);  /* SO_RCVLOWAT, for a channel */
 uint32_t mlp_lowat_value(const void *val);                    /* SO_RCVLOWAT as the kernel's */
@@ -416,7 +421,7 @@ void mlp_lmap_put(struct ml_listen_rec *m);
 void mlp_stat_conn(struct mlp_sock *s, int fd, const char *why);  /* record in memlan stat */
 void mlp_stat_tcp(int fd, const char *why);
 void mlp_stat_clear(struct mlp_sock *s);
-void mlp_stat_hand_over(uid_t euid); /* root dropping to euid: our stat entry becomes its */
+void mlp_stat_owner(uid_t uid); /* root: our stat entry becomes uid's (cred.c) */
 void mlp_stat_prepare(void);         /* create our memlan stat entry now, if there is a fabric */
 /* sendmsg's SCM_RIGHTS (negotiate.c, "Passing a connection"): before the kernel's call, the
  * accelerated connections among the descriptors are left to the receiver (NULL: none); after

@@ -1734,6 +1734,8 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
         st = mlp_decide(s, fd, false);
     if (ml_unlikely(flags & MSG_OOB) && st != MLP_TCP)
         return mlp_send_oob(fd); /* (settled on TCP: the kernel's urgent data, below) */
+    if (ml_unlikely(flags & MSG_ZEROCOPY) && st != MLP_TCP)
+        mlp_zerocopy_send(s, fd);
     bool nb = (flags & MSG_DONTWAIT) || mlp_nonblock(s);
     if (st == MLP_TCP) {
         int e = mlp_tcp_catch_up(s, fd, !nb);
