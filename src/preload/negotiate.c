@@ -1035,9 +1035,10 @@ static void mlp_lmap_retire(struct ml_listen_rec *m)
  * gave up and sent its data over TCP: every connection 2 s late, and none accelerated.  Such a
  * port's record says not to offer (ML_NO_OFFER_DEFER), set when the option is seen: at the
  * publication (a kernel look, as the publication's own file calls do) and when the program sets
- * it on a published listener.  Never cleared: the record goes with its last listener.
- */
-/* The kernel's value of the option on the listener: set, the record says mark (if it says
+ * it on a published listener.  Cleared only when the program turns it off again on a listener
+ * of the port (mlp_note_defer); else the record goes with its last listener.
+ *
+ * The kernel's value of the option on the listener: set, the record says mark (if it says
  * nothing else).  1: set, 0: not set, -1: unknown (no record, or the kernel did not say). */
 static int mlp_listener_opt(struct mlp_sock *s, int fd, int level, int name, uint32_t mark,
                             const char *what)
