@@ -2138,18 +2138,6 @@ static int mlp_settle_now(struct mlp_sock *s, int fd, const char *why)
     return atomic_load(&s->state);
 }
 
-/*
- * setsockopt(TCP_ULP) on a connection of ours.  An upper-layer protocol (kernel TLS, "tls"; ESP
- * in TCP, "espintcp") transforms what the kernel socket carries, and an accelerated connection's
- * bytes never pass through it: OpenSSL with kernel TLS on (nginx's `ssl_conf_command Options
- * KTLS`, Python's OP_ENABLE_KTLS) would then write plaintext into the ring where its peer reads
- * TLS records, and read the peer's records as plaintext.  On a channel it is refused with
- * ENOENT, as a kernel without that protocol's module refuses it (OpenSSL then goes on with TLS
- * in user space), logged once per process.  An undecided client is settled first, without
- * waiting: withdrawn, it is on TCP, and the kernel's call is made once what the ring held has
- * gone to the kernel (else it is refused too: those bytes would pass through the protocol).
- * Returns 0 for the kernel's call, or -ENOENT.
- */
 static _Atomic bool mlp_ulp_told, mlp_zerocopy_told;
 
 /* A connection of ours given an option that acts on the kernel socket only: its state, an
@@ -2168,6 +2156,18 @@ static int mlp_kernel_only(struct mlp_sock *s, int fd, const char *why)
     return st;
 }
 
+/*
+ * setsockopt(TCP_ULP) on a connection of ours.  An upper-layer protocol (kernel TLS, "tls"; ESP
+ * in TCP, "espintcp") transforms what the kernel socket carries, and an accelerated connection's
+ * bytes never pass through it: OpenSSL with kernel TLS on (nginx's `ssl_conf_command Options
+ * KTLS`, Python's OP_ENABLE_KTLS) would then write plaintext into the ring where its peer reads
+ * TLS records, and read the peer's records as plaintext.  On a channel it is refused with
+ * ENOENT, as a kernel without that protocol's module refuses it (OpenSSL then goes on with TLS
+ * in user space), logged once per process.  An undecided client is settled first, without
+ * waiting: withdrawn, it is on TCP, and the kernel's call is made once what the ring held has
+ * gone to the kernel (else it is refused too: those bytes would pass through the protocol).
+ * Returns 0 for the kernel's call, or -ENOENT.
+ */
 int mlp_ulp_set(struct mlp_sock *s, int fd)
 {
     int st = mlp_kernel_only(s, fd, "a TCP upper-layer protocol (TCP_ULP, kernel TLS) was set "
