@@ -41,7 +41,7 @@ CFLAGS  += $(CFLAGS_BASE) $(OPT)
 LDFLAGS += $(LDSAN) -pthread
 
 CORE_SRC = src/sys/sys.c src/acl.c src/fabric.c src/guard.c src/segment.c src/spin.c src/channel.c src/evq.c \
-           src/strerror.c src/endpoint.c
+           src/strerror.c src/endpoint.c src/heap.c
 CORE_OBJ = $(CORE_SRC:%.c=$(BUILD)/obj/%.o)
 # The ONC RPC runtime (memlan-rpcgen's fast path) is a library of its own, libmemlan-rpc, so
 # that libmemlan itself needs nothing but libc; only libmemlan-rpc needs libtirpc.

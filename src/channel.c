@@ -453,7 +453,7 @@ int __ml_chan_create_for(memlan_fabric_t *fab, const struct memlan_channel_opts 
     int r = fab->shared ? ml_chan_new_private(fab, rs, 0, acc ? acc : &none, &seg)
                         : ml_chan_new_seg(fab, rs, 0, &seg);
     if (r < 0) {
-        free(ch);
+        __ml_free(ch);
         return r;
     }
     ml_chan_init(ch, seg, kind, rs);
@@ -848,7 +848,7 @@ int __ml_chan_create_pooled_for(memlan_fabric_t *fab, size_t ring_size, size_t g
         if (r == 0)
             seg->access = key;
         if (r < 0) {
-            free(ch);
+            __ml_free(ch);
             return r;
         }
     }
@@ -2752,7 +2752,7 @@ void __ml_chan_end(struct memlan_channel *ch)
             ch->seg->owner = false;
         __ml_seg_destroy(ch->seg);
     }
-    free(ch);
+    __ml_free(ch);
 }
 
 void memlan_channel_close(memlan_channel_t *ch)
@@ -2772,7 +2772,7 @@ void memlan_channel_close(memlan_channel_t *ch)
         (void)memlan_evq_del(ch->evq, ch);
     ch->seg->owner = false;
     __ml_seg_destroy(ch->seg);
-    free(ch);
+    __ml_free(ch);
 }
 
 int __ml_chan_check_peer(struct memlan_channel *ch) { return ml_peer_dead(ch); }

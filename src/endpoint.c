@@ -157,7 +157,7 @@ int memlan_listen(memlan_fabric_t *fab, const char *name, int kind, memlan_liste
     snprintf(l->sockname, sizeof l->sockname, "ep-%s.sock", name);
     __ml_fabric_sweep_once(fab);
     if ((r = l->lockfd = ml_ep_take(fab, l->lockname)) < 0) {
-        free(l);
+        __ml_free(l);
         return r;
     }
     /* The name is ours: a socket file there is a dead server's. */
@@ -307,7 +307,7 @@ void memlan_listener_close(memlan_listener_t *l)
     if (mine)
         (void)__ml_sys_unlinkat(l->fab->dirfd, l->lockname, 0);
     __ml_sys_close(l->lockfd);
-    free(l);
+    __ml_free(l);
 }
 
 int memlan_connect(memlan_fabric_t *fab, const char *name, const struct memlan_channel_opts *opts,

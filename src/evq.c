@@ -556,7 +556,7 @@ int memlan_evq_create(memlan_fabric_t *fab, unsigned capacity, memlan_evq_t **ou
         return -ENOMEM;
     q->slots = calloc(capacity, sizeof *q->slots);
     if (!q->slots) {
-        free(q);
+        __ml_free(q);
         return -ENOMEM;
     }
     q->capacity = capacity;
@@ -596,8 +596,8 @@ int memlan_evq_create(memlan_fabric_t *fab, unsigned capacity, memlan_evq_t **ou
 fail_seg:
     __ml_seg_destroy(q->seg);
 fail:
-    free(q->slots);
-    free(q);
+    __ml_free(q->slots);
+    __ml_free(q);
     return r;
 }
 
@@ -1027,8 +1027,8 @@ void memlan_evq_close(memlan_evq_t *q)
     __ml_sys_close(q->bell);
     ml_store_release(&q->seg->hdr->state, ML_SEG_REVOKED);
     __ml_seg_destroy(q->seg);
-    free(q->slots);
-    free(q);
+    __ml_free(q->slots);
+    __ml_free(q);
 }
 
 /*
@@ -1091,8 +1091,8 @@ void __ml_evq_forget(struct memlan_evq *q)
     }
     q->seg->owner = false; /* not ours to unlink */
     __ml_seg_destroy(q->seg);
-    free(q->slots);
-    free(q);
+    __ml_free(q->slots);
+    __ml_free(q);
 }
 
 /* Where q keeps its descriptors, for a caller that relocates them (the preload layer keeps its

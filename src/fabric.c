@@ -227,7 +227,7 @@ void memlan_fabric_close(memlan_fabric_t *fab)
         return;
     __ml_chan_pool_drain(fab);
     __ml_sys_close(fab->dirfd);
-    free(fab);
+    __ml_free(fab);
 }
 
 const char *memlan_fabric_path(const memlan_fabric_t *fab) { return fab ? fab->path : NULL; }
@@ -301,7 +301,7 @@ static void ml_clean_read_locks(struct ml_clean_ctx *cx)
     }
     __ml_sys_close((int)fd);
     if (cx->nlocks != 0) {
-        free(buf);
+        __ml_free(buf);
         return;
     }
     size_t lines = 0;
@@ -309,7 +309,7 @@ static void ml_clean_read_locks(struct ml_clean_ctx *cx)
         lines += buf[i] == '\n';
     cx->locks = malloc((lines + 1) * sizeof *cx->locks);
     if (!cx->locks) {
-        free(buf);
+        __ml_free(buf);
         cx->nlocks = -2;
         return;
     }
@@ -348,7 +348,7 @@ static void ml_clean_read_locks(struct ml_clean_ctx *cx)
         if (covers)
             cx->locks[n++] = (struct ml_lockent){makedev(maj, min), ino};
     }
-    free(buf);
+    __ml_free(buf);
     qsort(cx->locks, (size_t)n, sizeof *cx->locks, ml_lockent_cmp);
     cx->nlocks = n;
 }
@@ -526,7 +526,7 @@ int __ml_fabric_clean_report(memlan_fabric_t *fab, struct ml_clean_report *rep)
     struct ml_clean_ctx cx = {.rep = rep, .dir_owner = d.st_uid == geteuid() && fab->shared,
                               .nlocks = -1};
     r = ml_fabric_reclaim_cx(fab, &cx, true);
-    free(cx.locks);
+    __ml_free(cx.locks);
     if (r >= 0)
         rep->removed = r;
     return r;

@@ -27,6 +27,14 @@
 #define ml_likely(x)   __builtin_expect(!!(x), 1)
 #define ml_unlikely(x) __builtin_expect(!!(x), 0)
 
+/* heap.c: a signal handler of the host runs on this thread (counted by the preload's
+ * trampoline; 0 in libmemlan); free() there only queues the block, which the next __ml_free
+ * outside a handler frees (a handler may have interrupted malloc).  Every free of ours that a
+ * socket call can reach goes through __ml_free. */
+extern __thread unsigned __ml_sig_depth __attribute__((tls_model("initial-exec")));
+void __ml_free(void *p);
+void __ml_free_later_run(void);
+
 /* Channel files a creator keeps after their connections closed, to reuse (channel.c). */
 #define ML_POOL_MAX 8
 

@@ -200,7 +200,7 @@ fail_unlink:
     __ml_sys_unlinkat(fab->dirfd, name, 0);
     __ml_sys_close((int)fd);
 fail_free:
-    free(seg);
+    __ml_free(seg);
     return r;
 }
 
@@ -642,7 +642,7 @@ void __ml_seg_destroy(struct memlan_segment *seg)
         __ml_guard_del(seg->guard);
         __ml_sys_munmap(seg->base, seg->map_size);
     }
-    free(seg);
+    __ml_free(seg);
 }
 
 /*

@@ -490,7 +490,7 @@ static struct mlp_sock *mlp_member_free(struct mlp_member *m)
     if (m->fd < e->nbyfd && e->byfd[m->fd] == m)
         e->byfd[m->fd] = NULL;
     __atomic_store_n(&e->n, e->n - 1, __ATOMIC_RELAXED);
-    free(m);
+    __ml_free(m);
     mlp_home_hint(s);
     if (s->type == MLP_CONN && s->ch)
         mlp_unhome_from(s, e);
@@ -672,14 +672,14 @@ void mlp_epoll_forget_fd(int fd)
         if (live)
             mlp_ep_watch(nest[i].fd, in, -1);
     }
-    free(nest);
+    __ml_free(nest);
     pthread_mutex_lock(&mlp_epmu);
     if (e->efd >= 0) {
         mlp_disown_fd(e->efd);
         __ml_sys_close(e->efd);
         e->efd = -1;
     }
-    free(e->byfd);
+    __ml_free(e->byfd);
     e->byfd = NULL;
     e->nbyfd = 0;
     pthread_mutex_unlock(&mlp_epmu);

@@ -185,14 +185,29 @@ static int mlp_disconnect(int fd, const struct sockaddr *addr, socklen_t len)
 }
 
 /* connect is async-signal-safe, and a handler may connect: the kernel's call alone there, plain
- * TCP.  The negotiation takes locks (the listener records', malloc's) that the thread the handler
- * interrupted may hold, in a connect of its own: it waited on itself for ever
- * (tests/preload/sigconnect.c).  A handler installed by signal() is not seen as one (signals.c). */
+ * TCP, said in the log.  The negotiation takes locks (the listener records', malloc's) that the
+ * thread the handler interrupted may hold, in a connect of its own: it waited on itself for ever
+ * (tests/preload/sigconnect.c).  A handler installed by sysv_signal or sigset is not seen as one
+ * (signals.c). */
+static int mlp_connect_in_handler(int fd, const struct sockaddr *addr, socklen_t len)
+{
+    int r = mlp_real_connect(fd, addr, len), saved = errno, type = 0;
+    socklen_t tl = sizeof type;
+    if ((r == 0 || saved == EINPROGRESS) && addr && len >= sizeof(sa_family_t) &&
+        (addr->sa_family == AF_INET || addr->sa_family == AF_INET6) &&
+        syscall(SYS_getsockopt, fd, SOL_SOCKET, SO_TYPE, &type, &tl) == 0 && type == SOCK_STREAM)
+        mlp_log(1, "fd %d: TCP (connected in a signal handler: memlan makes no offer there)", fd);
+    errno = saved;
+    return r;
+}
+
 MLP_EXPORT int connect(int fd, const struct sockaddr *addr, socklen_t len)
 {
     MLP_INIT();
-    if (mlp_inside || mlp_cfg.off || ml_unlikely(mlp_sig_in_handler()))
+    if (mlp_inside || mlp_cfg.off)
         return mlp_real_connect(fd, addr, len);
+    if (ml_unlikely(mlp_sig_in_handler()))
+        return mlp_connect_in_handler(fd, addr, len);
     if (addr && len >= sizeof(sa_family_t) && addr->sa_family == AF_UNSPEC &&
         mlp_fd_is_ours(fd) && !mlp_vfork_child())
         return mlp_disconnect(fd, addr, len);
@@ -1407,7 +1422,7 @@ MLP_EXPORT int sendmmsg(int fd, struct mmsghdr *v, unsigned int n, int flags)
             for (unsigned i = 0; i < k; i++)
                 mlp_after_sendmsg(fd, &v[i].msg_hdr, &p[i], r > 0 && i < (unsigned)r);
             if (p != one)
-                free(p);
+                __ml_free(p);
             errno = saved;
         }
         return r;

@@ -639,6 +639,8 @@ static void mlp_stat_tcp_addrs(int fd, const struct mlp_addr *l, const struct ml
     if (r)
         mlp_addr_str(r, rs, sizeof rs);
     mlp_log(1, "fd %d %s -> %s: TCP (%s)", fd, ls, rs, why);
+    if (mlp_sig_in_handler()) /* the entry's lock and its first creation: not there */
+        return;
     int slot = mlp_proc_slot();
     if (slot < 0)
         return;
@@ -989,7 +991,7 @@ static void mlp_lmap_put_locked(struct ml_listen_rec *m)
     *pp = e->next;
     if (e->retired)
         mlp_lrec_unmap(e->map);
-    free(e);
+    __ml_free(e);
 }
 
 bool mlp_lmap_hold(struct ml_listen_rec *m)
@@ -1204,7 +1206,7 @@ static void mlp_xrec_drop(struct mlp_lrec *r)
         __ml_sys_close(r->check_fd);
     }
     mlp_lmap_retire(r->map);
-    free(r);
+    __ml_free(r);
 }
 
 /* Our entry for port is for the namespace netns; one made in another namespace of ours (before
@@ -1457,7 +1459,7 @@ static void mlp_addr_links_drop(int port, const char *target)
         if (n > 0 && (cur[n] = 0, strcmp(cur, target) == 0))
             (void)unlinkat(mlp_fab->dirfd, l->name, 0);
         *pl = l->next;
-        free(l);
+        __ml_free(l);
     }
 }
 
@@ -1997,7 +1999,7 @@ static void mlp_passing_free(struct mlp_passing *p)
         mlp_disown_fd(p->bridge);
         __ml_sys_close(p->bridge);
     }
-    free(p);
+    __ml_free(p);
 }
 
 /* The port's record says ML_NO_OFFER_PASS (if we listen on the connection's port): true when
@@ -2293,7 +2295,7 @@ static void mlp_pass_prepare_fd(int fd, void *ctx)
     if (why) {
         mlp_log(0, "fd %d: cannot leave the connection to the process it is passed to (%s)", fd,
                 why);
-        free(p);
+        __ml_free(p);
         mlp_put(s);
         return;
     }
@@ -2345,7 +2347,7 @@ static void mlp_pass_prepare_fd(int fd, void *ctx)
             mlp_log(0, "fd %d: cannot leave the connection to the process it is passed to "
                        "(its record: %s)", fd, strerror(rf < 0 ? (int)-rf : EIO));
         __ml_sys_close(b);
-        free(p);
+        __ml_free(p);
         mlp_put(s);
         return;
     }
@@ -2428,7 +2430,7 @@ void mlp_pass_finish(const struct msghdr *m, void *made, bool ok, int sfd, int *
             atomic_store(&s->sent, true);
         if (p->again) { /* passed again: the record that stands, and its bridge, serve it */
             mlp_put(s);
-            free(p);
+            __ml_free(p);
             continue;
         }
         if (!ok) { /* the kernel kept the descriptor: nothing is in flight */
@@ -3506,14 +3508,14 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
     if (rc < 0 && err != EINPROGRESS && err != EINTR) {
         if (p) {
             mlp_pending_done(p);
-            free(p);
+            __ml_free(p);
         }
         return;
     }
     if (mlp_fd_is_ours(fd) || !mlp_is_tcp(fd)) {
         if (p) {
             mlp_pending_done(p);
-            free(p);
+            __ml_free(p);
         }
         return;
     }
@@ -3554,7 +3556,7 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
                                mlp_fab->shared ? &acc : NULL, &why);
     if (p) {
         mlp_pending_done(p);
-        free(p);
+        __ml_free(p);
     }
     if (why) {
         mlp_stat_tcp_addrs(fd, have ? &l : NULL, have ? &r : NULL, why);
@@ -4045,8 +4047,15 @@ void mlp_on_accept(int lfd, int fd, int flags)
     struct mlp_sock *ls = mlp_get(lfd);
     if (!ls)
         return;
-    __ml_mapcache_expire();
-    mlp_pass_reap(); /* connections this acceptor passed on: their receivers took them? */
+    /* accept from a signal handler (it is async-signal-safe: a server driven by SIGIO accepts
+     * in its handler).  Taking an offer maps the channel and allocates its state, on top of a
+     * thread that may be inside malloc or hold the locks that this takes: the offer is refused
+     * there, and the connection is the kernel's, with its reason below. */
+    bool in_handler = mlp_sig_in_handler();
+    if (!in_handler) {
+        __ml_mapcache_expire();
+        mlp_pass_reap(); /* connections this acceptor passed on: their receivers took them? */
+    }
     if (ls->type != MLP_LISTENER || !mlp_fab) {
         mlp_put(ls);
         return;
@@ -4084,6 +4093,13 @@ void mlp_on_accept(int lfd, int fd, int flags)
     mlp_offer_name(name, sizeof name, cur, &r, &l, other_ns ? mac : NULL);
     const char *why = NULL;
     memlan_channel_t *ch = NULL;
+    if (in_handler) {
+        mlp_refuse_mark(m, name);
+        mlp_stat_tcp_addrs(fd, &l, &r, "accepted in a signal handler (memlan takes no offer "
+                                       "there: the handler may have interrupted malloc)");
+        mlp_put(ls);
+        return;
+    }
     if (ml_load_acquire(&m->no_offer) == ML_NO_OFFER_PASS) {
         /* This port's acceptors pass their connections on (mlp_after_pass): a client that
          * offered before the mark is refused, and withdraws to TCP, rather than be taken and
@@ -4340,7 +4356,7 @@ void mlp_negotiate_after_fork(void)
         __ml_sys_close(mlp_proc->fd);
         __ml_guard_del(mlp_proc->guard);
         __ml_sys_munmap(mlp_proc->base, mlp_proc->map_size);
-        free(mlp_proc);
+        __ml_free(mlp_proc);
         mlp_proc = NULL;
         mlp_proc_hdr = NULL;
         mlp_proc_conns = NULL;

@@ -317,8 +317,8 @@ static void mlp_poll_left(void *arg)
     }
     void *a = u->heap[0], *b = u->heap[1];
     u->heap[0] = u->heap[1] = NULL;
-    free(a);
-    free(b);
+    __ml_free(a);
+    __ml_free(b);
 }
 
 /* pthread_cleanup_push's setjmp: cancellation runs the handler and unwinds on, it never
@@ -333,8 +333,8 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
     struct pollfd *k = n <= 64 ? stack_k : calloc(n + 3, sizeof *k);
     if (!socks || !k) {
         if (n > 64) {
-            free(socks);
-            free(k);
+            __ml_free(socks);
+            __ml_free(k);
         }
         return -ENOMEM;
     }
@@ -943,6 +943,6 @@ int mlp_select(int n, fd_set *rs, fd_set *ws, fd_set *es, int64_t timeout_ns,
     }
 out:
     if (p != stack)
-        free(p);
+        __ml_free(p);
     return r;
 }

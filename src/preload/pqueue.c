@@ -126,7 +126,7 @@ memlan_evq_t *mlp_queue(void)
         return mlp_q;
     if (mlp_q_failed_ns && mlp_now_ns() - mlp_q_failed_ns < 1000000000u)
         return NULL;
-    if (mlp_q_making)
+    if (mlp_q_making || mlp_sig_in_handler()) /* (a handler: making it allocates) */
         return NULL;
     mlp_q_making = true;
     memlan_evq_t *r = mlp_queue_make();
@@ -329,7 +329,7 @@ static void mlp_pw_free(void *p)
         if (w->sleeper)
             atomic_fetch_sub(&mlp_pw_sleepers, 1);
         mlp_pw_unregister_all(w);
-        free(w->regs);
+        __ml_free(w->regs);
         if (w->efd >= 0) {
             mlp_disown_fd(w->efd);
             __ml_sys_close(w->efd);
@@ -338,14 +338,19 @@ static void mlp_pw_free(void *p)
     if (mlp_pw_self == w)
         mlp_pw_self = NULL;
     if (w->gen == mlp_pw_gen)
-        free(w);
+        __ml_free(w);
 }
 
 static void mlp_pw_key_init(void) { (void)pthread_key_create(&mlp_pw_key, mlp_pw_free); }
 
-/* This thread's waiter, made on first use and anew in a fork child; NULL if it cannot be. */
+/* This thread's waiter, made on first use and anew in a fork child; NULL if it cannot be, and
+ * in a signal handler: making it allocates, and using it may reallocate its registrations and
+ * takes mlp_pw_mu, on top of a thread that may be inside malloc or hold the lock (a poll there
+ * looks again every little while instead: tests/preload/heaphandler.c). */
 struct mlp_pwait *mlp_pw_get(void)
 {
+    if (mlp_sig_in_handler())
+        return NULL;
     struct mlp_pwait *w = mlp_pw_self;
     if (w && w->gen == mlp_pw_gen)
         return w;
@@ -361,7 +366,7 @@ struct mlp_pwait *mlp_pw_get(void)
         return NULL;
     long fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (fd < 0) {
-        free(w);
+        __ml_free(w);
         mlp_pw_self = NULL;
         (void)pthread_setspecific(mlp_pw_key, NULL);
         return NULL;

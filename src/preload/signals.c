@@ -42,7 +42,6 @@
 #define MLP_NSIG 65
 
 static __thread unsigned mlp_nores_runs __attribute__((tls_model("initial-exec")));
-static __thread unsigned mlp_sig_depth __attribute__((tls_model("initial-exec")));
 
 /* The application's handler behind the trampoline, per signal; siginfo: it takes three
  * arguments.  Written before the kernel's disposition changes, so a delivery in between finds
@@ -54,7 +53,7 @@ static struct {
 } mlp_app[MLP_NSIG];
 static _Atomic int mlp_sig_lock; /* the table and the kernel's dispositions, changed together */
 
-bool mlp_sig_in_handler(void) { return mlp_sig_depth != 0; }
+bool mlp_sig_in_handler(void) { return __ml_sig_depth != 0; }
 
 /*
  * A fork child starts outside every handler, even one forked inside a handler that it never
@@ -67,7 +66,7 @@ bool mlp_sig_in_handler(void) { return mlp_sig_depth != 0; }
  * child that does return from the handler finds the depth at 0 already: the trampoline does not
  * count it down past 0.
  */
-void mlp_sig_after_fork_child(void) { mlp_sig_depth = 0; }
+void mlp_sig_after_fork_child(void) { __ml_sig_depth = 0; }
 
 static void mlp_app_get(int sig, void **fn, int *flags)
 {
@@ -177,6 +176,8 @@ MLP_SIG_UNCOUNTED(sysv_signal)
 MLP_SIG_UNCOUNTED(__sysv_signal)
 MLP_SIG_UNCOUNTED(sigset)
 
+static void mlp_sig_left(void *depth) { __ml_sig_depth = (unsigned)(uintptr_t)depth; }
+
 static void mlp_trampoline(int sig, siginfo_t *si, void *uc)
 {
     mlp_any_runs++;
@@ -191,9 +192,12 @@ static void mlp_trampoline(int sig, siginfo_t *si, void *uc)
         mlp_nores_runs++;
     if (fn == (void *)SIG_DFL || fn == (void *)SIG_IGN || !fn)
         return; /* cannot happen: only real handlers are installed behind us */
-    /* (a handler that leaves by siglongjmp leaves the depth up: that thread then counts as in
-     * a handler, which only makes cred.c skip what it may skip) */
-    mlp_sig_depth++;
+    /* A handler that leaves by siglongjmp (or a cancellation's unwinding) passes our frame: the
+     * cleanup puts the depth back as it was, or the thread would count as in a handler for good
+     * (its connects on TCP, its frees queued; where glibc runs no cleanup, so it stays). */
+    struct _pthread_cleanup_buffer left;
+    mlp_left_push(&left, mlp_sig_left, (void *)(uintptr_t)__ml_sig_depth);
+    __ml_sig_depth++;
     /* A receive's spin beneath holds its word: lent back for the handler's run (sock.c) */
     void *lent = mlp_spin_lend();
     if (flags & SA_SIGINFO)
@@ -201,8 +205,9 @@ static void mlp_trampoline(int sig, siginfo_t *si, void *uc)
     else
         ((void (*)(int))fn)(sig);
     mlp_spin_unlend(lent);
-    if (mlp_sig_depth) /* 0 in a fork child that returns from the handler it was forked in */
-        mlp_sig_depth--;
+    mlp_left_pop(&left);
+    if (__ml_sig_depth) /* 0 in a fork child that returns from the handler it was forked in */
+        __ml_sig_depth--;
 }
 
 int mlp_sigaction_real(int sig, const struct sigaction *act, struct sigaction *old)

@@ -497,6 +497,13 @@ static bool mlp_lockop_repair(pthread_mutex_t *m)
         m->__data.__owner = 0;
         if (atomic_exchange(word, 0) & FUTEX_WAITERS)
             (void)syscall(SYS_futex, word, FUTEX_WAKE, 1, NULL, NULL, 0);
+    } else if ((w & FUTEX_TID_MASK) == tid && m->__data.__owner != tid) {
+        /* Taken and on the list, but left before glibc's lock wrote its owner (its last step):
+         * written now, as it would have, or the cleanup, which unlocks only a mutex whose
+         * owner is this thread, left it taken for good (tests/preload/callleft.c's storm: a
+         * nonblocking recv of another thread stuck for ever, 2 runs in 25). */
+        m->__data.__owner = tid;
+        m->__data.__nusers++;
     }
     mlp_lockop = NULL;
     return true;
@@ -3218,7 +3225,7 @@ static void mlp_sock_destroy_conn(struct mlp_sock *s)
             mlp_let_go_look(s->ch);
         else
             __ml_seg_destroy(s->ch->seg);
-        free(s->ch);
+        __ml_free(s->ch);
     }
     s->ch = NULL;
     if (ml_unlikely(mlp_nlater))
