@@ -445,7 +445,7 @@ static _Atomic bool mlp_atfork_on; /* registered: a fork from now on runs our ha
 static void mlp_atfork_register(void)
 {
     void *volatile p = malloc(1);
-    __ml_free(p);
+    free(p);
     pthread_atfork(mlp_atfork_prepare, mlp_atfork_parent, mlp_atfork_child);
     atomic_store(&mlp_atfork_on, true);
 }
