@@ -41,6 +41,7 @@
 #include <linux/rtnetlink.h>
 #include <net/if.h>
 #include <net/if_arp.h>
+#include <linux/errqueue.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -2189,15 +2190,18 @@ int mlp_ulp_set(struct mlp_sock *s, int fd)
  * SO_ZEROCOPY.  With it, a send with MSG_ZEROCOPY leaves its buffer to the kernel and a
  * completion comes on the socket's error queue (POLLERR, recvmsg MSG_ERRQUEUE), which the program
  * waits for before it reuses the buffer (QEMU's multifd migration, the kernel's msg_zerocopy
- * tool); a channel's send copies and makes none, and such a program waited for ever.  So a
- * program that asks for it on a connection keeps the kernel's path: set on a connection of ours
- * it is refused with EOPNOTSUPP, the kernel's answer for a socket that cannot do it (the caller
- * turns the kernel's flag off again), an undecided client settled on TCP first (then it keeps
- * it); set before connect, the connect does not offer (mlp_zerocopy_on: the process notes here,
- * before the kernel's call, that some socket may have it).  A listener's is not looked at: gRPC
+ * tool); a channel's send copies and made none, and such a program waited for ever.  Set on an
+ * undecided client, the client is settled first: on TCP it keeps the kernel's path (its sends
+ * in the ring before would be numbered by nobody); where it cannot be settled at once the call
+ * is refused with EOPNOTSUPP, the kernel's answer for a socket that cannot do it (the caller
+ * turns the kernel's flag off again).  Set before connect, the connect does not offer
+ * (mlp_zerocopy_on: the process notes here, before the kernel's call, that some socket may have
+ * it).  A listener's is not looked at: gRPC
  * sets it on every listener and sends with MSG_ZEROCOPY only when told to, and a mark kept every
- * gRPC server on TCP (CI).  A connection accepted from such a listener inherits the flag; its
- * first MSG_ZEROCOPY send on a channel is said (mlp_zerocopy_send), since no completion comes.
+ * gRPC server on TCP (CI).  A connection accepted from such a listener inherits the flag: its
+ * MSG_ZEROCOPY sends on the channel get the kernel's completions, made by us (below); so does
+ * an accelerated connection that is given the flag, which keeps the kernel's answer (over
+ * loopback the kernel copies too, and its completions say so, as ours do).
  */
 void mlp_zerocopy_before(void)
 {
@@ -2205,32 +2209,109 @@ void mlp_zerocopy_before(void)
         atomic_store(&mlp_zerocopy_seen, true);
 }
 
-/* A send with MSG_ZEROCOPY on a channel (sock.c): if the kernel socket has SO_ZEROCOPY (asked
- * once per socket), its program will wait for completions that never come: said, once per
- * process, on stderr and in the log. */
-void mlp_zerocopy_send(struct mlp_sock *s, int fd)
+/* A send with MSG_ZEROCOPY on a channel (sock.c): true if the kernel socket has SO_ZEROCOPY
+ * (asked once per socket), so that the send owes a completion, as the kernel's would: without
+ * the flag the kernel ignores MSG_ZEROCOPY and makes none. */
+bool mlp_zerocopy_send(struct mlp_sock *s, int fd)
 {
-    if (atomic_exchange(&s->zerocopy_looked, true) || mlp_sig_in_handler())
-        return;
+    if (atomic_exchange(&s->zerocopy_looked, true))
+        return atomic_load(&s->zc_on);
     int v = 0, saved = errno;
     socklen_t l = sizeof v;
-    if (mlp_real_getsockopt(fd, SOL_SOCKET, SO_ZEROCOPY, &v, &l) == 0 && v > 0 &&
-        !(atomic_fetch_or(&mlp_said, MLP_SAID_ZEROCOPY) & MLP_SAID_ZEROCOPY))
-        mlp_say(MLP_SAID_ZEROCOPY, "fd %d: a send with MSG_ZEROCOPY on an accelerated connection "
-                "that has SO_ZEROCOPY (from its listener): its data is copied, and no completion "
-                "will come on its error queue; MEMLAN_OFF=1, or --no-ports for the port, keeps "
-                "such connections on TCP", fd);
+    bool on = mlp_real_getsockopt(fd, SOL_SOCKET, SO_ZEROCOPY, &v, &l) == 0 && v > 0;
+    if (on)
+        atomic_store(&s->zc_on, true);
+    if (on && !mlp_sig_in_handler())
+        mlp_log(1, "fd %d: MSG_ZEROCOPY sends on an accelerated connection with SO_ZEROCOPY (from "
+                   "its listener): each is copied into the ring, and its completion, made by "
+                   "memlan, says so (SO_EE_CODE_ZEROCOPY_COPIED)", fd);
     errno = saved;
+    return on;
+}
+
+/* The completion of a MSG_ZEROCOPY send that moved bytes: the kernel numbers such sends from 0
+ * per socket and merges the completions of consecutive ones not yet read into one range; the
+ * socket is POLLERR while one waits (poll.c), and a post makes that an edge for our epoll sets,
+ * as the kernel's error report wakes its waiters at each. */
+void mlp_zerocopy_done(struct mlp_sock *s)
+{
+    uint32_t id = atomic_fetch_add(&s->zc_next, 1);
+    uint64_t p = atomic_load(&s->zc_pend), n;
+    do {
+        uint32_t lo = (uint32_t)p, cnt = (uint32_t)(p >> 32);
+        n = cnt && lo + cnt == id && cnt < UINT32_MAX ? p + (1ull << 32) : id | 1ull << 32;
+        if (cnt && n == (id | 1ull << 32))
+            break; /* not consecutive (sends of two threads crossed): the older range stays */
+    } while (!atomic_compare_exchange_weak(&s->zc_pend, &p, n));
+    if (s->ch)
+        __ml_chan_post_self(s->ch);
+}
+
+/* recvmsg(MSG_ERRQUEUE) with a completion waiting: as the kernel's ip_recv_error (ipv6's for an
+ * AF_INET6 socket) reads it: no byte, an IP_RECVERR (IPV6_RECVERR) control message holding a
+ * sock_extended_err and a zeroed offender address, MSG_ERRQUEUE in the flags; a control buffer
+ * too small gets what fits and MSG_CTRUNC, and the completion is read all the same. */
+ssize_t mlp_zerocopy_read(struct mlp_sock *s, int fd, struct msghdr *m)
+{
+    uint64_t p = atomic_exchange(&s->zc_pend, 0);
+    if (!p)
+        return -EAGAIN;
+    struct {
+        struct sock_extended_err ee;
+        struct sockaddr_in6 offender; /* a sockaddr_in's worth for AF_INET */
+    } e;
+    memset(&e, 0, sizeof e);
+    e.ee.ee_errno = 0;
+    e.ee.ee_origin = SO_EE_ORIGIN_ZEROCOPY;
+    e.ee.ee_code = SO_EE_CODE_ZEROCOPY_COPIED;
+    e.ee.ee_info = (uint32_t)p;
+    e.ee.ee_data = (uint32_t)p + (uint32_t)(p >> 32) - 1;
+    int dom = AF_INET, saved = errno;
+    socklen_t dl = sizeof dom;
+    (void)mlp_real_getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &dl);
+    errno = saved;
+    bool v6 = dom == AF_INET6;
+    size_t len = sizeof e.ee + (v6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in));
+    m->msg_flags = MSG_ERRQUEUE;
+    m->msg_namelen = 0;
+    if (!m->msg_control || m->msg_controllen < sizeof(struct cmsghdr)) {
+        m->msg_flags |= MSG_CTRUNC;
+        m->msg_controllen = 0;
+        return 0;
+    }
+    size_t cmlen = CMSG_LEN(len);
+    if (m->msg_controllen < cmlen) {
+        m->msg_flags |= MSG_CTRUNC;
+        cmlen = m->msg_controllen;
+    }
+    struct cmsghdr h = {.cmsg_len = cmlen,
+                        .cmsg_level = v6 ? SOL_IPV6 : SOL_IP,
+                        .cmsg_type = v6 ? IPV6_RECVERR : IP_RECVERR};
+    memcpy(m->msg_control, &h, sizeof h);
+    memcpy(CMSG_DATA((struct cmsghdr *)m->msg_control), &e, cmlen - CMSG_LEN(0));
+    size_t used = CMSG_SPACE(len);
+    m->msg_controllen = used < m->msg_controllen ? used : m->msg_controllen;
+    return 0;
 }
 
 int mlp_zerocopy_set(struct mlp_sock *s, int fd)
 {
-    if (mlp_kernel_only(s, fd, "SO_ZEROCOPY was set before a memlan acceptor took the offer") ==
-        MLP_TCP)
+    int st = mlp_kernel_only(s, fd, "SO_ZEROCOPY was set before a memlan acceptor took the offer");
+    if (st == MLP_TCP)
         return 0;
-    if (!mlp_sig_in_handler() && !atomic_exchange(&mlp_zerocopy_told, true))
-        mlp_log(1, "fd %d: SO_ZEROCOPY refused (EOPNOTSUPP): MSG_ZEROCOPY's completions come from "
-                   "the kernel socket, which a channel's sends never pass through", fd);
+    if (st == MLP_ACCEL) {
+        /* The kernel's flag is on (getsockopt says so, as over TCP); our sends make the
+         * completions (mlp_zerocopy_done). */
+        atomic_store(&s->zc_on, true);
+        atomic_store(&s->zerocopy_looked, true);
+        if (!mlp_sig_in_handler() && !atomic_exchange(&mlp_zerocopy_told, true))
+            mlp_log(1, "fd %d: SO_ZEROCOPY on an accelerated connection: its MSG_ZEROCOPY sends "
+                       "are copied into the ring, and their completions, made by memlan, say so "
+                       "(SO_EE_CODE_ZEROCOPY_COPIED)", fd);
+        return 0;
+    }
+    /* Undecided still (in a handler, a vfork child, a sandbox: not settled here): its sends
+     * go into the ring, and where it ends on TCP the kernel numbers its completions anew. */
     return -EOPNOTSUPP;
 }
 

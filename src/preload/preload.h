@@ -170,6 +170,9 @@ struct mlp_sock {
     _Atomic bool split_told;      /* bytes found on the idle kernel socket were reported */
     _Atomic bool stall_told;      /* a send stalled with both rings full was reported */
     _Atomic bool zerocopy_looked; /* its first send with MSG_ZEROCOPY asked the kernel's flag */
+    _Atomic bool zc_on;           /* ... which was on (from its listener): completions owed */
+    _Atomic uint32_t zc_next;     /* the id of its next MSG_ZEROCOPY send on the channel */
+    _Atomic uint64_t zc_pend;     /* completions not yet read: first id | count << 32 (0: none) */
     _Atomic bool async_told;      /* O_ASYNC asked for: said once that no SIGIO comes for the
                                    * channel's bytes (mlp_note_async) */
     _Atomic bool passed;          /* accelerated, it was passed to another process over
@@ -373,7 +376,9 @@ int mlp_ulp_set(struct mlp_sock *s, int fd); /* setsockopt(TCP_ULP): 0 for the k
 #define MSG_ZEROCOPY 0x4000000
 #endif
 void mlp_zerocopy_before(void);           /* setsockopt(SO_ZEROCOPY), before the kernel's call */
-void mlp_zerocopy_send(struct mlp_sock *s, int fd); /* MSG_ZEROCOPY on a channel: said */
+bool mlp_zerocopy_send(struct mlp_sock *s, int fd); /* MSG_ZEROCOPY on a channel: owes one? */
+void mlp_zerocopy_done(struct mlp_sock *s);    /* ... sent: its completion queued */
+ssize_t mlp_zerocopy_read(struct mlp_sock *s, int fd, struct msghdr *m); /* MSG_ERRQUEUE */
 int mlp_zerocopy_set(struct mlp_sock *s, int fd); /* ... turned on, on a connection: -EOPNOTSUPP */
 void mlp_note_defer(int fd); /* TCP_DEFER_ACCEPT set: a listener's clients will not offer */
 void mlp_note_lowat(int fd, const void *val, socklen_t len);  /* SO_RCVLOWAT, for a channel */

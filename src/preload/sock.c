@@ -1734,6 +1734,9 @@ ssize_t mlp_sendmsg(struct mlp_sock *s, int fd, const struct msghdr *m, int flag
     return r < 0 ? -errno : r;
 }
 
+static ssize_t mlp_send_on(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags,
+                           int st);
+
 ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags)
 {
     int st = s->state;
@@ -1741,8 +1744,19 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
         st = mlp_decide(s, fd, false);
     if (ml_unlikely(flags & MSG_OOB) && st != MLP_TCP)
         return mlp_send_oob(fd); /* (settled on TCP: the kernel's urgent data, below) */
-    if (ml_unlikely(flags & MSG_ZEROCOPY) && st != MLP_TCP)
-        mlp_zerocopy_send(s, fd);
+    /* SO_ZEROCOPY inherited from the listener (negotiate.c): a send that moved bytes on the
+     * channel owes its completion, as the kernel's would (one that fell to TCP meanwhile got
+     * the kernel's, which numbers its own). */
+    bool zc = ml_unlikely(flags & MSG_ZEROCOPY) && st != MLP_TCP && mlp_zerocopy_send(s, fd);
+    ssize_t r = mlp_send_on(s, fd, iov, n, flags, st);
+    if (ml_unlikely(zc) && r > 0 && s->state == MLP_ACCEL)
+        mlp_zerocopy_done(s);
+    return r;
+}
+
+static ssize_t mlp_send_on(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags,
+                           int st)
+{
     bool nb = (flags & MSG_DONTWAIT) || mlp_nonblock(s);
     if (st == MLP_TCP) {
         int e = mlp_tcp_catch_up(s, fd, !nb);
@@ -2387,6 +2401,12 @@ ssize_t mlp_recvmsg(struct mlp_sock *s, int fd, struct msghdr *m, int flags)
     if (m->msg_iovlen > IOV_MAX)
         return -EMSGSIZE;
     uint64_t dl = 0; /* SO_RCVTIMEO's deadline, from the first wait (the decision's) */
+    if (ml_unlikely(flags & MSG_ERRQUEUE) && atomic_load_explicit(&s->zc_pend,
+                                                                  memory_order_relaxed)) {
+        ssize_t r = mlp_zerocopy_read(s, fd, m); /* a completion of ours (negotiate.c) */
+        if (r != -EAGAIN)
+            return r;
+    }
     if ((flags & (MSG_OOB | MSG_ERRQUEUE)) && s->state == MLP_TCP) {
         ssize_t r = mlp_real_recvmsg(fd, m, flags); /* its urgent byte, its error queue */
         return r < 0 ? -errno : r;
@@ -2488,7 +2508,14 @@ static ssize_t mlp_recv_at(struct mlp_sock *s, int fd, const struct iovec *iov, 
     if (flags & (MSG_OOB | MSG_ERRQUEUE)) {
         /* Never a wait for the decision: the kernel's answer on a connection settled on TCP
          * (its urgent byte, if one came), else the kernel's answer with none: EINVAL for
-         * MSG_OOB, EAGAIN for an empty error queue. */
+         * MSG_OOB, EAGAIN for an empty error queue.  A completion of ours is read with no
+         * room for its control message: 0, as the kernel's recv says. */
+        if ((flags & MSG_ERRQUEUE) && atomic_load_explicit(&s->zc_pend, memory_order_relaxed)) {
+            struct msghdr none = {0};
+            ssize_t r = mlp_zerocopy_read(s, fd, &none);
+            if (r != -EAGAIN)
+                return r;
+        }
         if (s->state == MLP_TCP) {
             struct msghdr mh = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
             ssize_t r = mlp_real_recvmsg(fd, &mh, flags);

@@ -4149,19 +4149,25 @@ def send(s, r, who, z):
         sent += s.send(data[sent:], MSG_ZEROCOPY if z else 0)
         calls += 1
     done = -1
+    seen = set()
+    if z:  # the error queue's POLLERR through epoll too (edge-triggered, nothing asked)
+        e = select.epoll(); e.register(s, select.EPOLLET)
+        seen.add(("epoll", any(ev & select.EPOLLERR for _, ev in e.poll(2))))
+        e.close()
     p = select.poll(); p.register(s, 0)
     while z and done < calls - 1 and p.poll(2000):
         try:
-            _, anc, _, _ = s.recvmsg(0, 1024, socket.MSG_ERRQUEUE)
+            _, anc, flags, _ = s.recvmsg(0, 1024, socket.MSG_ERRQUEUE)
         except BlockingIOError:
             continue
         for lvl, typ, c in anc:
             ee_errno, origin, _, code, _, lo, hi = struct.unpack("=IBBBBII", c[:16])
-            if origin == 5:  # SO_EE_ORIGIN_ZEROCOPY
-                done = max(done, hi)
+            seen.add((lvl, typ, len(c), ee_errno, code, flags))
+            if origin == 5 and lo == done + 1:  # SO_EE_ORIGIN_ZEROCOPY, in order
+                done = hi
     t.join()
     print(who, "completions", ("all" if done == calls - 1 else "missing") if z else "not asked",
-          out)
+          sorted(seen, key=str), out)
 def listener(port):
     l = socket.socket()
     l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -4215,11 +4221,13 @@ def test_zerocopy_sends_get_their_completions(fabric, tmp_path):
     """SO_ZEROCOPY: a send with MSG_ZEROCOPY leaves its buffer to the kernel, and the program
     waits for the completion on the error queue before it reuses it (QEMU's multifd migration,
     the kernel's msg_zerocopy tool); a channel's send made none, and such a program waited for
-    ever.  Now SO_ZEROCOPY on an accelerated connection says EOPNOTSUPP (the kernel's answer for
-    a socket that cannot) and the program sends without it; set before connect (on the socket
-    or a dup of it) or on a client not yet taken, the connection is on TCP with that reason, and
-    the completions come as over kernel TCP.  Set on a listener it is not looked at, and a
-    MSG_ZEROCOPY send on an accepted, accelerated connection that inherited it is said."""
+    ever.  Set before connect (on the socket or a dup of it) or on a client not yet taken, the
+    connection is on TCP with that reason, and the completions come as over kernel TCP.  Set on
+    a listener it is not looked at, and a
+    MSG_ZEROCOPY send on an accepted, accelerated connection that inherited it gets its
+    completion from memlan, as one on an accelerated connection that was given the flag: each
+    says the data was copied (SO_EE_CODE_ZEROCOPY_COPIED), as the kernel's over loopback say, and
+    the socket is POLLERR until it is read (poll, and epoll edge-triggered)."""
     script = tmp_path / "zc.py"
     script.write_text(ZEROCOPY)
     ports = lambda: [str(next_port()) for _ in range(4)]  # noqa: E731
@@ -4234,21 +4242,16 @@ def test_zerocopy_sends_get_their_completions(fabric, tmp_path):
     r = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", PY, str(script), *ports()],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
-    # (Python names EOPNOTSUPP ENOTSUP: the same number on Linux.)  A listener's flag is not
-    # looked at (gRPC sets it on every listener, and sends with MSG_ZEROCOPY only when told
-    # to): cases 3 and 5 are accelerated, their accepted sockets inherit it, and their
-    # completions do not come: said once on stderr (the documented gap).
-    want = ["1 zerocopy ENOTSUP", lines[1].replace("completions all", "completions not asked")]
-    want += lines[2:4]
-    want += [lines[4], lines[5].replace("completions all", "completions missing")]
-    want += lines[6:8]
-    want += [lines[8], lines[9].replace("completions all", "completions missing")]
-    want += lines[10:]
-    assert r.stdout.splitlines() == want, (r.stdout, plain.stdout)
-    assert r.stderr.count("a send with MSG_ZEROCOPY on an accelerated connection that has "
-                          "SO_ZEROCOPY (from its listener)") == 1, r.stderr
+    # A listener's flag is not looked at (gRPC sets it on every listener, and sends with
+    # MSG_ZEROCOPY only when told to): cases 3 and 5 are accelerated, their accepted sockets
+    # inherit it, and memlan makes their completions, as case 1's, whose accelerated connection
+    # was given the flag: the same control messages, codes and flags as the kernel's.
+    assert "(0, 11, 32, 0, 1, 8192)" in lines[1] and "('epoll', True)" in lines[1], lines
+    assert r.stdout.splitlines() == lines, (r.stdout, plain.stdout)
+    assert "MSG_ZEROCOPY" not in r.stderr, r.stderr
     text = log.read_text()
-    assert text.count("SO_ZEROCOPY refused (EOPNOTSUPP)") == 1, text
+    assert text.count("SO_ZEROCOPY on an accelerated connection: its MSG_ZEROCOPY sends") == 1
+    assert text.count("with SO_ZEROCOPY (from its listener)") == 2, text  # cases 3 and 5
     assert text.count("TCP (SO_ZEROCOPY is set on the socket") == 2, text  # cases 2 and 6
     assert "TCP (SO_ZEROCOPY was set before a memlan acceptor took the offer)" in text, text
     assert text.count("accelerated (client)") == 4, text  # cases 1, 3, 5 and 7
