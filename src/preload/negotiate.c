@@ -2235,14 +2235,12 @@ bool mlp_zerocopy_send(struct mlp_sock *s, int fd)
  * as the kernel's error report wakes its waiters at each. */
 void mlp_zerocopy_done(struct mlp_sock *s)
 {
-    uint32_t id = atomic_fetch_add(&s->zc_next, 1);
-    uint64_t p = atomic_load(&s->zc_pend), n;
-    do {
-        uint32_t lo = (uint32_t)p, cnt = (uint32_t)(p >> 32);
-        n = cnt && lo + cnt == id && cnt < UINT32_MAX ? p + (1ull << 32) : id | 1ull << 32;
-        if (cnt && n == (id | 1ull << 32))
-            break; /* not consecutive (sends of two threads crossed): the older range stays */
-    } while (!atomic_compare_exchange_weak(&s->zc_pend, &p, n));
+    /* One word, so that sends of two threads at once neither lose nor split a completion: the
+     * next id above, the count not yet read below (the range is next - count .. next - 1). */
+    uint64_t p = atomic_load(&s->zc_pend);
+    while (!atomic_compare_exchange_weak(&s->zc_pend, &p,
+                                         p + (1ull << 32) + ((uint32_t)p != UINT32_MAX)))
+        ;
     if (s->ch)
         __ml_chan_post_self(s->ch);
 }
@@ -2253,8 +2251,9 @@ void mlp_zerocopy_done(struct mlp_sock *s)
  * too small gets what fits and MSG_CTRUNC, and the completion is read all the same. */
 ssize_t mlp_zerocopy_read(struct mlp_sock *s, int fd, struct msghdr *m)
 {
-    uint64_t p = atomic_exchange(&s->zc_pend, 0);
-    if (!p)
+    uint64_t p = atomic_fetch_and(&s->zc_pend, ~(uint64_t)UINT32_MAX); /* the ids stay */
+    uint32_t next = (uint32_t)(p >> 32), count = (uint32_t)p;
+    if (!count)
         return -EAGAIN;
     struct {
         struct sock_extended_err ee;
@@ -2264,8 +2263,8 @@ ssize_t mlp_zerocopy_read(struct mlp_sock *s, int fd, struct msghdr *m)
     e.ee.ee_errno = 0;
     e.ee.ee_origin = SO_EE_ORIGIN_ZEROCOPY;
     e.ee.ee_code = SO_EE_CODE_ZEROCOPY_COPIED;
-    e.ee.ee_info = (uint32_t)p;
-    e.ee.ee_data = (uint32_t)p + (uint32_t)(p >> 32) - 1;
+    e.ee.ee_info = next - count;
+    e.ee.ee_data = next - 1;
     int dom = AF_INET, saved = errno;
     socklen_t dl = sizeof dom;
     (void)mlp_real_getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &dl);

@@ -81,7 +81,7 @@ int mlp_revents_want(struct mlp_sock *s, int fd, short want)
         rev |= POLLOUT | POLLWRNORM;
     if (rd_done && ch->shut_wr) /* both ways shut, whoever shut them: our SHUT_RDWR too */
         rev |= POLLHUP;
-    if (ml_unlikely(atomic_load_explicit(&s->zc_pend, memory_order_relaxed)))
+    if (ml_unlikely((uint32_t)atomic_load_explicit(&s->zc_pend, memory_order_relaxed)))
         rev |= POLLERR; /* a MSG_ZEROCOPY completion waits on the error queue (negotiate.c) */
     if (rd_done) {
         int rs = mlp_reset_state(s, false); /* a reset: the kernel's socket is closed, HUP for good */

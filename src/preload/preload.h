@@ -171,8 +171,8 @@ struct mlp_sock {
     _Atomic bool stall_told;      /* a send stalled with both rings full was reported */
     _Atomic bool zerocopy_looked; /* its first send with MSG_ZEROCOPY asked the kernel's flag */
     _Atomic bool zc_on;           /* ... which was on (from its listener): completions owed */
-    _Atomic uint32_t zc_next;     /* the id of its next MSG_ZEROCOPY send on the channel */
-    _Atomic uint64_t zc_pend;     /* completions not yet read: first id | count << 32 (0: none) */
+    _Atomic uint64_t zc_pend;     /* MSG_ZEROCOPY sends on the channel: the next id << 32 |
+                                   * how many completions wait (negotiate.c) */
     _Atomic bool async_told;      /* O_ASYNC asked for: said once that no SIGIO comes for the
                                    * channel's bytes (mlp_note_async) */
     _Atomic bool passed;          /* accelerated, it was passed to another process over

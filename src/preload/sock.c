@@ -2401,8 +2401,8 @@ ssize_t mlp_recvmsg(struct mlp_sock *s, int fd, struct msghdr *m, int flags)
     if (m->msg_iovlen > IOV_MAX)
         return -EMSGSIZE;
     uint64_t dl = 0; /* SO_RCVTIMEO's deadline, from the first wait (the decision's) */
-    if (ml_unlikely(flags & MSG_ERRQUEUE) && atomic_load_explicit(&s->zc_pend,
-                                                                  memory_order_relaxed)) {
+    if (ml_unlikely(flags & MSG_ERRQUEUE) && (uint32_t)atomic_load_explicit(&s->zc_pend,
+                                                                            memory_order_relaxed)) {
         ssize_t r = mlp_zerocopy_read(s, fd, m); /* a completion of ours (negotiate.c) */
         if (r != -EAGAIN)
             return r;
@@ -2510,7 +2510,8 @@ static ssize_t mlp_recv_at(struct mlp_sock *s, int fd, const struct iovec *iov, 
          * (its urgent byte, if one came), else the kernel's answer with none: EINVAL for
          * MSG_OOB, EAGAIN for an empty error queue.  A completion of ours is read with no
          * room for its control message: 0, as the kernel's recv says. */
-        if ((flags & MSG_ERRQUEUE) && atomic_load_explicit(&s->zc_pend, memory_order_relaxed)) {
+        if ((flags & MSG_ERRQUEUE) &&
+            (uint32_t)atomic_load_explicit(&s->zc_pend, memory_order_relaxed)) {
             struct msghdr none = {0};
             ssize_t r = mlp_zerocopy_read(s, fd, &none);
             if (r != -EAGAIN)
