@@ -292,7 +292,8 @@ void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared, ui
      * not wait for itself: it takes the lock only if it is free for readers, and otherwise
      * skips the post (the interrupted thread may be half-way through an import); the waiter
      * then finds the event at its next look, within the liveness interval. */
-    bool reentered = ml_evq_cache_depth != 0;
+    bool reentered = ml_evq_cache_depth != 0 || __ml_sig_depth != 0; /* or any handler: an
+                                                   * import allocates, under the write lock */
     if (reentered) {
         if (pthread_rwlock_tryrdlock(&ml_evq_cache_lock) != 0)
             return;

@@ -434,7 +434,14 @@ static void ml_mapc_park(struct memlan_segment *seg)
         __ml_sys_munmap(seg->base, seg->map_size);
         return;
     }
-    pthread_mutex_lock(&ml_mapc_mu);
+    /* A close in a signal handler (async-signal-safe) on top of a thread inside the cache (every
+     * accept expires it): the lock only if free at once, else the mapping just goes. */
+    if (__ml_sig_depth ? pthread_mutex_trylock(&ml_mapc_mu) != 0
+                       : pthread_mutex_lock(&ml_mapc_mu) != 0) {
+        __ml_guard_del(seg->guard);
+        __ml_sys_munmap(seg->base, seg->map_size);
+        return;
+    }
     if (ml_mapc_expire(now) == ML_MAPC_N) { /* full: the oldest goes */
         int old = 0;
         for (int i = 1; i < ML_MAPC_N; i++)

@@ -250,6 +250,7 @@ void mlp_sock_finish(struct mlp_sock *s)
 
 struct mlp_sock *mlp_sock_new(int type)
 {
+    __ml_free_later_run(); /* what handlers freed (a server that closes only in them) */
     pthread_mutex_lock(&mlp_free_mu);
     if (ml_unlikely(atomic_load_explicit(&mlp_free_pending, memory_order_relaxed))) {
         struct mlp_sock *p = atomic_exchange(&mlp_free_pending, NULL);

@@ -234,6 +234,17 @@ MLP_EXPORT int listen(int fd, int backlog)
     MLP_INIT();
     bool pre = false, refused = false;
     int saved = errno;
+    if (ml_unlikely(mlp_sig_in_handler()) && !mlp_inside && !mlp_cfg.off) {
+        /* listen is async-signal-safe; publishing takes the negotiation's lock and allocates,
+         * which the thread the handler interrupted may hold or be doing: the kernel's alone. */
+        int r = mlp_real_listen(fd, backlog);
+        int err = errno;
+        if (r == 0 && !mlp_fd_is_ours(fd))
+            mlp_log(1, "listen fd %d: not published (it listened in a signal handler): its "
+                       "clients stay on TCP", fd);
+        errno = r < 0 ? err : saved;
+        return r;
+    }
     if (!mlp_inside && !mlp_cfg.off && !mlp_fd_is_ours(fd)) {
         refused = mlp_on_listen(fd, true) > 0;
         pre = mlp_fd_is_ours(fd);

@@ -482,6 +482,8 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
         bool nested = __atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED) != 0;
         if (!ready && timeout_ns != 0 && mlp_vf(&vf)) {
             nap = true; /* a vfork child: nothing armed, nothing made (above) */
+        } else if (!ready && timeout_ns != 0 && mlp_sig_in_handler()) {
+            nap = true; /* a handler: the queue's locks and allocations may be its thread's */
         } else if (!ready && timeout_ns != 0) {
             /* Nested sets first: the refresh drains the queue, which must not swallow a post
              * for one of our own sockets after we armed it (we would sleep past it). */
@@ -562,7 +564,7 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             nk++;
         }
         int bell = -1;
-        if (mlp_q && (naccel || nested) && vf != 1 && !look) {
+        if (mlp_q && (naccel || nested) && vf != 1 && !look && !mlp_sig_in_handler()) {
             bell = (int)nk;
             k[nk++] = (struct pollfd){.fd = memlan_evq_fd(mlp_q), .events = POLLIN};
         }
@@ -743,13 +745,14 @@ static void mlp_sleep_left(void *arg)
  * One sleep, of at most *live (the liveness interval, doubled here up to its maximum), ended by
  * a timeout with a liveness look as the futex sleep's timeout makes.  0: look again; -EAGAIN:
  * the deadline; -EINTR: a handler ran; -ENOSYS: cannot sleep so here (no event queue, no
- * eventfd, a kernel socket no longer ours to watch, this thread's waiter in use by the poll this
- * call interrupted from a handler, a vfork child): the caller sleeps on the futex.
+ * eventfd, a kernel socket no longer ours to watch, a signal handler, a vfork child): the
+ * caller sleeps on the futex.
  */
 int mlp_sock_sleep(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline, int64_t *live)
 {
     struct memlan_channel *ch = s->ch;
-    if (mlp_vfork_child() || !ch || s->state != MLP_ACCEL || !ch->sock_ino || mlp_peer_nopost(s))
+    if (mlp_vfork_child() || !ch || s->state != MLP_ACCEL || !ch->sock_ino || mlp_peer_nopost(s) ||
+        mlp_sig_in_handler()) /* (a handler: the waiter's and the queue's locks, as in poll) */
         return -ENOSYS;
     /* A process that lost the fabric (its credentials changed, a sandbox refused a creation)
      * makes nothing new for this (a sandbox may kill for what it did not expect): only a queue

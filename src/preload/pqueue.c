@@ -122,11 +122,16 @@ static __thread bool mlp_q_making __attribute__((tls_model("initial-exec")));
 
 memlan_evq_t *mlp_queue(void)
 {
+    /* Not in a handler, even one made already: adding a socket to it and draining it take
+     * locks (mlp_home_mu, mlp_q_mu, the epoll sets') that the interrupted thread may hold; a
+     * poll there looks again every little while instead. */
+    if (mlp_sig_in_handler())
+        return NULL;
     if (mlp_q || !mlp_fab)
         return mlp_q;
     if (mlp_q_failed_ns && mlp_now_ns() - mlp_q_failed_ns < 1000000000u)
         return NULL;
-    if (mlp_q_making || mlp_sig_in_handler()) /* (a handler: making it allocates) */
+    if (mlp_q_making)
         return NULL;
     mlp_q_making = true;
     memlan_evq_t *r = mlp_queue_make();

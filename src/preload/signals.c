@@ -37,6 +37,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 #define MLP_NSIG 65
@@ -178,6 +179,26 @@ MLP_SIG_UNCOUNTED(sigset)
 
 static void mlp_sig_left(void *depth) { __ml_sig_depth = (unsigned)(uintptr_t)depth; }
 
+/* Is our frame (at p) below the interrupted one's stack pointer, as on the thread's own stack or
+ * an alternate stack beneath it?  glibc's jump runs the cleanups of the buffers below its
+ * target, newest first, and stops at the first that is not: one of ours on an alternate stack
+ * above the target stayed linked after its frame was gone, the depth stayed up, and the next
+ * handler's buffer, at the same address, linked to itself (pthread_exit's unwinding then looped
+ * for ever: a review's altjmp).  Unknown: not pushed (the depth then stays up after a jump). */
+static bool mlp_sig_below(void *uc, const void *p)
+{
+    if (!uc)
+        return false;
+#if defined(__x86_64__)
+    uintptr_t sp = (uintptr_t)((ucontext_t *)uc)->uc_mcontext.gregs[REG_RSP];
+#elif defined(__aarch64__)
+    uintptr_t sp = (uintptr_t)((ucontext_t *)uc)->uc_mcontext.sp;
+#else
+    uintptr_t sp = 0;
+#endif
+    return (uintptr_t)p < sp;
+}
+
 static void mlp_trampoline(int sig, siginfo_t *si, void *uc)
 {
     mlp_any_runs++;
@@ -196,7 +217,9 @@ static void mlp_trampoline(int sig, siginfo_t *si, void *uc)
      * cleanup puts the depth back as it was, or the thread would count as in a handler for good
      * (its connects on TCP, its frees queued; where glibc runs no cleanup, so it stays). */
     struct _pthread_cleanup_buffer left;
-    mlp_left_push(&left, mlp_sig_left, (void *)(uintptr_t)__ml_sig_depth);
+    bool pushed = mlp_sig_below(uc, &left);
+    if (pushed)
+        mlp_left_push(&left, mlp_sig_left, (void *)(uintptr_t)__ml_sig_depth);
     __ml_sig_depth++;
     /* A receive's spin beneath holds its word: lent back for the handler's run (sock.c) */
     void *lent = mlp_spin_lend();
@@ -205,7 +228,8 @@ static void mlp_trampoline(int sig, siginfo_t *si, void *uc)
     else
         ((void (*)(int))fn)(sig);
     mlp_spin_unlend(lent);
-    mlp_left_pop(&left);
+    if (pushed)
+        mlp_left_pop(&left);
     if (__ml_sig_depth) /* 0 in a fork child that returns from the handler it was forked in */
         __ml_sig_depth--;
 }

@@ -497,7 +497,7 @@ static bool mlp_lockop_repair(pthread_mutex_t *m)
         m->__data.__owner = 0;
         if (atomic_exchange(word, 0) & FUTEX_WAITERS)
             (void)syscall(SYS_futex, word, FUTEX_WAKE, 1, NULL, NULL, 0);
-    } else if ((w & FUTEX_TID_MASK) == tid && m->__data.__owner != tid) {
+    } else if ((w & FUTEX_TID_MASK) == tid && m->__data.__owner == 0) {
         /* Taken and on the list, but left before glibc's lock wrote its owner (its last step):
          * written now, as it would have, or the cleanup, which unlocks only a mutex whose
          * owner is this thread, left it taken for good (tests/preload/callleft.c's storm: a

@@ -1,15 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 OR MIT */
 /*
  * heaphandler PORT: async-signal-safe calls on sockets made from a signal handler (close,
- * dup2, shutdown, send, recv, poll, select, accept, socket and connect), and exit() from a handler, must not
- * touch the heap: the handler may have interrupted its thread inside malloc or free, and a heap
- * call then corrupts the heap ("free(): corrupted unsorted chunks", seen once in 150 runs of
- * exithandler.c closeconn).  The program replaces malloc, calloc, realloc and free with glibc's
+ * dup2, shutdown, send, recv, poll, select, accept, socket, connect and listen; a send that
+ * wakes another thread's poll), and exit() from a handler, must not touch the heap: the
+ * handler may have interrupted its thread inside malloc or free, and a heap call then corrupts
+ * the heap ("free(): corrupted unsorted chunks", seen once in 150 runs of exithandler.c
+ * closeconn).  The program replaces malloc, calloc, realloc and free with glibc's
  * own behind a check: one made while a handler of the program runs writes "HEAP <call>" (by
  * write(2), itself safe there).  Over kernel TCP no such line is written; the same lines, and
  * what each step's peer sees, are expected under memlan.  Prints "done" at the end.
  */
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stddef.h>
 #include <sys/select.h>
@@ -118,6 +120,20 @@ static void do_poll(void)
     (void)!write(1, b, (size_t)k);
 }
 static void do_close_l(void) { close(extra); }
+static void do_listen(void)
+{
+    if (listen(extra, 4) != 0)
+        (void)!write(1, "handler: listen failed\n", 23);
+}
+
+/* A thread asleep in poll on the accepted end while the handler sends on the client: the send
+ * wakes it through the event queue (whose import allocated). */
+static void *poll_a(void *arg)
+{
+    struct pollfd p = {a, POLLIN, 0};
+    *(int *)arg = poll(&p, 1, 3000) == 1 ? p.revents : -1;
+    return NULL;
+}
 static void do_exit(void) { exit(7); }
 
 /* What the other end of the pair reads now: a byte, the end, or nothing within 2 s. */
@@ -203,7 +219,36 @@ int main(int argc, char **argv)
     close(a);
     close(c);
 
-    struct sockaddr_in a2;
+    pair();
+    int got = 0;
+    pthread_t t;
+    pthread_create(&t, NULL, poll_a, &got);
+    usleep(200000);
+    in_a_handler(do_send);
+    pthread_join(t, NULL);
+    printf("send to a sleeping poll: revents %#x\n", (unsigned)got);
+    close(a);
+    close(c);
+
+    struct sockaddr_in a2 = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t a2l = sizeof a2;
+    int l3 = socket(AF_INET, SOCK_STREAM, 0);
+    if (l3 < 0 || bind(l3, (struct sockaddr *)&a2, sizeof a2) != 0 ||
+        getsockname(l3, (struct sockaddr *)&a2, &a2l) != 0)
+        die("bind");
+    close(extra);
+    extra = l3;
+    in_a_handler(do_listen);
+    c = socket(AF_INET, SOCK_STREAM, 0);
+    if (c < 0 || connect(c, (struct sockaddr *)&a2, sizeof a2) != 0 || send(c, "L", 1, 0) != 1)
+        die("connect to the handler's listener");
+    a = accept(l3, NULL, NULL);
+    peer_reads("listen", a);
+    close(a);
+    close(c);
+    close(l3);
+    extra = open("/dev/null", O_RDONLY);
+
     int l2 = listen_backlog(0, 4, &a2);
     close(extra);
     extra = l2;
