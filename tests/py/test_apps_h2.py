@@ -821,5 +821,8 @@ def test_apache2_mod_http2(fabric, pubdir, accept_filter):
         assert "exit signal" not in err and "[core:error]" not in err, err[-2000:]
     check_workload(res[False][0], pubdir)
     assert res[False][1] == ([400] * 4 + [0] * 3, [400, 0, 0, 0], 400 * 100000), res
-    assert res[True] == res[False], res
+    # (once in a CI run under load, 168 of the 400 requests after the graceful restart errored
+    # under memlan; not reproduced since: the logs' ends say more next time)
+    assert res[True] == res[False], (res, (base / "error.log").read_text()[-3000:],
+                                     clog.read_text()[-4000:], slog.read_text()[-3000:])
     settle()
