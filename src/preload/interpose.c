@@ -1609,6 +1609,14 @@ MLP_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_
     if (level == IPPROTO_TCP && name == TCP_DEFER_ACCEPT)
         mlp_note_defer(fd);
     if (level == SOL_SOCKET && name == SO_ZEROCOPY && len >= sizeof(int) && !mlp_inside &&
+        *(const int *)val == 0) { /* (the kernel read val: it is readable) */
+        struct mlp_sock *s = mlp_conn(fd);
+        if (s) {
+            mlp_zerocopy_off(s); /* its later MSG_ZEROCOPY sends owe nothing, as the kernel's */
+            mlp_put(s);
+        }
+    }
+    if (level == SOL_SOCKET && name == SO_ZEROCOPY && len >= sizeof(int) && !mlp_inside &&
         *(const int *)val != 0) { /* (the kernel read val: it is readable) */
         struct mlp_call c; /* its settlement may take the send lock and send: a cancellation */
         struct mlp_sock *s = mlp_conn_call(fd, &c);

@@ -2210,23 +2210,31 @@ void mlp_zerocopy_before(void)
 }
 
 /* A send with MSG_ZEROCOPY on a channel (sock.c): true if the kernel socket has SO_ZEROCOPY
- * (asked once per socket), so that the send owes a completion, as the kernel's would: without
- * the flag the kernel ignores MSG_ZEROCOPY and makes none. */
+ * (asked once per socket, then kept by our setsockopt), so that the send owes a completion, as
+ * the kernel's would: without the flag the kernel ignores MSG_ZEROCOPY and makes none.  The
+ * answer is stored before the look is marked done: a second thread's first send at the same
+ * moment asks the kernel too, rather than read a flag not yet stored (its completion was lost:
+ * a review, 1 round in 300). */
 bool mlp_zerocopy_send(struct mlp_sock *s, int fd)
 {
-    if (atomic_exchange(&s->zerocopy_looked, true))
+    if (atomic_load(&s->zerocopy_looked))
         return atomic_load(&s->zc_on);
     int v = 0, saved = errno;
     socklen_t l = sizeof v;
     bool on = mlp_real_getsockopt(fd, SOL_SOCKET, SO_ZEROCOPY, &v, &l) == 0 && v > 0;
-    if (on)
-        atomic_store(&s->zc_on, true);
-    if (on && !mlp_sig_in_handler())
-        mlp_log(1, "fd %d: MSG_ZEROCOPY sends on an accelerated connection with SO_ZEROCOPY (from "
-                   "its listener): each is copied into the ring, and its completion, made by "
-                   "memlan, says so (SO_EE_CODE_ZEROCOPY_COPIED)", fd);
     errno = saved;
+    atomic_store(&s->zc_on, on);
+    if (!atomic_exchange(&s->zerocopy_looked, true) && on && !mlp_sig_in_handler())
+        mlp_log(1, "fd %d: MSG_ZEROCOPY sends on an accelerated connection with SO_ZEROCOPY: each "
+                   "is copied into the ring, and its completion, made by memlan, says so "
+                   "(SO_EE_CODE_ZEROCOPY_COPIED)", fd);
     return on;
+}
+
+void mlp_zerocopy_off(struct mlp_sock *s)
+{
+    atomic_store(&s->zc_on, false);
+    atomic_store(&s->zerocopy_looked, true);
 }
 
 /* The completion of a MSG_ZEROCOPY send that moved bytes: the kernel numbers such sends from 0
@@ -2247,32 +2255,38 @@ void mlp_zerocopy_done(struct mlp_sock *s)
 
 /* recvmsg(MSG_ERRQUEUE) with a completion waiting: as the kernel's ip_recv_error (ipv6's for an
  * AF_INET6 socket) reads it: no byte, an IP_RECVERR (IPV6_RECVERR) control message holding a
- * sock_extended_err and a zeroed offender address, MSG_ERRQUEUE in the flags; a control buffer
- * too small gets what fits and MSG_CTRUNC, and the completion is read all the same. */
-ssize_t mlp_zerocopy_read(struct mlp_sock *s, int fd, struct msghdr *m)
+ * sock_extended_err and a zeroed offender address, MSG_ERRQUEUE in the flags (and
+ * MSG_CMSG_CLOEXEC when asked, as the kernel echoes it); a control buffer too small gets what
+ * fits and MSG_CTRUNC, one the program may not write gets nothing (the kernel's put_cmsg copies
+ * out without a fault; our memcpy killed the program: a review), and the completion is read all
+ * the same.  msg_namelen is written only with a msg_name, as the kernel's.  (Not made: the
+ * timestamp message SO_TIMESTAMP adds before it.) */
+ssize_t mlp_zerocopy_read(struct mlp_sock *s, int fd, struct msghdr *m, int flags)
 {
     uint64_t p = atomic_fetch_and(&s->zc_pend, ~(uint64_t)UINT32_MAX); /* the ids stay */
     uint32_t next = (uint32_t)(p >> 32), count = (uint32_t)p;
     if (!count)
         return -EAGAIN;
-    struct {
-        struct sock_extended_err ee;
-        struct sockaddr_in6 offender; /* a sockaddr_in's worth for AF_INET */
-    } e;
-    memset(&e, 0, sizeof e);
-    e.ee.ee_errno = 0;
-    e.ee.ee_origin = SO_EE_ORIGIN_ZEROCOPY;
-    e.ee.ee_code = SO_EE_CODE_ZEROCOPY_COPIED;
-    e.ee.ee_info = next - count;
-    e.ee.ee_data = next - 1;
+    union {
+        struct cmsghdr h;
+        char b[CMSG_SPACE(sizeof(struct sock_extended_err) + sizeof(struct sockaddr_in6))];
+    } c;
+    memset(&c, 0, sizeof c);
+    struct sock_extended_err ee = {.ee_errno = 0,
+                                   .ee_origin = SO_EE_ORIGIN_ZEROCOPY,
+                                   .ee_code = SO_EE_CODE_ZEROCOPY_COPIED,
+                                   .ee_info = next - count,
+                                   .ee_data = next - 1};
+    memcpy(CMSG_DATA(&c.h), &ee, sizeof ee); /* the offender after it: zeroes */
     int dom = AF_INET, saved = errno;
     socklen_t dl = sizeof dom;
     (void)mlp_real_getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &dl);
     errno = saved;
     bool v6 = dom == AF_INET6;
-    size_t len = sizeof e.ee + (v6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in));
-    m->msg_flags = MSG_ERRQUEUE;
-    m->msg_namelen = 0;
+    size_t len = sizeof ee + (v6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in));
+    m->msg_flags = MSG_ERRQUEUE | (flags & MSG_CMSG_CLOEXEC);
+    if (m->msg_name)
+        m->msg_namelen = 0;
     if (!m->msg_control || m->msg_controllen < sizeof(struct cmsghdr)) {
         m->msg_flags |= MSG_CTRUNC;
         m->msg_controllen = 0;
@@ -2283,14 +2297,34 @@ ssize_t mlp_zerocopy_read(struct mlp_sock *s, int fd, struct msghdr *m)
         m->msg_flags |= MSG_CTRUNC;
         cmlen = m->msg_controllen;
     }
-    struct cmsghdr h = {.cmsg_len = cmlen,
-                        .cmsg_level = v6 ? SOL_IPV6 : SOL_IP,
-                        .cmsg_type = v6 ? IPV6_RECVERR : IP_RECVERR};
-    memcpy(m->msg_control, &h, sizeof h);
-    memcpy(CMSG_DATA((struct cmsghdr *)m->msg_control), &e, cmlen - CMSG_LEN(0));
-    size_t used = CMSG_SPACE(len);
-    m->msg_controllen = used < m->msg_controllen ? used : m->msg_controllen;
+    c.h.cmsg_len = cmlen;
+    c.h.cmsg_level = v6 ? SOL_IPV6 : SOL_IP;
+    c.h.cmsg_type = v6 ? IPV6_RECVERR : IP_RECVERR;
+    size_t used = CMSG_SPACE(len) < m->msg_controllen ? CMSG_SPACE(len) : m->msg_controllen;
+    size_t copy = cmlen; /* the padding after it is the program's */
+    bool ok;
+    if (mlp_known_confined()) { /* a sandbox may kill for process_vm_writev */
+        memcpy(m->msg_control, c.b, copy);
+        ok = true;
+    } else {
+        struct iovec lo = {c.b, copy}, ro = {m->msg_control, copy};
+        ok = __ml_sys_raw(SYS_process_vm_writev, atomic_load(&mlp_pid), (long)&lo, 1, (long)&ro,
+                          1, 0) == (long)copy;
+    }
+    if (!ok) {
+        m->msg_flags &= ~MSG_CTRUNC;
+        used = 0;
+    }
+    m->msg_controllen = used;
     return 0;
+}
+
+/* A MSG_ZEROCOPY send on an undecided client with the flag (a socket given it in an earlier
+ * image, which connect did not see): settled first, without waiting; the state. */
+int mlp_zerocopy_settle(struct mlp_sock *s, int fd)
+{
+    return mlp_kernel_only(s, fd, "a MSG_ZEROCOPY send with SO_ZEROCOPY came before a memlan "
+                                  "acceptor took the offer");
 }
 
 int mlp_zerocopy_set(struct mlp_sock *s, int fd)

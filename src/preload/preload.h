@@ -378,7 +378,9 @@ int mlp_ulp_set(struct mlp_sock *s, int fd); /* setsockopt(TCP_ULP): 0 for the k
 void mlp_zerocopy_before(void);           /* setsockopt(SO_ZEROCOPY), before the kernel's call */
 bool mlp_zerocopy_send(struct mlp_sock *s, int fd); /* MSG_ZEROCOPY on a channel: owes one? */
 void mlp_zerocopy_done(struct mlp_sock *s);    /* ... sent: its completion queued */
-ssize_t mlp_zerocopy_read(struct mlp_sock *s, int fd, struct msghdr *m); /* MSG_ERRQUEUE */
+void mlp_zerocopy_off(struct mlp_sock *s);     /* setsockopt(SO_ZEROCOPY, 0) */
+int mlp_zerocopy_settle(struct mlp_sock *s, int fd); /* ... on an undecided client: the state */
+ssize_t mlp_zerocopy_read(struct mlp_sock *s, int fd, struct msghdr *m, int flags);
 int mlp_zerocopy_set(struct mlp_sock *s, int fd); /* ... turned on, on a connection: -EOPNOTSUPP */
 void mlp_note_defer(int fd); /* TCP_DEFER_ACCEPT set: a listener's clients will not offer */
 void mlp_note_lowat(int fd, const void *val, socklen_t len);  /* SO_RCVLOWAT, for a channel */

@@ -1672,11 +1672,16 @@ static ssize_t mlp_tx_whole(struct mlp_sock *s, const struct iovec *iov, int n, 
 
 /* A send of more than ML_INT_MAX_IO bytes: of the first ML_INT_MAX_IO (off the common path, for
  * its array). */
+static ssize_t mlp_send_on(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags,
+                           int st);
+
+/* (the state's and MSG_ZEROCOPY's work done by mlp_send already: one call, one completion) */
 static __attribute__((noinline)) ssize_t mlp_send_cut(struct mlp_sock *s, int fd,
-                                                      const struct iovec *iov, int n, int flags)
+                                                      const struct iovec *iov, int n, int flags,
+                                                      int st)
 {
     struct iovec v[IOV_MAX];
-    return mlp_send(s, fd, v, mlp_iov_cut(iov, n, v), flags);
+    return mlp_send_on(s, fd, v, mlp_iov_cut(iov, n, v), flags, st);
 }
 
 /*
@@ -1734,9 +1739,6 @@ ssize_t mlp_sendmsg(struct mlp_sock *s, int fd, const struct msghdr *m, int flag
     return r < 0 ? -errno : r;
 }
 
-static ssize_t mlp_send_on(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags,
-                           int st);
-
 ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags)
 {
     int st = s->state;
@@ -1744,10 +1746,16 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
         st = mlp_decide(s, fd, false);
     if (ml_unlikely(flags & MSG_OOB) && st != MLP_TCP)
         return mlp_send_oob(fd); /* (settled on TCP: the kernel's urgent data, below) */
-    /* SO_ZEROCOPY inherited from the listener (negotiate.c): a send that moved bytes on the
-     * channel owes its completion, as the kernel's would (one that fell to TCP meanwhile got
-     * the kernel's, which numbers its own). */
+    /* SO_ZEROCOPY on the kernel socket (negotiate.c): a send that moved bytes on the channel
+     * owes its completion, as the kernel's would (one that fell to TCP meanwhile got the
+     * kernel's, which numbers its own).  An undecided client is settled first, as for the
+     * option itself: on TCP the kernel numbers all its sends (one of ours into the ring before
+     * would be numbered by nobody, and a program waited for it for ever: a review). */
     bool zc = ml_unlikely(flags & MSG_ZEROCOPY) && st != MLP_TCP && mlp_zerocopy_send(s, fd);
+    if (ml_unlikely(zc) && st == MLP_UNDECIDED) {
+        st = mlp_zerocopy_settle(s, fd);
+        zc = st != MLP_TCP;
+    }
     ssize_t r = mlp_send_on(s, fd, iov, n, flags, st);
     if (ml_unlikely(zc) && r > 0 && s->state == MLP_ACCEL)
         mlp_zerocopy_done(s);
@@ -1772,7 +1780,7 @@ static ssize_t mlp_send_on(struct mlp_sock *s, int fd, const struct iovec *iov, 
     if (t < 0)
         return t;
     if (ml_unlikely(t > ML_INT_MAX_IO))
-        return mlp_send_cut(s, fd, iov, n, flags);
+        return mlp_send_cut(s, fd, iov, n, flags, st);
     size_t total = (size_t)t;
     mlp_sync_timeouts(s, fd);
     ssize_t done = 0, r;
@@ -2403,7 +2411,7 @@ ssize_t mlp_recvmsg(struct mlp_sock *s, int fd, struct msghdr *m, int flags)
     uint64_t dl = 0; /* SO_RCVTIMEO's deadline, from the first wait (the decision's) */
     if (ml_unlikely(flags & MSG_ERRQUEUE) && (uint32_t)atomic_load_explicit(&s->zc_pend,
                                                                             memory_order_relaxed)) {
-        ssize_t r = mlp_zerocopy_read(s, fd, m); /* a completion of ours (negotiate.c) */
+        ssize_t r = mlp_zerocopy_read(s, fd, m, flags); /* a completion of ours (negotiate.c) */
         if (r != -EAGAIN)
             return r;
     }
@@ -2513,7 +2521,7 @@ static ssize_t mlp_recv_at(struct mlp_sock *s, int fd, const struct iovec *iov, 
         if ((flags & MSG_ERRQUEUE) &&
             (uint32_t)atomic_load_explicit(&s->zc_pend, memory_order_relaxed)) {
             struct msghdr none = {0};
-            ssize_t r = mlp_zerocopy_read(s, fd, &none);
+            ssize_t r = mlp_zerocopy_read(s, fd, &none, flags);
             if (r != -EAGAIN)
                 return r;
         }

@@ -4216,6 +4216,21 @@ zc(l4, "7")
 a, _ = l4.accept()
 print("7 accepted with the flag", a.getsockopt(socket.SOL_SOCKET, SO_ZEROCOPY))
 c.sendall(b"seven"); assert a.recv(5) == b"seven"
+c.close(); a.close()
+c = socket.create_connection(("127.0.0.1", p1))
+a, _ = l1.accept()
+c.sendall(b"x"); assert a.recv(1) == b"x"
+zc(c, "8")
+c.send(b"one", MSG_ZEROCOPY); assert a.recv(3) == b"one"
+p = select.poll(); p.register(c, 0)
+print("8 completion", [ev for _, ev in p.poll(2000)], c.recvmsg(0, 1024, socket.MSG_ERRQUEUE)[1][0][2][12:16])
+c.setsockopt(socket.SOL_SOCKET, SO_ZEROCOPY, 0)
+c.send(b"two", MSG_ZEROCOPY); assert a.recv(3) == b"two"
+print("8 after the flag went off", [ev for _, ev in p.poll(300)])
+c.setsockopt(socket.SOL_SOCKET, SO_ZEROCOPY, 1)
+c.send(b"three", MSG_ZEROCOPY); assert a.recv(5) == b"three"
+p.poll(2000)
+print("8 on again: ids", struct.unpack("=II", c.recvmsg(0, 1024, socket.MSG_ERRQUEUE)[1][0][2][8:16]))
 """
 
 
@@ -4239,7 +4254,9 @@ def test_zerocopy_sends_get_their_completions(fabric, tmp_path):
     lines = plain.stdout.splitlines()
     assert lines[0:12:2] == [f"{i} zerocopy ok" for i in range(1, 7)], plain.stdout
     assert all(ln.startswith(f"{i} completions all ") for i, ln in zip(range(1, 7), lines[1:12:2]))
-    assert lines[12:] == ["7 zerocopy ok", "7 accepted with the flag 0"], plain.stdout
+    assert lines[12:14] == ["7 zerocopy ok", "7 accepted with the flag 0"], plain.stdout
+    assert lines[14:] == ["8 zerocopy ok", "8 completion [8] b'\\x00\\x00\\x00\\x00'",
+                          "8 after the flag went off []", "8 on again: ids (1, 1)"], plain.stdout
     log = tmp_path / "m.log"
     r = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", PY, str(script), *ports()],
                        capture_output=True, text=True, timeout=60)
@@ -4253,10 +4270,11 @@ def test_zerocopy_sends_get_their_completions(fabric, tmp_path):
     assert "MSG_ZEROCOPY" not in r.stderr, r.stderr
     text = log.read_text()
     assert text.count("SO_ZEROCOPY on an accelerated connection: its MSG_ZEROCOPY sends") == 1
-    assert text.count("with SO_ZEROCOPY (from its listener)") == 2, text  # cases 3 and 5
+    # cases 3 and 5 (case 1's and 8's are told at their setsockopt, once per process)
+    assert text.count("MSG_ZEROCOPY sends on an accelerated connection with SO_ZEROCOPY") == 2
     assert text.count("TCP (SO_ZEROCOPY is set on the socket") == 2, text  # cases 2 and 6
     assert "TCP (SO_ZEROCOPY was set before a memlan acceptor took the offer)" in text, text
-    assert text.count("accelerated (client)") == 4, text  # cases 1, 3, 5 and 7
+    assert text.count("accelerated (client)") == 5, text  # cases 1, 3, 5, 7 and 8
     settle(fabric)
 
 
