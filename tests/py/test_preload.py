@@ -4223,14 +4223,16 @@ c.sendall(b"x"); assert a.recv(1) == b"x"
 zc(c, "8")
 c.send(b"one", MSG_ZEROCOPY); assert a.recv(3) == b"one"
 p = select.poll(); p.register(c, 0)
-print("8 completion", [ev for _, ev in p.poll(2000)], c.recvmsg(0, 1024, socket.MSG_ERRQUEUE)[1][0][2][12:16])
+ev = [ev for _, ev in p.poll(2000)]
+print("8 completion", ev, c.recvmsg(0, 1024, socket.MSG_ERRQUEUE)[1][0][2][12:16])
 c.setsockopt(socket.SOL_SOCKET, SO_ZEROCOPY, 0)
 c.send(b"two", MSG_ZEROCOPY); assert a.recv(3) == b"two"
 print("8 after the flag went off", [ev for _, ev in p.poll(300)])
 c.setsockopt(socket.SOL_SOCKET, SO_ZEROCOPY, 1)
 c.send(b"three", MSG_ZEROCOPY); assert a.recv(5) == b"three"
 p.poll(2000)
-print("8 on again: ids", struct.unpack("=II", c.recvmsg(0, 1024, socket.MSG_ERRQUEUE)[1][0][2][8:16]))
+anc = c.recvmsg(0, 1024, socket.MSG_ERRQUEUE)[1]
+print("8 on again: ids", struct.unpack("=II", anc[0][2][8:16]))
 """
 
 
