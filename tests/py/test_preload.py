@@ -3748,6 +3748,21 @@ def test_socket_calls_in_a_signal_handler_leave_the_heap_alone(fabric, tmp_path)
     settle(fabric)
 
 
+def test_jumps_out_of_handlers_give_the_thread_back(fabric, tmp_path):
+    """altjmp: handlers that leave by siglongjmp on the thread's own stack, then a connection:
+    accelerated, the thread no longer counted as in a handler (before: for good, and its
+    connect stayed on kernel TCP without a word, "the client is not memlan" at the server);
+    then jumps from an alternate stack above the jump's target and pthread_exit: the program
+    ends, as over kernel TCP (a first version's cleanup buffer stayed linked there after its
+    frame, and pthread_exit's unwinding looped for ever: a review)."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "altjmp", tmp_path)
+    assert plain.stdout.endswith("pthread_exit from main\n"), plain.stdout + plain.stderr
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stdout + text
+    assert text.count("accelerated (client)") == 1, text
+    assert "signal handler" not in text, text
+    settle(fabric)
+
+
 def test_posix_spawn_carries_the_connections_its_child_gets(fabric, tmp_path):
     """spawnconn: posix_spawn, whose exec glibc makes inside libc.  A connection the file
     actions dup2 onto the child's 0 and 1 (close-on-exec in the parent: an inetd, Rust's
