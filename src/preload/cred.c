@@ -40,6 +40,7 @@
 #include <grp.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 static _Atomic int mlp_cred_gone;          /* 1: the fabric is out of our reach */
@@ -73,7 +74,12 @@ static void mlp_cred_check(const char *what)
         ml_store_relaxed(&mlp_cred_euid, e);
         if (ml_load_relaxed(&mlp_cred_gone)) {
             ml_store_release(&mlp_cred_gone, 0);
-            mlp_log(1, "credentials changed again (%s): the fabric is in reach again", what);
+            /* Once per process, as the loss is: smbd changes its euid around every request,
+             * and said so 49 times for one short session. */
+            static _Atomic bool again_said;
+            if (!atomic_exchange(&again_said, true))
+                mlp_log(1, "credentials changed again (%s): the fabric is in reach again (said "
+                           "once)", what);
         }
         return;
     }
@@ -313,6 +319,38 @@ MLP_EXPORT int initgroups(const char *user, gid_t group)
 {
     MLP_CRED(mlp_real_initgroups(user, group), "initgroups");
 }
+/*
+ * The same calls made through libc's syscall() (samba's smbd changes its euid around its work so,
+ * per thread, in libutil's setid wrappers): seen as the libc ones are.  Unseen, a child that
+ * dropped its euid after our stat entry was made never said that its posts may not reach its
+ * peers, and a client asleep in epoll_wait never heard its reply (every `smbclient del` waited
+ * 20 s and failed: an explorer).  The kernel's call is per thread; the check that follows asks
+ * the euid of this thread, the one that changed.
+ */
+static int mlp_cred_raw(long n, long a, long b, long c)
+{
+    long r = __ml_sys_raw(n, a, b, c, 0, 0, 0);
+    if (r < 0 && r > -4096) {
+        errno = (int)-r;
+        return -1;
+    }
+    return (int)r;
+}
+
+bool mlp_cred_nr(long n)
+{
+    return n == SYS_setuid || n == SYS_setgid || n == SYS_setreuid || n == SYS_setregid ||
+           n == SYS_setresuid || n == SYS_setresgid || n == SYS_setgroups || n == SYS_capset;
+}
+
+int mlp_cred_syscall(long n, long a, long b, long c)
+{
+    uid_t euid = n == SYS_setuid ? (uid_t)a
+                 : n == SYS_setreuid || n == SYS_setresuid ? (uid_t)b
+                                                           : (uid_t)-1;
+    MLP_CRED_U(mlp_cred_raw(n, a, b, c), "syscall(set*id)", euid);
+}
+
 /* Declared by libcap's header, not glibc's: the kernel's two pointers, passed through. */
 int capset(void *hdr, void *data);
 MLP_EXPORT int capset(void *hdr, void *data) { MLP_CRED(mlp_real_capset(hdr, data), "capset"); }

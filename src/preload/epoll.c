@@ -1682,10 +1682,14 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
                 goto look;
             mlp_rl_push(m);
             *undecided = true; /* still changing: the caller naps 1 ms rather than sleeping */
-        } else if (!mlp_q || !s->ch->evq) {
+        } else if (!mlp_q || !s->ch->evq || mlp_peer_nopost(s)) {
             /* Cannot be armed (no queue, or every registration slot of the direction taken:
-             * more processes wait on it than it has slots): no post can put it back on the
-             * list, so it stays there, and the caller naps rather than sleeping. */
+             * more processes wait on it than it has slots), or its peer says its posts may not
+             * reach us (ML_SOCK_NOPOST: it changed credentials, and our queue's file may be
+             * closed to it): no post can put it back on the list, so it stays there, and the
+             * caller naps rather than sleeping.  (Before, the nap looked at the list only: a
+             * client in epoll_wait never heard the reply of a server that dropped its euid,
+             * samba's smbd: an explorer.) */
             mlp_rl_push(m);
             *undecided = true;
         }
@@ -1696,7 +1700,9 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
 /* A member whose peer's end no FIN tells (poll.c, mlp_peer_passed_gone: one that passed its
  * socket to another process and then ended without its exit handler, or one that shut down its
  * writing and died while we wait to write) goes on the ready list, where the harvest reports its
- * end.  Nothing else would: no post comes from a dead process, nor a FIN from a kernel socket
+ * end.  So does one whose peer said, after we armed it, that its posts may not reach us
+ * (ML_SOCK_NOPOST): the harvest keeps it there, and the wait naps and looks.  Nothing else
+ * would: no post comes from a dead process, nor a FIN from a kernel socket
  * that the receiver holds or that sent its FIN at the shutdown.  A walk of the set's members at
  * most once per liveness interval, by any wait that may sleep, busy set or idle (made only when
  * a wait ran out, a writer in a busy loop's set was never woken; a passed peer still only then,
@@ -1714,7 +1720,8 @@ static bool mlp_ep_passed_look(struct mlp_ep *e, bool ran_out)
     for (int fd = 0; fd < e->nbyfd; fd++) {
         struct mlp_member *m = e->byfd[fd];
         if (m && m->s && !m->disabled && !m->parked && !m->queued &&
-            mlp_peer_passed_gone(m->s, (m->events & EPOLLOUT) != 0, ran_out)) {
+            (mlp_peer_passed_gone(m->s, (m->events & EPOLLOUT) != 0, ran_out) ||
+             (m->s->type == MLP_CONN && m->s->state == MLP_ACCEL && mlp_peer_nopost(m->s)))) {
             mlp_rl_push(m);
             found = true;
         }

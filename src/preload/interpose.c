@@ -807,6 +807,8 @@ MLP_EXPORT long syscall(long n, ...)
     if (n == SYS_io_uring_setup && !mlp_inside && mlp_uring_refuse() < 0)
         return -1;
 #endif
+    if (ml_unlikely(mlp_cred_nr(n)))
+        return mlp_cred_syscall(n, a, b, c); /* (cred.c: samba changes its euid so) */
     long (*real)(long, long, long, long, long, long, long) = mlp_real_syscall;
     long r;
     /* A new process without fork's handlers (vsftpd's sessions): see mlp_raw_fork.  A clone

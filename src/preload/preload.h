@@ -461,6 +461,8 @@ void mlp_nofile_note(unsigned long long cur); /* pqueue.c: RLIMIT_NOFILE's soft 
 long mlp_nofile_now(void);                    /* as last noted (start-up, setrlimit, prlimit) */
 void mlp_poll_prepare_thread(void); /* pqueue.c: this thread's wake-up, made before a sandbox */
 bool mlp_cred_lost(bool at_accept);  /* true: no new connection of ours may use the fabric */
+bool mlp_cred_nr(long n);            /* syscall(): a set*id, setgroups or capset number */
+int mlp_cred_syscall(long n, long a, long b, long c); /* ... made as the libc call is */
 void mlp_stat_inherited(struct mlp_sock *s); /* a fork child's first use */
 void mlp_cred_kept_closed(void);  /* a socket's cred_fd closed (sock.c) */
 void mlp_cred_adopted_out(void);  /* exec.c: took connections up in a fabric out of reach */

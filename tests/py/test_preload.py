@@ -3763,6 +3763,52 @@ def test_jumps_out_of_handlers_give_the_thread_back(fabric, tmp_path):
     settle(fabric)
 
 
+REFUSED_CONNECTS = r"""
+import errno, select, socket, sys
+closed, open_port = int(sys.argv[1]), int(sys.argv[2])
+n = 0
+for i in range(300):   # a worker retrying a server that is gone (gearman's)
+    s = socket.socket(); s.setblocking(False)
+    e = s.connect_ex(("127.0.0.1", closed))
+    if e == errno.EINPROGRESS:
+        select.select([], [s], [], 2); e = s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+    n += e == errno.ECONNREFUSED
+    s.close()
+print("refused", n)
+s = socket.socket(); s.setblocking(False)
+e = s.connect_ex(("127.0.0.1", open_port))
+select.select([], [s], [], 2)
+print("to a plain server", errno.errorcode.get(e), s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+"""
+
+
+def test_refused_nonblocking_connects_write_no_log_line(fabric, tmp_path):
+    """A nonblocking connect the kernel refuses (no server on the port) made no connection: no
+    "TCP (no memlan listener ...)" line for it, as none for a blocking one, and the program still
+    reads ECONNREFUSED from SO_ERROR; a nonblocking connect to a plain server is said.  Before,
+    each refused attempt wrote its line: a gearman worker retrying a stopped gearmand wrote
+    733,297 lines (79 MB) in 20 s (an explorer)."""
+    script = tmp_path / "refused.py"
+    script.write_text(REFUSED_CONNECTS)
+    plain_srv = socket.socket()
+    plain_srv.bind(("127.0.0.1", 0))
+    plain_srv.listen(4)
+    try:
+        args = [str(next_port()), str(plain_srv.getsockname()[1])]
+        plain = subprocess.run([PY, str(script), *args], capture_output=True, text=True,
+                               timeout=60)
+        assert plain.stdout.splitlines() == ["refused 300", "to a plain server EINPROGRESS 0"]
+        log = tmp_path / "m.log"
+        r = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", PY, str(script), *args],
+                           capture_output=True, text=True, timeout=60)
+        assert r.stdout == plain.stdout, r.stdout + r.stderr
+        text = log.read_text()
+        assert text.count("TCP (no memlan listener on this port in the fabric)") == 1, text[-2000:]
+    finally:
+        plain_srv.close()
+    settle(fabric)
+
+
 def test_posix_spawn_carries_the_connections_its_child_gets(fabric, tmp_path):
     """spawnconn: posix_spawn, whose exec glibc makes inside libc.  A connection the file
     actions dup2 onto the child's 0 and 1 (close-on-exec in the parent: an inetd, Rust's

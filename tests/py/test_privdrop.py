@@ -384,6 +384,86 @@ def test_drop_never_makes_a_client_wait(fabric, tmp_path, how):
     settle()
 
 
+# A forking server whose child drops its euid after the connection was accepted (accelerated):
+# as it forks (early) or after the first request (late), by libc's setresuid or by setresuid(2)
+# through libc's syscall() (samba's smbd, per thread); it answers four requests, each 0.2 s
+# after it came, while the client sleeps in one epoll set.
+LATE_DROP_SERVER = r"""
+import ctypes, os, socket, sys, time
+how = sys.argv[1]
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", 0))
+ls.listen(4)
+print(ls.getsockname()[1], flush=True)
+c, _ = ls.accept()
+def drop():
+    if how.startswith("syscall"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.syscall(117, 65534, 65534, -1) == 0  # x86_64 SYS_setresuid
+    else:
+        os.setresuid(65534, 65534, -1)
+if os.fork() == 0:
+    ls.close()
+    if how.endswith("early"):
+        drop()
+    for i in range(4):
+        d = c.recv(100)
+        if i == 0 and how.endswith("late"):
+            drop()
+        time.sleep(0.2)
+        c.sendall(b"re:" + d)
+    os._exit(0)
+c.close()
+os.wait()
+"""
+
+LATE_DROP_CLIENT = r"""
+import select, socket, sys
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+ep = select.epoll()
+ep.register(s.fileno(), select.EPOLLIN)
+for i in range(4):
+    s.sendall(b"req%d" % i)
+    ev = ep.poll(5.0)
+    print(i, s.recv(100) if ev else "no reply within 5 s", flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["libc-early", "syscall-early", "syscall-late"])
+def test_an_epoll_client_hears_a_child_that_dropped_after_accept(fabric, tmp_path, how):
+    """The child's posts cannot reach the client's queue once its euid is another user's.  It
+    says so in its side of the channel (ML_SOCK_NOPOST), and a waiter looks at such a member
+    every little while rather than sleep on its queue.  Before: poll clients did, but an epoll
+    set's member armed before the flag came was never looked at again (no reply within 5 s for
+    every request), and a drop through syscall() was not seen at all (every `smbclient del`
+    waited 20 s and failed: an explorer)."""
+    pwd.getpwnam("nobody")
+    if os.uname().machine != "x86_64":
+        pytest.skip("the raw syscall number is x86_64's")
+    (tmp_path / "srv.py").write_text(LATE_DROP_SERVER)
+    (tmp_path / "cli.py").write_text(LATE_DROP_CLIENT)
+    outs = []
+    for on in (False, True):
+        slog, clog = tmp_path / f"server{on}.log", tmp_path / f"client{on}.log"
+        srv = subprocess.Popen(wrap(["python3", str(tmp_path / "srv.py"), how], slog, on),
+                               stdout=subprocess.PIPE, text=True)
+        try:
+            port = int(srv.stdout.readline())
+            outs.append(run(["python3", str(tmp_path / "cli.py"), str(port)], clog, on,
+                            timeout=60))
+            assert srv.wait(20) == 0
+        finally:
+            if srv.poll() is None:
+                srv.kill()
+                srv.wait()
+    assert outs[0].splitlines() == [f"{i} b're:req{i}'" for i in range(4)], outs[0]
+    assert outs[1] == outs[0], outs
+    s = (tmp_path / "serverTrue.log").read_text()
+    assert "accelerated (accepted" in s and "changed its credentials" in s, s
+    settle()
+
+
 # The interposed calls answer exactly as libc does: results and errno, with and without memlan.
 CRED_CALLS = r"""
 import ctypes, os, socket
@@ -682,7 +762,9 @@ def test_a_dropped_childs_exec_carries_its_connection(fabric, pubdir, what):
         if on:
             s = slog.read_text()
             assert "accelerated (carried across exec)" in s, s[-3000:]
-            assert "accelerated (client)" in clog.read_text(), clog.read_text()
+            # (a client killed after its send may never have looked at the decision: its
+            # 300 KB can fit in the undecided ring, which grows, when the server is slow)
+            assert "accelerated (client)" in clog.read_text() or what == "kill", clog.read_text()
     settle()
     assert got[1] == got[0], got
     assert got[0][2] == "0" and got[0][3], got
