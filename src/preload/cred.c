@@ -60,6 +60,7 @@ bool mlp_fabric_out(void) { return ml_load_acquire(&mlp_cred_gone) != 0; }
 
 static void mlp_cred_ring_peers(bool nopost);
 static void mlp_cred_mark_lost(const char *why);
+static __thread bool mlp_cred_thread_only __attribute__((tls_model("initial-exec")));
 static void mlp_cred_keep_files(void);
 
 static void mlp_cred_check(const char *what)
@@ -110,11 +111,18 @@ static void mlp_cred_mark_lost(const char *why)
     ml_store_release(&mlp_cred_gone, 1);
     if (!mlp_cred_said) {
         mlp_cred_said = true;
-        mlp_log(0, "%s (%s): the ports it listens on take no offers (their clients stay on TCP), "
-                   "its new connections stay on TCP, its accelerated ones go on",
-                mlp_cred_why, mlp_fab->path);
+        mlp_log(0, "%s (%s): %s, its new connections stay on TCP, its accelerated ones go on",
+                mlp_cred_why, mlp_fab->path,
+                mlp_cred_thread_only ? "a thread of it changed alone (its acceptors find out at "
+                                       "their accepts)"
+                                     : "the ports it listens on take no offers (their clients "
+                                       "stay on TCP)");
     }
-    if (!mlp_lrec_no_offer(ML_NO_OFFER_CRED))
+    /* A change through syscall() is the thread's own: another thread may accept on the ports
+     * with the old credentials, and the mark stays until their last listener closes (a worker
+     * that dropped and came back kept every later client on TCP: a review).  An acceptor that
+     * cannot reach the fabric finds out at its accept and marks them itself. */
+    if (!mlp_cred_thread_only && !mlp_lrec_no_offer(ML_NO_OFFER_CRED))
         atomic_fetch_or(&mlp_cred_owed, MLP_OWE_NO_OFFER);
     if (mlp_sig_in_handler())
         atomic_fetch_or(&mlp_cred_owed, MLP_OWE_RING);
@@ -343,12 +351,20 @@ bool mlp_cred_nr(long n)
            n == SYS_setresuid || n == SYS_setresgid || n == SYS_setgroups || n == SYS_capset;
 }
 
+static int mlp_cred_syscall_u(long n, long a, long b, long c, uid_t euid)
+{
+    MLP_CRED_U(mlp_cred_raw(n, a, b, c), "syscall(set*id)", euid);
+}
+
 int mlp_cred_syscall(long n, long a, long b, long c)
 {
     uid_t euid = n == SYS_setuid ? (uid_t)a
                  : n == SYS_setreuid || n == SYS_setresuid ? (uid_t)b
                                                            : (uid_t)-1;
-    MLP_CRED_U(mlp_cred_raw(n, a, b, c), "syscall(set*id)", euid);
+    mlp_cred_thread_only = true;
+    int r = mlp_cred_syscall_u(n, a, b, c, euid);
+    mlp_cred_thread_only = false;
+    return r;
 }
 
 /* Declared by libcap's header, not glibc's: the kernel's two pointers, passed through. */

@@ -1552,7 +1552,7 @@ static bool mlp_ep_unwatch_locked(struct mlp_ep *e, struct mlp_ep_watch *w, bool
         if (!m || m->s != s || m->disabled || m->queued)
             continue; /* gone, changed, or listed again meanwhile (a post, a MOD) */
         if (!arm || !mlp_ep_watchable(m) || mlp_arm(s, (short)(m->events & 0xffff), true) ||
-            !s->ch->evq) {
+            !s->ch->evq || mlp_peer_nopost(s)) { /* (no post would bring it back: harvest) */
             mlp_rl_push(m);
             back = true;
         }
@@ -1611,11 +1611,24 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
         }
         uint32_t ev = mlp_ev_from_poll(rev) & (m->events | EPOLLERR | EPOLLHUP);
         bool und = s->state == MLP_UNDECIDED;
+        /* A peer that said its posts may not reach us (ML_SOCK_NOPOST: it changed credentials):
+         * no post puts the member back on the list, so it stays there, looked at at every nap,
+         * and edge-triggered reports only what turned ready since the last look, as for an
+         * undecided socket (a readiness that stays, an idle socket's EPOLLOUT, was reported
+         * again at every look: a review). */
+        bool nopost = !und && s->type == MLP_CONN && s->state == MLP_ACCEL && mlp_peer_nopost(s);
         if (und) {
             *undecided = true;
             if (et) {
                 uint32_t fresh = ev & ~m->undecided_seen;
                 m->undecided_seen |= ev;
+                ev = fresh;
+            }
+        } else if (nopost) {
+            *undecided = true;
+            if (et) {
+                uint32_t fresh = ev & ~m->undecided_seen;
+                m->undecided_seen = ev; /* what is ready now; what went may come again */
                 ev = fresh;
             }
         } else if (m->undecided_seen) {
@@ -1625,7 +1638,7 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
             reported |= m->undecided_seen;
             m->undecided_seen = 0;
         }
-        if (et && !und && !(ev & ~reported))
+        if (et && !und && !nopost && !(ev & ~reported))
             ev = 0; /* nothing new; with something new, the whole mask, as the kernel's */
         if (ev) {
             out[got].events = ev;
@@ -1650,11 +1663,11 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
             }
             if (m->events & EPOLLONESHOT)
                 m->disabled = true;
-            else if (und || !et)
+            else if (und || nopost || !et)
                 mlp_rl_push(m); /* level-triggered: looked at again on the next wait */
             else if (mlp_arm_et(m, reported | ev))
                 mlp_rl_push(m); /* a new edge already: the next wait reports it */
-        } else if (und) {
+        } else if (und || nopost) {
             mlp_rl_push(m);
         } else if (atomic_load(&s->fin_ns) && mlp_check_peer(s)) {
             mlp_rl_push(m); /* its FIN came before its lock went: nap and look again */
@@ -1684,12 +1697,11 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
             *undecided = true; /* still changing: the caller naps 1 ms rather than sleeping */
         } else if (!mlp_q || !s->ch->evq || mlp_peer_nopost(s)) {
             /* Cannot be armed (no queue, or every registration slot of the direction taken:
-             * more processes wait on it than it has slots), or its peer says its posts may not
-             * reach us (ML_SOCK_NOPOST: it changed credentials, and our queue's file may be
-             * closed to it): no post can put it back on the list, so it stays there, and the
-             * caller naps rather than sleeping.  (Before, the nap looked at the list only: a
-             * client in epoll_wait never heard the reply of a server that dropped its euid,
-             * samba's smbd: an explorer.) */
+             * more processes wait on it than it has slots), or its peer said just now that its
+             * posts may not reach us (ML_SOCK_NOPOST, above): no post can put it back on the
+             * list, so it stays there, and the caller naps rather than sleeping.  (Before, the
+             * nap looked at the list only: a client in epoll_wait never heard the reply of a
+             * server that dropped its euid, samba's smbd: an explorer.) */
             mlp_rl_push(m);
             *undecided = true;
         }
