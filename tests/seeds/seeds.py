@@ -255,6 +255,23 @@ class NfsServer:
                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self._wait(NFS_PORT, self.ganesha, "ganesha.nfsd", 60)
         self._wait(MNT_PORT, self.ganesha, "ganesha.nfsd (mountd)", 60)
+        self._wait_registered(("100003", "100005"), 60)
+
+    def _wait_registered(self, progs, timeout):
+        """Until rpcbind knows the programs: ganesha registers them a little after it listens,
+        and a client that asked in between read "Program is not available" for MOUNT (once in a
+        CI run, over kernel TCP)."""
+        rpcinfo = shutil.which("rpcinfo")
+        if not rpcinfo:
+            return
+        end = time.time() + timeout
+        while time.time() < end and self.ganesha.poll() is None:
+            p = subprocess.run(self.enter + ["--", rpcinfo, "-p", "127.0.0.1"],
+                               capture_output=True, text=True, timeout=30)
+            have = {line.split()[0] for line in p.stdout.splitlines()[1:] if line.split()}
+            if all(prog in have for prog in progs):
+                return
+            time.sleep(0.05)
 
     def _wait(self, port, proc, what, timeout=20):
         end = time.time() + timeout
