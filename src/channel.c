@@ -1218,6 +1218,21 @@ static bool ml_peer_dead(struct memlan_channel *ch)
     return ch->peer_dead;
 }
 
+/*
+ * The peer's queue is out of our reach (its file refused us: this thread changed its credentials
+ * alone, with setfsuid or a raw system call that no interposer sees, or another thread changed
+ * them back while this one kept the old ones): our posts cannot wake it, so it must not sleep on
+ * its queue for us.  ML_SOCK_NOPOST says so, as a credential change seen by the preload does
+ * (src/preload/cred.c), and the peer's sleep, at most its liveness interval, finds it.  Before,
+ * the peer slept its whole liveness interval (100 ms to 1 s) for every wake-up we owed it.
+ */
+static void ml_chan_nopost(struct memlan_channel *ch)
+{
+    struct ml_sock_side *sides = (struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF);
+    if (!(ml_load_relaxed(&sides[ch->side].flags) & ML_SOCK_NOPOST))
+        atomic_fetch_or(&sides[ch->side].flags, ML_SOCK_NOPOST);
+}
+
 void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
                          const struct ml_evq_ref *refs)
 {
@@ -1233,8 +1248,9 @@ void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
     }
     if (w & ML_WAIT_EVQ_ANY) {
         for (uint32_t i = 0; i < ML_EVQ_REFS; i++)
-            if (w & ML_WAIT_EVQ_REF(i))
-                __ml_evq_post_ref(ch->seg->fab, &refs[i], &ch->peer_evq_hint[i]);
+            if ((w & ML_WAIT_EVQ_REF(i)) &&
+                __ml_evq_post_ref(ch->seg->fab, &refs[i], &ch->peer_evq_hint[i]) < 0)
+                ml_chan_nopost(ch);
         ch->wakeups++;
     }
 }

@@ -234,13 +234,15 @@ static struct ml_evq_import *ml_evq_cache_find(const char *tok, uint32_t *hint)
     return NULL;
 }
 
-/* Import tok's queue into the cache.  Caller holds the lock for writing. */
-static struct ml_evq_import *ml_evq_cache_import(memlan_fabric_t *fab, const char *tok)
+/* Import tok's queue into the cache (NULL and *err on failure).  Caller holds the lock for
+ * writing. */
+static struct ml_evq_import *ml_evq_cache_import(memlan_fabric_t *fab, const char *tok, int *err)
 {
     ml_evq_cache_sweep();
     struct memlan_segment *seg;
-    if (__ml_seg_import(fab, tok, ML_KIND_EVQ, true, &seg) < 0)
+    if ((*err = __ml_seg_import(fab, tok, ML_KIND_EVQ, true, &seg)) < 0)
         return NULL;
+    *err = -EPROTO;
     struct ml_evq_hdr *c = (struct ml_evq_hdr *)(seg->base + seg->body_off);
     if (!ml_evq_geometry_ok(seg, c)) {
         __ml_seg_destroy(seg);
@@ -276,8 +278,10 @@ static struct ml_evq_import *ml_evq_cache_import(memlan_fabric_t *fab, const cha
 /* Post to a peer's queue.  Senders in many threads post at once: they share the cache under a
  * read lock (an entry is neither moved nor freed while anyone holds it), and only an import,
  * which also sweeps and evicts, takes it for writing.  A mutex here put pgbench's two threads to
- * sleep on each other on every wake-up they sent. */
-void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared, uint32_t *hint)
+ * sleep on each other on every wake-up they sent.  -EACCES or -EPERM: the queue's file is out of
+ * our reach (credentials changed, by this thread alone perhaps: setfsuid, a raw system call; a
+ * sandbox); 0 otherwise, whether posted or not. */
+int __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared, uint32_t *hint)
 {
     /* Copy the reference out of shared memory once, then check it: the peer may write it. */
     struct ml_evq_ref ref;
@@ -286,7 +290,7 @@ void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared, ui
     memcpy(tok, ref.token, MEMLAN_TOKEN_LEN);
     tok[MEMLAN_TOKEN_LEN] = '\0';
     if (ref.valid != 1 || !__ml_token_valid(tok))
-        return;
+        return 0;
     pthread_once(&ml_evq_cache_once, ml_evq_cache_atfork);
     /* A signal handler that sends while this thread is inside (send is async-signal-safe) must
      * not wait for itself: it takes the lock only if it is free for readers, and otherwise
@@ -296,23 +300,24 @@ void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared, ui
                                                    * import allocates, under the write lock */
     if (reentered) {
         if (pthread_rwlock_tryrdlock(&ml_evq_cache_lock) != 0)
-            return;
+            return 0;
     } else {
         pthread_rwlock_rdlock(&ml_evq_cache_lock);
     }
     ml_evq_cache_depth++;
+    int err = 0;
     struct ml_evq_import *e = ml_evq_cache_find(tok, hint);
     if (!e && reentered) {
         ml_evq_cache_depth--;
         pthread_rwlock_unlock(&ml_evq_cache_lock);
-        return;
+        return 0;
     }
     if (!e) {
         pthread_rwlock_unlock(&ml_evq_cache_lock);
         pthread_rwlock_wrlock(&ml_evq_cache_lock);
         e = ml_evq_cache_find(tok, hint); /* another thread may have imported it meanwhile */
         if (!e)
-            e = ml_evq_cache_import(fab, tok);
+            e = ml_evq_cache_import(fab, tok, &err);
         if (e)
             ml_store_relaxed((_Atomic uint32_t *)hint, (uint32_t)(e - ml_evq_cache));
     }
@@ -334,6 +339,7 @@ void __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared, ui
     }
     pthread_rwlock_unlock(&ml_evq_cache_lock);
     ml_evq_cache_depth--;
+    return err == -EACCES || err == -EPERM ? err : 0;
 }
 
 /* ---- the queue's owner ------------------------------------------------------------------- */

@@ -1670,12 +1670,12 @@ static ssize_t mlp_tx_whole(struct mlp_sock *s, const struct iovec *iov, int n, 
     return total ? __ml_chan_sendv(s->ch, &c, MEMLAN_DONTWAIT | ML_SEND_WHOLE) : 0;
 }
 
-/* A send of more than ML_INT_MAX_IO bytes: of the first ML_INT_MAX_IO (off the common path, for
- * its array). */
 static ssize_t mlp_send_on(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags,
                            int st);
 
-/* (the state's and MSG_ZEROCOPY's work done by mlp_send already: one call, one completion) */
+/* A send of more than ML_INT_MAX_IO bytes: of the first ML_INT_MAX_IO (off the common path, for
+ * its array).  The state's and MSG_ZEROCOPY's work is done by mlp_send already: one call, one
+ * completion. */
 static __attribute__((noinline)) ssize_t mlp_send_cut(struct mlp_sock *s, int fd,
                                                       const struct iovec *iov, int n, int flags,
                                                       int st)

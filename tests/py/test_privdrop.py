@@ -27,7 +27,7 @@ import time
 import pytest
 
 from conftest import MEMLAN, pubdir  # noqa: F401 (fixture)
-from test_apps import NGINX_CONF, Server, need, next_port, run, settle, tcp_reasons, wait_port, wrap
+from test_apps import NGINX_CONF, Server, accelerated, need, next_port, run, settle, tcp_reasons, wait_port, wrap
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the servers drop from root: needs root")
 
@@ -38,6 +38,17 @@ CRED_PEER = "a server process lost the fabric (credentials"  # a client's reason
 
 def stalls(times, bound=0.5):
     return [t for t in times if t > bound]
+
+
+# A test server's start: a listener on a free loopback port, which it prints.
+LISTENER = r"""
+import socket, sys
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+print(ls.getsockname()[1], flush=True)
+"""
 
 
 # ---- nginx: a root master, two workers as nobody -----------------------------------------------
@@ -479,6 +490,92 @@ def test_an_epoll_client_hears_a_child_that_dropped_after_accept(fabric, tmp_pat
     settle()
 
 
+# A thread that changes its file-system uid alone (setfsuid: per thread, and no interposer sees
+# it) after its first answer, then answers each request after 20 ms.
+FSUID_SERVER = LISTENER + r"""
+import ctypes, threading, time
+c, _ = ls.accept()
+def serve():
+    libc = ctypes.CDLL(None, use_errno=True)
+    for i in range(int(sys.argv[1])):
+        d = c.recv(100)
+        if i == 0:  # answered at once (the client spins: no wake-up owed), then the change
+            libc.setfsuid(65534)
+            assert libc.setfsuid(-1) == 65534  # (-1 changes nothing and says the current one)
+        else:
+            time.sleep(0.02)  # past the client's spin: it sleeps on its queue
+        c.sendall(b"re:" + d)
+t = threading.Thread(target=serve)
+t.start()
+t.join()
+"""
+
+FSUID_CLIENT = r"""
+import select, socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+n, how = int(sys.argv[2]), sys.argv[3]
+if how == "epoll":
+    ep = select.epoll()
+    ep.register(s.fileno(), select.EPOLLIN)
+    wait = lambda: ep.poll(5.0)
+else:
+    p = select.poll()
+    p.register(s.fileno(), select.POLLIN)
+    wait = lambda: p.poll(5000)
+slow = []
+for i in range(n):
+    if i == 0:
+        time.sleep(0.1)  # the server sleeps in its recv first: its queue is made before its change
+    t = time.monotonic()
+    s.sendall(b"req%d" % i)
+    ev = wait()
+    dt = time.monotonic() - t
+    if dt > 0.09:
+        slow.append(i)
+    print(i, s.recv(100) if ev else "no reply within 5 s", flush=True)
+print("slow", slow, file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("how", ["poll", "epoll"])
+def test_a_peer_whose_fsuid_changed_still_wakes_its_client(fabric, tmp_path, how):
+    """setfsuid is per thread and no interposer sees it: the thread's posts to the client's queue
+    are refused (EACCES on its file), and each reply waited for the client's next look, at the
+    liveness interval (100 ms or more: 18 of 20 replies with poll).  A refused post now says in the
+    sender's side of the channel that it cannot post (ML_SOCK_NOPOST), as a credential change
+    seen by the preload does, and the client looks every millisecond from its next look on.  The
+    bytes and the order are TCP's; a reply slower than 90 ms (below the liveness interval) may
+    come only before the client first saw the flag."""
+    pwd.getpwnam("nobody")
+    n = 20
+    (tmp_path / "srv.py").write_text(FSUID_SERVER)
+    (tmp_path / "cli.py").write_text(FSUID_CLIENT)
+    outs = []
+    for on in (False, True):
+        slog, clog = tmp_path / f"server{on}.log", tmp_path / f"client{on}.log"
+        srv = subprocess.Popen(wrap(["python3", str(tmp_path / "srv.py"), str(n)], slog, on),
+                               stdout=subprocess.PIPE, text=True)
+        try:
+            port = int(srv.stdout.readline())
+            p = subprocess.run(wrap(["python3", str(tmp_path / "cli.py"), str(port), str(n), how],
+                                    clog, on), capture_output=True, text=True, timeout=120)
+            assert p.returncode == 0, p.stderr
+            outs.append((p.stdout, p.stderr))
+            assert srv.wait(20) == 0
+        finally:
+            if srv.poll() is None:
+                srv.kill()
+                srv.wait()
+    assert outs[0][0].splitlines() == [f"{i} b're:req{i}'" for i in range(n)], outs[0]
+    assert outs[1][0] == outs[0][0], outs
+    # the first reply may be slow (the client slept before the flag came), and a loaded machine
+    # may delay one more
+    slow = re.findall(r"slow \[(.*)\]", outs[1][1])
+    assert slow and len([i for i in slow[0].split(",") if i.strip()]) <= 2, outs[1]
+    assert accelerated(tmp_path / "serverTrue.log") == 1, (tmp_path / "serverTrue.log").read_text()
+    settle()
+
+
 # The interposed calls answer exactly as libc does: results and errno, with and without memlan.
 CRED_CALLS = r"""
 import ctypes, os, socket
@@ -545,13 +642,7 @@ os.seteuid(0)
 one(b"restored")
 """
 
-ECHO_SERVER = r"""
-import socket, sys
-ls = socket.socket()
-ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind(("127.0.0.1", 0))
-ls.listen(8)
-print(ls.getsockname()[1], flush=True)
+ECHO_SERVER = LISTENER + r"""
 for _ in range(int(sys.argv[1])):
     c, _ = ls.accept()
     c.sendall(c.makefile("rb").readline())
