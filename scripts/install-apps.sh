@@ -3,6 +3,7 @@
 # Install the real programs that the integration suite and bench/apps run under memlan
 # (Debian packages). Idempotent: installs only what is missing. Needs root or sudo.
 set -euo pipefail
+source "$(dirname "$0")/apt.sh"
 # gRPC as most of its users get it, for the python that runs the tests: PyPI's grpcio, whose
 # EventEngine poller thread sleeps in epoll_wait while other threads add sockets (Debian's older
 # python3-grpcio polls from the application's threads).
@@ -49,12 +50,11 @@ want=(redis-server:redis-server memcached:memcached nginx:nginx-light wrk:wrk
 # it is not installed its package is unpacked, unchanged, under /opt/memlan-apps/postfix (the tests
 # name its directories in their main.cf), with the user and groups its postinst would make.
 if [[ ! -x /usr/sbin/postfix && ! -x /opt/memlan-apps/postfix/usr/sbin/postfix ]]; then
-    SUDO=; [[ $(id -u) -ne 0 ]] && SUDO=sudo
     echo "install-apps: unpacking postfix under /opt/memlan-apps/postfix"
     tmp=$(mktemp -d)
     chmod 755 "$tmp"
     if (cd "$tmp" && { apt-get download postfix >/dev/null 2>&1 ||
-                       { $SUDO apt-get update -qq && apt-get download postfix >/dev/null; }; }); then
+                       { apt_get update -qq && apt-get download postfix >/dev/null; }; }); then
         $SUDO mkdir -p /opt/memlan-apps
         $SUDO dpkg -x "$tmp"/postfix_*.deb /opt/memlan-apps/postfix
         getent group postfix >/dev/null || $SUDO groupadd --system postfix
@@ -71,12 +71,11 @@ fi
 # unpacked, unchanged, under /opt/memlan-apps/vsftpd, with the ftp user its postinst would make
 # and its PAM service (/etc/pam.d/vsftpd, its pam_service_name) where there is none.
 if [[ ! -x /usr/sbin/vsftpd && ! -x /opt/memlan-apps/vsftpd/usr/sbin/vsftpd ]]; then
-    SUDO=; [[ $(id -u) -ne 0 ]] && SUDO=sudo
     echo "install-apps: unpacking vsftpd under /opt/memlan-apps/vsftpd"
     tmp=$(mktemp -d)
     chmod 755 "$tmp"
     if (cd "$tmp" && { apt-get download vsftpd >/dev/null 2>&1 ||
-                       { $SUDO apt-get update -qq && apt-get download vsftpd >/dev/null; }; }); then
+                       { apt_get update -qq && apt-get download vsftpd >/dev/null; }; }); then
         $SUDO mkdir -p /opt/memlan-apps
         $SUDO dpkg -x "$tmp"/vsftpd_*.deb /opt/memlan-apps/vsftpd
         [[ -e /etc/pam.d/vsftpd ]] || $SUDO cp /opt/memlan-apps/vsftpd/etc/pam.d/vsftpd /etc/pam.d/vsftpd
@@ -92,15 +91,14 @@ fi
 # under /opt/memlan-apps/syslog-ng (the test runs its binary with LD_LIBRARY_PATH and
 # --module-path there), with the libraries it needs beside it installed.
 if [[ ! -x /usr/sbin/syslog-ng && ! -x /opt/memlan-apps/syslog-ng/usr/sbin/syslog-ng ]]; then
-    SUDO=; [[ $(id -u) -ne 0 ]] && SUDO=sudo
     echo "install-apps: unpacking syslog-ng-core under /opt/memlan-apps/syslog-ng"
     tmp=$(mktemp -d)
     chmod 755 "$tmp"
     if (cd "$tmp" && { apt-get download syslog-ng-core >/dev/null 2>&1 ||
-                       { $SUDO apt-get update -qq && apt-get download syslog-ng-core >/dev/null; }; }); then
+                       { apt_get update -qq && apt-get download syslog-ng-core >/dev/null; }; }); then
         $SUDO mkdir -p /opt/memlan-apps
         $SUDO dpkg -x "$tmp"/syslog-ng-core_*.deb /opt/memlan-apps/syslog-ng
-        DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+        apt_get install -y -qq --no-install-recommends \
             libivykis0 libnet1 libwrap0 >/dev/null || echo "install-apps: syslog-ng's libraries missing"
     else
         echo "install-apps: could not download syslog-ng-core"
@@ -122,14 +120,12 @@ done
 # crypto:hash): a package of its own, which erlang-base does not pull in.
 compgen -G "/usr/lib/erlang/lib/crypto-*/ebin/crypto.beam" >/dev/null || missing+=(erlang-crypto)
 [[ ${#missing[@]} -eq 0 ]] && { echo "install-apps: all present"; exit 0; }
-SUDO=; [[ $(id -u) -ne 0 ]] && SUDO=sudo
 echo "install-apps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
+apt_get update -qq
 # Services must not start themselves: the tests start their own instances on private ports.
 had_policy=0; [[ -e /usr/sbin/policy-rc.d ]] && had_policy=1
 [[ $had_policy -eq 0 ]] && printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
 [[ $had_policy -eq 0 ]] && $SUDO chmod +x /usr/sbin/policy-rc.d
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+apt_get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 [[ $had_policy -eq 0 ]] && $SUDO rm -f /usr/sbin/policy-rc.d
 echo "install-apps: done"

@@ -6,14 +6,13 @@
 # pages).  `make deps` and `make test` run it; plain `make` never does.
 # Debian packages; idempotent; needs root or sudo when something is missing.
 set -euo pipefail
+source "$(dirname "$0")/apt.sh"
 missing=()
 [[ -f /usr/include/tirpc/rpc/rpc.h ]] || missing+=(libtirpc-dev)
 command -v rpcgen >/dev/null 2>&1 || missing+=(rpcsvc-proto)
 command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
 command -v man >/dev/null 2>&1 || missing+=(man-db)
 [[ ${#missing[@]} -eq 0 ]] && exit 0
-SUDO=; [[ $(id -u) -ne 0 ]] && SUDO=sudo
 echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+apt_get update -qq
+apt_get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

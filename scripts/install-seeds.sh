@@ -6,6 +6,7 @@
 # compilers.  Idempotent: installs only what is missing.  Needs root or sudo.
 # `make test` (scripts/test.sh) and bench/seeds run it; `make deps-seeds` too.
 set -euo pipefail
+source "$(dirname "$0")/apt.sh"
 want=(/usr/bin/ganesha.nfsd:nfs-ganesha
       /usr/lib/x86_64-linux-gnu/ganesha/libfsalvfs.so:nfs-ganesha-vfs
       rpcbind:rpcbind
@@ -28,17 +29,15 @@ for w in "${want[@]}"; do
     missing+=("$pkg")
 done
 [[ ${#missing[@]} -eq 0 ]] && { echo "install-seeds: all present"; exit 0; }
-SUDO=; [[ $(id -u) -ne 0 ]] && SUDO=sudo
 echo "install-seeds: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
+apt_get update -qq
 # Services must not start themselves (ganesha, rpcbind): the tests start their own instances
 # inside network namespaces of their own.
 had_policy=0; [[ -e /usr/sbin/policy-rc.d ]] && had_policy=1
 [[ $had_policy -eq 0 ]] && printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
 [[ $had_policy -eq 0 ]] && $SUDO chmod +x /usr/sbin/policy-rc.d
 rc=0
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || rc=$?
+apt_get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || rc=$?
 [[ $had_policy -eq 0 ]] && $SUDO rm -f /usr/sbin/policy-rc.d
 [[ $rc -eq 0 ]] || { echo "install-seeds: apt-get install failed ($rc)" >&2; exit $rc; }
 echo "install-seeds: done"
