@@ -18,9 +18,10 @@
  *   - a change made without libc (syscall(2)) is caught at the next accept, which compares
  *     geteuid() with the euid the fabric was opened with;
  *   - a process that gets its access back (seteuid back to root) uses the fabric again for its
- *     own connections; the records it flagged stay flagged until their last listener closes,
- *     since no client can know when the next drop comes, or until it execs without a listener
- *     on their port (an inetd's child that drops to a service's user: mlp_lrec_cred_exec).
+ *     own connections, and the records it flagged take offers again (mlp_lrec_cred_back: a
+ *     client that offers just before the next drop sees the flag again and withdraws), as they
+ *     do when it execs without a listener on their port (an inetd's child that drops to a
+ *     service's user: mlp_lrec_cred_exec).
  * A fork inherits all of it; an exec starts again.  A vfork child (which shares our memory)
  * passes straight through.  Every interposer returns exactly what libc returned, errno included.
  *
@@ -50,6 +51,7 @@ static _Atomic int mlp_cred_cur;
 static bool mlp_cred_said;                 /* the log line is written once per process */
 #define MLP_OWE_NO_OFFER 1u
 #define MLP_OWE_RING 2u
+#define MLP_OWE_BACK 4u    /* the marks we set, cleared (mlp_lrec_cred_back) */
 static _Atomic unsigned mlp_cred_owed;     /* work a handler or a busy lock left for later */
 const char *mlp_cred_why = "this process changed its credentials";
 
@@ -81,6 +83,10 @@ static void mlp_cred_check(const char *what)
             if (!atomic_exchange(&again_said, true))
                 mlp_log(1, "credentials changed again (%s): the fabric is in reach again (said "
                            "once)", what);
+            /* The marks we owe are moot, and the marks we set go (or are owed) */
+            atomic_fetch_and(&mlp_cred_owed, ~MLP_OWE_NO_OFFER);
+            if (mlp_sig_in_handler() || !mlp_lrec_cred_back())
+                atomic_fetch_or(&mlp_cred_owed, MLP_OWE_BACK);
         }
         return;
     }
@@ -122,6 +128,7 @@ static void mlp_cred_mark_lost(const char *why)
      * with the old credentials, and the mark stays until their last listener closes (a worker
      * that dropped and came back kept every later client on TCP: a review).  An acceptor that
      * cannot reach the fabric finds out at its accept and marks them itself. */
+    atomic_fetch_and(&mlp_cred_owed, ~MLP_OWE_BACK); /* moot: gone again */
     if (!mlp_cred_thread_only && !mlp_lrec_no_offer(ML_NO_OFFER_CRED))
         atomic_fetch_or(&mlp_cred_owed, MLP_OWE_NO_OFFER);
     if (mlp_sig_in_handler())
@@ -134,8 +141,13 @@ static void mlp_cred_mark_lost(const char *why)
 static void mlp_cred_pay(void)
 {
     unsigned owed = atomic_load(&mlp_cred_owed);
-    if (!owed || mlp_sig_in_handler() || !ml_load_acquire(&mlp_cred_gone))
+    if (!owed || mlp_sig_in_handler())
         return;
+    if (!ml_load_acquire(&mlp_cred_gone)) {
+        if ((owed & MLP_OWE_BACK) && mlp_lrec_cred_back())
+            atomic_fetch_and(&mlp_cred_owed, ~MLP_OWE_BACK);
+        return;
+    }
     if ((owed & MLP_OWE_NO_OFFER) && mlp_lrec_no_offer(ML_NO_OFFER_CRED))
         atomic_fetch_and(&mlp_cred_owed, ~MLP_OWE_NO_OFFER);
     if ((owed & MLP_OWE_RING) && (atomic_fetch_and(&mlp_cred_owed, ~MLP_OWE_RING) & MLP_OWE_RING))
@@ -149,6 +161,8 @@ bool mlp_cred_lost(bool at_accept)
             mlp_cred_pay();
         return true;
     }
+    if (ml_unlikely(atomic_load_explicit(&mlp_cred_owed, memory_order_relaxed)))
+        mlp_cred_pay();
     if (at_accept && mlp_fab && geteuid() != ml_load_relaxed(&mlp_cred_euid)) {
         mlp_cred_check("found at accept");
         return ml_load_acquire(&mlp_cred_gone) != 0;

@@ -917,7 +917,8 @@ struct mlp_lrec {
     unsigned misses;          /* acceptor: waits in a row that ended with no offer (see
                                * mlp_on_accept: pending is peer-writable) */
     int cred_pid;             /* the process that set ML_NO_OFFER_CRED in the record through
-                               * this mapping (mlp_lrec_no_offer), 0: none */
+                               * this mapping (mlp_lrec_no_offer, or its accept out of reach),
+                               * 0: none; relaxed atomics (an accept writes it unlocked) */
     ino_t granted_ino;        /* the record file in whose ACL we last named granted_uid */
     uid_t granted_uid;
 };
@@ -2699,11 +2700,47 @@ bool mlp_lrec_no_offer(uint32_t why)
         if (r && r->nlisten > 0 && r->map && !ml_load_relaxed(&r->map->no_offer)) {
             ml_store_release(&r->map->no_offer, why);
             if (why == ML_NO_OFFER_CRED)
-                r->cred_pid = ml_load_relaxed(&mlp_pid);
+                __atomic_store_n(&r->cred_pid, ml_load_relaxed(&mlp_pid), __ATOMIC_RELAXED);
             mlp_log(1, "port %d: clients will not offer (%s)", port, mlp_cred_why);
         }
     }
     pthread_mutex_unlock(&mlp_neg_mu);
+    return true;
+}
+
+/*
+ * This process's credentials are back within the fabric's reach (a seteuid back to root): the
+ * ports whose ML_NO_OFFER_CRED it set take offers again.  spamd's parent drops its euid and egid
+ * for a moment after its listen (to read its user's files) and comes back: its mark stayed, and
+ * every later client of its port stayed on TCP (an explorer).  A process that drops again sets
+ * the mark again at once (mlp_cred_mark_lost); a client that offered in between sees it while
+ * undecided and withdraws, and an acceptor still out of reach (another holder of the port, which
+ * found the mark set and did not note itself) sets it again at its accept.  False: busy (tried,
+ * never waited for: the caller may be a handler), owed to a later call.
+ */
+bool mlp_lrec_cred_back(void)
+{
+    int pid = ml_load_relaxed(&mlp_pid);
+    if ((int)__ml_sys_getpid() != pid)
+        return true; /* a vfork child's: the marks are its parent's */
+    if (pthread_mutex_trylock(&mlp_neg_mu) != 0)
+        return false;
+    int first = -1, n = 0;
+    for (int port = 0; port < 65536; port++) {
+        struct mlp_lrec *r = mlp_lrecs[port];
+        if (!r || !r->map || __atomic_load_n(&r->cred_pid, __ATOMIC_RELAXED) != pid)
+            continue;
+        __atomic_store_n(&r->cred_pid, 0, __ATOMIC_RELAXED);
+        uint32_t v = ML_NO_OFFER_CRED;
+        if (atomic_compare_exchange_strong(&r->map->no_offer, &v, 0) && n++ == 0)
+            first = port;
+    }
+    pthread_mutex_unlock(&mlp_neg_mu);
+    /* Once per process, as the loss is said: a server that toggles would say it per request. */
+    static _Atomic bool said;
+    if (n && !atomic_exchange(&said, true))
+        mlp_log(1, "port %d%s: clients may offer again (this process's credentials are back; "
+                   "said once)", first, n > 1 ? " and others" : "");
     return true;
 }
 
@@ -2726,7 +2763,8 @@ int *mlp_lrec_cred_exec(const uint8_t *kept, int *n)
     int *out = NULL, cap = 0;
     for (int port = 0; port < 65536; port++) {
         struct mlp_lrec *r = mlp_lrecs[port];
-        if (!r || r->cred_pid != pid || !r->map || (kept[port / 8] & (1u << (port % 8))))
+        if (!r || __atomic_load_n(&r->cred_pid, __ATOMIC_RELAXED) != pid || !r->map ||
+            (kept[port / 8] & (1u << (port % 8))))
             continue;
         uint32_t v = ML_NO_OFFER_CRED;
         if (*n == cap) {
@@ -4195,7 +4233,8 @@ void mlp_on_accept(int lfd, int fd, int flags)
          * that offered just before sees it and withdraws: nobody waits for us.  (Said again
          * where the process that said it first has exec'd since: mlp_lrec_cred_exec.) */
         uint32_t none = 0;
-        (void)atomic_compare_exchange_strong(&m->no_offer, &none, ML_NO_OFFER_CRED);
+        if (atomic_compare_exchange_strong(&m->no_offer, &none, ML_NO_OFFER_CRED))
+            __atomic_store_n(&ls->rec->cred_pid, ml_load_relaxed(&mlp_pid), __ATOMIC_RELAXED);
         mlp_put(ls);
         mlp_stat_tcp_addrs(fd, &l, &r, mlp_cred_why);
         return;
