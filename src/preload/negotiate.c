@@ -73,6 +73,9 @@ uid_t mlp_fab_owner;
  * program may set its own before its first socket, as libmemlan's memlan_fabric_open(NULL) in the
  * same process reads it), else as it was at start-up (a daemon that emptied its environment:
  * exim), else NULL, the default. */
+static const char mlp_no_listener_why[] = "no memlan listener on this port in the fabric";
+static void mlp_no_listener_hint(void);
+
 static const char *mlp_fabric_dir(void)
 {
     const char *env = getenv("MEMLAN_FABRIC");
@@ -3691,7 +3694,7 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
         /* a process out of reach of the fabric finds no record either: its own reason first
          * (proftpd's and vsftpd's active-mode data connections, made after the drop to the
          * user's account, read "no memlan listener" while the client's listener was there) */
-        why = mlp_cred_lost(false) ? mlp_cred_why : "no memlan listener on this port in the fabric";
+        why = mlp_cred_lost(false) ? mlp_cred_why : mlp_no_listener_why;
     else if (p->no_offer)
         why = p->no_offer;
     else if (mlp_cred_lost(false))
@@ -3718,8 +3721,11 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
         int saved = errno;
         bool refused = rc < 0 && mlp_real_poll(&k, 1, 0) == 1 && (k.revents & (POLLERR | POLLHUP));
         errno = saved;
-        if (!refused)
+        if (!refused) {
             mlp_stat_tcp_addrs(fd, have ? &l : NULL, have ? &r : NULL, why);
+            if (why == mlp_no_listener_why)
+                mlp_no_listener_hint();
+        }
         return;
     }
     mlp_log(1, "fd %d: offer posted for port %d", fd, r.port);
@@ -3733,6 +3739,23 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
             mlp_put(s);
         }
     }
+}
+
+/*
+ * No listener of the port in our fabric, and the fabric is the default, this user's own: a
+ * server that runs as another user (clamd as clamav, started as root, listens after its drop)
+ * publishes in its own, and both logs said only "no memlan listener" and "not memlan (no offer)"
+ * (an explorer).  Said once per process, in the log.
+ */
+static void mlp_no_listener_hint(void)
+{
+    static _Atomic bool said;
+    if (mlp_fabric_dir() || mlp_carry_fabric[0] || !mlp_fab || atomic_exchange(&said, true))
+        return;
+    mlp_log(1, "this process's fabric is %s, the default: this user's own (uid %u); a server "
+               "running as another user publishes in its own.  Both under one fabric: `memlan "
+               "fabric create --group GROUP DIR`, then `memlan run --fabric DIR` (said once)",
+            mlp_fab->path, (unsigned)getuid());
 }
 
 /* Set by close() around the socket's teardown: the offer's name is removed only after the kernel

@@ -3809,6 +3809,38 @@ def test_refused_nonblocking_connects_write_no_log_line(fabric, tmp_path):
     settle(fabric)
 
 
+def test_no_listener_in_the_default_fabric_names_it_once(fabric, tmp_path):
+    """A client in the default fabric (this user's own) that finds no memlan listener says once
+    which fabric it looked in, and how to share one: a server that runs as another user (clamd,
+    started as root, listens as clamav) publishes in its own, and both logs said only "no memlan
+    listener" and "not memlan (no offer)" (an explorer).  Not said where a fabric was chosen."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    code = ("import socket, sys\nfor i in range(3):\n"
+            "    socket.create_connection(('127.0.0.1', int(sys.argv[1]))).close()\nprint('ok')")
+    try:
+        for chosen in (False, True):
+            env = dict(os.environ)
+            if not chosen:
+                env.pop("MEMLAN_FABRIC", None)
+            log = tmp_path / f"m{chosen}.log"
+            r = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", PY, "-c", code,
+                                str(srv.getsockname()[1])], capture_output=True, text=True,
+                               timeout=60, env=env)
+            assert r.returncode == 0 and r.stdout == "ok\n", r.stdout + r.stderr
+            text = log.read_text()
+            assert text.count("TCP (no memlan listener on this port in the fabric)") == 3, text
+            want = 0 if chosen else 1
+            assert text.count(f"this process's fabric is /dev/shm/memlan-{os.getuid()}, the "
+                              "default") == want, text
+            assert text.count("memlan fabric create --group") == want, text
+            assert "memlan fabric create" not in r.stderr, r.stderr  # the log's alone
+    finally:
+        srv.close()
+    settle(fabric)
+
+
 def test_posix_spawn_carries_the_connections_its_child_gets(fabric, tmp_path):
     """spawnconn: posix_spawn, whose exec glibc makes inside libc.  A connection the file
     actions dup2 onto the child's 0 and 1 (close-on-exec in the parent: an inetd, Rust's
