@@ -768,6 +768,8 @@ static char *const *mlp_exec_env(struct mlp_carry *c, char *const envp[])
             from = mlp_env0;
     }
     unsigned said = mlp_said;
+    if (mlp_log_closed_to_exec())
+        said |= MLP_SAID_CONFIG; /* said here, once, not by each image on its stderr */
     size_t extra = (c->memfd >= 0) + (said != 0);
     if (!has_preload)
         for (char **e = from; e && *e; e++)

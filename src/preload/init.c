@@ -313,6 +313,31 @@ static bool mlp_env_flag(const char *name, bool other_is_on, const char *taken)
     return other_is_on;
 }
 
+/*
+ * Before an exec: will the new image, with our credentials as they are now, be unable to open
+ * the log file we write to?  A daemon that dropped to nobody after its log was opened and then
+ * execs a child per connection (git daemon --user=nobody, an inetd's services) had each child say
+ * on the daemon's stderr that it cannot open MEMLAN_LOG: a line per connection (an explorer).
+ * Then the child is told it was said (MEMLAN_SAID), and we say it once in our log instead.
+ */
+bool mlp_log_closed_to_exec(void)
+{
+    const char *log = getenv("MEMLAN_LOG");
+    if (mlp_cfg.log_fd < 0 || !S_ISREG(mlp_log_mode) || !log || !*log ||
+        !strcmp(log, "stderr") || !strcmp(log, "1") || mlp_sandboxed())
+        return false;
+    int e = errno;
+    bool closed = faccessat(AT_FDCWD, log, W_OK, AT_EACCESS) != 0 &&
+                  (errno == EACCES || errno == EPERM);
+    errno = e;
+    static _Atomic bool said;
+    if (closed && !atomic_exchange(&said, true))
+        mlp_log(0, "the programs this process execs cannot open MEMLAN_LOG='%.200s' (euid %u): "
+                   "they do not log (said once, here and not on their stderr)",
+                log, (unsigned)geteuid());
+    return closed;
+}
+
 static void mlp_read_config(void)
 {
     mlp_note_stderr();

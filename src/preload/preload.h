@@ -444,6 +444,7 @@ void mlp_exit_unname(void);     /* negotiate.c: _exit's part of mlp_at_exit */
 void mlp_stat_unname(void);     /* negotiate.c: our stat entry's name goes (_exit) */
 struct memlan_segment *mlp_stat_seg(void); /* negotiate.c: our stat entry, or NULL */
 bool mlp_sandboxed(void);       /* negotiate.c: a seccomp filter may kill for a call */
+bool mlp_log_closed_to_exec(void); /* init.c: an exec'd image could not open the log */
 bool mlp_known_confined(void);  /* memory only: a filter is known (mlp_note_confined, or looked) */
 bool mlp_lrec_no_offer(uint32_t why);/* ML_NO_OFFER_*: in every record we listen on; false: busy */
 int *mlp_lrec_cred_exec(const uint8_t *kept, int *n); /* before exec: ML_NO_OFFER_CRED we set */

@@ -584,6 +584,35 @@ def test_a_peer_whose_fsuid_changed_still_wakes_its_client(fabric, tmp_path, how
     settle()
 
 
+# A daemon that opened its log as root, dropped to nobody, and execs a child per connection (git
+# daemon --user=nobody): each child prints "child ok" and its stderr is the daemon's.
+EXEC_AFTER_DROP = r"""
+import os, socket, subprocess, sys
+os.setgid(65534)
+os.setuid(65534)
+for i in range(3):
+    subprocess.run(["/usr/bin/python3", "-c", "print('child ok')"], check=True)
+"""
+
+
+def test_children_exec_after_a_drop_say_nothing_of_the_log(tmp_path):
+    """Children exec'd after the drop cannot open the log file (root's, 0644, in root's 0700
+    directory): each said so on the daemon's stderr, a line per connection for git daemon
+    --user=nobody (an explorer).  Now the daemon says it once in its own log, which it holds
+    open, and its children are told it was said."""
+    pwd.getpwnam("nobody")
+    (tmp_path / "d.py").write_text(EXEC_AFTER_DROP)
+    log = tmp_path / "m.log"
+    # (Debian's python: the suite's may lie in root's home, where nobody cannot exec it)
+    r = subprocess.run(wrap(["/usr/bin/python3", str(tmp_path / "d.py")], log),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == "child ok\n" * 3, r.stdout + r.stderr
+    assert "MEMLAN_LOG" not in r.stderr, r.stderr
+    text = log.read_text()
+    assert text.count("the programs this process execs cannot open MEMLAN_LOG") == 1, text
+    settle()
+
+
 # The interposed calls answer exactly as libc does: results and errno, with and without memlan.
 CRED_CALLS = r"""
 import ctypes, os, socket
