@@ -67,6 +67,10 @@ static void mlp_cred_keep_files(void);
 
 static void mlp_cred_check(const char *what)
 {
+    /* The log, too: said here, once, in the process that changed, so that the children it
+     * forks and execs inherit that it was said (at the exec alone, each fork child said it) */
+    if (!mlp_sig_in_handler())
+        (void)mlp_log_closed_to_exec();
     if (!mlp_fab)
         return; /* if it is ever opened, it is opened with the new credentials */
     uid_t e = geteuid();

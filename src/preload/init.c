@@ -318,7 +318,8 @@ static bool mlp_env_flag(const char *name, bool other_is_on, const char *taken)
  * the log file we write to?  A daemon that dropped to nobody after its log was opened and then
  * execs a child per connection (git daemon --user=nobody, an inetd's services) had each child say
  * on the daemon's stderr that it cannot open MEMLAN_LOG: a line per connection (an explorer).
- * Then the child is told it was said (MEMLAN_SAID), and we say it once in our log instead.
+ * Then the child is told it was said (MEMLAN_SAID), and we say it once in our log instead.  Asked
+ * at each credential change too (cred.c), so that a daemon says it before it forks its children.
  */
 bool mlp_log_closed_to_exec(void)
 {

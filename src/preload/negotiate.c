@@ -922,6 +922,7 @@ struct mlp_lrec {
     int cred_pid;             /* the process that set ML_NO_OFFER_CRED in the record through
                                * this mapping (mlp_lrec_no_offer, or its accept out of reach),
                                * 0: none; relaxed atomics (an accept writes it unlocked) */
+    bool no_offer_said;       /* "clients will not offer" was logged (mlp_lrec_no_offer) */
     ino_t granted_ino;        /* the record file in whose ACL we last named granted_uid */
     uid_t granted_uid;
 };
@@ -2704,7 +2705,12 @@ bool mlp_lrec_no_offer(uint32_t why)
             ml_store_release(&r->map->no_offer, why);
             if (why == ML_NO_OFFER_CRED)
                 __atomic_store_n(&r->cred_pid, ml_load_relaxed(&mlp_pid), __ATOMIC_RELAXED);
-            mlp_log(1, "port %d: clients will not offer (%s)", port, mlp_cred_why);
+            /* Once per record: a server that drops and comes back marks again at each drop
+             * (778 lines in 1.5 s from a toggling thread: a review) */
+            if (!r->no_offer_said) {
+                r->no_offer_said = true;
+                mlp_log(1, "port %d: clients will not offer (%s)", port, mlp_cred_why);
+            }
         }
     }
     pthread_mutex_unlock(&mlp_neg_mu);
@@ -4258,6 +4264,15 @@ void mlp_on_accept(int lfd, int fd, int flags)
         uint32_t none = 0;
         if (atomic_compare_exchange_strong(&m->no_offer, &none, ML_NO_OFFER_CRED))
             __atomic_store_n(&ls->rec->cred_pid, ml_load_relaxed(&mlp_pid), __ATOMIC_RELAXED);
+        /* And a client that offered before the mark is refused in the record's words, which
+         * our mapping reaches: a mark cleared again at once (a thread's drop and return,
+         * mlp_lrec_cred_back) left it to wait an eighth of the accept wait, or all of it (a
+         * review).  A client of another namespace, whose offer names its link address, has
+         * the mark alone. */
+        char cur[24], name[160];
+        mlp_netns(cur);
+        mlp_offer_name(name, sizeof name, cur, &r, &l, NULL);
+        mlp_refuse_mark(m, name);
         mlp_put(ls);
         mlp_stat_tcp_addrs(fd, &l, &r, mlp_cred_why);
         return;
