@@ -69,13 +69,13 @@ uid_t mlp_carry_owner;    /* a carried default's owner (its uid's default direct
 bool mlp_fab_explicit;
 uid_t mlp_fab_owner;
 
+static const char mlp_no_listener_why[] = "no memlan listener on this port in the fabric";
+static void mlp_no_listener_hint(void);
+
 /* The fabric's directory when it is opened: MEMLAN_FABRIC as the environment has it then (a
  * program may set its own before its first socket, as libmemlan's memlan_fabric_open(NULL) in the
  * same process reads it), else as it was at start-up (a daemon that emptied its environment:
  * exim), else NULL, the default. */
-static const char mlp_no_listener_why[] = "no memlan listener on this port in the fabric";
-static void mlp_no_listener_hint(void);
-
 static const char *mlp_fabric_dir(void)
 {
     const char *env = getenv("MEMLAN_FABRIC");
@@ -4268,7 +4268,8 @@ void mlp_on_accept(int lfd, int fd, int flags)
          * our mapping reaches: a mark cleared again at once (a thread's drop and return,
          * mlp_lrec_cred_back) left it to wait an eighth of the accept wait, or all of it (a
          * review).  A client of another namespace, whose offer names its link address, has
-         * the mark alone. */
+         * the mark alone.  (Whether an offer is there we cannot ask: its file is out of our
+         * reach.  Each such accept takes one of the record's 64 refusal words.) */
         char cur[24], name[160];
         mlp_netns(cur);
         mlp_offer_name(name, sizeof name, cur, &r, &l, NULL);
