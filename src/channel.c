@@ -1229,8 +1229,36 @@ static bool ml_peer_dead(struct memlan_channel *ch)
 static void ml_chan_nopost(struct memlan_channel *ch)
 {
     struct ml_sock_side *sides = (struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF);
-    if (!(ml_load_relaxed(&sides[ch->side].flags) & ML_SOCK_NOPOST))
-        atomic_fetch_or(&sides[ch->side].flags, ML_SOCK_NOPOST);
+    if (!(ml_load_relaxed(&sides[ch->side].flags) & ML_SOCK_NOPOST) &&
+        !(atomic_fetch_or(&sides[ch->side].flags, ML_SOCK_NOPOST) & ML_SOCK_NOPOST)) {
+        ml_store_relaxed(&ch->nopost_try_ns, __ml_now_ns());
+        ml_store_relaxed(&ch->nopost_mine, true);
+    }
+}
+
+/*
+ * The flag ml_chan_nopost set is taken back once our posts reach the peer's queues again (the
+ * thread whose fsuid changed changed it back, or another thread imports them): a peer told
+ * ML_SOCK_NOPOST naps every millisecond, and its process's epoll waits with it, for as long as
+ * the flag stands (about 900 wake-ups a second, for good, after one refused post: a review).
+ * The peer no longer arms its queue for us, so no wake-up of ours would try again: a send does,
+ * at most once a second, posting to every queue the peer registered (a wake-up for nothing is
+ * allowed).  One refused: the flag stays.  A handler's send does not (an import allocates).
+ */
+void __ml_chan_nopost_retry(struct memlan_channel *ch)
+{
+    uint64_t now = __ml_now_ns(), t = ml_load_relaxed(&ch->nopost_try_ns);
+    if (now - t < 1000000000u || __ml_sig_depth != 0 ||
+        !atomic_compare_exchange_strong(&ch->nopost_try_ns, &t, now))
+        return;
+    for (uint32_t i = 0; i < ML_EVQ_REFS; i++)
+        if (__ml_evq_post_ref(ch->seg->fab, &ch->tx_refs->rx[i], &ch->peer_evq_hint[i]) < 0 ||
+            __ml_evq_post_ref(ch->seg->fab, &ch->rx_refs->tx[i], &ch->peer_evq_hint[i]) < 0)
+            return;
+    if (atomic_exchange(&ch->nopost_mine, false)) {
+        struct ml_sock_side *sides = (struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF);
+        atomic_fetch_and(&sides[ch->side].flags, ~ML_SOCK_NOPOST);
+    }
 }
 
 void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
@@ -2232,6 +2260,8 @@ ssize_t memlan_send(memlan_channel_t *ch, const void *buf, size_t len, int flags
 
 ssize_t __ml_chan_sendv(struct memlan_channel *ch, struct ml_iov_cur *c, int flags)
 {
+    if (ml_unlikely(ml_load_relaxed(&ch->nopost_mine)))
+        __ml_chan_nopost_retry(ch);
     ssize_t len = ml_iov_left(c);
     if (len < 0)
         return len;

@@ -69,6 +69,11 @@ struct memlan_channel {
     uint32_t evq_ref;         /* the registration slot we claimed (valid while evq is set) */
     int32_t evq_pid;          /* who claimed it: a fork child's copy never frees its parent's */
     uint32_t peer_evq_hint[ML_EVQ_REFS]; /* where each peer queue last sat in our import cache */
+    /* We set ML_SOCK_NOPOST in our side because a post was refused (ml_chan_nopost), not the
+     * socket layer for a credential change (which clears this): a send tries the posts again
+     * at most once a second (nopost_try_ns) and takes the flag back when none is refused. */
+    _Atomic bool nopost_mine;
+    _Atomic uint64_t nopost_try_ns;
     uint32_t evq_part;        /* the part of our queue the peer posts to (evq.c) */
     /* Who may write the channel's file, besides root (evq.c registers the channel in a part of
      * its queue that only they and we may write): posters_private false means any member of a
@@ -128,6 +133,7 @@ void __ml_mb_off(void);
 void __ml_madvise_off(void); /* a seccomp filter came: no more madvise (a ring's growth) */
 int __ml_mb_wait_barrier(struct memlan_channel *ch, _Atomic uint32_t *decl, _Atomic uint32_t *ack);
 void __ml_chan_post_peer_refs(struct memlan_channel *ch);
+void __ml_chan_nopost_retry(struct memlan_channel *ch);
 int __ml_chan_check_peer(struct memlan_channel *ch);
 /* Growth, for the socket layer: called after each switch into a region (NULL: none); the
  * producer's look while idle, under its send lock (1: pages may still be kept); the time the

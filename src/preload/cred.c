@@ -196,6 +196,8 @@ static void mlp_cred_ring_peers(bool nopost)
              * posts; the woken peer's arm reads it (poll.c). */
             bool post = nopost ? !(atomic_fetch_or(&s->me->flags, ML_SOCK_NOPOST) & ML_SOCK_NOPOST)
                                : !s->cred_primed;
+            if (nopost) /* the flag is the credential change's now: never taken back */
+                ml_store_relaxed(&ch->nopost_mine, false);
             s->cred_primed = true;
             if (post)
                 __ml_chan_post_peer_refs(ch);

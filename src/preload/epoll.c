@@ -1218,7 +1218,7 @@ static bool mlp_member_quiet(struct mlp_member *m)
     struct mlp_ep *e = m->ep;
     if (m->disabled || e->nested || !e->in_kernel || !e->k_sbell || !e->q ||
         s->type != MLP_CONN || s->state != MLP_ACCEL || !s->ch || !mlp_q ||
-        ml_load_relaxed(&mlp_nopost_seen) || atomic_load(&s->fin_ns) || mlp_peer_nopost(s))
+        mlp_nopost_recent() || atomic_load(&s->fin_ns) || mlp_peer_nopost(s))
         return false;
     struct mlp_ep *forced = NULL;
     if (mlp_home_want(s, &forced) != e || forced || s->qep != e || s->ch->evq != e->q)
@@ -2166,7 +2166,7 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
              * member may post there (a nested set sleeps with the process's, below). */
             bool pb = e->nested || e->k_pbell, sb = !e->nested && e->k_sbell && e->q;
             if (!e->in_kernel || (!pb && !sb) || (pb && !mlp_q) ||
-                ml_load_relaxed(&mlp_nopost_seen)) {
+                mlp_nopost_recent()) {
                 undecided = true; /* no doorbell to wake us: nap and look again */
             } else if ((pb && memlan_evq_arm(mlp_q) == 1) | (sb && memlan_evq_arm(e->q) == 1)) {
                 pthread_mutex_lock(&mlp_epmu); /* a post came in as we armed: collect it */

@@ -103,15 +103,26 @@ short mlp_sock_revents(struct mlp_sock *s, int fd, short events)
 
 /* Does s's peer say that it may not reach our queue (ML_SOCK_NOPOST: it changed credentials)?
  * Then its posts can be lost and we look again every millisecond rather than sleep on the queue.
- * Once one peer says so, epoll waits of this process nap too (they do not look per member). */
-_Atomic bool mlp_nopost_seen;
+ * Once one peer says so, epoll waits of this process nap too (they do not look per member),
+ * until no peer has said it for two liveness intervals: a flag taken back (a refused post's,
+ * channel.c) or a connection closed left every epoll wait napping for good (a review).  A
+ * member whose peer still says it stays on its set's ready list and is looked at at each nap,
+ * which says it again (epoll.c, the harvest). */
+static _Atomic uint64_t mlp_nopost_ns; /* mlp_coarse_ns() when a peer last said it; 0: never */
 bool mlp_peer_nopost(struct mlp_sock *s)
 {
     if (!s->ch || !(ml_load_relaxed(&mlp_side_block(s->ch, 1 - s->side)->flags) & ML_SOCK_NOPOST))
         return false;
-    if (!ml_load_relaxed(&mlp_nopost_seen))
-        ml_store_relaxed(&mlp_nopost_seen, true);
+    uint64_t now = mlp_coarse_ns();
+    if (now - ml_load_relaxed(&mlp_nopost_ns) > 100000000u)
+        ml_store_relaxed(&mlp_nopost_ns, now);
     return true;
+}
+
+bool mlp_nopost_recent(void)
+{
+    uint64_t t = ml_load_relaxed(&mlp_nopost_ns);
+    return t && mlp_coarse_ns() - t < 2 * (uint64_t)ML_LIVENESS_MAX_NS;
 }
 
 /* Arm s for the events asked; true if it turned ready meanwhile (do not sleep). */

@@ -48,7 +48,7 @@ struct mlp_pwait {
 };
 
 extern pthread_mutex_t mlp_home_mu;
-extern _Atomic bool mlp_nopost_seen;
+bool mlp_nopost_recent(void); /* poll.c: a peer of this process said ML_SOCK_NOPOST lately */
 extern struct ml_spin mlp_poll_spin;
 extern unsigned mlp_pw_gen;
 extern __thread struct mlp_pwait *mlp_pw_self __attribute__((tls_model("initial-exec")));

@@ -51,6 +51,30 @@ print(ls.getsockname()[1], flush=True)
 """
 
 
+def off_and_on(tmp_path, server, client, srv_args=(), cli_args=()):
+    """server's and client's sources run over kernel TCP, then under memlan (logs serverBOOL.log,
+    clientBOOL.log): the client's (stdout, stderr) each time; the server prints its port first."""
+    (tmp_path / "srv.py").write_text(server)
+    (tmp_path / "cli.py").write_text(client)
+    outs = []
+    for on in (False, True):
+        slog, clog = tmp_path / f"server{on}.log", tmp_path / f"client{on}.log"
+        srv = subprocess.Popen(wrap(["python3", str(tmp_path / "srv.py"), *srv_args], slog, on),
+                               stdout=subprocess.PIPE, text=True)
+        try:
+            port = int(srv.stdout.readline())
+            p = subprocess.run(wrap(["python3", str(tmp_path / "cli.py"), str(port), *cli_args],
+                                    clog, on), capture_output=True, text=True, timeout=120)
+            assert p.returncode == 0, p.stderr
+            outs.append((p.stdout, p.stderr))
+            assert srv.wait(20) == 0
+        finally:
+            if srv.poll() is None:
+                srv.kill()
+                srv.wait()
+    return outs
+
+
 # ---- nginx: a root master, two workers as nobody -----------------------------------------------
 
 
@@ -575,24 +599,7 @@ def test_a_peer_whose_fsuid_changed_still_wakes_its_client(fabric, tmp_path, how
     come only before the client first saw the flag."""
     pwd.getpwnam("nobody")
     n = 20
-    (tmp_path / "srv.py").write_text(FSUID_SERVER)
-    (tmp_path / "cli.py").write_text(FSUID_CLIENT)
-    outs = []
-    for on in (False, True):
-        slog, clog = tmp_path / f"server{on}.log", tmp_path / f"client{on}.log"
-        srv = subprocess.Popen(wrap(["python3", str(tmp_path / "srv.py"), str(n)], slog, on),
-                               stdout=subprocess.PIPE, text=True)
-        try:
-            port = int(srv.stdout.readline())
-            p = subprocess.run(wrap(["python3", str(tmp_path / "cli.py"), str(port), str(n), how],
-                                    clog, on), capture_output=True, text=True, timeout=120)
-            assert p.returncode == 0, p.stderr
-            outs.append((p.stdout, p.stderr))
-            assert srv.wait(20) == 0
-        finally:
-            if srv.poll() is None:
-                srv.kill()
-                srv.wait()
+    outs = off_and_on(tmp_path, FSUID_SERVER, FSUID_CLIENT, [str(n)], [str(n), how])
     assert outs[0][0].splitlines() == [f"{i} b're:req{i}'" for i in range(n)], outs[0]
     assert outs[1][0] == outs[0][0], outs
     # the first reply may be slow (the client slept before the flag came), and a loaded machine
@@ -636,6 +643,62 @@ def test_children_exec_after_a_drop_say_nothing_of_the_log(tmp_path):
     assert "MEMLAN_LOG" not in r.stderr, r.stderr
     text = log.read_text()
     assert text.count("the programs this process execs cannot open MEMLAN_LOG") == 1, text
+    settle()
+
+
+# A thread that changes its fsuid for one write while its client sleeps in epoll_wait (the post
+# refused), then writes again with its own, then rests; the client counts its voluntary context
+# switches through an idle wait of 1 s, 2.5 s after the second byte.
+NOPOST_BACK_SERVER = LISTENER + r"""
+import ctypes, threading, time
+c, _ = ls.accept()
+libc = ctypes.CDLL(None, use_errno=True)
+def serve():
+    time.sleep(0.3)                 # the client sleeps in epoll_wait on its queue by now
+    libc.setfsuid(65534)            # this thread alone, for one write (unseen)
+    c.sendall(b"x")
+    libc.setfsuid(0)
+    time.sleep(1.5)
+    c.sendall(b"y")                 # its posts reach the client's queue again
+    time.sleep(5)
+    c.sendall(b"z")
+t = threading.Thread(target=serve)
+t.start()
+t.join()
+"""
+
+NOPOST_BACK_CLIENT = r"""
+import resource, select, socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+ep = select.epoll()
+ep.register(s.fileno(), select.EPOLLIN)
+for want in (b"x", b"y"):
+    ev = ep.poll(5.0)
+    print("got", s.recv(10) if ev else "nothing within 5 s", flush=True)
+time.sleep(2.5)
+v = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
+ev = ep.poll(1.0)
+sw = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - v
+print("idle", ev, file=sys.stderr)
+print("switches", sw, file=sys.stderr)
+ev = ep.poll(8.0)
+print("got", s.recv(10) if ev else "nothing within 8 s", flush=True)
+"""
+
+
+def test_a_refused_posts_flag_is_taken_back(fabric, tmp_path):
+    """The flag a refused post set (ML_SOCK_NOPOST) made the client's process nap every
+    millisecond in every epoll wait, for good: 892 voluntary context switches in an idle wait of
+    1 s (a review: about 900 a second).  The sender's next send, a second or more later, tries
+    its posts again and, none refused, takes the flag back; the client's process stops napping
+    once no peer has said it for two liveness intervals.  The bytes come as over kernel TCP."""
+    pwd.getpwnam("nobody")
+    outs = off_and_on(tmp_path, NOPOST_BACK_SERVER, NOPOST_BACK_CLIENT)
+    assert outs[0][0] == "got b'x'\ngot b'y'\ngot b'z'\n", outs[0]
+    assert outs[1][0] == outs[0][0], outs
+    sw = [int(x) for x in re.findall(r"switches (\d+)", outs[1][1])]
+    assert sw and sw[0] < 100, outs[1]  # (about 900 with the flag standing)
+    assert accelerated(tmp_path / "clientTrue.log") == 1, (tmp_path / "clientTrue.log").read_text()
     settle()
 
 
