@@ -19,9 +19,9 @@
  *     geteuid() with the euid the fabric was opened with;
  *   - a process that gets its access back (seteuid back to root) uses the fabric again for its
  *     own connections, and the records it flagged take offers again (mlp_lrec_cred_back: a
- *     client that offers just before the next drop sees the flag again and withdraws), as they
- *     do when it execs without a listener on their port (an inetd's child that drops to a
- *     service's user: mlp_lrec_cred_exec).
+ *     client that offers just before the next drop sees the flag again, or the refusal of the
+ *     acceptor out of reach, and withdraws), as they do when it execs without a listener on
+ *     their port (an inetd's child that drops to a service's user: mlp_lrec_cred_exec).
  * A fork inherits all of it; an exec starts again.  A vfork child (which shares our memory)
  * passes straight through.  Every interposer returns exactly what libc returned, errno included.
  *

@@ -2722,9 +2722,10 @@ bool mlp_lrec_no_offer(uint32_t why)
  * ports whose ML_NO_OFFER_CRED it set take offers again.  spamd's parent drops its euid and egid
  * for a moment after its listen (to read its user's files) and comes back: its mark stayed, and
  * every later client of its port stayed on TCP (an explorer).  A process that drops again sets
- * the mark again at once (mlp_cred_mark_lost); a client that offered in between sees it while
- * undecided and withdraws, and an acceptor still out of reach (another holder of the port, which
- * found the mark set and did not note itself) sets it again at its accept.  False: busy (tried,
+ * the mark again at once (mlp_cred_mark_lost); a client that offered in between sees it, or the
+ * refusal an acceptor out of reach writes at its accept (mlp_on_accept), while undecided and
+ * withdraws, and an acceptor still out of reach (another holder of the port, which found the mark
+ * set and did not note itself) sets it again at its accept.  False: busy (tried,
  * never waited for: the caller may be a handler), owed to a later call.
  */
 bool mlp_lrec_cred_back(void)

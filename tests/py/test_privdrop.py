@@ -50,6 +50,14 @@ ls.listen(8)
 print(ls.getsockname()[1], flush=True)
 """
 
+# A test client's start: a connection to the port in argv[1], in an epoll set for EPOLLIN.
+EPOLL_CLIENT = r"""
+import select, socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+ep = select.epoll()
+ep.register(s.fileno(), select.EPOLLIN)
+"""
+
 
 def off_and_on(tmp_path, server, client, srv_args=(), cli_args=()):
     """server's and client's sources run over kernel TCP, then under memlan (logs serverBOOL.log,
@@ -482,11 +490,7 @@ c.close()
 os.wait()
 """
 
-LATE_DROP_CLIENT = r"""
-import select, socket, sys, time
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-ep = select.epoll()
-ep.register(s.fileno(), select.EPOLLIN)
+LATE_DROP_CLIENT = EPOLL_CLIENT + r"""
 for i in range(4):
     s.sendall(b"req%d" % i)
     ev = ep.poll(5.0)
@@ -517,22 +521,7 @@ def test_an_epoll_client_hears_a_child_that_dropped_after_accept(fabric, tmp_pat
     pwd.getpwnam("nobody")
     if os.uname().machine != "x86_64":
         pytest.skip("the raw syscall number is x86_64's")
-    (tmp_path / "srv.py").write_text(LATE_DROP_SERVER)
-    (tmp_path / "cli.py").write_text(LATE_DROP_CLIENT)
-    outs = []
-    for on in (False, True):
-        slog, clog = tmp_path / f"server{on}.log", tmp_path / f"client{on}.log"
-        srv = subprocess.Popen(wrap(["python3", str(tmp_path / "srv.py"), how], slog, on),
-                               stdout=subprocess.PIPE, text=True)
-        try:
-            port = int(srv.stdout.readline())
-            outs.append(run(["python3", str(tmp_path / "cli.py"), str(port)], clog, on,
-                            timeout=60))
-            assert srv.wait(20) == 0
-        finally:
-            if srv.poll() is None:
-                srv.kill()
-                srv.wait()
+    outs = [o for o, _ in off_and_on(tmp_path, LATE_DROP_SERVER, LATE_DROP_CLIENT, [how])]
     assert outs[0].splitlines() == [f"{i} b're:req{i}'" for i in range(4)] + [
         "idle edges [(4, 1)]", "an edge for the last bytes [True] b'bye'"], outs[0]
     assert outs[1] == outs[0], outs
@@ -667,11 +656,8 @@ t.start()
 t.join()
 """
 
-NOPOST_BACK_CLIENT = r"""
-import resource, select, socket, sys, time
-s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
-ep = select.epoll()
-ep.register(s.fileno(), select.EPOLLIN)
+NOPOST_BACK_CLIENT = EPOLL_CLIENT + r"""
+import resource
 for want in (b"x", b"y"):
     ev = ep.poll(5.0)
     print("got", s.recv(10) if ev else "nothing within 5 s", flush=True)
