@@ -12,16 +12,19 @@
  *     can no longer be opened by name: see ml_peer_dead() in channel.c);
  *   - before the change, while it still can, the process creates its memlan stat entry;
  *   - after it, when the fabric is out of reach (faccessat with the effective ids), the process
- *     says so once in the log, sets no_offer in the record of every port it listens on through
- *     the mapping it already has (clients then do not offer at all: plain TCP at kernel speed,
- *     decided at once), and makes every new connection of its own plain TCP, with the reason;
+ *     says so once in the log and makes every new connection of its own plain TCP, with the
+ *     reason; an accept of its while out of reach refuses the client's offer in the record's
+ *     words and sets no_offer in the record, through the mapping it already has (negotiate.c,
+ *     mlp_on_accept: the client that offered withdraws, later ones do not offer at all: plain
+ *     TCP at kernel speed, decided at once), as does an exec out of reach that keeps a listener
+ *     (mlp_lrec_cred_exec).  Not at the drop: a port whose acceptors drop only between their
+ *     accepts (Debian's spamd: root children that take each message's user's euid and come
+ *     back) would be marked while any of them works, nearly always under load;
  *   - a change made without libc (syscall(2)) is caught at the next accept, which compares
  *     geteuid() with the euid the fabric was opened with;
  *   - a process that gets its access back (seteuid back to root) uses the fabric again for its
- *     own connections, and the records it flagged take offers again (mlp_lrec_cred_back: a
- *     client that offers just before the next drop sees the flag again, or the refusal of the
- *     acceptor out of reach, and withdraws), as they do when it execs without a listener on
- *     their port (an inetd's child that drops to a service's user: mlp_lrec_cred_exec).
+ *     own connections, and the records it flagged take offers again (mlp_lrec_cred_back), as
+ *     they do when it execs without a listener on their port (mlp_lrec_cred_exec).
  * A fork inherits all of it; an exec starts again.  A vfork child (which shares our memory)
  * passes straight through.  Every interposer returns exactly what libc returned, errno included.
  *
@@ -49,9 +52,8 @@ static _Atomic uid_t mlp_cred_euid = (uid_t)-1; /* the euid the fabric was opene
 static char mlp_cred_buf[2][112];
 static _Atomic int mlp_cred_cur;
 static bool mlp_cred_said;                 /* the log line is written once per process */
-#define MLP_OWE_NO_OFFER 1u
 #define MLP_OWE_RING 2u
-#define MLP_OWE_BACK 4u    /* the marks we set, cleared (mlp_lrec_cred_back) */
+#define MLP_OWE_BACK 4u    /* the marks our accepts set, cleared (mlp_lrec_cred_back) */
 static _Atomic unsigned mlp_cred_owed;     /* work a handler or a busy lock left for later */
 const char *mlp_cred_why = "this process changed its credentials";
 
@@ -62,7 +64,6 @@ bool mlp_fabric_out(void) { return ml_load_acquire(&mlp_cred_gone) != 0; }
 
 static void mlp_cred_ring_peers(bool nopost);
 static void mlp_cred_mark_lost(const char *why);
-static __thread bool mlp_cred_thread_only __attribute__((tls_model("initial-exec")));
 static void mlp_cred_keep_files(void);
 
 static void mlp_cred_check(const char *what)
@@ -87,8 +88,7 @@ static void mlp_cred_check(const char *what)
             if (!atomic_exchange(&again_said, true))
                 mlp_log(1, "credentials changed again (%s): the fabric is in reach again (said "
                            "once)", what);
-            /* The marks we owe are moot, and the marks we set go (or are owed) */
-            atomic_fetch_and(&mlp_cred_owed, ~MLP_OWE_NO_OFFER);
+            /* The marks our accepts set go (or are owed) */
             if (mlp_sig_in_handler() || !mlp_lrec_cred_back())
                 atomic_fetch_or(&mlp_cred_owed, MLP_OWE_BACK);
         }
@@ -121,20 +121,14 @@ static void mlp_cred_mark_lost(const char *why)
     ml_store_release(&mlp_cred_gone, 1);
     if (!mlp_cred_said) {
         mlp_cred_said = true;
-        mlp_log(0, "%s (%s): %s, its new connections stay on TCP, its accelerated ones go on",
-                mlp_cred_why, mlp_fab->path,
-                mlp_cred_thread_only ? "a thread of it changed alone (its acceptors find out at "
-                                       "their accepts)"
-                                     : "the ports it listens on take no offers (their clients "
-                                       "stay on TCP)");
+        mlp_log(0, "%s (%s): its new connections stay on TCP, its accelerated ones go on, and "
+                   "its accepts refuse offers while it is out of reach",
+                mlp_cred_why, mlp_fab->path);
     }
-    /* A change through syscall() is the thread's own: another thread may accept on the ports
-     * with the old credentials, and the mark stays until their last listener closes (a worker
-     * that dropped and came back kept every later client on TCP: a review).  An acceptor that
-     * cannot reach the fabric finds out at its accept and marks them itself. */
-    atomic_fetch_and(&mlp_cred_owed, ~MLP_OWE_BACK); /* moot: gone again */
-    if (!mlp_cred_thread_only && !mlp_lrec_no_offer(ML_NO_OFFER_CRED))
-        atomic_fetch_or(&mlp_cred_owed, MLP_OWE_NO_OFFER);
+    /* The ports we listen on are not marked here: another process, or another thread (a change
+     * through syscall() is the thread's own), may accept on them with credentials in reach,
+     * and we may come back before our next accept.  An accept out of reach marks its port
+     * (mlp_on_accept), and refuses the offer of the client that did not see the mark. */
     if (mlp_sig_in_handler())
         atomic_fetch_or(&mlp_cred_owed, MLP_OWE_RING);
     else
@@ -147,13 +141,13 @@ static void mlp_cred_pay(void)
     unsigned owed = atomic_load(&mlp_cred_owed);
     if (!owed || mlp_sig_in_handler())
         return;
-    if (!ml_load_acquire(&mlp_cred_gone)) {
-        if ((owed & MLP_OWE_BACK) && mlp_lrec_cred_back())
-            atomic_fetch_and(&mlp_cred_owed, ~MLP_OWE_BACK);
+    /* Marks owed back are cleared even if we are gone again since: they are our accepts', and
+     * our next accept out of reach sets its port's again (a spamd child that dropped again
+     * before paying would not accept out of reach, and its mark would have stayed). */
+    if ((owed & MLP_OWE_BACK) && mlp_lrec_cred_back())
+        atomic_fetch_and(&mlp_cred_owed, ~MLP_OWE_BACK);
+    if (!ml_load_acquire(&mlp_cred_gone))
         return;
-    }
-    if ((owed & MLP_OWE_NO_OFFER) && mlp_lrec_no_offer(ML_NO_OFFER_CRED))
-        atomic_fetch_and(&mlp_cred_owed, ~MLP_OWE_NO_OFFER);
     if ((owed & MLP_OWE_RING) && (atomic_fetch_and(&mlp_cred_owed, ~MLP_OWE_RING) & MLP_OWE_RING))
         mlp_cred_ring_peers(true);
 }
@@ -381,10 +375,7 @@ int mlp_cred_syscall(long n, long a, long b, long c)
     uid_t euid = n == SYS_setuid ? (uid_t)a
                  : n == SYS_setreuid || n == SYS_setresuid ? (uid_t)b
                                                            : (uid_t)-1;
-    mlp_cred_thread_only = true;
-    int r = mlp_cred_syscall_u(n, a, b, c, euid);
-    mlp_cred_thread_only = false;
-    return r;
+    return mlp_cred_syscall_u(n, a, b, c, euid);
 }
 
 /* Declared by libcap's header, not glibc's: the kernel's two pointers, passed through. */

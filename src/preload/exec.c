@@ -1189,8 +1189,9 @@ out:
 }
 
 /* A process whose fabric is out of reach (a credential change) and that execs: the ports it
- * marked "clients will not offer" and keeps no listener of across the exec are cleared
- * (mlp_lrec_cred_exec: an inetd's child that drops to a service's user). */
+ * marked "clients will not offer" and keeps no listener of across the exec are cleared, and the
+ * ports it keeps a listener of are marked (mlp_lrec_cred_exec: an inetd's child that drops to a
+ * service's user, and execs it without the inetd's listeners, or with the one it accepts on). */
 static void mlp_exec_cred_marks(struct mlp_carry *c)
 {
     if ((int)__ml_sys_getpid() != mlp_pid)

@@ -920,9 +920,10 @@ struct mlp_lrec {
     unsigned misses;          /* acceptor: waits in a row that ended with no offer (see
                                * mlp_on_accept: pending is peer-writable) */
     int cred_pid;             /* the process that set ML_NO_OFFER_CRED in the record through
-                               * this mapping (mlp_lrec_no_offer, or its accept out of reach),
-                               * 0: none; relaxed atomics (an accept writes it unlocked) */
-    bool no_offer_said;       /* "clients will not offer" was logged (mlp_lrec_no_offer) */
+                               * this mapping (its accept out of reach, or its exec out of reach
+                               * that keeps a listener), 0: none; relaxed atomics (an accept
+                               * writes it unlocked) */
+    bool no_offer_said;       /* "clients will not offer" was logged (an accept out of reach) */
     ino_t granted_ino;        /* the record file in whose ACL we last named granted_uid */
     uid_t granted_uid;
 };
@@ -2690,43 +2691,15 @@ bool mlp_take_passed(int fd)
     return ours;
 }
 
-/* Our credentials changed and the fabric is out of reach (cred.c): no client may offer on a
- * port we listen on, since we may be the one that accepts.  Through the mappings we made before:
- * they keep their access. */
-bool mlp_lrec_no_offer(uint32_t why)
-{
-    /* Tried, never waited for: the caller may be a signal handler (setuid is async-signal-safe)
-     * that came while this thread held the lock.  false: busy, try again later. */
-    if (pthread_mutex_trylock(&mlp_neg_mu) != 0)
-        return false;
-    for (int port = 0; port < 65536; port++) {
-        struct mlp_lrec *r = mlp_lrecs[port];
-        if (r && r->nlisten > 0 && r->map && !ml_load_relaxed(&r->map->no_offer)) {
-            ml_store_release(&r->map->no_offer, why);
-            if (why == ML_NO_OFFER_CRED)
-                __atomic_store_n(&r->cred_pid, ml_load_relaxed(&mlp_pid), __ATOMIC_RELAXED);
-            /* Once per record: a server that drops and comes back marks again at each drop
-             * (778 lines in 1.5 s from a toggling thread: a review) */
-            if (!r->no_offer_said) {
-                r->no_offer_said = true;
-                mlp_log(1, "port %d: clients will not offer (%s)", port, mlp_cred_why);
-            }
-        }
-    }
-    pthread_mutex_unlock(&mlp_neg_mu);
-    return true;
-}
-
 /*
  * This process's credentials are back within the fabric's reach (a seteuid back to root): the
  * ports whose ML_NO_OFFER_CRED it set take offers again.  spamd's parent drops its euid and egid
  * for a moment after its listen (to read its user's files) and comes back: its mark stayed, and
- * every later client of its port stayed on TCP (an explorer).  A process that drops again sets
- * the mark again at once (mlp_cred_mark_lost); a client that offered in between sees it, or the
- * refusal an acceptor out of reach writes at its accept (mlp_on_accept), while undecided and
- * withdraws, and an acceptor still out of reach (another holder of the port, which found the mark
- * set and did not note itself) sets it again at its accept.  False: busy (tried,
- * never waited for: the caller may be a handler), owed to a later call.
+ * every later client of its port stayed on TCP (an explorer).  A process out of reach again
+ * marks again at its next accept (mlp_on_accept), and refuses the offer of a client that did
+ * not see the mark, which withdraws; so does another holder of the port still out of reach
+ * (which found the mark set and did not note itself).  False: busy (tried, never waited for:
+ * the caller may be a handler), owed to a later call.
  */
 bool mlp_lrec_cred_back(void)
 {
@@ -2757,12 +2730,13 @@ bool mlp_lrec_cred_back(void)
 /*
  * Before an exec of this process (not a vfork child's, whose memory is its parent's): the ports
  * whose ML_NO_OFFER_CRED this process set, and on which none of its listeners survives the exec,
- * are cleared (kept[port / 8] bit: a listener of ours on port survives).  An inetd's child drops
- * to a service's user while it still holds every listener of the inetd, then execs the service
- * without them: its mark stayed while the inetd (root, the only acceptor) lived, and every later
- * client of every port of the inetd stayed on TCP.  A process that changed its credentials and
- * still accepts on a cleared port sets the mark again at its accept (mlp_on_accept).  Returns
- * the ports cleared (malloc'd, *n of them) for mlp_lrec_cred_undo when the exec fails.
+ * are cleared (kept[port / 8] bit: a listener of ours on port survives), and, when the fabric is
+ * out of our reach, the ports whose listeners survive are marked.  An inetd's child drops to a
+ * service's user while it still holds every listener of the inetd, then execs the service
+ * without them (a mark made when a drop marked every port stayed while the inetd, root and the
+ * only acceptor, lived, and every later client of every port of the inetd stayed on TCP), or
+ * with the one it accepts on itself (`wait = yes`).  Returns the ports cleared (malloc'd, *n of
+ * them) for mlp_lrec_cred_undo when the exec fails.
  */
 int *mlp_lrec_cred_exec(const uint8_t *kept, int *n)
 {
@@ -2771,8 +2745,21 @@ int *mlp_lrec_cred_exec(const uint8_t *kept, int *n)
     if ((int)__ml_sys_getpid() != pid || pthread_mutex_trylock(&mlp_neg_mu) != 0)
         return NULL; /* busy (a handler's exec): the marks stay, as before */
     int *out = NULL, cap = 0;
+    bool out_of_reach = mlp_fabric_out();
     for (int port = 0; port < 65536; port++) {
         struct mlp_lrec *r = mlp_lrecs[port];
+        if (r && r->map && out_of_reach && (kept[port / 8] & (1u << (port % 8)))) {
+            /* The new image accepts here out of our fabric's reach, and may not see this
+             * fabric at all (an inetd's `wait = yes` service exec'd as nobody opens nobody's):
+             * it could neither take nor refuse an offer, so the port is marked now. */
+            uint32_t none = 0;
+            if (atomic_compare_exchange_strong(&r->map->no_offer, &none, ML_NO_OFFER_CRED)) {
+                __atomic_store_n(&r->cred_pid, pid, __ATOMIC_RELAXED);
+                mlp_log(1, "port %d: clients will not offer (%s; it execs with the listener)",
+                        port, mlp_cred_why);
+            }
+            continue;
+        }
         if (!r || __atomic_load_n(&r->cred_pid, __ATOMIC_RELAXED) != pid || !r->map ||
             (kept[port / 8] & (1u << (port % 8))))
             continue;
@@ -4258,13 +4245,16 @@ void mlp_on_accept(int lfd, int fd, int flags)
         return;
     }
     if (mlp_cred_lost(true)) {
-        /* The fabric is out of our reach: we could neither take an offer nor refuse one.  The
-         * record says so (cred.c), so clients that looked after the change did not offer, and one
-         * that offered just before sees it and withdraws: nobody waits for us.  (Said again
-         * where the process that said it first has exec'd since: mlp_lrec_cred_exec.) */
+        /* The fabric is out of our reach: we could neither take an offer nor open one.  The
+         * record says so from now on (a drop does not mark it: cred.c), so clients that look
+         * after this do not offer, and one that offered before sees it and withdraws: nobody
+         * waits for us.  Said once per record and process. */
         uint32_t none = 0;
-        if (atomic_compare_exchange_strong(&m->no_offer, &none, ML_NO_OFFER_CRED))
+        if (atomic_compare_exchange_strong(&m->no_offer, &none, ML_NO_OFFER_CRED)) {
             __atomic_store_n(&ls->rec->cred_pid, ml_load_relaxed(&mlp_pid), __ATOMIC_RELAXED);
+            if (!__atomic_exchange_n(&ls->rec->no_offer_said, true, __ATOMIC_RELAXED))
+                mlp_log(1, "port %d: clients will not offer (%s)", ls->rec->port, mlp_cred_why);
+        }
         /* And a client that offered before the mark is refused in the record's words, which
          * our mapping reaches: a mark cleared again at once (a thread's drop and return,
          * mlp_lrec_cred_back) left it to wait an eighth of the accept wait, or all of it (a

@@ -446,7 +446,6 @@ struct memlan_segment *mlp_stat_seg(void); /* negotiate.c: our stat entry, or NU
 bool mlp_sandboxed(void);       /* negotiate.c: a seccomp filter may kill for a call */
 bool mlp_log_closed_to_exec(void); /* init.c: an exec'd image could not open the log */
 bool mlp_known_confined(void);  /* memory only: a filter is known (mlp_note_confined, or looked) */
-bool mlp_lrec_no_offer(uint32_t why);/* ML_NO_OFFER_*: in every record we listen on; false: busy */
 int *mlp_lrec_cred_exec(const uint8_t *kept, int *n); /* before exec: ML_NO_OFFER_CRED we set */
 bool mlp_lrec_cred_back(void); /* back in reach: ML_NO_OFFER_CRED we set, cleared; false: busy */
 void mlp_lrec_cred_undo(const int *ports, int n);      /* the exec failed: set again */

@@ -273,32 +273,55 @@ def test_xinetd_nobody_service_with_a_plain_client(fabric, pubdir):
     settle()
 
 
-def test_xinetd_nobody_service_keeps_the_other_ports_accelerated(fabric, pubdir):
+def test_xinetd_nobody_service_keeps_the_other_ports_accelerated(fabric, pubdir, monkeypatch):
     """xinetd's child for a `user = nobody` service drops to nobody while it still holds every
     listener of xinetd's (they close at its exec): cred.c marks each of those ports "clients will
     not offer" at the drop, and the mark stayed while xinetd, their last listener, lived, so
     after one connection to a nobody service every later client of every port of that xinetd
     stayed on TCP ("a server process changed its credentials: it cannot take offers"), though
-    only xinetd (root) accepts on them.  Now the child's exec, which keeps no listener, clears
-    the marks it set: a memlan client of a root service after a nobody service's connection is
-    accelerated, as the one before it."""
+    only xinetd (root) accepts on them.  Now a drop marks no port (an accept out of reach marks
+    its own), so a memlan client of a root service after a nobody service's connection is
+    accelerated, as the one before it.  A `wait = yes` service run as nobody accepts on the
+    listener it is given, out of root's fabric's reach (it opens nobody's): the exec that keeps
+    the listener marks its port, and its memlan clients go to TCP at once, before the first
+    and after it (none waits for MEMLAN_ACCEPT_WAIT_MS, 5 s here)."""
     have("xinetd", "cc")
     services_dir(pubdir)
     svcs = [("c", str(pubdir / "up"), False, "root"), ("shnobody", str(pubdir / "svc.sh"), False,
-                                                       "nobody")]
-    slog, clog = pubdir / "server.log", pubdir / "client.log"
+                                                       "nobody"),
+            ("waitnobody", str(pubdir / "wait.py"), True, "nobody")]
+    slog, clog, wlog = pubdir / "server.log", pubdir / "client.log", pubdir / "wait.log"
     x = Xinetd(pubdir, svcs, slog, True)
     try:
         first = client(pubdir, x.port["c"], 10000, "q", clog, True)
         plain = client(pubdir, x.port["shnobody"], 1000, "abc\n", pubdir / "p.log", False)
         second = client(pubdir, x.port["c"], 10000, "q", clog, True)
+        monkeypatch.setenv("MEMLAN_ACCEPT_WAIT_MS", "5000")
+        waits = []
+        for _ in range(2):
+            t0 = time.monotonic()
+            waits.append(client(pubdir, x.port["waitnobody"], 5000, "w", wlog, True) +
+                         (round(time.monotonic() - t0, 2),))
     finally:
         x.stop()
         settle()
     assert first[0] == 0 and second == first and plain[0] == 0, (first, second, plain)
     assert accelerated(clog) == 2, (clog.read_text()[-2000:], tcp_reasons(clog))
     s = slog.read_text()
-    assert "clients will not offer" in s and "clients may offer again" in s, s[-3000:]
+    # The one port marked is the nobody `wait = yes` service's, at its exec with the listener
+    marked = {int(l.split("port ")[1].split(":")[0]) for l in s.splitlines()
+              if "clients will not offer" in l}
+    assert marked == {x.port["waitnobody"]}, (marked, x.port, s[-3000:])
+    sent = b"w" + body(5000)
+    reply = hashlib.sha256(sent).hexdigest().encode() + b"\n" + sent
+    want = b"%d %s " % (len(reply), hashlib.sha256(reply).hexdigest().encode())
+    assert all(w[0] == 0 and w[1].startswith(want) for w in waits), waits
+    # The first client may connect before xinetd's child execs the service (and offer, then
+    # see the mark and withdraw); the second finds the mark.
+    w = wlog.read_text()
+    assert "MEMLAN_ACCEPT_WAIT_MS" not in w and w.count("offer posted") <= 1, (waits, w)
+    assert tcp_reasons(wlog) == ["a server process lost the fabric (credentials, sandbox): it "
+                                 "cannot take offers"] * 2, w
 
 
 def test_xinetd_nobody_service_with_a_memlan_client(fabric, pubdir):

@@ -132,7 +132,11 @@ def test_nginx_workers_as_nobody(fabric, tmp_path, pubdir):
         assert "could not refuse the offer" not in s, s[-3000:]
         assert all(CRED_PEER in r for r in tcp_reasons(clog)) and len(tcp_reasons(clog)) >= n, \
             c[-3000:]
-        assert "offer posted" not in c, c[-3000:]
+        # The workers' drop does not mark the port (a port whose acceptors drop only between
+        # accepts would be marked while any of them works): the first accept out of reach
+        # does, and refuses the offer its client made; the later clients do not offer.
+        assert c.count("offer posted") <= 1, c[-3000:]
+        assert "clients will not offer" in s, s[-3000:]
         # No worker died on the way (nginx's master would quietly start another).
         assert "exited on signal" not in (pubdir / "error.log").read_text()
         # Concurrent keep-alive load: every request answered, no timeouts.
@@ -446,7 +450,11 @@ def test_drop_never_makes_a_client_wait(fabric, tmp_path, how):
                 "a server process lost the fabric (credentials, sandbox): it cannot take offers"}, c
             assert s.count("clients will not offer") == 1, s  # once, not at each drop
         else:
-            assert "offer posted" not in c or how == "syscall", c
+            # The drop does not mark the port: the first accept out of reach does, and refuses
+            # the offer its client made (read at once: no stall, above); the later clients do
+            # not offer.  (A change through syscall() is found at that accept too.)
+            assert c.count("offer posted") <= 1, c
+            assert s.count("clients will not offer") == 1, s
     finally:
         if srv.poll() is None:
             srv.kill()
