@@ -22,6 +22,9 @@
  *     back) would be marked while any of them works, nearly always under load;
  *   - a change made without libc (syscall(2)) is caught at the next accept, which compares
  *     geteuid() with the euid the fabric was opened with;
+ *   - a loss that was one thread's own (a change through syscall(), or one found at an accept:
+ *     the kernel's credentials are per thread) leaves the other threads their reach: each of
+ *     their connects and accepts asks for itself (mlp_cred_thread_in_reach);
  *   - a process that gets its access back (seteuid back to root) uses the fabric again for its
  *     own connections, and the records it flagged take offers again (mlp_lrec_cred_back), as
  *     they do when it execs without a listener on their port (mlp_lrec_cred_exec).
@@ -64,6 +67,10 @@ bool mlp_fabric_out(void) { return ml_load_acquire(&mlp_cred_gone) != 0; }
 
 static void mlp_cred_ring_peers(bool nopost);
 static void mlp_cred_mark_lost(const char *why);
+/* The loss was found by one thread about itself (a set*id made through syscall(), or found at
+ * an accept: the kernel's credentials are per thread), not by a libc call that changed all. */
+static __thread bool mlp_cred_thread_only __attribute__((tls_model("initial-exec")));
+static _Atomic bool mlp_cred_thread_loss;
 static void mlp_cred_keep_files(void);
 
 static void mlp_cred_check(const char *what)
@@ -118,6 +125,7 @@ static void mlp_cred_mark_lost(const char *why)
     snprintf(mlp_cred_buf[k], sizeof mlp_cred_buf[k], "%s", why);
     ml_store_relaxed(&mlp_cred_cur, k);
     mlp_cred_why = mlp_cred_buf[k];
+    ml_store_relaxed(&mlp_cred_thread_loss, mlp_cred_thread_only);
     ml_store_release(&mlp_cred_gone, 1);
     if (!mlp_cred_said) {
         mlp_cred_said = true;
@@ -152,17 +160,38 @@ static void mlp_cred_pay(void)
         mlp_cred_ring_peers(true);
 }
 
+/*
+ * Is the fabric in this thread's reach, though the process's is lost?  Only where the loss was
+ * one thread's own (mlp_cred_thread_loss): a server thread that changes its euid through
+ * syscall() (samba's way) put every other thread's connects and accepts on TCP, and its port
+ * marked at their accepts, while they kept root (a review's smbd-like program).  One faccessat,
+ * with this thread's ids; not in a handler (a handler's accept refuses anyway), nor in a seccomp
+ * sandbox, which may kill for it.
+ */
+static bool mlp_cred_thread_in_reach(void)
+{
+    if (!ml_load_relaxed(&mlp_cred_thread_loss) || !mlp_fab || mlp_sig_in_handler() ||
+        mlp_sandboxed())
+        return false;
+    int saved = errno;
+    bool in = faccessat(mlp_fab->dirfd, ".", W_OK | X_OK, AT_EACCESS) == 0;
+    errno = saved;
+    return in;
+}
+
 bool mlp_cred_lost(bool at_accept)
 {
     if (ml_load_acquire(&mlp_cred_gone)) {
         if (ml_unlikely(atomic_load_explicit(&mlp_cred_owed, memory_order_relaxed)))
             mlp_cred_pay();
-        return true;
+        return !mlp_cred_thread_in_reach();
     }
     if (ml_unlikely(atomic_load_explicit(&mlp_cred_owed, memory_order_relaxed)))
         mlp_cred_pay();
     if (at_accept && mlp_fab && geteuid() != ml_load_relaxed(&mlp_cred_euid)) {
+        mlp_cred_thread_only = true; /* what this thread's geteuid says is its own */
         mlp_cred_check("found at accept");
+        mlp_cred_thread_only = false;
         return ml_load_acquire(&mlp_cred_gone) != 0;
     }
     return false;
@@ -375,7 +404,10 @@ int mlp_cred_syscall(long n, long a, long b, long c)
     uid_t euid = n == SYS_setuid ? (uid_t)a
                  : n == SYS_setreuid || n == SYS_setresuid ? (uid_t)b
                                                            : (uid_t)-1;
-    return mlp_cred_syscall_u(n, a, b, c, euid);
+    mlp_cred_thread_only = true;
+    int r = mlp_cred_syscall_u(n, a, b, c, euid);
+    mlp_cred_thread_only = false;
+    return r;
 }
 
 /* Declared by libcap's header, not glibc's: the kernel's two pointers, passed through. */

@@ -607,6 +607,84 @@ def test_a_peer_whose_fsuid_changed_still_wakes_its_client(fabric, tmp_path, how
     settle()
 
 
+# A server whose helper thread takes nobody's euid through syscall(2) (per thread in the kernel:
+# samba's way) and keeps it, while the main thread, still root, accepts three clients and echoes
+# a line to each, then connects to the port in argv[1] three times and prints what comes back.
+THREAD_DROP_SERVER = LISTENER + r"""
+import ctypes, os, threading
+dropped, done = threading.Event(), threading.Event()
+def helper():
+    libc = ctypes.CDLL(None, use_errno=True)
+    assert libc.syscall(117, -1, 65534, -1) == 0  # x86_64 SYS_setresuid: this thread alone
+    assert os.geteuid() == 65534
+    dropped.set()
+    done.wait(60)
+t = threading.Thread(target=helper)
+t.start()
+dropped.wait(10)
+assert os.geteuid() == 0  # the main thread kept root
+for i in range(3):
+    c, _ = ls.accept()
+    c.sendall(c.makefile("rb").readline())
+    c.close()
+for i in range(3):
+    o = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    o.sendall(b"out %d\n" % i)
+    print(o.makefile("rb").readline().decode().strip(), flush=True)
+    o.close()
+done.set()
+t.join()
+"""
+
+
+def test_one_threads_raw_drop_leaves_the_others_accelerated(fabric, tmp_path):
+    """The kernel's credentials are per thread, and a set*id made through syscall() changes the
+    calling thread's alone.  Such a change used to count for the whole process: every later
+    accept and connect of the other threads, still root, stayed on TCP ("this process changed
+    its credentials"), and their accepts marked the port for every later client.  Now, where
+    the loss was one thread's own, each connect and accept asks whether the fabric is in its
+    own thread's reach (one faccessat): the root thread's connections are accelerated, with
+    the bytes kernel TCP gives."""
+    pwd.getpwnam("nobody")
+    if os.uname().machine != "x86_64":
+        pytest.skip("the raw syscall number is x86_64's")
+    (tmp_path / "echo.py").write_text(LISTENER + r"""
+for i in range(3):
+    c, _ = ls.accept()
+    c.sendall(b"echo " + c.makefile("rb").readline())
+    c.close()
+""")
+    (tmp_path / "cli.py").write_text(DROP_CLIENT)
+    (tmp_path / "srv.py").write_text(THREAD_DROP_SERVER)
+    outs = []
+    for on in (False, True):
+        logs = [tmp_path / f"{w}{on}.log" for w in ("echo", "server", "client")]
+        echo = subprocess.Popen(wrap(["python3", str(tmp_path / "echo.py")], logs[0], on),
+                                stdout=subprocess.PIPE, text=True)
+        srv = None
+        try:
+            eport = echo.stdout.readline().strip()
+            srv = subprocess.Popen(wrap(["python3", str(tmp_path / "srv.py"), eport], logs[1],
+                                        on), stdout=subprocess.PIPE, text=True)
+            port = srv.stdout.readline().strip()
+            c = run(["python3", str(tmp_path / "cli.py"), port, "3"], logs[2], on, timeout=60)
+            out, _ = srv.communicate(timeout=30)
+            outs.append(([l.split()[0] for l in c.splitlines()], out, srv.returncode))
+            assert echo.wait(10) == 0
+        finally:
+            for p in (srv, echo):
+                if p and p.poll() is None:
+                    p.kill()
+                    p.wait()
+    assert outs[0] == (["True"] * 3, "echo out 0\necho out 1\necho out 2\n", 0), outs
+    assert outs[1] == outs[0], outs
+    s = (tmp_path / "serverTrue.log").read_text()
+    assert "changed its credentials (syscall(set*id)" in s, s  # the path under test ran
+    assert s.count("accelerated (accepted") == 3 and s.count("accelerated (client)") == 3, s
+    assert "clients will not offer" not in s, s
+    settle()
+
+
 # A daemon that opened its log as root, dropped to nobody, and execs a child per connection (git
 # daemon --user=nobody): each child prints "child ok" and its stderr is the daemon's.
 EXEC_AFTER_DROP = r"""
