@@ -179,12 +179,22 @@ static bool mlp_cred_thread_in_reach(void)
     return in;
 }
 
+/* Is the fabric out of this thread's reach?  No payment of what is owed (a vfork child may ask). */
+bool mlp_cred_out_here(void) { return mlp_fabric_out() && !mlp_cred_thread_in_reach(); }
+
+/* mlp_cred_lost, for a connect or an accept of this thread's (closes and looks keep to the
+ * process's state: no system call of ours more there). */
+bool mlp_cred_lost_here(bool at_accept)
+{
+    return mlp_cred_lost(at_accept) && !mlp_cred_thread_in_reach();
+}
+
 bool mlp_cred_lost(bool at_accept)
 {
     if (ml_load_acquire(&mlp_cred_gone)) {
         if (ml_unlikely(atomic_load_explicit(&mlp_cred_owed, memory_order_relaxed)))
             mlp_cred_pay();
-        return !mlp_cred_thread_in_reach();
+        return true;
     }
     if (ml_unlikely(atomic_load_explicit(&mlp_cred_owed, memory_order_relaxed)))
         mlp_cred_pay();

@@ -1189,13 +1189,18 @@ out:
 }
 
 /* A process whose fabric is out of reach (a credential change) and that execs: the ports it
- * marked "clients will not offer" and keeps no listener of across the exec are cleared, and the
- * ports it keeps a listener of are marked (mlp_lrec_cred_exec: an inetd's child that drops to a
- * service's user, and execs it without the inetd's listeners, or with the one it accepts on). */
-static void mlp_exec_cred_marks(struct mlp_carry *c)
+ * marked "clients will not offer" and keeps no listener of across the exec are cleared, and,
+ * where the exec'ing thread is out of reach too, the ports it keeps a listener of are marked
+ * (mlp_lrec_cred_exec: an inetd's child that drops to a service's user, and execs it without
+ * the inetd's listeners, or with the one it accepts on).  own: the exec is this process's; a
+ * vfork child's or a posix_spawn's makes another process (subprocess.Popen's vfork after a
+ * drop: each client of the service it started waited an eighth of the accept wait, a review),
+ * which only marks. */
+static void mlp_exec_cred_marks(struct mlp_carry *c, bool own)
 {
-    if ((int)__ml_sys_getpid() != mlp_pid)
-        return; /* a vfork child: the marks are its parent's */
+    bool mark = mlp_cred_out_here();
+    if (!own && !mark)
+        return;
     uint8_t *kept = calloc(65536 / 8, 1);
     if (!kept)
         return;
@@ -1211,7 +1216,7 @@ static void mlp_exec_cred_marks(struct mlp_carry *c)
             kept[port / 8] |= (uint8_t)(1u << (port % 8));
         mlp_put(s);
     }
-    c->credports = mlp_lrec_cred_exec(kept, &c->ncredports);
+    c->credports = mlp_lrec_cred_exec(kept, &c->ncredports, mark, own);
     free(kept);
 }
 
@@ -1240,7 +1245,7 @@ static char *const *mlp_exec_prepare(struct mlp_carry *c, const char *path, bool
         c->memfd = mlp_carry_list(c, false);
     }
     if (mlp_fab && !mlp_cfg.off && mlp_fabric_out())
-        mlp_exec_cred_marks(c);
+        mlp_exec_cred_marks(c, (int)__ml_sys_getpid() == mlp_pid);
     return mlp_exec_env(c, envp);
 }
 
@@ -1401,7 +1406,10 @@ static void mlp_adopt_line(char *line)
     }
     if (line[0] == 'L') {
         int n = mlp_line_fds(line, fds);
-        if (n <= 0 || mlp_on_listen(fds[0], false) < 0)
+        mlp_listen_carried = true; /* (the image's start: one thread) */
+        int pub = n > 0 ? mlp_on_listen(fds[0], false) : -1;
+        mlp_listen_carried = false;
+        if (pub < 0)
             return;
         mlp_lowat_inherited(fds[0]); /* a mark the image before us set on the listener */
         mlp_install_rest(fds, n);
@@ -1499,6 +1507,8 @@ static char *const *mlp_spawn_prepare(struct mlp_carry *c, const posix_spawn_fil
     c->envp = envp;
     if (!mlp_cfg.off && !mlp_vfork_child())
         c->memfd = mlp_carry_list(c, true);
+    if (mlp_fab && !mlp_cfg.off && !mlp_vfork_child() && mlp_fabric_out())
+        mlp_exec_cred_marks(c, false); /* the listeners it keeps, whatever the file actions do */
     return mlp_exec_env(c, envp);
 }
 

@@ -108,6 +108,7 @@ bool mlp_fdrec_busy(const struct mlp_fdrec *r)
                  atomic_load_explicit(&r->bufhint[0], memory_order_relaxed) ||
                  atomic_load_explicit(&r->bufhint[1], memory_order_relaxed) ||
                  atomic_load_explicit(&r->tcp_slot, memory_order_relaxed) ||
+                 atomic_load_explicit(&r->tcp_pending, memory_order_relaxed) ||
                  atomic_load_explicit(&r->received, memory_order_relaxed) ||
                  atomic_load_explicit(&r->rcvlowat, memory_order_relaxed) ||
                  atomic_load_explicit(&r->kep, memory_order_relaxed));

@@ -347,7 +347,7 @@ static void mlp_read_config(void)
         mlp_said_before = (unsigned)strtoul(said, NULL, 10) &
                           (MLP_SAID_CONFIG | MLP_SAID_FABRIC | MLP_SAID_FULL | MLP_SAID_EVQ |
                            MLP_SAID_SECURE | MLP_SAID_PASS | MLP_SAID_REACH | MLP_SAID_STALL |
-                           MLP_SAID_OOB);
+                           MLP_SAID_OOB | MLP_SAID_ASYNC);
     mlp_said = mlp_said_before;
     const char *q = getenv("MEMLAN_QUIET");
     mlp_quiet = q && *q && strcmp(q, "0") != 0;

@@ -663,6 +663,8 @@ void mlp_stat_tcp_closed(int fd);
 void mlp_stat_tcp_closed(int fd)
 {
     struct mlp_fdrec *rec = mlp_fdrec(fd);
+    if (rec && ml_load_relaxed(&rec->tcp_pending))
+        ml_store_relaxed(&rec->tcp_pending, 0);
     if (!rec || !ml_load_relaxed(&rec->tcp_slot))
         return;
     int slot = atomic_exchange(&rec->tcp_slot, 0) - 1;
@@ -1605,6 +1607,8 @@ static void mlp_lrec_note_socket(struct ml_listen_rec *m, const char *netns, int
     ml_store_release(&m->lsock_full, 1u);
 }
 
+bool mlp_listen_carried;
+
 int mlp_on_listen(int fd, bool before)
 {
     if (mlp_cfg.off)
@@ -1701,7 +1705,10 @@ int mlp_on_listen(int fd, bool before)
     (void)mlp_listener_defer(s, fd);
     mlp_install(fd, s);
     mlp_put(s);
-    mlp_log(1, "listen fd %d port %d: published in %s", fd, a.port, mlp_fab->path);
+    /* A listener carried across exec is published again by each image (Xvfb's `sh -c xkbcomp`
+     * at every server reset: 254 of 324 lines of its log, an explorer): at level 2 then. */
+    mlp_log(mlp_listen_carried ? 2 : 1, "listen fd %d port %d: %spublished in %s", fd, a.port,
+            mlp_listen_carried ? "carried across exec, " : "", mlp_fab->path);
     if (!mlp_addr_loopback(&a))
         mlp_addr_links(fd, &a);
     return 0;
@@ -2728,38 +2735,43 @@ bool mlp_lrec_cred_back(void)
 }
 
 /*
- * Before an exec of this process (not a vfork child's, whose memory is its parent's): the ports
- * whose ML_NO_OFFER_CRED this process set, and on which none of its listeners survives the exec,
- * are cleared (kept[port / 8] bit: a listener of ours on port survives), and, when the fabric is
- * out of our reach, the ports whose listeners survive are marked.  An inetd's child drops to a
+ * Before an exec of this process (own; a vfork child's or a spawn's exec makes another process,
+ * whose marks are not ours to clear): the ports whose ML_NO_OFFER_CRED this process set, and on
+ * which none of its listeners survives the exec, are cleared (kept[port / 8] bit: a listener of
+ * ours on port survives), and, when the fabric is out of the exec'ing thread's reach (mark), the
+ * ports whose listeners survive are marked.  An inetd's child drops to a
  * service's user while it still holds every listener of the inetd, then execs the service
  * without them (a mark made when a drop marked every port stayed while the inetd, root and the
  * only acceptor, lived, and every later client of every port of the inetd stayed on TCP), or
  * with the one it accepts on itself (`wait = yes`).  Returns the ports cleared (malloc'd, *n of
  * them) for mlp_lrec_cred_undo when the exec fails.
  */
-int *mlp_lrec_cred_exec(const uint8_t *kept, int *n)
+int *mlp_lrec_cred_exec(const uint8_t *kept, int *n, bool mark, bool own)
 {
     *n = 0;
     int pid = ml_load_relaxed(&mlp_pid);
-    if ((int)__ml_sys_getpid() != pid || pthread_mutex_trylock(&mlp_neg_mu) != 0)
+    if ((own && (int)__ml_sys_getpid() != pid) || pthread_mutex_trylock(&mlp_neg_mu) != 0)
         return NULL; /* busy (a handler's exec): the marks stay, as before */
     int *out = NULL, cap = 0;
-    bool out_of_reach = mlp_fabric_out();
     for (int port = 0; port < 65536; port++) {
         struct mlp_lrec *r = mlp_lrecs[port];
-        if (r && r->map && out_of_reach && (kept[port / 8] & (1u << (port % 8)))) {
+        if (r && r->map && mark && (kept[port / 8] & (1u << (port % 8)))) {
             /* The new image accepts here out of our fabric's reach, and may not see this
              * fabric at all (an inetd's `wait = yes` service exec'd as nobody opens nobody's):
-             * it could neither take nor refuse an offer, so the port is marked now. */
+             * it could neither take nor refuse an offer, so the port is marked now.  Not ours
+             * to clear where the image is another process's (a vfork child's, a spawn's): it
+             * goes with the record. */
             uint32_t none = 0;
             if (atomic_compare_exchange_strong(&r->map->no_offer, &none, ML_NO_OFFER_CRED)) {
-                __atomic_store_n(&r->cred_pid, pid, __ATOMIC_RELAXED);
-                mlp_log(1, "port %d: clients will not offer (%s; it execs with the listener)",
-                        port, mlp_cred_why);
+                if (own)
+                    __atomic_store_n(&r->cred_pid, pid, __ATOMIC_RELAXED);
+                mlp_log(1, "port %d: clients will not offer (%s; a program out of the fabric's "
+                           "reach is started with the listener)", port, mlp_cred_why);
             }
             continue;
         }
+        if (!own)
+            continue;
         if (!r || __atomic_load_n(&r->cred_pid, __ATOMIC_RELAXED) != pid || !r->map ||
             (kept[port / 8] & (1u << (port % 8))))
             continue;
@@ -3442,7 +3454,7 @@ void mlp_on_connect_start(int fd, const struct sockaddr *addr, socklen_t len, vo
     if (!r)
         return;
     const char *rns = other ? ns : cur;
-    const char *no = mlp_cred_lost(false) ? mlp_cred_why
+    const char *no = mlp_cred_lost_here(false) ? mlp_cred_why
                      : mlp_exiting()      ? "exit() has begun in this process"
                      : mlp_zerocopy_on(fd)
                          ? "SO_ZEROCOPY is set on the socket (MSG_ZEROCOPY completions are the "
@@ -3654,7 +3666,14 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
      * (a second connect says 0 or EALREADY).  The offer is posted now: posted at that second
      * connect, it came after the server had accepted the connection over TCP, nobody took it,
      * and the request waited in the ring for the accept wait (tests/preload/connectintr.c). */
-    if (rc < 0 && err != EINPROGRESS && err != EINTR) {
+    /* A connect that completes one in progress (a nonblocking connect, then a second connect
+     * that says 0, as ab and libevent complete theirs) decided TCP at the first: it is not
+     * decided, nor logged, again (every connection of `ab -n 2000` was logged twice: an
+     * explorer).  (EALREADY and EISCONN return below.) */
+    struct mlp_fdrec *rec = rc == 0 ? mlp_fdrec(fd) : NULL;
+    bool done_before = rec && ml_load_relaxed(&rec->tcp_pending) &&
+                       atomic_exchange(&rec->tcp_pending, 0);
+    if ((rc < 0 && err != EINPROGRESS && err != EINTR) || done_before) {
         if (p) {
             mlp_pending_done(p);
             __ml_free(p);
@@ -3688,10 +3707,10 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
         /* a process out of reach of the fabric finds no record either: its own reason first
          * (proftpd's and vsftpd's active-mode data connections, made after the drop to the
          * user's account, read "no memlan listener" while the client's listener was there) */
-        why = mlp_cred_lost(false) ? mlp_cred_why : mlp_no_listener_why;
+        why = mlp_cred_lost_here(false) ? mlp_cred_why : mlp_no_listener_why;
     else if (p->no_offer)
         why = p->no_offer;
-    else if (mlp_cred_lost(false))
+    else if (mlp_cred_lost_here(false))
         why = mlp_cred_why;
     else if (mlp_exiting())
         why = "exit() has begun in this process";
@@ -3719,6 +3738,9 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
             mlp_stat_tcp_addrs(fd, have ? &l : NULL, have ? &r : NULL, why);
             if (why == mlp_no_listener_why)
                 mlp_no_listener_hint();
+            struct mlp_fdrec *pend = rc < 0 ? mlp_fdrec_make(fd) : NULL;
+            if (pend)
+                ml_store_relaxed(&pend->tcp_pending, 1);
         }
         return;
     }
@@ -4244,7 +4266,7 @@ void mlp_on_accept(int lfd, int fd, int flags)
         mlp_stat_tcp(fd, "addresses of the accepted socket unavailable");
         return;
     }
-    if (mlp_cred_lost(true)) {
+    if (mlp_cred_lost_here(true)) {
         /* The fabric is out of our reach: we could neither take an offer nor open one.  The
          * record says so from now on (a drop does not mark it: cred.c), so clients that look
          * after this do not offer, and one that offered before sees it and withdraws: nobody
@@ -4373,9 +4395,14 @@ void mlp_on_accept(int lfd, int fd, int flags)
         if (k == -EACCES || k == -EPERM) {
             /* The fabric refuses us (a credential change made without libc that the check
              * above did not see, a sandbox): neither take nor refuse can work, and the client
-             * must not wait for us.  Say so in the record for the ones to come.  (Other errors,
-             * EMFILE say, pass: they go by the deadline and the refusal, as before.) */
-            ml_store_release(&m->no_offer, ML_NO_OFFER_CRED);
+             * must not wait for us.  Say so in the record for the ones to come, as ours: a mark
+             * nobody had made stayed for good, where our credentials' return clears its own
+             * (mlp_lrec_cred_back; a handler that toggles the euid around the accepts kept every
+             * later client on TCP: a review).  (Other errors, EMFILE say, pass: they go by the
+             * deadline and the refusal, as before.) */
+            uint32_t none = 0;
+            if (atomic_compare_exchange_strong(&m->no_offer, &none, ML_NO_OFFER_CRED))
+                __atomic_store_n(&ls->rec->cred_pid, ml_load_relaxed(&mlp_pid), __ATOMIC_RELAXED);
             why = "cannot open the client's offer in the fabric: clients of this port will not "
                   "offer";
             break;

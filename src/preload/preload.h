@@ -92,7 +92,7 @@ void mlp_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
 #define MLP_SAID_ENV "MEMLAN_SAID"
 enum { MLP_SAID_CONFIG = 1, MLP_SAID_FABRIC = 2, MLP_SAID_FULL = 4, MLP_SAID_EVQ = 8,
        MLP_SAID_SECURE = 16, MLP_SAID_PASS = 32, MLP_SAID_REACH = 64, MLP_SAID_STALL = 128,
-       MLP_SAID_OOB = 256, MLP_SAID_ZEROCOPY = 512 };
+       MLP_SAID_OOB = 256, MLP_SAID_ZEROCOPY = 512, MLP_SAID_ASYNC = 1024 };
 extern _Atomic unsigned mlp_said;     /* topics said by us or an ancestor: passed on at exec */
 void mlp_say(unsigned topic, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 bool mlp_port_allowed(int port, const char **why);
@@ -246,6 +246,8 @@ struct mlp_fdrec {
     _Atomic uint8_t linger0;         /* SO_LINGER 0 set before the connection existed */
     _Atomic uint8_t epfd;            /* an epoll fd the program made */
     _Atomic int tcp_slot;            /* memlan stat line of a plain TCP connection + 1, or 0 */
+    _Atomic uint8_t tcp_pending;     /* a connect in progress (EINPROGRESS, EINTR) decided TCP:
+                                      * the connect that completes it decides nothing again */
     _Atomic uint8_t received;        /* came over SCM_RIGHTS (MLP_RCV_*): a connection passed to
                                       * us is taken up at its first call (mlp_take_passed); a
                                       * listening TCP socket is published at its first accept
@@ -393,6 +395,7 @@ void mlp_bufhint_clear(int fd);
 void mlp_lowat_inherited(int fd); /* a socket carried across exec: its SO_RCVLOWAT counts */
 int mlp_on_listen(int fd, bool before); /* before: ahead of the kernel's listen (bound sockets only);
                                         * 1: the fabric refused the record (said) */
+extern bool mlp_listen_carried; /* exec.c: mlp_on_listen of a listener carried across exec */
 void mlp_on_listened(int fd); /* after the kernel's listen of a socket published before it */
 struct msghdr;
 void mlp_mark_received(const struct msghdr *m);
@@ -446,7 +449,7 @@ struct memlan_segment *mlp_stat_seg(void); /* negotiate.c: our stat entry, or NU
 bool mlp_sandboxed(void);       /* negotiate.c: a seccomp filter may kill for a call */
 bool mlp_log_closed_to_exec(void); /* init.c: an exec'd image could not open the log */
 bool mlp_known_confined(void);  /* memory only: a filter is known (mlp_note_confined, or looked) */
-int *mlp_lrec_cred_exec(const uint8_t *kept, int *n); /* before exec: ML_NO_OFFER_CRED we set */
+int *mlp_lrec_cred_exec(const uint8_t *kept, int *n, bool mark, bool own); /* before exec */
 bool mlp_lrec_cred_back(void); /* back in reach: ML_NO_OFFER_CRED we set, cleared; false: busy */
 void mlp_lrec_cred_undo(const int *ports, int n);      /* the exec failed: set again */
 bool mlp_lrec_blind_mark(struct mlp_sock *s); /* before an exec into a blind image */
@@ -462,6 +465,8 @@ void mlp_nofile_note(unsigned long long cur); /* pqueue.c: RLIMIT_NOFILE's soft 
 long mlp_nofile_now(void);                    /* as last noted (start-up, setrlimit, prlimit) */
 void mlp_poll_prepare_thread(void); /* pqueue.c: this thread's wake-up, made before a sandbox */
 bool mlp_cred_lost(bool at_accept);  /* true: no new connection of ours may use the fabric */
+bool mlp_cred_lost_here(bool at_accept); /* the same, for this thread's connect or accept */
+bool mlp_cred_out_here(void);        /* the fabric is out of this thread's reach (no payment) */
 bool mlp_cred_nr(long n);            /* syscall(): a set*id, setgroups or capset number */
 int mlp_cred_syscall(long n, long a, long b, long c); /* ... made as the libc call is */
 void mlp_stat_inherited(struct mlp_sock *s); /* a fork child's first use */

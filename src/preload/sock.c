@@ -2888,10 +2888,17 @@ void mlp_note_async(struct mlp_sock *s, int fd)
     if (s->type != MLP_CONN || s->state == MLP_TCP || mlp_sig_in_handler() || mlp_vfork_child() ||
         atomic_exchange(&s->async_told, true))
         return;
-    mlp_log(0, "fd %d: O_ASYNC asks for SIGIO when data comes, which the kernel raises for its "
-               "socket only, and this connection's bytes go through shared memory: no SIGIO "
-               "comes for them (a program that waits for it before it reads waits for ever)",
-            fd);
+    /* The image's first, on stderr too (a user of gdb, whose interrupt gdbserver waits for by
+     * SIGIO, saw gdb hang with nothing said where no --log was given: an explorer) */
+    const char *fmt = "fd %d: O_ASYNC asks for SIGIO when data comes, which the kernel raises "
+                      "for its socket only, and this connection's bytes go through shared "
+                      "memory: no SIGIO comes for them (a program that waits for it before it "
+                      "reads waits for ever; MEMLAN_OFF=1, or --no-ports for the port, keeps "
+                      "such connections on TCP)";
+    if (!(atomic_fetch_or(&mlp_said, MLP_SAID_ASYNC) & MLP_SAID_ASYNC))
+        mlp_say(MLP_SAID_ASYNC, fmt, fd);
+    else
+        mlp_log(0, fmt, fd);
 }
 
 int mlp_ioctl(struct mlp_sock *s, int fd, unsigned long req, void *arg, bool *handled)

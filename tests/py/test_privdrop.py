@@ -462,6 +462,80 @@ def test_drop_never_makes_a_client_wait(fabric, tmp_path, how):
     settle()
 
 
+# A root server that listens, drops to nobody, and starts the service that accepts on its
+# listener (argv[2]: subprocess.Popen, whose fork is a vfork; posix_spawn; fork and exec), as an
+# inetd's `wait = yes` service is started; the service echoes a line to each of n clients.
+SPAWN_AFTER_DROP = r"""
+import os, socket, subprocess, sys
+how, n, child = sys.argv[1], sys.argv[2], sys.argv[3]
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+print(ls.getsockname()[1], flush=True)
+os.setgid(65534)
+os.setuid(65534)
+fd = ls.fileno()
+os.set_inheritable(fd, True)
+argv = ["/usr/bin/python3", child, str(fd), n]
+if how == "popen":
+    pid = subprocess.Popen(argv, pass_fds=[fd]).pid
+elif how == "spawn":
+    pid = os.posix_spawn(argv[0], argv, os.environ)
+else:
+    pid = os.fork()
+    if pid == 0:
+        os.execv(argv[0], argv)
+sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+"""
+
+SPAWNED_SERVICE = r"""
+import socket, sys
+ls = socket.socket(fileno=int(sys.argv[1]))
+for _ in range(int(sys.argv[2])):
+    c, _ = ls.accept()
+    c.sendall(c.makefile("rb").readline())
+    c.close()
+"""
+
+
+@pytest.mark.parametrize("how", ["popen", "spawn", "fork"])
+def test_a_service_started_after_a_drop_makes_no_client_wait(fabric, tmp_path, pubdir,
+                                                              monkeypatch, how):
+    """A root server drops to nobody and starts the service that accepts on its listener.  The
+    service runs out of the fabric's reach and cannot refuse an offer: the exec that keeps the
+    listener marks the port.  A vfork child's exec (subprocess.Popen's) and a posix_spawn did
+    not: since the drop no longer marks, each client offered and waited an eighth of
+    MEMLAN_ACCEPT_WAIT_MS (0.65 s at 5000: a review)."""
+    pwd.getpwnam("nobody")
+    monkeypatch.setenv("MEMLAN_ACCEPT_WAIT_MS", "5000")
+    (tmp_path / "srv.py").write_text(SPAWN_AFTER_DROP)
+    (pubdir / "svc.py").write_text(SPAWNED_SERVICE)  # read by nobody
+    os.chmod(pubdir / "svc.py", 0o644)
+    (tmp_path / "cli.py").write_text(DROP_CLIENT)
+    slog, clog = tmp_path / "server.log", tmp_path / "client.log"
+    n = 4
+    srv = subprocess.Popen(wrap(["/usr/bin/python3", str(tmp_path / "srv.py"), how, str(n),
+                                 str(pubdir / "svc.py")], slog),
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        port = int(srv.stdout.readline())
+        out = run(["python3", str(tmp_path / "cli.py"), str(port), str(n)], clog, timeout=60)
+        rows = [l.split() for l in out.splitlines()]
+        assert len(rows) == n and all(r[0] == "True" for r in rows), out
+        assert stalls([float(r[1]) for r in rows]) == [], out
+        assert srv.wait(20) == 0
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait()
+    c = clog.read_text()
+    assert "MEMLAN_ACCEPT_WAIT_MS" not in c, c
+    assert set(tcp_reasons(clog)) == {CRED_PEER + ", sandbox): it cannot take offers"}, c
+    assert "is started with the listener" in slog.read_text(), slog.read_text()
+    settle()
+
+
 # A forking server whose child drops its euid after the connection was accepted (accelerated):
 # as it forks (early) or after the first request (late), by libc's setresuid or by setresuid(2)
 # through libc's syscall() (samba's smbd, per thread); it answers four requests, each 0.2 s
