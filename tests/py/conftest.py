@@ -14,6 +14,16 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = pathlib.Path(os.environ.get("BUILD", ROOT / "build"))
 MEMLAN = BUILD / "bin" / "memlan"
+
+# A test server's start (its source, to prepend): a listener on a free loopback port, printed.
+PRINTING_LISTENER = r"""
+import socket, sys
+ls = socket.socket()
+ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", 0))
+ls.listen(8)
+print(ls.getsockname()[1], flush=True)
+"""
 LIB = BUILD / "lib" / "libmemlan.so"
 
 

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from conftest import BUILD, MEMLAN, ROOT, memlan, port_free
+from conftest import BUILD, MEMLAN, PRINTING_LISTENER, ROOT, memlan, port_free
 
 CONFORM = BUILD / "tests-preload" / "conform"
 PORT = [20100]  # below the ephemeral range (32768-60999): no outgoing connection takes it
@@ -6099,19 +6099,23 @@ def test_a_writer_to_a_half_closed_peer_that_died_is_woken(fabric, tmp_path, how
 
 # ---- dlopen(RTLD_DEEPBIND) -------------------------------------------------------------------
 
-DEEP_LIB = r"""
+# A connect to 127.0.0.1:port through libc, as NAME (the library's, and the program's own).
+CONNECT_C = r"""
 #include <arpa/inet.h>
 #include <netinet/in.h>
-#include <string.h>
 #include <sys/socket.h>
-#include <unistd.h>
-int deep_connect(int port)
+int NAME(int port)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
                             .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     return connect(fd, (struct sockaddr *)&a, sizeof a) == 0 ? fd : -1;
 }
+"""
+
+DEEP_LIB = CONNECT_C.replace("NAME", "deep_connect") + r"""
+#include <string.h>
+#include <unistd.h>
 /* A line written and one read back, through libc's write and read. */
 int deep_echo(int fd, const char *msg, char *out, int cap)
 {
@@ -6157,26 +6161,8 @@ int main(int argc, char **argv)
 }
 """
 
-DEEP_MAIN_CONNECT = r"""
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-int main_connect(int port)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(port),
-                            .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    return connect(fd, (struct sockaddr *)&a, sizeof a) == 0 ? fd : -1;
-}
-"""
 
-DEEP_SERVER = r"""
-import socket, sys
-ls = socket.socket()
-ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind(("127.0.0.1", 0))
-ls.listen(8)
-print(ls.getsockname()[1], flush=True)
+DEEP_SERVER = PRINTING_LISTENER + r"""
 cs = []
 for i in range(2):
     c, _ = ls.accept()
@@ -6197,7 +6183,7 @@ def test_a_library_loaded_with_deepbind_talks_through_memlan(fabric, tmp_path):
     lib = tmp_path / "lib"
     lib.mkdir()
     (tmp_path / "deep.c").write_text(DEEP_LIB)
-    (tmp_path / "main.c").write_text(DEEP_MAIN + DEEP_MAIN_CONNECT)
+    (tmp_path / "main.c").write_text(DEEP_MAIN + CONNECT_C.replace("NAME", "main_connect"))
     subprocess.run(["cc", "-shared", "-fPIC", "-o", str(lib / "libdeep.so"),
                     str(tmp_path / "deep.c")], check=True, timeout=60)
     subprocess.run(["cc", "-o", str(tmp_path / "main"), str(tmp_path / "main.c"),

@@ -26,7 +26,7 @@ import time
 
 import pytest
 
-from conftest import MEMLAN, pubdir  # noqa: F401 (fixture)
+from conftest import MEMLAN, PRINTING_LISTENER as LISTENER, pubdir  # noqa: F401 (fixture)
 from test_apps import NGINX_CONF, Server, accelerated, need, next_port, run, settle, tcp_reasons, wait_port, wrap
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the servers drop from root: needs root")
@@ -40,15 +40,6 @@ def stalls(times, bound=0.5):
     return [t for t in times if t > bound]
 
 
-# A test server's start: a listener on a free loopback port, which it prints.
-LISTENER = r"""
-import socket, sys
-ls = socket.socket()
-ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-ls.bind(("127.0.0.1", 0))
-ls.listen(8)
-print(ls.getsockname()[1], flush=True)
-"""
 
 # A test client's start: a connection to the port in argv[1], in an epoll set for EPOLLIN.
 EPOLL_CLIENT = r"""
@@ -408,6 +399,16 @@ for i in range(n):
 """
 
 
+def drop_clients(srv, tmp_path, clog, n):
+    """n DROP_CLIENT connections (tmp_path/cli.py) to the port srv prints first: each answered,
+    none stalled."""
+    port = int(srv.stdout.readline())
+    out = run(["python3", str(tmp_path / "cli.py"), str(port), str(n)], clog, timeout=60)
+    rows = [l.split() for l in out.splitlines()]
+    assert len(rows) == n and all(r[0] == "True" for r in rows), out
+    assert stalls([float(r[1]) for r in rows]) == [], out
+
+
 @pytest.mark.parametrize("how", ["setuid", "fork-after-drop", "seteuid", "seteuid-accept",
                                  "syscall"])
 def test_drop_never_makes_a_client_wait(fabric, tmp_path, how):
@@ -421,11 +422,7 @@ def test_drop_never_makes_a_client_wait(fabric, tmp_path, how):
     srv = subprocess.Popen(wrap(["python3", str(tmp_path / "srv.py"), how, str(n)], slog),
                            stdout=subprocess.PIPE, text=True)
     try:
-        port = int(srv.stdout.readline())
-        out = run(["python3", str(tmp_path / "cli.py"), str(port), str(n)], clog, timeout=60)
-        rows = [l.split() for l in out.splitlines()]
-        assert len(rows) == n and all(r[0] == "True" for r in rows), out
-        assert stalls([float(r[1]) for r in rows]) == [], out
+        drop_clients(srv, tmp_path, clog, n)
         assert srv.wait(10) == 0
         s = slog.read_text()
         assert re.search(r"changed its credentials \(\w+", s), s
@@ -519,11 +516,7 @@ def test_a_service_started_after_a_drop_makes_no_client_wait(fabric, tmp_path, p
                                  str(pubdir / "svc.py")], slog),
                            stdout=subprocess.PIPE, text=True)
     try:
-        port = int(srv.stdout.readline())
-        out = run(["python3", str(tmp_path / "cli.py"), str(port), str(n)], clog, timeout=60)
-        rows = [l.split() for l in out.splitlines()]
-        assert len(rows) == n and all(r[0] == "True" for r in rows), out
-        assert stalls([float(r[1]) for r in rows]) == [], out
+        drop_clients(srv, tmp_path, clog, n)
         assert srv.wait(20) == 0
     finally:
         if srv.poll() is None:
