@@ -182,8 +182,8 @@ static bool mlp_cred_thread_in_reach(void)
 /* Is the fabric out of this thread's reach?  No payment of what is owed (a vfork child may ask). */
 bool mlp_cred_out_here(void) { return mlp_fabric_out() && !mlp_cred_thread_in_reach(); }
 
-/* mlp_cred_lost, for a connect or an accept of this thread's (closes and looks keep to the
- * process's state: no system call of ours more there). */
+/* mlp_cred_lost, for a connect or an accept of this thread's (closes and peeks keep to the
+ * process's state: no more system calls of ours there). */
 bool mlp_cred_lost_here(bool at_accept)
 {
     return mlp_cred_lost(at_accept) && !mlp_cred_thread_in_reach();

@@ -2758,13 +2758,15 @@ int *mlp_lrec_cred_exec(const uint8_t *kept, int *n, bool mark, bool own)
         if (r && r->map && mark && (kept[port / 8] & (1u << (port % 8)))) {
             /* The new image accepts here out of our fabric's reach, and may not see this
              * fabric at all (an inetd's `wait = yes` service exec'd as nobody opens nobody's):
-             * it could neither take nor refuse an offer, so the port is marked now.  Not ours
-             * to clear where the image is another process's (a vfork child's, a spawn's): it
-             * goes with the record. */
+             * it could neither take nor refuse an offer, so the port is marked now, as ours
+             * (our pid: a vfork child's is its parent's, whose memory it writes), cleared when
+             * our credentials come back: a helper that a drop spawned and that has exited
+             * since kept the port marked for good (a review).  A service that goes on
+             * accepting out of reach after that is the gap of any mark's clearing (its
+             * clients offer, and wait for it). */
             uint32_t none = 0;
             if (atomic_compare_exchange_strong(&r->map->no_offer, &none, ML_NO_OFFER_CRED)) {
-                if (own)
-                    __atomic_store_n(&r->cred_pid, pid, __ATOMIC_RELAXED);
+                __atomic_store_n(&r->cred_pid, pid, __ATOMIC_RELAXED);
                 mlp_log(1, "port %d: clients will not offer (%s; a program out of the fabric's "
                            "reach is started with the listener)", port, mlp_cred_why);
             }
@@ -3670,9 +3672,14 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
      * that says 0, as ab and libevent complete theirs) decided TCP at the first: it is not
      * decided, nor logged, again (every connection of `ab -n 2000` was logged twice: an
      * explorer).  (EALREADY and EISCONN return below.) */
+    /* The inode says it is that socket still: a close we do not see (fclose of an fdopen'd
+     * socket, inside libc) left the note, and the next socket at the number, connecting to a
+     * memlan listener, stayed on TCP with nothing said (a review). */
     struct mlp_fdrec *rec = rc == 0 ? mlp_fdrec(fd) : NULL;
-    bool done_before = rec && ml_load_relaxed(&rec->tcp_pending) &&
-                       atomic_exchange(&rec->tcp_pending, 0);
+    uint64_t was = rec && ml_load_relaxed(&rec->tcp_pending) ? atomic_exchange(&rec->tcp_pending, 0)
+                                                              : 0;
+    struct stat wst;
+    bool done_before = was && __ml_sys_fstat(fd, &wst) == 0 && (uint64_t)wst.st_ino == was;
     if ((rc < 0 && err != EINPROGRESS && err != EINTR) || done_before) {
         if (p) {
             mlp_pending_done(p);
@@ -3739,8 +3746,9 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
             if (why == mlp_no_listener_why)
                 mlp_no_listener_hint();
             struct mlp_fdrec *pend = rc < 0 ? mlp_fdrec_make(fd) : NULL;
-            if (pend)
-                ml_store_relaxed(&pend->tcp_pending, 1);
+            struct stat pst;
+            if (pend && __ml_sys_fstat(fd, &pst) == 0 && pst.st_ino)
+                ml_store_relaxed(&pend->tcp_pending, (uint64_t)pst.st_ino);
         }
         return;
     }

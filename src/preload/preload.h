@@ -246,8 +246,9 @@ struct mlp_fdrec {
     _Atomic uint8_t linger0;         /* SO_LINGER 0 set before the connection existed */
     _Atomic uint8_t epfd;            /* an epoll fd the program made */
     _Atomic int tcp_slot;            /* memlan stat line of a plain TCP connection + 1, or 0 */
-    _Atomic uint8_t tcp_pending;     /* a connect in progress (EINPROGRESS, EINTR) decided TCP:
-                                      * the connect that completes it decides nothing again */
+    _Atomic uint64_t tcp_pending;    /* a connect in progress (EINPROGRESS, EINTR) decided TCP:
+                                      * its socket's inode; the connect that completes it, on
+                                      * that socket still, decides nothing again */
     _Atomic uint8_t received;        /* came over SCM_RIGHTS (MLP_RCV_*): a connection passed to
                                       * us is taken up at its first call (mlp_take_passed); a
                                       * listening TCP socket is published at its first accept

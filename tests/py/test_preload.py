@@ -6310,3 +6310,57 @@ def test_a_connect_that_completes_another_is_not_decided_again(fabric, tmp_path)
     text = log.read_text()
     assert text.count("TCP (no memlan listener") == 3, text
     settle(fabric)
+
+
+# A nonblocking connect to a plain listener (argv[1]) completed through select, its socket then
+# closed inside libc (fclose of an fdopen'd stream), and a new socket at that number connecting
+# to the echo server at argv[2].
+STALE_PENDING = r"""
+import ctypes, select, socket, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.fdopen.restype = ctypes.c_void_p
+libc.fclose.argtypes = [ctypes.c_void_p]
+s = socket.socket()
+s.setblocking(False)
+s.connect_ex(("127.0.0.1", int(sys.argv[1])))
+select.select([], [s], [], 5)
+fd = s.detach()
+assert libc.fclose(libc.fdopen(fd, b"r+")) == 0  # glibc's own close: no interposer sees it
+t = socket.socket()  # (no name look-up: its files would take the number in between)
+t.connect(("127.0.0.1", int(sys.argv[2])))
+print(t.fileno() == fd, flush=True)
+t.sendall(b"hello\n")
+print(t.makefile("rb").readline().decode().strip())
+"""
+
+
+def test_a_close_inside_libc_leaves_no_connect_undecided(fabric, tmp_path):
+    """The note that a nonblocking connect was decided on TCP (for the connect that completes
+    it) outlived a close memlan does not see (fclose of an fdopen'd socket), and the next
+    socket at that number, connecting to a memlan listener, stayed on TCP with nothing said (a
+    review).  The note names its socket's inode now."""
+    plain = socket.socket()
+    plain.bind(("127.0.0.1", 0))
+    plain.listen(8)
+    (tmp_path / "echo.py").write_text(PRINTING_LISTENER + r"""
+c, _ = ls.accept()
+c.sendall(c.makefile("rb").readline())
+""")
+    (tmp_path / "c.py").write_text(STALE_PENDING)
+    pre = [str(MEMLAN), "run", "--log", str(tmp_path / "m.log"), "--"]
+    echo = subprocess.Popen(pre + [PY, str(tmp_path / "echo.py")], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        eport = echo.stdout.readline().strip()
+        p = subprocess.run(pre + [PY, str(tmp_path / "c.py"), str(plain.getsockname()[1]), eport],
+                           capture_output=True, text=True, timeout=30)
+        assert echo.wait(10) == 0
+    finally:
+        plain.close()
+        if echo.poll() is None:
+            echo.kill()
+            echo.wait()
+    assert (p.returncode, p.stdout) == (0, "True\nhello\n"), p  # the same number, reused
+    text = (tmp_path / "m.log").read_text()
+    assert text.count("accelerated (client)") == 1 and "accelerated (accepted" in text, text
+    settle(fabric)
