@@ -501,6 +501,7 @@ sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 SPAWNED_SERVICE = r"""
 import socket, sys
 ls = socket.socket(fileno=int(sys.argv[1]))
+ls.settimeout(30)  # a failed test's clients never come: it ends by itself
 for _ in range(int(sys.argv[2])):
     c, _ = ls.accept()
     c.sendall(c.makefile("rb").readline())
