@@ -854,6 +854,59 @@ def test_a_refused_posts_flag_is_taken_back(fabric, tmp_path):
     settle()
 
 
+# A server whose helper thread toggles its own euid root <-> nobody through syscall(2) every
+# 10 ms for 3 s (samba's way), while its main thread holds a client's connection; then it
+# answers the client's line.  The client waits for the answer in epoll_wait and says on stderr
+# how much cpu that wait took.
+TOGGLE_SERVER = LISTENER + r"""
+import ctypes, threading, time
+c, _ = ls.accept()
+line = c.makefile("rb").readline()
+libc = ctypes.CDLL(None, use_errno=True)
+def toggle():
+    end = time.monotonic() + 3
+    while time.monotonic() < end:
+        assert libc.syscall(117, -1, 65534, -1) == 0  # x86_64 SYS_setresuid: this thread alone
+        time.sleep(0.005)
+        assert libc.syscall(117, -1, 0, -1) == 0
+        time.sleep(0.005)
+t = threading.Thread(target=toggle)
+t.start()
+t.join()
+c.sendall(line)
+c.close()
+"""
+
+TOGGLE_CLIENT = EPOLL_CLIENT + r"""
+import resource
+s.sendall(b"hi\n")
+r0 = resource.getrusage(resource.RUSAGE_SELF)
+ev = ep.poll(20.0)
+r1 = resource.getrusage(resource.RUSAGE_SELF)
+print("got", s.recv(10) if ev else "nothing within 20 s", flush=True)
+print("cpu %.3f" % (r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime), file=sys.stderr)
+"""
+
+
+def test_an_epoll_wait_beside_a_toggling_peer_does_not_spin(fabric, tmp_path):
+    """While a peer's thread toggles its euid through syscall(), the peer's posts come and go,
+    and the client's epoll_wait naps a millisecond at a time instead of sleeping on its queue.
+    A nap that a doorbell ended with nothing to collect left the doorbell's byte there (only an
+    arm drains it, and a nap does not arm): every later kernel wait returned at once, and the
+    client's wait of 3 s took 3 s of cpu (a review).  Each such nap is now slept out.  The
+    bytes are those of kernel TCP."""
+    pwd.getpwnam("nobody")
+    if os.uname().machine != "x86_64":
+        pytest.skip("the raw syscall number is x86_64's")
+    outs = off_and_on(tmp_path, TOGGLE_SERVER, TOGGLE_CLIENT)
+    assert outs[0][0] == "got b'hi\\n'\n", outs[0]
+    assert outs[1][0] == outs[0][0], outs
+    cpu = [float(x) for x in re.findall(r"cpu ([0-9.]+)", outs[1][1])]
+    assert cpu and cpu[0] < 1.0, outs[1]  # (3 s: the whole wait, before)
+    assert accelerated(tmp_path / "clientTrue.log") == 1, (tmp_path / "clientTrue.log").read_text()
+    settle()
+
+
 # The interposed calls answer exactly as libc does: results and errno, with and without memlan.
 CRED_CALLS = r"""
 import ctypes, os, socket
