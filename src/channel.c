@@ -1776,19 +1776,71 @@ int __ml_chan_wait_ro(struct memlan_channel *ch, int dir, uint64_t want, uint64_
  * unlike a deadline, a slice changes nothing of what a signal does to the wait (SA_RESTART).
  * The socket layer sleeps on the futex for a short slice, then where the kernel socket can wake
  * it too (see mlp_wait_dir in src/preload/sock.c). */
-int __ml_chan_wait_ro_slice(struct memlan_channel *ch, int dir, uint64_t want, uint64_t deadline,
-                            uint64_t slice)
+static bool ml_rx_ready_first(struct memlan_channel *ch, uint64_t unused);
+static bool ml_tx_ready_first(struct memlan_channel *ch, uint64_t want);
+
+/* first: the socket layer's first slice (__ml_chan_wait_ro_first, below). */
+static int ml_wait_ro(struct memlan_channel *ch, int dir, uint64_t want, uint64_t deadline,
+                      uint64_t slice, bool first)
 {
     int r;
     if (dir == 0)
         r = ml_wait(ch, &ch->rx.ctl->rx_wait, &ch->rx.ctl->rx_cpu, &ch->tx.ctl->rx_cpu,
-                    &ch->spin_rx, ml_rx_ready_unlocked, ml_rx_ready_unlocked, 0, deadline, slice,
-                    NULL);
+                    &ch->spin_rx, first ? ml_rx_ready_first : ml_rx_ready_unlocked,
+                    ml_rx_ready_unlocked, 0, deadline, slice, NULL);
     else
         r = ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->rx.ctl->tx_cpu,
-                    &ch->spin_tx, ml_tx_ready_unlocked, ml_tx_ready_unlocked, want ? want : 1,
-                    deadline, slice, NULL);
+                    &ch->spin_tx, first ? ml_tx_ready_first : ml_tx_ready_unlocked,
+                    ml_tx_ready_unlocked, want ? want : 1, deadline, slice, NULL);
     return r == -ETIMEDOUT ? -EAGAIN : r;
+}
+
+int __ml_chan_wait_ro_slice(struct memlan_channel *ch, int dir, uint64_t want, uint64_t deadline,
+                            uint64_t slice)
+{
+    return ml_wait_ro(ch, dir, want, deadline, slice, false);
+}
+
+/*
+ * The socket layer's: the peer's process is ending with its side open and its own alone
+ * (ML_SOCK_EXITING, src/preload/sock.c, mlp_exiting_say): its end will be its kernel socket's
+ * FIN, which no code of its announces over the channel.  A peer that sets the flag for nothing
+ * only moves our blocking calls from the ring's futex to a sleep that watches the kernel socket
+ * too, which the ring's wake-ups still end.
+ */
+bool __ml_chan_peer_exiting(struct memlan_channel *ch)
+{
+    if (!ch->sock_ino)
+        return false;
+    struct ml_sock_side *sides = (struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF);
+    return (ml_load_relaxed(&sides[1 - ch->side].flags) & ML_SOCK_EXITING) != 0;
+}
+
+/* Wake the peer whichever way it waits (for data on our tx ring, room on our rx ring), as a
+ * change of our side's state does, for a change it must look at (ML_SOCK_EXITING). */
+void __ml_chan_wake_peer(struct memlan_channel *ch)
+{
+    __ml_chan_wake(ch, &ch->tx.ctl->rx_wait, ch->tx_refs->rx);
+    __ml_chan_wake(ch, &ch->rx.ctl->tx_wait, ch->rx_refs->tx);
+}
+
+static bool ml_rx_ready_first(struct memlan_channel *ch, uint64_t unused)
+{
+    return ml_rx_ready_unlocked(ch, unused) || __ml_chan_peer_exiting(ch);
+}
+
+static bool ml_tx_ready_first(struct memlan_channel *ch, uint64_t want)
+{
+    return ml_tx_ready_unlocked(ch, want) || __ml_chan_peer_exiting(ch);
+}
+
+/* __ml_chan_wait_ro_slice, for the socket layer's first slice on the futex: it ends too when
+ * the peer says that its process is ending (0: look again), after which the caller sleeps where
+ * the kernel socket's FIN wakes it.  Its spin looks at the ring alone. */
+int __ml_chan_wait_ro_first(struct memlan_channel *ch, int dir, uint64_t want, uint64_t deadline,
+                            uint64_t slice)
+{
+    return ml_wait_ro(ch, dir, want, deadline, slice, true);
 }
 
 bool __ml_chan_rx_nothing(struct memlan_channel *ch)

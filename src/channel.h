@@ -209,6 +209,10 @@ int __ml_chan_wait_ro(struct memlan_channel *ch, int dir, uint64_t want, uint64_
 bool __ml_chan_ready_ro(struct memlan_channel *ch, int dir, uint64_t want);
 int __ml_chan_wait_ro_slice(struct memlan_channel *ch, int dir, uint64_t want, uint64_t deadline,
                             uint64_t slice);
+int __ml_chan_wait_ro_first(struct memlan_channel *ch, int dir, uint64_t want, uint64_t deadline,
+                            uint64_t slice);
+bool __ml_chan_peer_exiting(struct memlan_channel *ch);
+void __ml_chan_wake_peer(struct memlan_channel *ch);
 int __ml_chan_spin_rx_ro(struct memlan_channel *ch, uint64_t cap_ns);
 /* A stream ring holds nothing at our position (the receive's first look, head reloaded); false
  * when it holds something or cannot tell.  For a holder of the direction. */

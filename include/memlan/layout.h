@@ -197,6 +197,10 @@ struct ml_chan_hdr {
 #define ML_SOCK_NAME_LEFT 1024u /* the creator's side let go of the channel file while the
                                  * attacher's side was open, and left it the file's name: the
                                  * attacher's last close removes it (src/channel.c) */
+#define ML_SOCK_EXITING 2048u /* our process is ending (exit, _exit) with this side open and
+                               * ours alone: its end comes by the kernel socket's FIN, which no
+                               * code of ours announces here; the peer's blocking calls watch
+                               * that socket rather than the ring's futex alone */
 
 struct ml_sock_side {
     _Alignas(ML_CACHELINE) uint32_t unused[4]; /* were lock words: ignored, never read */

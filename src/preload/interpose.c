@@ -1882,6 +1882,7 @@ MLP_EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max,
 
 static _Noreturn void mlp_exit_now(void (*real)(int), int status)
 {
+    mlp_sock_exit_now();
     mlp_exit_unname();
     if (real)
         real(status);

@@ -92,7 +92,8 @@ void mlp_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3
 #define MLP_SAID_ENV "MEMLAN_SAID"
 enum { MLP_SAID_CONFIG = 1, MLP_SAID_FABRIC = 2, MLP_SAID_FULL = 4, MLP_SAID_EVQ = 8,
        MLP_SAID_SECURE = 16, MLP_SAID_PASS = 32, MLP_SAID_REACH = 64, MLP_SAID_STALL = 128,
-       MLP_SAID_OOB = 256, MLP_SAID_ZEROCOPY = 512, MLP_SAID_ASYNC = 1024 };
+       MLP_SAID_OOB = 256, MLP_SAID_ZEROCOPY = 512, MLP_SAID_ASYNC = 1024,
+       MLP_SAID_SPLIT = 2048 };
 extern _Atomic unsigned mlp_said;     /* topics said by us or an ancestor: passed on at exec */
 void mlp_say(unsigned topic, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 bool mlp_port_allowed(int port, const char **why);
@@ -445,6 +446,7 @@ bool mlp_received_pending(void); /* some fd may carry a received mark not looked
 extern _Atomic bool mlp_had_accel; /* a channel was set up in this process image */
 void mlp_note_confined(void);   /* a seccomp filter was installed through us */
 void mlp_exit_unname(void);     /* negotiate.c: _exit's part of mlp_at_exit */
+void mlp_sock_exit_now(void);   /* sock.c: _exit's look at the connections */
 void mlp_stat_unname(void);     /* negotiate.c: our stat entry's name goes (_exit) */
 struct memlan_segment *mlp_stat_seg(void); /* negotiate.c: our stat entry, or NULL */
 bool mlp_sandboxed(void);       /* negotiate.c: a seccomp filter may kill for a call */

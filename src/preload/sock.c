@@ -1515,8 +1515,12 @@ static int mlp_wait_dir(struct mlp_sock *s, int dir, uint64_t want, uint64_t *dl
     int r;
     if (s->state != MLP_ACCEL || !s->ch->sock_ino) {
         r = __ml_chan_wait_ro(s->ch, dir, want, deadline);
+    } else if (__ml_chan_peer_exiting(s->ch)) {
+        /* its end comes by its kernel socket (mlp_exiting_say): no slice on the futex first */
+        r = mlp_wait_long(s, dir, want, deadline);
     } else {
-        r = __ml_chan_wait_ro_slice(s->ch, dir, want, deadline, mlp_now_ns() + MLP_SLICE_NS);
+        /* the slice ends too when the peer says that its process is ending (0: look again) */
+        r = __ml_chan_wait_ro_first(s->ch, dir, want, deadline, mlp_now_ns() + MLP_SLICE_NS);
         if (r == -ETIME)
             r = mlp_wait_long(s, dir, want, deadline);
     }
@@ -2034,7 +2038,10 @@ static int mlp_rx_settle(struct mlp_sock *s, int fd, bool nb, uint64_t *dl)
  * there was written by a path memlan does not see (stdio on a FILE it could not route, a direct
  * system call, a program without memlan on the other end's fd), and the stream is split.
  * Looked at where it costs one call: at the end of the stream and at the last close.  It is
- * reported (log level 0, once per socket), never read: the bytes are not in order. */
+ * reported (log level 0, once per socket; the image's first on stderr too, not from a handler),
+ * never read: the bytes are not in order.  Only the log said it, and a Python program whose Go
+ * library (c-shared, loaded by ctypes) read and wrote a socket Python had connected lost its
+ * request and read a reset, with nothing on stderr (an explorer). */
 static void mlp_split_check(struct mlp_sock *s, int fd)
 {
     if (s->state != MLP_ACCEL || atomic_load(&s->split_told))
@@ -2050,9 +2057,17 @@ static void mlp_split_check(struct mlp_sock *s, int fd)
     if (n > 0 && !atomic_exchange(&s->split_told, true)) {
         int q = 0;
         (void)mlp_real_ioctl(fd, FIONREAD, &q);
-        mlp_log(0, "fd %d: %d bytes arrived on the kernel socket under an accelerated "
-                   "connection: the peer wrote them by a path memlan does not see (stdio on a "
-                   "FILE it could not route, a direct system call); the stream is split", fd, q);
+        const char *fmt = "fd %d: %d bytes arrived on the kernel socket under an accelerated "
+                          "connection: the peer wrote them by a path memlan does not see (stdio "
+                          "on a FILE it could not route, a direct system call: Go code, a "
+                          "static binary); the stream is split, its bytes lost or out of order "
+                          "(MEMLAN_OFF=1, or --no-ports for the port, keeps such connections "
+                          "on TCP)";
+        if (!mlp_sig_in_handler() &&
+            !(atomic_fetch_or(&mlp_said, MLP_SAID_SPLIT) & MLP_SAID_SPLIT))
+            mlp_say(MLP_SAID_SPLIT, fmt, fd, q);
+        else
+            mlp_log(0, fmt, fd, q);
     }
 }
 
@@ -3423,6 +3438,28 @@ static void mlp_unname_at_exit(struct mlp_sock *s)
     __ml_seg_unname(ch->seg);
 }
 
+/*
+ * At exit() or _exit(): a connection whose side is ours alone and still open ends with the
+ * process, by its kernel socket's FIN, which no code of ours announces over the channel ("exit()
+ * ends no connection", below).  The peer's blocking calls slept on the ring's futex for
+ * MLP_SLICE_NS before they watched that socket, so each such end came 10 ms late to a blocking
+ * reader (an explorer: OCaml's Unix.establish_server, whose grandchild ends by exit without a
+ * close: 300 short connections took 5 s, 0.7 s over kernel TCP).  Our side's block says so
+ * (ML_SOCK_EXITING) and the peer is woken: from then on its waits watch the kernel socket too
+ * (mlp_wait_dir).  Not for a connection passed to another process (its kernel socket lives on
+ * there: mlp_passed_at_exit).  Atomic operations and a futex wake only: a handler may be here.
+ */
+static void mlp_exiting_say(struct mlp_sock *s)
+{
+    struct memlan_channel *ch = s->ch;
+    if (s->state != MLP_ACCEL || !ch || !s->me || !ch->sock_ino || atomic_load(&s->passed) ||
+        atomic_load(&s->exit_let_go) || atomic_load(&s->me->holders) > 1 ||
+        ml_load_acquire(&ch->hdr->side_state[ch->side]) == ML_SIDE_CLOSED)
+        return;
+    if (!(atomic_fetch_or(&s->me->flags, ML_SOCK_EXITING) & ML_SOCK_EXITING))
+        __ml_chan_wake_peer(ch);
+}
+
 /* At exit, a connection this process passed to another over SCM_RIGHTS (mlp_passed) and still
  * holds alone: its end is published now, as a reset.  Nothing else would tell the peer: our end
  * is the kernel socket's FIN ("The end nobody announces"), and that socket lives on in the
@@ -3475,6 +3512,39 @@ static void mlp_withdrawn_at_exit(struct mlp_sock *s)
 }
 
 /*
+ * _exit() and _Exit(): no exit handler runs after them, nor any code of ours.  A fork child
+ * that ends so without closing its copies (the middle child of a double fork: OCaml's
+ * Unix.establish_server, daemons) kept its count in the holders of every connection it shared,
+ * for good: the last real holder's close then only let go, and its peer learned of the end by
+ * the kernel socket, 10 ms late.  Where this process has one thread (nobody of ours can send
+ * or receive on them after this), it gives its counts back, as a close would; a connection ours
+ * alone says that its end comes by the kernel socket (mlp_exiting_say).  Not in a vfork child
+ * (its parent's sockets, and its parent's counts).
+ */
+void mlp_sock_exit_now(void)
+{
+    /* No system call before a connection is found, and none in a known sandbox: a broker whose
+     * filter kills getpid died of SIGSYS at its _exit (tests/preload/sandboxpass.c). */
+    if (mlp_known_confined())
+        return;
+    bool one = mlp_one_thread();
+    int max = mlp_fd_max(), vf = -1;
+    for (int fd = 0; fd <= max; fd++) {
+        struct mlp_sock *s = mlp_get(fd);
+        if (!s)
+            continue;
+        if (s->type == MLP_CONN && s->state == MLP_ACCEL && s->ch && s->me &&
+            !(vf < 0 ? (vf = mlp_vfork_child()) : vf)) {
+            if (one && !atomic_load(&s->passed) && atomic_load(&s->me->holders) > 1)
+                mlp_let_go_at_exit(s);
+            else
+                mlp_exiting_say(s);
+        }
+        mlp_put(s);
+    }
+}
+
+/*
  * exit() ends no connection.  The kernel closes a process's sockets only when the process is
  * gone: after the exit handlers, the ELF destructors and glibc's flush of stdio, and all that
  * while the process's other threads still run.  Every byte a send takes until then reaches the
@@ -3524,6 +3594,7 @@ void mlp_at_exit(void)
             }
             mlp_passed_at_exit(s, fd);
             mlp_unname_at_exit(s);
+            mlp_exiting_say(s);
         }
         mlp_put(s);
     }
