@@ -1043,21 +1043,23 @@ static int cmd_run(int argc, char **argv)
     const char *prog = argv[optind];
     char file[PATH_MAX], judged[PATH_MAX];
     int reach = which(prog, file, sizeof file) ? mlp_elf_reach(file, 0, judged, sizeof judged) : 0;
-    if (reach == 1 || reach == 2) {
+    if (reach >= 1) {
         /* On stderr unless --quiet, and in the log file either way: a Go server's is the one
          * process of a run whose connections stay on TCP with no line in the log (its clients'
          * say only "no memlan listener on this port"). */
         if (!quiet)
-            fprintf(stderr, "memlan run: warning: %s%s%s is %s, so its connections will not be "
+            fprintf(stderr, "memlan run: warning: %s%s%s is %s, so %s will not be "
                             "accelerated\n", file, strcmp(file, judged) ? ": its interpreter " : "",
-                    strcmp(file, judged) ? judged : "", mlp_elf_reach_why(reach));
+                    strcmp(file, judged) ? judged : "", mlp_elf_reach_why(reach),
+                    mlp_elf_reach_what(reach));
         const char *lf = getenv("MEMLAN_LOG");
         int fd = lf && *lf == '/' ? open(lf, O_WRONLY | O_APPEND | O_CLOEXEC) : -1;
         if (fd >= 0) {
-            dprintf(fd, "memlan run[%d]: %s%s%s is %s, so its connections will not be "
+            dprintf(fd, "memlan run[%d]: %s%s%s is %s, so %s will not be "
                         "accelerated\n", (int)getpid(), file,
                     strcmp(file, judged) ? ": its interpreter " : "",
-                    strcmp(file, judged) ? judged : "", mlp_elf_reach_why(reach));
+                    strcmp(file, judged) ? judged : "", mlp_elf_reach_why(reach),
+                    mlp_elf_reach_what(reach));
             close(fd);
         }
     }

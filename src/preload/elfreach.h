@@ -43,8 +43,9 @@ static inline bool mlp_elf_note_is_go(int fd, uint64_t off, uint64_t size)
 
 /* What LD_PRELOAD makes of the program at path: 1 when it is an ELF executable without an
  * interpreter (statically linked: the dynamic loader, hence LD_PRELOAD, never runs), 2 when it is
- * a Go program (see note_is_go), 0 when dynamic, else -1 (unreadable, not ELF).  A "#!" script
- * is judged by its interpreter, one level deep. */
+ * a Go program (see note_is_go), 3 when it is one linked with libc (cgo: the preload is loaded,
+ * and its C code's connections are accelerated, not its Go code's), 0 when dynamic, else -1
+ * (unreadable, not ELF).  A "#!" script is judged by its interpreter, one level deep. */
 static inline int mlp_elf_reach(const char *path, int depth, char *judged, size_t jlen)
 {
     snprintf(judged, jlen, "%s", path);
@@ -106,14 +107,27 @@ static inline int mlp_elf_reach(const char *path, int depth, char *judged, size_
             go = mlp_elf_note_is_go(fd, off, size);
     }
     __ml_sys_close(fd);
-    return r >= 0 && go ? 2 : r;
+    return r >= 0 && go ? (r == 0 ? 3 : 2) : r;
 }
 
-/* Why a program mlp_elf_reach judged 1 or 2 runs without memlan, for what is said of it. */
+/* Why a program mlp_elf_reach judged 1, 2 or 3 runs without memlan (3: its Go code), for what
+ * is said of it.  (A cgo program was said to run without memlan: its C code's connections are
+ * accelerated, and one of them that its Go code read split the stream, an explorer.) */
 static inline const char *mlp_elf_reach_why(int reach)
 {
     return reach == 1 ? "statically linked: LD_PRELOAD cannot reach it"
-                      : "a Go program: Go makes its socket calls itself, not through libc, where "
-                        "LD_PRELOAD could reach them";
+           : reach == 3
+               ? "a Go program linked with libc (cgo): its Go code makes its socket calls itself, "
+                 "not through libc, where LD_PRELOAD could reach them (the connections its C "
+                 "code makes are accelerated, and Go code must not read or write those: their "
+                 "stream would split)"
+               : "a Go program: Go makes its socket calls itself, not through libc, where "
+                 "LD_PRELOAD could reach them";
+}
+
+/* What follows that reason: what runs without memlan. */
+static inline const char *mlp_elf_reach_what(int reach)
+{
+    return reach == 3 ? "its Go code's connections" : "its connections";
 }
 #endif

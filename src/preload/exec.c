@@ -930,10 +930,11 @@ static void mlp_exec_reach_note(const char *path)
     int saved = errno;
     int reach = mlp_is_valgrind_tool(path) ? 0 : mlp_elf_reach(path, 0, judged, sizeof judged);
     errno = saved;
-    if (reach == 1 || reach == 2)
-        mlp_say(MLP_SAID_REACH, "exec of %.200s%s%.200s, %s; that program runs without memlan, its "
+    if (reach >= 1)
+        mlp_say(MLP_SAID_REACH, "exec of %.200s%s%.200s, %s; %s runs without memlan, its "
                 "connections on TCP", path, strcmp(path, judged) ? ": its interpreter " : "",
-                strcmp(path, judged) ? judged : "", mlp_elf_reach_why(reach));
+                strcmp(path, judged) ? judged : "", mlp_elf_reach_why(reach),
+                reach == 3 ? "its Go code" : "that program");
 }
 
 /*
@@ -1176,7 +1177,7 @@ static void mlp_exec_blind(struct mlp_carry *c, const char *path)
     } else {
         char judged[512];
         int reach = mlp_elf_reach(path, 0, judged, sizeof judged);
-        if (reach == 1 || reach == 2) {
+        if (reach >= 1) {
             snprintf(c->blindwhy, sizeof c->blindwhy, "%.150s", mlp_elf_reach_why(reach));
             c->blind = c->blindwhy;
         }

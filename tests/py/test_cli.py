@@ -311,7 +311,9 @@ def test_run_warns_about_go_programs(fabric, tmp_path):
     (cgo), so LD_PRELOAD never sees its connections; memlan run said nothing about one (seen with
     a cgo program: no warning, no log line, every connection on TCP).  Go programs carry a build
     id note (owner "Go", type 4): a dynamically linked C program given that note stands in for one
-    here (building a real one takes the Go toolchain and most of a minute)."""
+    here (building a real one takes the Go toolchain and most of a minute).  Being dynamically
+    linked, it is said as cgo's: the connections its C code makes through libc are accelerated
+    (it was said that none would be, an explorer), and its Go code must not use them."""
     src = tmp_path / "g.c"
     src.write_text(GO_NOTE)
     fake = tmp_path / "gofake"
@@ -319,6 +321,8 @@ def test_run_warns_about_go_programs(fabric, tmp_path):
     p = cli("run", "--", fake)
     assert p.returncode == 0 and "is a Go program" in p.stderr and str(fake) in p.stderr, p.stderr
     assert "not be accelerated" in p.stderr and "statically linked" not in p.stderr
+    assert "linked with libc (cgo)" in p.stderr, p.stderr
+    assert "so its Go code's connections will not be accelerated" in p.stderr, p.stderr
     assert cli("run", "--quiet", "--", fake).stderr == ""
     # And in the log file, --quiet or not: the Go program's is the one process of a run whose
     # connections stay on TCP with no line there (before, said on stderr only).
@@ -346,6 +350,7 @@ def test_exec_of_a_go_program_under_memlan_is_said(fabric, tmp_path):
     said = f"exec of {fake}, a Go program"
     assert p.returncode == 0 and p.stderr.count(said) == 1, p.stderr
     assert "its connections on TCP" in p.stderr and log.read_text().count(said) == 1
+    assert "its Go code runs without memlan" in p.stderr, p.stderr  # (cgo: see above)
     # by name, as execvp finds it in PATH (Python's subprocess here)
     env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}")
     p = subprocess.run([str(MEMLAN), "run", "--", PY, "-c",
