@@ -302,6 +302,10 @@ struct ml_listen_rec {
                               * (an exec kept the listener into an image that does not load it,
                               * or turns it off), and its accepts are the kernel's (design.md, "A
                               * listener that an image without memlan keeps") */
+#define ML_NO_OFFER_OOB 6u   /* a connection of the port sent urgent data (MSG_OOB), which a
+                              * channel cannot carry: the send was refused, and later connections
+                              * stay on TCP, where the kernel carries it (design.md, "Not
+                              * supported") */
 
 /*
  * A memlan process's entry in the fabric (seg-TOKEN of kind ML_KIND_PROC), for memlan stat: one

@@ -2833,6 +2833,54 @@ void mlp_lrec_blind_undo(int port)
         (void)atomic_compare_exchange_strong(&r->map->no_offer, &v, 0u);
 }
 
+/*
+ * A send of urgent data (MSG_OOB) on an accelerated connection is refused (sock.c,
+ * mlp_send_oob): a channel has no out-of-band byte.  The server's port is marked (server: the
+ * port of our end; client: the peer's), so that its later connections stay on TCP from the
+ * start, where the kernel carries urgent data: telnetd (inetutils, run by inetd) answers a
+ * Ctrl-C with urgent data, and under memlan each Ctrl-C ended the session (an explorer); an FTP
+ * client's ABOR sends it too.  The first connection still meets the refusal, which is said.
+ * Through our own record of the port where we listen on it, else by the record's name (an
+ * inetd's child, a client): opened, mapped for the one exchange and let go.  Written only over
+ * no mark.  True when written.
+ */
+bool mlp_lrec_oob_mark(int port)
+{
+    if (port <= 0 || port >= 65536)
+        return false;
+    char netns[24];
+    mlp_netns(netns);
+    pthread_mutex_lock(&mlp_neg_mu);
+    struct mlp_lrec *r = mlp_lrecs[port];
+    uint32_t none = 0;
+    bool ours = r && r->map && strcmp(r->netns, netns) == 0, marked = false;
+    if (ours)
+        marked = atomic_compare_exchange_strong(&r->map->no_offer, &none, ML_NO_OFFER_OOB);
+    pthread_mutex_unlock(&mlp_neg_mu);
+    memlan_fabric_t *fab = mlp_fabric();
+    if (ours || !fab)
+        return marked;
+    char name[64];
+    mlp_lrec_name(name, sizeof name, netns, port);
+    long fd = __ml_sys_open(fab->dirfd, name, O_RDWR | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0);
+    if (fd < 0)
+        return false;
+    struct stat st;
+    void *p = NULL;
+    if (__ml_sys_fstat((int)fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size >= ML_PAGE &&
+        __ml_sys_mmap(&p, NULL, ML_PAGE, PROT_READ | PROT_WRITE, MAP_SHARED, (int)fd, 0) == 0) {
+        int g = __ml_guard_add(p, ML_PAGE); /* shrunk by anyone: zeros, no SIGBUS (guard.c) */
+        struct ml_listen_rec *m = p;
+        none = 0;
+        if (m->magic == ML_LREC_MAGIC && m->port == (uint32_t)port)
+            marked = atomic_compare_exchange_strong(&m->no_offer, &none, ML_NO_OFFER_OOB);
+        __ml_guard_del(g);
+        __ml_sys_munmap(p, ML_PAGE);
+    }
+    __ml_sys_close((int)fd);
+    return marked;
+}
+
 /* Why a record says not to offer. */
 static const char *mlp_no_offer_why(const struct ml_listen_rec *m)
 {
@@ -2852,6 +2900,8 @@ static const char *mlp_no_offer_why(const struct ml_listen_rec *m)
                ? "the server passes its accepted connections to other processes (SCM_RIGHTS)"
            : v == ML_NO_OFFER_BLIND
                ? "a process given the server's listener runs, or ran, without memlan"
+           : v == ML_NO_OFFER_OOB
+               ? "a connection of the port sent urgent data (MSG_OOB): kept on TCP"
                : "the server's record says not to offer";
 }
 

@@ -457,6 +457,8 @@ bool mlp_lrec_cred_back(void); /* back in reach: ML_NO_OFFER_CRED we set, cleare
 void mlp_lrec_cred_undo(const int *ports, int n);      /* the exec failed: set again */
 bool mlp_lrec_blind_mark(struct mlp_sock *s); /* before an exec into a blind image */
 void mlp_lrec_blind_undo(int port);           /* the exec failed */
+bool mlp_lrec_oob_mark(int port);             /* urgent data refused: port's later clients
+                                               * stay on TCP (ML_NO_OFFER_OOB) */
 void mlp_lrec_grant(uid_t uid);      /* a shared fabric: uid may accept on our ports (cred.c) */
 void mlp_sock_liveness(memlan_channel_t *ch, int fd); /* the kernel socket under a channel */
 

@@ -1711,13 +1711,29 @@ static ssize_t mlp_send_nothing(struct mlp_sock *s, int flags)
 
 /* Urgent data has no place in a ring (design.md, "Not supported"): the send fails with
  * EOPNOTSUPP, and the first such refusal of the image is said, in the log and on stderr (an
- * explorer met it only as Python's exception). */
-static ssize_t mlp_send_oob(int fd)
+ * explorer met it only as Python's exception).  The server's port is marked, so that its later
+ * connections stay on TCP (mlp_lrec_oob_mark): not from a handler, nor in a known sandbox or
+ * out of the fabric's reach (the mark opens the port's record by name). */
+static ssize_t mlp_send_oob(struct mlp_sock *s, int fd)
 {
-    if (!mlp_sig_in_handler() && !(atomic_fetch_or(&mlp_said, MLP_SAID_OOB) & MLP_SAID_OOB))
-        mlp_say(MLP_SAID_OOB, "fd %d: a send of urgent data (MSG_OOB) on an accelerated "
-                "connection is refused (EOPNOTSUPP): a channel has no out-of-band byte; "
-                "MEMLAN_OFF=1, or --no-ports for the port, keeps such connections on TCP", fd);
+    bool handler = mlp_sig_in_handler();
+    int port = 0;
+    if (!handler && !mlp_known_confined() && !mlp_cred_lost(false)) {
+        int inside = mlp_inside;
+        mlp_inside = 1; /* the kernel socket's names, past our interposers */
+        port = mlp_port_of(fd, s->side == 0); /* the server's: ours, or the peer's */
+        mlp_inside = inside;
+    }
+    bool marked = port && mlp_lrec_oob_mark(port);
+    const char *fmt = "fd %d: a send of urgent data (MSG_OOB) on an accelerated connection is "
+                      "refused (EOPNOTSUPP): a channel has no out-of-band byte; %s%.0d%s"
+                      "MEMLAN_OFF=1, or --no-ports for the port, keeps such connections on TCP";
+    const char *pre = marked ? "later connections to port " : "", *post = marked ? " stay on "
+                                                                                   "TCP; " : "";
+    if (!handler && !(atomic_fetch_or(&mlp_said, MLP_SAID_OOB) & MLP_SAID_OOB))
+        mlp_say(MLP_SAID_OOB, fmt, fd, pre, marked ? port : 0, post);
+    else if (marked)
+        mlp_log(0, fmt, fd, pre, port, post);
     return -EOPNOTSUPP;
 }
 
@@ -1749,7 +1765,7 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     if (st == MLP_UNDECIDED)
         st = mlp_decide(s, fd, false);
     if (ml_unlikely(flags & MSG_OOB) && st != MLP_TCP)
-        return mlp_send_oob(fd); /* (settled on TCP: the kernel's urgent data, below) */
+        return mlp_send_oob(s, fd); /* (settled on TCP: the kernel's urgent data, below) */
     /* SO_ZEROCOPY on the kernel socket (negotiate.c): a send that moved bytes on the channel
      * owes its completion, as the kernel's would (one that fell to TCP meanwhile got the
      * kernel's, which numbers its own).  An undecided client is settled first, as for the

@@ -4044,6 +4044,71 @@ def test_urgent_data_is_refused_and_said(fabric, tmp_path):
     settle(fabric)
 
 
+def plain_then_memlan(tmp_path, server, client, timeout=60):
+    """Argument lists of a server that prints its port first and of a client (given the port
+    last): run over kernel TCP, then both under memlan (one log, mTrue.log).  For each: (the
+    client's CompletedProcess, the server's exit status and the rest of its output)."""
+    outs = []
+    for on in (False, True):
+        pre = [str(MEMLAN), "run", "--log", str(tmp_path / f"m{on}.log"), "--"] if on else []
+        srv = subprocess.Popen(pre + server, stdout=subprocess.PIPE, text=True)
+        try:
+            port = srv.stdout.readline().strip()
+            p = subprocess.run(pre + client + [port], capture_output=True, text=True,
+                               timeout=timeout)
+            got, _ = srv.communicate(timeout=20)
+        finally:
+            if srv.poll() is None:
+                srv.kill()
+                srv.wait()
+        outs.append((p, srv.returncode, got))
+    return outs
+
+
+# A server of two connections, each read to its end (its urgent byte, out of band, is not in
+# it), printed; and a client that on each sends "ab", then "!" as urgent data, then "cd".
+URGENT_SERVER = PRINTING_LISTENER + r"""
+for i in range(2):
+    c, _ = ls.accept()
+    print(b"".join(iter(lambda: c.recv(10), b"")), flush=True)
+    c.close()
+"""
+
+URGENT_CLIENT = r"""
+import errno, socket, sys, time
+for i in range(2):
+    c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    c.sendall(b"ab")
+    try:
+        c.send(b"!", socket.MSG_OOB)
+        print("urgent sent")
+    except OSError as e:
+        print("urgent:", errno.errorcode[e.errno])
+    c.sendall(b"cd")
+    c.close()
+    time.sleep(0.2)  # the server reads this one to its end first
+"""
+
+
+def test_a_port_whose_connection_sent_urgent_data_keeps_the_next_on_tcp(fabric, tmp_path):
+    """The first refused urgent send marks the server's port (ML_NO_OFFER_OOB), through the
+    port's record by name where the sender does not listen on it (a client here; an inetd's
+    child): the next connection to the port stays on TCP, where its urgent data is the kernel's,
+    as without memlan.  telnetd, run by inetd, sends urgent data at the user's Ctrl-C, and under
+    memlan every Ctrl-C ended the session (an explorer); now only the first session's does."""
+    (tmp_path / "s.py").write_text(URGENT_SERVER)
+    (tmp_path / "c.py").write_text(URGENT_CLIENT)
+    outs = [(p.returncode, p.stdout, st, got) for p, st, got in
+            plain_then_memlan(tmp_path, [PY, str(tmp_path / "s.py")], [PY, str(tmp_path / "c.py")])]
+    assert outs[0] == (0, "urgent sent\nurgent sent\n", 0, "b'abcd'\nb'abcd'\n"), outs
+    assert outs[1] == (0, "urgent: ENOTSUP\nurgent sent\n", 0, outs[0][3]), outs
+    text = (tmp_path / "mTrue.log").read_text()
+    assert text.count("accelerated (client)") == 1, text
+    assert re.search(r"later connections to port \d+ stay on TCP", text), text
+    assert "a connection of the port sent urgent data (MSG_OOB)" in text, text
+    settle(fabric)
+
+
 # TCP_ULP ("tls", kernel TLS) on connections: (1) an accelerated one, client and server side,
 # then 300 KB each way; (2) a client whose server has not accepted yet, after 5 bytes sent, then
 # 300 KB; (3) Python's ssl with OP_ENABLE_KTLS on both ends (OpenSSL sets TCP_ULP "tls" after
@@ -6402,9 +6467,9 @@ for i in range(n):
 # what came back, then the mean time from the answer to the end (on stderr).
 FORKING_CLIENT = r"""
 import socket, sys, time
-n, waited = int(sys.argv[2]), 0.0
+n, waited = int(sys.argv[1]), 0.0
 for i in range(n):
-    s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    s = socket.create_connection(("127.0.0.1", int(sys.argv[2])))
     s.sendall(b"line %d" % i)
     got = s.recv(100)
     t = time.monotonic()
@@ -6430,21 +6495,10 @@ def test_a_fork_childs_end_reaches_a_blocking_reader_at_once(fabric, tmp_path, h
     n = 30
     (tmp_path / "s.py").write_text(FORKING_SERVER)
     (tmp_path / "c.py").write_text(FORKING_CLIENT)
-    outs = []
-    for on in (False, True):
-        pre = [str(MEMLAN), "run", "--log", str(tmp_path / f"m{on}.log"), "--"] if on else []
-        srv = subprocess.Popen(pre + [PY, str(tmp_path / "s.py"), how, str(n)],
-                               stdout=subprocess.PIPE, text=True)
-        try:
-            port = srv.stdout.readline().strip()
-            p = subprocess.run(pre + [PY, str(tmp_path / "c.py"), port, str(n)],
-                               capture_output=True, text=True, timeout=60)
-            assert srv.wait(20) == 0
-        finally:
-            if srv.poll() is None:
-                srv.kill()
-                srv.wait()
-        outs.append(p)
+    runs = plain_then_memlan(tmp_path, [PY, str(tmp_path / "s.py"), how, str(n)],
+                             [PY, str(tmp_path / "c.py"), str(n)])
+    assert [st for _, st, _ in runs] == [0, 0], runs
+    outs = [p for p, _, _ in runs]
     assert outs[0].returncode == 0 and outs[0].stdout.count(" b''\n") == n, outs[0]
     assert (outs[1].returncode, outs[1].stdout) == (0, outs[0].stdout), outs[1]
     mean = [float(x) for x in re.findall(r"mean ([0-9.]+) ms", outs[1].stderr)]
