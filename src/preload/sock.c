@@ -3464,11 +3464,14 @@ static void mlp_unname_at_exit(struct mlp_sock *s)
  * (ML_SOCK_EXITING) and the peer is woken: from then on its waits watch the kernel socket too
  * (mlp_wait_dir).  Not for a connection passed to another process (its kernel socket lives on
  * there: mlp_passed_at_exit).  Atomic operations and a futex wake only: a handler may be here.
+ * Not in a known sandbox: a filter that kills futex calls without FUTEX_PRIVATE_FLAG killed a
+ * process at its exit() with the wake (a review; its sends would have died of it too).
  */
 static void mlp_exiting_say(struct mlp_sock *s)
 {
     struct memlan_channel *ch = s->ch;
     if (s->state != MLP_ACCEL || !ch || !s->me || !ch->sock_ino || atomic_load(&s->passed) ||
+        mlp_known_confined() ||
         atomic_load(&s->exit_let_go) || atomic_load(&s->me->holders) > 1 ||
         ml_load_acquire(&ch->hdr->side_state[ch->side]) == ML_SIDE_CLOSED)
         return;
