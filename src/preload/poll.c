@@ -417,12 +417,16 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
          * 5 system calls a call with 4 RPC client threads on one core, against 1 and 3 over
          * kernel TCP).  The slice's end, a kernel fd, a mask, or a wake-up that brought nothing
          * poll reports (SO_RCVLOWAT-like thresholds, a ring that is not live) leave it for the
-         * path below.  A deadline makes any handler's run end the wait (EINTR), SA_RESTART or
-         * not, as poll(2) does; "none" is a deadline that never comes. */
+         * path below.  So does a peer whose process says it is ending (ML_SOCK_EXITING), before
+         * the slice or during it: its end comes by the kernel socket's FIN, which the path below
+         * watches (a select after a fork child's _exit saw the end 6-7 ms late, the slice).  A
+         * deadline makes any handler's run end the wait (EINTR), SA_RESTART or not, as poll(2)
+         * does; "none" is a deadline that never comes. */
         if (fast && fast_woke && !ready)
             fast = false;
         struct mlp_pwait *fw = NULL;
         if (fast && !ready && socks[0] && socks[0]->state == MLP_ACCEL && socks[0]->ch->sock_ino &&
+            !__ml_chan_peer_exiting(socks[0]->ch) &&
             __atomic_load_n(&mlp_nnested, __ATOMIC_RELAXED) == 0 && !pw && !mlp_vf(&vf) &&
             (fw = mlp_pw_get()) && mlp_pw_take(fw, (uintptr_t)__builtin_frame_address(0), &u.w)) {
             /* A peer that died without a close while we were not looking: its FIN is in the
@@ -440,7 +444,7 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             fw->held = socks[0];
             atomic_fetch_add(&socks[0]->lent, 1); /* after held is set (mlp_poll_fork_drop) */
             uint64_t dl = timeout_ns < 0 ? UINT64_MAX : deadline;
-            int r = __ml_chan_wait_ro_slice(socks[0]->ch, 0, 1, dl, mlp_now_ns() + MLP_SLICE_NS);
+            int r = __ml_chan_wait_ro_first(socks[0]->ch, 0, 1, dl, mlp_now_ns() + MLP_SLICE_NS);
             /* poll is a cancellation point: a pthread_cancel whose signal interrupted the futex
              * acts here, the reference still lent, as it would in the kernel's poll, rather
              * than become an EINTR.  (glibc sends no signal to a thread outside its own
