@@ -3819,7 +3819,10 @@ void mlp_on_connect_done(int fd, const struct sockaddr *addr, socklen_t len, voi
  * No listener of the port in our fabric, and the fabric is the default, this user's own: a
  * server that runs as another user (clamd as clamav, started as root, listens after its drop)
  * publishes in its own, and both logs said only "no memlan listener" and "not memlan (no offer)"
- * (an explorer).  Said once per process, in the log.
+ * (an explorer).  A server that could not publish at all (saned as saned, exec'd by inetd with
+ * the default fabric carried across: "cannot publish (Permission denied)") is named too, where
+ * the hint alone sent a user looking for a fabric that does not exist (an explorer).  Said once
+ * per process, in the log.
  */
 static void mlp_no_listener_hint(void)
 {
@@ -3827,7 +3830,8 @@ static void mlp_no_listener_hint(void)
     if (mlp_fabric_dir() || mlp_carry_fabric[0] || !mlp_fab || atomic_exchange(&said, true))
         return;
     mlp_log(1, "this process's fabric is %s, the default: this user's own (uid %u); a server "
-               "running as another user publishes in its own.  Both under one fabric: `memlan "
+               "running as another user publishes in its own, and one that could not publish "
+               "(its own log says why) publishes nowhere.  Both under one fabric: `memlan "
                "fabric create --group GROUP DIR`, then `memlan run --fabric DIR` (said once)",
             mlp_fab->path, (unsigned)getuid());
 }

@@ -3823,7 +3823,9 @@ def test_no_listener_in_the_default_fabric_names_it_once(fabric, tmp_path):
     """A client in the default fabric (this user's own) that finds no memlan listener says once
     which fabric it looked in, and how to share one: a server that runs as another user (clamd,
     started as root, listens as clamav) publishes in its own, and both logs said only "no memlan
-    listener" and "not memlan (no offer)" (an explorer).  Not said where a fabric was chosen."""
+    listener" and "not memlan (no offer)" (an explorer); and that a server that could not publish
+    says why in its own log (saned under inetd: the hint alone sent a user looking for a fabric
+    that does not exist).  Not said where a fabric was chosen."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen(8)
@@ -3845,6 +3847,8 @@ def test_no_listener_in_the_default_fabric_names_it_once(fabric, tmp_path):
             assert text.count(f"this process's fabric is /dev/shm/memlan-{os.getuid()}, the "
                               "default") == want, text
             assert text.count("memlan fabric create --group") == want, text
+            # and a server that could not publish at all (saned as saned under inetd)
+            assert text.count("one that could not publish (its own log says why)") == want, text
             assert "memlan fabric create" not in r.stderr, r.stderr  # the log's alone
     finally:
         srv.close()
