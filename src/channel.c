@@ -2499,6 +2499,118 @@ static inline void ml_rx_release(struct memlan_channel *ch, uint64_t n)
     ml_mb_busy(ch, &ch->rx, &ch->rx.ctl->rx_mb, &ch->rx.ctl->rx_mb_ack);
 }
 
+/* ---- urgent data (the socket layer's: sock.c, "Urgent data"; design.md) ------------------- */
+
+bool (*__ml_urg_inline_hook)(struct memlan_channel *ch);
+
+static struct ml_sock_side *ml_peer_sock_side(const struct memlan_channel *ch)
+{
+    return (struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF) + (1 - ch->side);
+}
+
+/* SO_OOBINLINE, asked of the socket layer once (a system call on the kernel socket), unless it
+ * set it since: only where an urgent byte is met. */
+static bool ml_urg_inline(struct memlan_channel *ch)
+{
+    if (!ch->urg_inline_known) {
+        ch->urg_inline = __ml_urg_inline_hook && __ml_urg_inline_hook(ch);
+        ch->urg_inline_known = true;
+    }
+    return ch->urg_inline;
+}
+
+/*
+ * The bytes a stream receive at our position may take of the a readable ones (the rx direction
+ * held): as TCP's tcp_recvmsg, never past the peer's latest urgent byte once it has copied any
+ * (*stop: the call ends with what it has, MSG_WAITALL or not), and up to it otherwise; at it,
+ * the byte is read in line with SO_OOBINLINE, else skipped (it is recv(MSG_OOB)'s).  The mark is
+ * read after the head that made a (an acquire, as every look at head is): the sender stores it
+ * before it publishes the byte, so a byte seen here is never read past unmarked.  A channel
+ * without a kernel socket under it (the native face) has no urgent data.  copied: the call has
+ * taken bytes already (a peek's extension asks so too: it never skips).
+ */
+static int64_t ml_rx_urg_cut(struct memlan_channel *ch, int64_t a, bool copied, bool *stop)
+{
+    if (!ch->sock_ino || a <= 0 || ch->kind != MEMLAN_STREAM)
+        return a;
+    struct ml_sock_side *ps = ml_peer_sock_side(ch);
+    uint64_t u = ml_load_acquire(&ps->urg);
+    if (ml_likely(u == 0))
+        return a;
+    /* An earlier urgent byte that the mark left while our reads stood at it: TCP drops it (not
+     * in line), as it does when the new urgent pointer comes (tcp_check_urg). */
+    uint64_t k = ml_load_relaxed(&ps->urg_skip); /* stored before urg */
+    if (ml_unlikely(k != 0 && k - 1 == ch->rx.pos && k < u && !copied) && !ml_urg_inline(ch)) {
+        ml_rx_release(ch, 1);
+        if (--a == 0)
+            return 0;
+    }
+    uint64_t d = u - 1 - ch->rx.pos;
+    if (d >= (uint64_t)a)
+        return a; /* behind us (d wraps), or not among the bytes here yet */
+    if (d > 0)
+        return (int64_t)d;
+    if (copied) {
+        *stop = true;
+        return 0;
+    }
+    if (ml_urg_inline(ch))
+        return a;
+    ml_rx_release(ch, 1);
+    return a - 1;
+}
+
+uint64_t __ml_chan_tx_pos(const struct memlan_channel *ch) { return ch->tx.pos; }
+
+/* The peer's position in our sending ring as it last published it (hostile: a hint only). */
+uint64_t __ml_chan_tx_peer_pos(const struct memlan_channel *ch)
+{
+    return ml_load_acquire(&ch->tx.ctl->tail);
+}
+
+uint64_t __ml_chan_rx_pos_ro(const struct memlan_channel *ch)
+{
+    return ml_ring_pub(&ch->rx, memory_order_acquire);
+}
+
+/*
+ * The peer's latest urgent byte against our position, read-only (the socket layer's SIOCATMARK,
+ * recv(MSG_OOB) and POLLPRI): 0 when there is none to speak of (none sent, or our reads went
+ * past it, as TCP forgets it then); else ML_URG_PENDING, with ML_URG_AT where our position is at
+ * it, ML_URG_HERE once it is in the ring, ML_URG_TAKEN once a recv(MSG_OOB) took it; *byte is
+ * its value.  take: a recv(MSG_OOB) takes it now, if it is here and was not taken.
+ */
+int __ml_chan_urg_state(struct memlan_channel *ch, uint8_t *byte, bool take)
+{
+    if (!ch->sock_ino || ch->kind != MEMLAN_STREAM)
+        return 0;
+    struct ml_sock_side *ps = ml_peer_sock_side(ch);
+    uint64_t u = ml_load_acquire(&ps->urg);
+    if (u == 0)
+        return 0;
+    uint64_t m = u - 1, pos0 = __ml_chan_rx_pos_ro(ch), pos = pos0;
+    uint64_t k = ml_load_relaxed(&ps->urg_skip); /* dropped at our next read (ml_rx_urg_cut) */
+    if (k != 0 && k - 1 == pos && k < u && !ml_urg_inline(ch))
+        pos++;
+    if ((int64_t)(m - pos) < 0)
+        return 0;
+    int st = ML_URG_PENDING | (m == pos ? ML_URG_AT : 0);
+    uint64_t h = ml_load_acquire(&ch->rx.ctl->head);
+    if (h - pos0 <= ch->rx.cap && h - pos0 > m - pos0) {
+        st |= ML_URG_HERE;
+        /* Nothing a read would return but bytes it skips: not readable, as TCP's poll adds
+         * the urgent byte to its target there (tcp_poll). */
+        if (h - pos0 == (pos - pos0) + ((st & ML_URG_AT) && !ml_urg_inline(ch)))
+            st |= ML_URG_ONLY;
+    }
+    if (ch->urg_taken == u)
+        st |= ML_URG_TAKEN;
+    *byte = (uint8_t)ml_load_relaxed(&ps->urg_byte);
+    if (take && (st & ML_URG_HERE) && !(st & ML_URG_TAKEN))
+        ch->urg_taken = u;
+    return st;
+}
+
 /*
  * The next message, validated: *len its payload length, return the record length, 0 if none,
  * -EPROTO if the record is malformed.  The length is read from shared memory exactly once.
@@ -2553,6 +2665,10 @@ static ssize_t ml_recv(memlan_channel_t *ch, uint8_t *dst, size_t len, int flags
         int64_t a = ml_rx_avail(ch, false);
         if (ml_unlikely(a < 0))
             return done ? (ssize_t)done : -EPROTO;
+        bool stop = false;
+        a = ml_rx_urg_cut(ch, a, done != 0, &stop);
+        if (ml_unlikely(stop))
+            return (ssize_t)done; /* at the peer's urgent byte, with bytes before it */
         if (a > 0 && (len || ch->kind == MEMLAN_MSG)) {
             if (ch->kind == MEMLAN_MSG) {
                 const uint8_t *p;
@@ -2622,6 +2738,8 @@ static int64_t ml_rx_wait_avail(struct memlan_channel *ch, int flags)
         int64_t a = ml_rx_avail(ch, false);
         if (ml_unlikely(a < 0))
             return -EPROTO;
+        bool stop = false;
+        a = ml_rx_urg_cut(ch, a, false, &stop);
         if (a > 0)
             return a;
         if (ml_rx_quick(ch, flags))
@@ -2724,6 +2842,8 @@ ssize_t __ml_chan_peek_runs(struct memlan_channel *ch, struct iovec *run, int ma
     int64_t a = ml_ring_avail(&ch->rx, 1);
     if (a < 0)
         return -EPROTO;
+    bool stop = false;
+    a = ml_rx_urg_cut(ch, a, true, &stop); /* not past the peer's urgent byte (memlan_peek's) */
     uint64_t at = ch->rx.pos, got = (uint64_t)first;
     while (*nrun < max && got < (uint64_t)a) {
         ch->rx.pos = at + got;

@@ -86,6 +86,11 @@ struct memlan_channel {
      * (the peer decided TCP: see ml_peer_dead()). */
     int sock_fd;
     uint64_t sock_ino;
+    /* Urgent data (the socket layer's, layout.h ml_sock_side.urg): the socket's SO_OOBINLINE as
+     * the socket layer last set or asked it (urg_inline_known), and the peer's urg value whose
+     * byte a recv(MSG_OOB) took (0: none). */
+    bool urg_inline, urg_inline_known;
+    uint64_t urg_taken;
     /* Counters for memlan stat and the bench. */
     uint64_t bytes_tx, bytes_rx, msgs_tx, msgs_rx, wakeups, sleeps, spin_hits;
     uint64_t mb_barriers;     /* asymmetric barriers our armings made (channel.c, ml_mb_barrier) */
@@ -200,6 +205,16 @@ void __ml_evq_fds(struct memlan_evq *q, int **seg_fd, int **bell_fd);
 void __ml_evq_forget(struct memlan_evq *q);
 void __ml_evq_unname(struct memlan_evq *q);
 extern unsigned (*__ml_wait_hook)(void); /* see ml_wait() in channel.c */
+extern bool (*__ml_urg_inline_hook)(struct memlan_channel *ch); /* see ml_urg_inline() */
+uint64_t __ml_chan_tx_pos(const struct memlan_channel *ch);
+uint64_t __ml_chan_tx_peer_pos(const struct memlan_channel *ch);
+uint64_t __ml_chan_rx_pos_ro(const struct memlan_channel *ch);
+#define ML_URG_PENDING 1
+#define ML_URG_AT      2
+#define ML_URG_HERE    4
+#define ML_URG_TAKEN   8
+#define ML_URG_ONLY    16 /* the readable bytes are all ones a read skips */
+int __ml_chan_urg_state(struct memlan_channel *ch, uint8_t *byte, bool take);
 extern unsigned (*__ml_intr_count)(void); /* the same */
 extern unsigned (*__ml_intr_any)(void);   /* the same */
 extern _Atomic bool __ml_intr_blind;      /* the same */

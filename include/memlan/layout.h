@@ -169,9 +169,10 @@ struct ml_chan_hdr {
  * channel's first page.  It is shared by every process that holds that side's socket (after fork):
  * holders counts them so that only the last close ends the connection, flags mirrors the file
  * status flags (O_NONBLOCK) that the kernel keeps per open file description.  An honest peer
- * never writes our block; it reads only ML_SOCK_NOPOST.  No lock lives here: the peer can write
- * this page, and nothing it writes may decide whether or how long we wait (the send and receive
- * locks live in memory only our side's processes can reach, src/preload/sock.c).  The first 16
+ * never writes our block; it reads our flags and our urgent mark (urg, below).  No lock lives
+ * here: the peer can write this page, and nothing it writes may decide whether or how long we
+ * wait (the send and receive locks live in memory only our side's processes can reach,
+ * src/preload/sock.c).  The first 16
  * bytes held lock words and owner pids once; they are unused and never read.
  */
 #define ML_SOCK_NONBLOCK   1u  /* unused: O_NONBLOCK lives in the lock page, out of the peer's reach */
@@ -202,10 +203,23 @@ struct ml_chan_hdr {
                                * code of ours announces here; the peer's blocking calls watch
                                * that socket rather than the ring's futex alone */
 
+/* Urgent data (src/preload/sock.c, "Urgent data"; design.md): urg is this side's latest urgent
+ * byte, its position in this side's sending ring + 1 (0: none yet), stored (release) before the
+ * byte is published; urg_byte its value, stored before urg.  The peer's receive stops before
+ * that position, and reads the byte there in line or past it as SO_OOBINLINE says; written by
+ * its sender alone, so the peer's reads treat them as hostile input (a bad position cuts or
+ * skips a byte of that sender's own stream, never makes a reader wait).  urg_skip: the urgent
+ * byte that a later one replaced while the peer's reads stood at it (+ 1), which Linux's TCP
+ * drops where the byte is not read in line (tcp_check_urg).  All are 0 in a block that an older
+ * library wrote, which sent no urgent data on a channel: no version change. */
 struct ml_sock_side {
     _Alignas(ML_CACHELINE) uint32_t unused[4]; /* were lock words: ignored, never read */
     _Atomic uint32_t holders;
     _Atomic uint32_t flags;
+    _Atomic uint64_t urg;
+    _Atomic uint32_t urg_byte;
+    uint32_t unused_urg;
+    _Atomic uint64_t urg_skip;
 };
 #define ML_CHAN_SOCK_OFF 1024u
 

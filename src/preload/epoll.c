@@ -1455,7 +1455,7 @@ bool mlp_arm_et(struct mlp_member *m, uint32_t reported)
     if (!mlp_queue_add(s, true))
         return false;
     uint32_t ev = 0;
-    if (m->events & (EPOLLIN | EPOLLRDNORM | EPOLLRDHUP))
+    if (m->events & (EPOLLIN | EPOLLRDNORM | EPOLLRDHUP | EPOLLPRI)) /* EPOLLPRI: urgent */
         ev |= MEMLAN_EV_READ;
     if ((m->events & (EPOLLOUT | EPOLLWRNORM)) && !mlp_tx_roomy_ro(s->ch))
         ev |= MEMLAN_EV_WRITE;

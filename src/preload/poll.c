@@ -90,6 +90,14 @@ int mlp_revents_want(struct mlp_sock *s, int fd, short want)
     }
     if (ch->rx.corrupt || ch->tx.corrupt)
         rev |= POLLERR;
+    /* The peer's urgent byte is here, neither taken by recv(MSG_OOB) nor read past: POLLPRI
+     * (select's except set), as TCP's TCP_URG_VALID (sock.c, mlp_send_urgent). */
+    uint8_t ub;
+    int us = __ml_chan_urg_state(ch, &ub, false);
+    if ((us & (ML_URG_HERE | ML_URG_TAKEN)) == ML_URG_HERE)
+        rev |= POLLPRI;
+    if ((us & ML_URG_ONLY) && !rd_done)
+        rev &= ~(POLLIN | POLLRDNORM); /* only bytes a read skips (the urgent byte) */
     return rev;
 }
 
@@ -125,6 +133,18 @@ bool mlp_nopost_recent(void)
     return t && mlp_coarse_ns() - t < 2 * (uint64_t)ML_LIVENESS_MAX_NS;
 }
 
+/* The ring holds only bytes a read skips (the peer's urgent byte, out of line), the peer still
+ * open, and no POLLPRI asked while the byte waits: not ready, as mlp_revents_want says, so that
+ * a poll for POLLIN sleeps rather than finds the ring ready at each arm (a spin). */
+static bool mlp_urg_unready(struct mlp_sock *s, short events)
+{
+    uint8_t b;
+    int us = __ml_chan_urg_state(s->ch, &b, false);
+    return (us & ML_URG_ONLY) && !((events & POLLPRI) && !(us & ML_URG_TAKEN)) &&
+           __ml_chan_peer_state(s->ch) == ML_SIDE_OPEN && !s->ch->peer_dead &&
+           !s->ch->rd_eof_when_empty;
+}
+
 /* Arm s for the events asked; true if it turned ready meanwhile (do not sleep). */
 bool mlp_arm(struct mlp_sock *s, short events, bool under_epmu)
 {
@@ -132,7 +152,7 @@ bool mlp_arm(struct mlp_sock *s, short events, bool under_epmu)
     if (!mlp_queue_add(s, under_epmu))
         return false;
     uint32_t ev = 0;
-    if (events & (POLLIN | POLLRDNORM | POLLRDHUP))
+    if (events & (POLLIN | POLLRDNORM | POLLRDHUP | POLLPRI)) /* POLLPRI: an urgent byte's */
         ev |= MEMLAN_EV_READ;
     if (events & (POLLOUT | POLLWRNORM))
         ev |= MEMLAN_EV_WRITE;
@@ -140,7 +160,8 @@ bool mlp_arm(struct mlp_sock *s, short events, bool under_epmu)
         return false;
     /* The channel's "ready" counts one free byte as room; ours is mlp_tx_room's (else a poll
      * with less room than that would look, arm and look again without sleeping). */
-    return ((ev & MEMLAN_EV_READ) && __ml_chan_ready_ro(s->ch, 0, 0)) ||
+    return ((ev & MEMLAN_EV_READ) && __ml_chan_ready_ro(s->ch, 0, 0) &&
+            !mlp_urg_unready(s, events)) ||
            ((ev & MEMLAN_EV_WRITE) && __ml_chan_ready_ro(s->ch, 1, mlp_tx_room(s->ch)));
 }
 

@@ -979,6 +979,21 @@ static unsigned mlp_wait_hook(void)
     return mlp_sig_nores_count();
 }
 
+/* The channel's question at an urgent byte (channel.c, ml_urg_inline): the kernel socket's
+ * SO_OOBINLINE, set before the connection was ours (on the listener, or before connect); one
+ * that setsockopt sets later is noted directly (mlp_setsockopt).  No system call where a filter
+ * may kill it: not in line then, TCP's default. */
+static bool mlp_urg_inline_ask(struct memlan_channel *ch)
+{
+    if (!ch->sock_ino || mlp_known_confined() || mlp_cred_lost(false))
+        return false;
+    int v = 0, saved = errno;
+    socklen_t l = sizeof v;
+    bool on = mlp_real_getsockopt(ch->sock_fd, SOL_SOCKET, SO_OOBINLINE, &v, &l) == 0 && v;
+    errno = saved;
+    return on;
+}
+
 __attribute__((constructor)) static void mlp_wait_hook_init(void)
 {
     __ml_mb_off(); /* before any channel, whichever of our constructors runs first */
@@ -987,6 +1002,7 @@ __attribute__((constructor)) static void mlp_wait_hook_init(void)
     __ml_grow_note = mlp_grow_note;
     __ml_intr_count = mlp_sig_runs;
     __ml_intr_any = mlp_sig_runs_any;
+    __ml_urg_inline_hook = mlp_urg_inline_ask;
 }
 
 /* Take a direction's lock: 0, or what the call returns instead: -EAGAIN (nb) or -EINTR when a
@@ -1709,12 +1725,13 @@ static ssize_t mlp_send_nothing(struct mlp_sock *s, int flags)
     return mlp_tx_error(s, r, flags);
 }
 
-/* Urgent data has no place in a ring (design.md, "Not supported"): the send fails with
- * EOPNOTSUPP, and the first such refusal of the image is said, in the log and on stderr (an
+/* An undecided connection's urgent data has no place yet (its bytes go into an offer's ring,
+ * and the server may still take it over TCP, where the urgency would be lost): the send fails
+ * with EOPNOTSUPP, and the first such refusal of the image is said, in the log and on stderr (an
  * explorer met it only as Python's exception).  The server's port is marked, so that its later
  * connections stay on TCP (mlp_lrec_oob_mark): not from a handler, nor in a known sandbox or
  * out of the fabric's reach (the mark opens the port's record by name). */
-static ssize_t mlp_send_oob(struct mlp_sock *s, int fd)
+static ssize_t mlp_send_oob_refused(struct mlp_sock *s, int fd)
 {
     bool handler = mlp_sig_in_handler();
     int port = 0;
@@ -1725,8 +1742,8 @@ static ssize_t mlp_send_oob(struct mlp_sock *s, int fd)
         mlp_inside = inside;
     }
     bool marked = port && mlp_lrec_oob_mark(port);
-    const char *fmt = "fd %d: a send of urgent data (MSG_OOB) on an accelerated connection is "
-                      "refused (EOPNOTSUPP): a channel has no out-of-band byte; %s%.0d%s"
+    const char *fmt = "fd %d: a send of urgent data (MSG_OOB) on a connection not yet accepted "
+                      "is refused (EOPNOTSUPP): its server may still take it over TCP; %s%.0d%s"
                       "MEMLAN_OFF=1, or --no-ports for the port, keeps such connections on TCP";
     const char *pre = marked ? "later connections to port " : "", *post = marked ? " stay on "
                                                                                    "TCP; " : "";
@@ -1735,6 +1752,55 @@ static ssize_t mlp_send_oob(struct mlp_sock *s, int fd)
     else if (marked)
         mlp_log(0, fmt, fd, pre, port, post);
     return -EOPNOTSUPP;
+}
+
+/*
+ * Urgent data on a channel (design.md, "Urgent data"), as TCP's send(MSG_OOB): the bytes go
+ * into the ring as one send's, and the last of them is the urgent byte.  Its position (+ 1) and
+ * value are stored in our side's block first (release), under the send lock, as TCP's urgent
+ * pointer goes ahead of the data: the peer's receive stops before the position, and reads the
+ * byte there in line or skips it as its SO_OOBINLINE says; its SIOCATMARK, recv(MSG_OOB) and
+ * POLLPRI read the mark (channel.c, __ml_chan_urg_state).  A later urgent byte replaces the
+ * mark, as TCP's urgent pointer moves: the earlier byte becomes an ordinary one, or is dropped
+ * where the peer's reads stand at it (urg_skip, as Linux's tcp_check_urg).  A send that does
+ * not reach the byte (nonblocking and partial, or failed) puts the mark back where nothing was
+ * published past it.  The position assumes the send's bytes go in one run: another thread's
+ * send in between may take it (TCP interleaves them too).  No SIGURG is raised (left:
+ * design.md).
+ */
+static ssize_t mlp_send_urgent(struct mlp_sock *s, int fd, const struct iovec *iov, int n,
+                               int flags)
+{
+    ssize_t t = mlp_iov_total(iov, n, false);
+    if (t <= 0 || t > ML_INT_MAX_IO)
+        return mlp_send_on(s, fd, iov, n, flags & ~MSG_OOB, MLP_ACCEL); /* its answer */
+    int k = n - 1; /* the last byte's piece: the last non-empty one */
+    while (iov[k].iov_len == 0)
+        k--;
+    /* Read here, where the ring's copy reads it: a bad pointer is the fault that any send of
+     * ours from it would be. */
+    uint8_t b = *((const volatile uint8_t *)iov[k].iov_base + iov[k].iov_len - 1);
+    bool nb = (flags & MSG_DONTWAIT) || mlp_nonblock(s);
+    ssize_t r = mlp_lock_tx(s, nb);
+    if (r < 0)
+        return r;
+    uint64_t old = atomic_load_explicit(&s->me->urg, memory_order_relaxed),
+             at = __ml_chan_tx_pos(s->ch) + (uint64_t)t; /* the byte's position + 1 */
+    /* The mark it replaces, where the peer's reads stand at it: TCP drops that byte (not in
+     * line) as the new urgent pointer comes; the peer's receive does so from urg_skip. */
+    if (old && __ml_chan_tx_peer_pos(s->ch) == old - 1)
+        atomic_store_explicit(&s->me->urg_skip, old, memory_order_relaxed);
+    atomic_store_explicit(&s->me->urg_byte, b, memory_order_relaxed);
+    atomic_store_explicit(&s->me->urg, at, memory_order_release);
+    mlp_unlock_tx(s);
+    r = mlp_send_on(s, fd, iov, n, flags & ~MSG_OOB, MLP_ACCEL);
+    if (r < t && mlp_lock_tx(s, false) == 0) {
+        if (atomic_load_explicit(&s->me->urg, memory_order_relaxed) == at &&
+            __ml_chan_tx_pos(s->ch) < at)
+            atomic_store_explicit(&s->me->urg, old, memory_order_release);
+        mlp_unlock_tx(s);
+    }
+    return r;
 }
 
 /* sendmsg's and sendmmsg's entry.  On a connection settled on TCP the caller's header goes to
@@ -1764,8 +1830,9 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     int st = s->state;
     if (st == MLP_UNDECIDED)
         st = mlp_decide(s, fd, false);
-    if (ml_unlikely(flags & MSG_OOB) && st != MLP_TCP)
-        return mlp_send_oob(s, fd); /* (settled on TCP: the kernel's urgent data, below) */
+    if (ml_unlikely(flags & MSG_OOB) && st != MLP_TCP) /* (on TCP: the kernel's, below) */
+        return st == MLP_ACCEL ? mlp_send_urgent(s, fd, iov, n, flags)
+                               : mlp_send_oob_refused(s, fd);
     /* SO_ZEROCOPY on the kernel socket (negotiate.c): a send that moved bytes on the channel
      * owes its completion, as the kernel's would (one that fell to TCP meanwhile got the
      * kernel's, which numbers its own).  An undecided client is settled first, as for the
@@ -2463,7 +2530,7 @@ ssize_t mlp_recvmsg(struct mlp_sock *s, int fd, struct msghdr *m, int flags)
     if (r >= 0) {
         m->msg_namelen = 0;
         m->msg_controllen = 0;
-        m->msg_flags = 0;
+        m->msg_flags = flags & MSG_OOB; /* the urgent byte is said so, as TCP's */
     }
     return r;
 }
@@ -2540,6 +2607,39 @@ static ssize_t mlp_recv_nothing(struct mlp_sock *s, int fd, bool nb, uint64_t *d
     }
 }
 
+/*
+ * recv(MSG_OOB) on a channel: the peer's urgent byte, from the mark its send left in its side's
+ * block (mlp_send_urgent), as TCP's tcp_recv_urg answers: EINVAL with SO_OOBINLINE, with no
+ * urgent byte, once it was taken, or once our reads went past it; the byte (1, or 0 into no
+ * room), taken unless MSG_PEEK; else 0 at the end, or EAGAIN while it is marked but not in the
+ * ring yet.  Never a wait, as TCP's never waits.
+ */
+static ssize_t mlp_recv_oob(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags)
+{
+    int v = 0, saved = errno;
+    socklen_t l = sizeof v;
+    if (mlp_real_getsockopt(fd, SOL_SOCKET, SO_OOBINLINE, &v, &l) == 0 && v) {
+        errno = saved;
+        return -EINVAL;
+    }
+    errno = saved;
+    uint8_t b = 0;
+    int st = __ml_chan_urg_state(s->ch, &b, !(flags & MSG_PEEK));
+    if (!(st & ML_URG_PENDING) || (st & ML_URG_TAKEN))
+        return -EINVAL;
+    if (st & ML_URG_HERE) {
+        for (int i = 0; i < n; i++)
+            if (iov[i].iov_len) {
+                *(volatile uint8_t *)iov[i].iov_base = b;
+                return 1;
+            }
+        return 0;
+    }
+    if (s->ch->shut_rd || __ml_chan_peer_state(s->ch) != ML_SIDE_OPEN || s->ch->peer_dead)
+        return 0;
+    return -EAGAIN;
+}
+
 /* A receive whose SO_RCVTIMEO counts from *dl once set (a wait for the decision before it). */
 static ssize_t mlp_recv_at(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags,
                            uint64_t *dl)
@@ -2561,6 +2661,8 @@ static ssize_t mlp_recv_at(struct mlp_sock *s, int fd, const struct iovec *iov, 
             ssize_t r = mlp_real_recvmsg(fd, &mh, flags);
             return r < 0 ? -errno : r;
         }
+        if ((flags & MSG_OOB) && s->state == MLP_ACCEL)
+            return mlp_recv_oob(s, fd, iov, n, flags);
         return flags & MSG_OOB ? -EINVAL : -EAGAIN;
     }
     bool nb = (flags & MSG_DONTWAIT) || mlp_nonblock(s);
@@ -2972,6 +3074,20 @@ int mlp_ioctl(struct mlp_sock *s, int fd, unsigned long req, void *arg, bool *ha
             return -EFAULT;
         *(int *)arg = 0;
         return 0;
+    case SIOCATMARK:
+        /* Whether our reads are at the peer's urgent byte (mlp_send_urgent's mark), as TCP's
+         * urg_data && urg_seq == copied_seq: the reads stop there.  Read-only (a SIGURG-style
+         * handler asks it in mid-read).  Undecided: the kernel's (no mark yet). */
+        if (s->state != MLP_ACCEL)
+            return 0;
+        *handled = true;
+        if (!arg)
+            return -EFAULT;
+        {
+            uint8_t b;
+            *(int *)arg = (__ml_chan_urg_state(s->ch, &b, false) & ML_URG_AT) != 0;
+        }
+        return 0;
     case FIONBIO:
         if (mlp_real_ioctl(fd, req, arg) < 0)
             return *handled = true, -errno;
@@ -3006,6 +3122,11 @@ int mlp_setsockopt(struct mlp_sock *s, int level, int name, const void *val, soc
             atomic_fetch_or(&s->me->flags, ML_SOCK_LINGER0);
         else
             atomic_fetch_and(&s->me->flags, ~ML_SOCK_LINGER0);
+        return 0;
+    }
+    if (name == SO_OOBINLINE && len >= sizeof(int)) {
+        s->ch->urg_inline = *(const int *)val != 0; /* the receive's at an urgent byte */
+        s->ch->urg_inline_known = true;
         return 0;
     }
     if (name == SO_RCVLOWAT && len >= sizeof(int)) {
