@@ -1653,11 +1653,29 @@ int64_t __ml_chan_tx_free_ro(const struct memlan_channel *ch)
  * at most the ring: a full ring is readable, since its sender can add nothing (the kernel grows
  * its receive buffer for the mark instead, and wakes a reader when it cannot).
  */
+static uint64_t ml_rx_urg_skip_ro(struct memlan_channel *ch, uint64_t a);
+
 bool __ml_chan_rx_at_mark_ro(const struct memlan_channel *ch)
 {
     int64_t a = __ml_chan_rx_avail_ro(ch);
     if (a <= 0)
         return a != 0;
+    uint64_t mark = ch->rx_lowat < ch->rx.size ? ch->rx_lowat : ch->rx.size;
+    return (uint64_t)a >= mark;
+}
+
+/* The same for poll, select and epoll: not counting the bytes a receive passes over (an urgent
+ * byte out of line), as TCP's poll adds the urgent byte to its target there (tcp_poll).  A
+ * blocking receive's wait counts them (__ml_chan_rx_at_mark_ro): woken, the receive passes
+ * over them, as TCP's blocked reader does when the byte comes. */
+bool __ml_chan_rx_inband_ro(const struct memlan_channel *ch)
+{
+    int64_t a = __ml_chan_rx_avail_ro(ch);
+    if (a <= 0)
+        return a != 0;
+    a -= (int64_t)ml_rx_urg_skip_ro((struct memlan_channel *)ch, (uint64_t)a);
+    if (a <= 0)
+        return false;
     uint64_t mark = ch->rx_lowat < ch->rx.size ? ch->rx_lowat : ch->rx.size;
     return (uint64_t)a >= mark;
 }
@@ -1737,10 +1755,17 @@ int __ml_chan_wait_tx(struct memlan_channel *ch, uint64_t want)
 }
 
 /* Read-only readiness for waiters that hold no direction (see __ml_chan_wait_ro). */
-static bool ml_rx_ready_unlocked(struct memlan_channel *ch, uint64_t unused)
+/* want > 1: that many bytes at least (a peek that passes over an urgent byte waits for one
+ * more than it passed over: socket layer), or the end. */
+static bool ml_rx_ready_unlocked(struct memlan_channel *ch, uint64_t want)
 {
-    (void)unused;
-    return ml_rx_ready_ro(ch);
+    if (want <= 1)
+        return ml_rx_ready_ro(ch);
+    int64_t a = __ml_chan_rx_avail_ro(ch);
+    if (a < 0 || (uint64_t)a >= want)
+        return true;
+    return ml_peer_state(ch) != ML_SIDE_OPEN || ch->peer_dead || ch->shut_rd ||
+           ch->rd_eof_when_empty || ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE;
 }
 
 static bool ml_tx_ready_unlocked(struct memlan_channel *ch, uint64_t want)
@@ -1764,7 +1789,11 @@ static bool ml_tx_ready_unlocked(struct memlan_channel *ch, uint64_t want)
 /* What __ml_chan_wait_ro waits for, looked at once. */
 bool __ml_chan_ready_ro(struct memlan_channel *ch, int dir, uint64_t want)
 {
-    return dir == 0 ? ml_rx_ready_unlocked(ch, 0) : ml_tx_ready_unlocked(ch, want ? want : 1);
+    if (dir == 0 && want == 0) /* poll's and epoll's readiness (see __ml_chan_rx_inband_ro) */
+        return __ml_chan_rx_inband_ro(ch) || ml_peer_state(ch) != ML_SIDE_OPEN ||
+               ch->peer_dead || ch->shut_rd || ch->rd_eof_when_empty ||
+               ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE;
+    return dir == 0 ? ml_rx_ready_unlocked(ch, want) : ml_tx_ready_unlocked(ch, want ? want : 1);
 }
 
 int __ml_chan_wait_ro(struct memlan_channel *ch, int dir, uint64_t want, uint64_t deadline)
@@ -1787,7 +1816,7 @@ static int ml_wait_ro(struct memlan_channel *ch, int dir, uint64_t want, uint64_
     if (dir == 0)
         r = ml_wait(ch, &ch->rx.ctl->rx_wait, &ch->rx.ctl->rx_cpu, &ch->tx.ctl->rx_cpu,
                     &ch->spin_rx, first ? ml_rx_ready_first : ml_rx_ready_unlocked,
-                    ml_rx_ready_unlocked, 0, deadline, slice, NULL);
+                    ml_rx_ready_unlocked, want, deadline, slice, NULL);
     else
         r = ml_wait(ch, &ch->tx.ctl->tx_wait, &ch->tx.ctl->tx_cpu, &ch->rx.ctl->tx_cpu,
                     &ch->spin_tx, first ? ml_tx_ready_first : ml_tx_ready_unlocked,
@@ -2424,6 +2453,14 @@ int memlan_commit(memlan_channel_t *ch, size_t len)
 
 /* ---- receive ----------------------------------------------------------------------------- */
 
+/* ml_rx_avail less the bytes a receive passes over unread (an urgent byte out of line, which a
+ * peek leaves in the ring): "nothing" to the waits below, which would else find it for ever. */
+static int64_t ml_rx_avail_inband(struct memlan_channel *ch, bool head_too)
+{
+    int64_t a = ml_rx_avail(ch, head_too);
+    return a > 0 ? a - (int64_t)ml_rx_urg_skip_ro(ch, (uint64_t)a) : a;
+}
+
 /* Nothing to read: EOF, an error, -EAGAIN, or 1 = wait and try again. */
 static int ml_rx_empty(struct memlan_channel *ch, int flags)
 {
@@ -2432,20 +2469,20 @@ static int ml_rx_empty(struct memlan_channel *ch, int flags)
     uint32_t ps = ml_peer_state(ch);
     if (ps != ML_SIDE_OPEN) {
         /* The peer's data happened before its state change: look once more. */
-        int64_t a = ml_rx_avail(ch, true);
+        int64_t a = ml_rx_avail_inband(ch, true);
         if (a < 0)
             return -EPROTO;
         return a > 0 ? 1 : 0;
     }
     if (ch->peer_dead || ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE) {
-        int64_t a = ml_rx_avail(ch, true);
+        int64_t a = ml_rx_avail_inband(ch, true);
         return a > 0 ? 1 : ch->peer_dead ? ml_dead_err(ch) : -ECONNRESET;
     }
     if (flags & MEMLAN_DONTWAIT) {
         /* A message ring's recv looked at the record header only: head too, before saying
          * there is nothing (a head that does not fit is found corrupt here). */
         if (ch->kind == MEMLAN_MSG) {
-            int64_t a = ml_rx_avail(ch, true);
+            int64_t a = ml_rx_avail_inband(ch, true);
             if (a != 0)
                 return a < 0 ? -EPROTO : 1;
         }
@@ -2454,7 +2491,7 @@ static int ml_rx_empty(struct memlan_channel *ch, int flags)
     }
     int r = __ml_chan_wait_rx(ch, flags);
     if (r == -ECONNRESET || r == -ENOTCONN) {
-        int64_t a = ml_rx_avail(ch, true);
+        int64_t a = ml_rx_avail_inband(ch, true);
         return a > 0 ? 1 : r;
     }
     if (r == -EINTR || r == -EAGAIN || r == -ETIMEDOUT)
@@ -2481,7 +2518,7 @@ static bool ml_rx_quick(struct memlan_channel *ch, int flags)
         return false;
     for (int k = 0; k < ML_RX_QUICK_ROUNDS; k++) {
         ml_cpu_relax();
-        if (ml_rx_avail(ch, false) != 0) {
+        if (ml_rx_avail_inband(ch, false) != 0) {
             ch->rx_quick_hits++;
             ml_store_relaxed(&ch->rx.ctl->spin_hits,
                              __atomic_load_n(&ch->spin_hits, __ATOMIC_RELAXED) + ch->rx_quick_hits);
@@ -2508,28 +2545,76 @@ static struct ml_sock_side *ml_peer_sock_side(const struct memlan_channel *ch)
     return (struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF) + (1 - ch->side);
 }
 
-/* SO_OOBINLINE, asked of the socket layer once (a system call on the kernel socket), unless it
- * set it since: only where an urgent byte is met. */
-static bool ml_urg_inline(struct memlan_channel *ch)
+static struct ml_sock_side *ml_own_sock_side(const struct memlan_channel *ch)
 {
-    if (!ch->urg_inline_known) {
+    return (struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF) + ch->side;
+}
+
+/* SO_OOBINLINE, asked of the socket layer (a system call on the kernel socket) once per urgent
+ * byte u met, where a fork sibling may have set it since; one this process sets is noted at
+ * once (the socket layer's setsockopt). */
+static bool ml_urg_inline(struct memlan_channel *ch, uint64_t u)
+{
+    if (!ch->urg_inline_known || ch->urg_inline_u != u) {
         ch->urg_inline = __ml_urg_inline_hook && __ml_urg_inline_hook(ch);
         ch->urg_inline_known = true;
+        ch->urg_inline_u = u;
     }
     return ch->urg_inline;
 }
 
+bool __ml_chan_urg_inline(struct memlan_channel *ch)
+{
+    uint64_t u = ch->sock_ino ? ml_load_acquire(&ml_peer_sock_side(ch)->urg) : 0;
+    return ml_urg_inline(ch, u);
+}
+
+/* What a receive at position pos, with a bytes readable (a >= 0), makes of the peer's urgent
+ * byte u (its position + 1): skip, the bytes at the front it passes over unread (earlier urgent
+ * bytes Linux dropped while the reads stood at them: urg_skip..urg_skip_end; and the urgent byte
+ * itself, out of line, at the mark); take, the bytes it may read after them, up to the mark (all,
+ * in line at the mark); at, our position is at the mark (after the dropped ones); stop, a receive
+ * that has copied bytes ends here (copied), as TCP's tcp_recvmsg ends at the mark. */
+struct ml_urg_view {
+    uint64_t skip, take, drop; /* drop: of skip, the earlier urgent bytes */
+    bool at, stop;
+};
+
+static void ml_urg_view(struct memlan_channel *ch, const struct ml_sock_side *ps, uint64_t u,
+                        uint64_t pos, uint64_t a, bool copied, struct ml_urg_view *v)
+{
+    *v = (struct ml_urg_view){0, a, 0, false, false};
+    uint64_t lo = ml_load_relaxed(&ps->urg_skip), hi = ml_load_relaxed(&ps->urg_skip_end);
+    if (ml_unlikely(lo != 0 && pos + 1 >= lo && pos < hi && hi < u) && !ml_urg_inline(ch, u)) {
+        uint64_t n = hi - pos < a ? hi - pos : a;
+        v->skip = v->drop = n;
+        pos += n;
+        a -= n;
+    }
+    uint64_t d = u - 1 - pos;
+    v->at = d == 0;
+    if (d == 0 && copied && !v->skip) {
+        v->stop = true;
+        v->take = 0;
+    } else if (d == 0 && a > 0 && !ml_urg_inline(ch, u)) {
+        v->skip++;
+        v->take = a - 1;
+    } else {
+        v->take = d > 0 && d < a ? d : a; /* before the mark; or in line at it, or not here */
+    }
+}
+
 /*
  * The bytes a stream receive at our position may take of the a readable ones (the rx direction
- * held): as TCP's tcp_recvmsg, never past the peer's latest urgent byte once it has copied any
- * (*stop: the call ends with what it has, MSG_WAITALL or not), and up to it otherwise; at it,
- * the byte is read in line with SO_OOBINLINE, else skipped (it is recv(MSG_OOB)'s).  The mark is
- * read after the head that made a (an acquire, as every look at head is): the sender stores it
- * before it publishes the byte, so a byte seen here is never read past unmarked.  A channel
- * without a kernel socket under it (the native face) has no urgent data.  copied: the call has
- * taken bytes already (a peek's extension asks so too: it never skips).
+ * held), by ml_urg_view: the bytes it passes over are released here (skipped NULL), or counted
+ * in *skipped for a peek, which takes its bytes after them and releases them with its own
+ * (memlan_release); *stop: the call ends with what it has.  The mark is read after the head
+ * that made a (an acquire, as every look at head is): the sender stores it before it publishes
+ * the byte, so a byte seen here is never read past unmarked.  A channel without a kernel socket
+ * under it (the native face) has no urgent data.
  */
-static int64_t ml_rx_urg_cut(struct memlan_channel *ch, int64_t a, bool copied, bool *stop)
+static int64_t ml_rx_urg_cut(struct memlan_channel *ch, int64_t a, bool copied, bool *stop,
+                             uint64_t *skipped)
 {
     if (!ch->sock_ino || a <= 0 || ch->kind != MEMLAN_STREAM)
         return a;
@@ -2537,27 +2622,45 @@ static int64_t ml_rx_urg_cut(struct memlan_channel *ch, int64_t a, bool copied, 
     uint64_t u = ml_load_acquire(&ps->urg);
     if (ml_likely(u == 0))
         return a;
-    /* An earlier urgent byte that the mark left while our reads stood at it: TCP drops it (not
-     * in line), as it does when the new urgent pointer comes (tcp_check_urg). */
-    uint64_t k = ml_load_relaxed(&ps->urg_skip); /* stored before urg */
-    if (ml_unlikely(k != 0 && k - 1 == ch->rx.pos && k < u && !copied) && !ml_urg_inline(ch)) {
-        ml_rx_release(ch, 1);
-        if (--a == 0)
-            return 0;
-    }
-    uint64_t d = u - 1 - ch->rx.pos;
-    if (d >= (uint64_t)a)
-        return a; /* behind us (d wraps), or not among the bytes here yet */
-    if (d > 0)
-        return (int64_t)d;
-    if (copied) {
+    struct ml_urg_view v;
+    ml_urg_view(ch, ps, u, ch->rx.pos, (uint64_t)a, copied, &v);
+    if (v.stop) {
         *stop = true;
         return 0;
     }
-    if (ml_urg_inline(ch))
-        return a;
-    ml_rx_release(ch, 1);
-    return a - 1;
+    if (v.skip) {
+        if (skipped)
+            *skipped = v.skip;
+        else
+            ml_rx_release(ch, v.skip);
+    }
+    return (int64_t)v.take;
+}
+
+/* Read-only: of the a bytes readable at our published position, those a receive would pass
+ * over unread (readiness counts the rest). */
+static uint64_t ml_rx_urg_skip_ro(struct memlan_channel *ch, uint64_t a)
+{
+    if (!ch->sock_ino || ch->kind != MEMLAN_STREAM)
+        return 0;
+    struct ml_sock_side *ps = ml_peer_sock_side(ch);
+    uint64_t u = ml_load_acquire(&ps->urg);
+    if (ml_likely(u == 0))
+        return 0;
+    struct ml_urg_view v;
+    ml_urg_view(ch, ps, u, ml_ring_pub(&ch->rx, memory_order_acquire), a, false, &v);
+    return v.skip;
+}
+
+/* The rx direction held: how far our position is from the peer's urgent byte, or -1 (none ahead
+ * of us).  A receive that waits for more (MSG_WAITALL, SO_RCVLOWAT) ends at 0, as TCP's does. */
+int64_t __ml_chan_rx_urg_dist(struct memlan_channel *ch)
+{
+    if (!ch->sock_ino || ch->kind != MEMLAN_STREAM)
+        return -1;
+    uint64_t u = ml_load_acquire(&ml_peer_sock_side(ch)->urg);
+    int64_t d = (int64_t)(u - 1 - ch->rx.pos);
+    return u == 0 || d < 0 ? -1 : d;
 }
 
 uint64_t __ml_chan_tx_pos(const struct memlan_channel *ch) { return ch->tx.pos; }
@@ -2568,19 +2671,16 @@ uint64_t __ml_chan_tx_peer_pos(const struct memlan_channel *ch)
     return ml_load_acquire(&ch->tx.ctl->tail);
 }
 
-uint64_t __ml_chan_rx_pos_ro(const struct memlan_channel *ch)
-{
-    return ml_ring_pub(&ch->rx, memory_order_acquire);
-}
-
 /*
  * The peer's latest urgent byte against our position, read-only (the socket layer's SIOCATMARK,
- * recv(MSG_OOB) and POLLPRI): 0 when there is none to speak of (none sent, or our reads went
- * past it, as TCP forgets it then); else ML_URG_PENDING, with ML_URG_AT where our position is at
- * it, ML_URG_HERE once it is in the ring, ML_URG_TAKEN once a recv(MSG_OOB) took it; *byte is
- * its value.  take: a recv(MSG_OOB) takes it now, if it is here and was not taken.
+ * recv(MSG_OOB), FIONREAD and POLLPRI): 0 when there is none to speak of (none sent, or our
+ * reads went past it, as TCP forgets it then); else ML_URG_PENDING, with ML_URG_AT where our
+ * position is at it, ML_URG_HERE once it is in the ring, ML_URG_TAKEN once a recv(MSG_OOB) of
+ * any holder of our side took it (our side's block: fork children share it), ML_URG_ONLY where
+ * every readable byte is one a receive passes over; *byte is its value, *before the bytes a
+ * receive may read before it.  take: a recv(MSG_OOB) takes it now, if it is here and untaken.
  */
-int __ml_chan_urg_state(struct memlan_channel *ch, uint8_t *byte, bool take)
+int __ml_chan_urg_state(struct memlan_channel *ch, uint8_t *byte, int64_t *before, bool take)
 {
     if (!ch->sock_ino || ch->kind != MEMLAN_STREAM)
         return 0;
@@ -2588,26 +2688,27 @@ int __ml_chan_urg_state(struct memlan_channel *ch, uint8_t *byte, bool take)
     uint64_t u = ml_load_acquire(&ps->urg);
     if (u == 0)
         return 0;
-    uint64_t m = u - 1, pos0 = __ml_chan_rx_pos_ro(ch), pos = pos0;
-    uint64_t k = ml_load_relaxed(&ps->urg_skip); /* dropped at our next read (ml_rx_urg_cut) */
-    if (k != 0 && k - 1 == pos && k < u && !ml_urg_inline(ch))
-        pos++;
-    if ((int64_t)(m - pos) < 0)
-        return 0;
-    int st = ML_URG_PENDING | (m == pos ? ML_URG_AT : 0);
+    uint64_t pos = ml_ring_pub(&ch->rx, memory_order_acquire);
     uint64_t h = ml_load_acquire(&ch->rx.ctl->head);
-    if (h - pos0 <= ch->rx.cap && h - pos0 > m - pos0) {
+    uint64_t a = h - pos <= ch->rx.cap ? h - pos : 0;
+    struct ml_urg_view v;
+    ml_urg_view(ch, ps, u, pos, a, false, &v);
+    uint64_t m = u - 1;
+    if ((int64_t)(m - (pos + v.drop)) < 0)
+        return 0; /* read past */
+    int st = ML_URG_PENDING | (v.at ? ML_URG_AT : 0);
+    if (a > m - pos && m - pos <= ch->rx.cap)
         st |= ML_URG_HERE;
-        /* Nothing a read would return but bytes it skips: not readable, as TCP's poll adds
-         * the urgent byte to its target there (tcp_poll). */
-        if (h - pos0 == (pos - pos0) + ((st & ML_URG_AT) && !ml_urg_inline(ch)))
-            st |= ML_URG_ONLY;
-    }
-    if (ch->urg_taken == u)
+    if (a > 0 && v.skip == a)
+        st |= ML_URG_ONLY;
+    _Atomic uint64_t *tk = &ml_own_sock_side(ch)->urg_taken;
+    if (ml_load_relaxed(tk) == u)
         st |= ML_URG_TAKEN;
     *byte = (uint8_t)ml_load_relaxed(&ps->urg_byte);
+    if (before)
+        *before = v.at ? 0 : (int64_t)v.take;
     if (take && (st & ML_URG_HERE) && !(st & ML_URG_TAKEN))
-        ch->urg_taken = u;
+        ml_store_relaxed(tk, u);
     return st;
 }
 
@@ -2666,7 +2767,7 @@ static ssize_t ml_recv(memlan_channel_t *ch, uint8_t *dst, size_t len, int flags
         if (ml_unlikely(a < 0))
             return done ? (ssize_t)done : -EPROTO;
         bool stop = false;
-        a = ml_rx_urg_cut(ch, a, done != 0, &stop);
+        a = ml_rx_urg_cut(ch, a, done != 0, &stop, NULL);
         if (ml_unlikely(stop))
             return (ssize_t)done; /* at the peer's urgent byte, with bytes before it */
         if (a > 0 && (len || ch->kind == MEMLAN_MSG)) {
@@ -2728,7 +2829,7 @@ static ssize_t ml_recv(memlan_channel_t *ch, uint8_t *dst, size_t len, int flags
 
 /* Bytes readable at our position (> 0), waiting for them unless MEMLAN_DONTWAIT; or what the
  * call returns instead: 0 at end of stream, -errno (ml_rx_empty). */
-static int64_t ml_rx_wait_avail(struct memlan_channel *ch, int flags)
+static int64_t ml_rx_wait_avail(struct memlan_channel *ch, int flags, uint64_t *skip)
 {
     for (;;) {
         if (ml_unlikely(ch->rx.corrupt))
@@ -2739,7 +2840,9 @@ static int64_t ml_rx_wait_avail(struct memlan_channel *ch, int flags)
         if (ml_unlikely(a < 0))
             return -EPROTO;
         bool stop = false;
-        a = ml_rx_urg_cut(ch, a, false, &stop);
+        *skip = 0;
+        a = ml_rx_urg_cut(ch, a, false, &stop, skip); /* bytes after *skip, left in the ring */
+        ch->rx_skip_seen = *skip;
         if (a > 0)
             return a;
         if (ml_rx_quick(ch, flags))
@@ -2758,7 +2861,8 @@ int memlan_recv_msgs(memlan_channel_t *ch, struct memlan_msg *v, unsigned n, int
         return 0;
     if (n > INT_MAX)
         n = INT_MAX;
-    int64_t a = ml_rx_wait_avail(ch, flags);
+    uint64_t skip;
+    int64_t a = ml_rx_wait_avail(ch, flags, &skip);
     if (a <= 0)
         return (int)a;
     /* Each record is read where the one before it ended: the position moves on privately, and
@@ -2797,7 +2901,8 @@ ssize_t memlan_peek(memlan_channel_t *ch, const void **ptr, int flags)
     if (!ch || !ptr)
         return -EINVAL;
     *ptr = NULL;
-    int64_t a = ml_rx_wait_avail(ch, flags);
+    uint64_t skip;
+    int64_t a = ml_rx_wait_avail(ch, flags, &skip);
     if (a <= 0)
         return (ssize_t)a;
     if (ch->kind == MEMLAN_MSG) {
@@ -2811,10 +2916,13 @@ ssize_t memlan_peek(memlan_channel_t *ch, const void **ptr, int flags)
         return (ssize_t)l;
     }
     const uint8_t *p;
+    ch->rx.pos += skip; /* after the bytes a receive passes over (an urgent byte out of line) */
     int64_t run = ml_ring_rd(&ch->rx, (uint64_t)a, &p);
+    ch->rx.pos -= skip;
     if (run < 0)
         return -EPROTO;
     ch->peeked = (uint64_t)run;
+    ch->peek_skip = skip; /* released with the first byte memlan_release takes */
     *ptr = p;
     return (ssize_t)run;
 }
@@ -2842,11 +2950,14 @@ ssize_t __ml_chan_peek_runs(struct memlan_channel *ch, struct iovec *run, int ma
     int64_t a = ml_ring_avail(&ch->rx, 1);
     if (a < 0)
         return -EPROTO;
-    bool stop = false;
-    a = ml_rx_urg_cut(ch, a, true, &stop); /* not past the peer's urgent byte (memlan_peek's) */
-    uint64_t at = ch->rx.pos, got = (uint64_t)first;
+    /* The bytes memlan_peek passed over, then not past the peer's urgent byte. */
+    uint64_t sk = ch->peek_skip, at = ch->rx.pos, got = (uint64_t)first;
+    a -= (int64_t)sk;
+    int64_t d = __ml_chan_rx_urg_dist(ch);
+    if (d >= (int64_t)sk && d - (int64_t)sk < a)
+        a = d - (int64_t)sk > (int64_t)got ? d - (int64_t)sk : (int64_t)got;
     while (*nrun < max && got < (uint64_t)a) {
-        ch->rx.pos = at + got;
+        ch->rx.pos = at + sk + got;
         const uint8_t *q;
         int64_t more = ml_ring_rd(&ch->rx, (uint64_t)a - got, &q);
         if (more <= 0)
@@ -2897,9 +3008,10 @@ int memlan_release(memlan_channel_t *ch, size_t len)
         if (len > ch->peeked)
             return -EINVAL;
         if (len)
-            ml_rx_release(ch, len);
+            ml_rx_release(ch, len + ch->peek_skip);
     }
     ch->peeked = 0;
+    ch->peek_skip = 0;
     return 0;
 }
 

@@ -90,7 +90,9 @@ struct memlan_channel {
      * the socket layer last set or asked it (urg_inline_known), and the peer's urg value whose
      * byte a recv(MSG_OOB) took (0: none). */
     bool urg_inline, urg_inline_known;
-    uint64_t urg_taken;
+    uint64_t urg_inline_u;    /* the peer's urg when urg_inline was last asked */
+    uint64_t peek_skip;       /* bytes before the last peek's that its release takes too */
+    uint64_t rx_skip_seen;    /* the bytes the last peek passed over (its wait wants more) */
     /* Counters for memlan stat and the bench. */
     uint64_t bytes_tx, bytes_rx, msgs_tx, msgs_rx, wakeups, sleeps, spin_hits;
     uint64_t mb_barriers;     /* asymmetric barriers our armings made (channel.c, ml_mb_barrier) */
@@ -206,6 +208,8 @@ void __ml_evq_forget(struct memlan_evq *q);
 void __ml_evq_unname(struct memlan_evq *q);
 extern unsigned (*__ml_wait_hook)(void); /* see ml_wait() in channel.c */
 extern bool (*__ml_urg_inline_hook)(struct memlan_channel *ch); /* see ml_urg_inline() */
+bool __ml_chan_urg_inline(struct memlan_channel *ch);
+int64_t __ml_chan_rx_urg_dist(struct memlan_channel *ch);
 uint64_t __ml_chan_tx_pos(const struct memlan_channel *ch);
 uint64_t __ml_chan_tx_peer_pos(const struct memlan_channel *ch);
 uint64_t __ml_chan_rx_pos_ro(const struct memlan_channel *ch);
@@ -214,7 +218,7 @@ uint64_t __ml_chan_rx_pos_ro(const struct memlan_channel *ch);
 #define ML_URG_HERE    4
 #define ML_URG_TAKEN   8
 #define ML_URG_ONLY    16 /* the readable bytes are all ones a read skips */
-int __ml_chan_urg_state(struct memlan_channel *ch, uint8_t *byte, bool take);
+int __ml_chan_urg_state(struct memlan_channel *ch, uint8_t *byte, int64_t *before, bool take);
 extern unsigned (*__ml_intr_count)(void); /* the same */
 extern unsigned (*__ml_intr_any)(void);   /* the same */
 extern _Atomic bool __ml_intr_blind;      /* the same */
@@ -235,6 +239,7 @@ bool __ml_chan_rx_nothing(struct memlan_channel *ch);
 void __ml_chan_kick_tx(struct memlan_channel *ch);
 void __ml_chan_post_self(struct memlan_channel *ch);
 bool __ml_chan_rx_at_mark_ro(const struct memlan_channel *ch);
+bool __ml_chan_rx_inband_ro(const struct memlan_channel *ch);
 
 /* A place in a vector of buffers: piece i, byte off of it.  __ml_chan_sendv sends from it to the
  * vector's end (memlan_sendv's rules, no argument checks: the caller's vector is known good) and

@@ -208,9 +208,10 @@ struct ml_chan_hdr {
  * byte is published; urg_byte its value, stored before urg.  The peer's receive stops before
  * that position, and reads the byte there in line or past it as SO_OOBINLINE says; written by
  * its sender alone, so the peer's reads treat them as hostile input (a bad position cuts or
- * skips a byte of that sender's own stream, never makes a reader wait).  urg_skip: the urgent
- * byte that a later one replaced while the peer's reads stood at it (+ 1), which Linux's TCP
- * drops where the byte is not read in line (tcp_check_urg).  All are 0 in a block that an older
+ * skips a byte of that sender's own stream, never makes a reader wait).  urg_skip..urg_skip_end:
+ * the urgent bytes (positions + 1) that later ones replaced while the peer's reads stood at them,
+ * which Linux's TCP drops where they are not read in line (tcp_check_urg).  urg_taken is the
+ * receiving side's own (shared by its fork children).  All are 0 in a block that an older
  * library wrote, which sent no urgent data on a channel: no version change. */
 struct ml_sock_side {
     _Alignas(ML_CACHELINE) uint32_t unused[4]; /* were lock words: ignored, never read */
@@ -219,7 +220,8 @@ struct ml_sock_side {
     _Atomic uint64_t urg;
     _Atomic uint32_t urg_byte;
     uint32_t unused_urg;
-    _Atomic uint64_t urg_skip;
+    _Atomic uint64_t urg_skip, urg_skip_end;
+    _Atomic uint64_t urg_taken; /* the peer's urg whose byte our recv(MSG_OOB) took */
 };
 #define ML_CHAN_SOCK_OFF 1024u
 

@@ -911,6 +911,7 @@ static uint32_t mlp_ev_from_poll(int rev)
     if (rev & POLLRDHUP) ev |= EPOLLRDHUP;
     if (rev & POLLHUP) ev |= EPOLLHUP;
     if (rev & POLLERR) ev |= EPOLLERR;
+    if (rev & POLLPRI) ev |= EPOLLPRI; /* an urgent byte (sock.c, mlp_send_urgent) */
     return ev;
 }
 

@@ -72,7 +72,7 @@ int mlp_revents_want(struct mlp_sock *s, int fd, short want)
     bool rd_done = ps != ML_SIDE_OPEN || dead || ch->rd_eof_when_empty;
     int rev = 0;
     /* The bytes of SO_RCVLOWAT, or cannot tell (let recv look), or the end. */
-    if (rd_done || __ml_chan_rx_at_mark_ro(ch))
+    if (rd_done || __ml_chan_rx_inband_ro(ch)) /* (not an urgent byte out of line alone) */
         rev |= POLLIN | POLLRDNORM;
     if (rd_done)
         rev |= POLLRDHUP;
@@ -93,11 +93,8 @@ int mlp_revents_want(struct mlp_sock *s, int fd, short want)
     /* The peer's urgent byte is here, neither taken by recv(MSG_OOB) nor read past: POLLPRI
      * (select's except set), as TCP's TCP_URG_VALID (sock.c, mlp_send_urgent). */
     uint8_t ub;
-    int us = __ml_chan_urg_state(ch, &ub, false);
-    if ((us & (ML_URG_HERE | ML_URG_TAKEN)) == ML_URG_HERE)
+    if ((__ml_chan_urg_state(ch, &ub, NULL, false) & (ML_URG_HERE | ML_URG_TAKEN)) == ML_URG_HERE)
         rev |= POLLPRI;
-    if ((us & ML_URG_ONLY) && !rd_done)
-        rev &= ~(POLLIN | POLLRDNORM); /* only bytes a read skips (the urgent byte) */
     return rev;
 }
 
@@ -133,18 +130,6 @@ bool mlp_nopost_recent(void)
     return t && mlp_coarse_ns() - t < 2 * (uint64_t)ML_LIVENESS_MAX_NS;
 }
 
-/* The ring holds only bytes a read skips (the peer's urgent byte, out of line), the peer still
- * open, and no POLLPRI asked while the byte waits: not ready, as mlp_revents_want says, so that
- * a poll for POLLIN sleeps rather than finds the ring ready at each arm (a spin). */
-static bool mlp_urg_unready(struct mlp_sock *s, short events)
-{
-    uint8_t b;
-    int us = __ml_chan_urg_state(s->ch, &b, false);
-    return (us & ML_URG_ONLY) && !((events & POLLPRI) && !(us & ML_URG_TAKEN)) &&
-           __ml_chan_peer_state(s->ch) == ML_SIDE_OPEN && !s->ch->peer_dead &&
-           !s->ch->rd_eof_when_empty;
-}
-
 /* Arm s for the events asked; true if it turned ready meanwhile (do not sleep). */
 bool mlp_arm(struct mlp_sock *s, short events, bool under_epmu)
 {
@@ -159,9 +144,15 @@ bool mlp_arm(struct mlp_sock *s, short events, bool under_epmu)
     if (!ev || !__ml_chan_arm_evq(s->ch, ev))
         return false;
     /* The channel's "ready" counts one free byte as room; ours is mlp_tx_room's (else a poll
-     * with less room than that would look, arm and look again without sleeping). */
-    return ((ev & MEMLAN_EV_READ) && __ml_chan_ready_ro(s->ch, 0, 0) &&
-            !mlp_urg_unready(s, events)) ||
+     * with less room than that would look, arm and look again without sleeping).  A wait for
+     * POLLPRI alone is ready for the urgent byte only: the ring's other bytes would make it look
+     * ready at each arm, and report nothing (a spin: a review). */
+    uint8_t b;
+    bool rd = (events & (POLLIN | POLLRDNORM | POLLRDHUP))
+                  ? __ml_chan_ready_ro(s->ch, 0, 0)
+                  : (events & POLLPRI) && (__ml_chan_urg_state(s->ch, &b, NULL, false) &
+                                           (ML_URG_HERE | ML_URG_TAKEN)) == ML_URG_HERE;
+    return ((ev & MEMLAN_EV_READ) && rd) ||
            ((ev & MEMLAN_EV_WRITE) && __ml_chan_ready_ro(s->ch, 1, mlp_tx_room(s->ch)));
 }
 

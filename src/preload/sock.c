@@ -986,10 +986,25 @@ static unsigned mlp_wait_hook(void)
 static bool mlp_urg_inline_ask(struct memlan_channel *ch)
 {
     if (!ch->sock_ino || mlp_known_confined() || mlp_cred_lost(false))
-        return false;
-    int v = 0, saved = errno;
+        return ch->urg_inline;
+    int saved = errno, fd = ch->sock_fd;
+    struct stat st;
+    if (fd < 0 || __ml_sys_fstat(fd, &st) < 0 || (uint64_t)st.st_ino != ch->sock_ino) {
+        /* The connection's first number was moved (dup2 and close, as an inetd's child does)
+         * or is another file now: one of ours that holds this channel. */
+        fd = -1;
+        for (int f = mlp_fdrec_next(0, mlp_fd_max()); f >= 0 && fd < 0;
+             f = mlp_fdrec_next(f + 1, mlp_fd_max())) {
+            struct mlp_fdrec *r = mlp_fdrec(f);
+            struct mlp_sock *o = r ? atomic_load_explicit(&r->sock, memory_order_acquire) : NULL;
+            if (o && o->ch == ch)
+                fd = f;
+        }
+    }
+    int v = 0;
     socklen_t l = sizeof v;
-    bool on = mlp_real_getsockopt(ch->sock_fd, SOL_SOCKET, SO_OOBINLINE, &v, &l) == 0 && v;
+    bool on = fd >= 0 ? mlp_real_getsockopt(fd, SOL_SOCKET, SO_OOBINLINE, &v, &l) == 0 && v
+                      : ch->urg_inline;
     errno = saved;
     return on;
 }
@@ -1786,18 +1801,29 @@ static ssize_t mlp_send_urgent(struct mlp_sock *s, int fd, const struct iovec *i
         return r;
     uint64_t old = atomic_load_explicit(&s->me->urg, memory_order_relaxed),
              at = __ml_chan_tx_pos(s->ch) + (uint64_t)t; /* the byte's position + 1 */
-    /* The mark it replaces, where the peer's reads stand at it: TCP drops that byte (not in
-     * line) as the new urgent pointer comes; the peer's receive does so from urg_skip. */
-    if (old && __ml_chan_tx_peer_pos(s->ch) == old - 1)
-        atomic_store_explicit(&s->me->urg_skip, old, memory_order_relaxed);
+    /* The mark it replaces, where the peer's reads stand at it (past the bytes dropped so far):
+     * TCP drops that byte (not in line) as the new urgent pointer comes, and each next one
+     * while the reads stand; the peer's receive does so from urg_skip..urg_skip_end. */
+    uint64_t tail = __ml_chan_tx_peer_pos(s->ch),
+             lo = atomic_load_explicit(&s->me->urg_skip, memory_order_relaxed),
+             hi = atomic_load_explicit(&s->me->urg_skip_end, memory_order_relaxed);
+    bool standing = lo && tail == lo - 1 && hi >= lo; /* at a range of dropped bytes */
+    if (old && (standing ? hi : tail) == old - 1) {
+        if (!standing)
+            atomic_store_explicit(&s->me->urg_skip, old, memory_order_relaxed);
+        atomic_store_explicit(&s->me->urg_skip_end, old, memory_order_relaxed);
+    }
     atomic_store_explicit(&s->me->urg_byte, b, memory_order_relaxed);
     atomic_store_explicit(&s->me->urg, at, memory_order_release);
     mlp_unlock_tx(s);
     r = mlp_send_on(s, fd, iov, n, flags & ~MSG_OOB, MLP_ACCEL);
     if (r < t && mlp_lock_tx(s, false) == 0) {
+        /* Short: TCP marks the last byte it took (tcp_mark_urg at the push); none taken, the
+         * mark goes back.  Only where nothing was published at the mark meanwhile. */
         if (atomic_load_explicit(&s->me->urg, memory_order_relaxed) == at &&
             __ml_chan_tx_pos(s->ch) < at)
-            atomic_store_explicit(&s->me->urg, old, memory_order_release);
+            atomic_store_explicit(&s->me->urg, r > 0 ? at - (uint64_t)(t - r) : old,
+                                  memory_order_release);
         mlp_unlock_tx(s);
     }
     return r;
@@ -2203,10 +2229,17 @@ ssize_t mlp_splice_from(struct mlp_sock *s, int fd, int pipe, size_t len, unsign
         if (e < 0)
             return e;
         const void *p;
+        if (__ml_chan_rx_urg_dist(s->ch) == 0) {
+            /* At the peer's urgent byte TCP's splice moves nothing (tcp_read_sock stops at
+             * urgent data): EAGAIN, or 0 when blocking (tcp_splice_read's answer). */
+            mlp_unlock_rx(s);
+            return nb ? -EAGAIN : 0;
+        }
         ssize_t a = memlan_peek(s->ch, &p, MEMLAN_DONTWAIT);
         if (a <= 0) {
             mlp_unlock_rx(s);
-            if (a == -EAGAIN && !nb && (a = mlp_wait_dir(s, 0, 1, &dl)) == 0)
+            if (a == -EAGAIN && !nb &&
+                (a = mlp_wait_dir(s, 0, 1 + s->ch->rx_skip_seen, &dl)) == 0)
                 continue;
             return mlp_rx_error(s, a);
         }
@@ -2372,7 +2405,8 @@ static ssize_t mlp_peek_once(struct mlp_sock *s, const struct iovec *iov, int n,
         int nrun;
         ssize_t a = __ml_chan_peek_runs(s->ch, run, 3, &nrun, MEMLAN_DONTWAIT);
         if (a > 0 && (flags & MSG_WAITALL) && (size_t)a < total && !nb &&
-            __ml_chan_peer_state(s->ch) == ML_SIDE_OPEN && !s->ch->peer_dead) {
+            __ml_chan_peer_state(s->ch) == ML_SIDE_OPEN && !s->ch->peer_dead &&
+            __ml_chan_rx_urg_dist(s->ch) != a) { /* (a peek ends at an urgent byte too) */
             /* MSG_PEEK|MSG_WAITALL (rare): the tripwire wakes a waiter for any byte, not for
              * len of them, so look again every 50 us (without the lock) until len are there
              * or the peer is done, checking the peer's liveness (a system call) about every
@@ -2405,7 +2439,9 @@ static ssize_t mlp_peek_once(struct mlp_sock *s, const struct iovec *iov, int n,
         }
         if (a <= 0) {
             mlp_unlock_rx(s);
-            if (a == -EAGAIN && !nb && (a = mlp_wait_dir(s, 0, 1, &dl)) == 0)
+            /* (for more than an urgent byte the peek passes over: then for one more) */
+            if (a == -EAGAIN && !nb &&
+                (a = mlp_wait_dir(s, 0, 1 + s->ch->rx_skip_seen, &dl)) == 0)
                 continue;
             return a;
         }
@@ -2465,12 +2501,16 @@ static ssize_t mlp_rx_pass(struct mlp_sock *s, const struct iovec *iov, int n, i
         size_t want = iov[*i].iov_len - *off;
         if (want == 0)
             continue;
+        if (moved && __ml_chan_rx_urg_dist(s->ch) == 0)
+            return moved; /* at the peer's urgent byte with bytes taken: TCP's receive ends */
         ssize_t r;
         if (trunc) {
             /* A peek sees one run: where the ring grew, the region's bytes are a second. */
             r = 0;
             while ((size_t)r < want) {
                 const void *p;
+                if ((r || moved) && __ml_chan_rx_urg_dist(s->ch) == 0)
+                    break; /* (as above) */
                 ssize_t k = memlan_peek(s->ch, &p, MEMLAN_DONTWAIT);
                 if (k <= 0) {
                     if (r == 0)
@@ -2616,15 +2656,10 @@ static ssize_t mlp_recv_nothing(struct mlp_sock *s, int fd, bool nb, uint64_t *d
  */
 static ssize_t mlp_recv_oob(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int flags)
 {
-    int v = 0, saved = errno;
-    socklen_t l = sizeof v;
-    if (mlp_real_getsockopt(fd, SOL_SOCKET, SO_OOBINLINE, &v, &l) == 0 && v) {
-        errno = saved;
+    if (__ml_chan_urg_inline(s->ch)) /* as the receive knows it (mlp_urg_inline_ask) */
         return -EINVAL;
-    }
-    errno = saved;
     uint8_t b = 0;
-    int st = __ml_chan_urg_state(s->ch, &b, !(flags & MSG_PEEK));
+    int st = __ml_chan_urg_state(s->ch, &b, NULL, !(flags & MSG_PEEK));
     if (!(st & ML_URG_PENDING) || (st & ML_URG_TAKEN))
         return -EINVAL;
     if (st & ML_URG_HERE) {
@@ -2661,8 +2696,17 @@ static ssize_t mlp_recv_at(struct mlp_sock *s, int fd, const struct iovec *iov, 
             ssize_t r = mlp_real_recvmsg(fd, &mh, flags);
             return r < 0 ? -errno : r;
         }
-        if ((flags & MSG_OOB) && s->state == MLP_ACCEL)
+        int st = s->state;
+        if ((flags & MSG_OOB) && st == MLP_UNDECIDED && !mlp_sig_in_handler() &&
+            !mlp_vfork_child())
+            st = mlp_decide(s, fd, false); /* a look, as FIONREAD's: the server may be there */
+        if ((flags & MSG_OOB) && st == MLP_ACCEL)
             return mlp_recv_oob(s, fd, iov, n, flags);
+        if ((flags & MSG_OOB) && st == MLP_TCP) {
+            struct msghdr mh = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n};
+            ssize_t r = mlp_real_recvmsg(fd, &mh, flags);
+            return r < 0 ? -errno : r;
+        }
         return flags & MSG_OOB ? -EINVAL : -EAGAIN;
     }
     bool nb = (flags & MSG_DONTWAIT) || mlp_nonblock(s);
@@ -2714,11 +2758,15 @@ static ssize_t mlp_recv_at(struct mlp_sock *s, int fd, const struct iovec *iov, 
         if ((r = mlp_lock_rx(s, nb)) < 0)
             return done ? done : r; /* a handler re-entered us, or the lock is broken */
         r = mlp_rx_pass(s, iov, n, &i, &off, (flags & MSG_TRUNC) != 0);
+        /* More wanted (MSG_WAITALL, SO_RCVLOWAT): not past the peer's urgent byte, as TCP's
+         * receive ends there once it has bytes (channel.c, ml_rx_urg_cut). */
+        bool more = r > 0 && !nb && i != n && (size_t)(done + r) < target &&
+                    __ml_chan_rx_urg_dist(s->ch) != 0;
         mlp_unlock_rx(s);
         if (r > 0) {
             mlp_rx_got(s);
             done += r;
-            if (nb || i == n || (size_t)done >= target)
+            if (!more)
                 break;
             continue;
         }
@@ -2868,8 +2916,8 @@ static int mlp_rx_hold_spin(struct mlp_sock *s, int fd)
 static ssize_t mlp_rx_whole(struct mlp_sock *s, int fd, const struct iovec *iov, int n,
                             size_t total)
 {
-    if (total > s->ch->size)
-        return MLP_SLOW;
+    if (total > s->ch->size || __ml_chan_rx_urg_dist(s->ch) >= 0)
+        return MLP_SLOW; /* an urgent byte ahead: the regular path stops or skips there */
     int64_t a = __ml_chan_rx_avail_ro(s->ch);
     if (a >= 0 && (uint64_t)a < total) {
         int k = mlp_rx_hold_spin(s, fd);
@@ -3056,6 +3104,12 @@ int mlp_ioctl(struct mlp_sock *s, int fd, unsigned long req, void *arg, bool *ha
         if (st == MLP_UNDECIDED)
             return *(int *)arg = 0, 0;
         int64_t a = __ml_chan_rx_avail_ro(s->ch); /* we do not hold the direction */
+        uint8_t b;
+        int64_t before = -1;
+        /* Out of line, the bytes before the peer's urgent byte, as TCP's count stops there */
+        if (a > 0 && __ml_chan_urg_state(s->ch, &b, &before, false) && before >= 0 &&
+            before < a && !__ml_chan_urg_inline(s->ch))
+            a = before;
         *(int *)arg = a > 0 ? (a > INT32_MAX ? INT32_MAX : (int)a) : 0;
         return 0;
     }
@@ -3085,7 +3139,7 @@ int mlp_ioctl(struct mlp_sock *s, int fd, unsigned long req, void *arg, bool *ha
             return -EFAULT;
         {
             uint8_t b;
-            *(int *)arg = (__ml_chan_urg_state(s->ch, &b, false) & ML_URG_AT) != 0;
+            *(int *)arg = (__ml_chan_urg_state(s->ch, &b, NULL, false) & ML_URG_AT) != 0;
         }
         return 0;
     case FIONBIO:

@@ -4001,7 +4001,9 @@ def test_calls_of_nothing_match_kernel(fabric, tmp_path):
 # the reader stands at the first (Linux drops that byte out of line); 3: "jk", then "Z" and "W"
 # urgent, "ghi"; 4: 300000 bytes sent urgent by a thread (more than a ring), read to the mark;
 # 5: an urgent byte alone, which out of line is not readable: poll, epoll (level and edge) and
-# select wait their timeouts, without spinning.
+# select wait their timeouts, without spinning; 6: MSG_WAITALL receives and peeks end at the mark;
+# 7: a wait for POLLPRI alone beside unread bytes, then epoll's EPOLLPRI and peeks at the mark;
+# 8: three urgent sends while the reader stands at the first (Linux drops each in turn).
 URGENT = r"""
 import errno, fcntl, hashlib, resource, select, socket, struct, sys, threading, time
 inline = sys.argv[1] == "inline"
@@ -4080,6 +4082,36 @@ print(5, p.poll(500), e.poll(0.5), e2.poll(0.5), len(select.select([s], [], [], 
       rcv(s, D))
 c.send(b"a")
 print(5, rcv(s), "quiet" if cpu() - t0 < 0.5 else "busy")
+c, s = pair()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 2, 0))
+c.sendall(b"abc")
+c.send(b"!", socket.MSG_OOB)
+c.sendall(b"def")
+time.sleep(0.2)
+W = socket.MSG_WAITALL
+print(6, rcv(s, W | socket.MSG_PEEK), rcv(s, W), rcv(s, W | socket.MSG_PEEK, 4), rcv(s, D))
+c, s = pair()
+c.sendall(b"abc")
+time.sleep(0.2)
+t0 = cpu()
+p = select.poll()
+p.register(s, select.POLLPRI)
+print(7, p.poll(500), len(select.select([], [], [s], 0.5)[2]),
+      "quiet" if cpu() - t0 < 0.3 else "busy")
+c.send(b"!", socket.MSG_OOB)
+time.sleep(0.2)
+e = select.epoll()
+e.register(s, select.EPOLLPRI | select.EPOLLIN)
+print(7, p.poll(500), e.poll(0.5), rcv(s, socket.MSG_PEEK), rcv(s), mark(s),
+      rcv(s, socket.MSG_PEEK | D), rcv(s, socket.MSG_OOB | socket.MSG_PEEK), sel(s, 0))
+c, s = pair()
+c.sendall(b"ab")
+print(8, rcv(s, 0, 2))
+for b in (b"!", b"?", b"#"):
+    c.send(b, socket.MSG_OOB)
+c.sendall(b"x")
+time.sleep(0.2)
+print(8, mark(s), rcv(s), rcv(s, D), rcv(s, socket.MSG_OOB))
 """
 
 
@@ -4101,12 +4133,12 @@ def test_urgent_data_is_carried_as_tcp_carries_it(fabric, tmp_path):
             pre = [str(MEMLAN), "run", "--log", str(tmp_path / f"m{mode}.log"), "--"] if on else []
             outs.append(subprocess.run(pre + [PY, str(script), mode], capture_output=True,
                                        text=True, timeout=60))
-        assert outs[0].returncode == 0 and outs[0].stdout.count("\n") == 12, outs[0]
+        assert outs[0].returncode == 0 and outs[0].stdout.count("\n") == 17, outs[0]
         assert "4 299999 True" in outs[0].stdout and "quiet" in outs[0].stdout, outs[0].stdout
         assert (outs[1].returncode, outs[1].stdout) == (0, outs[0].stdout), (outs, mode)
         assert "urgent" not in outs[1].stderr, outs[1].stderr
         text = (tmp_path / f"m{mode}.log").read_text()
-        assert text.count("accelerated (client)") == 5 and "urgent" not in text, text
+        assert text.count("accelerated (client)") == 8 and "urgent" not in text, text
     settle(fabric)
 
 
