@@ -23,13 +23,14 @@ import time
 import pytest
 
 from conftest import MEMLAN, fabric, logfile, port_free, port_range, pubdir, stop_proc  # noqa: F401 (fixtures)
-from test_apps import accelerated, settle, tcp_reasons, wait_port, wrap
+from test_apps import accelerated, children_of, settle, tcp_reasons, wait_port, wrap
 
 next_port = port_range(27801, 27999, "test_apps_h2")  # no other test's range, below the ephemeral range
 
 PY = "/usr/bin/python3"
 BUSY = "no memlan acceptor took the offer within MEMLAN_ACCEPT_WAIT_MS"
 DEFER = "the server's listener defers accept until data (TCP_DEFER_ACCEPT)"
+LATE = "the server accepted before our offer arrived and refused it"
 
 
 def have(*progs):
@@ -788,10 +789,18 @@ def test_apache2_mod_http2(fabric, pubdir, accept_filter):
             tls, clear = f"https://127.0.0.1:{pt}", f"http://127.0.0.1:{pc}"
             res[on], conns = h2_workload(pubdir, clog, on, tls, clear)
             before = tcp_reasons(clog) if on else []
+            old = set(children_of(a.pid))
             a.send_signal(signal.SIGUSR1)
             end = time.monotonic() + 30
             while "resuming normal operations" not in (base / "error.log").read_text().split("SIGUSR1")[-1]:
                 assert time.monotonic() < end and a.poll() is None, (base / "error.log").read_text()[-2000:]
+                time.sleep(0.05)
+            # The old children end gracefully: h2load's streams on one that was closing errored
+            # (336 of 400, over kernel TCP, on a loaded machine: an explorer of flakes).  Wait
+            # until they are gone and new ones serve.
+            while old & set(children_of(a.pid)) or not children_of(a.pid):
+                assert time.monotonic() < end and a.poll() is None, \
+                    (base / "error.log").read_text()[-2000:]
                 time.sleep(0.05)
             res[on] = (res[on], h2load(["-c", "4", "-m", "16", "-n", "400", f"{tls}/proxy/big?100000"],
                                        clog, on))
@@ -804,9 +813,13 @@ def test_apache2_mod_http2(fabric, pubdir, accept_filter):
                     # accept queue.  Their offers waited 2 s from the connect (0 to 4 of them on
                     # TCP, by how they fell against the tick) until the wait counted from the
                     # accept (MEMLAN_ACCEPT_WAIT_MS; MEMLAN_ACCEPT_QUEUE_MS bounds the queue).
-                    assert before == [] and tcp_reasons(clog) == [], c[-2000:]
-                    assert c.count("accelerated (client)") == conns, (conns, c[-2000:])
-                    assert s.count("accelerated (accepted") == conns, s[-2000:]
+                    # (one client held off a cpu past its offer's wait may go by TCP, as
+                    # designed: seen once on a machine loaded by six other processes)
+                    late = [r for r in tcp_reasons(clog) if r == LATE]
+                    assert before == [] and set(tcp_reasons(clog)) <= {LATE} and len(late) <= 1, \
+                        c[-2000:]
+                    assert c.count("accelerated (client)") == conns - len(late), (conns, c[-2000:])
+                    assert s.count("accelerated (accepted") == conns - len(late), s[-2000:]
                 else:
                     assert accelerated(clog) == 0 and tcp_reasons(clog) == [DEFER] * conns, c[-2000:]
                 other = [r for r in tcp_reasons(slog) if BUSY not in r and DEFER not in r]

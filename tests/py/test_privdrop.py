@@ -36,7 +36,12 @@ CRED = "changed its credentials"
 CRED_PEER = "a server process lost the fabric (credentials"  # a client's reason
 
 
-def stalls(times, bound=0.5):
+# A stall waits for an acceptor (2 s, the accept wait); 1.5 s leaves a loaded machine its
+# slow requests (one curl took 0.65 s under CI-like load, an explorer of flakes).
+STALL = 1.5
+
+
+def stalls(times, bound=STALL):
     return [t for t in times if t > bound]
 
 
@@ -86,7 +91,7 @@ for i in range(n):
     p = subprocess.run(["curl", "-sf", "-o", out, "-w", "%{time_total}\n", url],
                        capture_output=True, text=True, timeout=30)
     print(p.returncode, p.stdout.strip(), flush=True)
-    if p.returncode != 0 or float(p.stdout or 9) > 0.5 or time.time() > end:
+    if p.returncode != 0 or float(p.stdout or 9) > 1.5 or time.time() > end:
         break   # the first stall is enough: on the old code each one costs 2 s
 """
 
@@ -401,7 +406,7 @@ for i in range(n):
     got = s.makefile("rb").readline()
     s.close()
     print(got == b"ping %d\n" % i, round(time.time() - t, 3), flush=True)
-    if time.time() - t > 0.5:
+    if time.time() - t > 1.5:  # (STALL)
         break
 """
 
