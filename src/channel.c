@@ -1680,13 +1680,21 @@ bool __ml_chan_rx_inband_ro(const struct memlan_channel *ch)
     return (uint64_t)a >= mark;
 }
 
+static bool ml_rx_end_ro(struct memlan_channel *ch)
+{
+    return ml_peer_state(ch) != ML_SIDE_OPEN || ch->peer_dead || ch->shut_rd ||
+           ch->rd_eof_when_empty || ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE;
+}
+
+/* Readiness to a look that does not read (the event queue's, poll's, epoll's): not for the bytes
+ * a receive passes over alone (__ml_chan_rx_inband_ro); a telnet client that selected on its
+ * connection while an urgent byte, out of line as it read it, was all there was found it
+ * posted again at each arm and spun (an explorer). */
 static bool ml_rx_ready_ro(struct memlan_channel *ch)
 {
-    if (__ml_chan_rx_at_mark_ro(ch)) /* data, or cannot tell: either way, go and look */
+    if (__ml_chan_rx_inband_ro(ch)) /* data, or cannot tell: either way, go and look */
         return true;
-    return ml_peer_state(ch) != ML_SIDE_OPEN || ch->peer_dead || ch->shut_rd ||
-           ch->rd_eof_when_empty ||
-           ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE;
+    return ml_rx_end_ro(ch);
 }
 
 static bool ml_tx_ready_ro(struct memlan_channel *ch)
@@ -1759,13 +1767,12 @@ int __ml_chan_wait_tx(struct memlan_channel *ch, uint64_t want)
  * more than it passed over: socket layer), or the end. */
 static bool ml_rx_ready_unlocked(struct memlan_channel *ch, uint64_t want)
 {
-    if (want <= 1)
-        return ml_rx_ready_ro(ch);
+    if (want <= 1) /* a receive's wait: every byte, which it reads or passes over */
+        return __ml_chan_rx_at_mark_ro(ch) || ml_rx_end_ro(ch);
     int64_t a = __ml_chan_rx_avail_ro(ch);
     if (a < 0 || (uint64_t)a >= want)
         return true;
-    return ml_peer_state(ch) != ML_SIDE_OPEN || ch->peer_dead || ch->shut_rd ||
-           ch->rd_eof_when_empty || ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE;
+    return ml_rx_end_ro(ch);
 }
 
 static bool ml_tx_ready_unlocked(struct memlan_channel *ch, uint64_t want)
@@ -1790,9 +1797,7 @@ static bool ml_tx_ready_unlocked(struct memlan_channel *ch, uint64_t want)
 bool __ml_chan_ready_ro(struct memlan_channel *ch, int dir, uint64_t want)
 {
     if (dir == 0 && want == 0) /* poll's and epoll's readiness (see __ml_chan_rx_inband_ro) */
-        return __ml_chan_rx_inband_ro(ch) || ml_peer_state(ch) != ML_SIDE_OPEN ||
-               ch->peer_dead || ch->shut_rd || ch->rd_eof_when_empty ||
-               ml_load_relaxed(&ch->seg->hdr->state) != ML_SEG_LIVE;
+        return ml_rx_ready_ro(ch);
     return dir == 0 ? ml_rx_ready_unlocked(ch, want) : ml_tx_ready_unlocked(ch, want ? want : 1);
 }
 
@@ -3042,7 +3047,7 @@ int memlan_channel_poll(memlan_channel_t *ch)
     uint32_t ps = ml_peer_state(ch);
     /* Read-only (see __ml_chan_rx_avail_ro): the event queue's collect asks this of channels
      * that other threads may be sending or receiving on.  -1: cannot tell, go and look. */
-    if (__ml_chan_rx_at_mark_ro(ch) || ps != ML_SIDE_OPEN || ch->shut_rd)
+    if (__ml_chan_rx_inband_ro(ch) || ps != ML_SIDE_OPEN || ch->shut_rd) /* (as ml_rx_ready_ro) */
         ev |= MEMLAN_EV_READ;
     if (ps != ML_SIDE_OPEN)
         ev |= MEMLAN_EV_HUP;
