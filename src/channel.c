@@ -1765,10 +1765,22 @@ int __ml_chan_wait_tx(struct memlan_channel *ch, uint64_t want)
 /* Read-only readiness for waiters that hold no direction (see __ml_chan_wait_ro). */
 /* want > 1: that many bytes at least (a peek that passes over an urgent byte waits for one
  * more than it passed over: socket layer), or the end. */
+/* The peer's urgent byte is here, ahead of us or where we stand: a receive that waits for more
+ * (SO_RCVLOWAT) takes what comes before it and ends at it, as TCP's wakes for it (tcp_urg:
+ * sk_data_ready) and ends at the mark. */
+static bool ml_rx_urg_at_ro(struct memlan_channel *ch)
+{
+    uint8_t b;
+    return ch->sock_ino && ch->kind == MEMLAN_STREAM &&
+           ml_load_relaxed(&((struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF) +
+                             (1 - ch->side))->urg) != 0 &&
+           (__ml_chan_urg_state(ch, &b, NULL, false) & ML_URG_HERE) != 0;
+}
+
 static bool ml_rx_ready_unlocked(struct memlan_channel *ch, uint64_t want)
 {
     if (want <= 1) /* a receive's wait: every byte, which it reads or passes over */
-        return __ml_chan_rx_at_mark_ro(ch) || ml_rx_end_ro(ch);
+        return __ml_chan_rx_at_mark_ro(ch) || ml_rx_end_ro(ch) || ml_rx_urg_at_ro(ch);
     int64_t a = __ml_chan_rx_avail_ro(ch);
     if (a < 0 || (uint64_t)a >= want)
         return true;
@@ -2627,6 +2639,14 @@ static int64_t ml_rx_urg_cut(struct memlan_channel *ch, int64_t a, bool copied, 
     uint64_t u = ml_load_acquire(&ps->urg);
     if (ml_likely(u == 0))
         return a;
+    /* A mark: the head afresh (a cached head may show fewer bytes than the marks need: a
+     * splice that saw half of two dropped bytes spun, a review), then the mark again, after
+     * it, as above. */
+    int64_t fresh = ml_ring_avail(&ch->rx, ch->rx.cap + 1);
+    if (fresh > a) {
+        a = fresh;
+        u = ml_load_acquire(&ps->urg);
+    }
     struct ml_urg_view v;
     ml_urg_view(ch, ps, u, ch->rx.pos, (uint64_t)a, copied, &v);
     if (v.stop) {
@@ -2663,9 +2683,28 @@ int64_t __ml_chan_rx_urg_dist(struct memlan_channel *ch)
 {
     if (!ch->sock_ino || ch->kind != MEMLAN_STREAM)
         return -1;
-    uint64_t u = ml_load_acquire(&ml_peer_sock_side(ch)->urg);
-    int64_t d = (int64_t)(u - 1 - ch->rx.pos);
-    return u == 0 || d < 0 ? -1 : d;
+    struct ml_sock_side *ps = ml_peer_sock_side(ch);
+    uint64_t u = ml_load_acquire(&ps->urg);
+    if (u == 0)
+        return -1;
+    /* from past the earlier urgent bytes Linux dropped where we stand (ml_urg_view), the head
+     * afresh (see ml_rx_urg_cut) */
+    int64_t a = ml_ring_avail(&ch->rx, ch->rx.cap + 1);
+    struct ml_urg_view v;
+    ml_urg_view(ch, ps, u, ch->rx.pos, a > 0 ? (uint64_t)a : 0, true, &v);
+    int64_t d = (int64_t)(u - 1 - (ch->rx.pos + v.drop));
+    return d < 0 ? -1 : d;
+}
+
+/* The rx direction held: release the bytes a receive passes over at our position (an urgent
+ * byte out of line, the earlier ones Linux dropped), as a receive that finds them does; for a
+ * receive that copies nothing (MSG_TRUNC), whose peeks leave them. */
+void __ml_chan_rx_pass_over(struct memlan_channel *ch)
+{
+    int64_t a = ml_rx_avail(ch, false);
+    bool stop = false;
+    if (a > 0)
+        (void)ml_rx_urg_cut(ch, a, false, &stop, NULL);
 }
 
 uint64_t __ml_chan_tx_pos(const struct memlan_channel *ch) { return ch->tx.pos; }

@@ -210,6 +210,7 @@ extern unsigned (*__ml_wait_hook)(void); /* see ml_wait() in channel.c */
 extern bool (*__ml_urg_inline_hook)(struct memlan_channel *ch); /* see ml_urg_inline() */
 bool __ml_chan_urg_inline(struct memlan_channel *ch);
 int64_t __ml_chan_rx_urg_dist(struct memlan_channel *ch);
+void __ml_chan_rx_pass_over(struct memlan_channel *ch);
 uint64_t __ml_chan_tx_pos(const struct memlan_channel *ch);
 uint64_t __ml_chan_tx_peer_pos(const struct memlan_channel *ch);
 uint64_t __ml_chan_rx_pos_ro(const struct memlan_channel *ch);

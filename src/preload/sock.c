@@ -2505,7 +2505,10 @@ static ssize_t mlp_rx_pass(struct mlp_sock *s, const struct iovec *iov, int n, i
             return moved; /* at the peer's urgent byte with bytes taken: TCP's receive ends */
         ssize_t r;
         if (trunc) {
-            /* A peek sees one run: where the ring grew, the region's bytes are a second. */
+            /* A peek sees one run: where the ring grew, the region's bytes are a second.  What
+             * a receive passes over goes first, as a receive's (the peeks leave it). */
+            if (!moved)
+                __ml_chan_rx_pass_over(s->ch);
             r = 0;
             while ((size_t)r < want) {
                 const void *p;
@@ -2757,6 +2760,10 @@ static ssize_t mlp_recv_at(struct mlp_sock *s, int fd, const struct iovec *iov, 
     for (;;) {
         if ((r = mlp_lock_rx(s, nb)) < 0)
             return done ? done : r; /* a handler re-entered us, or the lock is broken */
+        if (done && __ml_chan_rx_urg_dist(s->ch) == 0) {
+            mlp_unlock_rx(s); /* the peer's urgent byte came where we wait for more: TCP's */
+            break;            /* receive ends there with what it has */
+        }
         r = mlp_rx_pass(s, iov, n, &i, &off, (flags & MSG_TRUNC) != 0);
         /* More wanted (MSG_WAITALL, SO_RCVLOWAT): not past the peer's urgent byte, as TCP's
          * receive ends there once it has bytes (channel.c, ml_rx_urg_cut). */
