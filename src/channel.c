@@ -1762,9 +1762,6 @@ int __ml_chan_wait_tx(struct memlan_channel *ch, uint64_t want)
     return r;
 }
 
-/* Read-only readiness for waiters that hold no direction (see __ml_chan_wait_ro). */
-/* want > 1: that many bytes at least (a peek that passes over an urgent byte waits for one
- * more than it passed over: socket layer), or the end. */
 /* The peer's urgent byte is here, ahead of us or where we stand: a receive that waits for more
  * (SO_RCVLOWAT) takes what comes before it and ends at it, as TCP's wakes for it (tcp_urg:
  * sk_data_ready) and ends at the mark. */
@@ -1777,6 +1774,9 @@ static bool ml_rx_urg_at_ro(struct memlan_channel *ch)
            (__ml_chan_urg_state(ch, &b, NULL, false) & ML_URG_HERE) != 0;
 }
 
+/* Read-only readiness for waiters that hold no direction (see __ml_chan_wait_ro).  want > 1:
+ * that many bytes at least (a peek that passes over an urgent byte waits for one more than it
+ * passed over: socket layer), or the end. */
 static bool ml_rx_ready_unlocked(struct memlan_channel *ch, uint64_t want)
 {
     if (want <= 1) /* a receive's wait: every byte, which it reads or passes over */

@@ -1777,11 +1777,11 @@ static ssize_t mlp_send_oob_refused(struct mlp_sock *s, int fd)
  * byte there in line or skips it as its SO_OOBINLINE says; its SIOCATMARK, recv(MSG_OOB) and
  * POLLPRI read the mark (channel.c, __ml_chan_urg_state).  A later urgent byte replaces the
  * mark, as TCP's urgent pointer moves: the earlier byte becomes an ordinary one, or is dropped
- * where the peer's reads stand at it (urg_skip, as Linux's tcp_check_urg).  A send that does
- * not reach the byte (nonblocking and partial, or failed) puts the mark back where nothing was
- * published past it.  The position assumes the send's bytes go in one run: another thread's
- * send in between may take it (TCP interleaves them too).  No SIGURG is raised (left:
- * design.md).
+ * where the peer's reads stand at it (urg_skip, as Linux's tcp_check_urg).  A short send
+ * (nonblocking) marks the last byte it took, as TCP does, and one that took none puts the mark
+ * back, where nothing was published past it.  The position assumes the send's bytes go in one
+ * run: another thread's send in between may take it (TCP interleaves them too).  No SIGURG is
+ * raised (left: design.md).
  */
 static ssize_t mlp_send_urgent(struct mlp_sock *s, int fd, const struct iovec *iov, int n,
                                int flags)
