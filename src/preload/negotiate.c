@@ -2834,12 +2834,12 @@ void mlp_lrec_blind_undo(int port)
 }
 
 /*
- * A send of urgent data (MSG_OOB) on an accelerated connection is refused (sock.c,
- * mlp_send_oob): a channel has no out-of-band byte.  The server's port is marked (server: the
- * port of our end; client: the peer's), so that its later connections stay on TCP from the
- * start, where the kernel carries urgent data: telnetd (inetutils, run by inetd) answers a
- * Ctrl-C with urgent data, and under memlan each Ctrl-C ended the session (an explorer); an FTP
- * client's ABOR sends it too.  The first connection still meets the refusal, which is said.
+ * A send of urgent data (MSG_OOB) on a connection its server has not accepted yet is refused
+ * (sock.c, mlp_send_oob_refused): its bytes are in an offer, which the server may still take
+ * over TCP.  The server's port is marked (server: the port of our end; client: the peer's), so
+ * that its later connections stay on TCP from the start, where the kernel carries urgent data
+ * (an accepted connection carries it on its channel: mlp_send_urgent).  That connection still
+ * meets the refusal, which is said.
  * Through our own record of the port where we listen on it, else by the record's name (an
  * inetd's child, a client): opened, mapped for the one exchange and let go.  Written only over
  * no mark.  True when written.

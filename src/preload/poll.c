@@ -148,10 +148,9 @@ bool mlp_arm(struct mlp_sock *s, short events, bool under_epmu)
      * POLLPRI alone is ready for the urgent byte only: the ring's other bytes would make it look
      * ready at each arm, and report nothing (a spin: a review). */
     uint8_t b;
-    bool rd = (events & (POLLIN | POLLRDNORM | POLLRDHUP))
-                  ? __ml_chan_ready_ro(s->ch, 0, 0)
-                  : (events & POLLPRI) && (__ml_chan_urg_state(s->ch, &b, NULL, false) &
-                                           (ML_URG_HERE | ML_URG_TAKEN)) == ML_URG_HERE;
+    bool rd = ((events & (POLLIN | POLLRDNORM | POLLRDHUP)) && __ml_chan_ready_ro(s->ch, 0, 0)) ||
+              ((events & POLLPRI) && (__ml_chan_urg_state(s->ch, &b, NULL, false) &
+                                      (ML_URG_HERE | ML_URG_TAKEN)) == ML_URG_HERE);
     return ((ev & MEMLAN_EV_READ) && rd) ||
            ((ev & MEMLAN_EV_WRITE) && __ml_chan_ready_ro(s->ch, 1, mlp_tx_room(s->ch)));
 }
