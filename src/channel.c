@@ -1261,6 +1261,100 @@ void __ml_chan_nopost_retry(struct memlan_channel *ch)
     }
 }
 
+/* ---- SIGIO (O_ASYNC) for a channel's bytes (design.md, "SIGIO") ----------------------- */
+
+static void ml_sio_name(char *buf, size_t len, const struct memlan_channel *ch, int side)
+{
+    __ml_fabric_name(buf, len, side ? "sio1" : "sio0", ch->seg->token);
+}
+
+/* The peer asked for SIGIO (its ML_WAIT_SIGIO): a byte to its FIFO raises it, through the
+ * kernel, with the owner and signal its socket has.  Opened for each ring (only connections with
+ * O_ASYNC pay, and no descriptor of ours lingers in the program), read back where we may read
+ * (the peer's user, or one its ACL names: it never fills), never where a seccomp filter may kill
+ * for the open (a known gap).  The word is the peer's to write: a peer that sets the bit
+ * without a FIFO costs itself our failed opens, nothing else. */
+static void ml_sio_ring(struct memlan_channel *ch)
+{
+    if (!ml_madv_ok())
+        return;
+    char name[80];
+    ml_sio_name(name, sizeof name, ch, 1 - ch->side);
+    int dirfd = ch->seg->fab->dirfd;
+    long fd = __ml_sys_open(dirfd, name, O_RDWR | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0);
+    bool rd = fd >= 0;
+    if (fd == -EACCES)
+        fd = __ml_sys_open(dirfd, name, O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd < 0) {
+        __atomic_fetch_add(&ch->sio_missed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    char b = 1, back[64];
+    if (__ml_sys_write_nosigpipe((int)fd, &b, 1) == 1)
+        __atomic_fetch_add(&ch->sio_rings, 1, __ATOMIC_RELAXED);
+    else
+        __atomic_fetch_add(&ch->sio_missed, 1, __ATOMIC_RELAXED);
+    if (rd)
+        (void)__ml_sys_read((int)fd, back, sizeof back);
+    __ml_sys_close((int)fd);
+}
+
+/* Our socket asked for SIGIO: make our FIFO (a stale one of the same name, from a pooled file's
+ * last connection or this socket's image before an exec, is replaced) and return its read end
+ * (the caller gives it the socket's owner and O_ASYNC, then arms), or -errno.  The peer may
+ * write and read it (its user and the users the channel's file names; everyone where the file is
+ * group-wide); nobody else. */
+int __ml_chan_sio_open(struct memlan_channel *ch)
+{
+    memlan_fabric_t *fab = ch->seg->fab;
+    char name[80];
+    ml_sio_name(name, sizeof name, ch, ch->side);
+    int r = __ml_sys_mknodat(fab->dirfd, name, S_IFIFO | 0600);
+    if (r == -EEXIST && __ml_sys_unlinkat(fab->dirfd, name, 0) == 0)
+        r = __ml_sys_mknodat(fab->dirfd, name, S_IFIFO | 0600);
+    if (r < 0)
+        return r;
+    long fd = __ml_sys_open(fab->dirfd, name, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0);
+    struct stat st;
+    if (fd >= 0 && fab->shared && __ml_sys_fstat((int)fd, &st) == 0) {
+        uint32_t u[ML_ACCESS_MAX];
+        int n = 0;
+        for (uint32_t i = 0; ch->posters_private && i < ch->posters.n; i++)
+            if (ch->posters.uids[i] != (uint32_t)st.st_uid)
+                u[n++] = ch->posters.uids[i];
+        r = ch->posters_private ? __ml_acl_private((int)fd, u, n) : -EOPNOTSUPP;
+        if (r == -EOPNOTSUPP && (!ch->posters_private || n == 0))
+            r = __ml_sys_fchmod((int)fd, ch->posters_private ? 0600 : 0666);
+        if (r < 0) {
+            __ml_sys_close((int)fd);
+            fd = r;
+        }
+    }
+    if (fd < 0)
+        (void)__ml_sys_unlinkat(fab->dirfd, name, 0);
+    return (int)fd;
+}
+
+/* Arm (or disarm) our data tripwire's SIGIO bit: the peer rings our FIFO at each publication
+ * from now on (until disarmed). */
+void __ml_chan_sio_arm(struct memlan_channel *ch, bool on)
+{
+    if (on)
+        ml_fetch_or(&ch->rx.ctl->rx_wait, ML_WAIT_SIGIO);
+    else
+        ml_fetch_and(&ch->rx.ctl->rx_wait, ~ML_WAIT_SIGIO);
+}
+
+/* Our side's last holder lets go: the FIFO's name goes (the fabric's sweep removes it too, once
+ * the channel's file is gone). */
+void __ml_chan_sio_unlink(struct memlan_channel *ch)
+{
+    __ml_chan_sio_arm(ch, false);
+    char name[80];
+    ml_sio_name(name, sizeof name, ch, ch->side);
+    (void)__ml_sys_unlinkat(ch->seg->fab->dirfd, name, 0);
+}
+
 void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
                          const struct ml_evq_ref *refs)
 {
@@ -1269,11 +1363,13 @@ void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
      * (a blocked recv and a poll of the same socket from another thread; a parent's epoll set
      * and its fork child's poll); each gets its wake-up.  Bits past the slots (a peer's
      * garbage) name nothing. */
-    uint32_t w = ml_xchg(word, 0u);
+    uint32_t w = ml_fetch_and(word, ML_WAIT_SIGIO); /* the consumer's own to clear */
     if (w & ML_WAIT_FUTEX) {
         __ml_sys_futex_wake(word, INT32_MAX);
         ch->wakeups++;
     }
+    if (w & ML_WAIT_SIGIO)
+        ml_sio_ring(ch);
     if (w & ML_WAIT_EVQ_ANY) {
         for (uint32_t i = 0; i < ML_EVQ_REFS; i++)
             if ((w & ML_WAIT_EVQ_REF(i)) &&

@@ -19,10 +19,12 @@
 #include <stddef.h>
 
 #define ML_SEG_MAGIC       0x47534e414c4d454dull /* "MEMLANSG" little-endian */
-#define ML_LAYOUT_VERSION  5u /* 2: tripwire words are sets of waiter kinds; 3: message records
+#define ML_LAYOUT_VERSION  6u /* 2: tripwire words are sets of waiter kinds; 3: message records
                                  * carry publication words (src/ring.h); 4: a direction names up
                                  * to ML_EVQ_REFS event queues (struct ml_chan_refs); 5: a stream
-                                 * ring may grow into a region (ml_chan_hdr.grow_size) */
+                                 * ring may grow into a region (ml_chan_hdr.grow_size); 6: a
+                                 * data tripwire's ML_WAIT_SIGIO outlives wake-ups, and the side
+                                 * blocks carry urgent-data marks */
 #define ML_CACHELINE       64
 #define ML_TOKEN_HEX       32 /* a token is 128 random bits written as lowercase hex */
 
@@ -75,14 +77,19 @@ struct ml_seg_hdr {
  * ML_WAIT_EVQ_REF(i) = post to the event queue that registration slot i of the direction names
  * (struct ml_chan_refs); any of them may be set at once (a thread blocked in recv while another
  * polls the socket, a parent's epoll set and its fork child's poll).  Only the side that waits
- * arms a word, by OR-ing its bit in; the other side clears the whole word with an exchange and
- * wakes every waiter it found; a waiter that stops waiting clears its own bit only.
+ * arms a word, by OR-ing its bit in; the other side clears the whole word (but ML_WAIT_SIGIO)
+ * and wakes every waiter it found; a waiter that stops waiting clears its own bit only.
  */
 #define ML_WAIT_FUTEX 1u
 #define ML_EVQ_REFS   8u                         /* event queues per direction */
 #define ML_WAIT_EVQ_REF(i) (2u << (i))            /* slot i's bit */
 #define ML_WAIT_EVQ   ML_WAIT_EVQ_REF(0)
 #define ML_WAIT_EVQ_ANY (((1u << ML_EVQ_REFS) - 1) << 1)
+/* On a data tripwire (rx_wait) only: the consumer's socket asked for SIGIO (O_ASYNC).  The waker
+ * leaves this bit set (it clears the rest) and, at each wake-up, writes a byte to the consumer
+ * side's FIFO sioS-TOKEN (S its side), whose read end the consumer holds with O_ASYNC and the
+ * socket's owner: the kernel raises the signal.  Only the consumer sets and clears it. */
+#define ML_WAIT_SIGIO (2u << ML_EVQ_REFS)
 
 /* An event queue registration.  valid: 0 free, ML_REF_CLAIMING while its claimer writes it,
  * ML_REF_VALID once it names a queue; a process claims a free slot with a compare-and-swap of

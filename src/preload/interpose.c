@@ -881,13 +881,19 @@ static int mlp_fcntl_common(int (*real)(int, int, long), int fd, int cmd, long a
             mlp_dup_to(fd, r);
         else if ((mlp_fdrec(fd) || mlp_vfork_noted(fd)) && mlp_vfork_child())
             mlp_vfork_note_dup(fd, r); /* a step of a chain toward 0, 1 or 2 (its exec) */
+    } else if (cmd == F_SETOWN || cmd == F_SETOWN_EX || cmd == F_SETSIG) {
+        struct mlp_sock *s = mlp_conn(fd);
+        if (s) { /* the signal O_ASYNC raises goes where the socket's would (mlp_async) */
+            mlp_sio_owner(s, fd);
+            mlp_put(s);
+        }
     } else if (cmd == F_SETFL || cmd == F_SETFD) {
         struct mlp_sock *s = mlp_conn(fd);
         if (s) {
             if (cmd == F_SETFL && s->me)
                 mlp_set_nonblock(s, (arg & O_NONBLOCK) != 0);
-            if (cmd == F_SETFL && (arg & O_ASYNC))
-                mlp_note_async(s, fd);
+            if (cmd == F_SETFL)
+                mlp_async(s, fd, (arg & O_ASYNC) != 0);
             if (cmd == F_SETFD && s->ch)
                 mlp_own_fd_cloexec(s->ch->seg->fd, (arg & FD_CLOEXEC) != 0);
             mlp_put(s);
@@ -933,9 +939,9 @@ MLP_EXPORT int ioctl(int fd, unsigned long req, ...)
         return (int)mlp_ret(r);
     }
     r = mlp_real_ioctl(fd, req, arg);
-    if (r == 0 && req == FIOASYNC && *(const int *)arg) { /* the kernel read it: a valid int */
+    if (r == 0 && req == FIOASYNC) { /* the kernel read it: a valid int */
         int saved = errno;
-        mlp_note_async(s, fd);
+        mlp_async(s, fd, *(const int *)arg != 0);
         errno = saved;
     }
     /* A connection settled on TCP keeps our copy of O_NONBLOCK too: what its ring still held at

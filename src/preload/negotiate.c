@@ -3694,6 +3694,8 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, cons
     ml_store_relaxed(&s->me->flags, mlp_linger_flag(fd));
     mlp_set_nonblock(s, fl > 0 && (fl & O_NONBLOCK));
     s->state = MLP_UNDECIDED;
+    if (fl > 0 && (fl & O_ASYNC)) /* set before connect: SIGIO for the channel (mlp_async) */
+        mlp_async(s, fd, true);
     s->lmap = mlp_lmap_hold(lmap) ? lmap : NULL; /* put by mlp_sock_destroy */
     mlp_sock_liveness(ch, fd);
     s->offer_ns = mlp_now_ns();
@@ -4617,6 +4619,8 @@ void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *tok
                   side == 1 ? ML_CONN_ACCEPTED : "");
     for (int i = 0; i < n; i++)
         mlp_install(fds[i], s);
+    if (fl > 0 && (fl & O_ASYNC)) /* the open file's too: our SIGIO FIFO is made anew */
+        mlp_async(s, fds[0], true);
     mlp_put(s);
     mlp_log(1, "fd %d: accelerated (%s)", fds[0], how);
 }

@@ -174,8 +174,11 @@ struct mlp_sock {
     _Atomic bool zc_on;           /* ... which was on (from its listener): completions owed */
     _Atomic uint64_t zc_pend;     /* MSG_ZEROCOPY sends on the channel: the next id << 32 |
                                    * how many completions wait (negotiate.c) */
-    _Atomic bool async_told;      /* O_ASYNC asked for: said once that no SIGIO comes for the
-                                   * channel's bytes (mlp_note_async) */
+    _Atomic bool async_told;      /* O_ASYNC asked for: said once how SIGIO comes for the
+                                   * channel's bytes, or why it cannot (mlp_async) */
+    int sio_fd;                   /* O_ASYNC: our SIGIO FIFO's read end (one of our fds), -1 if
+                                   * none; kept until the socket goes (mlp_async) */
+    _Atomic int sio_busy;         /* mlp_async's lock (a try-lock: never waited for long) */
     _Atomic bool passed;          /* accelerated, it was passed to another process over
                                    * SCM_RIGHTS (negotiate.c, mlp_passed; sock.c, mlp_at_exit) */
     _Atomic bool sent;            /* sent to another process over SCM_RIGHTS, which holds the
@@ -500,7 +503,8 @@ ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t coun
 ssize_t mlp_splice_from(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned flags);
 ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned flags);
 int mlp_shutdown(struct mlp_sock *s, int fd, int how);
-void mlp_note_async(struct mlp_sock *s, int fd); /* O_ASYNC asked for: said once */
+void mlp_async(struct mlp_sock *s, int fd, bool on); /* O_ASYNC set or cleared */
+void mlp_sio_owner(struct mlp_sock *s, int fd); /* F_SETOWN(_EX), F_SETSIG: to our FIFO too */
 int mlp_ioctl(struct mlp_sock *s, int fd, unsigned long req, void *arg, bool *handled);
 void mlp_set_nonblock(struct mlp_sock *s, bool on);
 bool mlp_nonblock(struct mlp_sock *s);

@@ -3065,28 +3065,100 @@ int mlp_shutdown(struct mlp_sock *s, int fd, int how)
 }
 
 /*
- * O_ASYNC (fcntl F_SETFL, ioctl FIOASYNC) asks the kernel for SIGIO (or F_SETSIG's signal) when
- * the socket becomes readable or writable.  The kernel raises it for its own socket, which an
- * accelerated connection's bytes never reach: a program that waits for the signal before it
- * reads would wait for ever, with nothing said.  It is said, once per connection, in the log
- * and on stderr (design.md, "Not supported").  Not from a handler or a vfork child.
+ * O_ASYNC (fcntl F_SETFL, ioctl FIOASYNC) asks for SIGIO (or F_SETSIG's signal) when data
+ * comes.  The kernel raises it for its own socket, which an accelerated connection's bytes never
+ * reach (gdb's interrupt, which gdbserver waits for by SIGIO, hung).  So the channel carries it:
+ * our side gets a FIFO in the fabric (sioS-TOKEN, channel.c), whose read end we hold with
+ * O_ASYNC and the socket's owner and signal, and the peer writes a byte to it at each
+ * publication (its bytes, its end) while our tripwire's ML_WAIT_SIGIO stands: the kernel raises
+ * the signal (design.md, "SIGIO").  Cleared, the bit goes and the FIFO stays until the socket
+ * does.  Where it cannot be carried (a handler, a vfork child, a sandbox, no FIFO), said once
+ * per connection, in the log and, the image's first time, on stderr.
  */
-void mlp_note_async(struct mlp_sock *s, int fd)
+static bool mlp_sio_lock(struct mlp_sock *s)
 {
-    if (s->type != MLP_CONN || s->state == MLP_TCP || mlp_sig_in_handler() || mlp_vfork_child() ||
-        atomic_exchange(&s->async_told, true))
+    for (int i = 0; i < 1000; i++) {
+        int z = 0;
+        if (atomic_compare_exchange_weak(&s->sio_busy, &z, 1))
+            return true;
+        sched_yield();
+    }
+    return false; /* a holder that never lets go (a fork child's copy of a busy word) */
+}
+
+/* Our FIFO's owner and signal are the socket's (a raw fcntl each: a handler may come here). */
+void mlp_sio_owner(struct mlp_sock *s, int fd)
+{
+    int sf = s->sio_fd;
+    if (sf < 0)
         return;
-    /* The image's first, on stderr too (a user of gdb, whose interrupt gdbserver waits for by
-     * SIGIO, saw gdb hang with nothing said where no --log was given: an explorer) */
+    struct f_owner_ex o;
+    if (__ml_sys_fcntl(fd, F_GETOWN_EX, (long)&o) == 0)
+        (void)__ml_sys_fcntl(sf, F_SETOWN_EX, (long)&o);
+    long sig = __ml_sys_fcntl(fd, F_GETSIG, 0);
+    if (sig >= 0)
+        (void)__ml_sys_fcntl(sf, F_SETSIG, sig);
+}
+
+void mlp_async(struct mlp_sock *s, int fd, bool on)
+{
+    if (s->type != MLP_CONN || s->state == MLP_TCP || !s->ch)
+        return;
+    if (!on) {
+        if (s->sio_fd >= 0) /* the open file's flag, for every holder (as the kernel's is) */
+            __ml_chan_sio_arm(s->ch, false);
+        return;
+    }
+    const char *why = NULL;
+    int err = 0;
+    if (mlp_sig_in_handler() || mlp_vfork_child())
+        why = "it was asked in a signal handler or a vfork child";
+    else if (mlp_known_confined())
+        why = "the process is in a seccomp sandbox";
+    else if (!mlp_sio_lock(s))
+        why = "another thread held the socket's set-up";
+    else {
+        if (s->sio_fd < 0) {
+            int f = __ml_chan_sio_open(s->ch);
+            if (f >= 0) {
+                s->sio_fd = f;
+                mlp_own_fd(&s->sio_fd, true);
+            } else {
+                err = -f;
+            }
+        }
+        if (s->sio_fd >= 0) {
+            mlp_sio_owner(s, fd);
+            long r = __ml_sys_fcntl(s->sio_fd, F_SETFL, O_NONBLOCK | O_ASYNC);
+            if (r < 0)
+                err = (int)-r;
+            else
+                __ml_chan_sio_arm(s->ch, true);
+        }
+        atomic_store(&s->sio_busy, 0);
+        if (err)
+            why = "its FIFO could not be made";
+    }
+    if (atomic_exchange(&s->async_told, true))
+        return;
+    if (!why) {
+        long sig = __ml_sys_fcntl(fd, F_GETSIG, 0);
+        mlp_log(1, "fd %d: O_ASYNC: SIGIO for the connection's bytes is raised through its FIFO "
+                   "in the fabric%s", fd,
+                sig > 0 ? " (F_SETSIG's si_fd names memlan's descriptor of that FIFO, not the "
+                          "socket)" : "");
+        return;
+    }
     const char *fmt = "fd %d: O_ASYNC asks for SIGIO when data comes, which the kernel raises "
                       "for its socket only, and this connection's bytes go through shared "
-                      "memory: no SIGIO comes for them (a program that waits for it before it "
-                      "reads waits for ever; MEMLAN_OFF=1, or --no-ports for the port, keeps "
-                      "such connections on TCP)";
+                      "memory: no SIGIO comes for them, since %s%s%s (a program that waits for "
+                      "it before it reads waits for ever; MEMLAN_OFF=1, or --no-ports for the "
+                      "port, keeps such connections on TCP)";
+    const char *e1 = err ? ": " : "", *e2 = err ? strerror(err) : "";
     if (!(atomic_fetch_or(&mlp_said, MLP_SAID_ASYNC) & MLP_SAID_ASYNC))
-        mlp_say(MLP_SAID_ASYNC, fmt, fd);
+        mlp_say(MLP_SAID_ASYNC, fmt, fd, why, e1, e2);
     else
-        mlp_log(0, fmt, fd);
+        mlp_log(0, fmt, fd, why, e1, e2);
 }
 
 int mlp_ioctl(struct mlp_sock *s, int fd, unsigned long req, void *arg, bool *handled)
@@ -3429,6 +3501,12 @@ static void mlp_sock_destroy_conn(struct mlp_sock *s)
         mlp_lmap_put(s->lmap);
         s->lmap = NULL;
     }
+    bool had_sio = s->sio_fd >= 0;
+    if (had_sio) { /* our SIGIO FIFO's read end (mlp_async); its name goes with our side */
+        mlp_disown_fd(s->sio_fd);
+        __ml_sys_close(s->sio_fd);
+        s->sio_fd = -1;
+    }
     if (!s->ch)
         return;
     if (s->state == MLP_UNDECIDED) {
@@ -3448,6 +3526,8 @@ static void mlp_sock_destroy_conn(struct mlp_sock *s)
     /* Only the last process holding our side ends the connection; the others just let go (as a
      * process that gave a withdrawn offer's count back at exit() has). */
     bool last = !atomic_load(&s->exit_let_go) && atomic_fetch_sub(&s->me->holders, 1) <= 1;
+    if (last && had_sio)
+        __ml_chan_sio_unlink(s->ch);
     if (last && s->state == MLP_ACCEL) {
         /* Closed with the peer's bytes unread, or SO_LINGER zero: the kernel would send a reset.
          * The flag goes before the close that publishes our end.  None when both sides had shut

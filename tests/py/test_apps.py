@@ -1514,3 +1514,62 @@ def test_pgbouncer_online_restart(fabric, tmp_path):
             bouncer.stop()
             srv.stop()
     settle()
+
+
+def test_gdb_interrupts_a_program_under_gdbserver(fabric, tmp_path):
+    """gdb's interrupt (Ctrl-C: gdb sends 0x03 to gdbserver) reaches gdbserver by SIGIO: it sets
+    O_ASYNC and an owner on its connection and sleeps until the signal comes.  Over an
+    accelerated connection no SIGIO came, and gdb waited for ever with its program running (an
+    explorer).  The channel raises it now (design.md, "SIGIO"): the program stops at once, as
+    over kernel TCP, and the connection stays accelerated."""
+    need("gdb", "gdbserver")
+    log = logfile(tmp_path, "gdb.log")
+    outs = {}
+    for under in (False, True):
+        port = next_port()
+        gs = subprocess.Popen(wrap(["gdbserver", "--once", f"127.0.0.1:{port}", "/bin/sleep", "60"],
+                                   log, under), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+        g = None
+        try:
+            deadline = time.time() + 20
+            while not listening(port):
+                assert gs.poll() is None and time.time() < deadline, gs.stdout.read()
+                time.sleep(0.05)
+            g = subprocess.Popen(wrap(["gdb", "-q", "-nx", "-batch", "-ex", "set sysroot /",
+                                       "-ex", f"target remote 127.0.0.1:{port}", "-ex",
+                                       "continue", "-ex", "info program", "-ex", "kill"],
+                                      log, under),
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            # the program runs (sleeping, no longer stopped under ptrace) once gdb continued it,
+            # and gdbserver then waits for the interrupt
+            state = ""
+            while state != "S":
+                assert g.poll() is None and time.time() < deadline, (state, g.stdout.read())
+                time.sleep(0.05)
+                try:
+                    kids = open(f"/proc/{gs.pid}/task/{gs.pid}/children").read().split()
+                    state = open(f"/proc/{kids[0]}/stat").read().rsplit(")", 1)[1].split()[0]
+                except (OSError, IndexError):
+                    state = ""
+            time.sleep(0.3)
+            t0 = time.monotonic()
+            g.send_signal(signal.SIGINT)
+            rest, _ = g.communicate(timeout=20)
+            took = time.monotonic() - t0
+            assert g.returncode == 0, (under, rest)
+            # what gdb says of the stop (the rest lists the program's mappings: memlan's too)
+            outs[under] = [re.sub(r"process \d+", "X", x) for x in rest.splitlines()
+                           if re.match(r"Program received|It stopped|\[Inferior", x)]
+            assert "Program received signal SIGINT" in rest, (under, rest)
+            assert took < 5, (under, took)  # over kernel TCP: milliseconds
+            assert gs.wait(timeout=20) == 0, gs.stdout.read()
+        finally:
+            for p in (g, gs):
+                if p and p.poll() is None:
+                    p.kill()
+                    p.wait()
+    assert outs[True] == outs[False], outs
+    text = log.read_text()
+    assert "accelerated (accepted" in text and "raised through its FIFO" in text, text
+    assert "O_ASYNC asks for SIGIO" not in text, text
