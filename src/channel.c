@@ -1263,23 +1263,26 @@ void __ml_chan_nopost_retry(struct memlan_channel *ch)
 
 /* ---- SIGIO (O_ASYNC) for a channel's bytes (design.md, "SIGIO") ----------------------- */
 
-static void ml_sio_name(char *buf, size_t len, const struct memlan_channel *ch, int side)
+/* sioS-TOKEN: side S's FIFO for SIGIO (O_ASYNC); urgS-TOKEN: for SIGURG (an owner set). */
+static void ml_sio_name(char *buf, size_t len, const struct memlan_channel *ch, int side, bool urg)
 {
-    __ml_fabric_name(buf, len, side ? "sio1" : "sio0", ch->seg->token);
+    static const char *const pre[2][2] = {{"sio0", "sio1"}, {"urg0", "urg1"}};
+    __ml_fabric_name(buf, len, pre[urg][side != 0], ch->seg->token);
 }
 
-/* The peer asked for SIGIO (its ML_WAIT_SIGIO): a byte to its FIFO raises it, through the
- * kernel, with the owner and signal its socket has.  Opened for each ring (only connections with
- * O_ASYNC pay, and no descriptor of ours lingers in the program), read back where we may read
- * (the peer's user, or one its ACL names: it never fills), never where a seccomp filter may kill
- * for the open (a known gap).  The word is the peer's to write: a peer that sets the bit
- * without a FIFO costs itself our failed opens, nothing else. */
-static void ml_sio_ring(struct memlan_channel *ch)
+/* The peer asked for SIGIO (its ML_WAIT_SIGIO; or SIGURG, ML_SOCK_SIGURG, for an urgent
+ * byte): a byte to its FIFO raises it, through the kernel, with the owner and signal its socket
+ * has.  Opened for each ring (only connections with O_ASYNC pay, and no descriptor of ours
+ * lingers in the program), read back where we may read (the peer's user, or one its ACL names:
+ * it never fills), never where a seccomp filter may kill for the open (a known gap).  The word
+ * is the peer's to write: a peer that sets the bit without a FIFO costs itself our failed
+ * opens, nothing else. */
+void __ml_chan_sig_ring(struct memlan_channel *ch, bool urg)
 {
     if (!ml_madv_ok())
         return;
     char name[80];
-    ml_sio_name(name, sizeof name, ch, 1 - ch->side);
+    ml_sio_name(name, sizeof name, ch, 1 - ch->side, urg);
     int dirfd = ch->seg->fab->dirfd;
     long fd = __ml_sys_open(dirfd, name, O_RDWR | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0);
     bool rd = fd >= 0;
@@ -1299,16 +1302,16 @@ static void ml_sio_ring(struct memlan_channel *ch)
     __ml_sys_close((int)fd);
 }
 
-/* Our socket asked for SIGIO: make our FIFO (a stale one of the same name, from a pooled file's
- * last connection or this socket's image before an exec, is replaced) and return its read end
- * (the caller gives it the socket's owner and O_ASYNC, then arms), or -errno.  The peer may
- * write and read it (its user and the users the channel's file names; everyone where the file is
- * group-wide); nobody else. */
-int __ml_chan_sio_open(struct memlan_channel *ch)
+/* Our socket asked for SIGIO (or has an owner, for SIGURG: urg): make our FIFO (a stale one of
+ * the same name, from a pooled file's last connection or this socket's image before an exec, is
+ * replaced) and return its read end (the caller gives it the socket's owner and O_ASYNC, then
+ * arms), or -errno.  The peer may write and read it (its user and the users the channel's file
+ * names; everyone where the file is group-wide); nobody else. */
+int __ml_chan_sio_open(struct memlan_channel *ch, bool urg)
 {
     memlan_fabric_t *fab = ch->seg->fab;
     char name[80];
-    ml_sio_name(name, sizeof name, ch, ch->side);
+    ml_sio_name(name, sizeof name, ch, ch->side, urg);
     int r = __ml_sys_mknodat(fab->dirfd, name, S_IFIFO | 0600);
     if (r == -EEXIST && __ml_sys_unlinkat(fab->dirfd, name, 0) == 0)
         r = __ml_sys_mknodat(fab->dirfd, name, S_IFIFO | 0600);
@@ -1347,11 +1350,12 @@ void __ml_chan_sio_arm(struct memlan_channel *ch, bool on)
 
 /* Our side's last holder lets go: the FIFO's name goes (the fabric's sweep removes it too, once
  * the channel's file is gone). */
-void __ml_chan_sio_unlink(struct memlan_channel *ch)
+void __ml_chan_sio_unlink(struct memlan_channel *ch, bool urg)
 {
-    __ml_chan_sio_arm(ch, false);
+    if (!urg)
+        __ml_chan_sio_arm(ch, false);
     char name[80];
-    ml_sio_name(name, sizeof name, ch, ch->side);
+    ml_sio_name(name, sizeof name, ch, ch->side, urg);
     (void)__ml_sys_unlinkat(ch->seg->fab->dirfd, name, 0);
 }
 
@@ -1369,7 +1373,7 @@ void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
         ch->wakeups++;
     }
     if (w & ML_WAIT_SIGIO)
-        ml_sio_ring(ch);
+        __ml_chan_sig_ring(ch, false);
     if (w & ML_WAIT_EVQ_ANY) {
         for (uint32_t i = 0; i < ML_EVQ_REFS; i++)
             if ((w & ML_WAIT_EVQ_REF(i)) &&

@@ -110,16 +110,17 @@ struct memlan_channel {
      * kernel without MADV_POPULATE_WRITE, a sandbox); read by readiness, so atomic. */
     _Atomic bool grow_off;
     uint64_t grows;           /* times our direction went into its region (memlan stat) */
-    uint64_t sio_rings;       /* bytes written to the peer's SIGIO FIFO (ml_sio_ring; atomic) */
+    uint64_t sio_rings;       /* bytes written to the peer's SIGIO or SIGURG FIFO (atomic) */
     uint64_t sio_missed;      /* rings that found no FIFO, or a full one */
     uint32_t grow_slot;       /* the socket layer's: its slot in the list of idle regions + 1 */
 };
 
 void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
                          const struct ml_evq_ref *refs);
-int __ml_chan_sio_open(struct memlan_channel *ch);   /* O_ASYNC: our FIFO's read end */
+int __ml_chan_sio_open(struct memlan_channel *ch, bool urg); /* our FIFO's read end */
 void __ml_chan_sio_arm(struct memlan_channel *ch, bool on);
-void __ml_chan_sio_unlink(struct memlan_channel *ch);
+void __ml_chan_sio_unlink(struct memlan_channel *ch, bool urg);
+void __ml_chan_sig_ring(struct memlan_channel *ch, bool urg); /* the peer's FIFO */
 
 /* After publishing: wake the other side if, and only if, it armed its tripwire. */
 static inline void __ml_chan_wake(struct memlan_channel *ch, _Atomic uint32_t *word,

@@ -728,10 +728,11 @@ static int ml_fabric_reclaim_cx(memlan_fabric_t *fab, struct ml_clean_ctx *cx, b
                 if (stale && __ml_sys_unlinkat(fab->dirfd, nm, 0) == 0)
                     removed++;
             } else if ((strncmp(nm, "bell-", 5) == 0 && __ml_token_valid(nm + 5)) ||
-                       ((strncmp(nm, "sio0-", 5) == 0 || strncmp(nm, "sio1-", 5) == 0) &&
+                       ((strncmp(nm, "sio", 3) == 0 || strncmp(nm, "urg", 3) == 0) &&
+                        (nm[3] == '0' || nm[3] == '1') && nm[4] == '-' &&
                         __ml_token_valid(nm + 5))) {
                 /* A doorbell outlives nothing: remove it once its queue's segment is gone; so
-                 * does a channel side's SIGIO FIFO (channel.c, __ml_chan_sio_open). */
+                 * does a channel side's SIGIO or SIGURG FIFO (channel.c, __ml_chan_sio_open). */
                 char seg[80];
                 struct stat st;
                 __ml_fabric_name(seg, sizeof seg, "seg", nm + 5);

@@ -23,8 +23,7 @@
                                  * carry publication words (src/ring.h); 4: a direction names up
                                  * to ML_EVQ_REFS event queues (struct ml_chan_refs); 5: a stream
                                  * ring may grow into a region (ml_chan_hdr.grow_size); 6: a
-                                 * data tripwire's ML_WAIT_SIGIO outlives wake-ups, and the side
-                                 * blocks carry urgent-data marks */
+                                 * data tripwire's ML_WAIT_SIGIO outlives wake-ups */
 #define ML_CACHELINE       64
 #define ML_TOKEN_HEX       32 /* a token is 128 random bits written as lowercase hex */
 
@@ -209,6 +208,10 @@ struct ml_chan_hdr {
                                * ours alone: its end comes by the kernel socket's FIN, which no
                                * code of ours announces here; the peer's blocking calls watch
                                * that socket rather than the ring's futex alone */
+#define ML_SOCK_SIGURG 4096u  /* our socket has an owner (F_SETOWN): the peer's urgent send
+                               * rings our FIFO urgS-TOKEN, which raises SIGURG for it, as the
+                               * kernel raises it when TCP's urgent pointer comes (design.md,
+                               * "SIGIO"); 0 from an older library: no SIGURG, as before */
 
 /* Urgent data (src/preload/sock.c, "Urgent data"; design.md): urg is this side's latest urgent
  * byte, its position in this side's sending ring + 1 (0: none yet), stored (release) before the

@@ -276,6 +276,7 @@ struct mlp_sock *mlp_sock_new(int type)
     s->type = type;
     s->slot = -1;
     s->sio_fd = -1;
+    s->urg_fd = -1;
     pthread_mutex_init(&s->mu, NULL);
     mlp_locks_init(s);
     return s;

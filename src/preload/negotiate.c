@@ -4621,6 +4621,8 @@ void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *tok
         mlp_install(fds[i], s);
     if (fl > 0 && (fl & O_ASYNC)) /* the open file's too: our SIGIO FIFO is made anew */
         mlp_async(s, fds[0], true);
+    else
+        mlp_sio_owner(s, fds[0]); /* and an owner's SIGURG FIFO */
     mlp_put(s);
     mlp_log(1, "fd %d: accelerated (%s)", fds[0], how);
 }

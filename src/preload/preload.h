@@ -178,7 +178,9 @@ struct mlp_sock {
                                    * channel's bytes, or why it cannot (mlp_async) */
     int sio_fd;                   /* O_ASYNC: our SIGIO FIFO's read end (one of our fds), -1 if
                                    * none; kept until the socket goes (mlp_async) */
-    _Atomic int sio_busy;         /* mlp_async's lock (a try-lock: never waited for long) */
+    int urg_fd;                   /* an owner set (F_SETOWN): our SIGURG FIFO's read end, -1 if
+                                   * none; kept until the socket goes (mlp_sio_owner) */
+    _Atomic int sio_busy;         /* their set-up's lock (a try-lock: never waited for long) */
     _Atomic bool passed;          /* accelerated, it was passed to another process over
                                    * SCM_RIGHTS (negotiate.c, mlp_passed; sock.c, mlp_at_exit) */
     _Atomic bool sent;            /* sent to another process over SCM_RIGHTS, which holds the
@@ -504,7 +506,7 @@ ssize_t mlp_splice_from(struct mlp_sock *s, int fd, int pipe, size_t len, unsign
 ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned flags);
 int mlp_shutdown(struct mlp_sock *s, int fd, int how);
 void mlp_async(struct mlp_sock *s, int fd, bool on); /* O_ASYNC set or cleared */
-void mlp_sio_owner(struct mlp_sock *s, int fd); /* F_SETOWN(_EX), F_SETSIG: to our FIFO too */
+void mlp_sio_owner(struct mlp_sock *s, int fd); /* F_SETOWN(_EX), F_SETSIG: to our FIFOs too */
 int mlp_ioctl(struct mlp_sock *s, int fd, unsigned long req, void *arg, bool *handled);
 void mlp_set_nonblock(struct mlp_sock *s, bool on);
 bool mlp_nonblock(struct mlp_sock *s);

@@ -1826,6 +1826,12 @@ static ssize_t mlp_send_urgent(struct mlp_sock *s, int fd, const struct iovec *i
                                   memory_order_release);
         mlp_unlock_tx(s);
     }
+    /* The peer's socket has an owner: SIGURG for it, as its kernel raises when the urgent
+     * pointer comes (mlp_urg_setup) */
+    if (r > 0 &&
+        (atomic_load_explicit(&mlp_side_block(s->ch, 1 - s->side)->flags, memory_order_relaxed) &
+         ML_SOCK_SIGURG))
+        __ml_chan_sig_ring(s->ch, true);
     return r;
 }
 
@@ -3086,18 +3092,65 @@ static bool mlp_sio_lock(struct mlp_sock *s)
     return false; /* a holder that never lets go (a fork child's copy of a busy word) */
 }
 
-/* Our FIFO's owner and signal are the socket's (a raw fcntl each: a handler may come here). */
-void mlp_sio_owner(struct mlp_sock *s, int fd)
+/* A FIFO of ours gets the socket's owner and signal (SIGURG for the SIGURG FIFO); a raw fcntl
+ * each: a handler may come here. */
+static void mlp_fifo_owner(int sf, int fd, bool urg)
 {
-    int sf = s->sio_fd;
-    if (sf < 0)
-        return;
     struct f_owner_ex o;
     if (__ml_sys_fcntl(fd, F_GETOWN_EX, (long)&o) == 0)
         (void)__ml_sys_fcntl(sf, F_SETOWN_EX, (long)&o);
-    long sig = __ml_sys_fcntl(fd, F_GETSIG, 0);
+    long sig = urg ? SIGURG : __ml_sys_fcntl(fd, F_GETSIG, 0);
     if (sig >= 0)
         (void)__ml_sys_fcntl(sf, F_SETSIG, sig);
+}
+
+static bool mlp_has_owner(int fd)
+{
+    struct f_owner_ex o;
+    return __ml_sys_fcntl(fd, F_GETOWN_EX, (long)&o) == 0 && o.pid != 0;
+}
+
+/* A connection with an owner gets SIGURG from the kernel when TCP's urgent pointer comes
+ * (vsftpd's ABOR during a transfer is seen so).  The channel carries it as SIGIO: our side's
+ * FIFO urgS-TOKEN, with the socket's owner and SIGURG as its signal, and ML_SOCK_SIGURG in our
+ * side's flags, which the peer's urgent send reads (mlp_send_urgent).  Not from a handler, a
+ * vfork child or a sandbox; where it cannot be made, said in the log (the connection may never
+ * carry urgent data). */
+static void mlp_urg_setup(struct mlp_sock *s, int fd)
+{
+    if (s->type != MLP_CONN || s->state == MLP_TCP || !s->ch || !s->me || s->urg_fd >= 0 ||
+        mlp_sig_in_handler() || mlp_vfork_child() || mlp_known_confined() || !mlp_has_owner(fd) ||
+        !mlp_sio_lock(s))
+        return;
+    int f = s->urg_fd < 0 ? __ml_chan_sio_open(s->ch, true) : -EEXIST;
+    if (f >= 0) {
+        s->urg_fd = f;
+        mlp_own_fd(&s->urg_fd, true);
+        mlp_fifo_owner(s->urg_fd, fd, true);
+        long r = __ml_sys_fcntl(s->urg_fd, F_SETFL, O_NONBLOCK | O_ASYNC);
+        if (r >= 0)
+            atomic_fetch_or(&s->me->flags, ML_SOCK_SIGURG);
+        else
+            f = (int)r;
+    }
+    atomic_store(&s->sio_busy, 0);
+    if (f < 0 && f != -EEXIST)
+        mlp_log(0, "fd %d: an owner is set, for which the kernel raises SIGURG when urgent data "
+                   "comes, and this connection's urgent data goes through shared memory: its "
+                   "FIFO could not be made (%s), so no SIGURG will come", fd, strerror(-f));
+}
+
+/* F_SETOWN, F_SETOWN_EX, F_SETSIG on the socket: its FIFOs follow; a first owner makes the
+ * SIGURG one. */
+void mlp_sio_owner(struct mlp_sock *s, int fd)
+{
+    int sf = s->sio_fd, uf = s->urg_fd;
+    if (sf >= 0)
+        mlp_fifo_owner(sf, fd, false);
+    if (uf >= 0)
+        mlp_fifo_owner(uf, fd, true);
+    else
+        mlp_urg_setup(s, fd);
 }
 
 void mlp_async(struct mlp_sock *s, int fd, bool on)
@@ -3119,7 +3172,7 @@ void mlp_async(struct mlp_sock *s, int fd, bool on)
         why = "another thread held the socket's set-up";
     else {
         if (s->sio_fd < 0) {
-            int f = __ml_chan_sio_open(s->ch);
+            int f = __ml_chan_sio_open(s->ch, false);
             if (f >= 0) {
                 s->sio_fd = f;
                 mlp_own_fd(&s->sio_fd, true);
@@ -3128,7 +3181,7 @@ void mlp_async(struct mlp_sock *s, int fd, bool on)
             }
         }
         if (s->sio_fd >= 0) {
-            mlp_sio_owner(s, fd);
+            mlp_fifo_owner(s->sio_fd, fd, false);
             long r = __ml_sys_fcntl(s->sio_fd, F_SETFL, O_NONBLOCK | O_ASYNC);
             if (r < 0)
                 err = (int)-r;
@@ -3138,6 +3191,7 @@ void mlp_async(struct mlp_sock *s, int fd, bool on)
         atomic_store(&s->sio_busy, 0);
         if (err)
             why = "its FIFO could not be made";
+        mlp_urg_setup(s, fd); /* the owner O_ASYNC needs raises SIGURG too */
     }
     if (atomic_exchange(&s->async_told, true))
         return;
@@ -3501,12 +3555,15 @@ static void mlp_sock_destroy_conn(struct mlp_sock *s)
         mlp_lmap_put(s->lmap);
         s->lmap = NULL;
     }
-    bool had_sio = s->sio_fd >= 0;
-    if (had_sio) { /* our SIGIO FIFO's read end (mlp_async); its name goes with our side */
-        mlp_disown_fd(s->sio_fd);
-        __ml_sys_close(s->sio_fd);
-        s->sio_fd = -1;
-    }
+    /* our SIGIO and SIGURG FIFOs' read ends (mlp_async, mlp_sio_owner); their names go with
+     * our side */
+    bool had_sio = s->sio_fd >= 0, had_urg = s->urg_fd >= 0;
+    for (int *p = &s->sio_fd; p; p = p == &s->sio_fd ? &s->urg_fd : NULL)
+        if (*p >= 0) {
+            mlp_disown_fd(*p);
+            __ml_sys_close(*p);
+            *p = -1;
+        }
     if (!s->ch)
         return;
     if (s->state == MLP_UNDECIDED) {
@@ -3527,7 +3584,9 @@ static void mlp_sock_destroy_conn(struct mlp_sock *s)
      * process that gave a withdrawn offer's count back at exit() has). */
     bool last = !atomic_load(&s->exit_let_go) && atomic_fetch_sub(&s->me->holders, 1) <= 1;
     if (last && had_sio)
-        __ml_chan_sio_unlink(s->ch);
+        __ml_chan_sio_unlink(s->ch, false);
+    if (last && had_urg)
+        __ml_chan_sio_unlink(s->ch, true);
     if (last && s->state == MLP_ACCEL) {
         /* Closed with the peer's bytes unread, or SO_LINGER zero: the kernel would send a reset.
          * The flag goes before the close that publishes our end.  None when both sides had shut

@@ -371,6 +371,79 @@ def test_vsftpd_with_its_helper_in_the_fabric(group_fabric, ftp_account, pubdir)
     no_split(clog, slog)
 
 
+FTP_ABOR = r"""
+import ftplib, sys, time
+port, user, pw = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+f = ftplib.FTP(); f.connect("127.0.0.1", port, timeout=20); f.login(user, pw)
+f.set_pasv(True)
+conn = f.transfercmd("RETR huge.bin")
+got = 0
+while got < 1 << 20:
+    got += len(conn.recv(65536))
+t0 = time.monotonic()
+said = []
+try:
+    said.append(f.abort()[:3])  # ABOR, its last byte urgent; the data connection unread
+except ftplib.Error as e:
+    said.append(str(e)[:3])
+took = time.monotonic() - t0
+conn.close()
+f.sock.settimeout(2)
+try:  # what else the server says (its answer for the transfer, where it comes second)
+    while True:
+        said.append(f.getresp()[:3])
+except (ftplib.Error, OSError) as e:
+    said.append(str(e)[:3] if isinstance(e, ftplib.Error) else "end")
+f.sock.settimeout(20)
+said.append(f.sendcmd("NOOP")[:3])
+f.quit()
+print(said, took < 5)
+"""
+
+
+def test_vsftpd_async_abor_stops_a_download(group_fabric, ftp_account, pubdir):
+    """vsftpd with async_abor_enable=YES learns of an ABOR during a transfer by SIGURG: ftplib's
+    abort() sends ABOR with its last byte urgent, and vsftpd, blocked writing to a client that
+    does not read, stops the download at once and answers 426 then 226.  Over an accelerated
+    control connection no SIGURG came: vsftpd wrote on until the client gave up (an explorer saw
+    a 2 GB download run to its end before ABOR was read).  Now the urgent send rings the owner's
+    FIFO, which raises SIGURG (design.md, "SIGIO"): the same answers, as soon, as over TCP."""
+    root = need_vsftpd()
+    acct = ftp_account()  # the fabric is the user's group: the data connections stay on TCP
+    group_fabric(grp.getgrgid(acct.gid).gr_name)
+    with open(acct.home / "huge.bin", "wb") as f:
+        f.truncate(2 << 30)  # sparse: no disk taken
+    (pubdir / "abor.py").write_text(FTP_ABOR)
+    res = {}
+    for on in (False, True):
+        base = pubdir / ("on" if on else "off")
+        base.mkdir()
+        os.chmod(base, 0o755)
+        slog, clog = logfile(base / "server.log"), logfile(base / "client.log")
+        port = next_port()
+        conf = vsftpd_conf(root, base, port)
+        with open(conf, "a") as c:
+            c.write("async_abor_enable=YES\n")
+        srv = subprocess.Popen(wrap([str(root / "usr/sbin/vsftpd"), str(conf)], slog, on),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_port(port, srv)
+            p = subprocess.run(as_member(acct.gid, wrap([PY, str(pubdir / "abor.py"), str(port),
+                                                         acct.name, acct.password], clog, on)),
+                               capture_output=True, text=True, timeout=90)
+            res[on] = (p.returncode, p.stdout)
+        finally:
+            stop(srv)
+        assert on or p.returncode == 0, p.stderr
+    # kernel TCP's: ABOR's line without its urgent last byte is not a command (500), then the
+    # transfer's end (426), at once
+    assert res[False] == (0, "['500', '426', '200'] True\n"), res
+    assert res[True] == res[False], (res, p.stderr, clog.read_text()[-2000:],
+                                     slog.read_text()[-2000:])
+    assert "accelerated (client)" in clog.read_text(), clog.read_text()[-2000:]
+    no_split(clog, slog)
+
+
 # ---- proftpd -----------------------------------------------------------------------------------
 
 def proftpd_conf(d, port):

@@ -5855,6 +5855,83 @@ def test_o_async_raises_sigio_for_a_channels_bytes(fabric, tmp_path, how, case):
     assert not list(fabric.glob("sio*")), list(fabric.iterdir())  # the FIFO went with the socket
 
 
+URG_SIG = ACCEPT_ONE + r"""
+import fcntl, os, signal, sys, time
+role, port, case = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+def wait_sig(t):
+    got = signal.sigtimedwait([signal.SIGURG], t)
+    return "none" if got is None else "sigurg"
+if role == "server":
+    l, c = accept_one(port)
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGURG])
+    if case == "inline":
+        c.setsockopt(socket.SOL_SOCKET, socket.SO_OOBINLINE, 1)
+    if case != "no-owner":
+        fcntl.fcntl(c, fcntl.F_SETOWN, -os.getpgrp() if case == "pgrp" else os.getpid())
+    c.sendall(b"go")
+    print("first", wait_sig(5 if case != "no-owner" else 0.5), flush=True)
+    if case == "inline":
+        print("read", c.recv(10), flush=True)
+    else:
+        print("read", c.recv(10), c.recv(1, socket.MSG_OOB), flush=True)
+    c.sendall(b"go")
+    print("second", wait_sig(5 if case != "no-owner" else 0.5), c.recv(10), flush=True)
+    if case == "owner-dropped":  # no owner: no signal
+        fcntl.fcntl(c, fcntl.F_SETOWN, 0)
+        c.sendall(b"go")
+        print("third", wait_sig(0.5), c.recv(10), flush=True)
+else:
+    c = socket.create_connection(("127.0.0.1", port))
+    rounds = 3 if case == "owner-dropped" else 2
+    for i in range(rounds):
+        assert c.recv(2) == b"go"
+        c.send(b"ab%d!" % i, socket.MSG_OOB)
+    try:  # an urgent byte left unread makes the server's close a reset, over TCP too
+        print(c.recv(1), flush=True)
+    except ConnectionResetError:
+        print("reset", flush=True)
+"""
+
+
+@pytest.mark.parametrize("case", ["owner", "pgrp", "inline", "no-owner", "owner-dropped"])
+def test_urgent_data_raises_sigurg_for_the_owner(fabric, tmp_path, case):
+    """A socket with an owner (F_SETOWN) gets SIGURG from the kernel when TCP's urgent pointer
+    comes: vsftpd learns of an ABOR during a transfer so.  A channel's urgent byte never reaches
+    the kernel socket, so no SIGURG came, and vsftpd's transfer ran to its end before the ABOR
+    was read (an explorer).  Now the owner's side makes a FIFO with SIGURG as its signal, which
+    the peer's urgent send rings (design.md, "SIGIO"): the signal comes as over TCP, for an owner
+    process or group, in line or not, and none without an owner."""
+    script = tmp_path / "urg.py"
+    script.write_text(URG_SIG)
+    outs = {}
+    log = tmp_path / "urg.log"
+    for under in (False, True):
+        port = next_port()
+        pre = [str(MEMLAN), "run", "--log", str(log), "--"] if under else []
+        srv = subprocess.Popen(pre + [PY, str(script), "server", str(port), case],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            assert srv.stdout.readline().strip() == "ready"
+            cli = subprocess.Popen(pre + [PY, str(script), "client", str(port), case],
+                                   stdout=subprocess.PIPE, text=True)
+            out, err = srv.communicate(timeout=30)
+            assert srv.returncode == 0 and err == "", (under, out, err)
+            outs[under] = out.splitlines() + cli.communicate(timeout=30)[0].splitlines()
+            assert cli.returncode == 0
+        finally:
+            if srv.poll() is None:
+                srv.kill()
+                srv.wait()
+    assert outs[True] == outs[False], outs
+    want = "none" if case == "no-owner" else "sigurg"
+    assert outs[False][0] == f"first {want}", outs  # what the kernel does
+    text = log.read_text()
+    assert "accelerated (accepted" in text and "could not be made" not in text, text
+    settle(fabric)
+    assert not [p for p in fabric.iterdir() if p.name.startswith(("sio", "urg"))], \
+        list(fabric.iterdir())  # the FIFO went with the socket
+
+
 STDIO_CHAIN = r"""
 import hashlib, os, socket, subprocess, sys
 role, port = sys.argv[1], int(sys.argv[2])
