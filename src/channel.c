@@ -1305,10 +1305,11 @@ void __ml_chan_sig_ring(struct memlan_channel *ch, bool urg)
 /* Our socket asked for SIGIO (or has an owner, for SIGURG: urg): make our FIFO (a stale one of
  * the same name, from a pooled file's last connection or this socket's image before an exec, is
  * replaced) and return its read end (the caller gives it the socket's owner and O_ASYNC, then
- * arms), or -errno.  The peer may write and read it (its user and the users the channel's file
+ * arms), with a write end in *wfd for the caller to keep as long, or -errno.  The peer may write and read it (its user and the users the channel's file
  * names; everyone where the file is group-wide); nobody else. */
-int __ml_chan_sio_open(struct memlan_channel *ch, bool urg)
+int __ml_chan_sio_open(struct memlan_channel *ch, bool urg, int *wfd)
 {
+    *wfd = -1;
     memlan_fabric_t *fab = ch->seg->fab;
     char name[80];
     ml_sio_name(name, sizeof name, ch, ch->side, urg);
@@ -1317,7 +1318,19 @@ int __ml_chan_sio_open(struct memlan_channel *ch, bool urg)
         r = __ml_sys_mknodat(fab->dirfd, name, S_IFIFO | 0600);
     if (r < 0)
         return r;
+    /* The read end (its signal), and a write end of ours that keeps the FIFO from ever losing
+     * its last writer: a ringer's close would otherwise raise a second signal (the pipe's
+     * release signals a reader left without writers), and a read end opened read-write would
+     * get POLL_OUT's signal at every read-back.  Seen: two signals per ring. */
     long fd = __ml_sys_open(fab->dirfd, name, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0);
+    long w = fd < 0 ? fd
+                    : __ml_sys_open(fab->dirfd, name, O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC,
+                                    0);
+    if (w < 0 && fd >= 0) {
+        __ml_sys_close((int)fd);
+        fd = w;
+    }
+    *wfd = fd < 0 ? -1 : (int)w;
     struct stat st;
     if (fd >= 0 && fab->shared && __ml_sys_fstat((int)fd, &st) == 0) {
         uint32_t u[ML_ACCESS_MAX];
@@ -1330,6 +1343,8 @@ int __ml_chan_sio_open(struct memlan_channel *ch, bool urg)
             r = __ml_sys_fchmod((int)fd, ch->posters_private ? 0600 : 0666);
         if (r < 0) {
             __ml_sys_close((int)fd);
+            __ml_sys_close(*wfd);
+            *wfd = -1;
             fd = r;
         }
     }

@@ -117,7 +117,7 @@ struct memlan_channel {
 
 void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
                          const struct ml_evq_ref *refs);
-int __ml_chan_sio_open(struct memlan_channel *ch, bool urg); /* our FIFO's read end */
+int __ml_chan_sio_open(struct memlan_channel *ch, bool urg, int *wfd); /* our FIFO */
 void __ml_chan_sio_arm(struct memlan_channel *ch, bool on);
 void __ml_chan_sio_unlink(struct memlan_channel *ch, bool urg);
 void __ml_chan_sig_ring(struct memlan_channel *ch, bool urg); /* the peer's FIFO */

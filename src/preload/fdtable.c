@@ -275,8 +275,7 @@ struct mlp_sock *mlp_sock_new(int type)
     atomic_fetch_add(&s->refs, 1);
     s->type = type;
     s->slot = -1;
-    s->sio_fd = -1;
-    s->urg_fd = -1;
+    s->sio_fd = s->sio_wfd = s->urg_fd = s->urg_wfd = -1;
     pthread_mutex_init(&s->mu, NULL);
     mlp_locks_init(s);
     return s;

@@ -176,10 +176,11 @@ struct mlp_sock {
                                    * how many completions wait (negotiate.c) */
     _Atomic bool async_told;      /* O_ASYNC asked for: said once how SIGIO comes for the
                                    * channel's bytes, or why it cannot (mlp_async) */
-    int sio_fd;                   /* O_ASYNC: our SIGIO FIFO's read end (one of our fds), -1 if
+    int sio_fd, sio_wfd;          /* O_ASYNC: our SIGIO FIFO's read end (one of our fds), and a
+                                   * write end that keeps it from losing its last writer; -1 if
                                    * none; kept until the socket goes (mlp_async) */
-    int urg_fd;                   /* an owner set (F_SETOWN): our SIGURG FIFO's read end, -1 if
-                                   * none; kept until the socket goes (mlp_sio_owner) */
+    int urg_fd, urg_wfd;          /* an owner set (F_SETOWN): our SIGURG FIFO's, the same way
+                                   * (mlp_sio_owner) */
     _Atomic int sio_busy;         /* their set-up's lock (a try-lock: never waited for long) */
     _Atomic bool passed;          /* accelerated, it was passed to another process over
                                    * SCM_RIGHTS (negotiate.c, mlp_passed; sock.c, mlp_at_exit) */

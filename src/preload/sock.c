@@ -3122,10 +3122,12 @@ static void mlp_urg_setup(struct mlp_sock *s, int fd)
         mlp_sig_in_handler() || mlp_vfork_child() || mlp_known_confined() || !mlp_has_owner(fd) ||
         !mlp_sio_lock(s))
         return;
-    int f = s->urg_fd < 0 ? __ml_chan_sio_open(s->ch, true) : -EEXIST;
+    int w, f = s->urg_fd < 0 ? __ml_chan_sio_open(s->ch, true, &w) : -EEXIST;
     if (f >= 0) {
         s->urg_fd = f;
+        s->urg_wfd = w;
         mlp_own_fd(&s->urg_fd, true);
+        mlp_own_fd(&s->urg_wfd, true);
         mlp_fifo_owner(s->urg_fd, fd, true);
         long r = __ml_sys_fcntl(s->urg_fd, F_SETFL, O_NONBLOCK | O_ASYNC);
         if (r >= 0)
@@ -3172,10 +3174,12 @@ void mlp_async(struct mlp_sock *s, int fd, bool on)
         why = "another thread held the socket's set-up";
     else {
         if (s->sio_fd < 0) {
-            int f = __ml_chan_sio_open(s->ch, false);
+            int w, f = __ml_chan_sio_open(s->ch, false, &w);
             if (f >= 0) {
                 s->sio_fd = f;
+                s->sio_wfd = w;
                 mlp_own_fd(&s->sio_fd, true);
+                mlp_own_fd(&s->sio_wfd, true);
             } else {
                 err = -f;
             }
@@ -3558,11 +3562,12 @@ static void mlp_sock_destroy_conn(struct mlp_sock *s)
     /* our SIGIO and SIGURG FIFOs' read ends (mlp_async, mlp_sio_owner); their names go with
      * our side */
     bool had_sio = s->sio_fd >= 0, had_urg = s->urg_fd >= 0;
-    for (int *p = &s->sio_fd; p; p = p == &s->sio_fd ? &s->urg_fd : NULL)
-        if (*p >= 0) {
-            mlp_disown_fd(*p);
-            __ml_sys_close(*p);
-            *p = -1;
+    int *fifo_fds[] = {&s->sio_fd, &s->sio_wfd, &s->urg_fd, &s->urg_wfd};
+    for (size_t i = 0; i < sizeof fifo_fds / sizeof fifo_fds[0]; i++)
+        if (*fifo_fds[i] >= 0) {
+            mlp_disown_fd(*fifo_fds[i]);
+            __ml_sys_close(*fifo_fds[i]);
+            *fifo_fds[i] = -1;
         }
     if (!s->ch)
         return;

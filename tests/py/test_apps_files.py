@@ -255,19 +255,23 @@ def vsftpd_conf(root, d, port):
     return conf
 
 
-def vsftpd_run(root, pubdir, acct, tag, on):
+def vsftpd_run(root, pubdir, acct, tag, on, client=None, extra=""):
+    """vsftpd (its configuration with extra appended) and client(port, clog) against it, by
+    default ftp_workload: (client's result, server log, client log)."""
     base = pubdir / tag
     base.mkdir()
     os.chmod(base, 0o755)
     slog, clog = logfile(base / "server.log"), logfile(base / "client.log")
     port = next_port()
     conf = vsftpd_conf(root, base, port)
+    with open(conf, "a") as c:
+        c.write(extra)
     acct.clear_uploads()
     srv = subprocess.Popen(wrap([str(root / "usr/sbin/vsftpd"), str(conf)], slog, on),
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         wait_port(port, srv)
-        out = ftp_workload(pubdir, acct, port, clog, on)
+        out = (client(port, clog) if client else ftp_workload(pubdir, acct, port, clog, on))
         assert srv.poll() is None, "vsftpd exited"
     finally:
         stop(srv)
@@ -346,25 +350,14 @@ def test_vsftpd_with_its_helper_in_the_fabric(group_fabric, ftp_account, pubdir)
     (pubdir / "ftpc.py").write_text(FTP_CLIENT)
     res = {}
     for on in (False, True):
-        base = pubdir / ("on" if on else "off")
-        base.mkdir()
-        os.chmod(base, 0o755)
-        slog, clog = logfile(base / "server.log"), logfile(base / "client.log")
-        port = next_port()
-        conf = vsftpd_conf(root, base, port)
-        acct.clear_uploads()
-        srv = subprocess.Popen(wrap([str(root / "usr/sbin/vsftpd"), str(conf)], slog, on),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        try:
-            wait_port(port, srv)
+        def client(port, clog):
             p = subprocess.run(as_member(acct.gid, wrap([PY, str(pubdir / "ftpc.py"), str(port),
                                                          acct.name, acct.password, "pasv"],
                                                         clog, on)),
                                capture_output=True, text=True, timeout=60)
-            res[on] = (p.returncode, p.stdout, acct.uploads())
-        finally:
-            stop(srv)
-        assert res[on][0] == 0 or on, p.stderr
+            assert p.returncode == 0 or on, p.stderr
+            return (p.returncode, p.stdout, acct.uploads())
+        res[on], slog, clog = vsftpd_run(root, pubdir, acct, "on" if on else "off", on, client)
     assert res[True] == res[False], (res[True][:2], clog.read_text()[-2000:],
                                      slog.read_text()[-2000:])
     assert accelerated(clog) > 1, clog.read_text()[-2000:]  # data connections too
@@ -416,29 +409,19 @@ def test_vsftpd_async_abor_stops_a_download(group_fabric, ftp_account, pubdir):
     (pubdir / "abor.py").write_text(FTP_ABOR)
     res = {}
     for on in (False, True):
-        base = pubdir / ("on" if on else "off")
-        base.mkdir()
-        os.chmod(base, 0o755)
-        slog, clog = logfile(base / "server.log"), logfile(base / "client.log")
-        port = next_port()
-        conf = vsftpd_conf(root, base, port)
-        with open(conf, "a") as c:
-            c.write("async_abor_enable=YES\n")
-        srv = subprocess.Popen(wrap([str(root / "usr/sbin/vsftpd"), str(conf)], slog, on),
-                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        try:
-            wait_port(port, srv)
+        def client(port, clog):
             p = subprocess.run(as_member(acct.gid, wrap([PY, str(pubdir / "abor.py"), str(port),
                                                          acct.name, acct.password], clog, on)),
                                capture_output=True, text=True, timeout=90)
-            res[on] = (p.returncode, p.stdout)
-        finally:
-            stop(srv)
-        assert on or p.returncode == 0, p.stderr
+            assert on or p.returncode == 0, p.stderr
+            return (p.returncode, p.stdout, p.stderr)
+        out, slog, clog = vsftpd_run(root, pubdir, acct, "on" if on else "off", on, client,
+                                     "async_abor_enable=YES\n")
+        res[on] = out[:2]
     # kernel TCP's: ABOR's line without its urgent last byte is not a command (500), then the
     # transfer's end (426), at once
     assert res[False] == (0, "['500', '426', '200'] True\n"), res
-    assert res[True] == res[False], (res, p.stderr, clog.read_text()[-2000:],
+    assert res[True] == res[False], (res, out[2], clog.read_text()[-2000:],
                                      slog.read_text()[-2000:])
     assert "accelerated (client)" in clog.read_text(), clog.read_text()[-2000:]
     no_split(clog, slog)
