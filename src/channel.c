@@ -1305,8 +1305,9 @@ void __ml_chan_sig_ring(struct memlan_channel *ch, bool urg)
 /* Our socket asked for SIGIO (or has an owner, for SIGURG: urg): make our FIFO (a stale one of
  * the same name, from a pooled file's last connection or this socket's image before an exec, is
  * replaced) and return its read end (the caller gives it the socket's owner and O_ASYNC, then
- * arms), with a write end in *wfd for the caller to keep as long, or -errno.  The peer may write and read it (its user and the users the channel's file
- * names; everyone where the file is group-wide); nobody else. */
+ * arms), with a write end in *wfd for the caller to keep as long, or -errno.  The peer may write
+ * and read it (its user and the users the channel's file names; everyone where the file is
+ * group-wide); nobody else. */
 int __ml_chan_sio_open(struct memlan_channel *ch, bool urg, int *wfd)
 {
     *wfd = -1;
@@ -1324,8 +1325,8 @@ int __ml_chan_sio_open(struct memlan_channel *ch, bool urg, int *wfd)
      * get POLL_OUT's signal at every read-back.  Seen: two signals per ring. */
     long fd = __ml_sys_open(fab->dirfd, name, O_RDONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0);
     long w = fd < 0 ? fd
-                    : __ml_sys_open(fab->dirfd, name, O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC,
-                                    0);
+                    : __ml_sys_open(fab->dirfd, name,
+                                    O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0);
     if (w < 0 && fd >= 0) {
         __ml_sys_close((int)fd);
         fd = w;
