@@ -2334,6 +2334,16 @@ ssize_t mlp_zerocopy_read(struct mlp_sock *s, int fd, struct msghdr *m, int flag
 
 /* A MSG_ZEROCOPY send on an undecided client with the flag (a socket given it in an earlier
  * image, which connect did not see): settled first, without waiting; the state. */
+/* An urgent send before a memlan acceptor took the offer: TCP's urgent pointer cannot ride in
+ * an offer that the server may still take over TCP, so the offer is withdrawn (unless taken
+ * meanwhile) and the send is the kernel's, after what the ring held (design.md, "Urgent
+ * data").  Java's sendUrgentData right after connect failed with EOPNOTSUPP before. */
+int mlp_oob_settle(struct mlp_sock *s, int fd)
+{
+    return mlp_kernel_only(s, fd, "urgent data (MSG_OOB) was sent before a memlan acceptor took "
+                                  "the offer");
+}
+
 int mlp_zerocopy_settle(struct mlp_sock *s, int fd)
 {
     return mlp_kernel_only(s, fd, "a MSG_ZEROCOPY send with SO_ZEROCOPY came before a memlan "

@@ -389,6 +389,7 @@ void mlp_zerocopy_before(void);           /* setsockopt(SO_ZEROCOPY), before the
 bool mlp_zerocopy_send(struct mlp_sock *s, int fd); /* MSG_ZEROCOPY on a channel: owes one? */
 void mlp_zerocopy_done(struct mlp_sock *s);    /* ... sent: its completion queued */
 void mlp_zerocopy_off(struct mlp_sock *s);     /* setsockopt(SO_ZEROCOPY, 0) */
+int mlp_oob_settle(struct mlp_sock *s, int fd); /* MSG_OOB while undecided: withdrawn */
 int mlp_zerocopy_settle(struct mlp_sock *s, int fd); /* ... on an undecided client: the state */
 ssize_t mlp_zerocopy_read(struct mlp_sock *s, int fd, struct msghdr *m, int flags);
 int mlp_zerocopy_set(struct mlp_sock *s, int fd); /* ... turned on, on a connection: -EOPNOTSUPP */

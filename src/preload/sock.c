@@ -1741,11 +1741,12 @@ static ssize_t mlp_send_nothing(struct mlp_sock *s, int flags)
 }
 
 /* An undecided connection's urgent data has no place yet (its bytes go into an offer's ring,
- * and the server may still take it over TCP, where the urgency would be lost): the send fails
- * with EOPNOTSUPP, and the first such refusal of the image is said, in the log and on stderr (an
- * explorer met it only as Python's exception).  The server's port is marked, so that its later
- * connections stay on TCP (mlp_lrec_oob_mark): not from a handler, nor in a known sandbox or
- * out of the fabric's reach (the mark opens the port's record by name). */
+ * and the server may still take it over TCP, where the urgency would be lost), and where the
+ * offer cannot be withdrawn first (mlp_oob_settle: a handler, a vfork child, a sandbox) the send
+ * fails with EOPNOTSUPP, and the first such refusal of the image is said, in the log and on
+ * stderr (an explorer met it only as Python's exception).  The server's port is marked, so that
+ * its later connections stay on TCP (mlp_lrec_oob_mark): not from a handler, nor in a known
+ * sandbox or out of the fabric's reach (the mark opens the port's record by name). */
 static ssize_t mlp_send_oob_refused(struct mlp_sock *s, int fd)
 {
     bool handler = mlp_sig_in_handler();
@@ -1758,8 +1759,10 @@ static ssize_t mlp_send_oob_refused(struct mlp_sock *s, int fd)
     }
     bool marked = port && mlp_lrec_oob_mark(port);
     const char *fmt = "fd %d: a send of urgent data (MSG_OOB) on a connection not yet accepted "
-                      "is refused (EOPNOTSUPP): its server may still take it over TCP; %s%.0d%s"
-                      "MEMLAN_OFF=1, or --no-ports for the port, keeps such connections on TCP";
+                      "is refused (EOPNOTSUPP): its server may still take it over TCP, and it "
+                      "cannot be settled here (a signal handler, a vfork child, a seccomp "
+                      "sandbox); %s%.0d%sMEMLAN_OFF=1, or --no-ports for the port, keeps such "
+                      "connections on TCP";
     const char *pre = marked ? "later connections to port " : "", *post = marked ? " stay on "
                                                                                    "TCP; " : "";
     if (!handler && !(atomic_fetch_or(&mlp_said, MLP_SAID_OOB) & MLP_SAID_OOB))
@@ -1780,8 +1783,8 @@ static ssize_t mlp_send_oob_refused(struct mlp_sock *s, int fd)
  * where the peer's reads stand at it (urg_skip, as Linux's tcp_check_urg).  A short send
  * (nonblocking) marks the last byte it took, as TCP does, and one that took none puts the mark
  * back, where nothing was published past it.  The position assumes the send's bytes go in one
- * run: another thread's send in between may take it (TCP interleaves them too).  No SIGURG is
- * raised (left: design.md).
+ * run: another thread's send in between may take it (TCP interleaves them too).  SIGURG: the
+ * peer's owner FIFO is rung once the bytes are in (mlp_urg_setup).
  */
 static ssize_t mlp_send_urgent(struct mlp_sock *s, int fd, const struct iovec *iov, int n,
                                int flags)
@@ -1862,6 +1865,8 @@ ssize_t mlp_send(struct mlp_sock *s, int fd, const struct iovec *iov, int n, int
     int st = s->state;
     if (st == MLP_UNDECIDED)
         st = mlp_decide(s, fd, false);
+    if (ml_unlikely(flags & MSG_OOB) && st == MLP_UNDECIDED)
+        st = mlp_oob_settle(s, fd); /* withdrawn to TCP, unless taken meanwhile */
     if (ml_unlikely(flags & MSG_OOB) && st != MLP_TCP) /* (on TCP: the kernel's, below) */
         return st == MLP_ACCEL ? mlp_send_urgent(s, fd, iov, n, flags)
                                : mlp_send_oob_refused(s, fd);
