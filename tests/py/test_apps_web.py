@@ -22,6 +22,7 @@ import time
 import pytest
 
 from conftest import fabric, port_range, stop_proc  # noqa: F401 (fixture)
+from test_java import javac
 from test_apps import accelerated, settle, tcp_reasons, wait_port, wrap
 
 next_port = port_range(27201, 27399, "test_apps_web")  # no other test's range, below the ephemeral range
@@ -741,10 +742,7 @@ def test_java_httpserver_thread_pool(fabric, tmp_path):
     statuses are kernel TCP's, every connection accelerated."""
     have("java", "javac", "wrk")
     files(tmp_path)
-    (tmp_path / "Srv.java").write_text(JAVA_SRV)
-    p = subprocess.run(["javac", "-d", str(tmp_path), str(tmp_path / "Srv.java")],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
+    javac(tmp_path, "Srv", JAVA_SRV)
     res = {}
     for on in (False, True):
         base = tmp_path / ("on" if on else "off")
@@ -1000,9 +998,7 @@ def test_http_edges(fabric, tmp_path, name):
     (tmp_path / "edges.py").write_text(EDGES)
     if name == "java":
         have("javac")
-        (tmp_path / "Srv.java").write_text(JAVA_SRV)
-        subprocess.run(["javac", "-d", str(tmp_path), str(tmp_path / "Srv.java")], check=True,
-                       capture_output=True, timeout=120)
+        javac(tmp_path, "Srv", JAVA_SRV)
     res = {}
     for on in (True, False):
         slog, clog, port = tmp_path / f"server-{on}.log", tmp_path / f"client-{on}.log", next_port()

@@ -25,6 +25,14 @@ PORT = [23400]  # 23401-23499: no other test's range, below the ephemeral range 
 JAVA = ["java", "-Xmx256m", "-XX:+UseSerialGC", "-Xshare:auto"]
 
 
+def javac(d, name, source):
+    """source written to d/name.java and compiled there."""
+    (d / f"{name}.java").write_text(source)
+    p = subprocess.run(["javac", "-d", str(d), str(d / f"{name}.java")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+
+
 def next_port():
     while True:
         PORT[0] += 1
@@ -240,10 +248,7 @@ def test_java_nio_and_blocking_sockets_as_over_tcp(fabric, tmp_path):
     its offer, so FIONREAD found the socket undecided (the acceptor had attached and written)
     and answered 0 instead of settling it first."""
     need("java", "javac")
-    (tmp_path / "Rt.java").write_text(RT)
-    p = subprocess.run(["javac", "-d", str(tmp_path), str(tmp_path / "Rt.java")],
-                       capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
+    javac(tmp_path, "Rt", RT)
     tcp_out, tcp_rc, tcp_err, _, _ = one_run(tmp_path, False)
     ml_out, ml_rc, ml_err, slog, clog = one_run(tmp_path, True)
     assert "available: 1000\n" in tcp_out and "done\n" in tcp_out, tcp_out
@@ -260,5 +265,97 @@ def test_java_nio_and_blocking_sockets_as_over_tcp(fabric, tmp_path):
     assert accelerated(clog) == 24 and accelerated(slog) == 24, \
         (clog.read_text()[-2000:], slog.read_text()[-2000:])
     assert tcp_reasons(clog) == [] and tcp_reasons(slog) == []
+    assert hs_errs(tmp_path) == []
+    settle()
+
+
+# Urgent data as Java sends it: Socket.sendUrgentData (MSG_OOB), right after connect, before the
+# server accepts; setOOBInline(true) reading it in line; sendUrgentData as a liveness probe that
+# ends with an IOException once the server closes.  argv: server|client PORT.
+URG = r"""
+import java.io.*;
+import java.net.*;
+
+public class Urg {
+    static String readAll(Socket s) throws IOException {
+        ByteArrayOutputStream o = new ByteArrayOutputStream();
+        byte[] b = new byte[8192];
+        int n;
+        while ((n = s.getInputStream().read(b)) > 0) o.write(b, 0, n);
+        return o.toString("ISO-8859-1");
+    }
+    public static void main(String[] a) throws Exception {
+        int port = Integer.parseInt(a[1]);
+        if (a[0].equals("server")) {
+            try (ServerSocket ss = new ServerSocket(port, 5, InetAddress.getByName("127.0.0.1"))) {
+                System.out.println("listening"); System.out.flush();
+                Thread.sleep(500); // the client's first urgent byte comes before this accept
+                for (int i = 0; i < 2; i++) {
+                    Socket s = ss.accept();
+                    s.setOOBInline(true);
+                    System.out.println("read " + readAll(s));
+                    s.close();
+                }
+                Socket p = ss.accept(); // the probe: never read, closed after a while
+                Thread.sleep(1000);
+                p.close();
+            }
+        } else {
+            for (int i = 0; i < 2; i++) {
+                Socket s = new Socket("127.0.0.1", port);
+                OutputStream o = s.getOutputStream();
+                o.write("abc".getBytes());
+                s.sendUrgentData('X');
+                o.write("def".getBytes());
+                s.sendUrgentData('Y');
+                o.write("end".getBytes());
+                s.close();
+                System.out.println("sent " + i);
+                Thread.sleep(300);
+            }
+            Socket s = new Socket("127.0.0.1", port);
+            String end = "no error in 60 probes";
+            for (int i = 0; i < 60; i++) {
+                try { s.sendUrgentData(0); } catch (IOException e) { end = "probe ended: " + e.getMessage(); break; }
+                Thread.sleep(100);
+            }
+            System.out.println(end);
+            s.close();
+        }
+    }
+}
+"""
+
+
+def test_java_urgent_data_as_over_tcp(fabric, tmp_path):
+    """Socket.sendUrgentData: right after connect, before the server accepts, it threw an
+    IOException under memlan (the offer refused urgent data: EOPNOTSUPP, an explorer); read in
+    line with setOOBInline(true); and as a liveness probe, which ends with an IOException once
+    the server closes.  Every line as over kernel TCP (the first connection goes to TCP, its
+    offer withdrawn; the second may be accepted in time to be carried)."""
+    need("java", "javac")
+    javac(tmp_path, "Urg", URG)
+    outs = {}
+    for on in (False, True):
+        port = next_port()
+        log = tmp_path / f"urg-{on}.log"
+        srv = subprocess.Popen(wrap(JAVA + ["-cp", str(tmp_path), "Urg", "server", str(port)],
+                                    log, on), stdout=subprocess.PIPE, text=True)
+        try:
+            assert srv.stdout.readline().strip() == "listening"
+            c = subprocess.run(wrap(JAVA + ["-cp", str(tmp_path), "Urg", "client", str(port)],
+                                    log, on), capture_output=True, text=True, timeout=120)
+            out, _ = srv.communicate(timeout=60)
+            outs[on] = (c.returncode, c.stdout, srv.returncode, out)
+        finally:
+            if srv.poll() is None:
+                srv.kill()
+                srv.wait()
+    assert outs[False][0] == 0 and "read abcXdefYend" in outs[False][3], outs
+    assert "probe ended" in outs[False][1], outs
+    assert outs[True] == outs[False], (outs, log.read_text()[-3000:])
+    text = log.read_text()
+    assert "TCP (urgent data (MSG_OOB) was sent before a memlan acceptor took the offer)" in text, \
+        text
     assert hs_errs(tmp_path) == []
     settle()
