@@ -316,7 +316,12 @@ public class Urg {
             Socket s = new Socket("127.0.0.1", port);
             String end = "no error in 60 probes";
             for (int i = 0; i < 60; i++) {
-                try { s.sendUrgentData(0); } catch (IOException e) { end = "probe ended: " + e.getMessage(); break; }
+                try {
+                    s.sendUrgentData(0);
+                } catch (IOException e) {
+                    end = "probe ended: " + e.getMessage();
+                    break;
+                }
                 Thread.sleep(100);
             }
             System.out.println(end);
