@@ -27,6 +27,7 @@
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define ML_DEFAULT_RING (256u * 1024u)
 #define ML_MIN_RING     ML_PAGE
@@ -1270,55 +1271,130 @@ static void ml_sio_name(char *buf, size_t len, const struct memlan_channel *ch, 
     __ml_fabric_name(buf, len, pre[urg][side != 0], ch->seg->token);
 }
 
-/* The peer asked for SIGIO (its ML_WAIT_SIGIO; or SIGURG, ML_SOCK_SIGURG, for an urgent
- * byte): a byte to its FIFO raises it, through the kernel, with the owner and signal its socket
- * has.  Opened for each ring (only connections with O_ASYNC pay, and no descriptor of ours
- * lingers in the program), read back where we may read (the peer's user, or one its ACL names:
- * it never fills), never where a seccomp filter may kill for the open (a known gap).  The word
- * is the peer's to write: a peer that sets the bit without a FIFO costs itself our failed
- * opens, nothing else. */
-void __ml_chan_sig_ring(struct memlan_channel *ch, bool urg)
+/* The preload's: a ring that could not reach the peer's FIFO (-errno), said once per process. */
+void (*__ml_sio_missed)(struct memlan_channel *ch, bool urg, int err);
+
+static void ml_sio_miss(struct memlan_channel *ch, bool urg, int err)
 {
-    if (!ml_madv_ok())
-        return;
+    __atomic_fetch_add(&ch->sio_missed, 1, __ATOMIC_RELAXED);
+    if (__ml_sio_missed)
+        __ml_sio_missed(ch, urg, err);
+}
+
+/* The peer's FIFO (urg: its SIGURG one), opened by name: read-write where we may (its user, or
+ * one its ACL names), so that we read our byte back and it never fills; write-only else. */
+static long ml_sio_open_peer(struct memlan_channel *ch, bool urg, bool *rd)
+{
     char name[80];
     ml_sio_name(name, sizeof name, ch, 1 - ch->side, urg);
     int dirfd = ch->seg->fab->dirfd;
     long fd = __ml_sys_open(dirfd, name, O_RDWR | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0);
-    bool rd = fd >= 0;
+    *rd = fd >= 0;
     if (fd == -EACCES)
         fd = __ml_sys_open(dirfd, name, O_WRONLY | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0);
-    if (fd < 0) {
-        __atomic_fetch_add(&ch->sio_missed, 1, __ATOMIC_RELAXED);
-        return;
-    }
-    char b = 1, back[64];
-    if (__ml_sys_write_nosigpipe((int)fd, &b, 1) == 1)
-        __atomic_fetch_add(&ch->sio_rings, 1, __ATOMIC_RELAXED);
-    else
-        __atomic_fetch_add(&ch->sio_missed, 1, __ATOMIC_RELAXED);
-    if (rd)
-        (void)__ml_sys_read((int)fd, back, sizeof back);
-    __ml_sys_close((int)fd);
+    return fd;
 }
 
-/* Our socket asked for SIGIO (or has an owner, for SIGURG: urg): make our FIFO (a stale one of
- * the same name, from a pooled file's last connection or this socket's image before an exec, is
- * replaced) and return its read end (the caller gives it the socket's owner and O_ASYNC, then
- * arms), with a write end in *wfd for the caller to keep as long, or -errno.  The peer may write
- * and read it (its user and the users the channel's file names; everyone where the file is
- * group-wide); nobody else. */
+/* The peer asked for SIGIO (its ML_WAIT_SIGIO; or SIGURG, ML_SOCK_SIGURG, for an urgent
+ * byte): a byte to its FIFO raises it, through the kernel, with the owner and signal its socket
+ * has.  The FIFO is opened at the first ring and kept (one of our fds, ch->sio_ring_fd, once
+ * sio_ring_st is 2; a ring while another thread opens it opens one of its own), so that a
+ * ring costs a write and the read that takes the byte back (a kernel before 5.14 signals only a
+ * write into an empty pipe), and a process that changed its credentials or reached its fd limit
+ * since still rings.  Where it cannot be opened, said once per process (__ml_sio_missed).  The
+ * word is the peer's to write: a peer that sets the bit without a FIFO costs itself our failed
+ * opens, nothing else. */
+void __ml_chan_sig_ring(struct memlan_channel *ch, bool urg)
+{
+    int fd = -1, own = -1;
+    bool rd = false;
+    int st = __atomic_load_n(&ch->sio_ring_st[urg], __ATOMIC_ACQUIRE), zero = 0;
+    if (st == 0 && __atomic_compare_exchange_n(&ch->sio_ring_st[urg], &zero, 1, false,
+                                               __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
+        long f = ml_sio_open_peer(ch, urg, &rd);
+        if (f < 0) {
+            __atomic_store_n(&ch->sio_ring_st[urg], 0, __ATOMIC_RELEASE); /* tried again */
+            ml_sio_miss(ch, urg, (int)-f);
+            return;
+        }
+        ch->sio_ring_rd[urg] = rd;
+        ch->sio_ring_fd[urg] = (int)f;
+        if (__ml_fd_keep) /* at our high numbers, ours (where it moves, the field follows) */
+            __ml_fd_keep(&ch->sio_ring_fd[urg]);
+        __atomic_store_n(&ch->sio_ring_st[urg], 2, __ATOMIC_RELEASE);
+        st = 2;
+    }
+    if (st == 2) {
+        fd = __atomic_load_n(&ch->sio_ring_fd[urg], __ATOMIC_RELAXED);
+        rd = ch->sio_ring_rd[urg];
+    }
+    if (fd < 0) { /* another thread opens it: one of our own this time */
+        long f = ml_sio_open_peer(ch, urg, &rd);
+        if (f < 0) {
+            ml_sio_miss(ch, urg, (int)-f);
+            return;
+        }
+        own = fd = (int)f;
+    }
+    char b = 1, back[64];
+    ssize_t n = __ml_sys_write_nosigpipe(fd, &b, 1);
+    if (n == 1)
+        __atomic_fetch_add(&ch->sio_rings, 1, __ATOMIC_RELAXED);
+    else
+        ml_sio_miss(ch, urg, (int)-n);
+    if (rd)
+        (void)__ml_sys_read(fd, back, sizeof back);
+    if (own >= 0)
+        __ml_sys_close(own);
+}
+
+/* Our fds on the peer's FIFOs, kept from the first ring, go with the channel. */
+void __ml_chan_sio_drop(struct memlan_channel *ch)
+{
+    for (int i = 0; i < 2; i++) {
+        int fd = ch->sio_ring_st[i] == 2 ? ch->sio_ring_fd[i] : -1;
+        ch->sio_ring_st[i] = 0;
+        if (fd >= 0) {
+            if (__ml_fd_drop)
+                __ml_fd_drop(fd);
+            __ml_sys_close(fd);
+        }
+    }
+}
+
+/* Our socket asked for SIGIO (or has an owner, for SIGURG: urg): our FIFO, made, or taken as it
+ * is where the name holds a FIFO of our user's (another holder of our side made it: a process
+ * that execs, a fork child's system(), a receiver over SCM_RIGHTS; replaced, the others' read
+ * ends were left on an unnamed FIFO that the peer no longer rang: a review); its read end is
+ * returned (the caller gives it the socket's owner and O_ASYNC, then arms), with a write end
+ * in *wfd for the caller to keep as long, or -errno.  The peer may write and read it (its user
+ * and the users the channel's file names; everyone where the file is group-wide); nobody
+ * else. */
 int __ml_chan_sio_open(struct memlan_channel *ch, bool urg, int *wfd)
 {
     *wfd = -1;
     memlan_fabric_t *fab = ch->seg->fab;
     char name[80];
     ml_sio_name(name, sizeof name, ch, ch->side, urg);
+    bool made = true;
     int r = __ml_sys_mknodat(fab->dirfd, name, S_IFIFO | 0600);
-    if (r == -EEXIST && __ml_sys_unlinkat(fab->dirfd, name, 0) == 0)
-        r = __ml_sys_mknodat(fab->dirfd, name, S_IFIFO | 0600);
+    if (r == -EEXIST) {
+        struct stat st;
+        made = false;
+        r = __ml_sys_fstatat(fab->dirfd, name, &st, AT_SYMLINK_NOFOLLOW);
+        if (r == 0 && (!S_ISFIFO(st.st_mode) || st.st_uid != geteuid())) {
+            /* not ours: replaced where we may (the directory's sticky bit keeps others' own) */
+            made = true;
+            r = __ml_sys_unlinkat(fab->dirfd, name, 0);
+            if (r == 0)
+                r = __ml_sys_mknodat(fab->dirfd, name, S_IFIFO | 0600);
+        }
+    }
     if (r < 0)
         return r;
+    struct ml_sock_side *sides = (struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF);
+    if (!urg) /* (ML_SOCK_SIGURG, the caller's, says it for the other) */
+        ml_fetch_or(&sides[ch->side].flags, ML_SOCK_SIO);
     /* The read end (its signal), and a write end of ours that keeps the FIFO from ever losing
      * its last writer: a ringer's close would otherwise raise a second signal (the pipe's
      * release signals a reader left without writers), and a read end opened read-write would
@@ -1333,7 +1409,7 @@ int __ml_chan_sio_open(struct memlan_channel *ch, bool urg, int *wfd)
     }
     *wfd = fd < 0 ? -1 : (int)w;
     struct stat st;
-    if (fd >= 0 && fab->shared && __ml_sys_fstat((int)fd, &st) == 0) {
+    if (fd >= 0 && made && fab->shared && __ml_sys_fstat((int)fd, &st) == 0) {
         uint32_t u[ML_ACCESS_MAX];
         int n = 0;
         for (uint32_t i = 0; ch->posters_private && i < ch->posters.n; i++)
@@ -1349,9 +1425,25 @@ int __ml_chan_sio_open(struct memlan_channel *ch, bool urg, int *wfd)
             fd = r;
         }
     }
-    if (fd < 0)
+    if (fd < 0 && made)
         (void)__ml_sys_unlinkat(fab->dirfd, name, 0);
     return (int)fd;
+}
+
+/* The channel's file loses its name (our close, our exit, the pool): its sides' FIFOs go with
+ * it, where a side made one (its flags say so: no system call for a channel without). */
+void __ml_chan_sio_names_gone(struct memlan_channel *ch)
+{
+    struct ml_sock_side *sides = (struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF);
+    for (int side = 0; side < 2; side++) {
+        uint32_t f = ml_load_relaxed(&sides[side].flags);
+        for (int urg = 0; urg < 2; urg++)
+            if (f & (urg ? ML_SOCK_SIGURG : ML_SOCK_SIO)) {
+                char name[80];
+                ml_sio_name(name, sizeof name, ch, side, urg);
+                (void)__ml_sys_unlinkat(ch->seg->fab->dirfd, name, 0);
+            }
+    }
 }
 
 /* Arm (or disarm) our data tripwire's SIGIO bit: the peer rings our FIFO at each publication
@@ -1360,8 +1452,16 @@ void __ml_chan_sio_arm(struct memlan_channel *ch, bool on)
 {
     if (on)
         ml_fetch_or(&ch->rx.ctl->rx_wait, ML_WAIT_SIGIO);
-    else
+    else if (ml_load_relaxed(&ch->rx.ctl->rx_wait) & ML_WAIT_SIGIO) /* (F_SETFL's every call) */
         ml_fetch_and(&ch->rx.ctl->rx_wait, ~ML_WAIT_SIGIO);
+}
+
+/* A receive's sleep without SIGIO (quiet): the bit off, and whether it was on; then on again. */
+bool __ml_chan_sio_quiet(struct memlan_channel *ch, bool quiet)
+{
+    if (!quiet)
+        return (ml_fetch_or(&ch->rx.ctl->rx_wait, ML_WAIT_SIGIO) & ML_WAIT_SIGIO) == 0;
+    return (ml_fetch_and(&ch->rx.ctl->rx_wait, ~ML_WAIT_SIGIO) & ML_WAIT_SIGIO) != 0;
 }
 
 /* Our side's last holder lets go: the FIFO's name goes (the fabric's sweep removes it too, once
@@ -3219,6 +3319,7 @@ void __ml_chan_end(struct memlan_channel *ch)
 {
     if (!ch)
         return;
+    __ml_chan_sio_drop(ch);
     if (ch->evq)
         (void)memlan_evq_del(ch->evq, ch);
     ml_set_state(ch, ML_SIDE_CLOSED);
@@ -3237,6 +3338,8 @@ void __ml_chan_end(struct memlan_channel *ch)
     if (ch->side == 1 && !ch->seg->owner &&
         (atomic_load(&sides[0].flags) & ML_SOCK_NAME_LEFT))
         ch->seg->owner = true;
+    if (ch->seg->owner) /* we remove (or park) the file: its FIFOs' names go first */
+        __ml_chan_sio_names_gone(ch);
     if (!ml_pool_park(ch)) {
         if (ch->side == 0 && ch->poolable && ch->seg->owner && ml_chan_name_left(ch->seg))
             ch->seg->owner = false;
@@ -3260,6 +3363,7 @@ void memlan_channel_close(memlan_channel_t *ch)
      * child leaves the parent's connection alone. */
     if (ch->evq)
         (void)memlan_evq_del(ch->evq, ch);
+    __ml_chan_sio_drop(ch);
     ch->seg->owner = false;
     __ml_seg_destroy(ch->seg);
     __ml_free(ch);

@@ -111,7 +111,12 @@ struct memlan_channel {
     _Atomic bool grow_off;
     uint64_t grows;           /* times our direction went into its region (memlan stat) */
     uint64_t sio_rings;       /* bytes written to the peer's SIGIO or SIGURG FIFO (atomic) */
-    uint64_t sio_missed;      /* rings that found no FIFO, or a full one */
+    uint64_t sio_missed;      /* rings that could not open it, or write to it */
+    int sio_ring_fd[2];       /* our fd on the peer's SIGIO [0] and SIGURG [1] FIFO, from the
+                               * first ring on, valid where sio_ring_st is 2 (__ml_chan_sig_ring):
+                               * 0 none, 1 being opened, 2 open */
+    int sio_ring_st[2];
+    bool sio_ring_rd[2];      /* ... opened read-write: the ring reads its byte back */
     uint32_t grow_slot;       /* the socket layer's: its slot in the list of idle regions + 1 */
 };
 
@@ -119,8 +124,12 @@ void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
                          const struct ml_evq_ref *refs);
 int __ml_chan_sio_open(struct memlan_channel *ch, bool urg, int *wfd); /* our FIFO */
 void __ml_chan_sio_arm(struct memlan_channel *ch, bool on);
+bool __ml_chan_sio_quiet(struct memlan_channel *ch, bool quiet);
 void __ml_chan_sio_unlink(struct memlan_channel *ch, bool urg);
 void __ml_chan_sig_ring(struct memlan_channel *ch, bool urg); /* the peer's FIFO */
+void __ml_chan_sio_drop(struct memlan_channel *ch);           /* our fds on it go */
+void __ml_chan_sio_names_gone(struct memlan_channel *ch);     /* with the file's name */
+extern void (*__ml_sio_missed)(struct memlan_channel *ch, bool urg, int err);
 
 /* After publishing: wake the other side if, and only if, it armed its tripwire. */
 static inline void __ml_chan_wake(struct memlan_channel *ch, _Atomic uint32_t *word,

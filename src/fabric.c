@@ -466,11 +466,16 @@ static int ml_reclaim_seg_cx(memlan_fabric_t *fab, const char *name, struct ml_c
         ml_clean_note(&cx->rep->kept, cx->rep->kept_name, sizeof cx->rep->kept_name, name);
     if (u == 0) {
         removed = 1;
-        if (strncmp(name, "seg-", 4) == 0) { /* an event queue's doorbell goes with it */
-            char bell[80];
-            __ml_fabric_name(bell, sizeof bell, "bell", name + 4);
-            if (__ml_sys_unlinkat(fab->dirfd, bell, 0) == 0)
-                removed++;
+        if (strncmp(name, "seg-", 4) == 0) {
+            /* an event queue's doorbell goes with it, and a channel's sides' SIGIO and SIGURG
+             * FIFOs (channel.c, __ml_chan_sio_open) */
+            static const char *const fifo[] = {"bell", "sio0", "sio1", "urg0", "urg1"};
+            for (size_t i = 0; i < sizeof fifo / sizeof fifo[0]; i++) {
+                char f[80];
+                __ml_fabric_name(f, sizeof f, fifo[i], name + 4);
+                if (__ml_sys_unlinkat(fab->dirfd, f, 0) == 0)
+                    removed++;
+            }
         }
     }
     __ml_sys_close((int)fd);

@@ -11,6 +11,7 @@
 #include "sys/sys.h"
 
 #include <errno.h>
+#include <linux/sockios.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -950,6 +951,11 @@ MLP_EXPORT int ioctl(int fd, unsigned long req, ...)
      * copy, and a blocking sendall said EAGAIN: a review). */
     if (r == 0 && req == FIONBIO)
         mlp_set_nonblock(s, *(const int *)arg != 0);
+    if (r == 0 && (req == FIOSETOWN || req == SIOCSPGRP)) { /* F_SETOWN's ioctls */
+        int saved = errno;
+        mlp_sio_owner(s, fd);
+        errno = saved;
+    }
     mlp_put(s);
     return r;
 }

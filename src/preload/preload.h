@@ -509,6 +509,8 @@ ssize_t mlp_splice_to(struct mlp_sock *s, int fd, int pipe, size_t len, unsigned
 int mlp_shutdown(struct mlp_sock *s, int fd, int how);
 void mlp_async(struct mlp_sock *s, int fd, bool on); /* O_ASYNC set or cleared */
 void mlp_sio_owner(struct mlp_sock *s, int fd); /* F_SETOWN(_EX), F_SETSIG: to our FIFOs too */
+void mlp_sio_missed(struct memlan_channel *ch, bool urg, int err); /* a peer's FIFO: said */
+void mlp_sio_at_exit(struct mlp_sock *s); /* our FIFOs' names, where we hold the side alone */
 int mlp_ioctl(struct mlp_sock *s, int fd, unsigned long req, void *arg, bool *handled);
 void mlp_set_nonblock(struct mlp_sock *s, bool on);
 bool mlp_nonblock(struct mlp_sock *s);

@@ -1539,7 +1539,24 @@ static int mlp_wait_long(struct mlp_sock *s, int dir, uint64_t want, uint64_t de
     }
 }
 
+static int mlp_wait_dir_on(struct mlp_sock *s, int dir, uint64_t want, uint64_t *dl);
+
 static int mlp_wait_dir(struct mlp_sock *s, int dir, uint64_t want, uint64_t *dl)
+{
+    /* A receive asleep on a socket with O_ASYNC takes what comes without a signal, as the
+     * kernel's (sk_wait_data sets SOCKWQ_ASYNC_WAITDATA): a SIGIO handler that read the socket
+     * took the bytes from under it, which then said EINTR (a review).  Our SIGIO bit off for
+     * the wait, where this process made the socket's FIFO; on again after. */
+    if (ml_likely(dir != 0 || s->sio_fd < 0))
+        return mlp_wait_dir_on(s, dir, want, dl);
+    bool quiet = __ml_chan_sio_quiet(s->ch, true);
+    int r = mlp_wait_dir_on(s, dir, want, dl);
+    if (quiet)
+        (void)__ml_chan_sio_quiet(s->ch, false);
+    return r;
+}
+
+static int mlp_wait_dir_on(struct mlp_sock *s, int dir, uint64_t want, uint64_t *dl)
 {
     uint64_t tmo = dir == 0 ? s->ch->rx_tmo_ns : s->ch->tx_tmo_ns;
     uint64_t deadline = mlp_call_deadline(dl, tmo);
@@ -3079,12 +3096,13 @@ int mlp_shutdown(struct mlp_sock *s, int fd, int how)
  * O_ASYNC (fcntl F_SETFL, ioctl FIOASYNC) asks for SIGIO (or F_SETSIG's signal) when data
  * comes.  The kernel raises it for its own socket, which an accelerated connection's bytes never
  * reach (gdb's interrupt, which gdbserver waits for by SIGIO, hung).  So the channel carries it:
- * our side gets a FIFO in the fabric (sioS-TOKEN, channel.c), whose read end we hold with
- * O_ASYNC and the socket's owner and signal, and the peer writes a byte to it at each
- * publication (its bytes, its end) while our tripwire's ML_WAIT_SIGIO stands: the kernel raises
- * the signal (design.md, "SIGIO").  Cleared, the bit goes and the FIFO stays until the socket
- * does.  Where it cannot be carried (a handler, a vfork child, a sandbox, no FIFO), said once
- * per connection, in the log and, the image's first time, on stderr.
+ * our side has a FIFO in the fabric (sioS-TOKEN, channel.c; made by its first holder, taken as
+ * it is by the others), whose read end each holder keeps with O_ASYNC and the socket's owner
+ * and signal, and the peer writes a byte to it at each publication (its bytes, its end) while
+ * our tripwire's ML_WAIT_SIGIO stands: the kernel raises the signal (design.md, "SIGIO").
+ * Cleared, the bit goes and the FIFO stays until the socket does.  Where it cannot be carried
+ * (a handler, a vfork child, a sandbox, no FIFO), said once per connection, in the log and, the
+ * image's first time, on stderr.
  */
 static bool mlp_sio_lock(struct mlp_sock *s)
 {
@@ -3152,21 +3170,58 @@ static void mlp_urg_setup(struct mlp_sock *s, int fd)
 void mlp_sio_owner(struct mlp_sock *s, int fd)
 {
     int sf = s->sio_fd, uf = s->urg_fd;
-    if (sf >= 0)
+    if (sf >= 0) {
         mlp_fifo_owner(sf, fd, false);
+    } else if (s->type == MLP_CONN && s->ch && s->state != MLP_TCP && !mlp_sig_in_handler() &&
+               !mlp_vfork_child()) {
+        /* O_ASYNC set by another holder (our fork parent, after the fork): our own read end,
+         * with the owner we set (that holder's keeps its own: the old owner is signalled too) */
+        long fl = __ml_sys_fcntl(fd, F_GETFL, 0);
+        if (fl > 0 && (fl & O_ASYNC))
+            mlp_async(s, fd, true);
+    }
     if (uf >= 0)
         mlp_fifo_owner(uf, fd, true);
     else
         mlp_urg_setup(s, fd);
 }
 
+/* A ring of ours that could not reach a peer's FIFO (channel.c, __ml_chan_sig_ring): that
+ * peer's program may wait for a signal that will not come.  Said once per process, not from a
+ * handler; a FIFO that is gone (the peer closed) or full (it rings already) is not a miss. */
+void mlp_sio_missed(struct memlan_channel *ch, bool urg, int err)
+{
+    static _Atomic bool told;
+    if (err == ENOENT || err == ENXIO || err == EPIPE || err == EAGAIN ||
+        mlp_sig_in_handler() || mlp_vfork_child() || atomic_exchange(&told, true))
+        return;
+    mlp_log(0, "a peer asked for %s, which memlan raises through a FIFO of the peer's in the "
+               "fabric, and this process could not open it (%s%s): no %s reaches that peer for "
+               "this process's sends",
+            urg ? "SIGURG (an owner set on its socket)" : "SIGIO (O_ASYNC)", strerror(err),
+            err == EACCES ? ": it changed its credentials, or the fabric's permissions keep it "
+                            "out" : err == EMFILE || err == ENFILE ? ": no descriptor left" : "",
+            urg ? "SIGURG" : "SIGIO");
+    (void)ch;
+}
+
+/* At exit, a side we hold alone: our FIFOs' names go (the fds go with the process). */
+void mlp_sio_at_exit(struct mlp_sock *s)
+{
+    if (s->type != MLP_CONN || !s->ch || !s->me || atomic_load(&s->me->holders) > 1)
+        return;
+    if (s->sio_fd >= 0)
+        __ml_chan_sio_unlink(s->ch, false);
+    if (s->urg_fd >= 0)
+        __ml_chan_sio_unlink(s->ch, true);
+}
+
 void mlp_async(struct mlp_sock *s, int fd, bool on)
 {
     if (s->type != MLP_CONN || s->state == MLP_TCP || !s->ch)
         return;
-    if (!on) {
-        if (s->sio_fd >= 0) /* the open file's flag, for every holder (as the kernel's is) */
-            __ml_chan_sio_arm(s->ch, false);
+    if (!on) { /* the open file's flag, for every holder (as the kernel's is), FIFO or not */
+        __ml_chan_sio_arm(s->ch, false);
         return;
     }
     const char *why = NULL;
@@ -3626,6 +3681,7 @@ static void mlp_sock_destroy_conn(struct mlp_sock *s)
                     !mlp_cred_lost(false);
         if (!(last && s->state == MLP_TCP))
             s->ch->seg->owner = false;
+        __ml_chan_sio_drop(s->ch);
         if (look)
             mlp_let_go_look(s->ch);
         else
@@ -3752,6 +3808,7 @@ static void mlp_unname_at_exit(struct mlp_sock *s)
         atomic_load(&s->me->holders) <= 1 && __ml_chan_peer_state(ch) == ML_SIDE_CLOSED &&
         (atomic_load(&mlp_side_block(ch, 0)->flags) & ML_SOCK_NAME_LEFT)) {
         ch->seg->owner = true;
+        __ml_chan_sio_names_gone(ch);
         __ml_seg_unname(ch->seg);
         return;
     }
@@ -3782,6 +3839,7 @@ static void mlp_unname_at_exit(struct mlp_sock *s)
         atomic_fetch_and(&s->me->flags, ~ML_SOCK_UNNAMED);
         return;
     }
+    __ml_chan_sio_names_gone(ch);
     __ml_seg_unname(ch->seg);
 }
 
@@ -3834,6 +3892,7 @@ static void mlp_passed_at_exit(struct mlp_sock *s, int fd)
     __ml_chan_abandon(ch); /* our side closed, and the peer woken whichever way it waits */
     mlp_log(1, "fd %d: a connection passed to another process over SCM_RIGHTS ends with this "
                "process (reset)", fd);
+    __ml_chan_sio_names_gone(ch);
     __ml_seg_unname(ch->seg);
 }
 
@@ -3943,6 +4002,7 @@ void mlp_at_exit(void)
                 mlp_withdrawn_at_exit(s);
             }
             mlp_passed_at_exit(s, fd);
+            mlp_sio_at_exit(s);
             mlp_unname_at_exit(s);
             mlp_exiting_say(s);
         }
