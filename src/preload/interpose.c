@@ -340,6 +340,8 @@ static void mlp_fd_released(int fd, char *offer)
             mlp_epoll_sock_gone(s);
             mlp_before_last_close(s, fd);
             mlp_keep_file(s, fd);
+        } else if (s->type == MLP_CONN && s->ch && s->ch->sock_fd == fd) {
+            mlp_sock_fd_moved(s, fd);
         }
         mlp_put(s);
     }

@@ -511,6 +511,7 @@ void mlp_async(struct mlp_sock *s, int fd, bool on); /* O_ASYNC set or cleared *
 void mlp_sio_owner(struct mlp_sock *s, int fd); /* F_SETOWN(_EX), F_SETSIG: to our FIFOs too */
 void mlp_sio_missed(struct memlan_channel *ch, bool urg, int err); /* a peer's FIFO: said */
 void mlp_sio_at_exit(struct mlp_sock *s); /* our FIFOs' names, where we hold the side alone */
+void mlp_sock_fd_moved(struct mlp_sock *s, int fd); /* ch->sock_fd to another of s's fds */
 int mlp_ioctl(struct mlp_sock *s, int fd, unsigned long req, void *arg, bool *handled);
 void mlp_set_nonblock(struct mlp_sock *s, bool on);
 bool mlp_nonblock(struct mlp_sock *s);

@@ -979,6 +979,24 @@ static unsigned mlp_wait_hook(void)
     return mlp_sig_nores_count();
 }
 
+/* fd, the number the channel's liveness looks ask the kernel socket through (ch->sock_fd), no
+ * longer names it, and others of ours do (an inetd's child, vsftpd's session: dup2 onto 0, 1 and
+ * 2, then a close of the first): the looks go through one of those.  Kept, they asked a number
+ * that named another file (vsftpd's log), could not tell the peer's end, and a session whose
+ * client was killed, unable to open the channel's file by name (it dropped its privileges),
+ * waited in recv for ever (an explorer). */
+void mlp_sock_fd_moved(struct mlp_sock *s, int fd)
+{
+    int max = mlp_fd_max();
+    for (int f = mlp_fdrec_next(0, max); f >= 0; f = mlp_fdrec_next(f + 1, max)) {
+        struct mlp_fdrec *r = mlp_fdrec(f);
+        if (f != fd && r && atomic_load_explicit(&r->sock, memory_order_acquire) == s) {
+            s->ch->sock_fd = f;
+            return;
+        }
+    }
+}
+
 /* The channel's question at an urgent byte (channel.c, ml_urg_inline): the kernel socket's
  * SO_OOBINLINE, set before the connection was ours (on the listener, or before connect); one
  * that setsockopt sets later is noted directly (mlp_setsockopt).  No system call where a filter

@@ -1475,3 +1475,68 @@ def test_an_exec_judges_file_capabilities_as_the_kernel(pubdir, how):
     else:
         assert got[1] == "b''", (got, s[-3000:])
         assert "cannot follow the exec of" in s and "a program with file capabilities" in s, s
+
+
+# inetd's and vsftpd's way: a child takes the accepted connection onto 0 and 1, closes the number
+# it came on, drops to nobody (the fabric out of its reach), and reads until its client's end.
+MOVED_SERVER = LISTENER + r"""
+import os, signal, sys
+c, _ = ls.accept()
+pid = os.fork()
+if pid == 0:
+    ls.close()
+    os.dup2(c.fileno(), 0)
+    os.dup2(c.fileno(), 1)
+    c.close()
+    os.setresuid(65534, 65534, 65534)
+    print("first", os.read(0, 100), file=sys.stderr, flush=True)
+    def late(*a):
+        print("end: none within 8 s", file=sys.stderr, flush=True)
+        os._exit(0)
+    signal.signal(signal.SIGALRM, late)
+    signal.alarm(8)
+    print("end", os.read(0, 100), file=sys.stderr, flush=True)  # a blocking read, as vsftpd's
+    os._exit(0)
+c.close()
+os.waitpid(pid, 0)
+"""
+
+KILLED_CLIENT = r"""
+import os, signal, socket, sys, time
+s = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+s.sendall(b"hi")
+time.sleep(0.3)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_moved_connection_hears_its_killed_client(fabric, tmp_path):
+    """A connection moved onto 0 and 1 with its first number closed, in a child that then drops
+    to nobody (vsftpd's session, an inetd service), must see its client's end when the client
+    is killed.  The channel's liveness looks asked the kernel socket through the first number,
+    which named another file now (vsftpd's log), and the channel's file by name, which the
+    child may no longer open: vsftpd's sessions waited in recv for ever after their clients were
+    killed (an explorer).  Now the looks move to another number of the connection's."""
+    (tmp_path / "srv.py").write_text(MOVED_SERVER)
+    (tmp_path / "cli.py").write_text(KILLED_CLIENT)
+    outs = {}
+    for on in (False, True):
+        log = tmp_path / f"m{on}.log"
+        srv = subprocess.Popen(wrap(["python3", str(tmp_path / "srv.py")], log, on),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            port = int(srv.stdout.readline())
+            cli = subprocess.run(wrap(["python3", str(tmp_path / "cli.py"), str(port)], log, on),
+                                 timeout=60)
+            assert cli.returncode in (-9, 137), cli.returncode
+            _, err = srv.communicate(timeout=30)
+            outs[on] = [x for x in err.splitlines() if not x.startswith("memlan")]
+        finally:
+            if srv.poll() is None:
+                srv.kill()
+                srv.wait()
+    assert outs[False] == ["first b'hi'", "end b''"], outs
+    assert outs[True] == outs[False], (outs, log.read_text()[-2000:])
+    text = log.read_text()
+    assert "accelerated (accepted" in text and CRED in text, text
+    settle()
