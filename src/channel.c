@@ -1309,6 +1309,7 @@ void __ml_chan_sig_ring(struct memlan_channel *ch, bool urg)
     int fd = -1, own = -1;
     bool rd = false;
     int st = __atomic_load_n(&ch->sio_ring_st[urg], __ATOMIC_ACQUIRE), zero = 0;
+    /* (3: dropped, the channel ending: a last ring opens one of its own, kept nowhere) */
     if (st == 0 && __atomic_compare_exchange_n(&ch->sio_ring_st[urg], &zero, 1, false,
                                                __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) {
         long f = ml_sio_open_peer(ch, urg, &rd);
@@ -1352,8 +1353,10 @@ void __ml_chan_sig_ring(struct memlan_channel *ch, bool urg)
 void __ml_chan_sio_drop(struct memlan_channel *ch)
 {
     for (int i = 0; i < 2; i++) {
-        int fd = ch->sio_ring_st[i] == 2 ? ch->sio_ring_fd[i] : -1;
-        ch->sio_ring_st[i] = 0;
+        /* 3: no ring after this keeps an fd (the end's own wake-up rang after the drop, and
+         * kept an fd whose record pointed into the freed channel: a review) */
+        int st = __atomic_exchange_n(&ch->sio_ring_st[i], 3, __ATOMIC_ACQ_REL);
+        int fd = st == 2 ? ch->sio_ring_fd[i] : -1;
         if (fd >= 0) {
             if (__ml_fd_drop)
                 __ml_fd_drop(fd);
@@ -1393,8 +1396,7 @@ int __ml_chan_sio_open(struct memlan_channel *ch, bool urg, int *wfd)
     if (r < 0)
         return r;
     struct ml_sock_side *sides = (struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF);
-    if (!urg) /* (ML_SOCK_SIGURG, the caller's, says it for the other) */
-        ml_fetch_or(&sides[ch->side].flags, ML_SOCK_SIO);
+    ml_fetch_or(&sides[ch->side].flags, ML_SOCK_SIO);
     /* The read end (its signal), and a write end of ours that keeps the FIFO from ever losing
      * its last writer: a ringer's close would otherwise raise a second signal (the pipe's
      * release signals a reader left without writers), and a read end opened read-write would
@@ -1438,7 +1440,7 @@ void __ml_chan_sio_names_gone(struct memlan_channel *ch)
     for (int side = 0; side < 2; side++) {
         uint32_t f = ml_load_relaxed(&sides[side].flags);
         for (int urg = 0; urg < 2; urg++)
-            if (f & (urg ? ML_SOCK_SIGURG : ML_SOCK_SIO)) {
+            if (f & (ML_SOCK_SIO | ML_SOCK_SIGURG)) {
                 char name[80];
                 ml_sio_name(name, sizeof name, ch, side, urg);
                 (void)__ml_sys_unlinkat(ch->seg->fab->dirfd, name, 0);
@@ -1456,13 +1458,6 @@ void __ml_chan_sio_arm(struct memlan_channel *ch, bool on)
         ml_fetch_and(&ch->rx.ctl->rx_wait, ~ML_WAIT_SIGIO);
 }
 
-/* A receive's sleep without SIGIO (quiet): the bit off, and whether it was on; then on again. */
-bool __ml_chan_sio_quiet(struct memlan_channel *ch, bool quiet)
-{
-    if (!quiet)
-        return (ml_fetch_or(&ch->rx.ctl->rx_wait, ML_WAIT_SIGIO) & ML_WAIT_SIGIO) == 0;
-    return (ml_fetch_and(&ch->rx.ctl->rx_wait, ~ML_WAIT_SIGIO) & ML_WAIT_SIGIO) != 0;
-}
 
 /* Our side's last holder lets go: the FIFO's name goes (the fabric's sweep removes it too, once
  * the channel's file is gone). */
@@ -1488,7 +1483,11 @@ void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
         __ml_sys_futex_wake(word, INT32_MAX);
         ch->wakeups++;
     }
-    if (w & ML_WAIT_SIGIO)
+    /* A thread asleep in the library on the word (a blocking receive) takes what comes without
+     * a signal, as the kernel's sk_wait_data holds it back (SOCKWQ_ASYNC_WAITDATA); the bit is
+     * cleared by this very wake-up, so a sleeper that never came back (a longjmp out of its
+     * handler, a cancellation) holds back one signal, not all the later ones (a review). */
+    if ((w & ML_WAIT_SIGIO) && !(w & ML_WAIT_FUTEX))
         __ml_chan_sig_ring(ch, false);
     if (w & ML_WAIT_EVQ_ANY) {
         for (uint32_t i = 0; i < ML_EVQ_REFS; i++)
@@ -3319,10 +3318,10 @@ void __ml_chan_end(struct memlan_channel *ch)
 {
     if (!ch)
         return;
-    __ml_chan_sio_drop(ch);
     if (ch->evq)
         (void)memlan_evq_del(ch->evq, ch);
     ml_set_state(ch, ML_SIDE_CLOSED);
+    __ml_chan_sio_drop(ch); /* after the end's wake-up, which may ring */
     /* The creator ended without closing (it died, or exited with processes of its sharing the
      * side, which keep its file's name) and we saw it gone: its file is nobody's now, and the
      * last side to let go removes its name (ml_seg_unlink checks it is still this file).  Only

@@ -114,7 +114,7 @@ struct memlan_channel {
     uint64_t sio_missed;      /* rings that could not open it, or write to it */
     int sio_ring_fd[2];       /* our fd on the peer's SIGIO [0] and SIGURG [1] FIFO, from the
                                * first ring on, valid where sio_ring_st is 2 (__ml_chan_sig_ring):
-                               * 0 none, 1 being opened, 2 open */
+                               * 0 none, 1 being opened, 2 open, 3 dropped (the channel ends) */
     int sio_ring_st[2];
     bool sio_ring_rd[2];      /* ... opened read-write: the ring reads its byte back */
     uint32_t grow_slot;       /* the socket layer's: its slot in the list of idle regions + 1 */
@@ -124,7 +124,6 @@ void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
                          const struct ml_evq_ref *refs);
 int __ml_chan_sio_open(struct memlan_channel *ch, bool urg, int *wfd); /* our FIFO */
 void __ml_chan_sio_arm(struct memlan_channel *ch, bool on);
-bool __ml_chan_sio_quiet(struct memlan_channel *ch, bool quiet);
 void __ml_chan_sio_unlink(struct memlan_channel *ch, bool urg);
 void __ml_chan_sig_ring(struct memlan_channel *ch, bool urg); /* the peer's FIFO */
 void __ml_chan_sio_drop(struct memlan_channel *ch);           /* our fds on it go */

@@ -208,8 +208,8 @@ struct ml_chan_hdr {
                                * ours alone: its end comes by the kernel socket's FIN, which no
                                * code of ours announces here; the peer's blocking calls watch
                                * that socket rather than the ring's futex alone */
-#define ML_SOCK_SIO    8192u  /* our side made its SIGIO FIFO (sioS-TOKEN): whoever removes the
-                               * channel's file removes it too (and urgS-TOKEN, ML_SOCK_SIGURG) */
+#define ML_SOCK_SIO    8192u  /* our side made its SIGIO or SIGURG FIFO (sioS-TOKEN, urgS-TOKEN):
+                               * whoever removes the channel's file removes them too */
 #define ML_SOCK_SIGURG 4096u  /* our socket has an owner (F_SETOWN): the peer's urgent send
                                * rings our FIFO urgS-TOKEN, which raises SIGURG for it, as the
                                * kernel raises it when TCP's urgent pointer comes (design.md,

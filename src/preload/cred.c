@@ -291,6 +291,7 @@ static void mlp_cred_keep_files(void)
                 atomic_fetch_sub(&mlp_cred_kept, 1);
             }
         }
+        mlp_urg_premake(s); /* an owner set after the change gets its SIGURG (sock.c) */
         mlp_put(s);
     }
 }

@@ -1557,24 +1557,7 @@ static int mlp_wait_long(struct mlp_sock *s, int dir, uint64_t want, uint64_t de
     }
 }
 
-static int mlp_wait_dir_on(struct mlp_sock *s, int dir, uint64_t want, uint64_t *dl);
-
 static int mlp_wait_dir(struct mlp_sock *s, int dir, uint64_t want, uint64_t *dl)
-{
-    /* A receive asleep on a socket with O_ASYNC takes what comes without a signal, as the
-     * kernel's (sk_wait_data sets SOCKWQ_ASYNC_WAITDATA): a SIGIO handler that read the socket
-     * took the bytes from under it, which then said EINTR (a review).  Our SIGIO bit off for
-     * the wait, where this process made the socket's FIFO; on again after. */
-    if (ml_likely(dir != 0 || s->sio_fd < 0))
-        return mlp_wait_dir_on(s, dir, want, dl);
-    bool quiet = __ml_chan_sio_quiet(s->ch, true);
-    int r = mlp_wait_dir_on(s, dir, want, dl);
-    if (quiet)
-        (void)__ml_chan_sio_quiet(s->ch, false);
-    return r;
-}
-
-static int mlp_wait_dir_on(struct mlp_sock *s, int dir, uint64_t want, uint64_t *dl)
 {
     uint64_t tmo = dir == 0 ? s->ch->rx_tmo_ns : s->ch->tx_tmo_ns;
     uint64_t deadline = mlp_call_deadline(dl, tmo);
@@ -3183,8 +3166,30 @@ static void mlp_urg_setup(struct mlp_sock *s, int fd)
                    "FIFO could not be made (%s), so no SIGURG will come", fd, strerror(-f));
 }
 
+/* Before a credential change that may put the fabric out of reach (cred.c): the SIGURG FIFO
+ * made now, without an owner (no signal yet), for an owner set after the change (vsftpd's
+ * session sets it once it runs as the user: its FIFO could not be made, and its async ABOR was
+ * not acted on: an explorer).  An fd of ours more per connection (two with its write end),
+ * within cred.c's bound of 16 connections. */
+void mlp_urg_premake(struct mlp_sock *s)
+{
+    if (s->type != MLP_CONN || s->state != MLP_ACCEL || !s->ch || !s->me || s->urg_fd >= 0 ||
+        mlp_sig_in_handler() || mlp_vfork_child() || mlp_known_confined() || !mlp_sio_lock(s))
+        return;
+    int w, f = s->urg_fd < 0 ? __ml_chan_sio_open(s->ch, true, &w) : -1;
+    if (f >= 0) {
+        s->urg_fd = f;
+        s->urg_wfd = w;
+        mlp_own_fd(&s->urg_fd, true);
+        mlp_own_fd(&s->urg_wfd, true);
+        (void)__ml_sys_fcntl(s->urg_fd, F_SETSIG, SIGURG);
+        (void)__ml_sys_fcntl(s->urg_fd, F_SETFL, O_NONBLOCK | O_ASYNC);
+    }
+    atomic_store(&s->sio_busy, 0);
+}
+
 /* F_SETOWN, F_SETOWN_EX, F_SETSIG on the socket: its FIFOs follow; a first owner makes the
- * SIGURG one. */
+ * SIGURG one (or finds it made before a credential change) and says so to the peer. */
 void mlp_sio_owner(struct mlp_sock *s, int fd)
 {
     int sf = s->sio_fd, uf = s->urg_fd;
@@ -3198,10 +3203,13 @@ void mlp_sio_owner(struct mlp_sock *s, int fd)
         if (fl > 0 && (fl & O_ASYNC))
             mlp_async(s, fd, true);
     }
-    if (uf >= 0)
+    if (uf >= 0) {
         mlp_fifo_owner(uf, fd, true);
-    else
+        if (s->me && mlp_has_owner(fd))
+            atomic_fetch_or(&s->me->flags, ML_SOCK_SIGURG);
+    } else {
         mlp_urg_setup(s, fd);
+    }
 }
 
 /* A ring of ours that could not reach a peer's FIFO (channel.c, __ml_chan_sig_ring): that
