@@ -1264,6 +1264,18 @@ void __ml_chan_nopost_retry(struct memlan_channel *ch)
 
 /* ---- SIGIO (O_ASYNC) for a channel's bytes (design.md, "SIGIO") ----------------------- */
 
+/* Set by the socket layer around a blocking receive's wait (ML_WAIT_RECV). */
+_Thread_local bool __ml_wait_recv;
+
+/* A blocking receive is over, however it ended: its ML_WAIT_RECV goes (left by a sleep that
+ * ended without the waker, a timeout or a slice's end, it held back the next signal: the third
+ * review).  Another receive asleep on the word loses it too: a signal it would not have had. */
+void __ml_chan_recv_awake(struct memlan_channel *ch)
+{
+    if (ml_load_relaxed(&ch->rx.ctl->rx_wait) & ML_WAIT_RECV)
+        ml_fetch_and(&ch->rx.ctl->rx_wait, ~ML_WAIT_RECV);
+}
+
 /* sioS-TOKEN: side S's FIFO for SIGIO (O_ASYNC); urgS-TOKEN: for SIGURG (an owner set). */
 static void ml_sio_name(char *buf, size_t len, const struct memlan_channel *ch, int side, bool urg)
 {
@@ -1483,11 +1495,12 @@ void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
         __ml_sys_futex_wake(word, INT32_MAX);
         ch->wakeups++;
     }
-    /* A thread asleep in the library on the word (a blocking receive) takes what comes without
-     * a signal, as the kernel's sk_wait_data holds it back (SOCKWQ_ASYNC_WAITDATA); the bit is
-     * cleared by this very wake-up, so a sleeper that never came back (a longjmp out of its
-     * handler, a cancellation) holds back one signal, not all the later ones (a review). */
-    if ((w & ML_WAIT_SIGIO) && !(w & ML_WAIT_FUTEX))
+    /* A blocking receive asleep on the word (ML_WAIT_RECV; not a poll's or select's sleep on
+     * it, which the kernel signals: the third review) takes what comes without a signal, as the
+     * kernel's sk_wait_data holds it back (SOCKWQ_ASYNC_WAITDATA); the bit goes with this very
+     * wake-up, so a receive that never came back (a longjmp out of a handler, a cancellation)
+     * holds back one signal, not all the later ones (the second review). */
+    if ((w & ML_WAIT_SIGIO) && !(w & ML_WAIT_RECV))
         __ml_chan_sig_ring(ch, false);
     if (w & ML_WAIT_EVQ_ANY) {
         for (uint32_t i = 0; i < ML_EVQ_REFS; i++)
@@ -1666,15 +1679,18 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
     _Atomic uint32_t *ack = rxw ? &ch->rx.ctl->rx_mb_ack : &ch->tx.ctl->tx_mb_ack;
     ml_mb_policy(ch, mr, decl, ack);
     bool ran_out = false; /* our last sleep ran out */
+    /* Our bits: the futex's, and a blocking receive's (the socket layer says so: its SIGIO is
+     * held back while it sleeps, see __ml_chan_wake_slow). */
+    uint32_t mine = ML_WAIT_FUTEX | (__ml_wait_recv && rxw ? ML_WAIT_RECV : 0);
     for (;;) {
         /* Arm, fence, re-check: see the header comment.  Our bit only: an event-queue waiter
          * (poll or epoll in another thread) may be armed on the same word. */
-        ml_fetch_or(word, ML_WAIT_FUTEX);
+        ml_fetch_or(word, mine);
         ml_fence(); /* SYNC: pairs with the fence in __ml_chan_wake() */
         /* SYNC: F1', for a peer that publishes without a barrier */
         bool bounded = __ml_mb_wait_barrier(ch, decl, ack) < 0;
         if (ready(ch, arg)) {
-            ml_fetch_and(word, ~ML_WAIT_FUTEX);
+            ml_fetch_and(word, ~mine);
             if (ran_out)
                 __atomic_fetch_add(&ch->wait_found_late, 1, __ATOMIC_RELAXED);
             return 0;
@@ -1691,7 +1707,7 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
             every = every * 2 < (int64_t)ML_LIVENESS_MAX_NS ? every * 2 : ML_LIVENESS_MAX_NS;
         if (deadline) {
             if (now >= deadline) {
-                ml_fetch_and(word, ~ML_WAIT_FUTEX);
+                ml_fetch_and(word, ~mine);
                 return -ETIMEDOUT;
             }
             if (deadline - now < (uint64_t)tmo)
@@ -1716,7 +1732,7 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
         bool nap = spurious >= ML_WAIT_SPURIOUS;
         unsigned intr0 = __ml_wait_hook ? __ml_wait_hook() : 0; /* a cancellation point */
         if (count && count() != runs0) { /* a handler ran while we were not asleep */
-            ml_fetch_and(word, ~ML_WAIT_FUTEX);
+            ml_fetch_and(word, ~mine);
             return ready(ch, arg) ? 0 : -EINTR;
         }
         int r = nap ? __ml_sys_futex_wait(&nap_word, 0, tmo) : __ml_sys_futex_wait(word, cur, tmo);
@@ -1733,7 +1749,7 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
             return ready(ch, arg) ? 0 : -ETIME;
         }
         if (r == -ETIMEDOUT && (ml_peer_dead(ch) || ml_attach_expired(ch, ready))) {
-            ml_fetch_and(word, ~ML_WAIT_FUTEX);
+            ml_fetch_and(word, ~mine);
             return ready(ch, arg) ? 0 : ml_dead_err(ch);
         }
         if (r == -EINTR) {
@@ -1743,7 +1759,7 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
              * EINTR after one without; with SO_RCVTIMEO/SO_SNDTIMEO (a deadline) it always fails
              * (sock_intr_errno).  The hook counts the runs of handlers without SA_RESTART on
              * this thread; without one we cannot tell, and fail as before. */
-            ml_fetch_and(word, ~ML_WAIT_FUTEX);
+            ml_fetch_and(word, ~mine);
             if (ready(ch, arg))
                 return 0;
             if (deadline || !__ml_wait_hook || __ml_wait_hook() != intr0)

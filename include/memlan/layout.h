@@ -89,6 +89,9 @@ struct ml_seg_hdr {
  * side's FIFO sioS-TOKEN (S its side), whose read end the consumer holds with O_ASYNC and the
  * socket's owner: the kernel raises the signal.  Only the consumer sets and clears it. */
 #define ML_WAIT_SIGIO (2u << ML_EVQ_REFS)
+/* With ML_WAIT_FUTEX on a data tripwire: the sleeper is a blocking receive, for which the kernel
+ * holds SIGIO back (sk_wait_data); no ring then.  Cleared with the rest by the waker. */
+#define ML_WAIT_RECV  (4u << ML_EVQ_REFS)
 
 /* An event queue registration.  valid: 0 free, ML_REF_CLAIMING while its claimer writes it,
  * ML_REF_VALID once it names a queue; a process claims a free slot with a compare-and-swap of

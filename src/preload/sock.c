@@ -1557,7 +1557,23 @@ static int mlp_wait_long(struct mlp_sock *s, int dir, uint64_t want, uint64_t de
     }
 }
 
+static int mlp_wait_dir_on(struct mlp_sock *s, int dir, uint64_t want, uint64_t *dl);
+
+/* A blocking receive's wait is marked (ML_WAIT_RECV: no SIGIO while it sleeps, as the kernel's
+ * sk_wait_data), and its mark goes when it is over, however it ended. */
 static int mlp_wait_dir(struct mlp_sock *s, int dir, uint64_t want, uint64_t *dl)
+{
+    if (dir != 0)
+        return mlp_wait_dir_on(s, dir, want, dl);
+    bool was = __ml_wait_recv;
+    __ml_wait_recv = true;
+    int r = mlp_wait_dir_on(s, dir, want, dl);
+    __ml_wait_recv = was;
+    __ml_chan_recv_awake(s->ch);
+    return r;
+}
+
+static int mlp_wait_dir_on(struct mlp_sock *s, int dir, uint64_t want, uint64_t *dl)
 {
     uint64_t tmo = dir == 0 ? s->ch->rx_tmo_ns : s->ch->tx_tmo_ns;
     uint64_t deadline = mlp_call_deadline(dl, tmo);

@@ -5831,6 +5831,12 @@ if role == "server":
         for r in ("after the child", "again"):
             c.sendall(b"go")
             print(r, wait_sig(5), c.recv(10).decode(), flush=True)
+    if case == "poll-asleep":  # a poll asleep on the socket: the signal comes too
+        import select
+        c.sendall(b"go")
+        p = select.poll()
+        p.register(c, select.POLLIN)
+        print("poll", p.poll(5000) != [], wait_sig(1), c.recv(10).decode(), flush=True)
     if case == "recv-blocked":  # a receive asleep on the socket takes the bytes: no signal
         runs = []
         signal.signal(SIG, lambda *a: runs.append(1))
@@ -5847,10 +5853,11 @@ if role == "server":
     c.close()
 else:
     c = socket.create_connection(("127.0.0.1", port))
-    rounds = {"owner-late": 2, "cleared": 2, "exec-child": 4, "recv-blocked": 2}.get(case, 1)
+    rounds = {"owner-late": 2, "cleared": 2, "exec-child": 4, "recv-blocked": 2,
+              "poll-asleep": 2}.get(case, 1)
     for i in range(rounds):
         assert c.recv(2) == b"go"
-        if case == "recv-blocked" and i == 1:
+        if case in ("recv-blocked", "poll-asleep") and i == 1:
             time.sleep(0.3)  # the server sleeps in recv first
         c.sendall(b"ping%d" % i)
     if case == "end":
@@ -5866,7 +5873,8 @@ else:
                                       ("fcntl", "setsig"), ("fcntl", "owner-late"),
                                       ("fcntl", "cleared"), ("ioctl", "cleared"),
                                       ("fcntl", "end"), ("fcntl", "ioctl-owner"),
-                                      ("fcntl", "exec-child"), ("ioctl", "recv-blocked")])
+                                      ("fcntl", "exec-child"), ("ioctl", "recv-blocked"),
+                                      ("fcntl", "poll-asleep")])
 def test_o_async_raises_sigio_for_a_channels_bytes(fabric, tmp_path, how, case):
     """A program that asks for SIGIO on an accepted connection (O_ASYNC through fcntl F_SETFL or
     ioctl FIOASYNC) and waits for the signal before it reads gets it from the kernel when the
@@ -5877,7 +5885,8 @@ def test_o_async_raises_sigio_for_a_channels_bytes(fabric, tmp_path, how, case):
     an owner set by ioctl (FIOSETOWN), after another image held the socket a while (each image
     made its own FIFO under the same name, and the first's was left unrung: a review), none for
     a receive asleep on the socket (the kernel's sk_wait_data holds it back; memlan's signal
-    made Python's recv run the handler: a review)."""
+    made Python's recv run the handler: a review), but one for a poll asleep on it (a version
+    that held it back for any sleeper sent none: a review)."""
     script = tmp_path / "async.py"
     script.write_text(ASYNC_IO)
     log = tmp_path / "async.log"
