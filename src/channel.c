@@ -1264,8 +1264,9 @@ void __ml_chan_nopost_retry(struct memlan_channel *ch)
 
 /* ---- SIGIO (O_ASYNC) for a channel's bytes (design.md, "SIGIO") ----------------------- */
 
-/* Set by the socket layer around a blocking receive's wait (ML_WAIT_RECV). */
-_Thread_local bool __ml_wait_recv;
+/* The socket layer's: whether this thread's wait is a blocking receive's (ML_WAIT_RECV); a hook,
+ * so that the library keeps no thread-local storage of its own (it needs nothing but libc). */
+bool (*__ml_wait_recv)(void);
 
 /* A blocking receive is over, however it ended: its ML_WAIT_RECV goes (left by a sleep that
  * ended without the waker, a timeout or a slice's end, it held back the next signal: the third
@@ -1681,7 +1682,7 @@ static int ml_wait(struct memlan_channel *ch, _Atomic uint32_t *word, _Atomic ui
     bool ran_out = false; /* our last sleep ran out */
     /* Our bits: the futex's, and a blocking receive's (the socket layer says so: its SIGIO is
      * held back while it sleeps, see __ml_chan_wake_slow). */
-    uint32_t mine = ML_WAIT_FUTEX | (__ml_wait_recv && rxw ? ML_WAIT_RECV : 0);
+    uint32_t mine = ML_WAIT_FUTEX | (rxw && __ml_wait_recv && __ml_wait_recv() ? ML_WAIT_RECV : 0);
     for (;;) {
         /* Arm, fence, re-check: see the header comment.  Our bit only: an event-queue waiter
          * (poll or epoll in another thread) may be armed on the same word. */

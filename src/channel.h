@@ -128,7 +128,7 @@ void __ml_chan_sio_unlink(struct memlan_channel *ch, bool urg);
 void __ml_chan_sig_ring(struct memlan_channel *ch, bool urg); /* the peer's FIFO */
 void __ml_chan_sio_drop(struct memlan_channel *ch);           /* our fds on it go */
 void __ml_chan_sio_names_gone(struct memlan_channel *ch);     /* with the file's name */
-extern _Thread_local bool __ml_wait_recv; /* a blocking receive's wait (ML_WAIT_RECV) */
+extern bool (*__ml_wait_recv)(void); /* a blocking receive's wait? (ML_WAIT_RECV) */
 void __ml_chan_recv_awake(struct memlan_channel *ch);
 extern void (*__ml_sio_missed)(struct memlan_channel *ch, bool urg, int err);
 

@@ -579,6 +579,7 @@ static void mlp_init_once(void)
     __ml_fd_keep = mlp_keep_fd;
     __ml_fd_drop = mlp_disown_fd;
     __ml_sio_missed = mlp_sio_missed;
+    __ml_wait_recv = mlp_wait_is_recv;
     __ml_note = mlp_core_note;
     mlp_sigbus_init(); /* before anything is mapped */
     /* Before the C library has its environment (a sanitizer runtime's preinit function calls

@@ -513,6 +513,7 @@ void mlp_sio_missed(struct memlan_channel *ch, bool urg, int err); /* a peer's F
 void mlp_sio_at_exit(struct mlp_sock *s); /* our FIFOs' names, where we hold the side alone */
 void mlp_sock_fd_moved(struct mlp_sock *s, int fd); /* ch->sock_fd to another of s's fds */
 void mlp_urg_premake(struct mlp_sock *s); /* before a credential change: the SIGURG FIFO */
+bool mlp_wait_is_recv(void); /* this thread waits in a blocking receive (channel.c's hook) */
 int mlp_ioctl(struct mlp_sock *s, int fd, unsigned long req, void *arg, bool *handled);
 void mlp_set_nonblock(struct mlp_sock *s, bool on);
 bool mlp_nonblock(struct mlp_sock *s);

@@ -1559,16 +1559,20 @@ static int mlp_wait_long(struct mlp_sock *s, int dir, uint64_t want, uint64_t de
 
 static int mlp_wait_dir_on(struct mlp_sock *s, int dir, uint64_t want, uint64_t *dl);
 
+static __thread bool mlp_in_recv_wait __attribute__((tls_model("initial-exec")));
+
+bool mlp_wait_is_recv(void) { return mlp_in_recv_wait; } /* channel.c's __ml_wait_recv */
+
 /* A blocking receive's wait is marked (ML_WAIT_RECV: no SIGIO while it sleeps, as the kernel's
  * sk_wait_data), and its mark goes when it is over, however it ended. */
 static int mlp_wait_dir(struct mlp_sock *s, int dir, uint64_t want, uint64_t *dl)
 {
     if (dir != 0)
         return mlp_wait_dir_on(s, dir, want, dl);
-    bool was = __ml_wait_recv;
-    __ml_wait_recv = true;
+    bool was = mlp_in_recv_wait;
+    mlp_in_recv_wait = true;
     int r = mlp_wait_dir_on(s, dir, want, dl);
-    __ml_wait_recv = was;
+    mlp_in_recv_wait = was;
     __ml_chan_recv_awake(s->ch);
     return r;
 }
