@@ -985,24 +985,16 @@ static unsigned mlp_wait_hook(void)
  * that named another file (vsftpd's log), could not tell the peer's end, and a session whose
  * client was killed, unable to open the channel's file by name (it dropped its privileges),
  * waited in recv for ever (an explorer). */
-/* One of our fds, other than skip, whose record holds channel ch; -1 if none. */
-static int mlp_chan_fd(const struct memlan_channel *ch, int skip)
+void mlp_sock_fd_moved(struct mlp_sock *s, int fd)
 {
     int max = mlp_fd_max();
     for (int f = mlp_fdrec_next(0, max); f >= 0; f = mlp_fdrec_next(f + 1, max)) {
         struct mlp_fdrec *r = mlp_fdrec(f);
-        struct mlp_sock *o = r ? atomic_load_explicit(&r->sock, memory_order_acquire) : NULL;
-        if (f != skip && o && o->ch == ch)
-            return f;
+        if (f != fd && r && atomic_load_explicit(&r->sock, memory_order_acquire) == s) {
+            s->ch->sock_fd = f;
+            return;
+        }
     }
-    return -1;
-}
-
-void mlp_sock_fd_moved(struct mlp_sock *s, int fd)
-{
-    int f = mlp_chan_fd(s->ch, fd);
-    if (f >= 0)
-        s->ch->sock_fd = f;
 }
 
 /* The channel's question at an urgent byte (channel.c, ml_urg_inline): the kernel socket's
@@ -1018,7 +1010,14 @@ static bool mlp_urg_inline_ask(struct memlan_channel *ch)
     if (fd < 0 || __ml_sys_fstat(fd, &st) < 0 || (uint64_t)st.st_ino != ch->sock_ino) {
         /* The connection's first number was moved (dup2 and close, as an inetd's child does)
          * or is another file now: one of ours that holds this channel. */
-        fd = mlp_chan_fd(ch, -1);
+        fd = -1;
+        for (int f = mlp_fdrec_next(0, mlp_fd_max()); f >= 0 && fd < 0;
+             f = mlp_fdrec_next(f + 1, mlp_fd_max())) {
+            struct mlp_fdrec *r = mlp_fdrec(f);
+            struct mlp_sock *o = r ? atomic_load_explicit(&r->sock, memory_order_acquire) : NULL;
+            if (o && o->ch == ch)
+                fd = f;
+        }
     }
     int v = 0;
     socklen_t l = sizeof v;
