@@ -979,6 +979,20 @@ static unsigned mlp_wait_hook(void)
     return mlp_sig_nores_count();
 }
 
+/* One of our fds other than skip whose record holds s (or, s NULL, a socket on channel ch);
+ * -1 if none.  With s given no other socket is looked into. */
+static int mlp_chan_fd(const struct mlp_sock *s, const struct memlan_channel *ch, int skip)
+{
+    int max = mlp_fd_max();
+    for (int f = mlp_fdrec_next(0, max); f >= 0; f = mlp_fdrec_next(f + 1, max)) {
+        struct mlp_fdrec *r = mlp_fdrec(f);
+        struct mlp_sock *o = r ? atomic_load_explicit(&r->sock, memory_order_acquire) : NULL;
+        if (f != skip && o && (s ? o == s : o->ch == ch))
+            return f;
+    }
+    return -1;
+}
+
 /* fd, the number the channel's liveness looks ask the kernel socket through (ch->sock_fd), no
  * longer names it, and others of ours do (an inetd's child, vsftpd's session: dup2 onto 0, 1 and
  * 2, then a close of the first): the looks go through one of those.  Kept, they asked a number
@@ -987,14 +1001,9 @@ static unsigned mlp_wait_hook(void)
  * waited in recv for ever (an explorer). */
 void mlp_sock_fd_moved(struct mlp_sock *s, int fd)
 {
-    int max = mlp_fd_max();
-    for (int f = mlp_fdrec_next(0, max); f >= 0; f = mlp_fdrec_next(f + 1, max)) {
-        struct mlp_fdrec *r = mlp_fdrec(f);
-        if (f != fd && r && atomic_load_explicit(&r->sock, memory_order_acquire) == s) {
-            s->ch->sock_fd = f;
-            return;
-        }
-    }
+    int f = mlp_chan_fd(s, NULL, fd);
+    if (f >= 0)
+        s->ch->sock_fd = f;
 }
 
 /* The channel's question at an urgent byte (channel.c, ml_urg_inline): the kernel socket's
@@ -1010,14 +1019,7 @@ static bool mlp_urg_inline_ask(struct memlan_channel *ch)
     if (fd < 0 || __ml_sys_fstat(fd, &st) < 0 || (uint64_t)st.st_ino != ch->sock_ino) {
         /* The connection's first number was moved (dup2 and close, as an inetd's child does)
          * or is another file now: one of ours that holds this channel. */
-        fd = -1;
-        for (int f = mlp_fdrec_next(0, mlp_fd_max()); f >= 0 && fd < 0;
-             f = mlp_fdrec_next(f + 1, mlp_fd_max())) {
-            struct mlp_fdrec *r = mlp_fdrec(f);
-            struct mlp_sock *o = r ? atomic_load_explicit(&r->sock, memory_order_acquire) : NULL;
-            if (o && o->ch == ch)
-                fd = f;
-        }
+        fd = mlp_chan_fd(NULL, ch, -1);
     }
     int v = 0;
     socklen_t l = sizeof v;
