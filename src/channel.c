@@ -1462,13 +1462,53 @@ void __ml_chan_sio_names_gone(struct memlan_channel *ch)
 }
 
 /* Arm (or disarm) our data tripwire's SIGIO bit: the peer rings our FIFO at each publication
- * from now on (until disarmed). */
+ * from now on (until disarmed).  Disarmed, a pending ring for room goes too. */
 void __ml_chan_sio_arm(struct memlan_channel *ch, bool on)
 {
-    if (on)
+    if (on) {
         ml_fetch_or(&ch->rx.ctl->rx_wait, ML_WAIT_SIGIO);
-    else if (ml_load_relaxed(&ch->rx.ctl->rx_wait) & ML_WAIT_SIGIO) /* (F_SETFL's every call) */
+    } else if (ml_load_relaxed(&ch->rx.ctl->rx_wait) & ML_WAIT_SIGIO) { /* (F_SETFL's calls) */
         ml_fetch_and(&ch->rx.ctl->rx_wait, ~ML_WAIT_SIGIO);
+        if (ml_load_relaxed(&ch->tx.ctl->tx_wait) & ML_WAIT_SIGIO)
+            ml_fetch_and(&ch->tx.ctl->tx_wait, ~ML_WAIT_SIGIO);
+    }
+}
+
+static bool ml_tx_ready_ro(struct memlan_channel *ch);
+
+/* Our own FIFO rung by us: room came between our send's "full" and the arming below. */
+static void ml_sio_ring_own(struct memlan_channel *ch)
+{
+    char name[80], b = 1, back[64];
+    ml_sio_name(name, sizeof name, ch, ch->side, false);
+    long fd = __ml_sys_open(ch->seg->fab->dirfd, name,
+                            O_RDWR | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0);
+    if (fd < 0)
+        return;
+    if (__ml_sys_write_nosigpipe((int)fd, &b, 1) == 1)
+        (void)__ml_sys_read((int)fd, back, sizeof back);
+    __ml_sys_close((int)fd);
+}
+
+/* A send of ours found the ring full (EAGAIN, or a nonblocking send cut short) on a socket with
+ * O_ASYNC (our data tripwire's SIGIO bit): as the kernel's sk_stream_wait_memory sets
+ * SOCKWQ_ASYNC_NOSPACE, so that the next room made raises SIGIO (POLL_OUT) once, the same bit
+ * in our room tripwire has the consumer's next release ring our FIFO, once
+ * (__ml_chan_wake_slow clears it).  Without it a program that waits for SIGIO to write on
+ * waited for ever.  Room made before the bit is seen: we ring ourselves. */
+static void ml_sio_room(struct memlan_channel *ch)
+{
+    if (ml_likely(!(ml_load_relaxed(&ch->rx.ctl->rx_wait) & ML_WAIT_SIGIO)))
+        return;
+    ml_mb_policy(ch, &ch->tx, &ch->tx.ctl->tx_mb, &ch->tx.ctl->tx_mb_ack);
+    ml_fetch_or(&ch->tx.ctl->tx_wait, ML_WAIT_SIGIO);
+    ml_fence(); /* SYNC: pairs with the fence in __ml_chan_wake() */
+    if (ml_mb_needed(&ch->tx.ctl->tx_mb, &ch->tx.ctl->tx_mb_ack))
+        (void)ml_mb_barrier(ch, NULL, &ch->rx.ctl->rx_mb_ack, &ch->tx.ctl->tx_mb,
+                            &ch->tx.ctl->tx_mb_ack);
+    if (ml_tx_ready_ro(ch) &&
+        (ml_fetch_and(&ch->tx.ctl->tx_wait, ~ML_WAIT_SIGIO) & ML_WAIT_SIGIO))
+        ml_sio_ring_own(ch); /* (not the consumer's ring: it took the bit first) */
 }
 
 
@@ -1491,7 +1531,9 @@ void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
      * (a blocked recv and a poll of the same socket from another thread; a parent's epoll set
      * and its fork child's poll); each gets its wake-up.  Bits past the slots (a peer's
      * garbage) name nothing. */
-    uint32_t w = ml_fetch_and(word, ML_WAIT_SIGIO); /* the consumer's own to clear */
+    /* The data tripwire's SIGIO bit is the consumer's own to clear; the room tripwire's rings
+     * once (ml_sio_room). */
+    uint32_t w = ml_fetch_and(word, word == &ch->rx.ctl->tx_wait ? 0 : ML_WAIT_SIGIO);
     if (w & ML_WAIT_FUTEX) {
         __ml_sys_futex_wake(word, INT32_MAX);
         ch->wakeups++;
@@ -2206,6 +2248,8 @@ void __ml_chan_post_self(struct memlan_channel *ch)
 
 static void ml_eagain(struct memlan_channel *ch, uint32_t ev)
 {
+    if (ev & MEMLAN_EV_WRITE)
+        ml_sio_room(ch);
     if (ch->evq && (ch->evq_events & ev) && __ml_chan_arm_evq(ch, ev))
         __ml_evq_post_local(ch->evq, ch->evq_index);
 }
@@ -2509,8 +2553,10 @@ static ssize_t ml_stream_send(memlan_channel_t *ch, const uint8_t *src, struct m
             /* The consumer hears of what we published before we stop or wait: a wait here
              * with its wake-up still owed would be each side waiting for the other. */
             ml_tx_wake_pending(ch, &unwoken);
-            if (done && (flags & MEMLAN_DONTWAIT))
+            if (done && (flags & MEMLAN_DONTWAIT)) {
+                ml_sio_room(ch);
                 break;
+            }
             ml_full_look(ch);
             if ((e = ml_tx_error(ch)))
                 return done ? (ssize_t)done : e;

@@ -5850,6 +5850,17 @@ if role == "server":
     if case == "end":  # the peer's end raises it too, then reads end of file
         c.sendall(b"go")
         print("end", wait_sig(5), c.recv(10), flush=True)
+    if case == "room":  # a writer that waits for SIGIO to write on, once its socket is full
+        c.setblocking(False)
+        n = 0
+        try:
+            while n < 256 << 20:
+                n += c.send(b"x" * 65536)
+        except BlockingIOError:
+            pass
+        print("full", n < 256 << 20, "room", wait_sig(5), flush=True)
+        c.setblocking(True)
+        c.sendall(b"END")
     c.close()
 else:
     c = socket.create_connection(("127.0.0.1", port))
@@ -5864,6 +5875,14 @@ else:
         assert c.recv(2) == b"go"
         time.sleep(0.3)
         c.close()
+    elif case == "room":
+        time.sleep(0.5)  # the server fills its socket first
+        got = bytearray()
+        while not got.endswith(b"END"):
+            b = c.recv(1 << 20)
+            assert b
+            got += b
+        print("client read", got[:-3].strip(b"x") == b"", flush=True)
     else:
         c.recv(1)
 """
@@ -5874,7 +5893,7 @@ else:
                                       ("fcntl", "cleared"), ("ioctl", "cleared"),
                                       ("fcntl", "end"), ("fcntl", "ioctl-owner"),
                                       ("fcntl", "exec-child"), ("ioctl", "recv-blocked"),
-                                      ("fcntl", "poll-asleep")])
+                                      ("fcntl", "poll-asleep"), ("fcntl", "room")])
 def test_o_async_raises_sigio_for_a_channels_bytes(fabric, tmp_path, how, case):
     """A program that asks for SIGIO on an accepted connection (O_ASYNC through fcntl F_SETFL or
     ioctl FIOASYNC) and waits for the signal before it reads gets it from the kernel when the
@@ -5886,7 +5905,9 @@ def test_o_async_raises_sigio_for_a_channels_bytes(fabric, tmp_path, how, case):
     made its own FIFO under the same name, and the first's was left unrung: a review), none for
     a receive asleep on the socket (the kernel's sk_wait_data holds it back; memlan's signal
     made Python's recv run the handler: a review), but one for a poll asleep on it (a version
-    that held it back for any sleeper sent none: a review)."""
+    that held it back for any sleeper sent none: a review), and one when room comes to a writer
+    whose nonblocking send found the socket full (POLL_OUT's; none came, and a writer that waits
+    for it waited for ever)."""
     script = tmp_path / "async.py"
     script.write_text(ASYNC_IO)
     log = tmp_path / "async.log"
