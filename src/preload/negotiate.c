@@ -877,8 +877,9 @@ static size_t mlp_ring_grow(int fd, uint32_t listener_hint)
  * (__ml_chan_offer_limit): what a withdrawal then sends over TCP at once, and so no more than
  * the kernel's buffers take before an accept.  They take about tcp_wmem's maximum there (the
  * socket's send buffer; 4 MiB by default: 4,196,352 bytes to a nonblocking client, 3 MiB at
- * once to a blocking one, measured); half of it, read once from /proc (unreadable: a
- * container's or a sandbox's /proc, the ring alone, as before rings grew).
+ * once to a blocking one, measured); half of it, read once from /proc; 0 where that is
+ * unreadable (a container's or a sandbox's /proc, a chroot): the caller takes the ring alone,
+ * as before rings grew.
  */
 static uint64_t mlp_offer_takes(void)
 {
@@ -3646,7 +3647,12 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, cons
                              : "channel creation failed";
         return e;
     }
-    __ml_chan_offer_limit(ch, mlp_offer_takes());
+    /* (Unknown, /proc out of reach: the ring alone.  Passed as 0, it left the offer no room at
+     * all: never writable, each send waiting for the server's accept; vsftpd's chrooted session
+     * connects to an ftp client that accepts after the reply vsftpd sends once its connect
+     * is writable, and every active-mode transfer waited out MEMLAN_ACCEPT_QUEUE_MS.) */
+    uint64_t takes = mlp_offer_takes();
+    __ml_chan_offer_limit(ch, takes ? takes : ch->size);
     mlp_own_fd(&ch->seg->fd, mlp_fd_cloexec(fd));
     char name[160];
     mlp_offer_name(name, sizeof name, netns, l, r, mac);

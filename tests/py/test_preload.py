@@ -5783,6 +5783,74 @@ def server_and_client(script, log, *args):
     return outs
 
 
+# FTP's active mode, vsftpd's way: the server connects to the client's data port from a chroot
+# (no /proc), and the client accepts only once the server's reply on the control connection says
+# that the connect went through, which the server sends once its nonblocking connect is writable.
+CHROOT_CONNECT = ACCEPT_ONE + r"""
+import os, select, sys
+role, port, root = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if role == "server":
+    l, c = accept_one(port)
+    dport = int(c.recv(100).split()[1])
+    os.chroot(root)
+    os.chdir("/")
+    d = socket.socket()
+    d.setblocking(False)
+    try:
+        d.connect(("127.0.0.1", dport))
+    except BlockingIOError:
+        pass
+    _, w, _ = select.select([], [d], [], 5)
+    print("writable", bool(w), flush=True)
+    c.sendall(b"150 here it comes\n" if w else b"425 no\n")
+    if w:
+        d.setblocking(True)
+        d.sendall(b"hello from the chroot")
+    d.close()
+    c.recv(100)
+else:
+    dl = socket.socket()
+    dl.bind(("127.0.0.1", 0))
+    dl.listen(1)
+    c = socket.create_connection(("127.0.0.1", port))
+    c.sendall(b"PORT %d\n" % dl.getsockname()[1])
+    reply = c.recv(100)
+    print("reply", reply[:3], flush=True)
+    if reply.startswith(b"150"):
+        d = dl.accept()[0]
+        got = b""
+        while True:
+            b = d.recv(100)
+            if not b:
+                break
+            got += b
+        print("data", got, flush=True)
+    c.close()
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chroot needs root")
+def test_a_connect_from_a_chroot_is_writable_before_the_accept(fabric, tmp_path):
+    """A client whose /proc is out of reach (a chroot, as vsftpd's session; a container's
+    /proc) could not read how much the kernel's buffers take before an accept, and its offer
+    was given no room at all: its nonblocking connect never turned writable and its sends
+    waited for the server's accept.  vsftpd's active mode (it connects from its chroot, and
+    the ftp client accepts only after the 150 that vsftpd sends once the connect is writable)
+    waited out MEMLAN_ACCEPT_QUEUE_MS, 60 s, per transfer (an explorer).  The offer now has its
+    ring, as before rings grew: writable at once, as over TCP."""
+    script = tmp_path / "chroot.py"
+    script.write_text(CHROOT_CONNECT)
+    root = tmp_path / "empty"
+    root.mkdir()
+    log = tmp_path / "chroot.log"
+    outs = server_and_client(script, log, str(root))
+    assert outs[False] == ["writable True", "reply b'150'",
+                           "data b'hello from the chroot'"], outs
+    assert outs[True] == outs[False], (outs, log.read_text()[-3000:])
+    assert "accelerated (accepted" in log.read_text(), log.read_text()
+    settle(fabric)
+
+
 POLL_IN, SI_KERNEL = 1, 0x80  # si_codes of a SIGIO (asm-generic/siginfo.h)
 
 ASYNC_IO = ACCEPT_ONE + r"""
