@@ -5783,6 +5783,66 @@ def server_and_client(script, log, *args):
     return outs
 
 
+# A client writes its request to a server that never accepts, and the server's listener goes
+# (closed, or the server dies): the kernel resets the queued connection.
+RESET_UNACCEPTED = r"""
+import errno, os, signal, socket, sys, time
+role, port, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+if role == "server":
+    ls = socket.create_server(("127.0.0.1", port))
+    print("ready", flush=True)
+    time.sleep(1)  # the client's request is written meanwhile
+    if how == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    ls.close()
+    time.sleep(1)
+else:
+    c = socket.create_connection(("127.0.0.1", port))
+    c.sendall(b"GET / HTTP/1.0\r\n\r\n")
+    c.settimeout(10)
+    out = []
+    for call in ("recv", "send", "recv"):
+        try:
+            r = c.recv(100) if call == "recv" else c.send(b"x", socket.MSG_NOSIGNAL)
+            out.append("%s %r" % (call, r))
+        except OSError as e:
+            out.append("%s %s" % (call, errno.errorcode.get(e.errno, e.errno)))
+    print(" ".join(out), flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["close", "kill"])
+def test_a_request_reset_before_the_accept_reads_econnreset(fabric, tmp_path, how):
+    """A client that wrote its request to a server that then closes its listener without
+    accepting (or dies) reads ECONNRESET over kernel TCP: the reset drops the request.  Under
+    memlan the request was in the ring, and the fall to TCP sent it after the reset had come:
+    that send took the reset's error, and the read said end of file (Node's 'end' where TCP
+    says ECONNRESET, curl's "Empty reply from server": an explorer).  Now the bytes are dropped
+    with the connection, the error left for the program's calls."""
+    script = tmp_path / "reset.py"
+    script.write_text(RESET_UNACCEPTED)
+    log = tmp_path / "reset.log"
+    outs = {}
+    for under in (False, True):
+        port = next_port()
+        pre = [str(MEMLAN), "run", "--log", str(log), "--"] if under else []
+        srv = subprocess.Popen(pre + [PY, str(script), "server", str(port), how],
+                               stdout=subprocess.PIPE, text=True)
+        try:
+            assert srv.stdout.readline().strip() == "ready"
+            cli = subprocess.run(pre + [PY, str(script), "client", str(port), how],
+                                 capture_output=True, text=True, timeout=30)
+            outs[under] = cli.stdout.strip()
+        finally:
+            if srv.poll() is None:
+                srv.kill()
+            srv.wait()
+    assert outs[False] == "recv ECONNRESET send EPIPE recv b''", outs
+    assert outs[True] == outs[False], (outs, log.read_text()[-3000:])
+    assert "dropped with it" in log.read_text(), log.read_text()
+    settle(fabric)
+
+
 # FTP's active mode, vsftpd's way: the server connects to the client's data port from a chroot
 # (no /proc), and the client accepts only once the server's reply on the control connection says
 # that the connect went through, which the server sends once its nonblocking connect is writable.
