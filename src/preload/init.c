@@ -328,7 +328,13 @@ bool mlp_log_closed_to_exec(void)
         !strcmp(log, "stderr") || !strcmp(log, "1") || mlp_sandboxed())
         return false;
     int e = errno;
-    bool closed = faccessat(AT_FDCWD, log, W_OK, AT_EACCESS) != 0 &&
+    /* As the new image will find it: a user other than root loses its capabilities at the exec
+     * (setpriv --reuid keeps them until then: CAP_DAC_OVERRIDE said "writable", and each child
+     * said on its stderr that it could not open the log: an explorer), as access() with the
+     * real ids, the same here, clears them; else with the effective ones. */
+    uid_t eu = geteuid();
+    int how = eu != 0 && getuid() == eu && getgid() == getegid() ? 0 : AT_EACCESS;
+    bool closed = faccessat(AT_FDCWD, log, W_OK, how) != 0 &&
                   (errno == EACCES || errno == EPERM);
     errno = e;
     static _Atomic bool said;

@@ -806,6 +806,23 @@ def test_children_exec_after_a_drop_say_nothing_of_the_log(tmp_path):
     settle()
 
 
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="no setpriv (util-linux)")
+def test_an_image_execd_by_setpriv_says_nothing_of_the_log(tmp_path):
+    """setpriv --reuid keeps root's capabilities until its exec (it applies them itself), so
+    "can the next image open the log?" answered yes, with CAP_DAC_OVERRIDE, and the program it
+    ran, without them, said on its stderr that it could not open MEMLAN_LOG (prosody started
+    so: an explorer).  The question is now asked as the new image will find it."""
+    pwd.getpwnam("nobody")
+    log = tmp_path / "m.log"
+    r = subprocess.run(wrap(["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups",
+                             "/bin/echo", "child ran"], log),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == "child ran\n", r.stdout + r.stderr
+    assert "MEMLAN_LOG" not in r.stderr, r.stderr
+    text = log.read_text()
+    assert text.count("the programs this process execs cannot open MEMLAN_LOG") == 1, text
+
+
 # A thread that changes its fsuid for one write while its client sleeps in epoll_wait (the post
 # refused), then writes again with its own, then rests; the client counts its voluntary context
 # switches through an idle wait of 1 s, 2.5 s after the second byte.
