@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -321,6 +322,44 @@ static bool mlp_env_flag(const char *name, bool other_is_on, const char *taken)
  * Then the child is told it was said (MEMLAN_SAID), and we say it once in our log instead.  Asked
  * at each credential change too (cred.c), so that a daemon says it before it forks its children.
  */
+/* The users (euid + 1) for whom a process of this fork family has said it, on a page the fork
+ * children share (made at the first fork: cupsd's children, each dropped to lp and exec'ing a
+ * CGI, said it once each, a line per web request: an explorer); NULL before any fork, or where
+ * it could not be made (then once per process, as before). */
+static _Atomic(_Atomic uint32_t *) mlp_family_said;
+#define MLP_FAMILY_SAID 64
+
+static void mlp_family_page(void)
+{
+    void *p;
+    _Atomic uint32_t *none = NULL;
+    if (atomic_load_explicit(&mlp_family_said, memory_order_relaxed) ||
+        __ml_sys_mmap(&p, NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
+                      0) != 0)
+        return;
+    if (!atomic_compare_exchange_strong(&mlp_family_said, &none, (_Atomic uint32_t *)p))
+        (void)__ml_sys_munmap(p, 4096); /* another thread's fork made one first */
+}
+
+/* First in the family to say it for this user? */
+static bool mlp_family_first(uid_t eu)
+{
+    _Atomic uint32_t *f = atomic_load(&mlp_family_said);
+    if (!f)
+        return true;
+    uint32_t want = (uint32_t)eu + 1;
+    for (int i = 0; i < MLP_FAMILY_SAID; i++) {
+        uint32_t v = atomic_load(&f[i]);
+        if (v == want)
+            return false;
+        if (v == 0 && atomic_compare_exchange_strong(&f[i], &v, want))
+            return true;
+        if (v == want)
+            return false;
+    }
+    return true; /* (more users than slots: said by each process) */
+}
+
 bool mlp_log_closed_to_exec(void)
 {
     const char *log = getenv("MEMLAN_LOG");
@@ -338,7 +377,7 @@ bool mlp_log_closed_to_exec(void)
                   (errno == EACCES || errno == EPERM);
     errno = e;
     static _Atomic bool said;
-    if (closed && !atomic_exchange(&said, true))
+    if (closed && !atomic_exchange(&said, true) && mlp_family_first(eu))
         mlp_log(0, "the programs this process execs cannot open MEMLAN_LOG='%.200s' (euid %u): "
                    "they do not log (said once, here and not on their stderr)",
                 log, (unsigned)geteuid());
@@ -436,6 +475,7 @@ void mlp_netns(char *out)
 /* The table holds still from the count before fork until fork returned (fdtable.c's gate). */
 static void mlp_atfork_prepare(void)
 {
+    mlp_family_page();
     mlp_epoll_unpark_all(true); /* the kernel's sets are shared from now on */
     mlp_fork_gate_close();
     mlp_before_fork();

@@ -806,6 +806,35 @@ def test_children_exec_after_a_drop_say_nothing_of_the_log(tmp_path):
     settle()
 
 
+# cupsd's way: a root daemon forks a child per request, which drops to its own user and execs.
+FORK_DROP_EXEC = r"""
+import os
+for i in range(4):
+    pid = os.fork()
+    if pid == 0:
+        os.setgid(65534); os.setgroups([]); os.setuid(65534)
+        os.execv("/bin/echo", ["echo", "child %d" % i])
+    os.waitpid(pid, 0)
+"""
+
+
+def test_children_that_drop_then_exec_say_it_once(tmp_path):
+    """Each child of a root daemon drops to its user and then execs (cupsd's CGI and filter
+    children as lp): each said in the log that the programs it execs cannot open it, a line per
+    request (202 for 200 web pages: an explorer).  Now once for the daemon and its fork
+    children, per user."""
+    pwd.getpwnam("nobody")
+    (tmp_path / "d.py").write_text(FORK_DROP_EXEC)
+    log = tmp_path / "m.log"
+    r = subprocess.run(wrap(["/usr/bin/python3", str(tmp_path / "d.py")], log),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout == "".join("child %d\n" % i for i in range(4)), \
+        r.stdout + r.stderr
+    assert "MEMLAN_LOG" not in r.stderr, r.stderr
+    text = log.read_text()
+    assert text.count("the programs this process execs cannot open MEMLAN_LOG") == 1, text
+
+
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="no setpriv (util-linux)")
 def test_an_image_execd_by_setpriv_says_nothing_of_the_log(tmp_path):
     """setpriv --reuid keeps root's capabilities until its exec (it applies them itself), so
