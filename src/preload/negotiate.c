@@ -3644,7 +3644,11 @@ static int mlp_client_offer(int fd, struct mlp_addr *l, struct mlp_addr *r, cons
                : e == -EPERM ? "the shared fabric's file system has no POSIX ACLs and the server "
                                "does not take channels every member can open (it would need "
                                "MEMLAN_FABRIC_GROUPWIDE=1 too)"
-                             : "channel creation failed";
+               : e == -EMFILE || e == -ENFILE
+                   ? "no descriptor left for the channel's file (the process's or the system's "
+                     "limit)"
+               : e == -ENOMEM ? "channel creation failed (out of memory or mappings)"
+                              : "channel creation failed";
         return e;
     }
     /* (Unknown, /proc out of reach: the ring alone.  Passed as 0, it left the offer no room at
