@@ -4787,5 +4787,20 @@ void mlp_negotiate_at_exit(void)
     }
     if (mlp_fab)
         __ml_chan_pool_drain(mlp_fab);
+    struct memlan_segment *me = mlp_proc;
+    bool owned = me && me->owner && me->fab;
     __ml_seg_unname(mlp_proc);
+    /* Our stat entry's name stays where we could no longer remove it (we changed credentials
+     * since it was made: a daemon's dropped children): said, so that `memlan stat`'s DEAD entry
+     * and the file are explained (an explorer found them with nothing said). */
+    struct stat st;
+    if (owned) {
+        /* (by its fd: out of reach, the directory cannot even be searched) */
+        if (me->fd >= 0 && __ml_sys_fstat(me->fd, &st) == 0 && st.st_nlink > 0)
+            mlp_log(1, "exit: this process's memlan stat entry stays in fabric %.200s (%s): "
+                       "`memlan clean`, or a later process's sweep of the fabric, removes it",
+                    me->fab->path,
+                    mlp_fabric_out() ? "out of reach since it changed its credentials"
+                                     : "its removal was refused");
+    }
 }
