@@ -1474,8 +1474,6 @@ void __ml_chan_sio_arm(struct memlan_channel *ch, bool on)
     }
 }
 
-static bool ml_tx_ready_ro(struct memlan_channel *ch);
-
 /* Our own FIFO rung by us: room came between our send's "full" and the arming below. */
 static void ml_sio_ring_own(struct memlan_channel *ch)
 {
@@ -1483,22 +1481,48 @@ static void ml_sio_ring_own(struct memlan_channel *ch)
     ml_sio_name(name, sizeof name, ch, ch->side, false);
     long fd = __ml_sys_open(ch->seg->fab->dirfd, name,
                             O_RDWR | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC, 0);
-    if (fd < 0)
+    if (fd < 0) {
+        ml_sio_miss(ch, false, (int)-fd);
         return;
-    if (__ml_sys_write_nosigpipe((int)fd, &b, 1) == 1)
+    }
+    ssize_t n = __ml_sys_write_nosigpipe((int)fd, &b, 1);
+    if (n == 1)
         (void)__ml_sys_read((int)fd, back, sizeof back);
+    else
+        ml_sio_miss(ch, false, (int)-n);
     __ml_sys_close((int)fd);
 }
 
-/* A send of ours found the ring full (EAGAIN, or a nonblocking send cut short) on a socket with
- * O_ASYNC (our data tripwire's SIGIO bit): as the kernel's sk_stream_wait_memory sets
- * SOCKWQ_ASYNC_NOSPACE, so that the next room made raises SIGIO (POLL_OUT) once, the same bit
- * in our room tripwire has the consumer's next release ring our FIFO, once
- * (__ml_chan_wake_slow clears it).  Without it a program that waits for SIGIO to write on
- * waited for ever.  Room made before the bit is seen: we ring ourselves. */
-static void ml_sio_room(struct memlan_channel *ch)
+/* Room for the producer as the kernel counts a socket writable for POLL_OUT's signal
+ * (sk_stream_is_writeable: a third of its buffer free, or more): half the ring, from the
+ * consumer's side (what it has not read yet) or from the producer's. */
+static bool ml_sio_roomy_rx(const struct memlan_channel *ch)
 {
-    if (ml_likely(!(ml_load_relaxed(&ch->rx.ctl->rx_wait) & ML_WAIT_SIGIO)))
+    int64_t a = __ml_chan_rx_avail_ro(ch);
+    return a >= 0 && (uint64_t)a <= ch->rx.size / 2;
+}
+
+/* Both sides open for writing (after our shutdown the kernel raises no POLL_OUT; a side that
+ * ends has its end's signal already). */
+static bool ml_sio_sides_open(const struct memlan_channel *ch)
+{
+    return ml_load_acquire(&ch->hdr->side_state[0]) == ML_SIDE_OPEN &&
+           ml_load_acquire(&ch->hdr->side_state[1]) == ML_SIDE_OPEN;
+}
+
+/* The socket layer's nonblocking send (its program's: O_NONBLOCK or MSG_DONTWAIT; not the
+ * passes of a blocking send, which the kernel does not signal for here) found the ring full
+ * (EAGAIN, or cut short) on a socket with O_ASYNC (our data tripwire's SIGIO bit): as the
+ * kernel's sk_stream_wait_memory sets SOCKWQ_ASYNC_NOSPACE, so that room made later raises
+ * SIGIO (POLL_OUT) once, the same bit in our room tripwire has the consumer's release ring our
+ * FIFO once half the ring is free (__ml_chan_wake_slow).  Without it a program that waits for
+ * SIGIO to write on waited for ever.  Room made before the bit could be seen: we ring
+ * ourselves.  O_ASYNC cleared meanwhile: the bit is taken back (a review saw 3 to 11 signals in
+ * 1000 races after the clear). */
+void __ml_chan_sio_room(struct memlan_channel *ch)
+{
+    if (ml_likely(!(ml_load_relaxed(&ch->rx.ctl->rx_wait) & ML_WAIT_SIGIO)) || ch->shut_wr ||
+        !ml_sio_sides_open(ch))
         return;
     ml_mb_policy(ch, &ch->tx, &ch->tx.ctl->tx_mb, &ch->tx.ctl->tx_mb_ack);
     ml_fetch_or(&ch->tx.ctl->tx_wait, ML_WAIT_SIGIO);
@@ -1506,11 +1530,12 @@ static void ml_sio_room(struct memlan_channel *ch)
     if (ml_mb_needed(&ch->tx.ctl->tx_mb, &ch->tx.ctl->tx_mb_ack))
         (void)ml_mb_barrier(ch, NULL, &ch->rx.ctl->rx_mb_ack, &ch->tx.ctl->tx_mb,
                             &ch->tx.ctl->tx_mb_ack);
-    if (ml_tx_ready_ro(ch) &&
-        (ml_fetch_and(&ch->tx.ctl->tx_wait, ~ML_WAIT_SIGIO) & ML_WAIT_SIGIO))
+    bool off = !(ml_load_relaxed(&ch->rx.ctl->rx_wait) & ML_WAIT_SIGIO);
+    int64_t fr = __ml_chan_tx_free_ro(ch);
+    if ((off || (fr >= 0 && (uint64_t)fr >= ch->tx.size / 2)) &&
+        (ml_fetch_and(&ch->tx.ctl->tx_wait, ~ML_WAIT_SIGIO) & ML_WAIT_SIGIO) && !off)
         ml_sio_ring_own(ch); /* (not the consumer's ring: it took the bit first) */
 }
-
 
 /* Our side's last holder lets go: the FIFO's name goes (the fabric's sweep removes it too, once
  * the channel's file is gone). */
@@ -1531,9 +1556,16 @@ void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
      * (a blocked recv and a poll of the same socket from another thread; a parent's epoll set
      * and its fork child's poll); each gets its wake-up.  Bits past the slots (a peer's
      * garbage) name nothing. */
-    /* The data tripwire's SIGIO bit is the consumer's own to clear; the room tripwire's rings
-     * once (ml_sio_room). */
-    uint32_t w = ml_fetch_and(word, word == &ch->rx.ctl->tx_wait ? 0 : ML_WAIT_SIGIO);
+    /* The data tripwire's SIGIO bit is the consumer's own to clear; the room tripwire's
+     * (__ml_chan_sio_room) rings once, when half the ring is free (kept till then: a ring at
+     * every release sent a signal per read of the peer's, each met by EAGAIN: a review), and
+     * not once either side stopped writing. */
+    bool room = true, txw = word == &ch->rx.ctl->tx_wait;
+    if (txw && (ml_load_relaxed(word) & ML_WAIT_SIGIO))
+        room = !ml_sio_sides_open(ch) || ml_sio_roomy_rx(ch);
+    uint32_t w = ml_fetch_and(word, txw && room ? 0 : ML_WAIT_SIGIO);
+    if (txw && (w & ML_WAIT_SIGIO) && !ml_sio_sides_open(ch))
+        w &= ~ML_WAIT_SIGIO;
     if (w & ML_WAIT_FUTEX) {
         __ml_sys_futex_wake(word, INT32_MAX);
         ch->wakeups++;
@@ -1543,7 +1575,7 @@ void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
      * kernel's sk_wait_data holds it back (SOCKWQ_ASYNC_WAITDATA); the bit goes with this very
      * wake-up, so a receive that never came back (a longjmp out of a handler, a cancellation)
      * holds back one signal, not all the later ones (the second review). */
-    if ((w & ML_WAIT_SIGIO) && !(w & ML_WAIT_RECV))
+    if ((w & ML_WAIT_SIGIO) && !(w & ML_WAIT_RECV) && room)
         __ml_chan_sig_ring(ch, false);
     if (w & ML_WAIT_EVQ_ANY) {
         for (uint32_t i = 0; i < ML_EVQ_REFS; i++)
@@ -2248,8 +2280,6 @@ void __ml_chan_post_self(struct memlan_channel *ch)
 
 static void ml_eagain(struct memlan_channel *ch, uint32_t ev)
 {
-    if (ev & MEMLAN_EV_WRITE)
-        ml_sio_room(ch);
     if (ch->evq && (ch->evq_events & ev) && __ml_chan_arm_evq(ch, ev))
         __ml_evq_post_local(ch->evq, ch->evq_index);
 }
@@ -2553,10 +2583,8 @@ static ssize_t ml_stream_send(memlan_channel_t *ch, const uint8_t *src, struct m
             /* The consumer hears of what we published before we stop or wait: a wait here
              * with its wake-up still owed would be each side waiting for the other. */
             ml_tx_wake_pending(ch, &unwoken);
-            if (done && (flags & MEMLAN_DONTWAIT)) {
-                ml_sio_room(ch);
+            if (done && (flags & MEMLAN_DONTWAIT))
                 break;
-            }
             ml_full_look(ch);
             if ((e = ml_tx_error(ch)))
                 return done ? (ssize_t)done : e;

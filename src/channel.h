@@ -127,6 +127,7 @@ void __ml_chan_sio_arm(struct memlan_channel *ch, bool on);
 void __ml_chan_sio_unlink(struct memlan_channel *ch, bool urg);
 void __ml_chan_sig_ring(struct memlan_channel *ch, bool urg); /* the peer's FIFO */
 void __ml_chan_sio_drop(struct memlan_channel *ch);           /* our fds on it go */
+void __ml_chan_sio_room(struct memlan_channel *ch); /* a nonblocking send found it full */
 void __ml_chan_sio_names_gone(struct memlan_channel *ch);     /* with the file's name */
 extern bool (*__ml_wait_recv)(void); /* a blocking receive's wait? (ML_WAIT_RECV) */
 void __ml_chan_recv_awake(struct memlan_channel *ch);

@@ -2018,6 +2018,10 @@ static ssize_t mlp_send_on(struct mlp_sock *s, int fd, const struct iovec *iov, 
         if ((r = mlp_wait_dir(s, 1, mlp_tx_want(s, left), &dl)) < 0)
             break;
     }
+    /* The program's nonblocking send found the ring full: SIGIO when room comes, where it
+     * asked for SIGIO (design.md, "SIGIO"). */
+    if (nb && st == MLP_ACCEL && (done > 0 ? (size_t)done < total : r == -EAGAIN))
+        __ml_chan_sio_room(s->ch);
     if (done > 0)
         return done;
     if (r == -EAGAIN && st == MLP_UNDECIDED && nb)
@@ -2926,6 +2930,8 @@ ssize_t mlp_send_fast(int fd, const struct iovec *iov, int n, int flags)
         int i = 0;
         size_t off = 0;
         r = mlp_tx_pass(s, iov, n, &i, &off);
+        if (r > 0 && r < t) /* cut short: the ring is full (none at all: the regular path's) */
+            __ml_chan_sio_room(s->ch);
     } else if ((size_t)t <= s->ch->size / 2) {
         r = mlp_tx_whole(s, iov, n, (size_t)t); /* as mlp_send's: whole or nothing */
     }

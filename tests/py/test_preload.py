@@ -5978,7 +5978,7 @@ if role == "server":
     if case == "end":  # the peer's end raises it too, then reads end of file
         c.sendall(b"go")
         print("end", wait_sig(5), c.recv(10), flush=True)
-    if case == "room":  # a writer that waits for SIGIO to write on, once its socket is full
+    if case in ("room", "room-little"):  # a writer that waits for SIGIO once its socket is full
         c.setblocking(False)
         n = 0
         try:
@@ -5986,6 +5986,8 @@ if role == "server":
                 n += c.send(b"x" * 65536)
         except BlockingIOError:
             pass
+        if case == "room-little":  # a read of 1000 bytes makes no room worth a signal
+            print("little", wait_sig(1.2), flush=True)
         print("full", n < 256 << 20, "room", wait_sig(5), flush=True)
         c.setblocking(True)
         c.sendall(b"END")
@@ -6003,9 +6005,12 @@ else:
         assert c.recv(2) == b"go"
         time.sleep(0.3)
         c.close()
-    elif case == "room":
+    elif case in ("room", "room-little"):
         time.sleep(0.5)  # the server fills its socket first
         got = bytearray()
+        if case == "room-little":
+            got += c.recv(1000)
+            time.sleep(1.5)
         while not got.endswith(b"END"):
             b = c.recv(1 << 20)
             assert b
@@ -6021,7 +6026,8 @@ else:
                                       ("fcntl", "cleared"), ("ioctl", "cleared"),
                                       ("fcntl", "end"), ("fcntl", "ioctl-owner"),
                                       ("fcntl", "exec-child"), ("ioctl", "recv-blocked"),
-                                      ("fcntl", "poll-asleep"), ("fcntl", "room")])
+                                      ("fcntl", "poll-asleep"), ("fcntl", "room"),
+                                      ("fcntl", "room-little")])
 def test_o_async_raises_sigio_for_a_channels_bytes(fabric, tmp_path, how, case):
     """A program that asks for SIGIO on an accepted connection (O_ASYNC through fcntl F_SETFL or
     ioctl FIOASYNC) and waits for the signal before it reads gets it from the kernel when the
@@ -6035,7 +6041,8 @@ def test_o_async_raises_sigio_for_a_channels_bytes(fabric, tmp_path, how, case):
     made Python's recv run the handler: a review), but one for a poll asleep on it (a version
     that held it back for any sleeper sent none: a review), and one when room comes to a writer
     whose nonblocking send found the socket full (POLL_OUT's; none came, and a writer that waits
-    for it waited for ever)."""
+    for it waited for ever), but not for a little room (one at each of the reader's releases: a
+    review)."""
     script = tmp_path / "async.py"
     script.write_text(ASYNC_IO)
     log = tmp_path / "async.log"
