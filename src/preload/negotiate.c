@@ -3924,6 +3924,15 @@ int mlp_flush_unsent(struct mlp_sock *s, int fd, bool block)
             looked = true;
             int saved = errno;
             bool err = mlp_look_events(fd, POLLOUT, true) & POLLERR;
+            if (err) {
+                /* An error, and a connection that is over: not a report waiting on the error
+                 * queue (IP_RECVERR, MSG_ZEROCOPY's) of one still up.  Asked without taking
+                 * the error (SO_ERROR would). */
+                struct tcp_info ti;
+                socklen_t tl = sizeof ti;
+                err = mlp_real_getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &tl) == 0 &&
+                      tl >= 1 && ti.tcpi_state == TCP_CLOSE;
+            }
             errno = saved;
             if (err) {
                 size_t all = 0;
