@@ -1493,13 +1493,21 @@ static void ml_sio_ring_own(struct memlan_channel *ch)
     __ml_sys_close((int)fd);
 }
 
-/* Room for the producer as the kernel counts a socket writable for POLL_OUT's signal
- * (sk_stream_is_writeable: a third of its buffer free, or more): half the ring, from the
- * consumer's side (what it has not read yet) or from the producer's. */
+/* Room worth POLL_OUT's signal, as the kernel's (sk_stream_is_writeable: free space half of
+ * what is queued, or more) gives it for a read of a few percent of a full buffer, but not for
+ * the one of 100 bytes (a ring at every release sent a signal per read: a review): 64 KiB, or
+ * half a smaller ring.  Counted against the ring and its region (a grown ring's 4 MiB: half of
+ * the ring alone held the signal back until all but 128 KiB were read: the second review). */
+static uint64_t ml_sio_room_want(const struct ml_ring *r)
+{
+    return r->size / 2 < (64u << 10) ? r->size / 2 : (64u << 10);
+}
+
+/* ... from the consumer's side: what it has not read yet, against the ring's capacity */
 static bool ml_sio_roomy_rx(const struct memlan_channel *ch)
 {
     int64_t a = __ml_chan_rx_avail_ro(ch);
-    return a >= 0 && (uint64_t)a <= ch->rx.size / 2;
+    return a >= 0 && (uint64_t)a + ml_sio_room_want(&ch->rx) <= ch->rx.cap;
 }
 
 /* Both sides open for writing (after our shutdown the kernel raises no POLL_OUT; a side that
@@ -1510,15 +1518,15 @@ static bool ml_sio_sides_open(const struct memlan_channel *ch)
            ml_load_acquire(&ch->hdr->side_state[1]) == ML_SIDE_OPEN;
 }
 
-/* The socket layer's nonblocking send (its program's: O_NONBLOCK or MSG_DONTWAIT; not the
- * passes of a blocking send, which the kernel does not signal for here) found the ring full
- * (EAGAIN, or cut short) on a socket with O_ASYNC (our data tripwire's SIGIO bit): as the
- * kernel's sk_stream_wait_memory sets SOCKWQ_ASYNC_NOSPACE, so that room made later raises
- * SIGIO (POLL_OUT) once, the same bit in our room tripwire has the consumer's release ring our
- * FIFO once half the ring is free (__ml_chan_wake_slow).  Without it a program that waits for
- * SIGIO to write on waited for ever.  Room made before the bit could be seen: we ring
- * ourselves.  O_ASYNC cleared meanwhile: the bit is taken back (a review saw 3 to 11 signals in
- * 1000 races after the clear). */
+/* The socket layer's nonblocking send (its program's: O_NONBLOCK or MSG_DONTWAIT; not the passes
+ * of a blocking send, which the kernel does not signal for here) found the ring full (EAGAIN, or
+ * cut short) on a socket with O_ASYNC (our data tripwire's SIGIO bit): as the kernel's
+ * sk_stream_wait_memory sets SOCKWQ_ASYNC_NOSPACE, so that room made later raises SIGIO (POLL_OUT)
+ * once, the same bit in our room tripwire has the consumer's release ring our FIFO once there is
+ * room worth it (ml_sio_room_want; __ml_chan_wake_slow).  Without it a program that waits for
+ * SIGIO to write on waited for ever.  Room made before the bit could be seen: we ring ourselves.
+ * O_ASYNC cleared meanwhile: the bit is taken back (a review saw 3 to 11 signals in 1000 races
+ * after the clear). */
 void __ml_chan_sio_room(struct memlan_channel *ch)
 {
     if (ml_likely(!(ml_load_relaxed(&ch->rx.ctl->rx_wait) & ML_WAIT_SIGIO)) || ch->shut_wr ||
@@ -1532,7 +1540,7 @@ void __ml_chan_sio_room(struct memlan_channel *ch)
                             &ch->tx.ctl->tx_mb_ack);
     bool off = !(ml_load_relaxed(&ch->rx.ctl->rx_wait) & ML_WAIT_SIGIO);
     int64_t fr = __ml_chan_tx_free_ro(ch);
-    if ((off || (fr >= 0 && (uint64_t)fr >= ch->tx.size / 2)) &&
+    if ((off || (fr >= 0 && (uint64_t)fr >= ml_sio_room_want(&ch->tx))) &&
         (ml_fetch_and(&ch->tx.ctl->tx_wait, ~ML_WAIT_SIGIO) & ML_WAIT_SIGIO) && !off)
         ml_sio_ring_own(ch); /* (not the consumer's ring: it took the bit first) */
 }
@@ -1557,7 +1565,7 @@ void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
      * and its fork child's poll); each gets its wake-up.  Bits past the slots (a peer's
      * garbage) name nothing. */
     /* The data tripwire's SIGIO bit is the consumer's own to clear; the room tripwire's
-     * (__ml_chan_sio_room) rings once, when half the ring is free (kept till then: a ring at
+     * (__ml_chan_sio_room) rings once, when there is room worth it (kept till then: a ring at
      * every release sent a signal per read of the peer's, each met by EAGAIN: a review), and
      * not once either side stopped writing. */
     bool room = true, txw = word == &ch->rx.ctl->tx_wait;

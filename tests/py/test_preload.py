@@ -5978,7 +5978,7 @@ if role == "server":
     if case == "end":  # the peer's end raises it too, then reads end of file
         c.sendall(b"go")
         print("end", wait_sig(5), c.recv(10), flush=True)
-    if case in ("room", "room-little"):  # a writer that waits for SIGIO once its socket is full
+    if case.startswith("room"):  # a writer that waits for SIGIO once its socket is full
         c.setblocking(False)
         n = 0
         try:
@@ -5988,7 +5988,9 @@ if role == "server":
             pass
         if case == "room-little":  # a read of 1000 bytes makes no room worth a signal
             print("little", wait_sig(1.2), flush=True)
-        print("full", n < 256 << 20, "room", wait_sig(5), flush=True)
+        # (room-part: its reader pauses after a quarter; the signal must come before it reads on)
+        print("full", n < 256 << 20, "room", wait_sig(2.5 if case == "room-part" else 5),
+              flush=True)
         c.setblocking(True)
         c.sendall(b"END")
     c.close()
@@ -6005,12 +6007,16 @@ else:
         assert c.recv(2) == b"go"
         time.sleep(0.3)
         c.close()
-    elif case in ("room", "room-little"):
+    elif case.startswith("room"):
         time.sleep(0.5)  # the server fills its socket first
         got = bytearray()
         if case == "room-little":
             got += c.recv(1000)
             time.sleep(1.5)
+        if case == "room-part":  # a quarter of what it holds, then a pause: room enough
+            while len(got) < 1 << 20:
+                got += c.recv((1 << 20) - len(got))
+            time.sleep(3)
         while not got.endswith(b"END"):
             b = c.recv(1 << 20)
             assert b
@@ -6027,7 +6033,7 @@ else:
                                       ("fcntl", "end"), ("fcntl", "ioctl-owner"),
                                       ("fcntl", "exec-child"), ("ioctl", "recv-blocked"),
                                       ("fcntl", "poll-asleep"), ("fcntl", "room"),
-                                      ("fcntl", "room-little")])
+                                      ("fcntl", "room-little"), ("fcntl", "room-part")])
 def test_o_async_raises_sigio_for_a_channels_bytes(fabric, tmp_path, how, case):
     """A program that asks for SIGIO on an accepted connection (O_ASYNC through fcntl F_SETFL or
     ioctl FIOASYNC) and waits for the signal before it reads gets it from the kernel when the
@@ -6042,7 +6048,8 @@ def test_o_async_raises_sigio_for_a_channels_bytes(fabric, tmp_path, how, case):
     that held it back for any sleeper sent none: a review), and one when room comes to a writer
     whose nonblocking send found the socket full (POLL_OUT's; none came, and a writer that waits
     for it waited for ever), but not for a little room (one at each of the reader's releases: a
-    review)."""
+    review), and for a quarter of a grown ring read (the signal waited for all but 128 KiB: the
+    second review)."""
     script = tmp_path / "async.py"
     script.write_text(ASYNC_IO)
     log = tmp_path / "async.log"
