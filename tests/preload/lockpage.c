@@ -7,7 +7,8 @@
  *                                forked: memlan's lock page is made only when a socket is
  *                                forked (it used to be made with every connection: an mmap,
  *                                two signal-mask calls and an munmap, on both ends)
- *   stderr "forked: N pages"     the same, in the fork child: a page per connection end now
+ *   stderr "forked: N pages"     the same, in the fork child: a page per connection end now,
+ *                                and the page the first fork makes for the family's notes
  *   nonblock    O_NONBLOCK set by the child on one connection and cleared on another is seen by
  *               the parent (one open file, as the kernel's flag): a receive on an empty socket
  *               fails at once, or waits for its SO_RCVTIMEO

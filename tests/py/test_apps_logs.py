@@ -241,16 +241,21 @@ def relay_compare(res, logs):
     early = tcp_reasons(clog)
     assert set(early) <= {"closed before a memlan acceptor took the offer"}, c[-2000:]
     assert c.count("accelerated (client)") + len(early) == 12, c[-2000:]
-    # the forwarder's reconnects while the receiver is down are refused (syslog-ng's time_reopen)
+    # the forwarder's reconnects while the receiver is down are refused (syslog-ng's time_reopen);
+    # one made as the receiver stops, queued on its listener and reset with it, ends before it
+    # is taken (a loaded machine: make test with helpers running)
     down = "no memlan listener on this port in the fabric"
+    ended = "the connection ended or failed before the server took the offer"
     # As the acceptor met the close.  "not memlan" too: a client descheduled between its
     # withdrawal and its kernel close has no offer and no FIN yet at the acceptor's look (a
     # loaded machine: make test with helpers running), a known imprecision of the reason.
     before = {NO_OFFER_FIN, "the client closed before accept",
               "the client had already withdrawn its offer", "the client is not memlan (no offer)"}
     rr, fr = tcp_reasons(rlog), tcp_reasons(flog)
-    assert set(rr + fr) <= {down} | before, r[-2000:] + f[-2000:]
-    assert len(rr + fr) - fr.count(down) == len(early), r[-2000:] + f[-2000:]
+    assert set(rr + fr) <= {down, ended} | before, r[-2000:] + f[-2000:]
+    # (the receiver may have accepted that one over TCP before its stop: "not memlan" there too)
+    extra = len(rr + fr) - fr.count(down) - fr.count(ended) - len(early)
+    assert 0 <= extra <= fr.count(ended), r[-2000:] + f[-2000:]
     assert f.count("accelerated (client)") >= 3, f[-3000:]
     assert r.count("accelerated (accepted") + len(rr) == 4 + f.count("accelerated (client)"), r[-3000:]
 
