@@ -3901,16 +3901,15 @@ void mlp_offer_unlink_name(const char *name)
         __ml_sys_unlinkat(mlp_fab->dirfd, name, 0);
 }
 
-/* Send the bytes that went into the ring of a withdrawn offer over TCP.  0 when all are out,
- * -EAGAIN when the socket would block (nonblocking), or the kernel's error.  tx lock held. */
 static short mlp_look_events(int fd, short events, bool raw);
 
-/* The ring's bytes that did not go before the fall to TCP, sent now.  A kernel socket that holds
- * an error (a reset before the server accepted: its listener closed, the server died) gets none
- * of them: over TCP they were in its buffers, and the reset dropped them.  Sent, they took the
- * error (the kernel's send reports and clears it), and the program's read said end of file where
- * TCP says ECONNRESET (Node, Ruby, Perl, Python, curl's "Empty reply from server": an
- * explorer).  Not looked at in a sandbox that may kill the poll. */
+/* Send the bytes that went into the ring of a withdrawn offer over TCP.  0 when all are out,
+ * -EAGAIN when the socket would block (nonblocking), or the kernel's error.  tx lock held.  A
+ * kernel socket that holds an error (a reset before the server accepted: its listener closed,
+ * the server died) gets none of them: over TCP they were in its buffers, and the reset dropped
+ * them.  Sent, they took the error (the kernel's send reports and clears it), and the program's
+ * read said end of file where TCP says ECONNRESET (Node, Ruby, Perl, Python, curl's "Empty reply
+ * from server": an explorer).  Not looked at in a sandbox that may kill the poll. */
 int mlp_flush_unsent(struct mlp_sock *s, int fd, bool block);
 int mlp_flush_unsent(struct mlp_sock *s, int fd, bool block)
 {
