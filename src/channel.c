@@ -1141,6 +1141,38 @@ static uint32_t ml_peer_state(const struct memlan_channel *ch)
 }
 
 /* Is the peer gone (died, or the segment was torn down)?  Makes a system call: slow path only. */
+/*
+ * The peer's side was passed over SCM_RIGHTS (ML_SOCK_PASSED) and its lock is free: the passer is
+ * gone, and the receiver, which holds the kernel socket, may not have taken the side up yet (it
+ * takes it at its first call on the descriptor: one that waits for its passer's end first, as
+ * tests/preload/passend.c passerexit, looks a moment after the lock went).  The passer keeps its
+ * record for such a receiver when the pass is younger than ML_LIVENESS_MAX_NS (src/preload,
+ * "Passing a connection"), so the side is given as long from the moment we first find its lock
+ * free, on our own clock, unless its receiver is seen writing to the kernel socket.  True while
+ * that lasts.  Before, the first look after the passer's end
+ * declared the side dead, and a receiver that took it up a moment later wrote to a peer that
+ * read the end of stream: its bytes were lost without a word (1 run in 7 of passerexit).  A
+ * peer that sets the flag without passing gains at most that second, once: it could hold its
+ * lock for ever anyway.
+ */
+static bool ml_passed_grace(struct memlan_channel *ch, struct ml_sock_side *sides)
+{
+    if (ml_peer_state(ch) != ML_SIDE_OPEN ||
+        !(ml_load_relaxed(&sides[1 - ch->side].flags) & ML_SOCK_PASSED))
+        return false;
+    /* Bytes on the kernel socket: the receiver writes there, so it did not take the side up and
+     * never will (a seccomp sandbox, another user's record, a program without memlan). */
+    if (ch->sock_ino && __ml_sys_socket_data(ch->sock_fd, ch->sock_ino) == 1)
+        return false;
+    uint64_t now = __ml_now_ns(), t = ml_load_relaxed(&ch->passed_free_ns);
+    if (!t) {
+        uint64_t zero = 0;
+        atomic_compare_exchange_strong(&ch->passed_free_ns, &zero, now ? now : 1);
+        return true;
+    }
+    return now - t < ML_LIVENESS_MAX_NS;
+}
+
 static bool ml_peer_dead(struct memlan_channel *ch)
 {
     if (ch->peer_dead)
@@ -1178,8 +1210,10 @@ static bool ml_peer_dead(struct memlan_channel *ch)
                     ML_SOCK_UNNAMED);
     if (unnamed)
         alive = -1;
-    if (alive == 0 && ml_peer_state(ch) != ML_SIDE_CLOSED)
+    if (alive == 0 && ml_peer_state(ch) != ML_SIDE_CLOSED && !ml_passed_grace(ch, sides))
         ch->peer_dead = true;
+    if (alive != 0)
+        ml_store_relaxed(&ch->passed_free_ns, 0);
     /* The lock cannot be asked: the file must be opened by name, which a process that changed
      * its credentials (EACCES) or sandboxed itself (seccomp) may no longer do.  The kernel
      * socket under the channel tells instead: the peer's process holds its end as long as it

@@ -57,6 +57,9 @@ struct memlan_channel {
     bool peer_seen;           /* creator: the attached word once read 1 (see ml_peer_dead) */
     bool split;               /* the peer talks over the kernel socket: it decided TCP */
     uint64_t split_ns;        /* when bytes were first seen on the kernel socket (0: none) */
+    /* when we first found the lock of a peer side passed over SCM_RIGHTS (ML_SOCK_PASSED) free,
+     * its receiver not yet in (0: not so at the last look); see ml_peer_dead */
+    _Atomic uint64_t passed_free_ns;
     bool unattached;          /* creator: nobody attached within attach_by; withdrawn */
     uint64_t attach_by;       /* creator (native API): a blocking call gives up waiting for an
                                * attacher at this time (ns, 0 = never; see ml_attach_expired) */

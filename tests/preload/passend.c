@@ -27,8 +27,8 @@
  *   die         writes "hello\n" (its first call), then _exit(0) without closing it
  *   kill        writes "hello\n", then is killed (SIGKILL)
  *   passerexit  (the acceptor is a child that exit()s right after the pass) waits for the
- *               acceptor's end (the end of a pipe only the acceptor holds open), then
- *               writes "hello\n" and closes
+ *               acceptor's end (the end of a pipe only the acceptor holds open) and 300 ms
+ *               more, then writes "hello\n" and closes
  *   passer_exit the same with an acceptor that _exit()s
  */
 #include "fdpass.h"
@@ -210,6 +210,8 @@ static void worker(int sp, const char *mode)
         char c;
         if (poll(&p, 1, 5000) != 1 || read(passer_gone, &c, 1) != 0)
             _exit(1);
+        /* a receiver a little late: the peer's liveness looks (every 100 ms) come first */
+        nanosleep(&(struct timespec){0, 300 * 1000000}, NULL);
     }
     (void)!write(fd, "hello\n", 6);
     if (!strcmp(mode, "kill"))

@@ -4863,12 +4863,14 @@ def test_connection_passed_twice_is_left_once(fabric, tmp_path, mode):
 @pytest.mark.parametrize("mode", ["passerexit", "passer_exit"])
 def test_passed_connection_outlives_a_passer_that_exits(fabric, tmp_path, mode):
     """passend passerexit, passer_exit: the acceptor passes the connection, closes its copy and
-    calls exit() (or _exit); the worker waits for the acceptor's end, then writes "hello" and
-    closes.  The client reads the line and the end, as over kernel TCP: the record stays after
-    the passer's exit and the worker takes the side up before the client's liveness look.
-    (b888bea's exit() removed the record and said the connection lost: the worker wrote to the
-    idle kernel socket and the client read the end of stream alone, a silent truncation; with
-    _exit it was taken up.)"""
+    calls exit() (or _exit); the worker waits for the acceptor's end and 300 ms more, then writes
+    "hello" and closes.  The client reads the line and the end, as over kernel TCP: the record
+    stays after the passer's exit, and the client's liveness looks give the passed side a second
+    from the first that finds its lock free, so the worker takes it up in time.  (b888bea's
+    exit() removed the record and said the connection lost: the worker wrote to the idle kernel
+    socket and the client read the end of stream alone, a silent truncation; with _exit it was
+    taken up.  7883d47's client declared the side dead at its first look after the passer's
+    end: "hello" lost, the end read alone, in 1 run in 7 with no delay, in every run with it.)"""
     try:
         plain, under, text = scripted(PASSEND, tmp_path, mode)
         assert plain.stdout == "client: got hello\nclient: end of stream\ndone\n", plain.stdout
