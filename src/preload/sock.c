@@ -4041,6 +4041,14 @@ void mlp_at_exit(void)
      * on for ever (bounded tries, or nothing), and listeners keep their records until the
      * process is gone, when their locks say so (tests/preload/exithandler.c). */
     bool in_handler = mlp_sig_in_handler();
+    /* Our closed clients' files parked in the pool first: one whose acceptor is a socket of
+     * ours still open leaves it the name (ML_SOCK_NAME_LEFT) as it is drained, and that socket's
+     * look below then takes the name away.  Drained only after it (mlp_negotiate_at_exit, which
+     * drains what other threads park meanwhile), the file stayed in the fabric after a process
+     * that had been its own server (a daemon thread still holding the accepted connection: the
+     * fast-open test's teardown, 20 runs in 20 with the thread 50 ms late). */
+    if (mlp_fab)
+        __ml_chan_pool_drain(mlp_fab);
     int max = mlp_fd_max();
     for (int fd = 0; fd <= max; fd++) {
         struct mlp_sock *s = mlp_get(fd);
