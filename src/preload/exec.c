@@ -301,6 +301,18 @@ static void mlp_unname_later(struct mlp_carry *c, struct memlan_segment *seg)
     }
     if (c->blind)
         return;
+    /* Out of reach: we changed credentials since it was made (a daemon's child that drops to
+     * its user, then execs), and the new image, with the same ones, cannot remove it either;
+     * nor can we read /proc/self/fd then.  Said, as exit() says it of its stat entry. */
+    if (mlp_fabric_out()) {
+        mlp_log(1, "exec: %s stays in fabric %.200s (out of reach since it changed its "
+                   "credentials): `memlan clean`, or a later process's sweep of the fabric, "
+                   "removes it",
+                seg == mlp_stat_seg() ? "this process's memlan stat entry"
+                                      : "the file of a connection it ends at the exec",
+                seg->fab->path);
+        return;
+    }
     /* The directory as the kernel names it: absolute, whatever MEMLAN_FABRIC said. */
     snprintf(lp, sizeof lp, "/proc/self/fd/%d", seg->fab->dirfd);
     ssize_t dl = readlink(lp, dir, sizeof dir - 1);
@@ -1396,13 +1408,24 @@ static void mlp_adopt_line(char *line)
         int off = 0;
         struct stat st;
         const char *base = strrchr(line, '/');
-        if (sscanf(line, "U %lu %lu %n", &ino, &dev, &off) == 2 && off > 0 &&
-            line[off] == '/' && base && strncmp(base + 1, "seg-", 4) == 0 &&
-            __ml_token_valid(base + 5) &&
-            __ml_sys_fstatat(AT_FDCWD, line + off, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-            S_ISREG(st.st_mode) && (unsigned long)st.st_ino == ino &&
-            (unsigned long)st.st_dev == dev)
-            (void)__ml_sys_unlinkat(AT_FDCWD, line + off, 0);
+        if (sscanf(line, "U %lu %lu %n", &ino, &dev, &off) != 2 || off <= 0 ||
+            line[off] != '/' || !base || strncmp(base + 1, "seg-", 4) != 0 ||
+            !__ml_token_valid(base + 5))
+            return;
+        long r = __ml_sys_fstatat(AT_FDCWD, line + off, &st, AT_SYMLINK_NOFOLLOW);
+        if (r == 0 && (!S_ISREG(st.st_mode) || (unsigned long)st.st_ino != ino ||
+                       (unsigned long)st.st_dev != dev))
+            return;
+        if (r == 0)
+            r = __ml_sys_unlinkat(AT_FDCWD, line + off, 0);
+        /* Refused: the exec took a reach the image before us had (capabilities that a user
+         * other than root loses there); that image lists nothing once it knows itself out of
+         * reach (mlp_unname_later).  Said, as exit() says so of its own. */
+        if (r == -EACCES || r == -EPERM)
+            mlp_log(1, "exec: a memlan file the image before this one left to it (its stat "
+                       "entry, or a connection's channel) stays in the fabric, out of this "
+                       "image's reach (%.200s): `memlan clean`, or a later process's sweep of "
+                       "the fabric, removes it", line + off);
         return;
     }
     if (line[0] == 'L') {

@@ -806,16 +806,20 @@ def test_children_exec_after_a_drop_say_nothing_of_the_log(tmp_path):
     settle()
 
 
-def test_a_process_that_dropped_says_what_it_leaves_in_the_fabric(tmp_path):
+@pytest.mark.parametrize("end", ["exit", "exec"])
+def test_a_process_that_dropped_says_what_it_leaves_in_the_fabric(tmp_path, end):
     """A daemon that listened and then dropped to its user (tor, mpd) cannot remove its memlan
     stat entry at exit (the fabric is root's, 0700): the file stayed, and `memlan stat` listed
-    it DEAD, with nothing said (an explorer).  Now its exit says so, and what removes it."""
+    it DEAD, with nothing said (an explorer).  Now its exit says so, and what removes it.  So
+    does its exec of a program after the drop ("exec"), whose new image cannot remove it either
+    (said nowhere before: a review)."""
     pwd.getpwnam("nobody")
     fab = pathlib.Path(tempfile.mkdtemp(prefix="memlan-test-", dir="/dev/shm"))
     try:
         (tmp_path / "d.py").write_text(
             "import os, socket\nl = socket.create_server(('127.0.0.1', 0))\n"
-            "os.setgid(65534); os.setgroups([]); os.setuid(65534)\n")
+            "os.setgid(65534); os.setgroups([]); os.setuid(65534)\n" +
+            ("os.execv('/bin/true', ['true'])\n" if end == "exec" else ""))
         log = tmp_path / "m.log"
         r = subprocess.run(wrap(["/usr/bin/python3", str(tmp_path / "d.py")], log),
                            capture_output=True, text=True, timeout=60,
@@ -823,8 +827,9 @@ def test_a_process_that_dropped_says_what_it_leaves_in_the_fabric(tmp_path):
         assert r.returncode == 0, r.stderr
         text = log.read_text()
         seg = [f.name for f in fab.iterdir() if f.name.startswith("seg-")]
-        assert len(seg) == 1, (seg, text)  # the stat entry, out of reach at the exit
-        assert "exit: this process's memlan stat entry stays in fabric" in text, text
+        assert len(seg) == 1, (seg, text)  # the stat entry, out of reach at the exit or exec
+        said = f"{end}: this process's memlan stat entry stays in fabric"
+        assert text.count(said) == 1, text
         assert "out of reach since it changed its credentials" in text, text
     finally:
         shutil.rmtree(fab, ignore_errors=True)
