@@ -303,14 +303,17 @@ static void mlp_unname_later(struct mlp_carry *c, struct memlan_segment *seg)
         return;
     /* Out of reach: we changed credentials since it was made (a daemon's child that drops to
      * its user, then execs), and the new image, with the same ones, cannot remove it either;
-     * nor can we read /proc/self/fd then.  Said, as exit() says it of its stat entry. */
+     * nor can we read /proc/self/fd then.  Said, as exit() says it of its stat entry: once for
+     * a process and its fork children (a forking daemon's children, each dropping and
+     * exec'ing, said it a line each: 4 lines for 4 requests). */
     if (mlp_fabric_out()) {
-        mlp_log(1, "exec: %s stays in fabric %.200s (out of reach since it changed its "
-                   "credentials): `memlan clean`, or a later process's sweep of the fabric, "
-                   "removes it",
-                seg == mlp_stat_seg() ? "this process's memlan stat entry"
-                                      : "the file of a connection it ends at the exec",
-                seg->fab->path);
+        if (mlp_family_first(geteuid(), true))
+            mlp_log(1, "exec: %s stays in fabric %.200s (out of reach since it changed its "
+                       "credentials; said once for this process and its fork children): "
+                       "`memlan clean`, or a later process's sweep of the fabric, removes it",
+                    seg == mlp_stat_seg() ? "this process's memlan stat entry"
+                                          : "the file of a connection it ends at the exec",
+                    seg->fab->path);
         return;
     }
     /* The directory as the kernel names it: absolute, whatever MEMLAN_FABRIC said. */

@@ -342,13 +342,14 @@ static void mlp_family_page(void)
         (void)__ml_sys_munmap(p, 4096); /* another thread's fork made one first */
 }
 
-/* First in the family to say it for this user? */
-static bool mlp_family_first(uid_t eu)
+/* First in the family to say it for this user?  exec: the exec's note of the files it leaves
+ * (exec.c, mlp_unname_later), not the log's; its own slots, (euid + 1) | 1 << 31. */
+bool mlp_family_first(uid_t eu, bool exec)
 {
     _Atomic uint32_t *f = atomic_load(&mlp_family_said);
     if (!f)
         return true;
-    uint32_t want = (uint32_t)eu + 1;
+    uint32_t want = ((uint32_t)eu + 1) | (exec ? 0x80000000u : 0);
     for (int i = 0; i < MLP_FAMILY_SAID; i++) {
         uint32_t v = atomic_load(&f[i]);
         if (v == want)
@@ -381,7 +382,7 @@ bool mlp_log_closed_to_exec(void)
                   (errno == EACCES || errno == EPERM);
     errno = e;
     static _Atomic bool said;
-    if (closed && !atomic_exchange(&said, true) && mlp_family_first(eu))
+    if (closed && !atomic_exchange(&said, true) && mlp_family_first(eu, false))
         mlp_log(0, "the programs this process execs cannot open MEMLAN_LOG='%.200s' (euid %u): "
                    "they do not log (said once, here and not on their stderr)",
                 log, (unsigned)geteuid());

@@ -456,6 +456,7 @@ void mlp_exit_unname(void);     /* negotiate.c: _exit's part of mlp_at_exit */
 void mlp_sock_exit_now(void);   /* sock.c: _exit's look at the connections */
 void mlp_stat_unname(void);     /* negotiate.c: our stat entry's name goes (_exit) */
 struct memlan_segment *mlp_stat_seg(void); /* negotiate.c: our stat entry, or NULL */
+bool mlp_family_first(uid_t eu, bool exec); /* init.c: first of the fork family to say it */
 bool mlp_sandboxed(void);       /* negotiate.c: a seccomp filter may kill for a call */
 bool mlp_log_closed_to_exec(void); /* init.c: an exec'd image could not open the log */
 bool mlp_known_confined(void);  /* memory only: a filter is known (mlp_note_confined, or looked) */

@@ -837,7 +837,8 @@ def test_a_process_that_dropped_says_what_it_leaves_in_the_fabric(tmp_path, end)
 
 # cupsd's way: a root daemon forks a child per request, which drops to its own user and execs.
 FORK_DROP_EXEC = r"""
-import os
+import os, socket
+l = socket.create_server(("127.0.0.1", 0))  # a listener: each child has a stat entry of its own
 for i in range(4):
     pid = os.fork()
     if pid == 0:
@@ -851,17 +852,24 @@ def test_children_that_drop_then_exec_say_it_once(tmp_path):
     """Each child of a root daemon drops to its user and then execs (cupsd's CGI and filter
     children as lp): each said in the log that the programs it execs cannot open it, a line per
     request (202 for 200 web pages: an explorer).  Now once for the daemon and its fork
-    children, per user."""
+    children, per user.  So is the exec's note that the child's stat entry, out of its reach
+    since the drop, stays in the fabric (a line per child in its first version)."""
     pwd.getpwnam("nobody")
     (tmp_path / "d.py").write_text(FORK_DROP_EXEC)
     log = tmp_path / "m.log"
-    r = subprocess.run(wrap(["/usr/bin/python3", str(tmp_path / "d.py")], log),
-                       capture_output=True, text=True, timeout=60)
+    fab = pathlib.Path(tempfile.mkdtemp(prefix="memlan-test-", dir="/dev/shm"))
+    try:
+        r = subprocess.run(wrap(["/usr/bin/python3", str(tmp_path / "d.py")], log),
+                           capture_output=True, text=True, timeout=60,
+                           env={**os.environ, "MEMLAN_FABRIC": str(fab)})
+    finally:
+        shutil.rmtree(fab, ignore_errors=True)
     assert r.returncode == 0 and r.stdout == "".join("child %d\n" % i for i in range(4)), \
         r.stdout + r.stderr
     assert "MEMLAN_LOG" not in r.stderr, r.stderr
     text = log.read_text()
     assert text.count("the programs this process execs cannot open MEMLAN_LOG") == 1, text
+    assert text.count("exec: this process's memlan stat entry stays in fabric") == 1, text
 
 
 @pytest.mark.skipif(shutil.which("setpriv") is None, reason="no setpriv (util-linux)")
