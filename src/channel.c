@@ -1157,8 +1157,8 @@ static uint32_t ml_peer_state(const struct memlan_channel *ch)
  */
 static bool ml_passed_grace(struct memlan_channel *ch, struct ml_sock_side *sides)
 {
-    if (ml_peer_state(ch) != ML_SIDE_OPEN ||
-        !(ml_load_relaxed(&sides[1 - ch->side].flags) & ML_SOCK_PASSED))
+    /* (open, or shut down for writing: its receiver may still read; never closed here) */
+    if (!(ml_load_relaxed(&sides[1 - ch->side].flags) & ML_SOCK_PASSED))
         return false;
     /* Bytes on the kernel socket: the receiver writes there, so it did not take the side up and
      * never will (a seccomp sandbox, another user's record, a program without memlan). */
