@@ -1140,7 +1140,6 @@ static uint32_t ml_peer_state(const struct memlan_channel *ch)
     return ml_load_acquire(&ch->hdr->side_state[1 - ch->side]);
 }
 
-/* Is the peer gone (died, or the segment was torn down)?  Makes a system call: slow path only. */
 /*
  * The peer's side was passed over SCM_RIGHTS (ML_SOCK_PASSED) and its lock is free: the passer is
  * gone, and the receiver, which holds the kernel socket, may not have taken the side up yet (it
@@ -1149,11 +1148,10 @@ static uint32_t ml_peer_state(const struct memlan_channel *ch)
  * record for such a receiver when the pass is younger than ML_LIVENESS_MAX_NS (src/preload,
  * "Passing a connection"), so the side is given as long from the moment we first find its lock
  * free, on our own clock, unless its receiver is seen writing to the kernel socket.  True while
- * that lasts.  Before, the first look after the passer's end
- * declared the side dead, and a receiver that took it up a moment later wrote to a peer that
- * read the end of stream: its bytes were lost without a word (1 run in 7 of passerexit).  A
- * peer that sets the flag without passing gains at most that second, once: it could hold its
- * lock for ever anyway.
+ * that lasts.  Before, the first look after the passer's end declared the side dead, and a
+ * receiver that took it up a moment later wrote to a peer that read the end of stream: its
+ * bytes were lost without a word (1 run in 7 of passerexit).  A peer that sets the flag without
+ * passing gains at most that second, once: it could hold its lock for ever anyway.
  */
 static bool ml_passed_grace(struct memlan_channel *ch, struct ml_sock_side *sides)
 {
@@ -1173,6 +1171,7 @@ static bool ml_passed_grace(struct memlan_channel *ch, struct ml_sock_side *side
     return now - t < ML_LIVENESS_MAX_NS;
 }
 
+/* Is the peer gone (died, or the segment was torn down)?  Makes a system call: slow path only. */
 static bool ml_peer_dead(struct memlan_channel *ch)
 {
     if (ch->peer_dead)
