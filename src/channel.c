@@ -1155,20 +1155,44 @@ static uint32_t ml_peer_state(const struct memlan_channel *ch)
  */
 static bool ml_passed_grace(struct memlan_channel *ch, struct ml_sock_side *sides)
 {
+    struct ml_sock_side *peer = &sides[1 - ch->side];
     /* (open, or shut down for writing: its receiver may still read; never closed here) */
-    if (!(ml_load_relaxed(&sides[1 - ch->side].flags) & ML_SOCK_PASSED))
+    if (!(ml_load_relaxed(&peer->flags) & ML_SOCK_PASSED)) {
+        ml_store_relaxed(&ch->passed_free_ns, 0);
         return false;
+    }
     /* Bytes on the kernel socket: the receiver writes there, so it did not take the side up and
      * never will (a seccomp sandbox, another user's record, a program without memlan). */
     if (ch->sock_ino && __ml_sys_socket_data(ch->sock_fd, ch->sock_ino) == 1)
         return false;
-    uint64_t now = __ml_now_ns(), t = ml_load_relaxed(&ch->passed_free_ns);
-    if (!t) {
-        uint64_t zero = 0;
-        atomic_compare_exchange_strong(&ch->passed_free_ns, &zero, now ? now : 1);
+    /* Counted from the first free look since the side's last pass: a receiver that took it up
+     * and passed it on between two of our looks (up to a second apart) gets its own second, not
+     * what was left of its passer's (a review: the chain's second receiver, 0.9 s after its
+     * passer's end, was read as the end).  The time is read first: another thread's later one
+     * is then no more than ours. */
+    uint64_t t = ml_load_relaxed(&ch->passed_free_ns);
+    uint32_t gen = ml_load_relaxed(&peer->passes);
+    uint64_t now = __ml_now_ns();
+    if (!t || gen != ml_load_relaxed(&ch->passed_gen)) {
+        ml_store_relaxed(&ch->passed_gen, gen);
+        ml_store_relaxed(&ch->passed_free_ns, now ? now : 1);
         return true;
     }
-    return now - t < ML_LIVENESS_MAX_NS;
+    if ((int64_t)(now - t) < (int64_t)ML_LIVENESS_MAX_NS)
+        return true;
+    /* Ended, as far as we are concerned: said in our side first, then the lock asked once more.
+     * A receiver that takes the side up later finds the flag and says the connection lost
+     * (src/preload, mlp_adopt_conn), rather than write to us unread; one that took it up
+     * meanwhile holds the lock, and the flag goes back.  seq_cst, and the receiver's lock is
+     * taken before it reads the flag: one of the two sees the other. */
+    atomic_fetch_or(&sides[ch->side].flags, ML_SOCK_PASSED_GONE);
+    atomic_thread_fence(memory_order_seq_cst);
+    if (__ml_seg_alive(ch->seg, ch->side == 0 ? ML_LOCK_ATTACHER : ML_LOCK_OWNER) == 1) {
+        atomic_fetch_and(&sides[ch->side].flags, ~ML_SOCK_PASSED_GONE);
+        ml_store_relaxed(&ch->passed_free_ns, 0);
+        return true;
+    }
+    return false;
 }
 
 /* Is the peer gone (died, or the segment was torn down)?  Makes a system call: slow path only. */

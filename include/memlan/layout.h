@@ -213,6 +213,10 @@ struct ml_chan_hdr {
                                * that socket rather than the ring's futex alone */
 #define ML_SOCK_SIO    8192u  /* our side made its SIGIO or SIGURG FIFO (sioS-TOKEN, urgS-TOKEN):
                                * whoever removes the channel's file removes them too */
+#define ML_SOCK_PASSED_GONE 16384u /* we took the peer's passed side (ML_SOCK_PASSED) for ended:
+                               * its lock stayed free past our grace (ml_passed_grace); a
+                               * receiver that takes that side up later finds this, and says
+                               * the connection lost rather than write to us unread */
 #define ML_SOCK_SIGURG 4096u  /* our socket has an owner (F_SETOWN): the peer's urgent send
                                * rings our FIFO urgS-TOKEN, which raises SIGURG for it, as the
                                * kernel raises it when TCP's urgent pointer comes (design.md,
@@ -234,7 +238,10 @@ struct ml_sock_side {
     _Atomic uint32_t flags;
     _Atomic uint64_t urg;
     _Atomic uint32_t urg_byte;
-    uint32_t unused_urg;
+    /* How many times this side was passed over SCM_RIGHTS (its passer counts each pass, before
+     * it sets ML_SOCK_PASSED): the peer's grace for a passed side starts again when it moves
+     * (src/channel.c, ml_passed_grace).  0 from an older library, which never counted. */
+    _Atomic uint32_t passes;
     _Atomic uint64_t urg_skip, urg_skip_end;
     _Atomic uint64_t urg_taken; /* the peer's urg whose byte our recv(MSG_OOB) took */
 };

@@ -2503,7 +2503,9 @@ static void mlp_pass_prepare_fd(int fd, void *ctx)
     if (!atomic_load_explicit(&s->forked, memory_order_relaxed))
         atomic_store(&s->forked, true);
     /* Until the receiver takes it up (which clears it), a passer that dies without its exit
-     * handler leaves the peer only its lock to ask (poll.c, mlp_peer_passed_gone). */
+     * handler leaves the peer only its lock to ask (poll.c, mlp_peer_passed_gone); counted
+     * first, so that the peer's grace starts again (channel.c, ml_passed_grace). */
+    atomic_fetch_add(&s->me->passes, 1);
     atomic_fetch_or(&s->me->flags, ML_SOCK_PASSED);
     p->next = x->made;
     x->made = p;
@@ -2645,8 +2647,13 @@ static void mlp_take_passed_look(int fd)
                    "passer's (another user's, or unreadable): left as it is", fd, name);
         return;
     }
-    struct mlp_addr l, r;
-    if (mlp_sock_addrs(fd, &l, &r, NULL, 0) < 0 || l.port != lport || r.port != rport) {
+    /* Past both ends' FINs (a passer that shut down its writing, a client that closed since)
+     * the socket has no peer name any more (ENOTCONN): its own port tells.  Taken for another
+     * socket's, the record went with nothing said, and the receiver read the end where the
+     * client's last bytes waited in the ring (a review). */
+    struct mlp_addr l = {0}, r = {0};
+    int ae = mlp_sock_addrs(fd, &l, &r, NULL, 0);
+    if ((ae < 0 && ae != -ENOTCONN) || l.port != lport || (ae == 0 && r.port != rport)) {
         /* another socket's that had this inode number, left by a passer that died */
         __ml_sys_unlinkat(fab->dirfd, name, 0);
         return;
@@ -4601,6 +4608,15 @@ void mlp_on_accept(int lfd, int fd, int flags)
     mlp_log(1, "fd %d: accelerated (accepted from %s)", fd, rs);
 }
 
+/* A side passed to us that its peer took for ended (ML_SOCK_PASSED_GONE, channel.c's
+ * ml_passed_grace): our bridge lock is held (the adoption took it) before the flag is read,
+ * seq_cst, as the peer sets the flag before it asks the lock again. */
+static bool mlp_passed_gone_to_peer(memlan_channel_t *ch, int side)
+{
+    atomic_thread_fence(memory_order_seq_cst);
+    return (atomic_load(&mlp_side_block(ch, 1 - side)->flags) & ML_SOCK_PASSED_GONE) != 0;
+}
+
 /*
  * After exec: the socket on fds[0..n) was accelerated in the image before us, which left its
  * channel side in the bridge file `bridge` (see exec.c).  Take it up again.  On failure the
@@ -4621,6 +4637,9 @@ void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *tok
         int e = __ml_chan_adopt(fab, token, bridge, side, &ch);
         if (e < 0)
             why = e == -EPROTO ? "the channel is not in a state to take up" : strerror(-e);
+        else if ((flags & MLP_CARRY_PASSED) && mlp_passed_gone_to_peer(ch, side))
+            why = "its peer had taken it for ended: taken up more than a second after its "
+                  "passer's end";
         else if (!(s = mlp_sock_new(MLP_CONN)))
             why = "out of memory";
     }

@@ -4893,6 +4893,97 @@ def test_connection_passed_twice_is_left_once(fabric, tmp_path, mode):
         settle(fabric)
 
 
+# A connection accepted by A and passed over SCM_RIGHTS, each passer ending by _exit right after
+# its pass (each holds the write end of a pipe alone, so its receiver sees its end):
+#   chain  A passes to B; B, 0.8 s after A's end, polls it (its take-up), passes it to C and
+#          ends; C, 0.9 s after B's end, writes "chain"
+#   shut   A writes "banner", shuts down its writing and passes to C; the client reads the
+#          banner and the end, writes "req" and closes; C, 0.5 s after A's end, reads to the end
+#   late   A passes to C; C, 1.6 s after A's end, writes "late"
+# The client (the parent) prints what it read; C what its calls gave (Python ignores SIGPIPE).
+PASS_ON = r"""#!/usr/bin/python3
+import os, select, socket, sys, time
+port, mode = int(sys.argv[1]), sys.argv[2]
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", port)); ls.listen(4)
+def stage(first, after, run):  # a child that takes the connection, or accepts it (first)
+    r, w = os.pipe(); u, v = socket.socketpair()
+    if os.fork() == 0:
+        os.close(r); v.close()
+        s = ls.accept()[0] if first else socket.socket(fileno=socket.recv_fds(after[1], 9, 1)[1][0])
+        if after:
+            os.read(after[0], 1)  # the passer's end
+        run(s, u); os._exit(0)
+    os.close(w); u.close()
+    return r, v
+def pass_on(s, u):
+    socket.send_fds(u, [b"x"], [s.fileno()]); s.close()
+def a_run(s, u):
+    if mode == "shut":
+        s.sendall(b"banner\n"); s.shutdown(socket.SHUT_WR)
+    pass_on(s, u)
+def b_run(s, u):
+    time.sleep(0.8); select.select([s], [], [], 0); pass_on(s, u)
+def c_run(s, u):
+    time.sleep({"chain": 0.9, "shut": 0.5, "late": 1.6}[mode])
+    try:
+        if mode == "shut":
+            print("C: read", b"".join(iter(lambda: s.recv(100), b"")), flush=True)
+        else:
+            s.sendall(mode.encode() + b"\n"); print("C: sent", flush=True)
+    except OSError as e:
+        print("C:", os.strerror(e.errno), flush=True)
+    s.close()
+ab = stage(True, None, a_run)
+bc = stage(False, ab, b_run) if mode == "chain" else ab
+stage(False, bc, c_run)
+c = socket.create_connection(("127.0.0.1", port)); c.settimeout(8); got = b""
+while True:
+    b = c.recv(100)
+    if not b:
+        break
+    got += b
+    if got == b"banner\n":
+        time.sleep(0.2); c.sendall(b"req\n")
+print("client: read", got, flush=True)
+c.close()
+while True:
+    try:
+        os.wait()
+    except ChildProcessError:
+        break
+"""
+
+
+@pytest.mark.parametrize("mode", ["chain", "shut", "late"])
+def test_a_passed_connection_on_its_way(fabric, tmp_path, mode):
+    """PASS_ON (a review of 369fb6c): "chain": the peer's grace for a passed side restarts at
+    each pass (the side's pass count), so C, 0.9 s after B's end, is still in time (before, the
+    grace counted from A's end: the client read the end without "chain").  "shut": a passed
+    socket past both FINs (its passer shut down its writing, the client closed) has no peer
+    name, and its record was taken for another socket's: C read the end without "req"; now its
+    port tells.  "late": C comes 1.6 s after its passer's end, past the peer's grace, which took
+    the side for ended; over kernel TCP the client reads "late".  That stays a loss (design.md,
+    "Passing a connection"), but no longer a silent one: C's take-up finds the peer's word,
+    says the connection lost, and shuts it down (C's send fails, EPIPE), where before C's send
+    succeeded into a ring nobody read."""
+    (tmp_path / "p.py").write_text(PASS_ON)
+    (tmp_path / "p.py").chmod(0o755)
+    plain, under, text = scripted(tmp_path / "p.py", tmp_path, mode)
+    want = {"chain": "C: sent\nclient: read b'chain\\n'\n",
+            "shut": "client: read b'banner\\n'\nC: read b'req\\n'\n",
+            "late": "C: sent\nclient: read b'late\\n'\n"}[mode]
+    assert sorted(plain.stdout.splitlines()) == sorted(want.splitlines()), plain.stdout
+    if mode != "late":
+        assert sorted(under.stdout.splitlines()) == sorted(plain.stdout.splitlines()), \
+            under.stdout + under.stderr + text
+        assert "lost" not in text, text
+    else:
+        assert sorted(under.stdout.splitlines()) == ["C: Broken pipe", "client: read b''"], \
+            under.stdout + under.stderr + text
+        assert "is lost (its peer had taken it for ended" in text, text
+    settle(fabric)
+
 @pytest.mark.parametrize("mode", ["passerexit", "passer_exit"])
 def test_passed_connection_outlives_a_passer_that_exits(fabric, tmp_path, mode):
     """passend passerexit, passer_exit: the acceptor passes the connection, closes its copy and
