@@ -356,6 +356,16 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
     if (spawn && !nk && !moved)
         return; /* the spawned program does not get it: nothing to carry or give back */
     if (s->type == MLP_LISTENER) {
+        /* Out of reach since a credential change: the new image, with the same credentials,
+         * can neither publish the listener again nor remove its record, which stays, dead once
+         * our lock goes at the exec (with the socket, or after it).  Said once per process, as
+         * the exit's note is (negotiate.c, mlp_lrec_release_locked). */
+        static _Atomic bool said;
+        if (mlp_fabric_out() && !vforked && !spawn && mlp_fab && !atomic_exchange(&said, true))
+            mlp_log(1, "port %d: its listener record stays in fabric %.200s (out of reach since "
+                       "this process changed its credentials; dead after the exec, clients "
+                       "connect over TCP): `memlan clean`, or a later process's sweep of the "
+                       "fabric, removes it (said once)", s->port, mlp_fab->path);
         if (!nk)
             return;
         /* An image that runs without memlan takes nothing up; a dynamically linked Go program

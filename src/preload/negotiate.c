@@ -3055,8 +3055,21 @@ static void mlp_lrec_release_locked(struct mlp_lrec *r)
         /* The last listener on the port anywhere?  Then the record goes. */
         char name[64];
         mlp_lrec_name(name, sizeof name, r->netns, r->port);
-        if (mlp_fab && __ml_fabric_reclaim_name(mlp_fab, name) > 0)
+        if (mlp_fab && __ml_fabric_reclaim_name(mlp_fab, name) > 0) {
             mlp_addr_links_drop(r->port, name);
+        } else if (mlp_fab && mlp_fabric_out() && !mlp_sig_in_handler()) {
+            /* Out of reach since a credential change (varnishd's manager exits as vcache,
+             * tor, mpd): the record stays, dead (its lock is gone with ours).  Said once per
+             * process, as exit() says so of the stat entry; nothing was said (an explorer). */
+            static _Atomic bool said;
+            struct stat st;
+            if (__ml_sys_fstatat(mlp_fab->dirfd, name, &st, AT_SYMLINK_NOFOLLOW) != -ENOENT &&
+                !atomic_exchange(&said, true))
+                mlp_log(1, "port %d: its listener record stays in fabric %.200s (out of reach "
+                           "since this process changed its credentials; dead, clients connect "
+                           "over TCP): `memlan clean`, or a later process's sweep of the fabric, "
+                           "removes it (said once)", r->port, mlp_fab->path);
+        }
     }
 }
 

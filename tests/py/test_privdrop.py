@@ -812,7 +812,7 @@ def test_a_process_that_dropped_says_what_it_leaves_in_the_fabric(tmp_path, end)
     stat entry at exit (the fabric is root's, 0700): the file stayed, and `memlan stat` listed
     it DEAD, with nothing said (an explorer).  Now its exit says so, and what removes it.  So
     does its exec of a program after the drop ("exec"), whose new image cannot remove it either
-    (said nowhere before: a review)."""
+    (said nowhere before: a review).  So too of its listener's record, which stays dead."""
     pwd.getpwnam("nobody")
     fab = pathlib.Path(tempfile.mkdtemp(prefix="memlan-test-", dir="/dev/shm"))
     try:
@@ -831,6 +831,9 @@ def test_a_process_that_dropped_says_what_it_leaves_in_the_fabric(tmp_path, end)
         said = f"{end}: this process's memlan stat entry stays in fabric"
         assert text.count(said) == 1, text
         assert "out of reach since it changed its credentials" in text, text
+        # and its listener's record (varnishd's manager exits as vcache: an explorer)
+        assert [f.name for f in fab.iterdir() if f.name.startswith("ls-")], text
+        assert text.count("its listener record stays in fabric") == 1, text
     finally:
         shutil.rmtree(fab, ignore_errors=True)
 
