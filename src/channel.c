@@ -1146,12 +1146,13 @@ static uint32_t ml_peer_state(const struct memlan_channel *ch)
  * takes it at its first call on the descriptor: one that waits for its passer's end first, as
  * tests/preload/passend.c passerexit, looks a moment after the lock went).  The passer keeps its
  * record for such a receiver when the pass is younger than ML_LIVENESS_MAX_NS (src/preload,
- * "Passing a connection"), so the side is given as long from the moment we first find its lock
- * free, on our own clock, unless its receiver is seen writing to the kernel socket.  True while
- * that lasts.  Before, the first look after the passer's end declared the side dead, and a
- * receiver that took it up a moment later wrote to a peer that read the end of stream: its
- * bytes were lost without a word (1 run in 7 of passerexit).  A peer that sets the flag without
- * passing gains at most that second, once: it could hold its lock for ever anyway.
+ * "Passing a connection"), so the side is given as long from the first look since its last pass
+ * that finds its lock free, on our own clock, unless its receiver is seen writing to the kernel
+ * socket.  True while that lasts (the caller then does not take the peer for dead).  Before, the
+ * first look after the passer's end declared the side dead, and a receiver that took it up a
+ * moment later wrote to a peer that read the end of stream: its bytes were lost without a word
+ * (1 run in 7 of passerexit).  A peer that sets the flag, or counts passes, without passing gains
+ * no more than it would by holding its lock: nothing here loops or waits.
  */
 static bool ml_passed_grace(struct memlan_channel *ch, struct ml_sock_side *sides)
 {
@@ -1165,34 +1166,46 @@ static bool ml_passed_grace(struct memlan_channel *ch, struct ml_sock_side *side
      * never will (a seccomp sandbox, another user's record, a program without memlan). */
     if (ch->sock_ino && __ml_sys_socket_data(ch->sock_fd, ch->sock_ino) == 1)
         return false;
+    /* One thread of ours at a time (another's look meanwhile is no death: it looks again at its
+     * next interval): the clock and the count move together, and the end, once decided, is
+     * ch->peer_dead before another thread could take the flag below back (a review). */
+    if (atomic_exchange(&ch->passed_busy, true))
+        return true;
+    bool grace = true;
     /* Counted from the first free look since the side's last pass: a receiver that took it up
      * and passed it on between two of our looks (up to a second apart) gets its own second, not
      * what was left of its passer's (a review: the chain's second receiver, 0.9 s after its
-     * passer's end, was read as the end).  The time is read first: another thread's later one
-     * is then no more than ours. */
-    uint64_t t = ml_load_relaxed(&ch->passed_free_ns);
+     * passer's end, was read as the end). */
     uint32_t gen = ml_load_relaxed(&peer->passes);
-    uint64_t now = __ml_now_ns();
+    uint64_t t = ml_load_relaxed(&ch->passed_free_ns), now = __ml_now_ns();
     if (!t || gen != ml_load_relaxed(&ch->passed_gen)) {
         ml_store_relaxed(&ch->passed_gen, gen);
         ml_store_relaxed(&ch->passed_free_ns, now ? now : 1);
-        return true;
+    } else if (now - t >= ML_LIVENESS_MAX_NS) {
+        /* Ended, as far as our side is concerned, where our process holds it alone: said in our
+         * side first, then the lock asked once more.  A receiver that takes the side up later
+         * finds the flag and says the connection lost (src/preload, mlp_adopt_conn), rather than
+         * write to us unread; one that took it up meanwhile holds the lock, and the flag goes
+         * back.  seq_cst, and the receiver's lock is taken before it reads the flag: one of the
+         * two sees the other.  A side other processes share (fork children) is not ended for
+         * them by our look: no flag then, our end alone (a review: a child's timed-out recv
+         * ended the connection for its parent, which read the end where kernel TCP gave it the
+         * receiver's bytes). */
+        bool alone = ml_load_relaxed(&sides[ch->side].holders) <= 1;
+        if (alone)
+            atomic_fetch_or(&sides[ch->side].flags, ML_SOCK_PASSED_GONE);
+        atomic_thread_fence(memory_order_seq_cst);
+        if (__ml_seg_alive(ch->seg, ch->side == 0 ? ML_LOCK_ATTACHER : ML_LOCK_OWNER) == 1) {
+            if (alone)
+                atomic_fetch_and(&sides[ch->side].flags, ~ML_SOCK_PASSED_GONE);
+            ml_store_relaxed(&ch->passed_free_ns, 0);
+        } else {
+            ch->peer_dead = true;
+            grace = false;
+        }
     }
-    if ((int64_t)(now - t) < (int64_t)ML_LIVENESS_MAX_NS)
-        return true;
-    /* Ended, as far as we are concerned: said in our side first, then the lock asked once more.
-     * A receiver that takes the side up later finds the flag and says the connection lost
-     * (src/preload, mlp_adopt_conn), rather than write to us unread; one that took it up
-     * meanwhile holds the lock, and the flag goes back.  seq_cst, and the receiver's lock is
-     * taken before it reads the flag: one of the two sees the other. */
-    atomic_fetch_or(&sides[ch->side].flags, ML_SOCK_PASSED_GONE);
-    atomic_thread_fence(memory_order_seq_cst);
-    if (__ml_seg_alive(ch->seg, ch->side == 0 ? ML_LOCK_ATTACHER : ML_LOCK_OWNER) == 1) {
-        atomic_fetch_and(&sides[ch->side].flags, ~ML_SOCK_PASSED_GONE);
-        ml_store_relaxed(&ch->passed_free_ns, 0);
-        return true;
-    }
-    return false;
+    atomic_store(&ch->passed_busy, false);
+    return grace;
 }
 
 /* Is the peer gone (died, or the segment was torn down)?  Makes a system call: slow path only. */

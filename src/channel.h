@@ -61,6 +61,7 @@ struct memlan_channel {
      * its receiver not yet in (0: not so at the last look); see ml_peer_dead */
     _Atomic uint64_t passed_free_ns;
     _Atomic uint32_t passed_gen; /* the peer side's pass count (`passes`) at that look */
+    _Atomic bool passed_busy;    /* a thread of ours is in ml_passed_grace's look */
     bool unattached;          /* creator: nobody attached within attach_by; withdrawn */
     uint64_t attach_by;       /* creator (native API): a blocking call gives up waiting for an
                                * attacher at this time (ns, 0 = never; see ml_attach_expired) */

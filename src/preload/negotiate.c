@@ -2441,8 +2441,15 @@ static void mlp_pass_prepare_fd(int fd, void *ctx)
     char line[160];
     unsigned flags = (s->ch->rd_eof_when_empty ? MLP_CARRY_RD_EOF : 0) |
                      (s->ch->shut_rd ? MLP_CARRY_SHUT_RD : 0);
-    int n = snprintf(line, sizeof line, "memlan-pass 1 %d %u %s %d %d\n", s->side, flags,
-                     s->ch->seg->token, l.port, r.port);
+    /* The socket's cookie too: the kernel's identity of it, never reused, which the receiver
+     * compares with its own socket's (the ports alone cannot tell an acceptor's sockets apart
+     * once a socket is past both FINs and has no peer name: a review).  0: none to say. */
+    uint64_t cookie = 0;
+    socklen_t cl = sizeof cookie;
+    if (mlp_real_getsockopt(fd, SOL_SOCKET, SO_COOKIE, &cookie, &cl) != 0 || cl != sizeof cookie)
+        cookie = 0;
+    int n = snprintf(line, sizeof line, "memlan-pass 1 %d %u %s %d %d %llx\n", s->side, flags,
+                     s->ch->seg->token, l.port, r.port, (unsigned long long)cookie);
     long rf = -EEXIST;
     for (int tries = 0; tries < 2 && rf == -EEXIST; tries++) {
         rf = __ml_sys_open(mlp_fab->dirfd, p->name,
@@ -2647,13 +2654,27 @@ static void mlp_take_passed_look(int fd)
                    "passer's (another user's, or unreadable): left as it is", fd, name);
         return;
     }
-    /* Past both ends' FINs (a passer that shut down its writing, a client that closed since)
-     * the socket has no peer name any more (ENOTCONN): its own port tells.  Taken for another
+    /* The socket's cookie, where the record has one, is its identity (never reused).  Past
+     * both ends' FINs (a passer that shut down its writing, a client that closed since) the
+     * socket has no peer name any more (ENOTCONN): the cookie decides then, and without one (an
+     * older passer's record) the port, for a record made within the last minute (the name's
+     * inode could be another socket's only after 2^32 more inodes).  Taken for another
      * socket's, the record went with nothing said, and the receiver read the end where the
      * client's last bytes waited in the ring (a review). */
+    unsigned long long rc = 0, mc = 0;
+    socklen_t mcl = sizeof mc;
+    if (sscanf(buf + off, " %llx", &rc) != 1 ||
+        mlp_real_getsockopt(fd, SOL_SOCKET, SO_COOKIE, &mc, &mcl) != 0 || mcl != sizeof mc)
+        rc = mc = 0;
     struct mlp_addr l = {0}, r = {0};
     int ae = mlp_sock_addrs(fd, &l, &r, NULL, 0);
-    if ((ae < 0 && ae != -ENOTCONN) || l.port != lport || (ae == 0 && r.port != rport)) {
+    struct stat rs;
+    if (ae == -ENOTCONN && !rc &&
+        (__ml_sys_fstatat(fab->dirfd, name, &rs, AT_SYMLINK_NOFOLLOW) != 0 ||
+         (int64_t)time(NULL) - (int64_t)rs.st_mtime > 60))
+        ae = -ESTALE;
+    if ((rc && rc != mc) || (ae < 0 && ae != -ENOTCONN) || l.port != lport ||
+        (ae == 0 && r.port != rport)) {
         /* another socket's that had this inode number, left by a passer that died */
         __ml_sys_unlinkat(fab->dirfd, name, 0);
         return;
@@ -4640,6 +4661,7 @@ void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *tok
                     unsigned flags, const char *how)
 {
     const char *why = NULL;
+    bool late = false; /* a receiver past its peer's grace: said on stderr too */
     memlan_channel_t *ch = NULL;
     struct mlp_sock *s = NULL;
     memlan_fabric_t *fab = mlp_fabric();
@@ -4650,7 +4672,7 @@ void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *tok
         int e = __ml_chan_adopt(fab, token, bridge, side, &ch);
         if (e < 0)
             why = e == -EPROTO ? "the channel is not in a state to take up" : strerror(-e);
-        else if ((flags & MLP_CARRY_PASSED) && mlp_passed_gone_to_peer(ch, side))
+        else if ((late = (flags & MLP_CARRY_PASSED) && mlp_passed_gone_to_peer(ch, side)))
             why = "its peer had taken it for ended: taken up more than a second after its "
                   "passer's end";
         else if (!(s = mlp_sock_new(MLP_CONN)))
@@ -4660,7 +4682,10 @@ void mlp_adopt_conn(const int *fds, int n, int bridge, int side, const char *tok
         if (ch)
             __ml_chan_end(ch);
         if (n > 0) {
-            mlp_log(0, "fd %d: the connection %s is lost (%s): shut down", fds[0], how, why);
+            if (late) /* on stderr too, as the other passes that cannot be taken up */
+                mlp_pass_lost(fds[0], why, false);
+            else
+                mlp_log(0, "fd %d: the connection %s is lost (%s): shut down", fds[0], how, why);
             (void)mlp_real_shutdown(fds[0], SHUT_RDWR);
         }
         return;

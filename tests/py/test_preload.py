@@ -4900,6 +4900,8 @@ def test_connection_passed_twice_is_left_once(fabric, tmp_path, mode):
 #   shut   A writes "banner", shuts down its writing and passes to C; the client reads the
 #          banner and the end, writes "req" and closes; C, 0.5 s after A's end, reads to the end
 #   late   A passes to C; C, 1.6 s after A's end, writes "late"
+#   fork   the same, the client's fork child waiting 1.3 s in select on the connection meanwhile
+#          (its own look at the passed side), the client itself only reading after it
 # The client (the parent) prints what it read; C what its calls gave (Python ignores SIGPIPE).
 PASS_ON = r"""#!/usr/bin/python3
 import os, select, socket, sys, time
@@ -4925,7 +4927,7 @@ def a_run(s, u):
 def b_run(s, u):
     time.sleep(0.8); select.select([s], [], [], 0); pass_on(s, u)
 def c_run(s, u):
-    time.sleep({"chain": 0.9, "shut": 0.5, "late": 1.6}[mode])
+    time.sleep({"chain": 0.9, "shut": 0.5, "late": 1.6, "fork": 1.6}[mode])
     try:
         if mode == "shut":
             print("C: read", b"".join(iter(lambda: s.recv(100), b"")), flush=True)
@@ -4938,6 +4940,10 @@ ab = stage(True, None, a_run)
 bc = stage(False, ab, b_run) if mode == "chain" else ab
 stage(False, bc, c_run)
 c = socket.create_connection(("127.0.0.1", port)); c.settimeout(8); got = b""
+if mode == "fork":
+    if os.fork() == 0:
+        select.select([c], [], [], 1.3); os._exit(0)
+    os.wait(); time.sleep(1.0)
 while True:
     b = c.recv(100)
     if not b:
@@ -4955,7 +4961,7 @@ while True:
 """
 
 
-@pytest.mark.parametrize("mode", ["chain", "shut", "late"])
+@pytest.mark.parametrize("mode", ["chain", "shut", "late", "fork"])
 def test_a_passed_connection_on_its_way(fabric, tmp_path, mode):
     """PASS_ON (a review of 369fb6c): "chain": the peer's grace for a passed side restarts at
     each pass (the side's pass count), so C, 0.9 s after B's end, is still in time (before, the
@@ -4966,13 +4972,17 @@ def test_a_passed_connection_on_its_way(fabric, tmp_path, mode):
     the side for ended; over kernel TCP the client reads "late".  That stays a loss (design.md,
     "Passing a connection"), but no longer a silent one: C's take-up finds the peer's word,
     says the connection lost, and shuts it down (C's send fails, EPIPE), where before C's send
-    succeeded into a ring nobody read."""
+    succeeded into a ring nobody read.  "fork": the same C, but the client's side is shared with
+    a fork child, whose own look ran past the grace: that is no end for the client, which reads
+    "fork" as over kernel TCP (the first version set the word for the whole side: C said lost,
+    the client read the end)."""
     (tmp_path / "p.py").write_text(PASS_ON)
     (tmp_path / "p.py").chmod(0o755)
     plain, under, text = scripted(tmp_path / "p.py", tmp_path, mode)
     want = {"chain": "C: sent\nclient: read b'chain\\n'\n",
             "shut": "client: read b'banner\\n'\nC: read b'req\\n'\n",
-            "late": "C: sent\nclient: read b'late\\n'\n"}[mode]
+            "late": "C: sent\nclient: read b'late\\n'\n",
+            "fork": "C: sent\nclient: read b'fork\\n'\n"}[mode]
     assert sorted(plain.stdout.splitlines()) == sorted(want.splitlines()), plain.stdout
     if mode != "late":
         assert sorted(under.stdout.splitlines()) == sorted(plain.stdout.splitlines()), \
