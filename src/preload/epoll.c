@@ -453,6 +453,25 @@ static void mlp_rl_del(struct mlp_member *m)
     e->nready--;
 }
 
+/*
+ * A change marked on m's socket (mlp_epmu held).  A set inside another (nested) that no thread
+ * waits in looks readable only through its eventfd, which mlp_rl_push rings for a member that is
+ * ready: one that is not (the peer's post says "a byte of room", our POLLOUT wants mlp_tx_room's
+ * worth) is armed again here, as the prune before a sleep arms it, and stays off the list.
+ * Listed unrung, it sat there with nothing armed: the post that brought it had used the arm up,
+ * the prune had run before the drain that listed it, and a poll on the set slept for ever while
+ * the reader emptied the ring (Racket's ports: epoll_ctl ADD, then poll on the epoll fd, a
+ * bulk writer stalled in 5 runs of 9: an explorer).
+ */
+static void mlp_rl_push_marked(struct mlp_member *m)
+{
+    struct mlp_ep *e = m->ep;
+    if (e->nested && !e->sleepers && !m->queued && !m->disabled && !mlp_member_ready(m) &&
+        mlp_q && m->s->ch && m->s->ch->evq && !mlp_arm(m->s, (short)(m->events & 0xffff), true))
+        return; /* armed, not ready: its next change posts again */
+    mlp_rl_push(m);
+}
+
 /* A socket changed: every set it is in may have something to say. */
 void mlp_mark_sock(struct mlp_sock *s)
 {
@@ -466,9 +485,9 @@ void mlp_mark_sock(struct mlp_sock *s)
     pthread_mutex_lock(&mlp_epmu);
     for (struct mlp_member *m = s->epm; m; m = m->snext) {
         if (!(m->events & EPOLLEXCLUSIVE)) {
-            mlp_rl_push(m);
+            mlp_rl_push_marked(m);
         } else if (!woke) {
-            mlp_rl_push(m);
+            mlp_rl_push_marked(m);
             woke = __atomic_load_n(&m->ep->waiters, __ATOMIC_RELAXED) > 0;
         }
     }

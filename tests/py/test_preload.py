@@ -2845,6 +2845,52 @@ def test_tcp_fast_open_connects_through_memlan(fabric, tmp_path):
     assert log.read_text().count("accelerated (client)") == 6, log.read_text()
 
 
+# Racket's ports wait so (rktio): a nonblocking send that meets EAGAIN adds the socket to an epoll
+# set for EPOLLOUT, polls the set's own fd (a set asked about by poll: nested), takes its events
+# with a zero-timeout epoll_wait, removes the socket and sends again.  The reader reads 700 bytes
+# at a time, slowly: room comes back a little at a time.
+EPOLL_IN_POLL_WRITER = r"""#!/usr/bin/python3
+import hashlib, os, select, socket, sys, time
+port, n = int(sys.argv[1]), int(sys.argv[2]) << 20
+ls = socket.socket(); ls.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+ls.bind(("127.0.0.1", port)); ls.listen(1)
+if os.fork() == 0:
+    ls.close(); c = socket.create_connection(("127.0.0.1", port)); got = 0; h = hashlib.sha256()
+    while b := c.recv(700):
+        got += len(b); h.update(b); time.sleep(0.00002)
+    print("reader", got, h.hexdigest()[:16], flush=True); os._exit(0)
+s = ls.accept()[0]; s.setblocking(False); ep = select.epoll()
+data = bytes(range(256)) * (n // 256); off = 0
+while off < n:
+    try:
+        off += s.send(data[off:off + 65536])
+    except BlockingIOError:
+        ep.register(s.fileno(), select.EPOLLOUT)
+        p = select.poll(); p.register(ep.fileno(), select.POLLIN)
+        if not p.poll(5000):
+            print("writer: no room within 5 s", flush=True); break
+        ep.poll(0); ep.unregister(s.fileno())
+s.close(); print("writer", off, hashlib.sha256(data[:off]).hexdigest()[:16], flush=True); os.wait()
+"""
+
+
+def test_a_writer_that_polls_its_epoll_set_gets_its_room(fabric, tmp_path):
+    """EPOLL_IN_POLL_WRITER, 32 MB: the writer's set is nested (poll asks about its fd), and each
+    post of the reader's ("a byte of room") listed the writer's socket on the set's ready list
+    without its eventfd rung (writable wants a third of the ring) and without its room armed
+    again: the poll slept for ever with the ring empty (Racket's bulk transfers stalled, 5 runs
+    of 9: an explorer; this script stalled 4 runs of 4 on 7883d47, "no room within 5 s")."""
+    (tmp_path / "w.py").write_text(EPOLL_IN_POLL_WRITER)
+    (tmp_path / "w.py").chmod(0o755)
+    plain, under, text = scripted(tmp_path / "w.py", tmp_path, "32")
+    assert sorted(plain.stdout.splitlines()) == ["reader 33554432 e09320c5b00b34bb",
+                                                 "writer 33554432 e09320c5b00b34bb"], plain.stdout
+    assert sorted(under.stdout.splitlines()) == sorted(plain.stdout.splitlines()), \
+        under.stdout + under.stderr + text
+    assert text.count("accelerated (accepted") == 1, text
+    settle(fabric)  # (the reader ends by _exit)
+
+
 # A process that is its own server: a daemon thread accepts, answers and is still holding the
 # connection (asleep) when the main thread, its client closed, exits.
 OWN_SERVER_EXIT = r"""
