@@ -366,7 +366,7 @@ static void mlp_ep_drain(struct mlp_ep *e, bool full)
         pthread_mutex_unlock(&e->qmu);
         for (int i = 0; i < n; i++)
             if (ev[i].udata)
-                mlp_mark_sock(ev[i].udata);
+                mlp_mark_sock_posted(ev[i].udata);
     } while (n == 64);
 }
 
@@ -454,10 +454,12 @@ static void mlp_rl_del(struct mlp_member *m)
 }
 
 /*
- * A change marked on m's socket (mlp_epmu held).  A set inside another (nested) that no thread
+ * A post's mark on m's socket (mlp_epmu held).  A set inside another (nested) that no thread
  * waits in looks readable only through its eventfd, which mlp_rl_push rings for a member that is
  * ready: one that is not (the peer's post says "a byte of room", our POLLOUT wants mlp_tx_room's
- * worth) is armed again here, as the prune before a sleep arms it, and stays off the list.
+ * worth) is armed again here, as the prune before a sleep arms it, and stays off the list.  Only
+ * for a post, whose next one the arm brings: a kernel FIN's mark (mlp_ep_filter) lists the
+ * member as before, to be looked at again until its peer's lock says (no post says it).
  * Listed unrung, it sat there with nothing armed: the post that brought it had used the arm up,
  * the prune had run before the drain that listed it, and a poll on the set slept for ever while
  * the reader emptied the ring (Racket's ports: epoll_ctl ADD, then poll on the epoll fd, a
@@ -472,8 +474,9 @@ static void mlp_rl_push_marked(struct mlp_member *m)
     mlp_rl_push(m);
 }
 
-/* A socket changed: every set it is in may have something to say. */
-void mlp_mark_sock(struct mlp_sock *s)
+/* A socket changed: every set it is in may have something to say.  posted: a post of the
+ * peer's said so (mlp_mark_sock_posted). */
+static void mlp_mark_sock_how(struct mlp_sock *s, bool posted)
 {
     mlp_pw_wake(s);
     if (!__atomic_load_n(&s->epm, __ATOMIC_RELAXED))
@@ -484,15 +487,21 @@ void mlp_mark_sock(struct mlp_sock *s)
     bool woke = false;
     pthread_mutex_lock(&mlp_epmu);
     for (struct mlp_member *m = s->epm; m; m = m->snext) {
-        if (!(m->events & EPOLLEXCLUSIVE)) {
+        bool excl = (m->events & EPOLLEXCLUSIVE) != 0;
+        if (excl && woke)
+            continue;
+        if (posted)
             mlp_rl_push_marked(m);
-        } else if (!woke) {
-            mlp_rl_push_marked(m);
+        else
+            mlp_rl_push(m);
+        if (excl)
             woke = __atomic_load_n(&m->ep->waiters, __ATOMIC_RELAXED) > 0;
-        }
     }
     pthread_mutex_unlock(&mlp_epmu);
 }
+
+void mlp_mark_sock(struct mlp_sock *s) { mlp_mark_sock_how(s, false); }
+void mlp_mark_sock_posted(struct mlp_sock *s) { mlp_mark_sock_how(s, true); }
 
 /* Unlink m everywhere and free it; returns its socket reference for the caller to drop once the
  * lock is released. */

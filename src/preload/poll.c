@@ -181,7 +181,7 @@ void mlp_queue_drain_look(bool full)
         pthread_mutex_unlock(&mlp_q_mu);
         for (int i = 0; i < n; i++)
             if (ev[i].udata)
-                mlp_mark_sock(ev[i].udata);
+                mlp_mark_sock_posted(ev[i].udata);
     } while (n == 64);
 }
 

@@ -83,6 +83,7 @@ int64_t mlp_left(uint64_t deadline);
 bool mlp_lock_left(pthread_mutex_t *m);
 int mlp_ep_watch_mine(const struct mlp_sock *s); /* epoll.c: lent to this thread's spins */
 void mlp_mark_sock(struct mlp_sock *s);
+void mlp_mark_sock_posted(struct mlp_sock *s); /* the same, for a post of the peer's */
 void mlp_nested_refresh(void);
 bool mlp_peer_nopost(struct mlp_sock *s);
 void mlp_pw_clear(struct mlp_pwait *w);
