@@ -469,8 +469,8 @@ static void mlp_rl_push_marked(struct mlp_member *m)
 {
     struct mlp_ep *e = m->ep;
     if (e->nested && !e->sleepers && !m->queued && !m->disabled && !mlp_member_ready(m) &&
-        mlp_q && m->s->ch && m->s->ch->evq && !mlp_arm(m->s, (short)(m->events & 0xffff), true))
-        return; /* armed, not ready: its next change posts again */
+        mlp_q && m->s->ch && !mlp_arm(m->s, (short)(m->events & 0xffff), true) && m->s->ch->evq)
+        return; /* armed, not ready: its next change posts again (in a queue: as the prune) */
     mlp_rl_push(m);
 }
 
