@@ -4945,9 +4945,10 @@ def test_connection_passed_twice_is_left_once(fabric, tmp_path, mode):
 #          ends; C, 0.9 s after B's end, writes "chain"
 #   shut   A writes "banner", shuts down its writing and passes to C; the client reads the
 #          banner and the end, writes "req" and closes; C, 0.5 s after A's end, reads to the end
-#   late   A passes to C; C, 1.6 s after A's end, writes "late"
-#   fork   the same, the client's fork child waiting 1.3 s in select on the connection meanwhile
-#          (its own look at the passed side), the client itself only reading after it
+#   late   A passes to C; C, 3 s after A's end, writes "late"
+#   fork   the same, C 1.6 s after A's end, the client's fork child waiting 1.3 s in select on
+#          the connection meanwhile (its own look at the passed side), the client itself only
+#          reading after it
 # The client (the parent) prints what it read; C what its calls gave (Python ignores SIGPIPE).
 PASS_ON = r"""#!/usr/bin/python3
 import os, select, socket, sys, time
@@ -4973,7 +4974,7 @@ def a_run(s, u):
 def b_run(s, u):
     time.sleep(0.8); select.select([s], [], [], 0); pass_on(s, u)
 def c_run(s, u):
-    time.sleep({"chain": 0.9, "shut": 0.5, "late": 1.6, "fork": 1.6}[mode])
+    time.sleep({"chain": 0.9, "shut": 0.5, "late": 3.0, "fork": 1.6}[mode])
     try:
         if mode == "shut":
             print("C: read", b"".join(iter(lambda: s.recv(100), b"")), flush=True)
@@ -5013,9 +5014,11 @@ def test_a_passed_connection_on_its_way(fabric, tmp_path, mode):
     each pass (the side's pass count), so C, 0.9 s after B's end, is still in time (before, the
     grace counted from A's end: the client read the end without "chain").  "shut": a passed
     socket past both FINs (its passer shut down its writing, the client closed) has no peer
-    name, and its record was taken for another socket's: C read the end without "req"; now its
-    port tells.  "late": C comes 1.6 s after its passer's end, past the peer's grace, which took
-    the side for ended; over kernel TCP the client reads "late".  That stays a loss (design.md,
+    name, and its record was taken for another socket's: C read the end without "req"; now the
+    socket's cookie tells.  "late": C comes 3 s after its passer's end, past the peer's grace,
+    which took the side for ended (the client's looks, whose sleeps double to a second, come at
+    about 0.1, 0.3, 0.7, 1.5 and 2.5 s: 3 s leaves a margin past the one that ends the grace);
+    over kernel TCP the client reads "late".  That stays a loss (design.md,
     "Passing a connection"), but no longer a silent one: C's take-up finds the peer's word,
     says the connection lost, and shuts it down (C's send fails, EPIPE), where before C's send
     succeeded into a ring nobody read.  "fork": the same C, but the client's side is shared with
