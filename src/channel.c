@@ -1208,6 +1208,11 @@ static bool ml_passed_grace(struct memlan_channel *ch, struct ml_sock_side *side
     return grace;
 }
 
+/* In a fork child, whose only thread is the one that forked: a thread of the parent's that was
+ * inside ml_passed_grace's look (a few microseconds between its exchange and its store) left
+ * the flag set, and the child's every look would answer "in grace" for good. */
+void __ml_chan_after_fork(struct memlan_channel *ch) { atomic_store(&ch->passed_busy, false); }
+
 /* Is the peer gone (died, or the segment was torn down)?  Makes a system call: slow path only. */
 static bool ml_peer_dead(struct memlan_channel *ch)
 {

@@ -134,6 +134,7 @@ void __ml_chan_sig_ring(struct memlan_channel *ch, bool urg); /* the peer's FIFO
 void __ml_chan_sio_drop(struct memlan_channel *ch);           /* our fds on it go */
 void __ml_chan_sio_room(struct memlan_channel *ch); /* a nonblocking send found it full */
 void __ml_chan_sio_names_gone(struct memlan_channel *ch);     /* with the file's name */
+void __ml_chan_after_fork(struct memlan_channel *ch);  /* in a fork child: per-thread state */
 extern bool (*__ml_wait_recv)(void); /* a blocking receive's wait? (ML_WAIT_RECV) */
 void __ml_chan_recv_awake(struct memlan_channel *ch);
 extern void (*__ml_sio_missed)(struct memlan_channel *ch, bool urg, int err);

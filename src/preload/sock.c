@@ -3835,6 +3835,11 @@ void mlp_after_fork_child(void)
         atomic_store_explicit(&s->ftx, 0, memory_order_relaxed);
         atomic_store_explicit(&s->frx, 0, memory_order_relaxed);
         atomic_store_explicit(&s->exit_let_go, false, memory_order_relaxed); /* counted anew */
+        /* Nor the parent's thread that was inside the passed side's look (ml_passed_grace): its
+         * flag, copied set, would keep our every look "in grace", and a passed side nobody
+         * takes up would be waited for without end. */
+        if (s->ch)
+            __ml_chan_after_fork(s->ch);
         /* Its line was the parent's (our entry is our own, made on first use): listed again,
          * in ours, at our first send or receive on it (mlp_lock_dir), not here, where a child
          * that execs at once or never touches it (redis's BGSAVE) would pay for nothing. */
