@@ -398,6 +398,11 @@ def worker_ends(log, started, first):
 # connection) or restarting, memlan's offer waits MEMLAN_ACCEPT_WAIT_MS and the connection goes
 # on over TCP, with this reason in the log.
 BUSY = "no memlan acceptor took the offer within MEMLAN_ACCEPT_WAIT_MS"
+# And its other side: a client the load kept from posting its offer until the acceptor, which
+# waits up to 50 ms for it, had given up (once in a full run with three other jobs on
+# the two cpus, gunicorn's sync workers).
+LATE = "the server accepted before our offer arrived and refused it"
+TIMING = (BUSY, LATE)
 
 
 # ---- gunicorn ----------------------------------------------------------------------------------
@@ -439,7 +444,7 @@ def test_gunicorn_workers_recycled_and_reloaded(fabric, tmp_path, worker):
                        slow(tmp_path, port, "/stream?2500000", clog, on)]
             if on:
                 ends = worker_ends(base / "gunicorn.err", r"Booting worker with pid", 3)
-                n = only_accelerated(clog, slog, allowed=(BUSY,) + ended_allowed(clog, err, ends))
+                n = only_accelerated(clog, slog, allowed=TIMING + ended_allowed(clog, err, ends))
                 assert n >= 8 + 8, clog.read_text()[-2000:]
                 if worker != "sync":
                     wrk(f"http://127.0.0.1:{port}/big?1000", wlog, closes=True)
@@ -447,7 +452,8 @@ def test_gunicorn_workers_recycled_and_reloaded(fabric, tmp_path, worker):
                     assert acc >= 8, wlog.read_text()[-2000:]
                     # a connection wrk closes before a recycled worker's successor accepts it
                     # says so too
-                    assert [r for r in why if BUSY not in r and r != CLOSED_EARLY] == [], \
+                    assert [r for r in why if r not in TIMING and BUSY not in r and
+                            r != CLOSED_EARLY] == [], \
                         wlog.read_text()[-2000:]
                 plain = subprocess.run(["curl", "-sS", f"http://127.0.0.1:{port}/big?2000000"],
                                        capture_output=True, timeout=30).stdout
@@ -515,7 +521,7 @@ def test_uwsgi_master_processes_threads(fabric, tmp_path):
             out, err = finish(client(tmp_path, p2, 6, 60, klog, on, chunked=False, stream=False))
             res[on] += [out, slow(tmp_path, p2, "/big?3000000", klog, on, conns=2)]
             if on:
-                assert only_accelerated(clog, slog, allowed=(BUSY,) + ended) >= 8, \
+                assert only_accelerated(clog, slog, allowed=TIMING + ended) >= 8, \
                     clog.read_text()[-2000:]
                 # uWSGI's http11-socket closes a connection after a response of no length
                 assert only_accelerated(klog, blog) >= 8, klog.read_text()[-2000:]
@@ -632,7 +638,8 @@ def test_nginx_in_front_of_gunicorn_and_uwsgi(fabric, tmp_path):
     assert ng.count("accelerated (accepted") == c.count("accelerated (client)"), ng[-2000:]
     # nginx's upstream connections: accelerated, or on TCP only while uWSGI's 6 threads were busy
     assert ng.count("accelerated (client)") >= 2, ng[-2000:]
-    assert [r for r in tcp_reasons(logs["nginx"]) if BUSY not in r] == [], ng[-3000:]
+    assert [r for r in tcp_reasons(logs["nginx"]) if not any(t in r for t in TIMING)] == [], \
+        ng[-3000:]
     assert accelerated(logs["gunicorn"]) >= 1 and accelerated(logs["uwsgi"]) >= 1
     assert ng.count("accelerated (client)") == accelerated(logs["gunicorn"]) + accelerated(logs["uwsgi"])
     settle()
@@ -805,7 +812,8 @@ def test_puma_cluster_phased_and_hot_restart(fabric, tmp_path):
             res[on] = [out, slow(tmp_path, port, "/big?3000000", clog, on),
                        slow(tmp_path, port, "/stream?3000000", clog, on)]
             if on:
-                assert only_accelerated(clog, slog, allowed=(BUSY,)) >= 8 + 8, clog.read_text()[-2000:]
+                assert only_accelerated(clog, slog, allowed=TIMING) >= 8 + 8, \
+                    clog.read_text()[-2000:]
                 wrk(f"http://127.0.0.1:{port}/big?1000", wlog, conns=8)
                 assert wrk_said(wlog) == (8, []), wlog.read_text()[-2000:]
             assert srv.poll() is None, "puma exited"
