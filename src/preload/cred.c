@@ -57,6 +57,7 @@ static _Atomic int mlp_cred_cur;
 static bool mlp_cred_said;                 /* the log line is written once per process */
 #define MLP_OWE_RING 2u
 #define MLP_OWE_BACK 4u    /* the marks our accepts set, cleared (mlp_lrec_cred_back) */
+#define MLP_OWE_UNFLAG 8u  /* the peers' flags taken back (mlp_cred_unflag_peers) */
 static _Atomic unsigned mlp_cred_owed;     /* work a handler or a busy lock left for later */
 const char *mlp_cred_why = "this process changed its credentials";
 
@@ -66,6 +67,7 @@ void mlp_cred_fabric_opened(void) { ml_store_relaxed(&mlp_cred_euid, geteuid());
 bool mlp_fabric_out(void) { return ml_load_acquire(&mlp_cred_gone) != 0; }
 
 static void mlp_cred_ring_peers(bool nopost);
+static void mlp_cred_unflag_peers(void);
 static void mlp_cred_mark_lost(const char *why);
 /* The loss was found by one thread about itself (a set*id made through syscall(), or found at
  * an accept: the kernel's credentials are per thread), not by a libc call that changed all. */
@@ -98,6 +100,11 @@ static void mlp_cred_check(const char *what)
             /* The marks our accepts set go (or are owed) */
             if (mlp_sig_in_handler() || !mlp_lrec_cred_back())
                 atomic_fetch_or(&mlp_cred_owed, MLP_OWE_BACK);
+            /* And our peers may sleep on their queues for us again */
+            if (mlp_sig_in_handler())
+                atomic_fetch_or(&mlp_cred_owed, MLP_OWE_UNFLAG);
+            else
+                mlp_cred_unflag_peers();
         }
         return;
     }
@@ -154,8 +161,13 @@ static void mlp_cred_pay(void)
      * before paying would not accept out of reach, and its mark would have stayed). */
     if ((owed & MLP_OWE_BACK) && mlp_lrec_cred_back())
         atomic_fetch_and(&mlp_cred_owed, ~MLP_OWE_BACK);
-    if (!ml_load_acquire(&mlp_cred_gone))
+    if (!ml_load_acquire(&mlp_cred_gone)) {
+        if ((owed & MLP_OWE_UNFLAG) &&
+            (atomic_fetch_and(&mlp_cred_owed, ~MLP_OWE_UNFLAG) & MLP_OWE_UNFLAG))
+            mlp_cred_unflag_peers();
         return;
+    }
+    atomic_fetch_and(&mlp_cred_owed, ~MLP_OWE_UNFLAG); /* gone again since: the flags stay */
     if ((owed & MLP_OWE_RING) && (atomic_fetch_and(&mlp_cred_owed, ~MLP_OWE_RING) & MLP_OWE_RING))
         mlp_cred_ring_peers(true);
 }
@@ -234,6 +246,36 @@ static void mlp_cred_ring_peers(bool nopost)
             s->cred_primed = true;
             if (post)
                 __ml_chan_post_peer_refs(ch);
+        }
+        mlp_put(s);
+    }
+}
+
+/*
+ * Back in reach (mlp_cred_check): the flags the loss set go, so that our peers sleep on their
+ * queues for us again, which we reach by name again.  Before, the flag stayed for the
+ * connection's life, and its peer napped every millisecond while idle, for ever: dropbear's
+ * session process reads authorized_keys between a seteuid to the user and one back to root, and
+ * its idle dbclient woke some 425 times a second (an explorer's).  Only a flag of the loss's
+ * (a post refused for another reason is the channel's to take back: nopost_mine), on a side we
+ * hold alone (a fork sibling that shares it may still be out of reach).  The peer's next look
+ * at its nap sees it; no post is needed.  The priming is owed again: a queue the peer makes from
+ * now on is mapped in our cache only by the next change's post (mlp_cred_before), and that
+ * change's flag is posted to as the first was.  A server that changes its euid around each
+ * request so wakes its peers at each change, where it made them nap for good before.
+ */
+static void mlp_cred_unflag_peers(void)
+{
+    int max = mlp_fd_max();
+    for (int fd = 0; fd <= max; fd++) {
+        struct mlp_sock *s = mlp_get(fd);
+        if (!s)
+            continue;
+        if (s->type == MLP_CONN && s->ch && s->me && s->state == MLP_ACCEL &&
+            !ml_load_relaxed(&s->ch->nopost_mine) && atomic_load(&s->me->holders) <= 1 &&
+            (atomic_load(&s->me->flags) & ML_SOCK_NOPOST)) {
+            atomic_fetch_and(&s->me->flags, ~ML_SOCK_NOPOST);
+            s->cred_primed = false;
         }
         mlp_put(s);
     }
