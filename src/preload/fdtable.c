@@ -463,6 +463,78 @@ int mlp_fd_to_high(int fd)
     return h >= 0 ? (int)h : -1;
 }
 
+/*
+ * A call that wakes other threads of the program and then acts on the kernel socket (shutdown:
+ * the ring's end first, then the kernel's shutdown) must not act by the number: a woken reader
+ * may close it and open another socket there meanwhile, and the kernel's shutdown then went to
+ * that one (Boost.Asio's shutdown posted to one thread while another's read was pending: the
+ * new connection's send failed with EPIPE, or the shutdown itself with EBADF or ENOTCONN; the
+ * kernel's shutdown acts on the file, which a close by another thread does not take from it).
+ * So the call holds the file: a duplicate at our high numbers, ours for the call (the
+ * program's close of that number, or its close_range, leaves it), closed at its end; the
+ * number itself where none can be made (no slot free, the fd limit, a vfork child, a known
+ * sandbox, whose filter may kill for fcntl).  A fork child closes the ones its parent's threads
+ * held (the threads are not there); a fork between a duplicate's making and its note leaves
+ * the child the copy until its exec (close-on-exec) or its end.
+ */
+#define MLP_HELD_MAX 8
+static int mlp_held_fd[MLP_HELD_MAX];         /* the held fd (moved by mlp_evict_fd), -1 */
+static _Atomic bool mlp_held_used[MLP_HELD_MAX];
+
+int mlp_hold_file(int fd, int *slot)
+{
+    *slot = -1;
+    if (mlp_vfork_child() || mlp_known_confined())
+        return fd;
+    for (int i = 0; i < MLP_HELD_MAX; i++) {
+        bool no = false;
+        if (atomic_load_explicit(&mlp_held_used[i], memory_order_relaxed) ||
+            !atomic_compare_exchange_strong(&mlp_held_used[i], &no, true))
+            continue;
+        __atomic_store_n(&mlp_held_fd[i], -1, __ATOMIC_RELAXED); /* (a fork child's look) */
+        int saved = errno;
+        long h = mlp_dup_high(fd, true);
+        errno = saved;
+        if (h < 0) {
+            atomic_store(&mlp_held_used[i], false);
+            return fd;
+        }
+        __atomic_store_n(&mlp_held_fd[i], (int)h, __ATOMIC_RELEASE);
+        mlp_internal_set((int)h, &mlp_held_fd[i]);
+        *slot = i;
+        return (int)h;
+    }
+    return fd;
+}
+
+void mlp_hold_release(int slot)
+{
+    if (slot < 0)
+        return;
+    int saved = errno;
+    int h = __atomic_load_n(&mlp_held_fd[slot], __ATOMIC_ACQUIRE); /* moved by an eviction */
+    mlp_internal_clear(h);
+    __ml_sys_close(h);
+    __atomic_store_n(&mlp_held_fd[slot], -1, __ATOMIC_RELAXED);
+    atomic_store(&mlp_held_used[slot], false);
+    errno = saved;
+}
+
+void mlp_hold_after_fork(void)
+{
+    for (int i = 0; i < MLP_HELD_MAX; i++) {
+        if (!atomic_load(&mlp_held_used[i]))
+            continue;
+        int h = __atomic_load_n(&mlp_held_fd[i], __ATOMIC_ACQUIRE);
+        if (h >= 0) {
+            mlp_internal_clear(h);
+            __ml_sys_close(h);
+        }
+        __atomic_store_n(&mlp_held_fd[i], -1, __ATOMIC_RELAXED);
+        atomic_store(&mlp_held_used[i], false);
+    }
+}
+
 /* *fdp, at our high numbers already (mlp_fd_to_high), remembered as ours where it lies. */
 void mlp_own_fd_at(int *fdp)
 {

@@ -486,6 +486,9 @@ void mlp_stat_inherited(struct mlp_sock *s); /* a fork child's first use */
 void mlp_cred_kept_closed(void);  /* a socket's cred_fd closed (sock.c) */
 void mlp_cred_adopted_out(void);  /* exec.c: took connections up in a fabric out of reach */
 int mlp_fd_to_high(int fd);       /* fd moved to our high numbers (closed), or -1 */
+int mlp_hold_file(int fd, int *slot); /* fd's file, held for a call (fdtable.c) */
+void mlp_hold_release(int slot);
+void mlp_hold_after_fork(void);
 void mlp_own_fd_at(int *fdp);     /* one of ours, already high */
 bool mlp_fabric_out(void);            /* the same, as last found: no system call */
 extern const char *mlp_cred_why;     /* why, for our own connections' log lines and memlan stat */

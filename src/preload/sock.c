@@ -3053,6 +3053,10 @@ int mlp_shutdown(struct mlp_sock *s, int fd, int how)
      * peer's liveness (a holder killed with our bytes unread; shutdown is no hot path).  Over
      * kernel TCP it returned ENOTCONN, here 0 (tests/preload/shutreset.c). */
     bool reset = st == MLP_ACCEL && mlp_reset_state(s, true) != 0;
+    /* What follows wakes our threads that wait on the channel, one of which may close fd and
+     * open another socket at its number before the kernel's calls below: they act on the file,
+     * held (fdtable.c, mlp_hold_file). */
+    int slot = -1, kfd = st == MLP_TCP ? fd : mlp_hold_file(fd, &slot);
     if (owe) {
         /* The EOF goes into the ring; the kernel's shutdown waits for the settle (see
          * mlp_shut_owed_pay).  Owed first, then settled looked at again: a claim or a withdrawal
@@ -3106,19 +3110,18 @@ int mlp_shutdown(struct mlp_sock *s, int fd, int how)
         }
     }
     if (owe && s->state == MLP_TCP)
-        (void)mlp_tcp_catch_up(s, fd, true); /* withdrawn meanwhile: the bytes, then the FIN */
+        (void)mlp_tcp_catch_up(s, kfd, true); /* withdrawn meanwhile: the bytes, then the FIN */
     else if (owe && s->state == MLP_ACCEL)
-        mlp_shut_owed_pay(s, fd); /* claimed meanwhile */
+        mlp_shut_owed_pay(s, kfd); /* claimed meanwhile */
     /* The kernel socket too: it keeps ss and the peer's kernel view in step.  Its ENOTCONN is
      * the answer too: it is closed only once both ends' FINs went through, as kernel TCP's
      * would be (a second shutdown after the peer's close), or after a reset. */
-    int saved = errno;
-    if (kernel_how < 0)
-        return reset ? -ENOTCONN : 0;
-    if (mlp_real_shutdown(fd, kernel_how) < 0)
-        return -errno;
+    int saved = errno, r = reset ? -ENOTCONN : 0;
+    if (kernel_how >= 0 && mlp_real_shutdown(kfd, kernel_how) < 0)
+        r = -errno;
+    mlp_hold_release(slot);
     errno = saved;
-    return reset ? -ENOTCONN : 0;
+    return r;
 }
 
 /*
@@ -3814,6 +3817,7 @@ void mlp_after_fork_child(void)
     mlp_negotiate_after_fork();
     mlp_poll_after_fork();
     mlp_locks_after_fork();
+    mlp_hold_after_fork(); /* files the parent's other threads held for a call */
     int max = mlp_fd_max();
     for (int fd = 0; fd <= max; fd++) {
         struct mlp_sock *s = mlp_get(fd);

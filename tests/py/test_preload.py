@@ -2283,6 +2283,26 @@ def test_shutdown_after_reset_matches_kernel(fabric, tmp_path):
     settle(fabric)
 
 
+SHUTCLOSE = BUILD / "tests-preload" / "shutclose"
+
+
+def test_a_shutdown_whose_reader_closes_and_reconnects_at_once(fabric, tmp_path):
+    """shutclose: a shutdown (SHUT_RD, SHUT_WR, SHUT_RDWR, 150 rounds each) while another thread
+    reads the connection; that thread, its read ended, closes the fd and at once opens a new
+    connection at the same number and echoes one message on it.  Over kernel TCP every shutdown
+    returns 0 and every new connection echoes.  Under memlan the shutdown woke the reader
+    through the ring and then called the kernel's shutdown by the number, which the reader had
+    closed or reused meanwhile: shutdowns failed with EBADF or ENOTCONN (9 and 14 of 150), and
+    a new connection was shut down under its owner (found by an explorer with Boost.Asio, whose
+    shutdown is posted to one io thread while another has a read pending)."""
+    plain, under, text = scripted(SHUTCLOSE, tmp_path)
+    assert plain.stdout.count("150 of 150 shutdowns returned 0, 150 new connections echoed") \
+        == 3, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), (under.stdout, under.stderr)
+    assert text.count("accelerated (client)") == 900, text[-2000:]
+    settle(fabric)
+
+
 # A daemon that clears its environment at start-up (exim keeps only keep_environment's), then
 # listens: the settings memlan run gave it still hold.
 CLEARENV_SERVER = r"""
