@@ -479,7 +479,17 @@ int mlp_fd_to_high(int fd)
  */
 #define MLP_HELD_MAX 8
 static int mlp_held_fd[MLP_HELD_MAX];         /* the held fd (moved by mlp_evict_fd), -1 */
+static ino_t mlp_held_ino[MLP_HELD_MAX];      /* its file's inode, made sure of before each use */
 static _Atomic bool mlp_held_used[MLP_HELD_MAX];
+
+/* Is the held fd of slot still the file we made it for?  A close_range of another thread's that
+ * scanned our marks before the duplicate was marked closes it as the program's (a review: 275
+ * shutdowns of 3000 failed with EBADF); its number may be another file's since. */
+static bool mlp_held_same(int slot, int h)
+{
+    struct stat st;
+    return h >= 0 && __ml_sys_fstat(h, &st) == 0 && st.st_ino == mlp_held_ino[slot];
+}
 
 int mlp_hold_file(int fd, int *slot)
 {
@@ -491,20 +501,43 @@ int mlp_hold_file(int fd, int *slot)
         if (atomic_load_explicit(&mlp_held_used[i], memory_order_relaxed) ||
             !atomic_compare_exchange_strong(&mlp_held_used[i], &no, true))
             continue;
-        __atomic_store_n(&mlp_held_fd[i], -1, __ATOMIC_RELAXED); /* (a fork child's look) */
         int saved = errno;
+        /* Inside the fork gate: a fork waits for the duplicate to be noted, and its child
+         * closes it (a review: 0.4% of forks made meanwhile gave the child the copy). */
+        mlp_gate_enter();
+        __atomic_store_n(&mlp_held_fd[i], -1, __ATOMIC_RELAXED);
         long h = mlp_dup_high(fd, true);
+        struct stat st;
+        if (h >= 0 && __ml_sys_fstat((int)h, &st) < 0) {
+            __ml_sys_close((int)h);
+            h = -1;
+        }
+        if (h >= 0) {
+            mlp_held_ino[i] = st.st_ino;
+            __atomic_store_n(&mlp_held_fd[i], (int)h, __ATOMIC_RELEASE);
+            mlp_internal_set((int)h, &mlp_held_fd[i]);
+        }
+        mlp_gate_leave();
         errno = saved;
         if (h < 0) {
             atomic_store(&mlp_held_used[i], false);
             return fd;
         }
-        __atomic_store_n(&mlp_held_fd[i], (int)h, __ATOMIC_RELEASE);
-        mlp_internal_set((int)h, &mlp_held_fd[i]);
         *slot = i;
         return (int)h;
     }
     return fd;
+}
+
+int mlp_held_fd_now(int slot, int fd)
+{
+    if (slot < 0)
+        return fd;
+    int saved = errno;
+    int h = __atomic_load_n(&mlp_held_fd[slot], __ATOMIC_ACQUIRE); /* moved by an eviction */
+    bool same = mlp_held_same(slot, h);
+    errno = saved;
+    return same ? h : fd; /* taken from us: the number, as before the hold */
 }
 
 void mlp_hold_release(int slot)
@@ -512,9 +545,13 @@ void mlp_hold_release(int slot)
     if (slot < 0)
         return;
     int saved = errno;
-    int h = __atomic_load_n(&mlp_held_fd[slot], __ATOMIC_ACQUIRE); /* moved by an eviction */
-    mlp_internal_clear(h);
-    __ml_sys_close(h);
+    int h = __atomic_load_n(&mlp_held_fd[slot], __ATOMIC_ACQUIRE);
+    if (h >= 0) {
+        bool same = mlp_held_same(slot, h);
+        mlp_internal_clear(h);
+        if (same)
+            __ml_sys_close(h); /* else closed under us, perhaps another file's number now */
+    }
     __atomic_store_n(&mlp_held_fd[slot], -1, __ATOMIC_RELAXED);
     atomic_store(&mlp_held_used[slot], false);
     errno = saved;
@@ -527,8 +564,10 @@ void mlp_hold_after_fork(void)
             continue;
         int h = __atomic_load_n(&mlp_held_fd[i], __ATOMIC_ACQUIRE);
         if (h >= 0) {
+            bool same = mlp_held_same(i, h);
             mlp_internal_clear(h);
-            __ml_sys_close(h);
+            if (same)
+                __ml_sys_close(h);
         }
         __atomic_store_n(&mlp_held_fd[i], -1, __ATOMIC_RELAXED);
         atomic_store(&mlp_held_used[i], false);

@@ -488,6 +488,7 @@ void mlp_cred_adopted_out(void);  /* exec.c: took connections up in a fabric out
 int mlp_fd_to_high(int fd);       /* fd moved to our high numbers (closed), or -1 */
 int mlp_hold_file(int fd, int *slot); /* fd's file, held for a call (fdtable.c) */
 void mlp_hold_release(int slot);
+int mlp_held_fd_now(int slot, int fd); /* the held fd if still ours, else fd */
 void mlp_hold_after_fork(void);
 void mlp_own_fd_at(int *fdp);     /* one of ours, already high */
 bool mlp_fabric_out(void);            /* the same, as last found: no system call */

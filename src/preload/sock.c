@@ -3109,6 +3109,7 @@ int mlp_shutdown(struct mlp_sock *s, int fd, int how)
             mlp_poll_kick(s);
         }
     }
+    kfd = mlp_held_fd_now(slot, fd); /* (another thread's close_range may have taken it) */
     if (owe && s->state == MLP_TCP)
         (void)mlp_tcp_catch_up(s, kfd, true); /* withdrawn meanwhile: the bytes, then the FIN */
     else if (owe && s->state == MLP_ACCEL)
