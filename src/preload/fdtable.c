@@ -474,13 +474,21 @@ int mlp_fd_to_high(int fd)
  * program's close of that number, or its close_range, leaves it), closed at its end; the
  * number itself where none can be made (no slot free, the fd limit, a vfork child, a known
  * sandbox, whose filter may kill for fcntl).  A fork child closes the ones its parent's threads
- * held (the threads are not there); a fork between a duplicate's making and its note leaves
- * the child the copy until its exec (close-on-exec) or its end.
+ * held (the threads are not there): each is made and noted inside the fork gate.
  */
 #define MLP_HELD_MAX 8
 static int mlp_held_fd[MLP_HELD_MAX];         /* the held fd (moved by mlp_evict_fd), -1 */
 static ino_t mlp_held_ino[MLP_HELD_MAX];      /* its file's inode, made sure of before each use */
 static _Atomic bool mlp_held_used[MLP_HELD_MAX];
+
+/* Our mark on h goes, if it is the slot's (h may be another fd of ours by now). */
+static void mlp_held_unmark(int slot, int h)
+{
+    struct mlp_fdrec *r = mlp_fdrec(h);
+    int *mine = &mlp_held_fd[slot];
+    if (r)
+        atomic_compare_exchange_strong(&r->owner, &mine, NULL);
+}
 
 /* Is the held fd of slot still the file we made it for?  A close_range of another thread's that
  * scanned our marks before the duplicate was marked closes it as the program's (a review: 275
@@ -548,7 +556,7 @@ void mlp_hold_release(int slot)
     int h = __atomic_load_n(&mlp_held_fd[slot], __ATOMIC_ACQUIRE);
     if (h >= 0) {
         bool same = mlp_held_same(slot, h);
-        mlp_internal_clear(h);
+        mlp_held_unmark(slot, h);
         if (same)
             __ml_sys_close(h); /* else closed under us, perhaps another file's number now */
     }
@@ -565,7 +573,7 @@ void mlp_hold_after_fork(void)
         int h = __atomic_load_n(&mlp_held_fd[i], __ATOMIC_ACQUIRE);
         if (h >= 0) {
             bool same = mlp_held_same(i, h);
-            mlp_internal_clear(h);
+            mlp_held_unmark(i, h);
             if (same)
                 __ml_sys_close(h);
         }

@@ -3056,7 +3056,9 @@ int mlp_shutdown(struct mlp_sock *s, int fd, int how)
     /* What follows wakes our threads that wait on the channel, one of which may close fd and
      * open another socket at its number before the kernel's calls below: they act on the file,
      * held (fdtable.c, mlp_hold_file). */
-    int slot = -1, kfd = st == MLP_TCP ? fd : mlp_hold_file(fd, &slot);
+    int slot = -1;
+    if (st != MLP_TCP)
+        (void)mlp_hold_file(fd, &slot);
     if (owe) {
         /* The EOF goes into the ring; the kernel's shutdown waits for the settle (see
          * mlp_shut_owed_pay).  Owed first, then settled looked at again: a claim or a withdrawal
@@ -3109,7 +3111,7 @@ int mlp_shutdown(struct mlp_sock *s, int fd, int how)
             mlp_poll_kick(s);
         }
     }
-    kfd = mlp_held_fd_now(slot, fd); /* (another thread's close_range may have taken it) */
+    int kfd = mlp_held_fd_now(slot, fd); /* (another thread's close_range may have taken it) */
     if (owe && s->state == MLP_TCP)
         (void)mlp_tcp_catch_up(s, kfd, true); /* withdrawn meanwhile: the bytes, then the FIN */
     else if (owe && s->state == MLP_ACCEL)
