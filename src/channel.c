@@ -1631,6 +1631,14 @@ void __ml_chan_sio_unlink(struct memlan_channel *ch, bool urg)
     (void)__ml_sys_unlinkat(ch->seg->fab->dirfd, name, 0);
 }
 
+/* A post to slot i was refused: the peer must not sleep on that queue for us any more. */
+static void ml_chan_unreach(struct memlan_channel *ch, uint32_t i)
+{
+    struct ml_sock_side *me = (struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF) + ch->side;
+    if (ml_load_relaxed(&me->reach[i / 4]) & (0xffu << (8 * (i % 4))))
+        ml_fetch_and(&me->reach[i / 4], ~(0xffu << (8 * (i % 4))));
+}
+
 void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
                          const struct ml_evq_ref *refs)
 {
@@ -1663,21 +1671,72 @@ void __ml_chan_wake_slow(struct memlan_channel *ch, _Atomic uint32_t *word,
     if (w & ML_WAIT_EVQ_ANY) {
         for (uint32_t i = 0; i < ML_EVQ_REFS; i++)
             if ((w & ML_WAIT_EVQ_REF(i)) &&
-                __ml_evq_post_ref(ch->seg->fab, &refs[i], &ch->peer_evq_hint[i]) < 0)
+                __ml_evq_post_ref(ch->seg->fab, &refs[i], &ch->peer_evq_hint[i]) < 0) {
+                ml_chan_unreach(ch, i);
                 ml_chan_nopost(ch);
+            }
         ch->wakeups++;
     }
 }
 
-/* Post to every queue the peer registered, armed or not (src/preload/cred.c: a peer that must
- * stop sleeping on its queue for us is woken to see that). */
-void __ml_chan_post_peer_refs(struct memlan_channel *ch)
+/* Post to every queue the peer registered, armed or not (src/preload/cred.c: before a
+ * credential change, so that each stays mapped in our cache, and after it, to wake a peer that
+ * must look at the flag).  prime: note, privately, the tag of each slot whose queue both posts
+ * reached (0 for the others), for __ml_chan_publish_reach. */
+void __ml_chan_post_peer_refs(struct memlan_channel *ch, bool prime)
 {
     for (uint32_t i = 0; i < ML_EVQ_REFS; i++) {
-        __ml_evq_post_ref(ch->seg->fab, &ch->tx_refs->rx[i], &ch->peer_evq_hint[i]);
-        __ml_evq_post_ref(ch->seg->fab, &ch->rx_refs->tx[i], &ch->peer_evq_hint[i]);
+        struct ml_evq_ref r;
+        memcpy(&r, &ch->tx_refs->rx[i], sizeof r);
+        uint8_t seen = r.valid == ML_REF_VALID ? (uint8_t)__ml_evq_ref_tag(&r) : 0;
+        int a = __ml_evq_prime_ref(ch->seg->fab, &ch->tx_refs->rx[i], &ch->peer_evq_hint[i]);
+        int b = __ml_evq_prime_ref(ch->seg->fab, &ch->rx_refs->tx[i], &ch->peer_evq_hint[i]);
+        if (prime) { /* relaxed atomics: two threads' changes at once */
+            __atomic_store_n(&ch->reach_tag[i], a > 0 && a == b ? (uint8_t)a : 0,
+                             __ATOMIC_RELAXED);
+            __atomic_store_n(&ch->tried_tag[i], seen, __ATOMIC_RELAXED);
+        }
     }
 }
+
+/* Has the peer registered a queue since our last priming (ssh's client waited for sshd's
+ * banner in a blocking read, with no queue, when sshd's first change primed)?  A priming again
+ * posts to every registration, and wakes the peer for nothing once.  A registration that
+ * priming tried and could not reach (a dead queue's; a peer's garbage) is not tried again at
+ * every change: a server that toggles its euid per request would open its file each time. */
+bool __ml_chan_peer_refs_new(struct memlan_channel *ch)
+{
+    for (uint32_t i = 0; i < ML_EVQ_REFS; i++) {
+        struct ml_evq_ref r;
+        memcpy(&r, &ch->tx_refs->rx[i], sizeof r);
+        if (r.valid == ML_REF_VALID &&
+            __ml_evq_ref_tag(&r) != __atomic_load_n(&ch->tried_tag[i], __ATOMIC_RELAXED))
+            return true;
+    }
+    return false;
+}
+
+/*
+ * Say in our side block which of the peer's registrations our primed posts reached
+ * (struct ml_sock_side, reach), before ML_SOCK_NOPOST goes up (the caller's): the peer sleeps on
+ * a queue of those, which we keep mapped, and naps for the others.  none: say nothing (back in
+ * reach).  A wrong tag (the peer claimed the slot again since, for another queue whose tag is the
+ * same byte; our cache let the queue go; a fork sibling sharing the side posts from a process
+ * that never mapped the queue) costs the peer one wake-up, at most its liveness interval late:
+ * the refused post zeroes the byte (ml_chan_unreach), and the peer's next look naps.
+ */
+void __ml_chan_publish_reach(struct memlan_channel *ch, bool none)
+{
+    struct ml_sock_side *me = (struct ml_sock_side *)(ch->seg->base + ML_CHAN_SOCK_OFF) + ch->side;
+    for (uint32_t w = 0; w < 2; w++) {
+        uint32_t v = 0;
+        for (uint32_t j = 0; j < 4 && !none; j++)
+            v |= (uint32_t)__atomic_load_n(&ch->reach_tag[4 * w + j], __ATOMIC_RELAXED)
+                 << (8 * j);
+        ml_store_release(&me->reach[w], v);
+    }
+}
+
 
 static void ml_set_state(struct memlan_channel *ch, uint32_t st)
 {

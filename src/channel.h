@@ -78,6 +78,10 @@ struct memlan_channel {
      * socket layer for a credential change (which clears this): a send tries the posts again
      * at most once a second (nopost_try_ns) and takes the flag back when none is refused. */
     _Atomic bool nopost_mine;
+    /* The tag of each peer registration our last priming posts reached (0: not reached), which
+     * a credential change publishes (__ml_chan_publish_reach). */
+    uint8_t reach_tag[ML_EVQ_REFS];
+    uint8_t tried_tag[ML_EVQ_REFS]; /* the tag of each registration that priming saw (0: none) */
     _Atomic uint64_t nopost_try_ns;
     uint32_t evq_part;        /* the part of our queue the peer posts to (evq.c) */
     /* Who may write the channel's file, besides root (evq.c registers the channel in a part of
@@ -162,7 +166,9 @@ bool __ml_chan_arm_evq(struct memlan_channel *ch, uint32_t events);
 void __ml_mb_off(void);
 void __ml_madvise_off(void); /* a seccomp filter came: no more madvise (a ring's growth) */
 int __ml_mb_wait_barrier(struct memlan_channel *ch, _Atomic uint32_t *decl, _Atomic uint32_t *ack);
-void __ml_chan_post_peer_refs(struct memlan_channel *ch);
+void __ml_chan_post_peer_refs(struct memlan_channel *ch, bool prime);
+void __ml_chan_publish_reach(struct memlan_channel *ch, bool none);
+bool __ml_chan_peer_refs_new(struct memlan_channel *ch);
 void __ml_chan_nopost_retry(struct memlan_channel *ch);
 int __ml_chan_check_peer(struct memlan_channel *ch);
 /* Growth, for the socket layer: called after each switch into a region (NULL: none); the
@@ -172,6 +178,10 @@ extern void (*__ml_grow_note)(struct memlan_channel *ch);
 int __ml_chan_grow_settle(struct memlan_channel *ch);
 uint64_t __ml_chan_grow_keep_ns(void);
 void __ml_evq_post_local(struct memlan_evq *q, uint32_t index);
+/* evq.c: memlan_evq_add for the socket layer: no event for a readiness already there, and the
+ * receive side alone armed (the caller arms and looks itself). */
+int __ml_evq_add_quiet(struct memlan_evq *q, struct memlan_channel *ch, uint32_t events,
+                       void *udata);
 
 /* For the socket layer (src/preload): see channel.c. */
 int __ml_chan_create_pooled(memlan_fabric_t *fab, size_t ring_size, size_t grow,

@@ -281,11 +281,45 @@ static struct ml_evq_import *ml_evq_cache_import(memlan_fabric_t *fab, const cha
  * sleep on each other on every wake-up they sent.  -EACCES or -EPERM: the queue's file is out of
  * our reach (credentials changed, by this thread alone perhaps: setfsuid, a raw system call; a
  * sandbox); 0 otherwise, whether posted or not. */
+static int ml_evq_post_copy(memlan_fabric_t *fab, const struct ml_evq_ref *copy, uint32_t *hint);
+
 int __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared, uint32_t *hint)
 {
     /* Copy the reference out of shared memory once, then check it: the peer may write it. */
     struct ml_evq_ref ref;
     memcpy(&ref, shared, sizeof ref);
+    int r = ml_evq_post_copy(fab, &ref, hint);
+    return r > 0 ? 0 : r;
+}
+
+/* A registration's tag (struct ml_sock_side, reach): a byte of a hash of the queue it names
+ * (token and endpoint), never 0.  Computed from a private copy. */
+uint32_t __ml_evq_ref_tag(const struct ml_evq_ref *copy)
+{
+    uint32_t h = 2166136261u;
+    for (uint32_t i = 0; i < MEMLAN_TOKEN_LEN; i++)
+        h = (h ^ (uint8_t)copy->token[i]) * 16777619u;
+    for (uint32_t i = 0; i < 4; i++)
+        h = (h ^ ((copy->index >> (8 * i)) & 0xffu)) * 16777619u;
+    h = (h ^ (h >> 8) ^ (h >> 16) ^ (h >> 24)) & 0xffu;
+    return h ? h : 1u;
+}
+
+/* Post to the queue shared names, as __ml_evq_post_ref does, and say which: its tag when the
+ * post reached the queue (0 when nothing was posted: a slot free or being claimed, a handler's
+ * post skipped), or -EACCES/-EPERM. */
+int __ml_evq_prime_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared, uint32_t *hint)
+{
+    struct ml_evq_ref ref;
+    memcpy(&ref, shared, sizeof ref);
+    int r = ml_evq_post_copy(fab, &ref, hint);
+    return r > 0 ? (int)__ml_evq_ref_tag(&ref) : r;
+}
+
+/* 1 posted, 0 not (nothing named, or skipped), or -EACCES/-EPERM. */
+static int ml_evq_post_copy(memlan_fabric_t *fab, const struct ml_evq_ref *copy, uint32_t *hint)
+{
+    struct ml_evq_ref ref = *copy;
     char tok[MEMLAN_TOKEN_LEN + 1];
     memcpy(tok, ref.token, MEMLAN_TOKEN_LEN);
     tok[MEMLAN_TOKEN_LEN] = '\0';
@@ -305,7 +339,7 @@ int __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared, uin
         pthread_rwlock_rdlock(&ml_evq_cache_lock);
     }
     ml_evq_cache_depth++;
-    int err = 0;
+    int err = 0, posted = 0;
     struct ml_evq_import *e = ml_evq_cache_find(tok, hint);
     if (!e && reentered) {
         ml_evq_cache_depth--;
@@ -335,11 +369,12 @@ int __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *shared, uin
             /* where the poster runs: a waiter on that same cpu must not spin for it */
             ml_store_relaxed(&h->post_cpu, (uint32_t)(__ml_getcpu() + 1));
             ml_evq_ring(h, e->bell, e->bell_wronly);
+            posted = 1;
         }
     }
     pthread_rwlock_unlock(&ml_evq_cache_lock);
     ml_evq_cache_depth--;
-    return err == -EACCES || err == -EPERM ? err : 0;
+    return err == -EACCES || err == -EPERM ? err : posted;
 }
 
 /* ---- the queue's owner ------------------------------------------------------------------- */
@@ -697,7 +732,27 @@ static void ml_ref_free(struct memlan_channel *ch)
     ml_store_release(&ch->rx_refs->rx[ch->evq_ref].valid, 0u);
 }
 
+static int ml_evq_add(memlan_evq_t *q, memlan_channel_t *ch, uint32_t events, void *udata,
+                      bool quiet);
+
 int memlan_evq_add(memlan_evq_t *q, memlan_channel_t *ch, uint32_t events, void *udata)
+{
+    return ml_evq_add(q, ch, events, udata, false);
+}
+
+/* The socket layer's add: the registration, and the receive side armed (a HUP or an ERR comes
+ * that way), without the event for a readiness already there, and without arming for room.  Its
+ * callers arm what they wait for and look at the socket themselves; that event, and the post of
+ * a room tripwire armed while there was room (the peer's next read), were edges the kernel does
+ * not make: an edge-triggered EPOLLOUT came twice for a new member of a set, and again at reads
+ * of the peer (tests/preload/etout.c). */
+int __ml_evq_add_quiet(memlan_evq_t *q, memlan_channel_t *ch, uint32_t events, void *udata)
+{
+    return ml_evq_add(q, ch, events, udata, true);
+}
+
+static int ml_evq_add(memlan_evq_t *q, memlan_channel_t *ch, uint32_t events, void *udata,
+                      bool quiet)
 {
     if (!q || !ch || !(events & (MEMLAN_EV_READ | MEMLAN_EV_WRITE)) ||
         (events & ~(uint32_t)(MEMLAN_EV_READ | MEMLAN_EV_WRITE)))
@@ -729,7 +784,9 @@ int memlan_evq_add(memlan_evq_t *q, memlan_channel_t *ch, uint32_t events, void 
     ch->evq_events = events;
     ch->udata = udata;
     /* Always watch the receive side: HUP and ERR come that way. */
-    if (__ml_chan_arm_evq(ch, events | MEMLAN_EV_READ))
+    if (quiet)
+        (void)__ml_chan_arm_evq(ch, MEMLAN_EV_READ);
+    else if (__ml_chan_arm_evq(ch, events | MEMLAN_EV_READ))
         __ml_evq_post_local(q, i);
     return 0;
 }

@@ -257,6 +257,10 @@ static inline void ml_spin_found(struct ml_spinning *s, uint64_t now)
 
 /* evq.c: post endpoint `index` of the queue named by ref (a sender's wake-up path). */
 int __ml_evq_post_ref(memlan_fabric_t *fab, const struct ml_evq_ref *ref, uint32_t *hint);
+/* evq.c: the same, returning the reached queue's tag (struct ml_sock_side, reach); and the tag
+ * of a registration (a private copy). */
+int __ml_evq_prime_ref(memlan_fabric_t *fab, const struct ml_evq_ref *ref, uint32_t *hint);
+uint32_t __ml_evq_ref_tag(const struct ml_evq_ref *copy);
 /* evq.c: the spin policy of memlan_evq_wait for a caller that spins over a queue itself
  * (memlan_svc_run in libmemlan-rpc, hence exported in the MEMLAN_PRIVATE version node). */
 struct memlan_evq;

@@ -7,7 +7,9 @@
  * pointers; each hot index sits alone on a 64-byte line.  A process never trusts a value it reads
  * from here: the peer may be buggy or hostile, so every index, length and offset is checked
  * against the private copy of the geometry taken when the segment was mapped.  Bump
- * ML_LAYOUT_VERSION on any change; a reader refuses a version it does not know.
+ * ML_LAYOUT_VERSION on any change that a reader of the other version would misread (a field
+ * that an older library never touched, and whose 0 means what it did without it, needs none);
+ * a reader refuses a version it does not know.
  *
  * This header is not part of the public API (include <memlan.h> for that); it is shipped so that
  * tools and other implementations can read a fabric.
@@ -233,7 +235,15 @@ struct ml_chan_hdr {
  * receiving side's own (shared by its fork children).  All are 0 in a block that an older
  * library wrote, which sent no urgent data on a channel: no version change. */
 struct ml_sock_side {
-    _Alignas(ML_CACHELINE) uint32_t unused[4]; /* were lock words: ignored, never read */
+    /* What this side's process reaches of the peer's event queues while it is out of the
+     * fabric's reach (ML_SOCK_NOPOST): byte i of reach (little-endian over the two words) is
+     * the tag (__ml_evq_ref_tag, never 0) of the peer's registration in slot i that it posted
+     * to before its credential change, and so keeps mapped; 0: none.  The peer sleeps on its
+     * queue for a flagged side only if its own registration's tag is there (src/preload/poll.c,
+     * mlp_peer_nopost).  A post refused later zeroes the byte.  Were lock words: an older
+     * library neither reads nor writes them (0: nothing reached). */
+    _Alignas(ML_CACHELINE) _Atomic uint32_t reach[2];
+    uint32_t unused[2];
     _Atomic uint32_t holders;
     _Atomic uint32_t flags;
     _Atomic uint64_t urg;

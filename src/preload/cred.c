@@ -238,14 +238,22 @@ static void mlp_cred_ring_peers(bool nopost)
             memlan_channel_t *ch = s->ch;
             /* Once per connection each way: a server that toggles its euid around every
              * request must not wake all its peers each time.  SYNC: the flag goes before the
-             * posts; the woken peer's arm reads it (poll.c). */
+             * posts; the woken peer's arm reads it (poll.c).  Before the flag, which of the
+             * peer's queues the priming reached (ours, or the parent's we inherited with its
+             * cache), those the peer may still sleep on; at each change out of reach, the flag
+             * up already or not: the side's last process to go out of reach is the one that
+             * posts, most likely (sshd's session child; its preauth child set the flag).  A
+             * fork sibling that shares the side and cannot reach one (it did not prime it: a
+             * raw system call's change) zeroes its byte at its first refused post (channel.c). */
+            if (nopost)
+                __ml_chan_publish_reach(ch, false);
             bool post = nopost ? !(atomic_fetch_or(&s->me->flags, ML_SOCK_NOPOST) & ML_SOCK_NOPOST)
-                               : !s->cred_primed;
+                               : !s->cred_primed || __ml_chan_peer_refs_new(ch);
             if (nopost) /* the flag is the credential change's now: never taken back */
                 ml_store_relaxed(&ch->nopost_mine, false);
             s->cred_primed = true;
             if (post)
-                __ml_chan_post_peer_refs(ch);
+                __ml_chan_post_peer_refs(ch, !nopost);
         }
         mlp_put(s);
     }
@@ -275,6 +283,7 @@ static void mlp_cred_unflag_peers(void)
             !ml_load_relaxed(&s->ch->nopost_mine) && atomic_load(&s->me->holders) <= 1 &&
             (atomic_load(&s->me->flags) & ML_SOCK_NOPOST)) {
             atomic_fetch_and(&s->me->flags, ~ML_SOCK_NOPOST);
+            __ml_chan_publish_reach(s->ch, true);
             s->cred_primed = false;
         }
         mlp_put(s);

@@ -63,6 +63,14 @@ struct mlp_member {
                                          * other process's too, its answers the kernel's */
     bool queued;                        /* on ep's ready list */
     uint32_t undecided_seen;            /* edge-triggered, undecided: bits already reported */
+    /* Edge-triggered, settled: what the last look reported, or found ready and armed over;
+     * where a look whose peer said ML_SOCK_NOPOST starts (mlp_ep_harvest): the member may go
+     * from sleeping on its queue to napping between two waits (its channel moved to a queue
+     * the peer does not reach), and the readiness reported then is no new edge.  napping: the
+     * last look was such a one; the next that is not starts from nopost_seen (the flag taken
+     * back: what was reported while it stood is no new edge by itself). */
+    uint32_t nopost_seen;
+    bool napping;
     struct mlp_member *rprev, *rnext;   /* the ready list */
     struct mlp_member *snext;           /* the socket's memberships */
 };
@@ -326,7 +334,7 @@ bool mlp_queue_add(struct mlp_sock *s, bool under_epmu)
         ok = false;
         if (h) {
             pthread_mutex_lock(&h->qmu);
-            ok = memlan_evq_add(h->q, s->ch, MEMLAN_EV_READ | MEMLAN_EV_WRITE, s) == 0;
+            ok = __ml_evq_add_quiet(h->q, s->ch, MEMLAN_EV_READ | MEMLAN_EV_WRITE, s) == 0;
             pthread_mutex_unlock(&h->qmu);
             if (ok)
                 s->qep = h;
@@ -335,7 +343,7 @@ bool mlp_queue_add(struct mlp_sock *s, bool under_epmu)
         }
         if (!ok) {
             pthread_mutex_lock(&mlp_q_mu); /* the queue's slot table is not thread-safe */
-            ok = memlan_evq_add(p, s->ch, MEMLAN_EV_READ | MEMLAN_EV_WRITE, s) == 0;
+            ok = __ml_evq_add_quiet(p, s->ch, MEMLAN_EV_READ | MEMLAN_EV_WRITE, s) == 0;
             pthread_mutex_unlock(&mlp_q_mu);
         }
     }
@@ -1438,6 +1446,8 @@ int mlp_epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev, bool *handle
         m->disabled = false;
         m->parked = false;
         m->undecided_seen = 0;
+        m->nopost_seen = 0;
+        m->napping = false;
         mlp_rl_del(m);
         /* like the kernel's insert: looked at on the next wait; the sleepers woken only if it
          * may be ready */
@@ -1656,19 +1666,25 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
         } else if (nopost) {
             *undecided = true;
             if (et) {
-                uint32_t fresh = ev & ~m->undecided_seen;
-                m->undecided_seen = ev; /* what is ready now; what went may come again */
+                uint32_t fresh = ev & ~m->nopost_seen;
+                m->nopost_seen = ev; /* what is ready now; what went may come again */
+                m->napping = true;
                 ev = fresh;
             }
-        } else if (m->undecided_seen) {
+        } else {
             /* Settled: what was reported while undecided is no new edge by itself; an edge
              * with something new reports the whole mask, as the kernel's wake-ups do (the
-             * server's first byte came as EPOLLIN alone: tests/preload/etsettle.c). */
-            reported |= m->undecided_seen;
+             * server's first byte came as EPOLLIN alone: tests/preload/etsettle.c).  So for
+             * what was reported while the peer said ML_SOCK_NOPOST. */
+            reported |= m->undecided_seen | (m->napping ? m->nopost_seen : 0);
             m->undecided_seen = 0;
+            m->napping = false;
         }
-        if (et && !und && !nopost && !(ev & ~reported))
-            ev = 0; /* nothing new; with something new, the whole mask, as the kernel's */
+        if (et && !und && !nopost) {
+            if (!(ev & ~reported))
+                ev = 0; /* nothing new; with something new, the whole mask, as the kernel's */
+            m->nopost_seen = ev | reported;
+        }
         if (ev) {
             out[got].events = ev;
             out[got].data = m->data;

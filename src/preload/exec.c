@@ -355,6 +355,12 @@ static void mlp_carry_sock(struct mlp_carry *c, const struct mlp_fdref *g, int n
         }
     if (spawn && !nk && !moved)
         return; /* the spawned program does not get it: nothing to carry or give back */
+    /* The new image has none of our queue cache's mappings: the peer must not sleep on a queue
+     * for it that only this image reaches (struct ml_sock_side, reach: an inetd's child that
+     * dropped, then execs its service with the connection).  Zeroed, the peer naps while the
+     * side says ML_SOCK_NOPOST; without the flag, nothing changes. */
+    if (s->type == MLP_CONN && s->ch && s->me && s->state == MLP_ACCEL && (nk || moved))
+        __ml_chan_publish_reach(s->ch, true);
     if (s->type == MLP_LISTENER) {
         /* Out of reach since a credential change: the new image, with the same credentials,
          * can neither publish the listener again nor remove its record, which stays, dead once

@@ -114,9 +114,35 @@ short mlp_sock_revents(struct mlp_sock *s, int fd, short events)
  * member whose peer still says it stays on its set's ready list and is looked at at each nap,
  * which says it again (epoll.c, the harvest). */
 static _Atomic uint64_t mlp_nopost_ns; /* mlp_coarse_ns() when a peer last said it; 0: never */
+
+/* Does the flagged peer say that it still reaches the queue our registration names (its reach
+ * byte for our slot is our registration's tag: it posted there before its change, and keeps the
+ * queue mapped)?  Then we sleep on it as before: an idle ssh client, whose sshd session process
+ * dropped to the user for good, napped every millisecond for the session's life.  A queue made
+ * since (a new epoll set's) it cannot reach: not there.  The peer writes both the byte and (it
+ * can) our slot: a lie costs us only wake-ups, as withholding its posts does, and no sleep of
+ * ours outlasts the liveness interval. */
+static bool mlp_peer_reaches(struct mlp_sock *s, const struct ml_sock_side *peer)
+{
+    memlan_channel_t *ch = s->ch;
+    if (!ch->evq || ch->evq_pid != (int32_t)__ml_pid() || ch->evq_ref >= ML_EVQ_REFS)
+        return false;
+    uint32_t i = ch->evq_ref;
+    uint32_t w = ml_load_acquire(&((struct ml_sock_side *)peer)->reach[i / 4]);
+    uint32_t got = (w >> (8 * (i % 4))) & 0xffu;
+    if (!got)
+        return false;
+    struct ml_evq_ref mine;
+    memcpy(&mine, &ch->rx_refs->rx[i], sizeof mine);
+    return mine.valid == ML_REF_VALID && __ml_evq_ref_tag(&mine) == got;
+}
+
 bool mlp_peer_nopost(struct mlp_sock *s)
 {
-    if (!s->ch || !(ml_load_relaxed(&mlp_side_block(s->ch, 1 - s->side)->flags) & ML_SOCK_NOPOST))
+    if (!s->ch)
+        return false;
+    const struct ml_sock_side *peer = mlp_side_block(s->ch, 1 - s->side);
+    if (!(ml_load_relaxed(&peer->flags) & ML_SOCK_NOPOST) || mlp_peer_reaches(s, peer))
         return false;
     uint64_t now = mlp_coarse_ns();
     if (now - ml_load_relaxed(&mlp_nopost_ns) > 100000000u)

@@ -4015,6 +4015,20 @@ def test_edge_after_settling_carries_the_whole_mask(fabric, tmp_path):
     settle(fabric)
 
 
+def test_edge_triggered_room_is_reported_once_until_it_is_new(fabric, tmp_path):
+    """etout: an edge-triggered EPOLLIN|EPOLLOUT member of an idle client with room reports
+    EPOLLOUT once when added, then only at the kernel's edges (the peer's bytes, room again
+    after none), wait for wait as over kernel TCP.  Before, its registration in the set's queue
+    posted the readiness already there and armed the room tripwire while there was room: "added,
+    again: epoll 1 [OUT ]", and each read of our bytes by the peer another EPOLLOUT."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "etout", tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    assert "added, again: epoll 0" in plain.stdout and "room again: epoll 1 [OUT ]" in plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (client)") == 1, text
+    settle(fabric)
+
+
 def test_disconnect_by_connect_af_unspec_then_a_new_connection(fabric, tmp_path):
     """disconnect: connect(fd, AF_UNSPEC) on an accelerated client resets the connection (the
     peer's poll POLLERR|POLLHUP, its recv ECONNRESET; ours ECONNRESET once, then EPIPE and
