@@ -3156,6 +3156,7 @@ void __ml_chan_rx_pass_over(struct memlan_channel *ch)
 }
 
 uint64_t __ml_chan_tx_pos(const struct memlan_channel *ch) { return ch->tx.pos; }
+uint64_t __ml_chan_rx_pos_ro(const struct memlan_channel *ch) { return ch->rx.pos; }
 
 /* The peer's position in our sending ring as it last published it (hostile: a hint only). */
 uint64_t __ml_chan_tx_peer_pos(const struct memlan_channel *ch)

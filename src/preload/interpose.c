@@ -1622,6 +1622,14 @@ MLP_EXPORT int setsockopt(int fd, int level, int name, const void *val, socklen_
         mlp_note_linger(fd, val, len);
     if (level == SOL_SOCKET && name == SO_RCVLOWAT)
         mlp_note_lowat(fd, val, len);
+    if (level == SOL_SOCKET && name == SO_PEEK_OFF && !mlp_inside) {
+        int saved = errno;
+        struct mlp_sock *s = mlp_conn(fd);
+        mlp_peek_off_set(s);
+        if (s)
+            mlp_put(s);
+        errno = saved;
+    }
     if (level == IPPROTO_TCP && name == TCP_DEFER_ACCEPT)
         mlp_note_defer(fd);
     if (level == SOL_SOCKET && name == SO_ZEROCOPY && len >= sizeof(int) && !mlp_inside &&
@@ -1670,6 +1678,17 @@ MLP_EXPORT int getsockopt(int fd, int level, int name, void *val, socklen_t *len
         if (s) {
             if (s->state == MLP_ACCEL)
                 *(int *)val = mlp_reset_take(s, true, false);
+            mlp_put(s);
+        }
+    }
+    if (r == 0 && level == SOL_SOCKET && name == SO_PEEK_OFF && len && *len >= sizeof(int) &&
+        !mlp_inside) {
+        /* the receives made on the channel since it was written come off it (sock.c) */
+        struct mlp_sock *s = mlp_conn(fd);
+        int v;
+        if (s) {
+            if (mlp_peek_off_get(s, fd, &v) == 0)
+                *(int *)val = v;
             mlp_put(s);
         }
     }

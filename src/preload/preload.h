@@ -159,6 +159,10 @@ struct mlp_sock {
                                    * mlp_lmap_hold), whose no_offer tells us to withdraw at once */
     bool cred_primed;             /* cred.c: its peer's queues were posted to (and so mapped)
                                    * before a credential change */
+    /* SO_PEEK_OFF on a channel (sock.c, mlp_peek_off): the kernel socket keeps the offset; the
+     * channel's receive position when it was last written, bytes taken since coming off it. */
+    uint64_t peek_base;
+    bool peek_based;
     int slot;                     /* our line in the process's stat segment, -1 if none */
     int stat_fd;                  /* the fd that line names */
     _Atomic bool stat_owed;       /* a fork child's: its parent listed it, we have not yet
@@ -395,6 +399,9 @@ ssize_t mlp_zerocopy_read(struct mlp_sock *s, int fd, struct msghdr *m, int flag
 int mlp_zerocopy_set(struct mlp_sock *s, int fd); /* ... turned on, on a connection: -EOPNOTSUPP */
 void mlp_note_defer(int fd); /* TCP_DEFER_ACCEPT set: a listener's clients will not offer */
 void mlp_note_lowat(int fd, const void *val, socklen_t len);  /* SO_RCVLOWAT, for a channel */
+/* sock.c: SO_PEEK_OFF set by the program on fd (the kernel took it); its value on a channel */
+void mlp_peek_off_set(struct mlp_sock *s);
+int mlp_peek_off_get(struct mlp_sock *s, int fd, int *val);
 uint32_t mlp_lowat_value(const void *val);                    /* SO_RCVLOWAT as the kernel's */
 struct ml_sock_side *mlp_side_block(memlan_channel_t *ch, int side);
 /* sock.c: 0 none, 1 a reset to report, 2 reported; probe: ask whether the peer died (syscalls) */

@@ -2444,9 +2444,75 @@ static inline void mlp_rx_got(struct mlp_sock *s)
 }
 
 
-/* MSG_PEEK: copy what is there without consuming it (MSG_WAITALL: wait for all of it). */
-static ssize_t mlp_peek_once(struct mlp_sock *s, const struct iovec *iov, int n, size_t total,
-                             int flags, bool nb, sigset_t *old, bool *masked)
+/*
+ * SO_PEEK_OFF (TCP's since Linux 6.10): a peek starts that many bytes in and moves the offset on
+ * by what it copied; a receive moves it back by what it took, not below 0; negative: none.  On a
+ * channel the kernel socket keeps the offset (set there by the program's setsockopt, which
+ * checks it and says EOPNOTSUPP on an older kernel; shared by every fd and process that holds
+ * the socket), and what our receives took since it was last written comes off it when it is read
+ * (peek_base: the channel's receive position then), so that a receive costs nothing more.
+ * Looked at only in a process that set the option (a sandbox may kill for a getsockopt nobody
+ * made).  Before, the option went to the idle kernel socket alone: each peek returned the same
+ * first bytes, and getsockopt said the kernel's offset (an explorer's).  A fork sibling's
+ * receives are not counted here (each process counts its own).
+ */
+static _Atomic bool mlp_peek_off_seen;
+
+void mlp_peek_off_set(struct mlp_sock *s)
+{
+    ml_store_relaxed(&mlp_peek_off_seen, true);
+    if (s && s->type == MLP_CONN && s->state == MLP_ACCEL && s->ch &&
+        mlp_lock_rx(s, true) == 0) { /* the offset counts from here */
+        s->peek_base = __ml_chan_rx_pos_ro(s->ch);
+        s->peek_based = true;
+        mlp_unlock_rx(s);
+    }
+}
+
+/* The offset now (negative: none), written back to the kernel socket when receives moved it. */
+static int mlp_peek_off(struct mlp_sock *s, int fd)
+{
+    if (!ml_load_relaxed(&mlp_peek_off_seen))
+        return -1;
+    int v = -1;
+    socklen_t l = sizeof v;
+    if (mlp_real_getsockopt(fd, SOL_SOCKET, SO_PEEK_OFF, &v, &l) != 0 || v < 0)
+        return -1;
+    uint64_t pos = __ml_chan_rx_pos_ro(s->ch);
+    uint64_t took = s->peek_based ? pos - s->peek_base : 0;
+    s->peek_base = pos;
+    s->peek_based = true;
+    if (took) {
+        v = took >= (uint64_t)v ? 0 : v - (int)took;
+        (void)mlp_real_setsockopt(fd, SOL_SOCKET, SO_PEEK_OFF, &v, sizeof v);
+    }
+    return v;
+}
+
+/* getsockopt(SO_PEEK_OFF) of an accelerated socket: 0 and *val, or -1 (the kernel's answers). */
+int mlp_peek_off_get(struct mlp_sock *s, int fd, int *val)
+{
+    if (s->state != MLP_ACCEL || !s->ch || !ml_load_relaxed(&mlp_peek_off_seen) ||
+        mlp_lock_rx(s, true) < 0)
+        return -1;
+    *val = mlp_peek_off(s, fd);
+    mlp_unlock_rx(s);
+    return 0;
+}
+
+/* A peek copied k bytes from offset off: the offset moves on. */
+static void mlp_peek_off_fwd(int fd, int off, ssize_t k)
+{
+    if (off >= 0 && k > 0) {
+        int v = (uint64_t)off + (uint64_t)k > INT_MAX ? INT_MAX : off + (int)k;
+        (void)mlp_real_setsockopt(fd, SOL_SOCKET, SO_PEEK_OFF, &v, sizeof v);
+    }
+}
+
+/* MSG_PEEK: copy what is there without consuming it (MSG_WAITALL: wait for all of it), from the
+ * peek offset on (SO_PEEK_OFF, above). */
+static ssize_t mlp_peek_once(struct mlp_sock *s, int fd, const struct iovec *iov, int n,
+                             size_t total, int flags, bool nb, sigset_t *old, bool *masked)
 {
     unsigned naps = 0;
     uint64_t dl = 0;
@@ -2454,12 +2520,16 @@ static ssize_t mlp_peek_once(struct mlp_sock *s, const struct iovec *iov, int n,
         int e = mlp_lock_rx(s, nb);
         if (e < 0)
             return e;
+        int poff = mlp_peek_off(s, fd);
+        size_t skip = poff > 0 ? (size_t)poff : 0;
         /* Up to three runs where the ring grew (the ring's, then the region's, which its end
          * may cut): a peek sees them all. */
         struct iovec run[3];
         int nrun;
         ssize_t a = __ml_chan_peek_runs(s->ch, run, 3, &nrun, MEMLAN_DONTWAIT);
-        if (a > 0 && (flags & MSG_WAITALL) && (size_t)a < total && !nb &&
+        if (skip && a > 0 && (size_t)a <= skip) /* nothing past the offset: at the end, 0 */
+            a = __ml_chan_peer_state(s->ch) == ML_SIDE_OPEN && !s->ch->peer_dead ? -EAGAIN : 0;
+        if (a > 0 && (flags & MSG_WAITALL) && (size_t)a < total + skip && !nb &&
             __ml_chan_peer_state(s->ch) == ML_SIDE_OPEN && !s->ch->peer_dead &&
             __ml_chan_rx_urg_dist(s->ch) != a) { /* (a peek ends at an urgent byte too) */
             /* MSG_PEEK|MSG_WAITALL (rare): the tripwire wakes a waiter for any byte, not for
@@ -2496,13 +2566,21 @@ static ssize_t mlp_peek_once(struct mlp_sock *s, const struct iovec *iov, int n,
             mlp_unlock_rx(s);
             /* (for more than an urgent byte the peek passes over: then for one more) */
             if (a == -EAGAIN && !nb &&
-                (a = mlp_wait_dir(s, 0, 1 + s->ch->rx_skip_seen, &dl)) == 0)
+                (a = mlp_wait_dir(s, 0, 1 + skip + s->ch->rx_skip_seen, &dl)) == 0)
                 continue;
             return a;
         }
-        size_t left = (size_t)a < total ? (size_t)a : total, off = 0;
+        size_t left = (size_t)a - skip < total ? (size_t)a - skip : total, off = 0;
         if (!(flags & MSG_TRUNC)) { /* TCP's MSG_TRUNC copies nothing, peeking or not */
             struct ml_iov_cur from = {.iov = run, .n = nrun}, to = {.iov = iov, .n = n};
+            for (size_t k = skip; k && from.i < from.n;) { /* to the offset */
+                size_t m = run[from.i].iov_len - from.off < k ? run[from.i].iov_len - from.off : k;
+                k -= m;
+                if ((from.off += m) == run[from.i].iov_len) {
+                    from.i++;
+                    from.off = 0;
+                }
+            }
             while (left && from.i < from.n && to.i < to.n) {
                 const struct iovec *f = &run[from.i], *t = &iov[to.i];
                 size_t m = f->iov_len - from.off < t->iov_len - to.off ? f->iov_len - from.off
@@ -2525,18 +2603,19 @@ static ssize_t mlp_peek_once(struct mlp_sock *s, const struct iovec *iov, int n,
             off = left;
         }
         (void)memlan_release(s->ch, 0);
+        mlp_peek_off_fwd(fd, poff, (ssize_t)off);
         mlp_unlock_rx(s);
         return (ssize_t)off;
     }
 }
 
 /* total: the vector's bytes, as mlp_recv checked them. */
-static ssize_t mlp_peek(struct mlp_sock *s, const struct iovec *iov, int n, size_t total,
-                        int flags, bool nb)
+static ssize_t mlp_peek(struct mlp_sock *s, int fd, const struct iovec *iov, int n,
+                        size_t total, int flags, bool nb)
 {
     sigset_t old;
     bool masked = false;
-    ssize_t r = mlp_peek_once(s, iov, n, total, flags, nb, &old, &masked);
+    ssize_t r = mlp_peek_once(s, fd, iov, n, total, flags, nb, &old, &masked);
     if (masked) {
         int saved = errno;
         (void)pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -2793,9 +2872,9 @@ static ssize_t mlp_recv_at(struct mlp_sock *s, int fd, const struct iovec *iov, 
          * TCP it answers EOF once the peer's process is gone.  Answering EAGAIN, the pool
          * sent its next request into a dead peer's ring and its client got a 502
          * (test_apps_h2.py).  mlp_end_look makes at most one look a millisecond. */
-        ssize_t p = mlp_peek(s, iov, n, total, flags, nb);
+        ssize_t p = mlp_peek(s, fd, iov, n, total, flags, nb);
         if (p == -EAGAIN && nb && mlp_end_look(s))
-            p = mlp_peek(s, iov, n, total, flags, nb);
+            p = mlp_peek(s, fd, iov, n, total, flags, nb);
         return mlp_rx_error(s, p);
     }
     /* MSG_WAITALL waits only on a blocking call: nonblocking (or MSG_DONTWAIT), the kernel

@@ -4029,6 +4029,21 @@ def test_edge_triggered_room_is_reported_once_until_it_is_new(fabric, tmp_path):
     settle(fabric)
 
 
+def test_peek_offset_moves_as_the_kernels(fabric, tmp_path):
+    """peekoff: SO_PEEK_OFF on an accelerated connection: peeks start at the offset and move it
+    on, receives move it back (not below 0), a peek past the bytes there says EAGAIN and 0 at
+    the end, -1 turns it off; every answer as over kernel TCP (where the kernel has no
+    SO_PEEK_OFF for TCP, before 6.10, both say EOPNOTSUPP).  Before, every peek returned the
+    first bytes again and getsockopt said 0: the option reached the idle kernel socket only."""
+    plain, under, text = scripted(BUILD / "tests-preload" / "peekoff", tmp_path)
+    assert plain.stdout.endswith("done\n"), plain.stdout + plain.stderr
+    if "set 0: 0" in plain.stdout:
+        assert "peek 4: 4 '4567'" in plain.stdout, plain.stdout
+    assert under.stdout.splitlines() == plain.stdout.splitlines(), under.stderr
+    assert text.count("accelerated (client)") == 1, text
+    settle(fabric)
+
+
 def test_disconnect_by_connect_af_unspec_then_a_new_connection(fabric, tmp_path):
     """disconnect: connect(fd, AF_UNSPEC) on an accelerated client resets the connection (the
     peer's poll POLLERR|POLLHUP, its recv ECONNRESET; ours ECONNRESET once, then EPIPE and
