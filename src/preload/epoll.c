@@ -2132,7 +2132,7 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
     }
     bool spun = false, again_full = false;
     int ret;
-    int64_t live = ML_LIVENESS_NS;
+    int64_t live = mlp_live_begin();
     struct mlp_ep_watch watch = {.n = 0};
     struct mlp_ep_undo u = {.e = e, .w = &watch};
     mlp_left_push(&u.buf, mlp_ep_left, &u);
@@ -2299,5 +2299,6 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
     mlp_left_pop(&u.buf);
     if (e->nested)
         mlp_ep_nested_leave(e);
+    mlp_live_end(live, ret);
     return ret;
 }
