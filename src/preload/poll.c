@@ -182,6 +182,34 @@ void mlp_live_end(int64_t live, int ret)
     mlp_live_by = ret == 0 ? mlp_coarse_ns() + ML_LIVENESS_NS : 0;
 }
 
+/*
+ * The brief wait on a ring's futex before a long sleep (poll's one socket, below; a blocking
+ * call's slice, sock.c) is for a request and its answer, where the peer's send wakes this very
+ * thread.  On an idle connection it is one more wake-up per wait: a program that polls, or
+ * receives with SO_RCVTIMEO, a second at a time on a quiet socket woke twice a second where
+ * kernel TCP wakes once.  So a wait on one socket that spent its slice and ran out with nothing
+ * lets the thread's next wait on that socket, if it comes within ML_LIVENESS_NS, go straight to
+ * the long sleep; a wait that returned anything else gives the slice back.  (The socket is
+ * known by its address only: one that closed and whose record was reused costs a wake-up.)
+ */
+static __thread const void *mlp_idle_on __attribute__((tls_model("initial-exec")));
+static __thread uint64_t mlp_idle_by __attribute__((tls_model("initial-exec")));
+
+bool mlp_idle_skip(const void *s)
+{
+    return s && s == mlp_idle_on && mlp_coarse_ns() <= mlp_idle_by;
+}
+
+void mlp_idle_note(const void *s, bool idle)
+{
+    if (idle) {
+        mlp_idle_on = s;
+        mlp_idle_by = mlp_coarse_ns() + ML_LIVENESS_NS;
+    } else if (s == mlp_idle_on) {
+        mlp_idle_on = NULL;
+    }
+}
+
 /* Arm s for the events asked; true if it turned ready meanwhile (do not sleep). */
 bool mlp_arm(struct mlp_sock *s, short events, bool under_epmu)
 {
@@ -442,6 +470,10 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
     bool fast = mask == NULL && n == 1 && timeout_ns != 0 && socks[0] &&
                 (fds[0].events & (POLLIN | POLLRDNORM)) &&
                 !(fds[0].events & (POLLOUT | POLLWRNORM | POLLWRBAND));
+    /* The thread's last wait on this socket spent its slice for nothing (mlp_idle_note). */
+    const void *idle_s = fast ? socks[0] : NULL;
+    bool idle = fast && mlp_idle_skip(idle_s);
+    fast = fast && !idle;
     bool fast_woke = false;
     int vf = -1; /* a vfork child (mlp_vf) */
     int ret;
@@ -531,6 +563,7 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
             }
             if (r != 0 && r != -ECONNRESET)
                 fast = false; /* the slice's end (-ETIME), or anything else: the long way */
+            idle = r == -ETIME;
             spun = true;      /* the futex wait spun first, by the channel's policy */
             continue;
         }
@@ -752,6 +785,8 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
     mlp_left_pop(&u.buf);
     pthread_cleanup_pop(0);
     mlp_live_end(live, ret);
+    if (idle_s)
+        mlp_idle_note(idle_s, idle && ret == 0);
     return ret;
 }
 #pragma GCC diagnostic pop

@@ -567,6 +567,14 @@ int mlp_poll(struct pollfd *fds, nfds_t n, int64_t timeout_ns, const sigset_t *m
 int mlp_sock_sleep(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline, int64_t *live);
 struct mlp_sock *mlp_sleep_lending(void); /* the socket this thread's mlp_sock_sleep lends */
 bool mlp_end_look(struct mlp_sock *s);
+/* poll.c: the liveness interval a wait starts from (the one the thread's last quiet wait
+ * reached), and the wait's end (ret: what it returns, 0 for a wait that ran out). */
+int64_t mlp_live_begin(void);
+void mlp_live_end(int64_t live, int ret);
+/* poll.c: skip the brief futex wait on s, whose last wait of this thread spent it for nothing;
+ * and say how a wait on s ended (idle: it spent that wait, or skipped it, and ran out). */
+bool mlp_idle_skip(const void *s);
+void mlp_idle_note(const void *s, bool idle);
 bool mlp_look_due(struct mlp_sock *s, uint64_t now);
 bool mlp_check_peer(struct mlp_sock *s);
 bool mlp_peer_passed_gone(struct mlp_sock *s, bool out, bool ran_out);

@@ -49,10 +49,6 @@ struct mlp_pwait {
 
 extern pthread_mutex_t mlp_home_mu;
 bool mlp_nopost_recent(void); /* poll.c: a peer of this process said ML_SOCK_NOPOST lately */
-/* poll.c: the liveness interval a wait starts from (the one the thread's last quiet wait
- * reached), and the wait's end (ret: what it returns). */
-int64_t mlp_live_begin(void);
-void mlp_live_end(int64_t live, int ret);
 extern struct ml_spin mlp_poll_spin;
 extern unsigned mlp_pw_gen;
 extern __thread struct mlp_pwait *mlp_pw_self __attribute__((tls_model("initial-exec")));

@@ -1506,13 +1506,28 @@ static void mlp_stall_look(struct mlp_sock *s, struct mlp_stall *st)
     errno = saved;
 }
 
+static int mlp_wait_long_from(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline,
+                              int64_t *livep);
+
+/* The liveness interval starts where the thread's last quiet wait left it (mlp_live_begin): a
+ * receive with SO_RCVTIMEO of a second, again and again on an idle connection, slept 100, 200,
+ * 400 and 300 ms in each, four wake-ups a second where kernel TCP has one. */
 static int mlp_wait_long(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline)
+{
+    int64_t live = mlp_live_begin();
+    int r = mlp_wait_long_from(s, dir, want, deadline, &live);
+    mlp_live_end(live, r == -EAGAIN ? 0 : 1);
+    return r;
+}
+
+static int mlp_wait_long_from(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline,
+                              int64_t *livep)
 {
     /* As ml_wait does (channel.c): a handler without SA_RESTART, or any with a deadline, ends
      * the wait with EINTR; one with SA_RESTART does not. */
     unsigned (*count)(void) = deadline && __ml_intr_any ? __ml_intr_any : __ml_intr_count;
     unsigned runs0 = count ? count() : 0;
-    int64_t live = ML_LIVENESS_NS, flive = ML_LIVENESS_NS;
+    int64_t flive = ML_LIVENESS_NS;
     uint64_t next_live = 0, look = MLP_LOOK_NS;
     struct mlp_stall stall = {0, 0, 0};
     for (;;) {
@@ -1523,7 +1538,7 @@ static int mlp_wait_long(struct mlp_sock *s, int dir, uint64_t want, uint64_t de
         unsigned intr0 = __ml_wait_hook ? __ml_wait_hook() : 0; /* a cancellation point */
         if (count && count() != runs0)
             return __ml_chan_ready_ro(s->ch, dir, want) ? 0 : -EINTR;
-        int r = mlp_sock_sleep(s, dir, want, deadline, &live);
+        int r = mlp_sock_sleep(s, dir, want, deadline, livep);
         if (r == -ENOSYS) { /* the futex, a slice at a time (above) */
             uint64_t now = mlp_now_ns();
             if (!next_live)
@@ -1589,11 +1604,17 @@ static int mlp_wait_dir_on(struct mlp_sock *s, int dir, uint64_t want, uint64_t 
     } else if (__ml_chan_peer_exiting(s->ch)) {
         /* its end comes by its kernel socket (mlp_exiting_say): no slice on the futex first */
         r = mlp_wait_long(s, dir, want, deadline);
+    } else if (mlp_idle_skip(s)) {
+        /* the thread's last wait on it spent its slice and ran out (mlp_idle_note) */
+        r = mlp_wait_long(s, dir, want, deadline);
+        mlp_idle_note(s, r == -EAGAIN);
     } else {
         /* the slice ends too when the peer says that its process is ending (0: look again) */
         r = __ml_chan_wait_ro_first(s->ch, dir, want, deadline, mlp_now_ns() + MLP_SLICE_NS);
-        if (r == -ETIME)
+        if (r == -ETIME) {
             r = mlp_wait_long(s, dir, want, deadline);
+            mlp_idle_note(s, r == -EAGAIN);
+        }
     }
     return r == -ECONNRESET ? 0 : r; /* the peer died: the look under the lock says how */
 }

@@ -1591,10 +1591,13 @@ def test_a_peers_end_is_in_the_first_check_after_it(fabric, tmp_path):
 # The child connects and stays idle; the parent waits 1 s at a time, six times, in one of
 # poll, select or epoll_wait, and prints its voluntary context switches over the last four.
 IDLE_WAITS = LISTEN_FORK + r"""
-import resource
+import resource, struct
 if pid == 0:
     l.close()
     c = socket.create_connection(("127.0.0.1", int(sys.argv[1])))
+    c.recv(1)
+    time.sleep(0.2)
+    c.sendall(b"r")
     c.recv(1)
     os._exit(0)
 s, _ = l.accept()
@@ -1603,38 +1606,59 @@ p.register(s, select.POLLIN)
 ep = select.epoll()
 ep.register(s.fileno(), select.EPOLLIN)
 how = sys.argv[2]
+if how == "recv":
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, struct.pack("ll", 1, 0))
+def wait(sec):
+    if how == "poll":
+        return bool(p.poll(sec * 1000))
+    elif how == "select":
+        return bool(select.select([s], [], [], sec)[0])
+    elif how == "recv":
+        try:
+            return s.recv(1) == b"r"
+        except BlockingIOError:
+            return False
+    return bool(ep.poll(sec))
 for i in range(6):
     if i == 2:
         t0 = resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw
-    if how == "poll":
-        p.poll(1000)
-    elif how == "select":
-        select.select([s], [], [], 1.0)
-    else:
-        ep.poll(1.0)
+    if wait(1.0):
+        print("ready with nothing sent")
 print("switches", resource.getrusage(resource.RUSAGE_SELF).ru_nvcsw - t0)
+# Then the peer answers, 0.2 s into the next wait (the first after the quiet ones).
+s.sendall(b"g")
+t1 = time.monotonic()
+got = wait(1.0)
+print("answer", got, "%.3f" % (time.monotonic() - t1))
 s.sendall(b"x")
 os.waitpid(pid, 0)
 """
 
 
-@pytest.mark.parametrize("how", ["poll", "select", "epoll"])
+@pytest.mark.parametrize("how", ["poll", "select", "epoll", "recv"])
 def test_waits_again_and_again_on_an_idle_socket_wake_about_once_each(fabric, tmp_path, how):
     """A server that waits 1 s at a time on an idle accelerated connection (curl's poll loop on
     an idle icecast2 stream) wakes about once per wait, as over kernel TCP: a wait that ran out
     with nothing hands the liveness interval it reached to the thread's next wait.  Before,
     each wait started again at 100 ms and slept 100, 200, 400 and 300 ms: 16 to 20 voluntary
     switches in four waits, where kernel TCP makes 4 (an explorer's, with icecast2).  Now 4
-    with epoll, 8 with poll and select (their 10 ms brief wait before each sleep)."""
+    with epoll.  A poll or select of one socket, or a receive with SO_RCVTIMEO, also spent its
+    brief wait on the ring's futex (10 ms) before each sleep: 8 in four waits, and 20 for the
+    receive, whose long sleep started at 100 ms every time.  Now 4 each; and a peer that
+    answers after the quiet waits is heard by the next wait at once."""
     log = tmp_path / "memlan.log"
     p = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", PY, "-c", IDLE_WAITS,
                         str(next_port()), how], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert "accelerated (accepted" in log.read_text(), log.read_text()
+    assert "ready with nothing sent" not in p.stdout, p.stdout
     n = int(p.stdout.split()[1])
-    # Four waits: 4 over kernel TCP; 16-20 when each started at 100 ms (and, for poll and
-    # select, 4 more from their brief waits).
-    assert n <= 12, p.stdout
+    # Four waits: 4 over kernel TCP; 16-20 when each started at 100 ms; 8 with the brief waits.
+    assert n <= 6, p.stdout
+    # The answer, sent 0.2 s into the wait: a wake-up lost to the skipped brief wait would
+    # leave it to the 1 s timeout.
+    answer = p.stdout.split("answer ")[1].split()
+    assert answer[0] == "True" and float(answer[1]) < 0.6, p.stdout
     settle(fabric)
 
 
