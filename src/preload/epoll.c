@@ -2131,6 +2131,7 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
             return r;
     }
     bool spun = false, again_full = false;
+    bool mine = false; /* the answer has a member of ours in it */
     int ret;
     int64_t live = mlp_live_begin();
     struct mlp_ep_watch watch = {.n = 0};
@@ -2168,9 +2169,12 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
         /* Before its spin, level-triggered readers found not ready are watched, not armed: a
          * sender then makes no post, and the spin sees their data as it lands. */
         bool watch_on = !spun && timeout_ns != 0 && !e->nested;
-        if (got < max)
-            got += mlp_ep_collect(epfd, e, out + got, max - got, &undecided, &gen,
-                                  watch_on ? &watch : NULL, again_full);
+        if (got < max) {
+            int c = mlp_ep_collect(epfd, e, out + got, max - got, &undecided, &gen,
+                                   watch_on ? &watch : NULL, again_full);
+            mine |= c > 0;
+            got += c;
+        }
         again_full = true; /* a look again follows an arm's answer, or a sleep */
         if (!got && !spun && timeout_ns != 0) {
             spun = true;
@@ -2181,6 +2185,7 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
                                                  : __ml_spin_budget_ns(&mlp_poll_spin, e->peer_cpu),
                 .every = 4, .look = mlp_ep_spin_look, .arg = &look};
             got = __ml_spin_run(&spin);
+            mine |= got > 0; /* the spin reports members of ours alone */
         }
         (void)mlp_ep_unwatch(e, &watch, true, false); /* armed before any sleep or return */
         if (got) {
@@ -2272,8 +2277,11 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
         if (timeout_ns != 0 && __atomic_load_n(&e->n, __ATOMIC_RELAXED) &&
             mlp_ep_passed_look(e, !w && !again && r == 0 && slept && left != 0))
             again = true; /* peers whose end no FIN tells: their locks, at the liveness pace */
-        if (again && w < max)
-            w += mlp_ep_collect(epfd, e, out + w, max - w, &undecided, NULL, NULL, true);
+        if (again && w < max) {
+            int c = mlp_ep_collect(epfd, e, out + w, max - w, &undecided, NULL, NULL, true);
+            mine |= c > 0;
+            w += c;
+        }
         if (w || mlp_left(deadline) == 0) {
             ret = w;
             break;
@@ -2299,6 +2307,6 @@ int mlp_epoll_wait(int epfd, struct epoll_event *out, int max, int64_t timeout_n
     mlp_left_pop(&u.buf);
     if (e->nested)
         mlp_ep_nested_leave(e);
-    mlp_live_end(live, ret);
+    mlp_live_end(live, mine ? 1 : 0); /* the program's own fds tell nothing of our peers */
     return ret;
 }

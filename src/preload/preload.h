@@ -568,7 +568,7 @@ int mlp_sock_sleep(struct mlp_sock *s, int dir, uint64_t want, uint64_t deadline
 struct mlp_sock *mlp_sleep_lending(void); /* the socket this thread's mlp_sock_sleep lends */
 bool mlp_end_look(struct mlp_sock *s);
 /* poll.c: the liveness interval a wait starts from (the one the thread's last quiet wait
- * reached), and the wait's end (ret: what it returns, 0 for a wait that ran out). */
+ * reached), and the wait's end (ret: 0 when nothing of ours was in its answer). */
 int64_t mlp_live_begin(void);
 void mlp_live_end(int64_t live, int ret);
 /* poll.c: skip the brief futex wait on s, whose last wait of this thread spent it for nothing;
