@@ -1220,6 +1220,18 @@ static bool mlp_write_after_close(struct mlp_sock *s)
     return true;
 }
 
+/* How much of a write that mlp_write_after_close let through TCP takes: what its send buffer
+ * holds, the ring's size here.  It took the whole write (a blocking sendall of 10 MiB to a
+ * peer that had read everything and closed returned as sent, where TCP fails the next call
+ * with EPIPE: CPython's test_sendfile_close_peer_in_the_middle_of_receiving, an explorer's). */
+static size_t mlp_late_take(struct mlp_sock *s, size_t want)
+{
+    size_t cap = s->ch->size ? (size_t)s->ch->size : 1;
+    if (cap > ML_INT_MAX_IO)
+        cap = ML_INT_MAX_IO;
+    return want < cap ? want : cap;
+}
+
 /* 0: no reset; 1: a reset not yet reported; 2: reported (the kernel's socket is closed then). */
 int mlp_reset_state(struct mlp_sock *s, bool probe)
 {
@@ -2048,7 +2060,7 @@ static ssize_t mlp_send_on(struct mlp_sock *s, int fd, const struct iovec *iov, 
     if (r == -EAGAIN && st == MLP_UNDECIDED && nb)
         return -EAGAIN;
     if ((r == -EPIPE || r == -ECONNRESET) && mlp_write_after_close(s))
-        return (ssize_t)(total < ML_INT_MAX_IO ? total : ML_INT_MAX_IO);
+        return (ssize_t)mlp_late_take(s, (size_t)total);
     return mlp_tx_error(s, r, flags);
 }
 
@@ -2176,8 +2188,9 @@ ssize_t mlp_sendfile(struct mlp_sock *s, int fd, int in, off_t *off, size_t coun
     if ((err == -EPIPE || err == -ECONNRESET) && pread(in, &probe, 1, pos) == 0)
         return 0; /* the kernel reads the file first: at its end, nothing to send, no error */
     if ((err == -EPIPE || err == -ECONNRESET) && mlp_write_after_close(s)) {
-        /* TCP takes it: the file's bytes up to its end are "sent", and the offset moves on. */
-        size_t n = count < ML_INT_MAX_IO ? count : ML_INT_MAX_IO;
+        /* TCP takes it: the file's bytes up to its end, or as many as the ring holds, are
+         * "sent", and the offset moves on. */
+        size_t n = mlp_late_take(s, count);
         struct stat fst;
         if (fstat(in, &fst) == 0 && S_ISREG(fst.st_mode)) {
             off_t left = fst.st_size > pos ? fst.st_size - pos : 0;

@@ -6554,6 +6554,65 @@ def test_a_vfork_childs_dup_chain_carries_the_connection(fabric, tmp_path):
     settle(fabric)
 
 
+LATE_WRITE = r"""
+import os, socket, sys, tempfile, time
+how = sys.argv[1]
+srv = socket.socket()
+srv.bind(("127.0.0.1", 0))
+srv.listen()
+cli = socket.create_connection(srv.getsockname())
+conn, _ = srv.accept()
+cli.sendall(b"hello")
+conn.recv(100)
+conn.close()  # it read everything: a FIN, and TCP takes the next write up to its buffer
+time.sleep(0.2)
+N = 10 << 20
+res = []
+if how == "sendall":
+    try:
+        cli.sendall(b"x" * N)
+        res.append("sent all")
+    except OSError as e:
+        res.append(type(e).__name__)
+else:
+    f = tempfile.TemporaryFile()
+    f.write(b"x" * N)
+    f.flush()
+    off = 0
+    for i in range(3):
+        try:
+            n = os.sendfile(cli.fileno(), f.fileno(), off, N - off) if how == "sendfile" \
+                else cli.send(b"x" * (N - off))
+            res.append("1MiB+" if n > (1 << 20) else "some" if n > 0 else str(n))
+            off += n
+        except OSError as e:
+            res.append(type(e).__name__)
+            break
+print(how, " ".join(res), flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["sendall", "send", "sendfile"])
+def test_a_write_after_the_peers_close_takes_what_a_buffer_holds(fabric, tmp_path, how):
+    """The peer read everything and closed; then a write of 10 MiB.  TCP takes the first write
+    up to its send buffer's room (the peer's kernel answers it with a reset) and fails the next
+    with EPIPE: sendall raises BrokenPipeError.  Under memlan the first write returned its
+    whole length, its bytes dropped: a sendall of 10 MiB, or a sendfile of the whole file,
+    returned as sent (CPython's test_sendfile_close_peer_in_the_middle_of_receiving, an
+    explorer's).  Now it takes at most the ring's size, and the next call says EPIPE."""
+    log = tmp_path / "memlan.log"
+    plain = subprocess.run([PY, "-c", LATE_WRITE, how], capture_output=True, text=True,
+                           timeout=60)
+    under = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", PY, "-c", LATE_WRITE,
+                            how], capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 0 and under.returncode == 0, (plain.stderr, under.stderr)
+    expect = "sendall BrokenPipeError" if how == "sendall" else how + " some BrokenPipeError"
+    assert plain.stdout.strip() == expect, plain.stdout
+    assert under.stdout.strip() == expect, under.stdout
+    assert "accelerated (accepted" in log.read_text(), log.read_text()
+    settle(fabric)
+
+
 KILLED_IDLE = ACCEPT_ONE + r"""
 import errno, signal, sys, time
 role, port = sys.argv[1], int(sys.argv[2])
