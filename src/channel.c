@@ -2422,6 +2422,8 @@ void __ml_chan_post_self(struct memlan_channel *ch)
 
 static void ml_eagain(struct memlan_channel *ch, uint32_t ev)
 {
+    if (ev & MEMLAN_EV_WRITE)
+        atomic_fetch_add_explicit(&ch->tx_short, 1, memory_order_relaxed);
     if (ch->evq && (ch->evq_events & ev) && __ml_chan_arm_evq(ch, ev))
         __ml_evq_post_local(ch->evq, ch->evq_index);
 }
@@ -2725,8 +2727,10 @@ static ssize_t ml_stream_send(memlan_channel_t *ch, const uint8_t *src, struct m
             /* The consumer hears of what we published before we stop or wait: a wait here
              * with its wake-up still owed would be each side waiting for the other. */
             ml_tx_wake_pending(ch, &unwoken);
-            if (done && (flags & MEMLAN_DONTWAIT))
+            if (done && (flags & MEMLAN_DONTWAIT)) {
+                atomic_fetch_add_explicit(&ch->tx_short, 1, memory_order_relaxed);
                 break;
+            }
             ml_full_look(ch);
             if ((e = ml_tx_error(ch)))
                 return done ? (ssize_t)done : e;
@@ -2737,6 +2741,7 @@ static ssize_t ml_stream_send(memlan_channel_t *ch, const uint8_t *src, struct m
             /* Wait for half the ring (or what is left to send), not for one byte: the
              * consumer then wakes us once per batch rather than once per release. */
             uint64_t want = len - done < ch->size / 2 ? len - done : ch->size / 2;
+            atomic_fetch_add_explicit(&ch->tx_short, 1, memory_order_relaxed);
             int r = __ml_chan_wait_tx(ch, want);
             if (r < 0 || (e = ml_tx_error(ch)))
                 return done ? (ssize_t)done : (e ? e : r);
@@ -2889,6 +2894,7 @@ static ssize_t ml_reserve(memlan_channel_t *ch, void **ptr, size_t min, int flag
             ml_eagain(ch, MEMLAN_EV_WRITE);
             return -EAGAIN;
         }
+        atomic_fetch_add_explicit(&ch->tx_short, 1, memory_order_relaxed);
         int r = __ml_chan_wait_tx(ch, need);
         if (r < 0 && (e = ml_tx_error(ch)))
             return e;

@@ -71,6 +71,10 @@ struct memlan_channel {
     /* Event queue registration (evq.c). */
     struct memlan_evq *evq;
     uint32_t evq_index, evq_events;
+    /* Counts the times a send found the ring short of room (its EAGAIN, a short nonblocking
+     * write, a wait for room) or an edge-triggered member armed for room: the room that comes
+     * after one is an edge (the kernel's SOCK_NOSPACE), room that was always there is not. */
+    _Atomic uint32_t tx_short;
     uint32_t evq_ref;         /* the registration slot we claimed (valid while evq is set) */
     int32_t evq_pid;          /* who claimed it: a fork child's copy never frees its parent's */
     uint32_t peer_evq_hint[ML_EVQ_REFS]; /* where each peer queue last sat in our import cache */

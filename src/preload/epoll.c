@@ -71,6 +71,13 @@ struct mlp_member {
      * back: what was reported while it stood is no new edge by itself). */
     uint32_t nopost_seen;
     bool napping;
+    /* Edge-triggered, settled: the peer's head of our receive ring and its tail of our send
+     * ring as the last report found them, read before it looked (mlp_ep_harvest): a look
+     * that finds no new data, no room after the ring was short, and nothing ready beyond
+     * what was reported, is no new edge. */
+    uint64_t rx_head_seen, tx_tail_seen;
+    uint32_t tx_short_seen;             /* and the channel's tx_short then */
+    uint32_t ends_seen;                 /* and the two sides' ends (mlp_ep_ends) */
     struct mlp_member *rprev, *rnext;   /* the ready list */
     struct mlp_member *snext;           /* the socket's memberships */
 };
@@ -1496,8 +1503,10 @@ bool mlp_arm_et(struct mlp_member *m, uint32_t reported)
     uint32_t ev = 0;
     if (m->events & (EPOLLIN | EPOLLRDNORM | EPOLLRDHUP | EPOLLPRI)) /* EPOLLPRI: urgent */
         ev |= MEMLAN_EV_READ;
-    if ((m->events & (EPOLLOUT | EPOLLWRNORM)) && !mlp_tx_roomy_ro(s->ch))
+    if ((m->events & (EPOLLOUT | EPOLLWRNORM)) && !mlp_tx_roomy_ro(s->ch)) {
         ev |= MEMLAN_EV_WRITE;
+        atomic_fetch_add_explicit(&s->ch->tx_short, 1, memory_order_relaxed);
+    }
     if (!ev)
         return false;
     (void)__ml_chan_arm_evq(s->ch, ev); /* its fence orders the arm before the look below */
@@ -1622,6 +1631,19 @@ static bool mlp_ep_unwatch_others(struct mlp_ep *e, const struct mlp_ep_watch *o
     return back;
 }
 
+/* The ends of an accelerated connection as one word: the peer's side state, its death as we
+ * know it, our shutdowns and a reset: any change is an edge (the kernel's state change wakes
+ * its waiters), whatever the rings say. */
+static uint32_t mlp_ep_ends(struct mlp_sock *s)
+{
+    struct memlan_channel *ch = s->ch;
+    uint32_t f = s->me ? (atomic_load(&s->me->flags) & (ML_SOCK_RESET_TOLD | ML_SOCK_WROTE_LATE))
+                       : 0;
+    return (__ml_chan_peer_state(ch) & 0xff) | (uint32_t)ch->peer_dead << 8 |
+           (uint32_t)ch->shut_wr << 9 | (uint32_t)ch->shut_rd << 10 |
+           (uint32_t)ch->rd_eof_when_empty << 11 | (f ? 1u << 12 : 0) | f << 16;
+}
+
 /* Take up to max ready events off e's ready list (mlp_epmu held).  Sockets to drop go to puts.
  * *undecided: some member waits for its connection to settle (it must be looked at again soon).
  * w: the caller spins next; level-triggered readers found not ready are watched there, not
@@ -1641,6 +1663,18 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
         bool et = (m->events & EPOLLET) != 0;
         uint32_t reported = 0; /* edge-triggered: bits already reported for the current edge */
     look:;
+        /* Edge-triggered: where the rings stood before this look (see "moved", below).  Read
+         * first: data that lands after it makes the next look's differ (its post, for the
+         * read tripwire armed at the last report, puts the member back). */
+        uint64_t rxh = 0, txt = 0;
+        uint32_t txs = 0, ends = 0;
+        bool ring_pos = et && s->type == MLP_CONN && s->state == MLP_ACCEL && s->ch;
+        if (ring_pos) {
+            ends = mlp_ep_ends(s);
+            txs = atomic_load_explicit(&s->ch->tx_short, memory_order_relaxed);
+            rxh = atomic_load_explicit(&s->ch->rx.ctl->head, memory_order_acquire);
+            txt = atomic_load_explicit(&s->ch->tx.ctl->tail, memory_order_acquire);
+        }
         int rev = s->type == MLP_CONN && s->state != MLP_TCP
                       ? mlp_revents_want(s, m->fd, (short)(m->events & 0xffff))
                       : -1;
@@ -1681,9 +1715,26 @@ static int mlp_ep_harvest(int epfd, struct mlp_ep *e, struct epoll_event *out, i
             m->napping = false;
         }
         if (et && !und && !nopost) {
+            /* A post for nothing (a credential change's priming posts: cred.c), or for data
+             * that a member waiting for room alone does not watch, found no new data, no room
+             * after the ring was short and no end since the last report: what that report
+             * said, still ready, is no new edge, as the kernel, whose wake-ups come only with
+             * data, room or an end (keyed by kind), makes none (two EPOLLOUT reports came at a
+             * server's drop: rev27).  The peer writes these positions; a lie moves them, and
+             * costs a report, as a post for nothing did before. */
+            bool reads = (m->events & (EPOLLIN | EPOLLRDNORM | EPOLLRDHUP | EPOLLPRI)) != 0;
+            if (ring_pos && (rxh == m->rx_head_seen || !reads) && ends == m->ends_seen &&
+                (txt == m->tx_tail_seen || txs == m->tx_short_seen))
+                reported |= m->nopost_seen;
             if (!(ev & ~reported))
                 ev = 0; /* nothing new; with something new, the whole mask, as the kernel's */
             m->nopost_seen = ev | reported;
+            if (ev) {
+                m->rx_head_seen = rxh;
+                m->tx_tail_seen = txt;
+                m->tx_short_seen = txs;
+                m->ends_seen = ends;
+            }
         }
         if (ev) {
             out[got].events = ev;

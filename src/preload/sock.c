@@ -1596,8 +1596,11 @@ bool mlp_wait_is_recv(void) { return mlp_in_recv_wait; } /* channel.c's __ml_wai
  * sk_wait_data), and its mark goes when it is over, however it ended. */
 static int mlp_wait_dir(struct mlp_sock *s, int dir, uint64_t want, uint64_t *dl)
 {
-    if (dir != 0)
+    if (dir != 0) {
+        /* the ring was short of room: the room that comes is an edge (mlp_ep_harvest) */
+        atomic_fetch_add_explicit(&s->ch->tx_short, 1, memory_order_relaxed);
         return mlp_wait_dir_on(s, dir, want, dl);
+    }
     bool was = mlp_in_recv_wait;
     mlp_in_recv_wait = true;
     int r = mlp_wait_dir_on(s, dir, want, dl);

@@ -1720,6 +1720,55 @@ def test_the_programs_own_fds_do_not_restart_the_liveness_interval(fabric, tmp_p
     settle(fabric)
 
 
+ET_OUT_ONLY = r"""
+import select, socket, time
+l = socket.socket()
+l.bind(("127.0.0.1", 0))
+l.listen()
+c = socket.create_connection(l.getsockname())
+a, _ = l.accept()
+c.setblocking(False)
+ep = select.epoll()
+ep.register(c, select.EPOLLOUT | select.EPOLLET)
+ev = [hex(e) for f, e in ep.poll(0.3)]
+for i in range(3):
+    a.send(b"x" * 100)
+    time.sleep(0.05)
+    ev += [hex(e) for f, e in ep.poll(0.2)]
+n = 0
+try:
+    while True:
+        n += c.send(b"y" * 65536)
+except BlockingIOError:
+    pass
+ev += ["full"] + [hex(e) for f, e in ep.poll(0.1)]
+got = 0
+while got < n:
+    got += len(a.recv(1 << 20))
+ev += ["drained"] + [hex(e) for f, e in ep.poll(1.0)]
+a.close()
+time.sleep(0.1)
+ev += ["closed"] + [hex(e) for f, e in ep.poll(0.3)]
+print(" ".join(ev))
+"""
+
+
+def test_an_edge_triggered_member_waiting_for_room_alone_hears_no_data(fabric, tmp_path):
+    """EPOLLOUT|EPOLLET alone: the peer's data makes no edge (the kernel's wake-ups are keyed by
+    kind), a send that filled the ring and the peer's drain make one, the peer's close one.
+    Before, a post for the peer's data put the member on its list and it reported EPOLLOUT
+    again (the known gap of design.md's edge-triggered paragraph)."""
+    plain = subprocess.run([PY, "-c", ET_OUT_ONLY], capture_output=True, text=True, timeout=60)
+    log = tmp_path / "memlan.log"
+    under = subprocess.run([str(MEMLAN), "run", "--log", str(log), "--", PY, "-c", ET_OUT_ONLY],
+                           capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 0 and under.returncode == 0, (plain.stderr, under.stderr)
+    assert plain.stdout.split() == ["0x4", "full", "drained", "0x4", "closed", "0x4"], plain.stdout
+    assert under.stdout.split() == plain.stdout.split(), (under.stdout, plain.stdout)
+    assert "accelerated (accepted" in log.read_text(), log.read_text()
+    settle(fabric)
+
+
 EPOLLCONF = BUILD / "tests-preload" / "epollconf"
 
 

@@ -1845,3 +1845,67 @@ def test_a_moved_connection_hears_its_killed_client(fabric, tmp_path):
     text = log.read_text()
     assert "accelerated (accepted" in text and CRED in text, text
     settle()
+
+
+DROP_ET = r"""
+import os, select, socket, sys, time
+l = socket.socket()
+l.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+l.bind(("127.0.0.1", 0))
+l.listen()
+pid = os.fork()
+if pid == 0:
+    s, _ = l.accept()
+    l.close()
+    assert s.recv(5) == b"ready"
+    if sys.argv[1] == "drop":
+        os.setresgid(65534, 65534, 65534)
+        os.setresuid(65534, 65534, 65534)
+    for i in range(4):
+        time.sleep(0.3)
+        s.send(b"%d" % i + b"." * 30)
+    time.sleep(0.5)
+    s.close()
+    os._exit(0)
+c = socket.create_connection(l.getsockname())
+c.setblocking(False)
+ep = select.epoll()
+ep.register(c, select.EPOLLIN | select.EPOLLOUT | select.EPOLLET)
+ev = [hex(e) for f, e in ep.poll(0.5)]
+c.send(b"ready")
+t0 = time.monotonic()
+while time.monotonic() - t0 < 5 and len(ev) < 20:
+    r = ep.poll(3.0)
+    if not r:
+        break
+    for f, e in r:
+        ev.append(hex(e))
+        try:
+            c.recv(5)  # a part of what came, at each edge
+        except BlockingIOError:
+            pass
+print(" ".join(ev), flush=True)
+os.waitpid(pid, 0)
+"""
+
+
+@pytest.mark.parametrize("drop", ["drop", "none"])
+def test_edge_triggered_reports_across_a_servers_drop_are_the_kernels(fabric, tmp_path, drop):
+    """A client with EPOLLIN|EPOLLOUT|EPOLLET, reading a part of what came at each edge, whose
+    server child drops to nobody and then sends four lines and closes: the edges are the
+    kernel's, one EPOLLOUT for the new socket, one EPOLLIN|EPOLLOUT for each line and one for
+    the end.  Before, the drop's posts to the client's queue (the priming posts that keep it
+    reachable, before and after the change) each reported EPOLLOUT again, where the kernel,
+    whose wake-ups come with data, room or an end, makes none (rev27: two more 0x4 reports)."""
+    pwd.getpwnam("nobody")
+    (tmp_path / "et.py").write_text(DROP_ET)
+    plain = subprocess.run(["python3", str(tmp_path / "et.py"), drop], capture_output=True,
+                           text=True, timeout=60)
+    log = tmp_path / "memlan.log"
+    under = subprocess.run(wrap(["python3", str(tmp_path / "et.py"), drop], log),
+                           capture_output=True, text=True, timeout=60)
+    assert plain.returncode == 0 and under.returncode == 0, (plain.stderr, under.stderr)
+    assert plain.stdout.split() == ["0x4"] + ["0x5"] * 5, plain.stdout
+    assert under.stdout.split() == plain.stdout.split(), (under.stdout, plain.stdout)
+    assert "accelerated (client)" in log.read_text(), log.read_text()
+    settle()
